@@ -1,0 +1,222 @@
+"""The `tilestore` command: parses, prints, exits. The work happens in tilestore and embed."""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from tilestore.errors import TilestoreError
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Whole-slide images as OME-Zarr stores, tile plans and foundation-model embeddings.",
+)
+out = Console()
+err = Console(stderr=True)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+@app.command()
+def convert(
+    src: list[Path] = typer.Argument(
+        ..., help="Slide files (SVS, NDPI, OME-TIFF, TIFF, PNG, JPEG)."
+    ),
+    output: Path = typer.Option(
+        ..., "-o", "--output", help="Directory for <name>.ome.zarr stores."
+    ),
+    chunk: int | None = typer.Option(
+        None, help="Chunk side in px [default: source JPEG tile, else 256]."
+    ),
+    codec: str = typer.Option(
+        "auto", help="auto (JPEG for 8-bit RGB brightfield, else zstd), jpeg, zstd."
+    ),
+    quality: int = typer.Option(95, help="JPEG quality when pixels are encoded."),
+    subsampling: str = typer.Option("4:4:4", help="JPEG chroma subsampling when encoding."),
+    mpp: float | None = typer.Option(None, help="Level-0 µm/px, overriding the file's value."),
+    keep_associated: bool = typer.Option(
+        False, help="Also store label/macro images (patient data!)."
+    ),
+    overwrite: bool = typer.Option(
+        False, help="Replace an existing store (only once the new one is complete)."
+    ),
+    copy: bool = typer.Option(
+        True, help="Copy matching JPEG tiles verbatim (--no-copy re-encodes)."
+    ),
+    workers: int | None = typer.Option(None, help="Threads for reading, decoding and encoding."),
+) -> None:
+    """Convert slides once into chunked OME-Zarr 0.5 stores."""
+    from tilestore.conversion import convert as run_convert
+
+    failed = 0
+    for path in src:
+        try:
+            with _progress(f"{path.name}") as (progress, task):
+                report = run_convert(
+                    path,
+                    output,
+                    chunk=chunk,
+                    codec=codec,
+                    quality=quality,
+                    subsampling=subsampling,
+                    mpp=mpp,
+                    keep_associated=keep_associated,
+                    overwrite=overwrite,
+                    copy=copy,
+                    workers=workers,
+                    progress=lambda n, total: progress.update(task, advance=n, total=total),
+                )
+        except TilestoreError as exc:
+            _error(exc)
+            failed += 1
+            continue
+        out.print(
+            f"[bold]{report.store}[/bold]  codec {report.codec} ({report.codec_reason}), "
+            f"chunks {report.chunk} px",
+            highlight=False,
+        )
+        table = Table(box=None, pad_edge=False)
+        for col in ("level", "w x h", "scale", "path", "why", "chunks", "s"):
+            table.add_column(col, overflow="fold")
+        for lv in report.levels:
+            table.add_row(
+                lv.path,
+                f"{lv.shape[2]}x{lv.shape[1]}",
+                f"1/{lv.downsample[1]:.3g}",
+                lv.write,
+                lv.reason,
+                str(lv.chunks),
+                f"{lv.seconds:.2f}",
+            )
+        out.print(table)
+        out.print(
+            f"{_size(report.source_bytes)} -> {_size(report.store_bytes)} "
+            f"({report.store_bytes / report.source_bytes:.2f}x) in {report.seconds:.1f} s"
+        )
+    if failed:
+        raise typer.Exit(2)
+
+
+@app.command()
+def info(
+    path: Path = typer.Argument(..., help="A store (.ome.zarr) or a slide file."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Describe a store or a slide: levels, mpp, chunking, codec, size, completeness."""
+    from tilestore.info import describe
+
+    desc = describe(path)
+    if as_json:
+        print(json.dumps(desc, indent=2))
+        return
+    mpp = desc["mpp"]
+    mpp_text = (
+        "unknown"
+        if not mpp
+        else (
+            f"{mpp['x']:.4g} x {mpp['y']:.4g} µm/px ({mpp['origin']})"
+            if "x" in mpp
+            else f"{mpp['value'][0]:.4g} x {mpp['value'][1]:.4g} µm/px ({mpp['origin']})"
+        )
+    )
+    out.print(f"[bold]{desc['path']}[/bold]  {desc['kind']}", highlight=False)
+    out.print(f"mpp: {mpp_text}", highlight=False)
+    if desc["kind"] == "store":
+        state = "complete" if desc["complete"] else "[red]INCOMPLETE (interrupted)[/red]"
+        out.print(
+            f"state: {state}; source {desc['source']['name']} ({desc['source']['format']}); "
+            f"size {_size(desc['size_bytes'])} = {desc['size_vs_source']}x source; "
+            f"codec {desc['codec']['name']} ({desc['codec']['reason']})",
+            highlight=False,
+        )
+        table = Table(box=None, pad_edge=False)
+        for col in ("level", "shape c,y,x", "chunk", "scale", "µm/px", "codecs", "path"):
+            table.add_column(col, overflow="fold")
+        for lv in desc["levels"]:
+            table.add_row(
+                lv["path"],
+                "x".join(map(str, lv["shape"])),
+                "x".join(map(str, lv["chunks"][1:])),
+                f"1/{lv['downsample'][1]:.3g}",
+                f"{lv['mpp'][0]:.4g}" if lv["mpp"] else "-",
+                "+".join(lv["codecs"]),
+                lv["write"],
+            )
+        if desc["groups"]:
+            out.print(f"groups: {', '.join(desc['groups'])}")
+    else:
+        out.print(
+            f"format {desc['format']} ({desc['vendor'] or 'generic'}); "
+            f"size {_size(desc['size_bytes'])}; associated: "
+            f"{', '.join(desc['associated']) or 'none'}",
+            highlight=False,
+        )
+        table = Table(box=None, pad_edge=False)
+        for col in ("level", "shape c,y,x", "dtype", "compression", "tile", "copyable"):
+            table.add_column(col, overflow="fold")
+        for i, lv in enumerate(desc["levels"]):
+            table.add_row(
+                str(i),
+                "x".join(map(str, lv["shape"])),
+                lv["dtype"],
+                lv["compression"],
+                "x".join(map(str, lv["tile"])) if lv["tile"] else "strips",
+                "yes" if lv["copyable"] else f"no: {lv['why_not']}",
+            )
+    out.print(table)
+
+
+class _progress:
+    """A rich progress bar on stderr for one job; yields (progress, task id)."""
+
+    def __init__(self, label: str) -> None:
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=err,
+            transient=True,
+        )
+        self.label = label
+
+    def __enter__(self):
+        if err.is_terminal:
+            self.progress.start()
+        return self.progress, self.progress.add_task(self.label, total=None)
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+
+def _error(exc: BaseException) -> None:
+    print(f"tilestore: error: {' '.join(str(exc).split())}", file=sys.stderr)
+
+
+def _warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"tilestore: warning: {message}", file=sys.stderr)
+
+
+def main() -> None:
+    """Console entry point: user mistakes become one line on stderr and exit code 2."""
+    warnings.showwarning = _warning
+    try:
+        app()
+    except TilestoreError as exc:
+        _error(exc)
+        sys.exit(2)

@@ -1,0 +1,71 @@
+"""The `tilestore` command: output people read, one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import CMU, KIDNEY
+
+
+def tilestore(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_convert_then_info(tmp_path, slide_path):
+    run = tilestore("convert", slide_path(CMU), slide_path(KIDNEY), "-o", tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "copy" in run.stdout and "re-encode" in run.stdout
+    assert run.stderr.strip().splitlines() == [
+        f"tilestore: warning: {slide_path(KIDNEY)}: no pixel size (mpp) in the file; "
+        "stored mpp: null (set it with --mpp)"
+    ]
+    info = tilestore("info", tmp_path / "CMU-1-Small-Region.ome.zarr", "--json")
+    assert info.returncode == 0
+    assert json.loads(info.stdout)["levels"][0]["write"] == "copy"
+    table = tilestore("info", tmp_path / "CMU-1-Small-Region.ome.zarr")
+    assert "complete" in table.stdout and "0.499" in table.stdout
+
+
+def test_info_on_a_slide_file(slide_path):
+    run = tilestore("info", slide_path(CMU))
+    assert run.returncode == 0 and "svs" in run.stdout and "240x240" in run.stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(b"", "file is empty"), (b"not a slide at all", "not a supported slide")],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, content, message):
+    bad = tmp_path / "bad.svs"
+    bad.write_bytes(content)
+    run = tilestore("convert", bad, "-o", tmp_path / "out")
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tilestore: error: ")
+    assert str(bad) in lines[0] and message in lines[0]
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_one_bad_slide_does_not_stop_the_others(tmp_path, slide_path):
+    bad = tmp_path / "bad.svs"
+    bad.write_bytes(b"")
+    run = tilestore("convert", bad, slide_path(CMU), "-o", tmp_path / "out")
+    assert run.returncode == 2
+    assert (tmp_path / "out" / "CMU-1-Small-Region.ome.zarr" / "zarr.json").exists()
+
+
+def test_existing_store_error(tmp_path, slide_path):
+    assert tilestore("convert", slide_path(CMU), "-o", tmp_path).returncode == 0
+    run = tilestore("convert", slide_path(CMU), "-o", tmp_path)
+    assert run.returncode == 2 and "--overwrite" in run.stderr
+
+
+def test_info_on_missing_path(tmp_path):
+    run = tilestore("info", tmp_path / "nothing.svs")
+    assert run.returncode == 2 and "nothing.svs" in run.stderr

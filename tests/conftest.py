@@ -1,0 +1,72 @@
+"""Shared fixtures: the real files in ../shared/data and stores converted from them once."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+
+from tilestore.errors import TilestoreWarning
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("TILESTORE_DATA", REPO.parent / "shared" / "data"))
+SLIDES = DATA / "slides"
+ANNOTATIONS = DATA / "annotations"
+
+CMU = "CMU-1-Small-Region.svs"
+NDPI = "stritt_test3-DAPI-2-387.ndpi"
+KIDNEY = "kidney-48-5.tif"
+IHC = "skimage_ihc.png"
+MONUSEG = "TCGA-A7-A13E-01Z-00-DX1"
+
+
+def real(path: Path) -> Path:
+    """Return a file from ../shared/data, skipping the test if the data folder is absent."""
+    if not path.exists():
+        pytest.skip(f"real test data not found: {path} (set TILESTORE_DATA)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def slide_path():
+    return lambda name: real(SLIDES / name)
+
+
+@pytest.fixture(scope="session")
+def annotation_path():
+    return lambda name: real(ANNOTATIONS / name)
+
+
+@pytest.fixture(scope="session")
+def stores(tmp_path_factory):
+    """Convert a real slide once per session; return its store path."""
+    from tilestore.conversion import convert
+
+    made: dict[str, Path] = {}
+
+    def get(name: str, **kwargs) -> Path:
+        key = name + repr(sorted(kwargs.items()))
+        if key not in made:
+            src = real(SLIDES / name) if (SLIDES / name).exists() else real(ANNOTATIONS / name)
+            out = tmp_path_factory.mktemp("stores")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", TilestoreWarning)
+                made[key] = convert(src, out, **kwargs).store
+        return made[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def cmu_pixels(slide_path) -> np.ndarray:
+    """Level 0 of CMU-1-Small-Region as tifffile decodes it (H, W, 3)."""
+    return tifffile.imread(slide_path(CMU))
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)

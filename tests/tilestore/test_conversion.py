@@ -1,0 +1,314 @@
+"""Conversion: valid OME-Zarr 0.5, exact pixels on the copy and lossless paths, safe failure."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import tifffile
+import zarr
+from ome_zarr_models.v05 import Image as OmeImage
+from PIL import Image
+
+from tests.conftest import CMU, IHC, KIDNEY, NDPI, psnr
+from tests.tilestore import tiffs
+from tilestore import levels as levels_module
+from tilestore.conversion import convert
+from tilestore.errors import SlideError, StoreError, TilestoreError, TilestoreWarning
+
+
+def _level(store, index=0) -> np.ndarray:
+    return np.moveaxis(zarr.open_array(store / str(index), mode="r")[:], 0, -1)
+
+
+def _attrs(store) -> dict:
+    return json.loads((store / "zarr.json").read_text())["attributes"]
+
+
+@pytest.mark.parametrize("name", [CMU, NDPI, KIDNEY, IHC])
+def test_real_slides_make_valid_ome_zarr_05(stores, name):
+    store = stores(name)
+    image = OmeImage.from_zarr(zarr.open_group(store, mode="r"))
+    attrs = _attrs(store)
+    assert attrs["ome"]["version"] == "0.5"
+    assert attrs["tilestore"]["complete"] is True
+    for path in image.attributes.ome.get_array_paths():
+        meta = json.loads((store / path / "zarr.json").read_text())
+        assert meta["dimension_names"] == ["c", "y", "x"]
+    assert not list(store.parent.glob(".*partial*"))
+
+
+def test_svs_copy_path_is_exact_and_keeps_source_bytes(stores, slide_path, cmu_pixels):
+    store = stores(CMU)
+    levels = _attrs(store)["tilestore"]["levels"]
+    assert levels[0]["write"] == "copy" and levels[0]["reencoded"] == 0
+    np.testing.assert_array_equal(_level(store), cmu_pixels)
+    with tifffile.TiffFile(slide_path(CMU)) as tif:
+        page = tif.pages[0]
+        tif.filehandle.seek(page.dataoffsets[5])
+        raw = tif.filehandle.read(page.databytecounts[5])
+    chunk = (store / "0" / "c" / "0" / "0" / "5").read_bytes()
+    assert chunk.endswith(raw[2:])  # the entropy-coded data is the source's, unchanged
+
+
+def test_copied_chunks_decode_with_other_decoders(stores, cmu_pixels):
+    import io
+
+    chunk = (store := stores(CMU)) / "0" / "c" / "0" / "2" / "3"
+    decoded = np.asarray(Image.open(io.BytesIO(chunk.read_bytes())))
+    np.testing.assert_array_equal(decoded, cmu_pixels[480:720, 720:960])
+    assert store.exists()
+
+
+def test_svs_gets_built_levels_down_to_1024(stores, cmu_pixels):
+    store = stores(CMU)
+    levels = _attrs(store)["tilestore"]["levels"]
+    assert [lv["shape"] for lv in levels] == [[3, 2967, 2220], [3, 1484, 1110], [3, 742, 555]]
+    assert [lv["downsample"] for lv in levels] == [[1, 1], [2, 2], [4, 4]]
+    expected = levels_module.downsample2(cmu_pixels)
+    # Downsampled pixels carry more detail each, so the same JPEG quality loses a
+    # little more than on level 0 (which is copied exactly).
+    assert psnr(_level(store, 1), expected) > 38
+
+
+def test_mpp_and_scales(stores):
+    attrs = _attrs(stores(CMU))
+    assert attrs["tilestore"]["mpp"] == {
+        "x": 0.499,
+        "y": 0.499,
+        "origin": "SVS ImageDescription MPP",
+    }
+    datasets = attrs["ome"]["multiscales"][0]["datasets"]
+    assert datasets[2]["coordinateTransformations"][0]["scale"] == pytest.approx(
+        [1, 4 * 0.499, 4 * 0.499]
+    )
+    assert datasets[2]["coordinateTransformations"][1]["translation"] == pytest.approx(
+        [0, 1.5 * 0.499, 1.5 * 0.499]
+    )
+    axes = attrs["ome"]["multiscales"][0]["axes"]
+    assert [a.get("unit") for a in axes] == [None, "micrometer", "micrometer"]
+
+
+def test_ndpi_keeps_its_four_levels_losslessly(stores, slide_path):
+    store = stores(NDPI)
+    attrs = _attrs(store)["tilestore"]
+    assert attrs["codec"]["name"] == "zstd" and "fluorescence" in attrs["codec"]["reason"]
+    assert attrs["mpp"]["x"] == pytest.approx(0.22818, rel=1e-4)
+    with tifffile.TiffFile(slide_path(NDPI)) as tif:
+        for index, level in enumerate(tif.series[0].levels):
+            np.testing.assert_array_equal(_level(store, index), level.asarray())
+
+
+@pytest.mark.parametrize("name", [KIDNEY, IHC])
+def test_reencode_path_psnr_at_least_40_db(stores, slide_path, name):
+    source = slide_path(name)
+    reference = (
+        np.asarray(Image.open(source).convert("RGB"))
+        if name.endswith(".png")
+        else tifffile.imread(source)
+    )
+    store = stores(name)
+    assert _attrs(store)["tilestore"]["levels"][0]["write"] == "re-encode"
+    assert psnr(_level(store), reference) >= 40
+
+
+def test_missing_mpp_warns_and_records_null(tmp_path, slide_path):
+    with pytest.warns(TilestoreWarning, match=r"kidney-48-5\.tif: no pixel size"):
+        store = convert(slide_path(KIDNEY), tmp_path).store
+    attrs = _attrs(store)
+    assert attrs["tilestore"]["mpp"] is None
+    assert "unit" not in attrs["ome"]["multiscales"][0]["axes"][1]
+
+
+def test_mpp_option_overrides(tmp_path, slide_path):
+    store = convert(slide_path(KIDNEY), tmp_path, mpp=0.5).store
+    assert _attrs(store)["tilestore"]["mpp"] == {"x": 0.5, "y": 0.5, "origin": "user (--mpp)"}
+
+
+def test_associated_images_only_when_asked(tmp_path, stores, slide_path):
+    assert not (stores(CMU) / "associated").exists()
+    store = convert(slide_path(CMU), tmp_path, keep_associated=True).store
+    assert _attrs(store)["tilestore"]["associated"] == ["label", "macro", "thumbnail"]
+    label = zarr.open_array(store / "associated" / "label", mode="r")
+    assert label.shape == (3, 463, 387)
+
+
+def test_forced_reencode_is_lossy_but_close(tmp_path, slide_path, cmu_pixels):
+    report = convert(slide_path(CMU), tmp_path, copy=False)
+    assert report.levels[0].write == "re-encode" and report.levels[0].reason == "copy disabled"
+    assert report.chunk == 256
+    assert psnr(_level(report.store), cmu_pixels) > 40
+
+
+def test_chunk_option_that_mismatches_tiles_falls_back(tmp_path, slide_path):
+    report = convert(slide_path(CMU), tmp_path, chunk=256)
+    assert report.levels[0].write == "re-encode"
+    assert "differ from chunks" in report.levels[0].reason
+
+
+def test_ome_pyramid_levels_are_all_copied(tmp_path, cmu_pixels):
+    src = tiffs.ome_pyramid(tmp_path / "p.ome.tif", cmu_pixels[:1024, :1536])
+    report = convert(src, tmp_path / "out")
+    assert report.store.name == "p.ome.zarr"
+    assert [lv.write for lv in report.levels] == ["copy", "copy", "copy"]
+    with tifffile.TiffFile(src) as tif:
+        for index, level in enumerate(tif.series[0].levels):
+            np.testing.assert_array_equal(_level(report.store, index), level.asarray())
+    OmeImage.from_zarr(zarr.open_group(report.store, mode="r"))
+
+
+def test_jpeg2000_tiles_are_reencoded(tmp_path, cmu_pixels):
+    src = tiffs.tiled(tmp_path / "j2k.tif", cmu_pixels[:700, :900], "jpeg2000")
+    with pytest.warns(TilestoreWarning, match="no pixel size"):
+        report = convert(src, tmp_path / "out")
+    assert report.levels[0].write == "re-encode"
+    assert "JPEG2000" in report.levels[0].reason.upper()
+    assert psnr(_level(report.store), tifffile.imread(src)) >= 40
+
+
+def test_uint16_fluorescence_is_lossless_with_channel_names(tmp_path):
+    src = tiffs.ome_fluorescence(tmp_path / "f.ome.tif")
+    report = convert(src, tmp_path / "out")
+    assert report.codec == "zstd"
+    np.testing.assert_array_equal(
+        zarr.open_array(report.store / "0", mode="r")[:], tifffile.imread(src)
+    )
+    omero = _attrs(report.store)["ome"]["omero"]
+    assert [c["label"] for c in omero["channels"]] == ["DAPI", "FITC", "Cy5"]
+    assert omero["channels"][0]["window"]["max"] == 65535
+
+
+def test_jpeg_for_fluorescence_uses_rgb_color_space(tmp_path, slide_path):
+    report = convert(slide_path(NDPI), tmp_path, codec="jpeg")
+    meta = json.loads((report.store / "0" / "zarr.json").read_text())
+    assert meta["codecs"][1]["configuration"]["encoded_color_space"] == "rgb"
+
+
+def test_jpeg_codec_refuses_16_bit(tmp_path):
+    src = tiffs.ome_fluorescence(tmp_path / "f.ome.tif")
+    with pytest.raises(TilestoreError, match="needs 8-bit"):
+        convert(src, tmp_path / "out", codec="jpeg")
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_bands_never_hold_a_whole_level(tmp_path, slide_path, monkeypatch):
+    seen = []
+    original = levels_module.write_bands
+
+    def spy(array, read, progress):
+        def recording(y0, y1):
+            seen.append((array.shape[1], y1 - y0))
+            return read(y0, y1)
+
+        return original(array, recording, progress)
+
+    monkeypatch.setattr("tilestore.conversion.write_bands", spy)
+    convert(slide_path(NDPI), tmp_path)
+    assert seen and all(rows <= 256 < height for height, rows in seen if height > 256)
+
+
+def test_progress_reports_every_chunk(tmp_path, slide_path):
+    calls = []
+    convert(slide_path(CMU), tmp_path, progress=lambda n, total: calls.append((n, total)))
+    total = calls[0][1]
+    assert sum(n for n, _ in calls) == total == 130 + 35 + 12
+
+
+# -- output safety -------------------------------------------------------------------------
+
+
+def test_existing_store_needs_overwrite(tmp_path, slide_path):
+    store = convert(slide_path(IHC), tmp_path, mpp=0.5).store
+    before = (store / "zarr.json").read_text()
+    with pytest.raises(StoreError, match=r"already exists; pass --overwrite"):
+        convert(slide_path(IHC), tmp_path, mpp=0.25)
+    assert (store / "zarr.json").read_text() == before
+    convert(slide_path(IHC), tmp_path, mpp=0.25, overwrite=True)
+    assert _attrs(store)["tilestore"]["mpp"]["x"] == 0.25
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["skimage_ihc.ome.zarr"]
+
+
+def test_overwrite_refuses_to_delete_a_non_store(tmp_path, slide_path):
+    target = tmp_path / "skimage_ihc.ome.zarr"
+    target.mkdir()
+    (target / "thesis.docx").write_text("precious")
+    with pytest.raises(StoreError, match="not a zarr store; refusing"):
+        convert(slide_path(IHC), tmp_path, mpp=0.5, overwrite=True)
+    assert (target / "thesis.docx").read_text() == "precious"
+
+
+def test_failed_overwrite_keeps_the_old_store(tmp_path, slide_path, monkeypatch):
+    store = convert(slide_path(IHC), tmp_path, mpp=0.5).store
+
+    def broken(*args, **kwargs):
+        raise SlideError("simulated decode failure")
+
+    monkeypatch.setattr("tilestore.conversion.write_bands", broken)
+    with pytest.raises(SlideError, match="simulated"):
+        convert(slide_path(IHC), tmp_path, mpp=0.25, overwrite=True)
+    assert _attrs(store)["tilestore"]["mpp"]["x"] == 0.5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["skimage_ihc.ome.zarr"]
+
+
+def test_interrupted_conversion_leaves_nothing(tmp_path, slide_path, monkeypatch):
+    original = levels_module.write_bands
+    calls = []
+
+    def interrupt_second_level(array, read, progress):
+        calls.append(array.path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return original(array, read, progress)
+
+    monkeypatch.setattr("tilestore.conversion.write_bands", interrupt_second_level)
+    with pytest.raises(KeyboardInterrupt):
+        convert(slide_path(CMU), tmp_path, copy=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unwritable_output(tmp_path, slide_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(StoreError, match="cannot create output directory"):
+        convert(slide_path(IHC), blocker / "out")
+
+
+@pytest.mark.parametrize("bad", ["empty", "text", "truncated"])
+def test_bad_input_leaves_no_store(tmp_path, slide_path, bad):
+    src = tmp_path / "in" / "bad.svs"
+    src.parent.mkdir()
+    content = {
+        "empty": b"",
+        "text": b"hello",
+        "truncated": slide_path(CMU).read_bytes()[:1_200_000],
+    }[bad]
+    src.write_bytes(content)
+    with pytest.raises(SlideError, match=r"bad\.svs"):
+        convert(src, tmp_path / "out")
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_unknown_codec_and_bad_chunk(tmp_path, slide_path):
+    with pytest.raises(TilestoreError, match="unknown codec"):
+        convert(slide_path(IHC), tmp_path, codec="webp")
+    with pytest.raises(TilestoreError, match="multiple of 16"):
+        convert(slide_path(IHC), tmp_path, chunk=250)
+
+
+def test_level_shapes_of_a_large_thin_image(tmp_path):
+    # 2x levels stop once the longer side is at most 1024 px, rounding up.
+    image = np.full((300, 4100, 3), 200, np.uint8)
+    image[:, ::7] = 30
+    src = tmp_path / "thin.tif"
+    tifffile.imwrite(src, image, photometric="rgb")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TilestoreWarning)
+        report = convert(src, tmp_path / "out")
+    assert [lv.shape[1:] for lv in report.levels] == [
+        (300, 4100),
+        (150, 2050),
+        (75, 1025),
+        (38, 513),
+    ]

@@ -1,0 +1,192 @@
+"""Reading a store: region geometry, chunk-exact reads, dask and xarray views, clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import CMU, KIDNEY, psnr
+from tests.counting import CountingStore
+from tilestore.errors import StoreError, TilestoreError
+from tilestore.slide import open_slide, resize
+
+
+@pytest.fixture(scope="module")
+def slide(stores):
+    return open_slide(stores(CMU))
+
+
+@pytest.fixture(scope="module")
+def levels(slide):
+    """Each level fully decoded once, (h, w, c), as the reference for region reads."""
+    return [np.moveaxis(slide.array(i)[:], 0, -1) for i in range(len(slide.levels))]
+
+
+def _expected_region(level_pixels, x0, y0, w, h, background):
+    out = np.full((h, w, level_pixels.shape[2]), background, level_pixels.dtype)
+    H, W = level_pixels.shape[:2]
+    ys, xs = slice(max(y0, 0), min(y0 + h, H)), slice(max(x0, 0), min(x0 + w, W))
+    if ys.stop > ys.start and xs.stop > xs.start:
+        out[ys.start - y0 : ys.stop - y0, xs.start - x0 : xs.stop - x0] = level_pixels[ys, xs]
+    return out
+
+
+def _expected_chunks(level, x0, y0, w, h, chunk, H, W):
+    rows = range(max(y0, 0) // chunk, (min(y0 + h, H) - 1) // chunk + 1)
+    cols = range(max(x0, 0) // chunk, (min(x0 + w, W) - 1) // chunk + 1)
+    if min(y0 + h, H) <= max(y0, 0) or min(x0 + w, W) <= max(x0, 0):
+        return set()
+    return {f"{level}/c/0/{r}/{c}" for r in rows for c in cols}
+
+
+def test_slide_facts(slide):
+    assert slide.mpp == (0.499, 0.499)
+    assert slide.shape == (3, 2967, 2220)
+    assert [lv.downsample for lv in slide.levels] == [(1, 1), (2, 2), (4, 4)]
+    assert slide.level_mpp(2) == pytest.approx((1.996, 1.996))
+    assert "0.499 µm/px" in repr(slide)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    level=st.integers(0, 2),
+    x=st.integers(-300, 2400),
+    y=st.integers(-300, 3100),
+    w=st.integers(1, 700),
+    h=st.integers(1, 700),
+)
+def test_region_reads_touch_exactly_the_chunks_they_need(stores, levels, level, x, y, w, h):
+    store = CountingStore.local(stores(CMU))
+    slide = open_slide(store)
+    store.log.clear()
+    d = int(slide.levels[level].downsample[0])
+    region = slide.read_region(x, y, w, h, level=level)
+    x0, y0 = x // d, y // d  # level-0 corner to level pixels (floor)
+    np.testing.assert_array_equal(region, _expected_region(levels[level], x0, y0, w, h, 255))
+    _, H, W = slide.levels[level].shape
+    touched = store.log.chunk_keys(str(level))
+    assert len(touched) == len(set(touched))  # no chunk fetched twice
+    assert set(touched) == _expected_chunks(level, x0, y0, w, h, 240, H, W)
+
+
+def test_read_at_a_level_mpp_is_that_level(slide):
+    a = slide.read_region(480, 720, 200, 150, mpp=2 * 0.499)
+    b = slide.read_region(480, 720, 200, 150, level=1)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_read_between_levels_is_resampled_in_place(slide, levels):
+    # 3 x 0.499 um/px: read from level 1 and shrink 1.5x; compare with a 3x box of level 0.
+    x, y = 600, 900
+    region = slide.read_region(x, y, 200, 200, mpp=3 * 0.499)
+    assert region.shape == (200, 200, 3)
+    block = levels[0][y : y + 600, x : x + 600].reshape(200, 3, 200, 3, 3).mean(axis=(1, 3))
+    assert psnr(region, block) > 28
+    shifted = levels[0][y + 12 : y + 612, x + 12 : x + 612].reshape(200, 3, 200, 3, 3).mean((1, 3))
+    assert psnr(region, block) > psnr(region, shifted) + 3  # it is in the right place
+
+
+def test_level_for_mpp_picks_the_coarsest_fine_enough_level(slide):
+    assert slide.level_for_mpp(0.25) == 0
+    assert slide.level_for_mpp(0.5) == 0  # 0.499 <= 0.5
+    assert slide.level_for_mpp(1.0) == 1
+    assert slide.level_for_mpp(0.98) == 1  # 0.998 is within 2% of 0.98
+    assert slide.level_for_mpp(0.98, tolerance=0.0) == 0
+    assert slide.level_for_mpp(100) == 2
+
+
+def test_read_region_needs_one_of_level_or_mpp(slide):
+    with pytest.raises(TypeError):
+        slide.read_region(0, 0, 10, 10)
+    with pytest.raises(TypeError):
+        slide.read_region(0, 0, 10, 10, level=0, mpp=0.5)
+
+
+def test_mpp_reads_need_a_known_pixel_size(stores):
+    with pytest.raises(TilestoreError, match="pixel size unknown"):
+        open_slide(stores(KIDNEY)).read_region(0, 0, 10, 10, mpp=1.0)
+
+
+def test_to_dask_is_lazy_and_chunk_aligned(slide):
+    array = slide.to_dask(0)
+    assert array.shape == (3, 2967, 2220)
+    assert array.chunks[1][0] == 240 and len(array.chunks[1]) == 13
+    np.testing.assert_array_equal(
+        array[:, 100:140, 200:260].compute(), slide.array(0)[:, 100:140, 200:260]
+    )
+
+
+def test_to_xarray_coordinates_are_pixel_centres_in_micrometres(slide, levels):
+    da = slide.to_xarray(2)
+    assert da.dims == ("c", "y", "x")
+    assert list(da.c.values) == ["R", "G", "B"]
+    assert da.x.attrs["units"] == "micrometer"
+    assert float(da.x[0]) == pytest.approx(1.5 * 0.499)
+    assert float(da.x[1] - da.x[0]) == pytest.approx(4 * 0.499)
+    # selecting by physical position gives the pixel there
+    pixel = da.sel(
+        x=100 * 4 * 0.499 + 1.5 * 0.499, y=50 * 4 * 0.499 + 1.5 * 0.499, method="nearest"
+    )
+    np.testing.assert_array_equal(pixel.values, levels[2][50, 100])
+    assert isinstance(da.data, type(slide.to_dask(2)))
+
+
+def test_xarray_without_mpp_uses_pixels(stores):
+    da = open_slide(stores(KIDNEY)).to_xarray(1)
+    assert da.x.attrs["units"] == "level-0 pixel"
+    assert float(da.x[1] - da.x[0]) == 2
+
+
+def test_resize_matches_for_uint8_and_uint16():
+    image = np.random.default_rng(0).integers(0, 255, (40, 60, 3)).astype(np.uint8)
+    small = resize(image, 30, 20)
+    assert small.shape == (20, 30, 3) and small.dtype == np.uint8
+    wide = resize(image.astype(np.uint16) * 256, 30, 20)
+    assert wide.dtype == np.uint16
+    assert np.abs(wide.astype(int) // 256 - small).max() <= 1
+
+
+# -- opening errors -----------------------------------------------------------------------
+
+
+def test_open_missing(tmp_path):
+    with pytest.raises(StoreError, match="no such store"):
+        open_slide(tmp_path / "nope.ome.zarr")
+
+
+def test_open_a_slide_file_says_convert_first(slide_path):
+    with pytest.raises(StoreError, match="run `tilestore convert` first"):
+        open_slide(slide_path(CMU))
+
+
+def test_open_incomplete_store(tmp_path, stores):
+    import shutil
+
+    copy = tmp_path / "half.ome.zarr"
+    shutil.copytree(stores(KIDNEY), copy)
+    meta = json.loads((copy / "zarr.json").read_text())
+    meta["attributes"]["tilestore"]["complete"] = False
+    (copy / "zarr.json").write_text(json.dumps(meta))
+    with pytest.raises(StoreError, match="incomplete store"):
+        open_slide(copy)
+
+
+def test_open_foreign_zarr_group(tmp_path):
+    zarr.open_group(tmp_path / "other.zarr", mode="w")
+    with pytest.raises(StoreError, match="not made by tilestore"):
+        open_slide(tmp_path / "other.zarr")
+
+
+def test_open_with_plain_xarray_free_tools(stores):
+    # Any zarr v3 reader with our codec installed reads the pixels: no tilestore API needed.
+    group = zarr.open_group(stores(CMU), mode="r")
+    assert group["0"][:, :5, :5].shape == (3, 5, 5)
+    assert isinstance(xr.DataArray(group["2"][:]), xr.DataArray)

@@ -1,0 +1,35 @@
+"""The exceptions and warnings tilestore raises for problems a user can act on.
+
+Every message names the file, the cause and, where there is one, the fix. The
+CLI prints them as one line and exits with code 2; anything else is a bug.
+"""
+
+from __future__ import annotations
+
+
+class TilestoreError(Exception):
+    """A problem with the user's input or environment, explained in one line."""
+
+
+class SlideError(TilestoreError):
+    """A source slide that cannot be read: not a slide, truncated, corrupt, unsupported."""
+
+
+class StoreError(TilestoreError):
+    """A tilestore store that is missing, incomplete, already present or unwritable."""
+
+
+class AnnotationError(TilestoreError):
+    """An annotation file that cannot be used as a region of interest."""
+
+
+class PlanError(TilestoreError):
+    """A tile plan that cannot be made or found."""
+
+
+class ModelError(TilestoreError):
+    """A model that is unknown, gated, missing from the offline cache or unloadable."""
+
+
+class TilestoreWarning(UserWarning):
+    """Something was done that the user should know about (missing mpp, repaired polygons)."""

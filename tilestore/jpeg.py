@@ -1,0 +1,118 @@
+"""JPEG bitstream surgery for copying source tiles into a store without re-encoding.
+
+TIFF stores each JPEG tile as an abbreviated stream: the quantisation and Huffman
+tables live once in the JPEGTables tag. A store chunk must be a complete
+interchange stream, so we splice the tables back in. Aperio writes RGB samples
+without a colour transform and without the Adobe marker that says so; a standard
+decoder would then apply YCbCr->RGB and shift every colour. We add an APP14 Adobe
+marker (transform 0) so any decoder reads the samples as they were written.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+SOI = b"\xff\xd8"
+EOI = b"\xff\xd9"
+# APP14 "Adobe", version 100, flags0 0, flags1 0, transform 0 (no colour transform).
+ADOBE_RGB = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"
+
+_SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+_STANDALONE = {0x01, *range(0xD0, 0xD8)}
+
+
+@dataclass(frozen=True)
+class JpegHeader:
+    """What the markers before the scan say about a JPEG stream."""
+
+    height: int
+    width: int
+    baseline: bool
+    components: tuple[tuple[int, int, int], ...]  # (id, horizontal, vertical sampling factor)
+    jfif: bool
+    adobe_transform: int | None
+
+    @property
+    def color_space(self) -> str:
+        """The colour space a standard (libjpeg) decoder infers from the stream."""
+        if len(self.components) == 1:
+            return "grayscale"
+        if self.jfif:
+            return "ycbcr"
+        if self.adobe_transform is not None:
+            return "rgb" if self.adobe_transform == 0 else "ycbcr"
+        if tuple(c[0] for c in self.components) == (ord("R"), ord("G"), ord("B")):
+            return "rgb"
+        return "ycbcr"
+
+    @property
+    def sampling(self) -> tuple[tuple[int, int], ...]:
+        """Per-component (horizontal, vertical) sampling factors, as the jpeg codec spells them."""
+        return tuple((h, v) for _, h, v in self.components)
+
+
+def iter_markers(data: bytes):
+    """Yield (marker, payload) for each segment up to and including the first SOS."""
+    if data[:2] != SOI:
+        raise ValueError("not a JPEG stream (no SOI marker)")
+    pos = 2
+    n = len(data)
+    while pos + 4 <= n:
+        if data[pos] != 0xFF:
+            raise ValueError(f"corrupt JPEG marker structure at byte {pos}")
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in _STANDALONE:
+            pos += 2
+            continue
+        if marker == 0xD9:
+            return
+        (length,) = struct.unpack_from(">H", data, pos + 2)
+        yield marker, data[pos + 4 : pos + 2 + length]
+        if marker == 0xDA:
+            return
+        pos += 2 + length
+
+
+def read_header(*streams: bytes) -> JpegHeader:
+    """Parse the frame header and colour markers from a stream (and optional tables stream)."""
+    frame = None
+    jfif = False
+    adobe = None
+    baseline = True
+    for data in streams:
+        for marker, payload in iter_markers(data):
+            if marker in _SOF_MARKERS:
+                baseline = marker in (0xC0, 0xC1)
+                _, height, width, count = struct.unpack_from(">BHHB", payload)
+                comps = tuple(
+                    (payload[6 + 3 * i], payload[7 + 3 * i] >> 4, payload[7 + 3 * i] & 15)
+                    for i in range(count)
+                )
+                frame = (height, width, comps)
+            elif marker == 0xE0 and payload[:5] == b"JFIF\x00":
+                jfif = True
+            elif marker == 0xEE and payload[:5] == b"Adobe" and len(payload) >= 12:
+                adobe = payload[11]
+    if frame is None:
+        raise ValueError("JPEG stream has no frame header (SOF)")
+    return JpegHeader(frame[0], frame[1], baseline, frame[2], jfif, adobe)
+
+
+def complete_stream(tile: bytes, tables: bytes | None, *, mark_rgb: bool) -> bytes:
+    """Return a self-contained JPEG: tables spliced in, Adobe RGB marker added if asked."""
+    if tile[:2] != SOI:
+        raise ValueError("JPEG tile does not start with an SOI marker")
+    parts = [SOI]
+    if mark_rgb:
+        parts.append(ADOBE_RGB)
+    if tables:
+        body = tables[2:]
+        if body.endswith(EOI):
+            body = body[:-2]
+        parts.append(body)
+    parts.append(tile[2:])
+    return b"".join(parts)

@@ -1,0 +1,204 @@
+"""`Slide`: lazy, chunk-exact reading of a tilestore store.
+
+Coordinates: `read_region` takes level-0 pixel coordinates of the region's
+top-left corner (origin at the slide's top-left, y down) and a size in pixels
+of the level (or target mpp) read, as OpenSlide does. Arrays are (c, y, x);
+regions come back as (h, w, c) images. xarray coordinates are OME-Zarr physical
+coordinates of pixel centres, in micrometres (level-0 pixel (0, 0) at 0, 0).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+import zarr
+from PIL import Image
+from zarr.abc.store import Store
+
+from tilestore.errors import StoreError, TilestoreError
+from tilestore.store import ATTRS_KEY, open_store
+
+
+@dataclass(frozen=True)
+class Level:
+    """One pyramid level of a store."""
+
+    index: int
+    path: str
+    shape: tuple[int, int, int]  # (c, y, x)
+    downsample: tuple[float, float]  # (dy, dx) relative to level 0
+    chunks: tuple[int, int, int]
+
+    @property
+    def height(self) -> int:
+        return self.shape[1]
+
+    @property
+    def width(self) -> int:
+        return self.shape[2]
+
+
+class Slide:
+    """An open store: its levels, pixel size and lazy readers."""
+
+    def __init__(self, group: zarr.Group, attrs: dict[str, Any], name: str) -> None:
+        self.group = group
+        self.attrs = attrs
+        self.name = name
+        self.levels = tuple(
+            Level(
+                i,
+                str(i),
+                tuple(group[str(i)].shape),
+                tuple(lv["downsample"]),
+                tuple(group[str(i)].chunks),
+            )
+            for i, lv in enumerate(attrs["levels"])
+        )
+        mpp = attrs.get("mpp")
+        self.mpp: tuple[float, float] | None = (mpp["x"], mpp["y"]) if mpp else None
+        self.background: int = attrs.get("background", 0)
+
+    def __repr__(self) -> str:
+        mpp = f"{self.mpp[0]:.4g} µm/px" if self.mpp else "mpp unknown"
+        size = f"{self.shape[2]}x{self.shape[1]} px"
+        return f"<Slide {self.name} {size}, {len(self.levels)} levels, {mpp}>"
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """Level-0 shape (c, y, x)."""
+        return self.levels[0].shape
+
+    def array(self, level: int = 0) -> zarr.Array:
+        """Return the zarr array of a level."""
+        return self.group[self.levels[level].path]
+
+    def level_mpp(self, level: int) -> tuple[float, float]:
+        """Return (x, y) µm per pixel of a level."""
+        if self.mpp is None:
+            raise TilestoreError(f"{self.name}: pixel size unknown (convert again with --mpp)")
+        dy, dx = self.levels[level].downsample
+        return self.mpp[0] * dx, self.mpp[1] * dy
+
+    def level_for_mpp(self, mpp: float, tolerance: float = 0.02) -> int:
+        """Return the coarsest level whose pixels are at least as fine as `mpp` (within tolerance).
+
+        A level slightly coarser than asked (0.5015 for 0.5) counts as fine
+        enough when within `tolerance`, so tiny calibration differences do not
+        force reading a level four times larger.
+        """
+        fine_enough = [
+            lv.index for lv in self.levels if self.level_mpp(lv.index)[0] <= mpp * (1 + tolerance)
+        ]
+        return max(fine_enough) if fine_enough else 0
+
+    def read_region(
+        self,
+        x: int,
+        y: int,
+        w: int,
+        h: int,
+        *,
+        level: int | None = None,
+        mpp: float | None = None,
+        tolerance: float = 0.02,
+    ) -> np.ndarray:
+        """Return the (h, w, c) region whose top-left corner is level-0 pixel (x, y).
+
+        With `level`, w and h are pixels of that level. With `mpp`, they are
+        pixels at that resolution: the region is read from `level_for_mpp` and
+        resampled (antialiased bilinear) unless that level is within tolerance.
+        Parts outside the slide are the background value (white for brightfield).
+        """
+        if (level is None) == (mpp is None):
+            raise TypeError("read_region needs exactly one of level= or mpp=")
+        if mpp is None:
+            return self._read_level(level, x, y, w, h)
+        index = self.level_for_mpp(mpp, tolerance)
+        lx, ly = self.level_mpp(index)
+        sw, sh = max(1, round(w * mpp / lx)), max(1, round(h * mpp / ly))
+        if abs(mpp / lx - 1) <= tolerance and abs(mpp / ly - 1) <= tolerance:
+            sw, sh = w, h
+        pixels = self._read_level(index, x, y, sw, sh)
+        return pixels if (sw, sh) == (w, h) else resize(pixels, w, h)
+
+    def _read_level(self, level: int, x: int, y: int, w: int, h: int) -> np.ndarray:
+        lv = self.levels[level]
+        x0, y0 = math.floor(x / lv.downsample[1]), math.floor(y / lv.downsample[0])
+        out = np.full((h, w, lv.shape[0]), self.background, dtype=self.array(level).dtype)
+        # Clip to the level; zarr then fetches exactly the chunks the window overlaps.
+        cx0, cy0 = max(x0, 0), max(y0, 0)
+        cx1, cy1 = min(x0 + w, lv.width), min(y0 + h, lv.height)
+        if cx1 > cx0 and cy1 > cy0:
+            block = self.array(level)[:, cy0:cy1, cx0:cx1]
+            out[cy0 - y0 : cy1 - y0, cx0 - x0 : cx1 - x0] = np.moveaxis(block, 0, -1)
+        return out
+
+    def to_dask(self, level: int = 0) -> da.Array:
+        """Return a level as a lazy (c, y, x) dask array, one dask chunk per store chunk."""
+        return da.from_zarr(self.array(level))
+
+    def to_xarray(self, level: int = 0) -> xr.DataArray:
+        """Return a level as a lazy DataArray with pixel-centre coordinates in µm (or pixels)."""
+        lv = self.levels[level]
+        (dy, dx), (py, px) = lv.downsample, (self.mpp[1], self.mpp[0]) if self.mpp else (1, 1)
+        unit = "micrometer" if self.mpp else "level-0 pixel"
+        coords = {
+            "c": self.attrs["channels"],
+            "y": ("y", (np.arange(lv.height) * dy + (dy - 1) / 2) * py, {"units": unit}),
+            "x": ("x", (np.arange(lv.width) * dx + (dx - 1) / 2) * px, {"units": unit}),
+        }
+        return xr.DataArray(
+            self.to_dask(level),
+            dims=("c", "y", "x"),
+            coords=coords,
+            name=self.name,
+            attrs={
+                "level": level,
+                "downsample": list(lv.downsample),
+                "mpp": list(self.level_mpp(level)) if self.mpp else None,
+            },
+        )
+
+
+def open_slide(path: str | os.PathLike | Store) -> Slide:
+    """Open a store made by `tilestore convert` (a path, or any zarr v3 store object)."""
+    if isinstance(path, Store):
+        try:
+            group = zarr.open_group(path, mode="r", zarr_format=3)
+        except (FileNotFoundError, ValueError, zarr.errors.ZarrError) as exc:
+            raise StoreError(f"{path}: cannot open store: {exc}") from exc
+        attrs = group.attrs.get(ATTRS_KEY)
+        if not isinstance(attrs, dict) or not attrs.get("complete"):
+            raise StoreError(f"{path}: not a complete tilestore store")
+        return Slide(group, attrs, str(path))
+    group, attrs = open_store(path)
+    return Slide(group, attrs, Path(path).name)
+
+
+def resize(image: np.ndarray, w: int, h: int) -> np.ndarray:
+    """Resample an (h, w, c) image to (h, w) with antialiased bilinear filtering."""
+    if image.dtype == np.uint8 and image.shape[2] in (1, 3):
+        pil = Image.fromarray(image[..., 0] if image.shape[2] == 1 else image)
+        out = np.asarray(pil.resize((w, h), Image.Resampling.BILINEAR))
+        return out.reshape(h, w, image.shape[2])
+    channels = [
+        np.asarray(
+            Image.fromarray(image[..., c].astype(np.float32)).resize(
+                (w, h), Image.Resampling.BILINEAR
+            )
+        )
+        for c in range(image.shape[2])
+    ]
+    out = np.stack(channels, axis=-1)
+    if image.dtype.kind in "ui":
+        info = np.iinfo(image.dtype)
+        out = np.clip(np.rint(out), info.min, info.max)
+    return out.astype(image.dtype)

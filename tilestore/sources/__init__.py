@@ -1,0 +1,103 @@
+"""Open any supported slide file as a `Source`; readers are tried most specific first."""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from pathlib import Path
+
+import tifffile
+
+from tilestore.errors import SlideError
+from tilestore.sources.base import Fact, JpegTiles, Source, SourceInfo, SourceLevel
+from tilestore.sources.image import ImageSource
+from tilestore.sources.ndpi import NdpiSource
+from tilestore.sources.ometiff import OmeTiffSource
+from tilestore.sources.svs import SvsSource
+from tilestore.sources.tiff import TiffSource
+
+TIFF_READERS: tuple[type[TiffSource], ...] = (SvsSource, NdpiSource, OmeTiffSource, TiffSource)
+_TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
+# What tifffile raises on malformed headers and IFDs.
+_TIFF_ERRORS = (
+    tifffile.TiffFileError,
+    ValueError,
+    OSError,
+    KeyError,
+    IndexError,
+    EOFError,
+    struct.error,
+)
+
+__all__ = ["Fact", "JpegTiles", "Source", "SourceInfo", "SourceLevel", "open_source"]
+
+
+def open_source(path: str | os.PathLike) -> Source:
+    """Return the open `Source` for a slide file, or raise SlideError saying why not."""
+    path = Path(path)
+    if path.is_dir():
+        raise SlideError(f"{path}: is a directory, not a slide file")
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+    except OSError as exc:
+        raise SlideError(f"{path}: cannot read: {exc.strerror}") from exc
+    if size == 0:
+        raise SlideError(f"{path}: file is empty (0 bytes)")
+    if head.startswith(_TIFF_MAGIC):
+        return _open_tiff(path)
+    fmt = ImageSource.sniff(head)
+    if fmt:
+        return ImageSource(path, fmt)
+    raise SlideError(
+        f"{path}: not a supported slide (expected TIFF/SVS/NDPI/OME-TIFF, PNG or JPEG; "
+        f"file starts with {head[:8]!r})"
+    )
+
+
+def _open_tiff(path: Path) -> Source:
+    with _TiffLog() as log:
+        try:
+            tif = tifffile.TiffFile(path)
+        except _TIFF_ERRORS as exc:
+            raise SlideError(f"{path}: not a readable TIFF (truncated or corrupt): {exc}") from exc
+        try:
+            series = tif.series
+        except _TIFF_ERRORS as exc:
+            tif.close()
+            raise SlideError(f"{path}: corrupt TIFF structure: {exc}") from exc
+    broken = [m for m in log.messages if "offset" in m]
+    try:
+        if broken:
+            raise SlideError(f"{path}: truncated or corrupt: {broken[0]}")
+        if not series:
+            raise SlideError(f"{path}: TIFF holds no image")
+        reader = next(r for r in TIFF_READERS if r.matches(tif))
+        return reader(path, tif)
+    except SlideError:
+        tif.close()
+        raise
+    except _TIFF_ERRORS as exc:
+        tif.close()
+        raise SlideError(f"{path}: corrupt TIFF structure: {exc}") from exc
+
+
+class _TiffLog(logging.Handler):
+    """Collect what tifffile logs while parsing: it reports broken IFD chains only there."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+        self._logger = logging.getLogger("tifffile")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage().split("> ", 1)[-1])
+
+    def __enter__(self) -> _TiffLog:
+        self._logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeHandler(self)

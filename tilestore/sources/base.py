@@ -1,0 +1,134 @@
+"""What a source slide reader provides: levels that read regions, facts with their origin.
+
+A reader implements `Source` for one file format. Conversion only ever asks a
+level for a band of rows (`read`) or, for the copy path, for its JPEG tiles; it
+never needs a whole level in memory.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+# No scanner makes a side this long; a header that says so is corrupt or hostile.
+MAX_SIDE = 500_000
+# Plausible microscope pixel sizes, µm/px. Outside this a resolution tag is a
+# screen or print density (72 dpi = 352 µm/px), not a scan resolution.
+MPP_RANGE = (0.01, 100.0)
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A metadata value and where in the source it was read from."""
+
+    value: object
+    origin: str
+
+    @staticmethod
+    def to_json(fact: Fact | None) -> dict | None:
+        """Return {value, origin} for storing in attributes, or None."""
+        return None if fact is None else {"value": fact.value, "origin": fact.origin}
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """What the source file says about itself; None where it says nothing."""
+
+    format: str
+    vendor: str | None = None
+    mpp: Fact | None = None  # value: (x, y) in µm per level-0 pixel
+    objective_power: Fact | None = None
+    modality: Fact | None = None  # value: "brightfield" | "fluorescence"
+    channel_names: tuple[str, ...] | None = None
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass
+class JpegTiles:
+    """A level's JPEG tiles as complete streams, ready to become store chunks unchanged."""
+
+    tile_shape: tuple[int, int]
+    grid: tuple[int, int]  # tiles down, tiles across
+    color_space: str  # "ycbcr" | "rgb" | "grayscale": what the samples in the stream are
+    subsampling: tuple[tuple[int, int], ...]
+    read: Callable[[int, int], bytes | None]  # (tile row, tile col) -> stream, None if absent
+
+
+@dataclass
+class SourceLevel(ABC):
+    """One resolution of a source slide."""
+
+    shape: tuple[int, int]  # (height, width)
+    channels: int
+    dtype: np.dtype
+    compression: str
+    tile_shape: tuple[int, int] | None
+
+    @abstractmethod
+    def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        """Return pixels [y0:y1, x0:x1] as a (h, w, channels) array."""
+
+    def jpeg_tiles(self) -> JpegTiles | None:
+        """Return the level's JPEG tiles if they can be copied verbatim, else None."""
+        return None
+
+    def describe_copy(self) -> str:
+        """Say why `jpeg_tiles` is None (for the conversion report)."""
+        return f"{self.compression} source"
+
+    def close(self) -> None:  # noqa: B027 - levels without resources need nothing
+        """Release file handles."""
+
+
+@dataclass
+class Source(ABC):
+    """An open source slide: its levels (finest first), facts and associated images."""
+
+    path: Path
+    info: SourceInfo
+    levels: list[SourceLevel]
+    associated: dict[str, Callable[[], np.ndarray]] = field(default_factory=dict)
+
+    def close(self) -> None:  # noqa: B027 - readers without resources need nothing
+        """Release file handles."""
+
+    def __enter__(self) -> Source:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def brightfield_rgb(self) -> bool:
+        """True for 8-bit RGB not declared as fluorescence: such slides suit JPEG chunks."""
+        level = self.levels[0]
+        fluorescence = self.info.modality is not None and self.info.modality.value == "fluorescence"
+        return level.channels == 3 and level.dtype == np.uint8 and not fluorescence
+
+
+def checked_mpp(x: float | None, y: float | None, origin: str) -> tuple[Fact | None, str | None]:
+    """Return the mpp fact, or None and a warning if the values are missing or implausible."""
+    if not x or not y:
+        return None, None
+    if not (MPP_RANGE[0] <= x <= MPP_RANGE[1] and MPP_RANGE[0] <= y <= MPP_RANGE[1]):
+        return None, (
+            f"ignored resolution from {origin} ({x:.4g} x {y:.4g} µm/px is not a microscope "
+            "scan resolution)"
+        )
+    return Fact((float(x), float(y)), origin), None
+
+
+def check_size(path: str | os.PathLike, shape: tuple[int, ...]) -> None:
+    """Reject declared image sizes no scanner produces (corrupt or hostile headers)."""
+    from tilestore.errors import SlideError
+
+    if any(s <= 0 for s in shape) or max(shape) > MAX_SIDE:
+        raise SlideError(
+            f"{path}: declared image size {'x'.join(map(str, shape))} is not plausible "
+            f"(sides must be 1-{MAX_SIDE} px); the header is corrupt"
+        )

@@ -1,0 +1,233 @@
+"""Tiled and striped TIFF slides through tifffile: the reader the vendor formats build on.
+
+Regions are read through tifffile's zarr store, so only the tiles or strips a
+band touches are decoded. Vendor subclasses (SVS, NDPI, OME-TIFF) only say how
+their metadata is spelled; pixel access is shared.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tifffile
+import zarr
+
+from tilestore import jpeg
+from tilestore.errors import SlideError
+from tilestore.sources.base import (
+    Fact,
+    JpegTiles,
+    Source,
+    SourceInfo,
+    SourceLevel,
+    check_size,
+    checked_mpp,
+)
+
+_UNIT_UM = {2: 25_400.0, 3: 10_000.0}  # TIFF ResolutionUnit: inch, centimeter -> µm
+
+
+@dataclass
+class TiffLevel(SourceLevel):
+    """One pyramid level of a TIFF series, read band by band."""
+
+    series: tifffile.TiffPageSeries = None
+    level: int = 0
+    path: Path = None
+
+    def __post_init__(self) -> None:
+        self._array: zarr.Array | None = None
+
+    @property
+    def page(self) -> tifffile.TiffPage:
+        return self.series.levels[self.level].keyframe
+
+    def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        if self._array is None:
+            self._array = zarr.open_array(self.series.aszarr(level=self.level), mode="r")
+        axes = self.series.levels[self.level].axes
+        try:
+            if axes == "YX":
+                return self._array[y0:y1, x0:x1][..., None]
+            if axes == "YXS":
+                return self._array[y0:y1, x0:x1, :]
+            return np.moveaxis(self._array[:, y0:y1, x0:x1], 0, -1)  # CYX
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise SlideError(
+                f"{self.path}: cannot decode level {self.level} rows {y0}-{y1}: {exc}"
+            ) from exc
+
+    def _copy_blocker(self) -> str | None:
+        page = self.page
+        if page.compression != tifffile.COMPRESSION.JPEG:
+            kind = "tiles" if page.is_tiled else "strips"
+            name = "uncompressed" if page.compression == 1 else page.compression.name
+            return f"{name} {kind}"
+        if not page.is_tiled or page.is_ndpi:
+            return "JPEG strips, not tiles"
+        if len(self.series.levels[self.level].pages) != 1 or page.planarconfig != 1:
+            return "separate planes"
+        if page.bitspersample != 8 or page.samplesperpixel not in (1, 3):
+            return f"{page.samplesperpixel}x{page.bitspersample}-bit samples"
+        return None
+
+    def describe_copy(self) -> str:
+        return self._copy_blocker() or "tiles not copyable"
+
+    def jpeg_tiles(self) -> JpegTiles | None:
+        if self._copy_blocker() is not None:
+            return None
+        page = self.page
+        tables = page.jpegtables
+        offsets, counts = page.dataoffsets, page.databytecounts
+        first = next((i for i, c in enumerate(counts) if c > 0), None)
+        if first is None:
+            return None
+        with open(self.path, "rb") as fh:
+            fh.seek(offsets[first])
+            try:
+                header = jpeg.read_header(*([tables] if tables else []), fh.read(counts[first]))
+            except ValueError:
+                return None
+        if not header.baseline:
+            return None
+        # tifffile decodes RGB-photometric JPEG without JFIF as untransformed RGB
+        # (Aperio); a standard decoder would assume YCbCr unless we mark it.
+        if page.samplesperpixel == 1:
+            color_space = "grayscale"
+        elif page.photometric == tifffile.PHOTOMETRIC.RGB and not header.jfif:
+            color_space = "rgb"
+        else:
+            color_space = header.color_space
+        mark_rgb = color_space == "rgb" and header.color_space != "rgb"
+        if mark_rgb and header.adobe_transform is not None:
+            return None
+        sampling = header.sampling
+        if color_space == "rgb" and set(sampling) != {(1, 1)}:
+            return None
+        if color_space == "ycbcr" and (sampling[1] != (1, 1) or sampling[2] != (1, 1)):
+            return None
+        th, tw = page.tilelength, page.tilewidth
+        nx = -(-page.imagewidth // tw)
+        fd = os.open(self.path, os.O_RDONLY)
+        self._fds = [*getattr(self, "_fds", []), fd]
+
+        def read_tile(row: int, col: int) -> bytes | None:
+            index = row * nx + col
+            if counts[index] == 0:
+                return None
+            data = os.pread(fd, counts[index], offsets[index])
+            return jpeg.complete_stream(data, tables, mark_rgb=mark_rgb)
+
+        grid = (-(-page.imagelength // th), nx)
+        return JpegTiles((th, tw), grid, color_space, sampling, read_tile)
+
+    def close(self) -> None:
+        for fd in getattr(self, "_fds", []):
+            os.close(fd)
+        self._fds = []
+
+
+class TiffSource(Source):
+    """A generic tiled or striped TIFF; subclasses read vendor metadata."""
+
+    format = "tiff"
+
+    @classmethod
+    def matches(cls, tif: tifffile.TiffFile) -> bool:
+        return True
+
+    def __init__(self, path: Path, tif: tifffile.TiffFile) -> None:
+        self._tif = tif
+        series = self.image_series(tif)
+        levels = []
+        for index, level in enumerate(series.levels):
+            check_size(path, level.shape)
+            levels.append(self._make_level(path, series, index))
+        _check_not_truncated(path, [p for lvl in series.levels for p in lvl.pages])
+        super().__init__(path, self.read_info(tif), levels, self.read_associated(tif))
+
+    @staticmethod
+    def _make_level(path: Path, series: tifffile.TiffPageSeries, index: int) -> TiffLevel:
+        level = series.levels[index]
+        axes, shape = level.axes, level.shape
+        if axes not in ("YX", "YXS", "CYX"):
+            raise SlideError(
+                f"{path}: image axes {axes} {shape} are not a 2D slide (expected YX, YXS or CYX)"
+            )
+        page = level.keyframe
+        codec = page.compression
+        try:
+            tifffile.TIFF.DECOMPRESSORS[int(codec)]
+        except (KeyError, NotImplementedError):
+            raise SlideError(
+                f"{path}: compression {getattr(codec, 'name', codec)} (TIFF code {int(codec)}) "
+                "is not supported: no decoder available"
+            ) from None
+        height, width = shape[axes.index("Y")], shape[axes.index("X")]
+        channels = 1 if axes == "YX" else shape[axes.index("S" if "S" in axes else "C")]
+        tile = (page.tilelength, page.tilewidth) if page.is_tiled else None
+        return TiffLevel(
+            shape=(height, width),
+            channels=channels,
+            dtype=np.dtype(level.dtype),
+            compression=getattr(codec, "name", str(codec)).lower(),
+            tile_shape=tile,
+            series=series,
+            level=index,
+            path=path,
+        )
+
+    def image_series(self, tif: tifffile.TiffFile) -> tifffile.TiffPageSeries:
+        """Return the series holding the slide image (levels finest first)."""
+        return tif.series[0]
+
+    def read_info(self, tif: tifffile.TiffFile) -> SourceInfo:
+        mpp, warning = resolution_mpp(tif.pages.first)
+        return SourceInfo(format=self.format, mpp=mpp, warnings=(warning,) if warning else ())
+
+    def read_associated(self, tif: tifffile.TiffFile) -> dict:
+        return {}
+
+    def close(self) -> None:
+        for level in self.levels:
+            level.close()
+        self._tif.close()
+
+
+def resolution_mpp(page: tifffile.TiffPage) -> tuple[Fact | None, str | None]:
+    """Return mpp from the XResolution/YResolution tags when their unit is physical."""
+    unit = page.tags.valueof("ResolutionUnit")
+    xres, yres = page.tags.valueof("XResolution"), page.tags.valueof("YResolution")
+    if unit not in _UNIT_UM or not xres or not yres:
+        return None, None
+    to_px = [r[0] / r[1] if isinstance(r, tuple) else float(r) for r in (xres, yres)]
+    if not all(to_px):
+        return None, None
+    name = "centimeter" if unit == 3 else "inch"
+    scale = _UNIT_UM[unit]
+    return checked_mpp(scale / to_px[0], scale / to_px[1], f"TIFF XResolution/YResolution ({name})")
+
+
+def _check_not_truncated(path: Path, pages: list) -> None:
+    size = os.path.getsize(path)
+    for page in pages:
+        ends = [o + c for o, c in zip(page.dataoffsets, page.databytecounts, strict=True) if c]
+        if ends and max(ends) > size:
+            raise SlideError(
+                f"{path}: truncated: image data runs to byte {max(ends)} but the file has "
+                f"{size} bytes (incomplete copy or download?)"
+            )
+
+
+def associated_series(tif: tifffile.TiffFile, names: dict[str, str]) -> dict:
+    """Map our associated-image names to loaders for the tifffile series that hold them."""
+    found = {}
+    for series in tif.series[1:]:
+        key = names.get(series.name.lower())
+        if key:
+            found[key] = series.asarray
+    return found

@@ -1,0 +1,70 @@
+"""The tilestore store on disk: where things live, how a store is opened and recognised.
+
+A store is an OME-Zarr 0.5 image group. Besides the OME metadata its
+attributes hold a ``tilestore`` block: source facts with their origin, per-level
+provenance, software versions and a ``complete`` flag written last. Derived
+data live beside the image: ``labels/tissue``, ``plans/<name>``,
+``embeddings/<model>``.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import zarr
+
+from tilestore.errors import StoreError
+
+ATTRS_KEY = "tilestore"
+STORE_FORMAT = 1
+STORE_SUFFIX = ".ome.zarr"
+
+
+def software_versions(*packages: str) -> dict[str, str]:
+    """Return installed versions of tilestore and the named packages."""
+    found = {}
+    for name in ("tilestore", "zarr", "numpy", *packages):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def is_store(path: str | os.PathLike) -> bool:
+    """True if path is a zarr v3 group directory (a store or something that looks like one)."""
+    return (Path(path) / "zarr.json").is_file()
+
+
+def store_name(source: str | os.PathLike) -> str:
+    """Return the store name for a source file: ``slide.svs`` -> ``slide.ome.zarr``."""
+    name = Path(source).name
+    for suffix in (".ome.tiff", ".ome.tif"):
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)] + STORE_SUFFIX
+    return Path(name).stem + STORE_SUFFIX
+
+
+def open_store(path: str | os.PathLike, mode: str = "r") -> tuple[zarr.Group, dict[str, Any]]:
+    """Open a complete store; return its root group and its ``tilestore`` attributes."""
+    path = Path(path)
+    if not path.exists():
+        raise StoreError(f"{path}: no such store")
+    if not is_store(path):
+        hint = " (a slide file: run `tilestore convert` first)" if path.is_file() else ""
+        raise StoreError(f"{path}: not a tilestore store{hint}")
+    try:
+        group = zarr.open_group(path, mode=mode, zarr_format=3)
+    except (ValueError, OSError, zarr.errors.ZarrError) as exc:
+        raise StoreError(f"{path}: cannot open store: {exc}") from exc
+    attrs = group.attrs.get(ATTRS_KEY)
+    if not isinstance(attrs, dict):
+        raise StoreError(f"{path}: zarr group without tilestore metadata (not made by tilestore)")
+    if not attrs.get("complete"):
+        raise StoreError(
+            f"{path}: incomplete store (conversion was interrupted); convert again with --overwrite"
+        )
+    return group, attrs

@@ -1,9 +1,9 @@
 """tilestore: whole-slide images as chunked OME-Zarr 0.5 stores, read lazily and chunk-exactly.
 
-    >>> import tilestore
-    >>> tilestore.convert("slide.svs", "stores/")            # once
-    >>> slide = tilestore.open_slide("stores/slide.ome.zarr")
-    >>> slide.read_region(1000, 2000, 224, 224, mpp=0.5)      # (224, 224, 3) uint8
+>>> import tilestore
+>>> tilestore.convert("slide.svs", "stores/")            # once
+>>> slide = tilestore.open_slide("stores/slide.ome.zarr")
+>>> slide.read_region(1000, 2000, 224, 224, mpp=0.5)      # (224, 224, 3) uint8
 """
 
 from tilestore.conversion import ConversionReport, convert

@@ -22,6 +22,7 @@ import zarr
 from PIL import Image
 from zarr.abc.store import Store
 
+from tilestore.chunks import ChunkReader
 from tilestore.errors import StoreError, TilestoreError
 from tilestore.store import ATTRS_KEY, open_store
 
@@ -52,19 +53,15 @@ class Slide:
         self.group = group
         self.attrs = attrs
         self.name = name
+        self._arrays = [group[lv["path"]] for lv in attrs["levels"]]
         self.levels = tuple(
-            Level(
-                i,
-                str(i),
-                tuple(group[str(i)].shape),
-                tuple(lv["downsample"]),
-                tuple(group[str(i)].chunks),
-            )
-            for i, lv in enumerate(attrs["levels"])
+            Level(i, lv["path"], tuple(a.shape), tuple(lv["downsample"]), tuple(a.chunks))
+            for i, (lv, a) in enumerate(zip(attrs["levels"], self._arrays, strict=True))
         )
         mpp = attrs.get("mpp")
         self.mpp: tuple[float, float] | None = (mpp["x"], mpp["y"]) if mpp else None
         self.background: int = attrs.get("background", 0)
+        self._readers = [ChunkReader(a, self.background) for a in self._arrays]
 
     def __repr__(self) -> str:
         mpp = f"{self.mpp[0]:.4g} µm/px" if self.mpp else "mpp unknown"
@@ -78,7 +75,11 @@ class Slide:
 
     def array(self, level: int = 0) -> zarr.Array:
         """Return the zarr array of a level."""
-        return self.group[self.levels[level].path]
+        return self._arrays[level]
+
+    def chunks(self, level: int = 0) -> ChunkReader:
+        """Return the whole-chunk reader of a level (encoded bytes, decode, windows)."""
+        return self._readers[level]
 
     def level_mpp(self, level: int) -> tuple[float, float]:
         """Return (x, y) µm per pixel of a level."""
@@ -133,12 +134,12 @@ class Slide:
         lv = self.levels[level]
         x0, y0 = math.floor(x / lv.downsample[1]), math.floor(y / lv.downsample[0])
         out = np.full((h, w, lv.shape[0]), self.background, dtype=self.array(level).dtype)
-        # Clip to the level; zarr then fetches exactly the chunks the window overlaps.
+        # Clip to the level: exactly the chunks the window overlaps are fetched.
         cx0, cy0 = max(x0, 0), max(y0, 0)
         cx1, cy1 = min(x0 + w, lv.width), min(y0 + h, lv.height)
         if cx1 > cx0 and cy1 > cy0:
-            block = self.array(level)[:, cy0:cy1, cx0:cx1]
-            out[cy0 - y0 : cy1 - y0, cx0 - x0 : cx1 - x0] = np.moveaxis(block, 0, -1)
+            block = self._readers[level].read(cy0, cy1, cx0, cx1)
+            out[cy0 - y0 : cy1 - y0, cx0 - x0 : cx1 - x0] = block
         return out
 
     def to_dask(self, level: int = 0) -> da.Array:

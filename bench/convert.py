@@ -1,0 +1,153 @@
+"""Conversion and region-read benchmark on a large SVS assembled from real tissue.
+
+Measures, in one run on one machine:
+  - copy path (JPEG tiles copied) vs forced decode+encode (--no-copy): wall time, ratio;
+  - store size vs source size; peak RSS of each conversion (each runs in its own process);
+  - random 256x256 level-0 region reads/s: our store (Slide.read_region) vs tifffile's zarr
+    view of the source (the efficient way to read regions from a TIFF with tifffile).
+
+    python bench/convert.py --size 40000            # prints a table, writes JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import tifffile
+import zarr
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_slide import make_large_svs
+
+import tilestore
+
+HERE = Path(__file__).resolve().parent
+
+CHILD = """
+import json, sys, time
+import tilestore
+
+def peak_rss_mb():
+    # VmHWM belongs to this address space; ru_maxrss would carry the parent's peak over exec.
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+
+src, out, copy = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+t0 = time.perf_counter()
+r = tilestore.convert(src, out, copy=copy, overwrite=True)
+wall = time.perf_counter() - t0
+print(json.dumps({
+    "seconds": wall, "store_bytes": r.store_bytes, "source_bytes": r.source_bytes,
+    "peak_rss_mb": peak_rss_mb(),
+    "levels": [[lv.path, lv.write, lv.chunks, round(lv.seconds, 2)] for lv in r.levels],
+}))
+"""
+
+
+def run_conversion(src: Path, out: Path, copy: bool) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(src), str(out), "1" if copy else "0"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def region_reads(store: Path, src: Path, n: int, size: int = 256, seed: int = 0) -> dict:
+    slide = tilestore.open_slide(store)
+    _, height, width = slide.shape
+    rng = np.random.default_rng(seed)
+    xs = rng.integers(0, width - size, n)
+    ys = rng.integers(0, height - size, n)
+    with tifffile.TiffFile(src) as tif:
+        source = zarr.open_array(tif.series[0].aszarr(level=0), mode="r")
+        for x, y in zip(xs[:20], ys[:20], strict=True):  # warm both
+            slide.read_region(int(x), int(y), size, size, level=0)
+            source[y : y + size, x : x + size]
+        t0 = time.perf_counter()
+        for x, y in zip(xs, ys, strict=True):
+            ours = slide.read_region(int(x), int(y), size, size, level=0)
+        t1 = time.perf_counter()
+        for x, y in zip(xs, ys, strict=True):
+            theirs = source[y : y + size, x : x + size]
+        t2 = time.perf_counter()
+        assert np.array_equal(ours, theirs), "store and source disagree"
+    return {"store_per_s": n / (t1 - t0), "tifffile_per_s": n / (t2 - t1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--size", type=int, default=40_000)
+    parser.add_argument("--reads", type=int, default=500)
+    parser.add_argument("--work", type=Path, default=HERE / "data")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "convert.json")
+    args = parser.parse_args()
+
+    src = make_large_svs(args.work / f"large-{args.size}.svs", args.size)
+    out = args.work / "stores"
+    copy = run_conversion(src, out, copy=True)
+    store = out / f"large-{args.size}.ome.zarr"
+    reads = region_reads(store, src, args.reads)
+    reencode = run_conversion(src, args.work / "stores-reencode", copy=False)
+    shutil.rmtree(args.work / "stores-reencode", ignore_errors=True)
+
+    result = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "slide": {"path": str(src), "size_px": args.size, "bytes": copy["source_bytes"]},
+        "copy": copy,
+        "reencode": reencode,
+        "copy_speedup": reencode["seconds"] / copy["seconds"],
+        "size_vs_source": copy["store_bytes"] / copy["source_bytes"],
+        "reads": reads,
+        "read_ratio": reads["store_per_s"] / reads["tifffile_per_s"],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+
+    gb = 1 << 30
+    rows = [
+        (
+            "slide",
+            f"{args.size} x {args.size} px, {copy['source_bytes'] / gb:.2f} GB, "
+            f"{os.cpu_count()} CPUs",
+            "",
+        ),
+        ("copy path: time", f"{copy['seconds']:.1f} s", ""),
+        ("decode+encode: time", f"{reencode['seconds']:.1f} s", ""),
+        ("copy speed-up", f"{result['copy_speedup']:.1f}x", ">= 10x"),
+        ("store size / source (copy)", f"{result['size_vs_source']:.3f}x", "<= 1.1x"),
+        (
+            "peak RSS copy / re-encode",
+            f"{copy['peak_rss_mb']:.0f} / {reencode['peak_rss_mb']:.0f} MB",
+            "< 1024 MB",
+        ),
+        ("256 px region reads/s: store", f"{reads['store_per_s']:.0f}", ""),
+        ("256 px region reads/s: tifffile", f"{reads['tifffile_per_s']:.0f}", ""),
+        ("reads store / tifffile", f"{result['read_ratio']:.2f}x", ""),
+    ]
+    width = max(len(r[0]) for r in rows)
+    print(f"{'measure':<{width}}  {'value':<34}  target")
+    for name, value, target in rows:
+        print(f"{name:<{width}}  {value:<34}  {target}")
+    print("levels (copy):", copy["levels"])
+    print("levels (re-encode):", reencode["levels"])
+    print(f"JSON: {args.out}")
+
+
+if __name__ == "__main__":
+    main()

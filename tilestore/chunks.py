@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from pathlib import Path
 
 import imagecodecs
@@ -25,18 +26,19 @@ from tilestore.codecs import JpegCodec
 
 
 class ChunkReader:
-    """Fetch and decode chunks (row, col) of one (c, y, x) level whose chunks span all channels."""
+    """Fetch and decode the chunks (row, col) of one (c, y, x) level, all channels together."""
 
     def __init__(self, array: zarr.Array, background: int) -> None:
         self.array = array
         self.background = background
-        self.channels, self.chunk_h, self.chunk_w = array.chunks
+        self.channels = array.shape[0]
+        self.chunk_h, self.chunk_w = array.chunks[1:]
         self.grid = (-(-array.shape[1] // self.chunk_h), -(-array.shape[2] // self.chunk_w))
         self.is_jpeg = (
             isinstance(array.serializer, JpegCodec)
             and list(array.filters) == [TransposeCodec(order=(1, 2, 0))]
             and not array.compressors
-            and self.channels == array.shape[0]
+            and array.chunks[0] == array.shape[0]
         )
         store = array.store_path.store
         self._root = Path(store.root) if type(store) is LocalStore else None
@@ -64,6 +66,28 @@ class ChunkReader:
             return np.full((self.chunk_h, self.chunk_w, self.channels), self.background, np.uint8)
         image = imagecodecs.jpeg8_decode(data)
         return image.reshape(self.chunk_h, self.chunk_w, self.channels)
+
+    def load(
+        self, coords: Sequence[tuple[int, int]], pool: Executor | None = None
+    ) -> list[np.ndarray]:
+        """Return each chunk's pixels as (chunk_h, chunk_w, c), background beyond the level.
+
+        JPEG chunks are fetched in one batch and decoded (on `pool` if given); other
+        codecs go through zarr, which decodes with the array's own codec chain.
+        """
+        if self.is_jpeg:
+            data = self.fetch(coords)
+            return list(pool.map(self.decode, data)) if pool else [self.decode(d) for d in data]
+        mapper = pool.map if pool else map
+        return list(mapper(self._zarr_chunk, coords))
+
+    def _zarr_chunk(self, coord: tuple[int, int]) -> np.ndarray:
+        r, c = coord
+        ch, cw = self.chunk_h, self.chunk_w
+        block = self.array[:, r * ch : (r + 1) * ch, c * cw : (c + 1) * cw]
+        out = np.full((ch, cw, block.shape[0]), self.background, block.dtype)
+        out[: block.shape[1], : block.shape[2]] = np.moveaxis(block, 0, -1)
+        return out
 
     def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         """Return pixels [y0:y1, x0:x1] (inside the level) as (h, w, c)."""

@@ -28,7 +28,15 @@ from tilestore.codecs import jpeg_codecs, zstd_codecs
 from tilestore.errors import StoreError, TilestoreError, TilestoreWarning
 from tilestore.levels import copy_tiles, downsample2, write_bands
 from tilestore.sources import Fact, Source, SourceLevel, open_source
-from tilestore.store import ATTRS_KEY, STORE_FORMAT, is_store, software_versions, store_name
+from tilestore.store import (
+    ATTRS_KEY,
+    STORE_FORMAT,
+    consolidate,
+    is_store,
+    software_versions,
+    store_name,
+    tree_size,
+)
 
 CODECS = ("auto", "jpeg", "zstd")
 SMALLEST_LEVEL = 1024  # build 2x levels until the longer side is at most this
@@ -136,7 +144,8 @@ def convert(
                 _write_attrs(
                     root, source, plan, encoding, report, mpp_fact, associated, digest.result()
                 )
-                report.store_bytes = _tree_size(tmp)
+                consolidate(tmp)
+                report.store_bytes = tree_size(tmp)
                 _move_into_place(tmp, target)
             except BaseException as exc:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -394,10 +403,6 @@ def _sha256(path: Path) -> str:
         while block := fh.read(8 << 20):
             h.update(block)
     return h.hexdigest()
-
-
-def _tree_size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def _dtype_max(dtype: np.dtype) -> int | float:

@@ -10,7 +10,7 @@ import zarr
 
 from tilestore.errors import StoreError
 from tilestore.sources import Fact, open_source
-from tilestore.store import ATTRS_KEY, is_store
+from tilestore.store import ATTRS_KEY, is_store, tree_size
 
 
 def describe(path: str | os.PathLike) -> dict[str, Any]:
@@ -24,11 +24,11 @@ def describe(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _describe_store(path: Path) -> dict[str, Any]:
-    group = zarr.open_group(path, mode="r", zarr_format=3)
+    group = zarr.open_group(path, mode="r", zarr_format=3, use_consolidated=False)
     attrs = group.attrs.get(ATTRS_KEY)
     if not isinstance(attrs, dict):
         raise StoreError(f"{path}: zarr group without tilestore metadata (not made by tilestore)")
-    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    size = tree_size(path)
     source_size = attrs.get("source", {}).get("size")
     mpp = attrs.get("mpp")
     levels = []
@@ -61,7 +61,8 @@ def _describe_store(path: Path) -> dict[str, Any]:
         "codec": attrs.get("codec"),
         "levels": levels,
         "associated": attrs.get("associated", []),
-        "groups": sorted(k for k, _ in group.groups() if not k.isdigit()),
+        "tissue": _tissue(group),
+        "plans": _plans(group),
         "size_bytes": size,
         "size_vs_source": round(size / source_size, 3) if source_size else None,
         "software": attrs.get("software"),
@@ -97,3 +98,23 @@ def _describe_slide(path: Path) -> dict[str, Any]:
             "size_bytes": path.stat().st_size,
             "warnings": list(info.warnings),
         }
+
+
+def _tissue(group: zarr.Group) -> dict | None:
+    try:
+        meta = group["labels/tissue"].attrs["tilestore"]
+    except KeyError:
+        return None
+    return {k: meta[k] for k in ("method", "polarity", "fraction", "mpp")}
+
+
+def _plans(group: zarr.Group) -> dict[str, int]:
+    try:
+        plans = group["plans"]
+    except KeyError:
+        return {}
+    return {
+        name: g.attrs["tilestore"]["tiles"]
+        for name, g in sorted(plans.groups())
+        if g.attrs.get("tilestore", {}).get("complete")
+    }

@@ -77,6 +77,15 @@ class Slide:
         """Return the zarr array of a level."""
         return self._arrays[level]
 
+    def writable_group(self) -> zarr.Group:
+        """Return the store's root group opened for writing (for derived data: labels, plans,
+        embeddings); the pixels are never rewritten."""
+        try:
+            store = self.group.store.with_read_only(False)
+            return zarr.open_group(store, mode="r+", zarr_format=3, use_consolidated=False)
+        except (OSError, ValueError, zarr.errors.ZarrError) as exc:
+            raise StoreError(f"{self.name}: cannot open the store for writing: {exc}") from exc
+
     def chunks(self, level: int = 0) -> ChunkReader:
         """Return the whole-chunk reader of a level (encoded bytes, decode, windows)."""
         return self._readers[level]
@@ -113,6 +122,8 @@ class Slide:
     ) -> np.ndarray:
         """Return the (h, w, c) region whose top-left corner is level-0 pixel (x, y).
 
+        At a coarser level the corner is the level pixel nearest to (x, y).
+
         With `level`, w and h are pixels of that level. With `mpp`, they are
         pixels at that resolution: the region is read from `level_for_mpp` and
         resampled (antialiased bilinear) unless that level is within tolerance.
@@ -132,7 +143,9 @@ class Slide:
 
     def _read_level(self, level: int, x: int, y: int, w: int, h: int) -> np.ndarray:
         lv = self.levels[level]
-        x0, y0 = math.floor(x / lv.downsample[1]), math.floor(y / lv.downsample[0])
+        # The nearest level pixel to the level-0 corner (halves up): round trips plan tiles.
+        x0 = math.floor(x / lv.downsample[1] + 0.5)
+        y0 = math.floor(y / lv.downsample[0] + 0.5)
         out = np.full((h, w, lv.shape[0]), self.background, dtype=self.array(level).dtype)
         # Clip to the level: exactly the chunks the window overlaps are fetched.
         cx0, cy0 = max(x0, 0), max(y0, 0)
@@ -173,7 +186,7 @@ def open_slide(path: str | os.PathLike | Store) -> Slide:
     """Open a store made by `tilestore convert` (a path, or any zarr v3 store object)."""
     if isinstance(path, Store):
         try:
-            group = zarr.open_group(path, mode="r", zarr_format=3)
+            group = zarr.open_group(path, mode="r", zarr_format=3, use_consolidated=False)
         except (FileNotFoundError, ValueError, zarr.errors.ZarrError) as exc:
             raise StoreError(f"{path}: cannot open store: {exc}") from exc
         attrs = group.attrs.get(ATTRS_KEY)

@@ -10,6 +10,7 @@ data live beside the image: ``labels/tissue``, ``plans/<name>``,
 from __future__ import annotations
 
 import os
+import warnings
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,7 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> tuple[zarr.Group, di
         hint = " (a slide file: run `tilestore convert` first)" if path.is_file() else ""
         raise StoreError(f"{path}: not a tilestore store{hint}")
     try:
-        group = zarr.open_group(path, mode=mode, zarr_format=3)
+        group = zarr.open_group(path, mode=mode, zarr_format=3, use_consolidated=False)
     except (ValueError, OSError, zarr.errors.ZarrError) as exc:
         raise StoreError(f"{path}: cannot open store: {exc}") from exc
     attrs = group.attrs.get(ATTRS_KEY)
@@ -68,3 +69,26 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> tuple[zarr.Group, di
             f"{path}: incomplete store (conversion was interrupted); convert again with --overwrite"
         )
     return group, attrs
+
+
+def tree_size(path: str | os.PathLike) -> int:
+    """Return the bytes of all files below path (os.scandir: a store has many small files)."""
+    total = 0
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                total += tree_size(entry.path)
+            elif entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+def consolidate(store) -> None:
+    """Refresh the root's consolidated metadata, so xarray opens any group in one read.
+
+    Our own readers never use it (they open with use_consolidated=False), so a stale copy
+    can only slow xarray down, never mislead tilestore.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
+        zarr.consolidate_metadata(store, zarr_format=3)

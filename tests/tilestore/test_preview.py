@@ -1,0 +1,73 @@
+"""Previews draw the tissue, the ROI outlines and the kept tiles where they belong."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.conftest import CMU
+from tilestore.annotations import load_annotations
+from tilestore.plans import plan_slide
+from tilestore.preview import ROI_COLORS, TILE_RGB, render_preview
+from tilestore.slide import open_slide
+from tilestore.tissue import compute_tissue
+
+
+@pytest.fixture
+def slide(tmp_path, stores):
+    target = tmp_path / "cmu.ome.zarr"
+    shutil.copytree(stores(CMU), target)
+    return open_slide(target)
+
+
+def _close(pixel, rgb, tol=60):
+    return np.abs(pixel.astype(int) - np.array(rgb)).max() <= tol
+
+
+def test_preview_overlays_land_on_their_coordinates(slide, tmp_path):
+    roi = tmp_path / "roi.geojson"
+    roi.write_text(
+        json.dumps(
+            {
+                "type": "Feature",
+                "geometry": {
+                    "type": "Polygon",
+                    "coordinates": [
+                        [[400, 1000], [1600, 1000], [1600, 2200], [400, 2200], [400, 1000]]
+                    ],
+                },
+            }
+        )
+    )
+    rois = load_annotations(roi, size=(2220, 2967))
+    plan = plan_slide(slide, roi=roi, min_tissue=0.0)
+    tissue = compute_tissue(slide)
+    image = np.asarray(render_preview(slide, tissue=tissue, rois=rois, plan=plan, max_size=1000))
+    scale = 1000 / 2967
+    assert image.shape == (1000, round(2220 * scale), 3)
+    # the ROI's top edge is drawn in the first ROI colour at y = 1000 * scale
+    assert _close(image[round(1000 * scale), round(1000 * scale)], ROI_COLORS[0])
+    # a kept tile's left edge is drawn in the tile colour
+    i = len(plan) // 2
+    x, y = plan.x[i] * scale, (plan.y[i] + 112) * scale
+    assert _close(image[int(y), int(np.ceil(x))], TILE_RGB, tol=90) or _close(
+        image[int(y), int(x)], TILE_RGB, tol=90
+    )
+    # away from overlays the thumbnail is the slide itself (glass is near white)
+    assert image[5, 5].min() > 200
+
+
+def test_tissue_tint_only_on_tissue(slide):
+    tissue = compute_tissue(slide)
+    plain = np.asarray(render_preview(slide, max_size=400)).astype(int)
+    tinted = np.asarray(render_preview(slide, tissue=tissue, max_size=400)).astype(int)
+    mask = (
+        np.asarray(Image.fromarray(tissue.mask.astype(np.uint8) * 255).resize(plain.shape[1::-1]))
+        > 0
+    )
+    changed = np.abs(tinted - plain).sum(axis=2) > 10
+    assert changed[mask].mean() > 0.9 and changed[~mask].mean() < 0.05

@@ -1,0 +1,321 @@
+"""Tissue masks from a low-resolution level, stored as the OME-Zarr label image labels/tissue.
+
+Methods live in a small registry. `otsu` thresholds the median-blurred saturation for
+brightfield (tissue is coloured on white glass) and the smoothed density of bright nuclei
+for fluorescence (tissue bright on black), then closes gaps, fills holes and drops small
+fragments. `auto` picks the polarity from the store's declared modality or, failing that,
+from the brightness of the slide's border, and says what it chose. `contrast` is the
+per-tile rule of the older GigaPath tutorial scripts, evaluated block by block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy import ndimage
+from skimage import filters, morphology
+
+from tilestore import omezarr
+from tilestore.codecs import zstd_codecs
+from tilestore.errors import TilestoreError
+from tilestore.slide import Slide, resize
+from tilestore.store import consolidate
+
+LABEL_PATH = "labels/tissue"
+DEFAULT_MPP = 8.0
+UNKNOWN_MPP_SIDE = 2048  # without a pixel size: mask at most this long (8 um/px nominally)
+
+
+@dataclass(frozen=True)
+class OtsuParams:
+    """Cleaning parameters, in micrometres so they mean the same at any mask resolution."""
+
+    median_um: float = 24.0  # brightfield: median blur of saturation (3 px at 8 um/px)
+    smooth_um: float = 40.0  # fluorescence: Gaussian sigma turning nuclei into tissue density
+    close_um: float = 16.0  # closing radius: joins tissue split by thin gaps
+    min_area_um2: float = 20_000.0  # fragments smaller than this are dropped (~140 um square)
+    fill_holes: bool = True
+    min_saturation: float = 0.05  # saturation (0-1) below which a pixel is never tissue
+    glass_saturation: float = 0.04  # Otsu's low class is glass only if its median is below this
+    min_intensity: float = 0.04  # fluorescence floor (0-1) for slides with no tissue
+
+
+@dataclass(frozen=True)
+class ContrastParams:
+    """The GigaPath tutorial rule: keep a tile if min < 135, max >= 255, p5 < 162, median < 225."""
+
+    block_um: float = 112.0  # one 224 px tile at 0.5 um/px
+    stats_mpp: float = 2.0  # statistics on pixels of this size (the rule was made at full res)
+    max_min: int = 135
+    min_max: int = 255
+    max_p5: int = 162
+    max_median: int = 225
+
+
+@dataclass
+class TissueMask:
+    """A boolean mask over the slide and how it was made."""
+
+    mask: np.ndarray  # bool (h, w)
+    downsample: tuple[float, float]  # (dy, dx): level-0 pixels per mask pixel
+    mpp: float | None  # um per mask pixel; None if the slide's pixel size is unknown
+    method: str
+    polarity: str  # "bright background" (brightfield) or "dark background" (fluorescence)
+    params: dict[str, Any]
+    source_level: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fraction(self) -> float:
+        """Fraction of the slide area covered by tissue."""
+        return float(self.mask.mean()) if self.mask.size else 0.0
+
+
+def compute_tissue(
+    slide: Slide, method: str = "auto", mpp: float = DEFAULT_MPP, **params: Any
+) -> TissueMask:
+    """Return the tissue mask of a slide at about `mpp` um/px, read from the coarsest level
+    fine enough (level 0 only when the slide is already small)."""
+    if method not in ("auto", *METHODS):
+        raise TilestoreError(f"unknown tissue method {method!r}; choose auto, {', '.join(METHODS)}")
+    notes: list[str] = []
+    image, level, downsample, mask_mpp = _low_resolution(slide, mpp, notes)
+    polarity = _polarity(slide, image, notes)
+    name = "otsu" if method == "auto" else method
+    if method == "auto":
+        notes.append(f"auto: otsu on {'nuclear density' if polarity == 'dark' else 'saturation'}")
+    build, param_type = METHODS[name]
+    try:
+        chosen = param_type(**params)
+    except TypeError as exc:
+        raise TilestoreError(f"tissue method {name}: {exc}") from exc
+    mask = build(slide, image, polarity, mask_mpp or DEFAULT_MPP, chosen, notes)
+    if not mask.any():
+        notes.append("no tissue found")
+    return TissueMask(
+        mask,
+        downsample,
+        mask_mpp,
+        name,
+        "dark background" if polarity == "dark" else "bright background",
+        asdict(chosen),
+        level,
+        notes,
+    )
+
+
+def _low_resolution(slide: Slide, mpp: float, notes: list[str]):
+    """Return (image at about mpp, level read, level-0 px per mask px, mask mpp or None)."""
+    _, h0, w0 = slide.shape
+    if slide.mpp is not None:
+        level = slide.level_for_mpp(mpp)
+        target = (max(1, round(h0 * slide.mpp[1] / mpp)), max(1, round(w0 * slide.mpp[0] / mpp)))
+        mask_mpp = mpp
+    else:
+        ds = 1
+        while max(h0, w0) / ds > UNKNOWN_MPP_SIDE:
+            ds *= 2
+        notes.append(
+            f"pixel size unknown: mask at 1/{ds} of level 0; sizes in um assume "
+            f"{DEFAULT_MPP:g} um per mask pixel"
+        )
+        level = max((lv.index for lv in slide.levels if lv.downsample[1] <= ds), default=0)
+        target = (max(1, round(h0 / ds)), max(1, round(w0 / ds)))
+        mask_mpp = None
+    lv = slide.levels[level]
+    if level == 0 and max(lv.height, lv.width) > 4 * UNKNOWN_MPP_SIDE:
+        raise TilestoreError(
+            f"{slide.name}: no pyramid level near {mpp} um/px; convert again so levels are built"
+        )
+    image = slide.read_region(0, 0, lv.width, lv.height, level=level)
+    if image.shape[:2] != target:
+        image = resize(image, target[1], target[0])
+    notes.append(
+        f"read level {level} ({lv.width}x{lv.height} px) for a {target[1]}x{target[0]} mask"
+    )
+    return image, level, (h0 / target[0], w0 / target[1]), mask_mpp
+
+
+def _polarity(slide: Slide, image: np.ndarray, notes: list[str]) -> str:
+    """Return "dark" (tissue bright on dark: fluorescence) or "bright" (brightfield)."""
+    modality = slide.attrs.get("modality")
+    if modality and modality.get("value") == "fluorescence":
+        notes.append(f"fluorescence declared ({modality['origin']}): tissue bright on dark")
+        return "dark"
+    gray = image.max(axis=2)
+    peak = float(np.iinfo(gray.dtype).max) if gray.dtype.kind in "ui" else 1.0
+    rim = max(1, min(gray.shape) // 20)
+    border = np.concatenate(
+        [gray[:rim].ravel(), gray[-rim:].ravel(), gray[:, :rim].ravel(), gray[:, -rim:].ravel()]
+    )
+    level = float(np.median(border)) / peak
+    polarity = "dark" if level < 0.35 else "bright"
+    kind = "dark (fluorescence-like)" if polarity == "dark" else "bright (brightfield)"
+    notes.append(f"slide border median {level:.2f} of full scale: {kind} background")
+    return polarity
+
+
+def _otsu(
+    slide: Slide, image: np.ndarray, polarity: str, mpp: float, p: OtsuParams, notes: list[str]
+) -> np.ndarray:
+    peak = np.iinfo(image.dtype).max if image.dtype.kind in "ui" else 1.0
+    pixels = image.astype(np.float32) / peak
+    if polarity == "bright" and pixels.shape[2] == 3:
+        high, low = pixels.max(axis=2), pixels.min(axis=2)
+        signal = np.where(high > 0, (high - low) / np.maximum(high, 1e-6), 0)  # HSV saturation
+        signal = ndimage.median_filter(signal, size=max(1, round(p.median_um / mpp)) | 1)
+        threshold = _otsu_threshold(signal, p.min_saturation)
+        below = signal[signal <= threshold]
+        if below.size and np.median(below) > p.glass_saturation:
+            # Otsu's lower class is coloured too: there is no glass, only paler tissue.
+            notes.append(
+                f"no glass found (Otsu's lower class has median saturation "
+                f"{np.median(below):.2f}); threshold {p.min_saturation}"
+            )
+            threshold = p.min_saturation
+    else:
+        # Fluorescence: nuclei are bright points; their smoothed density marks the tissue.
+        density = ndimage.gaussian_filter(pixels.max(axis=2), sigma=max(0.5, p.smooth_um / mpp))
+        signal = np.log1p(density * 255)
+        threshold = _otsu_threshold(signal, float(np.log1p(p.min_intensity * 255)))
+    mask = signal > threshold
+    radius = round(p.close_um / mpp)
+    if radius >= 1:
+        mask = ndimage.binary_closing(mask, structure=morphology.disk(radius)) | mask
+    if p.fill_holes:
+        mask = ndimage.binary_fill_holes(mask)
+    return _drop_small(mask, round(p.min_area_um2 / (mpp * mpp)))
+
+
+def _otsu_threshold(signal: np.ndarray, floor: float) -> float:
+    if np.ptp(signal) == 0:
+        return max(float(signal.flat[0]), floor)
+    return max(float(filters.threshold_otsu(signal)), floor)
+
+
+def _drop_small(mask: np.ndarray, min_px: int) -> np.ndarray:
+    """Remove connected fragments smaller than min_px pixels."""
+    if min_px <= 1 or not mask.any():
+        return mask
+    labels, count = ndimage.label(mask)
+    keep = np.bincount(labels.ravel(), minlength=count + 1) >= min_px
+    keep[0] = False
+    return keep[labels]
+
+
+def _contrast(
+    slide: Slide, image: np.ndarray, polarity: str, mpp: float, p: ContrastParams, notes: list[str]
+) -> np.ndarray:
+    """Evaluate the rule on blocks of block_um, on pixels read at stats_mpp, band by band."""
+    if slide.mpp is None:
+        raise TilestoreError(f"{slide.name}: the contrast method needs a known pixel size")
+    if polarity == "dark":
+        notes.append(
+            "contrast: the rule was made for brightfield; on a dark background it "
+            "keeps blocks with saturated bright spots"
+        )
+    _, h0, w0 = slide.shape
+    block = max(2, round(p.block_um / p.stats_mpp))  # block side in stats pixels
+    step0 = p.block_um / slide.mpp[0]  # block side in level-0 pixels
+    rows, cols = int(h0 // step0), int(w0 // step0)
+    keep = np.zeros((max(rows, 1), max(cols, 1)), bool)
+    for r in range(rows):
+        band = slide.read_region(0, round(r * step0), cols * block, block, mpp=p.stats_mpp)
+        values = band.reshape(block, cols, block * band.shape[2]).transpose(1, 0, 2)
+        values = values.reshape(cols, -1)
+        p5, median = np.percentile(values, [5, 50], axis=1)
+        keep[r] = (
+            (values.min(axis=1) < p.max_min)
+            & (values.max(axis=1) >= p.min_max)
+            & (p5 < p.max_p5)
+            & (median < p.max_median)
+        )
+    # Paint block decisions onto the mask grid (mask pixel centres -> block index).
+    h, w = image.shape[:2]
+    cy = (np.arange(h) + 0.5) * (h0 / h)
+    cx = (np.arange(w) + 0.5) * (w0 / w)
+    by = np.minimum(cy // step0, keep.shape[0] - 1).astype(int)
+    bx = np.minimum(cx // step0, keep.shape[1] - 1).astype(int)
+    inside = (cy < rows * step0)[:, None] & (cx < cols * step0)[None, :]
+    return keep[by][:, bx] & inside
+
+
+METHODS: dict[str, tuple[Callable[..., np.ndarray], type]] = {
+    "otsu": (_otsu, OtsuParams),
+    "contrast": (_contrast, ContrastParams),
+}
+
+
+def write_tissue(slide: Slide, tissue: TissueMask) -> None:
+    """Store the mask as the OME-Zarr label image labels/tissue, replacing an older one."""
+    root = slide.writable_group()
+    labels = root.require_group("labels")
+    names = [n for n in labels.attrs.get("ome", {}).get("labels", []) if n != "tissue"]
+    labels.attrs["ome"] = {"version": omezarr.OME_VERSION, "labels": [*names, "tissue"]}
+    if "tissue" in labels:
+        del labels["tissue"]
+    group = labels.create_group("tissue")
+    mask = tissue.mask.astype(np.uint8)
+    paths, downsamples = [], []
+    for index in range(len(slide.levels)):  # viewers expect one label level per image level
+        factor = 2**index
+        level = mask[::factor, ::factor]
+        group.create_array(
+            str(index),
+            data=level[None],
+            chunks=(1, 1024, 1024),
+            dimension_names=("c", "y", "x"),
+            **zstd_codecs(),
+        )
+        paths.append(str(index))
+        downsamples.append((tissue.downsample[0] * factor, tissue.downsample[1] * factor))
+    group.attrs["ome"] = {
+        "version": omezarr.OME_VERSION,
+        "image-label": {
+            "colors": [
+                {"label-value": 0, "rgba": [0, 0, 0, 0]},
+                {"label-value": 1, "rgba": [0, 200, 80, 110]},
+            ],
+            "properties": [
+                {"label-value": 0, "name": "background"},
+                {"label-value": 1, "name": "tissue"},
+            ],
+            "source": {"image": "../../"},
+        },
+        "multiscales": omezarr.multiscales(
+            "tissue", paths, downsamples, slide.mpp, method="tissue mask; coarser levels nearest"
+        ),
+    }
+    group.attrs["tilestore"] = {
+        "method": tissue.method,
+        "polarity": tissue.polarity,
+        "params": tissue.params,
+        "mpp": tissue.mpp,
+        "downsample": list(tissue.downsample),
+        "source_level": tissue.source_level,
+        "fraction": tissue.fraction,
+        "notes": tissue.notes,
+    }
+    consolidate(root.store)
+
+
+def read_tissue(slide: Slide) -> TissueMask | None:
+    """Return the stored tissue mask, or None if the store has none."""
+    try:
+        group = slide.group[LABEL_PATH]
+    except KeyError:
+        return None
+    meta = group.attrs["tilestore"]
+    return TissueMask(
+        group["0"][0].astype(bool),
+        tuple(meta["downsample"]),
+        meta["mpp"],
+        meta["method"],
+        meta["polarity"],
+        meta["params"],
+        meta["source_level"],
+        list(meta["notes"]),
+    )

@@ -157,8 +157,14 @@ def info(
                 "+".join(lv["codecs"]),
                 lv["write"],
             )
-        if desc["groups"]:
-            out.print(f"groups: {', '.join(desc['groups'])}")
+        if desc["tissue"]:
+            out.print(
+                f"tissue: {desc['tissue']['fraction']:.1%} ({desc['tissue']['method']}, "
+                f"{desc['tissue']['polarity']})",
+                highlight=False,
+            )
+        for name, tiles in desc["plans"].items():
+            out.print(f"plan {name}: {tiles} tiles", highlight=False)
     else:
         out.print(
             f"format {desc['format']} ({desc['vendor'] or 'generic'}); "
@@ -179,6 +185,103 @@ def info(
                 "yes" if lv["copyable"] else f"no: {lv['why_not']}",
             )
     out.print(table)
+
+
+@app.command()
+def tissue(
+    store: Path = typer.Argument(..., help="A store made by `tilestore convert`."),
+    method: str = typer.Option(
+        "auto", help="auto (detects brightfield/fluorescence), otsu, contrast."
+    ),
+    mpp: float = typer.Option(
+        8.0, help="Mask resolution, um/px (read from a low-resolution level)."
+    ),
+    preview: Path | None = typer.Option(None, help="Also write a PNG of the mask over the slide."),
+) -> None:
+    """Compute the tissue mask and store it as the OME-Zarr label image labels/tissue."""
+    from tilestore.preview import save_preview
+    from tilestore.slide import open_slide
+    from tilestore.tissue import compute_tissue, write_tissue
+
+    slide = open_slide(store)
+    mask = compute_tissue(slide, method, mpp)
+    write_tissue(slide, mask)
+    for note in mask.notes:
+        out.print(f"  {note}", highlight=False)
+    h, w = mask.mask.shape
+    if mask.mask.any():
+        out.print(
+            f"{store}: tissue covers {mask.fraction:.1%} ({mask.method}, {mask.polarity}; "
+            f"mask {w}x{h} px) -> labels/tissue",
+            highlight=False,
+        )
+    else:
+        out.print(
+            f"{store}: no tissue found ({mask.method}, {mask.polarity}); an empty mask is "
+            "stored and plans will keep no tiles",
+            highlight=False,
+        )
+    if preview:
+        save_preview(preview, slide, tissue=mask)
+        out.print(f"preview: {preview}")
+
+
+@app.command()
+def plan(
+    store: Path = typer.Argument(..., help="A store made by `tilestore convert`."),
+    mpp: float = typer.Option(
+        0.5, help="Tile resolution, um/px (0: level-0 pixels, for slides without mpp)."
+    ),
+    tile: int = typer.Option(224, help="Tile side in pixels at --mpp."),
+    stride: int | None = typer.Option(None, help="Pixels between tile starts [default: --tile]."),
+    min_tissue: float = typer.Option(0.5, help="Keep tiles with at least this tissue fraction."),
+    roi: Path | None = typer.Option(
+        None, help="ROI annotations: QuPath GeoJSON, Aperio or ASAP XML."
+    ),
+    roi_class: str | None = typer.Option(None, help="Use only ROIs of this class."),
+    min_roi: float = typer.Option(0.5, help="Keep tiles with at least this ROI overlap."),
+    roi_mpp: float | None = typer.Option(None, help="um/px the ROI coordinates were drawn at."),
+    tolerance: float = typer.Option(0.02, help="Use a level as is if its mpp is this close."),
+    name: str | None = typer.Option(None, help="Plan name [default: e.g. 0.5mpp-224px]."),
+    overwrite: bool = typer.Option(False, help="Replace a plan of the same name."),
+    preview: Path | None = typer.Option(None, help="Write a PNG: thumbnail, tissue, ROIs, tiles."),
+) -> None:
+    """Plan the tiles to embed and store the plan in the slide's store."""
+    from tilestore.annotations import load_annotations
+    from tilestore.plans import plan_slide, save_plan
+    from tilestore.preview import save_preview
+    from tilestore.slide import open_slide
+    from tilestore.tissue import read_tissue
+
+    slide = open_slide(store)
+    made = plan_slide(
+        slide,
+        mpp=mpp,
+        tile=tile,
+        stride=stride,
+        min_tissue=min_tissue,
+        roi=roi,
+        roi_class=roi_class,
+        min_roi=min_roi,
+        roi_mpp=roi_mpp,
+        tolerance=tolerance,
+        name=name,
+    )
+    save_plan(slide, made, overwrite=overwrite)
+    for note in made.notes:
+        out.print(f"  {note}", highlight=False)
+    rows, cols = made.spec.grid
+    out.print(
+        f"{store}: plan {made.name!r}: {len(made)} of {rows * cols} tiles, "
+        f"{len(made.needed_chunks())} chunks of level {made.spec.level} "
+        f"(effective {made.spec.effective_mpp or 0:.4g} um/px)",
+        highlight=False,
+    )
+    if preview:
+        _, h0, w0 = slide.shape
+        rois = load_annotations(roi, size=(w0, h0)).select(roi_class) if roi else None
+        save_preview(preview, slide, tissue=read_tissue(slide), rois=rois, plan=made)
+        out.print(f"preview: {preview}")
 
 
 class _progress:

@@ -69,3 +69,29 @@ def test_existing_store_error(tmp_path, slide_path):
 def test_info_on_missing_path(tmp_path):
     run = tilestore("info", tmp_path / "nothing.svs")
     assert run.returncode == 2 and "nothing.svs" in run.stderr
+
+
+def test_tissue_plan_preview_pipeline(tmp_path, slide_path, annotation_path):
+    assert tilestore("convert", slide_path(CMU), "-o", tmp_path).returncode == 0
+    store = tmp_path / "CMU-1-Small-Region.ome.zarr"
+    run = tilestore("tissue", store, "--preview", tmp_path / "tissue.png")
+    assert run.returncode == 0, run.stderr
+    assert "tissue covers" in run.stdout and (tmp_path / "tissue.png").stat().st_size > 10_000
+    run = tilestore("plan", store, "--mpp", "0.5", "--tile", "224", "--preview", tmp_path / "p.png")
+    assert run.returncode == 0, run.stderr
+    assert "plan '0.5mpp-224px'" in run.stdout and "chunks of level 0" in run.stdout
+    info = json.loads(tilestore("info", store, "--json").stdout)
+    assert info["tissue"]["method"] == "otsu" and "0.5mpp-224px" in info["plans"]
+    again = tilestore("plan", store)
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+
+
+def test_plan_with_points_as_roi_is_refused(tmp_path, slide_path, annotation_path):
+    assert tilestore("convert", slide_path(CMU), "-o", tmp_path).returncode == 0
+    points = annotation_path("format_samples/qupath-point.json")
+    run = tilestore("plan", tmp_path / "CMU-1-Small-Region.ome.zarr", "--roi", points)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        f"tilestore: error: {points}: no areas to use as a region of interest (found points); "
+        "draw polygons, rectangles, ellipses or brush areas"
+    ]

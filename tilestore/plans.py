@@ -1,0 +1,243 @@
+"""Plans for a slide: made from its tissue mask and ROIs, saved in the store as plans/<name>.
+
+A stored plan is a group of 1-D arrays on a ``tile`` dimension (x, y, row, col, tissue,
+roi, roi_class, chunk ranges), so ``xarray.open_zarr(store, group="plans/<name>")`` shows
+it as a table; its attributes hold the grid, the parameters and a uid that embeddings
+record, so a replaced plan is never mistaken for the one they were made from.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+from dataclasses import asdict
+
+import numpy as np
+
+from tilestore.annotations import load_annotations
+from tilestore.codecs import zstd_codecs
+from tilestore.errors import PlanError
+from tilestore.plan import GridSpec, TilePlan, grid_spec, make_plan
+from tilestore.slide import Slide
+from tilestore.store import consolidate
+from tilestore.tissue import compute_tissue, read_tissue, write_tissue
+
+PLANS = "plans"
+
+
+def plan_slide(
+    slide: Slide,
+    *,
+    mpp: float | None = 0.5,
+    tile: int = 224,
+    stride: int | None = None,
+    min_tissue: float = 0.5,
+    tissue_method: str = "auto",
+    roi: str | os.PathLike | None = None,
+    roi_class: str | None = None,
+    min_roi: float = 0.5,
+    roi_mpp: float | None = None,
+    tolerance: float = 0.02,
+    name: str | None = None,
+) -> TilePlan:
+    """Return the plan of `tile`-px tiles at `mpp` um/px over the slide's tissue (and ROI).
+
+    The tissue mask is the store's labels/tissue; if there is none it is computed with
+    `tissue_method` and stored. roi: an annotation file (QuPath GeoJSON, Aperio or ASAP
+    XML) in level-0 pixels; roi_mpp: the resolution its coordinates were drawn at if not
+    level 0. A tile is kept if its tissue fraction >= min_tissue and, with an ROI, its ROI
+    overlap >= min_roi. mpp=None plans in level-0 pixels (slides without a pixel size).
+    """
+    notes: list[str] = []
+    mpp = mpp or None  # 0 means level-0 pixels, as None does
+    if mpp is not None and slide.mpp is None:
+        raise PlanError(
+            f"{slide.name}: pixel size unknown, so there is no {mpp} um/px; convert "
+            "again with --mpp, or plan in level-0 pixels (--mpp 0)"
+        )
+    level = slide.level_for_mpp(mpp, tolerance) if mpp is not None else 0
+    lv = slide.levels[level]
+    spec = grid_spec(
+        level,
+        lv.downsample,
+        (lv.height, lv.width),
+        slide.level_mpp(level)[0] if slide.mpp else None,
+        mpp,
+        tile,
+        stride,
+        tolerance,
+        notes,
+    )
+    tissue = read_tissue(slide) if min_tissue > 0 else None
+    if tissue is None and min_tissue > 0:
+        tissue = compute_tissue(slide, tissue_method)
+        write_tissue(slide, tissue)
+        notes.append(f"tissue mask computed ({tissue.method}, {tissue.polarity}) and stored")
+    rois = _load_rois(slide, roi, roi_class, roi_mpp, notes) if roi else None
+    plan = make_plan(
+        spec,
+        name=name or default_name(mpp, tile, stride, roi, roi_class),
+        chunk_shape=lv.chunks[1:],
+        tissue=tissue.mask if tissue is not None else None,
+        tissue_downsample=tissue.downsample if tissue is not None else (1, 1),
+        min_tissue=min_tissue,
+        rois=rois,
+        min_roi=min_roi,
+        params={
+            "min_tissue": min_tissue,
+            "tissue_method": tissue.method if tissue else None,
+            "roi": os.path.basename(roi) if roi else None,
+            "roi_class": roi_class,
+            "min_roi": min_roi if roi else None,
+            "roi_mpp": roi_mpp,
+            "tolerance": tolerance,
+        },
+        notes=notes,
+    )
+    if not len(plan):
+        why = []
+        if tissue is not None:
+            why.append(
+                f"tissue covers {tissue.fraction:.1%} of the slide"
+                + (" (no tissue found)" if not tissue.mask.any() else "")
+            )
+        if rois is not None:
+            why.append(f"ROI area {float(rois.union().area):.0f} px^2")
+        rows, cols = spec.grid
+        raise PlanError(
+            f"{slide.name}: no tile of the {rows}x{cols} grid kept with "
+            f"min_tissue={min_tissue}"
+            + (f", min_roi={min_roi}" if roi else "")
+            + (f" ({'; '.join(why)})" if why else "")
+        )
+    return plan
+
+
+def default_name(mpp, tile, stride, roi, roi_class) -> str:
+    """A readable plan name: 0.5mpp-224px[-s112][-roi][-class]."""
+    parts = [f"{mpp:g}mpp" if mpp is not None else "level0", f"{tile}px"]
+    if stride and stride != tile:
+        parts.append(f"s{stride}")
+    if roi:
+        parts.append(os.path.splitext(os.path.basename(roi))[0])
+    if roi_class:
+        parts.append(roi_class)
+    return "-".join(p.replace("/", "_").replace(" ", "_") for p in parts)
+
+
+def _load_rois(slide: Slide, roi, roi_class, roi_mpp, notes):
+    _, h0, w0 = slide.shape
+    scale = 1.0
+    if roi_mpp is not None:
+        if slide.mpp is None:
+            raise PlanError(f"{slide.name}: --roi-mpp needs the slide's pixel size (unknown)")
+        scale = roi_mpp / slide.mpp[0]
+        notes.append(f"ROI coordinates scaled by {scale:.4g} ({roi_mpp} -> {slide.mpp[0]} um/px)")
+    rois = load_annotations(roi, size=(w0, h0), scale=scale).select(roi_class)
+    notes.extend(f"{os.path.basename(roi)}: {w}" for w in rois.warnings)
+    drawn = rois.file_mpp
+    if drawn and slide.mpp and roi_mpp is None and abs(drawn / slide.mpp[0] - 1) > 0.05:
+        notes.append(
+            f"{os.path.basename(roi)} was drawn on a {rois.file_mpp:g} um/px scan; "
+            f"this slide is {slide.mpp[0]:g} um/px (use --roi-mpp if they differ)"
+        )
+    return rois
+
+
+def save_plan(slide: Slide, plan: TilePlan, *, overwrite: bool = False) -> str:
+    """Store the plan as plans/<name>; return its uid."""
+    root = slide.writable_group()
+    plans = root.require_group(PLANS)
+    if plan.name in plans:
+        if not overwrite:
+            raise PlanError(
+                f"{slide.name}: plan {plan.name!r} exists; pass --overwrite or "
+                "choose another --name"
+            )
+        del plans[plan.name]
+    columns = {
+        "x": plan.x,
+        "y": plan.y,
+        "row": plan.row,
+        "col": plan.col,
+        "tissue": plan.tissue,
+        "roi": plan.roi,
+        "roi_class": plan.roi_class,
+        "chunk_row0": plan.chunk_rows[:, 0],
+        "chunk_row1": plan.chunk_rows[:, 1],
+        "chunk_col0": plan.chunk_cols[:, 0],
+        "chunk_col1": plan.chunk_cols[:, 1],
+    }
+    uid = hashlib.sha256(
+        b"".join(np.ascontiguousarray(v).tobytes() for v in columns.values())
+        + repr(asdict(plan.spec)).encode()
+    ).hexdigest()[:16]
+    group = plans.create_group(plan.name)
+    for key, values in columns.items():
+        group.create_array(
+            key, data=np.ascontiguousarray(values), dimension_names=("tile",), **zstd_codecs()
+        )
+    group.attrs["tilestore"] = {
+        "uid": uid,
+        "spec": asdict(plan.spec),
+        "classes": plan.classes,
+        "chunk_shape": list(plan.chunk_shape),
+        "params": plan.params,
+        "notes": plan.notes,
+        "tiles": len(plan),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "complete": True,
+    }
+    consolidate(root.store)
+    return uid
+
+
+def list_plans(slide: Slide) -> list[str]:
+    """Names of the complete plans in the store."""
+    try:
+        plans = slide.group[PLANS]
+    except KeyError:
+        return []
+    return sorted(
+        name for name, g in plans.groups() if g.attrs.get("tilestore", {}).get("complete")
+    )
+
+
+def load_plan(slide: Slide, name: str | None = None) -> tuple[TilePlan, str]:
+    """Return a stored plan and its uid; without a name, the store's only plan."""
+    names = list_plans(slide)
+    if name is None:
+        if len(names) != 1:
+            raise PlanError(
+                f"{slide.name}: {'no plans' if not names else 'several plans'} in the "
+                f"store{': ' + ', '.join(names) if names else ''}; "
+                + ("make one with `tilestore plan`" if not names else "pick one with --plan")
+            )
+        name = names[0]
+    if name not in names:
+        raise PlanError(f"{slide.name}: no plan {name!r}; plans: {', '.join(names) or 'none'}")
+    group = slide.group[f"{PLANS}/{name}"]
+    meta = group.attrs["tilestore"]
+    spec = meta["spec"]
+    spec = GridSpec(
+        **{
+            **spec,
+            "downsample": tuple(spec["downsample"]),
+            "level_shape": tuple(spec["level_shape"]),
+        }
+    )
+    plan = TilePlan(
+        name,
+        spec,
+        group["row"][:],
+        group["col"][:],
+        group["tissue"][:],
+        group["roi"][:],
+        group["roi_class"][:],
+        list(meta["classes"]),
+        tuple(meta["chunk_shape"]),
+        dict(meta["params"]),
+        list(meta["notes"]),
+    )
+    return plan, meta["uid"]

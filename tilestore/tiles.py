@@ -1,0 +1,78 @@
+"""Reading a plan's tiles in order, each store chunk fetched and decoded exactly once.
+
+`chunk_schedule` is pure: for each grid row of the plan it says which chunks to load
+before its tiles can be cut and which chunks no later row needs. Because plan rows move
+down the slide, a chunk dropped is never wanted again, and memory holds at most the chunk
+rows one tile row spans. The CPU reader below and the GPU engine follow the same schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from tilestore.plan import TilePlan, chunk_keys
+from tilestore.slide import Slide
+
+
+@dataclass(frozen=True)
+class Step:
+    """One grid row of a plan: the chunks to load first, the tiles, the chunks to drop after."""
+
+    tiles: np.ndarray  # plan indices, in plan order
+    load: np.ndarray  # (k, 2) chunk (row, col) not loaded yet
+    drop: np.ndarray  # (m, 2) chunks no later step needs
+
+
+def chunk_schedule(plan: TilePlan) -> list[Step]:
+    """Return the steps that read every chunk the plan needs once, in plan order."""
+    steps: list[Step] = []
+    if not len(plan):
+        return steps
+    rows, cols = plan.chunk_rows, plan.chunk_cols
+    order = np.argsort(plan.row, kind="stable")
+    groups = np.split(order, np.flatnonzero(np.diff(plan.row[order])) + 1)
+    loaded = np.zeros(0, np.int64)
+    for index, tiles in enumerate(groups):
+        load = np.setdiff1d(chunk_keys(rows[tiles], cols[tiles]), loaded, assume_unique=True)
+        loaded = np.union1d(loaded, load)
+        if index + 1 < len(groups):
+            gone = (loaded >> 32) < rows[groups[index + 1], 0].min()
+        else:
+            gone = np.ones(len(loaded), bool)
+        steps.append(Step(np.sort(tiles), _pairs(load), _pairs(loaded[gone])))
+        loaded = loaded[~gone]
+    return steps
+
+
+def _pairs(keys: np.ndarray) -> np.ndarray:
+    return np.stack([keys >> 32, keys & 0xFFFFFFFF], axis=1)
+
+
+def iter_tiles(slide: Slide, plan: TilePlan, workers: int = 4) -> Iterator[tuple[int, np.ndarray]]:
+    """Yield (plan index, (read, read, c) footprint pixels) in plan order, decoding on threads."""
+    reader = slide.chunks(plan.spec.level)
+    ch, cw = reader.chunk_h, reader.chunk_w
+    read = plan.spec.read
+    ly, lx = plan.level_y, plan.level_x
+    cache: dict[tuple[int, int], np.ndarray] = {}
+    with ThreadPoolExecutor(workers) as pool:
+        for step in chunk_schedule(plan):
+            coords = [tuple(rc) for rc in step.load.tolist()]
+            cache.update(zip(coords, reader.load(coords, pool), strict=True))
+            for index in step.tiles:
+                y0, x0 = int(ly[index]), int(lx[index])
+                out = np.empty((read, read, reader.channels), reader.array.dtype)
+                for r in range(y0 // ch, (y0 + read - 1) // ch + 1):
+                    for c in range(x0 // cw, (x0 + read - 1) // cw + 1):
+                        ty0, tx0 = max(y0, r * ch), max(x0, c * cw)
+                        ty1, tx1 = min(y0 + read, (r + 1) * ch), min(x0 + read, (c + 1) * cw)
+                        out[ty0 - y0 : ty1 - y0, tx0 - x0 : tx1 - x0] = cache[(r, c)][
+                            ty0 - r * ch : ty1 - r * ch, tx0 - c * cw : tx1 - c * cw
+                        ]
+                yield int(index), out
+            for rc in step.drop.tolist():
+                del cache[tuple(rc)]

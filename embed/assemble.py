@@ -1,0 +1,220 @@
+"""From store chunks to batches of tiles: decode (CPU threads or nvJPEG) and cut, row by row.
+
+A plan's grid row of tiles shares one vertical span, so its chunks are stitched into one
+band and every tile of the row is cut with a single strided gather (``unfold`` + index):
+no Python loop over tiles, on the CPU or on the GPU. Batches are exactly the plan's
+batches (block b holds tiles b*B .. b*B+B-1), which is what makes resuming bitwise exact.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tilestore.chunks import ChunkReader
+
+
+def decode_cpu(
+    reader: ChunkReader, coords: Sequence[tuple[int, int]], pool: Executor
+) -> list[torch.Tensor]:
+    """Decoded chunks as (h, w, c) uint8 CPU tensors (threads: imagecodecs frees the GIL)."""
+    return [torch.from_numpy(np.ascontiguousarray(a)) for a in reader.load(coords, pool)]
+
+
+def decode_gpu(
+    reader: ChunkReader, data: Sequence[bytes | None], device: torch.device
+) -> list[torch.Tensor]:
+    """Decoded chunks as (c, h, w) uint8 CUDA tensors: one batched nvJPEG call per row.
+
+    Runs on the calling thread's current CUDA stream; absent chunks are the background.
+    """
+    from torchvision.io import decode_jpeg
+
+    encoded = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in data if d is not None]
+    decoded = iter(decode_jpeg(encoded, device=device) if encoded else [])
+    return [
+        next(decoded)
+        if d is not None
+        else torch.full(
+            (reader.channels, reader.chunk_h, reader.chunk_w),
+            reader.background,
+            dtype=torch.uint8,
+            device=device,
+        )
+        for d in data
+    ]
+
+
+def cut_row(
+    cache: dict[tuple[int, int], torch.Tensor],
+    y: int,
+    xs: np.ndarray,
+    read: int,
+    stride: int,
+    chunk: tuple[int, int],
+    channels_first: bool,
+) -> torch.Tensor:
+    """Return the tiles of one grid row: windows [y, y+read) x [x, x+read) for each x in xs.
+
+    xs must be sorted and step by multiples of `stride`. Output (n, read, read, c) for
+    (h, w, c) chunks, (n, c, read, read) for (c, h, w) chunks.
+    """
+    ch, cw = chunk
+    r0, r1 = y // ch, (y + read - 1) // ch
+    c0, c1 = int(xs[0]) // cw, (int(xs[-1]) + read - 1) // cw
+    sample = next(iter(cache.values()))
+    height, width = (r1 - r0 + 1) * ch, (c1 - c0 + 1) * cw
+    shape = (sample.shape[0], height, width) if channels_first else (height, width, sample.shape[2])
+    band = torch.empty(shape, dtype=sample.dtype, device=sample.device)
+    for r in range(r0, r1 + 1):
+        for c in range(c0, c1 + 1):
+            block = cache.get((r, c))
+            if block is None:
+                continue  # no tile of this row covers it (the schedule did not load it)
+            ys, xs_ = (
+                slice((r - r0) * ch, (r - r0 + 1) * ch),
+                slice((c - c0) * cw, (c - c0 + 1) * cw),
+            )
+            if channels_first:
+                band[:, ys, xs_] = block
+            else:
+                band[ys, xs_] = block
+    top = y - r0 * ch
+    left = int(xs[0]) - c0 * cw
+    index = torch.as_tensor((xs - xs[0]) // stride, device=band.device)
+    if channels_first:
+        strip = band[:, top : top + read, left:]  # (c, read, W)
+        windows = strip.unfold(2, read, stride)  # (c, read, n_windows, read)
+        return windows.permute(2, 0, 1, 3).index_select(0, index)
+    strip = band[top : top + read, left:]  # (read, W, c)
+    windows = strip.unfold(1, read, stride)  # (read, n_windows, c, read)
+    return windows.permute(1, 0, 3, 2).index_select(0, index)
+
+
+@dataclass
+class Batch:
+    """One plan batch of uint8 tiles, on the host (pinned) or on the GPU."""
+
+    job: object
+    block: int
+    count: int
+    tiles: torch.Tensor
+    channels_first: bool
+    ready: torch.cuda.Event | None = None  # GPU tiles: when the decode stream has made them
+    slot: int | None = None  # host tiles: the pool slot to give back after the copy
+
+
+class Stopped(Exception):
+    """The run is stopping: a producer waiting for room gives up."""
+
+
+def put(target: queue.Queue, item: object, stop: threading.Event) -> None:
+    """Put, unless the run stops while the queue is full."""
+    while True:
+        try:
+            target.put(item, timeout=0.2)
+            return
+        except queue.Full:
+            if stop.is_set():
+                raise Stopped from None
+
+
+class SlotPool:
+    """Reusable (pinned) host buffers; a slot is reused only after its copy has finished."""
+
+    def __init__(self, slots: int, shape: tuple[int, ...], pin: bool) -> None:
+        self.buffers = [torch.empty(shape, dtype=torch.uint8, pin_memory=pin) for _ in range(slots)]
+        self._free: queue.Queue = queue.Queue()
+        for i in range(slots):
+            self._free.put((i, None))
+
+    def acquire(self, stop: threading.Event | None = None) -> int:
+        """Return a free slot; with `stop`, give up (Stopped) once it is set."""
+        while True:
+            try:
+                slot, event = self._free.get(timeout=0.2)
+                break
+            except queue.Empty:
+                if stop is not None and stop.is_set():
+                    raise Stopped from None
+        if event is not None:
+            event.synchronize()
+        return slot
+
+    def release(self, slot: int, event: torch.cuda.Event | None = None) -> None:
+        self._free.put((slot, event))
+
+
+class BatchBuilder:
+    """Collects a job's tiles in plan order and emits each plan batch when it is whole."""
+
+    def __init__(
+        self,
+        job: object,
+        batch_size: int,
+        total: int,
+        emit: Callable[[Batch], None],
+        pool: SlotPool | None,
+        channels_first: bool,
+        device: torch.device,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.job, self.size, self.total, self.emit, self.stop = job, batch_size, total, emit, stop
+        self.pool, self.channels_first, self.device = pool, channels_first, device
+        self.block, self.filled, self.buffer, self.slot = None, 0, None, None
+
+    def add(self, indices: np.ndarray, tiles: torch.Tensor) -> None:
+        """Add tiles with their global plan indices (ascending, whole batches only)."""
+        at = 0
+        while at < len(indices):
+            block = int(indices[at]) // self.size
+            if block != self.block:
+                self._open(block, tiles.shape[1:])
+            count = self._count(block)
+            take = min(len(indices) - at, count - self.filled)
+            self.buffer[self.filled : self.filled + take].copy_(
+                tiles[at : at + take], non_blocking=True
+            )
+            self.filled += take
+            at += take
+            if self.filled == count:
+                self._close()
+
+    def _count(self, block: int) -> int:
+        return min(self.size, self.total - block * self.size)
+
+    def _open(self, block: int, tile_shape: torch.Size) -> None:
+        if self.buffer is not None:
+            raise RuntimeError(f"batch {self.block} incomplete when batch {block} began")
+        self.block, self.filled = block, 0
+        if self.pool is not None:
+            self.slot = self.pool.acquire(self.stop)
+            self.buffer = self.pool.buffers[self.slot]
+        else:
+            self.buffer = torch.empty(
+                (self.size, *tile_shape), dtype=torch.uint8, device=self.device
+            )
+
+    def _close(self) -> None:
+        ready = None
+        if self.device.type == "cuda" and self.pool is None:
+            ready = torch.cuda.Event()
+            ready.record()  # on the producer's (decode) stream
+        self.emit(
+            Batch(
+                self.job,
+                self.block,
+                self.filled,
+                self.buffer,
+                self.channels_first,
+                ready,
+                self.slot,
+            )
+        )
+        self.block, self.filled, self.buffer, self.slot = None, 0, None, None

@@ -1,0 +1,498 @@
+"""The streaming embedder: the GPU should be the only thing anyone waits for.
+
+A producer thread walks each slide's plan in chunk order (`tilestore.tiles.chunk_schedule`):
+chunk bytes are read ahead on threads and decoded either on CPU threads (imagecodecs frees
+the GIL) or on the GPU with nvJPEG, one batched call per grid row on a side stream; whole
+plan batches of uint8 tiles are cut from them (`embed.assemble`). The main thread copies a
+host batch to the GPU on a copy stream while the previous batch computes, transforms it
+there, runs the model (bf16 autocast, inference mode, channels_last, optionally compiled)
+and starts the copy of the features back to pinned memory. A writer thread waits for that
+copy and writes the batch into the store. Slides follow each other in the same stream, so
+the next slide's tiles are in flight while the previous slide's last batch computes. Only
+per-batch CUDA events synchronise; nothing waits per tile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from embed.assemble import (
+    Batch,
+    BatchBuilder,
+    SlotPool,
+    Stopped,
+    cut_row,
+    decode_cpu,
+    decode_gpu,
+    put,
+)
+from embed.models import LoadedModel, load_model
+from embed.report import RunReport, Sampler, Stats
+from embed.writer import EmbeddingWriter
+from tilestore.errors import ModelError, TilestoreError
+from tilestore.plan import TilePlan
+from tilestore.plans import list_plans, load_plan, plan_slide, save_plan
+from tilestore.slide import Slide, open_slide
+from tilestore.tiles import chunk_schedule
+
+_DONE = object()
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to run; each `tilestore embed` option maps onto one field."""
+
+    batch_size: int | None = None  # None: "auto", the largest that fits and still helps
+    device: str = "auto"  # auto, cuda, cuda:N, cpu
+    decode: str = "auto"  # auto (gpu on CUDA), cpu, gpu
+    precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU), bf16, fp32
+    dtype: str = "float16"  # of the stored features
+    compile: bool = False
+    readers: int = 4  # threads reading (and on the CPU path decoding) grid rows ahead
+    decoders: int = max(2, (os.cpu_count() or 4) - 2)  # threads decoding JPEG on the CPU
+    prefetch: int = 4  # batches of tiles ready ahead of the GPU
+    overwrite: bool = False
+    hf_token: str | None = None
+
+
+@dataclass
+class Job:
+    """One slide's share of the run."""
+
+    store: Path
+    slide: Slide | None = None
+    plan: TilePlan | None = None
+    writer: EmbeddingWriter | None = None
+    todo: np.ndarray | None = None  # global plan indices still to embed
+    pool: SlotPool | None = None  # host tile buffers (CPU decode)
+    tiles: int = 0
+    started: float = 0.0
+
+
+@dataclass(frozen=True)
+class _JobEnd:
+    """Sent after a job's last batch: the writer finishes the job when it gets here."""
+
+    job: Job
+
+
+def embed(
+    stores: list[str | os.PathLike],
+    model: str | LoadedModel,
+    *,
+    plan: str | None = None,
+    plan_options: dict | None = None,
+    options: Options = Options(),
+    report_path: str | os.PathLike | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> RunReport:
+    """Embed each store's plan tiles with one model, writing embeddings/<model> into the store.
+
+    plan: a stored plan's name; else the store's only plan; else one is made with
+    plan_options (default: the model's native mpp and tile size) and saved. A store already
+    embedded with this model is refused unless options.overwrite; an interrupted one resumes.
+    """
+    started = time.perf_counter()
+    device = _device(options.device)
+    precision = _precision(options.precision, device)
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, token=options.hf_token)
+    loaded.module.to(device).eval()
+    if device.type == "cuda":
+        loaded.module.to(memory_format=torch.channels_last)
+    runner = _Runner(loaded, device, precision, options)
+    batch = options.batch_size or runner.auto_batch_size()
+    report = RunReport.start(loaded, device, batch, options, precision)
+    report.setup_s = time.perf_counter() - started
+    jobs = _jobs(
+        [Path(s) for s in stores], loaded, plan, plan_options or {}, batch, options, report
+    )
+    with Sampler(device) as sampler:
+        runner.run(jobs, batch, report, progress)
+    report.finish(time.perf_counter() - started, sampler, runner.stats)
+    if report_path:
+        report.save(report_path)
+    return report
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise TilestoreError("--device cuda: no CUDA device is visible (CUDA_VISIBLE_DEVICES?)")
+    return device
+
+
+def _precision(name: str, device: torch.device) -> str:
+    if name == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    if name not in ("bf16", "fp32"):
+        raise TilestoreError(f"--precision {name}: choose bf16 or fp32")
+    return name
+
+
+def _jobs(
+    stores: list[Path],
+    loaded: LoadedModel,
+    plan_name: str | None,
+    plan_options: dict,
+    batch: int,
+    options: Options,
+    report: RunReport,
+) -> Iterator[Job]:
+    """Prepare each store when the producer reaches it (the GPU works meanwhile)."""
+    for store in stores:
+        job = Job(store)
+        try:
+            job.slide = open_slide(store)
+            job.plan, uid = _plan(job.slide, loaded, plan_name, plan_options)
+            job.writer = EmbeddingWriter(
+                job.slide,
+                job.plan,
+                uid,
+                loaded.describe(),
+                batch_size=batch,
+                dtype=options.dtype,
+                overwrite=options.overwrite,
+                settings={"precision": report.precision, "compile": options.compile},
+            )
+        except TilestoreError as exc:
+            report.failed(store, str(exc))
+            continue
+        blocks = job.writer.todo()
+        job.todo = (
+            np.concatenate(
+                [np.arange(b * batch, min((b + 1) * batch, len(job.plan))) for b in blocks]
+            )
+            if len(blocks)
+            else np.zeros(0, np.int64)
+        )
+        yield job
+
+
+def _plan(slide: Slide, loaded: LoadedModel, name: str | None, options: dict):
+    if name is not None or (not options and len(list_plans(slide)) == 1):
+        return load_plan(slide, name)
+    options = {"mpp": loaded.spec.native_mpp or 0.5, "tile": loaded.spec.tile, **options}
+    if slide.mpp is None:
+        options["mpp"] = None
+    made = plan_slide(slide, **options)
+    if made.name in list_plans(slide):  # made before with the same options: reuse it
+        stored, uid = load_plan(slide, made.name)
+        if np.array_equal(stored.x, made.x) and np.array_equal(stored.y, made.y):
+            return stored, uid
+        return made, save_plan(slide, made, overwrite=True)
+    return made, save_plan(slide, made)
+
+
+class _Runner:
+    """Holds the model on its device and drives the producer, the GPU loop and the writer."""
+
+    def __init__(
+        self, loaded: LoadedModel, device: torch.device, precision: str, options: Options
+    ) -> None:
+        self.loaded, self.device, self.precision, self.options = loaded, device, precision, options
+        self.cuda = device.type == "cuda"
+        self.features = torch.compile(loaded.features) if options.compile else loaded.features
+        self.stats = Stats()
+        self.open_jobs: list[Job] = []
+
+    def compute(self, tiles: torch.Tensor, channels_first: bool, count: int) -> torch.Tensor:
+        """Features of the first `count` tiles of a batch buffer (uint8, on the device)."""
+        if not self.options.compile:
+            tiles = tiles[:count]  # compiled: keep the full buffer, one graph for every batch
+        autocast = (
+            torch.autocast(self.device.type, dtype=torch.bfloat16)
+            if self.precision == "bf16"
+            else contextlib.nullcontext()
+        )
+        with torch.inference_mode(), autocast:
+            return self.features(self.loaded.transform(tiles, channels_first))[:count]
+
+    def auto_batch_size(self) -> int:
+        """The largest batch that fits, stopping when doubling gains under 5%."""
+        if not self.cuda:
+            return 32
+        size = self.loaded.transform.resize
+        best, best_rate = 32, 0.0
+        for batch in (32, 64, 128, 256, 512, 1024):
+            tiles = None
+            try:
+                tiles = torch.randint(
+                    0, 255, (batch, size, size, 3), dtype=torch.uint8, device=self.device
+                )
+                self.compute(tiles, False, batch)
+                torch.cuda.synchronize(self.device)
+                t0 = time.perf_counter()
+                for _ in range(3):
+                    self.compute(tiles, False, batch)
+                torch.cuda.synchronize(self.device)
+                rate = 3 * batch / (time.perf_counter() - t0)
+            except torch.OutOfMemoryError:
+                break
+            finally:
+                del tiles
+                torch.cuda.empty_cache()
+            if rate < best_rate * 1.05:
+                break
+            best, best_rate = batch, rate
+        return best
+
+    # -- the run ------------------------------------------------------------------------------
+
+    def run(
+        self,
+        jobs: Iterator[Job],
+        batch: int,
+        report: RunReport,
+        progress: Callable[[int, int], None] | None,
+    ) -> None:
+        report.decode = self._decode_mode()
+        ready: queue.Queue = queue.Queue(maxsize=self.options.prefetch)
+        written: queue.Queue = queue.Queue(maxsize=self.options.prefetch + 2)
+        outputs = SlotPool(self.options.prefetch + 2, (0,), pin=False)
+        outputs.buffers = [
+            torch.empty(
+                (batch, self.loaded.output_dim),
+                dtype=getattr(torch, self.options.dtype),
+                pin_memory=self.cuda,
+            )
+            for _ in outputs.buffers
+        ]
+        stop = threading.Event()
+        producer = threading.Thread(
+            target=self._produce,
+            name="tilestore-producer",
+            daemon=True,
+            args=(jobs, batch, report, ready, stop),
+        )
+        writer = threading.Thread(
+            target=self._write,
+            name="tilestore-writer",
+            daemon=True,
+            args=(written, outputs, report, progress),
+        )
+        copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
+        loop_started = time.perf_counter()
+        producer.start()
+        writer.start()
+        try:
+            while True:
+                t0 = time.perf_counter()
+                item = ready.get()
+                self.stats.add("waiting_for_tiles", time.perf_counter() - t0)
+                if item is _DONE:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, _JobEnd):
+                    written.put(item)
+                    continue
+                self._compute_batch(item, outputs, copy_stream, written)
+        except torch.OutOfMemoryError as exc:
+            raise ModelError(
+                f"out of GPU memory at batch size {batch}; pass a smaller --batch-size"
+            ) from exc
+        finally:
+            stop.set()
+            _drain(ready)
+            written.put(_DONE)
+            writer.join()
+            producer.join(timeout=60)
+            self.stats.add("loop", time.perf_counter() - loop_started)
+            for job in self.open_jobs:  # an interrupted run: keep what is done, free the lock
+                job.writer.abandon()
+        if report.writer_error is not None:
+            raise report.writer_error
+
+    def _decode_mode(self) -> str:
+        mode = self.options.decode
+        if mode not in ("auto", "cpu", "gpu"):
+            raise TilestoreError(f"--decode {mode}: choose auto, cpu or gpu")
+        if mode == "gpu" and not self.cuda:
+            raise TilestoreError("--decode gpu needs a CUDA device")
+        return ("gpu" if self.cuda else "cpu") if mode == "auto" else mode
+
+    def _compute_batch(
+        self, item: Batch, outputs: SlotPool, copy_stream, written: queue.Queue
+    ) -> None:
+        start = end = done = None
+        if self.cuda:
+            current = torch.cuda.current_stream(self.device)
+            if item.slot is not None:  # host tiles: copy on the side stream
+                t0 = time.perf_counter()
+                with torch.cuda.stream(copy_stream):
+                    tiles = item.tiles.to(self.device, non_blocking=True)
+                    copied = torch.cuda.Event()
+                    copied.record(copy_stream)
+                current.wait_event(copied)
+                item.job.pool.release(item.slot, copied)  # reused once the copy is done
+                self.stats.add("transfer_issue", time.perf_counter() - t0)
+            else:  # tiles decoded and cut on the GPU by the producer's stream
+                current.wait_event(item.ready)
+                tiles = item.tiles
+            tiles.record_stream(current)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+        else:
+            tiles = item.tiles
+        t0 = time.perf_counter()
+        features = self.compute(tiles, item.channels_first, item.count)
+        slot = outputs.acquire()
+        out = outputs.buffers[slot][: item.count]
+        out.copy_(features.to(out.dtype), non_blocking=self.cuda)
+        if self.cuda:
+            end.record()
+            done = torch.cuda.Event()
+            done.record()
+        else:
+            self.stats.add("compute", time.perf_counter() - t0)
+            if item.slot is not None:
+                item.job.pool.release(item.slot)
+        written.put((item, slot, done, start, end))
+
+    # -- producer -----------------------------------------------------------------------------
+
+    def _produce(self, jobs, batch, report, ready, stop) -> None:
+        try:
+            stream = torch.cuda.Stream(self.device) if self.cuda else None
+            with ThreadPoolExecutor(self.options.decoders, "tilestore-decode") as pool:
+                for job in jobs:
+                    self.open_jobs.append(job)
+                    if len(job.todo):
+                        with torch.cuda.stream(stream) if stream else contextlib.nullcontext():
+                            self._produce_job(job, batch, report, pool, ready, stop)
+                    put(ready, _JobEnd(job), stop)
+            put(ready, _DONE, stop)
+        except Stopped:
+            return
+        except BaseException as exc:
+            with contextlib.suppress(Stopped):
+                put(ready, exc, stop)
+
+    def _produce_job(self, job: Job, batch: int, report: RunReport, pool, ready, stop) -> None:
+        plan = job.plan
+        reader = job.slide.chunks(plan.spec.level)
+        gpu = report.decode == "gpu" and reader.is_jpeg
+        read = plan.spec.read
+        if not gpu:
+            job.pool = SlotPool(
+                self.options.prefetch + 2, (batch, read, read, reader.channels), pin=self.cuda
+            )
+        job.started = time.perf_counter()
+        report.begin(job)
+        builder = BatchBuilder(
+            job,
+            batch,
+            len(plan),
+            lambda b: put(ready, b, stop),
+            job.pool,
+            gpu,
+            self.device if gpu else torch.device("cpu"),
+            stop,
+        )
+        sub = _subset(plan, job.todo)
+        steps = chunk_schedule(sub)
+
+        def load(coords_array):  # on a reader thread
+            coords = [tuple(rc) for rc in coords_array.tolist()]
+            t0 = time.perf_counter()
+            data = (
+                (reader.fetch(coords) if gpu else decode_cpu(reader, coords, pool))
+                if coords
+                else []
+            )
+            self.stats.add("read" if gpu else "read_decode", time.perf_counter() - t0)
+            return coords, data
+
+        cache: dict[tuple[int, int], torch.Tensor] = {}
+        with ThreadPoolExecutor(self.options.readers, "tilestore-read") as readers:
+            ahead = [readers.submit(load, s.load) for s in steps[: self.options.readers]]
+            for index, step in enumerate(steps):
+                if stop.is_set():
+                    raise Stopped
+                if index + len(ahead) < len(steps):
+                    ahead.append(readers.submit(load, steps[index + len(ahead)].load))
+                coords, data = ahead.pop(0).result()
+                t0 = time.perf_counter()
+                if gpu and coords:
+                    data = decode_gpu(reader, data, self.device)
+                    self.stats.add("decode_gpu_issue", time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+                cache.update(zip(coords, data, strict=True))
+                tiles = cut_row(
+                    cache,
+                    int(sub.level_y[step.tiles[0]]),
+                    sub.level_x[step.tiles],
+                    read,
+                    plan.spec.read_stride,
+                    (reader.chunk_h, reader.chunk_w),
+                    gpu,
+                )
+                builder.add(job.todo[step.tiles], tiles)
+                self.stats.add("assemble", time.perf_counter() - t0)
+                for rc in step.drop.tolist():
+                    cache.pop(tuple(rc), None)
+
+    # -- writer -------------------------------------------------------------------------------
+
+    def _write(self, written: queue.Queue, outputs: SlotPool, report: RunReport, progress) -> None:
+        while (item := written.get()) is not _DONE:
+            try:
+                if isinstance(item, _JobEnd):
+                    job = item.job
+                    if len(job.todo):
+                        report.end(job)
+                    job.writer.finish(report.slide_summary(job))
+                    self.open_jobs.remove(job)
+                    continue
+                batch, slot, done, start, end = item
+                if done is not None:
+                    done.synchronize()  # the feature copy (and so the batch) has finished
+                    self.stats.add("compute", start.elapsed_time(end) / 1000)
+                t0 = time.perf_counter()
+                batch.job.writer.write(batch.block, outputs.buffers[slot][: batch.count].numpy())
+                outputs.release(slot)
+                self.stats.add("write", time.perf_counter() - t0)
+                batch.job.tiles += batch.count
+                report.tiles += batch.count
+                if progress:
+                    progress(batch.count, report.total)
+            except BaseException as exc:
+                report.writer_error = exc
+                if not isinstance(item, _JobEnd):
+                    outputs.release(item[1])
+
+
+def _subset(plan: TilePlan, indices: np.ndarray) -> TilePlan:
+    return TilePlan(
+        plan.name,
+        plan.spec,
+        plan.row[indices],
+        plan.col[indices],
+        plan.tissue[indices],
+        plan.roi[indices],
+        plan.roi_class[indices],
+        plan.classes,
+        plan.chunk_shape,
+        plan.params,
+        plan.notes,
+    )
+
+
+def _drain(q: queue.Queue) -> None:
+    with contextlib.suppress(queue.Empty):
+        while True:
+            q.get_nowait()

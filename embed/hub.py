@@ -1,0 +1,199 @@
+"""Hugging Face Hub access for model weights: explicit token, offline cache, safe formats.
+
+The token comes from --hf-token, else HF_TOKEN or the token `huggingface-cli login`
+stored (huggingface_hub's own lookup); we never log in and never write it anywhere.
+HF_HOME / HF_HUB_CACHE and HF_HUB_OFFLINE are read when a model is loaded, not when the
+package is imported, so setting them in a notebook or a job script works. Weights are
+read from safetensors, or from a torch file with weights_only=True; never a full pickle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import safetensors.torch
+import torch
+from huggingface_hub import HfApi, hf_hub_download
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+)
+from safetensors import SafetensorError
+
+from tilestore.errors import ModelError
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A timm-format model folder: its config and weights file, and where they came from."""
+
+    config: dict
+    weights: Path
+    repo: str
+    revision: str | None  # the commit the files belong to, for the record
+
+
+def cache_dir() -> Path:
+    """The hub cache, as HF_HUB_CACHE or HF_HOME say now."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface"
+    )
+    return Path(home) / "hub"
+
+
+def offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def fetch(
+    name: str,
+    repo: str,
+    *,
+    token: str | None = None,
+    revision: str | None = None,
+    cached_only: bool = False,
+) -> Checkpoint:
+    """Return the checkpoint of a hub repo, from the cache or (online) downloaded into it."""
+    config_path = _download(name, repo, "config.json", token, revision, cached_only)
+    weights = None
+    for filename in WEIGHT_FILES:
+        try:
+            weights = _download(name, repo, filename, token, revision, cached_only)
+            break
+        except _Missing:
+            continue
+    if weights is None:
+        if offline() or cached_only:
+            raise ModelError(_not_cached(name, repo))
+        raise ModelError(f"{name}: {repo} has neither model.safetensors nor pytorch_model.bin")
+    snapshot = config_path.parent
+    revision_found = snapshot.name if snapshot.parent.name == "snapshots" else revision
+    return Checkpoint(_read_config(name, config_path), weights, repo, revision_found)
+
+
+def local(name: str, folder: str | os.PathLike) -> Checkpoint:
+    """Return the checkpoint in a local folder (config.json + model.safetensors or a .bin)."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise ModelError(
+            f"{name}: {folder} has no config.json (timm format: architecture, "
+            "model_args, pretrained_cfg)"
+        )
+    for filename in (*WEIGHT_FILES, "model.pth", "pytorch_model.pth"):
+        if (folder / filename).is_file():
+            return Checkpoint(
+                _read_config(name, folder / "config.json"), folder / filename, str(folder), None
+            )
+    raise ModelError(f"{name}: {folder} has no model.safetensors or pytorch_model.bin")
+
+
+def load_weights(name: str, path: Path) -> dict[str, torch.Tensor]:
+    """Read a state dict: safetensors, or torch.load with weights_only=True (no code runs)."""
+    try:
+        if path.suffix == ".safetensors":
+            return safetensors.torch.load_file(path, device="cpu")
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (
+        pickle.UnpicklingError,
+        SafetensorError,
+        RuntimeError,
+        OSError,
+        ValueError,
+        EOFError,
+    ) as exc:
+        raise ModelError(
+            f"{name}: cannot read weights {path} safely ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200]}); only tensors are accepted"
+        ) from exc
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ModelError(f"{name}: {path} is not a plain state dict of tensors")
+    return state
+
+
+def pull(name: str, repo: str, *, token: str | None = None) -> Checkpoint:
+    """Download a repo's config and weights into the cache (for offline compute nodes)."""
+    if offline():
+        raise ModelError(f"{name}: HF_HUB_OFFLINE is set; pull on a machine with internet")
+    try:
+        files = set(HfApi().list_repo_files(repo, token=token))
+    except (GatedRepoError, RepositoryNotFoundError, HfHubHTTPError) as exc:
+        raise _explain(name, repo, exc) from exc
+    except OSError as exc:
+        raise ModelError(f"{name}: cannot reach the Hugging Face Hub for {repo}: {exc}") from exc
+    if "model.safetensors" not in files and "pytorch_model.bin" not in files:
+        raise ModelError(f"{name}: {repo} has no model.safetensors or pytorch_model.bin")
+    return fetch(name, repo, token=token)
+
+
+class _Missing(Exception):
+    """A file the repo does not have (try the next candidate)."""
+
+
+def _download(name, repo, filename, token, revision, cached_only=False) -> Path:
+    try:
+        return Path(
+            hf_hub_download(
+                repo,
+                filename,
+                revision=revision,
+                token=token,
+                cache_dir=cache_dir(),
+                local_files_only=cached_only or offline(),
+            )
+        )
+    except LocalEntryNotFoundError as exc:  # (a subclass of EntryNotFoundError: first)
+        if filename != "config.json":  # a weights file: the caller tries the next one
+            raise _Missing(filename) from exc
+        raise ModelError(_not_cached(name, repo)) from exc
+    except EntryNotFoundError as exc:
+        raise _Missing(filename) from exc
+    except (GatedRepoError, RepositoryNotFoundError, HfHubHTTPError) as exc:
+        raise _explain(name, repo, exc) from exc
+    except OSError as exc:
+        raise ModelError(f"{name}: cannot download {repo}/{filename}: {exc}") from exc
+
+
+def _not_cached(name: str, repo: str) -> str:
+    why = "HF_HUB_OFFLINE is set" if offline() else "not downloaded yet"
+    return (
+        f"{name}: {repo} is not in the Hugging Face cache {cache_dir()} ({why}); run "
+        f"`tilestore models pull {name}` on a machine with internet and use the same HF_HOME"
+    )
+
+
+def _explain(name: str, repo: str, exc: Exception) -> ModelError:
+    page = f"https://huggingface.co/{repo}"
+    if isinstance(exc, GatedRepoError):
+        return ModelError(
+            f"{name}: {repo} is gated and this token has no access: accept the "
+            f"terms at {page} (logged in), then pass --hf-token or set HF_TOKEN"
+        )
+    if isinstance(exc, RepositoryNotFoundError):
+        return ModelError(
+            f"{name}: {repo} not found or private for this token; check {page} "
+            "and --hf-token / HF_TOKEN"
+        )
+    return ModelError(f"{name}: Hugging Face Hub error for {repo}: {exc}")
+
+
+def _read_config(name: str, path: Path) -> dict:
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelError(f"{name}: unreadable model config {path}: {exc}") from exc
+    if "architecture" not in config:
+        raise ModelError(f"{name}: {path} is not a timm config (no 'architecture')")
+    return config

@@ -1,0 +1,75 @@
+"""The transform a model expects, applied to batches of uint8 tiles on whatever device they are.
+
+Tiles arrive as (n, h, w, 3) uint8 footprints read from the store. Following timm's data
+config (resolve_data_config: input size, interpolation, crop_pct, mean, std), they are
+resized so the crop is input_size (antialiased, as torchvision's Resize), centre-cropped
+and normalised, in one pass on the GPU. The engine and the reference loop use this same
+function, so their only differences are decoding, batching and precision.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class Transform:
+    """Resize (antialiased) to `resize`, centre-crop to `input_size`, normalise."""
+
+    input_size: int
+    resize: int
+    interpolation: str  # "bilinear" or "bicubic"
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Transform:
+        """Build from a timm data config (input_size, interpolation, crop_pct, mean, std)."""
+        size = int(config["input_size"][-1])
+        crop_pct = float(config.get("crop_pct") or 1.0)
+        interpolation = config.get("interpolation") or "bilinear"
+        if interpolation not in ("bilinear", "bicubic"):
+            interpolation = "bilinear"
+        return cls(
+            size,
+            math.floor(size / crop_pct),
+            interpolation,
+            tuple(float(v) for v in config["mean"]),
+            tuple(float(v) for v in config["std"]),
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "input_size": self.input_size,
+            "resize": self.resize,
+            "interpolation": self.interpolation,
+            "antialias": True,
+            "center_crop": self.input_size,
+            "mean": list(self.mean),
+            "std": list(self.std),
+        }
+
+    def __call__(self, tiles: torch.Tensor, channels_first: bool = False) -> torch.Tensor:
+        """(n, h, w, 3) (or (n, 3, h, w)) uint8 -> (n, 3, size, size) float32, channels_last."""
+        x = (tiles if channels_first else tiles.permute(0, 3, 1, 2)).float()
+        if x.shape[-2:] != (self.resize, self.resize):
+            x = F.interpolate(
+                x,
+                size=(self.resize, self.resize),
+                mode=self.interpolation,
+                antialias=True,
+                align_corners=False,
+            )
+            if self.interpolation == "bicubic":
+                x = x.clamp_(0, 255)  # bicubic overshoots; uint8 images cannot
+        if self.resize != self.input_size:
+            top = (self.resize - self.input_size) // 2
+            x = x[..., top : top + self.input_size, top : top + self.input_size]
+        mean = torch.tensor(self.mean, device=x.device).view(1, 3, 1, 1) * 255
+        std = torch.tensor(self.std, device=x.device).view(1, 3, 1, 1) * 255
+        return ((x - mean) / std).contiguous(memory_format=torch.channels_last)

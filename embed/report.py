@@ -1,0 +1,282 @@
+"""Where the time and memory of an embedding run went, printed and saved as JSON.
+
+Wall time is explained as setup + the GPU loop + finishing; the loop is split into the time
+the GPU computed (CUDA events per batch), the time the main thread waited for tiles (the
+producer was the bottleneck) and the rest (launch overhead, waiting for the writer).
+Producer and writer times are thread-seconds, overlapped with the loop, to say which stage
+limits. GPU utilisation comes from NVML, sampled every 0.1 s; host RSS from psutil.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+
+from tilestore.store import software_versions
+
+
+class Stats:
+    """Thread-safe accumulators of seconds per stage."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.seconds: dict[str, float] = {}
+
+    def add(self, stage: str, seconds: float) -> None:
+        with self._lock:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+
+    def get(self, stage: str) -> float:
+        return self.seconds.get(stage, 0.0)
+
+
+class Sampler(threading.Thread):
+    """Samples GPU utilisation and memory (NVML) and host RSS while the run lasts."""
+
+    def __init__(self, device: torch.device, interval: float = 0.1) -> None:
+        super().__init__(name="tilestore-sampler", daemon=True)
+        self.device, self.interval = device, interval
+        self.gpu_util: list[float] = []
+        self.gpu_mem_mb = 0.0
+        self.rss_mb = 0.0
+        self._stop_event = threading.Event()
+        self._handle = None
+        self.nvml_error: str | None = None
+
+    def __enter__(self) -> Sampler:
+        if self.device.type == "cuda":
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                index = (
+                    self.device.index
+                    if self.device.index is not None
+                    else torch.cuda.current_device()
+                )
+                self._handle = pynvml.nvmlDeviceGetHandleByIndex(_physical_index(index))
+                self._nvml = pynvml
+            except Exception as exc:
+                self.nvml_error = f"{type(exc).__name__}: {exc}"
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop_event.set()
+        self.join()
+
+    def run(self) -> None:
+        process = psutil.Process()
+        while not self._stop_event.wait(self.interval):
+            self.rss_mb = max(self.rss_mb, process.memory_info().rss / 2**20)
+            if self._handle is not None:
+                util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
+                self.gpu_util.append(float(util.gpu))
+                info = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
+                self.gpu_mem_mb = max(self.gpu_mem_mb, info.used / 2**20)
+
+
+def _physical_index(index: int) -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        parts = [p.strip() for p in visible.split(",") if p.strip()]
+        if index < len(parts) and parts[index].isdigit():
+            return int(parts[index])
+    return index
+
+
+@dataclass
+class RunReport:
+    """One run of `tilestore embed`."""
+
+    model: dict[str, Any]
+    device: str
+    device_name: str
+    batch_size: int
+    precision: str
+    compile: bool
+    decode: str = ""
+    started: str = ""
+    tiles: int = 0
+    total: int = 0
+    wall_s: float = 0.0
+    setup_s: float = 0.0
+    stages: dict[str, float] = field(default_factory=dict)
+    explained: dict[str, float] = field(default_factory=dict)
+    gpu_util_mean: float | None = None
+    gpu_busy_fraction: float | None = None
+    peak_gpu_mem_mb: float | None = None
+    peak_gpu_allocated_mb: float | None = None
+    peak_rss_mb: float = 0.0
+    slides: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[dict[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    software: dict[str, str] = field(default_factory=dict)
+    writer_error: BaseException | None = None
+
+    @classmethod
+    def start(cls, loaded, device: torch.device, batch: int, options, precision: str) -> RunReport:
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+        return cls(
+            model=loaded.describe(),
+            device=str(device),
+            device_name=name,
+            batch_size=batch,
+            precision=precision,
+            compile=options.compile,
+            started=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            software=software_versions("torch", "timm", "torchvision"),
+        )
+
+    @property
+    def tiles_per_s(self) -> float:
+        return self.tiles / self.wall_s if self.wall_s else 0.0
+
+    def begin(self, job) -> None:
+        self.total += len(job.todo)
+        self.slides.append(
+            {
+                "store": str(job.store),
+                "plan": job.plan.name,
+                "tiles": len(job.todo),
+                "skipped_done": int(len(job.plan) - len(job.todo)),
+            }
+        )
+
+    def end(self, job) -> dict[str, Any]:
+        seconds = time.perf_counter() - job.started
+        entry = next(s for s in self.slides if s["store"] == str(job.store))
+        entry.update(
+            seconds=round(seconds, 3),
+            tiles_per_s=round(entry["tiles"] / seconds, 1) if seconds else None,
+        )
+        return entry
+
+    def failed(self, store, message: str) -> None:
+        self.failures.append({"store": str(store), "error": message})
+
+    def finish(self, wall: float, sampler: Sampler, stats: Stats) -> None:
+        self.wall_s = wall
+        self.stages = {k: round(v, 3) for k, v in sorted(stats.seconds.items())}
+        loop = stats.get("loop")
+        compute = stats.get("compute")
+        waiting = stats.get("waiting_for_tiles")
+        self.explained = {
+            "setup (model load, batch size)": round(self.setup_s, 3),
+            "GPU computing" if self.device.startswith("cuda") else "model computing": round(
+                compute, 3
+            ),
+            "waiting for tiles (read/decode bound)": round(waiting, 3),
+            "other (launches, writer back-pressure)": round(max(loop - compute - waiting, 0), 3),
+            "finishing (last writes, metadata)": round(max(wall - self.setup_s - loop, 0), 3),
+        }
+        self.peak_rss_mb = round(max(sampler.rss_mb, _hwm_mb()), 1)
+        if self.device.startswith("cuda"):
+            self.peak_gpu_allocated_mb = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+            self.peak_gpu_mem_mb = round(sampler.gpu_mem_mb, 1) or None
+            if sampler.gpu_util:
+                self.gpu_util_mean = round(sum(sampler.gpu_util) / len(sampler.gpu_util), 1)
+            self.gpu_busy_fraction = round(compute / loop, 3) if loop else None
+            if sampler.nvml_error:
+                self.warnings.append(f"no NVML GPU utilisation: {sampler.nvml_error}")
+        self.warnings.extend(advice(self))
+
+    def slide_summary(self, job) -> dict[str, Any]:
+        return {
+            "tiles": job.tiles,
+            "device": self.device_name,
+            "batch_size": self.batch_size,
+            "precision": self.precision,
+            "decode": self.decode,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        data = {k: v for k, v in asdict(self).items() if k != "writer_error"}
+        data["tiles_per_s"] = round(self.tiles_per_s, 1)
+        return data
+
+    def save(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=2, default=str))
+
+
+def advice(report: RunReport) -> list[str]:
+    """Loud, actionable warnings: GPU present but unused, or the GPU mostly idle."""
+    notes = []
+    if not report.device.startswith("cuda") and torch.cuda.is_available():
+        notes.append("CUDA is available but the model ran on the CPU: pass --device cuda")
+    busy = report.gpu_busy_fraction
+    if busy is not None and busy < 0.5 and report.tiles:
+        waiting = report.explained.get("waiting for tiles (read/decode bound)", 0)
+        if waiting > 0.25 * report.wall_s:
+            fix = "the GPU waited for tiles: add reader/decoder threads (--readers, --decoders)" + (
+                "" if report.decode == "gpu" else " or use --decode gpu"
+            )
+        else:
+            fix = (
+                f"the GPU had little work per launch: try a larger --batch-size than "
+                f"{report.batch_size}"
+            )
+        notes.append(f"the GPU was busy only {busy:.0%} of the loop: {fix}")
+    return notes
+
+
+def _hwm_mb() -> float:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _cpu_name() -> str:
+    return f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
+
+
+def format_report(report: RunReport) -> list[str]:
+    """The report as lines for the terminal."""
+    lines = [
+        f"{report.tiles} tiles in {report.wall_s:.1f} s = {report.tiles_per_s:.1f} tiles/s "
+        f"on {report.device_name} ({report.precision}, batch {report.batch_size}, "
+        f"decode {report.decode}{', compiled' if report.compile else ''})"
+    ]
+    lines.append("wall time: " + ", ".join(f"{k} {v:.2f} s" for k, v in report.explained.items()))
+    overlapped = {
+        k: v
+        for k, v in report.stages.items()
+        if k in ("read_decode", "assemble", "transfer_issue", "write")
+    }
+    if overlapped:
+        lines.append(
+            "overlapped thread time: " + ", ".join(f"{k} {v:.2f} s" for k, v in overlapped.items())
+        )
+    memory = f"peak host RSS {report.peak_rss_mb:.0f} MB"
+    if report.peak_gpu_allocated_mb is not None:
+        memory += f", peak GPU memory {report.peak_gpu_allocated_mb:.0f} MB allocated" + (
+            f" ({report.peak_gpu_mem_mb:.0f} MB in use per NVML)" if report.peak_gpu_mem_mb else ""
+        )
+    if report.gpu_util_mean is not None:
+        memory += f", GPU utilisation {report.gpu_util_mean:.0f}% (NVML mean)"
+    lines.append(memory)
+    for slide in report.slides:
+        lines.append(
+            f"  {slide['store']}: {slide['tiles']} tiles"
+            + (f" ({slide['skipped_done']} already done)" if slide["skipped_done"] else "")
+            + (f", {slide['tiles_per_s']} tiles/s" if slide.get("tiles_per_s") else "")
+        )
+    for failure in report.failures:
+        lines.append(f"  FAILED {failure['store']}: {failure['error']}")
+    lines.extend(f"WARNING: {w}" for w in report.warnings)
+    return lines

@@ -1,0 +1,267 @@
+"""Embeddings written back into the store as embeddings/<model>, resumable batch by batch.
+
+Layout (plain zarr v3, readable by ``xarray.open_zarr(store, group="embeddings/<model>")``):
+features (tile, feature) float16/float32, one zarr chunk per batch; coordinates x, y
+(level-0 pixels of the tile's top-left corner, y down), x_um, y_um, row, col, tissue, roi,
+roi_class; done (batch) flags written after each batch's features, so a killed run resumes
+where it stopped. A hidden lock file beside the store keeps two processes from embedding
+one store with one model at the same time.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from zarr.codecs import ZstdCodec
+
+from tilestore.errors import TilestoreError
+from tilestore.plan import TilePlan
+from tilestore.slide import Slide
+from tilestore.store import consolidate, software_versions
+
+GROUP = "embeddings"
+COORDS = ("x", "y", "x_um", "y_um", "row", "col", "tissue", "roi", "roi_class")
+
+
+class EmbeddingError(TilestoreError):
+    """An embeddings group that cannot be written: done already, locked, or incompatible."""
+
+
+def group_name(model: str) -> str:
+    """The group of a model's embeddings: uni -> embeddings/uni, timm:vit_b -> timm-vit_b."""
+    return f"{GROUP}/{model.replace(':', '-').replace('/', '_')}"
+
+
+class EmbeddingWriter:
+    """Creates or resumes embeddings/<model> for one slide and plan, and writes batches."""
+
+    def __init__(
+        self,
+        slide: Slide,
+        plan: TilePlan,
+        plan_uid: str,
+        model: dict[str, Any],
+        *,
+        batch_size: int,
+        dtype: str,
+        settings: dict[str, Any],
+        overwrite: bool = False,
+    ) -> None:
+        self.slide, self.plan, self.batch_size = slide, plan, batch_size
+        self.path = group_name(model["name"])
+        self.root = slide.writable_group()
+        store = _directory(slide)
+        # Beside the store, not in it: zarr would list it, and --overwrite deletes the group.
+        self.lock_path = store.parent / f".{store.name}.{self.path.split('/')[-1]}.lock"
+        self.identity = {
+            "model": model,
+            "plan": {"name": plan.name, "uid": plan_uid},
+            "batch_size": batch_size,
+            "dtype": dtype,
+            **settings,
+        }
+        self._lock = None
+        existing = self._existing()
+        if existing is not None:
+            if existing.attrs["tilestore"].get("complete") and not overwrite:
+                raise EmbeddingError(
+                    f"{slide.name}: {self.path} is already complete "
+                    f"({existing['features'].shape[0]} tiles); pass --overwrite to recompute"
+                )
+            self._take_lock()
+            if overwrite or not self._compatible(existing):
+                if not overwrite:
+                    self._release_lock()
+                    raise EmbeddingError(self._mismatch(existing))
+                del self.root[self.path]
+                existing = None
+        else:
+            self._take_lock()
+        self.group = existing if existing is not None else self._create(dtype)
+        self.features = self.group["features"]
+        self._done = self.group["done"]
+
+    # -- state --------------------------------------------------------------------------
+
+    @property
+    def blocks(self) -> int:
+        return self._done.shape[0]
+
+    def todo(self) -> np.ndarray:
+        """Indices of batches not yet written."""
+        return np.flatnonzero(self._done[:] == 0)
+
+    def write(self, block: int, features: np.ndarray) -> None:
+        """Write one batch's features, then mark it done (in that order: crash-safe)."""
+        start = block * self.batch_size
+        self.features[start : start + len(features)] = features
+        self._done[block] = 1
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """Mark complete (if every batch is done), consolidate metadata, release the lock."""
+        try:
+            if len(self.todo()) == 0:
+                attrs = dict(self.group.attrs["tilestore"])
+                attrs.update(complete=True, finished=_now(), run=summary)
+                self.group.attrs["tilestore"] = attrs
+                consolidate(self.root.store)
+        finally:
+            self._release_lock()
+
+    def abandon(self) -> None:
+        """Release the lock after a failure; done batches stay for the next run."""
+        self._release_lock()
+
+    # -- creation ---------------------------------------------------------------------------
+
+    def _existing(self):
+        try:
+            return self.root[self.path]
+        except KeyError:
+            return None
+
+    def _create(self, dtype: str):
+        plan, slide = self.plan, self.slide
+        n, dim = len(plan), self.identity["model"]["output_dim"]
+        blocks = -(-n // self.batch_size)
+        group = self.root.require_group(self.path)
+        mpp = slide.mpp or (None, None)
+        coords = {
+            "x": plan.x,
+            "y": plan.y,
+            "x_um": plan.x * mpp[0] if mpp[0] else np.full(n, np.nan),
+            "y_um": plan.y * mpp[1] if mpp[1] else np.full(n, np.nan),
+            "row": plan.row,
+            "col": plan.col,
+            "tissue": plan.tissue,
+            "roi": plan.roi,
+            "roi_class": plan.roi_class,
+        }
+        units = {
+            "x": "level-0 pixel",
+            "y": "level-0 pixel",
+            "x_um": "micrometer",
+            "y_um": "micrometer",
+        }
+        for key, values in coords.items():
+            array = group.create_array(
+                key,
+                data=np.ascontiguousarray(values),
+                dimension_names=("tile",),
+                compressors=[ZstdCodec(level=3)],
+            )
+            if key in units:
+                array.attrs["units"] = units[key]
+        features = group.create_array(
+            "features",
+            shape=(n, dim),
+            chunks=(self.batch_size, dim),
+            dtype=dtype,
+            dimension_names=("tile", "feature"),
+            compressors=[ZstdCodec(level=1)],
+            fill_value=np.nan,
+        )
+        features.attrs["coordinates"] = " ".join(COORDS)  # xarray: these are coordinates
+        group.create_array(
+            "done",
+            shape=(blocks,),
+            chunks=(1,),
+            dtype="uint8",
+            fill_value=0,
+            dimension_names=("batch",),
+            compressors=None,
+        )
+        group.attrs["tilestore"] = {
+            **self.identity,
+            "tiles": n,
+            "tile_size": plan.spec.tile,
+            "mpp": plan.spec.effective_mpp,
+            "level": plan.spec.level,
+            "read_px": plan.spec.read,
+            "classes": plan.classes,
+            "coordinates": "x, y: level-0 pixels of each tile's top-left corner, origin at the "
+            "slide's top-left, y down; x_um, y_um: the same in micrometres",
+            "software": software_versions("torch", "timm", "huggingface_hub", "tifffile"),
+            "started": _now(),
+            "complete": False,
+        }
+        return group
+
+    def _compatible(self, group) -> bool:
+        stored = group.attrs["tilestore"]
+        return all(stored.get(k) == v for k, v in self.identity.items())
+
+    def _mismatch(self, group) -> str:
+        stored = group.attrs["tilestore"]
+        diff = [k for k, v in self.identity.items() if stored.get(k) != v]
+        return (
+            f"{self.slide.name}: an unfinished {self.path} was made with other settings "
+            f"({', '.join(diff)}); rerun with the same options to resume, or --overwrite"
+        )
+
+    # -- locking ------------------------------------------------------------------------------
+
+    def _take_lock(self) -> None:
+        lock = self.lock_path
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "since": _now()}
+        for _ in range(2):
+            try:
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                holder = _read_lock(lock)
+                if _stale(holder):
+                    lock.unlink(missing_ok=True)
+                    continue
+                raise EmbeddingError(
+                    f"{self.slide.name}: {self.path} is being written by pid {holder.get('pid')} "
+                    f"on {holder.get('host')} since {holder.get('since')}; if that job is dead, "
+                    f"delete {lock}"
+                ) from None
+            with os.fdopen(fd, "w") as fh:
+                json.dump(me, fh)
+            self._lock = lock
+            return
+        raise EmbeddingError(f"{self.slide.name}: cannot take the lock {lock}")
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.unlink(missing_ok=True)
+            self._lock = None
+
+
+def _directory(slide: Slide) -> Path:
+    root = getattr(slide.group.store, "root", None)
+    if root is None:
+        raise EmbeddingError(f"{slide.name}: embeddings can only be written to a local store")
+    return Path(root)
+
+
+def _read_lock(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _stale(holder: dict) -> bool:
+    """A lock from this host whose process is gone (a crash or a kill) can be taken over."""
+    if holder.get("host") != socket.gethostname() or not holder.get("pid"):
+        return False
+    try:
+        os.kill(int(holder["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

@@ -369,10 +369,8 @@ def embed(
             report_path=report,
             progress=lambda n, total: progress.update(task, advance=n, total=total),
         )
-    for line in format_report(result):
-        (err if line.startswith(("WARNING", "  FAILED")) else out).print(
-            line, highlight=False, markup=False
-        )
+    for line in format_report(result):  # plain print: never wrap a line
+        print(line, file=sys.stderr if line.startswith(("WARNING", "  FAILED")) else sys.stdout)
     if report:
         out.print(f"report: {report}")
     if result.failures:

@@ -167,7 +167,7 @@ def _download(name, repo, filename, token, revision, cached_only=False) -> Path:
 
 
 def _not_cached(name: str, repo: str) -> str:
-    why = "HF_HUB_OFFLINE is set" if offline() else "not downloaded yet"
+    why = "HF_HUB_OFFLINE is set" if offline() else "and downloading it failed: no connection?"
     return (
         f"{name}: {repo} is not in the Hugging Face cache {cache_dir()} ({why}); run "
         f"`tilestore models pull {name}` on a machine with internet and use the same HF_HOME"

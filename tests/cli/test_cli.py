@@ -95,3 +95,53 @@ def test_plan_with_points_as_roi_is_refused(tmp_path, slide_path, annotation_pat
         f"tilestore: error: {points}: no areas to use as a region of interest (found points); "
         "draw polygons, rectangles, ellipses or brush areas"
     ]
+
+
+def test_embed_and_models_commands(tmp_path, slide_path):
+    assert tilestore("convert", slide_path(CMU), "-o", tmp_path).returncode == 0
+    store = tmp_path / "CMU-1-Small-Region.ome.zarr"
+    run = tilestore(
+        "embed",
+        store,
+        "--model",
+        "efficientnet-lite0",
+        "--mpp",
+        "1",
+        "--device",
+        "cpu",
+        "--report",
+        tmp_path / "run.json",
+    )
+    assert run.returncode == 0, run.stderr
+    assert (
+        "11 tiles in" in run.stdout
+        and json.loads((tmp_path / "run.json").read_text())["tiles"] == 11
+    )
+    again = tilestore(
+        "embed", store, "--model", "efficientnet-lite0", "--mpp", "1", "--device", "cpu"
+    )
+    assert again.returncode == 2 and "already complete" in again.stderr
+    listed = tilestore("models", "list")
+    assert listed.returncode == 0 and "MahmoodLab/uni" in listed.stdout
+
+
+def test_embed_gated_model_offline_is_one_line(tmp_path, slide_path):
+    assert tilestore("convert", slide_path(CMU), "-o", tmp_path).returncode == 0
+    env_run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "embed",
+            str(tmp_path / "CMU-1-Small-Region.ome.zarr"),
+            "--model",
+            "uni",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")},
+    )
+    assert env_run.returncode == 2
+    lines = env_run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "MahmoodLab/uni is not in the Hugging Face cache" in lines[0]

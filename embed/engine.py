@@ -35,6 +35,7 @@ from embed.assemble import (
     cut_row,
     decode_cpu,
     decode_gpu,
+    gpu_decode_agrees,
     put,
 )
 from embed.models import LoadedModel, load_model
@@ -386,6 +387,15 @@ class _Runner:
         plan = job.plan
         reader = job.slide.chunks(plan.spec.level)
         gpu = report.decode == "gpu" and reader.is_jpeg
+        if gpu:
+            sample = [tuple(rc) for rc in plan.needed_chunks()[:3].tolist()]
+            difference = gpu_decode_agrees(reader, sample, self.device)
+            if difference > 2.0:
+                gpu = False
+                report.warnings.append(
+                    f"{job.store}: nvJPEG decodes this store's JPEG chunks differently from "
+                    f"libjpeg (mean |difference| {difference:.1f} levels): decoded on the CPU"
+                )
         read = plan.spec.read
         if not gpu:
             job.pool = SlotPool(

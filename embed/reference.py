@@ -16,17 +16,28 @@ from tilestore.plan import TilePlan
 from tilestore.slide import Slide
 
 
-def reference_features(slide: Slide, plan: TilePlan, loaded: LoadedModel, *,
-                       indices=None, device: str = "cpu", precision: str = "fp32") -> np.ndarray:
+def reference_features(
+    slide: Slide,
+    plan: TilePlan,
+    loaded: LoadedModel,
+    *,
+    indices=None,
+    device: str = "cpu",
+    precision: str = "fp32",
+) -> np.ndarray:
     """Return (n, dim) float32 features of plan tiles (all, or `indices`)."""
     indices = range(len(plan)) if indices is None else indices
     module = loaded.module.to(device).eval()
-    autocast = (torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
-                if precision == "bf16" else contextlib.nullcontext())
+    autocast = (
+        torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+        if precision == "bf16"
+        else contextlib.nullcontext()
+    )
     out = []
     for i in indices:
-        tile = slide.read_region(int(plan.x[i]), int(plan.y[i]), plan.spec.read, plan.spec.read,
-                                 level=plan.spec.level)
+        tile = slide.read_region(
+            int(plan.x[i]), int(plan.y[i]), plan.spec.read, plan.spec.read, level=plan.spec.level
+        )
         x = torch.from_numpy(tile)[None].to(device)
         with torch.inference_mode(), autocast:
             out.append(loaded.features(loaded.transform(x)).float().cpu().numpy()[0])

@@ -1,0 +1,274 @@
+"""Embedding benchmark (GPU machine): our engine vs the model alone vs a typical pipeline.
+
+For each timm architecture (random weights cost what the foundation models cost:
+vit_large_patch16_224 = UNI), in one process:
+  ceiling  - the model alone: bf16 input already on the GPU, best batch, eager and (where
+             asked) torch.compile; the best of these;
+  engine   - `tilestore embed` end to end on a store built from real tissue (a large SVS of
+             CMU-1 tiles, converted with the copy path): --decode cpu and --decode gpu;
+  baseline - bench/baseline.py: DataLoader, 8 workers, OpenSlide read_region on the SOURCE
+             slide, CPU transforms, batch 64, fp16.
+Also: the engine's features vs the one-tile-at-a-time reference loop (cosine), peak host
+RSS and GPU memory, and which stage limits.
+
+    python bench/embed.py --models vit_small_patch16_224,vit_base_patch16_224 --out x.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from baseline import run_baseline
+from make_slide import make_large_svs
+
+import tilestore
+from embed.engine import Options, embed
+from embed.models import load_model
+from embed.reference import cosine, reference_features
+from tilestore.plans import list_plans, load_plan, plan_slide, save_plan
+
+HERE = Path(__file__).resolve().parent
+
+
+def build(work: Path, size: int) -> tuple[Path, Path]:
+    """The large SVS and its store with a 0.5 um/px, 224 px plan named 'bench'."""
+    source = make_large_svs(work / f"large-{size}.svs", size)
+    store = work / "stores" / f"large-{size}.ome.zarr"
+    if not store.exists():
+        t0 = time.perf_counter()
+        report = tilestore.convert(source, work / "stores")
+        print(
+            f"converted in {time.perf_counter() - t0:.1f} s: {[lv.write for lv in report.levels]}",
+            flush=True,
+        )
+    slide = tilestore.open_slide(store)
+    if "bench" not in list_plans(slide):
+        save_plan(slide, plan_slide(slide, mpp=0.5, tile=224, min_tissue=0.0, name="bench"))
+    return source, store
+
+
+def ceiling(
+    module: torch.nn.Module, batches: list[int], compiled: bool, seconds: float = 3.0
+) -> dict:
+    """Best tiles/s of the model alone on bf16 input already on the GPU."""
+    best = {"tiles_per_s": 0.0}
+    forward = torch.compile(module) if compiled else module
+    for batch in batches:
+        x = torch.randn(batch, 3, 224, 224, device="cuda").contiguous(
+            memory_format=torch.channels_last
+        )
+        try:
+            with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+                for _ in range(3):
+                    forward(x)
+                torch.cuda.synchronize()
+                n, t0 = 0, time.perf_counter()
+                while time.perf_counter() - t0 < seconds:
+                    forward(x)
+                    n += batch
+                torch.cuda.synchronize()
+                rate = n / (time.perf_counter() - t0)
+        except torch.OutOfMemoryError:
+            break
+        if rate > best["tiles_per_s"]:
+            best = {"tiles_per_s": rate, "batch": batch}
+        del x
+        torch.cuda.empty_cache()
+    best["compiled"] = compiled
+    return best
+
+
+def engine_run(store: Path, loaded, batch: int, decode: str, compiled: bool, tag: str) -> dict:
+    options = Options(batch_size=batch, decode=decode, compile=compiled, overwrite=True)
+    report = embed([store], loaded, plan="bench", options=options)
+    if report.failures:
+        raise RuntimeError(report.failures)
+    data = report.to_json()
+    loop = report.wall_s - report.setup_s
+    data["tiles_per_s_loop"] = report.tiles / loop
+    print(
+        f"  engine {tag}: {report.tiles} tiles, {report.tiles_per_s:.0f} tiles/s end to end "
+        f"({data['tiles_per_s_loop']:.0f} in the loop); "
+        f"{report.explained}; GPU util {report.gpu_util_mean}",
+        flush=True,
+    )
+    return data
+
+
+def limiting(stages: dict, explained: dict) -> str:
+    compute = next((v for k, v in explained.items() if "computing" in k), 0)
+    waiting = explained.get("waiting for tiles (read/decode bound)", 0)
+    other = explained.get("other (launches, writer back-pressure)", 0)
+    if compute >= max(waiting, other):
+        return "GPU compute"
+    if waiting >= other:
+        return "reading/decoding tiles"
+    return "launch overhead / writer"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--models", default="vit_small_patch16_224,vit_base_patch16_224,vit_large_patch16_224"
+    )
+    parser.add_argument(
+        "--compile",
+        default="vit_base_patch16_224,vit_large_patch16_224",
+        help="models whose ceiling and engine runs use torch.compile",
+    )
+    parser.add_argument("--size", type=int, default=40_000)
+    parser.add_argument("--baseline-tiles", type=int, default=12_000)
+    parser.add_argument("--work", type=Path, default=HERE / "data")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "embed.json")
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+    t0 = time.perf_counter()
+    source, store = build(args.work, args.size)
+    small = args.work / "stores" / "CMU-1-Small-Region.ome.zarr"
+    if not small.exists():
+        data = Path(os.environ.get("TILESTORE_DATA", HERE.parents[1] / "shared" / "data"))
+        tilestore.convert(data / "slides" / "CMU-1-Small-Region.svs", args.work / "stores")
+    slide = tilestore.open_slide(store)
+    plan, _ = load_plan(slide, "bench")
+    print(f"data ready in {time.perf_counter() - t0:.1f} s: {len(plan)} tiles", flush=True)
+    results = {
+        "machine": {
+            "gpu": torch.cuda.get_device_name(),
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+        "slide": {"size": args.size, "tiles": len(plan)},
+        "models": {},
+    }
+    compiled_models = set(args.compile.split(",")) if args.compile else set()
+    for arch in args.models.split(","):
+        print(f"== {arch}", flush=True)
+        loaded = load_model(f"timm:{arch}")
+        module = loaded.module.cuda().eval().to(memory_format=torch.channels_last)
+        entry = {"eager": ceiling(module, [64, 128, 256, 512, 1024], False)}
+        print(f"  ceiling eager {entry['eager']}", flush=True)
+        compiled = arch in compiled_models
+        if compiled:
+            entry["compiled"] = ceiling(
+                module, [entry["eager"]["batch"], 2 * entry["eager"]["batch"]], True
+            )
+            print(f"  ceiling compiled {entry['compiled']}", flush=True)
+        best = max(
+            (entry["eager"], entry.get("compiled", {"tiles_per_s": 0})),
+            key=lambda c: c["tiles_per_s"],
+        )
+        entry["ceiling"] = best
+        batch = best["batch"]
+        if compiled:  # compile once, on a small store, so the measured runs are steady
+            warm = Options(batch_size=batch, compile=True, overwrite=True)
+            t1 = time.perf_counter()
+            embed(
+                [small],
+                loaded,
+                plan_options={"mpp": 0.5, "tile": 224, "min_tissue": 0.0},
+                options=warm,
+            )
+            entry["compile_s"] = time.perf_counter() - t1
+            print(f"  compiled in {entry['compile_s']:.0f} s (warm-up run)", flush=True)
+        for decode in ("cpu", "gpu"):
+            entry[f"engine_{decode}"] = engine_run(store, loaded, batch, decode, compiled, decode)
+        for decode in ("cpu", "gpu"):
+            run = entry[f"engine_{decode}"]
+            run["vs_ceiling"] = run["tiles_per_s"] / best["tiles_per_s"]
+            run["limited_by"] = limiting(run["stages"], run["explained"])
+        picks = np.random.default_rng(0).choice(len(plan), 48, replace=False)
+        stored = tilestore.open_slide(store).group["embeddings/timm-" + arch]["features"]
+        features = stored.get_orthogonal_selection((picks, slice(None))).astype(np.float32)
+        ref16 = reference_features(
+            slide, plan, loaded, indices=picks, device="cuda", precision="bf16"
+        )
+        ref32 = reference_features(
+            slide, plan, loaded, indices=picks, device="cuda", precision="fp32"
+        )
+        entry["cosine_vs_reference_bf16_min"] = float(cosine(features, ref16).min())
+        entry["cosine_vs_reference_fp32_min"] = float(cosine(features, ref32).min())
+        n = min(args.baseline_tiles, len(plan))
+        base = run_baseline(
+            str(source),
+            plan.x[:n],
+            plan.y[:n],
+            copy.deepcopy(loaded.module),
+            mean=loaded.transform.mean,
+            std=loaded.transform.std,
+        )
+        entry["baseline"] = base
+        best_engine = max(entry["engine_cpu"]["tiles_per_s"], entry["engine_gpu"]["tiles_per_s"])
+        entry["vs_baseline"] = best_engine / base["tiles_per_s"]
+        print(f"  baseline {base}; engine/baseline {entry['vs_baseline']:.2f}", flush=True)
+        results["models"][arch] = entry
+        del loaded, module
+        torch.cuda.empty_cache()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2, default=str))
+    print_table(results)
+    print(f"JSON: {args.out}")
+
+
+def print_table(results: dict) -> None:
+    print(
+        f"\n{results['machine']['gpu']}, {results['machine']['cpus']} CPUs; "
+        f"{results['slide']['tiles']} tiles of 224 px at 0.5 um/px"
+    )
+    head = (
+        "model",
+        "ceiling",
+        "engine cpu-dec",
+        "engine gpu-dec",
+        "baseline",
+        "vs ceil",
+        "vs base",
+        "limited by",
+        "RSS MB",
+        "GPU MB",
+        "cos bf16",
+    )
+    print(" | ".join(head))
+    for arch, e in results["models"].items():
+        cpu, gpu = e["engine_cpu"], e["engine_gpu"]
+        best = max(cpu, gpu, key=lambda r: r["tiles_per_s"])
+        print(
+            " | ".join(
+                [
+                    arch.replace("_patch16_224", ""),
+                    f"{e['ceiling']['tiles_per_s']:.0f}"
+                    + (" (c)" if e["ceiling"]["compiled"] else ""),
+                    f"{cpu['tiles_per_s']:.0f} ({cpu['vs_ceiling']:.2f})",
+                    f"{gpu['tiles_per_s']:.0f} ({gpu['vs_ceiling']:.2f})",
+                    f"{e['baseline']['tiles_per_s']:.0f}",
+                    f"{best['vs_ceiling']:.2f}",
+                    f"{e['vs_baseline']:.2f}x",
+                    best["limited_by"],
+                    f"{max(cpu['peak_rss_mb'], gpu['peak_rss_mb']):.0f}",
+                    _gpu_mb(cpu, gpu),
+                    f"{e['cosine_vs_reference_bf16_min']:.4f}",
+                ]
+            )
+        )
+
+
+def _gpu_mb(*runs: dict) -> str:
+    values = [r["peak_gpu_allocated_mb"] for r in runs if r.get("peak_gpu_allocated_mb")]
+    return f"{max(values):.0f}" if values else "-"
+
+
+if __name__ == "__main__":
+    main()

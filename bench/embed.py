@@ -28,7 +28,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Python put this folder first on sys.path, where "embed" is this file: move it last, so
+# `import embed` is the package and bench's helpers still import.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 from baseline import run_baseline
 from make_slide import make_large_svs
 

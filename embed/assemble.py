@@ -18,13 +18,14 @@ import numpy as np
 import torch
 
 from tilestore.chunks import ChunkReader
+from tilestore.tiles import cut_tile
 
 
 def decode_cpu(
     reader: ChunkReader, coords: Sequence[tuple[int, int]], pool: Executor
-) -> list[torch.Tensor]:
-    """Decoded chunks as (h, w, c) uint8 CPU tensors (threads: imagecodecs frees the GIL)."""
-    return [torch.from_numpy(np.ascontiguousarray(a)) for a in reader.load(coords, pool)]
+) -> list[np.ndarray]:
+    """Decoded chunks as (h, w, c) uint8 arrays (threads: imagecodecs frees the GIL)."""
+    return reader.load(coords, pool)
 
 
 def decode_gpu(
@@ -32,12 +33,15 @@ def decode_gpu(
 ) -> list[torch.Tensor]:
     """Decoded chunks as (c, h, w) uint8 CUDA tensors: one batched nvJPEG call per row.
 
+    nvJPEG ignores the Adobe marker that says "no colour transform", so RGB-coded chunks
+    (Aperio) are decoded as raw components (UNCHANGED), which for them are R, G, B.
     Runs on the calling thread's current CUDA stream; absent chunks are the background.
     """
-    from torchvision.io import decode_jpeg
+    from torchvision.io import ImageReadMode, decode_jpeg
 
+    mode = ImageReadMode.UNCHANGED if reader.color_space == "rgb" else ImageReadMode.RGB
     encoded = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in data if d is not None]
-    decoded = iter(decode_jpeg(encoded, device=device) if encoded else [])
+    decoded = iter(decode_jpeg(encoded, mode=mode, device=device) if encoded else [])
     return [
         next(decoded)
         if d is not None
@@ -62,7 +66,8 @@ def gpu_decode_agrees(
     for coord in coords:
         (data,) = reader.fetch([coord])
         if data is not None:
-            cpu = torch.from_numpy(reader.decode(data)).permute(2, 0, 1).float()
+            cpu = torch.from_numpy(np.ascontiguousarray(reader.decode(data)))
+            cpu = cpu.permute(2, 0, 1).float()
             gpu = decode_gpu(reader, [data], device)[0].float().cpu()
             return float((cpu - gpu).abs().mean())
     return 0.0
@@ -168,6 +173,27 @@ class SlotPool:
         self._free.put((slot, event))
 
 
+def cut_row_into(
+    cache: dict[tuple[int, int], np.ndarray],
+    y: int,
+    xs: np.ndarray,
+    read: int,
+    chunk: tuple[int, int],
+) -> Callable[[torch.Tensor, int, int], None]:
+    """A filler that copies tiles start..stop of a grid row straight into a host buffer.
+
+    On the CPU a band plus a gather would copy every pixel three times; this copies each
+    tile's (at most four) chunk pieces once, into the pinned batch buffer.
+    """
+
+    def fill(target: torch.Tensor, start: int, stop: int) -> None:
+        out = target.numpy()
+        for k, x in enumerate(xs[start:stop]):
+            cut_tile(cache, y, int(x), read, chunk, out[k])
+
+    return fill
+
+
 class BatchBuilder:
     """Collects a job's tiles in plan order and emits each plan batch when it is whole."""
 
@@ -186,18 +212,33 @@ class BatchBuilder:
         self.pool, self.channels_first, self.device = pool, channels_first, device
         self.block, self.filled, self.buffer, self.slot = None, 0, None, None
 
-    def add(self, indices: np.ndarray, tiles: torch.Tensor) -> None:
-        """Add tiles with their global plan indices (ascending, whole batches only)."""
+    def add(
+        self,
+        indices: np.ndarray,
+        tiles: torch.Tensor | Callable,
+        tile_shape: tuple[int, ...] | None = None,
+    ) -> None:
+        """Add tiles with their global plan indices (ascending, whole batches only).
+
+        tiles: a tensor of tiles, or fill(target, start, stop) writing tiles start..stop
+        into target (tile_shape then gives their shape).
+        """
+        if callable(tiles):
+            fill, shape = tiles, tile_shape
+        else:
+            shape = tiles.shape[1:]
+
+            def fill(target: torch.Tensor, start: int, stop: int) -> None:
+                target.copy_(tiles[start:stop], non_blocking=True)
+
         at = 0
         while at < len(indices):
             block = int(indices[at]) // self.size
             if block != self.block:
-                self._open(block, tiles.shape[1:])
+                self._open(block, shape)
             count = self._count(block)
             take = min(len(indices) - at, count - self.filled)
-            self.buffer[self.filled : self.filled + take].copy_(
-                tiles[at : at + take], non_blocking=True
-            )
+            fill(self.buffer[self.filled : self.filled + take], at, at + take)
             self.filled += take
             at += take
             if self.filled == count:

@@ -33,6 +33,7 @@ from embed.assemble import (
     SlotPool,
     Stopped,
     cut_row,
+    cut_row_into,
     decode_cpu,
     decode_gpu,
     gpu_decode_agrees,
@@ -442,16 +443,17 @@ class _Runner:
                     self.stats.add("decode_gpu_issue", time.perf_counter() - t0)
                     t0 = time.perf_counter()
                 cache.update(zip(coords, data, strict=True))
-                tiles = cut_row(
-                    cache,
-                    int(sub.level_y[step.tiles[0]]),
-                    sub.level_x[step.tiles],
-                    read,
-                    plan.spec.read_stride,
-                    (reader.chunk_h, reader.chunk_w),
-                    gpu,
-                )
-                builder.add(job.todo[step.tiles], tiles)
+                y, xs = int(sub.level_y[step.tiles[0]]), sub.level_x[step.tiles]
+                chunk = (reader.chunk_h, reader.chunk_w)
+                if gpu:  # stitch the row's chunks into a band, gather its tiles: 2 kernels
+                    tiles = cut_row(cache, y, xs, read, plan.spec.read_stride, chunk, True)
+                    builder.add(job.todo[step.tiles], tiles)
+                else:  # copy each tile's chunk pieces straight into the pinned batch
+                    builder.add(
+                        job.todo[step.tiles],
+                        cut_row_into(cache, y, xs, read, chunk),
+                        (read, read, reader.channels),
+                    )
                 self.stats.add("assemble", time.perf_counter() - t0)
                 for rc in step.drop.tolist():
                     cache.pop(tuple(rc), None)

@@ -40,6 +40,7 @@ class ChunkReader:
             and not array.compressors
             and array.chunks[0] == array.shape[0]
         )
+        self.color_space = array.serializer.encoded_color_space if self.is_jpeg else None
         store = array.store_path.store
         self._root = Path(store.root) if type(store) is LocalStore else None
         self._store = store

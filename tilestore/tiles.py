@@ -52,10 +52,29 @@ def _pairs(keys: np.ndarray) -> np.ndarray:
     return np.stack([keys >> 32, keys & 0xFFFFFFFF], axis=1)
 
 
+def cut_tile(
+    cache: dict[tuple[int, int], np.ndarray],
+    y0: int,
+    x0: int,
+    read: int,
+    chunk: tuple[int, int],
+    out: np.ndarray,
+) -> None:
+    """Copy the (read, read) window at level pixel (y0, x0) from its (<= 4) chunks into out."""
+    ch, cw = chunk
+    for r in range(y0 // ch, (y0 + read - 1) // ch + 1):
+        ty0, ty1 = max(y0, r * ch), min(y0 + read, (r + 1) * ch)
+        for c in range(x0 // cw, (x0 + read - 1) // cw + 1):
+            tx0, tx1 = max(x0, c * cw), min(x0 + read, (c + 1) * cw)
+            out[ty0 - y0 : ty1 - y0, tx0 - x0 : tx1 - x0] = cache[(r, c)][
+                ty0 - r * ch : ty1 - r * ch, tx0 - c * cw : tx1 - c * cw
+            ]
+
+
 def iter_tiles(slide: Slide, plan: TilePlan, workers: int = 4) -> Iterator[tuple[int, np.ndarray]]:
     """Yield (plan index, (read, read, c) footprint pixels) in plan order, decoding on threads."""
     reader = slide.chunks(plan.spec.level)
-    ch, cw = reader.chunk_h, reader.chunk_w
+    chunk = (reader.chunk_h, reader.chunk_w)
     read = plan.spec.read
     ly, lx = plan.level_y, plan.level_x
     cache: dict[tuple[int, int], np.ndarray] = {}
@@ -64,15 +83,8 @@ def iter_tiles(slide: Slide, plan: TilePlan, workers: int = 4) -> Iterator[tuple
             coords = [tuple(rc) for rc in step.load.tolist()]
             cache.update(zip(coords, reader.load(coords, pool), strict=True))
             for index in step.tiles:
-                y0, x0 = int(ly[index]), int(lx[index])
                 out = np.empty((read, read, reader.channels), reader.array.dtype)
-                for r in range(y0 // ch, (y0 + read - 1) // ch + 1):
-                    for c in range(x0 // cw, (x0 + read - 1) // cw + 1):
-                        ty0, tx0 = max(y0, r * ch), max(x0, c * cw)
-                        ty1, tx1 = min(y0 + read, (r + 1) * ch), min(x0 + read, (c + 1) * cw)
-                        out[ty0 - y0 : ty1 - y0, tx0 - x0 : tx1 - x0] = cache[(r, c)][
-                            ty0 - r * ch : ty1 - r * ch, tx0 - c * cw : tx1 - c * cw
-                        ]
+                cut_tile(cache, int(ly[index]), int(lx[index]), read, chunk, out)
                 yield int(index), out
             for rc in step.drop.tolist():
                 del cache[tuple(rc)]

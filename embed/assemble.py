@@ -8,10 +8,12 @@ batches (block b holds tiles b*B .. b*B+B-1), which is what makes resuming bitwi
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,13 +21,6 @@ import torch
 
 from tilestore.chunks import ChunkReader
 from tilestore.tiles import cut_tile
-
-
-def decode_cpu(
-    reader: ChunkReader, coords: Sequence[tuple[int, int]], pool: Executor
-) -> list[np.ndarray]:
-    """Decoded chunks as (h, w, c) uint8 arrays (threads: imagecodecs frees the GIL)."""
-    return reader.load(coords, pool)
 
 
 def decode_gpu(
@@ -169,29 +164,156 @@ class SlotPool:
             event.synchronize()
         return slot
 
+    def try_acquire(self) -> int | None:
+        """Return a free slot, or None if all are in use."""
+        try:
+            slot, event = self._free.get_nowait()
+        except queue.Empty:
+            return None
+        if event is not None:
+            event.synchronize()
+        return slot
+
     def release(self, slot: int, event: torch.cuda.Event | None = None) -> None:
         self._free.put((slot, event))
 
 
-def cut_row_into(
-    cache: dict[tuple[int, int], np.ndarray],
-    y: int,
-    xs: np.ndarray,
-    read: int,
-    chunk: tuple[int, int],
-) -> Callable[[torch.Tensor, int, int], None]:
-    """A filler that copies tiles start..stop of a grid row straight into a host buffer.
+class CpuAssembler:
+    """Decode and cut a plan's tiles on thread pools, emitting whole batches in plan order.
 
-    On the CPU a band plus a gather would copy every pixel three times; this copies each
-    tile's (at most four) chunk pieces once, into the pinned batch buffer.
+    One task per chunk reads and decodes it (imagecodecs frees the GIL); one task per
+    (grid row, batch) segment waits for its chunks and copies each tile's pieces once,
+    straight into a pinned batch buffer. The two kinds run on separate pools, so a cut never
+    waits on work queued behind it. The calling thread keeps a window of segments in flight,
+    completes them in order, drops chunks no later row needs, and emits each batch when its
+    last tile is cut. Before waiting for a free buffer it completes what is in flight, so a
+    buffer is never held by a batch whose tiles are queued behind the wait (no deadlock,
+    however many batches a row spans).
     """
 
-    def fill(target: torch.Tensor, start: int, stop: int) -> None:
-        out = target.numpy()
-        for k, x in enumerate(xs[start:stop]):
-            cut_tile(cache, y, int(x), read, chunk, out[k])
+    def __init__(
+        self,
+        reader: ChunkReader,
+        decoders: Executor,
+        cutters: Executor,
+        slots: SlotPool,
+        window: int,
+        timed: Callable[[str, float], None],
+    ) -> None:
+        self.reader, self.decoders, self.cutters = reader, decoders, cutters
+        self.slots, self.window, self.timed = slots, window, timed
 
-    return fill
+    def run(
+        self,
+        job: object,
+        plan,
+        todo: np.ndarray,
+        steps,
+        batch: int,
+        total: int,
+        emit: Callable[[Batch], None],
+        stop: threading.Event,
+    ) -> None:
+        read, chunk = plan.spec.read, (self.reader.chunk_h, self.reader.chunk_w)
+        rows, cols = plan.chunk_rows, plan.chunk_cols
+        chunks: dict[tuple[int, int], Future] = {}
+        slots: dict[int, int] = {}  # batch -> slot holding its tiles
+        left: dict[int, int] = {}  # batch -> tiles not cut yet
+        flight: collections.deque = collections.deque()
+
+        def finish_oldest() -> None:
+            tiles, done, drop = flight.popleft()
+            done.result()
+            block = int(todo[tiles[0]]) // batch
+            left[block] -= len(tiles)
+            if left[block] == 0:
+                slot = slots.pop(block)
+                emit(
+                    Batch(
+                        job,
+                        block,
+                        min(batch, total - block * batch),
+                        self.slots.buffers[slot],
+                        False,
+                        None,
+                        slot,
+                    )
+                )
+            for rc in drop:
+                chunks.pop(rc, None)
+
+        def slot_for(block: int) -> int:
+            while (slot := self.slots.try_acquire()) is None:
+                if not flight:
+                    slot = self.slots.acquire(stop)
+                    break
+                finish_oldest()
+            left[block] = min(batch, total - block * batch)
+            return slot
+
+        for step in steps:
+            if stop.is_set():
+                raise Stopped
+            for rc in map(tuple, step.load.tolist()):
+                chunks[rc] = self.decoders.submit(self._load, rc)
+            blocks = todo[step.tiles] // batch
+            segments = np.split(step.tiles, np.flatnonzero(np.diff(blocks)) + 1)
+            for index, tiles in enumerate(segments):
+                block = int(todo[tiles[0]]) // batch
+                if block not in slots:
+                    slots[block] = slot_for(block)
+                needed = {
+                    (r, c): chunks[(r, c)]
+                    for k in tiles
+                    for r in range(rows[k, 0], rows[k, 1] + 1)
+                    for c in range(cols[k, 0], cols[k, 1] + 1)
+                }
+                done = self.cutters.submit(
+                    self._cut,
+                    needed,
+                    plan.level_y[tiles],
+                    plan.level_x[tiles],
+                    read,
+                    chunk,
+                    self.slots.buffers[slots[block]],
+                    todo[tiles] - block * batch,
+                )
+                drop = list(map(tuple, step.drop.tolist())) if index == len(segments) - 1 else []
+                flight.append((tiles, done, drop))
+            while len(flight) > self.window:
+                finish_oldest()
+        while flight:
+            finish_oldest()
+
+    def _load(self, coord: tuple[int, int]) -> np.ndarray:
+        t0 = time.perf_counter()
+        if not self.reader.is_jpeg:  # other codecs: zarr decodes with the array's own chain
+            (pixels,) = self.reader.load([coord])
+            self.timed("read_decode", time.perf_counter() - t0)
+            return pixels
+        (data,) = self.reader.fetch([coord])
+        t1 = time.perf_counter()
+        pixels = self.reader.decode(data)
+        self.timed("read", t1 - t0)
+        self.timed("decode", time.perf_counter() - t1)
+        return pixels
+
+    def _cut(
+        self,
+        needed: dict,
+        ys: np.ndarray,
+        xs: np.ndarray,
+        read: int,
+        chunk: tuple[int, int],
+        buffer: torch.Tensor,
+        offsets: np.ndarray,
+    ) -> None:
+        cache = {rc: future.result() for rc, future in needed.items()}
+        t0 = time.perf_counter()
+        out = buffer.numpy()
+        for y, x, offset in zip(ys.tolist(), xs.tolist(), offsets.tolist(), strict=True):
+            cut_tile(cache, y, x, read, chunk, out[offset])
+        self.timed("cut", time.perf_counter() - t0)
 
 
 class BatchBuilder:

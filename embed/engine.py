@@ -30,11 +30,10 @@ import torch
 from embed.assemble import (
     Batch,
     BatchBuilder,
+    CpuAssembler,
     SlotPool,
     Stopped,
     cut_row,
-    cut_row_into,
-    decode_cpu,
     decode_gpu,
     gpu_decode_agrees,
     put,
@@ -61,7 +60,7 @@ class Options:
     precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU), bf16, fp32
     dtype: str = "float16"  # of the stored features
     compile: bool = False
-    readers: int = 4  # threads reading (and on the CPU path decoding) grid rows ahead
+    readers: int = 4  # threads reading chunk rows ahead (GPU decode) or cutting tiles (CPU)
     decoders: int = max(2, (os.cpu_count() or 4) - 2)  # threads decoding JPEG on the CPU
     prefetch: int = 4  # batches of tiles ready ahead of the GPU
     overwrite: bool = False
@@ -370,12 +369,15 @@ class _Runner:
     def _produce(self, jobs, batch, report, ready, stop) -> None:
         try:
             stream = torch.cuda.Stream(self.device) if self.cuda else None
-            with ThreadPoolExecutor(self.options.decoders, "tilestore-decode") as pool:
+            with (
+                ThreadPoolExecutor(self.options.decoders, "tilestore-decode") as decoders,
+                ThreadPoolExecutor(self.options.readers, "tilestore-cut") as cutters,
+            ):
                 for job in jobs:
                     self.open_jobs.append(job)
                     if len(job.todo):
                         with torch.cuda.stream(stream) if stream else contextlib.nullcontext():
-                            self._produce_job(job, batch, report, pool, ready, stop)
+                            self._produce_job(job, batch, report, decoders, cutters, ready, stop)
                     put(ready, _JobEnd(job), stop)
             put(ready, _DONE, stop)
         except Stopped:
@@ -384,7 +386,9 @@ class _Runner:
             with contextlib.suppress(Stopped):
                 put(ready, exc, stop)
 
-    def _produce_job(self, job: Job, batch: int, report: RunReport, pool, ready, stop) -> None:
+    def _produce_job(
+        self, job: Job, batch: int, report: RunReport, decoders, cutters, ready, stop
+    ) -> None:
         plan = job.plan
         reader = job.slide.chunks(plan.spec.level)
         gpu = report.decode == "gpu" and reader.is_jpeg
@@ -397,64 +401,57 @@ class _Runner:
                     f"{job.store}: nvJPEG decodes this store's JPEG chunks differently from "
                     f"libjpeg (mean |difference| {difference:.1f} levels): decoded on the CPU"
                 )
-        read = plan.spec.read
-        if not gpu:
-            job.pool = SlotPool(
-                self.options.prefetch + 2, (batch, read, read, reader.channels), pin=self.cuda
-            )
         job.started = time.perf_counter()
         report.begin(job)
-        builder = BatchBuilder(
-            job,
-            batch,
-            len(plan),
-            lambda b: put(ready, b, stop),
-            job.pool,
-            gpu,
-            self.device if gpu else torch.device("cpu"),
-            stop,
-        )
         sub = _subset(plan, job.todo)
         steps = chunk_schedule(sub)
-
-        def load(coords_array):  # on a reader thread
-            coords = [tuple(rc) for rc in coords_array.tolist()]
-            t0 = time.perf_counter()
-            data = (
-                (reader.fetch(coords) if gpu else decode_cpu(reader, coords, pool))
-                if coords
-                else []
+        emit = lambda b: put(ready, b, stop)  # noqa: E731 - a callback, named for reading
+        t0 = time.perf_counter()
+        if gpu:
+            self._produce_gpu(job, reader, sub, steps, batch, emit, stop)
+        else:
+            read = plan.spec.read
+            job.pool = SlotPool(
+                self.options.prefetch + self.options.readers + 2,
+                (batch, read, read, reader.channels),
+                pin=self.cuda,
             )
-            self.stats.add("read" if gpu else "read_decode", time.perf_counter() - t0)
-            return coords, data
+            assembler = CpuAssembler(
+                reader,
+                decoders,
+                cutters,
+                job.pool,
+                window=2 * self.options.decoders,
+                timed=self.stats.add,
+            )
+            assembler.run(job, sub, job.todo, steps, batch, len(plan), emit, stop)
+        self.stats.add("produce", time.perf_counter() - t0)
+
+    def _produce_gpu(self, job, reader, sub, steps, batch, emit, stop) -> None:
+        """nvJPEG: bytes read ahead on threads, one batched decode and one gather per row."""
+        read, chunk = sub.spec.read, (reader.chunk_h, reader.chunk_w)
+        builder = BatchBuilder(job, batch, len(job.plan), emit, None, True, self.device, stop)
+
+        def fetch(coords_array):
+            coords = [tuple(rc) for rc in coords_array.tolist()]
+            return coords, reader.fetch(coords) if coords else []
 
         cache: dict[tuple[int, int], torch.Tensor] = {}
         with ThreadPoolExecutor(self.options.readers, "tilestore-read") as readers:
-            ahead = [readers.submit(load, s.load) for s in steps[: self.options.readers]]
+            ahead = [readers.submit(fetch, s.load) for s in steps[: self.options.readers]]
             for index, step in enumerate(steps):
                 if stop.is_set():
                     raise Stopped
                 if index + len(ahead) < len(steps):
-                    ahead.append(readers.submit(load, steps[index + len(ahead)].load))
+                    ahead.append(readers.submit(fetch, steps[index + len(ahead)].load))
                 coords, data = ahead.pop(0).result()
-                t0 = time.perf_counter()
-                if gpu and coords:
-                    data = decode_gpu(reader, data, self.device)
-                    self.stats.add("decode_gpu_issue", time.perf_counter() - t0)
+                if coords:
                     t0 = time.perf_counter()
-                cache.update(zip(coords, data, strict=True))
+                    cache.update(zip(coords, decode_gpu(reader, data, self.device), strict=True))
+                    self.stats.add("decode_issue", time.perf_counter() - t0)
                 y, xs = int(sub.level_y[step.tiles[0]]), sub.level_x[step.tiles]
-                chunk = (reader.chunk_h, reader.chunk_w)
-                if gpu:  # stitch the row's chunks into a band, gather its tiles: 2 kernels
-                    tiles = cut_row(cache, y, xs, read, plan.spec.read_stride, chunk, True)
-                    builder.add(job.todo[step.tiles], tiles)
-                else:  # copy each tile's chunk pieces straight into the pinned batch
-                    builder.add(
-                        job.todo[step.tiles],
-                        cut_row_into(cache, y, xs, read, chunk),
-                        (read, read, reader.channels),
-                    )
-                self.stats.add("assemble", time.perf_counter() - t0)
+                tiles = cut_row(cache, y, xs, read, sub.spec.read_stride, chunk, True)
+                builder.add(job.todo[step.tiles], tiles)
                 for rc in step.drop.tolist():
                     cache.pop(tuple(rc), None)
 

@@ -256,7 +256,17 @@ def format_report(report: RunReport) -> list[str]:
     overlapped = {
         k: v
         for k, v in report.stages.items()
-        if k in ("read_decode", "assemble", "transfer_issue", "write")
+        if k
+        in (
+            "read",
+            "decode",
+            "read_decode",
+            "cut",
+            "decode_issue",
+            "produce",
+            "transfer_issue",
+            "write",
+        )
     }
     if overlapped:
         lines.append(

@@ -208,3 +208,26 @@ def test_gpu_decode_matches_cpu_decode(store, lite):
         options=Options(batch_size=16, decode="gpu", dtype="float32"),
     )
     assert cosine(_features(cpu)[0], _features(gpu)[0]).min() >= 0.999
+
+
+def test_rows_spanning_more_batches_than_buffers_do_not_deadlock(store, lite):
+    import threading
+
+    path = store()
+    outcome = {}
+
+    def run():
+        outcome["report"] = embed([path], lite, plan_options={"mpp": 0.5, "tile": 224},
+                                  options=Options(batch_size=1, device="cpu", precision="fp32",
+                                                  dtype="float32", prefetch=1, readers=1,
+                                                  decoders=2))
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=300)
+    assert not worker.is_alive(), "the engine deadlocked"
+    assert outcome["report"].tiles == 45  # every row spans ~9 batches, with 1 + 1 + 2 buffers
+    features, _ = _features(path)
+    slide = open_slide(path)
+    plan, _ = load_plan(slide)
+    assert cosine(features, reference_features(slide, plan, lite)).min() >= 0.9999

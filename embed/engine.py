@@ -35,6 +35,7 @@ from embed.assemble import (
     Stopped,
     cut_row,
     decode_gpu,
+    decode_row_cpu,
     gpu_decode_agrees,
     put,
 )
@@ -407,9 +408,9 @@ class _Runner:
         steps = chunk_schedule(sub)
         emit = lambda b: put(ready, b, stop)  # noqa: E731 - a callback, named for reading
         t0 = time.perf_counter()
-        if gpu:
-            self._produce_gpu(job, reader, sub, steps, batch, emit, stop)
-        else:
+        if self.cuda and reader.is_jpeg:  # decode (GPU or CPU threads), cut on the GPU
+            self._produce_on_device(job, reader, sub, steps, batch, emit, stop, decoders, gpu)
+        else:  # no GPU, or a zstd level: cut on CPU threads into (pinned) batches
             read = plan.spec.read
             job.pool = SlotPool(
                 self.options.prefetch + self.options.readers + 2,
@@ -427,31 +428,48 @@ class _Runner:
             assembler.run(job, sub, job.todo, steps, batch, len(plan), emit, stop)
         self.stats.add("produce", time.perf_counter() - t0)
 
-    def _produce_gpu(self, job, reader, sub, steps, batch, emit, stop) -> None:
-        """nvJPEG: bytes read ahead on threads, one batched decode and one gather per row."""
+    def _produce_on_device(
+        self, job, reader, sub, steps, batch, emit, stop, decoders, nvjpeg: bool
+    ) -> None:
+        """Each grid row's new chunks are read ahead on threads and decoded, by nvJPEG in one
+        batched call or by libjpeg on the decoder threads into one array sent to the GPU in
+        one copy; the GPU stitches the row's band and gathers its tiles (a few kernels)."""
         read, chunk = sub.spec.read, (reader.chunk_h, reader.chunk_w)
-        builder = BatchBuilder(job, batch, len(job.plan), emit, None, True, self.device, stop)
+        builder = BatchBuilder(job, batch, len(job.plan), emit, None, nvjpeg, self.device, stop)
 
-        def fetch(coords_array):
+        def load(coords_array):  # on a reader thread
             coords = [tuple(rc) for rc in coords_array.tolist()]
-            return coords, reader.fetch(coords) if coords else []
+            if not coords:
+                return coords, None
+            t0 = time.perf_counter()
+            data = reader.fetch(coords)
+            t1 = time.perf_counter()
+            self.stats.add("read", t1 - t0)
+            if nvjpeg:
+                return coords, data
+            decoded = decode_row_cpu(reader, data, decoders)
+            self.stats.add("decode", time.perf_counter() - t1)
+            return coords, decoded
 
         cache: dict[tuple[int, int], torch.Tensor] = {}
         with ThreadPoolExecutor(self.options.readers, "tilestore-read") as readers:
-            ahead = [readers.submit(fetch, s.load) for s in steps[: self.options.readers]]
+            ahead = [readers.submit(load, s.load) for s in steps[: self.options.readers]]
             for index, step in enumerate(steps):
                 if stop.is_set():
                     raise Stopped
                 if index + len(ahead) < len(steps):
-                    ahead.append(readers.submit(fetch, steps[index + len(ahead)].load))
-                coords, data = ahead.pop(0).result()
-                if coords:
-                    t0 = time.perf_counter()
-                    cache.update(zip(coords, decode_gpu(reader, data, self.device), strict=True))
-                    self.stats.add("decode_issue", time.perf_counter() - t0)
+                    ahead.append(readers.submit(load, steps[index + len(ahead)].load))
+                coords, payload = ahead.pop(0).result()
+                t0 = time.perf_counter()
+                if coords and nvjpeg:
+                    cache.update(zip(coords, decode_gpu(reader, payload, self.device), strict=True))
+                elif coords:
+                    on_device = torch.from_numpy(payload).to(self.device, non_blocking=True)
+                    cache.update(zip(coords, on_device.unbind(0), strict=True))
                 y, xs = int(sub.level_y[step.tiles[0]]), sub.level_x[step.tiles]
-                tiles = cut_row(cache, y, xs, read, sub.spec.read_stride, chunk, True)
+                tiles = cut_row(cache, y, xs, read, sub.spec.read_stride, chunk, nvjpeg)
                 builder.add(job.todo[step.tiles], tiles)
+                self.stats.add("assemble", time.perf_counter() - t0)
                 for rc in step.drop.tolist():
                     cache.pop(tuple(rc), None)
 

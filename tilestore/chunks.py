@@ -90,6 +90,13 @@ class ChunkReader:
         out[: block.shape[1], : block.shape[2]] = np.moveaxis(block, 0, -1)
         return out
 
+    def decode_into(self, data: bytes | None, out: np.ndarray) -> None:
+        """Decode a JPEG chunk into `out` (a contiguous (chunk_h, chunk_w, c) array)."""
+        if data is None:
+            out[...] = self.background
+        else:
+            imagecodecs.jpeg8_decode(data, out=out.reshape(self.chunk_h, self.chunk_w, -1))
+
     def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         """Return pixels [y0:y1, x0:x1] (inside the level) as (h, w, c)."""
         if not self.is_jpeg:

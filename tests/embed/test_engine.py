@@ -190,24 +190,74 @@ def test_report_explains_the_wall_time(store, lite, tmp_path):
     assert saved["device"] == "cpu" and saved["decode"] == "cpu"
 
 
+TINY = "timm:vit_small_patch16_224"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model(TINY)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_decode_matches_cpu_decode(store, lite):
-    cpu, gpu = store(), store()
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_cuda_engine_equals_the_reference_loop(store, tiny, precision):
+    path = store()
+    report = embed(
+        [path],
+        tiny,
+        plan_options={"mpp": 0.5, "tile": 224},
+        options=Options(batch_size=16, precision=precision, dtype="float32"),
+    )
+    assert report.device.startswith("cuda") and not report.failures
+    slide = open_slide(path)
+    plan, _ = load_plan(slide)
+    features, _ = _features(path, TINY)
+    reference = reference_features(slide, plan, tiny, device="cuda", precision=precision)
+    assert cosine(features, reference).min() >= (0.9999 if precision == "fp32" else 0.999)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_nvjpeg_decode_matches_cpu_decode_on_a_ycbcr_store(store, tiny, tmp_path):
     options = {"mpp": 0.5, "tile": 224}
+    cpu = store(copy=False, into=tmp_path / "cpu")  # re-encoded: YCbCr JPEG chunks
+    gpu = store(copy=False, into=tmp_path / "gpu")
     embed(
         [cpu],
-        lite,
+        tiny,
         plan_options=options,
         options=Options(batch_size=16, decode="cpu", dtype="float32"),
     )
-    embed(
+    report = embed(
         [gpu],
-        lite,
+        tiny,
         plan_options=options,
         options=Options(batch_size=16, decode="gpu", dtype="float32"),
     )
-    assert cosine(_features(cpu)[0], _features(gpu)[0]).min() >= 0.999
+    assert report.decode == "gpu" and not any("nvJPEG" in w for w in report.warnings)
+    assert cosine(_features(cpu, TINY)[0], _features(gpu, TINY)[0]).min() >= 0.999
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_rgb_coded_chunks_fall_back_to_cpu_decode(store, tiny, tmp_path):
+    options = {"mpp": 0.5, "tile": 224}
+    cpu, gpu = store(into=tmp_path / "cpu"), store(into=tmp_path / "gpu")  # Aperio RGB JPEG
+    embed(
+        [cpu],
+        tiny,
+        plan_options=options,
+        options=Options(batch_size=16, decode="cpu", dtype="float32"),
+    )
+    report = embed(
+        [gpu],
+        tiny,
+        plan_options=options,
+        options=Options(batch_size=16, decode="gpu", dtype="float32"),
+    )
+    assert any("decoded on the CPU" in w for w in report.warnings)
+    assert cosine(_features(cpu, TINY)[0], _features(gpu, TINY)[0]).min() >= 0.9999
 
 
 def test_rows_spanning_more_batches_than_buffers_do_not_deadlock(store, lite):
@@ -217,10 +267,20 @@ def test_rows_spanning_more_batches_than_buffers_do_not_deadlock(store, lite):
     outcome = {}
 
     def run():
-        outcome["report"] = embed([path], lite, plan_options={"mpp": 0.5, "tile": 224},
-                                  options=Options(batch_size=1, device="cpu", precision="fp32",
-                                                  dtype="float32", prefetch=1, readers=1,
-                                                  decoders=2))
+        outcome["report"] = embed(
+            [path],
+            lite,
+            plan_options={"mpp": 0.5, "tile": 224},
+            options=Options(
+                batch_size=1,
+                device="cpu",
+                precision="fp32",
+                dtype="float32",
+                prefetch=1,
+                readers=1,
+                decoders=2,
+            ),
+        )
 
     worker = threading.Thread(target=run, daemon=True)
     worker.start()

@@ -68,11 +68,17 @@ def gpu_decode_agrees(
     return 0.0
 
 
-def decode_row_cpu(reader: ChunkReader, data: Sequence[bytes | None], pool: Executor) -> np.ndarray:
-    """Decode a grid row's chunks on threads into one (k, h, w, c) array, ready to copy to
-    the GPU in one transfer (the GPU then cuts the tiles; no Python per tile)."""
-    out = np.empty((len(data), reader.chunk_h, reader.chunk_w, reader.channels), np.uint8)
-    list(pool.map(reader.decode_into, data, out))
+def decode_row_cpu(
+    reader: ChunkReader, coords: Sequence[tuple[int, int]], pool: Executor
+) -> np.ndarray:
+    """Read and decode chunks on threads (one task each) into one (k, h, w, c) array, ready
+    to copy to the GPU in one transfer (the GPU then cuts the tiles: no Python per tile)."""
+    out = np.empty((len(coords), reader.chunk_h, reader.chunk_w, reader.channels), np.uint8)
+
+    def one(i: int) -> None:
+        reader.decode_into(reader.fetch_one(coords[i]), out[i])
+
+    list(pool.map(one, range(len(coords))))
     return out
 
 
@@ -299,7 +305,7 @@ class CpuAssembler:
             (pixels,) = self.reader.load([coord])
             self.timed("read_decode", time.perf_counter() - t0)
             return pixels
-        (data,) = self.reader.fetch([coord])
+        data = self.reader.fetch_one(coord)
         t1 = time.perf_counter()
         pixels = self.reader.decode(data)
         self.timed("read", t1 - t0)

@@ -374,8 +374,7 @@ class _Runner:
                 ThreadPoolExecutor(self.options.decoders, "tilestore-decode") as decoders,
                 ThreadPoolExecutor(self.options.readers, "tilestore-cut") as cutters,
             ):
-                for job in jobs:
-                    self.open_jobs.append(job)
+                for job in _ahead(jobs, stop, self.open_jobs.append):
                     if len(job.todo):
                         with torch.cuda.stream(stream) if stream else contextlib.nullcontext():
                             self._produce_job(job, batch, report, decoders, cutters, ready, stop)
@@ -431,41 +430,50 @@ class _Runner:
     def _produce_on_device(
         self, job, reader, sub, steps, batch, emit, stop, decoders, nvjpeg: bool
     ) -> None:
-        """Each grid row's new chunks are read ahead on threads and decoded, by nvJPEG in one
-        batched call or by libjpeg on the decoder threads into one array sent to the GPU in
-        one copy; the GPU stitches the row's band and gathers its tiles (a few kernels)."""
+        """Grid rows' chunks are read ahead on threads and decoded, by nvJPEG in one batched
+        call for several rows, or by libjpeg on the decoder threads into one array sent to the
+        GPU in one copy; the GPU stitches each row's band and gathers its tiles."""
         read, chunk = sub.spec.read, (reader.chunk_h, reader.chunk_w)
         builder = BatchBuilder(job, batch, len(job.plan), emit, None, nvjpeg, self.device, stop)
+        group = 4 if nvjpeg else 1  # rows per nvJPEG call: ~100 chunks a row is too few
+        ahead = max(self.options.readers, 2 * group)
 
         def load(coords_array):  # on a reader thread
             coords = [tuple(rc) for rc in coords_array.tolist()]
             if not coords:
                 return coords, None
             t0 = time.perf_counter()
-            data = reader.fetch(coords)
-            t1 = time.perf_counter()
-            self.stats.add("read", t1 - t0)
             if nvjpeg:
-                return coords, data
-            decoded = decode_row_cpu(reader, data, decoders)
-            self.stats.add("decode", time.perf_counter() - t1)
-            return coords, decoded
+                payload = reader.fetch(coords)
+                self.stats.add("read", time.perf_counter() - t0)
+            else:
+                payload = decode_row_cpu(reader, coords, decoders)
+                self.stats.add("read_decode", time.perf_counter() - t0)
+            return coords, payload
 
         cache: dict[tuple[int, int], torch.Tensor] = {}
+        futures: dict[int, object] = {}
         with ThreadPoolExecutor(self.options.readers, "tilestore-read") as readers:
-            ahead = [readers.submit(load, s.load) for s in steps[: self.options.readers]]
             for index, step in enumerate(steps):
                 if stop.is_set():
                     raise Stopped
-                if index + len(ahead) < len(steps):
-                    ahead.append(readers.submit(load, steps[index + len(ahead)].load))
-                coords, payload = ahead.pop(0).result()
+                for k in range(index, min(index + ahead, len(steps))):
+                    if k not in futures:
+                        futures[k] = readers.submit(load, steps[k].load)
                 t0 = time.perf_counter()
-                if coords and nvjpeg:
-                    cache.update(zip(coords, decode_gpu(reader, payload, self.device), strict=True))
-                elif coords:
-                    on_device = torch.from_numpy(payload).to(self.device, non_blocking=True)
-                    cache.update(zip(coords, on_device.unbind(0), strict=True))
+                if index in futures:
+                    members = range(index, min(index + group, len(steps)))
+                    loaded = [futures.pop(k).result() for k in members if k in futures]
+                    coords = [rc for c, _ in loaded for rc in c]
+                    if coords and nvjpeg:
+                        data = [d for c, p in loaded if c for d in p]
+                        cache.update(
+                            zip(coords, decode_gpu(reader, data, self.device), strict=True)
+                        )
+                    elif coords:
+                        arrays = np.concatenate([p for c, p in loaded if c])
+                        on_device = torch.from_numpy(arrays).to(self.device, non_blocking=True)
+                        cache.update(zip(coords, on_device.unbind(0), strict=True))
                 y, xs = int(sub.level_y[step.tiles[0]]), sub.level_x[step.tiles]
                 tiles = cut_row(cache, y, xs, read, sub.spec.read_stride, chunk, nvjpeg)
                 builder.add(job.todo[step.tiles], tiles)
@@ -501,6 +509,34 @@ class _Runner:
                 report.writer_error = exc
                 if not isinstance(item, _JobEnd):
                     outputs.release(item[1])
+
+
+def _ahead(
+    jobs: Iterator[Job], stop: threading.Event, prepared: Callable[[Job], None]
+) -> Iterator[Job]:
+    """Prepare the next slide (open, plan, writer) on a thread while this one streams.
+
+    `prepared` is told of each job at once, so a failure releases its lock even if it never
+    streamed."""
+    box: queue.Queue = queue.Queue(maxsize=1)
+
+    def prepare() -> None:
+        try:
+            for job in jobs:
+                prepared(job)
+                put(box, job, stop)
+            put(box, _DONE, stop)
+        except Stopped:
+            return
+        except BaseException as exc:  # re-raised where the jobs are consumed
+            with contextlib.suppress(Stopped):
+                put(box, exc, stop)
+
+    threading.Thread(target=prepare, name="tilestore-prepare", daemon=True).start()
+    while (item := box.get()) is not _DONE:
+        if isinstance(item, BaseException):
+            raise item
+        yield item
 
 
 def _subset(plan: TilePlan, indices: np.ndarray) -> TilePlan:

@@ -44,13 +44,27 @@ class ChunkReader:
         store = array.store_path.store
         self._root = Path(store.root) if type(store) is LocalStore else None
         self._store = store
+        encoding = array.metadata.chunk_key_encoding
+        plain = getattr(encoding, "separator", None) == "/" and type(encoding).__name__ == (
+            "DefaultChunkKeyEncoding"
+        )
+        # Local files under the default key encoding: c/0/<row>/<col>, read without zarr.
+        self._files = f"{self._root / array.path}/c/0" if self._root and plain else None
 
     def key(self, row: int, col: int) -> str:
         """Return the store key of chunk (row, col)."""
         return f"{self.array.path}/{self.array.metadata.encode_chunk_key((0, row, col))}"
 
+    def fetch_one(self, coord: tuple[int, int]) -> bytes | None:
+        """The encoded bytes of one chunk (None if never written)."""
+        if self._files is not None:
+            return _read_file(f"{self._files}/{coord[0]}/{coord[1]}")
+        return self.fetch([coord])[0]
+
     def fetch(self, coords: Sequence[tuple[int, int]]) -> list[bytes | None]:
         """Return the encoded bytes of each chunk, None where the chunk was never written."""
+        if self._files is not None:
+            return [_read_file(f"{self._files}/{r}/{c}") for r, c in coords]
         keys = [self.key(r, c) for r, c in coords]
         if self._root is not None:
             return [_read_file(self._root / k) for k in keys]
@@ -118,8 +132,9 @@ class ChunkReader:
         return out
 
 
-def _read_file(path: Path) -> bytes | None:
+def _read_file(path: str | Path) -> bytes | None:
     try:
-        return path.read_bytes()
+        with open(path, "rb") as fh:
+            return fh.read()
     except FileNotFoundError:
         return None

@@ -40,6 +40,7 @@ from embed.assemble import (
     put,
 )
 from embed.models import LoadedModel, load_model
+from embed.procdecode import ProcessDecoder
 from embed.report import RunReport, Sampler, Stats
 from embed.writer import EmbeddingWriter
 from tilestore.errors import ModelError, TilestoreError
@@ -368,6 +369,7 @@ class _Runner:
     # -- producer -----------------------------------------------------------------------------
 
     def _produce(self, jobs, batch, report, ready, stop) -> None:
+        self.processes = ProcessDecoder(self.options.decoders) if self.cuda else None
         try:
             stream = torch.cuda.Stream(self.device) if self.cuda else None
             with (
@@ -382,9 +384,12 @@ class _Runner:
             put(ready, _DONE, stop)
         except Stopped:
             return
-        except BaseException as exc:
+        except BaseException as exc:  # handed to the main thread, which raises it
             with contextlib.suppress(Stopped):
                 put(ready, exc, stop)
+        finally:
+            if self.processes is not None:
+                self.processes.close()
 
     def _produce_job(
         self, job: Job, batch: int, report: RunReport, decoders, cutters, ready, stop
@@ -430,26 +435,35 @@ class _Runner:
     def _produce_on_device(
         self, job, reader, sub, steps, batch, emit, stop, decoders, nvjpeg: bool
     ) -> None:
-        """Grid rows' chunks are read ahead on threads and decoded, by nvJPEG in one batched
-        call for several rows, or by libjpeg on the decoder threads into one array sent to the
-        GPU in one copy; the GPU stitches each row's band and gathers its tiles."""
+        """Grid rows' chunks are decoded ahead: by nvJPEG (one batched call per row), by
+        worker processes into shared memory (local stores), or by decoder threads; the
+        decoded row goes to the GPU in one copy, where its band is stitched and its tiles
+        gathered (a few kernels per row, no Python per tile)."""
         read, chunk = sub.spec.read, (reader.chunk_h, reader.chunk_w)
+        shape = (reader.chunk_h, reader.chunk_w, reader.channels)
         builder = BatchBuilder(job, batch, len(job.plan), emit, None, nvjpeg, self.device, stop)
-        group = 4 if nvjpeg else 1  # rows per nvJPEG call: ~100 chunks a row is too few
-        ahead = max(self.options.readers, 2 * group)
+        procs = self.processes if not nvjpeg and reader.paths([]) is not None else None
+        if procs is not None:
+            most = max((len(s.load) for s in steps), default=1)
+            procs.reserve(self.options.decoders + 2, most * int(np.prod(shape)))
+        ahead = self.options.decoders if procs is not None else self.options.readers
 
         def load(coords_array):  # on a reader thread
             coords = [tuple(rc) for rc in coords_array.tolist()]
-            if not coords:
-                return coords, None
             t0 = time.perf_counter()
-            if nvjpeg:
-                payload = reader.fetch(coords)
-                self.stats.add("read", time.perf_counter() - t0)
-            else:
-                payload = decode_row_cpu(reader, coords, decoders)
-                self.stats.add("read_decode", time.perf_counter() - t0)
+            payload = (
+                (reader.fetch(coords) if nvjpeg else decode_row_cpu(reader, coords, decoders))
+                if coords
+                else None
+            )
+            self.stats.add("read" if nvjpeg else "read_decode", time.perf_counter() - t0)
             return coords, payload
+
+        def submit(step):
+            coords = [tuple(rc) for rc in step.load.tolist()]
+            if procs is None or not coords:
+                return readers.submit(load, step.load)
+            return coords, procs.submit(reader.paths(coords), shape, reader.background, stop)
 
         cache: dict[tuple[int, int], torch.Tensor] = {}
         futures: dict[int, object] = {}
@@ -459,20 +473,25 @@ class _Runner:
                     raise Stopped
                 for k in range(index, min(index + ahead, len(steps))):
                     if k not in futures:
-                        futures[k] = readers.submit(load, steps[k].load)
+                        futures[k] = submit(steps[k])
                 t0 = time.perf_counter()
-                if index in futures:
-                    members = range(index, min(index + group, len(steps)))
-                    loaded = [futures.pop(k).result() for k in members if k in futures]
-                    coords = [rc for c, _ in loaded for rc in c]
+                pending = futures.pop(index)
+                if isinstance(pending, tuple):  # a worker process decoded into shared memory
+                    coords, (block, done) = pending
+                    done.result()
+                    self.stats.add("wait_decode", time.perf_counter() - t0)
+                    rows = torch.from_numpy(procs.view(block, len(coords), shape))
+                    on_device = rows.to(self.device)  # pageable memory: returns once read
+                    procs.release(block)
+                    cache.update(zip(coords, on_device.unbind(0), strict=True))
+                else:
+                    coords, payload = pending.result()
                     if coords and nvjpeg:
-                        data = [d for c, p in loaded if c for d in p]
                         cache.update(
-                            zip(coords, decode_gpu(reader, data, self.device), strict=True)
+                            zip(coords, decode_gpu(reader, payload, self.device), strict=True)
                         )
                     elif coords:
-                        arrays = np.concatenate([p for c, p in loaded if c])
-                        on_device = torch.from_numpy(arrays).to(self.device, non_blocking=True)
+                        on_device = torch.from_numpy(payload).to(self.device, non_blocking=True)
                         cache.update(zip(coords, on_device.unbind(0), strict=True))
                 y, xs = int(sub.level_y[step.tiles[0]]), sub.level_x[step.tiles]
                 tiles = cut_row(cache, y, xs, read, sub.spec.read_stride, chunk, nvjpeg)

@@ -55,6 +55,12 @@ class ChunkReader:
         """Return the store key of chunk (row, col)."""
         return f"{self.array.path}/{self.array.metadata.encode_chunk_key((0, row, col))}"
 
+    def paths(self, coords: Sequence[tuple[int, int]]) -> list[str] | None:
+        """File paths of chunks in a local store (None for other stores)."""
+        if self._files is None:
+            return None
+        return [f"{self._files}/{r}/{c}" for r, c in coords]
+
     def fetch_one(self, coord: tuple[int, int]) -> bytes | None:
         """The encoded bytes of one chunk (None if never written)."""
         if self._files is not None:

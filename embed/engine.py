@@ -445,7 +445,7 @@ class _Runner:
         procs = self.processes if not nvjpeg and reader.paths([]) is not None else None
         if procs is not None:
             most = max((len(s.load) for s in steps), default=1)
-            procs.reserve(self.options.decoders + 2, most * int(np.prod(shape)))
+            procs.reserve(self.options.decoders + 2, most * int(np.prod(shape)), pin=True)
         ahead = self.options.decoders if procs is not None else self.options.readers
 
         def load(coords_array):  # on a reader thread
@@ -481,8 +481,10 @@ class _Runner:
                     done.result()
                     self.stats.add("wait_decode", time.perf_counter() - t0)
                     rows = torch.from_numpy(procs.view(block, len(coords), shape))
-                    on_device = rows.to(self.device)  # pageable memory: returns once read
-                    procs.release(block)
+                    on_device = rows.to(self.device, non_blocking=True)  # pinned: DMA
+                    copied = torch.cuda.Event()
+                    copied.record()
+                    procs.release(block, copied)  # reused once the copy is done
                     cache.update(zip(coords, on_device.unbind(0), strict=True))
                 else:
                     coords, payload = pending.result()

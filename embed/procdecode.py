@@ -14,6 +14,7 @@ SharedMemory, whose resource tracker would unlink the parent's blocks when a wor
 
 from __future__ import annotations
 
+import collections
 import json
 import mmap
 import queue
@@ -46,6 +47,8 @@ def decode_files(paths: list[str], shm: str, shape: tuple[int, ...], background:
 
 def _serve() -> None:
     """The worker loop: one JSON request per stdin line, one answer per stdout line."""
+    import imagecodecs  # noqa: F401 - imported before the first request, not during it
+
     for line in sys.stdin:
         request = json.loads(line)
         try:
@@ -60,7 +63,12 @@ def _serve() -> None:
 
 
 class ProcessDecoder:
-    """Worker processes and a ring of shared-memory blocks they decode rows into."""
+    """Worker processes and a ring of shared-memory blocks they decode rows into.
+
+    With pin=True the blocks are page-locked for CUDA (cudaHostRegister), so a decoded row
+    goes to the GPU by DMA, asynchronously; such a block is handed back with the CUDA event
+    that marks its copy done and is reused only once that event has passed.
+    """
 
     def __init__(self, workers: int) -> None:
         self.workers = [
@@ -78,22 +86,38 @@ class ProcessDecoder:
             self._idle.put(worker)
         self._dispatch = ThreadPoolExecutor(workers, "tilestore-dispatch")
         self.blocks: list[SharedMemory] = []
+        self.pinned: list[int] = []  # addresses registered with CUDA
         self._free: queue.Queue = queue.Queue()
+        self._copying: collections.deque = collections.deque()  # (block, CUDA event)
 
-    def reserve(self, count: int, nbytes: int) -> None:
+    def reserve(self, count: int, nbytes: int, pin: bool = False) -> None:
         """Have `count` blocks of at least `nbytes` (kept for later slides if big enough)."""
-        if len(self.blocks) >= count and self.blocks[0].size >= nbytes:
+        if len(self.blocks) >= count and self.blocks[0].size >= nbytes and bool(self.pinned) == pin:
             return
         self._release_blocks()
         self.blocks = [SharedMemory(create=True, size=max(nbytes, 1)) for _ in range(count)]
+        if pin:
+            self._pin()
         for index in range(count):
             self._free.put(index)
+
+    def _pin(self) -> None:
+        import torch
+
+        cudart = torch.cuda.cudart()
+        for shm in self.blocks:
+            address = _address(shm)
+            error = int(cudart.cudaHostRegister(address, shm.size, 0))
+            if error:
+                raise RuntimeError(f"cudaHostRegister of a decode block failed (error {error})")
+            self.pinned.append(address)
 
     def submit(
         self, paths: list[str], shape: tuple[int, ...], background: int, stop: threading.Event
     ) -> tuple[int, Future]:
         """Start decoding into a free block; return (block index, future of the count)."""
         while True:
+            self._reclaim()
             try:
                 block = self._free.get(timeout=0.2)
                 break
@@ -129,8 +153,26 @@ class ProcessDecoder:
     def view(self, block: int, count: int, shape: tuple[int, ...]) -> np.ndarray:
         return np.ndarray((count, *shape), np.uint8, buffer=self.blocks[block].buf)
 
-    def release(self, block: int) -> None:
-        self._free.put(block)
+    def release(self, block: int, copied=None) -> None:
+        """Hand a block back; `copied`, a CUDA event, marks the end of its copy to the GPU."""
+        if copied is None:
+            self._free.put(block)
+        else:
+            self._copying.append((block, copied))
+
+    def _reclaim(self) -> None:
+        """Free the blocks whose copies are done; if none is free, wait for the oldest."""
+        waiting = collections.deque()
+        for block, copied in self._copying:
+            if copied.query():
+                self._free.put(block)
+            else:
+                waiting.append((block, copied))
+        if waiting and self._free.empty():
+            block, copied = waiting.popleft()
+            copied.synchronize()
+            self._free.put(block)
+        self._copying = waiting
 
     def close(self) -> None:
         self._dispatch.shutdown(wait=True, cancel_futures=True)
@@ -141,11 +183,28 @@ class ProcessDecoder:
         self._release_blocks()
 
     def _release_blocks(self) -> None:
+        for _, copied in self._copying:
+            copied.synchronize()
+        self._copying.clear()
+        if self.pinned:
+            import torch
+
+            for address in self.pinned:
+                torch.cuda.cudart().cudaHostUnregister(address)
+        self.pinned = []
         for shm in self.blocks:
             shm.close()
             shm.unlink()
         self.blocks = []
         self._free = queue.Queue()
+
+
+def _address(shm: SharedMemory) -> int:
+    view = np.frombuffer(shm.buf, np.uint8)
+    try:
+        return view.ctypes.data
+    finally:
+        del view  # no export of the buffer may outlive this, or shm.close() fails
 
 
 if __name__ == "__main__":

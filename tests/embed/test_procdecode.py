@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+import torch
 
 from embed.procdecode import ProcessDecoder
 from tests.conftest import CMU
@@ -25,8 +26,7 @@ def test_workers_decode_rows_like_libjpeg(stores, decoder):
     coords = [(2, c) for c in range(10)] + [(99, 99)]  # the last chunk does not exist
     shape = (reader.chunk_h, reader.chunk_w, reader.channels)
     decoder.reserve(3, len(coords) * int(np.prod(shape)))
-    block, done = decoder.submit(reader.paths(coords), shape, reader.background,
-                                 threading.Event())
+    block, done = decoder.submit(reader.paths(coords), shape, reader.background, threading.Event())
     assert done.result(timeout=60) == len(coords)
     got = decoder.view(block, len(coords), shape)
     want = np.stack([reader.decode(reader.fetch_one(c)) for c in coords[:-1]])
@@ -51,3 +51,67 @@ def test_blocks_are_unlinked_on_close(tmp_path):
     decoder.close()
     assert not any(os.path.exists(f"/dev/shm/{n.lstrip('/')}") for n in names)
     assert all(worker.poll() is not None for worker in decoder.workers)
+
+
+class _Copy:
+    """Stands in for a CUDA event: done once synchronised (or when made done)."""
+
+    def __init__(self, done: bool = False) -> None:
+        self.done, self.waited = done, False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waited = self.done = True
+
+
+def test_a_block_in_copy_is_reused_only_after_its_copy(stores, decoder):
+    reader = open_slide(stores(CMU)).chunks(0)
+    coords = [(1, c) for c in range(4)]
+    shape = (reader.chunk_h, reader.chunk_w, reader.channels)
+    decoder.reserve(2, len(coords) * int(np.prod(shape)))
+    stop = threading.Event()
+    first, done = decoder.submit(reader.paths(coords), shape, reader.background, stop)
+    done.result(timeout=60)
+    second, done = decoder.submit(reader.paths(coords), shape, reader.background, stop)
+    done.result(timeout=60)
+    pending, finished = _Copy(), _Copy(done=True)
+    decoder.release(first, pending)
+    decoder.release(second, finished)
+    third, done = decoder.submit(reader.paths(coords), shape, reader.background, stop)
+    assert third == second and not pending.waited  # the finished copy's block, no waiting
+    done.result(timeout=60)
+    fourth, done = decoder.submit(reader.paths(coords), shape, reader.background, stop)
+    assert fourth == first and pending.waited  # no block free: waited for the oldest copy
+    done.result(timeout=60)
+    want = np.stack([reader.decode(reader.fetch_one(c)) for c in coords])
+    np.testing.assert_array_equal(decoder.view(fourth, len(coords), shape), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pinned_blocks_copy_to_the_gpu_asynchronously(stores):
+    reader = open_slide(stores(CMU)).chunks(0)
+    shape = (reader.chunk_h, reader.chunk_w, reader.channels)
+    rows = [[(r, c) for c in range(reader.grid[1])] for r in range(reader.grid[0])]
+    decoder = ProcessDecoder(2)
+    try:
+        decoder.reserve(2, max(map(len, rows)) * int(np.prod(shape)), pin=True)
+        assert len(decoder.pinned) == 2
+        stop, got = threading.Event(), []
+        for coords in rows * 3:  # more rows than blocks: every block is reused
+            block, done = decoder.submit(reader.paths(coords), shape, reader.background, stop)
+            done.result(timeout=60)
+            view = torch.from_numpy(decoder.view(block, len(coords), shape))
+            got.append(view.to("cuda", non_blocking=True))
+            copied = torch.cuda.Event()
+            copied.record()
+            decoder.release(block, copied)
+        torch.cuda.synchronize()
+        for coords, tiles in zip(rows * 3, got, strict=True):
+            want = np.stack([reader.decode(reader.fetch_one(c)) for c in coords])
+            np.testing.assert_array_equal(tiles.cpu().numpy(), want)
+    finally:
+        decoder.close()
+    assert decoder.pinned == []

@@ -41,7 +41,7 @@ def convert(
         ..., "-o", "--output", help="Directory for <name>.ome.zarr stores."
     ),
     chunk: int | None = typer.Option(
-        None, help="Chunk side in px [default: source JPEG tile, else 256]."
+        None, help="Chunk side in px (default: source JPEG tile, else 256)."
     ),
     codec: str = typer.Option(
         "auto", help="auto (JPEG for 8-bit RGB brightfield, else zstd), jpeg, zstd."
@@ -233,7 +233,7 @@ def plan(
         0.5, help="Tile resolution, um/px (0: level-0 pixels, for slides without mpp)."
     ),
     tile: int = typer.Option(224, help="Tile side in pixels at --mpp."),
-    stride: int | None = typer.Option(None, help="Pixels between tile starts [default: --tile]."),
+    stride: int | None = typer.Option(None, help="Pixels between tile starts (default: --tile)."),
     min_tissue: float = typer.Option(0.5, help="Keep tiles with at least this tissue fraction."),
     roi: Path | None = typer.Option(
         None, help="ROI annotations: QuPath GeoJSON, Aperio or ASAP XML."
@@ -242,7 +242,7 @@ def plan(
     min_roi: float = typer.Option(0.5, help="Keep tiles with at least this ROI overlap."),
     roi_mpp: float | None = typer.Option(None, help="um/px the ROI coordinates were drawn at."),
     tolerance: float = typer.Option(0.02, help="Use a level as is if its mpp is this close."),
-    name: str | None = typer.Option(None, help="Plan name [default: e.g. 0.5mpp-224px]."),
+    name: str | None = typer.Option(None, help="Plan name (default: e.g. 0.5mpp-224px)."),
     overwrite: bool = typer.Option(False, help="Replace a plan of the same name."),
     preview: Path | None = typer.Option(None, help="Write a PNG: thumbnail, tissue, ROIs, tiles."),
 ) -> None:
@@ -291,12 +291,12 @@ def embed(
         ..., help="Model name (see `tilestore models list`), timm:<arch> or local:<dir>."
     ),
     plan: str | None = typer.Option(
-        None, help="A stored plan [default: the store's only plan, else a new one]."
+        None, help="A stored plan (default: the store's only plan, else a new one)."
     ),
     mpp: float | None = typer.Option(
-        None, help="Plan option: tile mpp [default: the model's native mpp]."
+        None, help="Plan option: tile mpp (default: the model's native mpp)."
     ),
-    tile: int | None = typer.Option(None, help="Plan option: tile px [default: the model's]."),
+    tile: int | None = typer.Option(None, help="Plan option: tile px (default: the model's)."),
     stride: int | None = typer.Option(None, help="Plan option: px between tiles."),
     min_tissue: float | None = typer.Option(None, help="Plan option: minimum tissue fraction."),
     roi: Path | None = typer.Option(None, help="Plan option: ROI annotations file."),
@@ -316,12 +316,12 @@ def embed(
     ),
     readers: int = typer.Option(4, help="Threads reading chunk rows ahead."),
     decoders: int | None = typer.Option(
-        None, help="Threads decoding JPEG on the CPU [default: cores - 2]."
+        None, help="CPU JPEG decoders: threads, or worker processes on CUDA (default: cores - 2)."
     ),
     report: Path | None = typer.Option(None, help="Write the run report as JSON here."),
     overwrite: bool = typer.Option(False, help="Recompute embeddings this model already made."),
     hf_token: str | None = typer.Option(
-        None, help="Hugging Face token [default: HF_TOKEN or the stored login].", envvar=None
+        None, help="Hugging Face token (default: HF_TOKEN or the stored login).", envvar=None
     ),
 ) -> None:
     """Embed plan tiles with a foundation model; write embeddings/<model> into each store."""
@@ -417,7 +417,7 @@ def models_list() -> None:
 def models_pull(
     name: str = typer.Argument(..., help="A registered model name."),
     hf_token: str | None = typer.Option(
-        None, help="Hugging Face token [default: HF_TOKEN or the stored login]."
+        None, help="Hugging Face token (default: HF_TOKEN or the stored login)."
     ),
 ) -> None:
     """Download a model's config and weights into the HF cache, for offline compute nodes."""

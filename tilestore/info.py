@@ -24,7 +24,10 @@ def describe(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _describe_store(path: Path) -> dict[str, Any]:
-    group = zarr.open_group(path, mode="r", zarr_format=3, use_consolidated=False)
+    try:
+        group = zarr.open_group(path, mode="r", zarr_format=3, use_consolidated=False)
+    except (OSError, ValueError, zarr.errors.BaseZarrError) as exc:
+        raise StoreError(f"{path}: cannot open store: {exc}") from exc
     attrs = group.attrs.get(ATTRS_KEY)
     if not isinstance(attrs, dict):
         raise StoreError(f"{path}: zarr group without tilestore metadata (not made by tilestore)")

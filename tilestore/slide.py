@@ -83,7 +83,7 @@ class Slide:
         try:
             store = self.group.store.with_read_only(False)
             return zarr.open_group(store, mode="r+", zarr_format=3, use_consolidated=False)
-        except (OSError, ValueError, zarr.errors.ZarrError) as exc:
+        except (OSError, ValueError, zarr.errors.BaseZarrError) as exc:
             raise StoreError(f"{self.name}: cannot open the store for writing: {exc}") from exc
 
     def chunks(self, level: int = 0) -> ChunkReader:
@@ -187,7 +187,7 @@ def open_slide(path: str | os.PathLike | Store) -> Slide:
     if isinstance(path, Store):
         try:
             group = zarr.open_group(path, mode="r", zarr_format=3, use_consolidated=False)
-        except (FileNotFoundError, ValueError, zarr.errors.ZarrError) as exc:
+        except (FileNotFoundError, ValueError, zarr.errors.BaseZarrError) as exc:
             raise StoreError(f"{path}: cannot open store: {exc}") from exc
         attrs = group.attrs.get(ATTRS_KEY)
         if not isinstance(attrs, dict) or not attrs.get("complete"):

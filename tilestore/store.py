@@ -59,7 +59,7 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> tuple[zarr.Group, di
         raise StoreError(f"{path}: not a tilestore store{hint}")
     try:
         group = zarr.open_group(path, mode=mode, zarr_format=3, use_consolidated=False)
-    except (ValueError, OSError, zarr.errors.ZarrError) as exc:
+    except (ValueError, OSError, zarr.errors.BaseZarrError) as exc:
         raise StoreError(f"{path}: cannot open store: {exc}") from exc
     attrs = group.attrs.get(ATTRS_KEY)
     if not isinstance(attrs, dict):

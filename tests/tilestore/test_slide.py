@@ -190,3 +190,15 @@ def test_open_with_plain_xarray_free_tools(stores):
     group = zarr.open_group(stores(CMU), mode="r")
     assert group["0"][:, :5, :5].shape == (3, 5, 5)
     assert isinstance(xr.DataArray(group["2"][:]), xr.DataArray)
+
+
+def test_open_store_with_corrupt_metadata(tmp_path):
+    bad = tmp_path / "bad.ome.zarr"
+    bad.mkdir()
+    (bad / "zarr.json").write_text("not json")
+    with pytest.raises(StoreError, match=r"bad.ome.zarr: cannot open store"):
+        open_slide(bad)
+    from tilestore.info import describe
+
+    with pytest.raises(StoreError, match=r"bad.ome.zarr: cannot open store"):
+        describe(bad)

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from cli.export import export_app
 from tilestore.errors import TilestoreError
 
 app = typer.Typer(
@@ -376,6 +377,8 @@ def embed(
     if result.failures:
         raise typer.Exit(2)
 
+
+app.add_typer(export_app, name="export")
 
 models_app = typer.Typer(no_args_is_help=True, help="Tile encoders: list them, fill the cache.")
 app.add_typer(models_app, name="models")

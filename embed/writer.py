@@ -14,28 +14,22 @@ import datetime as dt
 import json
 import os
 import socket
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from zarr.codecs import ZstdCodec
 
+from tilestore.embeddings import COORDS, group_name
 from tilestore.errors import TilestoreError
 from tilestore.plan import TilePlan
 from tilestore.slide import Slide
 from tilestore.store import consolidate, software_versions
 
-GROUP = "embeddings"
-COORDS = ("x", "y", "x_um", "y_um", "row", "col", "tissue", "roi", "roi_class")
-
 
 class EmbeddingError(TilestoreError):
     """An embeddings group that cannot be written: done already, locked, or incompatible."""
-
-
-def group_name(model: str) -> str:
-    """The group of a model's embeddings: uni -> embeddings/uni, timm:vit_b -> timm-vit_b."""
-    return f"{GROUP}/{model.replace(':', '-').replace('/', '_')}"
 
 
 class EmbeddingWriter:
@@ -184,6 +178,7 @@ class EmbeddingWriter:
             "mpp": plan.spec.effective_mpp,
             "level": plan.spec.level,
             "read_px": plan.spec.read,
+            "grid": asdict(plan.spec),
             "classes": plan.classes,
             "coordinates": "x, y: level-0 pixels of each tile's top-left corner, origin at the "
             "slide's top-left, y down; x_um, y_um: the same in micrometres",

@@ -70,3 +70,55 @@ def cmu_pixels(slide_path) -> np.ndarray:
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
     return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+# Two classes drawn over CMU-1-Small-Region's tissue (level-0 px), for ROI-classed plans.
+CMU_CLASSES = {
+    "type": "FeatureCollection",
+    "features": [
+        {
+            "type": "Feature",
+            "geometry": {
+                "type": "Polygon",
+                "coordinates": [[[0, 0], [2220, 0], [2220, 1400], [0, 1400], [0, 0]]],
+            },
+            "properties": {"classification": {"name": "Stroma"}},
+        },
+        {
+            "type": "Feature",
+            "geometry": {
+                "type": "Polygon",
+                "coordinates": [[[0, 1400], [2220, 1400], [2220, 2967], [0, 2967], [0, 1400]]],
+            },
+            "properties": {"classification": {"name": "Tumor"}},
+        },
+    ],
+}
+
+
+@pytest.fixture(scope="session")
+def embedded_cohort(tmp_path_factory, stores):
+    """Real stores embedded once with efficientnet-lite0 on the CPU; returns their paths.
+
+    CMU-1-Small-Region with an ROI plan of two classes, and the IHC PNG (mpp set to 0.5).
+    """
+    import json
+    import shutil
+
+    from embed.engine import Options, embed
+    from tilestore.plans import plan_slide, save_plan
+    from tilestore.slide import open_slide
+
+    root = tmp_path_factory.mktemp("cohort")
+    cmu = root / "CMU-1-Small-Region.ome.zarr"
+    ihc = root / "skimage_ihc.ome.zarr"
+    shutil.copytree(stores(CMU), cmu)
+    shutil.copytree(stores(IHC, mpp=0.5), ihc)
+    roi = root / "classes.geojson"
+    roi.write_text(json.dumps(CMU_CLASSES))
+    slide = open_slide(cmu)
+    save_plan(slide, plan_slide(slide, roi=roi, name="classes"))
+    options = Options(batch_size=16, device="cpu", precision="fp32", dtype="float32")
+    embed([cmu], "efficientnet-lite0", plan="classes", options=options)
+    embed([ihc], "efficientnet-lite0", plan_options={"mpp": 0.5, "tile": 224}, options=options)
+    return [cmu, ihc]

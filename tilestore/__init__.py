@@ -4,9 +4,13 @@
 >>> tilestore.convert("slide.svs", "stores/")            # once
 >>> slide = tilestore.open_slide("stores/slide.ome.zarr")
 >>> slide.read_region(1000, 2000, 224, 224, mpp=0.5)      # (224, 224, 3) uint8
+>>> ds = tilestore.open_embeddings("stores/*.ome.zarr", "uni")  # after `tilestore embed`
+>>> ds.tiles.pca(3), ds.tiles.kmeans(8), ds.tiles.nearest(0, k=10)
 """
 
+from tilestore import analysis as analysis  # registers the ds.tiles accessor
 from tilestore.conversion import ConversionReport, convert
+from tilestore.embeddings import open_embeddings
 from tilestore.errors import (
     AnnotationError,
     ModelError,
@@ -32,5 +36,6 @@ __all__ = [
     "TilestoreWarning",
     "convert",
     "describe",
+    "open_embeddings",
     "open_slide",
 ]

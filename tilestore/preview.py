@@ -19,13 +19,7 @@ def render_preview(
     slide: Slide, *, tissue=None, rois=None, plan=None, max_size: int = 1600
 ) -> Image.Image:
     """Return an RGB thumbnail (longer side <= max_size) with the overlays given."""
-    _, h0, w0 = slide.shape
-    scale = min(1.0, max_size / max(h0, w0))
-    tw, th = max(1, round(w0 * scale)), max(1, round(h0 * scale))
-    level = max((lv.index for lv in slide.levels if lv.width >= tw), default=0)
-    lv = slide.levels[level]
-    pixels = slide.read_region(0, 0, lv.width, lv.height, level=level)
-    pixels = _as_rgb(resize(pixels, tw, th) if (lv.width, lv.height) != (tw, th) else pixels)
+    pixels, scale = thumbnail(slide, max_size)
     image = Image.fromarray(pixels).convert("RGBA")
     overlay = Image.new("RGBA", image.size, (0, 0, 0, 0))
     draw = ImageDraw.Draw(overlay)
@@ -47,6 +41,21 @@ def render_preview(
                     [(x * scale, y * scale) for x, y in ring], fill=(*palette[name], 255), width=2
                 )
     return Image.alpha_composite(image, overlay).convert("RGB")
+
+
+def thumbnail(slide: Slide, max_size: int = 1600) -> tuple[np.ndarray, float]:
+    """Return the whole slide as RGB uint8 (longer side <= max_size) and its scale to level 0.
+
+    Read from the smallest level still at least that size, so it costs one small read.
+    """
+    _, h0, w0 = slide.shape
+    scale = min(1.0, max_size / max(h0, w0))
+    tw, th = max(1, round(w0 * scale)), max(1, round(h0 * scale))
+    level = max((lv.index for lv in slide.levels if lv.width >= tw), default=0)
+    lv = slide.levels[level]
+    pixels = slide.read_region(0, 0, lv.width, lv.height, level=level)
+    pixels = resize(pixels, tw, th) if (lv.width, lv.height) != (tw, th) else pixels
+    return _as_rgb(pixels), scale
 
 
 def save_preview(path: str | os.PathLike, slide: Slide, **overlays) -> None:

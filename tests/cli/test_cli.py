@@ -145,3 +145,41 @@ def test_embed_gated_model_offline_is_one_line(tmp_path, slide_path):
     assert env_run.returncode == 2
     lines = env_run.stderr.strip().splitlines()
     assert len(lines) == 1 and "MahmoodLab/uni is not in the Hugging Face cache" in lines[0]
+
+
+def test_export_commands(embedded_cohort, tmp_path):
+    cmu, ihc = embedded_cohort
+    geojson = tmp_path / "cmu.geojson"
+    run = tilestore(
+        "export", "qupath", cmu, "-m", "efficientnet-lite0", "--clusters", "3", "-o", geojson
+    )
+    assert run.returncode == 0, run.stderr
+    features = json.loads(geojson.read_text())["features"]
+    assert f"{len(features)} tiles" in run.stdout
+    assert {f["properties"]["classification"]["name"] for f in features} <= {
+        "Cluster 0",
+        "Cluster 1",
+        "Cluster 2",
+    }
+    assert set(features[0]["properties"]["measurements"]) >= {"PC1", "PC5", "tissue"}
+    h5ad = tmp_path / "cohort.h5ad"
+    run = tilestore(
+        "export", "anndata", cmu, ihc, "-m", "efficientnet-lite0", "-o", h5ad, "--clusters", "2"
+    )
+    assert run.returncode == 0 and h5ad.exists(), run.stderr
+    assert "2 slide(s)" in run.stdout
+    png = tmp_path / "map.png"
+    run = tilestore("export", "map", cmu, "-m", "efficientnet-lite0", "-o", png, "--clusters", "3")
+    assert run.returncode == 0, run.stderr
+    assert all(
+        p.stat().st_size > 10_000
+        for p in (png, tmp_path / "map-clusters.png", tmp_path / "map-gallery.png")
+    )
+
+
+def test_export_of_a_model_never_run_is_one_line(embedded_cohort, tmp_path):
+    run = tilestore("export", "qupath", embedded_cohort[0], "-m", "uni", "-o", tmp_path / "x.json")
+    assert run.returncode == 2
+    (line,) = run.stderr.strip().splitlines()
+    assert "no embeddings/uni" in line and "tilestore embed" in line
+    assert not (tmp_path / "x.json").exists()

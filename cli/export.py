@@ -1,0 +1,102 @@
+"""`tilestore export ...`: embeddings out to QuPath, AnnData and PNG maps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+export_app = typer.Typer(
+    no_args_is_help=True, help="Embeddings out: QuPath GeoJSON, AnnData .h5ad, PNG maps."
+)
+out = Console()
+
+MODEL = typer.Option(..., "--model", "-m", help="The model the store was embedded with.")
+CLUSTERS = typer.Option(0, help="k-means clusters to compute and attach (0: none).")
+PCS = typer.Option(5, help="Principal components (QuPath measurements; k-means space).")
+
+
+def _open(stores: list[str], model: str):
+    import tilestore
+
+    return tilestore.open_embeddings(stores, model)
+
+
+def _clusters(ds, k: int, pcs: int):
+    return ds.tiles.kmeans(k, pcs=pcs or None) if k else None
+
+
+@export_app.command("qupath")
+def qupath(
+    store: Path = typer.Argument(..., help="An embedded store."),
+    model: str = MODEL,
+    clusters: int = CLUSTERS,
+    pcs: int = PCS,
+    output: Path | None = typer.Option(
+        None, "-o", "--output", help="GeoJSON file (default: <slide>.<model>.geojson here)."
+    ),
+) -> None:
+    """Tiles as QuPath tile objects: classified by cluster, PCs as measurements.
+
+    In QuPath: File > Import objects from file, over the ORIGINAL slide (same pixels).
+    """
+    from tilestore.embeddings import group_name
+    from tilestore.export import to_qupath
+
+    ds = _open([str(store)], model)
+    name = ds.tiles.slides[0]
+    target = output or Path(f"{name}.{group_name(model).split('/')[-1]}.geojson")
+    to_qupath(
+        ds,
+        target,
+        clusters=_clusters(ds, clusters, pcs),
+        measurements=ds.tiles.pca(pcs) if pcs else None,
+    )
+    out.print(f"{name}: {ds.sizes['tile']} tiles -> {target}", highlight=False)
+
+
+@export_app.command("anndata")
+def anndata(
+    stores: list[str] = typer.Argument(..., help="Embedded stores, or a quoted glob."),
+    model: str = MODEL,
+    output: Path = typer.Option(..., "-o", "--output", help="The .h5ad file to write."),
+    clusters: int = CLUSTERS,
+    pcs: int = PCS,
+    images: bool = typer.Option(True, help="Store thumbnails for squidpy in uns['spatial']."),
+) -> None:
+    """Tiles as an AnnData .h5ad (X = features, obsm['spatial'] = centres) for scanpy/squidpy."""
+    from tilestore.export import to_anndata
+
+    ds = _open(stores, model)
+    found = _clusters(ds, clusters, pcs)
+    to_anndata(ds, output, obs={"cluster": found} if found is not None else None, images=images)
+    out.print(
+        f"{len(ds.tiles.slides)} slide(s), {ds.sizes['tile']} tiles -> {output}", highlight=False
+    )
+
+
+@export_app.command("map")
+def map_png(
+    store: Path = typer.Argument(..., help="An embedded store."),
+    model: str = MODEL,
+    output: Path = typer.Option(..., "-o", "--output", help="PNG of the PCA colour map."),
+    clusters: int = typer.Option(
+        0, help="Also write <output>-clusters.png and -gallery.png with k clusters."
+    ),
+    pcs: int = PCS,
+) -> None:
+    """PNG maps over the slide thumbnail: first three PCs as colour, optionally clusters."""
+    from tilestore.plots import plot_gallery, plot_map
+
+    ds = _open([str(store)], model)
+    plot_map(ds, ds.tiles.rgb_map(), path=output, title=f"{ds.tiles.slides[0]}: PC1-3 as RGB")
+    written = [output]
+    if clusters:
+        found = _clusters(ds, clusters, pcs)
+        stem = output.with_suffix("")
+        for kind, plot in (("clusters", plot_map), ("gallery", plot_gallery)):
+            target = Path(f"{stem}-{kind}.png")
+            plot(ds, found, path=target)
+            written.append(target)
+    out.print(" ".join(map(str, written)), highlight=False)

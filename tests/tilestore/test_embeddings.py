@@ -1,0 +1,110 @@
+"""open_embeddings: one slide or a cohort as one lazy Dataset, read only when computed."""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+
+import dask.array as da
+import numpy as np
+import pytest
+import zarr
+
+import tilestore
+from tests.counting import CountingStore
+from tilestore.embeddings import group_name, list_embeddings, open_embeddings
+from tilestore.errors import StoreError, TilestoreWarning
+from tilestore.plans import load_plan
+from tilestore.slide import open_slide
+
+LITE = "efficientnet-lite0"
+
+
+def _group(store):
+    return zarr.open_group(store / group_name(LITE), mode="r")
+
+
+def test_one_slide_matches_its_group_and_plan(embedded_cohort):
+    cmu = embedded_cohort[0]
+    ds = tilestore.open_embeddings(cmu, LITE)
+    group = _group(cmu)
+    plan, _ = load_plan(open_slide(cmu), "classes")
+    assert ds["features"].dims == ("tile", "feature")
+    assert isinstance(ds["features"].data, da.Array)
+    np.testing.assert_array_equal(ds["features"].values, group["features"][:])
+    np.testing.assert_array_equal(ds["x"].values, plan.x)
+    np.testing.assert_array_equal(ds["y"].values, plan.y)
+    np.testing.assert_allclose(ds["x_um"].values, plan.x * 0.499)
+    np.testing.assert_array_equal(ds["tissue"].values, plan.tissue)
+    assert set(ds["slide"].values) == {"CMU-1-Small-Region"}
+    # ROI classes come back as names, as the plan numbered them
+    names = np.array(plan.classes)[plan.roi_class]
+    np.testing.assert_array_equal(ds["roi_class"].values, names)
+    assert {"Stroma", "Tumor"} <= set(ds["roi_class"].values)
+    (meta,) = ds.attrs["slides"]
+    assert meta["footprint0"] == [224.0, 224.0] and meta["stride0"] == [224.0, 224.0]
+    assert meta["plan"] == "classes" and meta["tiles"] == len(plan)
+
+
+def test_a_cohort_by_glob_stacks_slides_in_order(embedded_cohort):
+    pattern = str(embedded_cohort[0].parent / "*.ome.zarr")
+    ds = open_embeddings(pattern, LITE)
+    sizes = [_group(s)["features"].shape[0] for s in embedded_cohort]
+    assert ds.sizes["tile"] == sum(sizes)
+    assert ds.tiles.slides == ["CMU-1-Small-Region", "skimage_ihc"]
+    slide = ds["slide"].values
+    assert (slide[: sizes[0]] == "CMU-1-Small-Region").all()
+    assert (slide[sizes[0] :] == "skimage_ihc").all()
+    # the IHC plan has no ROI: its tiles carry the empty class, CMU's keep theirs
+    assert set(ds["roi_class"].values[sizes[0] :]) == {""}
+    np.testing.assert_array_equal(
+        ds["features"].values[sizes[0] :], _group(embedded_cohort[1])["features"][:]
+    )
+
+
+def test_opening_reads_no_features_until_computed(embedded_cohort):
+    counted = [CountingStore.local(s) for s in embedded_cohort]
+    ds = open_embeddings(counted, LITE)
+    features = group_name(LITE) + "/features"
+    assert all(not c.log.chunk_keys(features) for c in counted)
+    total = float(ds["features"].sum())
+    assert np.isfinite(total)
+    assert all(c.log.chunk_keys(features) for c in counted)
+
+
+def test_list_embeddings(embedded_cohort):
+    assert list_embeddings(embedded_cohort[0]) == [LITE]
+
+
+def test_missing_group_names_what_the_store_has(embedded_cohort):
+    with pytest.raises(StoreError, match=r"no embeddings/uni \(embeddings in this store: "):
+        open_embeddings(embedded_cohort[0], "uni")
+
+
+def test_unfinished_group_is_refused_or_skipped(embedded_cohort, tmp_path):
+    broken = tmp_path / "broken.ome.zarr"
+    shutil.copytree(embedded_cohort[1], broken)
+    group = zarr.open_group(broken / group_name(LITE), mode="r+")
+    attrs = dict(group.attrs["tilestore"])
+    group.attrs["tilestore"] = {**attrs, "complete": False}
+    group["done"][0] = 0
+    with pytest.raises(StoreError, match=r"unfinished \(\d+ of \d+ batches\); rerun"):
+        open_embeddings([embedded_cohort[0], broken], LITE)
+    with pytest.warns(TilestoreWarning, match="skipped: .*broken.ome.zarr"):
+        ds = open_embeddings([embedded_cohort[0], broken], LITE, skip_missing=True)
+    assert ds.tiles.slides == ["CMU-1-Small-Region"]
+
+
+def test_bad_inputs(embedded_cohort, tmp_path):
+    with pytest.raises(StoreError, match="no store matches"):
+        open_embeddings(str(tmp_path / "*.ome.zarr"), LITE)
+    with pytest.raises(StoreError, match="no such store"):
+        open_embeddings(tmp_path / "nope.ome.zarr", LITE)
+    twin = tmp_path / "twin"
+    shutil.copytree(embedded_cohort[1], twin / embedded_cohort[1].name)
+    with pytest.raises(StoreError, match="share the slide name 'skimage_ihc'"):
+        open_embeddings([embedded_cohort[1], twin / embedded_cohort[1].name], LITE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TilestoreWarning)
+        with pytest.raises(StoreError, match="no embeddings of 'uni' in 1 store"):
+            open_embeddings(embedded_cohort[0], "uni", skip_missing=True)

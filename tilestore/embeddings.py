@@ -1,0 +1,227 @@
+"""Embeddings groups in stores: their layout, and many slides' groups opened as one Dataset.
+
+The embedder writes ``embeddings/<model>`` into each store: ``features`` (tile, feature) and
+1-D coordinates on ``tile`` (x, y in level-0 pixels of the tile's top-left corner, y down;
+x_um, y_um; grid row, col; tissue and ROI fractions; roi_class). `open_embeddings` stacks the
+groups of one slide or a cohort along ``tile`` as dask arrays, so opening a thousand slides
+reads their metadata only; features are read when a computation asks for them.
+
+>>> ds = tilestore.open_embeddings("stores/*.ome.zarr", "uni")
+>>> ds.features           # (tile, feature), dask
+>>> ds.slide, ds.x_um     # per-tile coordinates
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+import zarr
+from zarr.abc.store import Store
+
+from tilestore.errors import StoreError, TilestoreWarning
+from tilestore.store import STORE_SUFFIX
+
+GROUP = "embeddings"
+COORDS = ("x", "y", "x_um", "y_um", "row", "col", "tissue", "roi", "roi_class")
+
+StoreLike = str | os.PathLike | Store
+
+
+def group_name(model: str) -> str:
+    """The group of a model's embeddings: uni -> embeddings/uni, timm:vit_b -> timm-vit_b."""
+    return f"{GROUP}/{model.replace(':', '-').replace('/', '_')}"
+
+
+def list_embeddings(store: StoreLike) -> list[str]:
+    """Names of the embeddings groups in a store (complete or not)."""
+    root = _open(store, "")
+    try:
+        return sorted(name for name, _ in root[GROUP].groups())
+    except KeyError:
+        return []
+
+
+def open_embeddings(
+    stores: StoreLike | Sequence[StoreLike],
+    model: str,
+    *,
+    skip_missing: bool = False,
+) -> xr.Dataset:
+    """Return the embeddings of one slide or many as one lazy Dataset on dim ``tile``.
+
+    stores: a store, a list of stores, or a glob pattern ("stores/*.ome.zarr").
+    model: the model name given to `tilestore embed` (uni, timm:vit_small_patch16_224...).
+    skip_missing: leave out (with a warning) slides whose group is absent or unfinished
+        instead of raising.
+
+    ``features`` and every coordinate are dask arrays: nothing is read until computed.
+    Coordinates: x, y (level-0 px, top-left), x_um, y_um, row, col, tissue, roi, roi_class
+    (the class name) and slide. ``ds.attrs["slides"]`` describes each slide's grid (store,
+    tiles, footprint and stride in level-0 px, mpp) for plotting and export.
+    """
+    paths = _expand(stores)
+    parts, skipped = [], []
+    for store in paths:
+        try:
+            parts.append(_slide_part(store, model))
+        except StoreError as exc:
+            if not skip_missing:
+                raise
+            skipped.append(str(exc))
+    for reason in skipped:
+        warnings.warn(f"skipped: {reason}", TilestoreWarning, stacklevel=2)
+    if not parts:
+        raise StoreError(f"no embeddings of {model!r} in {len(paths)} store(s)")
+    names = [p["meta"]["name"] for p in parts]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise StoreError(f"two stores share the slide name {dup[0]!r}: rename one of them")
+    dims = {p["features"].shape[1] for p in parts}
+    if len(dims) > 1:
+        raise StoreError(f"embeddings of {model!r} differ in width across slides: {sorted(dims)}")
+    return _dataset(parts, model)
+
+
+def _expand(stores) -> list[StoreLike]:
+    if isinstance(stores, Store | str | os.PathLike):
+        stores = [stores]
+    out: list[StoreLike] = []
+    for s in stores:
+        if isinstance(s, str) and glob.has_magic(s):
+            found = sorted(glob.glob(s))
+            if not found:
+                raise StoreError(f"{s}: no store matches this pattern")
+            out.extend(found)
+        else:
+            out.append(s)
+    if not out:
+        raise StoreError("no stores given")
+    return out
+
+
+def _open(store: StoreLike, path: str) -> zarr.Group:
+    where = store if isinstance(store, Store) else Path(store)
+    try:
+        return zarr.open_group(where, path=path, mode="r", zarr_format=3, use_consolidated=False)
+    except (FileNotFoundError, KeyError, ValueError, zarr.errors.BaseZarrError) as exc:
+        if path:
+            raise KeyError(path) from exc
+        raise StoreError(f"{store}: not a tilestore store ({exc})") from exc
+
+
+def _slide_name(store: StoreLike, root: zarr.Group) -> str:
+    if isinstance(store, Store):
+        source = (root.attrs.get("tilestore") or {}).get("source", {})
+        return Path(source.get("name") or str(store)).stem
+    name = Path(store).name
+    return name[: -len(STORE_SUFFIX)] if name.endswith(STORE_SUFFIX) else name
+
+
+def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
+    """One slide's arrays (dask) and grid facts; StoreError if it has no finished group."""
+    if not isinstance(store, Store) and not Path(store).exists():
+        raise StoreError(f"{store}: no such store")
+    root = _open(store, "")
+    name = _slide_name(store, root)
+    path = group_name(model)
+    try:
+        group = _open(store, path)
+    except KeyError:
+        have = ", ".join(list_embeddings(store)) or "none"
+        raise StoreError(
+            f"{store}: no {path} (embeddings in this store: {have}); run "
+            f"`tilestore embed {store} --model {model}`"
+        ) from None
+    meta = group.attrs.get("tilestore", {})
+    if not meta.get("complete"):
+        done = group["done"][:]
+        raise StoreError(
+            f"{store}: {path} is unfinished ({int(done.sum())} of {len(done)} batches); "
+            "rerun the same `tilestore embed` command to finish it"
+        )
+    token = f"{Path(str(store)).resolve() if not isinstance(store, Store) else id(store)}"
+    token = f"{token}-{path}-{meta.get('finished', '')}"
+    arrays = {key: da.from_zarr(group[key], name=f"{key}-{token}") for key in ("features", *COORDS)}
+    grid = meta.get("grid") or {}
+    downsample = grid.get("downsample", (1.0, 1.0))
+    read, read_stride = grid.get("read", meta.get("read_px")), grid.get("read_stride")
+    return {
+        **arrays,
+        "classes": list(meta.get("classes", [""])),
+        "meta": {
+            "name": name,
+            "store": str(store),
+            "tiles": int(group["features"].shape[0]),
+            "plan": meta.get("plan", {}).get("name"),
+            "level": meta.get("level"),
+            "mpp": meta.get("mpp"),
+            "tile_size": meta.get("tile_size"),
+            # footprint and stride of the grid in level-0 pixels, (y, x)
+            "footprint0": [read * downsample[0], read * downsample[1]],
+            "stride0": [
+                (read_stride or read) * downsample[0],
+                (read_stride or read) * downsample[1],
+            ],
+        },
+        "model": meta.get("model", {}),
+    }
+
+
+def _dataset(parts: list[dict[str, Any]], model: str) -> xr.Dataset:
+    classes = sorted({c for p in parts for c in p["classes"]})
+    width = max(len(c) for c in classes) or 1
+    class_names = np.array(classes, dtype=f"U{width}")
+    name_width = max(len(p["meta"]["name"]) for p in parts)
+    coords: dict[str, Any] = {}
+    for key in COORDS:
+        column = da.concatenate([p[key] for p in parts])
+        if key == "roi_class":
+            # each slide numbers its own classes; map them to the cohort's names
+            column = da.concatenate(
+                [
+                    p[key].map_blocks(
+                        _lookup,
+                        lut=class_names[np.searchsorted(class_names, p["classes"])],
+                        dtype=class_names.dtype,
+                    )
+                    for p in parts
+                ]
+            )
+        coords[key] = ("tile", column)
+    coords["slide"] = (
+        "tile",
+        da.concatenate(
+            [
+                da.full(
+                    p["features"].shape[0],
+                    p["meta"]["name"],
+                    dtype=f"U{name_width}",
+                    chunks=(p["features"].chunks[0],),
+                )
+                for p in parts
+            ]
+        ),
+    )
+    features = da.concatenate([p["features"] for p in parts])
+    ds = xr.Dataset({"features": (("tile", "feature"), features)}, coords=coords)
+    ds["x"].attrs["units"] = ds["y"].attrs["units"] = "level-0 pixel"
+    ds["x_um"].attrs["units"] = ds["y_um"].attrs["units"] = "micrometer"
+    ds.attrs = {
+        "model": model,
+        "model_info": parts[0]["model"],
+        "slides": [p["meta"] for p in parts],
+        "coordinates": "x, y: level-0 pixels of each tile's top-left corner, y down",
+    }
+    return ds
+
+
+def _lookup(block: np.ndarray, lut: np.ndarray) -> np.ndarray:
+    return lut[block]

@@ -6,6 +6,7 @@ Figures are made without pyplot, so nothing here touches matplotlib's global sta
 >>> plot_map(ds, ds.tiles.rgb_map(), path="pca.png")       # PCA colours over the slide
 >>> clusters = ds.tiles.kmeans(6, pcs=8)
 >>> plot_map(ds, clusters, path="clusters.png"); plot_gallery(ds, clusters, path="g.png")
+>>> plot_hits(ds, ds.tiles.nearest(42, k=8))             # a query tile and its matches
 """
 
 from __future__ import annotations
@@ -95,32 +96,73 @@ def plot_gallery(
     shown; otherwise the first of each cluster. Tiles are read from their stores at the
     plan's resolution, so the gallery is what the model saw.
     """
-    from matplotlib.figure import Figure
-
     labels = np.asarray(clusters)
     ks = np.unique(labels)
     picks = _typical(ds, clusters, labels, ks, n)
-    fig = Figure(figsize=(n * 1.1, len(ks) * 1.2), layout="constrained")
-    axes = fig.subplots(len(ks), n, squeeze=False)
     colours = cluster_colors(int(ks.max()) + 1)
+    return _tile_rows(
+        ds,
+        picks,
+        [f"cluster {k}\n({int((labels == k).sum())})" for k in ks],
+        [colours[k] for k in ks],
+        n,
+        size,
+        path,
+    )
+
+
+def plot_hits(
+    ds: xr.Dataset,
+    hits: xr.Dataset,
+    *,
+    size: int = 96,
+    path: str | os.PathLike | None = None,
+):
+    """Return a Figure of ``ds.tiles.nearest`` results: a row per query, best match first."""
+    tiles = np.asarray(hits["tile"])
+    similarity = np.asarray(hits["similarity"])
+    fig = _tile_rows(
+        ds,
+        list(tiles),
+        [f"query {q}" for q in range(len(tiles))],
+        [None] * len(tiles),
+        tiles.shape[1],
+        size,
+        None,
+    )
+    names = np.asarray(hits["slide"])
+    for ax, sim, name in zip(fig.axes, similarity.ravel(), names.ravel(), strict=True):
+        ax.set_title(f"{name[:14]}\n{sim:.3f}", fontsize="x-small")
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def _tile_rows(ds, picks, labels, colours, n, size, path):
+    """A Figure with one row of tile images per entry of picks (tile positions in ds)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(n * 1.1, len(picks) * 1.25), layout="constrained")
+    axes = fig.subplots(len(picks), n, squeeze=False)
     slides = {m["name"]: m for m in ds.attrs["slides"]}
     x, y, names = (np.asarray(ds[c]) for c in ("x", "y", "slide"))
     opened: dict[str, object] = {}
-    for r, k in enumerate(ks):
+    for r, row in enumerate(picks):
         for c in range(n):
             ax = axes[r, c]
             ax.set_xticks([])
             ax.set_yticks([])
-            if c < len(picks[r]):
-                t = picks[r][c]
-                meta = slides[names[t]]
+            if c < len(row):
+                meta = slides[names[row[c]]]
                 if meta["name"] not in opened:
                     opened[meta["name"]] = open_slide(meta["store"])
+                t = row[c]
                 ax.imshow(_tile(opened[meta["name"]], meta, int(x[t]), int(y[t]), size))
-            for spine in ax.spines.values():
-                spine.set_color(colours[k])
-                spine.set_linewidth(3)
-        axes[r, 0].set_ylabel(f"cluster {k}\n({int((labels == k).sum())})", fontsize="small")
+            if colours[r] is not None:
+                for spine in ax.spines.values():
+                    spine.set_color(colours[r])
+                    spine.set_linewidth(3)
+        axes[r, 0].set_ylabel(labels[r], fontsize="small")
     if path is not None:
         fig.savefig(path, dpi=120)
     return fig

@@ -67,3 +67,18 @@ def test_gallery_shows_the_tiles_nearest_each_centre_first(ds, tmp_path):
         assert shown.shape == (32, 32, 3)
         assert np.abs(shown.astype(int).mean((0, 1)) - expected.mean((0, 1))).max() < 6
         assert len(axes[k, 0].get_ylabel()) and f"({len(members)})" in axes[k, 0].get_ylabel()
+
+
+def test_hits_row_starts_with_the_query_tile(ds):
+    from tilestore.plots import plot_hits
+
+    hits = ds.tiles.nearest(10, k=3)
+    fig = plot_hits(ds, hits, size=32)
+    assert len(fig.axes) == 3
+    first = fig.axes[0]
+    assert first.get_title().endswith("1.000") and "CMU-1-Small-Re" in first.get_title()
+    cmu = tilestore.open_slide(ds.attrs["slides"][0]["store"])
+    x, y = int(ds["x"].values[10]), int(ds["y"].values[10])
+    expected = cmu.read_region(x, y, 224, 224, level=0).mean((0, 1))
+    shown = first.get_images()[0].get_array().astype(int).mean((0, 1))
+    assert np.abs(shown - expected).max() < 6

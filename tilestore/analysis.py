@@ -14,6 +14,7 @@ the methods scale from one slide to a cohort whose features do not fit in memory
 
 from __future__ import annotations
 
+import dask
 import dask.array as da
 import numpy as np
 import xarray as xr
@@ -216,14 +217,13 @@ class TilesAccessor:
         scores = features.map_blocks(
             _cosine, unit.T, chunks=(features.chunks[0], (len(unit),)), dtype=np.float32
         )
-        best = da.argtopk(scores, k, axis=0).compute().T  # (query, rank)
-        rows = self._ds["features"].isel(tile=xr.DataArray(best.ravel(), dims="hit"))
-        hits = np.asarray(rows, dtype=np.float32).reshape(*best.shape, -1)
-        similarity = np.einsum("qrf,qf->qr", hits, unit) / np.linalg.norm(hits, axis=2)
+        # one pass over the features: both reductions share the similarity tasks
+        best, similarity = dask.compute(da.argtopk(scores, k, axis=0), da.topk(scores, k, axis=0))
+        best, similarity = best.T, similarity.T  # (query, rank)
         out = xr.Dataset(
             {
                 "tile": (("query", "rank"), best),
-                "similarity": (("query", "rank"), similarity.astype(np.float32)),
+                "similarity": (("query", "rank"), similarity),
             }
         )
         for name in ("slide", "x", "y", "row", "col"):
@@ -298,5 +298,5 @@ def _assign(block: np.ndarray, centers: np.ndarray) -> np.ndarray:
 
 def _cosine(block: np.ndarray, unit_queries: np.ndarray) -> np.ndarray:
     block = block.astype(np.float32)
-    norm = np.linalg.norm(block, axis=1, keepdims=True)
+    norm = np.sqrt(np.einsum("ij,ij->i", block, block))[:, None]
     return np.where(norm > 0, block @ unit_queries / np.where(norm > 0, norm, 1), -np.inf)

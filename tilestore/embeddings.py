@@ -32,6 +32,7 @@ from tilestore.store import STORE_SUFFIX
 GROUP = "embeddings"
 COORDS = ("x", "y", "x_um", "y_um", "row", "col", "tissue", "roi", "roi_class")
 
+DASK_CHUNK_BYTES = 32 * 2**20
 StoreLike = str | os.PathLike | Store
 
 
@@ -117,9 +118,9 @@ def _open(store: StoreLike, path: str) -> zarr.Group:
         raise StoreError(f"{store}: not a tilestore store ({exc})") from exc
 
 
-def _slide_name(store: StoreLike, root: zarr.Group) -> str:
+def _slide_name(store: StoreLike) -> str:
     if isinstance(store, Store):
-        source = (root.attrs.get("tilestore") or {}).get("source", {})
+        source = (_open(store, "").attrs.get("tilestore") or {}).get("source", {})
         return Path(source.get("name") or str(store)).stem
     name = Path(store).name
     return name[: -len(STORE_SUFFIX)] if name.endswith(STORE_SUFFIX) else name
@@ -127,10 +128,8 @@ def _slide_name(store: StoreLike, root: zarr.Group) -> str:
 
 def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
     """One slide's arrays (dask) and grid facts; StoreError if it has no finished group."""
-    if not isinstance(store, Store) and not Path(store).exists():
+    if not isinstance(store, Store) and not (Path(store) / "zarr.json").exists():
         raise StoreError(f"{store}: no such store")
-    root = _open(store, "")
-    name = _slide_name(store, root)
     path = group_name(model)
     try:
         group = _open(store, path)
@@ -147,9 +146,24 @@ def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
             f"{store}: {path} is unfinished ({int(done.sum())} of {len(done)} batches); "
             "rerun the same `tilestore embed` command to finish it"
         )
+    members = dict(group.arrays())  # one round of concurrent metadata reads, not eleven
     token = f"{Path(str(store)).resolve() if not isinstance(store, Store) else id(store)}"
     token = f"{token}-{path}-{meta.get('finished', '')}"
-    arrays = {key: da.from_zarr(group[key], name=f"{key}-{token}") for key in ("features", *COORDS)}
+    features = members["features"]
+    # Dask chunks of many stored batches: zarr then fetches a chunk's batches concurrently,
+    # and a cohort has thousands, not millions, of tasks.
+    batch, dim = features.chunks
+    rows = batch * max(1, DASK_CHUNK_BYTES // (batch * dim * features.dtype.itemsize))
+    arrays = {
+        key: da.from_array(
+            members[key],
+            chunks=(rows, dim)[: members[key].ndim],
+            name=f"{key}-{token}",
+            meta=np.empty((0,) * members[key].ndim, members[key].dtype),  # no read to guess it
+        )
+        for key in ("features", *COORDS)
+    }
+    name = _slide_name(store)
     grid = meta.get("grid") or {}
     downsample = grid.get("downsample", (1.0, 1.0))
     read, read_stride = grid.get("read", meta.get("read_px")), grid.get("read_stride")
@@ -159,7 +173,7 @@ def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
         "meta": {
             "name": name,
             "store": str(store),
-            "tiles": int(group["features"].shape[0]),
+            "tiles": int(features.shape[0]),
             "plan": meta.get("plan", {}).get("name"),
             "level": meta.get("level"),
             "mpp": meta.get("mpp"),

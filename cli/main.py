@@ -8,10 +8,11 @@ import warnings
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from cli.console import out
+from cli.console import progress_bar as _progress
+from cli.embed import embed, models_app
 from cli.export import export_app
 from tilestore.errors import TilestoreError
 
@@ -21,8 +22,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Whole-slide images as OME-Zarr stores, tile plans and foundation-model embeddings.",
 )
-out = Console()
-err = Console(stderr=True)
 
 
 def _size(n: float) -> str:
@@ -285,180 +284,9 @@ def plan(
         out.print(f"preview: {preview}")
 
 
-@app.command()
-def embed(
-    stores: list[Path] = typer.Argument(..., help="Stores to embed (one model load for all)."),
-    model: str = typer.Option(
-        ..., help="Model name (see `tilestore models list`), timm:<arch> or local:<dir>."
-    ),
-    plan: str | None = typer.Option(
-        None, help="A stored plan (default: the store's only plan, else a new one)."
-    ),
-    mpp: float | None = typer.Option(
-        None, help="Plan option: tile mpp (default: the model's native mpp)."
-    ),
-    tile: int | None = typer.Option(None, help="Plan option: tile px (default: the model's)."),
-    stride: int | None = typer.Option(None, help="Plan option: px between tiles."),
-    min_tissue: float | None = typer.Option(None, help="Plan option: minimum tissue fraction."),
-    roi: Path | None = typer.Option(None, help="Plan option: ROI annotations file."),
-    roi_class: str | None = typer.Option(None, help="Plan option: ROI class to keep."),
-    min_roi: float | None = typer.Option(None, help="Plan option: minimum ROI overlap."),
-    batch_size: str = typer.Option(
-        "auto", help="Tiles per batch, or auto (largest that fits and helps)."
-    ),
-    device: str = typer.Option("auto", help="auto, cuda, cuda:N or cpu."),
-    decode: str = typer.Option(
-        "auto", help="JPEG decoding: auto (GPU with CUDA), cpu, gpu (nvJPEG)."
-    ),
-    precision: str = typer.Option("auto", help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp32."),
-    dtype: str = typer.Option("float16", help="Stored features: float16 or float32."),
-    compile: bool = typer.Option(
-        False, "--compile", help="torch.compile the model (slow start, faster run)."
-    ),
-    readers: int = typer.Option(4, help="Threads reading chunk rows ahead."),
-    decoders: int | None = typer.Option(
-        None, help="CPU JPEG decoders: threads, or worker processes on CUDA (default: cores - 2)."
-    ),
-    report: Path | None = typer.Option(None, help="Write the run report as JSON here."),
-    overwrite: bool = typer.Option(False, help="Recompute embeddings this model already made."),
-    hf_token: str | None = typer.Option(
-        None, help="Hugging Face token (default: HF_TOKEN or the stored login).", envvar=None
-    ),
-) -> None:
-    """Embed plan tiles with a foundation model; write embeddings/<model> into each store."""
-    from embed.engine import Options
-    from embed.engine import embed as run_embed
-    from embed.report import format_report
-
-    plan_options = {
-        k: v
-        for k, v in {
-            "mpp": mpp,
-            "tile": tile,
-            "stride": stride,
-            "min_tissue": min_tissue,
-            "roi": roi,
-            "roi_class": roi_class,
-            "min_roi": min_roi,
-        }.items()
-        if v is not None
-    }
-    if plan and plan_options:
-        raise TilestoreError("--plan names a stored plan: plan options cannot change it")
-    if batch_size != "auto" and not batch_size.isdigit():
-        raise TilestoreError(f"--batch-size {batch_size}: a number or auto")
-    defaults = Options()
-    options = Options(
-        batch_size=None if batch_size == "auto" else int(batch_size),
-        device=device,
-        decode=decode,
-        precision=precision,
-        dtype=dtype,
-        compile=compile,
-        readers=readers,
-        decoders=decoders or defaults.decoders,
-        overwrite=overwrite,
-        hf_token=hf_token,
-    )
-    with _progress(f"embedding with {model}") as (progress, task):
-        result = run_embed(
-            stores,
-            model,
-            plan=plan,
-            plan_options=plan_options,
-            options=options,
-            report_path=report,
-            progress=lambda n, total: progress.update(task, advance=n, total=total),
-        )
-    for line in format_report(result):  # plain print: never wrap a line
-        print(line, file=sys.stderr if line.startswith(("WARNING", "  FAILED")) else sys.stdout)
-    if report:
-        out.print(f"report: {report}")
-    if result.failures:
-        raise typer.Exit(2)
-
-
-app.add_typer(export_app, name="export")
-
-models_app = typer.Typer(no_args_is_help=True, help="Tile encoders: list them, fill the cache.")
+app.command()(embed)
 app.add_typer(models_app, name="models")
-
-
-@models_app.command("list")
-def models_list() -> None:
-    """The registered models: hub repo, output size, the resolution they expect, cached or not."""
-    from embed.hub import cache_dir
-    from embed.models import list_models
-
-    table = Table(box=None, pad_edge=False)
-    for col in ("name", "weights", "dim", "um/px", "tile", "gated", "cached"):
-        table.add_column(col, overflow="fold")
-    cache = cache_dir()
-    for spec in list_models():
-        cached = (
-            "yes"
-            if spec.source != "hf-hub"
-            else ("yes" if (cache / f"models--{spec.repo.replace('/', '--')}").is_dir() else "no")
-        )
-        table.add_row(
-            spec.name,
-            spec.repo,
-            str(spec.output_dim),
-            str(spec.native_mpp or "-"),
-            str(spec.tile),
-            "yes" if spec.gated else "no",
-            cached,
-        )
-    out.print(table)
-    out.print(
-        f"also: timm:<architecture> (random weights unless cached), local:<folder>; cache: {cache}",
-        highlight=False,
-    )
-
-
-@models_app.command("pull")
-def models_pull(
-    name: str = typer.Argument(..., help="A registered model name."),
-    hf_token: str | None = typer.Option(
-        None, help="Hugging Face token (default: HF_TOKEN or the stored login)."
-    ),
-) -> None:
-    """Download a model's config and weights into the HF cache, for offline compute nodes."""
-    from embed.hub import pull
-    from embed.models import get_model
-
-    spec = get_model(name)
-    if spec.source != "hf-hub":
-        out.print(f"{name}: nothing to pull ({spec.source} weights)")
-        return
-    checkpoint = pull(name, spec.repo, token=hf_token)
-    out.print(
-        f"{name}: {checkpoint.repo} revision {checkpoint.revision} -> {checkpoint.weights}",
-        highlight=False,
-    )
-
-
-class _progress:
-    """A rich progress bar on stderr for one job; yields (progress, task id)."""
-
-    def __init__(self, label: str) -> None:
-        self.progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            console=err,
-            transient=True,
-        )
-        self.label = label
-
-    def __enter__(self):
-        if err.is_terminal:
-            self.progress.start()
-        return self.progress, self.progress.add_task(self.label, total=None)
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
+app.add_typer(export_app, name="export")
 
 
 def _error(exc: BaseException) -> None:

@@ -39,10 +39,10 @@ from embed.assemble import (
     gpu_decode_agrees,
     put,
 )
-from embed.models import LoadedModel, load_model
+from embed.models import LoadedModel, ModelSpec, load_model
 from embed.procdecode import ProcessDecoder
 from embed.report import RunReport, Sampler, Stats
-from embed.writer import EmbeddingWriter
+from embed.writer import AlreadyComplete, EmbeddingWriter
 from tilestore.errors import ModelError, TilestoreError
 from tilestore.plan import TilePlan
 from tilestore.plans import list_plans, load_plan, plan_slide, save_plan
@@ -106,26 +106,96 @@ def embed(
     plan_options (default: the model's native mpp and tile size) and saved. A store already
     embedded with this model is refused unless options.overwrite; an interrupted one resumes.
     """
-    started = time.perf_counter()
-    device = _device(options.device)
-    precision = _precision(options.precision, device)
-    loaded = model if isinstance(model, LoadedModel) else load_model(model, token=options.hf_token)
-    loaded.module.to(device).eval()
-    if device.type == "cuda":
-        loaded.module.to(memory_format=torch.channels_last)
-    runner = _Runner(loaded, device, precision, options)
-    batch = options.batch_size or runner.auto_batch_size()
-    report = RunReport.start(loaded, device, batch, options, precision)
-    report.setup_s = time.perf_counter() - started
-    jobs = _jobs(
-        [Path(s) for s in stores], loaded, plan, plan_options or {}, batch, options, report
-    )
-    with Sampler(device) as sampler:
-        runner.run(jobs, batch, report, progress)
-    report.finish(time.perf_counter() - started, sampler, runner.stats)
-    if report_path:
-        report.save(report_path)
-    return report
+    with Embedder(model, options) as embedder:
+        return embedder.embed(
+            stores, plan=plan, plan_options=plan_options, report_path=report_path, progress=progress
+        )
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A unit of distributed work: batches [start, stop) of a store's plan.
+
+    Its embeddings group must exist already (`embed.cohort` creates it); the batches are
+    whole chunks of the features array, so slices of one store never share a chunk.
+    """
+
+    store: str
+    plan: str
+    start: int  # first batch (block) index
+    stop: int  # one past the last
+    tiles: int  # tiles in these batches
+
+
+class Embedder:
+    """A model loaded once on its device, embedding whole stores or slices of their plans.
+
+    Used as a context manager (or `close()`d): it keeps decoder processes between runs.
+    """
+
+    def __init__(self, model: str | LoadedModel, options: Options = Options()) -> None:
+        started = time.perf_counter()
+        self.options = options
+        self.device = _device(options.device)
+        self.precision = _precision(options.precision, self.device)
+        self.loaded = (
+            model if isinstance(model, LoadedModel) else load_model(model, token=options.hf_token)
+        )
+        self.loaded.module.to(self.device).eval()
+        if self.device.type == "cuda":
+            self.loaded.module.to(memory_format=torch.channels_last)
+        self.runner = _Runner(self.loaded, self.device, self.precision, options)
+        self.batch = options.batch_size or self.runner.auto_batch_size()
+        self.settings = {"precision": self.precision, "compile": options.compile}
+        self._setup_s = time.perf_counter() - started  # reported by the first run
+
+    def __enter__(self) -> Embedder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.runner.close()
+
+    def embed(
+        self,
+        stores: list[str | os.PathLike],
+        *,
+        plan: str | None = None,
+        plan_options: dict | None = None,
+        report_path: str | os.PathLike | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> RunReport:
+        """Embed whole stores (see `embed`)."""
+        paths = [Path(s) for s in stores]
+        return self._run(
+            lambda report: _jobs(paths, self, plan, plan_options or {}, report),
+            report_path,
+            progress,
+        )
+
+    def embed_slices(
+        self,
+        slices: list[Slice],
+        *,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> RunReport:
+        """Embed the batches of each slice still to do, into groups made beforehand."""
+        return self._run(lambda report: _slice_jobs(slices, self, report), None, progress)
+
+    def _run(self, make_jobs, report_path, progress) -> RunReport:
+        started = time.perf_counter()
+        report = RunReport.start(self.loaded, self.device, self.batch, self.options, self.precision)
+        report.setup_s, self._setup_s = self._setup_s, 0.0
+        self.runner.stats = Stats()
+        jobs = make_jobs(report)
+        with Sampler(self.device) as sampler:
+            self.runner.run(jobs, self.batch, report, progress)
+        report.finish(time.perf_counter() - started + report.setup_s, sampler, self.runner.stats)
+        if report_path:
+            report.save(report_path)
+        return report
 
 
 def _device(name: str) -> torch.device:
@@ -147,11 +217,9 @@ def _precision(name: str, device: torch.device) -> str:
 
 def _jobs(
     stores: list[Path],
-    loaded: LoadedModel,
+    embedder: Embedder,
     plan_name: str | None,
     plan_options: dict,
-    batch: int,
-    options: Options,
     report: RunReport,
 ) -> Iterator[Job]:
     """Prepare each store when the producer reaches it (the GPU works meanwhile)."""
@@ -159,35 +227,60 @@ def _jobs(
         job = Job(store)
         try:
             job.slide = open_slide(store)
-            job.plan, uid = _plan(job.slide, loaded, plan_name, plan_options)
+            job.plan, uid = plan_for(job.slide, embedder.loaded.spec, plan_name, plan_options)
             job.writer = EmbeddingWriter(
                 job.slide,
                 job.plan,
                 uid,
-                loaded.describe(),
-                batch_size=batch,
-                dtype=options.dtype,
-                overwrite=options.overwrite,
-                settings={"precision": report.precision, "compile": options.compile},
+                embedder.loaded.describe(),
+                batch_size=embedder.batch,
+                dtype=embedder.options.dtype,
+                overwrite=embedder.options.overwrite,
+                settings=embedder.settings,
             )
+        except AlreadyComplete as exc:
+            report.skip(store, str(exc))
+            continue
         except TilestoreError as exc:
             report.failed(store, str(exc))
             continue
-        blocks = job.writer.todo()
-        job.todo = (
-            np.concatenate(
-                [np.arange(b * batch, min((b + 1) * batch, len(job.plan))) for b in blocks]
-            )
-            if len(blocks)
-            else np.zeros(0, np.int64)
-        )
+        job.todo = _tiles_of(job.writer.todo(), embedder.batch, len(job.plan))
         yield job
 
 
-def _plan(slide: Slide, loaded: LoadedModel, name: str | None, options: dict):
+def _slice_jobs(slices: list[Slice], embedder: Embedder, report: RunReport) -> Iterator[Job]:
+    """Jobs for slices: the group exists; only the slice's batches not yet done are run."""
+    for piece in slices:
+        job = Job(Path(piece.store))
+        job.slide = open_slide(piece.store)
+        job.plan, uid = load_plan(job.slide, piece.plan)
+        job.writer = EmbeddingWriter.attach(
+            job.slide,
+            job.plan,
+            uid,
+            embedder.loaded.describe(),
+            batch_size=embedder.batch,
+            dtype=embedder.options.dtype,
+            settings=embedder.settings,
+        )
+        blocks = job.writer.todo()
+        blocks = blocks[(blocks >= piece.start) & (blocks < piece.stop)]
+        job.todo = _tiles_of(blocks, embedder.batch, len(job.plan))
+        yield job
+
+
+def _tiles_of(blocks: np.ndarray, batch: int, n: int) -> np.ndarray:
+    """Plan indices of the tiles in these batches."""
+    if not len(blocks):
+        return np.zeros(0, np.int64)
+    return np.concatenate([np.arange(b * batch, min((b + 1) * batch, n)) for b in blocks])
+
+
+def plan_for(slide: Slide, spec: ModelSpec, name: str | None, options: dict):
+    """The plan a run uses and its uid: named, the only one, or made with options and saved."""
     if name is not None or (not options and len(list_plans(slide)) == 1):
         return load_plan(slide, name)
-    options = {"mpp": loaded.spec.native_mpp or 0.5, "tile": loaded.spec.tile, **options}
+    options = {"mpp": spec.native_mpp or 0.5, "tile": spec.tile, **options}
     if slide.mpp is None:
         options["mpp"] = None
     made = plan_slide(slide, **options)
@@ -210,6 +303,13 @@ class _Runner:
         self.features = torch.compile(loaded.features) if options.compile else loaded.features
         self.stats = Stats()
         self.open_jobs: list[Job] = []
+        self.processes: ProcessDecoder | None = None
+
+    def close(self) -> None:
+        """Stop the decoder processes."""
+        if self.processes is not None:
+            self.processes.close()
+            self.processes = None
 
     def compute(self, tiles: torch.Tensor, channels_first: bool, count: int) -> torch.Tensor:
         """Features of the first `count` tiles of a batch buffer (uint8, on the device)."""
@@ -369,7 +469,8 @@ class _Runner:
     # -- producer -----------------------------------------------------------------------------
 
     def _produce(self, jobs, batch, report, ready, stop) -> None:
-        self.processes = ProcessDecoder(self.options.decoders) if self.cuda else None
+        if self.cuda and self.processes is None:  # kept for later runs: spawning costs ~1 s
+            self.processes = ProcessDecoder(self.options.decoders)
         try:
             stream = torch.cuda.Stream(self.device) if self.cuda else None
             with (
@@ -387,9 +488,6 @@ class _Runner:
         except BaseException as exc:  # handed to the main thread, which raises it
             with contextlib.suppress(Stopped):
                 put(ready, exc, stop)
-        finally:
-            if self.processes is not None:
-                self.processes.close()
 
     def _produce_job(
         self, job: Job, batch: int, report: RunReport, decoders, cutters, ready, stop

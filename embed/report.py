@@ -120,6 +120,7 @@ class RunReport:
     peak_rss_mb: float = 0.0
     slides: list[dict[str, Any]] = field(default_factory=list)
     failures: list[dict[str, str]] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)  # complete already
     warnings: list[str] = field(default_factory=list)
     software: dict[str, str] = field(default_factory=dict)
     writer_error: BaseException | None = None
@@ -164,6 +165,9 @@ class RunReport:
 
     def failed(self, store, message: str) -> None:
         self.failures.append({"store": str(store), "error": message})
+
+    def skip(self, store, message: str) -> None:
+        self.skipped.append({"store": str(store), "why": message})
 
     def finish(self, wall: float, sampler: Sampler, stats: Stats) -> None:
         self.wall_s = wall
@@ -286,6 +290,8 @@ def format_report(report: RunReport) -> list[str]:
             + (f" ({slide['skipped_done']} already done)" if slide["skipped_done"] else "")
             + (f", {slide['tiles_per_s']} tiles/s" if slide.get("tiles_per_s") else "")
         )
+    for skipped in report.skipped:
+        lines.append(f"  skipped {skipped['store']}: {skipped['why']}")
     for failure in report.failures:
         lines.append(f"  FAILED {failure['store']}: {failure['error']}")
     lines.extend(f"WARNING: {w}" for w in report.warnings)

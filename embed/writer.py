@@ -32,6 +32,10 @@ class EmbeddingError(TilestoreError):
     """An embeddings group that cannot be written: done already, locked, or incompatible."""
 
 
+class AlreadyComplete(EmbeddingError):
+    """The store holds this model's finished embeddings: skipped unless --overwrite."""
+
+
 class EmbeddingWriter:
     """Creates or resumes embeddings/<model> for one slide and plan, and writes batches."""
 
@@ -47,24 +51,14 @@ class EmbeddingWriter:
         settings: dict[str, Any],
         overwrite: bool = False,
     ) -> None:
-        self.slide, self.plan, self.batch_size = slide, plan, batch_size
-        self.path = group_name(model["name"])
-        self.root = slide.writable_group()
+        self._setup(slide, plan, plan_uid, model, batch_size, dtype, settings)
         store = _directory(slide)
         # Beside the store, not in it: zarr would list it, and --overwrite deletes the group.
         self.lock_path = store.parent / f".{store.name}.{self.path.split('/')[-1]}.lock"
-        self.identity = {
-            "model": model,
-            "plan": {"name": plan.name, "uid": plan_uid},
-            "batch_size": batch_size,
-            "dtype": dtype,
-            **settings,
-        }
-        self._lock = None
         existing = self._existing()
         if existing is not None:
             if existing.attrs["tilestore"].get("complete") and not overwrite:
-                raise EmbeddingError(
+                raise AlreadyComplete(
                     f"{slide.name}: {self.path} is already complete "
                     f"({existing['features'].shape[0]} tiles); pass --overwrite to recompute"
                 )
@@ -80,6 +74,48 @@ class EmbeddingWriter:
         self.group = existing if existing is not None else self._create(dtype)
         self.features = self.group["features"]
         self._done = self.group["done"]
+
+    @classmethod
+    def attach(
+        cls,
+        slide: Slide,
+        plan: TilePlan,
+        plan_uid: str,
+        model: dict[str, Any],
+        *,
+        batch_size: int,
+        dtype: str,
+        settings: dict[str, Any],
+    ) -> EmbeddingWriter:
+        """Open an existing group to write some of its batches (a slice, on a Dask worker).
+
+        Takes no lock and never marks the group complete: whoever made the group (the
+        cohort coordinator) holds the lock and finishes it when every slice is done.
+        """
+        self = cls.__new__(cls)
+        self._setup(slide, plan, plan_uid, model, batch_size, dtype, settings)
+        self.attached = True
+        group = self._existing()
+        if group is None:
+            raise EmbeddingError(f"{slide.name}: no {self.path} to write a slice into")
+        if not self._compatible(group):
+            raise EmbeddingError(self._mismatch(group))
+        self.group, self.features, self._done = group, group["features"], group["done"]
+        return self
+
+    def _setup(self, slide, plan, plan_uid, model, batch_size, dtype, settings) -> None:
+        self.slide, self.plan, self.batch_size = slide, plan, batch_size
+        self.path = group_name(model["name"])
+        self.root = slide.writable_group()
+        self.identity = {
+            "model": model,
+            "plan": {"name": plan.name, "uid": plan_uid},
+            "batch_size": batch_size,
+            "dtype": dtype,
+            **settings,
+        }
+        self._lock = None
+        self.attached = False
 
     # -- state --------------------------------------------------------------------------
 
@@ -99,6 +135,8 @@ class EmbeddingWriter:
 
     def finish(self, summary: dict[str, Any]) -> None:
         """Mark complete (if every batch is done), consolidate metadata, release the lock."""
+        if self.attached:
+            return
         try:
             if len(self.todo()) == 0:
                 attrs = dict(self.group.attrs["tilestore"])

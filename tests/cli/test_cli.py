@@ -120,7 +120,8 @@ def test_embed_and_models_commands(tmp_path, slide_path):
     again = tilestore(
         "embed", store, "--model", "efficientnet-lite0", "--mpp", "1", "--device", "cpu"
     )
-    assert again.returncode == 2 and "already complete" in again.stderr
+    assert again.returncode == 0 and "skipped" in again.stdout
+    assert "already complete (11 tiles); pass --overwrite" in again.stdout
     listed = tilestore("models", "list")
     assert listed.returncode == 0 and "MahmoodLab/uni" in listed.stdout
 
@@ -183,3 +184,44 @@ def test_export_of_a_model_never_run_is_one_line(embedded_cohort, tmp_path):
     (line,) = run.stderr.strip().splitlines()
     assert "no embeddings/uni" in line and "tilestore embed" in line
     assert not (tmp_path / "x.json").exists()
+
+
+def test_embed_on_a_local_dask_cluster_and_by_shard(tmp_path, stores):
+    import shutil
+
+    from tests.conftest import IHC
+
+    paths = [tmp_path / "CMU-1-Small-Region.ome.zarr", tmp_path / "skimage_ihc.ome.zarr"]
+    shutil.copytree(stores(CMU), paths[0])
+    shutil.copytree(stores(IHC, mpp=0.5), paths[1])
+    common = (
+        "--model",
+        "efficientnet-lite0",
+        "--mpp",
+        "0.5",
+        "--device",
+        "cpu",
+        "--batch-size",
+        "8",
+    )
+    first = tilestore("embed", paths[1], *common, "--shard", "1/2")
+    assert first.returncode == 0, first.stderr
+    assert "shard 1/2: 0 store(s)" in first.stdout  # one store: share 1 of 2 is empty
+    run = tilestore(
+        "embed",
+        *paths,
+        *common,
+        "--cluster",
+        "local",
+        "--workers",
+        "2",
+        "--report",
+        tmp_path / "cohort.json",
+    )
+    assert run.returncode == 0, run.stderr
+    report = json.loads((tmp_path / "cohort.json").read_text())
+    assert report["workers"] == 2 and not report["failures"]
+    assert {s["store"] for s in report["slides"]} == set(map(str, paths))
+    assert "tiles on 2 worker(s)" in run.stdout
+    both = tilestore("embed", *paths, *common, "--cluster", "local", "--scheduler", "x:1")
+    assert both.returncode == 2 and "give one" in both.stderr

@@ -1,0 +1,231 @@
+"""`tilestore embed` (one process, or a Dask cluster) and `tilestore models`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from cli.console import out
+from cli.console import progress_bar as _progress
+from tilestore.errors import TilestoreError
+
+
+def embed(
+    stores: list[Path] = typer.Argument(..., help="Stores to embed (one model load for all)."),
+    model: str = typer.Option(
+        ..., help="Model name (see `tilestore models list`), timm:<arch> or local:<dir>."
+    ),
+    plan: str | None = typer.Option(
+        None, help="A stored plan (default: the store's only plan, else a new one)."
+    ),
+    mpp: float | None = typer.Option(
+        None, help="Plan option: tile mpp (default: the model's native mpp)."
+    ),
+    tile: int | None = typer.Option(None, help="Plan option: tile px (default: the model's)."),
+    stride: int | None = typer.Option(None, help="Plan option: px between tiles."),
+    min_tissue: float | None = typer.Option(None, help="Plan option: minimum tissue fraction."),
+    roi: Path | None = typer.Option(None, help="Plan option: ROI annotations file."),
+    roi_class: str | None = typer.Option(None, help="Plan option: ROI class to keep."),
+    min_roi: float | None = typer.Option(None, help="Plan option: minimum ROI overlap."),
+    batch_size: str = typer.Option(
+        "auto", help="Tiles per batch, or auto (largest that fits and helps)."
+    ),
+    device: str = typer.Option("auto", help="auto, cuda, cuda:N or cpu."),
+    decode: str = typer.Option(
+        "auto", help="JPEG decoding: auto (GPU with CUDA), cpu, gpu (nvJPEG)."
+    ),
+    precision: str = typer.Option("auto", help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp32."),
+    dtype: str = typer.Option("float16", help="Stored features: float16 or float32."),
+    compile: bool = typer.Option(
+        False, "--compile", help="torch.compile the model (slow start, faster run)."
+    ),
+    readers: int = typer.Option(4, help="Threads reading chunk rows ahead."),
+    decoders: int | None = typer.Option(
+        None, help="CPU JPEG decoders: threads, or worker processes on CUDA (default: cores - 2)."
+    ),
+    report: Path | None = typer.Option(None, help="Write the run report as JSON here."),
+    overwrite: bool = typer.Option(False, help="Recompute embeddings this model already made."),
+    hf_token: str | None = typer.Option(
+        None, help="Hugging Face token (default: HF_TOKEN or the stored login).", envvar=None
+    ),
+    cluster: str | None = typer.Option(
+        None, help="Run on Dask: local-cuda (a worker per GPU) or local (CPU processes)."
+    ),
+    scheduler: str | None = typer.Option(
+        None, help="Run on an existing Dask cluster at this address (e.g. SLURMCluster's)."
+    ),
+    workers: int | None = typer.Option(None, help="--cluster local: worker processes."),
+    slice_tiles: int = typer.Option(
+        20_000, help="On Dask: at most this many tiles per task (big slides are split)."
+    ),
+    shard: str | None = typer.Option(
+        None, help="K/N: embed only the K-th (0-based) of N size-balanced shares of the stores."
+    ),
+) -> None:
+    """Embed plan tiles with a foundation model; write embeddings/<model> into each store."""
+    from embed.engine import Options
+    from embed.engine import embed as run_embed
+    from embed.report import format_report
+
+    plan_options = {
+        k: v
+        for k, v in {
+            "mpp": mpp,
+            "tile": tile,
+            "stride": stride,
+            "min_tissue": min_tissue,
+            "roi": roi,
+            "roi_class": roi_class,
+            "min_roi": min_roi,
+        }.items()
+        if v is not None
+    }
+    if plan and plan_options:
+        raise TilestoreError("--plan names a stored plan: plan options cannot change it")
+    if batch_size != "auto" and not batch_size.isdigit():
+        raise TilestoreError(f"--batch-size {batch_size}: a number or auto")
+    defaults = Options()
+    options = Options(
+        batch_size=None if batch_size == "auto" else int(batch_size),
+        device=device,
+        decode=decode,
+        precision=precision,
+        dtype=dtype,
+        compile=compile,
+        readers=readers,
+        decoders=decoders or defaults.decoders,
+        overwrite=overwrite,
+        hf_token=hf_token,
+    )
+    if shard:
+        from embed.cohort import parse_shard
+        from embed.cohort import shard as share
+
+        k, n = parse_shard(shard)
+        stores = [Path(s) for s in share(stores, k, n)]
+        out.print(f"shard {k}/{n}: {len(stores)} store(s)", highlight=False)
+        if not stores:
+            return
+    if cluster or scheduler:
+        _embed_on_dask(
+            stores,
+            model,
+            plan,
+            plan_options,
+            options,
+            cluster,
+            scheduler,
+            workers,
+            slice_tiles,
+            report,
+        )
+        return
+    with _progress(f"embedding with {model}") as (progress, task):
+        result = run_embed(
+            stores,
+            model,
+            plan=plan,
+            plan_options=plan_options,
+            options=options,
+            report_path=report,
+            progress=lambda n, total: progress.update(task, advance=n, total=total),
+        )
+    for line in format_report(result):  # plain print: never wrap a line
+        print(line, file=sys.stderr if line.startswith(("WARNING", "  FAILED")) else sys.stdout)
+    if report:
+        out.print(f"report: {report}")
+    if result.failures:
+        raise typer.Exit(2)
+
+
+def _embed_on_dask(
+    stores, model, plan, plan_options, options, cluster, scheduler, workers, slice_tiles, report
+) -> None:
+    from distributed import Client
+
+    from embed.cohort import embed_cohort, local_cluster, summary_lines
+
+    if cluster and scheduler:
+        raise TilestoreError("--cluster starts a cluster, --scheduler joins one: give one")
+    client = Client(scheduler) if scheduler else local_cluster(cluster, workers)
+    with client, _progress(f"embedding with {model} on Dask") as (progress, task):
+        result = embed_cohort(
+            stores,
+            model,
+            client,
+            plan=plan,
+            plan_options=plan_options,
+            options=options,
+            slice_tiles=slice_tiles,
+            progress=lambda n, total: progress.update(task, advance=n, total=total),
+        )
+        if cluster:
+            client.cluster.close()
+    for line in summary_lines(result):
+        print(line, file=sys.stderr if line.startswith("  FAILED") else sys.stdout)
+    if report:
+        Path(report).write_text(json.dumps(result.to_json(), indent=2))
+        out.print(f"report: {report}")
+    if result.failures:
+        raise typer.Exit(2)
+
+
+models_app = typer.Typer(no_args_is_help=True, help="Tile encoders: list them, fill the cache.")
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """The registered models: hub repo, output size, the resolution they expect, cached or not."""
+    from embed.hub import cache_dir
+    from embed.models import list_models
+
+    table = Table(box=None, pad_edge=False)
+    for col in ("name", "weights", "dim", "um/px", "tile", "gated", "cached"):
+        table.add_column(col, overflow="fold")
+    cache = cache_dir()
+    for spec in list_models():
+        cached = (
+            "yes"
+            if spec.source != "hf-hub"
+            else ("yes" if (cache / f"models--{spec.repo.replace('/', '--')}").is_dir() else "no")
+        )
+        table.add_row(
+            spec.name,
+            spec.repo,
+            str(spec.output_dim),
+            str(spec.native_mpp or "-"),
+            str(spec.tile),
+            "yes" if spec.gated else "no",
+            cached,
+        )
+    out.print(table)
+    out.print(
+        f"also: timm:<architecture> (random weights unless cached), local:<folder>; cache: {cache}",
+        highlight=False,
+    )
+
+
+@models_app.command("pull")
+def models_pull(
+    name: str = typer.Argument(..., help="A registered model name."),
+    hf_token: str | None = typer.Option(
+        None, help="Hugging Face token (default: HF_TOKEN or the stored login)."
+    ),
+) -> None:
+    """Download a model's config and weights into the HF cache, for offline compute nodes."""
+    from embed.hub import pull
+    from embed.models import get_model
+
+    spec = get_model(name)
+    if spec.source != "hf-hub":
+        out.print(f"{name}: nothing to pull ({spec.source} weights)")
+        return
+    checkpoint = pull(name, spec.repo, token=hf_token)
+    out.print(
+        f"{name}: {checkpoint.repo} revision {checkpoint.revision} -> {checkpoint.weights}",
+        highlight=False,
+    )

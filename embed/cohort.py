@@ -1,0 +1,361 @@
+"""Cohorts on many GPUs and nodes: slides (or slices of them) as Dask tasks.
+
+The coordinator (this process) opens each store, makes or loads its plan and creates (or
+resumes) its embeddings group, holding the group's lock; it then submits the store's
+batches still to do as `Slice` tasks, largest slides first. Each Dask worker loads the
+model once (`EmbedderPlugin`) and runs the slices it is handed through the usual
+streaming engine, writing whole chunks of the shared arrays, so two workers never write
+one chunk. When every slice of a store is done the coordinator marks it complete.
+
+Dask does the distributing: a free worker takes the next task; a task on a worker that
+dies is run again elsewhere, and since a batch is marked done only after its features
+are written, the rerun redoes exactly the batches the dead worker had not finished.
+A slide that fails for its own reasons (a corrupt chunk) is reported and the cohort goes
+on; rerunning the command skips every complete store.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from distributed import WorkerPlugin, as_completed, get_worker
+
+from embed.engine import Options, Slice, plan_for
+from embed.models import get_model
+from embed.writer import AlreadyComplete, EmbeddingWriter
+from tilestore.errors import TilestoreError
+from tilestore.slide import open_slide
+
+PLUGIN = "tilestore-embedder"
+SLICE_TILES = 20_000  # at most this many tiles per task: big slides spread over workers
+
+
+def shard(stores: Sequence[str | os.PathLike], k: int, n: int) -> list[str]:
+    """Return the k-th (0-based) of n deterministic, size-balanced shares of a store list.
+
+    Every job of a SLURM array computes the same split from the same list: stores sorted
+    by size (largest first, then by name) go one by one to the share with the least work.
+    """
+    if not (n >= 1 and 0 <= k < n):
+        raise TilestoreError(f"--shard {k}/{n}: K must be in 0..N-1 (e.g. $SLURM_ARRAY_TASK_ID)")
+    names = sorted({str(s) for s in stores})
+    sizes = {s: _size(s) for s in names}
+    load = np.zeros(n)
+    mine = []
+    for store in sorted(names, key=lambda s: (-sizes[s], s)):
+        target = int(np.argmin(load))
+        load[target] += max(sizes[store], 1)
+        if target == k:
+            mine.append(store)
+    return sorted(mine)
+
+
+def _size(store: str) -> int:
+    """Level-0 pixels of a store (a cheap proxy for its work), 0 if it cannot be opened."""
+    try:
+        _, h, w = open_slide(store).shape
+    except TilestoreError:
+        return 0
+    return h * w
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'3/10' -> (3, 10)."""
+    try:
+        k, n = (int(p) for p in text.split("/"))
+    except ValueError:
+        raise TilestoreError(f"--shard {text!r}: expected K/N, e.g. 0/8") from None
+    return k, n
+
+
+# -- the worker side --------------------------------------------------------------------------
+
+
+class EmbedderPlugin(WorkerPlugin):
+    """A Dask worker plugin: loads the model once per worker and keeps it for every task."""
+
+    name = PLUGIN
+
+    def __init__(self, model: str, options: Options) -> None:
+        self.model, self.options = model, options
+        self.embedder = None
+
+    def setup(self, worker) -> None:
+        from embed.engine import Embedder
+
+        self.embedder = Embedder(self.model, self.options)
+
+    def teardown(self, worker) -> None:
+        if self.embedder is not None:
+            self.embedder.close()
+
+
+def _embedder():
+    return get_worker().plugins[PLUGIN].embedder
+
+
+def worker_identity() -> dict[str, Any]:
+    """What the coordinator needs to create groups the workers can write into."""
+    embedder = _embedder()
+    return {
+        "model": embedder.loaded.describe(),
+        "batch_size": embedder.batch,
+        "settings": embedder.settings,
+        "dtype": embedder.options.dtype,
+    }
+
+
+def run_slice(piece: Slice) -> dict[str, Any]:
+    """A Dask task: embed one slice on this worker's model; return what happened."""
+    embedder = _embedder()
+    started = time.perf_counter()
+    report = embedder.embed_slices([piece])
+    return {
+        "store": piece.store,
+        "start": piece.start,
+        "tiles": report.tiles,
+        "seconds": round(time.perf_counter() - started, 3),
+        "worker": get_worker().address,
+        "device": report.device_name,
+        "gpu_util_mean": report.gpu_util_mean,
+        "gpu_busy_fraction": report.gpu_busy_fraction,
+        "peak_gpu_allocated_mb": report.peak_gpu_allocated_mb,
+    }
+
+
+# -- the coordinator ----------------------------------------------------------------------------
+
+
+@dataclass
+class CohortReport:
+    """A cohort run: per slide, per worker, failures."""
+
+    model: str
+    workers: int
+    tiles: int = 0
+    wall_s: float = 0.0
+    slides: list[dict[str, Any]] = field(default_factory=list)
+    per_worker: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failures: list[dict[str, str]] = field(default_factory=list)
+    skipped_complete: list[str] = field(default_factory=list)
+
+    @property
+    def tiles_per_s(self) -> float:
+        return self.tiles / self.wall_s if self.wall_s else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "workers": self.workers,
+            "tiles": self.tiles,
+            "wall_s": round(self.wall_s, 3),
+            "tiles_per_s": round(self.tiles_per_s, 1),
+            "slides": self.slides,
+            "per_worker": self.per_worker,
+            "failures": self.failures,
+            "skipped_complete": self.skipped_complete,
+        }
+
+
+@dataclass
+class _Store:
+    path: str
+    writer: EmbeddingWriter
+    slices: list[Slice]
+    pending: int
+    futures: list = field(default_factory=list)
+    tiles: int = 0
+    seconds: float = 0.0
+    workers: set = field(default_factory=set)
+    failed: bool = False
+
+
+def embed_cohort(
+    stores: Sequence[str | os.PathLike],
+    model: str,
+    client,
+    *,
+    plan: str | None = None,
+    plan_options: dict | None = None,
+    options: Options | None = None,
+    slice_tiles: int = SLICE_TILES,
+    progress: Callable[[int, int], None] | None = None,
+) -> CohortReport:
+    """Embed every store on the workers of a Dask `client`; return the cohort report."""
+    started = time.perf_counter()
+    options = options or Options()
+    client.register_plugin(EmbedderPlugin(model, options), name=PLUGIN)
+    workers = len(client.scheduler_info()["workers"])
+    identity = client.submit(worker_identity, pure=False).result()
+    report = CohortReport(model, workers)
+    spec = get_model(model)
+    order = sorted((str(s) for s in stores), key=lambda s: (-_size(s), s))
+    running: dict[str, _Store] = {}
+    futures = as_completed()
+    total = 0
+    for path in order:  # prepare and submit store by store: the first GPUs start at once
+        try:
+            state = _prepare(path, spec, plan, plan_options or {}, identity, options, slice_tiles)
+        except AlreadyComplete:
+            report.skipped_complete.append(path)
+            continue
+        except TilestoreError as exc:
+            report.failures.append({"store": path, "error": str(exc)})
+            continue
+        running[path] = state
+        total += sum(s.tiles for s in state.slices)
+        if not state.slices:
+            _finish(state, report)
+            continue
+        for piece in state.slices:
+            future = client.submit(run_slice, piece, pure=False, key=_key(piece))
+            state.futures.append(future)
+            futures.add(future)
+    for future in futures:
+        piece_store = _store_of(future.key)
+        state = running[piece_store]
+        try:
+            result = future.result()
+        except Exception as exc:  # a task's own error (corrupt data...) or a worker lost
+            if not state.failed:  # the slide's own problem: drop its other slices
+                state.failed = True
+                report.failures.append({"store": state.path, "error": _one_line(exc)})
+                client.cancel([f for f in state.futures if f is not future])
+            state.pending -= 1
+            if state.pending == 0:
+                state.writer.abandon()
+            continue
+        state.pending -= 1
+        state.tiles += result["tiles"]
+        state.seconds += result["seconds"]
+        state.workers.add(result["worker"])
+        _per_worker(report, result)
+        report.tiles += result["tiles"]
+        if progress:
+            progress(result["tiles"], total)
+        if state.pending == 0:
+            if state.failed:
+                state.writer.abandon()
+            else:
+                _finish(state, report)
+    report.wall_s = time.perf_counter() - started
+    return report
+
+
+def _prepare(path, spec, plan, plan_options, identity, options, slice_tiles) -> _Store:
+    slide = open_slide(path)
+    tile_plan, uid = plan_for(slide, spec, plan, plan_options)
+    writer = EmbeddingWriter(
+        slide,
+        tile_plan,
+        uid,
+        identity["model"],
+        batch_size=identity["batch_size"],
+        dtype=identity["dtype"],
+        overwrite=options.overwrite,
+        settings=identity["settings"],
+    )
+    batch = identity["batch_size"]
+    todo = writer.todo()
+    per = max(1, slice_tiles // batch)
+    slices = []
+    for first in range(0, len(todo), per):
+        blocks = todo[first : first + per]
+        tiles = sum(min(batch, len(tile_plan) - b * batch) for b in blocks)
+        slices.append(Slice(path, tile_plan.name, int(blocks[0]), int(blocks[-1]) + 1, tiles))
+    return _Store(path, writer, slices, len(slices))
+
+
+def _finish(state: _Store, report: CohortReport) -> None:
+    summary = {
+        "tiles": state.tiles,
+        "seconds": round(state.seconds, 3),
+        "workers": sorted(state.workers),
+    }
+    state.writer.finish(summary)
+    complete = len(state.writer.todo()) == 0
+    report.slides.append(
+        {
+            "store": state.path,
+            "tiles": state.tiles,
+            "slices": len(state.slices),
+            "seconds": round(state.seconds, 3),
+            "tiles_per_s": round(state.tiles / state.seconds, 1) if state.seconds else None,
+            "workers": sorted(state.workers),
+            "complete": complete,
+        }
+    )
+
+
+def _per_worker(report: CohortReport, result: dict[str, Any]) -> None:
+    entry = report.per_worker.setdefault(
+        result["worker"],
+        {"device": result["device"], "tiles": 0, "seconds": 0.0, "tasks": 0, "gpu_util": []},
+    )
+    entry["tiles"] += result["tiles"]
+    entry["seconds"] = round(entry["seconds"] + result["seconds"], 3)
+    entry["tasks"] += 1
+    if result["gpu_util_mean"] is not None:
+        entry["gpu_util"].append(result["gpu_util_mean"])
+
+
+def _key(piece: Slice) -> str:
+    return f"tilestore-slice|{piece.store}|{piece.start}|{time.time_ns()}"
+
+
+def _store_of(key: str) -> str:
+    return key.split("|")[1]
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def local_cluster(kind: str, workers: int | None = None, threads: int = 1):
+    """A Dask client on this machine: 'local-cuda' (one worker per GPU) or 'local' (CPU)."""
+    if kind == "local-cuda":
+        try:
+            from dask_cuda import LocalCUDACluster
+        except ImportError:
+            raise TilestoreError(
+                "--cluster local-cuda needs dask-cuda: pip install 'tilestore[cuda]'"
+            ) from None
+        cluster = LocalCUDACluster(threads_per_worker=threads)
+    elif kind == "local":
+        from distributed import LocalCluster
+
+        cluster = LocalCluster(
+            n_workers=workers or max(1, (os.cpu_count() or 2) // 2),
+            threads_per_worker=threads,
+            processes=True,
+        )
+    else:
+        raise TilestoreError(f"--cluster {kind}: choose local-cuda or local")
+    from distributed import Client
+
+    return Client(cluster)
+
+
+def summary_lines(report: CohortReport) -> list[str]:
+    """The cohort report as lines a person reads."""
+    lines = [
+        f"{report.model}: {report.tiles} tiles on {report.workers} worker(s) in "
+        f"{report.wall_s:.1f} s ({report.tiles_per_s:.1f} tiles/s)"
+    ]
+    for s in report.slides:
+        lines.append(
+            f"  {Path(s['store']).name}: {s['tiles']} tiles, {s['tiles_per_s'] or 0:.1f} tiles/s, "
+            f"{s['slices']} slice(s) on {len(s['workers'])} worker(s)"
+        )
+    for address, w in report.per_worker.items():
+        util = f", GPU util {np.mean(w['gpu_util']):.0f}%" if w["gpu_util"] else ""
+        lines.append(f"  worker {address} ({w['device']}): {w['tiles']} tiles{util}")
+    lines.extend(f"  skipped (complete): {Path(p).name}" for p in report.skipped_complete)
+    lines.extend(f"  FAILED {Path(f['store']).name}: {f['error']}" for f in report.failures)
+    return lines

@@ -1,0 +1,168 @@
+"""Cohorts on Dask: shares for job arrays, a LocalCluster run, a killed worker, a bad slide."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import zarr
+from distributed import Client, LocalCluster
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from embed.cohort import embed_cohort, parse_shard, shard, summary_lines
+from embed.engine import Options, embed
+from tests.conftest import CMU, IHC
+from tilestore.embeddings import group_name
+from tilestore.errors import TilestoreError
+
+LITE = "efficientnet-lite0"
+OPTIONS = Options(batch_size=8, device="cpu", precision="fp32", dtype="float32")
+PLAN = {"mpp": 0.5, "tile": 224, "stride": 112}  # ~170 tiles on CMU: many slices
+
+
+@pytest.fixture
+def cohort(tmp_path, stores):
+    """Fresh copies of CMU-1-Small-Region and the IHC PNG (mpp 0.5) under `name`/."""
+
+    def make(name: str):
+        root = tmp_path / name
+        root.mkdir()
+        shutil.copytree(stores(CMU), root / "CMU-1-Small-Region.ome.zarr")
+        shutil.copytree(stores(IHC, mpp=0.5), root / "skimage_ihc.ome.zarr")
+        return sorted(root.glob("*.ome.zarr"))
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def client():
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        yield client
+
+
+def features(store):
+    group = zarr.open_group(store / group_name(LITE), mode="r")
+    return group["features"][:], group
+
+
+def done_batches(paths) -> int:
+    total = 0
+    for p in paths:
+        with contextlib.suppress(KeyError, FileNotFoundError, zarr.errors.BaseZarrError):
+            total += int(zarr.open_group(p / group_name(LITE), mode="r")["done"][:].sum())
+    return total
+
+
+# -- shares for SLURM job arrays -----------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(n_stores=st.integers(0, 30), n=st.integers(1, 8))
+def test_shards_partition_the_list_deterministically(n_stores, n):
+    stores = [f"/nowhere/slide{i:03d}.ome.zarr" for i in range(n_stores)]
+    shares = [shard(stores, k, n) for k in range(n)]
+    flat = [s for share in shares for s in share]
+    assert sorted(flat) == sorted(stores)  # every store once
+    assert shares == [shard(list(reversed(stores)), k, n) for k in range(n)]  # order-free
+    sizes = [len(share) for share in shares]
+    assert max(sizes) - min(sizes) <= 1  # equal sizes (unopenable: size 0) spread evenly
+
+
+def test_shards_balance_real_sizes(cohort):
+    paths = cohort("a")
+    first, second = shard(paths, 0, 2), shard(paths, 1, 2)
+    assert first == [str(paths[0])] and second == [str(paths[1])]  # the largest goes first
+
+
+def test_shard_argument_errors():
+    assert parse_shard("3/10") == (3, 10)
+    with pytest.raises(TilestoreError, match="expected K/N"):
+        parse_shard("3")
+    with pytest.raises(TilestoreError, match=r"K must be in 0\.\.N-1"):
+        shard([], 2, 2)
+
+
+# -- on a LocalCluster ---------------------------------------------------------------------
+
+
+def test_cluster_run_equals_one_process(cohort, client):
+    alone = cohort("alone")
+    embed(alone, LITE, plan_options=PLAN, options=OPTIONS)
+    spread = cohort("spread")
+    report = embed_cohort(spread, LITE, client, plan_options=PLAN, options=OPTIONS, slice_tiles=24)
+    assert not report.failures and report.workers == 2
+    cmu = next(s for s in report.slides if "CMU" in s["store"])
+    assert cmu["slices"] > 3 and len(cmu["workers"]) == 2  # one slide split over both
+    for a, b in zip(alone, spread, strict=True):
+        fa, ga = features(a)
+        fb, gb = features(b)
+        # workers run torch on one thread, this process on two: float sums differ a little
+        np.testing.assert_allclose(fb, fa, rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(gb["x"][:], ga["x"][:])
+        assert gb.attrs["tilestore"]["complete"] and gb["done"][:].all()
+    lines = summary_lines(report)
+    assert lines[0].startswith(f"{LITE}: {report.tiles} tiles on 2 worker(s)")
+    again = embed_cohort(spread, LITE, client, plan_options=PLAN, options=OPTIONS)
+    assert again.tiles == 0 and sorted(again.skipped_complete) == sorted(map(str, spread))
+
+
+def test_a_killed_worker_loses_nothing(cohort, client):
+    reference = cohort("reference")  # an undisturbed run on the same cluster
+    embed_cohort(reference, LITE, client, plan_options=PLAN, options=OPTIONS, slice_tiles=8)
+    paths = cohort("killed")
+    result: dict = {}
+    run = threading.Thread(
+        target=lambda: result.update(
+            report=embed_cohort(
+                paths, LITE, client, plan_options=PLAN, options=OPTIONS, slice_tiles=8
+            )
+        )
+    )
+    run.start()
+    deadline = time.monotonic() + 120
+    while done_batches(paths) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    busy = [address for address, keys in client.processing().items() if keys]
+    assert busy, "no task running to kill"
+    pid = client.run(os.getpid, workers=busy[:1])[busy[0]]
+    remaining = features(paths[0])[1]["done"].shape[0] - done_batches(paths[:1])
+    os.kill(pid, signal.SIGKILL)
+    run.join(timeout=300)
+    assert remaining > 0, "the run ended before the kill"
+    report = result["report"]
+    assert not report.failures
+    for a, b in zip(reference, paths, strict=True):
+        fa, _ = features(a)
+        fb, group = features(b)
+        np.testing.assert_array_equal(fb, fa)
+        assert group.attrs["tilestore"]["complete"] and group["done"][:].all()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_a_corrupt_slide_is_reported_and_the_cohort_goes_on(cohort, client):
+    paths = cohort("corrupt")
+    cmu, ihc = paths
+    for chunk in (cmu / "0" / "c").rglob("*"):
+        if chunk.is_file():
+            chunk.write_bytes(b"\xff\xd8 not a jpeg")
+    report = embed_cohort(paths, LITE, client, plan_options=PLAN, options=OPTIONS)
+    (failure,) = report.failures
+    assert failure["store"] == str(cmu)
+    assert [s["store"] for s in report.slides] == [str(ihc)]
+    assert features(ihc)[1].attrs["tilestore"]["complete"]
+    assert not features(cmu)[1].attrs["tilestore"]["complete"]
+    lock = cmu.parent / f".{cmu.name}.{LITE}.lock"
+    assert not lock.exists()  # released: a rerun may try again

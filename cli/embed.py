@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -147,11 +148,14 @@ def _embed_on_dask(
 ) -> None:
     from distributed import Client
 
-    from embed.cohort import embed_cohort, local_cluster, summary_lines
+    from embed.cohort import decoders_per_worker, embed_cohort, local_cluster, summary_lines
+    from embed.engine import Options
 
     if cluster and scheduler:
         raise TilestoreError("--cluster starts a cluster, --scheduler joins one: give one")
     client = Client(scheduler) if scheduler else local_cluster(cluster, workers)
+    if cluster and options.decoders == Options().decoders:  # cores shared by the workers
+        options = replace(options, decoders=decoders_per_worker(len(client.nthreads())))
     with client, _progress(f"embedding with {model} on Dask") as (progress, task):
         result = embed_cohort(
             stores,

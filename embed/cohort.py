@@ -140,6 +140,7 @@ class CohortReport:
     workers: int
     tiles: int = 0
     wall_s: float = 0.0
+    setup_s: float = 0.0  # until every worker had its model (and the batch size was known)
     slides: list[dict[str, Any]] = field(default_factory=list)
     per_worker: dict[str, dict[str, Any]] = field(default_factory=dict)
     failures: list[dict[str, str]] = field(default_factory=list)
@@ -155,6 +156,7 @@ class CohortReport:
             "workers": self.workers,
             "tiles": self.tiles,
             "wall_s": round(self.wall_s, 3),
+            "setup_s": round(self.setup_s, 3),
             "tiles_per_s": round(self.tiles_per_s, 1),
             "slides": self.slides,
             "per_worker": self.per_worker,
@@ -193,7 +195,7 @@ def embed_cohort(
     client.register_plugin(EmbedderPlugin(model, options), name=PLUGIN)
     workers = len(client.scheduler_info()["workers"])
     identity = client.submit(worker_identity, pure=False).result()
-    report = CohortReport(model, workers)
+    report = CohortReport(model, workers, setup_s=time.perf_counter() - started)
     spec = get_model(model)
     order = sorted((str(s) for s in stores), key=lambda s: (-_size(s), s))
     running: dict[str, _Store] = {}
@@ -317,8 +319,16 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
-def local_cluster(kind: str, workers: int | None = None, threads: int = 1):
-    """A Dask client on this machine: 'local-cuda' (one worker per GPU) or 'local' (CPU)."""
+def local_cluster(kind: str, workers: int | None = None):
+    """A Dask client on this machine: 'local-cuda' (one worker per GPU) or 'local' (CPU).
+
+    workers: how many (GPUs for local-cuda, the first ones visible; processes for local).
+    Workers are not daemons, so each may start its own decoder processes.
+    """
+    import dask
+    from distributed import Client
+
+    dask.config.set({"distributed.worker.daemon": False})
     if kind == "local-cuda":
         try:
             from dask_cuda import LocalCUDACluster
@@ -326,20 +336,34 @@ def local_cluster(kind: str, workers: int | None = None, threads: int = 1):
             raise TilestoreError(
                 "--cluster local-cuda needs dask-cuda: pip install 'tilestore[cuda]'"
             ) from None
-        cluster = LocalCUDACluster(threads_per_worker=threads)
+        import torch
+
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        devices = (
+            visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+        )
+        if not devices or devices == [""]:
+            raise TilestoreError("--cluster local-cuda: no GPU is visible")
+        cluster = LocalCUDACluster(
+            CUDA_VISIBLE_DEVICES=",".join(devices[: workers or len(devices)]),
+            threads_per_worker=1,
+        )
     elif kind == "local":
         from distributed import LocalCluster
 
         cluster = LocalCluster(
             n_workers=workers or max(1, (os.cpu_count() or 2) // 2),
-            threads_per_worker=threads,
+            threads_per_worker=1,
             processes=True,
         )
     else:
         raise TilestoreError(f"--cluster {kind}: choose local-cuda or local")
-    from distributed import Client
-
     return Client(cluster)
+
+
+def decoders_per_worker(workers: int) -> int:
+    """CPU decoders for each of `workers` workers sharing this machine's cores."""
+    return max(2, (os.cpu_count() or 4) // max(workers, 1) - 1)
 
 
 def summary_lines(report: CohortReport) -> list[str]:

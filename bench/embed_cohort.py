@@ -1,0 +1,132 @@
+"""Cohort benchmark (a multi-GPU machine): `embed_cohort` on 1 GPU, then on every GPU.
+
+A cohort of `--slides` stores (copies of one large store built from real CMU-1 tissue, each
+with the same 0.5 um/px 224 px plan) is embedded with a timm architecture (random weights
+cost what the foundation models cost: vit_large_patch16_224 = UNI) through dask-cuda's
+LocalCUDACluster, first with one worker on GPU 0, then one worker per GPU, on fresh copies.
+Prints cohort tiles/s for each, the ratio, per-worker tiles and NVML GPU utilisation, and
+writes JSON.
+
+    python bench/embed_cohort.py --arch vit_large_patch16_224 --slides 8 --size 40000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+_HERE = Path(__file__).resolve().parent
+# the package before bench/ (whose embed.py would shadow the `embed` package)
+sys.path[:] = (
+    [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
+)
+from make_slide import make_large_svs
+
+import tilestore
+from embed.cohort import decoders_per_worker, embed_cohort, local_cluster
+from embed.engine import Options
+from tilestore.plans import list_plans, plan_slide, save_plan
+
+
+def build(work: Path, size: int) -> Path:
+    """The large SVS converted by copying its tiles, with the plan 'bench'."""
+    store = work / "source" / f"large-{size}.ome.zarr"
+    if not store.exists():
+        source = make_large_svs(work / f"large-{size}.svs", size)
+        tilestore.convert(source, work / "source")
+    slide = tilestore.open_slide(store)
+    if "bench" not in list_plans(slide):
+        save_plan(slide, plan_slide(slide, mpp=0.5, tile=224, name="bench"))
+    return store
+
+
+def run(store: Path, work: Path, gpus: int, slides: int, arch: str, options: Options) -> dict:
+    folder = work / f"gpus{gpus}"
+    shutil.rmtree(folder, ignore_errors=True)
+    cohort = []
+    for i in range(slides):
+        target = folder / f"slide{i:02d}.ome.zarr"
+        shutil.copytree(store, target)
+        cohort.append(target)
+    client = local_cluster("local-cuda", gpus)
+    try:
+        workers = len(client.nthreads())
+        opts = replace(options, decoders=decoders_per_worker(workers))
+        t0 = time.perf_counter()
+        report = embed_cohort(cohort, f"timm:{arch}", client, plan="bench", options=opts)
+        wall = time.perf_counter() - t0
+    finally:
+        client.cluster.close()
+        client.close()
+    result = report.to_json()
+    result["steady_tiles_per_s"] = round(report.tiles / (wall - report.setup_s), 1)
+    result["decoders_per_worker"] = opts.decoders
+    shutil.rmtree(folder, ignore_errors=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--arch", default="vit_large_patch16_224")
+    parser.add_argument("--slides", type=int, default=8)
+    parser.add_argument("--size", type=int, default=40_000)
+    parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/tilestore-cohort"))
+    parser.add_argument("--out", type=Path, default=_HERE / "results" / "embed_cohort.json")
+    args = parser.parse_args()
+
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        sys.exit(f"needs 2 or more GPUs, found {gpus}")
+    args.work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    store = build(args.work, args.size)
+    tiles = len(tilestore.open_slide(store).group["plans/bench/x"])
+    print(f"store ready in {time.perf_counter() - t0:.0f} s: {tiles} tiles per slide")
+    options = Options(batch_size=args.batch_size, device="cuda", decode="cpu")
+    results = {
+        "arch": args.arch,
+        "slides": args.slides,
+        "tiles_per_slide": tiles,
+        "gpu": torch.cuda.get_device_name(0),
+        "cores": os.cpu_count(),
+        "runs": {},
+    }
+    for n in (1, gpus):
+        print(f"\n{n} GPU(s)...", flush=True)
+        results["runs"][n] = run(store, args.work, n, args.slides, args.arch, options)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2))
+    one, many = results["runs"][1], results["runs"][gpus]
+    results["speedup"] = round(many["tiles_per_s"] / one["tiles_per_s"], 3)
+    results["steady_speedup"] = round(many["steady_tiles_per_s"] / one["steady_tiles_per_s"], 3)
+    args.out.write_text(json.dumps(results, indent=2))
+
+    print(f"\n{args.arch}, {args.slides} slides x {tiles} tiles, {results['gpu']}")
+    print(f"{'GPUs':>4} {'tiles':>8} {'wall s':>7} {'setup s':>7} {'tiles/s':>8} {'steady':>8}")
+    for n, r in results["runs"].items():
+        print(
+            f"{n:>4} {r['tiles']:>8} {r['wall_s']:>7.1f} {r['setup_s']:>7.1f} "
+            f"{r['tiles_per_s']:>8.0f} {r['steady_tiles_per_s']:>8.0f}"
+        )
+        for address, w in r["per_worker"].items():
+            util = np.mean(w["gpu_util"]) if w["gpu_util"] else float("nan")
+            print(f"       {address}: {w['tiles']} tiles, {w['tasks']} tasks, GPU util {util:.0f}%")
+    print(
+        f"\n{gpus} GPUs / 1 GPU: {results['speedup']:.2f}x end to end, "
+        f"{results['steady_speedup']:.2f}x after setup (model load on each worker)"
+    )
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

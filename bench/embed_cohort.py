@@ -90,7 +90,7 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     store = build(args.work, args.size)
-    tiles = len(tilestore.open_slide(store).group["plans/bench/x"])
+    tiles = tilestore.open_slide(store).group["plans/bench/x"].shape[0]
     print(f"store ready in {time.perf_counter() - t0:.0f} s: {tiles} tiles per slide")
     options = Options(batch_size=args.batch_size, device="cuda", decode="cpu")
     results = {

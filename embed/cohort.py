@@ -17,6 +17,7 @@ on; rerunning the command skips every complete store.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -90,6 +91,8 @@ class EmbedderPlugin(WorkerPlugin):
         from embed.engine import Embedder
 
         self.embedder = Embedder(self.model, self.options)
+        # one slice at a time per model, even on a worker with several threads
+        self.lock = threading.Lock()
 
     def teardown(self, worker) -> None:
         if self.embedder is not None:
@@ -113,9 +116,10 @@ def worker_identity() -> dict[str, Any]:
 
 def run_slice(piece: Slice) -> dict[str, Any]:
     """A Dask task: embed one slice on this worker's model; return what happened."""
-    embedder = _embedder()
+    plugin = get_worker().plugins[PLUGIN]
     started = time.perf_counter()
-    report = embedder.embed_slices([piece])
+    with plugin.lock:
+        report = plugin.embedder.embed_slices([piece])
     return {
         "store": piece.store,
         "start": piece.start,

@@ -138,14 +138,24 @@ class Embedder:
         self.options = options
         self.device = _device(options.device)
         self.precision = _precision(options.precision, self.device)
-        self.loaded = (
-            model if isinstance(model, LoadedModel) else load_model(model, token=options.hf_token)
-        )
-        self.loaded.module.to(self.device).eval()
-        if self.device.type == "cuda":
-            self.loaded.module.to(memory_format=torch.channels_last)
-        self.runner = _Runner(self.loaded, self.device, self.precision, options)
-        self.batch = options.batch_size or self.runner.auto_batch_size()
+        # decoder processes start first: they import while the model loads
+        decoders = ProcessDecoder(options.decoders) if self.device.type == "cuda" else None
+        try:
+            self.loaded = (
+                model
+                if isinstance(model, LoadedModel)
+                else load_model(model, token=options.hf_token)
+            )
+            self.loaded.module.to(self.device).eval()
+            if self.device.type == "cuda":
+                self.loaded.module.to(memory_format=torch.channels_last)
+            self.runner = _Runner(self.loaded, self.device, self.precision, options)
+            self.runner.processes = decoders
+            self.batch = options.batch_size or self.runner.auto_batch_size()
+        except BaseException:
+            if decoders is not None:
+                decoders.close()
+            raise
         self.settings = {"precision": self.precision, "compile": options.compile}
         self._setup_s = time.perf_counter() - started  # reported by the first run
 
@@ -304,6 +314,7 @@ class _Runner:
         self.stats = Stats()
         self.open_jobs: list[Job] = []
         self.processes: ProcessDecoder | None = None
+        self.warm = False  # the model has run once at the run's batch size
 
     def close(self) -> None:
         """Stop the decoder processes."""
@@ -322,6 +333,15 @@ class _Runner:
         )
         with torch.inference_mode(), autocast:
             return self.features(self.loaded.transform(tiles, channels_first))[:count]
+
+    def _warm_up(self, batch: int) -> None:
+        """Run the model once at the run's batch size while the producer fills the pipeline:
+        the first batch's CUDA set-up (kernel choice, lazy module loads, or compilation)
+        then overlaps the first reads and decodes instead of following them."""
+        size = self.loaded.transform.resize
+        tiles = torch.zeros((batch, size, size, 3), dtype=torch.uint8, device=self.device)
+        self.compute(tiles, False, batch)
+        self.warm = True
 
     def auto_batch_size(self) -> int:
         """The largest batch that fits, stopping when doubling gains under 5%."""
@@ -391,6 +411,8 @@ class _Runner:
         producer.start()
         writer.start()
         try:
+            if self.cuda and not self.warm:
+                self._warm_up(batch)
             while True:
                 t0 = time.perf_counter()
                 item = ready.get()

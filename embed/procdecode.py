@@ -87,29 +87,45 @@ class ProcessDecoder:
         self._dispatch = ThreadPoolExecutor(workers, "tilestore-dispatch")
         self.blocks: list[SharedMemory] = []
         self.pinned: list[int] = []  # addresses registered with CUDA
+        self.pin_error: str | None = None
+        self._pin = False  # whether the blocks are to be page-locked
+        self._pinning: threading.Thread | None = None
         self._free: queue.Queue = queue.Queue()
         self._copying: collections.deque = collections.deque()  # (block, CUDA event)
 
     def reserve(self, count: int, nbytes: int, pin: bool = False) -> None:
         """Have `count` blocks of at least `nbytes` (kept for later slides if big enough)."""
-        if len(self.blocks) >= count and self.blocks[0].size >= nbytes and bool(self.pinned) == pin:
+        if len(self.blocks) >= count and self.blocks[0].size >= nbytes and self._pin == pin:
             return
         self._release_blocks()
         self.blocks = [SharedMemory(create=True, size=max(nbytes, 1)) for _ in range(count)]
-        if pin:
-            self._pin()
+        self._pin = pin
         for index in range(count):
             self._free.put(index)
+        if pin:
+            # Page-locking half a gigabyte takes about half a second: do it beside the first
+            # decodes, not before them. A row copied before its block is pinned goes by a
+            # pageable (synchronous) copy: slower, equally right.
+            self._pinning = threading.Thread(
+                target=self._pin_blocks, name="tilestore-pin", daemon=True
+            )
+            self._pinning.start()
 
-    def _pin(self) -> None:
+    def wait_pinned(self) -> None:
+        """Return once the blocks being page-locked in the background are."""
+        if self._pinning is not None:
+            self._pinning.join()
+
+    def _pin_blocks(self) -> None:
         import torch
 
         cudart = torch.cuda.cudart()
         for shm in self.blocks:
             address = _address(shm)
             error = int(cudart.cudaHostRegister(address, shm.size, 0))
-            if error:
-                raise RuntimeError(f"cudaHostRegister of a decode block failed (error {error})")
+            if error:  # stays pageable: copies are synchronous, results the same
+                self.pin_error = f"cudaHostRegister of a decode block failed (error {error})"
+                return
             self.pinned.append(address)
 
     def submit(
@@ -183,6 +199,9 @@ class ProcessDecoder:
         self._release_blocks()
 
     def _release_blocks(self) -> None:
+        if self._pinning is not None:
+            self._pinning.join()
+            self._pinning = None
         for _, copied in self._copying:
             copied.synchronize()
         self._copying.clear()

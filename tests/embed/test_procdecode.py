@@ -98,8 +98,7 @@ def test_pinned_blocks_copy_to_the_gpu_asynchronously(stores):
     decoder = ProcessDecoder(2)
     try:
         decoder.reserve(2, max(map(len, rows)) * int(np.prod(shape)), pin=True)
-        assert len(decoder.pinned) == 2
-        stop, got = threading.Event(), []
+        stop, got = threading.Event(), []  # rows start before pinning ends: copies stay right
         for coords in rows * 3:  # more rows than blocks: every block is reused
             block, done = decoder.submit(reader.paths(coords), shape, reader.background, stop)
             done.result(timeout=60)
@@ -109,6 +108,8 @@ def test_pinned_blocks_copy_to_the_gpu_asynchronously(stores):
             copied.record()
             decoder.release(block, copied)
         torch.cuda.synchronize()
+        decoder.wait_pinned()
+        assert len(decoder.pinned) == 2 and decoder.pin_error is None
         for coords, tiles in zip(rows * 3, got, strict=True):
             want = np.stack([reader.decode(reader.fetch_one(c)) for c in coords])
             np.testing.assert_array_equal(tiles.cpu().numpy(), want)

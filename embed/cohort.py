@@ -105,13 +105,7 @@ def _embedder():
 
 def worker_identity() -> dict[str, Any]:
     """What the coordinator needs to create groups the workers can write into."""
-    embedder = _embedder()
-    return {
-        "model": embedder.loaded.describe(),
-        "batch_size": embedder.batch,
-        "settings": embedder.settings,
-        "dtype": embedder.options.dtype,
-    }
+    return _embedder().writer_identity()
 
 
 def run_slice(piece: Slice) -> dict[str, Any]:
@@ -257,16 +251,7 @@ def embed_cohort(
 def _prepare(path, spec, plan, plan_options, identity, options, slice_tiles) -> _Store:
     slide = open_slide(path)
     tile_plan, uid = plan_for(slide, spec, plan, plan_options)
-    writer = EmbeddingWriter(
-        slide,
-        tile_plan,
-        uid,
-        identity["model"],
-        batch_size=identity["batch_size"],
-        dtype=identity["dtype"],
-        overwrite=options.overwrite,
-        settings=identity["settings"],
-    )
+    writer = EmbeddingWriter(slide, tile_plan, uid, **identity, overwrite=options.overwrite)
     batch = identity["batch_size"]
     todo = writer.todo()
     per = max(1, slice_tiles // batch)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -159,6 +160,15 @@ class Embedder:
         self.settings = {"precision": self.precision, "compile": options.compile}
         self._setup_s = time.perf_counter() - started  # reported by the first run
 
+    def writer_identity(self) -> dict[str, Any]:
+        """What an embeddings group records of the run that writes it (EmbeddingWriter args)."""
+        return {
+            "model": self.loaded.describe(),
+            "batch_size": self.batch,
+            "dtype": self.options.dtype,
+            "settings": self.settings,
+        }
+
     def __enter__(self) -> Embedder:
         return self
 
@@ -242,11 +252,8 @@ def _jobs(
                 job.slide,
                 job.plan,
                 uid,
-                embedder.loaded.describe(),
-                batch_size=embedder.batch,
-                dtype=embedder.options.dtype,
+                **embedder.writer_identity(),
                 overwrite=embedder.options.overwrite,
-                settings=embedder.settings,
             )
         except AlreadyComplete as exc:
             report.skip(store, str(exc))
@@ -264,15 +271,7 @@ def _slice_jobs(slices: list[Slice], embedder: Embedder, report: RunReport) -> I
         job = Job(Path(piece.store))
         job.slide = open_slide(piece.store)
         job.plan, uid = load_plan(job.slide, piece.plan)
-        job.writer = EmbeddingWriter.attach(
-            job.slide,
-            job.plan,
-            uid,
-            embedder.loaded.describe(),
-            batch_size=embedder.batch,
-            dtype=embedder.options.dtype,
-            settings=embedder.settings,
-        )
+        job.writer = EmbeddingWriter.attach(job.slide, job.plan, uid, **embedder.writer_identity())
         blocks = job.writer.todo()
         blocks = blocks[(blocks >= piece.start) & (blocks < piece.stop)]
         job.todo = _tiles_of(blocks, embedder.batch, len(job.plan))

@@ -122,3 +122,11 @@ def embedded_cohort(tmp_path_factory, stores):
     embed([cmu], "efficientnet-lite0", plan="classes", options=options)
     embed([ihc], "efficientnet-lite0", plan_options={"mpp": 0.5, "tile": 224}, options=options)
     return [cmu, ihc]
+
+
+@pytest.fixture(scope="session")
+def embedded_ds(embedded_cohort):
+    """The embedded cohort opened as one Dataset."""
+    import tilestore
+
+    return tilestore.open_embeddings(embedded_cohort, "efficientnet-lite0")

@@ -7,30 +7,22 @@ import numpy as np
 import pytest
 import shapely
 
-import tilestore
 from tilestore.annotations import load_annotations
 from tilestore.export import to_anndata, to_qupath
 
-LITE = "efficientnet-lite0"
 
-
-@pytest.fixture(scope="module")
-def ds(embedded_cohort):
-    return tilestore.open_embeddings(embedded_cohort, LITE)
-
-
-def test_qupath_export_round_trips_through_our_annotation_loader(ds, tmp_path):
-    clusters = ds.tiles.kmeans(3, pcs=8)
-    pcs = ds.tiles.pca(3)
+def test_qupath_export_round_trips_through_our_annotation_loader(embedded_ds, tmp_path):
+    clusters = embedded_ds.tiles.kmeans(3, pcs=8)
+    pcs = embedded_ds.tiles.pca(3)
     path = to_qupath(
-        ds,
+        embedded_ds,
         tmp_path / "tiles.geojson",
         clusters=clusters,
         measurements=pcs,
         slide="CMU-1-Small-Region",
     )
     back = load_annotations(path, size=(2220, 2967))
-    cmu = ds.tiles.slide("CMU-1-Small-Region")
+    cmu = embedded_ds.tiles.slide("CMU-1-Small-Region")
     x, y = cmu["x"].values, cmu["y"].values
     assert len(back) == len(x)
     squares = shapely.box(x, y, x + 224, y + 224)
@@ -47,21 +39,21 @@ def test_qupath_export_round_trips_through_our_annotation_loader(ds, tmp_path):
     assert not list(tmp_path.glob(".partial-*"))
 
 
-def test_a_failed_export_leaves_no_file(ds, tmp_path):
+def test_a_failed_export_leaves_no_file(embedded_ds, tmp_path):
     target = tmp_path / "missing-dir" / "tiles.geojson"
     with pytest.raises(OSError):
-        to_qupath(ds, target, slide="skimage_ihc")
+        to_qupath(embedded_ds, target, slide="skimage_ihc")
     assert not target.exists()
 
 
-def test_anndata_export_for_scanpy_and_squidpy(ds, tmp_path):
-    clusters = ds.tiles.kmeans(2, pcs=4)
-    path = to_anndata(ds, tmp_path / "tiles.h5ad", obs={"cluster": clusters})
+def test_anndata_export_for_scanpy_and_squidpy(embedded_ds, tmp_path):
+    clusters = embedded_ds.tiles.kmeans(2, pcs=4)
+    path = to_anndata(embedded_ds, tmp_path / "tiles.h5ad", obs={"cluster": clusters})
     adata = anndata.read_h5ad(path)
-    np.testing.assert_array_equal(adata.X, ds["features"].values.astype(np.float32))
+    np.testing.assert_array_equal(adata.X, embedded_ds["features"].values.astype(np.float32))
     assert list(adata.obs["slide"].cat.categories) == ["CMU-1-Small-Region", "skimage_ihc"]
     np.testing.assert_array_equal(adata.obs["cluster"].values, clusters.values)
-    centres = np.stack([ds["x"].values + 112, ds["y"].values + 112], axis=1)
+    centres = np.stack([embedded_ds["x"].values + 112, embedded_ds["y"].values + 112], axis=1)
     np.testing.assert_array_equal(adata.obsm["spatial"], centres)
     lib = adata.uns["spatial"]["CMU-1-Small-Region"]
     lowres = lib["images"]["lowres"]

@@ -9,19 +9,12 @@ from PIL import Image
 import tilestore
 from tilestore.plots import plot_gallery, plot_map
 
-LITE = "efficientnet-lite0"
 
-
-@pytest.fixture(scope="module")
-def ds(embedded_cohort):
-    return tilestore.open_embeddings(embedded_cohort, LITE)
-
-
-def test_cluster_map_overlay_covers_the_tiles_footprints(ds, tmp_path):
-    clusters = ds.tiles.kmeans(3, pcs=8)
-    fig = plot_map(ds, clusters, slide="CMU-1-Small-Region", path=tmp_path / "map.png")
+def test_cluster_map_overlay_covers_the_tiles_footprints(embedded_ds, tmp_path):
+    clusters = embedded_ds.tiles.kmeans(3, pcs=8)
+    fig = plot_map(embedded_ds, clusters, slide="CMU-1-Small-Region", path=tmp_path / "map.png")
     thumb, overlay = fig.axes[0].get_images()
-    cmu = ds.tiles.slide("CMU-1-Small-Region")
+    cmu = embedded_ds.tiles.slide("CMU-1-Small-Region")
     x, y = cmu["x"].values, cmu["y"].values
     # not shifted by half a tile, not transposed: the overlay spans the tiles' bounding box
     assert overlay.get_extent() == pytest.approx((x.min(), x.max() + 224, y.max() + 224, y.min()))
@@ -38,47 +31,47 @@ def test_cluster_map_overlay_covers_the_tiles_footprints(ds, tmp_path):
         assert png.size[0] > 600
 
 
-def test_rgb_map_colours_are_the_pca_colours(ds):
-    rgb = ds.tiles.rgb_map()
-    fig = plot_map(ds, rgb, slide="CMU-1-Small-Region", alpha=1.0)
+def test_rgb_map_colours_are_the_pca_colours(embedded_ds):
+    rgb = embedded_ds.tiles.rgb_map()
+    fig = plot_map(embedded_ds, rgb, slide="CMU-1-Small-Region", alpha=1.0)
     cells = fig.axes[0].get_images()[1].get_array()
-    cmu = ds.tiles.slide("CMU-1-Small-Region")
+    cmu = embedded_ds.tiles.slide("CMU-1-Small-Region")
     row = (cmu["y"].values - cmu["y"].values.min()) // 224
     col = (cmu["x"].values - cmu["x"].values.min()) // 224
     np.testing.assert_allclose(cells[row, col, :3], rgb.values[: len(row)], atol=1e-6)
 
 
-def test_gallery_shows_the_tiles_nearest_each_centre_first(ds, tmp_path):
-    clusters = ds.tiles.kmeans(3)  # on the features: typical = nearest the centre
-    fig = plot_gallery(ds, clusters, n=4, size=32, path=tmp_path / "gallery.png")
+def test_gallery_shows_the_tiles_nearest_each_centre_first(embedded_ds, tmp_path):
+    clusters = embedded_ds.tiles.kmeans(3)  # on the features: typical = nearest the centre
+    fig = plot_gallery(embedded_ds, clusters, n=4, size=32, path=tmp_path / "gallery.png")
     axes = np.array(fig.axes).reshape(3, 4)
     labels = clusters.values
-    features = ds["features"].values
-    x, y = ds["x"].values, ds["y"].values
-    slides = {m["name"]: tilestore.open_slide(m["store"]) for m in ds.attrs["slides"]}
+    features = embedded_ds["features"].values
+    x, y = embedded_ds["x"].values, embedded_ds["y"].values
+    slides = {m["name"]: tilestore.open_slide(m["store"]) for m in embedded_ds.attrs["slides"]}
     for k in range(3):
         members = np.flatnonzero(labels == k)
         best = members[
             np.argmin(np.linalg.norm(features[members] - clusters.attrs["centers"][k], axis=1))
         ]
         shown = axes[k, 0].get_images()[0].get_array()
-        slide = slides[str(ds["slide"].values[best])]
+        slide = slides[str(embedded_ds["slide"].values[best])]
         expected = slide.read_region(int(x[best]), int(y[best]), 224, 224, level=0)
         assert shown.shape == (32, 32, 3)
         assert np.abs(shown.astype(int).mean((0, 1)) - expected.mean((0, 1))).max() < 6
         assert len(axes[k, 0].get_ylabel()) and f"({len(members)})" in axes[k, 0].get_ylabel()
 
 
-def test_hits_row_starts_with_the_query_tile(ds):
+def test_hits_row_starts_with_the_query_tile(embedded_ds):
     from tilestore.plots import plot_hits
 
-    hits = ds.tiles.nearest(10, k=3)
-    fig = plot_hits(ds, hits, size=32)
+    hits = embedded_ds.tiles.nearest(10, k=3)
+    fig = plot_hits(embedded_ds, hits, size=32)
     assert len(fig.axes) == 3
     first = fig.axes[0]
     assert first.get_title().endswith("1.000") and "CMU-1-Small-Re" in first.get_title()
-    cmu = tilestore.open_slide(ds.attrs["slides"][0]["store"])
-    x, y = int(ds["x"].values[10]), int(ds["y"].values[10])
+    cmu = tilestore.open_slide(embedded_ds.attrs["slides"][0]["store"])
+    x, y = int(embedded_ds["x"].values[10]), int(embedded_ds["y"].values[10])
     expected = cmu.read_region(x, y, 224, 224, level=0).mean((0, 1))
     shown = first.get_images()[0].get_array().astype(int).mean((0, 1))
     assert np.abs(shown - expected).max() < 6

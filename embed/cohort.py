@@ -196,7 +196,7 @@ def embed_cohort(
     report = CohortReport(model, workers, setup_s=time.perf_counter() - started)
     spec = get_model(model)
     order = sorted((str(s) for s in stores), key=lambda s: (-_size(s), s))
-    running: dict[str, _Store] = {}
+    owner: dict[str, _Store] = {}  # task key -> its store
     futures = as_completed()
     total = 0
     for path in order:  # prepare and submit store by store: the first GPUs start at once
@@ -208,18 +208,17 @@ def embed_cohort(
         except TilestoreError as exc:
             report.failures.append({"store": path, "error": str(exc)})
             continue
-        running[path] = state
         total += sum(s.tiles for s in state.slices)
         if not state.slices:
             _finish(state, report)
             continue
         for piece in state.slices:
-            future = client.submit(run_slice, piece, pure=False, key=_key(piece))
+            future = client.submit(run_slice, piece, pure=False)
             state.futures.append(future)
+            owner[future.key] = state
             futures.add(future)
     for future in futures:
-        piece_store = _store_of(future.key)
-        state = running[piece_store]
+        state = owner[future.key]
         try:
             result = future.result()
         except Exception as exc:  # a task's own error (corrupt data...) or a worker lost
@@ -294,14 +293,6 @@ def _per_worker(report: CohortReport, result: dict[str, Any]) -> None:
     entry["tasks"] += 1
     if result["gpu_util_mean"] is not None:
         entry["gpu_util"].append(result["gpu_util_mean"])
-
-
-def _key(piece: Slice) -> str:
-    return f"tilestore-slice|{piece.store}|{piece.start}|{time.time_ns()}"
-
-
-def _store_of(key: str) -> str:
-    return key.split("|")[1]
 
 
 def _one_line(exc: BaseException) -> str:

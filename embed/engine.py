@@ -280,9 +280,8 @@ def _slice_jobs(slices: list[Slice], embedder: Embedder, report: RunReport) -> I
 
 def _tiles_of(blocks: np.ndarray, batch: int, n: int) -> np.ndarray:
     """Plan indices of the tiles in these batches."""
-    if not len(blocks):
-        return np.zeros(0, np.int64)
-    return np.concatenate([np.arange(b * batch, min((b + 1) * batch, n)) for b in blocks])
+    tiles = (np.asarray(blocks, np.int64)[:, None] * batch + np.arange(batch)).ravel()
+    return tiles[tiles < n]
 
 
 def plan_for(slide: Slide, spec: ModelSpec, name: str | None, options: dict):

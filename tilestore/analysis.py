@@ -42,12 +42,17 @@ class TilesAccessor:
         """Names of the slides this Dataset describes (attrs order)."""
         return [s["name"] for s in self._ds.attrs.get("slides", [])]
 
-    def slide(self, name: str | None = None) -> xr.Dataset:
-        """Return the tiles of one slide (the only one if name is None)."""
+    def positions(self, name: str | None = None) -> tuple[dict, np.ndarray]:
+        """Return one slide's facts (attrs) and the positions of its tiles in this Dataset."""
         meta = self._meta(name)
         keep = np.flatnonzero(np.asarray(self._ds["slide"] == meta["name"]))
         if not len(keep):
             raise AnalysisError(f"slide {meta['name']!r} has no tiles in this Dataset")
+        return meta, keep
+
+    def slide(self, name: str | None = None) -> xr.Dataset:
+        """Return the tiles of one slide (the only one if name is None)."""
+        meta, keep = self.positions(name)
         sub = self._ds.isel(tile=keep)
         sub.attrs = {**self._ds.attrs, "slides": [meta]}
         return sub
@@ -75,8 +80,7 @@ class TilesAccessor:
         clusters...). Cells without a tile are NaN. The y, x coordinates are the level-0
         pixels of each cell's tile top-left corner, as the tiles' own x, y are.
         """
-        meta = self._meta(slide)
-        keep = np.flatnonzero(np.asarray(self._ds["slide"] == meta["name"]))
+        meta, keep = self.positions(slide)
         sub, data = self._ds.isel(tile=keep), _values(self._ds, values).isel(tile=keep)
         row, col = np.asarray(sub["row"]), np.asarray(sub["col"])
         r0, c0 = int(row.min()), int(col.min())
@@ -113,6 +117,10 @@ class TilesAccessor:
         on `sample` random ones when there are more; scores are computed lazily.
         attrs: explained_variance_ratio, mean, components, fitted_on.
         """
+        return self._pca(n, sample, seed)[0]
+
+    def _pca(self, n: int, sample: int, seed: int) -> tuple[xr.DataArray, np.ndarray]:
+        """The lazy scores, and the scores of the tiles the fit saw (already in memory)."""
         features = self._features()
         if not 1 <= n <= min(features.shape):
             raise AnalysisError(f"pca: n must be 1..{min(features.shape)} (got {n})")
@@ -125,7 +133,7 @@ class TilesAccessor:
         scores = features.map_blocks(
             _project, components.T, offset, chunks=(features.chunks[0], (n,)), dtype=np.float32
         )
-        return self._per_tile(
+        scored = self._per_tile(
             scores,
             "pca",
             ("component", [f"PC{i + 1}" for i in range(n)]),
@@ -136,6 +144,7 @@ class TilesAccessor:
                 "fitted_on": len(fit_on),
             },
         )
+        return scored, _project(fit_on, components.T, offset)
 
     def kmeans(
         self,
@@ -151,13 +160,17 @@ class TilesAccessor:
         (usual for 1024+ dimensional embeddings). Fitted on at most `sample` tiles; every
         tile is then assigned to its nearest centre, lazily. attrs: centers, inertia, space.
         """
-        pca = self.pca(pcs, sample=sample, seed=seed) if pcs else None
-        space = pca.data if pca is not None else self._features()
-        if not 1 <= k <= space.shape[0]:
-            raise AnalysisError(f"kmeans: k must be 1..{space.shape[0]} tiles (got {k})")
+        tiles = self._features().shape[0]
+        if not 1 <= k <= tiles:
+            raise AnalysisError(f"kmeans: k must be 1..{tiles} tiles (got {k})")
         from sklearn.cluster import KMeans
 
-        fit_on = _sample(space, sample, seed)
+        if pcs:  # fit on the PCA sample's own scores: no second pass over the features
+            pca, fit_on = self._pca(pcs, sample, seed)
+            space = pca.data
+        else:
+            pca, space = None, self._features()
+            fit_on = _sample(space, sample, seed)
         model = KMeans(n_clusters=k, n_init=4, random_state=seed).fit(fit_on)
         centers = model.cluster_centers_.astype(np.float32)
         labels = space.map_blocks(

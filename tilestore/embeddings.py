@@ -190,26 +190,25 @@ def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
 
 
 def _dataset(parts: list[dict[str, Any]], model: str) -> xr.Dataset:
-    classes = sorted({c for p in parts for c in p["classes"]})
-    width = max(len(c) for c in classes) or 1
-    class_names = np.array(classes, dtype=f"U{width}")
+    names = f"U{max(len(c) for p in parts for c in p['classes']) or 1}"
     name_width = max(len(p["meta"]["name"]) for p in parts)
-    coords: dict[str, Any] = {}
-    for key in COORDS:
-        column = da.concatenate([p[key] for p in parts])
-        if key == "roi_class":
-            # each slide numbers its own classes; map them to the cohort's names
-            column = da.concatenate(
-                [
-                    p[key].map_blocks(
-                        _lookup,
-                        lut=class_names[np.searchsorted(class_names, p["classes"])],
-                        dtype=class_names.dtype,
-                    )
-                    for p in parts
-                ]
-            )
-        coords[key] = ("tile", column)
+    coords: dict[str, Any] = {
+        key: ("tile", da.concatenate([p[key] for p in parts]))
+        for key in COORDS
+        if key != "roi_class"
+    }
+    # each slide numbers its own classes: its indices become its class names
+    coords["roi_class"] = (
+        "tile",
+        da.concatenate(
+            [
+                p["roi_class"].map_blocks(
+                    _lookup, lut=np.array(p["classes"], dtype=names), dtype=names
+                )
+                for p in parts
+            ]
+        ),
+    )
     coords["slide"] = (
         "tile",
         da.concatenate(

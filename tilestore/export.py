@@ -35,8 +35,7 @@ def to_qupath(
     DataArray, e.g. ``ds.tiles.pca(5)``, stored as QuPath measurements named after its
     second coordinate; tissue and ROI fractions are always included.
     """
-    meta = ds.tiles._meta(slide)
-    keep = np.flatnonzero(np.asarray(ds["slide"] == meta["name"]))
+    meta, keep = ds.tiles.positions(slide)
     sub = ds.isel(tile=keep)
     x, y = np.asarray(sub["x"], np.float64), np.asarray(sub["y"], np.float64)
     fh, fw = meta["footprint0"]

@@ -28,6 +28,19 @@ def store(tmp_path, stores):
 TINY_REVISION = "0123456789abcdef0123456789abcdef01234567"
 
 
+def write_checkpoint(folder, model, config: dict, weights_name: str) -> dict:
+    """Write timm's config.json and the model's weights (safetensors or torch); return them."""
+    import torch
+
+    (folder / "config.json").write_text(json.dumps(config))
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if weights_name.endswith(".safetensors"):
+        safetensors.torch.save_file(state, folder / weights_name)
+    else:
+        torch.save(state, folder / weights_name)
+    return state
+
+
 @pytest.fixture
 def hf_cache(tmp_path, monkeypatch):
     """An offline HF cache holding a tiny ViT in timm's hub format; returns (repo, weights)."""
@@ -57,15 +70,7 @@ def hf_cache(tmp_path, monkeypatch):
                 "std": [0.5, 0.5, 0.5],
             },
         }
-        (snapshot / "config.json").write_text(json.dumps(config))
-        state = {k: v.contiguous() for k, v in model.state_dict().items()}
-        if weights_name.endswith(".safetensors"):
-            safetensors.torch.save_file(state, snapshot / weights_name)
-        else:
-            import torch
-
-            torch.save(state, snapshot / weights_name)
-        return repo, state
+        return repo, write_checkpoint(snapshot, model, config, weights_name)
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)

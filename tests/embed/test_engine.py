@@ -221,44 +221,30 @@ def test_cuda_engine_equals_the_reference_loop(store, tiny, precision):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_nvjpeg_decode_matches_cpu_decode_on_a_ycbcr_store(store, tiny, tmp_path):
-    options = {"mpp": 0.5, "tile": 224}
     cpu = store(copy=False, into=tmp_path / "cpu")  # re-encoded: YCbCr JPEG chunks
     gpu = store(copy=False, into=tmp_path / "gpu")
-    embed(
-        [cpu],
-        tiny,
-        plan_options=options,
-        options=Options(batch_size=16, decode="cpu", dtype="float32"),
-    )
-    report = embed(
-        [gpu],
-        tiny,
-        plan_options=options,
-        options=Options(batch_size=16, decode="gpu", dtype="float32"),
-    )
+    report, similarity = _cpu_vs_gpu_decode(cpu, gpu, tiny)
     assert report.decode == "gpu" and not any("nvJPEG" in w for w in report.warnings)
-    assert cosine(_features(cpu, TINY)[0], _features(gpu, TINY)[0]).min() >= 0.999
+    assert similarity.min() >= 0.999
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_rgb_coded_chunks_fall_back_to_cpu_decode(store, tiny, tmp_path):
-    options = {"mpp": 0.5, "tile": 224}
     cpu, gpu = store(into=tmp_path / "cpu"), store(into=tmp_path / "gpu")  # Aperio RGB JPEG
-    embed(
-        [cpu],
-        tiny,
-        plan_options=options,
-        options=Options(batch_size=16, decode="cpu", dtype="float32"),
-    )
-    report = embed(
-        [gpu],
-        tiny,
-        plan_options=options,
-        options=Options(batch_size=16, decode="gpu", dtype="float32"),
-    )
+    report, similarity = _cpu_vs_gpu_decode(cpu, gpu, tiny)
     assert any("decoded on the CPU" in w for w in report.warnings)
-    assert cosine(_features(cpu, TINY)[0], _features(gpu, TINY)[0]).min() >= 0.9999
+    assert similarity.min() >= 0.9999
+
+
+def _cpu_vs_gpu_decode(cpu, gpu, model):
+    """Embed one store with --decode cpu, its twin with --decode gpu; the gpu run's report
+    and the per-tile cosine between the two."""
+    plan = {"mpp": 0.5, "tile": 224}
+    for path, decode in ((cpu, "cpu"), (gpu, "gpu")):
+        options = Options(batch_size=16, decode=decode, dtype="float32")
+        report = embed([path], model, plan_options=plan, options=options)
+    return report, cosine(_features(cpu, TINY)[0], _features(gpu, TINY)[0])
 
 
 def test_rows_spanning_more_batches_than_buffers_do_not_deadlock(store, lite):

@@ -7,14 +7,13 @@ import pickle
 
 import numpy as np
 import pytest
-import safetensors.torch
 import timm
 import torch
 import torch.nn.functional as F
 
 from embed import hub
 from embed.models import REGISTRY, ModelSpec, get_model, list_models, load_model
-from tests.embed.conftest import TINY_REVISION
+from tests.embed.conftest import TINY_REVISION, write_checkpoint
 from tilestore.errors import ModelError
 
 
@@ -56,34 +55,21 @@ def _classify(loaded, image: np.ndarray) -> list[int]:
         return classifier.eval()(loaded.transform(x)).topk(3).indices[0].tolist()
 
 
+def _at_224(image: np.ndarray) -> np.ndarray:
+    """An RGB photo resized to the model's 224 x 224 input, as uint8."""
+    chw = torch.from_numpy(image).permute(2, 0, 1)[None].float()
+    resized = F.interpolate(chw, size=(224, 224), mode="bilinear", antialias=True)[0]
+    return np.asarray(resized.permute(1, 2, 0).round().byte())
+
+
 def test_efficientnet_lite0_has_real_imagenet_weights():
     from skimage import data
 
     loaded = load_model("efficientnet-lite0")
     assert loaded.output_dim == 1280 and loaded.weights.endswith(".pth")
-    cat = np.asarray(
-        F.interpolate(
-            torch.from_numpy(data.chelsea()).permute(2, 0, 1)[None].float(),
-            size=(224, 224),
-            mode="bilinear",
-            antialias=True,
-        )[0]
-        .permute(1, 2, 0)
-        .round()
-        .byte()
-    )
+    cat = _at_224(data.chelsea())
     assert set(_classify(loaded, cat)) & {281, 282, 285}  # tabby, tiger, Egyptian cat
-    coffee = np.asarray(
-        F.interpolate(
-            torch.from_numpy(data.coffee()).permute(2, 0, 1)[None].float(),
-            size=(224, 224),
-            mode="bilinear",
-            antialias=True,
-        )[0]
-        .permute(1, 2, 0)
-        .round()
-        .byte()
-    )
+    coffee = _at_224(data.coffee())
     assert _classify(loaded, coffee)[0] == 967  # espresso
 
 
@@ -175,12 +161,7 @@ def test_local_folder_with_safetensors_or_torch_weights(tmp_path):
     for weights in ("model.safetensors", "pytorch_model.bin"):
         folder = tmp_path / weights
         folder.mkdir()
-        (folder / "config.json").write_text(json.dumps(config))
-        state = {k: v.contiguous() for k, v in model.state_dict().items()}
-        if weights.endswith(".safetensors"):
-            safetensors.torch.save_file(state, folder / weights)
-        else:
-            torch.save(state, folder / weights)
+        write_checkpoint(folder, model, config, weights)
         loaded = load_model(f"local:{folder}")
         assert loaded.output_dim == 192 and loaded.transform.resize == 224  # crop_pct 1
 

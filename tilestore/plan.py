@@ -163,15 +163,21 @@ def chunks_of(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
 
 def chunk_keys(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """Sorted unique chunk keys (row << 32 | col) covered by the ranges: 1-D, cheap to set-op."""
+    return np.unique(tile_chunk_keys(rows, cols)[1])
+
+
+def tile_chunk_keys(rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(tile index, chunk key) for every chunk each tile's inclusive ranges cover."""
     if not len(rows):
-        return np.zeros(0, np.int64)
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
     span_r = int((rows[:, 1] - rows[:, 0]).max()) + 1
     span_c = int((cols[:, 1] - cols[:, 0]).max()) + 1
     dr, dc = np.meshgrid(np.arange(span_r), np.arange(span_c), indexing="ij")
     r = rows[:, :1] + dr.ravel()[None, :]
     c = cols[:, :1] + dc.ravel()[None, :]
     inside = (r <= rows[:, 1:]) & (c <= cols[:, 1:])
-    return np.unique((r[inside].astype(np.int64) << 32) | c[inside].astype(np.int64))
+    tile = np.broadcast_to(np.arange(len(rows))[:, None], inside.shape)[inside]
+    return tile, (r[inside].astype(np.int64) << 32) | c[inside].astype(np.int64)
 
 
 def make_plan(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tilestore.plan import TilePlan, chunk_keys
+from tilestore.plan import TilePlan, tile_chunk_keys
 from tilestore.slide import Slide
 
 
@@ -28,24 +28,38 @@ class Step:
 
 
 def chunk_schedule(plan: TilePlan) -> list[Step]:
-    """Return the steps that read every chunk the plan needs once, in plan order."""
-    steps: list[Step] = []
+    """Return the steps that read every chunk the plan needs once, in plan order.
+
+    A chunk loads at the first grid row that needs it and drops after the last row whose
+    successor starts below it (rows move down, so no later row needs it). Array operations
+    over every (tile, chunk) pair; the only loop is over grid rows.
+    """
     if not len(plan):
-        return steps
-    rows, cols = plan.chunk_rows, plan.chunk_cols
+        return []
     order = np.argsort(plan.row, kind="stable")
-    groups = np.split(order, np.flatnonzero(np.diff(plan.row[order])) + 1)
-    loaded = np.zeros(0, np.int64)
-    for index, tiles in enumerate(groups):
-        load = np.setdiff1d(chunk_keys(rows[tiles], cols[tiles]), loaded, assume_unique=True)
-        loaded = np.union1d(loaded, load)
-        if index + 1 < len(groups):
-            gone = (loaded >> 32) < rows[groups[index + 1], 0].min()
-        else:
-            gone = np.ones(len(loaded), bool)
-        steps.append(Step(np.sort(tiles), _pairs(load), _pairs(loaded[gone])))
-        loaded = loaded[~gone]
-    return steps
+    new_row = np.r_[True, np.diff(plan.row[order]) != 0]
+    starts = np.flatnonzero(new_row)
+    step_of = np.empty(len(plan), np.int64)
+    step_of[order] = np.cumsum(new_row) - 1
+    tile, keys = tile_chunk_keys(plan.chunk_rows, plan.chunk_cols)
+    by_key = np.lexsort((step_of[tile], keys))
+    keys, steps_needing = keys[by_key], step_of[tile][by_key]
+    first = np.r_[True, keys[1:] != keys[:-1]]
+    keys, load_at = keys[first], steps_needing[first]  # each chunk, the first row needing it
+    top = np.minimum.reduceat(plan.chunk_rows[order, 0], starts)  # first chunk row per row
+    drop_at = np.maximum(np.searchsorted(top[1:], keys >> 32, side="right"), load_at)
+    loads, drops = _by_step(keys, load_at, len(starts)), _by_step(keys, drop_at, len(starts))
+    return [
+        Step(np.sort(tiles), _pairs(load), _pairs(drop))
+        for tiles, load, drop in zip(np.split(order, starts[1:]), loads, drops, strict=True)
+    ]
+
+
+def _by_step(keys: np.ndarray, step: np.ndarray, count: int) -> list[np.ndarray]:
+    """Split sorted keys by step (0..count-1), each part still sorted."""
+    order = np.argsort(step, kind="stable")
+    bounds = np.searchsorted(step[order], np.arange(1, count))
+    return np.split(keys[order], bounds)
 
 
 def _pairs(keys: np.ndarray) -> np.ndarray:

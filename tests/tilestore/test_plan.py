@@ -201,7 +201,7 @@ def test_schedule_loads_each_needed_chunk_once_before_use(spec, seed):
     assert sorted(dropped) == sorted(loaded)  # everything is released by the end
     live: set = set()
     seen_tiles = []
-    for step in steps:
+    for index, step in enumerate(steps):
         live.update(map(tuple, step.load.tolist()))
         for i in step.tiles:
             r0, r1 = plan.chunk_rows[i]
@@ -209,4 +209,7 @@ def test_schedule_loads_each_needed_chunk_once_before_use(spec, seed):
             assert {(r, c) for r in range(r0, r1 + 1) for c in range(c0, c1 + 1)} <= live
         seen_tiles.extend(step.tiles.tolist())
         live.difference_update(map(tuple, step.drop.tolist()))
+        if index + 1 < len(steps):  # dropped as soon as the next grid row starts below them
+            top = plan.chunk_rows[steps[index + 1].tiles, 0].min()
+            assert all(r >= top for r, _ in live)
     assert seen_tiles == list(range(len(plan)))  # plan order

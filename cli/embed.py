@@ -37,7 +37,8 @@ def embed(
     ),
     device: str = typer.Option("auto", help="auto, cuda, cuda:N or cpu."),
     decode: str = typer.Option(
-        "auto", help="JPEG decoding: auto (GPU with CUDA), cpu, gpu (nvJPEG)."
+        "auto",
+        help="JPEG decoding: auto (CPU processes; nvJPEG with CUDA and < 4 CPUs), cpu, gpu.",
     ),
     precision: str = typer.Option("auto", help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp32."),
     dtype: str = typer.Option("float16", help="Stored features: float16 or float32."),
@@ -46,7 +47,9 @@ def embed(
     ),
     readers: int = typer.Option(4, help="Threads reading chunk rows ahead."),
     decoders: int | None = typer.Option(
-        None, help="CPU JPEG decoders: threads, or worker processes on CUDA (default: cores - 2)."
+        None,
+        help="CPU JPEG decoders: threads, or worker processes on CUDA (default: the job's "
+        "CPUs - 2).",
     ),
     report: Path | None = typer.Option(None, help="Write the run report as JSON here."),
     overwrite: bool = typer.Option(False, help="Recompute embeddings this model already made."),

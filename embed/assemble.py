@@ -118,7 +118,8 @@ def cut_row(
     band = torch.cat(bands, dim=along_y) if len(bands) > 1 else bands[0]
     top = y - r0 * ch
     left = int(xs[0]) - c0 * cw
-    index = torch.as_tensor((xs - xs[0]) // stride, device=band.device)
+    # a pageable copy, but not a blocking one: the producer stream does not stall per row
+    index = torch.from_numpy((xs - xs[0]) // stride).to(band.device, non_blocking=True)
     if channels_first:
         strip = band[:, top : top + read, left:]  # (c, read, W)
         windows = strip.unfold(2, read, stride)  # (c, read, n_windows, read)

@@ -30,6 +30,7 @@ from distributed import WorkerPlugin, as_completed, get_worker
 from embed.engine import Options, Slice, plan_for
 from embed.models import get_model
 from embed.writer import AlreadyComplete, EmbeddingWriter
+from tilestore.cpus import usable_cpus
 from tilestore.errors import TilestoreError
 from tilestore.slide import open_slide
 
@@ -332,7 +333,7 @@ def local_cluster(kind: str, workers: int | None = None):
         from distributed import LocalCluster
 
         cluster = LocalCluster(
-            n_workers=workers or max(1, (os.cpu_count() or 2) // 2),
+            n_workers=workers or max(1, usable_cpus() // 2),
             threads_per_worker=1,
             processes=True,
         )
@@ -343,7 +344,7 @@ def local_cluster(kind: str, workers: int | None = None):
 
 def decoders_per_worker(workers: int) -> int:
     """CPU decoders for each of `workers` workers sharing this machine's cores."""
-    return max(2, (os.cpu_count() or 4) // max(workers, 1) - 1)
+    return max(2, usable_cpus() // max(workers, 1) - 1)
 
 
 def summary_lines(report: CohortReport) -> list[str]:

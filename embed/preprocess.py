@@ -10,7 +10,7 @@ function, so their only differences are decoding, batching and precision.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -26,6 +26,9 @@ class Transform:
     interpolation: str  # "bilinear" or "bicubic"
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
+    # mean and std (x 255) as tensors, per device, made once: torch.tensor(..., device="cuda")
+    # is a blocking copy, and made per batch it would stall the GPU loop at every batch
+    _constants: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Transform:
@@ -70,6 +73,17 @@ class Transform:
         if self.resize != self.input_size:
             top = (self.resize - self.input_size) // 2
             x = x[..., top : top + self.input_size, top : top + self.input_size]
-        mean = torch.tensor(self.mean, device=x.device).view(1, 3, 1, 1) * 255
-        std = torch.tensor(self.std, device=x.device).view(1, 3, 1, 1) * 255
+        mean, std = self._mean_std(x.device)
         return ((x - mean) / std).contiguous(memory_format=torch.channels_last)
+
+    def _mean_std(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = str(device)
+        if key not in self._constants:
+            self._constants[key] = tuple(
+                (torch.tensor(values).view(1, 3, 1, 1) * 255).to(device)
+                for values in (self.mean, self.std)
+            )
+        return self._constants[key]
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_constants": {}}  # device tensors stay in their process

@@ -15,6 +15,7 @@ SharedMemory, whose resource tracker would unlink the parent's blocks when a wor
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import mmap
 import queue
@@ -27,12 +28,16 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 
 
-def decode_files(paths: list[str], shm: str, shape: tuple[int, ...], background: int) -> int:
-    """Decode each chunk file into row i of the shared block /dev/shm/<shm>; return count."""
+def decode_files(
+    paths: list[str], shm: str, shape: tuple[int, ...], background: int, offset: int = 0
+) -> int:
+    """Decode chunk file i into row offset + i of the shared block /dev/shm/<shm>; return
+    the count."""
     import imagecodecs
 
     with open(f"/dev/shm/{shm.lstrip('/')}", "r+b") as fh, mmap.mmap(fh.fileno(), 0) as buf:
-        out = np.ndarray((len(paths), *shape), np.uint8, buffer=buf)
+        size = int(np.prod(shape))
+        out = np.ndarray((len(paths), *shape), np.uint8, buffer=buf, offset=offset * size)
         for i, path in enumerate(paths):
             try:
                 with open(path, "rb") as chunk:
@@ -53,7 +58,11 @@ def _serve() -> None:
         request = json.loads(line)
         try:
             count = decode_files(
-                request["paths"], request["shm"], tuple(request["shape"]), request["background"]
+                request["paths"],
+                request["shm"],
+                tuple(request["shape"]),
+                request["background"],
+                request["offset"],
             )
             sys.stdout.write(f"{count}\n")
         except (OSError, ValueError, RuntimeError) as exc:  # reported; the engine raises it
@@ -129,9 +138,18 @@ class ProcessDecoder:
             self.pinned.append(address)
 
     def submit(
-        self, paths: list[str], shape: tuple[int, ...], background: int, stop: threading.Event
-    ) -> tuple[int, Future]:
-        """Start decoding into a free block; return (block index, future of the count)."""
+        self,
+        paths: list[str],
+        shape: tuple[int, ...],
+        background: int,
+        stop: threading.Event,
+        parts: int = 1,
+    ) -> tuple[int, list[Future]]:
+        """Start decoding into a free block; return (block index, futures of the counts).
+
+        parts > 1 splits the files among that many workers: a row is then ready sooner,
+        which matters while the pipeline fills; one worker per row is the cheapest after.
+        """
         while True:
             self._reclaim()
             try:
@@ -142,15 +160,20 @@ class ProcessDecoder:
                     from embed.assemble import Stopped
 
                     raise Stopped from None
-        request = json.dumps(
-            {
-                "paths": paths,
-                "shm": self.blocks[block].name,
-                "shape": list(shape),
-                "background": int(background),
-            }
-        )
-        return block, self._dispatch.submit(self._ask, request)
+        bounds = np.linspace(0, len(paths), max(1, min(parts, len(paths))) + 1).astype(int)
+        requests = [
+            json.dumps(
+                {
+                    "paths": paths[start:stop_],
+                    "shm": self.blocks[block].name,
+                    "shape": list(shape),
+                    "background": int(background),
+                    "offset": int(start),
+                }
+            )
+            for start, stop_ in itertools.pairwise(bounds)
+        ]
+        return block, [self._dispatch.submit(self._ask, request) for request in requests]
 
     def _ask(self, request: str) -> int:
         worker = self._idle.get()

@@ -1,8 +1,9 @@
 """Where the time and memory of an embedding run went, printed and saved as JSON.
 
-Wall time is explained as setup + the GPU loop + finishing; the loop is split into the time
-the GPU computed (CUDA events per batch), the time the main thread waited for tiles (the
-producer was the bottleneck) and the rest (launch overhead, waiting for the writer).
+Wall time is explained as setup + the GPU loop + finishing; the loop is split into the
+model's warm-up (overlapping the first reads), the time the GPU computed (CUDA events per
+batch), the time the main thread waited for tiles (the producer was the bottleneck) and the
+rest (launch overhead, waiting for the writer).
 Producer and writer times are thread-seconds, overlapped with the loop, to say which stage
 limits. GPU utilisation comes from NVML, sampled every 0.1 s; host RSS from psutil.
 """
@@ -111,6 +112,7 @@ class RunReport:
     total: int = 0
     wall_s: float = 0.0
     setup_s: float = 0.0
+    first_batch_s: float | None = None  # into the loop: how long the pipeline took to fill
     stages: dict[str, float] = field(default_factory=dict)
     explained: dict[str, float] = field(default_factory=dict)
     gpu_util_mean: float | None = None
@@ -175,13 +177,17 @@ class RunReport:
         loop = stats.get("loop")
         compute = stats.get("compute")
         waiting = stats.get("waiting_for_tiles")
+        warm = stats.get("warm_up")
         self.explained = {
             "setup (model load, batch size)": round(self.setup_s, 3),
+            "model warm-up (CUDA set-up, compilation)": round(warm, 3),
             "GPU computing" if self.device.startswith("cuda") else "model computing": round(
                 compute, 3
             ),
             "waiting for tiles (read/decode bound)": round(waiting, 3),
-            "other (launches, writer back-pressure)": round(max(loop - compute - waiting, 0), 3),
+            "other (launches, writer back-pressure)": round(
+                max(loop - warm - compute - waiting, 0), 3
+            ),
             "finishing (last writes, metadata)": round(max(wall - self.setup_s - loop, 0), 3),
         }
         self.peak_rss_mb = round(max(sampler.rss_mb, _hwm_mb()), 1)
@@ -190,7 +196,8 @@ class RunReport:
             self.peak_gpu_mem_mb = round(sampler.gpu_mem_mb, 1) or None
             if sampler.gpu_util:
                 self.gpu_util_mean = round(sum(sampler.gpu_util) / len(sampler.gpu_util), 1)
-            self.gpu_busy_fraction = round(compute / loop, 3) if loop else None
+            working = loop - warm  # the warm-up is reported on its own, not as idling
+            self.gpu_busy_fraction = round(compute / working, 3) if working > 0 else None
             if sampler.nvml_error:
                 self.warnings.append(f"no NVML GPU utilisation: {sampler.nvml_error}")
         self.warnings.extend(advice(self))
@@ -257,6 +264,8 @@ def format_report(report: RunReport) -> list[str]:
         f"decode {report.decode}{', compiled' if report.compile else ''})"
     ]
     lines.append("wall time: " + ", ".join(f"{k} {v:.2f} s" for k, v in report.explained.items()))
+    if report.first_batch_s is not None:
+        lines.append(f"first batch ready {report.first_batch_s:.2f} s into the loop")
     overlapped = {
         k: v
         for k, v in report.stages.items()

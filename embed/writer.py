@@ -50,7 +50,13 @@ class EmbeddingWriter:
         dtype: str,
         settings: dict[str, Any],
         overwrite: bool = False,
+        create: bool = True,
     ) -> None:
+        """Check the store's group against this run and take the lock.
+
+        create=False leaves making (or, with overwrite, remaking) the group to `create()`,
+        so a run can start reading tiles first; until then every batch is to do.
+        """
         self._setup(slide, plan, plan_uid, model, batch_size, dtype, settings)
         store = _directory(slide)
         # Beside the store, not in it: zarr would list it, and --overwrite deletes the group.
@@ -63,17 +69,26 @@ class EmbeddingWriter:
                     f"({existing['features'].shape[0]} tiles); pass --overwrite to recompute"
                 )
             self._take_lock()
-            if overwrite or not self._compatible(existing):
-                if not overwrite:
-                    self._release_lock()
-                    raise EmbeddingError(self._mismatch(existing))
-                del self.root[self.path]
-                existing = None
+            if not overwrite and not self._compatible(existing):
+                self._release_lock()
+                raise EmbeddingError(self._mismatch(existing))
         else:
             self._take_lock()
-        self.group = existing if existing is not None else self._create(dtype)
-        self.features = self.group["features"]
-        self._done = self.group["done"]
+        self._replace = existing is not None and overwrite
+        if existing is not None and not overwrite:
+            self._open(existing)
+        if create:
+            self.create()
+
+    def create(self) -> None:
+        """Make the group (replacing an old one under --overwrite), unless it is open."""
+        if self.group is None:
+            if self._replace:
+                del self.root[self.path]
+            self._open(self._create(self.identity["dtype"]))
+
+    def _open(self, group) -> None:
+        self.group, self.features, self._done = group, group["features"], group["done"]
 
     @classmethod
     def attach(
@@ -100,7 +115,7 @@ class EmbeddingWriter:
             raise EmbeddingError(f"{slide.name}: no {self.path} to write a slice into")
         if not self._compatible(group):
             raise EmbeddingError(self._mismatch(group))
-        self.group, self.features, self._done = group, group["features"], group["done"]
+        self._open(group)
         return self
 
     def _setup(self, slide, plan, plan_uid, model, batch_size, dtype, settings) -> None:
@@ -116,15 +131,15 @@ class EmbeddingWriter:
         }
         self._lock = None
         self.attached = False
+        self.group = None
+        self.blocks = -(-len(plan) // batch_size)
 
     # -- state --------------------------------------------------------------------------
 
-    @property
-    def blocks(self) -> int:
-        return self._done.shape[0]
-
     def todo(self) -> np.ndarray:
         """Indices of batches not yet written."""
+        if self.group is None:  # made afresh when the run gets to it
+            return np.arange(self.blocks)
         return np.flatnonzero(self._done[:] == 0)
 
     def write(self, block: int, features: np.ndarray) -> None:
@@ -138,6 +153,7 @@ class EmbeddingWriter:
         if self.attached:
             return
         try:
+            self.create()
             if len(self.todo()) == 0:
                 attrs = dict(self.group.attrs["tilestore"])
                 attrs.update(complete=True, finished=_now(), run=summary)

@@ -25,6 +25,7 @@ import zarr
 
 from tilestore import omezarr
 from tilestore.codecs import jpeg_codecs, zstd_codecs
+from tilestore.cpus import usable_cpus
 from tilestore.errors import StoreError, TilestoreError, TilestoreWarning
 from tilestore.levels import copy_tiles, downsample2, write_bands
 from tilestore.sources import Fact, Source, SourceLevel, open_source
@@ -126,7 +127,7 @@ def convert(
             subsampling,
             copy,
             255 if source.brightfield_rgb else 0,
-            workers or os.cpu_count() or 4,
+            workers or usable_cpus(),
         )
         mpp_fact, mpp_warnings = _resolve_mpp(source, mpp)
         report = ConversionReport(

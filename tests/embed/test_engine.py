@@ -176,6 +176,13 @@ def test_many_slides_one_model_and_a_bad_store_does_not_stop_the_others(store, t
     )
 
 
+def test_a_run_with_nothing_to_read_warms_nothing_up(lite, tmp_path):
+    report = embed([tmp_path / "missing.ome.zarr"], lite, options=FP32)
+    assert "no such store" in report.failures[0]["error"]
+    assert report.tiles == 0 and report.first_batch_s is None
+    assert "warm_up" not in report.stages  # no compilation for a run that cannot run
+
+
 def test_report_explains_the_wall_time(store, lite, tmp_path):
     report = embed(
         [store()],
@@ -186,6 +193,8 @@ def test_report_explains_the_wall_time(store, lite, tmp_path):
     )
     parts = sum(report.explained.values())
     assert abs(parts - report.wall_s) < 0.05 * report.wall_s + 0.05
+    assert 0 < report.first_batch_s <= report.stages["loop"]
+    assert "warm_up" in report.stages  # the model ran once before the first batch came
     saved = json.loads((tmp_path / "run.json").read_text())
     assert saved["tiles"] == 11 and saved["tiles_per_s"] > 0 and saved["peak_rss_mb"] > 0
     assert saved["device"] == "cpu" and saved["decode"] == "cpu"

@@ -21,13 +21,22 @@ def decoder():
     pool.close()
 
 
-def test_workers_decode_rows_like_libjpeg(stores, decoder):
+def _wait(parts) -> int:
+    """Wait for a submitted row's parts; return how many chunks they decoded."""
+    return sum(part.result(timeout=60) for part in parts)
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+def test_workers_decode_rows_like_libjpeg(stores, decoder, parts):
     reader = open_slide(stores(CMU)).chunks(0)
     coords = [(2, c) for c in range(10)] + [(99, 99)]  # the last chunk does not exist
     shape = (reader.chunk_h, reader.chunk_w, reader.channels)
     decoder.reserve(3, len(coords) * int(np.prod(shape)))
-    block, done = decoder.submit(reader.paths(coords), shape, reader.background, threading.Event())
-    assert done.result(timeout=60) == len(coords)
+    block, done = decoder.submit(
+        reader.paths(coords), shape, reader.background, threading.Event(), parts
+    )
+    assert len(done) == parts  # each part a request of its own, into its rows of the block
+    assert _wait(done) == len(coords)
     got = decoder.view(block, len(coords), shape)
     want = np.stack([reader.decode(reader.fetch_one(c)) for c in coords[:-1]])
     np.testing.assert_array_equal(got[:-1], want)
@@ -41,7 +50,7 @@ def test_worker_errors_come_back_as_messages(decoder, tmp_path):
     decoder.reserve(1, 64 * 64 * 3)
     _, done = decoder.submit([str(bad)], (64, 64, 3), 0, threading.Event())
     with pytest.raises(RuntimeError, match="decoding worker: Jpeg8Error: Not a JPEG file"):
-        done.result(timeout=60)
+        _wait(done)
 
 
 def test_blocks_are_unlinked_on_close(tmp_path):
@@ -73,18 +82,18 @@ def test_a_block_in_copy_is_reused_only_after_its_copy(stores, decoder):
     decoder.reserve(2, len(coords) * int(np.prod(shape)))
     stop = threading.Event()
     first, done = decoder.submit(reader.paths(coords), shape, reader.background, stop)
-    done.result(timeout=60)
+    _wait(done)
     second, done = decoder.submit(reader.paths(coords), shape, reader.background, stop)
-    done.result(timeout=60)
+    _wait(done)
     pending, finished = _Copy(), _Copy(done=True)
     decoder.release(first, pending)
     decoder.release(second, finished)
     third, done = decoder.submit(reader.paths(coords), shape, reader.background, stop)
     assert third == second and not pending.waited  # the finished copy's block, no waiting
-    done.result(timeout=60)
+    _wait(done)
     fourth, done = decoder.submit(reader.paths(coords), shape, reader.background, stop)
     assert fourth == first and pending.waited  # no block free: waited for the oldest copy
-    done.result(timeout=60)
+    _wait(done)
     want = np.stack([reader.decode(reader.fetch_one(c)) for c in coords])
     np.testing.assert_array_equal(decoder.view(fourth, len(coords), shape), want)
 
@@ -101,7 +110,7 @@ def test_pinned_blocks_copy_to_the_gpu_asynchronously(stores):
         stop, got = threading.Event(), []  # rows start before pinning ends: copies stay right
         for coords in rows * 3:  # more rows than blocks: every block is reused
             block, done = decoder.submit(reader.paths(coords), shape, reader.background, stop)
-            done.result(timeout=60)
+            _wait(done)
             view = torch.from_numpy(decoder.view(block, len(coords), shape))
             got.append(view.to("cuda", non_blocking=True))
             copied = torch.cuda.Event()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from embed.report import RunReport, advice, format_report
+from embed.report import RunReport, Stats, advice, format_report
 
 
 def _report(**kwargs) -> RunReport:
@@ -60,3 +62,19 @@ def test_format_report_ends_with_the_warnings(busy):
     lines = format_report(report)
     assert lines[0].startswith("10000 tiles in 10.0 s = 1000.0 tiles/s on H100")
     assert any(line.startswith("WARNING") for line in lines) == (busy < 0.5)
+
+
+def test_a_compile_warm_up_is_reported_apart_not_as_an_idle_gpu(monkeypatch):
+    monkeypatch.setattr("torch.cuda.max_memory_allocated", lambda *a: 0)
+    stats = Stats()
+    parts = {"loop": 10.0, "warm_up": 6.0, "compute": 3.5, "waiting_for_tiles": 0.3}
+    for stage, seconds in parts.items():
+        stats.add(stage, seconds)
+    sampler = SimpleNamespace(rss_mb=100.0, gpu_mem_mb=0.0, gpu_util=[], nvml_error=None)
+    report = _report(setup_s=1.0)
+    report.finish(11.2, sampler, stats)
+    assert report.explained["model warm-up (CUDA set-up, compilation)"] == 6.0
+    assert report.explained["other (launches, writer back-pressure)"] == pytest.approx(0.2)
+    assert sum(report.explained.values()) == pytest.approx(11.2)
+    assert report.gpu_busy_fraction == pytest.approx(3.5 / 4.0)  # of the loop after warm-up
+    assert report.warnings == []

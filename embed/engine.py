@@ -163,6 +163,8 @@ class Embedder:
             self.runner = _Runner(self.loaded, self.device, self.precision, options)
             self.runner.processes = decoders
             self.batch = options.batch_size or self.runner.auto_batch_size()
+            if decoders is not None:
+                decoders.wait_ready()  # they started before the model loaded: usually are
         except BaseException:
             if decoders is not None:
                 decoders.close()

@@ -51,8 +51,13 @@ def decode_files(
 
 
 def _serve() -> None:
-    """The worker loop: one JSON request per stdin line, one answer per stdout line."""
-    import imagecodecs  # noqa: F401 - imported before the first request, not during it
+    """The worker loop: "ready" once the decoder is loaded, then one JSON request per stdin
+    line and one answer per stdout line."""
+    import imagecodecs
+
+    imagecodecs.jpeg8_decode  # noqa: B018 - loads the codec's extension now, not at the first row
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
 
     for line in sys.stdin:
         request = json.loads(line)
@@ -93,6 +98,8 @@ class ProcessDecoder:
         self._idle: queue.Queue = queue.Queue()
         for worker in self.workers:
             self._idle.put(worker)
+        self._unready = list(self.workers)
+        self._starting = threading.Lock()
         self._dispatch = ThreadPoolExecutor(workers, "tilestore-dispatch")
         self.blocks: list[SharedMemory] = []
         self.pinned: list[int] = []  # addresses registered with CUDA
@@ -101,6 +108,15 @@ class ProcessDecoder:
         self._pinning: threading.Thread | None = None
         self._free: queue.Queue = queue.Queue()
         self._copying: collections.deque = collections.deque()  # (block, CUDA event)
+
+    def wait_ready(self) -> None:
+        """Return once every worker has started (Python and imagecodecs imported: about a
+        second for 14 at once on an H100 host, spent while the model loads)."""
+        with self._starting:
+            for worker in self._unready:
+                if worker.stdout.readline().strip() != "ready":
+                    raise RuntimeError("a JPEG decoder process did not start (its error is above)")
+            self._unready = []
 
     def reserve(self, count: int, nbytes: int, pin: bool = False) -> None:
         """Have `count` blocks of at least `nbytes` (kept for later slides if big enough)."""
@@ -150,6 +166,7 @@ class ProcessDecoder:
         parts > 1 splits the files among that many workers: a row is then ready sooner,
         which matters while the pipeline fills; one worker per row is the cheapest after.
         """
+        self.wait_ready()
         while True:
             self._reclaim()
             try:

@@ -53,6 +53,19 @@ def test_worker_errors_come_back_as_messages(decoder, tmp_path):
         _wait(done)
 
 
+def test_workers_say_when_they_are_ready_and_a_dead_one_is_an_error(monkeypatch):
+    decoder = ProcessDecoder(2)
+    decoder.wait_ready()
+    decoder.wait_ready()  # once only: the ready lines are not read twice
+    assert all(worker.poll() is None for worker in decoder.workers)
+    decoder.close()
+    monkeypatch.setattr("sys.executable", "/bin/false")  # a worker that exits at once
+    broken = ProcessDecoder(1)
+    with pytest.raises(RuntimeError, match="decoder process did not start"):
+        broken.wait_ready()
+    broken.close()
+
+
 def test_blocks_are_unlinked_on_close(tmp_path):
     decoder = ProcessDecoder(1)
     decoder.reserve(2, 1024)

@@ -333,17 +333,21 @@ class _Runner:
             self.processes.close()
             self.processes = None
 
-    def compute(self, tiles: torch.Tensor, channels_first: bool, count: int) -> torch.Tensor:
+    def compute(
+        self, tiles: torch.Tensor, channels_first: bool, count: int, eager: bool = False
+    ) -> torch.Tensor:
         """Features of the first `count` tiles of a batch buffer (uint8, on the device)."""
-        if not self.options.compile:
+        compiled = self.options.compile and not eager
+        if not compiled:
             tiles = tiles[:count]  # compiled: keep the full buffer, one graph for every batch
+        features = self.features if compiled else self.loaded.features
         autocast = (
             torch.autocast(self.device.type, dtype=torch.bfloat16)
             if self.precision == "bf16"
             else contextlib.nullcontext()
         )
         with torch.inference_mode(), autocast:
-            return self.features(self.loaded.transform(tiles, channels_first))[:count]
+            return features(self.loaded.transform(tiles, channels_first))[:count]
 
     def _warm_up(self, batch: int) -> None:
         """Run the model once at the run's batch size while the producer fills the pipeline:
@@ -359,7 +363,10 @@ class _Runner:
         self.stats.add("warm_up", time.perf_counter() - t0)
 
     def auto_batch_size(self) -> int:
-        """The largest batch that fits, stopping when doubling gains under 5%."""
+        """The largest batch that fits, stopping when doubling gains under 5%.
+
+        Measured on the eager model even for --compile: compiling at every size tried
+        would cost a compilation each and leave a dynamic-shape graph behind."""
         if not self.cuda:
             return 32
         size = self.loaded.transform.resize
@@ -370,11 +377,11 @@ class _Runner:
                 tiles = torch.randint(
                     0, 255, (batch, size, size, 3), dtype=torch.uint8, device=self.device
                 )
-                self.compute(tiles, False, batch)
+                self.compute(tiles, False, batch, eager=True)
                 torch.cuda.synchronize(self.device)
                 t0 = time.perf_counter()
                 for _ in range(3):
-                    self.compute(tiles, False, batch)
+                    self.compute(tiles, False, batch, eager=True)
                 torch.cuda.synchronize(self.device)
                 rate = 3 * batch / (time.perf_counter() - t0)
             except torch.OutOfMemoryError:

@@ -594,9 +594,10 @@ class _Runner:
             most = max((len(s.load) for s in steps), default=1)
             procs.reserve(self.options.decoders + 2, most * int(np.prod(shape)), pin=True)
         ahead = self.options.decoders if procs is not None else self.options.readers
-        # the rows the first batch needs are split among all decoders: the GPU starts sooner
+        # the rows the first batch needs are split among the decoders (in one round: a row in
+        # p parts is ready in about 1/p of the time), so the GPU starts sooner
         first_rows = int(np.searchsorted(np.cumsum([len(s.tiles) for s in steps]), batch)) + 1
-        first_parts = -(-self.options.decoders // first_rows)
+        first_parts = max(1, self.options.decoders // first_rows)
 
         def load(coords_array):  # on a reader thread
             coords = [tuple(rc) for rc in coords_array.tolist()]

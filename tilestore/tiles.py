@@ -39,27 +39,25 @@ def chunk_schedule(plan: TilePlan) -> list[Step]:
     order = np.argsort(plan.row, kind="stable")
     new_row = np.r_[True, np.diff(plan.row[order]) != 0]
     starts = np.flatnonzero(new_row)
-    step_of = np.empty(len(plan), np.int64)
-    step_of[order] = np.cumsum(new_row) - 1
-    tile, keys = tile_chunk_keys(plan.chunk_rows, plan.chunk_cols)
-    by_key = np.lexsort((step_of[tile], keys))
-    keys, steps_needing = keys[by_key], step_of[tile][by_key]
-    first = np.r_[True, keys[1:] != keys[:-1]]
-    keys, load_at = keys[first], steps_needing[first]  # each chunk, the first row needing it
-    top = np.minimum.reduceat(plan.chunk_rows[order, 0], starts)  # first chunk row per row
+    step_of = np.cumsum(new_row) - 1  # of each tile in `order`
+    rows = plan.chunk_rows[order]
+    tile, keys = tile_chunk_keys(rows, plan.chunk_cols[order])  # tiles in row order
+    keys, first = np.unique(keys, return_index=True)  # first occurrence: the earliest row
+    load_at = step_of[tile[first]]
+    top = np.minimum.reduceat(rows[:, 0], starts)  # first chunk row of each grid row
     drop_at = np.maximum(np.searchsorted(top[1:], keys >> 32, side="right"), load_at)
     loads, drops = _by_step(keys, load_at, len(starts)), _by_step(keys, drop_at, len(starts))
     return [
-        Step(np.sort(tiles), _pairs(load), _pairs(drop))
+        Step(np.sort(tiles), load, drop)
         for tiles, load, drop in zip(np.split(order, starts[1:]), loads, drops, strict=True)
     ]
 
 
 def _by_step(keys: np.ndarray, step: np.ndarray, count: int) -> list[np.ndarray]:
-    """Split sorted keys by step (0..count-1), each part still sorted."""
+    """(row, col) pairs of sorted keys, split by step (0..count-1), each part still sorted."""
     order = np.argsort(step, kind="stable")
     bounds = np.searchsorted(step[order], np.arange(1, count))
-    return np.split(keys[order], bounds)
+    return np.split(_pairs(keys[order]), bounds)
 
 
 def _pairs(keys: np.ndarray) -> np.ndarray:

@@ -653,6 +653,8 @@ class _Runner:
                 tiles = cut_row(cache, y, xs, read, sub.spec.read_stride, chunk, nvjpeg)
                 builder.add(job.todo[step.tiles], tiles)
                 self.stats.add("assemble", time.perf_counter() - t0)
+                if procs is not None and index + 1 >= first_rows:
+                    procs.start_pinning()  # the first batch is out: pinning no longer delays it
                 for rc in step.drop.tolist():
                     cache.pop(tuple(rc), None)
 

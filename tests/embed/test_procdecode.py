@@ -123,6 +123,7 @@ def test_pinned_blocks_copy_to_the_gpu_asynchronously(stores):
         stop, got = threading.Event(), []  # rows start before pinning ends: copies stay right
         for coords in rows * 3:  # more rows than blocks: every block is reused
             block, done = decoder.submit(reader.paths(coords), shape, reader.background, stop)
+            decoder.start_pinning()  # after the first row, as the engine does after a batch
             _wait(done)
             view = torch.from_numpy(decoder.view(block, len(coords), shape))
             got.append(view.to("cuda", non_blocking=True))

@@ -137,7 +137,7 @@ class ProcessDecoder:
         goes by a pageable copy: synchronous, equally right. Blocks are used from the first
         and pinned from the last, so the rows in flight meet it late.
         """
-        if self._pin and self._pinning is None and not self.pinned:
+        if self._pin and self._pinning is None:
             self._pinning = threading.Thread(
                 target=self._pin_blocks, name="tilestore-pin", daemon=True
             )

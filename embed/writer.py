@@ -85,7 +85,7 @@ class EmbeddingWriter:
         if self.group is None:
             if self._replace:
                 del self.root[self.path]
-            self._open(self._create(self.identity["dtype"]))
+            self._open(self._create())
 
     def _open(self, group) -> None:
         self.group, self.features, self._done = group, group["features"], group["done"]
@@ -153,7 +153,6 @@ class EmbeddingWriter:
         if self.attached:
             return
         try:
-            self.create()
             if len(self.todo()) == 0:
                 attrs = dict(self.group.attrs["tilestore"])
                 attrs.update(complete=True, finished=_now(), run=summary)
@@ -174,7 +173,7 @@ class EmbeddingWriter:
         except KeyError:
             return None
 
-    def _create(self, dtype: str):
+    def _create(self):
         plan, slide = self.plan, self.slide
         n, dim = len(plan), self.identity["model"]["output_dim"]
         blocks = -(-n // self.batch_size)
@@ -210,7 +209,7 @@ class EmbeddingWriter:
             "features",
             shape=(n, dim),
             chunks=(self.batch_size, dim),
-            dtype=dtype,
+            dtype=self.identity["dtype"],
             dimension_names=("tile", "feature"),
             compressors=[ZstdCodec(level=1)],
             fill_value=np.nan,

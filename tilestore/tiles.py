@@ -48,7 +48,7 @@ def chunk_schedule(plan: TilePlan) -> list[Step]:
     drop_at = np.maximum(np.searchsorted(top[1:], keys >> 32, side="right"), load_at)
     loads, drops = _by_step(keys, load_at, len(starts)), _by_step(keys, drop_at, len(starts))
     return [
-        Step(np.sort(tiles), load, drop)
+        Step(tiles, load, drop)  # a stable sort keeps each row's tiles in plan order
         for tiles, load, drop in zip(np.split(order, starts[1:]), loads, drops, strict=True)
     ]
 

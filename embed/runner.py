@@ -1,0 +1,273 @@
+"""The GPU loop and the writer: the model on its device, fed by `embed.produce`.
+
+The main thread copies a host batch to the GPU on a copy stream while the previous batch
+computes, transforms it there, runs the model (bf16 autocast, inference mode,
+channels_last, optionally compiled) and starts the copy of the features back to pinned
+memory. A writer thread waits for that copy and writes the batch into the store. Only
+per-batch CUDA events synchronise; nothing waits per tile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+import torch
+
+from embed.assemble import Batch, SlotPool
+from embed.models import LoadedModel
+from embed.procdecode import ProcessDecoder
+from embed.produce import DONE, JobEnd, JobStart, Producer
+from embed.report import RunReport, Stats
+from tilestore.cpus import usable_cpus
+from tilestore.errors import ModelError, TilestoreError
+
+if TYPE_CHECKING:
+    from embed.engine import Job, Options
+
+
+class Runner:
+    """Holds the model on its device and drives the producer, the GPU loop and the writer."""
+
+    def __init__(
+        self, loaded: LoadedModel, device: torch.device, precision: str, options: Options
+    ) -> None:
+        self.loaded, self.device, self.precision, self.options = loaded, device, precision, options
+        self.cuda = device.type == "cuda"
+        self.features = torch.compile(loaded.features) if options.compile else loaded.features
+        self.stats = Stats()
+        self.open_jobs: list[Job] = []
+        self.processes: ProcessDecoder | None = None
+        self.warm = False  # the model has run once at the run's batch size
+
+    def close(self) -> None:
+        """Stop the decoder processes."""
+        if self.processes is not None:
+            self.processes.close()
+            self.processes = None
+
+    def compute(
+        self, tiles: torch.Tensor, channels_first: bool, count: int, eager: bool = False
+    ) -> torch.Tensor:
+        """Features of the first `count` tiles of a batch buffer (uint8, on the device)."""
+        compiled = self.options.compile and not eager
+        if not compiled:
+            tiles = tiles[:count]  # compiled: keep the full buffer, one graph for every batch
+        features = self.features if compiled else self.loaded.features
+        autocast = (
+            torch.autocast(self.device.type, dtype=torch.bfloat16)
+            if self.precision == "bf16"
+            else contextlib.nullcontext()
+        )
+        with torch.inference_mode(), autocast:
+            return features(self.loaded.transform(tiles, channels_first))[:count]
+
+    def _warm_up(self, batch: int) -> None:
+        """Run the model once at the run's batch size while the producer fills the pipeline:
+        the first batch's set-up (CUDA kernel choice, lazy module loads, or compilation)
+        then overlaps the first reads and decodes instead of following them. Done when the
+        first slide with work is ready, so a run whose stores all fail compiles nothing."""
+        t0 = time.perf_counter()
+        if self.cuda:
+            size = self.loaded.transform.resize
+            tiles = torch.zeros((batch, size, size, 3), dtype=torch.uint8, device=self.device)
+            self.compute(tiles, False, batch)
+        self.warm = True
+        self.stats.add("warm_up", time.perf_counter() - t0)
+
+    def auto_batch_size(self) -> int:
+        """The largest batch that fits, stopping when doubling gains under 5%.
+
+        Measured on the eager model even for --compile: compiling at every size tried
+        would cost a compilation each and leave a dynamic-shape graph behind."""
+        if not self.cuda:
+            return 32
+        size = self.loaded.transform.resize
+        best, best_rate = 32, 0.0
+        for batch in (32, 64, 128, 256, 512, 1024):
+            tiles = None
+            try:
+                tiles = torch.randint(
+                    0, 255, (batch, size, size, 3), dtype=torch.uint8, device=self.device
+                )
+                self.compute(tiles, False, batch, eager=True)
+                torch.cuda.synchronize(self.device)
+                t0 = time.perf_counter()
+                for _ in range(3):
+                    self.compute(tiles, False, batch, eager=True)
+                torch.cuda.synchronize(self.device)
+                rate = 3 * batch / (time.perf_counter() - t0)
+            except torch.OutOfMemoryError:
+                break
+            finally:
+                del tiles
+                torch.cuda.empty_cache()
+            if rate < best_rate * 1.05:
+                break
+            best, best_rate = batch, rate
+        return best
+
+    # -- the run ------------------------------------------------------------------------------
+
+    def run(
+        self,
+        jobs: Iterator[Job],
+        batch: int,
+        report: RunReport,
+        progress: Callable[[int, int], None] | None,
+    ) -> None:
+        report.decode = self._decode_mode()
+        ready: queue.Queue = queue.Queue(maxsize=self.options.prefetch)
+        written: queue.Queue = queue.Queue(maxsize=self.options.prefetch + 2)
+        outputs = SlotPool(self.options.prefetch + 2, (0,), pin=False)
+        outputs.buffers = [
+            torch.empty(
+                (batch, self.loaded.output_dim),
+                dtype=getattr(torch, self.options.dtype),
+                pin_memory=self.cuda,
+            )
+            for _ in outputs.buffers
+        ]
+        stop = threading.Event()
+        if self.cuda and self.processes is None:  # kept for later runs: spawning costs ~1 s
+            self.processes = ProcessDecoder(self.options.decoders)
+        source = Producer(
+            self.options, self.device, self.stats, self.processes, self.open_jobs.append
+        )
+        producer = threading.Thread(
+            target=source.run,
+            name="tilestore-producer",
+            daemon=True,
+            args=(jobs, batch, report, ready, stop),
+        )
+        writer = threading.Thread(
+            target=self._write,
+            name="tilestore-writer",
+            daemon=True,
+            args=(written, outputs, report, progress),
+        )
+        copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
+        loop_started = time.perf_counter()
+        producer.start()
+        writer.start()
+        try:
+            while True:
+                t0 = time.perf_counter()
+                item = ready.get()
+                self.stats.add("waiting_for_tiles", time.perf_counter() - t0)
+                if item is DONE:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, JobStart | JobEnd):
+                    written.put(item)
+                    if isinstance(item, JobStart) and len(item.job.todo) and not self.warm:
+                        self._warm_up(batch)  # while the producer fills the pipeline
+                    continue
+                if report.first_batch_s is None:
+                    report.first_batch_s = round(time.perf_counter() - loop_started, 3)
+                self._compute_batch(item, outputs, copy_stream, written)
+        except torch.OutOfMemoryError as exc:
+            raise ModelError(
+                f"out of GPU memory at batch size {batch}; pass a smaller --batch-size"
+            ) from exc
+        finally:
+            stop.set()
+            _drain(ready)
+            written.put(DONE)
+            writer.join()
+            producer.join(timeout=60)
+            self.stats.add("loop", time.perf_counter() - loop_started)
+            for job in self.open_jobs:  # an interrupted run: keep what is done, free the lock
+                job.writer.abandon()
+        if report.writer_error is not None:
+            raise report.writer_error
+
+    def _decode_mode(self) -> str:
+        mode = self.options.decode
+        if mode not in ("auto", "cpu", "gpu"):
+            raise TilestoreError(f"--decode {mode}: choose auto, cpu or gpu")
+        if mode == "gpu" and not self.cuda:
+            raise TilestoreError("--decode gpu needs a CUDA device")
+        if mode == "auto":
+            return "gpu" if self.cuda and usable_cpus() < 4 else "cpu"
+        return mode
+
+    def _compute_batch(
+        self, item: Batch, outputs: SlotPool, copy_stream, written: queue.Queue
+    ) -> None:
+        start = end = done = None
+        if self.cuda:
+            current = torch.cuda.current_stream(self.device)
+            if item.slot is not None:  # host tiles: copy on the side stream
+                t0 = time.perf_counter()
+                with torch.cuda.stream(copy_stream):
+                    tiles = item.tiles.to(self.device, non_blocking=True)
+                    copied = torch.cuda.Event()
+                    copied.record(copy_stream)
+                current.wait_event(copied)
+                item.job.pool.release(item.slot, copied)  # reused once the copy is done
+                self.stats.add("transfer_issue", time.perf_counter() - t0)
+            else:  # tiles decoded and cut on the GPU by the producer's stream
+                current.wait_event(item.ready)
+                tiles = item.tiles
+            tiles.record_stream(current)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+        else:
+            tiles = item.tiles
+        t0 = time.perf_counter()
+        features = self.compute(tiles, item.channels_first, item.count)
+        slot = outputs.acquire()
+        out = outputs.buffers[slot][: item.count]
+        out.copy_(features.to(out.dtype), non_blocking=self.cuda)
+        if self.cuda:
+            end.record()
+            done = torch.cuda.Event()
+            done.record()
+        else:
+            self.stats.add("compute", time.perf_counter() - t0)
+            if item.slot is not None:
+                item.job.pool.release(item.slot)
+        written.put((item, slot, done, start, end))
+
+    def _write(self, written: queue.Queue, outputs: SlotPool, report: RunReport, progress) -> None:
+        while (item := written.get()) is not DONE:
+            try:
+                if isinstance(item, JobStart):
+                    item.job.writer.create()
+                    continue
+                if isinstance(item, JobEnd):
+                    job = item.job
+                    if len(job.todo):
+                        report.end(job)
+                    job.writer.finish(report.slide_summary(job))
+                    self.open_jobs.remove(job)
+                    continue
+                batch, slot, done, start, end = item
+                if done is not None:
+                    done.synchronize()  # the feature copy (and so the batch) has finished
+                    self.stats.add("compute", start.elapsed_time(end) / 1000)
+                t0 = time.perf_counter()
+                batch.job.writer.write(batch.block, outputs.buffers[slot][: batch.count].numpy())
+                outputs.release(slot)
+                self.stats.add("write", time.perf_counter() - t0)
+                batch.job.tiles += batch.count
+                report.tiles += batch.count
+                if progress:
+                    progress(batch.count, report.total)
+            except BaseException as exc:
+                report.writer_error = exc
+                if not isinstance(item, JobStart | JobEnd):
+                    outputs.release(item[1])
+
+
+def _drain(q: queue.Queue) -> None:
+    with contextlib.suppress(queue.Empty):
+        while True:
+            q.get_nowait()

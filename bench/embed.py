@@ -181,6 +181,20 @@ def cli_run(store: Path, arch: str, batch: int, compiled: bool, out: Path) -> di
     return data
 
 
+def check_features(store: Path, arch: str, slide, plan, loaded) -> dict:
+    """The stored features of 48 random tiles vs the one-tile-at-a-time reference loop."""
+    picks = np.random.default_rng(0).choice(len(plan), 48, replace=False)
+    stored = tilestore.open_slide(store).group["embeddings/timm-" + arch]["features"]
+    features = stored.get_orthogonal_selection((picks, slice(None))).astype(np.float32)
+    out = {}
+    for precision in ("bf16", "fp32"):
+        ref = reference_features(
+            slide, plan, loaded, indices=picks, device="cuda", precision=precision
+        )
+        out[f"cosine_vs_reference_{precision}_min"] = float(cosine(features, ref).min())
+    return out
+
+
 def limiting(stages: dict, explained: dict) -> str:
     compute = next((v for k, v in explained.items() if "computing" in k), 0)
     waiting = explained.get("waiting for tiles (read/decode bound)", 0)
@@ -201,6 +215,11 @@ def main() -> None:
         "--compile",
         default="vit_base_patch16_224,vit_large_patch16_224",
         help="models whose ceiling and engine runs use torch.compile",
+    )
+    parser.add_argument(
+        "--runs",
+        default="cpu,gpu,ycbcr,cohort,cli,baseline",
+        help="which runs to make besides the ceilings (a subset for a quick look)",
     )
     parser.add_argument("--size", type=int, default=40_000)
     parser.add_argument("--baseline-tiles", type=int, default=12_000)
@@ -264,43 +283,41 @@ def main() -> None:
             )
             entry["compile_s"] = time.perf_counter() - t1
             print(f"  compiled in {entry['compile_s']:.0f} s (warm-up run)", flush=True)
-        entry["engine_cpu"] = engine_run([store], loaded, batch, "cpu", compiled, "cpu")
-        entry["engine_gpu"] = engine_run([ycbcr], loaded, batch, "gpu", compiled, "gpu (YCbCr)")
-        entry["engine_cpu_ycbcr"] = engine_run(
-            [ycbcr], loaded, batch, "cpu", compiled, "cpu (YCbCr)"
-        )
-        entry["cohort_cpu"] = engine_run(
-            cohort, loaded, batch, "cpu", compiled, f"cohort of {len(cohort)} (cpu)"
-        )
-        # a fresh process draws its own random weights: not on the store checked below
-        entry["cli"] = cli_run(cohort[-1], arch, batch, compiled, args.out)
-        for run in (entry["engine_cpu"], entry["engine_gpu"], entry["cohort_cpu"]):
-            run["vs_ceiling"] = run["tiles_per_s"] / best["tiles_per_s"]
-            run["limited_by"] = limiting(run["stages"], run["explained"])
-        picks = np.random.default_rng(0).choice(len(plan), 48, replace=False)
-        stored = tilestore.open_slide(store).group["embeddings/timm-" + arch]["features"]
-        features = stored.get_orthogonal_selection((picks, slice(None))).astype(np.float32)
-        ref16 = reference_features(
-            slide, plan, loaded, indices=picks, device="cuda", precision="bf16"
-        )
-        ref32 = reference_features(
-            slide, plan, loaded, indices=picks, device="cuda", precision="fp32"
-        )
-        entry["cosine_vs_reference_bf16_min"] = float(cosine(features, ref16).min())
-        entry["cosine_vs_reference_fp32_min"] = float(cosine(features, ref32).min())
-        n = min(args.baseline_tiles, len(plan))
-        base = run_baseline(
-            str(source),
-            plan.x[:n],
-            plan.y[:n],
-            copy.deepcopy(loaded.module),
-            mean=loaded.transform.mean,
-            std=loaded.transform.std,
-        )
-        entry["baseline"] = base
-        best_engine = max(entry["engine_cpu"]["tiles_per_s"], entry["engine_gpu"]["tiles_per_s"])
-        entry["vs_baseline"] = best_engine / base["tiles_per_s"]
-        print(f"  baseline {base}; engine/baseline {entry['vs_baseline']:.2f}", flush=True)
+        runs = set(args.runs.split(","))
+        if "cpu" in runs:
+            entry["engine_cpu"] = engine_run([store], loaded, batch, "cpu", compiled, "cpu")
+        if "gpu" in runs:
+            entry["engine_gpu"] = engine_run([ycbcr], loaded, batch, "gpu", compiled, "gpu (YCbCr)")
+        if "ycbcr" in runs:
+            entry["engine_cpu_ycbcr"] = engine_run(
+                [ycbcr], loaded, batch, "cpu", compiled, "cpu (YCbCr)"
+            )
+        if "cohort" in runs:
+            entry["cohort_cpu"] = engine_run(
+                cohort, loaded, batch, "cpu", compiled, f"cohort of {len(cohort)} (cpu)"
+            )
+        if "cli" in runs:  # a fresh process draws its own random weights: not on the store checked
+            entry["cli"] = cli_run(cohort[-1], arch, batch, compiled, args.out)
+        for key in ("engine_cpu", "engine_gpu", "cohort_cpu"):
+            if key in entry:
+                entry[key]["vs_ceiling"] = entry[key]["tiles_per_s"] / best["tiles_per_s"]
+                entry[key]["limited_by"] = limiting(entry[key]["stages"], entry[key]["explained"])
+        if "engine_cpu" in entry:
+            entry.update(check_features(store, arch, slide, plan, loaded))
+        if "baseline" in runs:
+            n = min(args.baseline_tiles, len(plan))
+            base = run_baseline(
+                str(source),
+                plan.x[:n],
+                plan.y[:n],
+                copy.deepcopy(loaded.module),
+                mean=loaded.transform.mean,
+                std=loaded.transform.std,
+            )
+            entry["baseline"] = base
+            engines = [entry[k]["tiles_per_s"] for k in ("engine_cpu", "engine_gpu") if k in entry]
+            entry["vs_baseline"] = max(engines, default=0.0) / base["tiles_per_s"]
+            print(f"  baseline {base}; engine/baseline {entry['vs_baseline']:.2f}", flush=True)
         results["models"][arch] = entry
         args.out.parent.mkdir(parents=True, exist_ok=True)  # after each model: kept if cut off
         args.out.write_text(json.dumps(results, indent=2, default=str))
@@ -331,27 +348,32 @@ def print_table(results: dict) -> None:
     )
     print(" | ".join(head))
     for arch, e in results["models"].items():
-        cpu, gpu = e["engine_cpu"], e["engine_gpu"]
-        best = max(cpu, gpu, key=lambda r: r["tiles_per_s"])
+        runs = [e[k] for k in ("engine_cpu", "engine_gpu") if k in e]
+        best = max(runs, key=lambda r: r["tiles_per_s"], default=None)
+
         print(
             " | ".join(
                 [
                     arch.replace("_patch16_224", ""),
                     f"{e['ceiling']['tiles_per_s']:.0f}"
                     + (" (c)" if e["ceiling"]["compiled"] else ""),
-                    f"{cpu['tiles_per_s']:.0f} ({cpu['vs_ceiling']:.2f})",
-                    f"{gpu['tiles_per_s']:.0f} ({gpu['vs_ceiling']:.2f})",
-                    f"{e['cohort_cpu']['tiles_per_s']:.0f} ({e['cohort_cpu']['vs_ceiling']:.2f})",
-                    f"{e['baseline']['tiles_per_s']:.0f}",
-                    f"{best['vs_ceiling']:.2f}",
-                    f"{e['vs_baseline']:.2f}x",
-                    best["limited_by"],
-                    f"{e['cli']['peak_rss_mb']:.0f}",
-                    _gpu_mb(cpu, gpu),
-                    f"{e['cosine_vs_reference_bf16_min']:.4f}",
+                    _rate(e.get("engine_cpu")),
+                    _rate(e.get("engine_gpu")),
+                    _rate(e.get("cohort_cpu")),
+                    f"{e['baseline']['tiles_per_s']:.0f}" if "baseline" in e else "-",
+                    f"{best['vs_ceiling']:.2f}" if best else "-",
+                    f"{e['vs_baseline']:.2f}x" if "vs_baseline" in e else "-",
+                    best["limited_by"] if best else "-",
+                    f"{e['cli']['peak_rss_mb']:.0f}" if "cli" in e else "-",
+                    _gpu_mb(*runs),
+                    f"{e['cosine_vs_reference_bf16_min']:.4f}" if "engine_cpu" in e else "-",
                 ]
             )
         )
+
+
+def _rate(run: dict | None) -> str:
+    return f"{run['tiles_per_s']:.0f} ({run['vs_ceiling']:.2f})" if run else "-"
 
 
 def _gpu_mb(*runs: dict) -> str:

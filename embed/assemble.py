@@ -1,4 +1,4 @@
-"""From store chunks to batches of tiles: decode (CPU threads or nvJPEG) and cut, row by row.
+"""From store chunks to batches of tiles: decode on CPU threads and cut, row by row.
 
 A plan's grid row of tiles shares one vertical span, so its chunks are stitched into one
 band and every tile of the row is cut with a single strided gather (``unfold`` + index):
@@ -21,51 +21,6 @@ import torch
 
 from tilestore.chunks import ChunkReader
 from tilestore.tiles import cut_tile
-
-
-def decode_gpu(
-    reader: ChunkReader, data: Sequence[bytes | None], device: torch.device
-) -> list[torch.Tensor]:
-    """Decoded chunks as (c, h, w) uint8 CUDA tensors: one batched nvJPEG call per row.
-
-    nvJPEG ignores the Adobe marker that says "no colour transform", so RGB-coded chunks
-    (Aperio) are decoded as raw components (UNCHANGED), which for them are R, G, B.
-    Runs on the calling thread's current CUDA stream; absent chunks are the background.
-    """
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    mode = ImageReadMode.UNCHANGED if reader.color_space == "rgb" else ImageReadMode.RGB
-    encoded = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in data if d is not None]
-    decoded = iter(decode_jpeg(encoded, mode=mode, device=device) if encoded else [])
-    return [
-        next(decoded)
-        if d is not None
-        else torch.full(
-            (reader.channels, reader.chunk_h, reader.chunk_w),
-            reader.background,
-            dtype=torch.uint8,
-            device=device,
-        )
-        for d in data
-    ]
-
-
-def gpu_decode_agrees(
-    reader: ChunkReader, coords: Sequence[tuple[int, int]], device: torch.device
-) -> float:
-    """Mean |difference| between nvJPEG's and libjpeg's decode of a sample chunk.
-
-    nvJPEG and libjpeg differ by rounding (well under 1 level on average); a decoder that
-    ignored the Adobe marker of RGB-coded chunks would differ by tens of levels.
-    """
-    for coord in coords:
-        (data,) = reader.fetch([coord])
-        if data is not None:
-            cpu = torch.from_numpy(np.ascontiguousarray(reader.decode(data)))
-            cpu = cpu.permute(2, 0, 1).float()
-            gpu = decode_gpu(reader, [data], device)[0].float().cpu()
-            return float((cpu - gpu).abs().mean())
-    return 0.0
 
 
 def decode_row_cpu(

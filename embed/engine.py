@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from embed import nvjpeg
 from embed.assemble import SlotPool
 from embed.models import LoadedModel, ModelSpec, load_model
 from embed.procdecode import ProcessDecoder
@@ -128,6 +129,8 @@ class Embedder:
                 self.loaded.module.to(memory_format=torch.channels_last)
             self.runner = Runner(self.loaded, self.device, self.precision, options)
             self.runner.processes = decoders
+            if self.runner.decode_mode() == "gpu":
+                nvjpeg.warm_up(self.device)
             self.batch = options.batch_size or self.runner.auto_batch_size()
             if decoders is not None:
                 decoders.wait_ready()  # they started before the model loaded: usually are
@@ -197,11 +200,14 @@ class Embedder:
 
 
 def _device(name: str) -> torch.device:
+    """The device, with its index: nvJPEG keeps one decoder per device as named."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise TilestoreError("--device cuda: no CUDA device is visible (CUDA_VISIBLE_DEVICES?)")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 

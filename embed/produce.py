@@ -21,19 +21,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from embed.assemble import (
-    BatchBuilder,
-    CpuAssembler,
-    SlotPool,
-    Stopped,
-    cut_row,
-    decode_gpu,
-    decode_row_cpu,
-    gpu_decode_agrees,
-    put,
-)
+from embed.assemble import BatchBuilder, CpuAssembler, SlotPool, Stopped, cut_row, put
+from embed.nvjpeg import gpu_decode_agrees
 from embed.procdecode import ProcessDecoder
 from embed.report import RunReport, Stats
+from embed.rows import NvjpegRows, ProcessRows, ThreadRows
 from tilestore.plan import TilePlan
 from tilestore.tiles import chunk_schedule
 
@@ -132,86 +124,32 @@ class Producer:
             assembler.run(job, sub, job.todo, steps, batch, len(plan), emit, stop)
         self.stats.add("produce", time.perf_counter() - t0)
 
-    def _on_device(
-        self, job, reader, sub, steps, batch, emit, stop, decoders, nvjpeg: bool
-    ) -> None:
-        """Grid rows' chunks are decoded ahead: by nvJPEG (one batched call per row), by
-        worker processes into shared memory (local stores), or by decoder threads; the
-        decoded row goes to the GPU in one copy, where its band is stitched and its tiles
-        gathered (a few kernels per row, no Python per tile)."""
+    def _on_device(self, job, reader, sub, steps, batch, emit, stop, decoders, nvjpeg) -> None:
+        """Grid rows' chunks are decoded ahead (`embed.rows`) and each row's band is
+        stitched and its tiles gathered on the GPU: a few kernels per row, no Python per
+        tile."""
         read, chunk = sub.spec.read, (reader.chunk_h, reader.chunk_w)
-        shape = (reader.chunk_h, reader.chunk_w, reader.channels)
         builder = BatchBuilder(job, batch, len(job.plan), emit, None, nvjpeg, self.device, stop)
-        procs = self.processes if not nvjpeg and reader.paths([]) is not None else None
-        if procs is not None:
-            most = max((len(s.load) for s in steps), default=1)
-            procs.reserve(self.options.decoders + 2, most * int(np.prod(shape)), pin=True)
-        ahead = self.options.decoders if procs is not None else self.options.readers
-        # the rows the first batch needs are split among the decoders (in one round: a row in
-        # p parts is ready in about 1/p of the time), so the GPU starts sooner
-        first_rows = int(np.searchsorted(np.cumsum([len(s.tiles) for s in steps]), batch)) + 1
-        first_parts = max(1, self.options.decoders // first_rows)
-
-        def load(coords_array):  # on a reader thread
-            coords = [tuple(rc) for rc in coords_array.tolist()]
-            t0 = time.perf_counter()
-            payload = (
-                (reader.fetch(coords) if nvjpeg else decode_row_cpu(reader, coords, decoders))
-                if coords
-                else None
-            )
-            self.stats.add("read" if nvjpeg else "read_decode", time.perf_counter() - t0)
-            return coords, payload
-
-        def submit(index):
-            step = steps[index]
-            coords = [tuple(rc) for rc in step.load.tolist()]
-            if procs is None or not coords:
-                return readers.submit(load, step.load)
-            parts = first_parts if index < first_rows else 1
-            return coords, procs.submit(reader.paths(coords), shape, reader.background, stop, parts)
-
+        common = (steps, self.device, self.options.readers, self.stats.add, reader)
+        if nvjpeg:
+            source = NvjpegRows(*common)
+        elif self.processes is not None and reader.paths([]) is not None:
+            source = ProcessRows(*common, self.processes, batch, stop)
+        else:
+            source = ThreadRows(*common, decoders)
         cache: dict[tuple[int, int], torch.Tensor] = {}
-        futures: dict[int, object] = {}
-        with ThreadPoolExecutor(self.options.readers, "tilestore-read") as readers:
+        with source:
             for index, step in enumerate(steps):
                 if stop.is_set():
                     raise Stopped
-                for k in range(index, min(index + ahead, len(steps))):
-                    if k not in futures:
-                        futures[k] = submit(k)
                 t0 = time.perf_counter()
-                pending = futures.pop(index)
-                if isinstance(pending, tuple):  # a worker process decoded into shared memory
-                    coords, (block, parts) = pending
-                    for part in parts:
-                        part.result()
-                    self.stats.add("wait_decode", time.perf_counter() - t0)
-                    rows = torch.from_numpy(procs.view(block, len(coords), shape))
-                    on_device = rows.to(self.device, non_blocking=True)  # pinned: DMA
-                    copied = torch.cuda.Event()
-                    copied.record()
-                    procs.release(block, copied)  # reused once the copy is done
-                    cache.update(zip(coords, on_device.unbind(0), strict=True))
-                else:
-                    coords, payload = pending.result()
-                    if coords and nvjpeg:
-                        cache.update(
-                            zip(coords, decode_gpu(reader, payload, self.device), strict=True)
-                        )
-                    elif coords:
-                        on_device = torch.from_numpy(payload).to(self.device, non_blocking=True)
-                        cache.update(zip(coords, on_device.unbind(0), strict=True))
+                cache.update(zip(*source.take(index), strict=True))
                 y, xs = int(sub.level_y[step.tiles[0]]), sub.level_x[step.tiles]
                 tiles = cut_row(cache, y, xs, read, sub.spec.read_stride, chunk, nvjpeg)
                 builder.add(job.todo[step.tiles], tiles)
                 self.stats.add("assemble", time.perf_counter() - t0)
-                if procs is not None and index + 1 >= first_rows:
-                    procs.start_pinning()  # the first batch is out: pinning no longer delays it
                 for rc in step.drop.tolist():
                     cache.pop(tuple(rc), None)
-
-    # -- writer -------------------------------------------------------------------------------
 
 
 def _ahead(

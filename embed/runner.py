@@ -120,7 +120,7 @@ class Runner:
         report: RunReport,
         progress: Callable[[int, int], None] | None,
     ) -> None:
-        report.decode = self._decode_mode()
+        report.decode = self.decode_mode()
         ready: queue.Queue = queue.Queue(maxsize=self.options.prefetch)
         written: queue.Queue = queue.Queue(maxsize=self.options.prefetch + 2)
         outputs = SlotPool(self.options.prefetch + 2, (0,), pin=False)
@@ -187,7 +187,8 @@ class Runner:
         if report.writer_error is not None:
             raise report.writer_error
 
-    def _decode_mode(self) -> str:
+    def decode_mode(self) -> str:
+        """cpu or gpu, from --decode (auto: CPU decoder processes unless under 4 CPUs)."""
         mode = self.options.decode
         if mode not in ("auto", "cpu", "gpu"):
             raise TilestoreError(f"--decode {mode}: choose auto, cpu or gpu")

@@ -1,0 +1,194 @@
+"""Grid rows of decoded chunks on the GPU, ahead of the producer that cuts their tiles.
+
+Three sources, one interface (`RowSource`): the producer asks for step i's new chunks with
+`take(i)` and gets them as CUDA tensors, while the rows after it are read and decoded:
+
+- `ProcessRows`: worker processes decode a row's chunk files into shared memory, page-locked
+  once the first batch is out, so a row goes to the GPU by DMA (local stores);
+- `ThreadRows`: reader threads fetch and decoder threads decode (any store);
+- `NvjpegRows`: reader threads fetch the encoded bytes and nvJPEG decodes several rows per
+  call on a thread of its own (`embed.nvjpeg.RowDecoder`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from embed.assemble import decode_row_cpu
+from embed.nvjpeg import RowDecoder, decode_gpu, group_chunks
+from embed.procdecode import ProcessDecoder
+from tilestore.chunks import ChunkReader
+
+Coords = list[tuple[int, int]]
+
+
+class RowSource:
+    """Reads and decodes the steps' new chunks in order, a bounded number of rows ahead."""
+
+    def __init__(self, steps: Sequence, device: torch.device, readers: int, timed: Callable):
+        self.steps, self.device, self.timed = steps, device, timed
+        self._pending: dict[int, tuple[Coords, object]] = {}
+        self._next = 0  # the first step not submitted yet
+        self.threads = ThreadPoolExecutor(readers, "tilestore-read")
+
+    def take(self, index: int) -> tuple[Coords, list[torch.Tensor]]:
+        """Step `index`'s new chunks (coords, (h, w, c) or (c, h, w) device tensors)."""
+        while self._next < len(self.steps) and (self._next <= index or self._wants_more(index)):
+            coords = [tuple(rc) for rc in self.steps[self._next].load.tolist()]
+            pending = self._submit(self._next, coords) if coords else None
+            self._pending[self._next] = (coords, pending)
+            self._next += 1
+        coords, pending = self._pending.pop(index)
+        if not coords:
+            return coords, []
+        t0 = time.perf_counter()
+        chunks = self._result(index, coords, pending)
+        self.timed("wait_decode", time.perf_counter() - t0)
+        return coords, chunks
+
+    def close(self) -> None:
+        """Stop reading ahead; rows submitted and never taken are given up."""
+        self.threads.shutdown(wait=True, cancel_futures=True)
+        for coords, pending in self._pending.values():
+            if coords:
+                self._abandon(pending)
+        self._pending.clear()
+
+    def __enter__(self) -> RowSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _wants_more(self, index: int) -> bool:
+        raise NotImplementedError
+
+    def _submit(self, index: int, coords: Coords) -> object:
+        raise NotImplementedError
+
+    def _result(self, index: int, coords: Coords, pending) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def _abandon(self, pending) -> None:
+        """Free what a row never taken holds."""
+
+
+class ThreadRows(RowSource):
+    """Fetch and decode on threads (imagecodecs frees the GIL); one pageable copy per row."""
+
+    def __init__(self, steps, device, readers, timed, reader: ChunkReader, decoders: Executor):
+        super().__init__(steps, device, readers, timed)
+        self.reader, self.decoders, self.ahead = reader, decoders, readers
+
+    def _wants_more(self, index: int) -> bool:
+        return self._next < index + self.ahead
+
+    def _submit(self, index: int, coords: Coords) -> Future:
+        return self.threads.submit(self._load, coords)
+
+    def _load(self, coords: Coords) -> np.ndarray:
+        t0 = time.perf_counter()
+        rows = decode_row_cpu(self.reader, coords, self.decoders)
+        self.timed("read_decode", time.perf_counter() - t0)
+        return rows
+
+    def _result(self, index, coords, pending: Future) -> list[torch.Tensor]:
+        rows = torch.from_numpy(pending.result()).to(self.device, non_blocking=True)
+        return list(rows.unbind(0))
+
+
+class ProcessRows(RowSource):
+    """Worker processes decode each row into a shared block; the row goes to the GPU by DMA.
+
+    The rows the first batch needs are split among the workers (a row in p parts is ready
+    in about 1/p of the time), and the blocks are page-locked only once the first batch is
+    out: pinning beside the first rows' decodes delayed the first batch."""
+
+    def __init__(
+        self, steps, device, readers, timed, reader: ChunkReader, procs: ProcessDecoder, batch, stop
+    ):
+        super().__init__(steps, device, readers, timed)
+        self.reader, self.procs, self.stop = reader, procs, stop
+        self.shape = (reader.chunk_h, reader.chunk_w, reader.channels)
+        workers = len(procs.workers)
+        most = max((len(s.load) for s in steps), default=1)
+        procs.reserve(workers + 2, most * int(np.prod(self.shape)), pin=True)
+        self.ahead = workers
+        self.first_rows = int(np.searchsorted(np.cumsum([len(s.tiles) for s in steps]), batch)) + 1
+        self.first_parts = max(1, workers // self.first_rows)
+
+    def _wants_more(self, index: int) -> bool:
+        return self._next < index + self.ahead
+
+    def _submit(self, index: int, coords: Coords):
+        parts = self.first_parts if index < self.first_rows else 1
+        return self.procs.submit(
+            self.reader.paths(coords), self.shape, self.reader.background, self.stop, parts
+        )
+
+    def _result(self, index, coords, pending) -> list[torch.Tensor]:
+        block, parts = pending
+        for part in parts:
+            part.result()
+        rows = torch.from_numpy(self.procs.view(block, len(coords), self.shape))
+        on_device = rows.to(self.device, non_blocking=True)  # pinned: DMA
+        copied = torch.cuda.Event()
+        copied.record()
+        self.procs.release(block, copied)  # reused once the copy is done
+        if index + 1 >= self.first_rows:
+            self.procs.start_pinning()  # the first batch is out: pinning no longer delays it
+        return list(on_device.unbind(0))
+
+    def _abandon(self, pending) -> None:
+        block, parts = pending
+        for part in parts:
+            part.exception()  # finished (either way) before the block is reused
+        self.procs.release(block)
+
+
+class NvjpegRows(RowSource):
+    """Reader threads fetch the encoded chunks; nvJPEG decodes them, rows grouped per call.
+
+    About three calls' worth of chunks are kept in flight: one being decoded, one gathering,
+    one being fetched."""
+
+    def __init__(self, steps, device, readers, timed, reader: ChunkReader) -> None:
+        super().__init__(steps, device, readers, timed)
+        self.reader = reader
+        self.group = group_chunks(reader.chunk_h, reader.chunk_w)
+        self._in_flight = 0  # chunks submitted and not taken yet
+        self.decoder = RowDecoder(
+            lambda data: decode_gpu(reader, data, device),
+            self.group,
+            device,
+            consumer=torch.cuda.current_stream(device),
+            timed=timed,
+        )
+
+    def close(self) -> None:
+        super().close()  # no more fetches
+        self.decoder.close()
+
+    def _wants_more(self, index: int) -> bool:
+        return self._in_flight < 3 * self.group
+
+    def _submit(self, index: int, coords: Coords) -> Future:
+        self._in_flight += len(coords)
+        return self.decoder.submit(len(coords), self.threads.submit(self._fetch, coords))
+
+    def _fetch(self, coords: Coords) -> list[bytes | None]:
+        t0 = time.perf_counter()
+        data = self.reader.fetch(coords)
+        self.timed("read", time.perf_counter() - t0)
+        return data
+
+    def _result(self, index, coords, pending: Future) -> list[torch.Tensor]:
+        chunks, ready = pending.result()
+        self._in_flight -= len(coords)
+        torch.cuda.current_stream(self.device).wait_event(ready)
+        return chunks

@@ -1,0 +1,120 @@
+"""nvJPEG decoding: rows grouped per call, in order; the real decoder where CUDA exists."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+from embed.nvjpeg import RowDecoder, _encoded, decode_gpu, group_chunks
+from tests.conftest import CMU
+from tilestore.slide import open_slide
+
+
+def _done(value) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
+
+
+class _Recording:
+    """A stand-in decoder: each chunk 'decodes' to a tensor holding its number; slow, so
+    rows queue up behind a call."""
+
+    def __init__(self, seconds: float = 0.02) -> None:
+        self.calls: list[list[int]] = []
+        self.seconds = seconds
+
+    def __call__(self, data):
+        self.calls.append(list(data))
+        time.sleep(self.seconds)
+        return [torch.tensor([d]) for d in data]
+
+
+def test_rows_come_back_in_order_with_their_own_chunks_grouped_per_call():
+    fake = _Recording()
+    sizes = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
+    rows, start = [], 0
+    with RowDecoder(fake, group=10, device=torch.device("cpu")) as decoder:
+        for size in sizes:
+            chunks = list(range(start, start + size))
+            rows.append((chunks, decoder.submit(size, _done(chunks))))
+            start += size
+        for chunks, future in rows:
+            got, ready = future.result(timeout=10)
+            assert [int(t) for t in got] == chunks and ready is None
+    assert sum(len(c) for c in fake.calls) == sum(sizes)
+    assert [d for call in fake.calls for d in call] == list(range(sum(sizes)))
+    # rows queued behind a call were gathered: fewer calls than rows, and a call is closed
+    # as soon as it holds a group (never by more than its last row)
+    assert len(fake.calls) < len(sizes)
+    assert all(len(call) < 10 + max(sizes) for call in fake.calls)
+    assert decoder.calls == [len(call) for call in fake.calls]
+
+
+def test_a_failed_fetch_fails_its_rows_and_the_decoder_goes_on():
+    fake = _Recording(0.0)
+    with RowDecoder(fake, group=1, device=torch.device("cpu")) as decoder:
+        broken: Future = Future()
+        broken.set_exception(OSError("chunk unreadable"))
+        bad = decoder.submit(2, broken)
+        good = decoder.submit(1, _done([7]))
+        with pytest.raises(OSError, match="chunk unreadable"):
+            bad.result(timeout=10)
+        assert [int(t) for t in good.result(timeout=10)[0]] == [7]
+
+
+def test_closing_cancels_rows_not_decoded_yet():
+    fake = _Recording(0.0)
+    gate: Future = Future()
+    decoder = RowDecoder(fake, group=1, device=torch.device("cpu"))
+    first = decoder.submit(1, gate)  # the decoder waits on its bytes
+    later = [decoder.submit(1, _done([i])) for i in range(5)]
+    threading.Timer(0.1, gate.set_result, ([0],)).start()
+    decoder.close()
+    assert first.done() and all(row.done() for row in later)
+    assert any(row.cancelled() for row in later)
+
+
+def test_group_size_follows_the_chunk_size():
+    assert group_chunks(256, 256) == 256
+    assert group_chunks(512, 512) == 64
+    assert group_chunks(240, 240) == 291
+    assert group_chunks(8192, 8192) == 1
+
+
+def test_encoded_streams_are_views_of_one_buffer():
+    data = [b"\xff\xd8abc", b"\xff\xd8de", b"\xff\xd8fghij"]
+    tensors = _encoded(data)
+    assert [bytes(t.numpy()) for t in tensors] == data
+    assert all(t.is_contiguous() and t.dtype == torch.uint8 for t in tensors)
+    assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_grouped_nvjpeg_rows_match_libjpeg(stores):
+    """Real decodes through the row decoder, several rows per call, read on another stream."""
+    reader = open_slide(stores(CMU, copy=False)).chunks(0)
+    device = torch.device("cuda", torch.cuda.current_device())
+    consumer = torch.cuda.Stream(device)
+    rows = [[(r, c) for c in range(reader.grid[1])] for r in range(reader.grid[0])]
+    with (
+        ThreadPoolExecutor(2) as fetch,
+        RowDecoder(
+            lambda data: decode_gpu(reader, data, device), 16, device, consumer=consumer
+        ) as decoder,
+    ):
+        futures = [decoder.submit(len(r), fetch.submit(reader.fetch, r)) for r in rows]
+        for coords, future in zip(rows, futures, strict=True):
+            chunks, ready = future.result(timeout=60)
+            with torch.cuda.stream(consumer):
+                consumer.wait_event(ready)
+                got = torch.stack(chunks).permute(0, 2, 3, 1).cpu().numpy()
+            want = np.stack([reader.decode(d) for d in reader.fetch(coords)])
+            assert np.abs(got.astype(int) - want).mean() < 1.0
+    assert len(decoder.calls) < len(rows)

@@ -1,0 +1,82 @@
+"""Rows of decoded chunks read ahead, in the plan's chunk order."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+from embed.procdecode import ProcessDecoder
+from embed.rows import NvjpegRows, ProcessRows, ThreadRows
+from tests.conftest import CMU
+from tilestore.plans import plan_slide
+from tilestore.slide import open_slide
+from tilestore.tiles import chunk_schedule
+
+CUDA = torch.cuda.is_available()
+
+
+def _steps(stores, **kwargs):
+    slide = open_slide(stores(CMU, **kwargs))
+    plan = plan_slide(slide, mpp=0.5, tile=224, min_tissue=0.0)
+    return slide.chunks(plan.spec.level), chunk_schedule(plan)
+
+
+def _check(source, reader, steps, channels_first=False):
+    """Every step's new chunks come back once, in order, decoded as libjpeg does."""
+    taken = []
+    with source:
+        for index, step in enumerate(steps):
+            coords, chunks = source.take(index)
+            assert coords == [tuple(rc) for rc in step.load.tolist()]
+            for coord, chunk in zip(coords, chunks, strict=True):
+                got = chunk.permute(1, 2, 0) if channels_first else chunk
+                want = reader.decode(reader.fetch_one(coord))
+                assert np.abs(got.cpu().numpy().astype(int) - want).mean() < 1.0
+            taken += coords
+    assert len(taken) == len(set(taken)) > 10
+
+
+def test_thread_rows(stores):
+    reader, steps = _steps(stores)
+    with ThreadPoolExecutor(2) as decoders:
+        _check(
+            ThreadRows(steps, torch.device("cpu"), 2, lambda *a: None, reader, decoders),
+            reader,
+            steps,
+        )
+
+
+def test_a_source_closed_early_gives_its_rows_up(stores):
+    reader, steps = _steps(stores)
+    with ThreadPoolExecutor(2) as decoders:
+        source = ThreadRows(steps, torch.device("cpu"), 2, lambda *a: None, reader, decoders)
+        source.take(0)
+        source.close()
+        assert not source._pending
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_process_rows(stores):
+    reader, steps = _steps(stores)
+    device = torch.device("cuda", torch.cuda.current_device())
+    procs = ProcessDecoder(2)
+    try:
+        source = ProcessRows(
+            steps, device, 2, lambda *a: None, reader, procs, 64, threading.Event()
+        )
+        _check(source, reader, steps)
+    finally:
+        procs.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_nvjpeg_rows(stores):
+    reader, steps = _steps(stores, copy=False)  # YCbCr chunks
+    device = torch.device("cuda", torch.cuda.current_device())
+    _check(NvjpegRows(steps, device, 2, lambda *a: None, reader), reader, steps, True)

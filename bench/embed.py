@@ -221,12 +221,20 @@ def main() -> None:
         default="cpu,gpu,ycbcr,cohort,cli,baseline",
         help="which runs to make besides the ceilings (a subset for a quick look)",
     )
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="sys.setswitchinterval for the runs (seconds; Python's default is 0.005)",
+    )
     parser.add_argument("--size", type=int, default=40_000)
     parser.add_argument("--baseline-tiles", type=int, default=12_000)
     parser.add_argument("--work", type=Path, default=HERE / "data")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "embed.json")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     torch.backends.cudnn.allow_tf32 = True
 
     t0 = time.perf_counter()
@@ -247,6 +255,7 @@ def main() -> None:
             "cpus": os.cpu_count(),
             "torch": torch.__version__,
             "python": platform.python_version(),
+            "switch_interval": sys.getswitchinterval(),
         },
         "slide": {"size": args.size, "tiles": len(plan)},
         "models": {},

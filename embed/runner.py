@@ -9,7 +9,6 @@ per-batch CUDA events synchronise; nothing waits per tile.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import queue
 import threading
@@ -29,12 +28,6 @@ from tilestore.errors import ModelError, TilestoreError
 
 if TYPE_CHECKING:
     from embed.engine import Job, Options
-
-# Batches queued on the GPU at once. A batch's kernels are launched ahead while the one
-# before computes; more would fill CUDA's launch queue (about 1,024 kernels: a ViT-L
-# batch launches ~500), and a launch that waits for room holds the GIL, stalling the
-# producer, decoders and writer for as long as the GPU takes to drain it.
-IN_FLIGHT = 2
 
 
 class Runner:
@@ -158,7 +151,6 @@ class Runner:
             args=(written, outputs, report, progress),
         )
         copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
-        flight: collections.deque = collections.deque()  # events of batches queued on the GPU
         loop_started = time.perf_counter()
         producer.start()
         writer.start()
@@ -178,13 +170,7 @@ class Runner:
                     continue
                 if report.first_batch_s is None:
                     report.first_batch_s = round(time.perf_counter() - loop_started, 3)
-                while len(flight) >= IN_FLIGHT:  # GIL released while it waits
-                    t0 = time.perf_counter()
-                    flight.popleft().synchronize()
-                    self.stats.add("waiting_for_gpu", time.perf_counter() - t0)
-                done = self._compute_batch(item, outputs, copy_stream, written)
-                if done is not None:
-                    flight.append(done)
+                self._compute_batch(item, outputs, copy_stream, written)
         except torch.OutOfMemoryError as exc:
             raise ModelError(
                 f"out of GPU memory at batch size {batch}; pass a smaller --batch-size"
@@ -214,8 +200,7 @@ class Runner:
 
     def _compute_batch(
         self, item: Batch, outputs: SlotPool, copy_stream, written: queue.Queue
-    ) -> torch.cuda.Event | None:
-        """Start a batch on the GPU; return the event of its end (None on the CPU)."""
+    ) -> None:
         start = end = done = None
         if self.cuda:
             current = torch.cuda.current_stream(self.device)
@@ -251,7 +236,6 @@ class Runner:
             if item.slot is not None:
                 item.job.pool.release(item.slot)
         written.put((item, slot, done, start, end))
-        return done
 
     def _write(self, written: queue.Queue, outputs: SlotPool, report: RunReport, progress) -> None:
         while (item := written.get()) is not DONE:

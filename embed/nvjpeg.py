@@ -7,9 +7,11 @@ the grid rows waiting for it until one call holds about `group_chunks(...)` chun
 the producer cuts the tiles of rows already decoded.
 
 torchvision writes the decoded images on its own internal stream, which no other stream is
-ordered with: each decoded chunk is therefore marked as used by the consumer's stream
-(`record_stream`), so the caching allocator hands its memory to a later decode only once
-the consumer's kernels that read it have run.
+ordered with: a decoded chunk's memory may go to a later decode only once the consumer's
+kernels that read it have run, so the consumer keeps chunks it has done with until then
+(`embed.rows.NvjpegRows.retire`). That costs one event per row, where marking every chunk
+(`record_stream`) cost a torch call per chunk: each call releases the GIL and must win it
+back, which beside the engine's other threads is what limits this decoder.
 """
 
 from __future__ import annotations
@@ -101,7 +103,8 @@ class RowDecoder:
 
     decode(list of encoded chunks or None) -> decoded tensors runs on this decoder's own
     thread and stream. A row's future gives (its decoded chunks, a CUDA event); the
-    consumer stream must wait for the event before it reads them.
+    consumer stream must wait for the event before it reads them, and keep them until its
+    reads are done (see the module's note).
     """
 
     def __init__(
@@ -109,13 +112,11 @@ class RowDecoder:
         decode: Callable[[list[bytes | None]], list[torch.Tensor]],
         group: int,
         device: torch.device,
-        consumer: torch.cuda.Stream | None = None,
         timed: Callable[[str, float], None] = lambda name, seconds: None,
     ) -> None:
         self._decode, self.group, self._timed = decode, group, timed
         self._cuda = device.type == "cuda"
         self._stream = torch.cuda.Stream(device) if self._cuda else None
-        self._consumer = consumer
         self._todo: queue.Queue = queue.Queue()
         self._closing = False
         self.calls: list[int] = []  # chunks per decode call
@@ -171,8 +172,6 @@ class RowDecoder:
             chunks = self._decode(data) if data else []
             ready = None
             if self._cuda:
-                for chunk in chunks:
-                    chunk.record_stream(self._consumer)
                 ready = torch.cuda.Event()
                 ready.record(self._stream)
             self._timed("decode", time.perf_counter() - t0)

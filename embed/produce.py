@@ -148,8 +148,9 @@ class Producer:
                 tiles = cut_row(cache, y, xs, read, sub.spec.read_stride, chunk, nvjpeg)
                 builder.add(job.todo[step.tiles], tiles)
                 self.stats.add("assemble", time.perf_counter() - t0)
-                for rc in step.drop.tolist():
-                    cache.pop(tuple(rc), None)
+                dropped = (cache.pop(tuple(rc), None) for rc in step.drop.tolist())
+                source.retire([chunk for chunk in dropped if chunk is not None])
+            source.retire(list(cache.values()))
 
 
 def _ahead(

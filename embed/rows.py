@@ -12,6 +12,7 @@ Three sources, one interface (`RowSource`): the producer asks for step i's new c
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -50,6 +51,9 @@ class RowSource:
         chunks = self._result(index, coords, pending)
         self.timed("wait_decode", time.perf_counter() - t0)
         return coords, chunks
+
+    def retire(self, chunks: list[torch.Tensor]) -> None:
+        """Chunks the consumer stream has read for the last time (once its kernels run)."""
 
     def close(self) -> None:
         """Stop reading ahead; rows submitted and never taken are given up."""
@@ -163,16 +167,26 @@ class NvjpegRows(RowSource):
         self.group = group_chunks(reader.chunk_h, reader.chunk_w)
         self._in_flight = 0  # chunks submitted and not taken yet
         self.decoder = RowDecoder(
-            lambda data: decode_gpu(reader, data, device),
-            self.group,
-            device,
-            consumer=torch.cuda.current_stream(device),
-            timed=timed,
+            lambda data: decode_gpu(reader, data, device), self.group, device, timed=timed
         )
+        self._retired: collections.deque = collections.deque()  # (event, chunks)
+        self._consumer = torch.cuda.current_stream(device)  # the producer's, cutting tiles
+
+    def retire(self, chunks: list[torch.Tensor]) -> None:
+        """Keep the chunks until the consumer's kernels issued so far have run: nvJPEG
+        writes later decodes on a stream of its own, unordered with the consumer's."""
+        if chunks:
+            done = torch.cuda.Event()
+            done.record(self._consumer)
+            self._retired.append((done, chunks))
+        while self._retired and self._retired[0][0].query():
+            self._retired.popleft()
 
     def close(self) -> None:
         super().close()  # no more fetches
         self.decoder.close()
+        self._consumer.synchronize()  # what it reads, retired or not, is then free to reuse
+        self._retired.clear()
 
     def _wants_more(self, index: int) -> bool:
         return self._in_flight < 3 * self.group

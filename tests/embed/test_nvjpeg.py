@@ -105,9 +105,7 @@ def test_grouped_nvjpeg_rows_match_libjpeg(stores):
     rows = [[(r, c) for c in range(reader.grid[1])] for r in range(reader.grid[0])]
     with (
         ThreadPoolExecutor(2) as fetch,
-        RowDecoder(
-            lambda data: decode_gpu(reader, data, device), 16, device, consumer=consumer
-        ) as decoder,
+        RowDecoder(lambda data: decode_gpu(reader, data, device), 16, device) as decoder,
     ):
         futures = [decoder.submit(len(r), fetch.submit(reader.fetch, r)) for r in rows]
         for coords, future in zip(rows, futures, strict=True):

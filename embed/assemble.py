@@ -50,9 +50,10 @@ def cut_row(
 
     The row's chunks are stitched into a band with one concatenation per chunk row and the
     tiles gathered with one strided index: a handful of kernels, whatever the row's length.
-    xs must be sorted and step by multiples of `stride`. Output (n, read, read, c) for
-    (h, w, c) chunks, (n, c, read, read) for (c, h, w) chunks. Chunks absent from the cache
-    are covered by no tile of this row and stand in as zeros.
+    xs must be sorted and step by multiples of `stride`. Chunks are (h, w, c), or (c, h, w)
+    with channels_first (as nvJPEG decodes them); the tiles are (n, read, read, c) either
+    way, so every batch has one layout (and a compiled model one graph). Chunks absent from
+    the cache are covered by no tile of this row and stand in as zeros.
     """
     ch, cw = chunk
     r0, r1 = y // ch, (y + read - 1) // ch
@@ -78,7 +79,7 @@ def cut_row(
     if channels_first:
         strip = band[:, top : top + read, left:]  # (c, read, W)
         windows = strip.unfold(2, read, stride)  # (c, read, n_windows, read)
-        return windows.permute(2, 0, 1, 3).index_select(0, index)
+        return windows.permute(2, 1, 3, 0).index_select(0, index)
     strip = band[top : top + read, left:]  # (read, W, c)
     windows = strip.unfold(1, read, stride)  # (read, n_windows, c, read)
     return windows.permute(1, 0, 3, 2).index_select(0, index)
@@ -91,8 +92,7 @@ class Batch:
     job: object
     block: int
     count: int
-    tiles: torch.Tensor
-    channels_first: bool
+    tiles: torch.Tensor  # (n, h, w, c) uint8
     ready: torch.cuda.Event | None = None  # GPU tiles: when the decode stream has made them
     slot: int | None = None  # host tiles: the pool slot to give back after the copy
 
@@ -204,7 +204,6 @@ class CpuAssembler:
                         block,
                         min(batch, total - block * batch),
                         self.slots.buffers[slot],
-                        False,
                         None,
                         slot,
                     )
@@ -296,12 +295,11 @@ class BatchBuilder:
         total: int,
         emit: Callable[[Batch], None],
         pool: SlotPool | None,
-        channels_first: bool,
         device: torch.device,
         stop: threading.Event | None = None,
     ) -> None:
         self.job, self.size, self.total, self.emit, self.stop = job, batch_size, total, emit, stop
-        self.pool, self.channels_first, self.device = pool, channels_first, device
+        self.pool, self.device = pool, device
         self.block, self.filled, self.buffer, self.slot = None, 0, None, None
 
     def add(
@@ -362,7 +360,6 @@ class BatchBuilder:
                 self.block,
                 self.filled,
                 self.buffer,
-                self.channels_first,
                 ready,
                 self.slot,
             )

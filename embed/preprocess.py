@@ -57,9 +57,9 @@ class Transform:
             "std": list(self.std),
         }
 
-    def __call__(self, tiles: torch.Tensor, channels_first: bool = False) -> torch.Tensor:
-        """(n, h, w, 3) (or (n, 3, h, w)) uint8 -> (n, 3, size, size) float32, channels_last."""
-        x = (tiles if channels_first else tiles.permute(0, 3, 1, 2)).float()
+    def __call__(self, tiles: torch.Tensor) -> torch.Tensor:
+        """(n, h, w, 3) uint8 -> (n, 3, size, size) float32, channels_last."""
+        x = tiles.permute(0, 3, 1, 2).float()
         if x.shape[-2:] != (self.resize, self.resize):
             x = F.interpolate(
                 x,

@@ -129,7 +129,7 @@ class Producer:
         stitched and its tiles gathered on the GPU: a few kernels per row, no Python per
         tile."""
         read, chunk = sub.spec.read, (reader.chunk_h, reader.chunk_w)
-        builder = BatchBuilder(job, batch, len(job.plan), emit, None, nvjpeg, self.device, stop)
+        builder = BatchBuilder(job, batch, len(job.plan), emit, None, self.device, stop)
         common = (steps, self.device, self.options.readers, self.stats.add, reader)
         if nvjpeg:
             source = NvjpegRows(*common)

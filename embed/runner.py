@@ -38,7 +38,9 @@ class Runner:
     ) -> None:
         self.loaded, self.device, self.precision, self.options = loaded, device, precision, options
         self.cuda = device.type == "cuda"
-        self.features = torch.compile(loaded.features) if options.compile else loaded.features
+        # compiled, the transform is fused with the model's first layers (uint8 in, no
+        # float32 copy of the batch in between)
+        self.compiled = torch.compile(self._forward) if options.compile else None
         self.stats = Stats()
         self.open_jobs: list[Job] = []
         self.processes: ProcessDecoder | None = None
@@ -50,21 +52,23 @@ class Runner:
             self.processes.close()
             self.processes = None
 
-    def compute(
-        self, tiles: torch.Tensor, channels_first: bool, count: int, eager: bool = False
-    ) -> torch.Tensor:
-        """Features of the first `count` tiles of a batch buffer (uint8, on the device)."""
-        compiled = self.options.compile and not eager
+    def _forward(self, tiles: torch.Tensor) -> torch.Tensor:
+        return self.loaded.features(self.loaded.transform(tiles))
+
+    def compute(self, tiles: torch.Tensor, count: int, eager: bool = False) -> torch.Tensor:
+        """Features of the first `count` tiles of a batch buffer ((n, h, w, c) uint8, on the
+        device)."""
+        compiled = self.compiled is not None and not eager
         if not compiled:
             tiles = tiles[:count]  # compiled: keep the full buffer, one graph for every batch
-        features = self.features if compiled else self.loaded.features
+        forward = self.compiled if compiled else self._forward
         autocast = (
             torch.autocast(self.device.type, dtype=torch.bfloat16)
             if self.precision == "bf16"
             else contextlib.nullcontext()
         )
         with torch.inference_mode(), autocast:
-            return features(self.loaded.transform(tiles, channels_first))[:count]
+            return forward(tiles)[:count]
 
     def _warm_up(self, batch: int) -> None:
         """Run the model once at the run's batch size while the producer fills the pipeline:
@@ -75,7 +79,7 @@ class Runner:
         if self.cuda:
             size = self.loaded.transform.resize
             tiles = torch.zeros((batch, size, size, 3), dtype=torch.uint8, device=self.device)
-            self.compute(tiles, False, batch)
+            self.compute(tiles, batch)
         self.warm = True
         self.stats.add("warm_up", time.perf_counter() - t0)
 
@@ -94,11 +98,11 @@ class Runner:
                 tiles = torch.randint(
                     0, 255, (batch, size, size, 3), dtype=torch.uint8, device=self.device
                 )
-                self.compute(tiles, False, batch, eager=True)
+                self.compute(tiles, batch, eager=True)
                 torch.cuda.synchronize(self.device)
                 t0 = time.perf_counter()
                 for _ in range(3):
-                    self.compute(tiles, False, batch, eager=True)
+                    self.compute(tiles, batch, eager=True)
                 torch.cuda.synchronize(self.device)
                 rate = 3 * batch / (time.perf_counter() - t0)
             except torch.OutOfMemoryError:
@@ -223,7 +227,7 @@ class Runner:
         else:
             tiles = item.tiles
         t0 = time.perf_counter()
-        features = self.compute(tiles, item.channels_first, item.count)
+        features = self.compute(tiles, item.count)
         slot = outputs.acquire()
         out = outputs.buffers[slot][: item.count]
         out.copy_(features.to(out.dtype), non_blocking=self.cuda)

@@ -287,3 +287,19 @@ def test_rows_spanning_more_batches_than_buffers_do_not_deadlock(store, lite):
     slide = open_slide(path)
     plan, _ = load_plan(slide)
     assert cosine(features, reference_features(slide, plan, lite)).min() >= 0.9999
+
+
+def test_a_compiled_run_equals_the_reference_loop(store):
+    """--compile fuses the transform with the model: one graph for uint8 batches, equal to
+    the eager reference (the GPU where there is one)."""
+    model = load_model("timm:vit_tiny_patch16_224")
+    path = store()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    options = Options(batch_size=16, device=device, precision="fp32", compile=True)
+    report = embed([path], model, plan_options={"mpp": 0.5, "tile": 224}, options=options)
+    assert report.compile and not report.failures
+    slide = open_slide(path)
+    plan, _ = load_plan(slide, "0.5mpp-224px")
+    features, _ = _features(path, "timm:vit_tiny_patch16_224")
+    reference = reference_features(slide, plan, model, device=device)
+    assert cosine(features, reference).min() >= 0.999

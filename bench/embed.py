@@ -269,9 +269,8 @@ def main() -> None:
         print(f"  ceiling eager {entry['eager']}", flush=True)
         compiled = arch in compiled_models
         if compiled:
-            entry["compiled"] = ceiling(
-                module, [entry["eager"]["batch"], 2 * entry["eager"]["batch"]], True
-            )
+            eager_best = entry["eager"]["batch"]
+            entry["compiled"] = ceiling(module, [eager_best // 2, eager_best, 2 * eager_best], True)
             print(f"  ceiling compiled {entry['compiled']}", flush=True)
         best = max(
             (entry["eager"], entry.get("compiled", {"tiles_per_s": 0})),

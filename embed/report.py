@@ -178,6 +178,12 @@ class RunReport:
         compute = stats.get("compute")
         waiting = stats.get("waiting_for_tiles")
         warm = stats.get("warm_up")
+        if "gpu_idle" in stats.seconds:
+            # The loop waits for tiles while the GPU still computes the batches launched
+            # before: only the GPU's idle time (the fill, then the gaps between batches,
+            # timed by CUDA events) is time lost to waiting, so the parts add up to the wall.
+            fill = max((self.first_batch_s or 0.0) - warm, 0.0)
+            waiting = min(waiting, fill + stats.get("gpu_idle"))
         self.explained = {
             "setup (model load, batch size)": round(self.setup_s, 3),
             "model warm-up (CUDA set-up, compilation)": round(warm, 3),

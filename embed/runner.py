@@ -242,6 +242,7 @@ class Runner:
         written.put((item, slot, done, start, end))
 
     def _write(self, written: queue.Queue, outputs: SlotPool, report: RunReport, progress) -> None:
+        last_end = None  # the previous batch's end on the GPU: the gap to the next start is idle
         while (item := written.get()) is not DONE:
             try:
                 if isinstance(item, JobStart):
@@ -258,6 +259,9 @@ class Runner:
                 if done is not None:
                     done.synchronize()  # the feature copy (and so the batch) has finished
                     self.stats.add("compute", start.elapsed_time(end) / 1000)
+                    if last_end is not None:
+                        self.stats.add("gpu_idle", last_end.elapsed_time(start) / 1000)
+                    last_end = end
                 t0 = time.perf_counter()
                 batch.job.writer.write(batch.block, outputs.buffers[slot][: batch.count].numpy())
                 outputs.release(slot)

@@ -220,6 +220,9 @@ def test_cuda_engine_equals_the_reference_loop(store, tiny, precision):
         options=Options(batch_size=16, precision=precision, dtype="float32"),
     )
     assert report.device.startswith("cuda") and not report.failures
+    # GPU time from CUDA events, idle gaps between batches included: the parts add up
+    assert report.stages["gpu_idle"] >= 0
+    assert abs(sum(report.explained.values()) - report.wall_s) < 0.05 * report.wall_s + 0.05
     slide = open_slide(path)
     plan, _ = load_plan(slide)
     features, _ = _features(path, TINY)

@@ -78,3 +78,19 @@ def test_a_compile_warm_up_is_reported_apart_not_as_an_idle_gpu(monkeypatch):
     assert sum(report.explained.values()) == pytest.approx(11.2)
     assert report.gpu_busy_fraction == pytest.approx(3.5 / 4.0)  # of the loop after warm-up
     assert report.warnings == []
+
+
+def test_waiting_that_overlaps_gpu_work_is_not_counted_twice(monkeypatch):
+    """nvJPEG-bound: the loop waits 6 s for tiles, but the GPU computes through 4.5 s of it;
+    only its idle time (fill + gaps between batches) is waiting, and the parts add up."""
+    monkeypatch.setattr("torch.cuda.max_memory_allocated", lambda *a: 0)
+    stats = Stats()
+    parts = {"loop": 10.0, "compute": 8.0, "waiting_for_tiles": 6.0, "gpu_idle": 1.5}
+    for stage, seconds in parts.items():
+        stats.add(stage, seconds)
+    sampler = SimpleNamespace(rss_mb=100.0, gpu_mem_mb=0.0, gpu_util=[], nvml_error=None)
+    report = _report(setup_s=0.5, first_batch_s=0.5)
+    report.finish(10.5, sampler, stats)
+    assert report.explained["waiting for tiles (read/decode bound)"] == pytest.approx(2.0)
+    assert report.explained["GPU computing"] == 8.0
+    assert sum(report.explained.values()) == pytest.approx(10.5)

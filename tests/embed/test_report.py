@@ -64,15 +64,21 @@ def test_format_report_ends_with_the_warnings(busy):
     assert any(line.startswith("WARNING") for line in lines) == (busy < 0.5)
 
 
-def test_a_compile_warm_up_is_reported_apart_not_as_an_idle_gpu(monkeypatch):
+def _finished(monkeypatch, wall: float, parts: dict, **kwargs) -> RunReport:
+    """A GPU run's report finished from these stage seconds."""
     monkeypatch.setattr("torch.cuda.max_memory_allocated", lambda *a: 0)
     stats = Stats()
-    parts = {"loop": 10.0, "warm_up": 6.0, "compute": 3.5, "waiting_for_tiles": 0.3}
     for stage, seconds in parts.items():
         stats.add(stage, seconds)
     sampler = SimpleNamespace(rss_mb=100.0, gpu_mem_mb=0.0, gpu_util=[], nvml_error=None)
-    report = _report(setup_s=1.0)
-    report.finish(11.2, sampler, stats)
+    report = _report(**kwargs)
+    report.finish(wall, sampler, stats)
+    return report
+
+
+def test_a_compile_warm_up_is_reported_apart_not_as_an_idle_gpu(monkeypatch):
+    parts = {"loop": 10.0, "warm_up": 6.0, "compute": 3.5, "waiting_for_tiles": 0.3}
+    report = _finished(monkeypatch, 11.2, parts, setup_s=1.0)
     assert report.explained["model warm-up (CUDA set-up, compilation)"] == 6.0
     assert report.explained["other (launches, writer back-pressure)"] == pytest.approx(0.2)
     assert sum(report.explained.values()) == pytest.approx(11.2)
@@ -83,14 +89,8 @@ def test_a_compile_warm_up_is_reported_apart_not_as_an_idle_gpu(monkeypatch):
 def test_waiting_that_overlaps_gpu_work_is_not_counted_twice(monkeypatch):
     """nvJPEG-bound: the loop waits 6 s for tiles, but the GPU computes through 4.5 s of it;
     only its idle time (fill + gaps between batches) is waiting, and the parts add up."""
-    monkeypatch.setattr("torch.cuda.max_memory_allocated", lambda *a: 0)
-    stats = Stats()
     parts = {"loop": 10.0, "compute": 8.0, "waiting_for_tiles": 6.0, "gpu_idle": 1.5}
-    for stage, seconds in parts.items():
-        stats.add(stage, seconds)
-    sampler = SimpleNamespace(rss_mb=100.0, gpu_mem_mb=0.0, gpu_util=[], nvml_error=None)
-    report = _report(setup_s=0.5, first_batch_s=0.5)
-    report.finish(10.5, sampler, stats)
+    report = _finished(monkeypatch, 10.5, parts, setup_s=0.5, first_batch_s=0.5)
     assert report.explained["waiting for tiles (read/decode bound)"] == pytest.approx(2.0)
     assert report.explained["GPU computing"] == 8.0
     assert sum(report.explained.values()) == pytest.approx(10.5)

@@ -66,7 +66,7 @@ def decode_gpu(
 
 def _encoded(data: Sequence[bytes]) -> list[torch.Tensor]:
     """The streams as uint8 tensors: views of one buffer, so one copy for all of them."""
-    joined = torch.frombuffer(bytearray(b"".join(data)), dtype=torch.uint8)
+    joined = torch.frombuffer(bytearray().join(data), dtype=torch.uint8)
     return list(joined.split([len(d) for d in data]))
 
 

@@ -92,15 +92,7 @@ class EmbeddingWriter:
 
     @classmethod
     def attach(
-        cls,
-        slide: Slide,
-        plan: TilePlan,
-        plan_uid: str,
-        model: dict[str, Any],
-        *,
-        batch_size: int,
-        dtype: str,
-        settings: dict[str, Any],
+        cls, slide: Slide, plan: TilePlan, plan_uid: str, **identity: Any
     ) -> EmbeddingWriter:
         """Open an existing group to write some of its batches (a slice, on a Dask worker).
 
@@ -108,7 +100,7 @@ class EmbeddingWriter:
         cohort coordinator) holds the lock and finishes it when every slice is done.
         """
         self = cls.__new__(cls)
-        self._setup(slide, plan, plan_uid, model, batch_size, dtype, settings)
+        self._setup(slide, plan, plan_uid, **identity)  # the constructor's identity arguments
         self.attached = True
         group = self._existing()
         if group is None:
@@ -197,15 +189,14 @@ class EmbeddingWriter:
             "y_um": "micrometer",
         }
         for key, values in coords.items():
-            array = group.create_array(
+            group.create_array(
                 key,
                 data=np.ascontiguousarray(values),
                 dimension_names=("tile",),
                 compressors=[ZstdCodec(level=3)],
+                attributes={"units": units[key]} if key in units else None,
             )
-            if key in units:
-                array.attrs["units"] = units[key]
-        features = group.create_array(
+        group.create_array(
             "features",
             shape=(n, dim),
             chunks=(self.batch_size, dim),
@@ -213,8 +204,8 @@ class EmbeddingWriter:
             dimension_names=("tile", "feature"),
             compressors=[ZstdCodec(level=1)],
             fill_value=np.nan,
+            attributes={"coordinates": " ".join(COORDS)},  # xarray: these are coordinates
         )
-        features.attrs["coordinates"] = " ".join(COORDS)  # xarray: these are coordinates
         group.create_array(
             "done",
             shape=(blocks,),

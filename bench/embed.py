@@ -5,10 +5,11 @@ vit_large_patch16_224 = UNI), in one process:
   ceiling  - the model alone: bf16 input already on the GPU, best batch, eager and (where
              asked) torch.compile; the best of these;
   engine   - the engine end to end on a store built from real tissue (a large SVS of CMU-1
-             tiles, converted with the copy path): --decode cpu and --decode gpu, timed from
-             embed() on a set-up Embedder (model on the GPU, decoder processes started: the
-             set-up is reported apart, as the ceiling leaves out loading its model) to the
-             last write;
+             tiles, converted with the copy path: 256 px chunks) with --decode cpu, and on
+             its YCbCr re-encode (512 px chunks, nvJPEG's best: bench/nvjpeg.py) with
+             --decode gpu and --decode cpu, timed from embed() on a set-up Embedder (model
+             on the GPU, decoder processes started: the set-up is reported apart, as the
+             ceiling leaves out loading its model) to the last write;
   baseline - bench/baseline.py: DataLoader, 8 workers, OpenSlide read_region on the SOURCE
              slide, CPU transforms, batch 64, fp16.
   cli      - `tilestore embed` in a fresh process (model load and compilation included):
@@ -52,16 +53,18 @@ from tilestore.plans import list_plans, load_plan, plan_slide, save_plan
 HERE = Path(__file__).resolve().parent
 
 
-def build(work: Path, size: int) -> tuple[Path, Path, Path]:
-    """The large SVS, its store (tiles copied: Aperio RGB-coded JPEG) and a YCbCr copy of it
-    (re-encoded: what nvJPEG can decode), each with a 0.5 um/px, 224 px plan named 'bench'."""
+def build(work: Path, size: int, ycbcr_chunk: int = 256) -> tuple[Path, Path, Path]:
+    """The large SVS, its store (tiles copied: Aperio RGB-coded JPEG, 256 px chunks) and a
+    YCbCr copy of it (re-encoded, in chunks of `ycbcr_chunk` px: what nvJPEG can decode),
+    each with a 0.5 um/px, 224 px plan named 'bench'."""
     source = make_large_svs(work / f"large-{size}.svs", size)
     stores = []
-    for name, copy_tiles in (("copied", True), ("ycbcr", False)):
+    ycbcr = "ycbcr" if ycbcr_chunk == 256 else f"ycbcr-{ycbcr_chunk}"
+    for name, copy_tiles, chunk in (("copied", True, None), (ycbcr, False, ycbcr_chunk)):
         store = work / name / f"large-{size}.ome.zarr"
         if not store.exists():
             t0 = time.perf_counter()
-            report = tilestore.convert(source, work / name, copy=copy_tiles)
+            report = tilestore.convert(source, work / name, copy=copy_tiles, chunk=chunk)
             print(
                 f"{name}: converted in {time.perf_counter() - t0:.1f} s "
                 f"{[lv.write for lv in report.levels]}",
@@ -228,6 +231,9 @@ def main() -> None:
         help="sys.setswitchinterval for the runs (seconds; Python's default is 0.005)",
     )
     parser.add_argument("--size", type=int, default=40_000)
+    parser.add_argument(
+        "--ycbcr-chunk", type=int, default=512, help="chunk px of the re-encoded (nvJPEG) store"
+    )
     parser.add_argument("--baseline-tiles", type=int, default=12_000)
     parser.add_argument("--work", type=Path, default=HERE / "data")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "embed.json")
@@ -238,7 +244,7 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = True
 
     t0 = time.perf_counter()
-    source, store, ycbcr = build(args.work, args.size)
+    source, store, ycbcr = build(args.work, args.size, args.ycbcr_chunk)
     small = args.work / "stores" / "CMU-1-Small-Region.ome.zarr"
     if not small.exists():
         data = Path(os.environ.get("TILESTORE_DATA", HERE.parents[1] / "shared" / "data"))
@@ -257,7 +263,7 @@ def main() -> None:
             "python": platform.python_version(),
             "switch_interval": sys.getswitchinterval(),
         },
-        "slide": {"size": args.size, "tiles": len(plan)},
+        "slide": {"size": args.size, "tiles": len(plan), "ycbcr_chunk": args.ycbcr_chunk},
         "models": {},
     }
     compiled_models = set(args.compile.split(",")) if args.compile else set()
@@ -306,7 +312,7 @@ def main() -> None:
             )
         if "cli" in runs:  # a fresh process draws its own random weights: not on the store checked
             entry["cli"] = cli_run(cohort[-1], arch, batch, compiled, args.out)
-        for key in ("engine_cpu", "engine_gpu", "cohort_cpu"):
+        for key in ("engine_cpu", "engine_gpu", "engine_cpu_ycbcr", "cohort_cpu"):
             if key in entry:
                 entry[key]["vs_ceiling"] = entry[key]["tiles_per_s"] / best["tiles_per_s"]
                 entry[key]["limited_by"] = limiting(entry[key]["stages"], entry[key]["explained"])
@@ -345,6 +351,7 @@ def print_table(results: dict) -> None:
         "ceiling",
         "engine cpu-dec",
         "engine gpu-dec",
+        "cpu-dec same store",
         "cohort x3 cpu-dec",
         "baseline",
         "vs ceil",
@@ -367,6 +374,7 @@ def print_table(results: dict) -> None:
                     + (" (c)" if e["ceiling"]["compiled"] else ""),
                     _rate(e.get("engine_cpu")),
                     _rate(e.get("engine_gpu")),
+                    _rate(e.get("engine_cpu_ycbcr")),
                     _rate(e.get("cohort_cpu")),
                     f"{e['baseline']['tiles_per_s']:.0f}" if "baseline" in e else "-",
                     f"{best['vs_ceiling']:.2f}" if best else "-",

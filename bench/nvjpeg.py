@@ -2,11 +2,14 @@
 
 Decodes the first `--chunks` chunks of a JPEG store level (default: bench/embed.py's YCbCr
 store) with `embed.nvjpeg.decode_gpu`, in calls of 16 .. 1024 chunks, and reports chunks/s
-and megapixels/s; then once more while a model runs batches on the GPU, to show what the
-decoder takes from it (the model's tiles/s alone and beside the decodes). This is what
-`embed.nvjpeg.GROUP_PIXELS` rests on.
+and megapixels/s; then once more beside a thread that only runs Python and beside a model
+running batches on the GPU, to show what the decoder takes from it and it from the decoder
+(the model's tiles/s alone and beside the decodes). This is what `embed.nvjpeg.GROUP_PIXELS`
+rests on. Last, the same tissue re-encoded in chunks of `--sides` px (quality 90), to show
+what the chunk size does to nvJPEG: its cost per image, not per pixel, is what limits it on
+small chunks.
 
-    python bench/nvjpeg.py [--store S] [--model vit_small_patch16_224] [--out x.json]
+    python bench/nvjpeg.py [--store S] [--sides 256,512,1024] [--out x.json]
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
+import imagecodecs
+import numpy as np
 import timm
 import torch
 
-from embed.nvjpeg import decode_gpu, warm_up
+from embed.nvjpeg import decode_gpu, group_chunks, warm_up
 from tilestore.slide import open_slide
 
 
@@ -40,6 +45,54 @@ def decode_rate(reader, data: list[bytes], group: int, device: torch.device) -> 
             decode_gpu(reader, data[start : start + group], device)
         torch.cuda.synchronize(device)
     return len(data) / (time.perf_counter() - t0)
+
+
+def same_tissue(reader, side: int, squares: int = 4, square: int = 4096) -> list[bytes]:
+    """`squares` squares of `square` px along the level's diagonal, re-encoded as JPEGs of
+    side x side px (quality 90, 4:2:0): the same tissue in chunks of another size."""
+    n = square // reader.chunk_h
+    out = []
+    for k in range(squares):
+        r0 = (k + 1) * reader.grid[0] // (squares + 1) - n // 2
+        c0 = (k + 1) * reader.grid[1] // (squares + 1) - n // 2
+        rows = [
+            np.concatenate(
+                [reader.decode(d) for d in reader.fetch([(r0 + i, c0 + j) for j in range(n)])],
+                axis=1,
+            )
+            for i in range(n)
+        ]
+        image = np.concatenate(rows, axis=0)
+        for y in range(0, square, side):
+            for x in range(0, square, side):
+                out.append(imagecodecs.jpeg8_encode(image[y : y + side, x : x + side], level=90))
+    return out
+
+
+def chunk_sizes(reader, sides: list[int], model, device) -> dict:
+    """Mpx/s decoding the same tissue in chunks of each side, alone and beside the model
+    (2 batches in flight, as the engine), in calls of about GROUP_PIXELS."""
+    found = {}
+    for side in sides:
+        data = same_tissue(reader, side)
+        group = group_chunks(side, side)
+        px = side * side / 1e6
+        alone = best_rate(reader, data, group, device, 3.0)
+        rate, other = beside(
+            lambda stop: model_rate(model, device, stop, 2), reader, data, device, group=group
+        )
+        found[side] = {
+            "chunks": len(data),
+            "mean_bytes": sum(map(len, data)) / len(data),
+            "alone_mpx_per_s": alone * px,
+            "beside_model_mpx_per_s": rate * px,
+            "model_tiles_per_s": other,
+        }
+        print(
+            f"{side} px | {alone * px:.0f} Mpx/s alone ({alone:.0f} chunks/s) | "
+            f"{rate * px:.0f} Mpx/s beside the model ({rate:.0f} chunks/s), model {other:.0f}"
+        )
+    return found
 
 
 def model_rate(model, device, stop: threading.Event, in_flight: int | None) -> float:
@@ -76,24 +129,34 @@ def model_rate_for(model, device, seconds: float) -> float:
     return model_rate(model, device, stop, 2)
 
 
-def beside(work, reader, data, device, seconds: float = 3.0) -> tuple[float, float]:
-    """(decode chunks/s in calls of 256, work's result) while `work(stop)` runs on a thread."""
+def beside(
+    work, reader, data, device, seconds: float = 3.0, group: int = 256
+) -> tuple[float, float]:
+    """(decode chunks/s in calls of `group`, work's result) while `work(stop)` runs on a
+    thread."""
     stop, out = threading.Event(), {}
     thread = threading.Thread(target=lambda: out.update(result=work(stop)))
     thread.start()
-    rates, t0 = [], time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        rates.append(decode_rate(reader, data, 256, device))
+    rate = best_rate(reader, data, group, device, seconds)
     stop.set()
     thread.join()
-    return max(rates), out["result"]
+    return rate, out["result"]
+
+
+def best_rate(reader, data, group: int, device, seconds: float) -> float:
+    """The best chunks/s of passes over `data` for `seconds`: short passes are noisy."""
+    rates, t0 = [], time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        rates.append(decode_rate(reader, data, group, device))
+    return max(rates)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--store", type=Path, default=HERE / "data/ycbcr/large-40000.ome.zarr")
+    parser.add_argument("--store", type=Path, default=HERE / "data/ycbcr-512/large-40000.ome.zarr")
     parser.add_argument("--chunks", type=int, default=4096)
     parser.add_argument("--model", default="vit_small_patch16_224")
+    parser.add_argument("--sides", default="256,512,1024", help="chunk sizes to compare")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "nvjpeg.json")
     args = parser.parse_args()
     device = torch.device("cuda", torch.cuda.current_device())
@@ -126,6 +189,9 @@ def main() -> None:
         results["beside"][name] = {"decode_chunks_per_s": rate, "other": other}
         tail = f"; model {other:.0f} tiles/s" if "model" in name else ""
         print(f"  {name}: decode {rate:.0f} chunks/s{tail}")
+    print("the same tissue in chunks of other sizes:")
+    sides = [int(v) for v in args.sides.split(",")]
+    results["chunk_sizes"] = chunk_sizes(reader, sides, model, device)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     print(f"JSON: {args.out}")

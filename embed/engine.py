@@ -41,8 +41,9 @@ class Options:
 
     batch_size: int | None = None  # None: "auto", the largest that fits and still helps
     device: str = "auto"  # auto, cuda, cuda:N, cpu
-    # auto: CPU decoder processes, unless the job has under 4 CPUs. nvJPEG takes GPU time
-    # from the model: on an H100 with 16 CPUs, CPU decoding beat it for ViT-S, -B and -L.
+    # auto: nvJPEG for slides in chunks of 512 px or more, or where the job has under 4
+    # CPUs; else CPU decoder processes (on an H100 with 16 CPUs, these beat nvJPEG on 256 px
+    # chunks for ViT-S, -B and -L, and nvJPEG beat them on 512 px chunks)
     decode: str = "auto"  # auto, cpu, gpu
     precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU), bf16, fp32
     dtype: str = "float16"  # of the stored features
@@ -129,7 +130,7 @@ class Embedder:
                 self.loaded.module.to(memory_format=torch.channels_last)
             self.runner = Runner(self.loaded, self.device, self.precision, options)
             self.runner.processes = decoders
-            if self.runner.decode_mode() == "gpu":
+            if self.runner.decode_mode() != "cpu":
                 nvjpeg.warm_up(self.device)
             self.batch = options.batch_size or self.runner.auto_batch_size()
             if decoders is not None:

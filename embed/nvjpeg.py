@@ -31,6 +31,18 @@ from tilestore.chunks import ChunkReader
 # Pixels one decode call aims for: 16.8 Mpx (256 chunks of 256 x 256), about 50 MB decoded.
 GROUP_PIXELS = 256 * 256 * 256
 
+# nvJPEG's cost is mostly per image, not per pixel: on an H100 it decoded 256 px chunks at
+# 1.3 Gpx/s and 512 px chunks at 2.9-3.2 Gpx/s (bench/nvjpeg.py). From this chunk size on,
+# `--decode auto` decodes a slide with nvJPEG, which then beat 14 CPU decoder processes.
+AUTO_GPU_CHUNK_PIXELS = 512 * 512
+
+
+def gpu_decodes(mode: str, reader: ChunkReader) -> bool:
+    """Whether a slide's level is decoded with nvJPEG under --decode `mode` (cpu, gpu, auto)."""
+    if not reader.is_jpeg or mode == "cpu":
+        return False
+    return mode == "gpu" or reader.chunk_h * reader.chunk_w >= AUTO_GPU_CHUNK_PIXELS
+
 
 def group_chunks(chunk_h: int, chunk_w: int) -> int:
     """Chunks one decode call gathers for chunks of this size."""

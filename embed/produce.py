@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from embed.assemble import BatchBuilder, CpuAssembler, SlotPool, Stopped, cut_row, put
-from embed.nvjpeg import gpu_decode_agrees
+from embed.nvjpeg import gpu_decode_agrees, gpu_decodes
 from embed.procdecode import ProcessDecoder
 from embed.report import RunReport, Stats
 from embed.rows import NvjpegRows, ProcessRows, ThreadRows
@@ -88,18 +88,18 @@ class Producer:
     def _job(self, job: Job, batch: int, report: RunReport, decoders, cutters, ready, stop) -> None:
         plan = job.plan
         reader = job.slide.chunks(plan.spec.level)
-        gpu = report.decode == "gpu" and reader.is_jpeg
+        gpu = self.cuda and gpu_decodes(report.decode, reader)
         if gpu:
             sample = [tuple(rc) for rc in plan.needed_chunks()[:3].tolist()]
             difference = gpu_decode_agrees(reader, sample, self.device)
-            if difference > 2.0:
-                gpu = False
+            gpu = difference <= 2.0
+            if not gpu and report.decode == "gpu":  # asked for: say why it is not used
                 report.warnings.append(
                     f"{job.store}: nvJPEG decodes this store's JPEG chunks differently from "
                     f"libjpeg (mean |difference| {difference:.1f} levels): decoded on the CPU"
                 )
         job.started = time.perf_counter()
-        report.begin(job)
+        report.begin(job, "gpu" if gpu else "cpu")
         sub = _subset(plan, job.todo)
         steps = chunk_schedule(sub)
         emit = lambda b: put(ready, b, stop)  # noqa: E731 - a callback, named for reading

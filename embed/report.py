@@ -145,7 +145,7 @@ class RunReport:
     def tiles_per_s(self) -> float:
         return self.tiles / self.wall_s if self.wall_s else 0.0
 
-    def begin(self, job) -> None:
+    def begin(self, job, decode: str) -> None:
         self.total += len(job.todo)
         self.slides.append(
             {
@@ -153,6 +153,7 @@ class RunReport:
                 "plan": job.plan.name,
                 "tiles": len(job.todo),
                 "skipped_done": int(len(job.plan) - len(job.todo)),
+                "decode": decode,  # cpu or gpu, this slide's
             }
         )
 
@@ -258,6 +259,14 @@ def _hwm_mb() -> float:
     return 0.0
 
 
+def _decode(report: RunReport) -> str:
+    """--decode, and with auto what each slide got (gpu for slides in big chunks)."""
+    if report.decode != "auto":
+        return report.decode
+    used = sorted({slide["decode"] for slide in report.slides if "decode" in slide})
+    return f"auto: {' and '.join(used)}" if used else "auto"
+
+
 def _cpu_name() -> str:
     return f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
 
@@ -267,7 +276,7 @@ def format_report(report: RunReport) -> list[str]:
     lines = [
         f"{report.tiles} tiles in {report.wall_s:.1f} s = {report.tiles_per_s:.1f} tiles/s "
         f"on {report.device_name} ({report.precision}, batch {report.batch_size}, "
-        f"decode {report.decode}{', compiled' if report.compile else ''})"
+        f"decode {_decode(report)}{', compiled' if report.compile else ''})"
     ]
     lines.append("wall time: " + ", ".join(f"{k} {v:.2f} s" for k, v in report.explained.items()))
     if report.first_batch_s is not None:

@@ -192,14 +192,18 @@ class Runner:
             raise report.writer_error
 
     def decode_mode(self) -> str:
-        """cpu or gpu, from --decode (auto: CPU decoder processes unless under 4 CPUs)."""
+        """cpu, gpu or auto, from --decode and the machine: CPU decoding without CUDA, and
+        nvJPEG where the job has under 4 CPUs; else auto, decided per slide by its chunk
+        size (`embed.nvjpeg.gpu_decodes`)."""
         mode = self.options.decode
         if mode not in ("auto", "cpu", "gpu"):
             raise TilestoreError(f"--decode {mode}: choose auto, cpu or gpu")
         if mode == "gpu" and not self.cuda:
             raise TilestoreError("--decode gpu needs a CUDA device")
-        if mode == "auto":
-            return "gpu" if self.cuda and usable_cpus() < 4 else "cpu"
+        if mode == "auto" and not self.cuda:
+            return "cpu"
+        if mode == "auto" and usable_cpus() < 4:
+            return "gpu"
         return mode
 
     def _compute_batch(

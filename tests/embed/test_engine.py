@@ -242,6 +242,22 @@ def test_nvjpeg_decode_matches_cpu_decode_on_a_ycbcr_store(store, tiny, tmp_path
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_auto_decode_sends_slides_in_big_chunks_to_nvjpeg(store, tiny, tmp_path):
+    small = store(copy=False, into=tmp_path / "small")  # YCbCr, 256 px chunks
+    big = store(copy=False, chunk=512, into=tmp_path / "big")  # YCbCr, 512 px chunks
+    options = Options(batch_size=16, dtype="float32")
+    report = embed([small, big], tiny, plan_options={"mpp": 0.5, "tile": 224}, options=options)
+    assert report.decode == "auto" and not report.failures and not report.warnings
+    assert [s["decode"] for s in report.slides] == ["cpu", "gpu"]
+    slide = open_slide(big)
+    reference = reference_features(
+        slide, load_plan(slide)[0], tiny, device="cuda", precision="fp32"
+    )
+    assert cosine(_features(big, TINY)[0], reference).min() >= 0.999
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_rgb_coded_chunks_fall_back_to_cpu_decode(store, tiny, tmp_path):
     cpu, gpu = store(into=tmp_path / "cpu"), store(into=tmp_path / "gpu")  # Aperio RGB JPEG
     report, similarity = _cpu_vs_gpu_decode(cpu, gpu, tiny)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from embed.nvjpeg import RowDecoder, _encoded, decode_gpu, group_chunks
+from embed.nvjpeg import RowDecoder, _encoded, decode_gpu, gpu_decodes, group_chunks
 from tests.conftest import CMU
 from tilestore.slide import open_slide
 
@@ -85,6 +86,23 @@ def test_group_size_follows_the_chunk_size():
     assert group_chunks(512, 512) == 64
     assert group_chunks(240, 240) == 291
     assert group_chunks(8192, 8192) == 1
+
+
+@pytest.mark.parametrize(
+    ("mode", "jpeg", "side", "want"),
+    [
+        ("cpu", True, 1024, False),
+        ("gpu", True, 256, True),
+        ("gpu", False, 512, False),  # zstd levels: nothing for nvJPEG
+        ("auto", True, 256, False),  # small chunks: CPU decoders beat nvJPEG
+        ("auto", True, 496, False),
+        ("auto", True, 512, True),  # nvJPEG's cost is per image: big chunks go to it
+        ("auto", False, 1024, False),
+    ],
+)
+def test_which_slides_nvjpeg_decodes(mode, jpeg, side, want):
+    reader = SimpleNamespace(is_jpeg=jpeg, chunk_h=side, chunk_w=side)
+    assert gpu_decodes(mode, reader) is want
 
 
 def test_encoded_streams_are_views_of_one_buffer():

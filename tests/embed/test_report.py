@@ -64,6 +64,26 @@ def test_format_report_ends_with_the_warnings(busy):
     assert any(line.startswith("WARNING") for line in lines) == (busy < 0.5)
 
 
+@pytest.mark.parametrize(
+    ("mode", "slides", "shown"),
+    [
+        ("cpu", ["cpu"], "decode cpu)"),
+        ("auto", ["cpu", "cpu"], "decode auto: cpu)"),
+        ("auto", ["gpu", "cpu", "gpu"], "decode auto: cpu and gpu)"),
+        ("auto", [], "decode auto)"),
+    ],
+)
+def test_the_first_line_says_how_the_slides_were_decoded(mode, slides, shown):
+    report = _report(
+        decode=mode,
+        slides=[
+            {"store": f"s{i}", "tiles": 9, "skipped_done": 0, "decode": d}
+            for i, d in enumerate(slides)
+        ],
+    )
+    assert format_report(report)[0].endswith(shown)
+
+
 def _finished(monkeypatch, wall: float, parts: dict, **kwargs) -> RunReport:
     """A GPU run's report finished from these stage seconds."""
     monkeypatch.setattr("torch.cuda.max_memory_allocated", lambda *a: 0)

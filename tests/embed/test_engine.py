@@ -247,8 +247,9 @@ def test_auto_decode_sends_slides_in_big_chunks_to_nvjpeg(store, tiny, tmp_path)
     big = store(copy=False, chunk=512, into=tmp_path / "big")  # YCbCr, 512 px chunks
     options = Options(batch_size=16, dtype="float32")
     report = embed([small, big], tiny, plan_options={"mpp": 0.5, "tile": 224}, options=options)
-    assert report.decode == "auto" and not report.failures and not report.warnings
+    assert report.decode == "auto" and not report.failures
     assert [s["decode"] for s in report.slides] == ["cpu", "gpu"]
+    assert not any("nvJPEG" in w for w in report.warnings)
     slide = open_slide(big)
     reference = reference_features(
         slide, load_plan(slide)[0], tiny, device="cuda", precision="fp32"

@@ -93,7 +93,6 @@ def embed(
         raise TilestoreError("--plan names a stored plan: plan options cannot change it")
     if batch_size != "auto" and not batch_size.isdigit():
         raise TilestoreError(f"--batch-size {batch_size}: a number or auto")
-    defaults = Options()
     options = Options(
         batch_size=None if batch_size == "auto" else int(batch_size),
         device=device,
@@ -102,7 +101,7 @@ def embed(
         dtype=dtype,
         compile=compile,
         readers=readers,
-        decoders=decoders or defaults.decoders,
+        decoders=decoders,
         overwrite=overwrite,
         hf_token=hf_token,
     )
@@ -153,12 +152,11 @@ def _embed_on_dask(
     from distributed import Client
 
     from embed.cohort import decoders_per_worker, embed_cohort, local_cluster, summary_lines
-    from embed.engine import Options
 
     if cluster and scheduler:
         raise TilestoreError("--cluster starts a cluster, --scheduler joins one: give one")
     client = Client(scheduler) if scheduler else local_cluster(cluster, workers)
-    if cluster and options.decoders == Options().decoders:  # cores shared by the workers
+    if cluster and options.decoders is None:  # cores shared by the workers
         options = replace(options, decoders=decoders_per_worker(len(client.nthreads())))
     with client, _progress(f"embedding with {model} on Dask") as (progress, task):
         result = embed_cohort(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ class Options:
     dtype: str = "float16"  # of the stored features
     compile: bool = False
     readers: int = 4  # threads reading chunk rows ahead (GPU decode) or cutting tiles (CPU)
-    decoders: int = max(2, usable_cpus() - 2)  # processes (or threads) decoding JPEG
+    decoders: int | None = None  # processes (or threads) decoding JPEG; None: CPUs - 2
     prefetch: int = 4  # batches of tiles ready ahead of the GPU
     overwrite: bool = False
     hf_token: str | None = None
@@ -114,6 +114,8 @@ class Embedder:
 
     def __init__(self, model: str | LoadedModel, options: Options = Options()) -> None:
         started = time.perf_counter()
+        if options.decoders is None:  # the CPUs this process may use, where it runs
+            options = replace(options, decoders=max(2, usable_cpus() - 2))
         self.options = options
         self.device = _device(options.device)
         self.precision = _precision(options.precision, self.device)

@@ -192,19 +192,7 @@ class Runner:
             raise report.writer_error
 
     def decode_mode(self) -> str:
-        """cpu, gpu or auto, from --decode and the machine: CPU decoding without CUDA, and
-        nvJPEG where the job has under 4 CPUs; else auto, decided per slide by its chunk
-        size (`embed.nvjpeg.gpu_decodes`)."""
-        mode = self.options.decode
-        if mode not in ("auto", "cpu", "gpu"):
-            raise TilestoreError(f"--decode {mode}: choose auto, cpu or gpu")
-        if mode == "gpu" and not self.cuda:
-            raise TilestoreError("--decode gpu needs a CUDA device")
-        if mode == "auto" and not self.cuda:
-            return "cpu"
-        if mode == "auto" and usable_cpus() < 4:
-            return "gpu"
-        return mode
+        return decode_mode(self.options.decode, self.cuda)
 
     def _compute_batch(
         self, item: Batch, outputs: SlotPool, copy_stream, written: queue.Queue
@@ -284,3 +272,18 @@ def _drain(q: queue.Queue) -> None:
     with contextlib.suppress(queue.Empty):
         while True:
             q.get_nowait()
+
+
+def decode_mode(option: str, cuda: bool) -> str:
+    """The run's --decode: cpu, gpu or auto. CPU decoding without CUDA, nvJPEG where the job
+    has under 4 CPUs, else as asked; auto is then decided per slide by its chunk size
+    (`embed.nvjpeg.gpu_decodes`)."""
+    if option not in ("auto", "cpu", "gpu"):
+        raise TilestoreError(f"--decode {option}: choose auto, cpu or gpu")
+    if option == "gpu" and not cuda:
+        raise TilestoreError("--decode gpu needs a CUDA device")
+    if option == "auto" and not cuda:
+        return "cpu"
+    if option == "auto" and usable_cpus() < 4:
+        return "gpu"
+    return option

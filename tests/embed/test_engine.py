@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,7 +18,8 @@ import torch
 import xarray as xr
 import zarr
 
-from embed.engine import Options, embed
+from embed import engine
+from embed.engine import Embedder, Options, embed
 from embed.models import load_model
 from embed.reference import cosine, reference_features
 from tests.conftest import NDPI
@@ -206,6 +208,15 @@ TINY = "timm:vit_small_patch16_224"
 @pytest.fixture(scope="module")
 def tiny():
     return load_model(TINY)
+
+
+def test_decoders_default_to_the_cpus_of_the_process_that_embeds(lite, monkeypatch):
+    monkeypatch.setattr(engine, "usable_cpus", lambda: 9)  # as a Dask worker pinned to 9
+    options = Options(device="cpu", batch_size=2)
+    with Embedder(lite, options) as embedder:
+        assert embedder.options.decoders == 7 and options.decoders is None
+    with Embedder(lite, replace(options, decoders=3)) as embedder:
+        assert embedder.options.decoders == 3
 
 
 @pytest.mark.gpu

@@ -133,9 +133,9 @@ class ProcessDecoder:
 
         About half a second for half a gigabyte, and it slows the decodes and copies beside
         it (the first batch of a ViT-S run came after 0.35 s instead of 0.11 s): the engine
-        starts it once the first batch is out. A row copied from a block not yet pinned
-        goes by a pageable copy: synchronous, equally right. Blocks are used from the first
-        and pinned from the last, so the rows in flight meet it late.
+        starts it once a few batches are out (`embed.rows.ProcessRows`). A row copied from a
+        block not yet pinned goes by a pageable copy: synchronous, equally right. Blocks are
+        used from the first and pinned from the last, so the rows in flight meet it late.
         """
         if self._pin and self._pinning is None:
             self._pinning = threading.Thread(

@@ -132,8 +132,9 @@ class Embedder:
                 self.loaded.module.to(memory_format=torch.channels_last)
             self.runner = Runner(self.loaded, self.device, self.precision, options)
             self.runner.processes = decoders
-            if self.runner.decode_mode() != "cpu":
-                nvjpeg.warm_up(self.device)
+            mode = self.runner.decode_mode()
+            if mode != "cpu":  # auto only uses nvJPEG where it runs
+                self.runner.nvjpeg = nvjpeg.warm_up(self.device, required=mode == "gpu")
             self.batch = options.batch_size or self.runner.auto_batch_size()
             if decoders is not None:
                 decoders.wait_ready()  # they started before the model loaded: usually are

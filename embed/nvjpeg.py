@@ -101,14 +101,21 @@ def gpu_decode_agrees(
     return 0.0
 
 
-def warm_up(device: torch.device) -> None:
+def warm_up(device: torch.device, required: bool = True) -> bool:
     """Make torchvision's decoder now (the hardware backend takes a while to start), not at
-    the first row of the first slide."""
+    the first row of the first slide. Where it cannot run on this device (a build without
+    nvJPEG, as on ROCm), raise if `required`, else return False."""
     from torchvision.io import decode_jpeg, encode_jpeg
 
     tiny = encode_jpeg(torch.zeros((3, 16, 16), dtype=torch.uint8))
-    decode_jpeg([tiny], device=device)
-    torch.cuda.synchronize(device)
+    try:
+        decode_jpeg([tiny], device=device)
+        torch.cuda.synchronize(device)
+    except RuntimeError:
+        if required:
+            raise
+        return False
+    return True
 
 
 class RowDecoder:

@@ -44,6 +44,7 @@ class Runner:
         self.stats = Stats()
         self.open_jobs: list[Job] = []
         self.processes: ProcessDecoder | None = None
+        self.nvjpeg = True  # torchvision decodes JPEG on this GPU (set by the Embedder)
         self.warm = False  # the model has run once at the run's batch size
 
     def close(self) -> None:
@@ -192,7 +193,7 @@ class Runner:
             raise report.writer_error
 
     def decode_mode(self) -> str:
-        return decode_mode(self.options.decode, self.cuda)
+        return decode_mode(self.options.decode, self.cuda, self.nvjpeg)
 
     def _compute_batch(
         self, item: Batch, outputs: SlotPool, copy_stream, written: queue.Queue
@@ -274,15 +275,15 @@ def _drain(q: queue.Queue) -> None:
             q.get_nowait()
 
 
-def decode_mode(option: str, cuda: bool) -> str:
-    """The run's --decode: cpu, gpu or auto. CPU decoding without CUDA, nvJPEG where the job
-    has under 4 CPUs, else as asked; auto is then decided per slide by its chunk size
-    (`embed.nvjpeg.gpu_decodes`)."""
+def decode_mode(option: str, cuda: bool, nvjpeg: bool = True) -> str:
+    """The run's --decode: cpu, gpu or auto. Auto is CPU decoding without CUDA or where
+    torchvision cannot decode on the GPU (`nvjpeg` False), nvJPEG where the job has under 4
+    CPUs, else decided per slide by its chunk size (`embed.nvjpeg.gpu_decodes`)."""
     if option not in ("auto", "cpu", "gpu"):
         raise TilestoreError(f"--decode {option}: choose auto, cpu or gpu")
     if option == "gpu" and not cuda:
         raise TilestoreError("--decode gpu needs a CUDA device")
-    if option == "auto" and not cuda:
+    if option == "auto" and not (cuda and nvjpeg):
         return "cpu"
     if option == "auto" and usable_cpus() < 4:
         return "gpu"

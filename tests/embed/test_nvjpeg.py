@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from embed.nvjpeg import RowDecoder, _encoded, decode_gpu, gpu_decodes, group_chunks
+from embed.nvjpeg import RowDecoder, _encoded, decode_gpu, gpu_decodes, group_chunks, warm_up
 from tests.conftest import CMU
 from tilestore.slide import open_slide
 
@@ -103,6 +103,16 @@ def test_group_size_follows_the_chunk_size():
 def test_which_slides_nvjpeg_decodes(mode, jpeg, side, want):
     reader = SimpleNamespace(is_jpeg=jpeg, chunk_h=side, chunk_w=side)
     assert gpu_decodes(mode, reader) is want
+
+
+def test_a_gpu_without_nvjpeg_fails_only_where_gpu_decoding_was_asked_for(monkeypatch):
+    def no_nvjpeg(*args, **kwargs):
+        raise RuntimeError("Not compiled with GPU support")  # as a ROCm build says
+
+    monkeypatch.setattr("torchvision.io.decode_jpeg", no_nvjpeg)
+    assert warm_up(torch.device("cuda", 0), required=False) is False  # --decode auto
+    with pytest.raises(RuntimeError, match="Not compiled with GPU support"):
+        warm_up(torch.device("cuda", 0))  # --decode gpu
 
 
 def test_encoded_streams_are_views_of_one_buffer():

@@ -10,19 +10,21 @@ from tilestore.errors import TilestoreError
 
 
 @pytest.mark.parametrize(
-    ("option", "cuda", "cpus", "want"),
+    ("option", "cuda", "nvjpeg", "cpus", "want"),
     [
-        ("auto", False, 16, "cpu"),  # no GPU: nothing else can decode
-        ("auto", False, 2, "cpu"),
-        ("auto", True, 16, "auto"),  # decided per slide, by its chunk size
-        ("auto", True, 3, "gpu"),  # too few CPUs to keep a GPU fed
-        ("cpu", True, 3, "cpu"),  # as asked
-        ("gpu", True, 16, "gpu"),
+        ("auto", False, True, 16, "cpu"),  # no GPU: nothing else can decode
+        ("auto", False, True, 2, "cpu"),
+        ("auto", True, True, 16, "auto"),  # decided per slide, by its chunk size
+        ("auto", True, True, 3, "gpu"),  # too few CPUs to keep a GPU fed
+        ("auto", True, False, 3, "cpu"),  # torchvision cannot decode on this GPU (ROCm)
+        ("auto", True, False, 16, "cpu"),
+        ("cpu", True, True, 3, "cpu"),  # as asked
+        ("gpu", True, True, 16, "gpu"),
     ],
 )
-def test_decode_mode(monkeypatch, option, cuda, cpus, want):
+def test_decode_mode(monkeypatch, option, cuda, nvjpeg, cpus, want):
     monkeypatch.setattr(runner, "usable_cpus", lambda: cpus)
-    assert decode_mode(option, cuda) == want
+    assert decode_mode(option, cuda, nvjpeg) == want
 
 
 def test_bad_decode_options_are_one_line_errors():

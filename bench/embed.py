@@ -124,6 +124,17 @@ def engine_batch(ceiling: dict, within: float = 0.03) -> int:
     return min(b for b, r in ceiling["rates"].items() if r >= (1 - within) * ceiling["tiles_per_s"])
 
 
+def gpu_state() -> dict:
+    """The GPU's temperature, SM clock and power now (NVML): the ceilings run at the power
+    cap (an H100 held 700 W and clocked down to 1,545 MHz for ViT-L's compiled batches),
+    so each measurement says in what state the GPU was."""
+    return {
+        "temp_c": torch.cuda.temperature(),
+        "sm_clock_mhz": torch.cuda.clock_rate(),
+        "power_w": round(torch.cuda.power_draw() / 1000, 1),
+    }
+
+
 def reset_peaks() -> None:
     """Start a run's peaks afresh: GPU allocator stats, and the process's VmHWM (Linux),
     which otherwise holds the ceiling's and torch.compile's peaks from earlier."""
@@ -140,6 +151,7 @@ def engine_run(
 ) -> dict:
     options = Options(batch_size=batch, decode=decode, compile=compiled, overwrite=True)
     reset_peaks()
+    state = gpu_state()
     rss_before = psutil.Process().memory_info().rss / 2**20
     with Embedder(loaded, options) as embedder:  # set-up: model on the GPU, decoders started
         report = embedder.embed(stores, plan="bench")
@@ -152,13 +164,14 @@ def engine_run(
     data["tiles_per_s_with_setup"] = report.tiles_per_s
     data["tiles_per_s"] = report.tiles / (report.wall_s - report.setup_s)
     data["rss_before_mb"] = round(rss_before, 1)  # this process's, before the run
+    data["gpu_state_before"] = state
     print(
         f"  engine {tag}: {report.tiles} tiles, {data['tiles_per_s']:.0f} tiles/s from embed() "
         f"to the last write (set-up {report.setup_s:.2f} s before it; "
         f"{data['tiles_per_s_with_setup']:.0f} tiles/s with it); "
         f"first batch {report.first_batch_s} s; "
         f"{report.explained}; GPU util {report.gpu_util_mean}; "
-        f"RSS {rss_before:.0f} MB before, {report.peak_rss_mb:.0f} MB peak",
+        f"RSS {rss_before:.0f} MB before, {report.peak_rss_mb:.0f} MB peak; GPU before {state}",
         flush=True,
     )
     return data
@@ -271,7 +284,8 @@ def main() -> None:
         print(f"== {arch}", flush=True)
         loaded = load_model(f"timm:{arch}")
         module = loaded.module.cuda().eval().to(memory_format=torch.channels_last)
-        entry = {"eager": ceiling(module, [64, 128, 256, 512, 1024], False)}
+        entry = {"gpu_state": {"before_ceilings": gpu_state()}}
+        entry["eager"] = ceiling(module, [64, 128, 256, 512, 1024], False)
         print(f"  ceiling eager {entry['eager']}", flush=True)
         compiled = arch in compiled_models
         if compiled:
@@ -283,6 +297,7 @@ def main() -> None:
             key=lambda c: c["tiles_per_s"],
         )
         entry["ceiling"] = best
+        entry["gpu_state"]["after_ceilings"] = gpu_state()
         batch = engine_batch(best)
         entry["engine_batch"] = batch
         print(f"  engine batch {batch} (smallest within 3% of the best ceiling)", flush=True)

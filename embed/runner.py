@@ -71,15 +71,16 @@ class Runner:
         with torch.inference_mode(), autocast:
             return forward(tiles)[:count]
 
-    def _warm_up(self, batch: int) -> None:
-        """Run the model once at the run's batch size while the producer fills the pipeline:
-        the first batch's set-up (CUDA kernel choice, lazy module loads, or compilation)
-        then overlaps the first reads and decodes instead of following them. Done when the
-        first slide with work is ready, so a run whose stores all fail compiles nothing."""
+    def _warm_up(self, batch: int, read: int) -> None:
+        """Run the model once on a batch shaped as the first slide's tiles (batch, read,
+        read, 3) while the producer fills the pipeline: the first batch's set-up (CUDA
+        kernel choice, lazy module loads, or compilation, which takes the transform and so
+        the tile size too) then overlaps the first reads and decodes instead of following
+        them. Done when the first slide with work is ready, so a run whose stores all fail
+        compiles nothing."""
         t0 = time.perf_counter()
         if self.cuda:
-            size = self.loaded.transform.resize
-            tiles = torch.zeros((batch, size, size, 3), dtype=torch.uint8, device=self.device)
+            tiles = torch.zeros((batch, read, read, 3), dtype=torch.uint8, device=self.device)
             self.compute(tiles, batch)
         self.warm = True
         self.stats.add("warm_up", time.perf_counter() - t0)
@@ -171,7 +172,8 @@ class Runner:
                 if isinstance(item, JobStart | JobEnd):
                     written.put(item)
                     if isinstance(item, JobStart) and len(item.job.todo) and not self.warm:
-                        self._warm_up(batch)  # while the producer fills the pipeline
+                        # while the producer fills the pipeline
+                        self._warm_up(batch, item.job.plan.spec.read)
                     continue
                 if report.first_batch_s is None:
                     report.first_batch_s = round(time.perf_counter() - loop_started, 3)

@@ -1,12 +1,24 @@
-"""The run's --decode, as the GPU loop resolves it before any slide is read."""
+"""The GPU loop: --decode as it resolves before any slide is read, and the warm-up."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
+import torch
 
 from embed import runner
-from embed.runner import decode_mode
+from embed.engine import Options, embed
+from embed.models import load_model
+from embed.runner import Runner, decode_mode
 from tilestore.errors import TilestoreError
+from tilestore.plans import load_plan
+from tilestore.slide import open_slide
+
+
+@pytest.fixture(scope="module")
+def lite():
+    return load_model("efficientnet-lite0")
 
 
 @pytest.mark.parametrize(
@@ -32,3 +44,38 @@ def test_bad_decode_options_are_one_line_errors():
         decode_mode("nvdec", True)
     with pytest.raises(TilestoreError, match=r"^--decode gpu needs a CUDA device$"):
         decode_mode("gpu", False)
+
+
+def test_the_warm_up_batch_is_shaped_as_the_slides_tiles(store, lite, monkeypatch):
+    """Compiled, the transform is in the graph: a warm-up at the model's input size, not the
+    tiles' read size, would compile a graph no batch uses and leave the real one to the
+    first batch."""
+    warmed, computed = [], []
+    original_warm_up, original_compute = Runner._warm_up, Runner.compute
+
+    def warm_up(self, batch, read):
+        warmed.append((batch, read))
+        original_warm_up(self, batch, read)
+
+    def compute(self, tiles, count, eager=False):
+        computed.append(tuple(tiles.shape[1:]))
+        return original_compute(self, tiles, count, eager)
+
+    monkeypatch.setattr(Runner, "_warm_up", warm_up)
+    monkeypatch.setattr(Runner, "compute", compute)
+    options = Options(device="cpu", batch_size=4, precision="fp32", dtype="float32")
+    path = store()
+    embed([path], lite, plan_options={"mpp": 0.75, "tile": 224}, options=options)
+    read = load_plan(open_slide(path))[0].spec.read
+    assert read > 224  # 0.75 um/px read from the 0.5 um/px level, resized to 224
+    assert warmed == [(4, read)]
+    assert set(computed) == {(read, read, 3)}  # every batch is read x read, as the warm-up
+
+
+def test_on_a_gpu_the_warm_up_runs_the_model_on_that_shape(monkeypatch):
+    shapes = []
+    gpu = Runner(SimpleNamespace(), torch.device("cpu"), "fp32", Options())
+    gpu.cuda = True  # the branch a CUDA device takes, run on the CPU
+    monkeypatch.setattr(gpu, "compute", lambda tiles, count: shapes.append(tiles.shape))
+    gpu._warm_up(8, 448)
+    assert shapes == [(8, 448, 448, 3)] and gpu.warm

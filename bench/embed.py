@@ -187,7 +187,13 @@ def cli_run(store: Path, arch: str, batch: int, compiled: bool, out: Path) -> di
     command += ["--plan", "bench", "--batch-size", str(batch), "--decode", "cpu"]
     command += ["--overwrite", "--report", str(report)] + (["--compile"] if compiled else [])
     t0 = time.perf_counter()
-    subprocess.run(command, check=True, cwd=HERE.parent, stdout=subprocess.DEVNULL)
+    done = subprocess.run(
+        command, cwd=HERE.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    if done.returncode:  # kept in the results, and the other runs go on
+        error = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+        print(f"  cli (fresh process) failed: {error[0]}", flush=True)
+        return {"error": error[0], "peak_rss_mb": float("nan")}
     data = json.loads(report.read_text())
     data["process_s"] = time.perf_counter() - t0
     print(

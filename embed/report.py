@@ -224,7 +224,13 @@ class RunReport:
         return data
 
     def save(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=2, default=str))
+        """Write the JSON report, making its folder: a run's report is not lost at the end
+        because --report named a folder not made yet. Written whole or not at all."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.partial")
+        partial.write_text(json.dumps(self.to_json(), indent=2, default=str))
+        partial.replace(path)
 
 
 def advice(report: RunReport) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -114,3 +115,11 @@ def test_waiting_that_overlaps_gpu_work_is_not_counted_twice(monkeypatch):
     assert report.explained["waiting for tiles (read/decode bound)"] == pytest.approx(2.0)
     assert report.explained["GPU computing"] == 8.0
     assert sum(report.explained.values()) == pytest.approx(10.5)
+
+
+def test_a_report_is_saved_into_a_folder_not_made_yet(tmp_path):
+    path = tmp_path / "runs" / "today" / "run.json"
+    _report(stages={"compute": 1.0}).save(path)
+    saved = json.loads(path.read_text())
+    assert saved["tiles"] == 10_000 and saved["stages"] == {"compute": 1.0}
+    assert [p.name for p in path.parent.iterdir()] == ["run.json"]  # no partial file left

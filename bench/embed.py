@@ -220,16 +220,14 @@ def check_features(store: Path, arch: str, slide, plan, loaded) -> dict:
 
 
 def limiting(run: dict) -> str:
-    """The stage a run waited on: GPU compute, unless the GPU sat idle for tiles beyond the
-    pipeline's fill for over 5% of the loop (the fill is a fixed cost of every run)."""
-    explained = run["explained"]
-    waiting = explained.get("waiting for tiles (read/decode bound)", 0)
-    other = explained.get("other (launches, writer back-pressure)", 0)
-    loop = run["stages"]["loop"]
-    beyond_fill = waiting - (run.get("first_batch_s") or 0)
-    if max(beyond_fill, other) <= 0.05 * loop:
+    """The stage a run waited on: GPU compute, unless the GPU sat idle between batches (CUDA
+    events: the fill before the first batch, a fixed cost of every run, is not counted) or
+    the loop lost time elsewhere for over 5% of the loop."""
+    idle = run["stages"].get("gpu_idle", 0.0)
+    other = run["explained"].get("other (launches, writer back-pressure)", 0.0)
+    if max(idle, other) <= 0.05 * run["stages"]["loop"]:
         return "GPU compute"
-    return "reading/decoding tiles" if beyond_fill >= other else "launch overhead / writer"
+    return "reading/decoding tiles" if idle >= other else "launch overhead / writer"
 
 
 def main() -> None:

@@ -229,8 +229,11 @@ class RunReport:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.partial")
-        partial.write_text(json.dumps(self.to_json(), indent=2, default=str))
-        partial.replace(path)
+        try:
+            partial.write_text(json.dumps(self.to_json(), indent=2, default=str))
+            partial.replace(path)
+        finally:
+            partial.unlink(missing_ok=True)  # gone after the rename; a failed write's part
 
 
 def advice(report: RunReport) -> list[str]:

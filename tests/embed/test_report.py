@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -123,3 +124,13 @@ def test_a_report_is_saved_into_a_folder_not_made_yet(tmp_path):
     saved = json.loads(path.read_text())
     assert saved["tiles"] == 10_000 and saved["stages"] == {"compute": 1.0}
     assert [p.name for p in path.parent.iterdir()] == ["run.json"]  # no partial file left
+
+
+def test_a_report_that_cannot_be_put_in_place_leaves_nothing(tmp_path, monkeypatch):
+    def refuse(self, target):
+        raise OSError("read-only target")
+
+    monkeypatch.setattr(Path, "replace", refuse)
+    with pytest.raises(OSError, match="read-only"):
+        _report().save(tmp_path / "run.json")
+    assert list(tmp_path.iterdir()) == []  # neither the report nor its partial copy

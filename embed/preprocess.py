@@ -76,6 +76,12 @@ class Transform:
         mean, std = self._mean_std(x.device)
         return ((x - mean) / std).contiguous(memory_format=torch.channels_last)
 
+    def prepare(self, device: str | torch.device) -> None:
+        """Make the constants on `device` now. Made inside a compiled call, they would
+        be that graph's output, and the next call, finding them, would be compiled again
+        (torch.compile guards on what the transform holds)."""
+        self._mean_std(torch.empty(0, device=device).device)  # "cuda" -> "cuda:0", its key
+
     def _mean_std(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         key = str(device)
         if key not in self._constants:

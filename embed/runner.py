@@ -40,7 +40,10 @@ class Runner:
         self.cuda = device.type == "cuda"
         # compiled, the transform is fused with the model's first layers (uint8 in, no
         # float32 copy of the batch in between)
-        self.compiled = torch.compile(self._forward) if options.compile else None
+        self.compiled = None
+        if options.compile:
+            loaded.transform.prepare(device)  # not inside the first compiled call
+            self.compiled = torch.compile(self._forward)
         self.stats = Stats()
         self.open_jobs: list[Job] = []
         self.processes: ProcessDecoder | None = None

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from embed import runner
 from embed.engine import Options, embed
@@ -70,6 +71,19 @@ def test_the_warm_up_batch_is_shaped_as_the_slides_tiles(store, lite, monkeypatc
     assert read > 224  # 0.75 um/px read from the 0.5 um/px level, resized to 224
     assert warmed == [(4, read)]
     assert set(computed) == {(read, read, 3)}  # every batch is read x read, as the warm-up
+
+
+def test_a_compiled_model_is_compiled_once_for_every_batch():
+    """The transform's mean and std are made before the first compiled call: made inside
+    it, the second call found them and was compiled again (in a run: the first batch after
+    the warm-up)."""
+    model = load_model("timm:vit_tiny_patch16_224")
+    compiled = Runner(model, torch.device("cpu"), "fp32", Options(device="cpu", compile=True))
+    tiles = torch.randint(0, 255, (2, 224, 224, 3), dtype=torch.uint8)
+    before = counters["stats"]["unique_graphs"]
+    for _ in range(3):
+        compiled.compute(tiles, 2)
+    assert counters["stats"]["unique_graphs"] - before == 1
 
 
 def test_on_a_gpu_the_warm_up_runs_the_model_on_that_shape(monkeypatch):

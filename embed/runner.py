@@ -2,9 +2,9 @@
 
 The main thread copies a host batch to the GPU on a copy stream while the previous batch
 computes, transforms it there, runs the model (bf16 autocast, inference mode,
-channels_last, optionally compiled) and starts the copy of the features back to pinned
-memory. A writer thread waits for that copy and writes the batch into the store. Only
-per-batch CUDA events synchronise; nothing waits per tile.
+channels_last, optionally compiled: a CUDA graph on a GPU) and starts the copy of the
+features back to pinned memory. A writer thread waits for that copy and writes the batch
+into the store. Only per-batch CUDA events synchronise; nothing waits per tile.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from embed.assemble import Batch, SlotPool
+from embed.graphs import GraphedForward
 from embed.models import LoadedModel
 from embed.procdecode import ProcessDecoder
 from embed.produce import DONE, JobEnd, JobStart, Producer
@@ -39,11 +40,12 @@ class Runner:
         self.loaded, self.device, self.precision, self.options = loaded, device, precision, options
         self.cuda = device.type == "cuda"
         # compiled, the transform is fused with the model's first layers (uint8 in, no
-        # float32 copy of the batch in between)
+        # float32 copy of the batch in between); on a GPU each batch is one graph replay
         self.compiled = None
         if options.compile:
             loaded.transform.prepare(device)  # not inside the first compiled call
-            self.compiled = torch.compile(self._forward)
+            compiled = torch.compile(self._forward)
+            self.compiled = GraphedForward(compiled) if self.cuda else compiled
         self.stats = Stats()
         self.open_jobs: list[Job] = []
         self.processes: ProcessDecoder | None = None

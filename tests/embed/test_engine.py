@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from dataclasses import replace
@@ -334,3 +335,35 @@ def test_a_compiled_run_equals_the_reference_loop(store):
     features, _ = _features(path, "timm:vit_tiny_patch16_224")
     reference = reference_features(slide, plan, model, device=device)
     assert cosine(features, reference).min() >= 0.999
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_compiled_cuda_run_replays_one_graph_from_any_thread(store, tmp_path):
+    """On a GPU --compile replays a CUDA graph per batch, whose output the next replay
+    overwrites: each batch must be copied out first. A Dask worker may call its Embedder
+    from different threads, so two slides are embedded from two threads in turn."""
+    model = load_model("timm:vit_tiny_patch16_224")
+    paths = [store(into=tmp_path / name) for name in ("a", "b")]
+    options = Options(batch_size=16, precision="fp32", dtype="float32", compile=True)
+    reports = []
+    with Embedder(model, options) as embedder:
+        for path in paths:
+            plan_options = {"mpp": 0.5, "tile": 224}
+            thread = threading.Thread(
+                target=lambda p=path, o=plan_options: reports.append(
+                    embedder.embed([p], plan_options=o)
+                )
+            )
+            thread.start()
+            thread.join()
+        graphs = embedder.runner.compiled.graphs
+    slide = open_slide(paths[0])
+    plan, _ = load_plan(slide)
+    assert [r.tiles for r in reports] == [len(plan)] * 2 and len(plan) > 2 * 16
+    assert not any(r.failures for r in reports)
+    assert len(graphs) == 1  # captured at the warm-up, replayed by both threads
+    reference = reference_features(slide, plan, model, device="cuda")
+    for path in paths:
+        features, _ = _features(path, "timm:vit_tiny_patch16_224")
+        assert cosine(features, reference).min() >= 0.9999

@@ -1,0 +1,56 @@
+"""A compiled forward replayed as a CUDA graph: one launch per batch instead of hundreds.
+
+The GPU loop launches each batch from a thread that shares the GIL with the producer, the
+writer and the decoders' dispatch threads; launched kernel by kernel, compiled ViT-S's
+batches took 5% longer on an H100's GPU than alone (1.25 s of compute per slide vs 1.18 s
+replayed as a graph, with tiles/s up 7%). torch.compile's own "reduce-overhead" mode
+replays graphs too, but its graph trees keep per-thread state that older torch versions
+set up on one thread only (pytorch#123177: an AssertionError where a Dask worker runs a
+task on another thread) and reuse their outputs' memory in ways it polices at every call.
+Captured here with torch.cuda.graph, a graph is a plain object any thread can replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+class GraphedForward:
+    """Call `forward` (compiled) through one CUDA graph per input shape and dtype.
+
+    The output is the graph's own tensor: valid until the next call, which overwrites it
+    in stream order, so a caller copies it out (or uses it) before calling again. Capture
+    runs in thread-local mode: the producer and writer threads go on using CUDA meanwhile.
+    """
+
+    def __init__(self, forward: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.forward = forward
+        # shape, dtype -> (graph, static input, static output)
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        key = (tuple(x.shape), x.dtype)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(x)
+        graph, static_in, static_out = self.graphs[key]
+        static_in.copy_(x)
+        graph.replay()
+        return static_out
+
+    def _capture(self, x: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+        """Compile and run `forward` on a side stream (a graph captures no compilation,
+        autotuning or lazy initialisation), then capture one call."""
+        static_in = x.clone()
+        current = torch.cuda.current_stream(x.device)
+        side = torch.cuda.Stream(x.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.forward(static_in)
+        current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            static_out = self.forward(static_in)
+        return graph, static_in, static_out

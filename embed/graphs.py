@@ -20,9 +20,10 @@ import torch
 class GraphedForward:
     """Call `forward` (compiled) through one CUDA graph per input shape and dtype.
 
-    The output is the graph's own tensor: valid until the next call, which overwrites it
-    in stream order, so a caller copies it out (or uses it) before calling again. Capture
-    runs in thread-local mode: the producer and writer threads go on using CUDA meanwhile.
+    The output is the graph's own tensor (after the first call of a shape): valid until the
+    next call, which overwrites it in stream order, so a caller copies it out (or uses it)
+    before calling again. Capture runs in thread-local mode: the producer and writer
+    threads go on using CUDA meanwhile.
     """
 
     def __init__(self, forward: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -33,24 +34,30 @@ class GraphedForward:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         key = (tuple(x.shape), x.dtype)
         if key not in self.graphs:
-            self.graphs[key] = self._capture(x)
+            return self._capture(key, x)
         graph, static_in, static_out = self.graphs[key]
         static_in.copy_(x)
         graph.replay()
         return static_out
 
-    def _capture(self, x: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
-        """Compile and run `forward` on a side stream (a graph captures no compilation,
-        autotuning or lazy initialisation), then capture one call."""
+    def _capture(self, key: tuple, x: torch.Tensor) -> torch.Tensor:
+        """Run `forward` on `x` on a side stream (compiling, autotuning and loading its
+        kernels: nothing a graph may capture), then capture one call; return the run's
+        output (the engine's warm-up runs the model once, not twice)."""
         static_in = x.clone()
         current = torch.cuda.current_stream(x.device)
-        side = torch.cuda.Stream(x.device)
+        # torch.cuda.Stream() hands out one of a pool of 32 streams in turn, and another
+        # thread's stream may be the one capturing (the producer's copies then failed:
+        # "Cannot copy ... during CUDA graph capture"). Nothing else here, nor
+        # torchvision's nvJPEG, asks for a high-priority stream: that pool is ours.
+        side = torch.cuda.Stream(x.device, priority=-1)
         side.wait_stream(current)
         with torch.cuda.stream(side):
-            for _ in range(2):
-                self.forward(static_in)
+            out = self.forward(static_in)
         current.wait_stream(side)
+        out.record_stream(current)  # made on the side stream, used on this one
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
             static_out = self.forward(static_in)
-        return graph, static_in, static_out
+        self.graphs[key] = (graph, static_in, static_out)
+        return out

@@ -162,40 +162,45 @@ class Runner:
             args=(written, outputs, report, progress),
         )
         copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
+        # the model runs on a stream of its own, not the legacy default stream, which
+        # waits for and holds up every blocking stream (nvJPEG's inside torchvision):
+        # --decode gpu ran ViT-S 8% faster on an H100, the GPU idle 0.58 -> 0.43 s
+        compute_stream = torch.cuda.Stream(self.device) if self.cuda else None
         loop_started = time.perf_counter()
         producer.start()
         writer.start()
-        try:
-            while True:
-                t0 = time.perf_counter()
-                item = ready.get()
-                self.stats.add("waiting_for_tiles", time.perf_counter() - t0)
-                if item is DONE:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                if isinstance(item, JobStart | JobEnd):
-                    written.put(item)
-                    if isinstance(item, JobStart) and len(item.job.todo) and not self.warm:
-                        # while the producer fills the pipeline
-                        self._warm_up(batch, item.job.plan.spec.read)
-                    continue
-                if report.first_batch_s is None:
-                    report.first_batch_s = round(time.perf_counter() - loop_started, 3)
-                self._compute_batch(item, outputs, copy_stream, written)
-        except torch.OutOfMemoryError as exc:
-            raise ModelError(
-                f"out of GPU memory at batch size {batch}; pass a smaller --batch-size"
-            ) from exc
-        finally:
-            stop.set()
-            _drain(ready)
-            written.put(DONE)
-            writer.join()
-            producer.join(timeout=60)
-            self.stats.add("loop", time.perf_counter() - loop_started)
-            for job in self.open_jobs:  # an interrupted run: keep what is done, free the lock
-                job.writer.abandon()
+        with torch.cuda.stream(compute_stream) if self.cuda else contextlib.nullcontext():
+            try:
+                while True:
+                    t0 = time.perf_counter()
+                    item = ready.get()
+                    self.stats.add("waiting_for_tiles", time.perf_counter() - t0)
+                    if item is DONE:
+                        break
+                    if isinstance(item, BaseException):
+                        raise item
+                    if isinstance(item, JobStart | JobEnd):
+                        written.put(item)
+                        if isinstance(item, JobStart) and len(item.job.todo) and not self.warm:
+                            # while the producer fills the pipeline
+                            self._warm_up(batch, item.job.plan.spec.read)
+                        continue
+                    if report.first_batch_s is None:
+                        report.first_batch_s = round(time.perf_counter() - loop_started, 3)
+                    self._compute_batch(item, outputs, copy_stream, written)
+            except torch.OutOfMemoryError as exc:
+                raise ModelError(
+                    f"out of GPU memory at batch size {batch}; pass a smaller --batch-size"
+                ) from exc
+            finally:
+                stop.set()
+                _drain(ready)
+                written.put(DONE)
+                writer.join()
+                producer.join(timeout=60)
+                self.stats.add("loop", time.perf_counter() - loop_started)
+                for job in self.open_jobs:  # an interrupted run: keep what is done, free the lock
+                    job.writer.abandon()
         if report.writer_error is not None:
             raise report.writer_error
 

@@ -93,3 +93,22 @@ def test_on_a_gpu_the_warm_up_runs_the_model_on_that_shape(monkeypatch):
     monkeypatch.setattr(gpu, "compute", lambda tiles, count: shapes.append(tiles.shape))
     gpu._warm_up(8, 448)
     assert shapes == [(8, 448, 448, 3)] and gpu.warm
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_gpu_the_model_runs_on_a_stream_of_its_own(store, monkeypatch):
+    """Not on the legacy default stream, which waits for every blocking stream (nvJPEG's)."""
+    streams = set()
+    original = Runner.compute
+
+    def compute(self, tiles, count, eager=False):
+        streams.add(torch.cuda.current_stream().cuda_stream)
+        return original(self, tiles, count, eager)
+
+    monkeypatch.setattr(Runner, "compute", compute)
+    options = Options(batch_size=16, precision="fp32", dtype="float32")
+    model = load_model("timm:vit_tiny_patch16_224")
+    report = embed([store()], model, plan_options={"mpp": 0.5, "tile": 224}, options=options)
+    assert report.tiles > 16 and not report.failures
+    assert len(streams) == 1 and torch.cuda.default_stream().cuda_stream not in streams

@@ -57,7 +57,7 @@ from tilestore.plans import list_plans, load_plan, plan_slide, save_plan
 HERE = Path(__file__).resolve().parent
 
 
-def build(work: Path, size: int, ycbcr_chunk: int = 256) -> tuple[Path, Path, Path]:
+def build(work: Path, size: int, ycbcr_chunk: int) -> tuple[Path, Path, Path]:
     """The large SVS, its store (tiles copied: Aperio RGB-coded JPEG, its 240 px tiles as
     chunks) and a YCbCr copy of it (re-encoded, in chunks of `ycbcr_chunk` px: what nvJPEG
     can decode), each with a 0.5 um/px, 224 px plan named 'bench'."""

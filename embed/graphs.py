@@ -30,6 +30,10 @@ class GraphedForward:
         self.forward = forward
         # shape, dtype -> (graph, static input, static output)
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        # one memory pool for all of them (a cohort at two read sizes needs two graphs, not
+        # twice the activations): safe as graphs replay one at a time, and each output is
+        # used up before the next call, as the contract above already asks
+        self.pool = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         key = (tuple(x.shape), x.dtype)
@@ -57,7 +61,10 @@ class GraphedForward:
         current.wait_stream(side)
         out.record_stream(current)  # made on the side stream, used on this one
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+        with torch.cuda.graph(
+            graph, pool=self.pool, stream=side, capture_error_mode="thread_local"
+        ):
             static_out = self.forward(static_in)
+        self.pool = graph.pool()
         self.graphs[key] = (graph, static_in, static_out)
         return out

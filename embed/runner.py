@@ -169,40 +169,44 @@ class Runner:
         loop_started = time.perf_counter()
         producer.start()
         writer.start()
-        with torch.cuda.stream(compute_stream) if self.cuda else contextlib.nullcontext():
-            try:
-                while True:
-                    t0 = time.perf_counter()
-                    item = ready.get()
-                    self.stats.add("waiting_for_tiles", time.perf_counter() - t0)
-                    if item is DONE:
-                        break
-                    if isinstance(item, BaseException):
-                        raise item
-                    if isinstance(item, JobStart | JobEnd):
-                        written.put(item)
-                        if isinstance(item, JobStart) and len(item.job.todo) and not self.warm:
-                            # while the producer fills the pipeline
-                            self._warm_up(batch, item.job.plan.spec.read)
-                        continue
-                    if report.first_batch_s is None:
-                        report.first_batch_s = round(time.perf_counter() - loop_started, 3)
-                    self._compute_batch(item, outputs, copy_stream, written)
-            except torch.OutOfMemoryError as exc:
-                raise ModelError(
-                    f"out of GPU memory at batch size {batch}; pass a smaller --batch-size"
-                ) from exc
-            finally:
-                stop.set()
-                _drain(ready)
-                written.put(DONE)
-                writer.join()
-                producer.join(timeout=60)
-                self.stats.add("loop", time.perf_counter() - loop_started)
-                for job in self.open_jobs:  # an interrupted run: keep what is done, free the lock
-                    job.writer.abandon()
+        try:
+            with torch.cuda.stream(compute_stream) if self.cuda else contextlib.nullcontext():
+                self._consume(ready, written, outputs, copy_stream, batch, report, loop_started)
+        except torch.OutOfMemoryError as exc:
+            raise ModelError(
+                f"out of GPU memory at batch size {batch}; pass a smaller --batch-size"
+            ) from exc
+        finally:
+            stop.set()
+            _drain(ready)
+            written.put(DONE)
+            writer.join()
+            producer.join(timeout=60)
+            self.stats.add("loop", time.perf_counter() - loop_started)
+            for job in self.open_jobs:  # an interrupted run: keep what is done, free the lock
+                job.writer.abandon()
         if report.writer_error is not None:
             raise report.writer_error
+
+    def _consume(self, ready, written, outputs, copy_stream, batch, report, started) -> None:
+        """Compute the producer's batches in order until it is DONE (re-raising its error),
+        handing each job's start and end to the writer."""
+        while True:
+            t0 = time.perf_counter()
+            item = ready.get()
+            self.stats.add("waiting_for_tiles", time.perf_counter() - t0)
+            if item is DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item, JobStart | JobEnd):
+                written.put(item)
+                if isinstance(item, JobStart) and len(item.job.todo) and not self.warm:
+                    self._warm_up(batch, item.job.plan.spec.read)  # while the pipeline fills
+                continue
+            if report.first_batch_s is None:
+                report.first_batch_s = round(time.perf_counter() - started, 3)
+            self._compute_batch(item, outputs, copy_stream, written)
 
     def decode_mode(self) -> str:
         return decode_mode(self.options.decode, self.cuda, self.nvjpeg)

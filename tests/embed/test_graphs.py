@@ -46,14 +46,16 @@ def test_the_output_is_overwritten_by_the_next_call():
     assert not torch.equal(first, kept)
 
 
-def test_a_new_shape_is_captured_apart():
+def test_a_new_shape_is_captured_apart_in_the_same_memory_pool():
+    """Graphs of two shapes share one pool: replayed in turn, each output still right."""
     model = _model()
     graphed = GraphedForward(torch.compile(model))
     with torch.inference_mode():
-        for n in (2, 4, 2):
+        for n in (2, 4, 2, 4, 2):
             x = torch.randn(n, 3, 16, 16, device="cuda")
             torch.testing.assert_close(graphed(x).clone(), model(x), rtol=1e-4, atol=1e-5)
     assert sorted(shape[0] for shape, _ in graphed.graphs) == [2, 4]
+    assert len({graph.pool() for graph, _, _ in graphed.graphs.values()}) == 1
 
 
 def test_a_graph_captured_on_one_thread_replays_on_another():

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 # Python put this folder first on sys.path, where "embed" is bench/embed.py: move it last.
 HERE = Path(__file__).resolve().parent
@@ -31,18 +32,18 @@ import numpy as np
 import timm
 import torch
 
-from embed.nvjpeg import decode_gpu, group_chunks, warm_up
+from embed.nvjpeg import GPU_DECODERS, decode_gpu, group_chunks, open_decoder
 from tilestore.slide import open_slide
 
 
-def decode_rate(reader, data: list[bytes], group: int, device: torch.device) -> float:
+def decode_rate(decoder, reader, data: list[bytes], group: int, device: torch.device) -> float:
     """Chunks/s decoding `data` in calls of `group`, on a stream of its own."""
     with torch.cuda.stream(torch.cuda.Stream(device)):
-        decode_gpu(reader, data[:group], device)  # the batched decoder set up for this size
+        decode_gpu(decoder, reader, data[:group], device)  # set up for this call size
         torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         for start in range(0, len(data), group):
-            decode_gpu(reader, data[start : start + group], device)
+            decode_gpu(decoder, reader, data[start : start + group], device)
         torch.cuda.synchronize(device)
     return len(data) / (time.perf_counter() - t0)
 
@@ -69,17 +70,25 @@ def same_tissue(reader, side: int, squares: int = 4, square: int = 4096) -> list
     return out
 
 
-def chunk_sizes(reader, sides: list[int], model, device) -> dict:
+def chunk_sizes(decoder, reader, sides: list[int], model, device) -> dict:
     """Mpx/s decoding the same tissue in chunks of each side, alone and beside the model
     (2 batches in flight, as the engine), in calls of about GROUP_PIXELS."""
     found = {}
     for side in sides:
         data = same_tissue(reader, side)
+        resized = SimpleNamespace(
+            chunk_h=side, chunk_w=side, color_space="ycbcr", channels=3, background=255
+        )
         group = group_chunks(side, side)
         px = side * side / 1e6
-        alone = best_rate(reader, data, group, device, 3.0)
+        alone = best_rate(decoder, resized, data, group, device, 3.0)
         rate, other = beside(
-            lambda stop: model_rate(model, device, stop, 2), reader, data, device, group=group
+            lambda stop: model_rate(model, device, stop, 2),
+            decoder,
+            resized,
+            data,
+            device,
+            group=group,
         )
         found[side] = {
             "chunks": len(data),
@@ -130,24 +139,24 @@ def model_rate_for(model, device, seconds: float) -> float:
 
 
 def beside(
-    work, reader, data, device, seconds: float = 3.0, group: int = 256
+    work, decoder, reader, data, device, seconds: float = 3.0, group: int = 256
 ) -> tuple[float, float]:
     """(decode chunks/s in calls of `group`, work's result) while `work(stop)` runs on a
     thread."""
     stop, out = threading.Event(), {}
     thread = threading.Thread(target=lambda: out.update(result=work(stop)))
     thread.start()
-    rate = best_rate(reader, data, group, device, seconds)
+    rate = best_rate(decoder, reader, data, group, device, seconds)
     stop.set()
     thread.join()
     return rate, out["result"]
 
 
-def best_rate(reader, data, group: int, device, seconds: float) -> float:
+def best_rate(decoder, reader, data, group: int, device, seconds: float) -> float:
     """The best chunks/s of passes over `data` for `seconds`: short passes are noisy."""
     rates, t0 = [], time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        rates.append(decode_rate(reader, data, group, device))
+        rates.append(decode_rate(decoder, reader, data, group, device))
     return max(rates)
 
 
@@ -157,19 +166,32 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=4096)
     parser.add_argument("--model", default="vit_small_patch16_224")
     parser.add_argument("--sides", default="256,512,1024", help="chunk sizes to compare")
+    parser.add_argument(
+        "--decoder",
+        choices=[kind.__name__ for kind in GPU_DECODERS],
+        help="which nvJPEG decoder (default: the engine's, the first that works)",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results" / "nvjpeg.json")
     args = parser.parse_args()
     device = torch.device("cuda", torch.cuda.current_device())
     reader = open_slide(args.store).chunks(0)
     coords = [(r, c) for r in range(reader.grid[0]) for c in range(reader.grid[1])]
     data = [d for d in reader.fetch(coords[: 2 * args.chunks]) if d is not None][: args.chunks]
-    warm_up(device)
+    decoder = open_decoder(device)
+    if args.decoder:
+        decoder = next(k for k in GPU_DECODERS if k.__name__ == args.decoder)(device)
+    print(f"decoder: {decoder.name}")
     px = reader.chunk_h * reader.chunk_w / 1e6
     print(f"{len(data)} chunks of {reader.chunk_h}x{reader.chunk_w} from {args.store}")
-    results = {"store": str(args.store), "chunk": [reader.chunk_h, reader.chunk_w], "alone": {}}
+    results = {
+        "store": str(args.store),
+        "chunk": [reader.chunk_h, reader.chunk_w],
+        "decoder": decoder.name,
+        "alone": {},
+    }
     print("call size | chunks/s | Mpx/s")
     for group in (16, 64, 128, 256, 512, 1024):
-        rate = decode_rate(reader, data, group, device)
+        rate = decode_rate(decoder, reader, data, group, device)
         results["alone"][group] = rate
         print(f"{group} | {rate:.0f} | {rate * px:.0f}")
     model = timm.create_model(args.model).to(device).eval().to(memory_format=torch.channels_last)
@@ -185,13 +207,13 @@ def main() -> None:
     }
     results["beside"] = {}
     for name, work in cases.items():
-        rate, other = beside(work, reader, data, device)
+        rate, other = beside(work, decoder, reader, data, device)
         results["beside"][name] = {"decode_chunks_per_s": rate, "other": other}
         tail = f"; model {other:.0f} tiles/s" if "model" in name else ""
         print(f"  {name}: decode {rate:.0f} chunks/s{tail}")
     print("the same tissue in chunks of other sizes:")
     sides = [int(v) for v in args.sides.split(",")]
-    results["chunk_sizes"] = chunk_sizes(reader, sides, model, device)
+    results["chunk_sizes"] = chunk_sizes(decoder, reader, sides, model, device)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     print(f"JSON: {args.out}")

@@ -26,7 +26,7 @@ from embed.assemble import SlotPool
 from embed.models import LoadedModel, ModelSpec, load_model
 from embed.procdecode import ProcessDecoder
 from embed.report import RunReport, Sampler, Stats
-from embed.runner import Runner
+from embed.runner import Runner, decode_mode
 from embed.writer import AlreadyComplete, EmbeddingWriter
 from tilestore.cpus import usable_cpus
 from tilestore.errors import TilestoreError
@@ -132,9 +132,9 @@ class Embedder:
                 self.loaded.module.to(memory_format=torch.channels_last)
             self.runner = Runner(self.loaded, self.device, self.precision, options)
             self.runner.processes = decoders
-            mode = self.runner.decode_mode()
+            mode = decode_mode(options.decode, self.device.type == "cuda")
             if mode != "cpu":  # auto only uses nvJPEG where it runs
-                self.runner.nvjpeg = nvjpeg.warm_up(self.device, required=mode == "gpu")
+                self.runner.gpu_jpeg = nvjpeg.open_decoder(self.device, required=mode == "gpu")
             self.batch = options.batch_size or self.runner.auto_batch_size()
             if decoders is not None:
                 decoders.wait_ready()  # they started before the model loaded: usually are

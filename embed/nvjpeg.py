@@ -1,17 +1,17 @@
-"""Decoding store chunks on the GPU with nvJPEG (`torchvision.io.decode_jpeg`, batched).
+"""Decoding store chunks on the GPU with nvJPEG, several grid rows per batched call.
 
-torchvision runs one batched decode at a time (a process-wide lock) and waits for it on the
-host; each call also pays a fixed set-up (headers parsed on the host, the batched decoder
-initialised). So `RowDecoder` decodes on a thread and CUDA stream of its own, gathering
-the grid rows waiting for it until one call holds about `group_chunks(...)` chunks, while
-the producer cuts the tiles of rows already decoded.
+Two decoders, one interface (`GpuJpeg`): our own binding of nvJPEG's batched decoder
+(`embed.nvjpeglib`, the GPU's JPEG engine where it has one), and torchvision's
+`decode_jpeg`, used where no libnvjpeg can be loaded. Ours decodes on the caller's stream,
+into one tensor per call, and reads RGB-coded chunks (Aperio's) as coded, where torchvision's
+hardware path colour-converts them (wrongly: nvJPEG ignores their Adobe marker).
 
-torchvision writes the decoded images on its own internal stream, which no other stream is
-ordered with: a decoded chunk's memory may go to a later decode only once the consumer's
-kernels that read it have run, so the consumer keeps chunks it has done with until then
-(`embed.rows.NvjpegRows.retire`). That costs one event per row, where marking every chunk
-(`record_stream`) cost a torch call per chunk: each call releases the GIL and must win it
-back, which beside the engine's other threads is what limits this decoder.
+A batched call pays a fixed set-up and waits on the host, so `RowDecoder` decodes on a
+thread and CUDA stream of its own, gathering the grid rows waiting for it until one call
+holds about `group_chunks(...)` chunks, while the producer cuts the tiles of rows already
+decoded. The consumer reads the decoded chunks on another stream: a chunk's memory may go to
+a later decode only once the consumer's kernels that read it have run, so the consumer keeps
+chunks it has done with until then (`embed.rows.NvjpegRows.retire`, one event per row).
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from typing import Protocol
 
 import numpy as np
 import torch
 
+from embed.nvjpeglib import BatchedDecoder, NvjpegUnavailable
 from tilestore.chunks import ChunkReader
 
 # Pixels one decode call aims for: 16.8 Mpx (256 chunks of 256 x 256), about 50 MB decoded.
@@ -40,7 +42,7 @@ AUTO_GPU_CHUNK_PIXELS = 512 * 512
 
 def gpu_decodes(mode: str, reader: ChunkReader) -> bool:
     """Whether a slide's level is decoded with nvJPEG under --decode `mode` (cpu, gpu, auto)."""
-    if not reader.is_jpeg or mode == "cpu":
+    if not reader.is_jpeg or reader.channels != 3 or mode == "cpu":
         return False
     return mode == "gpu" or reader.chunk_h * reader.chunk_w >= AUTO_GPU_CHUNK_PIXELS
 
@@ -50,20 +52,85 @@ def group_chunks(chunk_h: int, chunk_w: int) -> int:
     return max(1, GROUP_PIXELS // (chunk_h * chunk_w))
 
 
+class GpuJpeg(Protocol):
+    """Decodes a store level's encoded chunks into (3, h, w) uint8 tensors on its device, on
+    the calling thread's current CUDA stream (ready once that stream's work so far is)."""
+
+    name: str
+
+    def decode(self, reader: ChunkReader, data: Sequence[bytes]) -> list[torch.Tensor]: ...
+
+
+class OwnNvjpeg:
+    """nvJPEG's batched decoder through `embed.nvjpeglib`: one call, one output tensor."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.decoder = BatchedDecoder(device)
+        self.name = "nvJPEG, " + ("the JPEG engine" if self.decoder.hardware else "CUDA")
+
+    def decode(self, reader: ChunkReader, data: Sequence[bytes]) -> list[torch.Tensor]:
+        rgb = reader.color_space != "rgb"  # RGB-coded: the components as coded are R, G, B
+        return list(self.decoder.decode(data, reader.chunk_h, reader.chunk_w, rgb).unbind(0))
+
+
+class TorchvisionNvjpeg:
+    """torchvision's `decode_jpeg` on CUDA: one decode at a time per process (a lock), on an
+    internal stream the current one is made to wait for."""
+
+    name = "torchvision"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def decode(self, reader: ChunkReader, data: Sequence[bytes]) -> list[torch.Tensor]:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        # its hardware path decodes UNCHANGED as RGB: RGB-coded chunks come out wrong, which
+        # `gpu_decode_agrees` catches before a slide is decoded this way
+        mode = ImageReadMode.UNCHANGED if reader.color_space == "rgb" else ImageReadMode.RGB
+        return decode_jpeg(_encoded(data), mode=mode, device=self.device)
+
+
+# tried in order: the first that starts on the device decodes
+GPU_DECODERS: tuple[type, ...] = (OwnNvjpeg, TorchvisionNvjpeg)
+
+
+def open_decoder(device: torch.device, required: bool = True) -> GpuJpeg | None:
+    """The first decoder of `GPU_DECODERS` that decodes a small JPEG on `device` (which also
+    starts the JPEG engine now rather than at the first row). Where none can (a build
+    without nvJPEG, as on ROCm), raise if `required`, else return None."""
+    import imagecodecs
+
+    tiny = imagecodecs.jpeg8_encode(np.zeros((16, 16, 3), np.uint8), level=90)
+    reader = _Tiny()
+    failures = []
+    for kind in GPU_DECODERS:
+        try:
+            decoder = kind(device)
+            decoder.decode(reader, [tiny])
+            torch.cuda.synchronize(device)
+            return decoder
+        except (NvjpegUnavailable, RuntimeError) as exc:
+            failures.append(f"{kind.__name__}: {exc}")
+    if required:
+        raise NvjpegUnavailable("no nvJPEG decoder works on this GPU (" + "; ".join(failures) + ")")
+    return None
+
+
+class _Tiny:
+    """The reader facts `GpuJpeg.decode` uses, for open_decoder's 16 x 16 test image."""
+
+    chunk_h = chunk_w = 16
+    color_space = "ycbcr"
+
+
 def decode_gpu(
-    reader: ChunkReader, data: Sequence[bytes | None], device: torch.device
+    decoder: GpuJpeg, reader: ChunkReader, data: Sequence[bytes | None], device: torch.device
 ) -> list[torch.Tensor]:
-    """Decoded chunks as (c, h, w) uint8 CUDA tensors, with one batched nvJPEG call.
-
-    nvJPEG ignores the Adobe marker that says "no colour transform", so RGB-coded chunks
-    (Aperio) are decoded as raw components (UNCHANGED), which for them are R, G, B.
-    Runs on the calling thread's current CUDA stream; absent chunks are the background.
-    """
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    mode = ImageReadMode.UNCHANGED if reader.color_space == "rgb" else ImageReadMode.RGB
+    """Decoded chunks as (c, h, w) uint8 CUDA tensors, with one batched call; chunks never
+    written (None) are the level's background."""
     present = [d for d in data if d is not None]
-    decoded = iter(decode_jpeg(_encoded(present), mode=mode, device=device) if present else [])
+    decoded = iter(decoder.decode(reader, present) if present else [])
     return [
         next(decoded)
         if d is not None
@@ -84,38 +151,24 @@ def _encoded(data: Sequence[bytes]) -> list[torch.Tensor]:
 
 
 def gpu_decode_agrees(
-    reader: ChunkReader, coords: Sequence[tuple[int, int]], device: torch.device
+    decoder: GpuJpeg,
+    reader: ChunkReader,
+    coords: Sequence[tuple[int, int]],
+    device: torch.device,
 ) -> float:
-    """Mean |difference| between nvJPEG's and libjpeg's decode of a sample chunk.
+    """Mean |difference| between the GPU's and libjpeg's decode of a sample chunk.
 
     nvJPEG and libjpeg differ by rounding (well under 1 level on average); a decoder that
-    ignored the Adobe marker of RGB-coded chunks would differ by tens of levels.
+    colour-converted RGB-coded chunks would differ by tens of levels.
     """
     for coord in coords:
         (data,) = reader.fetch([coord])
         if data is not None:
             cpu = torch.from_numpy(np.ascontiguousarray(reader.decode(data)))
             cpu = cpu.permute(2, 0, 1).float()
-            gpu = decode_gpu(reader, [data], device)[0].float().cpu()
+            gpu = decode_gpu(decoder, reader, [data], device)[0].float().cpu()
             return float((cpu - gpu).abs().mean())
     return 0.0
-
-
-def warm_up(device: torch.device, required: bool = True) -> bool:
-    """Make torchvision's decoder now (the hardware backend takes a while to start), not at
-    the first row of the first slide. Where it cannot run on this device (a build without
-    nvJPEG, as on ROCm), raise if `required`, else return False."""
-    from torchvision.io import decode_jpeg, encode_jpeg
-
-    tiny = encode_jpeg(torch.zeros((3, 16, 16), dtype=torch.uint8))
-    try:
-        decode_jpeg([tiny], device=device)
-        torch.cuda.synchronize(device)
-    except RuntimeError:
-        if required:
-            raise
-        return False
-    return True
 
 
 class RowDecoder:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from embed.assemble import BatchBuilder, CpuAssembler, SlotPool, Stopped, cut_row, put
-from embed.nvjpeg import gpu_decode_agrees, gpu_decodes
+from embed.nvjpeg import GpuJpeg, gpu_decode_agrees, gpu_decodes
 from embed.procdecode import ProcessDecoder
 from embed.report import RunReport, Stats
 from embed.rows import NvjpegRows, ProcessRows, ThreadRows
@@ -58,11 +58,12 @@ class Producer:
         device: torch.device,
         stats: Stats,
         processes: ProcessDecoder | None,
+        gpu_jpeg: GpuJpeg | None,
         prepared: Callable[[Job], None],
     ) -> None:
         self.options, self.device, self.stats = options, device, stats
         self.cuda = device.type == "cuda"
-        self.processes = processes
+        self.processes, self.gpu_jpeg = processes, gpu_jpeg
         self.prepared = prepared  # told of each job once it is open (so it can be released)
 
     def run(self, jobs, batch, report, ready, stop) -> None:
@@ -88,10 +89,10 @@ class Producer:
     def _job(self, job: Job, batch: int, report: RunReport, decoders, cutters, ready, stop) -> None:
         plan = job.plan
         reader = job.slide.chunks(plan.spec.level)
-        gpu = self.cuda and gpu_decodes(report.decode, reader)
+        gpu = self.gpu_jpeg is not None and gpu_decodes(report.decode, reader)
         if gpu:
             sample = [tuple(rc) for rc in plan.needed_chunks()[:3].tolist()]
-            difference = gpu_decode_agrees(reader, sample, self.device)
+            difference = gpu_decode_agrees(self.gpu_jpeg, reader, sample, self.device)
             gpu = difference <= 2.0
             if not gpu and report.decode == "gpu":  # asked for: say why it is not used
                 report.warnings.append(
@@ -132,7 +133,7 @@ class Producer:
         builder = BatchBuilder(job, batch, len(job.plan), emit, None, self.device, stop)
         common = (steps, self.device, self.options.readers, self.stats.add, reader)
         if nvjpeg:
-            source = NvjpegRows(*common)
+            source = NvjpegRows(*common, self.gpu_jpeg)
         elif self.processes is not None and reader.paths([]) is not None:
             source = ProcessRows(*common, self.processes, batch, stop)
         else:

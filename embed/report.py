@@ -107,6 +107,7 @@ class RunReport:
     precision: str
     compile: bool
     decode: str = ""
+    gpu_decoder: str | None = None  # the nvJPEG decoder a GPU-decoded slide goes through
     started: str = ""
     tiles: int = 0
     total: int = 0
@@ -270,10 +271,13 @@ def _hwm_mb() -> float:
 
 def _decode(report: RunReport) -> str:
     """--decode, and with auto what each slide got (gpu for slides in big chunks)."""
-    if report.decode != "auto":
-        return report.decode
     used = sorted({slide["decode"] for slide in report.slides if "decode" in slide})
-    return f"auto: {' and '.join(used)}" if used else "auto"
+    text = report.decode
+    if report.decode == "auto" and used:
+        text = f"auto: {' and '.join(used)}"
+    if "gpu" in used and report.gpu_decoder:
+        text += f" via {report.gpu_decoder}"
+    return text
 
 
 def _cpu_name() -> str:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from embed.assemble import decode_row_cpu
-from embed.nvjpeg import RowDecoder, decode_gpu, group_chunks
+from embed.nvjpeg import GpuJpeg, RowDecoder, decode_gpu, group_chunks
 from embed.procdecode import ProcessDecoder
 from tilestore.chunks import ChunkReader
 
@@ -170,13 +170,15 @@ class NvjpegRows(RowSource):
     About three calls' worth of chunks are kept in flight: one being decoded, one gathering,
     one being fetched."""
 
-    def __init__(self, steps, device, readers, timed, reader: ChunkReader) -> None:
+    def __init__(
+        self, steps, device, readers, timed, reader: ChunkReader, decoder: GpuJpeg
+    ) -> None:
         super().__init__(steps, device, readers, timed)
         self.reader = reader
         self.group = group_chunks(reader.chunk_h, reader.chunk_w)
         self._in_flight = 0  # chunks submitted and not taken yet
         self.decoder = RowDecoder(
-            lambda data: decode_gpu(reader, data, device), self.group, device, timed=timed
+            lambda data: decode_gpu(decoder, reader, data, device), self.group, device, timed=timed
         )
         self._retired: collections.deque = collections.deque()  # (event, chunks)
         self._consumer = torch.cuda.current_stream(device)  # the producer's, cutting tiles

@@ -21,6 +21,7 @@ import torch
 from embed.assemble import Batch, SlotPool
 from embed.graphs import GraphedForward
 from embed.models import LoadedModel
+from embed.nvjpeg import GpuJpeg
 from embed.procdecode import ProcessDecoder
 from embed.produce import DONE, JobEnd, JobStart, Producer
 from embed.report import RunReport, Stats
@@ -49,7 +50,7 @@ class Runner:
         self.stats = Stats()
         self.open_jobs: list[Job] = []
         self.processes: ProcessDecoder | None = None
-        self.nvjpeg = True  # torchvision decodes JPEG on this GPU (set by the Embedder)
+        self.gpu_jpeg: GpuJpeg | None = None  # nvJPEG on this GPU (opened by the Embedder)
         self.warm = False  # the model has run once at the run's batch size
 
     def close(self) -> None:
@@ -132,6 +133,7 @@ class Runner:
         progress: Callable[[int, int], None] | None,
     ) -> None:
         report.decode = self.decode_mode()
+        report.gpu_decoder = self.gpu_jpeg.name if self.gpu_jpeg is not None else None
         ready: queue.Queue = queue.Queue(maxsize=self.options.prefetch)
         written: queue.Queue = queue.Queue(maxsize=self.options.prefetch + 2)
         outputs = SlotPool(self.options.prefetch + 2, (0,), pin=False)
@@ -147,7 +149,12 @@ class Runner:
         if self.cuda and self.processes is None:  # kept for later runs: spawning costs ~1 s
             self.processes = ProcessDecoder(self.options.decoders)
         source = Producer(
-            self.options, self.device, self.stats, self.processes, self.open_jobs.append
+            self.options,
+            self.device,
+            self.stats,
+            self.processes,
+            self.gpu_jpeg,
+            self.open_jobs.append,
         )
         producer = threading.Thread(
             target=source.run,
@@ -209,7 +216,7 @@ class Runner:
             self._compute_batch(item, outputs, copy_stream, written)
 
     def decode_mode(self) -> str:
-        return decode_mode(self.options.decode, self.cuda, self.nvjpeg)
+        return decode_mode(self.options.decode, self.cuda, self.gpu_jpeg is not None)
 
     def _compute_batch(
         self, item: Batch, outputs: SlotPool, copy_stream, written: queue.Queue
@@ -293,7 +300,7 @@ def _drain(q: queue.Queue) -> None:
 
 def decode_mode(option: str, cuda: bool, nvjpeg: bool = True) -> str:
     """The run's --decode: cpu, gpu or auto. Auto is CPU decoding without CUDA or where
-    torchvision cannot decode on the GPU (`nvjpeg` False), nvJPEG where the job has under 4
+    no nvJPEG decoder runs on the GPU (`nvjpeg` False), nvJPEG where the job has under 4
     CPUs, else decided per slide by its chunk size (`embed.nvjpeg.gpu_decodes`)."""
     if option not in ("auto", "cpu", "gpu"):
         raise TilestoreError(f"--decode {option}: choose auto, cpu or gpu")

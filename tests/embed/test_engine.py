@@ -22,6 +22,7 @@ import zarr
 from embed import engine
 from embed.engine import Embedder, Options, embed
 from embed.models import load_model
+from embed.nvjpeg import TorchvisionNvjpeg
 from embed.reference import cosine, reference_features
 from tests.conftest import NDPI
 from tilestore.plans import load_plan
@@ -271,9 +272,23 @@ def test_auto_decode_sends_slides_in_big_chunks_to_nvjpeg(store, tiny, tmp_path)
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_rgb_coded_chunks_fall_back_to_cpu_decode(store, tiny, tmp_path):
+def test_rgb_coded_chunks_are_decoded_on_the_gpu_as_coded(store, tiny, tmp_path):
     cpu, gpu = store(into=tmp_path / "cpu"), store(into=tmp_path / "gpu")  # Aperio RGB JPEG
     report, similarity = _cpu_vs_gpu_decode(cpu, gpu, tiny)
+    assert [s["decode"] for s in report.slides] == ["gpu"]
+    assert "nvJPEG" in report.gpu_decoder and not any("CPU" in w for w in report.warnings)
+    assert similarity.min() >= 0.999
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_rgb_coded_chunks_fall_back_to_cpu_decode_through_torchvision(
+    store, tiny, tmp_path, monkeypatch
+):
+    monkeypatch.setattr("embed.nvjpeg.GPU_DECODERS", (TorchvisionNvjpeg,))
+    cpu, gpu = store(into=tmp_path / "cpu"), store(into=tmp_path / "gpu")  # Aperio RGB JPEG
+    report, similarity = _cpu_vs_gpu_decode(cpu, gpu, tiny)
+    assert report.gpu_decoder == "torchvision"
     assert any("decoded on the CPU" in w for w in report.warnings)
     assert similarity.min() >= 0.9999
 

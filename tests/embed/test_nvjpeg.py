@@ -11,7 +11,17 @@ import numpy as np
 import pytest
 import torch
 
-from embed.nvjpeg import RowDecoder, _encoded, decode_gpu, gpu_decodes, group_chunks, warm_up
+from embed.nvjpeg import (
+    GPU_DECODERS,
+    RowDecoder,
+    TorchvisionNvjpeg,
+    _encoded,
+    decode_gpu,
+    gpu_decode_agrees,
+    gpu_decodes,
+    group_chunks,
+    open_decoder,
+)
 from tests.conftest import CMU
 from tilestore.slide import open_slide
 
@@ -89,19 +99,20 @@ def test_group_size_follows_the_chunk_size():
 
 
 @pytest.mark.parametrize(
-    ("mode", "jpeg", "side", "want"),
+    ("mode", "jpeg", "side", "channels", "want"),
     [
-        ("cpu", True, 1024, False),
-        ("gpu", True, 256, True),
-        ("gpu", False, 512, False),  # zstd levels: nothing for nvJPEG
-        ("auto", True, 256, False),  # small chunks: CPU decoders beat nvJPEG
-        ("auto", True, 496, False),
-        ("auto", True, 512, True),  # nvJPEG's cost is per image: big chunks go to it
-        ("auto", False, 1024, False),
+        ("cpu", True, 1024, 3, False),
+        ("gpu", True, 256, 3, True),
+        ("gpu", False, 512, 3, False),  # zstd levels: nothing for nvJPEG
+        ("gpu", True, 512, 1, False),  # grey chunks: the batched decoder writes 3 planes
+        ("auto", True, 256, 3, False),  # small chunks: CPU decoders beat nvJPEG
+        ("auto", True, 496, 3, False),
+        ("auto", True, 512, 3, True),  # nvJPEG's cost is per image: big chunks go to it
+        ("auto", False, 1024, 3, False),
     ],
 )
-def test_which_slides_nvjpeg_decodes(mode, jpeg, side, want):
-    reader = SimpleNamespace(is_jpeg=jpeg, chunk_h=side, chunk_w=side)
+def test_which_slides_nvjpeg_decodes(mode, jpeg, side, channels, want):
+    reader = SimpleNamespace(is_jpeg=jpeg, chunk_h=side, chunk_w=side, channels=channels)
     assert gpu_decodes(mode, reader) is want
 
 
@@ -109,10 +120,11 @@ def test_a_gpu_without_nvjpeg_fails_only_where_gpu_decoding_was_asked_for(monkey
     def no_nvjpeg(*args, **kwargs):
         raise RuntimeError("Not compiled with GPU support")  # as a ROCm build says
 
+    monkeypatch.setattr("embed.nvjpeglib.find_library", lambda: None)
     monkeypatch.setattr("torchvision.io.decode_jpeg", no_nvjpeg)
-    assert warm_up(torch.device("cuda", 0), required=False) is False  # --decode auto
-    with pytest.raises(RuntimeError, match="Not compiled with GPU support"):
-        warm_up(torch.device("cuda", 0))  # --decode gpu
+    assert open_decoder(torch.device("cuda", 0), required=False) is None  # --decode auto
+    with pytest.raises(RuntimeError, match="no libnvjpeg found.*Not compiled with GPU support"):
+        open_decoder(torch.device("cuda", 0))  # --decode gpu
 
 
 def test_encoded_streams_are_views_of_one_buffer():
@@ -123,17 +135,29 @@ def test_encoded_streams_are_views_of_one_buffer():
     assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1
 
 
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_grouped_nvjpeg_rows_match_libjpeg(stores):
-    """Real decodes through the row decoder, several rows per call, read on another stream."""
-    reader = open_slide(stores(CMU, copy=False)).chunks(0)
+@GPU
+@pytest.mark.parametrize("kind", GPU_DECODERS, ids=lambda kind: kind.__name__)
+@pytest.mark.parametrize("copy", [False, True], ids=["ycbcr", "aperio-rgb"])
+def test_grouped_nvjpeg_rows_match_libjpeg(stores, kind, copy):
+    """Real decodes through the row decoder, several rows per call, read on another stream:
+    our decoder reads Aperio's RGB-coded chunks as coded; torchvision's, as its hardware
+    path does, colour-converts them (which the engine checks for, and decodes on the CPU)."""
+    reader = open_slide(stores(CMU, copy=copy)).chunks(0)
+    assert reader.color_space == ("rgb" if copy else "ycbcr")
     device = torch.device("cuda", torch.cuda.current_device())
+    gpu = kind(device)
+    if copy and kind is TorchvisionNvjpeg:
+        assert gpu_decode_agrees(gpu, reader, [(0, 0)], device) > 10.0
+        return
     consumer = torch.cuda.Stream(device)
     rows = [[(r, c) for c in range(reader.grid[1])] for r in range(reader.grid[0])]
     with (
         ThreadPoolExecutor(2) as fetch,
-        RowDecoder(lambda data: decode_gpu(reader, data, device), 16, device) as decoder,
+        RowDecoder(lambda data: decode_gpu(gpu, reader, data, device), 16, device) as decoder,
     ):
         futures = [decoder.submit(len(r), fetch.submit(reader.fetch, r)) for r in rows]
         for coords, future in zip(rows, futures, strict=True):
@@ -144,3 +168,16 @@ def test_grouped_nvjpeg_rows_match_libjpeg(stores):
             want = np.stack([reader.decode(d) for d in reader.fetch(coords)])
             assert np.abs(got.astype(int) - want).mean() < 1.0
     assert len(decoder.calls) < len(rows)
+
+
+@pytest.mark.gpu
+@GPU
+def test_the_first_decoder_that_starts_is_opened_and_a_wrong_size_chunk_is_refused(stores):
+    device = torch.device("cuda", torch.cuda.current_device())
+    decoder = open_decoder(device)
+    assert type(decoder) is GPU_DECODERS[0] and "nvJPEG" in decoder.name
+    reader = open_slide(stores(CMU, copy=False)).chunks(0)
+    (data,) = reader.fetch([(0, 0)])
+    small = SimpleNamespace(chunk_h=reader.chunk_h // 2, chunk_w=reader.chunk_w, color_space="ycbcr")
+    with pytest.raises(ValueError, match=f"a chunk is {reader.chunk_h} x {reader.chunk_w} px"):
+        decoder.decode(small, [data])

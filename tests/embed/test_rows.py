@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from embed.nvjpeg import open_decoder
 from embed.procdecode import ProcessDecoder
 from embed.rows import NvjpegRows, ProcessRows, ThreadRows
 from tests.conftest import CMU
@@ -79,4 +80,5 @@ def test_process_rows(stores):
 def test_nvjpeg_rows(stores):
     reader, steps = _steps(stores, copy=False)  # YCbCr chunks
     device = torch.device("cuda", torch.cuda.current_device())
-    _check(NvjpegRows(steps, device, 2, lambda *a: None, reader), reader, steps, True)
+    decoder = open_decoder(device)
+    _check(NvjpegRows(steps, device, 2, lambda *a: None, reader, decoder), reader, steps, True)

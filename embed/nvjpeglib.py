@@ -145,6 +145,7 @@ class BatchedDecoder:
             _check(status, "create its state", NvjpegUnavailable)
         self._batch: tuple[int, int] | None = None  # (count, output format) initialised for
         self._lock = threading.Lock()  # one decode at a time on the handle's state
+        self._last: torch.cuda.Event | None = None  # the end of the last call's decode
 
     def decode(
         self, data: Sequence[bytes], height: int, width: int, rgb: bool = True
@@ -176,6 +177,10 @@ class BatchedDecoder:
         lengths = (ctypes.c_size_t * n)(*map(len, data))
         stream = torch.cuda.current_stream(self.device).cuda_stream
         with self._lock:
+            # the state's buffers go to the next call only once the last call is done with
+            # them: back to back, an H100 hung in the second call (one core spinning)
+            if self._last is not None:
+                self._last.synchronize()
             if self._batch != (n, fmt):
                 status = self.lib.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, fmt)
                 _check(status, "set up a batch", NvjpegError)
@@ -184,6 +189,8 @@ class BatchedDecoder:
                 self.handle, self.state, streams, lengths, images, stream
             )
             _check(status, "decode a batch", NvjpegError)
+            self._last = torch.cuda.Event()
+            self._last.record(torch.cuda.current_stream(self.device))
         return out
 
 

@@ -110,7 +110,7 @@ def open_decoder(device: torch.device, required: bool = True) -> GpuJpeg | None:
             decoder.decode(reader, [tiny])
             torch.cuda.synchronize(device)
             return decoder
-        except (NvjpegUnavailable, RuntimeError) as exc:
+        except (RuntimeError, OSError) as exc:  # OSError: a libnvjpeg that will not load
             failures.append(f"{kind.__name__}: {exc}")
     if required:
         raise NvjpegUnavailable("no nvJPEG decoder works on this GPU (" + "; ".join(failures) + ")")

@@ -77,7 +77,8 @@ def find_library() -> str | None:
 
 def jpeg_size(data: bytes) -> tuple[int, int, int]:
     """(height, width, components) from a JPEG's frame header, walking its markers (a table
-    may hold the bytes of a frame marker, so a plain search could find a false one)."""
+    may hold the bytes of a frame marker, so a plain search could find a false one). Only
+    8-bit baseline or extended Huffman frames: what the batched decoder writes as uint8."""
     at = 2
     while at + 4 <= len(data):
         if data[at] != 0xFF:
@@ -88,7 +89,9 @@ def jpeg_size(data: bytes) -> tuple[int, int, int]:
             continue
         (length,) = struct.unpack_from(">H", data, at + 2)
         if marker in SOF_MARKERS:
-            height, width, components = struct.unpack_from(">HHB", data, at + 5)
+            bits, height, width, components = struct.unpack_from(">BHHB", data, at + 4)
+            if bits != 8:
+                raise ValueError(f"JPEG samples of {bits} bits (not 8)")
             return height, width, components
         if 0xC2 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
             raise ValueError(f"JPEG frame type 0x{marker:02X} (not baseline Huffman)")
@@ -175,7 +178,7 @@ class BatchedDecoder:
                 image.pitch[c] = width
         streams = (ctypes.c_char_p * n)(*data)
         lengths = (ctypes.c_size_t * n)(*map(len, data))
-        stream = torch.cuda.current_stream(self.device).cuda_stream
+        current = torch.cuda.current_stream(self.device)
         with self._lock:
             # the state's buffers go to the next call only once the last call is done with
             # them: back to back, an H100 hung in the second call (one core spinning)
@@ -186,11 +189,11 @@ class BatchedDecoder:
                 _check(status, "set up a batch", NvjpegError)
                 self._batch = (n, fmt)
             status = self.lib.nvjpegDecodeBatched(
-                self.handle, self.state, streams, lengths, images, stream
+                self.handle, self.state, streams, lengths, images, current.cuda_stream
             )
             _check(status, "decode a batch", NvjpegError)
             self._last = torch.cuda.Event()
-            self._last.record(torch.cuda.current_stream(self.device))
+            self._last.record(current)
         return out
 
 

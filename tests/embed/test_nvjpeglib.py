@@ -51,6 +51,10 @@ def test_frame_marker_bytes_inside_a_table_are_not_taken_for_the_frame():
     ("data", "message"),
     [
         (b"\xff\xd8" + _segment(0xC2, bytes(15)), "0xC2 .not baseline Huffman"),  # progressive
+        (
+            b"\xff\xd8" + _segment(0xC1, bytes([12]) + struct.pack(">HH", 8, 8) + bytes(10)),
+            "12 bits",
+        ),
         (b"\xff\xd8" + _segment(0xDA, bytes(10)), "no JPEG frame header"),
         (b"\xff\xd8garbage", "not a JPEG stream"),
         (b"\xff\xd8", "no JPEG frame header"),

@@ -32,12 +32,24 @@ def decode_files(
     paths: list[str], shm: str, shape: tuple[int, ...], background: int, offset: int = 0
 ) -> int:
     """Decode chunk file i into row offset + i of the shared block /dev/shm/<shm>; return
-    the count."""
+    the count.
+
+    Only the rows written are mapped, populated as they are mapped (MAP_POPULATE): page by
+    page, a fresh mapping's faults cost 30% on top of decoding a grid row of 240 px chunks
+    (38 ms of decode, 12 ms of faults; 1.6 ms to populate the 29 MB at once)."""
     import imagecodecs
 
-    with open(f"/dev/shm/{shm.lstrip('/')}", "r+b") as fh, mmap.mmap(fh.fileno(), 0) as buf:
-        size = int(np.prod(shape))
-        out = np.ndarray((len(paths), *shape), np.uint8, buffer=buf, offset=offset * size)
+    if not paths:
+        return 0
+    size = int(np.prod(shape))
+    start = offset * size // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+    length = (offset + len(paths)) * size - start
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # Linux has it
+    with (
+        open(f"/dev/shm/{shm.lstrip('/')}", "r+b") as fh,
+        mmap.mmap(fh.fileno(), length, flags=flags, offset=start) as buf,
+    ):
+        out = np.ndarray((len(paths), *shape), np.uint8, buffer=buf, offset=offset * size - start)
         for i, path in enumerate(paths):
             try:
                 with open(path, "rb") as chunk:
@@ -170,8 +182,9 @@ class ProcessDecoder:
     ) -> tuple[int, list[Future]]:
         """Start decoding into a free block; return (block index, futures of the counts).
 
-        parts > 1 splits the files among that many workers: a row is then ready sooner,
-        which matters while the pipeline fills; one worker per row is the cheapest after.
+        parts > 1 splits the files among that many requests, which idle workers take in
+        the order submitted: a row is then ready sooner, and no worker waits while another
+        finishes a whole row (`embed.rows.ProcessRows`).
         """
         self.wait_ready()
         while True:

@@ -29,6 +29,10 @@ Coords = list[tuple[int, int]]
 
 # ProcessRows page-locks its blocks once this many batches have been cut.
 PIN_AFTER_BATCHES = 3
+# ProcessRows asks a worker for at most this many pixels at a time (about 8 ms of decoding).
+PART_PIXELS = 2_000_000
+# ProcessRows decodes at most this many bytes of rows ahead (one row per worker if they fit).
+AHEAD_BYTES = 1 << 30
 
 
 class RowSource:
@@ -112,13 +116,22 @@ class ThreadRows(RowSource):
 class ProcessRows(RowSource):
     """Worker processes decode each row into a shared block; the row goes to the GPU by DMA.
 
-    The rows the first batch needs are split among the workers (a row in p parts is ready
-    in about 1/p of the time), and the blocks are page-locked only once three batches are
-    out: each cudaHostRegister call holds CUDA's driver lock for ~30 ms, stalling the
-    producer's copies and the GPU loop's launches. Started as the first batch's last row was
-    taken, it held that batch's cut back 64 ms. On an H100 (ViT-S, a new engine each run, 3
-    runs each, interleaved), the first batch came after 0.19-0.49 s that way and 0.10-0.13 s
-    when pinning starts after 3 batches, at the same tiles/s (medians 16,225 and 16,333)."""
+    Rows are split into parts of about `PART_PIXELS` that idle workers take in order, so
+    the row the producer waits for is the one decoded first, and every worker stays busy
+    while rows are wanted. One whole row per worker left workers idle, later rows done,
+    while the oldest was still decoding. Decoding alone on an H100 host (14 workers,
+    bench/results/ab-rows-parts-populate-h100.json): 240 px chunks 24,100 -> 28,300 tiles/s,
+    512 px chunks 10,400 -> 23,100 (and with the workers' populated mappings, 28,100 and
+    24,300-26,700).
+
+    At most `AHEAD_BYTES` of rows are decoded ahead, so a wide slide holds fewer rows,
+    not more memory. The rows the first batch needs are split among all the workers, and
+    the blocks are page-locked only once three batches are out: each cudaHostRegister call
+    holds CUDA's driver lock for ~30 ms, stalling the producer's copies and the GPU loop's
+    launches. Started as the first batch's last row was taken, it held that batch's cut
+    back 64 ms. On an H100 (ViT-S, a new engine each run, 3 runs each, interleaved), the
+    first batch came after 0.19-0.49 s that way and 0.10-0.13 s when pinning starts after
+    3 batches, at the same tiles/s (medians 16,225 and 16,333)."""
 
     def __init__(
         self, steps, device, readers, timed, reader: ChunkReader, procs: ProcessDecoder, batch, stop
@@ -127,19 +140,22 @@ class ProcessRows(RowSource):
         self.reader, self.procs, self.stop = reader, procs, stop
         self.shape = (reader.chunk_h, reader.chunk_w, reader.channels)
         workers = len(procs.workers)
-        most = max((len(s.load) for s in steps), default=1)
-        procs.reserve(workers + 2, most * int(np.prod(self.shape)), pin=True)
-        self.ahead = workers
+        row_bytes = max((len(s.load) for s in steps), default=1) * int(np.prod(self.shape))
+        self.ahead = min(workers, max(2, AHEAD_BYTES // row_bytes))  # wide slides: fewer rows
+        procs.reserve(self.ahead + 2, row_bytes, pin=True)
         tiles = np.cumsum([len(s.tiles) for s in steps])
         self.first_rows = int(np.searchsorted(tiles, batch)) + 1
         self.first_parts = max(1, workers // self.first_rows)
+        self.per_part = max(1, PART_PIXELS // (reader.chunk_h * reader.chunk_w))  # chunks
         self.pin_from = int(np.searchsorted(tiles, PIN_AFTER_BATCHES * batch)) + 1
 
     def _wants_more(self, index: int) -> bool:
         return self._next < index + self.ahead
 
     def _submit(self, index: int, coords: Coords):
-        parts = self.first_parts if index < self.first_rows else 1
+        parts = -(-len(coords) // self.per_part)
+        if index < self.first_rows:
+            parts = max(parts, self.first_parts)
         return self.procs.submit(
             self.reader.paths(coords), self.shape, self.reader.background, self.stop, parts
         )

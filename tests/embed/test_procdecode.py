@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 import threading
+from multiprocessing.shared_memory import SharedMemory
 
+import imagecodecs
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from embed.procdecode import ProcessDecoder
+from embed.procdecode import ProcessDecoder, decode_files
 from tests.conftest import CMU
 from tilestore.slide import open_slide
 
@@ -42,6 +46,46 @@ def test_workers_decode_rows_like_libjpeg(stores, decoder, parts):
     np.testing.assert_array_equal(got[:-1], want)
     assert (got[-1] == reader.background).all()
     decoder.release(block)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    height=st.integers(8, 40),
+    width=st.integers(8, 40),
+    rows=st.integers(1, 40),
+    data=st.data(),
+)
+def test_a_part_writes_its_rows_of_the_block_and_nothing_else(tmp_path, height, width, rows, data):
+    """Parts map only their rows, from a page boundary below them: any row size, any
+    offset, the rows before and after stay as they were."""
+    offset = data.draw(st.integers(0, rows - 1))
+    count = data.draw(st.integers(1, rows - offset))
+    shape = (height, width, 3)
+    rng = np.random.default_rng(height * 1000 + width)
+    images = rng.integers(0, 255, (count, *shape), dtype=np.uint8)
+    paths = []
+    for i, image in enumerate(images):
+        path = tmp_path / f"{height}-{width}-{i}.jpg"
+        path.write_bytes(imagecodecs.jpeg8_encode(image, level=95))
+        paths.append(str(path))
+    paths[-1] = str(tmp_path / "missing")  # a chunk never written: the background
+    size = rows * int(np.prod(shape))
+    block = SharedMemory(create=True, size=size)
+    try:
+        view = np.ndarray((rows, *shape), np.uint8, buffer=block.buf)
+        view[:] = 7
+        assert decode_files(paths, block.name, shape, 255, offset) == count
+        for i in range(count - 1):
+            want = imagecodecs.jpeg8_decode(imagecodecs.jpeg8_encode(images[i], level=95))
+            np.testing.assert_array_equal(view[offset + i], want)
+        assert (view[offset + count - 1] == 255).all()
+        assert (view[:offset] == 7).all() and (view[offset + count :] == 7).all()
+        del view
+    finally:
+        block.close()
+        block.unlink()
 
 
 def test_worker_errors_come_back_as_messages(decoder, tmp_path):

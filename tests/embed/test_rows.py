@@ -77,6 +77,30 @@ def test_process_rows(stores):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_process_rows_hold_at_most_their_byte_budget_in_small_parts(stores, monkeypatch):
+    reader, steps = _steps(stores)
+    row = max(len(s.load) for s in steps) * reader.chunk_h * reader.chunk_w * reader.channels
+    monkeypatch.setattr("embed.rows.AHEAD_BYTES", 3 * row - 1)  # room for two rows, not three
+    monkeypatch.setattr("embed.rows.PART_PIXELS", 3 * reader.chunk_h * reader.chunk_w)
+    device = torch.device("cuda", torch.cuda.current_device())
+    procs = ProcessDecoder(3)
+    asked = []
+    submit = procs.submit
+    monkeypatch.setattr(procs, "submit", lambda *a: asked.append(a[-1]) or submit(*a))
+    try:
+        source = ProcessRows(
+            steps, device, 2, lambda *a: None, reader, procs, 64, threading.Event()
+        )
+        assert source.ahead == 2 and len(procs.blocks) == 4  # two rows ahead, two copying
+        _check(source, reader, steps)
+    finally:
+        procs.close()
+    loads = [len(s.load) for s in steps if len(s.load)]
+    assert asked[-1] == -(-loads[-1] // 3)  # parts of at most three chunks
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_nvjpeg_rows(stores):
     reader, steps = _steps(stores, copy=False)  # YCbCr chunks
     device = torch.device("cuda", torch.cuda.current_device())

@@ -9,8 +9,9 @@ vit_large_patch16_224 = UNI), in one process:
              not: compiled, the engine replays CUDA graphs);
   engine   - the engine end to end on a store built from real tissue (a large SVS of CMU-1
              tiles, converted with the copy path: Aperio's 240 px tiles as chunks) with
-             --decode cpu, and on its YCbCr re-encode (512 px chunks, nvJPEG's best:
-             bench/nvjpeg.py) with --decode gpu and --decode cpu, timed from embed() on a
+             --decode cpu, and on its YCbCr re-encodes (512 px chunks, nvJPEG's best alone:
+             bench/nvjpeg.py, and 1,024 px, its best beside a model) with --decode gpu (and
+             --decode cpu on the first), timed from embed() on a
              set-up Embedder (model on the GPU, decoder processes started: the set-up is
              reported apart, as the ceiling leaves out loading its model) to the last write;
   baseline - bench/baseline.py: DataLoader, 8 workers, OpenSlide read_region on the SOURCE
@@ -30,7 +31,6 @@ import copy
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import time
@@ -45,47 +45,16 @@ import torch
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 from baseline import run_baseline
-from make_slide import make_large_svs
+from stores import build, copy_store
 
 import tilestore
 from embed.engine import Embedder, Options, embed
 from embed.graphs import GraphedForward
 from embed.models import load_model
 from embed.reference import cosine, reference_features
-from tilestore.plans import list_plans, load_plan, plan_slide, save_plan
+from tilestore.plans import load_plan
 
 HERE = Path(__file__).resolve().parent
-
-
-def build(work: Path, size: int, ycbcr_chunk: int) -> tuple[Path, Path, Path]:
-    """The large SVS, its store (tiles copied: Aperio RGB-coded JPEG, its 240 px tiles as
-    chunks) and a YCbCr copy of it (re-encoded, in chunks of `ycbcr_chunk` px: what nvJPEG
-    can decode), each with a 0.5 um/px, 224 px plan named 'bench'."""
-    source = make_large_svs(work / f"large-{size}.svs", size)
-    stores = []
-    ycbcr = "ycbcr" if ycbcr_chunk == 256 else f"ycbcr-{ycbcr_chunk}"
-    for name, copy_tiles, chunk in (("copied", True, None), (ycbcr, False, ycbcr_chunk)):
-        store = work / name / f"large-{size}.ome.zarr"
-        if not store.exists():
-            t0 = time.perf_counter()
-            report = tilestore.convert(source, work / name, copy=copy_tiles, chunk=chunk)
-            print(
-                f"{name}: converted in {time.perf_counter() - t0:.1f} s "
-                f"{[lv.write for lv in report.levels]}",
-                flush=True,
-            )
-        slide = tilestore.open_slide(store)
-        if "bench" not in list_plans(slide):
-            save_plan(slide, plan_slide(slide, mpp=0.5, tile=224, min_tissue=0.0, name="bench"))
-        stores.append(store)
-    return source, stores[0], stores[1]
-
-
-def copy_store(store: Path, to: Path) -> Path:
-    """Another slide for the cohort run: a copy of the store (its embeddings are redone)."""
-    if not to.exists():
-        shutil.copytree(store, to)
-    return to
 
 
 # how a ceiling runs the model: eager, compiled, or compiled and replayed as CUDA graphs
@@ -264,7 +233,9 @@ def main() -> None:
     )
     parser.add_argument("--size", type=int, default=40_000)
     parser.add_argument(
-        "--ycbcr-chunk", type=int, default=512, help="chunk px of the re-encoded (nvJPEG) store"
+        "--ycbcr-chunks",
+        default="512,1024",
+        help="chunk px of the re-encoded (nvJPEG) stores; --decode cpu runs on the first",
     )
     parser.add_argument("--baseline-tiles", type=int, default=12_000)
     parser.add_argument("--work", type=Path, default=HERE / "data")
@@ -276,7 +247,13 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = True
 
     t0 = time.perf_counter()
-    source, store, ycbcr = build(args.work, args.size, args.ycbcr_chunk)
+    chunks = tuple(int(c) for c in args.ycbcr_chunks.split(","))
+    source, store, ycbcrs = build(args.work, args.size, chunks)
+    ycbcr = ycbcrs[0]
+    gpu_runs = {
+        "engine_gpu" if i == 0 else f"engine_gpu_{chunk}": (chunk, path)
+        for i, (chunk, path) in enumerate(zip(chunks, ycbcrs, strict=True))
+    }
     small = args.work / "stores" / "CMU-1-Small-Region.ome.zarr"
     if not small.exists():
         data = Path(os.environ.get("TILESTORE_DATA", HERE.parents[1] / "shared" / "data"))
@@ -295,7 +272,7 @@ def main() -> None:
             "python": platform.python_version(),
             "switch_interval": sys.getswitchinterval(),
         },
-        "slide": {"size": args.size, "tiles": len(plan), "ycbcr_chunk": args.ycbcr_chunk},
+        "slide": {"size": args.size, "tiles": len(plan), "ycbcr_chunks": chunks},
         "models": {},
     }
     compiled_models = set(
@@ -335,7 +312,10 @@ def main() -> None:
         if "cpu" in runs:
             entry["engine_cpu"] = engine_run([store], loaded, batch, "cpu", compiled, "cpu")
         if "gpu" in runs:
-            entry["engine_gpu"] = engine_run([ycbcr], loaded, batch, "gpu", compiled, "gpu (YCbCr)")
+            for key, (chunk, path) in gpu_runs.items():
+                tag = f"gpu (YCbCr, {chunk} px chunks)"
+                entry[key] = engine_run([path], loaded, batch, "gpu", compiled, tag)
+                entry[key]["chunk"] = chunk
         if "ycbcr" in runs:
             entry["engine_cpu_ycbcr"] = engine_run(
                 [ycbcr], loaded, batch, "cpu", compiled, "cpu (YCbCr)"
@@ -346,7 +326,7 @@ def main() -> None:
             )
         if "cli" in runs:  # a fresh process draws its own random weights: not on the store checked
             entry["cli"] = cli_run(cohort[-1], arch, batch, compiled, args.out)
-        for key in ("engine_cpu", "engine_gpu", "engine_cpu_ycbcr", "cohort_cpu"):
+        for key in ("engine_cpu", *gpu_runs, "engine_cpu_ycbcr", "cohort_cpu"):
             if key in entry:
                 entry[key]["vs_ceiling"] = entry[key]["tiles_per_s"] / best["tiles_per_s"]
                 entry[key]["limited_by"] = limiting(entry[key])
@@ -363,7 +343,7 @@ def main() -> None:
                 std=loaded.transform.std,
             )
             entry["baseline"] = base
-            engines = [entry[k]["tiles_per_s"] for k in ("engine_cpu", "engine_gpu") if k in entry]
+            engines = [entry[k]["tiles_per_s"] for k in ("engine_cpu", *gpu_runs) if k in entry]
             entry["vs_baseline"] = max(engines, default=0.0) / base["tiles_per_s"]
             print(f"  baseline {base}; engine/baseline {entry['vs_baseline']:.2f}", flush=True)
         results["models"][arch] = entry
@@ -385,6 +365,7 @@ def print_table(results: dict) -> None:
         "ceiling",
         "engine cpu-dec",
         "engine gpu-dec",
+        "gpu-dec, other chunks",
         "cpu-dec same store",
         "cohort x3 cpu-dec",
         "baseline",
@@ -397,7 +378,8 @@ def print_table(results: dict) -> None:
     )
     print(" | ".join(head))
     for arch, e in results["models"].items():
-        runs = [e[k] for k in ("engine_cpu", "engine_gpu") if k in e]
+        others = [e[k] for k in e if k.startswith("engine_gpu_")]
+        runs = [e[k] for k in ("engine_cpu", "engine_gpu") if k in e] + others
         best = max(runs, key=lambda r: r["tiles_per_s"], default=None)
 
         print(
@@ -407,6 +389,7 @@ def print_table(results: dict) -> None:
                     f"{e['ceiling']['tiles_per_s']:.0f} ({e['ceiling'].get('how', '-')})",
                     _rate(e.get("engine_cpu")),
                     _rate(e.get("engine_gpu")),
+                    ", ".join(f"{_rate(r)} at {r['chunk']} px" for r in others) or "-",
                     _rate(e.get("engine_cpu_ycbcr")),
                     _rate(e.get("cohort_cpu")),
                     f"{e['baseline']['tiles_per_s']:.0f}" if "baseline" in e else "-",

@@ -38,8 +38,8 @@ def embed(
     device: str = typer.Option("auto", help="auto, cuda, cuda:N or cpu."),
     decode: str = typer.Option(
         "auto",
-        help="JPEG decoding: auto (nvJPEG for chunks of 512 px or more, or under 4 CPUs; "
-        "else CPU processes), cpu, gpu.",
+        help="JPEG decoding: auto (nvJPEG where the job has under 8 CPUs, else CPU "
+        "processes), cpu, gpu.",
     ),
     precision: str = typer.Option("auto", help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp32."),
     dtype: str = typer.Option("float16", help="Stored features: float16 or float32."),

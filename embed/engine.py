@@ -41,9 +41,8 @@ class Options:
 
     batch_size: int | None = None  # None: "auto", the largest that fits and still helps
     device: str = "auto"  # auto, cuda, cuda:N, cpu
-    # auto: nvJPEG for slides in chunks of 512 px or more, or where the job has under 4
-    # CPUs; else CPU decoder processes (on an H100 with 16 CPUs, these beat nvJPEG on 256 px
-    # chunks for ViT-S, -B and -L, and nvJPEG beat them on 512 px chunks)
+    # auto: nvJPEG where the job has fewer than 8 CPUs, else CPU decoder processes
+    # (embed.runner.AUTO_CPU_DECODE_CPUS says what that rests on)
     decode: str = "auto"  # auto, cpu, gpu
     precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU), bf16, fp32
     dtype: str = "float16"  # of the stored features
@@ -133,8 +132,9 @@ class Embedder:
             self.runner = Runner(self.loaded, self.device, self.precision, options)
             self.runner.processes = decoders
             mode = decode_mode(options.decode, self.device.type == "cuda")
-            if mode != "cpu":  # auto only uses nvJPEG where it runs
-                self.runner.gpu_jpeg = nvjpeg.open_decoder(self.device, required=mode == "gpu")
+            if mode == "gpu":  # auto only uses nvJPEG where it runs
+                required = options.decode == "gpu"
+                self.runner.gpu_jpeg = nvjpeg.open_decoder(self.device, required=required)
             self.batch = options.batch_size or self.runner.auto_batch_size()
             if decoders is not None:
                 decoders.wait_ready()  # they started before the model loaded: usually are

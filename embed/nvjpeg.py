@@ -33,18 +33,11 @@ from tilestore.chunks import ChunkReader
 # Pixels one decode call aims for: 16.8 Mpx (256 chunks of 256 x 256), about 50 MB decoded.
 GROUP_PIXELS = 256 * 256 * 256
 
-# nvJPEG's cost is mostly per image, not per pixel: on an H100 it decoded the same tissue
-# in 256 px chunks at 1.3-1.9 Gpx/s and in 512 px chunks at 3.2-5.5 (bench/nvjpeg.py, two
-# runs). From this chunk size on, `--decode auto` decodes a slide with nvJPEG, which then
-# beat 14 CPU decoder processes (ViT-S 15,602 vs 10,779 tiles/s on a 512 px store).
-AUTO_GPU_CHUNK_PIXELS = 512 * 512
-
 
 def gpu_decodes(mode: str, reader: ChunkReader) -> bool:
-    """Whether a slide's level is decoded with nvJPEG under --decode `mode` (cpu, gpu, auto)."""
-    if not reader.is_jpeg or reader.channels != 3 or mode == "cpu":
-        return False
-    return mode == "gpu" or reader.chunk_h * reader.chunk_w >= AUTO_GPU_CHUNK_PIXELS
+    """Whether a slide's level is decoded with nvJPEG under --decode `mode` (cpu or gpu, as
+    `embed.runner.decode_mode` resolved it): colour JPEG chunks only."""
+    return mode == "gpu" and reader.is_jpeg and reader.channels == 3
 
 
 def group_chunks(chunk_h: int, chunk_w: int) -> int:

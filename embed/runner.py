@@ -28,6 +28,18 @@ from embed.report import RunReport, Stats
 from tilestore.cpus import usable_cpus
 from tilestore.errors import ModelError, TilestoreError
 
+# From this many CPUs on, `--decode auto` decodes on the CPU (CPUs - 2 worker processes),
+# below it with nvJPEG. ViT-B on an H100, compiled, the job's CPUs set by taskset
+# (bench/results/probe2-few4.json, probe2-few8.json, embed-h100-bl-parts.json), tiles/s:
+#   CPUs | CPU, 240 px | CPU, 512 px | nvJPEG, 240 px | nvJPEG, 512 px | nvJPEG, 1,024 px
+#      4 |       4,217 |       3,823 |          6,649 |          8,684 |            8,952
+#      8 |       9,834 |       9,581 |          6,880 |          8,950 |            9,088
+#     16 |       9,796 |       9,442 |              - |          8,828 |            9,386
+# nvJPEG beside a model that keeps the GPU busy decodes in the model's gaps (README): where
+# the CPUs keep up, they leave the GPU to the model. A model much faster than ViT-B (ViT-S:
+# 28,000 tiles/s) still outruns 6 decoder processes: pass --decode gpu on 8-12 CPUs there.
+AUTO_CPU_DECODE_CPUS = 8
+
 if TYPE_CHECKING:
     from embed.engine import Job, Options
 
@@ -299,15 +311,15 @@ def _drain(q: queue.Queue) -> None:
 
 
 def decode_mode(option: str, cuda: bool, nvjpeg: bool = True) -> str:
-    """The run's --decode: cpu, gpu or auto. Auto is CPU decoding without CUDA or where
-    no nvJPEG decoder runs on the GPU (`nvjpeg` False), nvJPEG where the job has under 4
-    CPUs, else decided per slide by its chunk size (`embed.nvjpeg.gpu_decodes`)."""
+    """The run's --decode, cpu or gpu, from the option (auto, cpu, gpu). Auto is CPU
+    decoding without CUDA or where no nvJPEG decoder runs on the GPU (`nvjpeg` False),
+    nvJPEG where the job has fewer than `AUTO_CPU_DECODE_CPUS` CPUs, else CPU decoding."""
     if option not in ("auto", "cpu", "gpu"):
         raise TilestoreError(f"--decode {option}: choose auto, cpu or gpu")
     if option == "gpu" and not cuda:
         raise TilestoreError("--decode gpu needs a CUDA device")
     if option == "auto" and not (cuda and nvjpeg):
         return "cpu"
-    if option == "auto" and usable_cpus() < 4:
-        return "gpu"
+    if option == "auto":
+        return "gpu" if usable_cpus() < AUTO_CPU_DECODE_CPUS else "cpu"
     return option

@@ -255,13 +255,18 @@ def test_nvjpeg_decode_matches_cpu_decode_on_a_ycbcr_store(store, tiny, tmp_path
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_auto_decode_sends_slides_in_big_chunks_to_nvjpeg(store, tiny, tmp_path):
+@pytest.mark.parametrize(("cpus", "want"), [(16, "cpu"), (6, "gpu")])
+def test_auto_decode_uses_nvjpeg_where_the_job_has_few_cpus(
+    store, tiny, tmp_path, monkeypatch, cpus, want
+):
+    monkeypatch.setattr("embed.runner.usable_cpus", lambda: cpus)
     small = store(copy=False, into=tmp_path / "small")  # YCbCr, 256 px chunks
     big = store(copy=False, chunk=512, into=tmp_path / "big")  # YCbCr, 512 px chunks
-    options = Options(batch_size=16, dtype="float32")
+    options = Options(batch_size=16, dtype="float32", overwrite=True)
     report = embed([small, big], tiny, plan_options={"mpp": 0.5, "tile": 224}, options=options)
-    assert report.decode == "auto" and not report.failures
-    assert [s["decode"] for s in report.slides] == ["cpu", "gpu"]
+    assert report.decode == want and not report.failures
+    assert [s["decode"] for s in report.slides] == [want, want]
+    assert (report.gpu_decoder is not None) == (want == "gpu")
     assert not any("nvJPEG" in w for w in report.warnings)
     slide = open_slide(big)
     reference = reference_features(

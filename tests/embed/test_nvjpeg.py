@@ -105,10 +105,8 @@ def test_group_size_follows_the_chunk_size():
         ("gpu", True, 256, 3, True),
         ("gpu", False, 512, 3, False),  # zstd levels: nothing for nvJPEG
         ("gpu", True, 512, 1, False),  # grey chunks: the batched decoder writes 3 planes
-        ("auto", True, 256, 3, False),  # small chunks: CPU decoders beat nvJPEG
-        ("auto", True, 496, 3, False),
-        ("auto", True, 512, 3, True),  # nvJPEG's cost is per image: big chunks go to it
-        ("auto", False, 1024, 3, False),
+        ("gpu", True, 240, 3, True),  # Aperio's chunks: decoded as coded
+        ("cpu", False, 1024, 3, False),
     ],
 )
 def test_which_slides_nvjpeg_decodes(mode, jpeg, side, channels, want):

@@ -70,14 +70,20 @@ def test_format_report_ends_with_the_warnings(busy):
     ("mode", "slides", "shown"),
     [
         ("cpu", ["cpu"], "decode cpu)"),
-        ("auto", ["cpu", "cpu"], "decode auto: cpu)"),
-        ("auto", ["gpu", "cpu", "gpu"], "decode auto: cpu and gpu)"),
-        ("auto", [], "decode auto)"),
+        ("gpu", ["gpu", "gpu"], "decode gpu via nvJPEG, the JPEG engine)"),
+        (
+            "gpu",
+            ["gpu", "cpu", "gpu"],
+            "decode gpu via nvJPEG, the JPEG engine; 1 of 3 slides on the CPU)",
+        ),
+        ("gpu", ["cpu"], "decode gpu; 1 of 1 slides on the CPU)"),
+        ("gpu", [], "decode gpu)"),
     ],
 )
 def test_the_first_line_says_how_the_slides_were_decoded(mode, slides, shown):
     report = _report(
         decode=mode,
+        gpu_decoder="nvJPEG, the JPEG engine",
         slides=[
             {"store": f"s{i}", "tiles": 9, "skipped_done": 0, "decode": d}
             for i, d in enumerate(slides)

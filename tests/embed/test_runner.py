@@ -27,8 +27,10 @@ def lite():
     [
         ("auto", False, True, 16, "cpu"),  # no GPU: nothing else can decode
         ("auto", False, True, 2, "cpu"),
-        ("auto", True, True, 16, "auto"),  # decided per slide, by its chunk size
-        ("auto", True, True, 3, "gpu"),  # too few CPUs to keep a GPU fed
+        ("auto", True, True, 16, "cpu"),  # 14 decoder processes keep a GPU fed
+        ("auto", True, True, 8, "cpu"),
+        ("auto", True, True, 7, "gpu"),  # too few CPUs to keep a GPU fed
+        ("auto", True, True, 3, "gpu"),
         ("auto", True, False, 3, "cpu"),  # torchvision cannot decode on this GPU (ROCm)
         ("auto", True, False, 16, "cpu"),
         ("cpu", True, True, 3, "cpu"),  # as asked

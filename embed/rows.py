@@ -119,10 +119,11 @@ class ProcessRows(RowSource):
     Rows are split into parts of about `PART_PIXELS` that idle workers take in order, so
     the row the producer waits for is the one decoded first, and every worker stays busy
     while rows are wanted. One whole row per worker left workers idle, later rows done,
-    while the oldest was still decoding. Decoding alone on an H100 host (14 workers,
-    bench/results/ab-rows-parts-populate-h100.json): 240 px chunks 24,100 -> 28,300 tiles/s,
-    512 px chunks 10,400 -> 23,100 (and with the workers' populated mappings, 28,100 and
-    24,300-26,700).
+    while the oldest was still decoding. Decoding alone on an H100 host (14 workers, two
+    runs each, bench/results/ab-rows-parts-populate-h100.json), tiles/s from 240 px chunks:
+    whole rows 18,800-24,100, parts 23,800-28,400, parts with the workers' mappings
+    populated (`embed.procdecode.decode_files`) 28,100-28,300; from 512 px chunks:
+    10,300-10,400, 21,500-23,100 and 24,300-26,700.
 
     At most `AHEAD_BYTES` of rows are decoded ahead, so a wide slide holds fewer rows,
     not more memory. The rows the first batch needs are split among all the workers, and

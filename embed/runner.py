@@ -28,6 +28,9 @@ from embed.report import RunReport, Stats
 from tilestore.cpus import usable_cpus
 from tilestore.errors import ModelError, TilestoreError
 
+if TYPE_CHECKING:
+    from embed.engine import Job, Options
+
 # From this many CPUs on, `--decode auto` decodes on the CPU (CPUs - 2 worker processes),
 # below it with nvJPEG. ViT-B on an H100, compiled, the job's CPUs set by taskset
 # (bench/results/probe2-few4.json, probe2-few8.json, embed-h100-bl-parts.json), tiles/s:
@@ -39,9 +42,6 @@ from tilestore.errors import ModelError, TilestoreError
 # the CPUs keep up, they leave the GPU to the model. A model much faster than ViT-B (ViT-S:
 # 28,000 tiles/s) still outruns 6 decoder processes: pass --decode gpu on 8-12 CPUs there.
 AUTO_CPU_DECODE_CPUS = 8
-
-if TYPE_CHECKING:
-    from embed.engine import Job, Options
 
 
 class Runner:

@@ -130,9 +130,12 @@ class ProcessDecoder:
                     raise RuntimeError("a JPEG decoder process did not start (its error is above)")
             self._unready = []
 
-    def reserve(self, count: int, nbytes: int, pin: bool = False) -> None:
-        """Have `count` blocks of at least `nbytes` (kept for later slides if big enough)."""
-        if len(self.blocks) >= count and self.blocks[0].size >= nbytes and self._pin == pin:
+    def reserve(self, count: int, nbytes: int, pin: bool = False, least: int | None = None) -> None:
+        """Have `count` blocks of at least `nbytes`. The blocks there are kept if big enough
+        and at least `least` (default `count`) of them: a slide of narrower rows after a wide
+        one then reads fewer rows ahead instead of making (and page-locking) new blocks."""
+        enough = len(self.blocks) >= (count if least is None else least)
+        if enough and self.blocks[0].size >= nbytes and self._pin == pin:
             return
         self._release_blocks()
         self.blocks = [SharedMemory(create=True, size=max(nbytes, 1)) for _ in range(count)]

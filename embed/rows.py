@@ -126,13 +126,15 @@ class ProcessRows(RowSource):
     10,300-10,400, 21,500-23,100 and 24,300-26,700.
 
     At most `AHEAD_BYTES` of rows are decoded ahead, so a wide slide holds fewer rows,
-    not more memory. The rows the first batch needs are split among all the workers, and
-    the blocks are page-locked only once three batches are out: each cudaHostRegister call
-    holds CUDA's driver lock for ~30 ms, stalling the producer's copies and the GPU loop's
-    launches. Started as the first batch's last row was taken, it held that batch's cut
-    back 64 ms. On an H100 (ViT-S, a new engine each run, 3 runs each, interleaved), the
-    first batch came after 0.19-0.49 s that way and 0.10-0.13 s when pinning starts after
-    3 batches, at the same tiles/s (medians 16,225 and 16,333)."""
+    not more memory; a narrower slide after it reads into the same blocks, fewer rows
+    ahead, rather than making and page-locking new ones. The rows the first batch needs are
+    split among all the workers, and the blocks are page-locked only once three batches are
+    out: each cudaHostRegister call holds CUDA's driver lock for ~30 ms, stalling the
+    producer's copies and the GPU loop's launches. Started as the first batch's last row was
+    taken, it held that batch's cut back 64 ms. On an H100 (ViT-S, a new engine each run,
+    3 runs each, interleaved), the first batch came after 0.19-0.49 s that way and
+    0.10-0.13 s when pinning starts after 3 batches, at the same tiles/s (medians 16,225
+    and 16,333)."""
 
     def __init__(
         self, steps, device, readers, timed, reader: ChunkReader, procs: ProcessDecoder, batch, stop
@@ -142,8 +144,9 @@ class ProcessRows(RowSource):
         self.shape = (reader.chunk_h, reader.chunk_w, reader.channels)
         workers = len(procs.workers)
         row_bytes = max((len(s.load) for s in steps), default=1) * int(np.prod(self.shape))
-        self.ahead = min(workers, max(2, AHEAD_BYTES // row_bytes))  # wide slides: fewer rows
-        procs.reserve(self.ahead + 2, row_bytes, pin=True)
+        want = min(workers, max(2, AHEAD_BYTES // row_bytes))  # wide slides: fewer rows
+        procs.reserve(want + 2, row_bytes, pin=True, least=4)  # 2 ahead, 2 being copied
+        self.ahead = min(want, len(procs.blocks) - 2)
         tiles = np.cumsum([len(s.tiles) for s in steps])
         self.first_rows = int(np.searchsorted(tiles, batch)) + 1
         self.first_parts = max(1, workers // self.first_rows)

@@ -277,6 +277,26 @@ def test_auto_decode_uses_nvjpeg_where_the_job_has_few_cpus(
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_auto_decode_on_few_cpus_without_nvjpeg_decodes_on_the_cpu(store, tiny, monkeypatch):
+    """auto asks for nvJPEG on few CPUs but does not need it: where no decoder starts (as
+    on ROCm), the run decodes on the CPU rather than failing."""
+
+    def no_nvjpeg(*args, **kwargs):
+        raise RuntimeError("Not compiled with GPU support")
+
+    monkeypatch.setattr("embed.runner.usable_cpus", lambda: 4)
+    monkeypatch.setattr("embed.nvjpeglib.find_library", lambda: None)
+    monkeypatch.setattr("torchvision.io.decode_jpeg", no_nvjpeg)
+    options = Options(batch_size=16, dtype="float32")
+    report = embed(
+        [store(copy=False)], tiny, plan_options={"mpp": 0.5, "tile": 224}, options=options
+    )
+    assert report.decode == "cpu" and report.gpu_decoder is None and not report.failures
+    assert [s["decode"] for s in report.slides] == ["cpu"] and report.tiles > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_rgb_coded_chunks_are_decoded_on_the_gpu_as_coded(store, tiny, tmp_path):
     cpu, gpu = store(into=tmp_path / "cpu"), store(into=tmp_path / "gpu")  # Aperio RGB JPEG
     report, similarity = _cpu_vs_gpu_decode(cpu, gpu, tiny)

@@ -110,6 +110,21 @@ def test_workers_say_when_they_are_ready_and_a_dead_one_is_an_error(monkeypatch)
     broken.close()
 
 
+def test_blocks_big_enough_are_kept_when_at_least_the_least_asked_for():
+    decoder = ProcessDecoder(1)
+    try:
+        decoder.reserve(6, 1000)
+        six = [block.name for block in decoder.blocks]
+        decoder.reserve(16, 100, least=4)  # narrower rows: the six bigger blocks do
+        assert [block.name for block in decoder.blocks] == six
+        decoder.reserve(3, 5000, least=2)  # wider rows: new, bigger blocks
+        assert len(decoder.blocks) == 3 and decoder.blocks[0].size >= 5000
+        decoder.reserve(16, 100)  # no least: as many blocks as asked for
+        assert len(decoder.blocks) == 16
+    finally:
+        decoder.close()
+
+
 def test_blocks_are_unlinked_on_close(tmp_path):
     decoder = ProcessDecoder(1)
     decoder.reserve(2, 1024)

@@ -24,8 +24,6 @@ from pathlib import Path
 import numpy as np
 import tifffile
 import zarr
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_slide import make_large_svs
 
 import tilestore

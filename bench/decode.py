@@ -1,11 +1,11 @@
 """How fast the engine's decode paths can feed the GPU (GPU machine), with no model.
 
-For each store of bench/embed.py (the copied Aperio store, 240 px RGB-coded chunks, and
+For each store of bench/embed_engine.py (the copied Aperio store, 240 px RGB-coded chunks, and
 the YCbCr re-encodes), the engine's row source for `--decode cpu` (`embed.rows.ProcessRows`:
 worker processes, shared blocks, DMA) and, on YCbCr stores, for `--decode gpu`
 (`embed.rows.NvjpegRows`) hands over every grid row of the 'bench' plan in order, as the
 producer takes them, as fast as they come. Tiles/s here is the most the path can feed a
-model: compare it with a model's ceiling (bench/embed.py) to see which side limits.
+model: compare it with a model's ceiling (bench/embed_engine.py) to see which side limits.
 
     python bench/decode.py [--workers 14] [--reps 2] [--out x.json]
 """
@@ -15,14 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import threading
 import time
 from pathlib import Path
-
-# Python put this folder first on sys.path, where "embed" is bench/embed.py: move it last.
-HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
 import torch
 from stores import build
@@ -30,10 +25,13 @@ from stores import build
 from embed.nvjpeg import open_decoder
 from embed.procdecode import ProcessDecoder
 from embed.rows import NvjpegRows, ProcessRows
+from embed.settings import Settings
 from tilestore.cpus import usable_cpus
 from tilestore.plans import load_plan
 from tilestore.slide import open_slide
 from tilestore.tiles import chunk_schedule
+
+HERE = Path(__file__).resolve().parent
 
 
 def feed(store: Path, path: str, workers: int, device: torch.device) -> dict:
@@ -44,12 +42,26 @@ def feed(store: Path, path: str, workers: int, device: torch.device) -> dict:
     steps = chunk_schedule(plan)
     timed = lambda *a: None  # noqa: E731 - the stage timings are the engine's business
     procs = ProcessDecoder(workers) if path == "cpu" else None
+    # what the engine runs with: 4 readers, batches of 1,024 (the first rows split as for one)
+    settings = Settings(
+        device=device,
+        precision="bf16",
+        decode=path,
+        gpu_decoder=None,
+        decoders=workers,
+        readers=4,
+        prefetch=4,
+        batch_size=1024,
+        dtype="float16",
+        compile=False,
+        overwrite=False,
+    )
     try:
         if procs is not None:
             procs.wait_ready()
-            source = ProcessRows(steps, device, 4, timed, reader, procs, 1024, threading.Event())
+            source = ProcessRows(steps, settings, timed, reader, procs, threading.Event())
         else:
-            source = NvjpegRows(steps, device, 4, timed, reader, open_decoder(device))
+            source = NvjpegRows(steps, settings, timed, reader, open_decoder(device))
         t0 = time.perf_counter()
         with source:
             for index in range(len(steps)):

@@ -18,23 +18,18 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
-
-_HERE = Path(__file__).resolve().parent
-# the package before bench/ (whose embed.py would shadow the `embed` package)
-sys.path[:] = (
-    [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
-)
 from make_slide import make_large_svs
 
 import tilestore
-from embed.cohort import decoders_per_worker, embed_cohort, local_cluster
-from embed.engine import Options
-from tilestore.plans import list_plans, plan_slide, save_plan
+from embed.cohort import cpu_share, embed_cohort, local_cluster
+from embed.settings import Options
+from tilestore.plans import PlanOptions, list_plans, plan_slide, save_plan
+
+HERE = Path(__file__).resolve().parent
 
 
 def build(work: Path, size: int) -> Path:
@@ -45,7 +40,7 @@ def build(work: Path, size: int) -> Path:
         tilestore.convert(source, work / "source")
     slide = tilestore.open_slide(store)
     if "bench" not in list_plans(slide):
-        save_plan(slide, plan_slide(slide, mpp=0.5, tile=224, name="bench"))
+        save_plan(slide, plan_slide(slide, PlanOptions(mpp=0.5, tile=224, name="bench")))
     return store
 
 
@@ -67,17 +62,18 @@ def run(store: Path, work: Path, gpus: int, slides: int, arch: str, options: Opt
         cohort.append(target)
     client = local_cluster("local-cuda", gpus)
     try:
-        workers = len(client.nthreads())
-        opts = replace(options, decoders=decoders_per_worker(workers))
+        share = cpu_share(len(client.nthreads()))
         t0 = time.perf_counter()
-        report = embed_cohort(cohort, f"timm:{arch}", client, plan="bench", options=opts)
+        report = embed_cohort(
+            cohort, f"timm:{arch}", client, plan="bench", options=options, cpus_per_worker=share
+        )
         wall = time.perf_counter() - t0
     finally:
         client.cluster.close()
         client.close()
     result = report.to_json()
     result["steady_tiles_per_s"] = round(report.tiles / (wall - report.setup_s), 1)
-    result["decoders_per_worker"] = opts.decoders
+    result["decoders_per_worker"] = sorted({w["decoders"] for w in result["per_worker"].values()})
     shutil.rmtree(folder, ignore_errors=True)
     return result
 
@@ -89,7 +85,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=40_000)
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--work", type=Path, default=Path("/tmp/tilestore-cohort"))
-    parser.add_argument("--out", type=Path, default=_HERE / "results" / "embed_cohort.json")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "embed_cohort.json")
     args = parser.parse_args()
 
     gpus = torch.cuda.device_count()

@@ -1,6 +1,6 @@
 """nvJPEG on store chunks (GPU machine): decode rate by call size, alone and beside a model.
 
-Decodes the first `--chunks` chunks of a JPEG store level (default: bench/embed.py's YCbCr
+Decodes the first `--chunks` chunks of a JPEG store level (default: bench/embed_engine.py's YCbCr
 store) with `embed.nvjpeg.decode_gpu`, in calls of 16 .. 1024 chunks, and reports chunks/s
 and megapixels/s; then once more beside a thread that only runs Python and beside a model
 running batches on the GPU, to show what the decoder takes from it and it from the decoder
@@ -17,15 +17,10 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import sys
 import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
-
-# Python put this folder first on sys.path, where "embed" is bench/embed.py: move it last.
-HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
 import imagecodecs
 import numpy as np
@@ -34,6 +29,8 @@ import torch
 
 from embed.nvjpeg import GPU_DECODERS, decode_gpu, group_chunks, open_decoder
 from tilestore.slide import open_slide
+
+HERE = Path(__file__).resolve().parent
 
 
 def decode_rate(decoder, reader, data: list[bytes], group: int, device: torch.device) -> float:

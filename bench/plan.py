@@ -24,7 +24,7 @@ import shapely
 from scipy import ndimage
 
 from tilestore.annotations import Annotations
-from tilestore.plan import grid_spec, make_plan
+from tilestore.grid import grid_spec, make_plan
 from tilestore.tiles import chunk_schedule
 
 HERE = Path(__file__).resolve().parent
@@ -99,7 +99,7 @@ def main() -> None:
     args = parser.parse_args()
 
     mpp = 0.5
-    spec = grid_spec(0, (1.0, 1.0), (args.side, args.side), mpp, mpp, 224)
+    spec = grid_spec(0, (1.0, 1.0), (args.side, args.side), mpp, mpp, 224, tolerance=0.02)
     rows, cols = spec.grid
     cases = {}
     for label, overlapping in (("disjoint", False), ("overlapping", True)):
@@ -114,6 +114,7 @@ def main() -> None:
                 tissue=mask,
                 tissue_downsample=mask_ds,
                 min_tissue=0.5,
+                min_roi=0.5,
             )
             t1 = time.perf_counter()
             plan = make_plan(

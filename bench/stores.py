@@ -9,7 +9,7 @@ from pathlib import Path
 from make_slide import make_large_svs
 
 import tilestore
-from tilestore.plans import list_plans, plan_slide, save_plan
+from tilestore.plans import PlanOptions, list_plans, plan_slide, save_plan
 
 
 def build(work: Path, size: int, ycbcr_chunks: tuple[int, ...]) -> tuple[Path, Path, list[Path]]:
@@ -32,7 +32,10 @@ def build(work: Path, size: int, ycbcr_chunks: tuple[int, ...]) -> tuple[Path, P
             )
         slide = tilestore.open_slide(store)
         if "bench" not in list_plans(slide):
-            save_plan(slide, plan_slide(slide, mpp=0.5, tile=224, min_tissue=0.0, name="bench"))
+            save_plan(
+                slide,
+                plan_slide(slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.0, name="bench")),
+            )
         stores.append(store)
     return source, stores[0], stores[1:]
 

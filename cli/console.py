@@ -1,7 +1,13 @@
-"""What every `tilestore` command prints with: consoles and a progress bar."""
+"""What every `tilestore` command prints with: consoles, a progress bar, the library's
+messages put in terms of flags."""
 
 from __future__ import annotations
 
+import inspect
+import re
+from collections.abc import Callable
+
+import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -30,3 +36,45 @@ class progress_bar:
 
     def __exit__(self, *exc: object) -> None:
         self.progress.stop()
+
+
+Flags = dict[str, tuple[str, str | None]]  # parameter -> (its flag, its --no- flag)
+
+
+def flags_of(*commands: Callable) -> Flags:
+    """The flags of these typer command functions' parameters, as typer names them."""
+    flags: Flags = {}
+    for command in commands:
+        for name, param in inspect.signature(command).parameters.items():
+            info = param.default
+            if not isinstance(info, typer.models.OptionInfo):
+                continue
+            decls = [d for d in (info.param_decls or ()) if d.startswith("--")]
+            flag = decls[0] if decls else "--" + name.replace("_", "-")
+            negative = (
+                None if decls or param.annotation not in (bool, "bool") else f"--no-{flag[2:]}"
+            )
+            flags[name] = (flag, negative)
+    return flags
+
+
+# name=value as the library writes it: 'text', <placeholder>, True/False, a number or a word
+_SETTING = re.compile(r"\b([a-z][a-z0-9_]*)=('[^']*'|<[^>]*>|[^\s,;)]*)")
+
+
+def as_flags(message: str, flags: Flags) -> str:
+    """The library's message with its parameters as the command's flags: overwrite=True
+    becomes --overwrite, decode='gpu' --decode gpu, mpp=<um/px> --mpp <um/px>."""
+
+    def flag(match: re.Match) -> str:
+        name, value = match.groups()
+        if name not in flags:
+            return match.group(0)
+        on, off = flags[name]
+        if value in ("True", ""):
+            return on
+        if value == "False":
+            return off or match.group(0)
+        return f"{on} {value.strip(chr(39))}"
+
+    return _SETTING.sub(flag, message)

@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import typer
 from rich.table import Table
 
-from cli.console import out
+from cli.console import as_flags, flags_of, out
 from cli.console import progress_bar as _progress
+from embed.settings import (
+    AUTO_CPU_DECODE_CPUS,
+    RESERVED_CPUS,
+    SLICE_TILES,
+    DecodeOption,
+    FeatureDtype,
+    Options,
+    PrecisionOption,
+)
 from tilestore.errors import TilestoreError
+from tilestore.plans import PlanOptions
 
 
 def embed(
@@ -24,38 +33,50 @@ def embed(
         None, help="A stored plan (default: the store's only plan, else a new one)."
     ),
     mpp: float | None = typer.Option(
-        None, help="Plan option: tile mpp (default: the model's native mpp)."
+        PlanOptions.mpp, help="Plan option: tile um/px (default: the model's native mpp)."
     ),
-    tile: int | None = typer.Option(None, help="Plan option: tile px (default: the model's)."),
-    stride: int | None = typer.Option(None, help="Plan option: px between tiles."),
-    min_tissue: float | None = typer.Option(None, help="Plan option: minimum tissue fraction."),
-    roi: Path | None = typer.Option(None, help="Plan option: ROI annotations file."),
-    roi_class: str | None = typer.Option(None, help="Plan option: ROI class to keep."),
-    min_roi: float | None = typer.Option(None, help="Plan option: minimum ROI overlap."),
+    tile: int | None = typer.Option(
+        PlanOptions.tile, help="Plan option: tile px (default: the model's)."
+    ),
+    stride: int | None = typer.Option(PlanOptions.stride, help="Plan option: px between tiles."),
+    min_tissue: float | None = typer.Option(
+        None, help=f"Plan option: minimum tissue fraction (default {PlanOptions.min_tissue})."
+    ),
+    roi: Path | None = typer.Option(PlanOptions.roi, help="Plan option: ROI annotations file."),
+    roi_class: str | None = typer.Option(
+        PlanOptions.roi_class, help="Plan option: ROI class to keep."
+    ),
+    min_roi: float | None = typer.Option(
+        None, help=f"Plan option: minimum ROI overlap (default {PlanOptions.min_roi})."
+    ),
     batch_size: str = typer.Option(
         "auto", help="Tiles per batch, or auto (largest that fits and helps)."
     ),
-    device: str = typer.Option("auto", help="auto, cuda, cuda:N or cpu."),
-    decode: str = typer.Option(
-        "auto",
-        help="JPEG decoding: auto (nvJPEG where the job has under 8 CPUs, else CPU "
-        "processes), cpu, gpu.",
+    device: str = typer.Option(Options.device, help="auto, cuda, cuda:N or cpu."),
+    decode: DecodeOption = typer.Option(
+        Options.decode,
+        help=f"JPEG decoding: auto (nvJPEG where the job has under {AUTO_CPU_DECODE_CPUS} "
+        "CPUs, else CPU processes), cpu, gpu.",
     ),
-    precision: str = typer.Option("auto", help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp32."),
-    dtype: str = typer.Option("float16", help="Stored features: float16 or float32."),
+    precision: PrecisionOption = typer.Option(
+        Options.precision, help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp32."
+    ),
+    dtype: FeatureDtype = typer.Option(Options.dtype, help="Stored features: float16 or float32."),
     compile: bool = typer.Option(
-        False, "--compile", help="torch.compile the model (slow start, faster run)."
+        Options.compile, "--compile", help="torch.compile the model (slow start, faster run)."
     ),
-    readers: int = typer.Option(4, help="Threads reading chunk rows ahead."),
+    readers: int = typer.Option(Options.readers, help="Threads reading chunk rows ahead."),
     decoders: int | None = typer.Option(
-        None,
+        Options.decoders,
         help="CPU JPEG decoders: threads, or worker processes on CUDA (default: the job's "
-        "CPUs - 2).",
+        f"CPUs - {RESERVED_CPUS}).",
     ),
     report: Path | None = typer.Option(None, help="Write the run report as JSON here."),
-    overwrite: bool = typer.Option(False, help="Recompute embeddings this model already made."),
+    overwrite: bool = typer.Option(
+        Options.overwrite, help="Recompute embeddings this model already made."
+    ),
     hf_token: str | None = typer.Option(
-        None, help="Hugging Face token (default: HF_TOKEN or the stored login).", envvar=None
+        Options.hf_token, help="Hugging Face token (default: HF_TOKEN or the stored login)."
     ),
     cluster: str | None = typer.Option(
         None, help="Run on Dask: local-cuda (a worker per GPU) or local (CPU processes)."
@@ -65,34 +86,31 @@ def embed(
     ),
     workers: int | None = typer.Option(None, help="--cluster local: worker processes."),
     slice_tiles: int = typer.Option(
-        20_000, help="On Dask: at most this many tiles per task (big slides are split)."
+        SLICE_TILES, help="On Dask: at most this many tiles per task (big slides are split)."
     ),
     shard: str | None = typer.Option(
         None, help="K/N: embed only the K-th (0-based) of N size-balanced shares of the stores."
     ),
 ) -> None:
     """Embed plan tiles with a foundation model; write embeddings/<model> into each store."""
-    from embed.engine import Options
     from embed.engine import embed as run_embed
     from embed.report import format_report
 
-    plan_options = {
-        k: v
-        for k, v in {
-            "mpp": mpp,
-            "tile": tile,
-            "stride": stride,
-            "min_tissue": min_tissue,
-            "roi": roi,
-            "roi_class": roi_class,
-            "min_roi": min_roi,
-        }.items()
-        if v is not None
+    given = {
+        "mpp": mpp,
+        "tile": tile,
+        "stride": stride,
+        "min_tissue": min_tissue,
+        "roi": roi,
+        "roi_class": roi_class,
+        "min_roi": min_roi,
     }
-    if plan and plan_options:
+    given = {k: v for k, v in given.items() if v is not None}
+    if plan and given:
         raise TilestoreError("--plan names a stored plan: plan options cannot change it")
     if batch_size != "auto" and not batch_size.isdigit():
         raise TilestoreError(f"--batch-size {batch_size}: a number or auto")
+    choice = plan or (PlanOptions(**given) if given else None)
     options = Options(
         batch_size=None if batch_size == "auto" else int(batch_size),
         device=device,
@@ -116,30 +134,21 @@ def embed(
             return
     if cluster or scheduler:
         _embed_on_dask(
-            stores,
-            model,
-            plan,
-            plan_options,
-            options,
-            cluster,
-            scheduler,
-            workers,
-            slice_tiles,
-            report,
+            stores, model, choice, options, cluster, scheduler, workers, slice_tiles, report
         )
         return
     with _progress(f"embedding with {model}") as (progress, task):
         result = run_embed(
             stores,
             model,
-            plan=plan,
-            plan_options=plan_options,
+            plan=choice,
             options=options,
             report_path=report,
             progress=lambda n, total: progress.update(task, advance=n, total=total),
         )
     for line in format_report(result):  # plain print: never wrap a line
-        print(line, file=sys.stderr if line.startswith(("WARNING", "  FAILED")) else sys.stdout)
+        failed = line.startswith(("WARNING", "  FAILED"))
+        print(as_flags(line, flags_of(embed)), file=sys.stderr if failed else sys.stdout)
     if report:
         out.print(f"report: {report}")
     if result.failures:
@@ -147,32 +156,33 @@ def embed(
 
 
 def _embed_on_dask(
-    stores, model, plan, plan_options, options, cluster, scheduler, workers, slice_tiles, report
+    stores, model, plan, options, cluster, scheduler, workers, slice_tiles, report
 ) -> None:
     from distributed import Client
 
-    from embed.cohort import decoders_per_worker, embed_cohort, local_cluster, summary_lines
+    from embed.cohort import cpu_share, embed_cohort, local_cluster, summary_lines
 
     if cluster and scheduler:
         raise TilestoreError("--cluster starts a cluster, --scheduler joins one: give one")
     client = Client(scheduler) if scheduler else local_cluster(cluster, workers)
-    if cluster and options.decoders is None:  # cores shared by the workers
-        options = replace(options, decoders=decoders_per_worker(len(client.nthreads())))
+    # workers of a local cluster share this machine's cores; a scheduler's have their own
+    share = cpu_share(len(client.nthreads())) if cluster else None
     with client, _progress(f"embedding with {model} on Dask") as (progress, task):
         result = embed_cohort(
             stores,
             model,
             client,
             plan=plan,
-            plan_options=plan_options,
             options=options,
             slice_tiles=slice_tiles,
+            cpus_per_worker=share,
             progress=lambda n, total: progress.update(task, advance=n, total=total),
         )
         if cluster:
             client.cluster.close()
     for line in summary_lines(result):
-        print(line, file=sys.stderr if line.startswith("  FAILED") else sys.stdout)
+        failed = line.startswith("  FAILED")
+        print(as_flags(line, flags_of(embed)), file=sys.stderr if failed else sys.stdout)
     if report:
         Path(report).write_text(json.dumps(result.to_json(), indent=2))
         out.print(f"report: {report}")
@@ -186,8 +196,8 @@ models_app = typer.Typer(no_args_is_help=True, help="Tile encoders: list them, f
 @models_app.command("list")
 def models_list() -> None:
     """The registered models: hub repo, output size, the resolution they expect, cached or not."""
-    from embed.hub import cache_dir
     from embed.models import list_models
+    from embed.models.hub import cache_dir
 
     table = Table(box=None, pad_edge=False)
     for col in ("name", "weights", "dim", "um/px", "tile", "gated", "cached"):
@@ -223,8 +233,8 @@ def models_pull(
     ),
 ) -> None:
     """Download a model's config and weights into the HF cache, for offline compute nodes."""
-    from embed.hub import pull
     from embed.models import get_model
+    from embed.models.hub import pull
 
     spec = get_model(name)
     if spec.source != "hf-hub":

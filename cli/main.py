@@ -10,11 +10,14 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from cli.console import out
+from cli.console import as_flags, flags_of, out
 from cli.console import progress_bar as _progress
 from cli.embed import embed, models_app
 from cli.export import export_app
+from tilestore.conversion import QUALITY, SUBSAMPLING
 from tilestore.errors import TilestoreError
+from tilestore.plans import DEFAULT_MPP, DEFAULT_TILE, PlanOptions
+from tilestore.tissue import DEFAULT_MPP as TISSUE_MPP
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -46,8 +49,8 @@ def convert(
     codec: str = typer.Option(
         "auto", help="auto (JPEG for 8-bit RGB brightfield, else zstd), jpeg, zstd."
     ),
-    quality: int = typer.Option(95, help="JPEG quality when pixels are encoded."),
-    subsampling: str = typer.Option("4:4:4", help="JPEG chroma subsampling when encoding."),
+    quality: int = typer.Option(QUALITY, help="JPEG quality when pixels are encoded."),
+    subsampling: str = typer.Option(SUBSAMPLING, help="JPEG chroma subsampling when encoding."),
     mpp: float | None = typer.Option(None, help="Level-0 µm/px, overriding the file's value."),
     keep_associated: bool = typer.Option(
         False, help="Also store label/macro images (patient data!)."
@@ -194,7 +197,7 @@ def tissue(
         "auto", help="auto (detects brightfield/fluorescence), otsu, contrast."
     ),
     mpp: float = typer.Option(
-        8.0, help="Mask resolution, um/px (read from a low-resolution level)."
+        TISSUE_MPP, help="Mask resolution, um/px (read from a low-resolution level)."
     ),
     preview: Path | None = typer.Option(None, help="Also write a PNG of the mask over the slide."),
 ) -> None:
@@ -230,19 +233,33 @@ def tissue(
 def plan(
     store: Path = typer.Argument(..., help="A store made by `tilestore convert`."),
     mpp: float = typer.Option(
-        0.5, help="Tile resolution, um/px (0: level-0 pixels, for slides without mpp)."
+        DEFAULT_MPP, help="Tile resolution, um/px (0: level-0 pixels, for slides without mpp)."
     ),
-    tile: int = typer.Option(224, help="Tile side in pixels at --mpp."),
-    stride: int | None = typer.Option(None, help="Pixels between tile starts (default: --tile)."),
-    min_tissue: float = typer.Option(0.5, help="Keep tiles with at least this tissue fraction."),
+    tile: int = typer.Option(DEFAULT_TILE, help="Tile side in pixels at --mpp."),
+    stride: int | None = typer.Option(
+        PlanOptions.stride, help="Pixels between tile starts (default: --tile)."
+    ),
+    min_tissue: float = typer.Option(
+        PlanOptions.min_tissue, help="Keep tiles with at least this tissue fraction."
+    ),
     roi: Path | None = typer.Option(
-        None, help="ROI annotations: QuPath GeoJSON, Aperio or ASAP XML."
+        PlanOptions.roi, help="ROI annotations: QuPath GeoJSON, Aperio or ASAP XML."
     ),
-    roi_class: str | None = typer.Option(None, help="Use only ROIs of this class."),
-    min_roi: float = typer.Option(0.5, help="Keep tiles with at least this ROI overlap."),
-    roi_mpp: float | None = typer.Option(None, help="um/px the ROI coordinates were drawn at."),
-    tolerance: float = typer.Option(0.02, help="Use a level as is if its mpp is this close."),
-    name: str | None = typer.Option(None, help="Plan name (default: e.g. 0.5mpp-224px)."),
+    roi_class: str | None = typer.Option(
+        PlanOptions.roi_class, help="Use only ROIs of this class."
+    ),
+    min_roi: float = typer.Option(
+        PlanOptions.min_roi, help="Keep tiles with at least this ROI overlap."
+    ),
+    roi_mpp: float | None = typer.Option(
+        PlanOptions.roi_mpp, help="um/px the ROI coordinates were drawn at."
+    ),
+    tolerance: float = typer.Option(
+        PlanOptions.tolerance, help="Use a level as is if its mpp is this close."
+    ),
+    name: str | None = typer.Option(
+        PlanOptions.name, help="Plan name (default: e.g. 0.5mpp-224px)."
+    ),
     overwrite: bool = typer.Option(False, help="Replace a plan of the same name."),
     preview: Path | None = typer.Option(None, help="Write a PNG: thumbnail, tissue, ROIs, tiles."),
 ) -> None:
@@ -254,8 +271,7 @@ def plan(
     from tilestore.tissue import read_tissue
 
     slide = open_slide(store)
-    made = plan_slide(
-        slide,
+    options = PlanOptions(
         mpp=mpp,
         tile=tile,
         stride=stride,
@@ -267,6 +283,7 @@ def plan(
         tolerance=tolerance,
         name=name,
     )
+    made = plan_slide(slide, options)
     save_plan(slide, made, overwrite=overwrite)
     for note in made.notes:
         out.print(f"  {note}", highlight=False)
@@ -289,12 +306,21 @@ app.add_typer(models_app, name="models")
 app.add_typer(export_app, name="export")
 
 
+def _flags() -> dict:
+    """Every command's flags by parameter name, to put library messages in their terms."""
+    callbacks = [c.callback for c in app.registered_commands]
+    for group in app.registered_groups:
+        callbacks += [c.callback for c in group.typer_instance.registered_commands]
+    return flags_of(*callbacks)
+
+
 def _error(exc: BaseException) -> None:
-    print(f"tilestore: error: {' '.join(str(exc).split())}", file=sys.stderr)
+    message = as_flags(" ".join(str(exc).split()), _flags())
+    print(f"tilestore: error: {message}", file=sys.stderr)
 
 
 def _warning(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"tilestore: warning: {message}", file=sys.stderr)
+    print(f"tilestore: warning: {as_flags(str(message), _flags())}", file=sys.stderr)
 
 
 def main() -> None:

@@ -9,7 +9,6 @@ batches (block b holds tiles b*B .. b*B+B-1), which is what makes resuming bitwi
 from __future__ import annotations
 
 import collections
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from embed.buffers import SlotPool
+from embed.queues import Stopped
 from tilestore.chunks import ChunkReader
 from tilestore.tiles import cut_tile
 
@@ -95,57 +96,7 @@ class Batch:
     tiles: torch.Tensor  # (n, h, w, c) uint8
     ready: torch.cuda.Event | None = None  # GPU tiles: when the decode stream has made them
     slot: int | None = None  # host tiles: the pool slot to give back after the copy
-
-
-class Stopped(Exception):
-    """The run is stopping: a producer waiting for room gives up."""
-
-
-def put(target: queue.Queue, item: object, stop: threading.Event) -> None:
-    """Put, unless the run stops while the queue is full."""
-    while True:
-        try:
-            target.put(item, timeout=0.2)
-            return
-        except queue.Full:
-            if stop.is_set():
-                raise Stopped from None
-
-
-class SlotPool:
-    """Reusable (pinned) host buffers; a slot is reused only after its copy has finished."""
-
-    def __init__(self, slots: int, shape: tuple[int, ...], pin: bool) -> None:
-        self.buffers = [torch.empty(shape, dtype=torch.uint8, pin_memory=pin) for _ in range(slots)]
-        self._free: queue.Queue = queue.Queue()
-        for i in range(slots):
-            self._free.put((i, None))
-
-    def acquire(self, stop: threading.Event | None = None) -> int:
-        """Return a free slot; with `stop`, give up (Stopped) once it is set."""
-        while True:
-            try:
-                slot, event = self._free.get(timeout=0.2)
-                break
-            except queue.Empty:
-                if stop is not None and stop.is_set():
-                    raise Stopped from None
-        if event is not None:
-            event.synchronize()
-        return slot
-
-    def try_acquire(self) -> int | None:
-        """Return a free slot, or None if all are in use."""
-        try:
-            slot, event = self._free.get_nowait()
-        except queue.Empty:
-            return None
-        if event is not None:
-            event.synchronize()
-        return slot
-
-    def release(self, slot: int, event: torch.cuda.Event | None = None) -> None:
-        self._free.put((slot, event))
+    pool: SlotPool | None = None  # host tiles: the pool that slot belongs to
 
 
 class CpuAssembler:
@@ -204,8 +155,8 @@ class CpuAssembler:
                         block,
                         min(batch, total - block * batch),
                         self.slots.buffers[slot],
-                        None,
-                        slot,
+                        slot=slot,
+                        pool=self.slots,
                     )
                 )
             for rc in drop:
@@ -355,13 +306,6 @@ class BatchBuilder:
             ready = torch.cuda.Event()
             ready.record()  # on the producer's (decode) stream
         self.emit(
-            Batch(
-                self.job,
-                self.block,
-                self.filled,
-                self.buffer,
-                ready,
-                self.slot,
-            )
+            Batch(self.job, self.block, self.filled, self.buffer, ready, self.slot, self.pool)
         )
         self.block, self.filled, self.buffer, self.slot = None, 0, None, None

@@ -27,15 +27,16 @@ from typing import Any
 import numpy as np
 from distributed import WorkerPlugin, as_completed, get_worker
 
-from embed.engine import Options, Slice, plan_for
+from embed.engine import Embedder
+from embed.jobs import PlanChoice, Slice, plan_for
 from embed.models import get_model
-from embed.writer import AlreadyComplete, EmbeddingWriter
+from embed.settings import SLICE_TILES, Options
 from tilestore.cpus import usable_cpus
+from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
 from tilestore.errors import TilestoreError
 from tilestore.slide import open_slide
 
 PLUGIN = "tilestore-embedder"
-SLICE_TILES = 20_000  # at most this many tiles per task: big slides spread over workers
 
 
 def shard(stores: Sequence[str | os.PathLike], k: int, n: int) -> list[str]:
@@ -45,7 +46,7 @@ def shard(stores: Sequence[str | os.PathLike], k: int, n: int) -> list[str]:
     by size (largest first, then by name) go one by one to the share with the least work.
     """
     if not (n >= 1 and 0 <= k < n):
-        raise TilestoreError(f"--shard {k}/{n}: K must be in 0..N-1 (e.g. $SLURM_ARRAY_TASK_ID)")
+        raise TilestoreError(f"shard='{k}/{n}': K must be in 0..N-1 (e.g. $SLURM_ARRAY_TASK_ID)")
     names = sorted({str(s) for s in stores})
     sizes = {s: _size(s) for s in names}
     load = np.zeros(n)
@@ -72,7 +73,7 @@ def parse_shard(text: str) -> tuple[int, int]:
     try:
         k, n = (int(p) for p in text.split("/"))
     except ValueError:
-        raise TilestoreError(f"--shard {text!r}: expected K/N, e.g. 0/8") from None
+        raise TilestoreError(f"shard={text!r}: expected 'K/N', e.g. '0/8'") from None
     return k, n
 
 
@@ -80,18 +81,18 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 class EmbedderPlugin(WorkerPlugin):
-    """A Dask worker plugin: loads the model once per worker and keeps it for every task."""
+    """A Dask worker plugin: loads the model once per worker and keeps it for every task.
+
+    cpus: the CPUs each worker may use (None: its own affinity)."""
 
     name = PLUGIN
 
-    def __init__(self, model: str, options: Options) -> None:
-        self.model, self.options = model, options
+    def __init__(self, model: str, options: Options, cpus: int | None = None) -> None:
+        self.model, self.options, self.cpus = model, options, cpus
         self.embedder = None
 
     def setup(self, worker) -> None:
-        from embed.engine import Embedder
-
-        self.embedder = Embedder(self.model, self.options)
+        self.embedder = Embedder(self.model, self.options, cpus=self.cpus)
         # one slice at a time per model, even on a worker with several threads
         self.lock = threading.Lock()
 
@@ -125,6 +126,7 @@ def run_slice(piece: Slice) -> dict[str, Any]:
         "gpu_util_mean": report.gpu_util_mean,
         "gpu_busy_fraction": report.gpu_busy_fraction,
         "peak_gpu_allocated_mb": report.peak_gpu_allocated_mb,
+        "decoders": plugin.embedder.settings.decoders,
     }
 
 
@@ -182,16 +184,20 @@ def embed_cohort(
     model: str,
     client,
     *,
-    plan: str | None = None,
-    plan_options: dict | None = None,
-    options: Options | None = None,
+    plan: PlanChoice = None,
+    options: Options = Options(),
     slice_tiles: int = SLICE_TILES,
+    cpus_per_worker: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> CohortReport:
-    """Embed every store on the workers of a Dask `client`; return the cohort report."""
+    """Embed every store on the workers of a Dask `client`; return the cohort report.
+
+    plan: as `embed.engine.embed` takes it. slice_tiles: at most this many tiles per task
+    (big slides spread over workers). cpus_per_worker: the CPUs each worker may use for
+    decoding (None: each worker's own affinity; `cpu_share` for workers sharing a machine).
+    """
     started = time.perf_counter()
-    options = options or Options()
-    client.register_plugin(EmbedderPlugin(model, options), name=PLUGIN)
+    client.register_plugin(EmbedderPlugin(model, options, cpus_per_worker), name=PLUGIN)
     workers = len(client.scheduler_info()["workers"])
     identity = client.submit(worker_identity, pure=False).result()
     report = CohortReport(model, workers, setup_s=time.perf_counter() - started)
@@ -202,7 +208,7 @@ def embed_cohort(
     total = 0
     for path in order:  # prepare and submit store by store: the first GPUs start at once
         try:
-            state = _prepare(path, spec, plan, plan_options or {}, identity, options, slice_tiles)
+            state = _prepare(path, spec, plan, identity, options, slice_tiles)
         except AlreadyComplete:
             report.skipped_complete.append(path)
             continue
@@ -248,9 +254,9 @@ def embed_cohort(
     return report
 
 
-def _prepare(path, spec, plan, plan_options, identity, options, slice_tiles) -> _Store:
+def _prepare(path, spec, plan, identity, options, slice_tiles) -> _Store:
     slide = open_slide(path)
-    tile_plan, uid = plan_for(slide, spec, plan, plan_options)
+    tile_plan, uid = plan_for(slide, spec, plan)
     writer = EmbeddingWriter(slide, tile_plan, uid, **identity, overwrite=options.overwrite)
     batch = identity["batch_size"]
     todo = writer.todo()
@@ -287,7 +293,14 @@ def _finish(state: _Store, report: CohortReport) -> None:
 def _per_worker(report: CohortReport, result: dict[str, Any]) -> None:
     entry = report.per_worker.setdefault(
         result["worker"],
-        {"device": result["device"], "tiles": 0, "seconds": 0.0, "tasks": 0, "gpu_util": []},
+        {
+            "device": result["device"],
+            "decoders": result["decoders"],
+            "tiles": 0,
+            "seconds": 0.0,
+            "tasks": 0,
+            "gpu_util": [],
+        },
     )
     entry["tiles"] += result["tiles"]
     entry["seconds"] = round(entry["seconds"] + result["seconds"], 3)
@@ -315,7 +328,7 @@ def local_cluster(kind: str, workers: int | None = None):
             from dask_cuda import LocalCUDACluster
         except ImportError:
             raise TilestoreError(
-                "--cluster local-cuda needs dask-cuda: pip install 'tilestore[cuda]'"
+                "cluster='local-cuda' needs dask-cuda: pip install 'tilestore[cuda]'"
             ) from None
         import torch
 
@@ -324,7 +337,7 @@ def local_cluster(kind: str, workers: int | None = None):
             visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
         )
         if not devices or devices == [""]:
-            raise TilestoreError("--cluster local-cuda: no GPU is visible")
+            raise TilestoreError("cluster='local-cuda': no GPU is visible")
         cluster = LocalCUDACluster(
             CUDA_VISIBLE_DEVICES=",".join(devices[: workers or len(devices)]),
             threads_per_worker=1,
@@ -338,13 +351,13 @@ def local_cluster(kind: str, workers: int | None = None):
             processes=True,
         )
     else:
-        raise TilestoreError(f"--cluster {kind}: choose local-cuda or local")
+        raise TilestoreError(f"cluster={kind!r}: choose 'local-cuda' or 'local'")
     return Client(cluster)
 
 
-def decoders_per_worker(workers: int) -> int:
-    """CPU decoders for each of `workers` workers sharing this machine's cores."""
-    return max(2, usable_cpus() // max(workers, 1) - 1)
+def cpu_share(workers: int) -> int:
+    """The CPUs each of `workers` workers sharing this machine may use."""
+    return max(1, usable_cpus() // max(workers, 1))
 
 
 def summary_lines(report: CohortReport) -> list[str]:

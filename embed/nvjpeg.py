@@ -36,7 +36,7 @@ GROUP_PIXELS = 256 * 256 * 256
 
 def gpu_decodes(mode: str, reader: ChunkReader) -> bool:
     """Whether a slide's level is decoded with nvJPEG under --decode `mode` (cpu or gpu, as
-    `embed.runner.decode_mode` resolved it): colour JPEG chunks only."""
+    `embed.settings.resolve` resolved it): colour JPEG chunks only."""
     return mode == "gpu" and reader.is_jpeg and reader.channels == 3
 
 

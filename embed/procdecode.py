@@ -27,6 +27,8 @@ from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 
+from embed.queues import Stopped
+
 
 def decode_files(
     paths: list[str], shm: str, shape: tuple[int, ...], background: int, offset: int = 0
@@ -197,8 +199,6 @@ class ProcessDecoder:
                 break
             except queue.Empty:
                 if stop.is_set():
-                    from embed.assemble import Stopped
-
                     raise Stopped from None
         bounds = np.linspace(0, len(paths), max(1, min(parts, len(paths))) + 1).astype(int)
         requests = [

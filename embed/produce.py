@@ -16,23 +16,21 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from embed.assemble import BatchBuilder, CpuAssembler, SlotPool, Stopped, cut_row, put
+from embed.assemble import BatchBuilder, CpuAssembler, cut_row
+from embed.buffers import SlotPool
+from embed.jobs import Job
 from embed.nvjpeg import GpuJpeg, gpu_decode_agrees, gpu_decodes
 from embed.procdecode import ProcessDecoder
+from embed.queues import DONE, Stopped, put
 from embed.report import RunReport, Stats
 from embed.rows import NvjpegRows, ProcessRows, ThreadRows
-from tilestore.plan import TilePlan
+from embed.settings import Settings
+from tilestore.grid import TilePlan
 from tilestore.tiles import chunk_schedule
-
-if TYPE_CHECKING:
-    from embed.engine import Job, Options
-
-DONE = object()
 
 
 @dataclass(frozen=True)
@@ -54,30 +52,33 @@ class Producer:
 
     def __init__(
         self,
-        options: Options,
-        device: torch.device,
+        settings: Settings,
         stats: Stats,
         processes: ProcessDecoder | None,
         gpu_jpeg: GpuJpeg | None,
         prepared: Callable[[Job], None],
     ) -> None:
-        self.options, self.device, self.stats = options, device, stats
-        self.cuda = device.type == "cuda"
+        self.settings, self.stats = settings, stats
         self.processes, self.gpu_jpeg = processes, gpu_jpeg
         self.prepared = prepared  # told of each job once it is open (so it can be released)
 
-    def run(self, jobs, batch, report, ready, stop) -> None:
+    def run(
+        self, jobs: Iterator[Job], report: RunReport, ready: queue.Queue, stop: threading.Event
+    ) -> None:
+        """Put each job's JobStart, batches and JobEnd on `ready`, then DONE (or the error
+        that stopped it)."""
+        settings = self.settings
         try:
-            stream = torch.cuda.Stream(self.device) if self.cuda else None
+            stream = torch.cuda.Stream(settings.device) if settings.cuda else None
             with (
-                ThreadPoolExecutor(self.options.decoders, "tilestore-decode") as decoders,
-                ThreadPoolExecutor(self.options.readers, "tilestore-cut") as cutters,
+                ThreadPoolExecutor(settings.decoders, "tilestore-decode") as decoders,
+                ThreadPoolExecutor(settings.readers, "tilestore-cut") as cutters,
             ):
                 for job in _ahead(jobs, stop, self.prepared):
                     put(ready, JobStart(job), stop)
                     if len(job.todo):
                         with torch.cuda.stream(stream) if stream else contextlib.nullcontext():
-                            self._job(job, batch, report, decoders, cutters, ready, stop)
+                            self._job(job, report, decoders, cutters, ready, stop)
                     put(ready, JobEnd(job), stop)
             put(ready, DONE, stop)
         except Stopped:
@@ -86,40 +87,39 @@ class Producer:
             with contextlib.suppress(Stopped):
                 put(ready, exc, stop)
 
-    def _job(self, job: Job, batch: int, report: RunReport, decoders, cutters, ready, stop) -> None:
-        plan = job.plan
+    def _job(self, job: Job, report: RunReport, decoders, cutters, ready, stop) -> None:
+        settings, plan, batch = self.settings, job.plan, self.settings.batch_size
         reader = job.slide.chunks(plan.spec.level)
-        gpu = self.gpu_jpeg is not None and gpu_decodes(report.decode, reader)
+        gpu = self.gpu_jpeg is not None and gpu_decodes(settings.decode, reader)
         if gpu:
             sample = [tuple(rc) for rc in plan.needed_chunks()[:3].tolist()]
-            difference = gpu_decode_agrees(self.gpu_jpeg, reader, sample, self.device)
+            difference = gpu_decode_agrees(self.gpu_jpeg, reader, sample, settings.device)
             gpu = difference <= 2.0
-            if not gpu and report.decode == "gpu":  # asked for: say why it is not used
+            if not gpu:  # nvJPEG was chosen for this run: say why this slide is not
                 report.warnings.append(
                     f"{job.store}: nvJPEG decodes this store's JPEG chunks differently from "
                     f"libjpeg (mean |difference| {difference:.1f} levels): decoded on the CPU"
                 )
-        job.started = time.perf_counter()
         report.begin(job, "gpu" if gpu else "cpu")
         sub = _subset(plan, job.todo)
         steps = chunk_schedule(sub)
         emit = lambda b: put(ready, b, stop)  # noqa: E731 - a callback, named for reading
         t0 = time.perf_counter()
-        if self.cuda and reader.is_jpeg:  # decode (GPU or CPU threads), cut on the GPU
+        if settings.cuda and reader.is_jpeg:  # decode (GPU or CPU threads), cut on the GPU
             self._on_device(job, reader, sub, steps, batch, emit, stop, decoders, gpu)
         else:  # no GPU, or a zstd level: cut on CPU threads into (pinned) batches
             read = plan.spec.read
-            job.pool = SlotPool(
-                self.options.prefetch + self.options.readers + 2,
+            pool = SlotPool(
+                settings.prefetch + settings.readers + 2,
                 (batch, read, read, reader.channels),
-                pin=self.cuda,
+                pin=settings.cuda,
             )
             assembler = CpuAssembler(
                 reader,
                 decoders,
                 cutters,
-                job.pool,
-                window=2 * self.options.decoders,
+                pool,
+                window=2 * settings.decoders,
                 timed=self.stats.add,
             )
             assembler.run(job, sub, job.todo, steps, batch, len(plan), emit, stop)
@@ -130,12 +130,13 @@ class Producer:
         stitched and its tiles gathered on the GPU: a few kernels per row, no Python per
         tile."""
         read, chunk = sub.spec.read, (reader.chunk_h, reader.chunk_w)
-        builder = BatchBuilder(job, batch, len(job.plan), emit, None, self.device, stop)
-        common = (steps, self.device, self.options.readers, self.stats.add, reader)
+        device = self.settings.device
+        builder = BatchBuilder(job, batch, len(job.plan), emit, None, device, stop)
+        common = (steps, self.settings, self.stats.add, reader)
         if nvjpeg:
             source = NvjpegRows(*common, self.gpu_jpeg)
         elif self.processes is not None and reader.paths([]) is not None:
-            source = ProcessRows(*common, self.processes, batch, stop)
+            source = ProcessRows(*common, self.processes, stop)
         else:
             source = ThreadRows(*common, decoders)
         cache: dict[tuple[int, int], torch.Tensor] = {}

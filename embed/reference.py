@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from embed.models import LoadedModel
-from tilestore.plan import TilePlan
+from tilestore.grid import TilePlan
 from tilestore.slide import Slide
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import psutil
 import torch
 
+from embed.settings import Settings
 from tilestore.store import software_versions
 
 
@@ -127,17 +128,23 @@ class RunReport:
     warnings: list[str] = field(default_factory=list)
     software: dict[str, str] = field(default_factory=dict)
     writer_error: BaseException | None = None
+    _started: dict[str, float] = field(default_factory=dict, repr=False)  # store -> clock
+    _written: dict[str, int] = field(default_factory=dict, repr=False)  # store -> tiles
 
     @classmethod
-    def start(cls, loaded, device: torch.device, batch: int, options, precision: str) -> RunReport:
+    def start(cls, model: dict[str, Any], settings: Settings) -> RunReport:
+        """A report for a run of the model (`LoadedModel.describe()`) with these settings."""
+        device = settings.device
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
         return cls(
-            model=loaded.describe(),
+            model=model,
             device=str(device),
             device_name=name,
-            batch_size=batch,
-            precision=precision,
-            compile=options.compile,
+            batch_size=settings.batch_size,
+            precision=settings.precision,
+            compile=settings.compile,
+            decode=settings.decode,
+            gpu_decoder=settings.gpu_decoder,
             started=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             software=software_versions("torch", "timm", "torchvision"),
         )
@@ -147,6 +154,7 @@ class RunReport:
         return self.tiles / self.wall_s if self.wall_s else 0.0
 
     def begin(self, job, decode: str) -> None:
+        """A job's tiles start streaming, decoded on the cpu or the gpu."""
         self.total += len(job.todo)
         self.slides.append(
             {
@@ -157,9 +165,16 @@ class RunReport:
                 "decode": decode,  # cpu or gpu, this slide's
             }
         )
+        self._started[str(job.store)] = time.perf_counter()
+
+    def count(self, job, tiles: int) -> None:
+        """A batch of a job's tiles was written."""
+        self.tiles += tiles
+        self._written[str(job.store)] = self._written.get(str(job.store), 0) + tiles
 
     def end(self, job) -> dict[str, Any]:
-        seconds = time.perf_counter() - job.started
+        """A job's last batch was written: its time and rate go into its entry."""
+        seconds = time.perf_counter() - self._started[str(job.store)]
         entry = next(s for s in self.slides if s["store"] == str(job.store))
         entry.update(
             seconds=round(seconds, 3),
@@ -211,8 +226,9 @@ class RunReport:
         self.warnings.extend(advice(self))
 
     def slide_summary(self, job) -> dict[str, Any]:
+        """What a finished embeddings group records of the run that wrote it."""
         return {
-            "tiles": job.tiles,
+            "tiles": self._written.get(str(job.store), 0),
             "device": self.device_name,
             "batch_size": self.batch_size,
             "precision": self.precision,
@@ -220,7 +236,11 @@ class RunReport:
         }
 
     def to_json(self) -> dict[str, Any]:
-        data = {k: v for k, v in asdict(self).items() if k != "writer_error"}
+        data = {
+            k: v
+            for k, v in asdict(self).items()
+            if k not in ("writer_error", "_started", "_written")
+        }
         data["tiles_per_s"] = round(self.tiles_per_s, 1)
         return data
 
@@ -241,17 +261,17 @@ def advice(report: RunReport) -> list[str]:
     """Loud, actionable warnings: GPU present but unused, or the GPU mostly idle."""
     notes = []
     if not report.device.startswith("cuda") and torch.cuda.is_available():
-        notes.append("CUDA is available but the model ran on the CPU: pass --device cuda")
+        notes.append("CUDA is available but the model ran on the CPU: pass device='cuda'")
     busy = report.gpu_busy_fraction
     if busy is not None and busy < 0.5 and report.tiles:
         waiting = report.explained.get("waiting for tiles (read/decode bound)", 0)
         if waiting > 0.25 * report.wall_s:
-            fix = "the GPU waited for tiles: add reader/decoder threads (--readers, --decoders)" + (
-                "" if report.decode == "gpu" else " or use --decode gpu"
+            fix = "the GPU waited for tiles: add readers or decoders (readers=, decoders=)" + (
+                "" if report.decode == "gpu" else " or decode on the GPU (decode='gpu')"
             )
         else:
             fix = (
-                f"the GPU had little work per launch: try a larger --batch-size than "
+                f"the GPU had little work per launch: try a larger batch_size than "
                 f"{report.batch_size}"
             )
         notes.append(f"the GPU was busy only {busy:.0%} of the loop: {fix}")
@@ -270,7 +290,7 @@ def _hwm_mb() -> float:
 
 
 def _decode(report: RunReport) -> str:
-    """How the run decoded (cpu or gpu, --decode auto resolved), through which GPU decoder,
+    """How the run decoded (cpu or gpu, decode="auto" resolved), through which GPU decoder,
     and how many slides the CPU decoded instead (a zstd level; nvJPEG disagreeing)."""
     used = [slide["decode"] for slide in report.slides if "decode" in slide]
     text = report.decode

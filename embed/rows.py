@@ -23,6 +23,7 @@ import torch
 from embed.assemble import decode_row_cpu
 from embed.nvjpeg import GpuJpeg, RowDecoder, decode_gpu, group_chunks
 from embed.procdecode import ProcessDecoder
+from embed.settings import Settings
 from tilestore.chunks import ChunkReader
 
 Coords = list[tuple[int, int]]
@@ -38,11 +39,11 @@ AHEAD_BYTES = 1 << 30
 class RowSource:
     """Reads and decodes the steps' new chunks in order, a bounded number of rows ahead."""
 
-    def __init__(self, steps: Sequence, device: torch.device, readers: int, timed: Callable):
-        self.steps, self.device, self.timed = steps, device, timed
+    def __init__(self, steps: Sequence, settings: Settings, timed: Callable):
+        self.steps, self.device, self.timed = steps, settings.device, timed
         self._pending: dict[int, tuple[Coords, object]] = {}
         self._next = 0  # the first step not submitted yet
-        self.threads = ThreadPoolExecutor(readers, "tilestore-read")
+        self.threads = ThreadPoolExecutor(settings.readers, "tilestore-read")
 
     def take(self, index: int) -> tuple[Coords, list[torch.Tensor]]:
         """Step `index`'s new chunks (coords, (h, w, c) or (c, h, w) device tensors)."""
@@ -92,9 +93,9 @@ class RowSource:
 class ThreadRows(RowSource):
     """Fetch and decode on threads (imagecodecs frees the GIL); one pageable copy per row."""
 
-    def __init__(self, steps, device, readers, timed, reader: ChunkReader, decoders: Executor):
-        super().__init__(steps, device, readers, timed)
-        self.reader, self.decoders, self.ahead = reader, decoders, readers
+    def __init__(self, steps, settings, timed, reader: ChunkReader, decoders: Executor):
+        super().__init__(steps, settings, timed)
+        self.reader, self.decoders, self.ahead = reader, decoders, settings.readers
 
     def _wants_more(self, index: int) -> bool:
         return self._next < index + self.ahead
@@ -136,10 +137,9 @@ class ProcessRows(RowSource):
     0.10-0.13 s when pinning starts after 3 batches, at the same tiles/s (medians 16,225
     and 16,333)."""
 
-    def __init__(
-        self, steps, device, readers, timed, reader: ChunkReader, procs: ProcessDecoder, batch, stop
-    ):
-        super().__init__(steps, device, readers, timed)
+    def __init__(self, steps, settings, timed, reader: ChunkReader, procs: ProcessDecoder, stop):
+        super().__init__(steps, settings, timed)
+        batch = settings.batch_size
         self.reader, self.procs, self.stop = reader, procs, stop
         self.shape = (reader.chunk_h, reader.chunk_w, reader.channels)
         workers = len(procs.workers)
@@ -190,13 +190,12 @@ class NvjpegRows(RowSource):
     About three calls' worth of chunks are kept in flight: one being decoded, one gathering,
     one being fetched."""
 
-    def __init__(
-        self, steps, device, readers, timed, reader: ChunkReader, decoder: GpuJpeg
-    ) -> None:
-        super().__init__(steps, device, readers, timed)
+    def __init__(self, steps, settings, timed, reader: ChunkReader, decoder: GpuJpeg) -> None:
+        super().__init__(steps, settings, timed)
         self.reader = reader
         self.group = group_chunks(reader.chunk_h, reader.chunk_w)
         self._in_flight = 0  # chunks submitted and not taken yet
+        device = settings.device
         self.decoder = RowDecoder(
             lambda data: decode_gpu(decoder, reader, data, device), self.group, device, timed=timed
         )

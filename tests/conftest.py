@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
 from pathlib import Path
 
@@ -61,6 +62,19 @@ def stores(tmp_path_factory):
     return get
 
 
+@pytest.fixture
+def store(tmp_path, stores):
+    """A private copy of the converted CMU-1-Small-Region store."""
+
+    def copy(name=CMU, into=None, **kwargs):
+        target = (into or tmp_path) / f"{name}.ome.zarr"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(stores(name, **kwargs), target)
+        return target
+
+    return copy
+
+
 @pytest.fixture(scope="session")
 def cmu_pixels(slide_path) -> np.ndarray:
     """Level 0 of CMU-1-Small-Region as tifffile decodes it (H, W, 3)."""
@@ -105,8 +119,8 @@ def embedded_cohort(tmp_path_factory, stores):
     import json
     import shutil
 
-    from embed.engine import Options, embed
-    from tilestore.plans import plan_slide, save_plan
+    from embed import Options, embed
+    from tilestore.plans import PlanOptions, plan_slide, save_plan
     from tilestore.slide import open_slide
 
     root = tmp_path_factory.mktemp("cohort")
@@ -117,10 +131,10 @@ def embedded_cohort(tmp_path_factory, stores):
     roi = root / "classes.geojson"
     roi.write_text(json.dumps(CMU_CLASSES))
     slide = open_slide(cmu)
-    save_plan(slide, plan_slide(slide, roi=roi, name="classes"))
+    save_plan(slide, plan_slide(slide, PlanOptions(roi=roi, name="classes")))
     options = Options(batch_size=16, device="cpu", precision="fp32", dtype="float32")
     embed([cmu], "efficientnet-lite0", plan="classes", options=options)
-    embed([ihc], "efficientnet-lite0", plan_options={"mpp": 0.5, "tile": 224}, options=options)
+    embed([ihc], "efficientnet-lite0", plan=PlanOptions(mpp=0.5, tile=224), options=options)
     return [cmu, ihc]
 
 

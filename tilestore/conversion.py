@@ -41,6 +41,9 @@ from tilestore.store import (
 
 CODECS = ("auto", "jpeg", "zstd")
 SMALLEST_LEVEL = 1024  # build 2x levels until the longer side is at most this
+# JPEG settings where pixels are (re-)encoded: above 40 dB PSNR on real H&E and IHC
+QUALITY = 95
+SUBSAMPLING = "4:4:4"
 
 
 @dataclass
@@ -94,8 +97,8 @@ def convert(
     *,
     chunk: int | None = None,
     codec: str = "auto",
-    quality: int = 95,
-    subsampling: str = "4:4:4",
+    quality: int = QUALITY,
+    subsampling: str = SUBSAMPLING,
     mpp: float | None = None,
     keep_associated: bool = False,
     overwrite: bool = False,
@@ -163,11 +166,11 @@ def convert(
 def _resolve_mpp(source: Source, mpp: float | None) -> tuple[dict | None, list[str]]:
     """Return the mpp fact to store ({x, y, origin} or None) and warnings to give."""
     if mpp:
-        return {"x": mpp, "y": mpp, "origin": "user (--mpp)"}, []
+        return {"x": mpp, "y": mpp, "origin": "user (mpp option)"}, []
     found = source.info.mpp
     notes = list(source.info.warnings)
     if found is None:
-        notes.append("no pixel size (mpp) in the file; stored mpp: null (set it with --mpp)")
+        notes.append("no pixel size (mpp) in the file; stored mpp: null (set it with mpp=<um/px>)")
         return None, notes
     return {"x": found.value[0], "y": found.value[1], "origin": found.origin}, notes
 
@@ -316,13 +319,13 @@ def _level_plan(source: Source) -> list[tuple[tuple[int, int], tuple[float, floa
 def _choose_codec(source: Source, codec: str) -> tuple[str, str]:
     level = source.levels[0]
     if codec not in CODECS:
-        raise TilestoreError(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}")
+        raise TilestoreError(f"codec={codec!r}: choose one of {', '.join(map(repr, CODECS))}")
     jpeg_ok = level.dtype == np.uint8 and level.channels in (1, 3)
     if codec == "jpeg":
         if not jpeg_ok:
             raise TilestoreError(
-                f"{source.path}: --codec jpeg needs 8-bit RGB or grayscale, not "
-                f"{level.channels} x {level.dtype}; use --codec zstd"
+                f"{source.path}: codec='jpeg' needs 8-bit RGB or grayscale, not "
+                f"{level.channels} x {level.dtype}; use codec='zstd'"
             )
         return "jpeg", "requested"
     if codec == "zstd":
@@ -338,7 +341,7 @@ def _choose_codec(source: Source, codec: str) -> tuple[str, str]:
 def _choose_chunk(source: Source, chunk: int | None, copy: bool) -> int:
     if chunk is not None:
         if chunk % 16 or not 64 <= chunk <= 4096:
-            raise TilestoreError(f"--chunk {chunk}: must be a multiple of 16 between 64 and 4096")
+            raise TilestoreError(f"chunk={chunk}: must be a multiple of 16 between 64 and 4096")
         return chunk
     tiles = source.levels[0].jpeg_tiles() if copy else None
     if tiles and tiles.tile_shape[0] == tiles.tile_shape[1] and 128 <= tiles.tile_shape[0] <= 1024:
@@ -377,7 +380,7 @@ def _write_associated(source: Source, root: zarr.Group) -> list[str]:
 def _check_target(target: Path, overwrite: bool) -> None:
     if target.exists():
         if not overwrite:
-            raise StoreError(f"{target}: already exists; pass --overwrite to replace it")
+            raise StoreError(f"{target}: already exists; pass overwrite=True to replace it")
         if not is_store(target):
             raise StoreError(f"{target}: exists and is not a zarr store; refusing to replace it")
     try:

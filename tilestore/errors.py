@@ -27,9 +27,5 @@ class PlanError(TilestoreError):
     """A tile plan that cannot be made or found."""
 
 
-class ModelError(TilestoreError):
-    """A model that is unknown, gated, missing from the offline cache or unloadable."""
-
-
 class TilestoreWarning(UserWarning):
     """Something was done that the user should know about (missing mpp, repaired polygons)."""

@@ -11,51 +11,69 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import os
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from tilestore.annotations import load_annotations
 from tilestore.codecs import zstd_codecs
 from tilestore.errors import PlanError
-from tilestore.plan import GridSpec, TilePlan, grid_spec, make_plan
-from tilestore.slide import Slide
+from tilestore.grid import GridSpec, TilePlan, grid_spec, make_plan
+from tilestore.slide import MPP_TOLERANCE, Slide
 from tilestore.store import consolidate
 from tilestore.tissue import compute_tissue, read_tissue, write_tissue
 
 PLANS = "plans"
+DEFAULT_MPP = 0.5  # um/px of a plan's tiles when none is asked for (the common 20x of the models)
+DEFAULT_TILE = 224  # px
 
 
-def plan_slide(
-    slide: Slide,
-    *,
-    mpp: float | None = 0.5,
-    tile: int = 224,
-    stride: int | None = None,
-    min_tissue: float = 0.5,
-    tissue_method: str = "auto",
-    roi: str | os.PathLike | None = None,
-    roi_class: str | None = None,
-    min_roi: float = 0.5,
-    roi_mpp: float | None = None,
-    tolerance: float = 0.02,
-    name: str | None = None,
-) -> TilePlan:
-    """Return the plan of `tile`-px tiles at `mpp` um/px over the slide's tissue (and ROI).
+@dataclass(frozen=True)
+class PlanOptions:
+    """How to plan a slide's tiles: `tilestore plan` and `embed`'s plan options map onto these.
+
+    mpp: um/px of the tiles; None takes the default (`DEFAULT_MPP`, or in `embed` the
+        model's native mpp), 0 plans in level-0 pixels (slides without a pixel size).
+    tile: tile side in px at mpp; None takes `DEFAULT_TILE` (in `embed`, the model's).
+    stride: px between tile starts (None: tile). min_tissue: keep tiles with at least this
+    tissue fraction (0: no tissue mask needed). tissue_method: how a missing tissue mask is
+    made (`tilestore.tissue`). roi: an annotation file (QuPath GeoJSON, Aperio or ASAP XML)
+    in level-0 pixels, or drawn at roi_mpp um/px; roi_class: only ROIs of this class;
+    min_roi: keep tiles with at least this ROI overlap. tolerance: a level within this
+    fraction of mpp is read as is. name: the stored plan's name (None: from the options).
+    """
+
+    mpp: float | None = None
+    tile: int | None = None
+    stride: int | None = None
+    min_tissue: float = 0.5
+    tissue_method: str = "auto"
+    roi: str | os.PathLike | None = None
+    roi_class: str | None = None
+    min_roi: float = 0.5
+    roi_mpp: float | None = None
+    tolerance: float = MPP_TOLERANCE
+    name: str | None = None
+
+
+def plan_slide(slide: Slide, options: PlanOptions = PlanOptions()) -> TilePlan:
+    """Return the plan of `options.tile`-px tiles at `options.mpp` over the slide's tissue
+    (and ROI), as `PlanOptions` describes.
 
     The tissue mask is the store's labels/tissue; if there is none it is computed with
-    `tissue_method` and stored. roi: an annotation file (QuPath GeoJSON, Aperio or ASAP
-    XML) in level-0 pixels; roi_mpp: the resolution its coordinates were drawn at if not
-    level 0. A tile is kept if its tissue fraction >= min_tissue and, with an ROI, its ROI
-    overlap >= min_roi. mpp=None plans in level-0 pixels (slides without a pixel size).
+    `options.tissue_method` and stored. An mpp asked of a slide whose pixel size is unknown
+    is an error (plan in level-0 pixels with mpp=0).
     """
     notes: list[str] = []
-    mpp = mpp or None  # 0 means level-0 pixels, as None does
+    mpp = DEFAULT_MPP if options.mpp is None else options.mpp or None  # 0: level-0 pixels
+    tile = options.tile or DEFAULT_TILE
     if mpp is not None and slide.mpp is None:
         raise PlanError(
-            f"{slide.name}: pixel size unknown, so there is no {mpp} um/px; convert "
-            "again with --mpp, or plan in level-0 pixels (--mpp 0)"
+            f"{slide.name}: pixel size unknown, so there is no {mpp:g} um/px; convert "
+            "again with mpp=<um/px>, or plan in level-0 pixels (mpp=0)"
         )
+    tolerance, stride, min_tissue = options.tolerance, options.stride, options.min_tissue
+    roi, roi_class, min_roi = options.roi, options.roi_class, options.min_roi
     level = slide.level_for_mpp(mpp, tolerance) if mpp is not None else 0
     lv = slide.levels[level]
     spec = grid_spec(
@@ -66,18 +84,18 @@ def plan_slide(
         mpp,
         tile,
         stride,
-        tolerance,
-        notes,
+        tolerance=tolerance,
+        notes=notes,
     )
     tissue = read_tissue(slide) if min_tissue > 0 else None
     if tissue is None and min_tissue > 0:
-        tissue = compute_tissue(slide, tissue_method)
+        tissue = compute_tissue(slide, options.tissue_method)
         write_tissue(slide, tissue)
         notes.append(f"tissue mask computed ({tissue.method}, {tissue.polarity}) and stored")
-    rois = _load_rois(slide, roi, roi_class, roi_mpp, notes) if roi else None
+    rois = _load_rois(slide, roi, roi_class, options.roi_mpp, notes) if roi else None
     plan = make_plan(
         spec,
-        name=name or default_name(mpp, tile, stride, roi, roi_class),
+        name=options.name or default_name(mpp, tile, stride, roi, roi_class),
         chunk_shape=lv.chunks[1:],
         tissue=tissue.mask if tissue is not None else None,
         tissue_downsample=tissue.downsample if tissue is not None else (1, 1),
@@ -90,7 +108,7 @@ def plan_slide(
             "roi": os.path.basename(roi) if roi else None,
             "roi_class": roi_class,
             "min_roi": min_roi if roi else None,
-            "roi_mpp": roi_mpp,
+            "roi_mpp": options.roi_mpp,
             "tolerance": tolerance,
         },
         notes=notes,
@@ -131,7 +149,7 @@ def _load_rois(slide: Slide, roi, roi_class, roi_mpp, notes):
     scale = 1.0
     if roi_mpp is not None:
         if slide.mpp is None:
-            raise PlanError(f"{slide.name}: --roi-mpp needs the slide's pixel size (unknown)")
+            raise PlanError(f"{slide.name}: roi_mpp needs the slide's pixel size (unknown)")
         scale = roi_mpp / slide.mpp[0]
         notes.append(f"ROI coordinates scaled by {scale:.4g} ({roi_mpp} -> {slide.mpp[0]} um/px)")
     rois = load_annotations(roi, size=(w0, h0), scale=scale).select(roi_class)
@@ -140,7 +158,7 @@ def _load_rois(slide: Slide, roi, roi_class, roi_mpp, notes):
     if drawn and slide.mpp and roi_mpp is None and abs(drawn / slide.mpp[0] - 1) > 0.05:
         notes.append(
             f"{os.path.basename(roi)} was drawn on a {rois.file_mpp:g} um/px scan; "
-            f"this slide is {slide.mpp[0]:g} um/px (use --roi-mpp if they differ)"
+            f"this slide is {slide.mpp[0]:g} um/px (set roi_mpp if they differ)"
         )
     return rois
 
@@ -152,8 +170,8 @@ def save_plan(slide: Slide, plan: TilePlan, *, overwrite: bool = False) -> str:
     if plan.name in plans:
         if not overwrite:
             raise PlanError(
-                f"{slide.name}: plan {plan.name!r} exists; pass --overwrite or "
-                "choose another --name"
+                f"{slide.name}: plan {plan.name!r} exists; pass overwrite=True or "
+                "choose another name"
             )
         del plans[plan.name]
     columns = {
@@ -212,7 +230,7 @@ def load_plan(slide: Slide, name: str | None = None) -> tuple[TilePlan, str]:
             raise PlanError(
                 f"{slide.name}: {'no plans' if not names else 'several plans'} in the "
                 f"store{': ' + ', '.join(names) if names else ''}; "
-                + ("make one with `tilestore plan`" if not names else "pick one with --plan")
+                + ("make one with `tilestore plan`" if not names else "name one with plan=<name>")
             )
         name = names[0]
     if name not in names:

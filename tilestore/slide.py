@@ -26,6 +26,10 @@ from tilestore.chunks import ChunkReader
 from tilestore.errors import StoreError, TilestoreError
 from tilestore.store import ATTRS_KEY, open_store
 
+# A level whose mpp is within 2% of the one asked for is used as is: scanners calibrate to
+# 0.2499 or 0.5015 um/px, and reading the next finer level for that would cost 4x the pixels.
+MPP_TOLERANCE = 0.02
+
 
 @dataclass(frozen=True)
 class Level:
@@ -93,11 +97,13 @@ class Slide:
     def level_mpp(self, level: int) -> tuple[float, float]:
         """Return (x, y) µm per pixel of a level."""
         if self.mpp is None:
-            raise TilestoreError(f"{self.name}: pixel size unknown (convert again with --mpp)")
+            raise TilestoreError(
+                f"{self.name}: pixel size unknown (convert again with mpp=<um/px>)"
+            )
         dy, dx = self.levels[level].downsample
         return self.mpp[0] * dx, self.mpp[1] * dy
 
-    def level_for_mpp(self, mpp: float, tolerance: float = 0.02) -> int:
+    def level_for_mpp(self, mpp: float, tolerance: float = MPP_TOLERANCE) -> int:
         """Return the coarsest level whose pixels are at least as fine as `mpp` (within tolerance).
 
         A level slightly coarser than asked (0.5015 for 0.5) counts as fine
@@ -118,7 +124,7 @@ class Slide:
         *,
         level: int | None = None,
         mpp: float | None = None,
-        tolerance: float = 0.02,
+        tolerance: float = MPP_TOLERANCE,
     ) -> np.ndarray:
         """Return the (h, w, c) region whose top-left corner is level-0 pixel (x, y).
 

@@ -66,7 +66,8 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> tuple[zarr.Group, di
         raise StoreError(f"{path}: zarr group without tilestore metadata (not made by tilestore)")
     if not attrs.get("complete"):
         raise StoreError(
-            f"{path}: incomplete store (conversion was interrupted); convert again with --overwrite"
+            f"{path}: incomplete store (conversion was interrupted); convert again with "
+            "overwrite=True"
         )
     return group, attrs
 

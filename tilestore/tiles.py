@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tilestore.plan import TilePlan, tile_chunk_keys
+from tilestore.grid import TilePlan, tile_chunk_keys
 from tilestore.slide import Slide
 
 

@@ -23,7 +23,7 @@ def test_convert_then_info(tmp_path, slide_path):
     assert "copy" in run.stdout and "re-encode" in run.stdout
     assert run.stderr.strip().splitlines() == [
         f"tilestore: warning: {slide_path(KIDNEY)}: no pixel size (mpp) in the file; "
-        "stored mpp: null (set it with --mpp)"
+        "stored mpp: null (set it with --mpp <um/px>)"
     ]
     info = tilestore("info", tmp_path / "CMU-1-Small-Region.ome.zarr", "--json")
     assert info.returncode == 0
@@ -126,6 +126,22 @@ def test_embed_and_models_commands(tmp_path, slide_path):
     assert listed.returncode == 0 and "MahmoodLab/uni" in listed.stdout
 
 
+def test_an_mpp_asked_of_a_slide_without_pixel_size_is_the_same_error_in_plan_and_embed(
+    tmp_path, slide_path
+):
+    assert tilestore("convert", slide_path(KIDNEY), "-o", tmp_path).returncode == 0
+    store = tmp_path / "kidney-48-5.ome.zarr"
+    planned = tilestore("plan", store, "--mpp", "0.5")
+    embedded = tilestore("embed", store, "--model", "efficientnet-lite0", "--mpp", "0.5")
+    want = (
+        "kidney-48-5.ome.zarr: pixel size unknown, so there is no 0.5 um/px; convert again "
+        "with --mpp <um/px>, or plan in level-0 pixels (--mpp 0)"
+    )
+    assert planned.returncode == 2 and planned.stderr.strip() == f"tilestore: error: {want}"
+    assert embedded.returncode == 2
+    assert embedded.stderr.splitlines()[-1] == f"  FAILED {store}: {want}"
+
+
 def test_embed_gated_model_offline_is_one_line(tmp_path, slide_path):
     assert tilestore("convert", slide_path(CMU), "-o", tmp_path).returncode == 0
     env_run = subprocess.run(
@@ -182,7 +198,7 @@ def test_export_of_a_model_never_run_is_one_line(embedded_cohort, tmp_path):
     run = tilestore("export", "qupath", embedded_cohort[0], "-m", "uni", "-o", tmp_path / "x.json")
     assert run.returncode == 2
     (line,) = run.stderr.strip().splitlines()
-    assert "no embeddings/uni" in line and "tilestore embed" in line
+    assert "no embeddings/uni" in line and "embed the store with --model uni first" in line
     assert not (tmp_path / "x.json").exists()
 
 

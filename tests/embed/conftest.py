@@ -1,28 +1,64 @@
-"""Fixtures for the embedder: private store copies and a Hugging Face cache built offline."""
+"""Fixtures for the embedder: run settings, a machine of known answers, a Hugging Face cache
+built offline."""
 
 from __future__ import annotations
 
 import json
-import shutil
+from dataclasses import replace
 
 import pytest
 import safetensors.torch
 import timm
+import torch
 
-from tests.conftest import CMU
+from embed.settings import Settings
+
+BASE = Settings(
+    device=torch.device("cpu"),
+    precision="fp32",
+    decode="cpu",
+    gpu_decoder=None,
+    decoders=2,
+    readers=2,
+    prefetch=4,
+    batch_size=64,
+    dtype="float32",
+    compile=False,
+    overwrite=False,
+)
 
 
-@pytest.fixture
-def store(tmp_path, stores):
-    """A private copy of the converted CMU-1-Small-Region store."""
+def settings(device: torch.device | str = "cpu", **changes) -> Settings:
+    """Final run settings for a test: `BASE` on `device` (CUDA with its index) with changes."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return replace(BASE, device=device, **changes)
 
-    def copy(name=CMU, into=None, **kwargs):
-        target = (into or tmp_path) / f"{name}.ome.zarr"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(stores(name, **kwargs), target)
-        return target
 
-    return copy
+class Machine:
+    """A machine with known answers (`embed.settings.Machine`), recording what was asked."""
+
+    def __init__(self, cuda=None, cpus=16, gpu_jpeg="nvJPEG, test", best_batch=256):
+        self._cuda, self._cpus, self._gpu_jpeg, self._best = cuda, cpus, gpu_jpeg, best_batch
+        self.asked: list[str] = []
+
+    def cuda_device(self):
+        return self._cuda
+
+    def cpus(self):
+        self.asked.append("cpus")
+        return self._cpus
+
+    def gpu_jpeg(self, device, required):
+        self.asked.append(f"gpu_jpeg(required={required})")
+        if self._gpu_jpeg is None and required:
+            raise RuntimeError("no nvJPEG decoder works on this GPU")
+        return self._gpu_jpeg
+
+    def best_batch(self, device, precision):
+        self.asked.append(f"best_batch({device}, {precision})")
+        return self._best
 
 
 TINY_REVISION = "0123456789abcdef0123456789abcdef01234567"

@@ -17,14 +17,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from embed.cohort import embed_cohort, parse_shard, shard, summary_lines
-from embed.engine import Options, embed
+from embed.engine import embed
+from embed.settings import Options
 from tests.conftest import CMU, IHC
 from tilestore.embeddings import group_name
 from tilestore.errors import TilestoreError
+from tilestore.plans import PlanOptions
 
 LITE = "efficientnet-lite0"
 OPTIONS = Options(batch_size=8, device="cpu", precision="fp32", dtype="float32")
-PLAN = {"mpp": 0.5, "tile": 224, "stride": 112}  # ~170 tiles on CMU: many slices
+PLAN = PlanOptions(mpp=0.5, tile=224, stride=112)  # ~170 tiles on CMU: many slices
 
 
 @pytest.fixture
@@ -88,7 +90,7 @@ def test_shards_balance_real_sizes(cohort):
 
 def test_shard_argument_errors():
     assert parse_shard("3/10") == (3, 10)
-    with pytest.raises(TilestoreError, match="expected K/N"):
+    with pytest.raises(TilestoreError, match=r"^shard='3': expected 'K/N', e.g. '0/8'$"):
         parse_shard("3")
     with pytest.raises(TilestoreError, match=r"K must be in 0\.\.N-1"):
         shard([], 2, 2)
@@ -99,9 +101,9 @@ def test_shard_argument_errors():
 
 def test_cluster_run_equals_one_process(cohort, client):
     alone = cohort("alone")
-    embed(alone, LITE, plan_options=PLAN, options=OPTIONS)
+    embed(alone, LITE, plan=PLAN, options=OPTIONS)
     spread = cohort("spread")
-    report = embed_cohort(spread, LITE, client, plan_options=PLAN, options=OPTIONS, slice_tiles=24)
+    report = embed_cohort(spread, LITE, client, plan=PLAN, options=OPTIONS, slice_tiles=24)
     assert not report.failures and report.workers == 2
     cmu = next(s for s in report.slides if "CMU" in s["store"])
     assert cmu["slices"] > 3 and len(cmu["workers"]) == 2  # one slide split over both
@@ -114,20 +116,18 @@ def test_cluster_run_equals_one_process(cohort, client):
         assert gb.attrs["tilestore"]["complete"] and gb["done"][:].all()
     lines = summary_lines(report)
     assert lines[0].startswith(f"{LITE}: {report.tiles} tiles on 2 worker(s)")
-    again = embed_cohort(spread, LITE, client, plan_options=PLAN, options=OPTIONS)
+    again = embed_cohort(spread, LITE, client, plan=PLAN, options=OPTIONS)
     assert again.tiles == 0 and sorted(again.skipped_complete) == sorted(map(str, spread))
 
 
 def test_a_killed_worker_loses_nothing(cohort, client):
     reference = cohort("reference")  # an undisturbed run on the same cluster
-    embed_cohort(reference, LITE, client, plan_options=PLAN, options=OPTIONS, slice_tiles=8)
+    embed_cohort(reference, LITE, client, plan=PLAN, options=OPTIONS, slice_tiles=8)
     paths = cohort("killed")
     result: dict = {}
     run = threading.Thread(
         target=lambda: result.update(
-            report=embed_cohort(
-                paths, LITE, client, plan_options=PLAN, options=OPTIONS, slice_tiles=8
-            )
+            report=embed_cohort(paths, LITE, client, plan=PLAN, options=OPTIONS, slice_tiles=8)
         )
     )
     run.start()
@@ -158,7 +158,7 @@ def test_a_corrupt_slide_is_reported_and_the_cohort_goes_on(cohort, client):
     for chunk in (cmu / "0" / "c").rglob("*"):
         if chunk.is_file():
             chunk.write_bytes(b"\xff\xd8 not a jpeg")
-    report = embed_cohort(paths, LITE, client, plan_options=PLAN, options=OPTIONS)
+    report = embed_cohort(paths, LITE, client, plan=PLAN, options=OPTIONS)
     (failure,) = report.failures
     assert failure["store"] == str(cmu)
     assert [s["store"] for s in report.slides] == [str(ihc)]

@@ -20,12 +20,13 @@ import xarray as xr
 import zarr
 
 from embed import engine
-from embed.engine import Embedder, Options, embed
+from embed.engine import Embedder, embed
 from embed.models import load_model
 from embed.nvjpeg import TorchvisionNvjpeg
 from embed.reference import cosine, reference_features
+from embed.settings import Options
 from tests.conftest import NDPI
-from tilestore.plans import load_plan
+from tilestore.plans import PlanOptions, load_plan
 from tilestore.slide import open_slide
 
 LITE = "efficientnet-lite0"
@@ -44,7 +45,7 @@ def _features(store, model=LITE):
 
 def test_engine_equals_the_reference_loop_in_fp32(store, lite):
     path = store()
-    report = embed([path], lite, plan_options={"mpp": 0.5, "tile": 224}, options=FP32)
+    report = embed([path], lite, plan=PlanOptions(mpp=0.5, tile=224), options=FP32)
     slide = open_slide(path)
     plan, uid = load_plan(slide, "0.5mpp-224px")
     features, group = _features(path)
@@ -67,7 +68,7 @@ def test_engine_equals_the_reference_loop_in_bf16(store, lite):
     embed(
         [path],
         lite,
-        plan_options={"mpp": 1.0, "tile": 224},
+        plan=PlanOptions(mpp=1.0, tile=224),
         options=Options(batch_size=4, device="cpu", precision="bf16", dtype="float32"),
     )
     slide = open_slide(path)
@@ -79,7 +80,7 @@ def test_engine_equals_the_reference_loop_in_bf16(store, lite):
 
 def test_plain_xarray_opens_the_embeddings(store, lite):
     path = store()
-    embed([path], lite, plan_options={"mpp": 1.0, "tile": 224}, options=FP32)
+    embed([path], lite, plan=PlanOptions(mpp=1.0, tile=224), options=FP32)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ds = xr.open_zarr(path, group=f"embeddings/{LITE}")
@@ -91,21 +92,19 @@ def test_plain_xarray_opens_the_embeddings(store, lite):
 
 def test_two_models_share_a_store_and_a_repeat_is_refused(store, lite):
     path = store()
-    options = {"mpp": 1.0, "tile": 224}
-    first = embed([path], lite, plan_options=options, options=FP32)
-    second = embed([path], "timm:vit_tiny_patch16_224", plan_options=options, options=FP32)
+    options = PlanOptions(mpp=1.0, tile=224)
+    first = embed([path], lite, plan=options, options=FP32)
+    second = embed([path], "timm:vit_tiny_patch16_224", plan=options, options=FP32)
     assert not first.failures and not second.failures
     assert sorted(zarr.open_group(path / "embeddings", mode="r").group_keys()) == [
         LITE,
         "timm-vit_tiny_patch16_224",
     ]
-    again = embed([path], lite, plan_options=options, options=FP32)
+    again = embed([path], lite, plan=options, options=FP32)
     assert again.tiles == 0
     assert not again.failures  # a rerun skips what is done, and says so
-    assert "is already complete (11 tiles); pass --overwrite" in again.skipped[0]["why"]
-    redo = embed(
-        [path], lite, plan_options=options, options=Options(**{**FP32.__dict__, "overwrite": True})
-    )
+    assert "is already complete (11 tiles); pass overwrite=True" in again.skipped[0]["why"]
+    redo = embed([path], lite, plan=options, options=replace(FP32, overwrite=True))
     assert redo.tiles == 11 and not redo.failures
 
 
@@ -113,15 +112,16 @@ def test_a_running_embedding_is_not_started_twice(store, lite):
     path = store()
     lock = path.parent / f".{path.name}.{LITE}.lock"
     lock.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": "now"}))
-    report = embed([path], lite, plan_options={"mpp": 1.0, "tile": 224}, options=FP32)
+    report = embed([path], lite, plan=PlanOptions(mpp=1.0, tile=224), options=FP32)
     assert f"is being written by pid {os.getpid()}" in report.failures[0]["error"]
     assert lock.exists()  # someone else's lock is left alone
 
 
 CHILD = """
 import sys
-from embed.engine import Options, embed
-embed([sys.argv[1]], "efficientnet-lite0", plan_options={"mpp": 0.5, "tile": 224},
+from embed import Options, embed
+from tilestore import PlanOptions
+embed([sys.argv[1]], "efficientnet-lite0", plan=PlanOptions(mpp=0.5, tile=224),
       options=Options(batch_size=2, device="cpu", precision="fp32", dtype="float32"))
 """
 
@@ -165,7 +165,7 @@ def test_killed_run_resumes_to_the_bitwise_same_result(store):
 def test_many_slides_one_model_and_a_bad_store_does_not_stop_the_others(store, tmp_path, lite):
     cmu, dapi = store(), store(NDPI)
     missing = tmp_path / "missing.ome.zarr"
-    report = embed([cmu, missing, dapi], lite, plan_options={"mpp": 1.0, "tile": 224}, options=FP32)
+    report = embed([cmu, missing, dapi], lite, plan=PlanOptions(mpp=1.0, tile=224), options=FP32)
     assert [f["store"] for f in report.failures] == [str(missing)]
     assert "no such store" in report.failures[0]["error"]
     assert [s["store"] for s in report.slides] == [str(cmu), str(dapi)]
@@ -191,7 +191,7 @@ def test_report_explains_the_wall_time(store, lite, tmp_path):
     report = embed(
         [store()],
         lite,
-        plan_options={"mpp": 1.0, "tile": 224},
+        plan=PlanOptions(mpp=1.0, tile=224),
         options=FP32,
         report_path=tmp_path / "run.json",
     )
@@ -216,9 +216,11 @@ def test_decoders_default_to_the_cpus_of_the_process_that_embeds(lite, monkeypat
     monkeypatch.setattr(engine, "usable_cpus", lambda: 9)  # as a Dask worker pinned to 9
     options = Options(device="cpu", batch_size=2)
     with Embedder(lite, options) as embedder:
-        assert embedder.options.decoders == 7 and options.decoders is None
+        assert embedder.settings.decoders == 7 and options.decoders is None
     with Embedder(lite, replace(options, decoders=3)) as embedder:
-        assert embedder.options.decoders == 3
+        assert embedder.settings.decoders == 3
+    with Embedder(lite, options, cpus=5) as embedder:  # a local cluster's share
+        assert embedder.settings.decoders == 3
 
 
 @pytest.mark.gpu
@@ -229,7 +231,7 @@ def test_cuda_engine_equals_the_reference_loop(store, tiny, precision):
     report = embed(
         [path],
         tiny,
-        plan_options={"mpp": 0.5, "tile": 224},
+        plan=PlanOptions(mpp=0.5, tile=224),
         options=Options(batch_size=16, precision=precision, dtype="float32"),
     )
     assert report.device.startswith("cuda") and not report.failures
@@ -259,11 +261,11 @@ def test_nvjpeg_decode_matches_cpu_decode_on_a_ycbcr_store(store, tiny, tmp_path
 def test_auto_decode_uses_nvjpeg_where_the_job_has_few_cpus(
     store, tiny, tmp_path, monkeypatch, cpus, want
 ):
-    monkeypatch.setattr("embed.runner.usable_cpus", lambda: cpus)
+    monkeypatch.setattr("embed.engine.usable_cpus", lambda: cpus)
     small = store(copy=False, into=tmp_path / "small")  # YCbCr, 256 px chunks
     big = store(copy=False, chunk=512, into=tmp_path / "big")  # YCbCr, 512 px chunks
     options = Options(batch_size=16, dtype="float32", overwrite=True)
-    report = embed([small, big], tiny, plan_options={"mpp": 0.5, "tile": 224}, options=options)
+    report = embed([small, big], tiny, plan=PlanOptions(mpp=0.5, tile=224), options=options)
     assert report.decode == want and not report.failures
     assert [s["decode"] for s in report.slides] == [want, want]
     assert (report.gpu_decoder is not None) == (want == "gpu")
@@ -284,13 +286,11 @@ def test_auto_decode_on_few_cpus_without_nvjpeg_decodes_on_the_cpu(store, tiny, 
     def no_nvjpeg(*args, **kwargs):
         raise RuntimeError("Not compiled with GPU support")
 
-    monkeypatch.setattr("embed.runner.usable_cpus", lambda: 4)
+    monkeypatch.setattr("embed.engine.usable_cpus", lambda: 4)
     monkeypatch.setattr("embed.nvjpeglib.find_library", lambda: None)
     monkeypatch.setattr("torchvision.io.decode_jpeg", no_nvjpeg)
     options = Options(batch_size=16, dtype="float32")
-    report = embed(
-        [store(copy=False)], tiny, plan_options={"mpp": 0.5, "tile": 224}, options=options
-    )
+    report = embed([store(copy=False)], tiny, plan=PlanOptions(mpp=0.5, tile=224), options=options)
     assert report.decode == "cpu" and report.gpu_decoder is None and not report.failures
     assert [s["decode"] for s in report.slides] == ["cpu"] and report.tiles > 0
 
@@ -321,10 +321,10 @@ def test_rgb_coded_chunks_fall_back_to_cpu_decode_through_torchvision(
 def _cpu_vs_gpu_decode(cpu, gpu, model):
     """Embed one store with --decode cpu, its twin with --decode gpu; the gpu run's report
     and the per-tile cosine between the two."""
-    plan = {"mpp": 0.5, "tile": 224}
+    plan = PlanOptions(mpp=0.5, tile=224)
     for path, decode in ((cpu, "cpu"), (gpu, "gpu")):
         options = Options(batch_size=16, decode=decode, dtype="float32")
-        report = embed([path], model, plan_options=plan, options=options)
+        report = embed([path], model, plan=plan, options=options)
     return report, cosine(_features(cpu, TINY)[0], _features(gpu, TINY)[0])
 
 
@@ -338,7 +338,7 @@ def test_rows_spanning_more_batches_than_buffers_do_not_deadlock(store, lite):
         outcome["report"] = embed(
             [path],
             lite,
-            plan_options={"mpp": 0.5, "tile": 224},
+            plan=PlanOptions(mpp=0.5, tile=224),
             options=Options(
                 batch_size=1,
                 device="cpu",
@@ -368,7 +368,7 @@ def test_a_compiled_run_equals_the_reference_loop(store):
     path = store()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     options = Options(batch_size=16, device=device, precision="fp32", compile=True)
-    report = embed([path], model, plan_options={"mpp": 0.5, "tile": 224}, options=options)
+    report = embed([path], model, plan=PlanOptions(mpp=0.5, tile=224), options=options)
     assert report.compile and not report.failures
     slide = open_slide(path)
     plan, _ = load_plan(slide, "0.5mpp-224px")
@@ -389,15 +389,13 @@ def test_a_compiled_cuda_run_replays_one_graph_from_any_thread(store, tmp_path):
     reports = []
     with Embedder(model, options) as embedder:
         for path in paths:
-            plan_options = {"mpp": 0.5, "tile": 224}
+            options = PlanOptions(mpp=0.5, tile=224)
             thread = threading.Thread(
-                target=lambda p=path, o=plan_options: reports.append(
-                    embedder.embed([p], plan_options=o)
-                )
+                target=lambda p=path, o=options: reports.append(embedder.embed([p], plan=o))
             )
             thread.start()
             thread.join()
-        graphs = embedder.runner.compiled.graphs
+        graphs = embedder.runner.forward.compiled.graphs
     slide = open_slide(paths[0])
     plan, _ = load_plan(slide)
     assert [r.tiles for r in reports] == [len(plan)] * 2 and len(plan) > 2 * 16

@@ -11,10 +11,8 @@ import timm
 import torch
 import torch.nn.functional as F
 
-from embed import hub
-from embed.models import REGISTRY, ModelSpec, get_model, list_models, load_model
+from embed.models import REGISTRY, ModelError, ModelSpec, get_model, hub, list_models, load_model
 from tests.embed.conftest import TINY_REVISION, write_checkpoint
-from tilestore.errors import ModelError
 
 
 def test_registry_holds_the_foundation_models_with_their_facts():

@@ -31,7 +31,7 @@ def test_idle_gpu_waiting_for_tiles_points_at_decoding():
         gpu_busy_fraction=0.3, explained={"waiting for tiles (read/decode bound)": 6.0}
     )
     (note,) = advice(report)
-    assert "busy only 30%" in note and "--decoders" in note and "--decode gpu" in note
+    assert "busy only 30%" in note and "decoders=" in note and "decode='gpu'" in note
 
 
 def test_idle_gpu_with_tiles_ready_points_at_the_batch_size():
@@ -41,7 +41,7 @@ def test_idle_gpu_with_tiles_ready_points_at_the_batch_size():
         explained={"waiting for tiles (read/decode bound)": 0.5},
     )
     (note,) = advice(report)
-    assert "larger --batch-size than 16" in note
+    assert "larger batch_size than 16" in note
 
 
 def test_busy_gpu_needs_no_advice():
@@ -51,7 +51,7 @@ def test_busy_gpu_needs_no_advice():
 def test_cpu_run_with_cuda_present_is_loud(monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     report = _report(device="cpu", gpu_busy_fraction=None)
-    assert advice(report) == ["CUDA is available but the model ran on the CPU: pass --device cuda"]
+    assert advice(report) == ["CUDA is available but the model ran on the CPU: pass device='cuda'"]
 
 
 @pytest.mark.parametrize("busy", [0.2, 0.95])

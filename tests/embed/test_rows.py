@@ -13,7 +13,8 @@ from embed.nvjpeg import open_decoder
 from embed.procdecode import ProcessDecoder
 from embed.rows import NvjpegRows, ProcessRows, ThreadRows
 from tests.conftest import CMU
-from tilestore.plans import plan_slide
+from tests.embed.conftest import settings
+from tilestore.plans import PlanOptions, plan_slide
 from tilestore.slide import open_slide
 from tilestore.tiles import chunk_schedule
 
@@ -22,7 +23,7 @@ CUDA = torch.cuda.is_available()
 
 def _steps(stores, **kwargs):
     slide = open_slide(stores(CMU, **kwargs))
-    plan = plan_slide(slide, mpp=0.5, tile=224, min_tissue=0.0)
+    plan = plan_slide(slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.0))
     return slide.chunks(plan.spec.level), chunk_schedule(plan)
 
 
@@ -45,7 +46,7 @@ def test_thread_rows(stores):
     reader, steps = _steps(stores)
     with ThreadPoolExecutor(2) as decoders:
         _check(
-            ThreadRows(steps, torch.device("cpu"), 2, lambda *a: None, reader, decoders),
+            ThreadRows(steps, settings(readers=2), lambda *a: None, reader, decoders),
             reader,
             steps,
         )
@@ -54,7 +55,7 @@ def test_thread_rows(stores):
 def test_a_source_closed_early_gives_its_rows_up(stores):
     reader, steps = _steps(stores)
     with ThreadPoolExecutor(2) as decoders:
-        source = ThreadRows(steps, torch.device("cpu"), 2, lambda *a: None, reader, decoders)
+        source = ThreadRows(steps, settings(readers=2), lambda *a: None, reader, decoders)
         source.take(0)
         source.close()
         assert not source._pending
@@ -68,7 +69,12 @@ def test_process_rows(stores):
     procs = ProcessDecoder(2)
     try:
         source = ProcessRows(
-            steps, device, 2, lambda *a: None, reader, procs, 64, threading.Event()
+            steps,
+            settings(device, batch_size=64),
+            lambda *a: None,
+            reader,
+            procs,
+            threading.Event(),
         )
         _check(source, reader, steps)
     finally:
@@ -89,7 +95,12 @@ def test_process_rows_hold_at_most_their_byte_budget_in_small_parts(stores, monk
     monkeypatch.setattr(procs, "submit", lambda *a: asked.append(a[-1]) or submit(*a))
     try:
         source = ProcessRows(
-            steps, device, 2, lambda *a: None, reader, procs, 64, threading.Event()
+            steps,
+            settings(device, batch_size=64),
+            lambda *a: None,
+            reader,
+            procs,
+            threading.Event(),
         )
         assert source.ahead == 2 and len(procs.blocks) == 4  # two rows ahead, two copying
         _check(source, reader, steps)
@@ -105,4 +116,6 @@ def test_nvjpeg_rows(stores):
     reader, steps = _steps(stores, copy=False)  # YCbCr chunks
     device = torch.device("cuda", torch.cuda.current_device())
     decoder = open_decoder(device)
-    _check(NvjpegRows(steps, device, 2, lambda *a: None, reader, decoder), reader, steps, True)
+    _check(
+        NvjpegRows(steps, settings(device), lambda *a: None, reader, decoder), reader, steps, True
+    )

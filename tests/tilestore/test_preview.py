@@ -11,7 +11,7 @@ from PIL import Image
 
 from tests.conftest import CMU
 from tilestore.annotations import load_annotations
-from tilestore.plans import plan_slide
+from tilestore.plans import PlanOptions, plan_slide
 from tilestore.preview import ROI_COLORS, TILE_RGB, render_preview
 from tilestore.slide import open_slide
 from tilestore.tissue import compute_tissue
@@ -44,7 +44,7 @@ def test_preview_overlays_land_on_their_coordinates(slide, tmp_path):
         )
     )
     rois = load_annotations(roi, size=(2220, 2967))
-    plan = plan_slide(slide, roi=roi, min_tissue=0.0)
+    plan = plan_slide(slide, PlanOptions(roi=roi, min_tissue=0.0))
     tissue = compute_tissue(slide)
     image = np.asarray(render_preview(slide, tissue=tissue, rois=rois, plan=plan, max_size=1000))
     scale = 1000 / 2967

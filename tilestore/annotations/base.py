@@ -131,7 +131,7 @@ def finish(
     if empty.all():
         raise AnnotationError(
             f"{path}: no annotated area lies inside the slide "
-            f"({size[0]}x{size[1]} px); wrong slide or wrong --roi-mpp?"
+            f"({size[0]}x{size[1]} px); wrong slide or wrong roi_mpp?"
         )
     live = ~empty
     return Annotations(

@@ -1,8 +1,6 @@
-"""Plan geometry as properties: exact coverage, no duplicates, round trips, exact fractions."""
+"""The tile grid as properties: exact coverage, no duplicates, round trips, exact fractions."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,9 +8,10 @@ import shapely
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tilestore.annotations import Annotations
+from tests.tilestore.rois import rois
 from tilestore.errors import PlanError
-from tilestore.plan import grid_spec, make_plan, roi_fractions, tissue_fractions
+from tilestore.grid import grid_spec, make_plan, tissue_fractions
+from tilestore.slide import MPP_TOLERANCE
 from tilestore.tiles import chunk_schedule
 
 PROPS = settings(max_examples=80, deadline=None)
@@ -31,7 +30,8 @@ def specs(draw, side=3000, min_tile=16, min_stride=8):
 
 
 def _plan(spec, **kwargs):
-    return make_plan(spec, name="p", chunk_shape=(256, 240), **kwargs)
+    options = {"min_tissue": 0.5, "min_roi": 0.5, **kwargs}
+    return make_plan(spec, name="p", chunk_shape=(256, 240), **options)
 
 
 @PROPS
@@ -76,7 +76,7 @@ def test_coordinates_round_trip(spec):
 @PROPS
 @given(st.integers(20, 400), st.integers(20, 400), st.integers(8, 64))
 def test_tiles_cover_exactly_the_kept_area(h, w, tile):
-    spec = grid_spec(0, (1.0, 1.0), (h, w), None, None, tile)
+    spec = grid_spec(0, (1.0, 1.0), (h, w), None, None, tile, tolerance=MPP_TOLERANCE)
     rng = np.random.default_rng(h * 1000 + w)
     mask = rng.random((h // 4 + 1, w // 4 + 1)) > 0.5
     plan = _plan(spec, tissue=mask, tissue_downsample=(4.0, 4.0), min_tissue=0.5)
@@ -117,47 +117,9 @@ def test_tissue_fraction_is_the_exact_area_fraction(mh, mw, dy, dx, corners, fh,
         assert got[i] == pytest.approx(want, abs=1e-6)
 
 
-def _rois(geoms, classes):
-    return Annotations(
-        Path("x"),
-        "test",
-        np.array(geoms, dtype=object),
-        np.array(classes, dtype=str),
-        np.array(classes, dtype=str),
-    )
-
-
-@PROPS
-@given(
-    st.lists(
-        st.tuples(st.floats(0, 200), st.floats(0, 200), st.floats(5, 120)), min_size=1, max_size=8
-    ),
-    st.integers(10, 60),
-)
-def test_roi_fraction_counts_overlapping_polygons_once(circles, size):
-    geoms = [shapely.Point(x, y).buffer(r, quad_segs=8) for x, y, r in circles]
-    classes = ["A" if i % 2 else "B" for i in range(len(geoms))]
-    rois = _rois(geoms, classes)
-    xs, ys = np.meshgrid(np.arange(0, 240, size), np.arange(0, 240, size))
-    boxes = shapely.box(xs.ravel(), ys.ravel(), xs.ravel() + size, ys.ravel() + size)
-    frac, best = roi_fractions(shapely.bounds(boxes), rois, ["", "A", "B"])
-    union = shapely.union_all(geoms)
-    want = shapely.area(shapely.intersection(boxes, union)) / size**2
-    np.testing.assert_allclose(frac, want, atol=1e-6)
-    for i in np.flatnonzero(want > 0):
-        overlaps = [
-            shapely.intersection(
-                boxes[i],
-                shapely.union_all([g for g, c in zip(geoms, classes, strict=True) if c == k]),
-            ).area
-            for k in "AB"
-        ]
-        assert max(overlaps) == pytest.approx([0, *overlaps][best[i]])
-
-
 def test_roi_restricts_the_grid_to_its_bounding_box():
-    spec = grid_spec(0, (1.0, 1.0), (2000, 2000), 0.5, 0.5, 100)
-    roi = _rois([shapely.box(520, 730, 910, 1080)], ["Tumor"])
+    spec = grid_spec(0, (1.0, 1.0), (2000, 2000), 0.5, 0.5, 100, tolerance=MPP_TOLERANCE)
+    roi = rois([shapely.box(520, 730, 910, 1080)], ["Tumor"])
     plan = _plan(spec, rois=roi, min_roi=0.5)
     assert plan.classes == ["", "Tumor"] and set(plan.roi_class.tolist()) == {1}
     # exactly the tiles at least half inside the box, computed independently
@@ -173,16 +135,18 @@ def test_roi_restricts_the_grid_to_its_bounding_box():
 
 def test_grid_spec_snaps_only_within_tolerance():
     notes = []
-    spec = grid_spec(0, (1.0, 1.0), (1000, 1000), 0.499, 0.5, 224, notes=notes)
+    spec = grid_spec(
+        0, (1.0, 1.0), (1000, 1000), 0.499, 0.5, 224, tolerance=MPP_TOLERANCE, notes=notes
+    )
     assert (spec.read, spec.effective_mpp) == (224, 0.499)
     assert "without resampling" in notes[0] and "+0.20%" in notes[0]
-    spec = grid_spec(0, (1.0, 1.0), (1000, 1000), 0.25, 0.5, 224)
+    spec = grid_spec(0, (1.0, 1.0), (1000, 1000), 0.25, 0.5, 224, tolerance=MPP_TOLERANCE)
     assert (spec.read, spec.read_stride, spec.effective_mpp) == (448, 448, 0.5)
-    spec = grid_spec(0, (1.0, 1.0), (1000, 1000), 0.2456, 0.5, 224, stride=112)
+    spec = grid_spec(0, (1.0, 1.0), (1000, 1000), 0.2456, 0.5, 224, 112, tolerance=MPP_TOLERANCE)
     assert spec.read == 456 and spec.read_stride == 228
     assert spec.effective_mpp == pytest.approx(0.2456 * 456 / 224)
     with pytest.raises(PlanError):
-        grid_spec(0, (1.0, 1.0), (1000, 1000), 0.5, 0.5, 4)
+        grid_spec(0, (1.0, 1.0), (1000, 1000), 0.5, 0.5, 4, tolerance=MPP_TOLERANCE)
 
 
 @PROPS

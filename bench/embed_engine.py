@@ -21,7 +21,7 @@ vit_large_patch16_224 = UNI), in one process:
 Also: the engine's features vs the one-tile-at-a-time reference loop (cosine), peak GPU
 memory, how soon the first batch was ready, and which stage limits.
 
-    python bench/embed.py --models vit_small_patch16_224,vit_base_patch16_224 --out x.json
+    python bench/embed_engine.py --models vit_small_patch16_224,vit_base_patch16_224 --out x.json
 """
 
 from __future__ import annotations
@@ -39,20 +39,15 @@ from pathlib import Path
 import numpy as np
 import psutil
 import torch
-
-# Python put this folder first on sys.path, where "embed" is this file: move it last, so
-# `import embed` is the package and bench's helpers still import.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 from baseline import run_baseline
 from stores import build, copy_store
 
 import tilestore
-from embed.engine import Embedder, Options, embed
+from embed import Embedder, Options, embed
 from embed.graphs import GraphedForward
 from embed.models import load_model
 from embed.reference import cosine, reference_features
-from tilestore.plans import load_plan
+from tilestore.plans import PlanOptions, load_plan
 
 HERE = Path(__file__).resolve().parent
 
@@ -303,7 +298,7 @@ def main() -> None:
             embed(
                 [small],
                 loaded,
-                plan_options={"mpp": 0.5, "tile": 224, "min_tissue": 0.0},
+                plan=PlanOptions(mpp=0.5, tile=224, min_tissue=0.0),
                 options=warm,
             )
             entry["compile_s"] = time.perf_counter() - t1

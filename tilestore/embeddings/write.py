@@ -1,11 +1,9 @@
-"""Embeddings written back into the store as embeddings/<model>, resumable batch by batch.
+"""Writing embeddings into a store as embeddings/<model>, resumable batch by batch.
 
-Layout (plain zarr v3, readable by ``xarray.open_zarr(store, group="embeddings/<model>")``):
-features (tile, feature) float16/float32, one zarr chunk per batch; coordinates x, y
-(level-0 pixels of the tile's top-left corner, y down), x_um, y_um, row, col, tissue, roi,
-roi_class; done (batch) flags written after each batch's features, so a killed run resumes
-where it stopped. A hidden lock file beside the store keeps two processes from embedding
-one store with one model at the same time.
+The group (`tilestore.embeddings.layout`) is made with every coordinate of the plan and an
+empty features array; each batch's features are written, then its ``done`` flag, so a killed
+run resumes where it stopped. A hidden lock file beside the store keeps two processes from
+embedding one store with one model at the same time.
 """
 
 from __future__ import annotations
@@ -21,9 +19,9 @@ from typing import Any
 import numpy as np
 from zarr.codecs import ZstdCodec
 
-from tilestore.embeddings import COORDS, group_name
+from tilestore.embeddings.layout import COORDINATES, COORDS, UNITS, group_name
 from tilestore.errors import TilestoreError
-from tilestore.plan import TilePlan
+from tilestore.grid import TilePlan
 from tilestore.slide import Slide
 from tilestore.store import consolidate, software_versions
 
@@ -33,7 +31,7 @@ class EmbeddingError(TilestoreError):
 
 
 class AlreadyComplete(EmbeddingError):
-    """The store holds this model's finished embeddings: skipped unless --overwrite."""
+    """The store holds this model's finished embeddings: skipped unless overwrite=True."""
 
 
 class EmbeddingWriter:
@@ -66,7 +64,7 @@ class EmbeddingWriter:
             if existing.attrs["tilestore"].get("complete") and not overwrite:
                 raise AlreadyComplete(
                     f"{slide.name}: {self.path} is already complete "
-                    f"({existing['features'].shape[0]} tiles); pass --overwrite to recompute"
+                    f"({existing['features'].shape[0]} tiles); pass overwrite=True to recompute"
                 )
             self._take_lock()
             if not overwrite and not self._compatible(existing):
@@ -81,7 +79,7 @@ class EmbeddingWriter:
             self.create()
 
     def create(self) -> None:
-        """Make the group (replacing an old one under --overwrite), unless it is open."""
+        """Make the group (replacing an old one under overwrite=True), unless it is open."""
         if self.group is None:
             if self._replace:
                 del self.root[self.path]
@@ -182,19 +180,13 @@ class EmbeddingWriter:
             "roi": plan.roi,
             "roi_class": plan.roi_class,
         }
-        units = {
-            "x": "level-0 pixel",
-            "y": "level-0 pixel",
-            "x_um": "micrometer",
-            "y_um": "micrometer",
-        }
         for key, values in coords.items():
             group.create_array(
                 key,
                 data=np.ascontiguousarray(values),
                 dimension_names=("tile",),
                 compressors=[ZstdCodec(level=3)],
-                attributes={"units": units[key]} if key in units else None,
+                attributes={"units": UNITS[key]} if key in UNITS else None,
             )
         group.create_array(
             "features",
@@ -224,8 +216,7 @@ class EmbeddingWriter:
             "read_px": plan.spec.read,
             "grid": asdict(plan.spec),
             "classes": plan.classes,
-            "coordinates": "x, y: level-0 pixels of each tile's top-left corner, origin at the "
-            "slide's top-left, y down; x_um, y_um: the same in micrometres",
+            "coordinates": COORDINATES,
             "software": software_versions("torch", "timm", "huggingface_hub", "tifffile"),
             "started": _now(),
             "complete": False,
@@ -241,7 +232,7 @@ class EmbeddingWriter:
         diff = [k for k, v in self.identity.items() if stored.get(k) != v]
         return (
             f"{self.slide.name}: an unfinished {self.path} was made with other settings "
-            f"({', '.join(diff)}); rerun with the same options to resume, or --overwrite"
+            f"({', '.join(diff)}); rerun with the same options to resume, or overwrite=True"
         )
 
     # -- locking ------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Hugging Face Hub access for model weights: explicit token, offline cache, safe formats.
 
-The token comes from --hf-token, else HF_TOKEN or the token `huggingface-cli login`
+The token comes from the caller (hf_token), else HF_TOKEN or the token `huggingface-cli login`
 stored (huggingface_hub's own lookup); we never log in and never write it anywhere.
 HF_HOME / HF_HUB_CACHE and HF_HUB_OFFLINE are read when a model is loaded, not when the
 package is imported, so setting them in a notebook or a job script works. Weights are
@@ -27,7 +27,7 @@ from huggingface_hub.errors import (
 )
 from safetensors import SafetensorError
 
-from tilestore.errors import ModelError
+from embed.models.spec import ModelError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -179,12 +179,12 @@ def _explain(name: str, repo: str, exc: Exception) -> ModelError:
     if isinstance(exc, GatedRepoError):
         return ModelError(
             f"{name}: {repo} is gated and this token has no access: accept the "
-            f"terms at {page} (logged in), then pass --hf-token or set HF_TOKEN"
+            f"terms at {page} (logged in), then pass hf_token=<token> or set HF_TOKEN"
         )
     if isinstance(exc, RepositoryNotFoundError):
         return ModelError(
             f"{name}: {repo} not found or private for this token; check {page} "
-            "and --hf-token / HF_TOKEN"
+            "and the token (hf_token=<token> or HF_TOKEN)"
         )
     return ModelError(f"{name}: Hugging Face Hub error for {repo}: {exc}")
 

@@ -1,10 +1,9 @@
-"""Embeddings groups in stores: their layout, and many slides' groups opened as one Dataset.
+"""Reading embeddings: one slide's or a cohort's groups opened as one lazy Dataset.
 
-The embedder writes ``embeddings/<model>`` into each store: ``features`` (tile, feature) and
-1-D coordinates on ``tile`` (x, y in level-0 pixels of the tile's top-left corner, y down;
-x_um, y_um; grid row, col; tissue and ROI fractions; roi_class). `open_embeddings` stacks the
-groups of one slide or a cohort along ``tile`` as dask arrays, so opening a thousand slides
-reads their metadata only; features are read when a computation asks for them.
+`open_embeddings` stacks the ``embeddings/<model>`` groups (`tilestore.embeddings.layout`)
+of one slide or a cohort along ``tile`` as dask arrays, so opening a thousand slides reads
+their metadata only; features are read when a computation asks for them. The Dataset has
+the ``ds.tiles`` accessor (`tilestore.analysis`, registered when this module is imported).
 
 >>> ds = tilestore.open_embeddings("stores/*.ome.zarr", "uni")
 >>> ds.features           # (tile, feature), dask
@@ -26,19 +25,13 @@ import xarray as xr
 import zarr
 from zarr.abc.store import Store
 
+from tilestore import analysis as analysis  # registers the ds.tiles accessor
+from tilestore.embeddings.layout import COORDINATES, COORDS, GROUP, UNITS, group_name
 from tilestore.errors import StoreError, TilestoreWarning
 from tilestore.store import STORE_SUFFIX
 
-GROUP = "embeddings"
-COORDS = ("x", "y", "x_um", "y_um", "row", "col", "tissue", "roi", "roi_class")
-
 DASK_CHUNK_BYTES = 32 * 2**20
 StoreLike = str | os.PathLike | Store
-
-
-def group_name(model: str) -> str:
-    """The group of a model's embeddings: uni -> embeddings/uni, timm:vit_b -> timm-vit_b."""
-    return f"{GROUP}/{model.replace(':', '-').replace('/', '_')}"
 
 
 def list_embeddings(store: StoreLike) -> list[str]:
@@ -136,8 +129,8 @@ def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
     except KeyError:
         have = ", ".join(list_embeddings(store)) or "none"
         raise StoreError(
-            f"{store}: no {path} (embeddings in this store: {have}); run "
-            f"`tilestore embed {store} --model {model}`"
+            f"{store}: no {path} (embeddings in this store: {have}); embed the store "
+            f"with model={model!r} first"
         ) from None
     meta = group.attrs.get("tilestore", {})
     if not meta.get("complete"):
@@ -225,13 +218,13 @@ def _dataset(parts: list[dict[str, Any]], model: str) -> xr.Dataset:
     )
     features = da.concatenate([p["features"] for p in parts])
     ds = xr.Dataset({"features": (("tile", "feature"), features)}, coords=coords)
-    ds["x"].attrs["units"] = ds["y"].attrs["units"] = "level-0 pixel"
-    ds["x_um"].attrs["units"] = ds["y_um"].attrs["units"] = "micrometer"
+    for key, unit in UNITS.items():
+        ds[key].attrs["units"] = unit
     ds.attrs = {
         "model": model,
         "model_info": parts[0]["model"],
         "slides": [p["meta"] for p in parts],
-        "coordinates": "x, y: level-0 pixels of each tile's top-left corner, y down",
+        "coordinates": COORDINATES,
     }
     return ds
 

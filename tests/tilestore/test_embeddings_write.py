@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import zarr
 
-from embed.writer import AlreadyComplete, EmbeddingWriter
-from tilestore.plans import plan_slide, save_plan
+from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
+from tilestore.plans import PlanOptions, plan_slide, save_plan
 from tilestore.slide import open_slide
 
 MODEL = {"name": "test-model", "output_dim": 4}
@@ -18,7 +18,7 @@ MODEL = {"name": "test-model", "output_dim": 4}
 def slide_plan(store):
     path = store()
     slide = open_slide(path)
-    plan = plan_slide(slide, mpp=1.0, tile=224, min_tissue=0.0)
+    plan = plan_slide(slide, PlanOptions(mpp=1.0, tile=224, min_tissue=0.0))
     return slide, plan, save_plan(slide, plan), path
 
 

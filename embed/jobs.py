@@ -1,0 +1,132 @@
+"""The work of a run: one `Job` per slide (or `Slice` of a slide's plan), ready to stream.
+
+A job is opened when the producer reaches it, while the GPU works on the one before: the
+store is opened, its plan loaded or made (`plan_for`), its embeddings group checked and
+locked, and the batches still to do listed. A store that cannot be embedded is reported
+and skipped; the run goes on with the next.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embed.models import ModelSpec
+from embed.report import RunReport
+from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
+from tilestore.errors import TilestoreError
+from tilestore.grid import TilePlan
+from tilestore.plans import DEFAULT_MPP, PlanOptions, list_plans, load_plan, plan_slide, save_plan
+from tilestore.slide import Slide, open_slide
+
+PlanChoice = str | PlanOptions | None
+
+
+@dataclass(frozen=True)
+class Job:
+    """One slide's share of a run: its plan, its writer and the plan tiles still to embed."""
+
+    store: Path
+    slide: Slide
+    plan: TilePlan
+    writer: EmbeddingWriter
+    todo: np.ndarray  # global plan indices, ascending, whole batches
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A unit of distributed work: batches [start, stop) of a store's plan.
+
+    Its embeddings group must exist already (`embed.cohort` creates it); the batches are
+    whole chunks of the features array, so slices of one store never share a chunk.
+    """
+
+    store: str
+    plan: str
+    start: int  # first batch (block) index
+    stop: int  # one past the last
+    tiles: int  # tiles in these batches
+
+
+def store_jobs(
+    stores: list[str | os.PathLike],
+    spec: ModelSpec,
+    plan: PlanChoice,
+    identity: dict[str, Any],
+    overwrite: bool,
+    report: RunReport,
+) -> Iterator[Job]:
+    """Jobs for whole stores, each prepared when the consumer asks for it. A store already
+    complete is reported as skipped, one that fails as failed; the others go on."""
+    batch = identity["batch_size"]
+    for store in map(Path, stores):
+        try:
+            slide = open_slide(store)
+            tile_plan, uid = plan_for(slide, spec, plan)
+            # the group is made by the writer thread while the first tiles are read
+            writer = EmbeddingWriter(
+                slide, tile_plan, uid, **identity, overwrite=overwrite, create=False
+            )
+        except AlreadyComplete as exc:
+            report.skip(store, str(exc))
+            continue
+        except TilestoreError as exc:
+            report.failed(store, str(exc))
+            continue
+        yield Job(store, slide, tile_plan, writer, tiles_of(writer.todo(), batch, len(tile_plan)))
+
+
+def slice_jobs(slices: list[Slice], identity: dict[str, Any]) -> Iterator[Job]:
+    """Jobs for slices: the group exists; only the slice's batches not yet done are run."""
+    batch = identity["batch_size"]
+    for piece in slices:
+        slide = open_slide(piece.store)
+        tile_plan, uid = load_plan(slide, piece.plan)
+        writer = EmbeddingWriter.attach(slide, tile_plan, uid, **identity)
+        blocks = writer.todo()
+        blocks = blocks[(blocks >= piece.start) & (blocks < piece.stop)]
+        yield Job(
+            Path(piece.store), slide, tile_plan, writer, tiles_of(blocks, batch, len(tile_plan))
+        )
+
+
+def tiles_of(blocks: np.ndarray, batch: int, n: int) -> np.ndarray:
+    """Plan indices of the tiles in these batches."""
+    tiles = (np.asarray(blocks, np.int64)[:, None] * batch + np.arange(batch)).ravel()
+    return tiles[tiles < n]
+
+
+def plan_for(slide: Slide, spec: ModelSpec, plan: PlanChoice) -> tuple[TilePlan, str]:
+    """The plan a run uses and its uid.
+
+    plan: a stored plan's name; None for the store's only plan, or, where it has none or
+    several, one made at the model's native mpp and tile size; or `PlanOptions`, whose
+    unset mpp and tile are the model's. A plan made is saved (reused if made before with
+    the same options). Where the slide's pixel size is unknown, a plan whose mpp was not
+    asked for is made in level-0 pixels and says so; an mpp asked for is an error.
+    """
+    if isinstance(plan, str) or (plan is None and len(list_plans(slide)) == 1):
+        return load_plan(slide, plan)
+    options = plan or PlanOptions()
+    notes = []
+    if options.mpp is None and slide.mpp is None:
+        options = replace(options, mpp=0)
+        notes.append(f"pixel size unknown: tiles of {spec.name} planned in level-0 pixels")
+    options = replace(
+        options,
+        mpp=spec.native_mpp or DEFAULT_MPP if options.mpp is None else options.mpp,
+        tile=options.tile or spec.tile,
+    )
+    made = plan_slide(slide, options)
+    made = replace(made, notes=[*made.notes, *notes])
+    if made.name in list_plans(slide):  # made before with the same options: reuse it
+        stored, uid = load_plan(slide, made.name)
+        if np.array_equal(stored.x, made.x) and np.array_equal(stored.y, made.y):
+            return stored, uid
+        return made, save_plan(slide, made, overwrite=True)
+    return made, save_plan(slide, made)

@@ -1,0 +1,198 @@
+"""A run's settings: the user's `Options`, resolved once into final `Settings`.
+
+`Options` is what a user asks for (each `tilestore embed` flag maps onto one field, and its
+defaults are the one table of defaults). `resolve` turns them, with what it asks of the
+`Machine` (CUDA, CPUs, whether nvJPEG starts, the model's best batch), into `Settings`:
+frozen, every value final. Everything downstream (the runner, the producer, the row
+sources, the report) takes `Settings` and decides none of these again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol, get_args
+
+from tilestore.errors import TilestoreError
+
+if TYPE_CHECKING:  # torch loads when a device is resolved: the CLI reads these defaults cheaply
+    import torch
+
+DecodeOption = Literal["auto", "cpu", "gpu"]
+PrecisionOption = Literal["auto", "bf16", "fp32"]
+FeatureDtype = Literal["float16", "float32"]
+Decode = Literal["cpu", "gpu"]
+Precision = Literal["bf16", "fp32"]
+
+# From this many CPUs on, decode="auto" decodes on the CPU (CPUs - 2 worker processes),
+# below it with nvJPEG. ViT-B on an H100, compiled, the job's CPUs set by taskset
+# (bench/RESULTS.md, "--decode auto"), tiles/s:
+#   CPUs | CPU, 240 px | CPU, 512 px | nvJPEG, 240 px | nvJPEG, 512 px | nvJPEG, 1,024 px
+#      4 |       4,217 |       3,823 |          6,649 |          8,684 |            8,952
+#      8 |       9,834 |       9,581 |          6,880 |          8,950 |            9,088
+#     16 |       9,796 |       9,442 |              - |          8,828 |            9,386
+# nvJPEG beside a model that keeps the GPU busy decodes in the model's gaps (README): where
+# the CPUs keep up, they leave the GPU to the model. A model much faster than ViT-B (ViT-S:
+# 28,000 tiles/s) still outruns 6 decoder processes: pass decode="gpu" on 8-12 CPUs there.
+AUTO_CPU_DECODE_CPUS = 8
+CPU_BATCH = 32  # tiles per batch on the CPU: larger batches gain nothing there
+RESERVED_CPUS = 2  # left to the threads that read, cut and feed the GPU; the rest decode
+SLICE_TILES = 20_000  # on Dask, at most this many tiles per task: big slides spread over GPUs
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to run an embedding, as the user asks; each `tilestore embed` option is a field.
+
+    batch_size: tiles per batch; None picks the largest that fits and still speeds the model
+        up (on a GPU; 32 on the CPU). device: "auto" (CUDA if there is one), "cpu", "cuda"
+        or "cuda:N". decode: JPEG decoding, "cpu" (worker processes), "gpu" (nvJPEG) or
+        "auto" (nvJPEG where the job has fewer than `AUTO_CPU_DECODE_CPUS` CPUs, else the
+        CPU; the CPU wherever nvJPEG does not start). precision: "bf16" or "fp32" ("auto":
+        bf16 on CUDA, fp32 on the CPU). dtype: of the stored features. compile:
+        torch.compile the model (with its transform; a CUDA graph per batch on a GPU).
+        readers: threads reading chunk rows ahead (GPU decode) or cutting tiles (CPU).
+        decoders: JPEG decoder processes (threads without CUDA); None: the CPUs the job may
+        use less two. prefetch: batches of tiles ready ahead of the model. overwrite:
+        recompute embeddings this model already made. hf_token: Hugging Face token (else
+        HF_TOKEN or the stored login).
+    """
+
+    batch_size: int | None = None
+    device: str = "auto"
+    decode: DecodeOption = "auto"
+    precision: PrecisionOption = "auto"
+    dtype: FeatureDtype = "float16"
+    compile: bool = False
+    readers: int = 4
+    decoders: int | None = None
+    prefetch: int = 4
+    overwrite: bool = False
+    hf_token: str | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The run's final settings, resolved once from `Options` and the machine."""
+
+    device: torch.device  # with its index on CUDA
+    precision: Precision
+    decode: Decode  # "gpu" only where an nvJPEG decoder started
+    gpu_decoder: str | None  # that decoder's name (decode == "gpu"), for the record
+    decoders: int
+    readers: int
+    prefetch: int
+    batch_size: int
+    dtype: FeatureDtype
+    compile: bool
+    overwrite: bool
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+class Machine(Protocol):
+    """What `resolve` asks of the machine: each question is asked at most once, and only
+    where the answer decides something (a run on the CPU never starts nvJPEG)."""
+
+    def cuda_device(self) -> int | None:
+        """The current CUDA device's index; None where CUDA is not available."""
+
+    def cpus(self) -> int:
+        """CPUs this job may use (its affinity, or its share of a machine)."""
+
+    def gpu_jpeg(self, device: torch.device, required: bool) -> str | None:
+        """Start a GPU JPEG decoder on `device`; its name, or None where none starts
+        (raising instead if `required`)."""
+
+    def best_batch(self, device: torch.device, precision: Precision) -> int:
+        """The model's best batch size on `device`, measured."""
+
+
+def resolve(options: Options, machine: Machine) -> Settings:
+    """Return the run's final settings: every "auto" and None of `options` decided, for the
+    machine `machine` answers for. Bad values raise TilestoreError naming the parameter."""
+    device = _device(options.device, machine)
+    precision = _precision(options.precision, device)
+    decode, gpu_decoder = _decode(options.decode, device, machine)
+    return Settings(
+        device=device,
+        precision=precision,
+        decode=decode,
+        gpu_decoder=gpu_decoder,
+        decoders=_at_least("decoders", options.decoders, 1)
+        or max(2, machine.cpus() - RESERVED_CPUS),
+        readers=_at_least("readers", options.readers, 1),
+        prefetch=_at_least("prefetch", options.prefetch, 1),
+        batch_size=_batch(options.batch_size, device, precision, machine),
+        dtype=_choice("dtype", options.dtype, FeatureDtype),
+        compile=options.compile,
+        overwrite=options.overwrite,
+    )
+
+
+def _device(name: str, machine: Machine) -> torch.device:
+    """The device, with its index on CUDA (nvJPEG keeps one decoder per device as named)."""
+    import torch
+
+    cuda = machine.cuda_device()
+    if name == "auto":
+        name = "cuda" if cuda is not None else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise TilestoreError(f"device={name!r}: choose 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
+    if device.type not in ("cpu", "cuda"):
+        raise TilestoreError(f"device={name!r}: choose 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    if device.type == "cuda" and cuda is None:
+        raise TilestoreError(f"device={name!r}: no CUDA device is visible (CUDA_VISIBLE_DEVICES?)")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", cuda)
+    return device
+
+
+def _precision(option: str, device: torch.device) -> Precision:
+    option = _choice("precision", option, PrecisionOption)
+    if option == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return option
+
+
+def _decode(option: str, device: torch.device, machine: Machine) -> tuple[Decode, str | None]:
+    """cpu or gpu, and the GPU decoder's name. Auto is the CPU without CUDA, nvJPEG where the
+    job has fewer than `AUTO_CPU_DECODE_CPUS` CPUs (and the CPU where nvJPEG does not start),
+    else the CPU."""
+    option = _choice("decode", option, DecodeOption)
+    cuda = device.type == "cuda"
+    if option == "gpu" and not cuda:
+        raise TilestoreError("decode='gpu' needs a CUDA device")
+    wanted = option == "gpu" or (
+        option == "auto" and cuda and machine.cpus() < AUTO_CPU_DECODE_CPUS
+    )
+    if not wanted:
+        return "cpu", None
+    name = machine.gpu_jpeg(device, required=option == "gpu")
+    return ("gpu", name) if name is not None else ("cpu", None)
+
+
+def _batch(option: int | None, device: torch.device, precision: Precision, machine) -> int:
+    if option is not None:
+        return _at_least("batch_size", option, 1)
+    if device.type != "cuda":
+        return CPU_BATCH
+    return machine.best_batch(device, precision)
+
+
+def _choice(name: str, value: str, allowed) -> str:
+    choices = get_args(allowed)
+    if value not in choices:
+        raise TilestoreError(
+            f"{name}={value!r}: choose {', '.join(map(repr, choices[:-1]))} or {choices[-1]!r}"
+        )
+    return value
+
+
+def _at_least(name: str, value: int | None, least: int) -> int | None:
+    if value is not None and (not isinstance(value, int) or value < least):
+        raise TilestoreError(f"{name}={value!r}: must be a whole number of at least {least}")
+    return value

@@ -1,0 +1,97 @@
+"""Settings resolved once: every "auto" and None decided from the options and the machine."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from embed.settings import Options, Settings, resolve
+from tests.embed.conftest import Machine
+from tilestore.errors import TilestoreError
+
+
+@pytest.mark.parametrize(
+    ("option", "cuda", "nvjpeg", "cpus", "want"),
+    [
+        ("auto", False, True, 16, "cpu"),  # no GPU: nothing else can decode
+        ("auto", False, True, 2, "cpu"),
+        ("auto", True, True, 16, "cpu"),  # 14 decoder processes keep a GPU fed
+        ("auto", True, True, 8, "cpu"),
+        ("auto", True, True, 7, "gpu"),  # too few CPUs to keep a GPU fed
+        ("auto", True, True, 3, "gpu"),
+        ("auto", True, False, 3, "cpu"),  # no nvJPEG decoder starts on this GPU (ROCm)
+        ("auto", True, False, 16, "cpu"),
+        ("cpu", True, True, 3, "cpu"),  # as asked
+        ("gpu", True, True, 16, "gpu"),
+    ],
+)
+def test_decode_resolves_by_device_cpus_and_nvjpeg(option, cuda, nvjpeg, cpus, want):
+    machine = Machine(cuda=0 if cuda else None, cpus=cpus, gpu_jpeg="nvJPEG" if nvjpeg else None)
+    settings = resolve(Options(decode=option, batch_size=8), machine)
+    assert settings.decode == want
+    assert settings.gpu_decoder == ("nvJPEG" if want == "gpu" else None)
+
+
+def test_nvjpeg_is_started_only_where_it_may_decode():
+    machine = Machine(cuda=0, cpus=16)
+    resolve(Options(decode="auto", batch_size=8), machine)
+    resolve(Options(decode="cpu", batch_size=8), machine)
+    assert not any(a.startswith("gpu_jpeg") for a in machine.asked)
+    resolve(Options(decode="gpu", batch_size=8), machine)
+    assert machine.asked.count("gpu_jpeg(required=True)") == 1
+
+
+def test_nvjpeg_asked_for_and_missing_is_an_error():
+    with pytest.raises(RuntimeError, match="no nvJPEG decoder"):
+        resolve(Options(decode="gpu", batch_size=8), Machine(cuda=0, gpu_jpeg=None))
+
+
+def test_bad_options_are_one_line_errors_naming_the_parameter():
+    machine = Machine(cuda=0)
+    cases = {
+        "decode": ("nvdec", r"^decode='nvdec': choose 'auto', 'cpu' or 'gpu'$"),
+        "precision": ("fp16", r"^precision='fp16': choose 'auto', 'bf16' or 'fp32'$"),
+        "dtype": ("int8", r"^dtype='int8': choose 'float16' or 'float32'$"),
+        "device": ("tpu", r"^device='tpu': choose 'auto', 'cpu', 'cuda' or 'cuda:N'$"),
+        "batch_size": (0, r"^batch_size=0: must be a whole number of at least 1$"),
+        "readers": (-1, r"^readers=-1: must be a whole number of at least 1$"),
+    }
+    for field, (value, message) in cases.items():
+        with pytest.raises(TilestoreError, match=message):
+            resolve(Options(**{field: value}), machine)
+    with pytest.raises(TilestoreError, match=r"^decode='gpu' needs a CUDA device$"):
+        resolve(Options(decode="gpu"), Machine(cuda=None))
+    with pytest.raises(TilestoreError, match=r"^device='cuda': no CUDA device is visible"):
+        resolve(Options(device="cuda"), Machine(cuda=None))
+
+
+def test_device_precision_and_decoders_follow_the_machine():
+    on_gpu = resolve(Options(batch_size=8), Machine(cuda=1, cpus=9))
+    assert on_gpu.device == torch.device("cuda", 1)  # the current device, by index
+    assert on_gpu.precision == "bf16" and on_gpu.decoders == 7  # CPUs less two
+    on_cpu = resolve(Options(batch_size=8), Machine(cuda=None, cpus=3))
+    assert on_cpu.device == torch.device("cpu") and on_cpu.precision == "fp32"
+    assert on_cpu.decoders == 2  # never fewer than two
+    assert resolve(Options(decoders=5, batch_size=8), Machine(cpus=64)).decoders == 5
+    assert resolve(Options(device="cuda:0", batch_size=8), Machine(cuda=1)).device.index == 0
+
+
+def test_the_batch_size_is_measured_only_on_a_gpu_and_only_when_not_given():
+    gpu = Machine(cuda=0, best_batch=512)
+    assert resolve(Options(), gpu).batch_size == 512
+    assert gpu.asked.count("best_batch(cuda:0, bf16)") == 1
+    given = Machine(cuda=0)
+    assert resolve(Options(batch_size=48), given).batch_size == 48
+    assert not any(a.startswith("best_batch") for a in given.asked)
+    cpu = Machine(cuda=None)
+    assert resolve(Options(), cpu).batch_size == 32
+    assert not any(a.startswith("best_batch") for a in cpu.asked)
+
+
+def test_settings_are_frozen():
+    settings = resolve(Options(batch_size=8), Machine())
+    assert isinstance(settings, Settings)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.decode = "gpu"  # type: ignore[misc]

@@ -1,0 +1,132 @@
+"""The engine of two source trees on one machine, run in turn: did a change move the speed?
+
+Each run is a fresh process importing `embed` and `tilestore` from one tree: it loads the
+model (timm random weights cost what the real ones cost), embeds the benchmark store once
+untimed (compilation, CUDA set-up, page cache) and once timed, and reports tiles/s from
+`embed()` to the last write, as bench/embed_engine.py's engine arm does. The trees
+alternate (base, this, base, this...), so drift of the GPU's clock or the disk affects
+both alike.
+
+    git worktree add /tmp/base <commit>
+    python bench/compare.py --base /tmp/base --model vit_base_patch16_224 --reps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from stores import build
+
+HERE = Path(__file__).resolve().parent
+
+# Runs inside the tree under test; written for the public API of both old and new trees.
+CHILD = """
+import json, sys, time
+import torch
+try:
+    from embed import Options
+except ImportError:  # trees before embed/ had a public face
+    from embed.engine import Options
+from embed.engine import Embedder
+from embed.models import load_model
+
+store, arch, batch, decode, compiled = sys.argv[1:6]
+loaded = load_model(f"timm:{arch}")
+options = Options(batch_size=int(batch), decode=decode, compile=compiled == "1", overwrite=True)
+t0 = time.perf_counter()
+with Embedder(loaded, options) as embedder:
+    setup = time.perf_counter() - t0
+    embedder.embed([store], plan="bench")  # untimed: compiles, warms caches
+    report = embedder.embed([store], plan="bench")
+print(json.dumps({
+    "tiles": report.tiles,
+    "tiles_per_s": report.tiles / report.wall_s,
+    "wall_s": report.wall_s,
+    "setup_s": setup,
+    "first_batch_s": report.first_batch_s,
+    "waiting_s": report.explained.get("waiting for tiles (read/decode bound)"),
+    "gpu_util_mean": report.gpu_util_mean,
+}))
+"""
+
+
+def run(tree: Path, store: Path, arch: str, batch: int, decode: str, compiled: bool) -> dict:
+    """One measured run of the engine from `tree`, in a fresh process."""
+    others = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    others = [p for p in others if Path(p).resolve() != HERE.parent]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), *others])}
+    args = [str(store), arch, str(batch), decode, "1" if compiled else "0"]
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, *args],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode:
+        raise RuntimeError(f"{tree}: run failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--base", type=Path, required=True, help="the other source tree")
+    parser.add_argument("--model", default="vit_base_patch16_224")
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--decode", default="cpu", choices=("cpu", "gpu"))
+    parser.add_argument("--eager", action="store_true", help="do not compile the model")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--size", type=int, default=40_000)
+    parser.add_argument("--work", type=Path, default=HERE / "data")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "compare.json")
+    args = parser.parse_args()
+
+    _, store, ycbcrs = build(args.work, args.size, (1024,) if args.decode == "gpu" else ())
+    target = ycbcrs[0] if args.decode == "gpu" else store
+    trees = {"base": args.base.resolve(), "this": HERE.parent}
+    runs: dict[str, list[dict]] = {name: [] for name in trees}
+    for rep in range(args.reps):
+        for name, tree in trees.items():
+            t0 = time.perf_counter()
+            result = run(tree, target, args.model, args.batch, args.decode, not args.eager)
+            runs[name].append(result)
+            print(
+                f"rep {rep + 1} {name}: {result['tiles_per_s']:,.0f} tiles/s, first batch "
+                f"{result['first_batch_s']} s, set-up {result['setup_s']:.1f} s "
+                f"({time.perf_counter() - t0:.0f} s in all)",
+                flush=True,
+            )
+    medians = {name: statistics.median(r["tiles_per_s"] for r in rs) for name, rs in runs.items()}
+    print(f"\n| tree | tiles/s, each run | median | {args.model}, decode {args.decode} |")
+    print("|---|---|---|---|")
+    for name, rs in runs.items():
+        each = ", ".join(f"{r['tiles_per_s']:,.0f}" for r in rs)
+        print(f"| {name} ({trees[name]}) | {each} | {medians[name]:,.0f} | |")
+    print(f"\nthis / base (medians): {medians['this'] / medians['base']:.3f}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps(
+            {
+                "model": args.model,
+                "batch": args.batch,
+                "decode": args.decode,
+                "compiled": not args.eager,
+                "trees": {k: str(v) for k, v in trees.items()},
+                "runs": runs,
+                "medians": medians,
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

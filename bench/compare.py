@@ -39,7 +39,8 @@ from embed.models import load_model
 
 store, arch, batch, decode, compiled = sys.argv[1:6]
 loaded = load_model(f"timm:{arch}")
-options = Options(batch_size=int(batch), decode=decode, compile=compiled == "1", overwrite=True)
+batch = None if batch == "auto" else int(batch)
+options = Options(batch_size=batch, decode=decode, compile=compiled == "1", overwrite=True)
 t0 = time.perf_counter()
 with Embedder(loaded, options) as embedder:
     setup = time.perf_counter() - t0
@@ -50,6 +51,7 @@ print(json.dumps({
     "tiles_per_s": report.tiles / report.wall_s,
     "wall_s": report.wall_s,
     "setup_s": setup,
+    "batch_size": report.batch_size,
     "first_batch_s": report.first_batch_s,
     "waiting_s": report.explained.get("waiting for tiles (read/decode bound)"),
     "gpu_util_mean": report.gpu_util_mean,
@@ -57,7 +59,7 @@ print(json.dumps({
 """
 
 
-def run(tree: Path, store: Path, arch: str, batch: int, decode: str, compiled: bool) -> dict:
+def run(tree: Path, store: Path, arch: str, batch: str, decode: str, compiled: bool) -> dict:
     """One measured run of the engine from `tree`, in a fresh process."""
     others = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     others = [p for p in others if Path(p).resolve() != HERE.parent]
@@ -80,7 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base", type=Path, required=True, help="the other source tree")
     parser.add_argument("--model", default="vit_base_patch16_224")
-    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--batch", default="512", help="tiles per batch, or auto")
     parser.add_argument("--decode", default="cpu", choices=("cpu", "gpu"))
     parser.add_argument("--eager", action="store_true", help="do not compile the model")
     parser.add_argument("--reps", type=int, default=3)
@@ -99,17 +101,20 @@ def main() -> None:
             result = run(tree, target, args.model, args.batch, args.decode, not args.eager)
             runs[name].append(result)
             print(
-                f"rep {rep + 1} {name}: {result['tiles_per_s']:,.0f} tiles/s, first batch "
-                f"{result['first_batch_s']} s, set-up {result['setup_s']:.1f} s "
+                f"rep {rep + 1} {name}: {result['tiles_per_s']:,.0f} tiles/s, batch "
+                f"{result['batch_size']}, first batch {result['first_batch_s']} s, set-up "
+                f"{result['setup_s']:.1f} s "
                 f"({time.perf_counter() - t0:.0f} s in all)",
                 flush=True,
             )
     medians = {name: statistics.median(r["tiles_per_s"] for r in rs) for name, rs in runs.items()}
-    print(f"\n| tree | tiles/s, each run | median | {args.model}, decode {args.decode} |")
+    print(f"\n{args.model}, batch {args.batch}, decode {args.decode}")
+    print("| tree | tiles/s, each run | median | set-up s, each run |")
     print("|---|---|---|---|")
     for name, rs in runs.items():
         each = ", ".join(f"{r['tiles_per_s']:,.0f}" for r in rs)
-        print(f"| {name} ({trees[name]}) | {each} | {medians[name]:,.0f} | |")
+        setups = ", ".join(f"{r['setup_s']:.2f}" for r in rs)
+        print(f"| {name} ({trees[name]}) | {each} | {medians[name]:,.0f} | {setups} |")
     print(f"\nthis / base (medians): {medians['this'] / medians['base']:.3f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(

@@ -66,11 +66,9 @@ class Embedder:
     ) -> None:
         started = time.perf_counter()
         host = _Host(model, options.hf_token, cpus)
-        self.settings: Settings = resolve(options, host)
-        # the decoder processes import while the model loads (unless resolving the batch
-        # size needed the model loaded already)
-        self.processes = ProcessDecoder(self.settings.decoders) if self.settings.cuda else None
         try:
+            self.settings: Settings = resolve(options, host)
+            self.processes = host.processes  # started by resolve, kept between runs
             self.loaded = host.model_on(self.settings.device)
             forward = Forward(
                 self.loaded, self.settings.device, self.settings.precision, self.settings.compile
@@ -79,7 +77,8 @@ class Embedder:
             if self.processes is not None:
                 self.processes.wait_ready()  # usually are: they started before the model loaded
         except BaseException:
-            self.close()
+            if host.processes is not None:
+                host.processes.close()
             raise
         self._setup_s = time.perf_counter() - started  # reported by the first run
 
@@ -149,12 +148,14 @@ class Embedder:
 
 
 class _Host:
-    """The machine as `resolve` asks about it (`embed.settings.Machine`). It starts the GPU
-    JPEG decoder and loads the model when an answer needs them, and keeps both."""
+    """The machine as `resolve` asks about it (`embed.settings.Machine`). It starts the
+    decoder processes and the GPU JPEG decoder when told to or when an answer needs them,
+    loads the model when an answer needs it, and keeps all three for the Embedder."""
 
     def __init__(self, model: str | LoadedModel, token: str | None, cpus: int | None) -> None:
         self._model, self._token, self._cpus = model, token, cpus
         self._placed: LoadedModel | None = None
+        self.processes: ProcessDecoder | None = None
         self.decoder: GpuJpeg | None = None
 
     def cuda_device(self) -> int | None:
@@ -162,6 +163,9 @@ class _Host:
 
     def cpus(self) -> int:
         return self._cpus or usable_cpus()
+
+    def start_decoders(self, count: int) -> None:
+        self.processes = ProcessDecoder(count)
 
     def gpu_jpeg(self, device: torch.device, required: bool) -> str | None:
         self.decoder = nvjpeg.open_decoder(device, required=required)

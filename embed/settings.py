@@ -4,7 +4,9 @@
 defaults are the one table of defaults). `resolve` turns them, with what it asks of the
 `Machine` (CUDA, CPUs, whether nvJPEG starts, the model's best batch), into `Settings`:
 frozen, every value final. Everything downstream (the runner, the producer, the row
-sources, the report) takes `Settings` and decides none of these again.
+sources, the report) takes `Settings` and decides none of these again. The machine is told
+the decoder count as soon as it is decided, so the decoder processes start before anything
+that needs the model (measuring the batch size loads it).
 """
 
 from __future__ import annotations
@@ -92,14 +94,19 @@ class Settings:
 
 
 class Machine(Protocol):
-    """What `resolve` asks of the machine: each question is asked at most once, and only
-    where the answer decides something (a run on the CPU never starts nvJPEG)."""
+    """What `resolve` asks of the machine, and tells it: each question is asked at most
+    once, and only where the answer decides something (a run on the CPU never starts
+    nvJPEG)."""
 
     def cuda_device(self) -> int | None:
         """The current CUDA device's index; None where CUDA is not available."""
 
     def cpus(self) -> int:
         """CPUs this job may use (its affinity, or its share of a machine)."""
+
+    def start_decoders(self, count: int) -> None:
+        """Start `count` JPEG decoder processes for a run on CUDA (they import while the
+        model loads)."""
 
     def gpu_jpeg(self, device: torch.device, required: bool) -> str | None:
         """Start a GPU JPEG decoder on `device`; its name, or None where none starts
@@ -114,18 +121,23 @@ def resolve(options: Options, machine: Machine) -> Settings:
     machine `machine` answers for. Bad values raise TilestoreError naming the parameter."""
     device = _device(options.device, machine)
     precision = _precision(options.precision, device)
+    decoders = _at_least("decoders", options.decoders, 1) or max(2, machine.cpus() - RESERVED_CPUS)
+    readers = _at_least("readers", options.readers, 1)
+    prefetch = _at_least("prefetch", options.prefetch, 1)
+    dtype = _choice("dtype", options.dtype, FeatureDtype)
+    if device.type == "cuda":
+        machine.start_decoders(decoders)
     decode, gpu_decoder = _decode(options.decode, device, machine)
     return Settings(
         device=device,
         precision=precision,
         decode=decode,
         gpu_decoder=gpu_decoder,
-        decoders=_at_least("decoders", options.decoders, 1)
-        or max(2, machine.cpus() - RESERVED_CPUS),
-        readers=_at_least("readers", options.readers, 1),
-        prefetch=_at_least("prefetch", options.prefetch, 1),
+        decoders=decoders,
+        readers=readers,
+        prefetch=prefetch,
         batch_size=_batch(options.batch_size, device, precision, machine),
-        dtype=_choice("dtype", options.dtype, FeatureDtype),
+        dtype=dtype,
         compile=options.compile,
         overwrite=options.overwrite,
     )

@@ -50,6 +50,9 @@ class Machine:
         self.asked.append("cpus")
         return self._cpus
 
+    def start_decoders(self, count):
+        self.asked.append(f"start_decoders({count})")
+
     def gpu_jpeg(self, device, required):
         self.asked.append(f"gpu_jpeg(required={required})")
         if self._gpu_jpeg is None and required:

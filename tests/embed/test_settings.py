@@ -90,6 +90,19 @@ def test_the_batch_size_is_measured_only_on_a_gpu_and_only_when_not_given():
     assert not any(a.startswith("best_batch") for a in cpu.asked)
 
 
+def test_decoders_start_before_anything_that_needs_the_model():
+    """Their processes import while nvJPEG starts and the model loads for the batch size."""
+    gpu = Machine(cuda=0, cpus=16)
+    settings = resolve(Options(decode="gpu"), gpu)
+    started = gpu.asked.index("start_decoders(14)")
+    assert started < gpu.asked.index("gpu_jpeg(required=True)")
+    assert started < gpu.asked.index("best_batch(cuda:0, bf16)")
+    assert settings.decoders == 14 and gpu.asked.count("start_decoders(14)") == 1
+    cpu = Machine(cuda=None)
+    resolve(Options(), cpu)
+    assert not any(a.startswith("start_decoders") for a in cpu.asked)  # threads on the CPU
+
+
 def test_settings_are_frozen():
     settings = resolve(Options(batch_size=8), Machine())
     assert isinstance(settings, Settings)

@@ -35,7 +35,7 @@ GROUP_PIXELS = 256 * 256 * 256
 
 
 def gpu_decodes(mode: str, reader: ChunkReader) -> bool:
-    """Whether a slide's level is decoded with nvJPEG under --decode `mode` (cpu or gpu, as
+    """Whether a slide's level is decoded with nvJPEG under decode=`mode` (cpu or gpu, as
     `embed.settings.resolve` resolved it): colour JPEG chunks only."""
     return mode == "gpu" and reader.is_jpeg and reader.channels == 3
 

@@ -246,7 +246,7 @@ class RunReport:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the JSON report, making its folder: a run's report is not lost at the end
-        because --report named a folder not made yet. Written whole or not at all."""
+        because the report path named a folder not made yet. Written whole or not at all."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.partial")

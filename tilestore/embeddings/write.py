@@ -57,7 +57,7 @@ class EmbeddingWriter:
         """
         self._setup(slide, plan, plan_uid, model, batch_size, dtype, settings)
         store = _directory(slide)
-        # Beside the store, not in it: zarr would list it, and --overwrite deletes the group.
+        # Beside the store, not in it: zarr would list it, and overwrite=True deletes the group.
         self.lock_path = store.parent / f".{store.name}.{self.path.split('/')[-1]}.lock"
         existing = self._existing()
         if existing is not None:

@@ -38,6 +38,15 @@ class progress_bar:
         self.progress.stop()
 
 
+def human_size(n: float) -> str:
+    """Bytes as people read them: 2.5 MB."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
 Flags = dict[str, tuple[str, str | None]]  # parameter -> (its flag, its --no- flag)
 
 

@@ -147,7 +147,7 @@ def embed(
             progress=lambda n, total: progress.update(task, advance=n, total=total),
         )
     for line in format_report(result):  # plain print: never wrap a line
-        failed = line.startswith(("WARNING", "  FAILED"))
+        failed = line.startswith(("WARNING", "tilestore: error"))
         print(as_flags(line, flags_of(embed)), file=sys.stderr if failed else sys.stdout)
     if report:
         out.print(f"report: {report}")
@@ -181,7 +181,7 @@ def _embed_on_dask(
         if cluster:
             client.cluster.close()
     for line in summary_lines(result):
-        failed = line.startswith("  FAILED")
+        failed = line.startswith("tilestore: error")
         print(as_flags(line, flags_of(embed)), file=sys.stderr if failed else sys.stdout)
     if report:
         Path(report).write_text(json.dumps(result.to_json(), indent=2))

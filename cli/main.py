@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import warnings
 from pathlib import Path
@@ -10,10 +9,11 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from cli.console import as_flags, flags_of, out
+from cli.console import as_flags, flags_of, human_size, out
 from cli.console import progress_bar as _progress
 from cli.embed import embed, models_app
 from cli.export import export_app
+from cli.inspect import info, verify
 from tilestore.conversion import QUALITY, SUBSAMPLING
 from tilestore.errors import TilestoreError
 from tilestore.plans import DEFAULT_MPP, DEFAULT_TILE, PlanOptions
@@ -25,14 +25,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Whole-slide images as OME-Zarr stores, tile plans and foundation-model embeddings.",
 )
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1024 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TB"
 
 
 @app.command()
@@ -108,86 +100,11 @@ def convert(
             )
         out.print(table)
         out.print(
-            f"{_size(report.source_bytes)} -> {_size(report.store_bytes)} "
+            f"{human_size(report.source_bytes)} -> {human_size(report.store_bytes)} "
             f"({report.store_bytes / report.source_bytes:.2f}x) in {report.seconds:.1f} s"
         )
     if failed:
         raise typer.Exit(2)
-
-
-@app.command()
-def info(
-    path: Path = typer.Argument(..., help="A store (.ome.zarr) or a slide file."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-) -> None:
-    """Describe a store or a slide: levels, mpp, chunking, codec, size, completeness."""
-    from tilestore.info import describe
-
-    desc = describe(path)
-    if as_json:
-        print(json.dumps(desc, indent=2))
-        return
-    mpp = desc["mpp"]
-    mpp_text = (
-        "unknown"
-        if not mpp
-        else (
-            f"{mpp['x']:.4g} x {mpp['y']:.4g} µm/px ({mpp['origin']})"
-            if "x" in mpp
-            else f"{mpp['value'][0]:.4g} x {mpp['value'][1]:.4g} µm/px ({mpp['origin']})"
-        )
-    )
-    out.print(f"[bold]{desc['path']}[/bold]  {desc['kind']}", highlight=False)
-    out.print(f"mpp: {mpp_text}", highlight=False)
-    if desc["kind"] == "store":
-        state = "complete" if desc["complete"] else "[red]INCOMPLETE (interrupted)[/red]"
-        out.print(
-            f"state: {state}; source {desc['source']['name']} ({desc['source']['format']}); "
-            f"size {_size(desc['size_bytes'])} = {desc['size_vs_source']}x source; "
-            f"codec {desc['codec']['name']} ({desc['codec']['reason']})",
-            highlight=False,
-        )
-        table = Table(box=None, pad_edge=False)
-        for col in ("level", "shape c,y,x", "chunk", "scale", "µm/px", "codecs", "path"):
-            table.add_column(col, overflow="fold")
-        for lv in desc["levels"]:
-            table.add_row(
-                lv["path"],
-                "x".join(map(str, lv["shape"])),
-                "x".join(map(str, lv["chunks"][1:])),
-                f"1/{lv['downsample'][1]:.3g}",
-                f"{lv['mpp'][0]:.4g}" if lv["mpp"] else "-",
-                "+".join(lv["codecs"]),
-                lv["write"],
-            )
-        if desc["tissue"]:
-            out.print(
-                f"tissue: {desc['tissue']['fraction']:.1%} ({desc['tissue']['method']}, "
-                f"{desc['tissue']['polarity']})",
-                highlight=False,
-            )
-        for name, tiles in desc["plans"].items():
-            out.print(f"plan {name}: {tiles} tiles", highlight=False)
-    else:
-        out.print(
-            f"format {desc['format']} ({desc['vendor'] or 'generic'}); "
-            f"size {_size(desc['size_bytes'])}; associated: "
-            f"{', '.join(desc['associated']) or 'none'}",
-            highlight=False,
-        )
-        table = Table(box=None, pad_edge=False)
-        for col in ("level", "shape c,y,x", "dtype", "compression", "tile", "copyable"):
-            table.add_column(col, overflow="fold")
-        for i, lv in enumerate(desc["levels"]):
-            table.add_row(
-                str(i),
-                "x".join(map(str, lv["shape"])),
-                lv["dtype"],
-                lv["compression"],
-                "x".join(map(str, lv["tile"])) if lv["tile"] else "strips",
-                "yes" if lv["copyable"] else f"no: {lv['why_not']}",
-            )
-    out.print(table)
 
 
 @app.command()
@@ -302,6 +219,8 @@ def plan(
 
 
 app.command()(embed)
+app.command()(info)
+app.command()(verify)
 app.add_typer(models_app, name="models")
 app.add_typer(export_app, name="export")
 
@@ -323,11 +242,39 @@ def _warning(message, category, filename, lineno, file=None, line=None) -> None:
     print(f"tilestore: warning: {as_flags(str(message), _flags())}", file=sys.stderr)
 
 
+@app.callback()
+def _options(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks (for bug reports)."),
+) -> None:
+    """Whole-slide images as OME-Zarr stores, tile plans and foundation-model embeddings."""
+
+
 def main() -> None:
-    """Console entry point: user mistakes become one line on stderr and exit code 2."""
+    """Console entry point: every failure is one line on stderr and exit code 2; a
+    traceback only with --debug."""
     warnings.showwarning = _warning
+    debug = "--debug" in sys.argv[1:]
     try:
         app()
     except TilestoreError as exc:
+        if debug:
+            raise
         _error(exc)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("tilestore: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except OSError as exc:  # the machine's refusal: a full disk, a permission
+        if debug:
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        _error(f"{where}{exc.strerror or exc}")
+        sys.exit(2)
+    except Exception as exc:  # a bug of ours: one line, and where to see more
+        if debug:
+            raise
+        _error(
+            f"internal error ({type(exc).__name__}: {exc}); rerun with --debug for the "
+            "traceback and report it"
+        )
         sys.exit(2)

@@ -32,7 +32,7 @@ def decode_row_cpu(
     out = np.empty((len(coords), reader.chunk_h, reader.chunk_w, reader.channels), np.uint8)
 
     def one(i: int) -> None:
-        reader.decode_into(reader.fetch_one(coords[i]), out[i])
+        reader.decode_into(reader.fetch_one(coords[i]), out[i], coords[i])
 
     list(pool.map(one, range(len(coords))))
     return out
@@ -213,7 +213,7 @@ class CpuAssembler:
             return pixels
         data = self.reader.fetch_one(coord)
         t1 = time.perf_counter()
-        pixels = self.reader.decode(data)
+        pixels = self.reader.decode(data, coord)
         self.timed("read", t1 - t0)
         self.timed("decode", time.perf_counter() - t1)
         return pixels

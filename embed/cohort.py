@@ -33,7 +33,7 @@ from embed.models import get_model
 from embed.settings import SLICE_TILES, Options
 from tilestore.cpus import usable_cpus
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
-from tilestore.errors import TilestoreError
+from tilestore.errors import StoreError, TilestoreError
 from tilestore.slide import open_slide
 
 PLUGIN = "tilestore-embedder"
@@ -116,6 +116,8 @@ def run_slice(piece: Slice) -> dict[str, Any]:
     started = time.perf_counter()
     with plugin.lock:
         report = plugin.embedder.embed_slices([piece])
+    if report.failures:  # the slide's data failed: the coordinator drops its other slices
+        raise StoreError(f"{piece.store}: {report.failures[0]['error']}")
     return {
         "store": piece.store,
         "start": piece.start,
@@ -213,7 +215,7 @@ def embed_cohort(
             report.skipped_complete.append(path)
             continue
         except TilestoreError as exc:
-            report.failures.append({"store": path, "error": str(exc)})
+            report.failures.append({"store": path, "error": _cause(exc, path)})
             continue
         total += sum(s.tiles for s in state.slices)
         if not state.slices:
@@ -231,11 +233,11 @@ def embed_cohort(
         except Exception as exc:  # a task's own error (corrupt data...) or a worker lost
             if not state.failed:  # the slide's own problem: drop its other slices
                 state.failed = True
-                report.failures.append({"store": state.path, "error": _one_line(exc)})
+                report.failures.append({"store": state.path, "error": _cause(exc, state.path)})
                 client.cancel([f for f in state.futures if f is not future])
             state.pending -= 1
             if state.pending == 0:
-                state.writer.abandon()
+                _give_up(state, report)
             continue
         state.pending -= 1
         state.tiles += result["tiles"]
@@ -247,7 +249,7 @@ def embed_cohort(
             progress(result["tiles"], total)
         if state.pending == 0:
             if state.failed:
-                state.writer.abandon()
+                _give_up(state, report)
             else:
                 _finish(state, report)
     report.wall_s = time.perf_counter() - started
@@ -309,8 +311,24 @@ def _per_worker(report: CohortReport, result: dict[str, Any]) -> None:
         entry["gpu_util"].append(result["gpu_util_mean"])
 
 
-def _one_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+def _give_up(state: _Store, report: CohortReport) -> None:
+    """Release a failed store; its failure says what the store holds now."""
+    left = state.writer.abandon()
+    for failure in report.failures:
+        if failure["store"] == state.path:
+            failure["error"] += f" ({left})"
+
+
+def _cause(exc: BaseException, store: str) -> str:
+    """One line saying why a store failed: our errors as they are (without the store's own
+    name), anything else (a worker lost) with its type."""
+    if not isinstance(exc, TilestoreError):
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    message = " ".join(str(exc).split())
+    for name in (store, Path(store).name):
+        if message.startswith(f"{name}: "):
+            return message[len(name) + 2 :]
+    return message
 
 
 def local_cluster(kind: str, workers: int | None = None):
@@ -375,5 +393,5 @@ def summary_lines(report: CohortReport) -> list[str]:
         util = f", GPU util {np.mean(w['gpu_util']):.0f}%" if w["gpu_util"] else ""
         lines.append(f"  worker {address} ({w['device']}): {w['tiles']} tiles{util}")
     lines.extend(f"  skipped (complete): {Path(p).name}" for p in report.skipped_complete)
-    lines.extend(f"  FAILED {Path(f['store']).name}: {f['error']}" for f in report.failures)
+    lines.extend(f"tilestore: error: {f['store']}: {f['error']}" for f in report.failures)
     return lines

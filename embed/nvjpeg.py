@@ -29,6 +29,7 @@ import torch
 
 from embed.nvjpeglib import BatchedDecoder, NvjpegUnavailable
 from tilestore.chunks import ChunkReader
+from tilestore.errors import ChunkError
 
 # Pixels one decode call aims for: 16.8 Mpx (256 chunks of 256 x 256), about 50 MB decoded.
 GROUP_PIXELS = 256 * 256 * 256
@@ -123,7 +124,12 @@ def decode_gpu(
     """Decoded chunks as (c, h, w) uint8 CUDA tensors, with one batched call; chunks never
     written (None) are the level's background."""
     present = [d for d in data if d is not None]
-    decoded = iter(decoder.decode(reader, present) if present else [])
+    try:
+        decoded = iter(decoder.decode(reader, present) if present else [])
+    except (RuntimeError, ValueError) as exc:  # their bytes were checked: damaged when written
+        raise ChunkError(
+            f"{reader.where}: nvJPEG cannot decode one of {len(present)} chunks: {exc}"
+        ) from exc
     return [
         next(decoded)
         if d is not None
@@ -157,7 +163,7 @@ def gpu_decode_agrees(
     for coord in coords:
         (data,) = reader.fetch([coord])
         if data is not None:
-            cpu = torch.from_numpy(np.ascontiguousarray(reader.decode(data)))
+            cpu = torch.from_numpy(np.ascontiguousarray(reader.decode(data, coord)))
             cpu = cpu.permute(2, 0, 1).float()
             gpu = decode_gpu(decoder, reader, [data], device)[0].float().cpu()
             return float((cpu - gpu).abs().mean())

@@ -28,13 +28,27 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 
 from embed.queues import Stopped
+from tilestore.errors import ChunkError
+from tilestore.integrity import read_file, unseal
 
 
 def decode_files(
-    paths: list[str], shm: str, shape: tuple[int, ...], background: int, offset: int = 0
+    paths: list[str],
+    shm: str,
+    shape: tuple[int, ...],
+    background: int,
+    offset: int = 0,
+    *,
+    checksum: bool = False,
+    required: bool = False,
+    where: str = "",
 ) -> int:
     """Decode chunk file i into row offset + i of the shared block /dev/shm/<shm>; return
     the count.
+
+    Each file is read and checked as `tilestore.chunks.ChunkReader` does (`where` names the
+    store and level, `checksum` and `required` say what it promises): a missing, damaged or
+    undecodable chunk is a ChunkError naming it.
 
     Only the rows written are mapped, populated as they are mapped (MAP_POPULATE): page by
     page, a fresh mapping's faults cost 30% on top of decoding a grid row of 240 px chunks
@@ -53,13 +67,18 @@ def decode_files(
     ):
         out = np.ndarray((len(paths), *shape), np.uint8, buffer=buf, offset=offset * size - start)
         for i, path in enumerate(paths):
-            try:
-                with open(path, "rb") as chunk:
-                    data = chunk.read()
-            except FileNotFoundError:  # a chunk never written: the fill value
+            row, col = path.rsplit("/", 2)[-2:]
+            name = f"{where} chunk ({row}, {col})"
+            data = read_file(path, name, required=required)
+            if data is None:  # never written, where the store allows it: the fill value
                 out[i] = background
                 continue
-            imagecodecs.jpeg8_decode(data, out=out[i])
+            if checksum:
+                data = unseal(data, name)
+            try:
+                imagecodecs.jpeg8_decode(data, out=out[i])
+            except (imagecodecs.Jpeg8Error, ValueError) as exc:
+                raise ChunkError(f"{name}: cannot decode: {exc}") from exc
         del out
     return len(paths)
 
@@ -82,8 +101,13 @@ def _serve() -> None:
                 tuple(request["shape"]),
                 request["background"],
                 request["offset"],
+                checksum=request["checksum"],
+                required=request["required"],
+                where=request["where"],
             )
             sys.stdout.write(f"{count}\n")
+        except ChunkError as exc:  # the store's damage: the engine raises it as it is
+            sys.stdout.write(f"!chunk\t{' '.join(str(exc).split())}\n")
         except (OSError, ValueError, RuntimeError) as exc:  # reported; the engine raises it
             message = f"{type(exc).__name__}: {exc}".replace("\n", " ")
             sys.stdout.write(f"!{message}\n")
@@ -184,8 +208,14 @@ class ProcessDecoder:
         background: int,
         stop: threading.Event,
         parts: int = 1,
+        *,
+        checksum: bool = False,
+        required: bool = False,
+        where: str = "",
     ) -> tuple[int, list[Future]]:
         """Start decoding into a free block; return (block index, futures of the counts).
+
+        checksum, required, where: how the chunks are checked (`decode_files`).
 
         parts > 1 splits the files among that many requests, which idle workers take in
         the order submitted: a row is then ready sooner, and no worker waits while another
@@ -209,6 +239,9 @@ class ProcessDecoder:
                     "shape": list(shape),
                     "background": int(background),
                     "offset": int(start),
+                    "checksum": checksum,
+                    "required": required,
+                    "where": where,
                 }
             )
             for start, stop_ in itertools.pairwise(bounds)
@@ -225,6 +258,8 @@ class ProcessDecoder:
             self._idle.put(worker)
         if not answer:
             raise RuntimeError("a decoding worker process died")
+        if answer.startswith("!chunk\t"):
+            raise ChunkError(answer.split("\t", 1)[1].strip())
         if answer.startswith("!"):
             raise RuntimeError(f"decoding worker: {answer[1:].strip()}")
         return int(answer)

@@ -3,8 +3,9 @@
 Chunks are read ahead on threads and decoded by worker processes (local stores), CPU
 threads or nvJPEG; the decoded grid rows go to the GPU, where their tiles are cut (or, with
 no GPU or a zstd level, tiles are cut on CPU threads into pinned batches). The GPU loop
-(`embed.runner`) gets, in order: a job's `JobStart`, its batches, its `JobEnd`, and `DONE`
-once every job is through.
+(`embed.runner`) gets, in order: a job's `JobStart`, its batches, its `JobEnd` (or
+`JobFailed` where the slide's data fails: a damaged chunk), and `DONE` once every job is
+through. A job that fails does not stop the others.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from embed.queues import DONE, Stopped, put
 from embed.report import RunReport, Stats
 from embed.rows import NvjpegRows, ProcessRows, ThreadRows
 from embed.settings import Settings
+from tilestore.errors import TilestoreError
 from tilestore.grid import TilePlan
 from tilestore.tiles import chunk_schedule
 
@@ -45,6 +47,15 @@ class JobEnd:
     """Sent after a job's last batch: the writer finishes the job when it gets here."""
 
     job: Job
+
+
+@dataclass(frozen=True)
+class JobFailed:
+    """Sent instead of JobEnd where a job's data failed: the writer releases the job, keeping
+    the batches written before, and the report names the store and the cause."""
+
+    job: Job
+    error: TilestoreError
 
 
 class Producer:
@@ -76,9 +87,13 @@ class Producer:
             ):
                 for job in _ahead(jobs, stop, self.prepared):
                     put(ready, JobStart(job), stop)
-                    if len(job.todo):
-                        with torch.cuda.stream(stream) if stream else contextlib.nullcontext():
-                            self._job(job, report, decoders, cutters, ready, stop)
+                    try:
+                        if len(job.todo):
+                            with torch.cuda.stream(stream) if stream else contextlib.nullcontext():
+                                self._job(job, report, decoders, cutters, ready, stop)
+                    except TilestoreError as exc:  # this slide's data: the others go on
+                        put(ready, JobFailed(job, exc), stop)
+                        continue
                     put(ready, JobEnd(job), stop)
             put(ready, DONE, stop)
         except Stopped:

@@ -183,10 +183,15 @@ class RunReport:
         return entry
 
     def failed(self, store, message: str) -> None:
-        self.failures.append({"store": str(store), "error": message})
+        """A store could not be embedded (or not finished): why, the store named once."""
+        self.failures.append({"store": str(store), "error": _cause(store, message)})
+        for entry in self.slides:
+            if entry["store"] == str(store):
+                entry["failed"] = True
 
     def skip(self, store, message: str) -> None:
-        self.skipped.append({"store": str(store), "why": message})
+        """A store was left alone (complete already): why, the store named once."""
+        self.skipped.append({"store": str(store), "why": _cause(store, message)})
 
     def finish(self, wall: float, sampler: Sampler, stats: Stats) -> None:
         self.wall_s = wall
@@ -278,6 +283,14 @@ def advice(report: RunReport) -> list[str]:
     return notes
 
 
+def _cause(store, message: str) -> str:
+    """The message without the store's own name in front: the report names the store."""
+    for name in (str(store), Path(store).name):
+        if message.startswith(f"{name}: "):
+            return message[len(name) + 2 :]
+    return message
+
+
 def _hwm_mb() -> float:
     try:
         with open("/proc/self/status") as fh:
@@ -351,6 +364,6 @@ def format_report(report: RunReport) -> list[str]:
     for skipped in report.skipped:
         lines.append(f"  skipped {skipped['store']}: {skipped['why']}")
     for failure in report.failures:
-        lines.append(f"  FAILED {failure['store']}: {failure['error']}")
+        lines.append(f"tilestore: error: {failure['store']}: {failure['error']}")
     lines.extend(f"WARNING: {w}" for w in report.warnings)
     return lines

@@ -160,8 +160,16 @@ class ProcessRows(RowSource):
         parts = -(-len(coords) // self.per_part)
         if index < self.first_rows:
             parts = max(parts, self.first_parts)
+        reader = self.reader
         return self.procs.submit(
-            self.reader.paths(coords), self.shape, self.reader.background, self.stop, parts
+            reader.paths(coords),
+            self.shape,
+            reader.background,
+            self.stop,
+            parts,
+            checksum=reader.checksum,
+            required=reader.every_chunk,
+            where=reader.where,
         )
 
     def _result(self, index, coords, pending) -> list[torch.Tensor]:

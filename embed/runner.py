@@ -24,7 +24,7 @@ from embed.jobs import Job
 from embed.models import ModelError
 from embed.nvjpeg import GpuJpeg
 from embed.procdecode import ProcessDecoder
-from embed.produce import JobEnd, JobStart, Producer
+from embed.produce import JobEnd, JobFailed, JobStart, Producer
 from embed.queues import DONE, drain
 from embed.report import RunReport, Stats
 from embed.settings import Settings
@@ -137,7 +137,7 @@ class Runner:
                 return
             if isinstance(item, BaseException):
                 raise item
-            if isinstance(item, JobStart | JobEnd):
+            if isinstance(item, JobStart | JobEnd | JobFailed):
                 run.written.put(item)
                 if isinstance(item, JobStart) and len(item.job.todo) and not self.warm:
                     # while the pipeline fills
@@ -202,6 +202,11 @@ class Runner:
                     job.writer.finish(report.slide_summary(job))
                     run.open_jobs.remove(job)
                     continue
+                if isinstance(item, JobFailed):
+                    run.open_jobs.remove(item.job)
+                    left = item.job.writer.abandon()
+                    report.failed(item.job.store, f"{item.error}" + (f" ({left})" if left else ""))
+                    continue
                 batch, slot, done, start, end = item
                 if done is not None:
                     done.synchronize()  # the feature copy (and so the batch) has finished
@@ -218,7 +223,7 @@ class Runner:
                     run.progress(batch.count, report.total)
             except BaseException as exc:
                 report.writer_error = exc
-                if not isinstance(item, JobStart | JobEnd):
+                if not isinstance(item, JobStart | JobEnd | JobFailed):
                     outputs.release(item[1])
 
 
@@ -229,7 +234,7 @@ class _Run:
     stats: Stats
     report: RunReport
     progress: Callable[[int, int], None] | None
-    ready: queue.Queue  # producer -> GPU loop: JobStart, batches, JobEnd, DONE or an error
+    ready: queue.Queue  # producer -> GPU loop: JobStart, batches, JobEnd/JobFailed, DONE
     written: queue.Queue  # GPU loop -> writer
     outputs: SlotPool  # feature buffers the GPU copies into and the writer reads
     stop: threading.Event

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import imagecodecs
 import numpy as np
 from zarr.abc.codec import ArrayBytesCodec
-from zarr.codecs import TransposeCodec, ZstdCodec
+from zarr.codecs import Crc32cCodec, TransposeCodec, ZstdCodec
 from zarr.core.common import parse_named_configuration
 
 if TYPE_CHECKING:
@@ -145,9 +145,13 @@ class JpegCodec(ArrayBytesCodec):
 
 
 def jpeg_codecs(
-    quality: int = 90, color_space: str = "ycbcr", subsampling: Any = "4:2:0"
+    quality: int = 90,
+    color_space: str = "ycbcr",
+    subsampling: Any = "4:2:0",
+    checksums: bool = True,
 ) -> dict[str, Any]:
-    """``create_array`` codec arguments for (c, y, x) uint8 RGB: transpose to (y, x, c), JPEG."""
+    """``create_array`` codec arguments for (c, y, x) uint8 RGB: transpose to (y, x, c), JPEG,
+    then each chunk's CRC-32C (`tilestore.integrity`)."""
     if color_space == "rgb":
         subsampling = "4:4:4"
     return {
@@ -155,10 +159,16 @@ def jpeg_codecs(
         "serializer": JpegCodec(
             quality=quality, encoded_color_space=color_space, subsampling=subsampling
         ),
-        "compressors": None,
+        "compressors": [Crc32cCodec()] if checksums else None,
     }
 
 
-def zstd_codecs(level: int = 5) -> dict[str, Any]:
-    """``create_array`` codec arguments for lossless data any zarr v3 reader can decode."""
-    return {"compressors": [ZstdCodec(level=level)]}
+def zstd_codecs(level: int = 5, checksums: bool = True) -> dict[str, Any]:
+    """``create_array`` codec arguments for lossless data any zarr v3 reader can decode: zstd,
+    then each chunk's CRC-32C."""
+    return {"compressors": [ZstdCodec(level=level), *([Crc32cCodec()] if checksums else [])]}
+
+
+def has_checksums(array) -> bool:
+    """True where each chunk of a zarr array ends in its CRC-32C (its last codec is crc32c)."""
+    return bool(array.compressors) and isinstance(array.compressors[-1], Crc32cCodec)

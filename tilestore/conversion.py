@@ -89,6 +89,7 @@ class _Encoding:
     copy: bool
     background: int  # fill for missing chunks and out-of-slide reads: white for brightfield
     workers: int
+    checksums: bool  # each chunk ends in its CRC-32C (tilestore.integrity)
 
 
 def convert(
@@ -104,6 +105,7 @@ def convert(
     overwrite: bool = False,
     copy: bool = True,
     workers: int | None = None,
+    checksums: bool = True,
     progress: Callable[[int, int], None] | None = None,
 ) -> ConversionReport:
     """Convert the slide `src` into ``<dst>/<name>.ome.zarr`` (or `dst` itself if it ends in .zarr).
@@ -115,6 +117,8 @@ def convert(
     mpp: µm per level-0 pixel, overriding (or supplying) the file's value.
     keep_associated: also store label/macro/thumbnail images (labels carry patient data).
     copy: copy matching JPEG tiles verbatim (False forces decode + encode).
+    checksums: end every chunk with its CRC-32C, so damage is found when it is read (off
+        only to measure what they cost, or for readers without zarr's crc32c codec).
     progress: called as progress(chunks_done_now, chunks_total), from worker threads.
     """
     started = time.perf_counter()
@@ -131,6 +135,7 @@ def convert(
             copy,
             255 if source.brightfield_rgb else 0,
             workers or usable_cpus(),
+            checksums,
         )
         mpp_fact, mpp_warnings = _resolve_mpp(source, mpp)
         report = ConversionReport(
@@ -185,6 +190,8 @@ def _create_arrays(root: zarr.Group, source: Source, plan: list, enc: _Encoding)
             dtype=first.dtype,
             fill_value=enc.background,
             dimension_names=("c", "y", "x"),
+            # every chunk is written, background ones too: a chunk missing is damage
+            config={"write_empty_chunks": True},
             **_codec_args(source, index, enc),
         )
         for index, (shape, _, _) in enumerate(plan)
@@ -210,7 +217,8 @@ def _write_levels(
         started = time.perf_counter()
         level = LevelReport(str(index), array.shape, downsample, origin, "", "")
         if index < len(source.levels):
-            _write_source_level(source.levels[index], array, root, level, enc, advance)
+            where = f"{source.path}: level {index}"
+            _write_source_level(source.levels[index], array, root, level, enc, advance, where)
         else:
             previous = arrays[index - 1]
 
@@ -231,6 +239,7 @@ def _write_source_level(
     report: LevelReport,
     enc: _Encoding,
     advance: Callable[[int], None],
+    where: str,
 ) -> None:
     jpeg = enc.codec == "jpeg"
     tiles = level.jpeg_tiles() if enc.copy and jpeg else None
@@ -238,7 +247,15 @@ def _write_source_level(
         report.write = "copy"
         report.reason = f"{tiles.color_space} JPEG tiles {tiles.tile_shape[1]} px copied verbatim"
         report.chunks, report.reencoded = copy_tiles(
-            array, root, tiles, level, array.serializer, enc.background, enc.workers, advance
+            array,
+            root,
+            tiles,
+            level,
+            array.serializer,
+            enc.background,
+            enc.workers,
+            advance,
+            where,
         )
         if report.reencoded:
             report.reason += f"; {report.reencoded} odd tiles re-encoded"
@@ -293,6 +310,8 @@ def _write_attrs(
         "background": enc.background,
         "channels": labels,
         "codec": {"name": enc.codec, "reason": enc.reason},
+        # what a reader may rely on: every chunk written, each with its CRC-32C
+        "integrity": {"every_chunk": True, "checksum": "crc32c" if enc.checksums else None},
         "levels": [{k: v for k, v in asdict(lv).items() if k != "seconds"} for lv in report.levels],
         "associated": associated,
         "software": software_versions("tifffile", "imagecodecs"),
@@ -352,18 +371,19 @@ def _choose_chunk(source: Source, chunk: int | None, copy: bool) -> int:
 def _codec_args(source: Source, index: int, enc: _Encoding) -> dict:
     """Return create_array codec arguments for a level; copied levels declare their tiles' JPEG."""
     if enc.codec == "zstd":
-        return zstd_codecs()
+        return zstd_codecs(checksums=enc.checksums)
     if source.levels[0].channels == 1:
         raise TilestoreError(f"{source.path}: grayscale JPEG stores are not supported; use zstd")
     tiles = source.levels[index].jpeg_tiles() if enc.copy and index < len(source.levels) else None
+    crc = enc.checksums
     if tiles is not None and tiles.color_space == "rgb":
-        return jpeg_codecs(enc.quality, "rgb")
+        return jpeg_codecs(enc.quality, "rgb", checksums=crc)
     if tiles is not None:
-        return jpeg_codecs(enc.quality, "ycbcr", [list(f) for f in tiles.subsampling])
+        return jpeg_codecs(enc.quality, "ycbcr", [list(f) for f in tiles.subsampling], crc)
     if not source.brightfield_rgb:
         # Fluorescence channels are not colours: no YCbCr mixing, no chroma subsampling.
-        return jpeg_codecs(enc.quality, "rgb")
-    return jpeg_codecs(enc.quality, "ycbcr", enc.subsampling)
+        return jpeg_codecs(enc.quality, "rgb", checksums=crc)
+    return jpeg_codecs(enc.quality, "ycbcr", enc.subsampling, crc)
 
 
 def _write_associated(source: Source, root: zarr.Group) -> list[str]:

@@ -19,6 +19,10 @@ class StoreError(TilestoreError):
     """A tilestore store that is missing, incomplete, already present or unwritable."""
 
 
+class ChunkError(StoreError):
+    """A store chunk that is missing, truncated, corrupt or not a regular file."""
+
+
 class AnnotationError(TilestoreError):
     """An annotation file that cannot be used as a region of interest."""
 

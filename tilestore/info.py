@@ -8,19 +8,26 @@ from typing import Any
 
 import zarr
 
-from tilestore.errors import StoreError
+from tilestore.errors import SlideError, StoreError
 from tilestore.sources import Fact, open_source
 from tilestore.store import ATTRS_KEY, is_store, tree_size
 
+SAMPLE_TILES = 8  # per level, decoded by describe(verify=True)
 
-def describe(path: str | os.PathLike) -> dict[str, Any]:
-    """Return a JSON-able description of a store (complete or not) or of a slide file."""
+
+def describe(path: str | os.PathLike, *, verify: bool = False) -> dict[str, Any]:
+    """Return a JSON-able description of a store (complete or not) or of a slide file.
+
+    A slide file's description reads its metadata only; with verify=True a sample of each
+    level's tiles (`SAMPLE_TILES`, spread over the level) is decoded too. A store's says what
+    its chunks are checked with and its last `tilestore verify`.
+    """
     path = Path(path)
     if is_store(path):
         return _describe_store(path)
     if path.is_dir():
         raise StoreError(f"{path}: a directory that is neither a store nor a slide")
-    return _describe_slide(path)
+    return _describe_slide(path, verify)
 
 
 def _describe_store(path: Path) -> dict[str, Any]:
@@ -34,8 +41,37 @@ def _describe_store(path: Path) -> dict[str, Any]:
     size = tree_size(path)
     source_size = attrs.get("source", {}).get("size")
     mpp = attrs.get("mpp")
+    try:
+        levels = _levels(group, attrs, mpp)
+    except (KeyError, TypeError, ValueError, zarr.errors.BaseZarrError) as exc:
+        raise StoreError(
+            f"{path}: store metadata is damaged ({type(exc).__name__}: {exc}); convert the "
+            "slide again"
+        ) from exc
+    return {
+        "path": str(path),
+        "kind": "store",
+        "complete": bool(attrs.get("complete")),
+        "source": attrs.get("source"),
+        "mpp": mpp,
+        "objective_power": attrs.get("objective_power"),
+        "modality": attrs.get("modality"),
+        "codec": attrs.get("codec"),
+        "integrity": attrs.get("integrity"),  # None: written before chunks had checksums
+        "verified": attrs.get("verified"),
+        "levels": levels,
+        "associated": attrs.get("associated", []),
+        "tissue": _tissue(group),
+        "plans": _plans(group),
+        "size_bytes": size,
+        "size_vs_source": round(size / source_size, 3) if source_size else None,
+        "software": attrs.get("software"),
+    }
+
+
+def _levels(group: zarr.Group, attrs: dict, mpp: dict | None) -> list[dict]:
     levels = []
-    for level in attrs.get("levels", []):
+    for level in attrs["levels"]:
         array = group[level["path"]]
         dy, dx = level["downsample"]
         codecs = [
@@ -53,30 +89,14 @@ def _describe_store(path: Path) -> dict[str, Any]:
                 "reason": level["reason"],
             }
         )
-    return {
-        "path": str(path),
-        "kind": "store",
-        "complete": bool(attrs.get("complete")),
-        "source": attrs.get("source"),
-        "mpp": mpp,
-        "objective_power": attrs.get("objective_power"),
-        "modality": attrs.get("modality"),
-        "codec": attrs.get("codec"),
-        "levels": levels,
-        "associated": attrs.get("associated", []),
-        "tissue": _tissue(group),
-        "plans": _plans(group),
-        "size_bytes": size,
-        "size_vs_source": round(size / source_size, 3) if source_size else None,
-        "software": attrs.get("software"),
-    }
+    return levels
 
 
-def _describe_slide(path: Path) -> dict[str, Any]:
+def _describe_slide(path: Path, verify: bool) -> dict[str, Any]:
     with open_source(path) as source:
         info = source.info
         levels = []
-        for level in source.levels:
+        for index, level in enumerate(source.levels):
             tiles = level.jpeg_tiles()
             levels.append(
                 {
@@ -86,6 +106,7 @@ def _describe_slide(path: Path) -> dict[str, Any]:
                     "tile": list(level.tile_shape) if level.tile_shape else None,
                     "copyable": tiles is not None,
                     "why_not": None if tiles else level.describe_copy(),
+                    "checked": _sample(path, index, level) if verify else None,
                 }
             )
         return {
@@ -100,7 +121,26 @@ def _describe_slide(path: Path) -> dict[str, Any]:
             "associated": sorted(source.associated),
             "size_bytes": path.stat().st_size,
             "warnings": list(info.warnings),
+            "verified": verify,  # False: the metadata only was read
         }
+
+
+def _sample(path: Path, index: int, level) -> dict[str, Any]:
+    """Decode up to SAMPLE_TILES tile-sized windows spread over a level; say which fail."""
+    th, tw = level.tile_shape or (min(512, level.shape[0]), min(512, level.shape[1]))
+    rows, cols = -(-level.shape[0] // th), -(-level.shape[1] // tw)
+    cells = sorted(
+        {round(i * (rows * cols - 1) / max(1, SAMPLE_TILES - 1)) for i in range(SAMPLE_TILES)}
+    )
+    bad = []
+    for cell in cells:
+        r, c = divmod(cell, cols)
+        y0, x0 = r * th, c * tw
+        try:
+            level.read(y0, min(y0 + th, level.shape[0]), x0, min(x0 + tw, level.shape[1]))
+        except SlideError as exc:
+            bad.append(f"level {index} tile ({r}, {c}): {str(exc).removeprefix(f'{path}: ')}")
+    return {"tiles": len(cells), "bad": bad}
 
 
 def _tissue(group: zarr.Group) -> dict | None:

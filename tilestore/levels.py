@@ -14,7 +14,9 @@ import numpy as np
 import zarr
 
 from tilestore import jpeg
-from tilestore.codecs import JpegCodec
+from tilestore.codecs import JpegCodec, has_checksums
+from tilestore.errors import SlideError
+from tilestore.integrity import seal
 from tilestore.sources import JpegTiles, SourceLevel
 
 Progress = Callable[[int], None]
@@ -68,12 +70,16 @@ def copy_tiles(
     background: int,
     workers: int,
     progress: Progress,
+    where: str,
 ) -> tuple[int, int]:
     """Write each source JPEG tile as its chunk's bytes; return (chunks copied, re-encoded).
 
-    A tile whose frame differs from the level's (size, sampling, colour) is
-    decoded and re-encoded with the array's codec, so every chunk stays valid
-    for the codec the array declares.
+    A tile whose frame differs from the level's (size, sampling, colour) is decoded and
+    re-encoded with the array's codec, so every chunk stays valid for the codec the array
+    declares; a tile absent from the source is written as a background chunk (every chunk
+    exists). A tile that is not a JPEG stream and cannot be decoded either is a SlideError
+    naming it (`where` names the file and level). With the array's checksums, each chunk is
+    written with its CRC-32C.
     """
     rows, cols = tiles.grid
     th, tw = tiles.tile_shape
@@ -96,22 +102,37 @@ def copy_tiles(
         full[: pixels.shape[0], : pixels.shape[1]] = pixels
         return codec.encode_array(full)
 
+    finish = seal if has_checksums(array) else bytes
+    blank = np.full((th, tw, level.channels), background, np.uint8)
+
+    def chunk(row: int, col: int) -> tuple[bytes, bool]:
+        """The chunk's JPEG stream and whether it is the source tile as it was."""
+        try:
+            data = tiles.read(row, col)
+            if data is None:  # absent in the source
+                return codec.encode_array(blank), False
+            if expected(data):
+                return data, True
+        except (ValueError, OSError) as exc:  # not a JPEG stream: decode it another way
+            try:
+                return reencode(row, col), False
+            except SlideError as again:
+                raise SlideError(
+                    f"{where} tile ({row}, {col}) is damaged: {exc}; decoding it: {again}"
+                ) from exc
+        return reencode(row, col), False
+
     def copy_row(row: int) -> tuple[int, int]:
         copied = redone = 0
         row_dir = None
         for col in range(cols):
-            data = tiles.read(row, col)
-            if data is None:
-                continue  # absent in the source: the chunk reads as the fill value
-            if expected(data):
-                copied += 1
-            else:
-                data, redone = reencode(row, col), redone + 1
+            data, verbatim = chunk(row, col)
+            copied, redone = copied + verbatim, redone + (not verbatim)
             path = base / array.metadata.encode_chunk_key((0, row, col))
             if row_dir is None:
                 row_dir = path.parent
                 row_dir.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+            path.write_bytes(finish(data))
         progress(cols)
         return copied, redone
 

@@ -57,15 +57,23 @@ class Slide:
         self.group = group
         self.attrs = attrs
         self.name = name
-        self._arrays = [group[lv["path"]] for lv in attrs["levels"]]
-        self.levels = tuple(
-            Level(i, lv["path"], tuple(a.shape), tuple(lv["downsample"]), tuple(a.chunks))
-            for i, (lv, a) in enumerate(zip(attrs["levels"], self._arrays, strict=True))
-        )
-        mpp = attrs.get("mpp")
-        self.mpp: tuple[float, float] | None = (mpp["x"], mpp["y"]) if mpp else None
+        try:
+            self._arrays = [group[lv["path"]] for lv in attrs["levels"]]
+            self.levels = tuple(
+                Level(i, lv["path"], tuple(a.shape), tuple(lv["downsample"]), tuple(a.chunks))
+                for i, (lv, a) in enumerate(zip(attrs["levels"], self._arrays, strict=True))
+            )
+            mpp = attrs.get("mpp")
+            self.mpp: tuple[float, float] | None = (mpp["x"], mpp["y"]) if mpp else None
+        except (KeyError, TypeError, ValueError, zarr.errors.BaseZarrError) as exc:
+            # a level's zarr.json that is not JSON, a level or attribute missing
+            raise StoreError(
+                f"{name}: store metadata is damaged ({type(exc).__name__}: {exc}); convert "
+                "the slide again"
+            ) from exc
         self.background: int = attrs.get("background", 0)
-        self._readers = [ChunkReader(a, self.background) for a in self._arrays]
+        every_chunk = bool((attrs.get("integrity") or {}).get("every_chunk"))
+        self._readers = [ChunkReader(a, self.background, name, every_chunk) for a in self._arrays]
 
     def __repr__(self) -> str:
         mpp = f"{self.mpp[0]:.4g} µm/px" if self.mpp else "mpp unknown"

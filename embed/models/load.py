@@ -96,7 +96,16 @@ def _build(spec: ModelSpec, config: dict) -> torch.nn.Module:
 
 
 def _load_state(spec: ModelSpec, module: torch.nn.Module, state: dict) -> None:
-    result = module.load_state_dict(state, strict=False)
+    try:
+        result = module.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # tensors of the wrong shape for this architecture
+        first = next(
+            (line.strip() for line in str(exc).splitlines() if "size mismatch" in line), ""
+        )
+        raise ModelError(
+            f"{spec.name}: weights do not fit the architecture ({first or exc}); wrong "
+            "checkpoint or config.json model_args?"
+        ) from exc
     unexpected = [
         k for k in result.unexpected_keys if not k.startswith(("head.", "fc.", "classifier."))
     ]

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from embed.procdecode import ProcessDecoder, decode_files
 from tests.conftest import CMU
+from tilestore.errors import ChunkError
 from tilestore.slide import open_slide
 
 
@@ -93,7 +94,7 @@ def test_worker_errors_come_back_as_messages(decoder, tmp_path):
     bad.write_bytes(b"hello")
     decoder.reserve(1, 64 * 64 * 3)
     _, done = decoder.submit([str(bad)], (64, 64, 3), 0, threading.Event())
-    with pytest.raises(RuntimeError, match="decoding worker: Jpeg8Error: Not a JPEG file"):
+    with pytest.raises(ChunkError, match=r"chunk \(\S+, not-a-jpeg\): cannot decode: Not a JPEG"):
         _wait(done)
 
 

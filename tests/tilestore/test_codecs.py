@@ -83,7 +83,7 @@ def test_rgb_chunks_round_trip_through_transpose(tmp_path, cmu_pixels, space):
     assert again.shape == data.shape
     assert psnr(again, data) > 40
     meta = json.loads((tmp_path / "a.zarr" / "zarr.json").read_text())
-    assert [c["name"] for c in meta["codecs"]] == ["transpose", "jpeg"]
+    assert [c["name"] for c in meta["codecs"]] == ["transpose", "jpeg", "crc32c"]
 
 
 def test_grayscale_chunks_need_no_color_space(tmp_path, cmu_pixels):

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import shapely
 
-from tilestore.annotations.base import Shape
+from tilestore.annotations.base import Shape, number
 from tilestore.errors import AnnotationError
 
 # ImageScope region types: 0 free-hand, 1 rectangle, 2 ellipse, 3 arrow, 4 ruler, 5 pin.
@@ -35,10 +35,14 @@ class AperioXmlReader:
             name = layer.get("Name") or ""
             positive, holes = [], []
             for region in layer.iter("Region"):
+                where = f"region {region.get('Id')} vertex"
                 xy = np.array(
-                    [[float(v.get("X")), float(v.get("Y"))] for v in region.iter("Vertex")],
+                    [
+                        [number(path, v.get(k), f"{where} {i} {k}") for k in ("X", "Y")]
+                        for i, v in enumerate(region.iter("Vertex"))
+                    ],
                     dtype=float,
-                )
+                ).reshape(-1, 2)
                 geom = _region_geometry(path, region, xy)
                 if geom is None:
                     continue
@@ -50,7 +54,7 @@ class AperioXmlReader:
                     for g in positive
                 ]
             shapes.extend(Shape(g, name, name) for g in positive)
-        return shapes, float(mpp) if mpp else None
+        return shapes, number(path, mpp, "MicronsPerPixel") if mpp else None
 
 
 def _region_geometry(path: Path, region: ET.Element, xy: np.ndarray) -> shapely.Geometry | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import shapely
 
-from tilestore.annotations.base import Shape
+from tilestore.annotations.base import Shape, number
 
 _AREAS = {"polygon", "rectangle", "spline"}
 _POINTS = {"dot", "pointset"}
@@ -25,8 +25,15 @@ class AsapXmlReader:
     def read(path: Path, root: ET.Element) -> tuple[list[Shape], float | None]:
         shapes = []
         for annotation in root.iter("Annotation"):
-            coords = sorted(annotation.iter("Coordinate"), key=lambda c: int(c.get("Order", 0)))
-            xy = np.array([[float(c.get("X")), float(c.get("Y"))] for c in coords], dtype=float)
+            where = f"annotation {annotation.get('Name')!r} coordinate"
+            coords = sorted(
+                annotation.iter("Coordinate"),
+                key=lambda c: number(path, c.get("Order", "0"), f"{where} Order"),
+            )
+            xy = np.array(
+                [[number(path, c.get(k), f"{where} {k}") for k in ("X", "Y")] for c in coords],
+                dtype=float,
+            ).reshape(-1, 2)
             kind = (annotation.get("Type") or "polygon").lower()
             group = annotation.get("PartOfGroup") or ""
             name = annotation.get("Name") or ""

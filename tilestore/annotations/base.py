@@ -18,6 +18,21 @@ from tilestore.errors import AnnotationError
 AREA_TYPES = ("Polygon", "MultiPolygon")
 
 
+def number(path: Path, value: str | None, what: str) -> float:
+    """A coordinate or size written as text (XML attributes), or an AnnotationError saying
+    what is wrong with it: missing, a decimal comma, not a number, not finite."""
+    if value is None:
+        raise AnnotationError(f"{path}: {what} is missing")
+    try:
+        result = float(value)
+    except ValueError:
+        hint = " (a decimal comma: write 12.5, not 12,5)" if "," in value else ""
+        raise AnnotationError(f"{path}: {what} is {value!r}, not a number{hint}") from None
+    if not np.isfinite(result):
+        raise AnnotationError(f"{path}: {what} is {value!r}, not a finite number")
+    return result
+
+
 @dataclass(frozen=True)
 class Shape:
     """One annotated shape as the file has it (any geometry type)."""
@@ -98,6 +113,8 @@ def finish(
     """
     notes: list[str] = []
     geoms = np.array([s.geometry for s in shapes], dtype=object)
+    if len(geoms) and not np.isfinite(shapely.get_coordinates(geoms)).all():
+        raise AnnotationError(f"{path}: a coordinate is NaN or infinite")
     types = shapely.get_type_id(geoms) if len(geoms) else np.array([], int)
     areas = np.isin(types, [3, 6, 7])  # Polygon, MultiPolygon, GeometryCollection
     if not areas.any():

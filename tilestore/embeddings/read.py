@@ -27,7 +27,7 @@ from zarr.abc.store import Store
 
 from tilestore import analysis as analysis  # registers the ds.tiles accessor
 from tilestore.embeddings.layout import COORDINATES, COORDS, GROUP, UNITS, group_name
-from tilestore.errors import StoreError, TilestoreWarning
+from tilestore.errors import ChunkError, StoreError, TilestoreWarning
 from tilestore.store import STORE_SUFFIX
 
 DASK_CHUNK_BYTES = 32 * 2**20
@@ -149,7 +149,7 @@ def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
     rows = batch * max(1, DASK_CHUNK_BYTES // (batch * dim * features.dtype.itemsize))
     arrays = {
         key: da.from_array(
-            members[key],
+            _Checked(members[key], f"{store}: {path}/{key}"),
             chunks=(rows, dim)[: members[key].ndim],
             name=f"{key}-{token}",
             meta=np.empty((0,) * members[key].ndim, members[key].dtype),  # no read to guess it
@@ -180,6 +180,21 @@ def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
         },
         "model": meta.get("model", {}),
     }
+
+
+class _Checked:
+    """A zarr array as dask reads it, its damage (a checksum failing) a ChunkError naming
+    the store and array rather than zarr's bare ValueError."""
+
+    def __init__(self, array: zarr.Array, where: str) -> None:
+        self.array, self.where = array, where
+        self.shape, self.dtype, self.ndim = array.shape, array.dtype, array.ndim
+
+    def __getitem__(self, key):
+        try:
+            return self.array[key]
+        except (ValueError, RuntimeError) as exc:
+            raise ChunkError(f"{self.where}: damaged chunk: {exc}") from exc
 
 
 def _dataset(parts: list[dict[str, Any]], model: str) -> xr.Dataset:

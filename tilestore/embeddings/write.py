@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from zarr.codecs import ZstdCodec
+import zarr
+from zarr.codecs import Crc32cCodec
 
+from tilestore.codecs import zstd_codecs
 from tilestore.embeddings.layout import COORDINATES, COORDS, UNITS, group_name
 from tilestore.errors import TilestoreError
 from tilestore.grid import TilePlan
@@ -59,24 +61,27 @@ class EmbeddingWriter:
         store = _directory(slide)
         # Beside the store, not in it: zarr would list it, and overwrite=True deletes the group.
         self.lock_path = store.parent / f".{store.name}.{self.path.split('/')[-1]}.lock"
-        existing = self._existing()
-        if existing is not None:
-            if existing.attrs["tilestore"].get("complete") and not overwrite:
-                raise AlreadyComplete(
-                    f"{slide.name}: {self.path} is already complete "
-                    f"({existing['features'].shape[0]} tiles); pass overwrite=True to recompute"
-                )
-            self._take_lock()
-            if not overwrite and not self._compatible(existing):
-                self._release_lock()
-                raise EmbeddingError(self._mismatch(existing))
-        else:
-            self._take_lock()
-        self._replace = existing is not None and overwrite
-        if existing is not None and not overwrite:
-            self._open(existing)
-        if create:
-            self.create()
+        # The lock first, then the group: another run may be making it right now.
+        self._take_lock()
+        try:
+            existing = self._existing()
+            if existing is not None:
+                if existing.attrs["tilestore"].get("complete") and not overwrite:
+                    raise AlreadyComplete(
+                        f"{slide.name}: {self.path} is already complete "
+                        f"({existing['features'].shape[0]} tiles); pass overwrite=True to "
+                        "recompute"
+                    )
+                if not overwrite and not self._compatible(existing):
+                    raise EmbeddingError(self._mismatch(existing))
+            self._replace = existing is not None and overwrite
+            if existing is not None and not overwrite:
+                self._open(existing)
+            if create:
+                self.create()
+        except BaseException:
+            self._release_lock()
+            raise
 
     def create(self) -> None:
         """Make the group (replacing an old one under overwrite=True), unless it is open."""
@@ -84,6 +89,7 @@ class EmbeddingWriter:
             if self._replace:
                 del self.root[self.path]
             self._open(self._create())
+            self._made = True
 
     def _open(self, group) -> None:
         self.group, self.features, self._done = group, group["features"], group["done"]
@@ -122,6 +128,7 @@ class EmbeddingWriter:
         self._lock = None
         self.attached = False
         self.group = None
+        self._made = False  # this writer made the group (so may remove it unused)
         self.blocks = -(-len(plan) // batch_size)
 
     # -- state --------------------------------------------------------------------------
@@ -151,17 +158,45 @@ class EmbeddingWriter:
         finally:
             self._release_lock()
 
-    def abandon(self) -> None:
-        """Release the lock after a failure; done batches stay for the next run."""
-        self._release_lock()
+    def abandon(self) -> str:
+        """Release the lock after a failure and say what the store holds now: a group this
+        run made and wrote nothing into is removed (the store is as it was); otherwise the
+        done batches stay for the next run to resume from. Attached (a slice): ""."""
+        try:
+            if self.attached:  # the coordinator that made the group says what it holds
+                return ""
+            if self.group is None:
+                return "nothing was written"
+            done = int(self._done[:].sum())
+            if done == 0 and self._made:
+                del self.root[self.path]
+                return f"nothing was written: {self.path} removed, the store is as it was"
+            return (
+                f"{done} of {self.blocks} batches of {self.path} are written and kept: rerun "
+                "the same command to resume"
+            )
+        finally:
+            self._release_lock()
 
     # -- creation ---------------------------------------------------------------------------
 
     def _existing(self):
+        """The group as a run left it: None where there is none, or where a run was killed
+        while making it (no attributes yet, so no batch was written: it is made again)."""
         try:
-            return self.root[self.path]
+            group = self.root[self.path]
+            attrs = group.attrs.get("tilestore")
+            if isinstance(attrs, dict) and "done" in group:
+                return group
         except KeyError:
             return None
+        except (ValueError, TypeError, zarr.errors.BaseZarrError) as exc:
+            raise EmbeddingError(
+                f"{self.slide.name}: {self.path} is damaged ({type(exc).__name__}: {exc}); "
+                "pass overwrite=True to embed again"
+            ) from exc
+        del self.root[self.path]  # we hold the lock: nobody else is making it
+        return None
 
     def _create(self):
         plan, slide = self.plan, self.slide
@@ -185,7 +220,7 @@ class EmbeddingWriter:
                 key,
                 data=np.ascontiguousarray(values),
                 dimension_names=("tile",),
-                compressors=[ZstdCodec(level=3)],
+                **zstd_codecs(level=3),
                 attributes={"units": UNITS[key]} if key in UNITS else None,
             )
         group.create_array(
@@ -194,7 +229,7 @@ class EmbeddingWriter:
             chunks=(self.batch_size, dim),
             dtype=self.identity["dtype"],
             dimension_names=("tile", "feature"),
-            compressors=[ZstdCodec(level=1)],
+            **zstd_codecs(level=1),
             fill_value=np.nan,
             attributes={"coordinates": " ".join(COORDS)},  # xarray: these are coordinates
         )
@@ -205,7 +240,7 @@ class EmbeddingWriter:
             dtype="uint8",
             fill_value=0,
             dimension_names=("batch",),
-            compressors=None,
+            compressors=[Crc32cCodec()],
         )
         group.attrs["tilestore"] = {
             **self.identity,

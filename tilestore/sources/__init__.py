@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import struct
 from pathlib import Path
 
@@ -39,7 +40,10 @@ def open_source(path: str | os.PathLike) -> Source:
     if path.is_dir():
         raise SlideError(f"{path}: is a directory, not a slide file")
     try:
-        size = path.stat().st_size
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):  # a FIFO or a device would block the read forever
+            raise SlideError(f"{path}: not a regular file (a pipe, socket or device)")
+        size = info.st_size
         with open(path, "rb") as fh:
             head = fh.read(16)
     except OSError as exc:

@@ -17,6 +17,13 @@ import numpy as np
 
 # No scanner makes a side this long; a header that says so is corrupt or hostile.
 MAX_SIDE = 500_000
+# Nor tiles this large (slides use 240-4,096 px): a tile is decoded whole, in memory.
+MAX_TILE = 16_384
+# An image read whole (PNG, JPEG) holds at most this many bytes decoded...
+MAX_WHOLE_BYTES = 2**31
+# ...and no more than this many times its file's size: deflate packs at most ~1,032:1, and
+# a JPEG of a blank field about 700:1, so a header beyond this is corrupt or a bomb.
+MAX_RATIO = 2_000
 # Plausible microscope pixel sizes, µm/px. Outside this a resolution tag is a
 # screen or print density (72 dpi = 352 µm/px), not a scan resolution.
 MPP_RANGE = (0.01, 100.0)
@@ -121,6 +128,21 @@ def checked_mpp(x: float | None, y: float | None, origin: str) -> tuple[Fact | N
             "scan resolution)"
         )
     return Fact((float(x), float(y)), origin), None
+
+
+def check_whole(path: str | os.PathLike, shape: tuple[int, ...]) -> None:
+    """Reject an image read whole whose declared size exceeds what memory or its file allows."""
+    from tilestore.errors import SlideError
+
+    check_size(path, shape)
+    decoded = int(np.prod(shape, dtype=np.int64))
+    size = os.path.getsize(path)
+    if decoded > MAX_WHOLE_BYTES or decoded > MAX_RATIO * size:
+        raise SlideError(
+            f"{path}: declares {'x'.join(map(str, shape))} ({decoded / 2**30:.1f} GiB decoded) "
+            f"in a {size / 2**10:.0f} KiB file: corrupt header, or too large to read whole "
+            "(save it as a tiled TIFF)"
+        )
 
 
 def check_size(path: str | os.PathLike, shape: tuple[int, ...]) -> None:

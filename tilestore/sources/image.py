@@ -10,7 +10,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from tilestore.errors import SlideError
-from tilestore.sources.base import Source, SourceInfo, SourceLevel, check_size, checked_mpp
+from tilestore.sources.base import Source, SourceInfo, SourceLevel, check_whole, checked_mpp
 
 Image.MAX_IMAGE_PIXELS = None  # we apply our own plausibility limit (check_size)
 
@@ -26,7 +26,10 @@ class ArrayLevel(SourceLevel):
 
 
 class ImageSource(Source):
-    """A PNG or JPEG file; its resolution chunk (pHYs/JFIF density) is rarely a scan mpp."""
+    """A PNG or JPEG file; its resolution chunk (pHYs/JFIF density) is rarely a scan mpp.
+
+    Its header is checked before the image is decoded: a size beyond what memory or the
+    file's bytes allow (`check_whole`) is refused."""
 
     MAGIC: ClassVar[dict[bytes, str]] = {b"\x89PNG\r\n\x1a\n": "png", b"\xff\xd8\xff": "jpeg"}
 
@@ -37,7 +40,7 @@ class ImageSource(Source):
     def __init__(self, path: Path, fmt: str) -> None:
         try:
             with Image.open(path) as img:
-                check_size(path, (img.height, img.width))
+                check_whole(path, (img.height, img.width, 3))
                 dpi = img.info.get("dpi")
                 pixels = np.asarray(img.convert("RGB") if img.mode != "RGB" else img)
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:

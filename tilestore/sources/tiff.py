@@ -18,6 +18,7 @@ import zarr
 from tilestore import jpeg
 from tilestore.errors import SlideError
 from tilestore.sources.base import (
+    MAX_TILE,
     Fact,
     JpegTiles,
     Source,
@@ -169,6 +170,7 @@ class TiffSource(Source):
             ) from None
         height, width = shape[axes.index("Y")], shape[axes.index("X")]
         channels = 1 if axes == "YX" else shape[axes.index("S" if "S" in axes else "C")]
+        _check_layout(path, index, level.pages)
         tile = (page.tilelength, page.tilewidth) if page.is_tiled else None
         return TiffLevel(
             shape=(height, width),
@@ -210,6 +212,34 @@ def resolution_mpp(page: tifffile.TiffPage) -> tuple[Fact | None, str | None]:
     name = "centimeter" if unit == 3 else "inch"
     scale = _UNIT_UM[unit]
     return checked_mpp(scale / to_px[0], scale / to_px[1], f"TIFF XResolution/YResolution ({name})")
+
+
+def _check_layout(path: Path, index: int, pages: list) -> None:
+    """Refuse tile or strip sizes no slide has, and a data index that does not cover the
+    declared image: decoding either would read garbage, divide by zero or allocate without
+    bound."""
+    for frame in pages:
+        page = frame.keyframe  # geometry lives in the keyframe; the data index in each frame
+        if page.tilewidth or page.tilelength or page.is_tiled:
+            th, tw = page.tilelength, page.tilewidth
+            if not (1 <= th <= MAX_TILE and 1 <= tw <= MAX_TILE):
+                raise SlideError(
+                    f"{path}: level {index} declares {tw}x{th} px tiles (plausible: 1-{MAX_TILE} "
+                    "px a side); the header is corrupt"
+                )
+            blocks = -(-page.imagelength // th) * -(-page.imagewidth // tw)
+        else:
+            rows = page.rowsperstrip or page.imagelength
+            if rows < 1:
+                raise SlideError(f"{path}: level {index} declares strips of {rows} rows")
+            blocks = -(-page.imagelength // min(rows, page.imagelength))
+        planes = page.samplesperpixel if page.planarconfig == 2 else 1
+        if len(frame.dataoffsets) != blocks * planes:
+            raise SlideError(
+                f"{path}: level {index} holds {len(frame.dataoffsets)} tiles or strips where "
+                f"its declared {page.imagewidth}x{page.imagelength} px need {blocks * planes}; "
+                "the header is corrupt"
+            )
 
 
 def _check_not_truncated(path: Path, pages: list) -> None:

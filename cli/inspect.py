@@ -1,0 +1,150 @@
+"""`tilestore info` and `tilestore verify`: what a store or a slide holds, and whether it is
+whole."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from cli.console import human_size, out
+
+
+def info(
+    path: Path = typer.Argument(..., help="A store (.ome.zarr) or a slide file."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    verify: bool = typer.Option(
+        False, "--verify", help="Slide files: also decode a sample of each level's tiles."
+    ),
+) -> None:
+    """Describe a store or a slide: levels, mpp, chunking, codec, size, completeness."""
+    from tilestore.info import describe
+
+    desc = describe(path, verify=verify)
+    if as_json:
+        print(json.dumps(desc, indent=2))
+        return
+    mpp = desc["mpp"]
+    mpp_text = (
+        "unknown"
+        if not mpp
+        else (
+            f"{mpp['x']:.4g} x {mpp['y']:.4g} µm/px ({mpp['origin']})"
+            if "x" in mpp
+            else f"{mpp['value'][0]:.4g} x {mpp['value'][1]:.4g} µm/px ({mpp['origin']})"
+        )
+    )
+    out.print(f"[bold]{desc['path']}[/bold]  {desc['kind']}", highlight=False)
+    out.print(f"mpp: {mpp_text}", highlight=False)
+    if desc["kind"] == "store":
+        state = "complete" if desc["complete"] else "[red]INCOMPLETE (interrupted)[/red]"
+        if not desc["complete"]:
+            print(
+                f"tilestore: warning: {desc['path']}: INCOMPLETE: its conversion was interrupted "
+                "or its attributes edited; convert the slide again with --overwrite",
+                file=sys.stderr,
+            )
+        out.print(
+            f"state: {state}; source {desc['source']['name']} ({desc['source']['format']}); "
+            f"size {human_size(desc['size_bytes'])} = {desc['size_vs_source']}x source; "
+            f"codec {desc['codec']['name']} ({desc['codec']['reason']})",
+            highlight=False,
+        )
+        table = Table(box=None, pad_edge=False)
+        for col in ("level", "shape c,y,x", "chunk", "scale", "µm/px", "codecs", "path"):
+            table.add_column(col, overflow="fold")
+        for lv in desc["levels"]:
+            table.add_row(
+                lv["path"],
+                "x".join(map(str, lv["shape"])),
+                "x".join(map(str, lv["chunks"][1:])),
+                f"1/{lv['downsample'][1]:.3g}",
+                f"{lv['mpp'][0]:.4g}" if lv["mpp"] else "-",
+                "+".join(lv["codecs"]),
+                lv["write"],
+            )
+        if desc["tissue"]:
+            out.print(
+                f"tissue: {desc['tissue']['fraction']:.1%} ({desc['tissue']['method']}, "
+                f"{desc['tissue']['polarity']})",
+                highlight=False,
+            )
+        for name, tiles in desc["plans"].items():
+            out.print(f"plan {name}: {tiles} tiles", highlight=False)
+        out.print(f"integrity: {_integrity(desc)}", highlight=False)
+    else:
+        out.print(
+            f"format {desc['format']} ({desc['vendor'] or 'generic'}); "
+            f"size {human_size(desc['size_bytes'])}; associated: "
+            f"{', '.join(desc['associated']) or 'none'}",
+            highlight=False,
+        )
+        table = Table(box=None, pad_edge=False)
+        for col in ("level", "shape c,y,x", "dtype", "compression", "tile", "copyable"):
+            table.add_column(col, overflow="fold")
+        for i, lv in enumerate(desc["levels"]):
+            table.add_row(
+                str(i),
+                "x".join(map(str, lv["shape"])),
+                lv["dtype"],
+                lv["compression"],
+                "x".join(map(str, lv["tile"])) if lv["tile"] else "strips",
+                "yes" if lv["copyable"] else f"no: {lv['why_not']}",
+            )
+    out.print(table)
+    if desc["kind"] == "slide" and desc["verified"]:
+        bad = [b for lv in desc["levels"] for b in lv["checked"]["bad"]]
+        tried = sum(lv["checked"]["tiles"] for lv in desc["levels"])
+        verdict = "all decode" if not bad else f"{len(bad)} do not decode: " + "; ".join(bad)
+        out.print(f"tiles: {tried} sampled, {verdict}", highlight=False)
+    elif desc["kind"] == "slide":
+        out.print("tiles: not read (metadata only; --verify decodes a sample)")
+
+
+def _integrity(desc: dict) -> str:
+    """What a store's chunks are checked with, and its last verification."""
+    integrity = desc.get("integrity")
+    if not integrity:
+        text = "no checksums (a store from before they were kept): `tilestore verify --decode`"
+    elif integrity.get("checksum"):
+        text = f"every chunk written, each with its {integrity['checksum'].upper()}"
+    else:
+        text = "every chunk written, no checksums"
+    verified = desc.get("verified")
+    if not verified:
+        return text + "; never verified (`tilestore verify`)"
+    result = "all good" if not verified["bad"] else f"[red]{verified['bad']} BAD[/red]"
+    how = " and decoded" if verified["decoded"] else ""
+    return f"{text}; verified {verified['at']}: {verified['chunks']} chunks read{how}, {result}"
+
+
+def verify(
+    stores: list[Path] = typer.Argument(..., help="Stores (.ome.zarr) to check."),
+    decode: bool = typer.Option(False, "--decode", help="Also decode every chunk (slower)."),
+    workers: int | None = typer.Option(None, help="Threads reading chunks (default: CPUs)."),
+) -> None:
+    """Read every chunk of each store, check its checksum, list every bad one (exit 2 if any)."""
+    from tilestore.verify import verify_store
+
+    bad = 0
+    for store in stores:
+        result = verify_store(store, decode=decode, workers=workers)
+        how = "read and decoded" if decode else "read"
+        state = "all good" if result.ok else f"{len(result.bad)} BAD"
+        if result.ok and result.unchecked and not decode:
+            state = "nothing wrong where checksums exist (--decode checks the arrays without)"
+        out.print(
+            f"{store}: {result.chunks} chunks of {result.arrays} arrays {how} in "
+            f"{result.seconds:.1f} s: {state}",
+            highlight=False,
+        )
+        if result.unchecked:
+            out.print(f"  without checksums: {', '.join(result.unchecked)}", highlight=False)
+        for line in result.bad:
+            print(f"tilestore: error: {line}", file=sys.stderr)
+        bad += len(result.bad)
+    if bad:
+        raise typer.Exit(2)

@@ -1,0 +1,279 @@
+"""Damaged and odd inputs made from the real files: what a hostile user or a bad disk hands us.
+
+Each maker writes one input under `folder` and returns its path. The cases that use them
+(tests/test_hostile.py) say what must come out: one clean error of the right kind naming
+the file and the cause, or a right result; never a hang, a traceback or a silent wrong answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import tifffile
+
+# -- slide files ------------------------------------------------------------------------------
+
+
+def empty(folder: Path, svs: Path) -> Path:
+    path = folder / "empty.svs"
+    path.write_bytes(b"")
+    return path
+
+
+def text(folder: Path, svs: Path) -> Path:
+    path = folder / "notes.svs"
+    path.write_text("patient notes, not a slide\n" * 20)
+    return path
+
+
+def truncated(at: int) -> Callable[[Path, Path], Path]:
+    def make(folder: Path, svs: Path) -> Path:
+        path = folder / f"truncated-{at}.svs"
+        data = svs.read_bytes()
+        path.write_bytes(data[:at])
+        return path
+
+    make.__name__ = f"truncated_{at}"
+    return make
+
+
+def directory(folder: Path, svs: Path) -> Path:
+    path = folder / "a-folder.svs"
+    path.mkdir()
+    return path
+
+
+def fifo(folder: Path, svs: Path) -> Path:
+    path = folder / "pipe.svs"
+    os.mkfifo(path)
+    return path
+
+
+def symlink(folder: Path, svs: Path) -> Path:
+    path = folder / "linked.svs"
+    path.symlink_to(svs)
+    return path
+
+
+def dangling(folder: Path, svs: Path) -> Path:
+    path = folder / "dangling.svs"
+    path.symlink_to(folder / "gone.svs")
+    return path
+
+
+def tiff_magic_garbage(folder: Path, svs: Path) -> Path:
+    path = folder / "garbage.tif"
+    path.write_bytes(b"II*\x00" + bytes(range(256)) * 64)
+    return path
+
+
+def _patched(svs: Path, path: Path, tag: str, value: int) -> Path:
+    """A copy of the SVS with one numeric tag of its first page overwritten in place."""
+    data = bytearray(svs.read_bytes())
+    with tifffile.TiffFile(svs) as tif:
+        t = tif.pages.first.tags[tag]
+        fmt = "<H" if t.dtype == 3 else "<I"
+        struct.pack_into(fmt, data, t.valueoffset, value)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def tag(name: str, value: int) -> Callable[[Path, Path], Path]:
+    def make(folder: Path, svs: Path) -> Path:
+        return _patched(svs, folder / f"{name}-{value}.svs", name, value)
+
+    make.__name__ = f"{name}_{value}"
+    return make
+
+
+def _tile_bytes(svs: Path, index: int) -> tuple[int, int]:
+    with tifffile.TiffFile(svs) as tif:
+        page = tif.pages.first
+        return page.dataoffsets[index], page.databytecounts[index]
+
+
+def tile_damage(kind: str, index: int = 40) -> Callable[[Path, Path], Path]:
+    """One JPEG tile of level 0 zeroed, bit-flipped in its scan data, or without SOI."""
+
+    def make(folder: Path, svs: Path) -> Path:
+        data = bytearray(svs.read_bytes())
+        offset, count = _tile_bytes(svs, index)
+        if kind == "zeroed":
+            data[offset : offset + count] = bytes(count)
+        elif kind == "no-soi":
+            data[offset : offset + 2] = b"\x00\x00"
+        elif kind == "bitflip":
+            for at in range(offset + count // 2, offset + count - 16, 97):
+                data[at] ^= 0x5A
+        path = folder / f"tile-{kind}.svs"
+        path.write_bytes(bytes(data))
+        return path
+
+    make.__name__ = f"tile_{kind}"
+    return make
+
+
+def jpegtables_zeroed(folder: Path, svs: Path) -> Path:
+    data = bytearray(svs.read_bytes())
+    with tifffile.TiffFile(svs) as tif:
+        t = tif.pages.first.tags["JPEGTables"]
+        data[t.valueoffset : t.valueoffset + t.count] = bytes(t.count)
+    path = folder / "tables-zeroed.svs"
+    path.write_bytes(bytes(data))
+    return path
+
+
+def jpeg_frame_size(folder: Path, jpg: Path, height: int = 65500, width: int = 65500) -> Path:
+    """A real JPEG whose frame header (SOF0) declares another size."""
+    data = bytearray(jpg.read_bytes())
+    at = data.find(b"\xff\xc0")
+    struct.pack_into(">HH", data, at + 5, height, width)
+    path = folder / f"frame-{height}x{width}.jpg"
+    path.write_bytes(bytes(data))
+    return path
+
+
+def png_size(folder: Path, png: Path, height: int = 65500, width: int = 65500) -> Path:
+    """A real PNG whose IHDR declares another size (its CRC fixed, as a crafted file has it)."""
+    import zlib
+
+    data = bytearray(png.read_bytes())
+    struct.pack_into(">II", data, 16, width, height)
+    struct.pack_into(">I", data, 29, zlib.crc32(bytes(data[12:29])))
+    path = folder / f"ihdr-{height}x{width}.png"
+    path.write_bytes(bytes(data))
+    return path
+
+
+# -- stores -------------------------------------------------------------------------------------
+
+
+def store_copy(folder: Path, store: Path, name: str) -> Path:
+    target = folder / f"{name}.ome.zarr"
+    shutil.copytree(store, target)
+    return target
+
+
+def chunk_file(store: Path, level: str = "0", row: int = 2, col: int = 3) -> Path:
+    return store / level / "c" / "0" / str(row) / str(col)
+
+
+def damage_chunk(kind: str, row: int = 2, col: int = 3) -> Callable[[Path, Path], Path]:
+    """A store with one chunk of level 0 garbage, empty, truncated, missing, a link to another
+    chunk, a folder or a FIFO."""
+
+    def make(folder: Path, store: Path) -> Path:
+        target = store_copy(folder, store, f"chunk-{kind}")
+        chunk = chunk_file(target, row=row, col=col)
+        data = chunk.read_bytes()
+        chunk.unlink()
+        if kind == "garbage":
+            chunk.write_bytes(bytes(range(256)) * (len(data) // 256 + 1))
+        elif kind == "empty":
+            chunk.write_bytes(b"")
+        elif kind == "truncated":
+            chunk.write_bytes(data[: len(data) // 2])
+        elif kind == "symlink":
+            chunk.symlink_to(chunk_file(target, row=row, col=col + 1))
+        elif kind == "folder":
+            chunk.mkdir()
+        elif kind == "fifo":
+            os.mkfifo(chunk)
+        elif kind == "bitflip":
+            flipped = bytearray(data)
+            flipped[len(data) // 2] ^= 0x01
+            chunk.write_bytes(bytes(flipped))
+        return target
+
+    make.__name__ = f"chunk_{kind}"
+    return make
+
+
+def corrupt_json(part: str) -> Callable[[Path, Path], Path]:
+    """A store whose zarr.json at `part` ("" root, "0" a level, "plans/x") is not JSON."""
+
+    def make(folder: Path, store: Path) -> Path:
+        target = store_copy(folder, store, "json-" + (part.replace("/", "-") or "root"))
+        meta = target / part / "zarr.json"
+        meta.write_text(meta.read_text()[: len(meta.read_text()) // 2])
+        return target
+
+    make.__name__ = f"json_{part or 'root'}"
+    return make
+
+
+def attrs_edit(name: str, edit: Callable[[dict], None]) -> Callable[[Path, Path], Path]:
+    """A store whose root tilestore attributes were edited (keys dropped, values changed)."""
+
+    def make(folder: Path, store: Path) -> Path:
+        target = store_copy(folder, store, f"attrs-{name}")
+        meta = target / "zarr.json"
+        doc = json.loads(meta.read_text())
+        edit(doc["attributes"]["tilestore"])
+        meta.write_text(json.dumps(doc))
+        consolidated = doc.get("consolidated_metadata")
+        if consolidated:  # keep the consolidated copy in step, as a careful editor would
+            pass
+        return target
+
+    make.__name__ = f"attrs_{name}"
+    return make
+
+
+# -- annotations --------------------------------------------------------------------------------
+
+SQUARE = [[100.0, 100.0], [900.0, 100.0], [900.0, 900.0], [100.0, 900.0], [100.0, 100.0]]
+
+
+def geojson(name: str, text_: str) -> Callable[[Path], Path]:
+    def make(folder: Path) -> Path:
+        path = folder / f"{name}.geojson"
+        path.write_text(text_)
+        return path
+
+    make.__name__ = f"geojson_{name}"
+    return make
+
+
+def polygon_geojson(coords: str) -> str:
+    return (
+        '{"type": "Feature", "properties": {"classification": {"name": "Tumor"}}, '
+        f'"geometry": {{"type": "Polygon", "coordinates": [{coords}]}}}}'
+    )
+
+
+def aperio(name: str, vertices: str) -> Callable[[Path], Path]:
+    def make(folder: Path) -> Path:
+        path = folder / f"{name}.xml"
+        path.write_text(
+            '<?xml version="1.0"?>\n<Annotations MicronsPerPixel="0.5"><Annotation Id="1">'
+            '<Regions><Region Id="1"><Vertices>'
+            f"{vertices}</Vertices></Region></Regions></Annotation></Annotations>"
+        )
+        return path
+
+    make.__name__ = f"aperio_{name}"
+    return make
+
+
+def asap(name: str, coordinates: str) -> Callable[[Path], Path]:
+    def make(folder: Path) -> Path:
+        path = folder / f"{name}.xml"
+        path.write_text(
+            '<?xml version="1.0"?>\n<ASAP_Annotations><Annotations>'
+            '<Annotation Name="a" Type="Polygon" PartOfGroup="Tumor"><Coordinates>'
+            f"{coordinates}</Coordinates></Annotation></Annotations></ASAP_Annotations>"
+        )
+        return path
+
+    make.__name__ = f"asap_{name}"
+    return make
+
+
+def vertices(points, fmt="{:g}") -> str:
+    return "".join(f'<Vertex X="{fmt.format(x)}" Y="{fmt.format(y)}"/>' for x, y in points)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import os
-import secrets
 import shutil
 import time
 import warnings
@@ -23,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from tilestore import omezarr
+from tilestore import leftovers, omezarr
 from tilestore.codecs import jpeg_codecs, zstd_codecs
 from tilestore.cpus import usable_cpus
 from tilestore.errors import StoreError, TilestoreError, TilestoreWarning
@@ -141,7 +140,7 @@ def convert(
         report = ConversionReport(
             Path(src), target, codec_name, reason, encoding.chunk, warnings=mpp_warnings
         )
-        tmp = target.parent / f".{target.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp = leftovers.partial_name(target)
         with ThreadPoolExecutor(1) as hasher:
             digest = hasher.submit(_sha256, Path(src))
             try:
@@ -398,6 +397,8 @@ def _write_associated(source: Source, root: zarr.Group) -> list[str]:
 
 
 def _check_target(target: Path, overwrite: bool) -> None:
+    for note in leftovers.clear(target):
+        warnings.warn(note, TilestoreWarning, stacklevel=3)
     if target.exists():
         if not overwrite:
             raise StoreError(f"{target}: already exists; pass overwrite=True to replace it")
@@ -415,7 +416,7 @@ def _move_into_place(tmp: Path, target: Path) -> None:
     if not target.exists():
         tmp.rename(target)
         return
-    old = target.parent / f".{target.name}.replaced-{secrets.token_hex(4)}"
+    old = leftovers.replaced_name(target)
     target.rename(old)
     tmp.rename(target)
     shutil.rmtree(old, ignore_errors=True)

@@ -81,7 +81,8 @@ def verify_store(
                 result.unchecked.append(name)
             required = every_chunk and name in images
             coords = _coords(array)
-            check = _checker(path, name, array, required, decode)
+            label = f"level {name}" if name in images else name
+            check = _checker(path, name, label, array, required, decode)
             for bad in pool.map(check, coords):
                 result.chunks += 1
                 if bad:
@@ -114,12 +115,14 @@ def _coords(array: zarr.Array) -> list[tuple[int, ...]]:
     return out
 
 
-def _checker(store: Path, name: str, array: zarr.Array, required: bool, decode: bool):
+def _checker(
+    store: Path, name: str, label: str, array: zarr.Array, required: bool, decode: bool
+):
     checksum = has_checksums(array)
     jpeg = array.ndim == 3 and ChunkReader(array, 0).is_jpeg  # an image level
 
     def check(coord: tuple[int, ...]) -> str | None:
-        where = f"{store}: {name} chunk {coord}"
+        where = f"{store}: {label} chunk {coord}"
         key = array.metadata.encode_chunk_key(coord)
         try:
             data = read_file(store / name / key, where, required=required)

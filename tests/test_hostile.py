@@ -1,0 +1,430 @@
+"""Damaged and odd inputs, as a hostile user or a bad disk hands them over: each one gives the
+clean error of its kind naming the file and the cause, or a right result. Never a traceback
+of another kind, a hang or a silent wrong answer. Inputs are made from the real files by
+`tests.corpus`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import safetensors.torch
+import timm
+
+from embed import Embedder, Options
+from embed.models import ModelError, load_model
+from tests import corpus as C
+from tests.conftest import CMU, IHC
+from tilestore.annotations import load_annotations
+from tilestore.conversion import convert
+from tilestore.errors import (
+    AnnotationError,
+    ChunkError,
+    SlideError,
+    StoreError,
+    TilestoreWarning,
+)
+from tilestore.info import describe
+from tilestore.plans import PlanOptions
+from tilestore.slide import open_slide
+from tilestore.verify import verify_store
+
+JPG = "stardist_histo.jpg"
+
+# -- slide files: convert and info -------------------------------------------------------------
+
+SLIDES = [
+    (C.empty, r"file is empty \(0 bytes\)"),
+    (C.text, r"not a supported slide .* file starts with b'patient '"),
+    (C.truncated(100), r"truncated or corrupt"),
+    (C.truncated(1_000_000), r"truncated or corrupt"),
+    (C.truncated(-10), r"truncated or corrupt"),
+    (C.directory, r"is a directory, not a slide file"),
+    (C.fifo, r"not a regular file \(a pipe, socket or device\)"),
+    (C.dangling, r"cannot read: No such file or directory"),
+    (C.tiff_magic_garbage, r"truncated or corrupt: invalid offset to first page"),
+    (C.tag("TileWidth", 0), r"level 0 declares 0x240 px tiles \(plausible: 1-16384"),
+    (C.tag("TileLength", 65520), r"level 0 declares 240x65520 px tiles"),
+    (C.tag("TileWidth", 65520), r"level 0 declares 65520x240 px tiles"),
+    (C.tag("ImageWidth", 0), r"declared image size 2967x0x3 is not plausible"),
+    (C.tag("ImageLength", 65535), r"holds 130 tiles or strips where .* need 2740"),
+    (C.tile_damage("zeroed"), r"level 0 tile \(4, 0\) is damaged"),
+    (C.tile_damage("no-soi"), r"level 0 tile \(4, 0\) is damaged"),
+    (C.jpegtables_zeroed, r"cannot decode level 0 rows 0-\d+: Not a JPEG file"),
+]
+
+
+@pytest.mark.parametrize(("make", "cause"), SLIDES, ids=lambda v: getattr(v, "__name__", ""))
+def test_a_bad_slide_is_one_slide_error_and_leaves_nothing(tmp_path, slide_path, make, cause):
+    src = make(tmp_path, slide_path(CMU))
+    out = tmp_path / "out"
+    with pytest.raises(SlideError, match=rf"^{src}: .*{cause}"):
+        convert(src, out)
+    assert not out.exists() or not list(out.iterdir())  # no store, no partial folder
+
+
+@pytest.mark.parametrize(
+    "make",
+    [C.tag("TileLength", 65520), C.fifo, C.tag("ImageLength", 65535)],
+    ids=lambda v: v.__name__,
+)
+def test_info_on_a_bad_slide_is_the_same_error(tmp_path, slide_path, make):
+    src = make(tmp_path, slide_path(CMU))
+    with pytest.raises(SlideError, match=rf"^{src}: "):
+        describe(src)
+
+
+@pytest.mark.parametrize(
+    ("make", "real"), [(C.jpeg_frame_size, JPG), (C.png_size, IHC)], ids=["jpeg", "png"]
+)
+def test_an_image_declaring_65500_px_a_side_is_refused_before_decoding(
+    tmp_path, slide_path, make, real
+):
+    src = make(tmp_path, slide_path(real))
+    with pytest.raises(SlideError, match=r"declares 65500x65500x3 \(12\.0 GiB decoded\) in a "):
+        describe(src)
+
+
+def test_a_linked_slide_converts_as_its_target(tmp_path, slide_path, stores):
+    store = convert(C.symlink(tmp_path, slide_path(CMU)), tmp_path / "out").store
+    want = open_slide(stores(CMU)).read_region(0, 0, 480, 480, level=0)
+    np.testing.assert_array_equal(open_slide(store).read_region(0, 0, 480, 480, level=0), want)
+
+
+def test_a_bit_flipped_tile_is_copied_as_the_slide_has_it(tmp_path, slide_path):
+    """Damage inside a tile's scan data is the slide's own: the store reproduces it exactly
+    (as tifffile decodes it), it is not invented or hidden."""
+    import tifffile
+
+    src = C.tile_damage("bitflip")(tmp_path, slide_path(CMU))
+    store = convert(src, tmp_path / "out").store
+    with tifffile.TiffFile(src) as tif:
+        want = tif.pages[0].asarray()[960:1200, :240]
+    np.testing.assert_array_equal(open_slide(store).read_region(0, 960, 240, 240, level=0), want)
+
+
+def test_info_says_it_read_metadata_only_and_verify_samples_tiles(tmp_path, slide_path):
+    src = C.jpegtables_zeroed(tmp_path, slide_path(CMU))
+    assert describe(src)["verified"] is False
+    checked = describe(src, verify=True)["levels"][0]["checked"]
+    assert checked["tiles"] == 8 and len(checked["bad"]) == 8
+    assert checked["bad"][0].startswith("level 0 tile (0, 0): cannot decode")
+    assert describe(slide_path(CMU), verify=True)["levels"][0]["checked"]["bad"] == []
+
+
+# -- stores: reading, verifying, embedding -----------------------------------------------------
+
+CHUNKS = [
+    ("garbage", r"chunk is corrupt \(its CRC-32C does not match its bytes\)"),
+    ("bitflip", r"chunk is corrupt"),
+    ("empty", r"chunk is 0 bytes long \(truncated or empty\)"),
+    ("truncated", r"chunk is corrupt"),
+    ("missing", r"chunk is missing"),
+    ("symlink", r"chunk is a symbolic link, not a file"),
+    ("folder", r"chunk is a folder"),
+    ("fifo", r"chunk is not a regular file"),
+]
+
+
+@pytest.mark.parametrize(("kind", "cause"), CHUNKS, ids=[k for k, _ in CHUNKS])
+def test_a_damaged_chunk_is_named_when_read_and_when_verified(tmp_path, stores, kind, cause):
+    store = C.damage_chunk(kind)(tmp_path, stores(CMU))
+    slide = open_slide(store)
+    where = rf"^{store.name}: level 0 chunk \(2, 3\): {cause}"
+    with pytest.raises(ChunkError, match=where):
+        slide.read_region(0, 0, 2220, 2967, level=0)
+    assert slide.read_region(0, 0, 480, 480, level=0).shape == (480, 480, 3)  # the rest reads
+    found = verify_store(store)
+    assert len(found.bad) == 1 and "level 0 chunk (0, 2, 3): chunk " in found.bad[0]
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    options = Options(device="cpu", batch_size=8, precision="fp32", dtype="float32")
+    with Embedder("efficientnet-lite0", options) as loaded:
+        yield loaded
+
+
+@pytest.mark.parametrize(("kind", "cause"), CHUNKS[:5], ids=[k for k, _ in CHUNKS[:5]])
+def test_embed_reports_a_damaged_chunk_and_goes_on(tmp_path, stores, embedder, kind, cause):
+    bad = C.damage_chunk(kind)(tmp_path, stores(CMU))
+    good = C.store_copy(tmp_path, stores(CMU), "good")
+    plan = PlanOptions(mpp=0.5, tile=224)
+    report = embedder.embed([bad, good], plan=plan)
+    (failure,) = report.failures
+    assert failure["store"] == str(bad)
+    kept = r"\d+ of \d+ batches of .* are written and kept: rerun the same command to resume"
+    gone = r"nothing was written: .* removed, the store is as it was"
+    left = rf"\((?:{gone}|{kept})\)$"
+    assert re_match(rf"^level 0 chunk \(2, 3\): {cause}.* {left}", failure["error"])
+    group = bad / "embeddings" / "efficientnet-lite0"
+    if "removed" in failure["error"]:
+        assert not group.exists()  # as it was before the run
+    else:  # the batches before the damage are kept, and the group says it is unfinished
+        assert not json.loads((group / "zarr.json").read_text())["attributes"]["tilestore"][
+            "complete"
+        ]
+    assert [s["store"] for s in report.slides if not s.get("failed")] == [str(good)]
+    assert not list(tmp_path.glob(".*.lock"))
+
+
+def re_match(pattern: str, text: str) -> bool:
+    import re
+
+    assert re.match(pattern, text), f"{text!r} does not match {pattern!r}"
+    return True
+
+
+STORE_META = [
+    (C.corrupt_json(""), StoreError, r"cannot open store: "),
+    (C.corrupt_json("0"), StoreError, r"store metadata is damaged \(JSONDecodeError"),
+    (C.attrs_edit("no-levels", lambda a: a.pop("levels")), StoreError, r"metadata is damaged"),
+    (C.attrs_edit("no-complete", lambda a: a.pop("complete")), StoreError, r"incomplete store"),
+    (
+        C.attrs_edit("complete-false", lambda a: a.update(complete=False)),
+        StoreError,
+        r"incomplete store",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("make", "kind", "cause"), STORE_META, ids=lambda v: getattr(v, "__name__", "")
+)
+def test_damaged_store_metadata_is_a_store_error(tmp_path, stores, embedder, make, kind, cause):
+    store = make(tmp_path, stores(CMU))
+    with pytest.raises(kind, match=cause):
+        open_slide(store)
+    report = embedder.embed([store])
+    assert re_match(rf".*{cause}", report.failures[0]["error"])
+
+
+def test_info_on_a_damaged_level_is_a_store_error(tmp_path, stores):
+    store = C.corrupt_json("0")(tmp_path, stores(CMU))
+    with pytest.raises(StoreError, match=r"store metadata is damaged"):
+        describe(store)
+
+
+def test_info_says_an_incomplete_store_is_incomplete(tmp_path, stores):
+    store = C.attrs_edit("no-complete", lambda a: a.pop("complete"))(tmp_path, stores(CMU))
+    assert describe(store)["complete"] is False
+
+
+def test_a_damaged_embeddings_chunk_is_named_when_read(tmp_path, stores, embedder):
+    from tilestore import open_embeddings
+
+    store = C.store_copy(tmp_path, stores(CMU), "embedded")
+    embedder.embed([store], plan=PlanOptions(mpp=1.0, tile=224))
+    chunk = store / "embeddings" / "efficientnet-lite0" / "features" / "c" / "0" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[7] ^= 0x10
+    chunk.write_bytes(bytes(data))
+    ds = open_embeddings(store, "efficientnet-lite0")
+    with pytest.raises(ChunkError, match=r"embeddings/efficientnet-lite0/features: damaged"):
+        ds.features.compute()
+    assert "features chunk (0, 0): chunk is corrupt" in verify_store(store).bad[0]
+
+
+# -- annotations --------------------------------------------------------------------------------
+
+
+def _pts(*points: str) -> str:
+    return "[" + ", ".join(points) + "]"
+
+
+ANNOTATIONS = [
+    (
+        C.geojson("nan", C.polygon_geojson(_pts("[1, 1]", "[NaN, 1]", "[9, 9]", "[1, 1]"))),
+        r"a coordinate is nan, not a finite number",
+    ),
+    (
+        C.geojson("inf", C.polygon_geojson(_pts("[1, 1]", "[Infinity, 1]", "[9, 9]", "[1, 1]"))),
+        r"a coordinate is inf, not a finite number",
+    ),
+    (
+        C.geojson("text", C.polygon_geojson(_pts('["1", 1]', "[9, 1]", "[9, 9]", '["1", 1]'))),
+        r"a coordinate is '1', not a number",
+    ),
+    (
+        C.geojson("no-y", C.polygon_geojson(_pts("[1]", "[9, 1]", "[9, 9]", "[1]"))),
+        r"a position holds 1 values, not 2 or 3",
+    ),
+    (
+        C.geojson(
+            "nested",
+            '{"type": "Feature", "geometry": {"type": "Polygon", "coordinates": '
+            + "[" * 100_000
+            + "]" * 100_000
+            + "}}",
+        ),
+        r"JSON nested too deeply to be annotations",
+    ),
+    (C.geojson("shallow", C.polygon_geojson("[[[[1, 1]]]]")), r"a position holds 1 values"),
+    (
+        C.geojson("two", C.polygon_geojson(_pts("[1, 1]", "[9, 1]"))),
+        r"linearring requires at least 4 coordinates",
+    ),
+    (
+        C.geojson("kind", '{"type": "Feature", "geometry": {"type": "Hex", "coordinates": []}}'),
+        r"unknown geometry type 'Hex'",
+    ),
+    (C.geojson("cut", '{"type": "Feature", '), r"not valid JSON"),
+    (C.geojson("features", '{"type": "FeatureCollection", "features": 5}'), r"is not a list"),
+    (C.geojson("feature", '{"type": "FeatureCollection", "features": [5]}'), r"not a JSON object"),
+    (C.geojson("empty", ""), r"not an annotation file"),
+    (
+        C.aperio("comma", C.vertices(C.SQUARE).replace('X="900"', 'X="900,5"', 1)),
+        r"vertex 1 X is '900,5', not a number \(a decimal comma",
+    ),
+    (
+        C.aperio("no-y", '<Vertex X="1"/><Vertex X="9" Y="1"/><Vertex X="9" Y="9"/>'),
+        r"region 1 vertex 0 Y is missing",
+    ),
+    (
+        C.aperio("nan", C.vertices(C.SQUARE).replace('X="900"', 'X="nan"', 1)),
+        r"X is 'nan', not a finite number",
+    ),
+    (
+        C.aperio("text", C.vertices(C.SQUARE).replace('X="900"', 'X="abc"', 1)),
+        r"X is 'abc', not a number$",
+    ),
+    (
+        C.asap("comma", '<Coordinate Order="0" X="1,5" Y="1"/><Coordinate Order="1" X="9" Y="1"/>'),
+        r"coordinate X is '1,5', not a number \(a decimal comma",
+    ),
+    (
+        C.asap("no-y", '<Coordinate Order="0" X="1"/><Coordinate Order="1" X="9" Y="1"/>'),
+        r"coordinate Y is missing",
+    ),
+    (
+        C.asap("order", '<Coordinate Order="a" X="1" Y="1"/><Coordinate Order="1" X="9" Y="1"/>'),
+        r"coordinate Order is 'a', not a number",
+    ),
+]
+
+
+@pytest.mark.parametrize(("make", "cause"), ANNOTATIONS, ids=lambda v: getattr(v, "__name__", ""))
+def test_a_bad_annotation_is_one_annotation_error(tmp_path, make, cause):
+    path = make(tmp_path)
+    with pytest.raises(AnnotationError, match=rf"^{path}: .*{cause}"):
+        load_annotations(path, size=(2000, 2000))
+
+
+def test_an_xml_bomb_is_refused_unexpanded(tmp_path):
+    bomb = tmp_path / "bomb.xml"
+    lols = "".join(f'<!ENTITY l{i} "{"&l" + str(i - 1) + ";" * 10}">' for i in range(1, 9))
+    bomb.write_text(f'<?xml version="1.0"?><!DOCTYPE a [<!ENTITY l0 "lol">{lols}]><a>&l8;</a>')
+    with pytest.raises(AnnotationError, match=r"malformed XML|not an annotation|neither"):
+        load_annotations(bomb)
+
+
+# -- model checkpoints ------------------------------------------------------------------------
+
+
+def _checkpoint(folder, config: dict, weights: bytes | None = None):
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    if weights is None:
+        model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, depth=2)
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        safetensors.torch.save_file(state, folder / "model.safetensors")
+    else:
+        (folder / "model.safetensors").write_bytes(weights)
+    return f"local:{folder}"
+
+
+MODELS = [
+    (
+        {"architecture": "vit_small_patch16_224", "model_args": {"depth": 2}},
+        None,
+        r"weights do not fit the architecture \(size mismatch for cls_token",
+    ),
+    ({"architecture": "no_such_arch"}, None, r"cannot build no_such_arch"),
+    (
+        {"architecture": "vit_tiny_patch16_224", "model_args": {"depth": "two"}},
+        None,
+        r"cannot build vit_tiny_patch16_224",
+    ),
+    (
+        {"architecture": "vit_tiny_patch16_224", "model_args": {"depth": 2}},
+        b"\x00" * 20,
+        r"cannot read weights .* safely",
+    ),
+    ({"model_args": {}}, None, r"is not a timm config \(no 'architecture'\)"),
+]
+
+
+@pytest.mark.parametrize(("config", "weights", "cause"), MODELS)
+def test_a_bad_checkpoint_is_one_model_error(tmp_path, config, weights, cause):
+    with pytest.raises(ModelError, match=cause):
+        load_model(_checkpoint(tmp_path / "model", config, weights))
+
+
+# -- leftovers of killed conversions -----------------------------------------------------------
+
+
+def test_partial_folders_of_dead_conversions_are_removed_and_others_reported(tmp_path, slide_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    host = __import__("tilestore.leftovers").leftovers._host()
+    dead = out / f".CMU-1-Small-Region.ome.zarr.partial.{host}.999999999.0123abcd"
+    other = out / ".CMU-1-Small-Region.ome.zarr.partial.elsewhere.12.0123abcd"
+    for folder in (dead, other):
+        (folder / "0").mkdir(parents=True)
+        (folder / "0" / "x").write_bytes(b"x" * 1000)
+    with pytest.warns(TilestoreWarning) as notes:
+        convert(slide_path(CMU), out)
+    said = " ".join(str(n.message) for n in notes)
+    assert "removed" in said and "killed" in said and "left" in said and "another host" in said
+    assert not dead.exists() and other.exists()
+
+
+def test_a_store_renamed_aside_by_a_killed_replacement_is_put_back(tmp_path, slide_path):
+    out = tmp_path / "out"
+    store = convert(slide_path(CMU), out).store
+    aside = out / f".{store.name}.replaced.0123abcd"
+    store.rename(aside)  # killed after moving the old store aside, before the new arrived
+    with (
+        pytest.warns(TilestoreWarning, match="restored"),
+        pytest.raises(StoreError, match="exists"),
+    ):
+        convert(slide_path(CMU), out)  # no overwrite: the restored store is refused, not lost
+    assert open_slide(store).shape == (3, 2967, 2220) and not aside.exists()
+
+
+# -- the command: one line, exit code 2 ----------------------------------------------------------
+
+
+def _cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
+
+
+NAN_ROI = C.geojson("nan", C.polygon_geojson(_pts("[1, 1]", "[NaN, 1]", "[9, 9]", "[1, 1]")))
+
+
+def test_the_command_prints_one_line_and_exits_2(tmp_path, slide_path, stores):
+    fifo = C.fifo(tmp_path, slide_path(CMU))
+    bad = C.damage_chunk("garbage")(tmp_path, stores(CMU))
+    cases = [
+        (("convert", fifo, "-o", tmp_path / "o"), "not a regular file"),
+        (("info", C.corrupt_json("0")(tmp_path, stores(CMU))), "store metadata is damaged"),
+        (("verify", bad), "level 0 chunk (0, 2, 3)"),
+        (("plan", bad, "--roi", NAN_ROI(tmp_path)), "a coordinate is nan, not a finite number"),
+    ]
+    for args, cause in cases:
+        run = _cli(*args)
+        lines = run.stderr.strip().splitlines()
+        assert run.returncode == 2, (args, run.stderr)
+        assert (
+            len(lines) == 1
+            and lines[0].startswith("tilestore: error: ")
+            and "Traceback" not in run.stderr
+        )
+        assert cause in lines[0], lines[0]
+    run = _cli("--debug", "info", C.corrupt_json("0")(tmp_path / "d", stores(CMU)))
+    assert "Traceback" in run.stderr  # with --debug, the traceback for a bug report

@@ -1,0 +1,127 @@
+"""Chunk integrity as properties: any damage to a sealed chunk is caught, arbitrary chunk bytes
+read as pixels or as a ChunkError, arbitrary coordinate text parses or is an
+AnnotationError. Nothing else escapes."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import CMU
+from tilestore.annotations.base import number
+from tilestore.annotations.geojson import _check_geometry
+from tilestore.errors import AnnotationError, ChunkError
+from tilestore.integrity import TRAILER, read_file, seal, unseal
+from tilestore.slide import open_slide
+
+PROPS = settings(max_examples=200, deadline=None)
+
+
+@PROPS
+@given(st.binary(max_size=4096))
+def test_a_sealed_chunk_unseals_to_itself(data):
+    assert unseal(seal(data), "c") == data
+
+
+@PROPS
+@given(st.binary(min_size=1, max_size=2048), st.data())
+def test_every_flipped_bit_and_every_cut_is_caught(data, draw):
+    sealed = bytearray(seal(data))
+    bit = draw.draw(st.integers(0, 8 * len(sealed) - 1))
+    sealed[bit // 8] ^= 1 << (bit % 8)
+    with pytest.raises(ChunkError, match=r"^c: chunk is corrupt"):
+        unseal(bytes(sealed), "c")
+    cut = draw.draw(st.integers(0, len(sealed) - 1))
+    with pytest.raises(ChunkError, match=r"^c: chunk is"):
+        unseal(seal(data)[:cut], "c")
+
+
+def test_reading_a_chunk_file_refuses_what_is_not_one(tmp_path):
+    (tmp_path / "ok").write_bytes(b"abc")
+    (tmp_path / "link").symlink_to(tmp_path / "ok")
+    (tmp_path / "dir").mkdir()
+    assert read_file(tmp_path / "ok", "c", required=True) == b"abc"
+    assert read_file(tmp_path / "gone", "c", required=False) is None
+    for name, cause in [("gone", "missing"), ("link", "a symbolic link"), ("dir", "a folder")]:
+        with pytest.raises(ChunkError, match=f"^c: chunk is {cause}"):
+            read_file(tmp_path / name, "c", required=True)
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory, stores):
+    """A private copy of the CMU store whose chunk (2, 3) the properties overwrite."""
+    target = tmp_path_factory.mktemp("integrity") / "cmu.ome.zarr"
+    shutil.copytree(stores(CMU), target)
+    return target
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.binary(max_size=3000), st.booleans())
+def test_any_chunk_bytes_read_as_pixels_or_as_a_chunk_error(scratch, data, sealed):
+    """A chunk with a valid checksum over garbage (damaged before it was written) must still
+    fail as a ChunkError naming it, from the JPEG decoder, not as the codec's own error."""
+    chunk = scratch / "0" / "c" / "0" / "2" / "3"
+    chunk.write_bytes(seal(data) if sealed else data)
+    slide = open_slide(scratch)
+    try:
+        pixels = slide.read_region(720, 480, 240, 240, level=0)
+    except ChunkError as exc:
+        assert str(exc).startswith("cmu.ome.zarr: level 0 chunk (2, 3): ")
+    else:
+        assert sealed and pixels.shape == (240, 240, 3)
+
+
+@PROPS
+@given(st.text(max_size=12))
+def test_coordinate_text_is_a_finite_number_or_an_annotation_error(text):
+    try:
+        value = number(Path("a.xml"), text, "X")
+    except AnnotationError as exc:
+        assert str(exc).startswith("a.xml: X is ")
+    else:
+        assert math.isfinite(value) and value == float(text)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=30,
+)
+GEOMETRY = st.fixed_dictionaries(
+    {
+        "type": st.sampled_from(["Point", "Polygon", "MultiPolygon", "LineString", "Other"]),
+        "coordinates": JSON,
+    }
+)
+
+
+@PROPS
+@given(GEOMETRY | JSON)
+def test_a_geometry_is_checked_or_refused_with_a_value_error(geometry):
+    try:
+        _check_geometry(geometry)
+    except ValueError:
+        return
+    # accepted: every position is finite numbers, nested as its type says
+    leaves = np.array(_leaves(geometry["coordinates"]), dtype=float)
+    assert np.isfinite(leaves).all()
+    json.dumps(geometry)
+
+
+def _leaves(value):
+    if isinstance(value, list):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value]
+
+
+def test_the_trailer_is_four_bytes():
+    assert len(seal(b"x")) == 1 + TRAILER

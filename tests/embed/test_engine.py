@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
-import time
 import warnings
 from dataclasses import replace
 
@@ -115,51 +111,6 @@ def test_a_running_embedding_is_not_started_twice(store, lite):
     report = embed([path], lite, plan=PlanOptions(mpp=1.0, tile=224), options=FP32)
     assert f"is being written by pid {os.getpid()}" in report.failures[0]["error"]
     assert lock.exists()  # someone else's lock is left alone
-
-
-CHILD = """
-import sys
-from embed import Options, embed
-from tilestore import PlanOptions
-embed([sys.argv[1]], "efficientnet-lite0", plan=PlanOptions(mpp=0.5, tile=224),
-      options=Options(batch_size=2, device="cpu", precision="fp32", dtype="float32"))
-"""
-
-
-def _run(path, kill_after=None):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], env=env)
-    if kill_after is None:
-        assert process.wait(timeout=600) == 0
-        return None
-    done = None
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        try:
-            done = zarr.open_array(path / "embeddings" / LITE / "done", mode="r")[:]
-            if done.sum() >= kill_after:
-                break
-        except (FileNotFoundError, KeyError, ValueError):
-            pass
-        time.sleep(0.02)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    return int(done.sum()), len(done)
-
-
-def test_killed_run_resumes_to_the_bitwise_same_result(store):
-    killed, fresh = store(), None
-    written, batches = _run(killed, kill_after=3)
-    assert 3 <= written < batches  # killed in the middle
-    group = zarr.open_group(killed / "embeddings" / LITE, mode="r")
-    assert not group.attrs["tilestore"]["complete"]
-    _run(killed)  # the same command again: picks up the stale lock and the done batches
-    fresh = store(into=killed.parent / "fresh")
-    _run(fresh)
-    resumed, _ = _features(killed)
-    uninterrupted, _ = _features(fresh)
-    assert np.array_equal(resumed, uninterrupted)  # bitwise, fp32
-    assert not list(killed.parent.glob(".*.lock"))
 
 
 def test_many_slides_one_model_and_a_bad_store_does_not_stop_the_others(store, tmp_path, lite):

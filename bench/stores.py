@@ -12,19 +12,25 @@ import tilestore
 from tilestore.plans import PlanOptions, list_plans, plan_slide, save_plan
 
 
-def build(work: Path, size: int, ycbcr_chunks: tuple[int, ...]) -> tuple[Path, Path, list[Path]]:
+def build(
+    work: Path, size: int, ycbcr_chunks: tuple[int, ...], checksums: bool = True
+) -> tuple[Path, Path, list[Path]]:
     """The large SVS, its store (tiles copied: Aperio RGB-coded JPEG, its 240 px tiles as
     chunks) and YCbCr copies of it (re-encoded, in chunks of each of `ycbcr_chunks` px: what
-    nvJPEG can decode), each with a 0.5 um/px, 224 px plan named 'bench'."""
+    nvJPEG can decode), each with a 0.5 um/px, 224 px plan named 'bench'; checksums=False
+    makes them without chunk checksums (in folders named so), to measure what they cost."""
     source = make_large_svs(work / f"large-{size}.svs", size)
     stores = []
     layouts = [("copied", True, None)]
     layouts += [("ycbcr" if c == 256 else f"ycbcr-{c}", False, c) for c in ycbcr_chunks]
     for name, copy_tiles, chunk in layouts:
+        name = name if checksums else f"{name}-no-checksums"
         store = work / name / f"large-{size}.ome.zarr"
         if not store.exists():
             t0 = time.perf_counter()
-            report = tilestore.convert(source, work / name, copy=copy_tiles, chunk=chunk)
+            report = tilestore.convert(
+                source, work / name, copy=copy_tiles, chunk=chunk, checksums=checksums
+            )
             print(
                 f"{name}: converted in {time.perf_counter() - t0:.1f} s "
                 f"{[lv.write for lv in report.levels]}",

@@ -356,3 +356,35 @@ def test_a_compiled_cuda_run_replays_one_graph_from_any_thread(store, tmp_path):
     for path in paths:
         features, _ = _features(path, "timm:vit_tiny_patch16_224")
         assert cosine(features, reference).min() >= 0.9999
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("decode", ["cpu", "gpu"])
+@pytest.mark.parametrize(
+    ("damage", "cause"),
+    [("flip", "chunk is corrupt"), ("sealed-garbage", "cannot decode")],
+)
+def test_a_damaged_chunk_fails_its_slide_on_the_gpu_paths(
+    store, tiny, tmp_path, decode, damage, cause
+):
+    """Decoder processes (decode cpu on CUDA) and nvJPEG name the chunk; the next slide runs."""
+    from tilestore.integrity import seal
+
+    bad = store(copy=False, into=tmp_path / "bad")  # YCbCr chunks: nvJPEG decodes them
+    good = store(copy=False, into=tmp_path / "good")
+    chunk = bad / "0" / "c" / "0" / "2" / "3"
+    data = bytearray(chunk.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 1
+    else:  # damaged before it was written: its checksum is right, its JPEG is not
+        data = bytearray(seal(bytes(range(256)) * 8))
+    chunk.write_bytes(bytes(data))
+    options = Options(batch_size=16, decode=decode, dtype="float32")
+    report = embed([bad, good], tiny, plan=PlanOptions(mpp=0.5, tile=224), options=options)
+    (failure,) = report.failures
+    assert failure["store"] == str(bad) and cause in failure["error"]
+    if decode == "cpu" or damage == "flip":  # nvJPEG decodes several chunks per call
+        assert failure["error"].startswith("level 0 chunk (2, 3): ")
+    assert [s["store"] for s in report.slides if not s.get("failed")] == [str(good)]
+    assert _features(good, TINY)[1].attrs["tilestore"]["complete"]

@@ -382,6 +382,7 @@ def test_a_damaged_chunk_fails_its_slide_on_the_gpu_paths(
     chunk.write_bytes(bytes(data))
     options = Options(batch_size=16, decode=decode, dtype="float32")
     report = embed([bad, good], tiny, plan=PlanOptions(mpp=0.5, tile=224), options=options)
+    assert len(report.failures) == 1, report.failures
     (failure,) = report.failures
     assert failure["store"] == str(bad) and cause in failure["error"]
     if decode == "cpu" or damage == "flip":  # nvJPEG decodes several chunks per call

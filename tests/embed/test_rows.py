@@ -92,7 +92,7 @@ def test_process_rows_hold_at_most_their_byte_budget_in_small_parts(stores, monk
     procs = ProcessDecoder(3)
     asked = []
     submit = procs.submit
-    monkeypatch.setattr(procs, "submit", lambda *a: asked.append(a[-1]) or submit(*a))
+    monkeypatch.setattr(procs, "submit", lambda *a, **k: asked.append(a[-1]) or submit(*a, **k))
     try:
         source = ProcessRows(
             steps,

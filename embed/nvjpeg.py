@@ -29,7 +29,6 @@ import torch
 
 from embed.nvjpeglib import BatchedDecoder, NvjpegUnavailable
 from tilestore.chunks import ChunkReader
-from tilestore.errors import ChunkError
 
 # Pixels one decode call aims for: 16.8 Mpx (256 chunks of 256 x 256), about 50 MB decoded.
 GROUP_PIXELS = 256 * 256 * 256
@@ -118,18 +117,29 @@ class _Tiny:
     color_space = "ycbcr"
 
 
+class GpuDecodeFailed(Exception):
+    """nvJPEG could not decode a batch of a level's chunks. The producer decodes the rest of
+    that slide on the CPU, which names a chunk that is bad; `decoder_fault` says the decoder
+    failed rather than the data (nvJPEG is then not used again in the run)."""
+
+    def __init__(self, where: str, cause: BaseException) -> None:
+        super().__init__(f"{where}: {cause}")
+        self.cause = cause
+        self.decoder_fault = not (
+            isinstance(cause, ValueError) or getattr(cause, "data_fault", False)
+        )
+
+
 def decode_gpu(
     decoder: GpuJpeg, reader: ChunkReader, data: Sequence[bytes | None], device: torch.device
 ) -> list[torch.Tensor]:
     """Decoded chunks as (c, h, w) uint8 CUDA tensors, with one batched call; chunks never
-    written (None) are the level's background."""
+    written (None) are the level's background. GpuDecodeFailed where nvJPEG fails."""
     present = [d for d in data if d is not None]
     try:
         decoded = iter(decoder.decode(reader, present) if present else [])
-    except (RuntimeError, ValueError) as exc:  # their bytes were checked: damaged when written
-        raise ChunkError(
-            f"{reader.where}: nvJPEG cannot decode one of {len(present)} chunks: {exc}"
-        ) from exc
+    except (RuntimeError, ValueError) as exc:  # torchvision's and ours, streams or decoder
+        raise GpuDecodeFailed(reader.where, exc) from exc
     return [
         next(decoded)
         if d is not None

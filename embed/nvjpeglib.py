@@ -60,7 +60,17 @@ class NvjpegUnavailable(RuntimeError):
 
 
 class NvjpegError(RuntimeError):
-    """nvJPEG could not decode a batch (a bad or unsupported stream)."""
+    """nvJPEG could not decode a batch: a bad or unsupported stream (status 3, 4), or the
+    decoder itself failing (an allocator failure, an internal error: other statuses)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def data_fault(self) -> bool:
+        """The streams' fault (bad or unsupported JPEG), not the decoder's."""
+        return self.status in (3, 4)
 
 
 def find_library() -> str | None:
@@ -199,4 +209,5 @@ class BatchedDecoder:
 
 def _check(status: int, doing: str, error: type[RuntimeError]) -> None:
     if status:
-        raise error(f"nvJPEG could not {doing}: {STATUS.get(status, 'error')} (status {status})")
+        message = f"nvJPEG could not {doing}: {STATUS.get(status, 'error')} (status {status})"
+        raise error(message, status) if error is NvjpegError else error(message)

@@ -16,15 +16,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from embed.assemble import BatchBuilder, CpuAssembler, cut_row
+from embed.assemble import Batch, BatchBuilder, CpuAssembler, cut_row
 from embed.buffers import SlotPool
 from embed.jobs import Job
-from embed.nvjpeg import GpuJpeg, gpu_decode_agrees, gpu_decodes
+from embed.nvjpeg import GpuDecodeFailed, GpuJpeg, gpu_decode_agrees, gpu_decodes
 from embed.procdecode import ProcessDecoder
 from embed.queues import DONE, Stopped, put
 from embed.report import RunReport, Stats
@@ -72,6 +72,7 @@ class Producer:
         self.settings, self.stats = settings, stats
         self.processes, self.gpu_jpeg = processes, gpu_jpeg
         self.prepared = prepared  # told of each job once it is open (so it can be released)
+        self.nvjpeg_failed = False  # the decoder itself failed this run: the CPU decodes on
 
     def run(
         self, jobs: Iterator[Job], report: RunReport, ready: queue.Queue, stop: threading.Event
@@ -105,23 +106,54 @@ class Producer:
     def _job(self, job: Job, report: RunReport, decoders, cutters, ready, stop) -> None:
         settings, plan, batch = self.settings, job.plan, self.settings.batch_size
         reader = job.slide.chunks(plan.spec.level)
-        gpu = self.gpu_jpeg is not None and gpu_decodes(settings.decode, reader)
+        gpu = (
+            self.gpu_jpeg is not None
+            and not self.nvjpeg_failed
+            and gpu_decodes(settings.decode, reader)
+        )
         if gpu:
             sample = [tuple(rc) for rc in plan.needed_chunks()[:3].tolist()]
-            difference = gpu_decode_agrees(self.gpu_jpeg, reader, sample, settings.device)
+            try:
+                difference = gpu_decode_agrees(self.gpu_jpeg, reader, sample, settings.device)
+                why = (
+                    f"nvJPEG decodes this store's JPEG chunks differently from libjpeg (mean "
+                    f"|difference| {difference:.1f} levels)"
+                )
+            except GpuDecodeFailed as exc:
+                difference, why = float("inf"), str(exc)
+                self.nvjpeg_failed = exc.decoder_fault
             gpu = difference <= 2.0
             if not gpu:  # nvJPEG was chosen for this run: say why this slide is not
-                report.warnings.append(
-                    f"{job.store}: nvJPEG decodes this store's JPEG chunks differently from "
-                    f"libjpeg (mean |difference| {difference:.1f} levels): decoded on the CPU"
-                )
+                report.warnings.append(f"{job.store}: {why}: decoded on the CPU")
         report.begin(job, "gpu" if gpu else "cpu")
         sub = _subset(plan, job.todo)
         steps = chunk_schedule(sub)
         emit = lambda b: put(ready, b, stop)  # noqa: E731 - a callback, named for reading
         t0 = time.perf_counter()
-        if settings.cuda and reader.is_jpeg:  # decode (GPU or CPU threads), cut on the GPU
-            self._on_device(job, reader, sub, steps, batch, emit, stop, decoders, gpu)
+        if settings.cuda and reader.is_jpeg and gpu:  # nvJPEG, the CPU where it fails
+            emitted: set[int] = set()
+
+            def emit_gpu(b: Batch) -> None:
+                emitted.add(b.block)
+                put(ready, b, stop)
+
+            try:
+                self._on_device(job, reader, sub, steps, batch, emit_gpu, stop, decoders, True)
+            except GpuDecodeFailed as exc:
+                self.nvjpeg_failed = self.nvjpeg_failed or exc.decoder_fault
+                report.warnings.append(
+                    f"{job.store}: {exc}; the rest of the slide was decoded on the CPU"
+                    + ("; nvJPEG is not used again in this run" if exc.decoder_fault else "")
+                )
+                rest = job.todo[~np.isin(job.todo // batch, list(emitted))]
+                rest_plan = _subset(plan, rest)
+                rest_job = replace(job, todo=rest)
+                rest_steps = chunk_schedule(rest_plan)
+                self._on_device(
+                    rest_job, reader, rest_plan, rest_steps, batch, emit, stop, decoders, False
+                )
+        elif settings.cuda and reader.is_jpeg:  # decode on CPU processes or threads
+            self._on_device(job, reader, sub, steps, batch, emit, stop, decoders, False)
         else:  # no GPU, or a zstd level: cut on CPU threads into (pinned) batches
             read = plan.spec.read
             pool = SlotPool(

@@ -385,7 +385,40 @@ def test_a_damaged_chunk_fails_its_slide_on_the_gpu_paths(
     assert len(report.failures) == 1, report.failures
     (failure,) = report.failures
     assert failure["store"] == str(bad) and cause in failure["error"]
-    if decode == "cpu" or damage == "flip":  # nvJPEG decodes several chunks per call
-        assert failure["error"].startswith("level 0 chunk (2, 3): ")
+    # nvJPEG decodes several chunks per call: where it fails, the CPU names the chunk
+    assert failure["error"].startswith("level 0 chunk (2, 3): ")
     assert [s["store"] for s in report.slides if not s.get("failed")] == [str(good)]
     assert _features(good, TINY)[1].attrs["tilestore"]["complete"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_where_nvjpeg_itself_fails_the_cpu_finishes_the_slide_and_the_run(
+    store, tiny, tmp_path, monkeypatch
+):
+    """Seen on an H100 after many batches of changing size: nvJPEG's allocator fails. The
+    slide is finished on the CPU decoders, and nvJPEG is not asked again in the run."""
+    from embed.nvjpeg import OwnNvjpeg
+    from embed.nvjpeglib import NvjpegError
+
+    calls = []
+    original = OwnNvjpeg.decode
+
+    def failing(self, reader, data):
+        calls.append(len(data))
+        if len(calls) == 3:  # the sample check, the first row group, then this
+            raise NvjpegError("nvJPEG could not decode a batch: allocator failure", 5)
+        return original(self, reader, data)
+
+    monkeypatch.setattr(OwnNvjpeg, "decode", failing)
+    first = store(copy=False, into=tmp_path / "first")
+    second = store(copy=False, into=tmp_path / "second")
+    options = Options(batch_size=16, decode="gpu", precision="fp32", dtype="float32")
+    plan = PlanOptions(mpp=0.5, tile=224)
+    report = embed([first, second], tiny, plan=plan, options=options)
+    assert not report.failures and len(calls) == 3  # nvJPEG not asked again
+    assert any("allocator failure" in w and "decoded on the CPU" in w for w in report.warnings)
+    slide = open_slide(first)
+    reference = reference_features(slide, load_plan(slide)[0], tiny, device="cuda")
+    for path in (first, second):
+        assert cosine(_features(path, TINY)[0], reference).min() >= 0.999

@@ -54,6 +54,9 @@ def convert(
         True, help="Copy matching JPEG tiles verbatim (--no-copy re-encodes)."
     ),
     workers: int | None = typer.Option(None, help="Threads for reading, decoding and encoding."),
+    checksums: bool = typer.Option(
+        True, help="End every chunk with its CRC-32C so damage is found when read."
+    ),
 ) -> None:
     """Convert slides once into chunked OME-Zarr 0.5 stores."""
     from tilestore.conversion import convert as run_convert
@@ -74,6 +77,7 @@ def convert(
                     overwrite=overwrite,
                     copy=copy,
                     workers=workers,
+                    checksums=checksums,
                     progress=lambda n, total: progress.update(task, advance=n, total=total),
                 )
         except TilestoreError as exc:

@@ -242,3 +242,15 @@ def test_embed_on_a_local_dask_cluster_and_by_shard(tmp_path, stores):
     assert "tiles on 2 worker(s)" in run.stdout
     both = tilestore("embed", *paths, *common, "--cluster", "local", "--scheduler", "x:1")
     assert both.returncode == 2 and "give one" in both.stderr
+
+
+def test_no_checksums_writes_the_older_form_that_info_and_verify_name(tmp_path, slide_path):
+    run = tilestore("convert", slide_path(CMU), "-o", tmp_path, "--no-checksums")
+    assert run.returncode == 0, run.stderr
+    store = tmp_path / "CMU-1-Small-Region.ome.zarr"
+    level = json.loads((store / "0" / "zarr.json").read_text())
+    assert "crc32c" not in json.dumps(level["codecs"])
+    assert "every chunk written, no checksums" in tilestore("info", store).stdout
+    verify = tilestore("verify", "--decode", store)
+    assert verify.returncode == 0, verify.stderr
+    assert "without checksums" in verify.stdout

@@ -398,21 +398,25 @@ def test_where_nvjpeg_itself_fails_the_cpu_finishes_the_slide_and_the_run(
 ):
     """Seen on an H100 after many batches of changing size: nvJPEG's allocator fails. The
     slide is finished on the CPU decoders, and nvJPEG is not asked again in the run."""
-    from embed.nvjpeg import OwnNvjpeg
+    from embed.nvjpeg import GPU_DECODERS
     from embed.nvjpeglib import NvjpegError
 
     failed, after = [], []
-    original = OwnNvjpeg.decode
 
-    def failing(self, reader, data):
-        if failed:
-            after.append(len(data))
-        elif threading.current_thread().name == "tilestore-nvjpeg":  # decoding rows
-            failed.append(len(data))
-            raise NvjpegError("nvJPEG could not decode a batch: allocator failure", 5)
-        return original(self, reader, data)
+    def failing_for(original):
+        def failing(self, reader, data):
+            if failed:
+                after.append(len(data))
+            elif threading.current_thread().name == "tilestore-nvjpeg":  # decoding rows
+                failed.append(type(self).__name__)
+                raise NvjpegError("nvJPEG could not decode a batch: allocator failure", 5)
+            return original(self, reader, data)
 
-    monkeypatch.setattr(OwnNvjpeg, "decode", failing)
+        return failing
+
+    # whichever decoder starts (ours, or torchvision's where ours will not in this process)
+    for kind in GPU_DECODERS:
+        monkeypatch.setattr(kind, "decode", failing_for(kind.decode))
     first = store(copy=False, into=tmp_path / "first")
     second = store(copy=False, into=tmp_path / "second")
     options = Options(batch_size=16, decode="gpu", precision="fp32", dtype="float32")

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
 
 out = Console()
 err = Console(stderr=True)
@@ -36,6 +37,14 @@ class progress_bar:
 
     def __exit__(self, *exc: object) -> None:
         self.progress.stop()
+
+
+def text_table(*columns: str) -> Table:
+    """A borderless table of these columns, folding long cells."""
+    result = Table(box=None, pad_edge=False)
+    for column in columns:
+        result.add_column(column, overflow="fold")
+    return result
 
 
 def human_size(n: float) -> str:

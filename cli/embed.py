@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
-from cli.console import as_flags, flags_of, out
+from cli.console import as_flags, flags_of, out, text_table
 from cli.console import progress_bar as _progress
 from embed.settings import (
     AUTO_CPU_DECODE_CPUS,
@@ -199,9 +198,7 @@ def models_list() -> None:
     from embed.models import list_models
     from embed.models.hub import cache_dir
 
-    table = Table(box=None, pad_edge=False)
-    for col in ("name", "weights", "dim", "um/px", "tile", "gated", "cached"):
-        table.add_column(col, overflow="fold")
+    table = text_table("name", "weights", "dim", "um/px", "tile", "gated", "cached")
     cache = cache_dir()
     for spec in list_models():
         cached = (

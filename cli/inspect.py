@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
-from cli.console import human_size, out
+from cli.console import human_size, out, text_table
 
 
 def info(
@@ -53,9 +52,7 @@ def info(
             f"codec {desc['codec']['name']} ({desc['codec']['reason']})",
             highlight=False,
         )
-        table = Table(box=None, pad_edge=False)
-        for col in ("level", "shape c,y,x", "chunk", "scale", "µm/px", "codecs", "path"):
-            table.add_column(col, overflow="fold")
+        table = text_table("level", "shape c,y,x", "chunk", "scale", "µm/px", "codecs", "path")
         for lv in desc["levels"]:
             table.add_row(
                 lv["path"],
@@ -82,9 +79,7 @@ def info(
             f"{', '.join(desc['associated']) or 'none'}",
             highlight=False,
         )
-        table = Table(box=None, pad_edge=False)
-        for col in ("level", "shape c,y,x", "dtype", "compression", "tile", "copyable"):
-            table.add_column(col, overflow="fold")
+        table = text_table("level", "shape c,y,x", "dtype", "compression", "tile", "copyable")
         for i, lv in enumerate(desc["levels"]):
             table.add_row(
                 str(i),

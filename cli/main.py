@@ -7,9 +7,8 @@ import warnings
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
-from cli.console import as_flags, flags_of, human_size, out
+from cli.console import as_flags, flags_of, human_size, out, text_table
 from cli.console import progress_bar as _progress
 from cli.embed import embed, models_app
 from cli.export import export_app
@@ -89,9 +88,7 @@ def convert(
             f"chunks {report.chunk} px",
             highlight=False,
         )
-        table = Table(box=None, pad_edge=False)
-        for col in ("level", "w x h", "scale", "path", "why", "chunks", "s"):
-            table.add_column(col, overflow="fold")
+        table = text_table("level", "w x h", "scale", "path", "why", "chunks", "s")
         for lv in report.levels:
             table.add_row(
                 lv.path,

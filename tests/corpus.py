@@ -16,6 +16,8 @@ from pathlib import Path
 
 import tifffile
 
+from tests.tilestore.tiffs import patch_tag
+
 # -- slide files ------------------------------------------------------------------------------
 
 
@@ -72,20 +74,9 @@ def tiff_magic_garbage(folder: Path, svs: Path) -> Path:
     return path
 
 
-def _patched(svs: Path, path: Path, tag: str, value: int) -> Path:
-    """A copy of the SVS with one numeric tag of its first page overwritten in place."""
-    data = bytearray(svs.read_bytes())
-    with tifffile.TiffFile(svs) as tif:
-        t = tif.pages.first.tags[tag]
-        fmt = "<H" if t.dtype == 3 else "<I"
-        struct.pack_into(fmt, data, t.valueoffset, value)
-    path.write_bytes(bytes(data))
-    return path
-
-
 def tag(name: str, value: int) -> Callable[[Path, Path], Path]:
     def make(folder: Path, svs: Path) -> Path:
-        return _patched(svs, folder / f"{name}-{value}.svs", name, value)
+        return patch_tag(svs, folder / f"{name}-{value}.svs", name, value)
 
     make.__name__ = f"{name}_{value}"
     return make

@@ -69,17 +69,26 @@ def info(
                 f"{desc['tissue']['polarity']})",
                 highlight=False,
             )
+        _print_channels(desc["channels"])
         for name, tiles in desc["plans"].items():
             out.print(f"plan {name}: {tiles} tiles", highlight=False)
         out.print(f"integrity: {_integrity(desc)}", highlight=False)
     else:
         out.print(
-            f"format {desc['format']} ({desc['vendor'] or 'generic'}); "
+            f"format {desc['format']} ({desc['vendor'] or 'generic'}), read by {desc['reader']}; "
             f"size {human_size(desc['size_bytes'])}; associated: "
             f"{', '.join(desc['associated']) or 'none'}",
             highlight=False,
         )
-        table = text_table("level", "shape c,y,x", "dtype", "compression", "tile", "copyable")
+        out.print(
+            f"pixels: {desc['pixels']}; convert would write {desc['codec']['name']} "
+            f"({desc['codec']['reason']})",
+            highlight=False,
+        )
+        _print_channels(desc["channels"])
+        table = text_table(
+            "level", "shape c,y,x", "dtype", "compression", "tile", "convert", "copyable"
+        )
         for i, lv in enumerate(desc["levels"]):
             table.add_row(
                 str(i),
@@ -87,6 +96,7 @@ def info(
                 lv["dtype"],
                 lv["compression"],
                 "x".join(map(str, lv["tile"])) if lv["tile"] else "strips",
+                lv["write"],
                 "yes" if lv["copyable"] else f"no: {lv['why_not']}",
             )
     out.print(table)
@@ -97,6 +107,19 @@ def info(
         out.print(f"tiles: {tried} sampled, {verdict}", highlight=False)
     elif desc["kind"] == "slide":
         out.print("tiles: not read (metadata only; --verify decodes a sample)")
+
+
+def _print_channels(channels: list[dict]) -> None:
+    """One line: each channel's name, colour and display window where known."""
+    if not channels:
+        return
+    parts = []
+    for channel in channels:
+        window = channel.get("window")
+        shown = f" {window['start']:g}-{window['end']:g}" if window else ""
+        color = f" #{channel['color']}" if channel.get("color") else ""
+        parts.append(f"{channel['name']}{color}{shown}")
+    out.print(f"channels: {'; '.join(parts)}", highlight=False)
 
 
 def _integrity(desc: dict) -> str:

@@ -56,6 +56,9 @@ def convert(
     checksums: bool = typer.Option(
         True, help="End every chunk with its CRC-32C so damage is found when read."
     ),
+    lossy_ok: bool = typer.Option(
+        False, help="Allow --codec jpeg on pixels that are not 8-bit RGB brightfield."
+    ),
 ) -> None:
     """Convert slides once into chunked OME-Zarr 0.5 stores."""
     from tilestore.conversion import convert as run_convert
@@ -77,6 +80,7 @@ def convert(
                     copy=copy,
                     workers=workers,
                     checksums=checksums,
+                    lossy_ok=lossy_ok,
                     progress=lambda n, total: progress.update(task, advance=n, total=total),
                 )
         except TilestoreError as exc:

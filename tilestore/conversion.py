@@ -105,6 +105,7 @@ def convert(
     copy: bool = True,
     workers: int | None = None,
     checksums: bool = True,
+    lossy_ok: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> ConversionReport:
     """Convert the slide `src` into ``<dst>/<name>.ome.zarr`` (or `dst` itself if it ends in .zarr).
@@ -116,6 +117,9 @@ def convert(
     mpp: µm per level-0 pixel, overriding (or supplying) the file's value.
     keep_associated: also store label/macro/thumbnail images (labels carry patient data).
     copy: copy matching JPEG tiles verbatim (False forces decode + encode).
+    lossy_ok: allow codec="jpeg" on pixels that are not 8-bit RGB brightfield (fluorescence,
+        one page per marker): without it such a request is refused, since JPEG quantises
+        quantitative signal.
     checksums: end every chunk with its CRC-32C, so damage is found when it is read (off
         only to measure what they cost, or for readers without zarr's crc32c codec).
     progress: called as progress(chunks_done_now, chunks_total), from worker threads.
@@ -124,7 +128,7 @@ def convert(
     with open_source(src) as source:
         target = Path(dst) if Path(dst).suffix == ".zarr" else Path(dst) / store_name(src)
         _check_target(target, overwrite)
-        codec_name, reason = _choose_codec(source, codec)
+        codec_name, reason = choose_codec(source, codec, lossy_ok)
         encoding = _Encoding(
             codec_name,
             reason,
@@ -284,14 +288,17 @@ def _write_attrs(
 ) -> None:
     info, first = source.info, source.levels[0]
     rgb = enc.background == 255
-    labels = omezarr.channel_labels(first.channels, rgb, info.channel_names)
+    declared = info.channels if info.channels and len(info.channels) == first.channels else None
+    labels = omezarr.channel_labels(first.channels, rgb, [c.name for c in declared or ()])
+    colors = [c.color for c in declared] if declared else None
+    windows = None if rgb else _display_windows(root[str(len(plan) - 1)])
     mpp_xy = (mpp["x"], mpp["y"]) if mpp else None
     root.attrs["ome"] = {
         "version": omezarr.OME_VERSION,
         "multiscales": omezarr.multiscales(
             source.path.name, [str(i) for i in range(len(plan))], [p[1] for p in plan], mpp_xy
         ),
-        "omero": omezarr.omero(labels, _dtype_max(first.dtype), rgb),
+        "omero": omezarr.omero(labels, _dtype_max(first.dtype), rgb, colors, windows),
     }
     # The complete flag goes last: a store without it was interrupted.
     root.attrs[ATTRS_KEY] = {
@@ -334,7 +341,9 @@ def _level_plan(source: Source) -> list[tuple[tuple[int, int], tuple[float, floa
     return plan
 
 
-def _choose_codec(source: Source, codec: str) -> tuple[str, str]:
+def choose_codec(source: Source, codec: str = "auto", lossy_ok: bool = False) -> tuple[str, str]:
+    """The codec a conversion writes and why: JPEG only for 8-bit RGB brightfield unless
+    asked for (and, for anything else, allowed with `lossy_ok`); zstd otherwise."""
     level = source.levels[0]
     if codec not in CODECS:
         raise TilestoreError(f"codec={codec!r}: choose one of {', '.join(map(repr, CODECS))}")
@@ -343,9 +352,15 @@ def _choose_codec(source: Source, codec: str) -> tuple[str, str]:
         if not jpeg_ok:
             raise TilestoreError(
                 f"{source.path}: codec='jpeg' needs 8-bit RGB or grayscale, not "
-                f"{level.channels} x {level.dtype}; use codec='zstd'"
+                f"{source.describe_pixels()}; use codec='zstd'"
             )
-        return "jpeg", "requested"
+        if not source.brightfield_rgb and not lossy_ok:
+            raise TilestoreError(
+                f"{source.path}: codec='jpeg' would quantise {source.describe_pixels()}, which "
+                "are not 8-bit RGB brightfield; store them losslessly (codec='auto') or pass "
+                "lossy_ok=True"
+            )
+        return "jpeg", "requested" + ("" if source.brightfield_rgb else ", lossy_ok")
     if codec == "zstd":
         return "zstd", "requested"
     if source.brightfield_rgb:
@@ -353,7 +368,7 @@ def _choose_codec(source: Source, codec: str) -> tuple[str, str]:
     modality = source.info.modality
     if modality is not None and modality.value == "fluorescence":
         return "zstd", f"fluorescence ({modality.origin})"
-    return "zstd", f"{level.channels} channel(s) of {level.dtype}, not 8-bit RGB"
+    return "zstd", f"{source.describe_pixels()}, not 8-bit RGB brightfield"
 
 
 def _choose_chunk(source: Source, chunk: int | None, copy: bool) -> int:
@@ -428,6 +443,21 @@ def _sha256(path: Path) -> str:
         while block := fh.read(8 << 20):
             h.update(block)
     return h.hexdigest()
+
+
+def _display_windows(smallest: zarr.Array) -> list[tuple[float, float]]:
+    """Each channel's 0.1-99.9th percentile on the smallest level: a display window that
+    shows a dim 16-bit marker, where the dtype's whole range would show it black."""
+    pixels = smallest[:]
+    windows = []
+    for channel in pixels.reshape(pixels.shape[0], -1):
+        low, high = np.percentile(channel, [0.1, 99.9])
+        windows.append((_plain(low), _plain(max(high, low + 1))))
+    return windows
+
+
+def _plain(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else round(float(value), 3)
 
 
 def _dtype_max(dtype: np.dtype) -> int | float:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import zarr
 
+from tilestore.conversion import choose_codec
 from tilestore.errors import SlideError, StoreError
 from tilestore.sources import Fact, open_source
 from tilestore.store import ATTRS_KEY, is_store, tree_size
@@ -56,6 +58,7 @@ def _describe_store(path: Path) -> dict[str, Any]:
         "mpp": mpp,
         "objective_power": attrs.get("objective_power"),
         "modality": attrs.get("modality"),
+        "channels": _channels(group),
         "codec": attrs.get("codec"),
         "integrity": attrs.get("integrity"),  # None: written before chunks had checksums
         "verified": attrs.get("verified"),
@@ -67,6 +70,15 @@ def _describe_store(path: Path) -> dict[str, Any]:
         "size_vs_source": round(size / source_size, 3) if source_size else None,
         "software": attrs.get("software"),
     }
+
+
+def _channels(group: zarr.Group) -> list[dict]:
+    """Each channel's label, colour and display window, as viewers read them (omero)."""
+    omero = group.attrs.get("ome", {}).get("omero", {})
+    return [
+        {"name": c.get("label"), "color": c.get("color"), "window": c.get("window")}
+        for c in omero.get("channels", [])
+    ]
 
 
 def _levels(group: zarr.Group, attrs: dict, mpp: dict | None) -> list[dict]:
@@ -95,6 +107,7 @@ def _levels(group: zarr.Group, attrs: dict, mpp: dict | None) -> list[dict]:
 def _describe_slide(path: Path, verify: bool) -> dict[str, Any]:
     with open_source(path) as source:
         info = source.info
+        codec, why = choose_codec(source)
         levels = []
         for index, level in enumerate(source.levels):
             tiles = level.jpeg_tiles()
@@ -106,6 +119,8 @@ def _describe_slide(path: Path, verify: bool) -> dict[str, Any]:
                     "tile": list(level.tile_shape) if level.tile_shape else None,
                     "copyable": tiles is not None,
                     "why_not": None if tiles else level.describe_copy(),
+                    # what `convert` with its defaults would do with this level
+                    "write": "lossless" if codec == "zstd" else "copy" if tiles else "re-encode",
                     "checked": _sample(path, index, level) if verify else None,
                 }
             )
@@ -113,7 +128,11 @@ def _describe_slide(path: Path, verify: bool) -> dict[str, Any]:
             "path": str(path),
             "kind": "slide",
             "format": info.format,
+            "reader": type(source).__name__,
             "vendor": info.vendor,
+            "pixels": source.describe_pixels(),
+            "channels": [asdict(c) for c in info.channels or ()],
+            "codec": {"name": codec, "reason": why},
             "mpp": Fact.to_json(info.mpp),
             "objective_power": Fact.to_json(info.objective_power),
             "modality": Fact.to_json(info.modality),

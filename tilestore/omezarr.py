@@ -66,15 +66,43 @@ def channel_labels(channels: int, rgb: bool, names: Sequence[str] | None = None)
     return ["R", "G", "B"] if rgb and channels == 3 else [f"C{i}" for i in range(channels)]
 
 
-def omero(labels: Sequence[str], dtype_max: float, rgb: bool) -> dict[str, Any]:
-    """Return rendering hints so viewers show brightfield RGB in colour at full range."""
+def omero(
+    labels: Sequence[str],
+    dtype_max: float,
+    rgb: bool,
+    colors: Sequence[str | None] | None = None,
+    windows: Sequence[tuple[float, float]] | None = None,
+) -> dict[str, Any]:
+    """Rendering hints: brightfield RGB in colour at full range; other channels in the file's
+    colours (else DAPI/Hoechst blue and a palette), each shown over its `windows` (start, end)
+    where given, within the dtype's range."""
     channels = len(labels)
-    colors = RGB_COLORS if rgb and channels == 3 else ("FFFFFF",) * channels
-    window = {"min": 0, "max": dtype_max, "start": 0, "end": dtype_max}
+    if rgb and channels == 3:
+        shown = list(RGB_COLORS)
+    else:
+        given = list(colors) if colors and len(colors) == channels else [None] * channels
+        pairs = enumerate(zip(given, labels, strict=True))
+        shown = [color or _default_color(label, i) for i, (color, label) in pairs]
+    spans = list(windows) if windows and len(windows) == channels else [(0, dtype_max)] * channels
     return {
         "channels": [
-            {"color": color, "label": label, "active": True, "window": dict(window)}
-            for color, label in zip(colors, labels, strict=True)
+            {
+                "color": color,
+                "label": label,
+                "active": True,
+                "window": {"min": 0, "max": dtype_max, "start": start, "end": end},
+            }
+            for color, label, (start, end) in zip(shown, labels, spans, strict=True)
         ],
         "rdefs": {"model": "color" if rgb else "greyscale"},
     }
+
+
+NUCLEAR = ("dapi", "hoechst")  # nuclear stains, by name
+_PALETTE = ("00FF00", "FF0000", "FF00FF", "00FFFF", "FFFF00", "FF8000", "FFFFFF")
+
+
+def _default_color(label: str, index: int) -> str:
+    if any(label.lower().startswith(n) for n in NUCLEAR):
+        return "0000FF"
+    return _PALETTE[index % len(_PALETTE)]

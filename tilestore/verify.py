@@ -115,9 +115,7 @@ def _coords(array: zarr.Array) -> list[tuple[int, ...]]:
     return out
 
 
-def _checker(
-    store: Path, name: str, label: str, array: zarr.Array, required: bool, decode: bool
-):
+def _checker(store: Path, name: str, label: str, array: zarr.Array, required: bool, decode: bool):
     checksum = has_checksums(array)
     jpeg = array.ndim == 3 and ChunkReader(array, 0).is_jpeg  # an image level
 

@@ -182,7 +182,9 @@ def test_uint16_fluorescence_is_lossless_with_channel_names(tmp_path):
 
 
 def test_jpeg_for_fluorescence_uses_rgb_color_space(tmp_path, slide_path):
-    report = convert(slide_path(NDPI), tmp_path, codec="jpeg")
+    with pytest.raises(TilestoreError, match="lossy_ok=True"):  # RGB, but declared fluorescence
+        convert(slide_path(NDPI), tmp_path, codec="jpeg")
+    report = convert(slide_path(NDPI), tmp_path, codec="jpeg", lossy_ok=True)
     meta = json.loads((report.store / "0" / "zarr.json").read_text())
     assert meta["codecs"][1]["configuration"]["encoded_color_space"] == "rgb"
 

@@ -95,7 +95,7 @@ def test_ome_tiff_fluorescence_channels(tmp_path):
     with open_source(tiffs.ome_fluorescence(tmp_path / "f.ome.tif")) as source:
         assert source.info.mpp.value == pytest.approx((0.325, 0.325))
         assert source.info.modality.value == "fluorescence"
-        assert source.info.channel_names == ("DAPI", "FITC", "Cy5")
+        assert [c.name for c in source.info.channels] == ["DAPI", "FITC", "Cy5"]
         level = source.levels[0]
         assert (level.channels, level.dtype) == (3, np.uint16)
         assert level.read(0, 10, 0, 10).shape == (10, 10, 3)

@@ -11,14 +11,21 @@ from pathlib import Path
 import tifffile
 
 from tilestore.errors import SlideError
-from tilestore.sources.base import Fact, JpegTiles, Source, SourceInfo, SourceLevel
+from tilestore.sources.base import Channel, Fact, JpegTiles, Source, SourceInfo, SourceLevel
 from tilestore.sources.image import ImageSource
 from tilestore.sources.ndpi import NdpiSource
 from tilestore.sources.ometiff import OmeTiffSource
+from tilestore.sources.qptiff import QptiffSource
 from tilestore.sources.svs import SvsSource
 from tilestore.sources.tiff import TiffSource
 
-TIFF_READERS: tuple[type[TiffSource], ...] = (SvsSource, NdpiSource, OmeTiffSource, TiffSource)
+TIFF_READERS: tuple[type[TiffSource], ...] = (
+    SvsSource,
+    NdpiSource,
+    QptiffSource,
+    OmeTiffSource,
+    TiffSource,
+)
 _TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
 # What tifffile raises on malformed headers and IFDs.
 _TIFF_ERRORS = (
@@ -31,7 +38,7 @@ _TIFF_ERRORS = (
     struct.error,
 )
 
-__all__ = ["Fact", "JpegTiles", "Source", "SourceInfo", "SourceLevel", "open_source"]
+__all__ = ["Channel", "Fact", "JpegTiles", "Source", "SourceInfo", "SourceLevel", "open_source"]
 
 
 def open_source(path: str | os.PathLike) -> Source:

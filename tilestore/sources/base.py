@@ -43,6 +43,14 @@ class Fact:
 
 
 @dataclass(frozen=True)
+class Channel:
+    """One channel as the file names it: its name and display colour (hex RRGGBB), if any."""
+
+    name: str
+    color: str | None = None
+
+
+@dataclass(frozen=True)
 class SourceInfo:
     """What the source file says about itself; None where it says nothing."""
 
@@ -51,7 +59,7 @@ class SourceInfo:
     mpp: Fact | None = None  # value: (x, y) in µm per level-0 pixel
     objective_power: Fact | None = None
     modality: Fact | None = None  # value: "brightfield" | "fluorescence"
-    channel_names: tuple[str, ...] | None = None
+    channels: tuple[Channel, ...] | None = None  # as the file declares them
     warnings: tuple[str, ...] = ()
 
 
@@ -75,6 +83,9 @@ class SourceLevel(ABC):
     dtype: np.dtype
     compression: str
     tile_shape: tuple[int, int] | None
+    # the samples are the R, G and B of one colour picture (TIFF photometric RGB or YCbCr,
+    # DICOM RGB or YBR, a PNG), not independent channels such as one page per marker
+    rgb: bool = False
 
     @abstractmethod
     def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
@@ -112,10 +123,19 @@ class Source(ABC):
 
     @property
     def brightfield_rgb(self) -> bool:
-        """True for 8-bit RGB not declared as fluorescence: such slides suit JPEG chunks."""
+        """True for one 8-bit RGB colour picture not declared as fluorescence: the only kind of
+        slide that may get lossy (JPEG) chunks unasked."""
         level = self.levels[0]
         fluorescence = self.info.modality is not None and self.info.modality.value == "fluorescence"
-        return level.channels == 3 and level.dtype == np.uint8 and not fluorescence
+        return level.rgb and level.channels == 3 and level.dtype == np.uint8 and not fluorescence
+
+    def describe_pixels(self) -> str:
+        """What the pixels are, for messages: '3 channels (DAPI, CD8, PanCK) of uint8'."""
+        level = self.levels[0]
+        names = [c.name for c in self.info.channels or ()]
+        named = f" ({', '.join(names)})" if names else ""
+        kind = "RGB" if level.rgb else f"{level.channels} channel(s)"
+        return f"{kind}{named} of {level.dtype}"
 
 
 def checked_mpp(x: float | None, y: float | None, origin: str) -> tuple[Fact | None, str | None]:

@@ -54,6 +54,7 @@ class ImageSource(Source):
             dtype=pixels.dtype,
             compression=fmt,
             tile_shape=None,
+            rgb=True,
             pixels=pixels,
         )
         info = SourceInfo(format=fmt, mpp=mpp, warnings=(warning,) if warning else ())

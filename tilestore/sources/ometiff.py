@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import tifffile
 
-from tilestore.sources.base import Fact, SourceInfo, checked_mpp
+from tilestore.sources.base import Channel, Fact, SourceInfo, checked_mpp
 from tilestore.sources.tiff import TiffSource, associated_series
 
 _TO_UM = {"µm": 1.0, "um": 1.0, "nm": 1e-3, "mm": 1e3, "cm": 1e4, "m": 1e6, "pm": 1e-6, "Å": 1e-4}
+
+
+def ome_color(value: object) -> str | None:
+    """OME's Channel Color (a signed 32-bit RGBA integer) as hex RRGGBB."""
+    if value is None:
+        return None
+    try:
+        rgba = int(value) & 0xFFFFFFFF
+    except (TypeError, ValueError):
+        return None
+    return f"{rgba >> 8:06X}"
 
 
 def _as_list(value: object) -> list:
@@ -54,7 +65,7 @@ class OmeTiffSource(TiffSource):
                     )
         modality = None
         channels = _as_list(pixels.get("Channel"))
-        names = tuple(str(c.get("Name", "")) for c in channels)
+        named = tuple(Channel(str(c.get("Name", "")), ome_color(c.get("Color"))) for c in channels)
         for channel in channels:
             kind = str(channel.get("IlluminationType", "")).lower()
             if "fluorescence" in kind:
@@ -66,7 +77,7 @@ class OmeTiffSource(TiffSource):
             mpp=mpp,
             objective_power=objective,
             modality=modality,
-            channel_names=names if names and all(names) else None,
+            channels=named if named and all(c.name for c in named) else None,
             warnings=(warning,) if warning else (),
         )
 

@@ -178,6 +178,7 @@ class TiffSource(Source):
             dtype=np.dtype(level.dtype),
             compression=getattr(codec, "name", str(codec)).lower(),
             tile_shape=tile,
+            rgb=_is_rgb(level),
             series=series,
             level=index,
             path=path,
@@ -198,6 +199,14 @@ class TiffSource(Source):
         for level in self.levels:
             level.close()
         self._tif.close()
+
+
+def _is_rgb(level: tifffile.TiffPageSeries) -> bool:
+    """One page holds the three samples of a colour picture (photometric RGB or YCbCr). Pages
+    of one sample each (a QPTIFF's or OME-TIFF's markers) are independent channels."""
+    page = level.keyframe
+    colour = page.photometric in (tifffile.PHOTOMETRIC.RGB, tifffile.PHOTOMETRIC.YCBCR)
+    return len(level.pages) == 1 and page.samplesperpixel == 3 and colour
 
 
 def resolution_mpp(page: tifffile.TiffPage) -> tuple[Fact | None, str | None]:

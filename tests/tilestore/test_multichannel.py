@@ -1,0 +1,117 @@
+"""Multichannel and high-bit-depth slides are stored losslessly, with their true channels.
+
+The inputs are written with tifffile from the real DAPI NDPI's pixels: a QPTIFF as an Akoya
+Vectra writes it (one greyscale page per marker, QPI XML naming each) and a 5-channel 16-bit
+OME-TIFF. Before this, the QPTIFF converted "successfully" as 8-bit RGB brightfield JPEG.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tifffile
+import zarr
+
+from tests.conftest import NDPI
+from tests.tilestore import tiffs
+from tilestore.conversion import convert
+from tilestore.errors import TilestoreError
+from tilestore.slide import open_slide
+from tilestore.sources import open_source
+
+MARKERS = {"DAPI": "0,0,255", "CD8": "0,255,0", "PanCK": "255,0,0"}
+
+
+@pytest.fixture(scope="module")
+def ndpi_pixels(tmp_path_factory):
+    from tests.conftest import DATA
+
+    path = DATA / "slides" / NDPI
+    if not path.exists():
+        pytest.skip(f"real test data not found: {path}")
+    return tifffile.imread(path, level=1)  # (2432, 1984, 3) uint8, real DAPI-stained tissue
+
+
+@pytest.fixture
+def qptiff(tmp_path, ndpi_pixels):
+    planes = {
+        name: (color, ndpi_pixels[..., 2 - i]) for i, (name, color) in enumerate(MARKERS.items())
+    }
+    return tiffs.qptiff(tmp_path / "vectra.qptiff", planes)
+
+
+def _levels(store):
+    group = zarr.open_group(store, mode="r")
+    return [group[str(i)] for i in range(len(group.attrs["ome"]["multiscales"][0]["datasets"]))]
+
+
+def test_a_qptiff_is_stored_lossless_with_its_channels(qptiff, tmp_path):
+    report = convert(qptiff, tmp_path / "out")
+    assert report.codec == "zstd" and "fluorescence" in report.codec_reason
+    levels = _levels(report.store)
+    with tifffile.TiffFile(qptiff) as tif:
+        for index, source in enumerate(tif.series[0].levels):
+            np.testing.assert_array_equal(levels[index][:], source.asarray())  # bit-exact
+    attrs = zarr.open_group(report.store, mode="r").attrs
+    channels = attrs["ome"]["omero"]["channels"]
+    assert [(c["label"], c["color"]) for c in channels] == [
+        ("DAPI", "0000FF"),
+        ("CD8", "00FF00"),
+        ("PanCK", "FF0000"),
+    ]
+    # a display window from the data, inside the dtype's range
+    assert all(0 <= c["window"]["start"] < c["window"]["end"] <= 255 for c in channels)
+    assert attrs["tilestore"]["channels"] == list(MARKERS)
+    assert attrs["tilestore"]["modality"]["value"] == "fluorescence"
+    assert open_slide(report.store).to_xarray(0).coords["c"].values.tolist() == list(MARKERS)
+
+
+def test_jpeg_on_fluorescence_is_refused_unless_lossy_is_asked_for(qptiff, tmp_path):
+    with pytest.raises(TilestoreError, match=r"would quantise 3 channel\(s\) \(DAPI, CD8, PanCK\)"):
+        convert(qptiff, tmp_path / "out", codec="jpeg")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    report = convert(qptiff, tmp_path / "out", codec="jpeg", lossy_ok=True)
+    meta = json.loads((report.store / "0" / "zarr.json").read_text())
+    # asked for: JPEG, but no colour transform mixing the markers
+    assert meta["codecs"][1]["configuration"]["encoded_color_space"] == "rgb"
+
+
+def test_pages_of_one_sample_are_channels_even_without_vendor_metadata(qptiff, tmp_path):
+    """The generic reader decides from the pages themselves, not from the QPI XML."""
+    with tifffile.TiffFile(qptiff) as tif:
+        planes = tif.series[0].asarray()
+    plain = tmp_path / "plain.ome.tif"
+    tifffile.imwrite(plain, planes, photometric="minisblack", tile=(256, 256), ome=True)
+    with open_source(plain) as source:
+        assert source.levels[0].channels == 3 and not source.levels[0].rgb
+        assert not source.brightfield_rgb
+    assert convert(plain, tmp_path / "out", mpp=0.5).codec == "zstd"
+
+
+def test_five_channels_of_16_bits_round_trip_bit_exactly(tmp_path, ndpi_pixels):
+    rng = np.random.default_rng(5)
+    tissue = ndpi_pixels[:1024, :1280].astype(np.uint16)
+    image = np.stack(
+        [
+            tissue[..., i % 3] * (40 + 9 * i) + rng.integers(0, 300, tissue.shape[:2])
+            for i in range(5)
+        ]
+    ).astype(np.uint16)
+    names = ["DAPI", "CD3", "CD20", "PD-L1", "Ki67"]
+    colors = [0x0000FFFF, 0x00FF00FF, -0x00FFFF01, 0x00FFFFFF, -0x100FF01]  # OME signed RGBA
+    src = tiffs.ome_channels(tmp_path / "five.ome.tif", image, names, colors)
+    report = convert(src, tmp_path / "out")
+    assert report.codec == "zstd"
+    levels = _levels(report.store)
+    assert levels[0].shape == (5, 1024, 1280) and levels[0].dtype == np.uint16
+    assert levels[0].chunks[0] == 1  # one channel per chunk beyond 4
+    with tifffile.TiffFile(src) as tif:
+        for index, source in enumerate(tif.series[0].levels):
+            np.testing.assert_array_equal(levels[index][:], source.asarray())
+    channels = zarr.open_group(report.store, mode="r").attrs["ome"]["omero"]["channels"]
+    assert [c["label"] for c in channels] == names
+    assert [c["color"] for c in channels] == ["0000FF", "00FF00", "FF0000", "00FFFF", "FEFF00"]
+    assert all(c["window"]["max"] == 65535 for c in channels)
+    assert all(c["window"]["end"] < 65535 for c in channels)  # a window a viewer can show

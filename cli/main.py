@@ -29,7 +29,9 @@ app = typer.Typer(
 @app.command()
 def convert(
     src: list[Path] = typer.Argument(
-        ..., help="Slide files (SVS, NDPI, OME-TIFF, TIFF, PNG, JPEG)."
+        ...,
+        help="Slide files (SVS, NDPI, OME-TIFF, QPTIFF, TIFF, DICOM, PNG, JPEG) or folders of "
+        "DICOM files (one store per series).",
     ),
     output: Path = typer.Option(
         ..., "-o", "--output", help="Directory for <name>.ome.zarr stores."
@@ -59,17 +61,25 @@ def convert(
     lossy_ok: bool = typer.Option(
         False, help="Allow --codec jpeg on pixels that are not 8-bit RGB brightfield."
     ),
+    name: str | None = typer.Option(
+        None, help="Store name (<name>.ome.zarr) for a single slide, instead of the file's."
+    ),
 ) -> None:
     """Convert slides once into chunked OME-Zarr 0.5 stores."""
     from tilestore.conversion import convert as run_convert
 
     failed = 0
-    for path in src:
+    slides = [(path, series) for path in src for series in _series_of(path)]
+    if name and len(slides) > 1:
+        raise TilestoreError(f"--name {name}: names one store, but {len(slides)} slides were given")
+    for path, series in slides:
         try:
             with _progress(f"{path.name}") as (progress, task):
                 report = run_convert(
                     path,
                     output,
+                    series=series,
+                    name=name,
                     chunk=chunk,
                     codec=codec,
                     quality=quality,
@@ -110,6 +120,19 @@ def convert(
         )
     if failed:
         raise typer.Exit(2)
+
+
+def _series_of(path: Path) -> list[str | None]:
+    """A folder of several DICOM series is one slide per series; anything else is one slide."""
+    if not path.is_dir():
+        return [None]
+    from tilestore.sources import dicom_series
+
+    try:
+        found = dicom_series(path)
+    except TilestoreError:
+        return [None]  # open_source says what is wrong with it
+    return list(found) if len(found) > 1 else [None]
 
 
 @app.command()

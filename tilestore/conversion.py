@@ -31,6 +31,7 @@ from tilestore.sources import Fact, Source, SourceLevel, open_source
 from tilestore.store import (
     ATTRS_KEY,
     STORE_FORMAT,
+    STORE_SUFFIX,
     consolidate,
     is_store,
     software_versions,
@@ -106,6 +107,8 @@ def convert(
     workers: int | None = None,
     checksums: bool = True,
     lossy_ok: bool = False,
+    series: str | None = None,
+    name: str | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> ConversionReport:
     """Convert the slide `src` into ``<dst>/<name>.ome.zarr`` (or `dst` itself if it ends in .zarr).
@@ -122,11 +125,16 @@ def convert(
         quantitative signal.
     checksums: end every chunk with its CRC-32C, so damage is found when it is read (off
         only to measure what they cost, or for readers without zarr's crc32c codec).
+    series: the DICOM SeriesInstanceUID to convert where `src` is a folder holding several
+        (`tilestore.sources.dicom_series` lists them); its store is named <folder>-<uid>.
+    name: the store's name (<name>.ome.zarr) instead of one from `src`.
     progress: called as progress(chunks_done_now, chunks_total), from worker threads.
     """
     started = time.perf_counter()
-    with open_source(src) as source:
-        target = Path(dst) if Path(dst).suffix == ".zarr" else Path(dst) / store_name(src)
+    with open_source(src, series) as source:
+        target = (
+            Path(dst) if Path(dst).suffix == ".zarr" else Path(dst) / _store_name(src, series, name)
+        )
         _check_target(target, overwrite)
         codec_name, reason = choose_codec(source, codec, lossy_ok)
         encoding = _Encoding(
@@ -146,7 +154,7 @@ def convert(
         )
         tmp = leftovers.partial_name(target)
         with ThreadPoolExecutor(1) as hasher:
-            digest = hasher.submit(_sha256, Path(src))
+            digest = hasher.submit(_sha256, source.files)
             try:
                 root = zarr.open_group(tmp, mode="w-", zarr_format=3)
                 plan = _level_plan(source)
@@ -166,7 +174,7 @@ def convert(
                 raise
     for message in report.warnings:
         warnings.warn(f"{src}: {message}", TilestoreWarning, stacklevel=2)
-    report.source_bytes = Path(src).stat().st_size
+    report.source_bytes = sum(f.stat().st_size for f in source.files)
     report.seconds = time.perf_counter() - started
     return report
 
@@ -307,7 +315,9 @@ def _write_attrs(
             "name": source.path.name,
             "format": info.format,
             "vendor": info.vendor,
-            "size": source.path.stat().st_size,
+            "size": sum(f.stat().st_size for f in source.files),
+            "files": len(source.files),
+            **({"series": info.series} if info.series else {}),
             "sha256": sha256,
         },
         "mpp": mpp,
@@ -437,11 +447,22 @@ def _move_into_place(tmp: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _sha256(path: Path) -> str:
+def _store_name(src: str | os.PathLike, series: str | None, name: str | None) -> str:
+    """<name>.ome.zarr: as asked, else the slide file's stem or the DICOM folder's name (with
+    the series UID where the folder holds several series)."""
+    if name:
+        return name + STORE_SUFFIX
+    if series:
+        return f"{Path(src).name}-{series}{STORE_SUFFIX}"
+    return Path(src).name + STORE_SUFFIX if Path(src).is_dir() else store_name(src)
+
+
+def _sha256(files: list[Path]) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(8 << 20):
-            h.update(block)
+    for path in files:
+        with open(path, "rb") as fh:
+            while block := fh.read(8 << 20):
+                h.update(block)
     return h.hexdigest()
 
 

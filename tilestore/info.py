@@ -11,7 +11,7 @@ import zarr
 
 from tilestore.conversion import choose_codec
 from tilestore.errors import SlideError, StoreError
-from tilestore.sources import Fact, open_source
+from tilestore.sources import Fact, dicom_series, open_source
 from tilestore.store import ATTRS_KEY, is_store, tree_size
 
 SAMPLE_TILES = 8  # per level, decoded by describe(verify=True)
@@ -27,7 +27,7 @@ def describe(path: str | os.PathLike, *, verify: bool = False) -> dict[str, Any]
     path = Path(path)
     if is_store(path):
         return _describe_store(path)
-    if path.is_dir():
+    if path.is_dir() and not dicom_series(path):
         raise StoreError(f"{path}: a directory that is neither a store nor a slide")
     return _describe_slide(path, verify)
 
@@ -138,7 +138,9 @@ def _describe_slide(path: Path, verify: bool) -> dict[str, Any]:
             "modality": Fact.to_json(info.modality),
             "levels": levels,
             "associated": sorted(source.associated),
-            "size_bytes": path.stat().st_size,
+            "size_bytes": sum(f.stat().st_size for f in source.files),
+            "files": len(source.files),
+            "series": info.series,
             "warnings": list(info.warnings),
             "verified": verify,  # False: the metadata only was read
         }

@@ -12,6 +12,7 @@ import tifffile
 
 from tilestore.errors import SlideError
 from tilestore.sources.base import Channel, Fact, JpegTiles, Source, SourceInfo, SourceLevel
+from tilestore.sources.dicom import DICM_OFFSET, dicom_series, is_dicom_file, open_dicom
 from tilestore.sources.image import ImageSource
 from tilestore.sources.ndpi import NdpiSource
 from tilestore.sources.ometiff import OmeTiffSource
@@ -38,32 +39,47 @@ _TIFF_ERRORS = (
     struct.error,
 )
 
-__all__ = ["Channel", "Fact", "JpegTiles", "Source", "SourceInfo", "SourceLevel", "open_source"]
+__all__ = [
+    "Channel",
+    "Fact",
+    "JpegTiles",
+    "Source",
+    "SourceInfo",
+    "SourceLevel",
+    "dicom_series",
+    "open_source",
+]
 
 
-def open_source(path: str | os.PathLike) -> Source:
-    """Return the open `Source` for a slide file, or raise SlideError saying why not."""
+def open_source(path: str | os.PathLike, series: str | None = None) -> Source:
+    """Return the open `Source` for a slide file (or a folder of DICOM files; `series` picks
+    one SeriesInstanceUID where it holds several), or raise SlideError saying why not."""
     path = Path(path)
     if path.is_dir():
-        raise SlideError(f"{path}: is a directory, not a slide file")
+        if not dicom_series(path):
+            raise SlideError(f"{path}: is a directory, not a slide file (and holds no DICOM)")
+        return open_dicom(path, series)
     try:
         info = path.stat()
         if not stat.S_ISREG(info.st_mode):  # a FIFO or a device would block the read forever
             raise SlideError(f"{path}: not a regular file (a pipe, socket or device)")
         size = info.st_size
         with open(path, "rb") as fh:
-            head = fh.read(16)
+            head = fh.read(DICM_OFFSET + 4)
     except OSError as exc:
         raise SlideError(f"{path}: cannot read: {exc.strerror}") from exc
     if size == 0:
         raise SlideError(f"{path}: file is empty (0 bytes)")
+    if is_dicom_file(head):
+        return open_dicom(path, series)
     if head.startswith(_TIFF_MAGIC):
         return _open_tiff(path)
     fmt = ImageSource.sniff(head)
     if fmt:
         return ImageSource(path, fmt)
     raise SlideError(
-        f"{path}: not a supported slide (expected TIFF/SVS/NDPI/OME-TIFF, PNG or JPEG; "
+        f"{path}: not a supported slide (expected TIFF/SVS/NDPI/OME-TIFF/QPTIFF, DICOM, PNG or "
+        "JPEG; "
         f"file starts with {head[:8]!r})"
     )
 

@@ -60,6 +60,7 @@ class SourceInfo:
     objective_power: Fact | None = None
     modality: Fact | None = None  # value: "brightfield" | "fluorescence"
     channels: tuple[Channel, ...] | None = None  # as the file declares them
+    series: str | None = None  # a DICOM slide's SeriesInstanceUID
     warnings: tuple[str, ...] = ()
 
 
@@ -114,6 +115,11 @@ class Source(ABC):
 
     def close(self) -> None:  # noqa: B027 - readers without resources need nothing
         """Release file handles."""
+
+    @property
+    def files(self) -> list[Path]:
+        """The files the slide is read from (a DICOM series has several)."""
+        return [self.path]
 
     def __enter__(self) -> Source:
         return self

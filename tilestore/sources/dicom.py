@@ -1,0 +1,316 @@
+"""DICOM whole-slide images (VL Whole Slide Microscopy) through wsidicom.
+
+A slide is one DICOM series: one instance (file) or more per pyramid level, TILED_FULL or
+TILED_SPARSE, possibly concatenated, plus LABEL and OVERVIEW instances. A `.dcm` file, a
+folder of one series' files, or one series of a folder that holds several can be opened
+(`dicom_series` lists a folder's series). JPEG baseline frames are complete JPEG streams,
+copied as chunks like SVS tiles; frames of other transfer syntaxes (JPEG 2000, JPEG-LS, RLE,
+uncompressed) are decoded by wsidicom. Several optical paths of one sample each
+(fluorescence) are the slide's channels; of several focal planes the one nearest 0 is read.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tilestore import jpeg
+from tilestore.errors import SlideError
+from tilestore.sources.base import (
+    Channel,
+    Fact,
+    JpegTiles,
+    Source,
+    SourceInfo,
+    SourceLevel,
+    check_size,
+    checked_mpp,
+)
+
+JPEG_BASELINE = "1.2.840.10008.1.2.4.50"
+# photometric interpretation -> what the samples in a JPEG frame are
+_JPEG_COLOR = {
+    "YBR_FULL_422": "ycbcr",
+    "YBR_FULL": "ycbcr",
+    "RGB": "rgb",
+    "MONOCHROME2": "grayscale",
+}
+# transfer syntaxes of WSI frames, by the names this project uses for compressions
+_COMPRESSION = {
+    JPEG_BASELINE: "jpeg",
+    "1.2.840.10008.1.2.4.90": "jpeg2000",  # lossless only
+    "1.2.840.10008.1.2.4.91": "jpeg2000",
+    "1.2.840.10008.1.2.4.201": "htj2k",
+    "1.2.840.10008.1.2.4.202": "htj2k",
+    "1.2.840.10008.1.2.4.203": "htj2k",
+    "1.2.840.10008.1.2.4.80": "jpegls",
+    "1.2.840.10008.1.2.4.81": "jpegls",
+    "1.2.840.10008.1.2.4.57": "jpeg-lossless",
+    "1.2.840.10008.1.2.4.70": "jpeg-lossless",
+    "1.2.840.10008.1.2.5": "rle",
+    "1.2.840.10008.1.2.1": "none",
+    "1.2.840.10008.1.2": "none",
+}
+_RGB = {"RGB", "YBR_FULL_422", "YBR_FULL", "YBR_ICT", "YBR_RCT"}
+DICM_OFFSET = 128  # a DICOM file's 128-byte preamble, then "DICM"
+
+
+def is_dicom_file(head: bytes) -> bool:
+    """True where a file's first 132 bytes are a DICOM preamble and magic."""
+    return head[DICM_OFFSET : DICM_OFFSET + 4] == b"DICM"
+
+
+def dicom_series(path: str | os.PathLike) -> dict[str, list[Path]]:
+    """The DICOM files of a file or folder by SeriesInstanceUID (files that are not DICOM are
+    left out), in a stable order."""
+    import pydicom
+
+    path = Path(path)
+    candidates = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    series: dict[str, list[Path]] = {}
+    for candidate in candidates:
+        try:
+            with open(candidate, "rb") as fh:
+                if not is_dicom_file(fh.read(DICM_OFFSET + 4)):
+                    continue
+            ds = pydicom.dcmread(
+                candidate, stop_before_pixels=True, specific_tags=["SeriesInstanceUID"]
+            )
+        except (OSError, EOFError, ValueError, pydicom.errors.InvalidDicomError) as exc:
+            raise SlideError(f"{candidate}: not a readable DICOM file: {exc}") from exc
+        uid = str(ds.get("SeriesInstanceUID", "")) or "unknown"
+        series.setdefault(uid, []).append(candidate)
+    return dict(sorted(series.items()))
+
+
+@dataclass
+class DicomLevel(SourceLevel):
+    """One pyramid level of a DICOM series, read through wsidicom."""
+
+    wsi: object = None  # wsidicom.WsiDicom
+    handle: object = None  # its wsidicom Level
+    level: int = 0  # wsidicom's level number (log2 of its scale)
+    paths: tuple[str, ...] = ()  # optical paths read as channels (one: the colour image)
+    z: float = 0.0
+    photometric: str = ""
+    transfer_syntax: str = ""
+    where: str = ""
+
+    def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        size = (x1 - x0, y1 - y0)
+        try:
+            planes = [
+                np.asarray(self.wsi.read_region((x0, y0), self.level, size, z=self.z, path=p))
+                for p in self.paths
+            ]
+        except Exception as exc:  # wsidicom and its decoders raise many kinds
+            raise SlideError(
+                f"{self.where}: cannot decode rows {y0}-{y1} ({type(exc).__name__}: {exc})"
+            ) from exc
+        if len(planes) == 1:
+            return planes[0] if planes[0].ndim == 3 else planes[0][..., None]
+        return np.stack([p if p.ndim == 2 else p[..., 0] for p in planes], axis=-1)
+
+    def _copy_blocker(self) -> str | None:
+        if self.transfer_syntax != JPEG_BASELINE:
+            return f"DICOM transfer syntax {self.transfer_syntax}, not JPEG baseline"
+        if len(self.paths) != 1:
+            return "one optical path per channel"
+        if self.photometric not in _JPEG_COLOR:
+            return f"photometric {self.photometric}"
+        return None
+
+    def describe_copy(self) -> str:
+        return self._copy_blocker() or "frames not copyable"
+
+    def jpeg_tiles(self) -> JpegTiles | None:
+        if self._copy_blocker() is not None:
+            return None
+        image_data = self.handle.default_instance.image_data
+        tiled = image_data.tiled_size
+        (path,) = self.paths
+
+        def frame(row: int, col: int) -> bytes:
+            try:
+                return self.wsi.read_encoded_tile(
+                    self.level, (col, row), z=self.z, path=path, crop_to_image_boundary=False
+                )
+            except Exception as exc:  # a truncated file: EOFError; a bad index: others
+                raise SlideError(
+                    f"{self.where} frame ({row}, {col}): cannot read ({type(exc).__name__}: "
+                    f"{exc}); the file is truncated or damaged"
+                ) from exc
+
+        first = frame(0, 0)
+        try:
+            header = jpeg.read_header(first)
+        except ValueError:
+            return None
+        if not header.baseline:
+            return None
+        color_space = _JPEG_COLOR[self.photometric]
+        # RGB-coded frames carry no JFIF; a standard decoder assumes YCbCr unless marked
+        mark_rgb = color_space == "rgb" and header.color_space != "rgb"
+        if mark_rgb and header.adobe_transform is not None:
+            return None
+        sampling = header.sampling
+        if color_space == "rgb" and set(sampling) != {(1, 1)}:
+            return None
+        if color_space == "ycbcr" and (
+            header.color_space != "ycbcr" or sampling[1] != (1, 1) or sampling[2] != (1, 1)
+        ):
+            return None
+        present = _present(image_data, self.z, path)
+
+        def read_tile(row: int, col: int) -> bytes | None:
+            if not present(col, row):
+                return None  # TILED_SPARSE: never scanned, the level's background
+            return jpeg.complete_stream(frame(row, col), None, mark_rgb=mark_rgb)
+
+        size = image_data.tile_size
+        return JpegTiles(
+            (size.height, size.width), (tiled.height, tiled.width), color_space, sampling, read_tile
+        )
+
+
+def _present(image_data: object, z: float, path: str):
+    """A test of whether a tile has a frame (a TILED_SPARSE level may leave tiles out)."""
+    from wsidicom.geometry import Point
+
+    index = image_data.tiles
+
+    def present(x: int, y: int) -> bool:
+        try:
+            return index.get_frame_index(Point(x, y), z, path) >= 0
+        except (KeyError, IndexError, LookupError):
+            return False
+
+    return present
+
+
+class DicomSource(Source):
+    """A DICOM WSI series: its pyramid levels, mpp, optical paths, label and overview."""
+
+    format = "dicom"
+
+    def __init__(self, path: Path, files: list[Path]) -> None:
+        from wsidicom import WsiDicom
+
+        try:
+            wsi = WsiDicom.open(files)
+        except Exception as exc:  # wsidicom raises its own and pydicom's errors
+            raise SlideError(f"{path}: not a readable DICOM WSI series: {exc}") from exc
+        self._wsi, self._files = wsi, list(files)
+        try:
+            levels, info = self._read(path, wsi)
+        except BaseException:
+            wsi.close()
+            raise
+        associated = {}
+        if wsi.labels:
+            associated["label"] = lambda: np.asarray(wsi.read_label())
+        if wsi.overviews:
+            associated["macro"] = lambda: np.asarray(wsi.read_overview())
+        super().__init__(path, info, levels, associated)
+
+    @staticmethod
+    def _read(path: Path, wsi: object) -> tuple[list[DicomLevel], SourceInfo]:
+        if not wsi.levels:
+            raise SlideError(f"{path}: DICOM series holds no VOLUME (pyramid) instances")
+        warnings = []
+        base = wsi.levels.base_level
+        planes = sorted(base.focal_planes, key=abs)
+        if len(planes) > 1:
+            warnings.append(f"{len(planes)} focal planes; the one at z={planes[0]} is read")
+        paths = tuple(str(p) for p in base.optical_paths)
+        data = base.default_instance.image_data
+        photometric = str(data.photometric_interpretation)
+        samples = int(data.samples_per_pixel)
+        if len(paths) > 1 and samples != 1:
+            warnings.append(f"{len(paths)} optical paths of colour images; the first is read")
+            paths = paths[:1]
+        channels = samples if len(paths) == 1 else len(paths)
+        levels = []
+        for level in wsi.levels:
+            image_data = level.default_instance.image_data
+            height, width = level.size.height, level.size.width
+            check_size(path, (height, width))
+            bits = int(image_data.bits)
+            levels.append(
+                DicomLevel(
+                    shape=(height, width),
+                    channels=channels,
+                    dtype=np.dtype(np.uint8 if bits <= 8 else np.uint16),
+                    compression=_COMPRESSION.get(str(image_data.transfer_syntax), "dicom"),
+                    tile_shape=(level.tile_size.height, level.tile_size.width),
+                    rgb=photometric in _RGB and samples == 3 and len(paths) == 1,
+                    wsi=wsi,
+                    handle=level,
+                    level=level.level,
+                    paths=paths,
+                    z=planes[0],
+                    photometric=photometric,
+                    transfer_syntax=str(image_data.transfer_syntax),
+                    where=f"{path}: level {len(levels)}",
+                )
+            )
+        mpp = base.mpp  # µm/px, from PixelSpacing in the shared functional groups
+        mpp_fact, warning = (
+            checked_mpp(mpp.width, mpp.height, "DICOM PixelSpacing") if mpp else (None, None)
+        )
+        warnings += [warning] if warning else []
+        dataset = base.datasets[0]
+        power = next(
+            (
+                float(op.ObjectiveLensPower)
+                for op in dataset.get("OpticalPathSequence", [])
+                if op.get("ObjectiveLensPower")
+            ),
+            None,
+        )
+        fluorescence = len(paths) > 1 or (samples == 1 and photometric == "MONOCHROME2")
+        info = SourceInfo(
+            format="dicom",
+            vendor=str(dataset.get("Manufacturer", "")) or None,
+            mpp=mpp_fact,
+            objective_power=Fact(power, "DICOM ObjectiveLensPower") if power else None,
+            modality=(
+                Fact("fluorescence", f"DICOM: {len(paths)} optical path(s) of one sample")
+                if fluorescence
+                else None
+            ),
+            channels=tuple(Channel(p) for p in paths) if len(paths) > 1 else None,
+            series=str(dataset.get("SeriesInstanceUID", "")) or None,
+            warnings=tuple(warnings),
+        )
+        return levels, info
+
+    @property
+    def files(self) -> list[Path]:
+        return self._files
+
+    def close(self) -> None:
+        self._wsi.close()
+
+
+def open_dicom(path: Path, series: str | None = None) -> DicomSource:
+    """The DICOM series at `path` (a file, or a folder of one series, or `series` of a folder
+    that holds several)."""
+    found = dicom_series(path)
+    if not found:
+        raise SlideError(f"{path}: folder holds no DICOM files")
+    if series is None:
+        if len(found) > 1:
+            raise SlideError(
+                f"{path}: holds {len(found)} DICOM series ({', '.join(found)}): `tilestore "
+                "convert` makes a store of each; in Python pass series=<SeriesInstanceUID>"
+            )
+        (files,) = found.values()
+    elif series in found:
+        files = found[series]
+    else:
+        raise SlideError(f"{path}: no DICOM series {series} (found: {', '.join(found)})")
+    return DicomSource(path, files)

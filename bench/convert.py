@@ -4,7 +4,9 @@ Measures, in one run on one machine:
   - copy path (JPEG tiles copied) vs forced decode+encode (--no-copy): wall time, ratio;
   - store size vs source size; peak RSS of each conversion (each runs in its own process);
   - random 256x256 level-0 region reads/s: our store (Slide.read_region) vs tifffile's zarr
-    view of the source (the efficient way to read regions from a TIFF with tifffile).
+    view of the source (the efficient way to read regions from a TIFF with tifffile);
+  - DICOM arm (--dicom): the same slide as a multi-level DICOM series (wsidicomizer, JPEG
+    baseline frames of 256 px), converted with its frames copied vs decoded and re-encoded.
 
     python bench/convert.py --size 40000            # prints a table, writes JSON
 """
@@ -86,12 +88,27 @@ def region_reads(store: Path, src: Path, n: int, size: int = 256, seed: int = 0)
     return {"store_per_s": n / (t1 - t0), "tifffile_per_s": n / (t2 - t1)}
 
 
+def make_dicom(svs: Path, folder: Path) -> Path:
+    """The slide as a DICOM WSI series (made once; wsidicomizer through tiffslide)."""
+    if folder.exists() and any(folder.glob("*.dcm")):
+        return folder
+    from wsidicomizer import WsiDicomizer
+    from wsidicomizer.sources import TiffSlideSource
+
+    shutil.rmtree(folder, ignore_errors=True)
+    WsiDicomizer.convert(
+        svs, folder, tile_size=256, preferred_source=TiffSlideSource, add_missing_levels=True
+    )
+    return folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size", type=int, default=40_000)
     parser.add_argument("--reads", type=int, default=500)
     parser.add_argument("--work", type=Path, default=HERE / "data")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "convert.json")
+    parser.add_argument("--dicom", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
 
     src = make_large_svs(args.work / f"large-{args.size}.svs", args.size)
@@ -101,6 +118,15 @@ def main() -> None:
     reads = region_reads(store, src, args.reads)
     reencode = run_conversion(src, args.work / "stores-reencode", copy=False)
     shutil.rmtree(args.work / "stores-reencode", ignore_errors=True)
+
+    dicom = {}
+    if args.dicom:
+        folder = make_dicom(src, args.work / f"large-{args.size}-dicom")
+        dicom["copy"] = run_conversion(folder, args.work / "stores-dicom", copy=True)
+        dicom["reencode"] = run_conversion(folder, args.work / "stores-dicom-re", copy=False)
+        shutil.rmtree(args.work / "stores-dicom-re", ignore_errors=True)
+        dicom["copy_speedup"] = dicom["reencode"]["seconds"] / dicom["copy"]["seconds"]
+        dicom["size_vs_source"] = dicom["copy"]["store_bytes"] / dicom["copy"]["source_bytes"]
 
     result = {
         "machine": {
@@ -115,6 +141,7 @@ def main() -> None:
         "size_vs_source": copy["store_bytes"] / copy["source_bytes"],
         "reads": reads,
         "read_ratio": reads["store_per_s"] / reads["tifffile_per_s"],
+        "dicom": dicom,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
@@ -140,12 +167,27 @@ def main() -> None:
         ("256 px region reads/s: tifffile", f"{reads['tifffile_per_s']:.0f}", ""),
         ("reads store / tifffile", f"{result['read_ratio']:.2f}x", ""),
     ]
+    if dicom:
+        c, r = dicom["copy"], dicom["reencode"]
+        rows += [
+            ("DICOM: copy path: time", f"{c['seconds']:.1f} s", ""),
+            ("DICOM: decode+encode: time", f"{r['seconds']:.1f} s", ""),
+            ("DICOM: copy speed-up", f"{dicom['copy_speedup']:.1f}x", ">= 10x"),
+            ("DICOM: store / source (copy)", f"{dicom['size_vs_source']:.3f}x", "<= 1.1x"),
+            (
+                "DICOM: peak RSS copy / re-encode",
+                f"{c['peak_rss_mb']:.0f} / {r['peak_rss_mb']:.0f} MB",
+                "< 1024 MB",
+            ),
+        ]
     width = max(len(r[0]) for r in rows)
     print(f"{'measure':<{width}}  {'value':<34}  target")
     for name, value, target in rows:
         print(f"{name:<{width}}  {value:<34}  {target}")
     print("levels (copy):", copy["levels"])
     print("levels (re-encode):", reencode["levels"])
+    if dicom:
+        print("DICOM levels (copy):", dicom["copy"]["levels"])
     print(f"JSON: {args.out}")
 
 

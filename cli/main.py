@@ -145,6 +145,9 @@ def tissue(
         TISSUE_MPP, help="Mask resolution, um/px (read from a low-resolution level)."
     ),
     preview: Path | None = typer.Option(None, help="Also write a PNG of the mask over the slide."),
+    channel: str | None = typer.Option(
+        None, help="Fluorescence: the nuclear channel, by name or index (default: DAPI/Hoechst)."
+    ),
 ) -> None:
     """Compute the tissue mask and store it as the OME-Zarr label image labels/tissue."""
     from tilestore.preview import save_preview
@@ -152,7 +155,7 @@ def tissue(
     from tilestore.tissue import compute_tissue, write_tissue
 
     slide = open_slide(store)
-    mask = compute_tissue(slide, method, mpp)
+    mask = compute_tissue(slide, method, mpp, **({"channel": channel} if channel else {}))
     write_tissue(slide, mask)
     for note in mask.notes:
         out.print(f"  {note}", highlight=False)

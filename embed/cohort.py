@@ -28,7 +28,7 @@ import numpy as np
 from distributed import WorkerPlugin, as_completed, get_worker
 
 from embed.engine import Embedder
-from embed.jobs import PlanChoice, Slice, plan_for
+from embed.jobs import PlanChoice, Slice, plan_for, rgb_input
 from embed.models import get_model
 from embed.settings import SLICE_TILES, Options
 from tilestore.cpus import usable_cpus
@@ -257,7 +257,7 @@ def embed_cohort(
 
 
 def _prepare(path, spec, plan, identity, options, slice_tiles) -> _Store:
-    slide = open_slide(path)
+    slide = rgb_input(open_slide(path))
     tile_plan, uid = plan_for(slide, spec, plan)
     writer = EmbeddingWriter(slide, tile_plan, uid, **identity, overwrite=options.overwrite)
     batch = identity["batch_size"]

@@ -19,7 +19,7 @@ import numpy as np
 from embed.models import ModelSpec
 from embed.report import RunReport
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
-from tilestore.errors import TilestoreError
+from tilestore.errors import StoreError, TilestoreError
 from tilestore.grid import TilePlan
 from tilestore.plans import DEFAULT_MPP, PlanOptions, list_plans, load_plan, plan_slide, save_plan
 from tilestore.slide import Slide, open_slide
@@ -66,7 +66,7 @@ def store_jobs(
     batch = identity["batch_size"]
     for store in map(Path, stores):
         try:
-            slide = open_slide(store)
+            slide = rgb_input(open_slide(store))
             tile_plan, uid = plan_for(slide, spec, plan)
             # the group is made by the writer thread while the first tiles are read
             writer = EmbeddingWriter(
@@ -85,7 +85,7 @@ def slice_jobs(slices: list[Slice], identity: dict[str, Any]) -> Iterator[Job]:
     """Jobs for slices: the group exists; only the slice's batches not yet done are run."""
     batch = identity["batch_size"]
     for piece in slices:
-        slide = open_slide(piece.store)
+        slide = rgb_input(open_slide(piece.store))
         tile_plan, uid = load_plan(slide, piece.plan)
         writer = EmbeddingWriter.attach(slide, tile_plan, uid, **identity)
         blocks = writer.todo()
@@ -99,6 +99,17 @@ def tiles_of(blocks: np.ndarray, batch: int, n: int) -> np.ndarray:
     """Plan indices of the tiles in these batches."""
     tiles = (np.asarray(blocks, np.int64)[:, None] * batch + np.arange(batch)).ravel()
     return tiles[tiles < n]
+
+
+def rgb_input(slide: Slide) -> Slide:
+    """The slide, where its pixels are what RGB models take (one 8-bit colour picture); a
+    StoreError before any GPU time where they are not (fluorescence markers, 16 bits)."""
+    if not slide.rgb:
+        raise StoreError(
+            f"{slide.name}: holds {slide.describe_channels()}, not an 8-bit RGB picture; "
+            "an RGB model cannot embed it (choosing three channels as its input is not built)"
+        )
+    return slide
 
 
 def plan_for(slide: Slide, spec: ModelSpec, plan: PlanChoice) -> tuple[TilePlan, str]:

@@ -325,6 +325,7 @@ def _write_attrs(
         "modality": Fact.to_json(info.modality),
         "background": enc.background,
         "channels": labels,
+        "rgb": first.rgb,  # one colour picture's R, G, B (not independent channels)
         "codec": {"name": enc.codec, "reason": enc.reason},
         # what a reader may rely on: every chunk written, each with its CRC-32C
         "integrity": {"every_chunk": True, "checksum": "crc32c" if enc.checksums else None},

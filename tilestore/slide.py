@@ -85,6 +85,18 @@ class Slide:
         """Level-0 shape (c, y, x)."""
         return self.levels[0].shape
 
+    @property
+    def rgb(self) -> bool:
+        """The pixels are one 8-bit RGB colour picture (what RGB models take), not other
+        channels: recorded at conversion; stores from before, by their shape and dtype."""
+        three = self.shape[0] == 3 and self.array(0).dtype == np.uint8
+        return three and bool(self.attrs.get("rgb", True))
+
+    def describe_channels(self) -> str:
+        """'3 channels (DAPI, CD8, PanCK) of uint8', for messages."""
+        names = ", ".join(map(str, self.attrs.get("channels", [])))
+        return f"{self.shape[0]} channel(s) ({names}) of {self.array(0).dtype}"
+
     def array(self, level: int = 0) -> zarr.Array:
         """Return the zarr array of a level."""
         return self._arrays[level]

@@ -21,6 +21,7 @@ from skimage import filters, morphology
 from tilestore import omezarr
 from tilestore.codecs import zstd_codecs
 from tilestore.errors import TilestoreError
+from tilestore.omezarr import NUCLEAR
 from tilestore.slide import Slide, resize
 from tilestore.store import consolidate
 
@@ -41,6 +42,9 @@ class OtsuParams:
     min_saturation: float = 0.05  # saturation (0-1) below which a pixel is never tissue
     glass_saturation: float = 0.04  # Otsu's low class is glass only if its median is below this
     min_intensity: float = 0.04  # fluorescence floor (0-1) for slides with no tissue
+    # fluorescence: the channel whose nuclei mark tissue, by name or index; None: the one
+    # named DAPI or Hoechst, else the brightest of all channels at each pixel
+    channel: str | int | None = None
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,8 @@ def _otsu(
             threshold = p.min_saturation
     else:
         # Fluorescence: nuclei are bright points; their smoothed density marks the tissue.
-        density = ndimage.gaussian_filter(pixels.max(axis=2), sigma=max(0.5, p.smooth_um / mpp))
+        nuclear = _nuclear(slide, pixels, p.channel, notes)
+        density = ndimage.gaussian_filter(nuclear, sigma=max(0.5, p.smooth_um / mpp))
         signal = np.log1p(density * 255)
         threshold = _otsu_threshold(signal, float(np.log1p(p.min_intensity * 255)))
     mask = signal > threshold
@@ -188,6 +193,32 @@ def _otsu(
     if p.fill_holes:
         mask = ndimage.binary_fill_holes(mask)
     return _drop_small(mask, round(p.min_area_um2 / (mpp * mpp)))
+
+
+def _nuclear(
+    slide: Slide, pixels: np.ndarray, channel: str | int | None, notes: list[str]
+) -> np.ndarray:
+    """The (h, w) nuclear signal of an (h, w, c) image: the channel asked for (by name or
+    index), else the one named for a nuclear stain (DAPI, Hoechst), else each pixel's
+    brightest channel."""
+    names = [str(n) for n in slide.attrs.get("channels", [])]
+    if channel is not None:
+        text = str(channel)
+        if text in names:
+            index = names.index(text)
+        elif text.isdigit() and int(text) < pixels.shape[2]:
+            index = int(text)
+        else:
+            raise TilestoreError(
+                f"{slide.name}: no channel {text!r} (channels: {', '.join(names) or 'unnamed'})"
+            )
+        notes.append(f"nuclear signal: channel {names[index] if names else index} (asked for)")
+        return pixels[..., index]
+    named = [i for i, n in enumerate(names) if n.lower().startswith(NUCLEAR)]
+    if named and pixels.shape[2] > 1:
+        notes.append(f"nuclear signal: channel {names[named[0]]} (by its name)")
+        return pixels[..., named[0]]
+    return pixels.max(axis=2)
 
 
 def _otsu_threshold(signal: np.ndarray, floor: float) -> float:

@@ -113,6 +113,25 @@ def test_a_running_embedding_is_not_started_twice(store, lite):
     assert lock.exists()  # someone else's lock is left alone
 
 
+def test_a_multiplex_store_is_refused_before_an_rgb_model_sees_it(store, tmp_path, lite):
+    """Markers are not colours: a QPTIFF's DAPI, CD8 and PanCK must not be embedded as R, G, B."""
+    from tests.tilestore import tiffs
+    from tilestore.conversion import convert
+
+    ndpi = open_slide(store(NDPI))
+    pixels = np.moveaxis(ndpi.to_dask(1).compute(), 0, -1)
+    markers = [("DAPI", "0,0,255"), ("CD8", "0,255,0"), ("PanCK", "255,0,0")]
+    planes = {name: (color, pixels[..., i]) for i, (name, color) in enumerate(markers)}
+    qptiff = convert(tiffs.qptiff(tmp_path / "vectra.qptiff", planes), tmp_path / "q").store
+    cmu = store()
+    report = embed([qptiff, cmu], lite, plan=PlanOptions(mpp=1.0, tile=224), options=FP32)
+    (failure,) = report.failures
+    assert failure["store"] == str(qptiff)
+    assert "3 channel(s) (DAPI, CD8, PanCK) of uint8, not an 8-bit RGB picture" in failure["error"]
+    assert not (qptiff / "embeddings").exists()
+    assert [s["store"] for s in report.slides] == [str(cmu)]
+
+
 def test_many_slides_one_model_and_a_bad_store_does_not_stop_the_others(store, tmp_path, lite):
     cmu, dapi = store(), store(NDPI)
     missing = tmp_path / "missing.ome.zarr"

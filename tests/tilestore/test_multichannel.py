@@ -115,3 +115,27 @@ def test_five_channels_of_16_bits_round_trip_bit_exactly(tmp_path, ndpi_pixels):
     assert [c["color"] for c in channels] == ["0000FF", "00FF00", "FF0000", "00FFFF", "FEFF00"]
     assert all(c["window"]["max"] == 65535 for c in channels)
     assert all(c["window"]["end"] < 65535 for c in channels)  # a window a viewer can show
+
+
+def test_fluorescence_tissue_follows_the_nuclear_channel(tmp_path, ndpi_pixels):
+    """A marker that glows over the glass (autofluorescence, mounting medium) must not decide
+    the mask: it follows DAPI, found by its name, or the channel asked for."""
+    from tilestore.tissue import compute_tissue
+
+    dapi = ndpi_pixels[..., 2]
+    glow = np.clip(ndpi_pixels[..., 1].astype(np.int16) + 120, 0, 255).astype(np.uint8)
+    both = {"Opal 570": ("0,255,0", glow), "DAPI": ("0,0,255", dapi)}
+    slide = open_slide(convert(tiffs.qptiff(tmp_path / "a.qptiff", both), tmp_path / "a").store)
+    alone = {"DAPI": ("0,0,255", dapi)}
+    only = open_slide(convert(tiffs.qptiff(tmp_path / "b.qptiff", alone), tmp_path / "b").store)
+    by_name = compute_tissue(slide, mpp=4.0)
+    assert any("channel DAPI (by its name)" in n for n in by_name.notes)
+    # as from DAPI alone (up to a few edge pixels of the resampled levels)
+    assert (by_name.mask != compute_tissue(only, mpp=4.0).mask).mean() < 0.001
+    assert 0.05 < by_name.mask.mean() < 0.9
+    asked = compute_tissue(slide, mpp=4.0, channel="Opal 570")
+    assert (asked.mask != by_name.mask).mean() > 0.05
+    by_index = compute_tissue(slide, mpp=4.0, channel="1")
+    np.testing.assert_array_equal(by_index.mask, by_name.mask)
+    with pytest.raises(TilestoreError, match="no channel 'CD3' \\(channels: Opal 570, DAPI\\)"):
+        compute_tissue(slide, mpp=4.0, channel="CD3")

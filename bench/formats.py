@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))  # the test suite's writers of tool-made files
 from tests.tilestore import tiffs  # noqa: E402
 from tilestore.conversion import convert  # noqa: E402
 from tilestore.slide import open_slide  # noqa: E402
+from tilestore.sources import open_source  # noqa: E402
 
 DATA = Path(os.environ.get("TILESTORE_DATA", REPO.parent / "shared" / "data")) / "slides"
 HERE = Path(__file__).resolve().parent
@@ -135,7 +136,7 @@ def main() -> None:
             report = convert(path, work / "stores", mpp=0.5 if "PNG" in kind else None)
             seconds = time.perf_counter() - started
             stored = np.moveaxis(open_slide(report.store).to_dask(0).compute(), 0, -1)
-            with open_source_of(path) as source:
+            with open_source(path) as source:
                 reader = type(source).__name__
             rows.append(
                 {
@@ -158,12 +159,6 @@ def main() -> None:
     for row in rows:
         print("| " + " | ".join(str(row[c]) for c in columns) + " |")
     print(f"JSON: {args.out}")
-
-
-def open_source_of(path: Path):
-    from tilestore.sources import open_source
-
-    return open_source(path)
 
 
 if __name__ == "__main__":

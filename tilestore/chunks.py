@@ -169,8 +169,12 @@ class ChunkReader:
         try:
             return self.array[:, y0:y1, x0:x1]
         except (ValueError, RuntimeError, OSError) as exc:  # a codec or checksum failing
-            where = self.chunk_name(coords[0]) if len(coords) == 1 else f"{self.where} chunks"
-            raise ChunkError(f"{where} {coords[0]}-{coords[-1]}: cannot decode: {exc}") from exc
+            where = (
+                self.chunk_name(coords[0])
+                if len(coords) == 1
+                else f"{self.where} chunks {coords[0]}-{coords[-1]}"
+            )
+            raise ChunkError(f"{where}: cannot decode: {exc}") from exc
 
     def _exists(self, coord: tuple[int, int]) -> bool:
         if self._root is not None:

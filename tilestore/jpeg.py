@@ -102,6 +102,27 @@ def read_header(*streams: bytes) -> JpegHeader:
     return JpegHeader(frame[0], frame[1], baseline, frame[2], jfif, adobe)
 
 
+def copy_marking(header: JpegHeader, color_space: str) -> bool | None:
+    """Whether a container's JPEG stream can become a chunk as it is, given what its container
+    says the samples are (`color_space`: "ycbcr", "rgb" or "grayscale"): None where it cannot
+    (not baseline, chroma subsampled vertically or RGB subsampled, a colour transform that
+    contradicts the container); else whether it needs the Adobe RGB marker, so that a
+    standard decoder does not take RGB-coded samples (Aperio, DICOM RGB) for YCbCr."""
+    if not header.baseline:
+        return None
+    mark_rgb = color_space == "rgb" and header.color_space != "rgb"
+    if mark_rgb and header.adobe_transform is not None:
+        return None
+    sampling = header.sampling
+    if color_space == "rgb" and set(sampling) != {(1, 1)}:
+        return None
+    if color_space == "ycbcr" and (
+        header.color_space != "ycbcr" or sampling[1] != (1, 1) or sampling[2] != (1, 1)
+    ):
+        return None
+    return mark_rgb
+
+
 def complete_stream(tile: bytes, tables: bytes | None, *, mark_rgb: bool) -> bytes:
     """Return a self-contained JPEG: tables spliced in, Adobe RGB marker added if asked."""
     if tile[:2] != SOI:

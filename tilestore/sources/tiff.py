@@ -93,8 +93,6 @@ class TiffLevel(SourceLevel):
                 header = jpeg.read_header(*([tables] if tables else []), fh.read(counts[first]))
             except ValueError:
                 return None
-        if not header.baseline:
-            return None
         # tifffile decodes RGB-photometric JPEG without JFIF as untransformed RGB
         # (Aperio); a standard decoder would assume YCbCr unless we mark it.
         if page.samplesperpixel == 1:
@@ -103,14 +101,10 @@ class TiffLevel(SourceLevel):
             color_space = "rgb"
         else:
             color_space = header.color_space
-        mark_rgb = color_space == "rgb" and header.color_space != "rgb"
-        if mark_rgb and header.adobe_transform is not None:
+        mark_rgb = jpeg.copy_marking(header, color_space)
+        if mark_rgb is None:
             return None
         sampling = header.sampling
-        if color_space == "rgb" and set(sampling) != {(1, 1)}:
-            return None
-        if color_space == "ycbcr" and (sampling[1] != (1, 1) or sampling[2] != (1, 1)):
-            return None
         th, tw = page.tilelength, page.tilewidth
         nx = -(-page.imagewidth // tw)
         fd = os.open(self.path, os.O_RDONLY)

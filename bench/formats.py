@@ -1,9 +1,10 @@
 """The README's format table: each input kind converted with the defaults, level 0 compared
-with the reference reader of its format (tifffile, wsidicom, Pillow).
+with the reference reader of its format (tifffile, wsidicom, OpenSlide, Pillow).
 
 Real files come from ../shared/data (TILESTORE_DATA); the others are made from them by
 tools: wsidicomizer (DICOM series of JPEG baseline, JPEG 2000 and uncompressed frames from
-the real SVS) and tifffile (a Vectra-like QPTIFF and a 5-channel 16-bit OME-TIFF from the real
+the real SVS), Pillow (a Hamamatsu VMS of the real SVS's pixels), tifffile (a Philips TIFF of
+them, a Vectra-like QPTIFF and a 5-channel 16-bit OME-TIFF from the real
 DAPI NDPI), with the test suite's writers.
 
     python bench/formats.py            # prints a markdown table, writes JSON
@@ -27,7 +28,7 @@ from PIL import Image
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the test suite's writers of tool-made files
 
-from tests.tilestore import tiffs  # noqa: E402
+from tests.tilestore import tiffs, vendors  # noqa: E402
 from tilestore.conversion import convert  # noqa: E402
 from tilestore.slide import open_slide  # noqa: E402
 from tilestore.sources import open_source  # noqa: E402
@@ -58,6 +59,13 @@ def pillow(path: Path) -> np.ndarray:
         return np.asarray(img.convert("RGB"))
 
 
+def openslide_level0(path: Path) -> np.ndarray:
+    import openslide
+
+    with openslide.OpenSlide(str(path)) as slide:
+        return np.asarray(slide.read_region((0, 0), 0, slide.dimensions).convert("RGB"))
+
+
 def dicomized(folder: Path, encoding=None) -> Path:
     from wsidicomizer import WsiDicomizer
     from wsidicomizer.sources import TiffSlideSource
@@ -83,6 +91,7 @@ def inputs(work: Path) -> list[tuple[str, Path, object]]:
     """(kind, path, reference reader) for every row."""
     from wsidicom.codec import Jpeg2kSettings, NumpySettings
 
+    cmu = tifffile.imread(DATA / "CMU-1-Small-Region.svs")
     ndpi = tifffile.imread(DATA / "stritt_test3-DAPI-2-387.ndpi", level=1)
     markers = {"DAPI": ("0,0,255", ndpi[..., 2]), "CD8": ("0,255,0", ndpi[..., 1])}
     markers["PanCK"] = ("255,0,0", ndpi[..., 0])
@@ -90,7 +99,7 @@ def inputs(work: Path) -> list[tuple[str, Path, object]]:
     noise = np.random.default_rng(5).integers(0, 300, (5, *tissue.shape[:2]))
     five = np.stack([tissue[..., i % 3] * (40 + 9 * i) + noise[i] for i in range(5)])
     names = ["DAPI", "CD3", "CD20", "PD-L1", "Ki67"]
-    real, wsi, tiff = "(real)", wsidicom_level0, tifffile_level0
+    real, wsi, tiff, osl = "(real)", wsidicom_level0, tifffile_level0, openslide_level0
     return [
         (f"Aperio SVS {real}", DATA / "CMU-1-Small-Region.svs", tiff),
         (f"Hamamatsu NDPI, fluorescence {real}", DATA / "stritt_test3-DAPI-2-387.ndpi", tiff),
@@ -105,6 +114,16 @@ def inputs(work: Path) -> list[tuple[str, Path, object]]:
             wsi,
         ),
         ("DICOM, uncompressed (wsidicomizer)", dicomized(work / "dcm-raw", NumpySettings()), wsi),
+        (
+            "Hamamatsu VMS, 2 JPEG files (Pillow)",
+            vendors.vms(work / "vms", np.ascontiguousarray(cmu[:2048, :2048]), mpp=0.5),
+            osl,
+        ),
+        (
+            "Philips TIFF (tifffile)",
+            vendors.philips_tiff(work / "philips.tiff", np.ascontiguousarray(cmu[:2048, :2048])),
+            osl,
+        ),
         ("QPTIFF, 3 x 8-bit markers (tifffile)", tiffs.qptiff(work / "q.qptiff", markers), tiff),
         (
             "OME-TIFF, 5 x 16-bit channels (tifffile)",

@@ -16,6 +16,7 @@ from tilestore.sources.dicom import DICM_OFFSET, dicom_series, is_dicom_file, op
 from tilestore.sources.image import ImageSource
 from tilestore.sources.ndpi import NdpiSource
 from tilestore.sources.ometiff import OmeTiffSource
+from tilestore.sources.openslide_reader import TIFF_VENDORS, OpenSlideSource, detect
 from tilestore.sources.qptiff import QptiffSource
 from tilestore.sources.svs import SvsSource
 from tilestore.sources.tiff import TiffSource
@@ -43,6 +44,7 @@ __all__ = [
     "Channel",
     "Fact",
     "JpegTiles",
+    "OpenSlideSource",
     "Source",
     "SourceInfo",
     "SourceLevel",
@@ -73,13 +75,19 @@ def open_source(path: str | os.PathLike, series: str | None = None) -> Source:
     if is_dicom_file(head):
         return open_dicom(path, series)
     if head.startswith(_TIFF_MAGIC):
+        vendor = detect(path)
+        if vendor in TIFF_VENDORS:
+            return OpenSlideSource(path, vendor)
         return _open_tiff(path)
+    vendor = detect(path)  # MIRAX, VMS/VMU, SVSLIDE (before the image sniff: a .mrxs may
+    if vendor:  # hold a JPEG preview)
+        return OpenSlideSource(path, vendor)
     fmt = ImageSource.sniff(head)
     if fmt:
         return ImageSource(path, fmt)
     raise SlideError(
-        f"{path}: not a supported slide (expected TIFF/SVS/NDPI/OME-TIFF/QPTIFF, DICOM, PNG or "
-        "JPEG; "
+        f"{path}: not a supported slide (expected TIFF/SVS/NDPI/OME-TIFF/QPTIFF, DICOM, "
+        "MIRAX/VMS/SVSLIDE/SCN/BIF/Philips TIFF (through OpenSlide), PNG or JPEG; "
         f"file starts with {head[:8]!r})"
     )
 

@@ -77,6 +77,11 @@ def embed(
     hf_token: str | None = typer.Option(
         Options.hf_token, help="Hugging Face token (default: HF_TOKEN or the stored login)."
     ),
+    channels: str | None = typer.Option(
+        None,
+        help="Multiplex stores: three channels (names or indices, e.g. DAPI,CD8,PanCK) given "
+        "to the model as R, G, B, each over its display window.",
+    ),
     cluster: str | None = typer.Option(
         None, help="Run on Dask: local-cuda (a worker per GPU) or local (CPU processes)."
     ),
@@ -121,6 +126,7 @@ def embed(
         decoders=decoders,
         overwrite=overwrite,
         hf_token=hf_token,
+        channels=tuple(c.strip() for c in channels.split(",")) if channels else None,
     )
     if shard:
         from embed.cohort import parse_shard

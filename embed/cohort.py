@@ -257,7 +257,8 @@ def embed_cohort(
 
 
 def _prepare(path, spec, plan, identity, options, slice_tiles) -> _Store:
-    slide = rgb_input(open_slide(path))
+    slide = open_slide(path)
+    rgb_input(slide, identity)  # refused here, before any slice is sent
     tile_plan, uid = plan_for(slide, spec, plan)
     writer = EmbeddingWriter(slide, tile_plan, uid, **identity, overwrite=options.overwrite)
     batch = identity["batch_size"]

@@ -88,7 +88,12 @@ class Embedder:
             "model": self.loaded.describe(),
             "batch_size": self.settings.batch_size,
             "dtype": self.settings.dtype,
-            "settings": {"precision": self.settings.precision, "compile": self.settings.compile},
+            "settings": {
+                "precision": self.settings.precision,
+                "compile": self.settings.compile,
+                # a multiplex store's channels taken as R, G, B (absent for RGB stores)
+                **({"channels": list(self.settings.channels)} if self.settings.channels else {}),
+            },
         }
 
     def __enter__(self) -> Embedder:

@@ -32,7 +32,7 @@ class Job:
     """One slide's share of a run: its plan, its writer and the plan tiles still to embed."""
 
     store: Path
-    slide: Slide
+    slide: Slide  # as the model reads it (`rgb_input`)
     plan: TilePlan
     writer: EmbeddingWriter
     todo: np.ndarray  # global plan indices, ascending, whole batches
@@ -66,7 +66,8 @@ def store_jobs(
     batch = identity["batch_size"]
     for store in map(Path, stores):
         try:
-            slide = rgb_input(open_slide(store))
+            slide = open_slide(store)
+            pixels = rgb_input(slide, identity)  # what the model reads; the plan sees the store
             tile_plan, uid = plan_for(slide, spec, plan)
             # the group is made by the writer thread while the first tiles are read
             writer = EmbeddingWriter(
@@ -78,20 +79,21 @@ def store_jobs(
         except TilestoreError as exc:
             report.failed(store, str(exc))
             continue
-        yield Job(store, slide, tile_plan, writer, tiles_of(writer.todo(), batch, len(tile_plan)))
+        yield Job(store, pixels, tile_plan, writer, tiles_of(writer.todo(), batch, len(tile_plan)))
 
 
 def slice_jobs(slices: list[Slice], identity: dict[str, Any]) -> Iterator[Job]:
     """Jobs for slices: the group exists; only the slice's batches not yet done are run."""
     batch = identity["batch_size"]
     for piece in slices:
-        slide = rgb_input(open_slide(piece.store))
+        slide = open_slide(piece.store)
+        pixels = rgb_input(slide, identity)
         tile_plan, uid = load_plan(slide, piece.plan)
         writer = EmbeddingWriter.attach(slide, tile_plan, uid, **identity)
         blocks = writer.todo()
         blocks = blocks[(blocks >= piece.start) & (blocks < piece.stop)]
         yield Job(
-            Path(piece.store), slide, tile_plan, writer, tiles_of(blocks, batch, len(tile_plan))
+            Path(piece.store), pixels, tile_plan, writer, tiles_of(blocks, batch, len(tile_plan))
         )
 
 
@@ -101,13 +103,20 @@ def tiles_of(blocks: np.ndarray, batch: int, n: int) -> np.ndarray:
     return tiles[tiles < n]
 
 
-def rgb_input(slide: Slide) -> Slide:
-    """The slide, where its pixels are what RGB models take (one 8-bit colour picture); a
-    StoreError before any GPU time where they are not (fluorescence markers, 16 bits)."""
+def rgb_input(slide: Slide, identity: dict[str, Any]) -> Slide:
+    """The slide as an RGB model reads it (plans, tissue and the writer keep the store itself):
+    the three channels the run chose (its identity's
+    settings["channels"]; an error for a store that is one RGB picture already), else the
+    slide itself where it is one 8-bit colour picture; an error before any GPU time for
+    other pixels (fluorescence markers, 16 bits) with no channels chosen."""
+    channels = identity["settings"].get("channels")
+    if channels:  # recorded with the embeddings: an RGB store is refused, not read as chosen
+        return slide.as_rgb(channels)
     if not slide.rgb:
         raise StoreError(
             f"{slide.name}: holds {slide.describe_channels()}, not an 8-bit RGB picture; "
-            "an RGB model cannot embed it (choosing three channels as its input is not built)"
+            "an RGB model cannot embed it: choose three channels as its R, G, B with "
+            "--channels A,B,C (Options(channels=...))"
         )
     return slide
 

@@ -56,7 +56,9 @@ class Options:
         decoders: JPEG decoder processes (threads without CUDA); None: the CPUs the job may
         use less two. prefetch: batches of tiles ready ahead of the model. overwrite:
         recompute embeddings this model already made. hf_token: Hugging Face token (else
-        HF_TOKEN or the stored login).
+        HF_TOKEN or the stored login). channels: of a store that is not one RGB picture
+        (multiplex fluorescence), the three channels (names or indices) an RGB model takes as
+        R, G and B, each over its display window (`tilestore.slide.Slide.as_rgb`).
     """
 
     batch_size: int | None = None
@@ -70,6 +72,7 @@ class Options:
     prefetch: int = 4
     overwrite: bool = False
     hf_token: str | None = None
+    channels: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ class Settings:
     dtype: FeatureDtype
     compile: bool
     overwrite: bool
+    channels: tuple[str, ...] | None = None
 
     @property
     def cuda(self) -> bool:
@@ -140,6 +144,7 @@ def resolve(options: Options, machine: Machine) -> Settings:
         dtype=dtype,
         compile=options.compile,
         overwrite=options.overwrite,
+        channels=tuple(map(str, options.channels)) if options.channels else None,
     )
 
 

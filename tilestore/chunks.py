@@ -200,3 +200,51 @@ class ChunkReader:
                 ty0 - r * ch : ty1 - r * ch, tx0 - c * cw : tx1 - c * cw
             ]
         return out
+
+
+class ChannelPick:
+    """A level's reader that gives three of its channels as 8-bit RGB: each channel picked
+    (`indices`) is scaled linearly from its (start, end) window to 0-255 and clipped. It
+    reads like a ChunkReader of a non-JPEG level (`load`, `read`), so the CPU assembly path
+    takes it; see `Slide.as_rgb`."""
+
+    is_jpeg = False
+    color_space = None
+    channels = 3
+
+    def __init__(
+        self, reader: ChunkReader, indices: Sequence[int], windows: Sequence[tuple[float, float]]
+    ) -> None:
+        self.reader = reader
+        self.indices = list(indices)
+        starts, ends = np.array(windows, np.float32).T
+        self._start = starts
+        self._scale = 255.0 / np.maximum(ends - starts, np.finfo(np.float32).tiny)
+        self.chunk_h, self.chunk_w, self.grid = reader.chunk_h, reader.chunk_w, reader.grid
+        self.where, self.checksum = reader.where, reader.checksum
+        self.every_chunk = reader.every_chunk
+        self.background = int(
+            self._map(np.full((1, 1, reader.channels), reader.background))[0, 0, 0]
+        )
+
+    def paths(self, coords: Sequence[tuple[int, int]]) -> None:
+        """None: the chunks must be decoded through the reader, not as JPEG files."""
+        return None
+
+    def chunk_name(self, coord: tuple[int, int]) -> str:
+        return self.reader.chunk_name(coord)
+
+    def _map(self, pixels: np.ndarray) -> np.ndarray:
+        picked = pixels[..., self.indices].astype(np.float32)
+        scaled = (picked - self._start) * self._scale
+        return np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
+
+    def load(
+        self, coords: Sequence[tuple[int, int]], pool: Executor | None = None
+    ) -> list[np.ndarray]:
+        """Each chunk's three picked channels as (chunk_h, chunk_w, 3) uint8."""
+        return [self._map(chunk) for chunk in self.reader.load(coords, pool)]
+
+    def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        """Pixels [y0:y1, x0:x1] of the three picked channels as (h, w, 3) uint8."""
+        return self._map(self.reader.read(y0, y1, x0, x1))

@@ -9,8 +9,10 @@ coordinates of pixel centres, in micrometres (level-0 pixel (0, 0) at 0, 0).
 
 from __future__ import annotations
 
+import copy
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ import zarr
 from PIL import Image
 from zarr.abc.store import Store
 
-from tilestore.chunks import ChunkReader
+from tilestore.chunks import ChannelPick, ChunkReader
 from tilestore.errors import StoreError, TilestoreError
 from tilestore.store import ATTRS_KEY, open_store
 
@@ -89,8 +91,52 @@ class Slide:
     def rgb(self) -> bool:
         """The pixels are one 8-bit RGB colour picture (what RGB models take), not other
         channels: recorded at conversion; stores from before, by their shape and dtype."""
+        if self.picked:  # an `as_rgb` view
+            return True
         three = self.shape[0] == 3 and self.array(0).dtype == np.uint8
         return three and bool(self.attrs.get("rgb", True))
+
+    def channel_index(self, channel: str | int) -> int:
+        """A channel's index from its name or number; TilestoreError naming the channels."""
+        names = [str(n) for n in self.attrs.get("channels", [])]
+        text = str(channel)
+        if text in names:
+            return names.index(text)
+        if text.isdigit() and int(text) < self.shape[0]:
+            return int(text)
+        raise TilestoreError(
+            f"{self.name}: no channel {text!r} (channels: {', '.join(names) or 'unnamed'})"
+        )
+
+    def as_rgb(self, channels: Sequence[str | int]) -> Slide:
+        """This store seen as the 8-bit RGB picture an RGB model takes: three of its channels
+        (by name or index) as R, G and B, each scaled linearly from its display window
+        (OME-Zarr `omero` window start-end, as napari shows it) to 0-255. Only chunk reads
+        change (`chunks`); a store that is already RGB is refused (nothing to choose)."""
+        if self.rgb:
+            raise TilestoreError(f"{self.name}: is already an RGB picture; no channels to choose")
+        if len(channels) != 3:
+            raise TilestoreError(
+                f"{self.name}: an RGB model takes 3 channels, {len(channels)} given "
+                f"({', '.join(map(str, channels))})"
+            )
+        indices = [self.channel_index(c) for c in channels]
+        omero = (self.group.attrs.get("ome") or {}).get("omero") or {}
+        shown = omero.get("channels") or []
+        top = float(np.iinfo(self.array(0).dtype).max) if self.array(0).dtype.kind in "ui" else 1.0
+        windows = []
+        for i in indices:
+            window = shown[i].get("window", {}) if i < len(shown) else {}
+            windows.append((float(window.get("start", 0)), float(window.get("end", top))))
+        view = copy.copy(self)
+        view._readers = [ChannelPick(r, indices, windows) for r in self._readers]
+        view.picked = tuple(
+            (self.attrs.get("channels") or [str(i) for i in range(self.shape[0])])[i]
+            for i in indices
+        )
+        return view
+
+    picked: tuple[str, ...] | None = None  # the channels an `as_rgb` view shows, in order
 
     def describe_channels(self) -> str:
         """'3 channels (DAPI, CD8, PanCK) of uint8', for messages."""

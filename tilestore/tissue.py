@@ -203,15 +203,7 @@ def _nuclear(
     brightest channel."""
     names = [str(n) for n in slide.attrs.get("channels", [])]
     if channel is not None:
-        text = str(channel)
-        if text in names:
-            index = names.index(text)
-        elif text.isdigit() and int(text) < pixels.shape[2]:
-            index = int(text)
-        else:
-            raise TilestoreError(
-                f"{slide.name}: no channel {text!r} (channels: {', '.join(names) or 'unnamed'})"
-            )
+        index = slide.channel_index(channel)
         notes.append(f"nuclear signal: channel {names[index] if names else index} (asked for)")
         return pixels[..., index]
     named = [i for i, n in enumerate(names) if n.lower().startswith(NUCLEAR)]

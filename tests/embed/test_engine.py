@@ -113,16 +113,21 @@ def test_a_running_embedding_is_not_started_twice(store, lite):
     assert lock.exists()  # someone else's lock is left alone
 
 
-def test_a_multiplex_store_is_refused_before_an_rgb_model_sees_it(store, tmp_path, lite):
-    """Markers are not colours: a QPTIFF's DAPI, CD8 and PanCK must not be embedded as R, G, B."""
+def _vectra_store(store, folder):
+    """A QPTIFF store of three markers (DAPI, CD8, PanCK) from the real DAPI NDPI's pixels."""
     from tests.tilestore import tiffs
     from tilestore.conversion import convert
 
     ndpi = open_slide(store(NDPI))
     pixels = np.moveaxis(ndpi.to_dask(1).compute(), 0, -1)
-    markers = [("DAPI", "0,0,255"), ("CD8", "0,255,0"), ("PanCK", "255,0,0")]
-    planes = {name: (color, pixels[..., i]) for i, (name, color) in enumerate(markers)}
-    qptiff = convert(tiffs.qptiff(tmp_path / "vectra.qptiff", planes), tmp_path / "q").store
+    markers = [("DAPI", "0,0,255", 2), ("CD8", "0,255,0", 1), ("PanCK", "255,0,0", 0)]
+    planes = {name: (color, pixels[..., i]) for name, color, i in markers}  # DAPI: the blue
+    return convert(tiffs.qptiff(folder / "vectra.qptiff", planes), folder / "q").store
+
+
+def test_a_multiplex_store_is_refused_before_an_rgb_model_sees_it(store, tmp_path, lite):
+    """Markers are not colours: a QPTIFF's DAPI, CD8 and PanCK must not be embedded as R, G, B."""
+    qptiff = _vectra_store(store, tmp_path)
     cmu = store()
     report = embed([qptiff, cmu], lite, plan=PlanOptions(mpp=1.0, tile=224), options=FP32)
     (failure,) = report.failures
@@ -130,6 +135,55 @@ def test_a_multiplex_store_is_refused_before_an_rgb_model_sees_it(store, tmp_pat
     assert "3 channel(s) (DAPI, CD8, PanCK) of uint8, not an 8-bit RGB picture" in failure["error"]
     assert not (qptiff / "embeddings").exists()
     assert [s["store"] for s in report.slides] == [str(cmu)]
+    assert "choose three channels as its R, G, B with --channels A,B,C" in failure["error"]
+
+
+class _Windowed:
+    """The reference's view of a multiplex store: `channels` in that order, each scaled from
+    its omero display window to 0-255, written here from the OME-Zarr metadata alone."""
+
+    def __init__(self, slide, channels):
+        shown = slide.group.attrs["ome"]["omero"]["channels"]
+        index = {c["label"]: i for i, c in enumerate(shown)}
+        self.slide, self.picks = slide, [index[c] for c in channels]
+        self.windows = [
+            (shown[i]["window"]["start"], shown[i]["window"]["end"]) for i in self.picks
+        ]
+
+    def read_region(self, *args, **kwargs):
+        raw = self.slide.read_region(*args, **kwargs).astype(np.float64)
+        out = [
+            np.clip(np.rint((raw[..., i] - lo) * 255 / (hi - lo)), 0, 255)
+            for i, (lo, hi) in zip(self.picks, self.windows, strict=True)
+        ]
+        return np.stack(out, axis=-1).astype(np.uint8)
+
+
+def test_channels_choose_a_multiplex_stores_rgb_input(store, tmp_path, lite):
+    qptiff = _vectra_store(store, tmp_path)
+    chosen = ("PanCK", "DAPI", "CD8")  # not the stored order: the order is the model's R, G, B
+    options = replace(FP32, channels=chosen)
+    plan = PlanOptions(mpp=2.0, tile=224)
+    report = embed([qptiff], lite, plan=plan, options=options)
+    assert not report.failures and report.tiles > 0
+    features, group = _features(qptiff)
+    assert group.attrs["tilestore"]["channels"] == list(chosen)  # recorded: resume must match
+    slide = open_slide(qptiff)
+    tile_plan, _ = load_plan(slide)
+    picks = [0, len(tile_plan) // 2, len(tile_plan) - 1]
+    expected = reference_features(_Windowed(slide, chosen), tile_plan, lite, indices=picks)
+    assert cosine(features[picks], expected).min() >= 0.9999
+    # other channels, or none, cannot resume this group; an RGB store has none to choose
+    other = embed(
+        [qptiff], lite, plan=plan, options=replace(options, channels=("CD8", "DAPI", "PanCK"))
+    )
+    assert "is already complete" in other.skipped[0]["why"]
+    again = embed([store()], lite, plan=plan, options=options)
+    assert "is already an RGB picture; no channels to choose" in again.failures[0]["error"]
+    unknown = embed(
+        [qptiff], lite, plan=plan, options=replace(options, channels=("DAPI", "CD3", "CD8"))
+    )
+    assert "no channel 'CD3' (channels: DAPI, CD8, PanCK)" in unknown.failures[0]["error"]
 
 
 def test_many_slides_one_model_and_a_bad_store_does_not_stop_the_others(store, tmp_path, lite):

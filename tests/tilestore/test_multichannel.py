@@ -117,6 +117,36 @@ def test_five_channels_of_16_bits_round_trip_bit_exactly(tmp_path, ndpi_pixels):
     assert all(c["window"]["end"] < 65535 for c in channels)  # a window a viewer can show
 
 
+def test_three_of_sixteen_bit_channels_read_as_an_rgb_picture(tmp_path, ndpi_pixels):
+    """What an RGB model gets of a multiplex store: the channels chosen, in that order, each
+    scaled from its display window to 0-255 (as a viewer shows it), clipped."""
+    rng = np.random.default_rng(7)
+    image = rng.integers(0, 4000, (4, 700, 900)).astype(np.uint16)
+    image[1] += ndpi_pixels[:700, :900, 2].astype(np.uint16) * 50  # DAPI, up to 16k
+    names = ["CD3", "DAPI", "CD20", "Ki67"]
+    src = tiffs.ome_channels(tmp_path / "four.ome.tif", image, names, [255] * 4)
+    slide = open_slide(convert(src, tmp_path / "out").store)
+    with pytest.raises(TilestoreError, match="takes 3 channels, 2 given"):
+        slide.as_rgb(["DAPI", "CD3"])
+    view = slide.as_rgb(["Ki67", "DAPI", "0"])  # by name or index
+    assert view.rgb and view.picked == ("Ki67", "DAPI", "CD3") and not slide.rgb
+    shown = zarr.open_group(slide.group.store, mode="r").attrs["ome"]["omero"]["channels"]
+    expected = []
+    for i in (3, 1, 0):
+        lo, hi = shown[i]["window"]["start"], shown[i]["window"]["end"]
+        assert 0 <= lo < hi < 65535
+        scaled = (image[i, 100:400, 200:700].astype(np.float64) - lo) * 255 / (hi - lo)
+        expected.append(np.clip(np.rint(scaled), 0, 255))
+    got = view.chunks(0).read(100, 400, 200, 700)
+    assert got.dtype == np.uint8 and got.shape == (300, 500, 3)
+    assert np.abs(got.astype(int) - np.stack(expected, axis=-1)).max() <= 1  # float32 rounding
+    assert (got == 255).any() and (got == 0).any()  # the window clips at both ends
+    reader = view.chunks(0)
+    (chunk,) = reader.load([(1, 1)])  # whole chunks, as the embedder reads them
+    h, w = reader.chunk_h, reader.chunk_w
+    np.testing.assert_array_equal(chunk, reader.read(h, 2 * h, w, 2 * w))
+
+
 def test_fluorescence_tissue_follows_the_nuclear_channel(tmp_path, ndpi_pixels):
     """A marker that glows over the glass (autofluorescence, mounting medium) must not decide
     the mask: it follows DAPI, found by its name, or the channel asked for."""

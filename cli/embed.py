@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import typer
@@ -24,7 +25,16 @@ from tilestore.plans import PlanOptions
 
 
 def embed(
-    stores: list[Path] = typer.Argument(..., help="Stores to embed (one model load for all)."),
+    stores: list[Path] = typer.Argument(
+        ...,
+        help="Stores, or slide files (converted into --into first, the next while the GPU "
+        "embeds the current one); one model load for all.",
+    ),
+    into: Path = typer.Option(
+        Path("stores"),
+        help="Folder for the stores of slide files given (an existing store "
+        "of the same slide there is reused).",
+    ),
     model: str = typer.Option(
         ..., help="Model name (see `tilestore models list`), timm:<arch> or local:<dir>."
     ),
@@ -82,6 +92,22 @@ def embed(
         help="Multiplex stores: three channels (names or indices, e.g. DAPI,CD8,PanCK) given "
         "to the model as R, G, B, each over its display window.",
     ),
+    max_tiles: int | None = typer.Option(
+        None,
+        help="A trial: embed only each slide's first N plan tiles (whole batches); a "
+        "later run without it finishes the slides.",
+    ),
+    profile: str | None = typer.Option(
+        None,
+        help="nvtx: NVTX ranges on every stage, for `nsys profile`; torch: a "
+        "torch.profiler trace of --profile-batches batches to --profile-out.",
+    ),
+    profile_out: str = typer.Option(
+        Options.profile_out, help="--profile torch: the trace file (Chrome/Perfetto JSON)."
+    ),
+    profile_batches: int = typer.Option(
+        Options.profile_batches, help="--profile torch: batches recorded."
+    ),
     cluster: str | None = typer.Option(
         None, help="Run on Dask: local-cuda (a worker per GPU) or local (CPU processes)."
     ),
@@ -127,6 +153,10 @@ def embed(
         overwrite=overwrite,
         hf_token=hf_token,
         channels=tuple(c.strip() for c in channels.split(",")) if channels else None,
+        max_tiles=max_tiles,
+        profile=profile,
+        profile_out=profile_out,
+        profile_batches=profile_batches,
     )
     if shard:
         from embed.cohort import parse_shard
@@ -138,6 +168,14 @@ def embed(
         if not stores:
             return
     if cluster or scheduler:
+        from tilestore.store import is_store
+
+        slides = [str(s) for s in stores if s.exists() and not is_store(s)]
+        if slides:
+            raise TilestoreError(
+                f"{slides[0]}: a slide file, not a store: convert slides first (tilestore "
+                "convert) to embed them on Dask, or run without --cluster/--scheduler"
+            )
         _embed_on_dask(
             stores, model, choice, options, cluster, scheduler, workers, slice_tiles, report
         )
@@ -150,6 +188,7 @@ def embed(
             options=options,
             report_path=report,
             progress=lambda n, total: progress.update(task, advance=n, total=total),
+            convert_into=into,
         )
     for line in format_report(result):  # plain print: never wrap a line
         failed = line.startswith(("WARNING", "tilestore: error"))
@@ -248,3 +287,64 @@ def models_pull(
         f"{name}: {checkpoint.repo} revision {checkpoint.revision} -> {checkpoint.weights}",
         highlight=False,
     )
+
+
+@models_app.command("profile")
+def models_profile(
+    name: str = typer.Argument(..., help="Model name, timm:<arch> or local:<dir>."),
+    batches: str = typer.Option(
+        "32,64,128,256,512,1024", help="Batch sizes to measure, comma-separated."
+    ),
+    device: str = typer.Option("auto", help="auto, cuda, cuda:N or cpu."),
+    precision: str = typer.Option("auto", help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp32."),
+    repeats: int = typer.Option(5, help="Timed batches per size."),
+    plot: Path | None = typer.Option(None, help="Also plot tiles/s and memory to this PNG."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the numbers here."),
+    hf_token: str | None = typer.Option(None, help="Hugging Face token."),
+) -> None:
+    """Tiles/s and peak GPU memory per batch size (random tiles), to size a GPU request."""
+    import torch
+
+    from embed.forward import place
+    from embed.models import load_model
+    from embed.sizing import plot_profile, profile_batches
+
+    try:
+        sizes = tuple(int(b) for b in batches.split(","))
+    except ValueError:
+        raise TilestoreError(f"--batches {batches}: whole numbers separated by commas") from None
+    if not sizes or min(sizes) < 1:
+        raise TilestoreError(f"--batches {batches}: sizes of at least 1")
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else device)
+    if device == "auto" and dev.type != "cuda":
+        dev = torch.device("cpu")
+    chosen = precision if precision != "auto" else ("bf16" if dev.type == "cuda" else "fp32")
+    if chosen not in ("bf16", "fp32"):
+        raise TilestoreError(f"--precision {precision}: auto, bf16 or fp32")
+    loaded = place(load_model(name, token=hf_token), dev)
+    profile = profile_batches(loaded, dev, chosen, sizes, repeats)
+    memory = (
+        f"; the model alone {profile.model_mb:,.0f} MB of {profile.total_mb:,.0f} MB"
+        if profile.total_mb
+        else ""
+    )
+    out.print(f"{name} on {profile.device_name}, {chosen}{memory}", highlight=False)
+    table = text_table("batch", "tiles/s", "peak GPU MB", "per tile MB")
+    for run in profile.runs:
+        fits = run.tiles_per_s is not None
+        peak = run.peak_mb
+        table.add_row(
+            str(run.batch),
+            f"{run.tiles_per_s:,.0f}" if fits else "out of memory",
+            f"{peak:,.0f}" if peak else "-",
+            f"{(peak - (profile.model_mb or 0)) / run.batch:.2f}" if peak else "-",
+        )
+    out.print(table)
+    if any(r.tiles_per_s for r in profile.runs):
+        out.print(f"--batch-size auto would take {profile.choose()}", highlight=False)
+    if plot:
+        plot_profile(profile, plot)
+        out.print(f"plot: {plot}")
+    if json_out:
+        json_out.write_text(json.dumps(asdict(profile), indent=2))
+        out.print(f"json: {json_out}")

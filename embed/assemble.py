@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import torch
 
 from embed.buffers import SlotPool
 from embed.queues import Stopped
+from embed.report import Span
 from tilestore.chunks import ChunkReader
 from tilestore.tiles import cut_tile
 
@@ -119,10 +119,10 @@ class CpuAssembler:
         cutters: Executor,
         slots: SlotPool,
         window: int,
-        timed: Callable[[str, float], None],
+        span: Span,
     ) -> None:
         self.reader, self.decoders, self.cutters = reader, decoders, cutters
-        self.slots, self.window, self.timed = slots, window, timed
+        self.slots, self.window, self.span = slots, window, span
 
     def run(
         self,
@@ -206,17 +206,14 @@ class CpuAssembler:
             finish_oldest()
 
     def _load(self, coord: tuple[int, int]) -> np.ndarray:
-        t0 = time.perf_counter()
         if not self.reader.is_jpeg:  # other codecs: zarr decodes with the array's own chain
-            (pixels,) = self.reader.load([coord])
-            self.timed("read_decode", time.perf_counter() - t0)
+            with self.span("read_decode", "read + decode (zarr)"):
+                (pixels,) = self.reader.load([coord])
             return pixels
-        data = self.reader.fetch_one(coord)
-        t1 = time.perf_counter()
-        pixels = self.reader.decode(data, coord)
-        self.timed("read", t1 - t0)
-        self.timed("decode", time.perf_counter() - t1)
-        return pixels
+        with self.span("read"):
+            data = self.reader.fetch_one(coord)
+        with self.span("decode"):
+            return self.reader.decode(data, coord)
 
     def _cut(
         self,
@@ -229,11 +226,10 @@ class CpuAssembler:
         offsets: np.ndarray,
     ) -> None:
         cache = {rc: future.result() for rc, future in needed.items()}
-        t0 = time.perf_counter()
-        out = buffer.numpy()
-        for y, x, offset in zip(ys.tolist(), xs.tolist(), offsets.tolist(), strict=True):
-            cut_tile(cache, y, x, read, chunk, out[offset])
-        self.timed("cut", time.perf_counter() - t0)
+        with self.span("cut"):
+            out = buffer.numpy()
+            for y, x, offset in zip(ys.tolist(), xs.tolist(), offsets.tolist(), strict=True):
+                cut_tile(cache, y, x, read, chunk, out[offset])
 
 
 class BatchBuilder:

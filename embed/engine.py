@@ -13,15 +13,18 @@ Every setting is decided once, by `embed.settings.resolve`, when the Embedder is
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from embed import nvjpeg
-from embed.forward import Forward, best_batch, place
+from embed.forward import Forward, place
+from embed.inputs import Stager, as_staged
 from embed.jobs import Job, PlanChoice, Slice, slice_jobs, store_jobs
 from embed.models import LoadedModel, load_model
 from embed.nvjpeg import GpuJpeg
@@ -29,6 +32,7 @@ from embed.procdecode import ProcessDecoder
 from embed.report import RunReport, Sampler
 from embed.runner import Runner
 from embed.settings import Options, Precision, Settings, resolve
+from embed.sizing import choose_batch
 from tilestore.cpus import usable_cpus
 
 
@@ -40,8 +44,13 @@ def embed(
     options: Options = Options(),
     report_path: str | os.PathLike | None = None,
     progress: Callable[[int, int], None] | None = None,
+    convert_into: str | os.PathLike | None = None,
 ) -> RunReport:
     """Embed each store's plan tiles with one model, writing embeddings/<model> into the store.
+
+    convert_into: a folder where inputs that are slide files rather than stores are
+    converted first (`embed.inputs.Stager`: the first while the model loads, each next one
+    while the GPU embeds the one before); None: every input must be a store.
 
     plan: a stored plan's name; `PlanOptions` to make one (its unset mpp and tile are the
     model's); None for the store's only plan, else one made at the model's native mpp and
@@ -49,8 +58,13 @@ def embed(
     unless options.overwrite; an interrupted one resumes. A store that fails is reported in
     the returned report and the others go on.
     """
-    with Embedder(model, options) as embedder:
-        return embedder.embed(stores, plan=plan, report_path=report_path, progress=progress)
+    inputs = Stager(stores, Path(convert_into)) if convert_into is not None else stores
+    try:
+        with Embedder(model, options) as embedder:
+            return embedder.embed(inputs, plan=plan, report_path=report_path, progress=progress)
+    finally:
+        if isinstance(inputs, Stager):
+            inputs.close()
 
 
 class Embedder:
@@ -75,12 +89,17 @@ class Embedder:
             )
             self.runner = Runner(forward, self.settings, self.processes, host.decoder)
             if self.processes is not None:
-                self.processes.wait_ready()  # usually are: they started before the model loaded
+                with host.timed("waiting for decoder processes"):
+                    self.processes.wait_ready()  # usually are: started before the model loaded
         except BaseException:
             if host.processes is not None:
                 host.processes.close()
             raise
         self._setup_s = time.perf_counter() - started  # reported by the first run
+        self._setup = {"before the engine (process start, imports)": _since_process_start(started)}
+        self._setup |= {k: round(v, 3) for k, v in host.timings.items()}
+        self._batch_note = host.batch_note
+        self._model_mb = host.model_mb
 
     def writer_identity(self) -> dict[str, Any]:
         """What an embeddings group records of the run that writes it (EmbeddingWriter args)."""
@@ -110,17 +129,19 @@ class Embedder:
 
     def embed(
         self,
-        stores: list[str | os.PathLike],
+        stores: list[str | os.PathLike] | Stager,
         *,
         plan: PlanChoice = None,
         report_path: str | os.PathLike | None = None,
         progress: Callable[[int, int], None] | None = None,
     ) -> RunReport:
-        """Embed whole stores (see `embed`)."""
+        """Embed whole stores, or the slides a Stager converts (see `embed`)."""
         identity = self.writer_identity()
-        spec, overwrite = self.loaded.spec, self.settings.overwrite
+        spec, overwrite, most = self.loaded.spec, self.settings.overwrite, self.settings.max_tiles
         return self._run(
-            lambda report: store_jobs(stores, spec, plan, identity, overwrite, report),
+            lambda report: store_jobs(
+                as_staged(stores), spec, plan, identity, overwrite, report, most
+            ),
             report_path,
             progress,
         )
@@ -144,12 +165,24 @@ class Embedder:
         started = time.perf_counter()
         report = RunReport.start(self.loaded.describe(), self.settings)
         report.setup_s, self._setup_s = self._setup_s, 0.0
+        report.setup_parts, self._setup = self._setup, {}
+        report.batch_note, report.model_mb = self._batch_note, self._model_mb
+        if self.settings.cuda:  # the run's peak, not the batch search's
+            torch.cuda.reset_peak_memory_stats(self.settings.device)
         with Sampler(self.settings.device) as sampler:
             stats = self.runner.run(make_jobs(report), report, progress)
         report.finish(time.perf_counter() - started + report.setup_s, sampler, stats)
         if report_path:
             report.save(report_path)
         return report
+
+
+def _since_process_start(now: float) -> float:
+    """Seconds from this process's start to the clock reading `now` (perf_counter)."""
+    import psutil
+
+    age = time.time() - psutil.Process().create_time()
+    return round(max(age - (time.perf_counter() - now), 0.0), 3)
 
 
 class _Host:
@@ -162,6 +195,9 @@ class _Host:
         self._placed: LoadedModel | None = None
         self.processes: ProcessDecoder | None = None
         self.decoder: GpuJpeg | None = None
+        self.batch_note: str | None = None  # how --batch-size auto was decided
+        self.timings: dict[str, float] = {}  # set-up parts, seconds
+        self.model_mb: float | None = None  # GPU memory of the model alone
 
     def cuda_device(self) -> int | None:
         return torch.cuda.current_device() if torch.cuda.is_available() else None
@@ -169,22 +205,41 @@ class _Host:
     def cpus(self) -> int:
         return self._cpus or usable_cpus()
 
-    def start_decoders(self, count: int) -> None:
-        self.processes = ProcessDecoder(count)
+    def start_decoders(self, count: int, nvtx_marks: bool) -> None:
+        self.processes = ProcessDecoder(count, nvtx_marks)
 
     def gpu_jpeg(self, device: torch.device, required: bool) -> str | None:
         self.decoder = nvjpeg.open_decoder(device, required=required)
         return self.decoder.name if self.decoder is not None else None
 
     def best_batch(self, device: torch.device, precision: Precision) -> int:
-        return best_batch(self.model_on(device), device, precision)
+        loaded = self.model_on(device)
+        with self.timed("batch size"):
+            batch, self.batch_note = choose_batch(loaded, device, precision)
+        return batch
+
+    @contextlib.contextmanager
+    def timed(self, part: str) -> Iterator[None]:
+        """Add the block's seconds to `timings[part]` (the report's set-up breakdown)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[part] = self.timings.get(part, 0.0) + time.perf_counter() - started
 
     def model_on(self, device: torch.device) -> LoadedModel:
         """The model with its weights, on `device` (loaded the first time it is asked for)."""
         if self._placed is None:
             model = self._model
-            loaded = (
-                model if isinstance(model, LoadedModel) else load_model(model, token=self._token)
-            )
-            self._placed = place(loaded, device)
+            with self.timed("model load (build, weights)"):
+                loaded = (
+                    model
+                    if isinstance(model, LoadedModel)
+                    else load_model(model, token=self._token)
+                )
+            with self.timed("model to device"):
+                self._placed = place(loaded, device)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                    self.model_mb = round(torch.cuda.memory_allocated(device) / 2**20, 1)
         return self._placed

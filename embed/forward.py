@@ -3,22 +3,18 @@
 `Forward` applies the model's transform and the model under inference mode and, in bf16,
 autocast. Compiled, the transform is fused with the model's first layers (uint8 in, no
 float32 copy of the batch in between) and on a GPU each batch is one CUDA graph replay
-(`embed.graphs`). `best_batch` measures the largest batch that still speeds the model up.
+(`embed.graphs`). Batch sizes are chosen in `embed.sizing`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 
 import torch
 
 from embed.graphs import GraphedForward
 from embed.models import LoadedModel
 from embed.settings import Precision
-
-BATCHES = (32, 64, 128, 256, 512, 1024)  # tried in turn by `best_batch`
-GAIN = 1.05  # a doubled batch is kept only if it runs at least 5% more tiles/s
 
 
 def place(loaded: LoadedModel, device: torch.device) -> LoadedModel:
@@ -62,32 +58,3 @@ class Forward:
         )
         with torch.inference_mode(), autocast:
             return forward(tiles)[:count]
-
-
-def best_batch(loaded: LoadedModel, device: torch.device, precision: Precision) -> int:
-    """The largest of `BATCHES` that fits on the GPU, stopping where doubling gains under
-    5%. Measured on the eager model even for compile=True: compiling at every size tried
-    would cost a compilation each and leave a dynamic-shape graph behind."""
-    forward = Forward(loaded, device, precision, compile=False)
-    size = loaded.transform.resize
-    best, best_rate = BATCHES[0], 0.0
-    for batch in BATCHES:
-        tiles = None
-        try:
-            tiles = torch.randint(0, 255, (batch, size, size, 3), dtype=torch.uint8, device=device)
-            forward(tiles, batch)
-            torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            for _ in range(3):
-                forward(tiles, batch)
-            torch.cuda.synchronize(device)
-            rate = 3 * batch / (time.perf_counter() - t0)
-        except torch.OutOfMemoryError:
-            break
-        finally:
-            del tiles
-            torch.cuda.empty_cache()
-        if rate < best_rate * GAIN:
-            break
-        best, best_rate = batch, rate
-    return best

@@ -8,14 +8,14 @@ and skipped; the run goes on with the next.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from embed.inputs import Staged
 from embed.models import ModelSpec
 from embed.report import RunReport
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
@@ -54,18 +54,24 @@ class Slice:
 
 
 def store_jobs(
-    stores: list[str | os.PathLike],
+    stores: Iterable[Staged],
     spec: ModelSpec,
     plan: PlanChoice,
     identity: dict[str, Any],
     overwrite: bool,
     report: RunReport,
+    max_tiles: int | None = None,
 ) -> Iterator[Job]:
     """Jobs for whole stores, each prepared when the consumer asks for it. A store already
     complete is reported as skipped, one that fails as failed; the others go on."""
     batch = identity["batch_size"]
-    for store in map(Path, stores):
+    for staged in stores:
+        store = staged.store or staged.given
+        if staged.converted:
+            report.converted.append(staged.converted)
         try:
+            if staged.error:
+                raise staged.error
             slide = open_slide(store)
             pixels = rgb_input(slide, identity)  # what the model reads; the plan sees the store
             tile_plan, uid = plan_for(slide, spec, plan)
@@ -79,7 +85,10 @@ def store_jobs(
         except TilestoreError as exc:
             report.failed(store, str(exc))
             continue
-        yield Job(store, pixels, tile_plan, writer, tiles_of(writer.todo(), batch, len(tile_plan)))
+        blocks = writer.todo()
+        if max_tiles is not None:  # a trial: the plan's first batches only
+            blocks = blocks[blocks < -(-max_tiles // batch)]
+        yield Job(store, pixels, tile_plan, writer, tiles_of(blocks, batch, len(tile_plan)))
 
 
 def slice_jobs(slices: list[Slice], identity: dict[str, Any]) -> Iterator[Job]:

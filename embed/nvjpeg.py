@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Protocol
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 
 from embed.nvjpeglib import BatchedDecoder, NvjpegUnavailable
+from embed.report import Span, no_span
 from tilestore.chunks import ChunkReader
 
 # Pixels one decode call aims for: 16.8 Mpx (256 chunks of 256 x 256), about 50 MB decoded.
@@ -194,9 +194,9 @@ class RowDecoder:
         decode: Callable[[list[bytes | None]], list[torch.Tensor]],
         group: int,
         device: torch.device,
-        timed: Callable[[str, float], None] = lambda name, seconds: None,
+        span: Span = no_span,
     ) -> None:
-        self._decode, self.group, self._timed = decode, group, timed
+        self._decode, self.group, self._span = decode, group, span
         self._cuda = device.type == "cuda"
         self._stream = torch.cuda.Stream(device) if self._cuda else None
         self._todo: queue.Queue = queue.Queue()
@@ -250,13 +250,12 @@ class RowDecoder:
             return
         try:
             data = [d for _, fetched, _ in rows for d in fetched.result()]
-            t0 = time.perf_counter()
-            chunks = self._decode(data) if data else []
-            ready = None
-            if self._cuda:
-                ready = torch.cuda.Event()
-                ready.record(self._stream)
-            self._timed("decode", time.perf_counter() - t0)
+            with self._span("decode", "decode (nvJPEG)"):
+                chunks = self._decode(data) if data else []
+                ready = None
+                if self._cuda:
+                    ready = torch.cuda.Event()
+                    ready.record(self._stream)
             self.calls.append(len(data))
         except BaseException as exc:  # each row's consumer raises it
             for *_, row in rows:

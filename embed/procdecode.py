@@ -18,6 +18,7 @@ import collections
 import itertools
 import json
 import mmap
+import os
 import queue
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 
+from embed import nvtx
 from embed.queues import Stopped
 from tilestore.errors import ChunkError
 from tilestore.integrity import read_file, unseal
@@ -89,11 +91,16 @@ def _serve() -> None:
     import imagecodecs
 
     imagecodecs.jpeg8_decode  # noqa: B018 - loads the codec's extension now, not at the first row
+    marks = nvtx.load() if os.environ.get(nvtx.ENV) == "1" else None  # --profile nvtx
+    if marks is not None:
+        marks.name_thread(f"tilestore-decoder-{os.getpid()}")
     sys.stdout.write("ready\n")
     sys.stdout.flush()
 
     for line in sys.stdin:
         request = json.loads(line)
+        if marks is not None:
+            marks.push("decode (process)")
         try:
             count = decode_files(
                 request["paths"],
@@ -111,6 +118,9 @@ def _serve() -> None:
         except (OSError, ValueError, RuntimeError) as exc:  # reported; the engine raises it
             message = f"{type(exc).__name__}: {exc}".replace("\n", " ")
             sys.stdout.write(f"!{message}\n")
+        finally:
+            if marks is not None:
+                marks.pop()
         sys.stdout.flush()
 
 
@@ -122,7 +132,8 @@ class ProcessDecoder:
     that marks its copy done and is reused only once that event has passed.
     """
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, nvtx_marks: bool = False) -> None:
+        env = {**os.environ, nvtx.ENV: "1"} if nvtx_marks else None  # --profile nvtx
         self.workers = [
             subprocess.Popen(
                 [sys.executable, "-m", "embed.procdecode"],
@@ -130,6 +141,7 @@ class ProcessDecoder:
                 stdout=subprocess.PIPE,
                 text=True,
                 bufsize=1,
+                env=env,
             )
             for _ in range(workers)
         ]

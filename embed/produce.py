@@ -167,7 +167,7 @@ class Producer:
                 cutters,
                 pool,
                 window=2 * settings.decoders,
-                timed=self.stats.add,
+                span=self.stats.span,
             )
             assembler.run(job, sub, job.todo, steps, batch, len(plan), emit, stop)
         self.stats.add("produce", time.perf_counter() - t0)
@@ -179,7 +179,7 @@ class Producer:
         read, chunk = sub.spec.read, (reader.chunk_h, reader.chunk_w)
         device = self.settings.device
         builder = BatchBuilder(job, batch, len(job.plan), emit, None, device, stop)
-        common = (steps, self.settings, self.stats.add, reader)
+        common = (steps, self.settings, self.stats.span, reader)
         if nvjpeg:
             source = NvjpegRows(*common, self.gpu_jpeg)
         elif self.processes is not None and reader.paths([]) is not None:
@@ -191,12 +191,11 @@ class Producer:
             for index, step in enumerate(steps):
                 if stop.is_set():
                     raise Stopped
-                t0 = time.perf_counter()
-                cache.update(zip(*source.take(index), strict=True))
-                y, xs = int(sub.level_y[step.tiles[0]]), sub.level_x[step.tiles]
-                tiles = cut_row(cache, y, xs, read, sub.spec.read_stride, chunk, nvjpeg)
-                builder.add(job.todo[step.tiles], tiles)
-                self.stats.add("assemble", time.perf_counter() - t0)
+                with self.stats.span("assemble", "assemble (cut tiles on the GPU)"):
+                    cache.update(zip(*source.take(index), strict=True))
+                    y, xs = int(sub.level_y[step.tiles[0]]), sub.level_x[step.tiles]
+                    tiles = cut_row(cache, y, xs, read, sub.spec.read_stride, chunk, nvjpeg)
+                    builder.add(job.todo[step.tiles], tiles)
                 dropped = (cache.pop(tuple(rc), None) for rc in step.drop.tolist())
                 source.retire([chunk for chunk in dropped if chunk is not None])
             source.retire(list(cache.values()))

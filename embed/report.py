@@ -10,11 +10,13 @@ limits. GPU utilisation comes from NVML, sampled every 0.1 s; host RSS from psut
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,16 +24,27 @@ from typing import Any
 import psutil
 import torch
 
+from embed.nvtx import Nvtx
 from embed.settings import Settings
 from tilestore.store import software_versions
 
+# `Stats.span` as the stages take it: span(stage, mark=None) -> a context manager
+Span = Callable[..., contextlib.AbstractContextManager]
+
+
+def no_span(stage: str, mark: str | None = None) -> contextlib.AbstractContextManager:
+    """A span that times and marks nothing (for stages used outside a run)."""
+    return contextlib.nullcontext()
+
 
 class Stats:
-    """Thread-safe accumulators of seconds per stage."""
+    """Thread-safe accumulators of seconds per stage; with `nvtx`, each `span` is also an
+    NVTX range of the stage's name on its thread (`--profile nvtx`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, nvtx: Nvtx | None = None) -> None:
         self._lock = threading.Lock()
         self.seconds: dict[str, float] = {}
+        self.nvtx = nvtx
 
     def add(self, stage: str, seconds: float) -> None:
         with self._lock:
@@ -39,6 +52,38 @@ class Stats:
 
     def get(self, stage: str) -> float:
         return self.seconds.get(stage, 0.0)
+
+    @contextlib.contextmanager
+    def span(self, stage: str, mark: str | None = None) -> Iterator[None]:
+        """Time the block as `stage` (and mark it `mark or stage` in the NVTX timeline)."""
+        nvtx = self.nvtx
+        if nvtx is not None:
+            nvtx.push(mark or stage)
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(stage, time.perf_counter() - started)
+            if nvtx is not None:
+                nvtx.pop()
+
+    def mark(self, name: str) -> contextlib.AbstractContextManager:
+        """An NVTX range that is not timed (nothing where NVTX is off)."""
+        nvtx = self.nvtx
+        if nvtx is None:
+            return contextlib.nullcontext()
+        return _Range(nvtx, name)
+
+
+class _Range:
+    def __init__(self, nvtx: Nvtx, name: str) -> None:
+        self.nvtx, self.name = nvtx, name
+
+    def __enter__(self) -> None:
+        self.nvtx.push(self.name)
+
+    def __exit__(self, *exc: object) -> None:
+        self.nvtx.pop()
 
 
 class Sampler(threading.Thread):
@@ -114,6 +159,10 @@ class RunReport:
     total: int = 0
     wall_s: float = 0.0
     setup_s: float = 0.0
+    setup_parts: dict[str, float] = field(default_factory=dict)  # where the set-up went
+    batch_note: str | None = None  # how --batch-size auto was decided
+    model_mb: float | None = None  # GPU memory of the model alone
+    gpu_total_mb: float | None = None
     first_batch_s: float | None = None  # into the loop: how long the pipeline took to fill
     stages: dict[str, float] = field(default_factory=dict)
     explained: dict[str, float] = field(default_factory=dict)
@@ -125,6 +174,7 @@ class RunReport:
     slides: list[dict[str, Any]] = field(default_factory=list)
     failures: list[dict[str, str]] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)  # complete already
+    converted: list[dict[str, Any]] = field(default_factory=list)  # slides given, not stores
     warnings: list[str] = field(default_factory=list)
     software: dict[str, str] = field(default_factory=dict)
     writer_error: BaseException | None = None
@@ -135,8 +185,11 @@ class RunReport:
     def start(cls, model: dict[str, Any], settings: Settings) -> RunReport:
         """A report for a run of the model (`LoadedModel.describe()`) with these settings."""
         device = settings.device
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+        cuda = device.type == "cuda"
+        name = torch.cuda.get_device_name(device) if cuda else _cpu_name()
+        total = torch.cuda.get_device_properties(device).total_memory / 2**20 if cuda else None
         return cls(
+            gpu_total_mb=round(total) if total else None,
             model=model,
             device=str(device),
             device_name=name,
@@ -347,14 +400,35 @@ def format_report(report: RunReport) -> list[str]:
         lines.append(
             "overlapped thread time: " + ", ".join(f"{k} {v:.2f} s" for k, v in overlapped.items())
         )
+    if report.setup_parts:
+        lines.append(
+            "set-up: " + ", ".join(f"{k} {v:.2f} s" for k, v in report.setup_parts.items())
+        )
+    if report.batch_note:
+        lines.append(f"batch size {report.batch_size}: {report.batch_note}")
     memory = f"peak host RSS {report.peak_rss_mb:.0f} MB"
     if report.peak_gpu_allocated_mb is not None:
-        memory += f", peak GPU memory {report.peak_gpu_allocated_mb:.0f} MB allocated" + (
-            f" ({report.peak_gpu_mem_mb:.0f} MB in use per NVML)" if report.peak_gpu_mem_mb else ""
+        of = f" of the GPU's {report.gpu_total_mb:,.0f} MB" if report.gpu_total_mb else ""
+        model = f", the model alone {report.model_mb:.0f} MB" if report.model_mb else ""
+        memory += (
+            f", peak GPU memory {report.peak_gpu_allocated_mb:.0f} MB allocated{of}"
+            + (
+                f" ({report.peak_gpu_mem_mb:.0f} MB in use per NVML)"
+                if report.peak_gpu_mem_mb
+                else ""
+            )
+            + model
         )
     if report.gpu_util_mean is not None:
         memory += f", GPU utilisation {report.gpu_util_mean:.0f}% (NVML mean)"
     lines.append(memory)
+    for done in report.converted:
+        how = (
+            "reused"
+            if done.get("reused")
+            else f"{done['seconds']:.1f} s, " + "/".join(done["levels"])
+        )
+        lines.append(f"  converted {done['slide']} -> {done['store']} ({how})")
     for slide in report.slides:
         lines.append(
             f"  {slide['store']}: {slide['tiles']} tiles"

@@ -13,8 +13,7 @@ Three sources, one interface (`RowSource`): the producer asks for step i's new c
 from __future__ import annotations
 
 import collections
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
 import numpy as np
@@ -23,6 +22,7 @@ import torch
 from embed.assemble import decode_row_cpu
 from embed.nvjpeg import GpuJpeg, RowDecoder, decode_gpu, group_chunks
 from embed.procdecode import ProcessDecoder
+from embed.report import Span
 from embed.settings import Settings
 from tilestore.chunks import ChunkReader
 
@@ -39,8 +39,8 @@ AHEAD_BYTES = 1 << 30
 class RowSource:
     """Reads and decodes the steps' new chunks in order, a bounded number of rows ahead."""
 
-    def __init__(self, steps: Sequence, settings: Settings, timed: Callable):
-        self.steps, self.device, self.timed = steps, settings.device, timed
+    def __init__(self, steps: Sequence, settings: Settings, span: Span):
+        self.steps, self.device, self.span = steps, settings.device, span
         self._pending: dict[int, tuple[Coords, object]] = {}
         self._next = 0  # the first step not submitted yet
         self.threads = ThreadPoolExecutor(settings.readers, "tilestore-read")
@@ -55,9 +55,8 @@ class RowSource:
         coords, pending = self._pending.pop(index)
         if not coords:
             return coords, []
-        t0 = time.perf_counter()
-        chunks = self._result(index, coords, pending)
-        self.timed("wait_decode", time.perf_counter() - t0)
+        with self.span("wait_decode", "wait for decoded rows"):
+            chunks = self._result(index, coords, pending)
         return coords, chunks
 
     def retire(self, chunks: list[torch.Tensor]) -> None:
@@ -93,8 +92,8 @@ class RowSource:
 class ThreadRows(RowSource):
     """Fetch and decode on threads (imagecodecs frees the GIL); one pageable copy per row."""
 
-    def __init__(self, steps, settings, timed, reader: ChunkReader, decoders: Executor):
-        super().__init__(steps, settings, timed)
+    def __init__(self, steps, settings, span, reader: ChunkReader, decoders: Executor):
+        super().__init__(steps, settings, span)
         self.reader, self.decoders, self.ahead = reader, decoders, settings.readers
 
     def _wants_more(self, index: int) -> bool:
@@ -104,10 +103,8 @@ class ThreadRows(RowSource):
         return self.threads.submit(self._load, coords)
 
     def _load(self, coords: Coords) -> np.ndarray:
-        t0 = time.perf_counter()
-        rows = decode_row_cpu(self.reader, coords, self.decoders)
-        self.timed("read_decode", time.perf_counter() - t0)
-        return rows
+        with self.span("read_decode", "read + decode (threads)"):
+            return decode_row_cpu(self.reader, coords, self.decoders)
 
     def _result(self, index, coords, pending: Future) -> list[torch.Tensor]:
         rows = torch.from_numpy(pending.result()).to(self.device, non_blocking=True)
@@ -137,8 +134,8 @@ class ProcessRows(RowSource):
     0.10-0.13 s when pinning starts after 3 batches, at the same tiles/s (medians 16,225
     and 16,333)."""
 
-    def __init__(self, steps, settings, timed, reader: ChunkReader, procs: ProcessDecoder, stop):
-        super().__init__(steps, settings, timed)
+    def __init__(self, steps, settings, span, reader: ChunkReader, procs: ProcessDecoder, stop):
+        super().__init__(steps, settings, span)
         batch = settings.batch_size
         self.reader, self.procs, self.stop = reader, procs, stop
         self.shape = (reader.chunk_h, reader.chunk_w, reader.channels)
@@ -198,14 +195,14 @@ class NvjpegRows(RowSource):
     About three calls' worth of chunks are kept in flight: one being decoded, one gathering,
     one being fetched."""
 
-    def __init__(self, steps, settings, timed, reader: ChunkReader, decoder: GpuJpeg) -> None:
-        super().__init__(steps, settings, timed)
+    def __init__(self, steps, settings, span, reader: ChunkReader, decoder: GpuJpeg) -> None:
+        super().__init__(steps, settings, span)
         self.reader = reader
         self.group = group_chunks(reader.chunk_h, reader.chunk_w)
         self._in_flight = 0  # chunks submitted and not taken yet
         device = settings.device
         self.decoder = RowDecoder(
-            lambda data: decode_gpu(decoder, reader, data, device), self.group, device, timed=timed
+            lambda data: decode_gpu(decoder, reader, data, device), self.group, device, span=span
         )
         self._retired: collections.deque = collections.deque()  # (event, chunks)
         self._consumer = torch.cuda.current_stream(device)  # the producer's, cutting tiles
@@ -234,10 +231,8 @@ class NvjpegRows(RowSource):
         return self.decoder.submit(len(coords), self.threads.submit(self._fetch, coords))
 
     def _fetch(self, coords: Coords) -> list[bytes | None]:
-        t0 = time.perf_counter()
-        data = self.reader.fetch(coords)
-        self.timed("read", time.perf_counter() - t0)
-        return data
+        with self.span("read"):
+            return self.reader.fetch(coords)
 
     def _result(self, index, coords, pending: Future) -> list[torch.Tensor]:
         chunks, ready = pending.result()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from embed import nvtx
 from embed.assemble import Batch
 from embed.buffers import SlotPool
 from embed.forward import Forward
@@ -28,6 +29,7 @@ from embed.produce import JobEnd, JobFailed, JobStart, Producer
 from embed.queues import DONE, drain
 from embed.report import RunReport, Stats
 from embed.settings import Settings
+from tilestore.errors import TilestoreError
 
 
 class Runner:
@@ -47,6 +49,14 @@ class Runner:
         self.forward, self.settings = forward, settings
         self.processes, self.gpu_jpeg = processes, gpu_jpeg
         self.warm = False  # the model has run once at the run's batch size
+        self.nvtx = None
+        if settings.profile == "nvtx":
+            self.nvtx = nvtx.load()
+            if self.nvtx is None:
+                raise TilestoreError(
+                    "--profile nvtx: no NVTX library found (it comes with CUDA builds of "
+                    "torch, as the nvidia-nvtx package)"
+                )
 
     def _warm_up(self, stats: Stats, batch: int, read: int) -> None:
         """Run the model once on a batch shaped as the first slide's tiles (batch, read,
@@ -55,13 +65,12 @@ class Runner:
         the tile size too) then overlaps the first reads and decodes instead of following
         them. Done when the first slide with work is ready, so a run whose stores all fail
         compiles nothing."""
-        t0 = time.perf_counter()
-        if self.settings.cuda:
-            device = self.settings.device
-            tiles = torch.zeros((batch, read, read, 3), dtype=torch.uint8, device=device)
-            self.forward(tiles, batch)
+        with stats.span("warm_up", "warm-up (CUDA set-up, compilation)"):
+            if self.settings.cuda:
+                device = self.settings.device
+                tiles = torch.zeros((batch, read, read, 3), dtype=torch.uint8, device=device)
+                self.forward(tiles, batch)
         self.warm = True
-        stats.add("warm_up", time.perf_counter() - t0)
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -74,7 +83,7 @@ class Runner:
         """Embed the jobs' tiles, writing each batch as it is done; return the stage times."""
         settings = self.settings
         run = _Run(
-            stats=Stats(),
+            stats=Stats(self.nvtx),
             report=report,
             progress=progress,
             ready=queue.Queue(maxsize=settings.prefetch),
@@ -107,8 +116,11 @@ class Runner:
         producer.start()
         writer.start()
         try:
-            with torch.cuda.stream(compute_stream) if settings.cuda else contextlib.nullcontext():
-                self._consume(run, started)
+            with (
+                torch.cuda.stream(compute_stream) if settings.cuda else contextlib.nullcontext(),
+                _torch_trace(settings) as trace,
+            ):
+                self._consume(run, started, trace.step if trace is not None else _nothing)
         except torch.OutOfMemoryError as exc:
             raise ModelError(
                 f"out of GPU memory at batch size {settings.batch_size}; pass a smaller batch_size"
@@ -126,13 +138,14 @@ class Runner:
             raise report.writer_error
         return run.stats
 
-    def _consume(self, run: _Run, started: float) -> None:
+    def _consume(self, run: _Run, started: float, step: Callable[[], None]) -> None:
         """Compute the producer's batches in order until it is DONE (re-raising its error),
         handing each job's start and end to the writer."""
+        if run.stats.nvtx is not None:
+            run.stats.nvtx.name_thread("tilestore-gpu-loop")
         while True:
-            t0 = time.perf_counter()
-            item = run.ready.get()
-            run.stats.add("waiting_for_tiles", time.perf_counter() - t0)
+            with run.stats.span("waiting_for_tiles", "wait for tiles"):
+                item = run.ready.get()
             if item is DONE:
                 return
             if isinstance(item, BaseException):
@@ -146,6 +159,7 @@ class Runner:
             if run.report.first_batch_s is None:
                 run.report.first_batch_s = round(time.perf_counter() - started, 3)
             self._compute_batch(run, item)
+            step()  # the torch profiler's schedule counts batches
 
     def _compute_batch(self, run: _Run, item: Batch) -> None:
         start = end = done = None
@@ -153,14 +167,13 @@ class Runner:
         if cuda:
             current = torch.cuda.current_stream(device)
             if item.pool is not None:  # host tiles: copy on the side stream
-                t0 = time.perf_counter()
-                with torch.cuda.stream(run.copy_stream):
-                    tiles = item.tiles.to(device, non_blocking=True)
-                    copied = torch.cuda.Event()
-                    copied.record(run.copy_stream)
-                current.wait_event(copied)
-                item.pool.release(item.slot, copied)  # reused once the copy is done
-                run.stats.add("transfer_issue", time.perf_counter() - t0)
+                with run.stats.span("transfer_issue", "H2D copy"):
+                    with torch.cuda.stream(run.copy_stream):
+                        tiles = item.tiles.to(device, non_blocking=True)
+                        copied = torch.cuda.Event()
+                        copied.record(run.copy_stream)
+                    current.wait_event(copied)
+                    item.pool.release(item.slot, copied)  # reused once the copy is done
             else:  # tiles decoded and cut on the GPU by the producer's stream
                 current.wait_event(item.ready)
                 tiles = item.tiles
@@ -171,10 +184,12 @@ class Runner:
         else:
             tiles = item.tiles
         t0 = time.perf_counter()
-        features = self.forward(tiles, item.count)
+        with run.stats.mark("forward (preprocess, model)"):
+            features = self.forward(tiles, item.count)
         slot = run.outputs.acquire()
         out = run.outputs.buffers[slot][: item.count]
-        out.copy_(features.to(out.dtype), non_blocking=cuda)
+        with run.stats.mark("D2H copy"):
+            out.copy_(features.to(out.dtype), non_blocking=cuda)
         if cuda:
             end.record()
             done = torch.cuda.Event()
@@ -190,6 +205,8 @@ class Runner:
         its features are on the host, and times the GPU's work and idling between batches."""
         last_end = None  # the previous batch's end on the GPU: the gap to the next start is idle
         report, outputs, stats = run.report, run.outputs, run.stats
+        if stats.nvtx is not None:
+            stats.nvtx.name_thread("tilestore-writer")
         while (item := run.written.get()) is not DONE:
             try:
                 if isinstance(item, JobStart):
@@ -209,15 +226,17 @@ class Runner:
                     continue
                 batch, slot, done, start, end = item
                 if done is not None:
-                    done.synchronize()  # the feature copy (and so the batch) has finished
+                    with stats.mark("wait for the GPU"):
+                        done.synchronize()  # the feature copy (and so the batch) has finished
                     stats.add("compute", start.elapsed_time(end) / 1000)
                     if last_end is not None:
                         stats.add("gpu_idle", last_end.elapsed_time(start) / 1000)
                     last_end = end
-                t0 = time.perf_counter()
-                batch.job.writer.write(batch.block, outputs.buffers[slot][: batch.count].numpy())
-                outputs.release(slot)
-                stats.add("write", time.perf_counter() - t0)
+                with stats.span("write"):
+                    batch.job.writer.write(
+                        batch.block, outputs.buffers[slot][: batch.count].numpy()
+                    )
+                    outputs.release(slot)
                 report.count(batch.job, batch.count)
                 if run.progress:
                     run.progress(batch.count, report.total)
@@ -240,3 +259,23 @@ class _Run:
     stop: threading.Event
     open_jobs: list[Job]  # opened by the producer and not finished: released at the end
     copy_stream: torch.cuda.Stream | None
+
+
+def _nothing() -> None:
+    pass
+
+
+def _torch_trace(settings: Settings) -> contextlib.AbstractContextManager:
+    """With profile="torch", a torch.profiler that skips 2 batches, warms up on 2 and
+    records `profile_batches`, then writes a Chrome/Perfetto trace to `profile_out`; else
+    nothing."""
+    if settings.profile != "torch":
+        return contextlib.nullcontext(None)
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if settings.cuda else [])
+    return profile(
+        activities=activities,
+        schedule=schedule(wait=2, warmup=2, active=settings.profile_batches, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(settings.profile_out),
+    )

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # torch loads when a device is resolved: the CLI reads these 
 DecodeOption = Literal["auto", "cpu", "gpu"]
 PrecisionOption = Literal["auto", "bf16", "fp32"]
 FeatureDtype = Literal["float16", "float32"]
+ProfileOption = Literal["nvtx", "torch"]
 Decode = Literal["cpu", "gpu"]
 Precision = Literal["bf16", "fp32"]
 
@@ -59,6 +60,12 @@ class Options:
         HF_TOKEN or the stored login). channels: of a store that is not one RGB picture
         (multiplex fluorescence), the three channels (names or indices) an RGB model takes as
         R, G and B, each over its display window (`tilestore.slide.Slide.as_rgb`).
+        profile: "nvtx" marks every stage (read, decode, H2D copy, forward, D2H copy,
+        write, per thread and per decoder process) as an NVTX range for `nsys profile`;
+        "torch" writes a torch.profiler trace of `profile_batches` batches (after two
+        skipped and two warming up) to `profile_out` (Chrome / Perfetto JSON). max_tiles:
+        embed at most this many tiles of each slide (whole batches from the plan's start;
+        a later run without it finishes the slide).
     """
 
     batch_size: int | None = None
@@ -73,6 +80,10 @@ class Options:
     overwrite: bool = False
     hf_token: str | None = None
     channels: tuple[str, ...] | None = None
+    profile: ProfileOption | None = None
+    profile_out: str = "tilestore-trace.json"
+    profile_batches: int = 20
+    max_tiles: int | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,10 @@ class Settings:
     compile: bool
     overwrite: bool
     channels: tuple[str, ...] | None = None
+    profile: ProfileOption | None = None
+    profile_out: str = "tilestore-trace.json"
+    profile_batches: int = 20
+    max_tiles: int | None = None
 
     @property
     def cuda(self) -> bool:
@@ -108,9 +123,9 @@ class Machine(Protocol):
     def cpus(self) -> int:
         """CPUs this job may use (its affinity, or its share of a machine)."""
 
-    def start_decoders(self, count: int) -> None:
+    def start_decoders(self, count: int, nvtx_marks: bool) -> None:
         """Start `count` JPEG decoder processes for a run on CUDA (they import while the
-        model loads)."""
+        model loads); with `nvtx_marks` they mark their work as NVTX ranges."""
 
     def gpu_jpeg(self, device: torch.device, required: bool) -> str | None:
         """Start a GPU JPEG decoder on `device`; its name, or None where none starts
@@ -130,7 +145,7 @@ def resolve(options: Options, machine: Machine) -> Settings:
     prefetch = _at_least("prefetch", options.prefetch, 1)
     dtype = _choice("dtype", options.dtype, FeatureDtype)
     if device.type == "cuda":
-        machine.start_decoders(decoders)
+        machine.start_decoders(decoders, options.profile == "nvtx")
     decode, gpu_decoder = _decode(options.decode, device, machine)
     return Settings(
         device=device,
@@ -145,6 +160,10 @@ def resolve(options: Options, machine: Machine) -> Settings:
         compile=options.compile,
         overwrite=options.overwrite,
         channels=tuple(map(str, options.channels)) if options.channels else None,
+        profile=_choice("profile", options.profile, ProfileOption) if options.profile else None,
+        profile_out=options.profile_out,
+        profile_batches=_at_least("profile_batches", options.profile_batches, 1),
+        max_tiles=_at_least("max_tiles", options.max_tiles, 1),
     )
 
 

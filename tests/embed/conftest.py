@@ -50,7 +50,7 @@ class Machine:
         self.asked.append("cpus")
         return self._cpus
 
-    def start_decoders(self, count):
+    def start_decoders(self, count, nvtx_marks=False):
         self.asked.append(f"start_decoders({count})")
 
     def gpu_jpeg(self, device, required):

@@ -11,6 +11,7 @@ import torch
 
 from embed.nvjpeg import open_decoder
 from embed.procdecode import ProcessDecoder
+from embed.report import no_span
 from embed.rows import NvjpegRows, ProcessRows, ThreadRows
 from tests.conftest import CMU
 from tests.embed.conftest import settings
@@ -46,7 +47,7 @@ def test_thread_rows(stores):
     reader, steps = _steps(stores)
     with ThreadPoolExecutor(2) as decoders:
         _check(
-            ThreadRows(steps, settings(readers=2), lambda *a: None, reader, decoders),
+            ThreadRows(steps, settings(readers=2), no_span, reader, decoders),
             reader,
             steps,
         )
@@ -55,7 +56,7 @@ def test_thread_rows(stores):
 def test_a_source_closed_early_gives_its_rows_up(stores):
     reader, steps = _steps(stores)
     with ThreadPoolExecutor(2) as decoders:
-        source = ThreadRows(steps, settings(readers=2), lambda *a: None, reader, decoders)
+        source = ThreadRows(steps, settings(readers=2), no_span, reader, decoders)
         source.take(0)
         source.close()
         assert not source._pending
@@ -71,7 +72,7 @@ def test_process_rows(stores):
         source = ProcessRows(
             steps,
             settings(device, batch_size=64),
-            lambda *a: None,
+            no_span,
             reader,
             procs,
             threading.Event(),
@@ -97,7 +98,7 @@ def test_process_rows_hold_at_most_their_byte_budget_in_small_parts(stores, monk
         source = ProcessRows(
             steps,
             settings(device, batch_size=64),
-            lambda *a: None,
+            no_span,
             reader,
             procs,
             threading.Event(),
@@ -116,6 +117,4 @@ def test_nvjpeg_rows(stores):
     reader, steps = _steps(stores, copy=False)  # YCbCr chunks
     device = torch.device("cuda", torch.cuda.current_device())
     decoder = open_decoder(device)
-    _check(
-        NvjpegRows(steps, settings(device), lambda *a: None, reader, decoder), reader, steps, True
-    )
+    _check(NvjpegRows(steps, settings(device), no_span, reader, decoder), reader, steps, True)

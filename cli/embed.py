@@ -92,6 +92,11 @@ def embed(
         help="Multiplex stores: three channels (names or indices, e.g. DAPI,CD8,PanCK) given "
         "to the model as R, G, B, each over its display window.",
     ),
+    compile_cache: str = typer.Option(
+        "auto",
+        help="--compile: where compiled graphs are kept between runs (auto: the user "
+        "cache; a shared folder serves a SLURM array; off).",
+    ),
     max_tiles: int | None = typer.Option(
         None,
         help="A trial: embed only each slide's first N plan tiles (whole batches); a "
@@ -154,6 +159,7 @@ def embed(
         hf_token=hf_token,
         channels=tuple(c.strip() for c in channels.split(",")) if channels else None,
         max_tiles=max_tiles,
+        compile_cache=compile_cache,
         profile=profile,
         profile_out=profile_out,
         profile_batches=profile_batches,

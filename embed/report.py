@@ -175,6 +175,7 @@ class RunReport:
     failures: list[dict[str, str]] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)  # complete already
     converted: list[dict[str, Any]] = field(default_factory=list)  # slides given, not stores
+    notes: list[str] = field(default_factory=list)  # e.g. what the compile cache did
     warnings: list[str] = field(default_factory=list)
     software: dict[str, str] = field(default_factory=dict)
     writer_error: BaseException | None = None
@@ -406,6 +407,7 @@ def format_report(report: RunReport) -> list[str]:
         )
     if report.batch_note:
         lines.append(f"batch size {report.batch_size}: {report.batch_note}")
+    lines.extend(report.notes)
     memory = f"peak host RSS {report.peak_rss_mb:.0f} MB"
     if report.peak_gpu_allocated_mb is not None:
         of = f" of the GPU's {report.gpu_total_mb:,.0f} MB" if report.gpu_total_mb else ""

@@ -14,12 +14,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from embed import nvtx
 from embed.assemble import Batch
 from embed.buffers import SlotPool
+from embed.compilecache import CompileCache, cache_key
 from embed.forward import Forward
 from embed.jobs import Job
 from embed.models import ModelError
@@ -49,6 +51,7 @@ class Runner:
         self.forward, self.settings = forward, settings
         self.processes, self.gpu_jpeg = processes, gpu_jpeg
         self.warm = False  # the model has run once at the run's batch size
+        self.notes: list[str] = []  # what the warm-up did with the compile cache
         self.nvtx = None
         if settings.profile == "nvtx":
             self.nvtx = nvtx.load()
@@ -65,11 +68,23 @@ class Runner:
         the tile size too) then overlaps the first reads and decodes instead of following
         them. Done when the first slide with work is ready, so a run whose stores all fail
         compiles nothing."""
+        settings = self.settings
+        cache = None
+        if settings.compile and settings.compile_cache:
+            key = cache_key(
+                self.forward.loaded.describe(), batch, read, settings.precision, settings.device
+            )
+            cache = CompileCache(Path(settings.compile_cache), key)
+            self.notes.append(cache.load())
         with stats.span("warm_up", "warm-up (CUDA set-up, compilation)"):
-            if self.settings.cuda:
-                device = self.settings.device
+            if settings.cuda or cache is not None:
+                device = settings.device
                 tiles = torch.zeros((batch, read, read, 3), dtype=torch.uint8, device=device)
                 self.forward(tiles, batch)
+        if cache is not None:
+            saved = cache.save()
+            if saved:
+                self.notes.append(saved)
         self.warm = True
 
     # -- the run ------------------------------------------------------------------------------
@@ -155,6 +170,8 @@ class Runner:
                 if isinstance(item, JobStart) and len(item.job.todo) and not self.warm:
                     # while the pipeline fills
                     self._warm_up(run.stats, self.settings.batch_size, item.job.plan.spec.read)
+                    run.report.notes.extend(self.notes)
+                    self.notes.clear()
                 continue
             if run.report.first_batch_s is None:
                 run.report.first_batch_s = round(time.perf_counter() - started, 3)

@@ -65,7 +65,9 @@ class Options:
         "torch" writes a torch.profiler trace of `profile_batches` batches (after two
         skipped and two warming up) to `profile_out` (Chrome / Perfetto JSON). max_tiles:
         embed at most this many tiles of each slide (whole batches from the plan's start;
-        a later run without it finishes the slide).
+        a later run without it finishes the slide). compile_cache: with compile, where
+        compiled graphs are kept between processes ("auto": the user's cache folder; a
+        shared folder serves a SLURM array; "off": none), `embed.compilecache`.
     """
 
     batch_size: int | None = None
@@ -84,6 +86,7 @@ class Options:
     profile_out: str = "tilestore-trace.json"
     profile_batches: int = 20
     max_tiles: int | None = None
+    compile_cache: str | None = "auto"
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,7 @@ class Settings:
     profile_out: str = "tilestore-trace.json"
     profile_batches: int = 20
     max_tiles: int | None = None
+    compile_cache: str | None = None  # a folder; None: no cache
 
     @property
     def cuda(self) -> bool:
@@ -164,7 +168,19 @@ def resolve(options: Options, machine: Machine) -> Settings:
         profile_out=options.profile_out,
         profile_batches=_at_least("profile_batches", options.profile_batches, 1),
         max_tiles=_at_least("max_tiles", options.max_tiles, 1),
+        compile_cache=_compile_cache(options.compile_cache),
     )
+
+
+def _compile_cache(option: str | None) -> str | None:
+    """ "auto": the user's cache folder; "off" or None: no cache; else the folder given."""
+    if option in (None, "off"):
+        return None
+    if option == "auto":
+        from embed.compilecache import default_folder
+
+        return str(default_folder())
+    return str(option)
 
 
 def _device(name: str, machine: Machine) -> torch.device:

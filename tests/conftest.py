@@ -25,6 +25,15 @@ IHC = "skimage_ihc.png"
 MONUSEG = "TCGA-A7-A13E-01Z-00-DX1"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_cache(tmp_path_factory):
+    """Batch-size memos and compiled graphs go to a folder of the test session's, never the
+    user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TILESTORE_CACHE", str(tmp_path_factory.mktemp("tilestore-cache")))
+        yield
+
+
 def real(path: Path) -> Path:
     """Return a file from ../shared/data, skipping the test if the data folder is absent."""
     if not path.exists():

@@ -15,16 +15,18 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dask.array as da
 import numpy as np
-import xarray as xr
 import zarr
 from PIL import Image
 from zarr.abc.store import Store
 
 from tilestore.chunks import ChannelPick, ChunkReader
+
+if TYPE_CHECKING:
+    import dask.array as da
+    import xarray as xr
 from tilestore.errors import StoreError, TilestoreError
 from tilestore.store import ATTRS_KEY, open_store
 
@@ -229,6 +231,8 @@ class Slide:
 
     def to_dask(self, level: int = 0) -> da.Array:
         """Return a level as a lazy (c, y, x) dask array, one dask chunk per store chunk."""
+        import dask.array as da  # here, not at import: 1 s of every command's start
+
         return da.from_zarr(self.array(level))
 
     def to_xarray(self, level: int = 0) -> xr.DataArray:
@@ -241,6 +245,8 @@ class Slide:
             "y": ("y", (np.arange(lv.height) * dy + (dy - 1) / 2) * py, {"units": unit}),
             "x": ("x", (np.arange(lv.width) * dx + (dx - 1) / 2) * px, {"units": unit}),
         }
+        import xarray as xr
+
         return xr.DataArray(
             self.to_dask(level),
             dims=("c", "y", "x"),

@@ -385,15 +385,25 @@ def test_rows_spanning_more_batches_than_buffers_do_not_deadlock(store, lite):
     assert cosine(features, reference_features(slide, plan, lite)).min() >= 0.9999
 
 
-def test_a_compiled_run_equals_the_reference_loop(store):
+def test_a_compiled_run_equals_the_reference_loop(store, tmp_path):
     """--compile fuses the transform with the model: one graph for uint8 batches, equal to
-    the eager reference (the GPU where there is one)."""
+    the eager reference (the GPU where there is one). The compiled graphs are kept in the
+    compile cache, and the next run loads them, with the same features."""
     model = load_model("timm:vit_tiny_patch16_224")
     path = store()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    options = Options(batch_size=16, device=device, precision="fp32", compile=True)
+    cache = tmp_path / "compiled"
+    options = Options(
+        batch_size=16, device=device, precision="fp32", compile=True, compile_cache=str(cache)
+    )
     report = embed([path], model, plan=PlanOptions(mpp=0.5, tile=224), options=options)
     assert report.compile and not report.failures
+    assert any(n.startswith(f"compile cache: saved {cache}") for n in report.notes), report.notes
+    (entry,) = cache.glob("*.bin")
+    again = embed(
+        [path], model, plan=PlanOptions(mpp=0.5, tile=224), options=replace(options, overwrite=True)
+    )
+    assert f"compile cache: loaded {entry}" in " ".join(again.notes), again.notes
     slide = open_slide(path)
     plan, _ = load_plan(slide, "0.5mpp-224px")
     features, _ = _features(path, "timm:vit_tiny_patch16_224")

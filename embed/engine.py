@@ -162,7 +162,7 @@ class Embedder:
         report_path: str | os.PathLike | None,
         progress: Callable[[int, int], None] | None,
     ) -> RunReport:
-        started = time.perf_counter()
+        started, wall_started = time.perf_counter(), time.time()
         report = RunReport.start(self.loaded.describe(), self.settings)
         report.setup_s, self._setup_s = self._setup_s, 0.0
         report.setup_parts, self._setup = self._setup, {}
@@ -172,6 +172,16 @@ class Embedder:
         with Sampler(self.settings.device) as sampler:
             stats = self.runner.run(make_jobs(report), report, progress)
         report.finish(time.perf_counter() - started + report.setup_s, sampler, stats)
+        if self.settings.profile == "torch":
+            trace = Path(self.settings.profile_out)
+            if trace.exists() and trace.stat().st_mtime >= wall_started:
+                report.notes.append(f"torch profiler trace: {trace}")
+            else:
+                report.warnings.append(
+                    f"--profile torch: no trace written; the run had fewer than the "
+                    f"{4 + self.settings.profile_batches} batches it needs (2 skipped, 2 to "
+                    "warm up, --profile-batches recorded)"
+                )
         if report_path:
             report.save(report_path)
         return report

@@ -1,4 +1,5 @@
-"""NVTX ranges, so `nsys profile tilestore embed --profile nvtx ...` shows our stages by name.
+"""Named ranges for profilers: NVTX, so `nsys profile tilestore embed --profile nvtx ...` shows
+our stages by name, and the same names as torch.profiler events (`TorchMarks`).
 
 The ranges go through NVIDIA's NVTX library as torch's CUDA wheels install it (the
 `nvidia-nvtx` package's libnvtx3interop), called with ctypes: no torch import, so the
@@ -61,3 +62,31 @@ def _candidates() -> list[Path | str]:
     for root in roots:
         found += [Path(root) / "nvtx" / "lib" / name for name in _NAMES]
     return [p for p in found if Path(p).exists()] + list(_NAMES)  # then the loader's path
+
+
+class TorchMarks:
+    """The same ranges as torch.profiler `record_function` events (`--profile torch`), so a
+    torch trace shows our stages by name too. One stack per thread, as NVTX keeps."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._local = threading.local()
+
+    def push(self, name: str) -> None:
+        import torch
+
+        scope = torch.profiler.record_function(name)
+        scope.__enter__()
+        self._stack().append(scope)
+
+    def pop(self) -> None:
+        self._stack().pop().__exit__(None, None, None)
+
+    def _stack(self) -> list:
+        if not hasattr(self._local, "stack"):
+            self._local.stack = []
+        return self._local.stack
+
+    def name_thread(self, name: str) -> None:
+        """torch's trace names threads itself."""

@@ -52,7 +52,9 @@ class Runner:
         self.processes, self.gpu_jpeg = processes, gpu_jpeg
         self.warm = False  # the model has run once at the run's batch size
         self.notes: list[str] = []  # what the warm-up did with the compile cache
-        self.nvtx = None
+        self.nvtx: nvtx.Nvtx | nvtx.TorchMarks | None = None  # named ranges, when profiling
+        if settings.profile == "torch":
+            self.nvtx = nvtx.TorchMarks()
         if settings.profile == "nvtx":
             self.nvtx = nvtx.load()
             if self.nvtx is None:

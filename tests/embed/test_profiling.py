@@ -53,6 +53,8 @@ def test_a_torch_trace_of_some_batches(store, lite, tmp_path):
     events = json.loads(out.read_text())["traceEvents"]
     steps = {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")}
     assert steps == {"ProfilerStep#4", "ProfilerStep#5", "ProfilerStep#6"}  # after 2 + 2
+    names = {e.get("name") for e in events}  # our stages, by name, from every thread
+    assert {"wait for tiles", "forward (preprocess, model)", "D2H copy"} <= names
 
 
 class _Recorder:

@@ -81,6 +81,9 @@ def main() -> None:
     parser.add_argument("--slide", type=Path, default=HERE / "data" / "large-40000.svs")
     parser.add_argument("--size", type=int, default=40_000)
     parser.add_argument("--stores", type=int, default=10, help="stores in the array loop")
+    parser.add_argument(
+        "--compiled-loop", action="store_true", help="the array loop compiled too, not eager only"
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/coldstart"))
     parser.add_argument("--out", type=Path, default=HERE / "results" / "coldstart.json")
     args = parser.parse_args()
@@ -111,7 +114,7 @@ def main() -> None:
         shutil.copytree(store, copy)
         copies.append(copy)
     loop = {}
-    for compiled in (False, True):
+    for compiled in (False, True) if args.compiled_loop else (False,):
         flags = ("--compile",) if compiled else ()
         started = time.perf_counter()
         for copy in copies:

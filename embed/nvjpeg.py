@@ -201,6 +201,7 @@ class RowDecoder:
         self._stream = torch.cuda.Stream(device) if self._cuda else None
         self._todo: queue.Queue = queue.Queue()
         self._closing = False
+        self._failed: BaseException | None = None  # the first failed call's error
         self.calls: list[int] = []  # chunks per decode call
         self._thread = threading.Thread(target=self._loop, name="tilestore-nvjpeg", daemon=True)
         self._thread.start()
@@ -248,8 +249,17 @@ class RowDecoder:
             for *_, row in rows:
                 row.cancel()
             return
+        if self._failed is not None:  # rows queued behind a failed call are not decoded:
+            for *_, row in rows:  # the slide goes on without nvJPEG, which is not asked again
+                row.set_exception(self._failed)
+            return
         try:
             data = [d for _, fetched, _ in rows for d in fetched.result()]
+        except BaseException as exc:  # a read failed: those rows fail, the decoder goes on
+            for *_, row in rows:
+                row.set_exception(exc)
+            return
+        try:
             with self._span("decode", "decode (nvJPEG)"):
                 chunks = self._decode(data) if data else []
                 ready = None
@@ -258,6 +268,7 @@ class RowDecoder:
                     ready.record(self._stream)
             self.calls.append(len(data))
         except BaseException as exc:  # each row's consumer raises it
+            self._failed = exc
             for *_, row in rows:
                 row.set_exception(exc)
             return

@@ -204,3 +204,23 @@ def test_calls_back_to_back_of_changing_size_decode_right(stores):
         got = torch.stack(chunks).permute(0, 2, 3, 1).cpu().numpy()
         want = np.stack([reader.decode(d) for d in batch])
         assert np.abs(got.astype(int) - want).mean() < 1.0
+
+
+def test_rows_queued_behind_a_failed_decode_are_not_decoded():
+    """nvJPEG that failed once (an allocator failure) is not called again for the rows
+    already queued: they fail with the same error, and the slide goes on on the CPU."""
+    calls = []
+
+    def decode(data):
+        calls.append(list(data))
+        raise RuntimeError("allocator failure")
+
+    gate: Future = Future()
+    with RowDecoder(decode, group=1, device=torch.device("cpu")) as decoder:
+        first = decoder.submit(1, gate)
+        queued = [decoder.submit(1, _done([i])) for i in range(3)]
+        gate.set_result([9])
+        for row in [first, *queued]:
+            with pytest.raises(RuntimeError, match="allocator failure"):
+                row.result(timeout=10)
+    assert calls == [[9]]

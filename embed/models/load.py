@@ -95,9 +95,9 @@ def _build(spec: ModelSpec, config: dict) -> torch.nn.Module:
         raise ModelError(f"{spec.name}: cannot build {config['architecture']}: {exc}") from exc
 
 
-def _load_state(spec: ModelSpec, module: torch.nn.Module, state: dict) -> None:
+def _load_state(spec: ModelSpec, module: torch.nn.Module, state: dict, assign=False) -> None:
     try:
-        result = module.load_state_dict(state, strict=False)
+        result = module.load_state_dict(state, strict=False, assign=assign)
     except RuntimeError as exc:  # tensors of the wrong shape for this architecture
         first = next(
             (line.strip() for line in str(exc).splitlines() if "size mismatch" in line), ""
@@ -129,9 +129,19 @@ Loaded = tuple[torch.nn.Module, str | None, str]
 
 
 def _checkpoint(spec: ModelSpec, checkpoint: hub.Checkpoint) -> Loaded:
-    """A timm-format checkpoint (config.json + weights) built and loaded."""
-    module = _build(spec, checkpoint.config)
-    _load_state(spec, module, hub.load_weights(spec.name, checkpoint.weights))
+    """A timm-format checkpoint (config.json + weights) built and loaded.
+
+    The module is built on the meta device, without drawing random weights that the
+    checkpoint replaces at once (seconds on the CPU for a ViT-L, more for a ViT-g), and the
+    checkpoint's tensors are assigned in. An architecture with state the checkpoint does not
+    hold (buffers computed at build, such as rotary tables) is built for real instead."""
+    state = hub.load_weights(spec.name, checkpoint.weights)
+    with torch.device("meta"):
+        module = _build(spec, checkpoint.config)
+    _load_state(spec, module, state, assign=True)
+    if any(t.is_meta for t in (*module.parameters(), *module.buffers())):
+        module = _build(spec, checkpoint.config)
+        _load_state(spec, module, state)
     return module, checkpoint.revision, str(checkpoint.weights)
 
 

@@ -203,3 +203,42 @@ def test_virchow_pooling_concatenates_cls_and_mean_patch_tokens(hf_cache):
         tokens = loaded.module.forward_features(x)
         want = torch.cat([tokens[:, 0], tokens[:, 5:].mean(1)], dim=-1)  # 1 cls + 4 registers
         torch.testing.assert_close(loaded.features(x), want)
+
+
+def _checkpoint_folder(tmp_path, arch, model_args):
+    model = timm.create_model(arch, pretrained=False, num_classes=0, **model_args)
+    config = {"architecture": arch, "model_args": model_args}
+    folder = tmp_path / arch
+    folder.mkdir()
+    state = write_checkpoint(folder, model, config, "model.safetensors")
+    return folder, state
+
+
+def test_a_checkpoint_is_loaded_without_drawing_random_weights_first(tmp_path, monkeypatch):
+    folder, state = _checkpoint_folder(tmp_path, "vit_tiny_patch16_224", {"depth": 2})
+    draws = []  # every random draw timm's initialisation makes (trunc_normal_ -> uniform_)
+    original = torch.Tensor.uniform_
+
+    def uniform_(tensor, *args, **kwargs):
+        draws.append(tensor.is_meta)
+        return original(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "uniform_", uniform_)
+    loaded = load_model(f"local:{folder}")
+    assert draws and all(draws)  # timm initialises on the meta device: no work done
+    weights = dict(loaded.module.state_dict())
+    assert all(torch.equal(weights[k], v) for k, v in state.items())
+    assert not any(t.is_meta for t in loaded.module.parameters())
+
+
+def test_state_made_at_build_is_built_for_real(tmp_path):
+    """EVA's rotary tables are buffers the checkpoint does not hold: built on the meta device
+    they would stay empty, so such a model is built for real."""
+    folder, state = _checkpoint_folder(tmp_path, "eva02_tiny_patch14_224", {"depth": 1})
+    loaded = load_model(f"local:{folder}")
+    assert not any(t.is_meta for t in (*loaded.module.parameters(), *loaded.module.buffers()))
+    reference = timm.create_model("eva02_tiny_patch14_224", num_classes=0, depth=1).eval()
+    reference.load_state_dict(state, strict=False)
+    x = torch.rand(1, 3, 224, 224)
+    with torch.inference_mode():
+        assert torch.allclose(loaded.module(x), reference(x), atol=1e-5)

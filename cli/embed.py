@@ -97,6 +97,12 @@ def embed(
         help="--compile: where compiled graphs are kept between runs (auto: the user "
         "cache; a shared folder serves a SLURM array; off).",
     ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Say what would be embedded and about how long it would take "
+        "(model loaded, stores planned, a short calibration); write nothing.",
+    ),
     max_tiles: int | None = typer.Option(
         None,
         help="A trial: embed only each slide's first N plan tiles (whole batches); a "
@@ -173,6 +179,9 @@ def embed(
         out.print(f"shard {k}/{n}: {len(stores)} store(s)", highlight=False)
         if not stores:
             return
+    if dry_run:
+        _dry_run(stores, model, choice, options, into)
+        return
     if cluster or scheduler:
         from tilestore.store import is_store
 
@@ -202,6 +211,35 @@ def embed(
     if report:
         out.print(f"report: {report}")
     if result.failures:
+        raise typer.Exit(2)
+
+
+def _dry_run(stores, model, plan, options, into) -> None:
+    from embed.dryrun import dry_run
+
+    result = dry_run(stores, model, plan=plan, options=options, convert_into=into)
+    table = text_table("input", "plan tiles", "done", "to do", "est. s", "note")
+    for row in result.rows:
+        show = lambda v: "-" if v is None else f"{v:,}"  # noqa: E731
+        table.add_row(
+            row.given,
+            show(row.tiles),
+            show(row.done),
+            show(row.todo),
+            "-" if row.seconds is None else f"{row.seconds:.1f}",
+            row.error or row.note,
+        )
+    out.print(table)
+    memory = f", peak GPU memory {result.peak_gpu_mb:,.0f} MB" if result.peak_gpu_mb else ""
+    out.print(
+        f"{result.model} on {result.device_name}, batch {result.batch_size}: "
+        f"{result.tiles_per_s:,.0f} tiles/s for the model alone{memory}; set-up took "
+        f"{result.setup_s:.1f} s. In all {result.todo:,} tiles to do, about "
+        f"{result.seconds:.0f} s of model time (a run reaches 0.77-0.99 of it). Nothing "
+        "was written.",
+        highlight=False,
+    )
+    if any(row.error for row in result.rows):
         raise typer.Exit(2)
 
 

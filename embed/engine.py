@@ -99,7 +99,7 @@ class Embedder:
         self._setup = {"before the engine (process start, imports)": _since_process_start(started)}
         self._setup |= {k: round(v, 3) for k, v in host.timings.items()}
         self._batch_note = host.batch_note
-        self._model_mb = host.model_mb
+        self.model_mb = host.model_mb
 
     def writer_identity(self) -> dict[str, Any]:
         """What an embeddings group records of the run that writes it (EmbeddingWriter args)."""
@@ -166,7 +166,7 @@ class Embedder:
         report = RunReport.start(self.loaded.describe(), self.settings)
         report.setup_s, self._setup_s = self._setup_s, 0.0
         report.setup_parts, self._setup = self._setup, {}
-        report.batch_note, report.model_mb = self._batch_note, self._model_mb
+        report.batch_note, report.model_mb = self._batch_note, self.model_mb
         if self.settings.cuda:  # the run's peak, not the batch search's
             torch.cuda.reset_peak_memory_stats(self.settings.device)
         with Sampler(self.settings.device) as sampler:

@@ -130,7 +130,9 @@ def rgb_input(slide: Slide, identity: dict[str, Any]) -> Slide:
     return slide
 
 
-def plan_for(slide: Slide, spec: ModelSpec, plan: PlanChoice) -> tuple[TilePlan, str]:
+def plan_for(
+    slide: Slide, spec: ModelSpec, plan: PlanChoice, *, save: bool = True
+) -> tuple[TilePlan, str | None]:
     """The plan a run uses and its uid.
 
     plan: a stored plan's name; None for the store's only plan, or, where it has none or
@@ -138,6 +140,8 @@ def plan_for(slide: Slide, spec: ModelSpec, plan: PlanChoice) -> tuple[TilePlan,
     unset mpp and tile are the model's. A plan made is saved (reused if made before with
     the same options). Where the slide's pixel size is unknown, a plan whose mpp was not
     asked for is made in level-0 pixels and says so; an mpp asked for is an error.
+    save=False (a dry run) writes nothing, not even a tissue mask; the uid is then None
+    for a plan not stored before.
     """
     if isinstance(plan, str) or (plan is None and len(list_plans(slide)) == 1):
         return load_plan(slide, plan)
@@ -151,8 +155,10 @@ def plan_for(slide: Slide, spec: ModelSpec, plan: PlanChoice) -> tuple[TilePlan,
         mpp=spec.native_mpp or DEFAULT_MPP if options.mpp is None else options.mpp,
         tile=options.tile or spec.tile,
     )
-    made = plan_slide(slide, options)
+    made = plan_slide(slide, options, store_tissue=save)
     made = replace(made, notes=[*made.notes, *notes])
+    if not save:
+        return made, None
     if made.name in list_plans(slide):  # made before with the same options: reuse it
         stored, uid = load_plan(slide, made.name)
         if np.array_equal(stored.x, made.x) and np.array_equal(stored.y, made.y):

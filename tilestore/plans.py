@@ -56,12 +56,15 @@ class PlanOptions:
     name: str | None = None
 
 
-def plan_slide(slide: Slide, options: PlanOptions = PlanOptions()) -> TilePlan:
+def plan_slide(
+    slide: Slide, options: PlanOptions = PlanOptions(), *, store_tissue: bool = True
+) -> TilePlan:
     """Return the plan of `options.tile`-px tiles at `options.mpp` over the slide's tissue
     (and ROI), as `PlanOptions` describes.
 
     The tissue mask is the store's labels/tissue; if there is none it is computed with
-    `options.tissue_method` and stored. An mpp asked of a slide whose pixel size is unknown
+    `options.tissue_method` and stored (unless store_tissue=False: a dry run writes
+    nothing). An mpp asked of a slide whose pixel size is unknown
     is an error (plan in level-0 pixels with mpp=0).
     """
     notes: list[str] = []
@@ -90,8 +93,10 @@ def plan_slide(slide: Slide, options: PlanOptions = PlanOptions()) -> TilePlan:
     tissue = read_tissue(slide) if min_tissue > 0 else None
     if tissue is None and min_tissue > 0:
         tissue = compute_tissue(slide, options.tissue_method)
-        write_tissue(slide, tissue)
-        notes.append(f"tissue mask computed ({tissue.method}, {tissue.polarity}) and stored")
+        if store_tissue:
+            write_tissue(slide, tissue)
+        stored = "and stored" if store_tissue else "(not stored)"
+        notes.append(f"tissue mask computed ({tissue.method}, {tissue.polarity}) {stored}")
     rois = _load_rois(slide, roi, roi_class, options.roi_mpp, notes) if roi else None
     plan = make_plan(
         spec,

@@ -1,0 +1,134 @@
+"""`embed --dry-run`: what a run would do and roughly how long it would take, writing nothing.
+
+The model is loaded and its batch size chosen as the run would; each store is planned as
+the run would plan it (tissue computed if missing, but neither stored); tiles already
+embedded by an earlier run are counted as done. A short calibration (the model alone at the
+run's batch size on random tiles, `embed.sizing.profile_batches`) gives tiles/s and peak GPU
+memory; a slide's time is its tiles to do at that rate, a lower bound: the engine reaches
+0.77-0.99 of the model alone (bench/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from embed.engine import Embedder
+from embed.jobs import PlanChoice, plan_for, rgb_input
+from embed.models import LoadedModel
+from embed.settings import Options
+from embed.sizing import profile_batches
+from tilestore.embeddings import group_name
+from tilestore.errors import TilestoreError
+from tilestore.slide import open_slide
+from tilestore.store import is_store, store_name
+
+
+@dataclass(frozen=True)
+class DryRow:
+    """One input: its plan's tiles, those done, those to do and their estimated seconds."""
+
+    given: str
+    tiles: int | None = None
+    done: int | None = None
+    todo: int | None = None
+    seconds: float | None = None
+    note: str = ""
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """The whole run's estimate and the calibration it rests on."""
+
+    model: str
+    device_name: str
+    batch_size: int
+    tiles_per_s: float  # the model alone at the run's batch size
+    peak_gpu_mb: float | None
+    model_mb: float | None
+    setup_s: float
+    rows: tuple[DryRow, ...]
+
+    @property
+    def todo(self) -> int:
+        return sum(r.todo or 0 for r in self.rows)
+
+    @property
+    def seconds(self) -> float:
+        return sum(r.seconds or 0.0 for r in self.rows)
+
+
+def dry_run(
+    inputs: list[str | os.PathLike],
+    model: str | LoadedModel,
+    *,
+    plan: PlanChoice = None,
+    options: Options = Options(),
+    convert_into: str | os.PathLike | None = None,
+) -> DryRun:
+    """Estimate a run of `embed(inputs, model, plan=plan, options=options)`; write nothing."""
+    started = time.perf_counter()
+    with Embedder(model, options) as embedder:
+        setup = time.perf_counter() - started
+        s = embedder.settings
+        calibration = profile_batches(
+            embedder.loaded, s.device, s.precision, (s.batch_size,), repeats=3
+        ).runs[0]
+        rate = calibration.tiles_per_s or 0.0
+        identity = embedder.writer_identity()
+        rows = tuple(_row(Path(p), embedder, identity, plan, rate, convert_into) for p in inputs)
+        return DryRun(
+            embedder.loaded.spec.name,
+            _device_name(s.device),
+            s.batch_size,
+            rate,
+            calibration.peak_mb,
+            embedder.model_mb,
+            setup,
+            rows,
+        )
+
+
+def _row(path, embedder, identity, plan, rate, into) -> DryRow:
+    if path.exists() and not is_store(path):
+        target = Path(into or "stores") / store_name(path)
+        return DryRow(str(path), note=f"a slide: would be converted into {target} first")
+    try:
+        slide = open_slide(path)
+        rgb_input(slide, identity)
+        tile_plan, _ = plan_for(slide, embedder.loaded.spec, plan, save=False)
+    except TilestoreError as exc:
+        return DryRow(str(path), error=str(exc))
+    total = len(tile_plan)
+    done, note = _done(slide, embedder.loaded.spec.name, total)
+    most = embedder.settings.max_tiles
+    todo = total - done if most is None else min(total - done, most)
+    seconds = todo / rate if rate else None
+    return DryRow(str(path), total, done, todo, seconds, note or "; ".join(tile_plan.notes))
+
+
+def _done(slide, model: str, total: int) -> tuple[int, str]:
+    """Tiles an earlier run of this model already embedded (its done batches)."""
+    try:
+        group = zarr.open_group(slide.group.store, path=group_name(model), mode="r")
+    except (FileNotFoundError, KeyError, zarr.errors.GroupNotFoundError):
+        return 0, ""
+    attrs = group.attrs.get("tilestore", {})
+    if attrs.get("complete"):
+        return total, "already complete (skipped unless --overwrite)"
+    batch = int(attrs.get("batch_size", 0)) or 1
+    blocks = np.flatnonzero(group["done"][:] == 1)
+    done = int(sum(min(batch, total - b * batch) for b in blocks))
+    return done, f"resumes: {len(blocks)} batches done" if len(blocks) else ""
+
+
+def _device_name(device) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -1,0 +1,52 @@
+"""`embed --dry-run`: the tiles a run would embed, those already done, an estimate, and
+nothing written."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from embed.dryrun import dry_run
+from embed.engine import embed
+from embed.models import load_model
+from embed.settings import Options
+from tests.conftest import CMU
+from tilestore.plans import PlanOptions
+
+FP32 = Options(batch_size=2, device="cpu", precision="fp32", dtype="float32")
+PLAN = PlanOptions(mpp=1.0, tile=224)
+
+
+@pytest.fixture(scope="module")
+def lite():
+    return load_model("efficientnet-lite0")
+
+
+def _tree(path):
+    return sorted((str(p.relative_to(path)), p.stat().st_size) for p in path.rglob("*"))
+
+
+def test_a_dry_run_counts_what_a_run_would_embed_and_writes_nothing(
+    store, lite, slide_path, tmp_path
+):
+    fresh, begun, finished = store(), store(into=tmp_path / "b"), store(into=tmp_path / "c")
+    embed([begun], lite, plan=PLAN, options=replace(FP32, max_tiles=3))
+    embed([finished], lite, plan=PLAN, options=FP32)
+    before = {p: _tree(p) for p in (fresh, begun, finished)}
+    missing = tmp_path / "missing.ome.zarr"
+    result = dry_run(
+        [fresh, begun, finished, slide_path(CMU), missing], lite, plan=PLAN, options=FP32
+    )
+    assert {p: _tree(p) for p in before} == before  # not a tissue mask, not a plan
+    assert not (tmp_path / "stores").exists()
+    new, resumed, complete, slide, absent = result.rows
+    assert (new.tiles, new.done, new.todo) == (11, 0, 11) and new.seconds > 0
+    assert "tissue mask computed" in new.note and "(not stored)" in new.note
+    assert (resumed.tiles, resumed.done, resumed.todo) == (11, 4, 7)
+    assert resumed.note == "resumes: 2 batches done"
+    assert (complete.done, complete.todo) == (11, 0) and "already complete" in complete.note
+    assert slide.tiles is None and "would be converted into stores/CMU-1-Small-Region" in slide.note
+    assert "no such store" in absent.error
+    assert result.todo == 18 and result.tiles_per_s > 0 and result.batch_size == 2
+    assert result.seconds == pytest.approx(18 / result.tiles_per_s)

@@ -5,6 +5,8 @@ Measures, in one run on one machine:
   - store size vs source size; peak RSS of each conversion (each runs in its own process);
   - random 256x256 level-0 region reads/s: our store (Slide.read_region) vs tifffile's zarr
     view of the source (the efficient way to read regions from a TIFF with tifffile);
+  - export of the copied store as a pyramidal OME-TIFF (`tilestore.tiffout`): time, peak
+    RSS, and the JPEG decodes it made (the copy path makes none);
   - DICOM arm (--dicom): the same slide as a multi-level DICOM series (wsidicomizer, JPEG
     baseline frames of 256 px), converted with its frames copied vs decoded and re-encoded.
 
@@ -52,6 +54,44 @@ print(json.dumps({
     "levels": [[lv.path, lv.write, lv.chunks, round(lv.seconds, 2)] for lv in r.levels],
 }))
 """
+
+
+EXPORT = """
+import json, sys, time
+import imagecodecs
+from tilestore import chunks
+from tilestore.tiffout import to_ome_tiff
+
+decodes = []
+original = imagecodecs.jpeg8_decode
+def counted(*args, **kwargs):
+    decodes.append(1)
+    return original(*args, **kwargs)
+imagecodecs.jpeg8_decode = chunks.imagecodecs.jpeg8_decode = counted
+
+def peak_rss_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+
+t0 = time.perf_counter()
+r = to_ome_tiff(sys.argv[1], sys.argv[2], overwrite=True)
+print(json.dumps({"seconds": time.perf_counter() - t0, "bytes": r.bytes,
+                  "peak_rss_mb": peak_rss_mb(), "jpeg_decodes": len(decodes),
+                  "levels": r.levels}))
+"""
+
+
+def run_export(store: Path, target: Path) -> dict:
+    """`to_ome_tiff` in a fresh process: time, peak RSS, and how many JPEG decodes it made."""
+    os.sync()
+    proc = subprocess.run(
+        [sys.executable, "-c", EXPORT, str(store), str(target)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def run_conversion(src: Path, out: Path, copy: bool) -> dict:
@@ -116,6 +156,8 @@ def main() -> None:
     copy = run_conversion(src, out, copy=True)
     store = out / f"large-{args.size}.ome.zarr"
     reads = region_reads(store, src, args.reads)
+    exported = run_export(store, args.work / f"large-{args.size}.ome.tiff")
+    (args.work / f"large-{args.size}.ome.tiff").unlink()
     reencode = run_conversion(src, args.work / "stores-reencode", copy=False)
     shutil.rmtree(args.work / "stores-reencode", ignore_errors=True)
 
@@ -140,6 +182,7 @@ def main() -> None:
         "copy_speedup": reencode["seconds"] / copy["seconds"],
         "size_vs_source": copy["store_bytes"] / copy["source_bytes"],
         "reads": reads,
+        "export": exported,
         "read_ratio": reads["store_per_s"] / reads["tifffile_per_s"],
         "dicom": dicom,
     }
@@ -166,6 +209,17 @@ def main() -> None:
         ("256 px region reads/s: store", f"{reads['store_per_s']:.0f}", ""),
         ("256 px region reads/s: tifffile", f"{reads['tifffile_per_s']:.0f}", ""),
         ("reads store / tifffile", f"{result['read_ratio']:.2f}x", ""),
+        ("export OME-TIFF: time", f"{exported['seconds']:.1f} s", ""),
+        (
+            "export: peak RSS, JPEG decodes",
+            f"{exported['peak_rss_mb']:.0f} MB, {exported['jpeg_decodes']}",
+            "decodes: 0",
+        ),
+        (
+            "export: file / store",
+            f"{exported['bytes'] / 2**20:.0f} MB / {copy['store_bytes'] / 2**20:.0f} MB",
+            "",
+        ),
     ]
     if dicom:
         c, r = dicom["copy"], dicom["reencode"]

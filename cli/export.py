@@ -1,4 +1,4 @@
-"""`tilestore export ...`: embeddings out to QuPath, AnnData and PNG maps."""
+"""`tilestore export ...`: a store as OME-TIFF; embeddings out to QuPath, AnnData, PNG maps."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import typer
 from rich.console import Console
 
 export_app = typer.Typer(
-    no_args_is_help=True, help="Embeddings out: QuPath GeoJSON, AnnData .h5ad, PNG maps."
+    no_args_is_help=True,
+    help="A store as pyramidal OME-TIFF; embeddings as QuPath GeoJSON, AnnData .h5ad, PNG maps.",
 )
 out = Console()
 
@@ -25,6 +26,42 @@ def _open(stores: list[str], model: str):
 
 def _clusters(ds, k: int, pcs: int):
     return ds.tiles.kmeans(k, pcs=pcs or None) if k else None
+
+
+@export_app.command("ome-tiff")
+def ome_tiff(
+    store: Path = typer.Argument(..., help="A store made by `tilestore convert`."),
+    output: Path = typer.Option(..., "-o", "--output", help="The .ome.tiff to write."),
+    compression: str = typer.Option(
+        "deflate", help="Lossless stores: deflate, zstd or lzw (JPEG chunks are copied)."
+    ),
+    labels: bool = typer.Option(False, help="Also write the label images (tissue)."),
+    rgb_jpeg: str = typer.Option(
+        "copy",
+        help="RGB-coded JPEG levels (from Aperio): copy, or recode as YCbCr for "
+        "OpenSlide-based viewers.",
+    ),
+    overwrite: bool = typer.Option(False, help="Replace an existing file."),
+) -> None:
+    """A tiled, pyramidal OME-TIFF (SubIFDs) for QuPath, OMERO and Bio-Formats."""
+    from tilestore.tiffout import to_ome_tiff
+
+    result = to_ome_tiff(
+        store,
+        output,
+        compression=compression,
+        labels=labels,
+        rgb_jpeg=rgb_jpeg,
+        overwrite=overwrite,
+    )
+    for index, level in enumerate(result.levels):
+        _, h, w = level["shape"]
+        out.print(f"level {index}: {w}x{h}, {level['tiles']} tiles, {level['how']}")
+    if result.labels:
+        out.print(f"labels: {', '.join(result.labels)}")
+    out.print(
+        f"{result.path}: {result.bytes / 2**20:.1f} MB in {result.seconds:.1f} s", highlight=False
+    )
 
 
 @export_app.command("qupath")

@@ -1,0 +1,138 @@
+"""A store out as a pyramidal OME-TIFF: JPEG chunks become TIFF tiles byte for byte (never
+decoded), lossless stores keep every value and their channel names; the OME-XML validates
+(ome-types), tifffile reads every level back equal to the store, OpenSlide reads level 0."""
+
+from __future__ import annotations
+
+import imagecodecs
+import numpy as np
+import ome_types
+import openslide
+import pytest
+import tifffile
+
+from tests.conftest import NDPI, psnr
+from tests.tilestore import tiffs
+from tilestore.chunks import ChunkReader
+from tilestore.conversion import convert
+from tilestore.errors import ChunkError, StoreError
+from tilestore.slide import open_slide
+from tilestore.tiffout import to_ome_tiff
+from tilestore.tissue import compute_tissue, write_tissue
+
+
+def _levels(path):
+    with tifffile.TiffFile(path) as tif:
+        return [level.asarray() for level in tif.series[0].levels]
+
+
+def _store_level(slide, index):
+    return np.moveaxis(slide.to_dask(index).compute(), 0, -1)
+
+
+def test_jpeg_chunks_become_tiles_byte_for_byte_without_decoding(store, tmp_path, monkeypatch):
+    path = store()
+    slide = open_slide(path)
+    never = lambda *a, **k: pytest.fail("a JPEG chunk was decoded")  # noqa: E731
+    with monkeypatch.context() as patch:
+        patch.setattr(imagecodecs, "jpeg8_decode", never)
+        patch.setattr(ChunkReader, "decode", never)
+        result = to_ome_tiff(path, tmp_path / "slide.ome.tiff")
+    assert [lv["how"] for lv in result.levels] == [
+        "rgb JPEG tiles copied",  # Aperio's RGB-coded tiles, as the SVS held them
+        "ycbcr JPEG tiles copied",
+        "ycbcr JPEG tiles copied",
+    ]
+    with tifffile.TiffFile(result.path) as tif:
+        series = tif.series[0]
+        assert tif.is_ome and len(series.levels) == len(slide.levels)
+        assert len(tif.pages.first.subifds) == len(slide.levels) - 1  # a SubIFD pyramid
+        for index, level in enumerate(series.levels):
+            page, reader = level.keyframe, slide.chunks(index)
+            assert (page.tilelength, page.tilewidth) == (reader.chunk_h, reader.chunk_w)
+            rows, cols = reader.grid
+            chunks = reader.fetch([(r, c) for r in range(rows) for c in range(cols)])
+            with open(result.path, "rb") as fh:
+                for chunk, offset, count in zip(
+                    chunks, page.dataoffsets, page.databytecounts, strict=True
+                ):
+                    fh.seek(offset)
+                    assert fh.read(count) == chunk
+    for index, pixels in enumerate(_levels(result.path)):  # tifffile decodes them as we do
+        np.testing.assert_array_equal(pixels, _store_level(slide, index))
+    ome = ome_types.from_tiff(result.path)  # validates the OME-XML against its schema
+    (image,) = ome.images
+    assert image.pixels.physical_size_x == pytest.approx(slide.mpp[0])
+    assert (image.pixels.size_x, image.pixels.size_y, image.pixels.size_c) == (2220, 2967, 3)
+
+
+def test_recoded_rgb_levels_read_the_same_in_openslide(store, tmp_path):
+    path = store()
+    slide = open_slide(path)
+    result = to_ome_tiff(path, tmp_path / "slide.ome.tiff", rgb_jpeg="recode")
+    assert result.levels[0]["how"].startswith("RGB-coded JPEG tiles recoded as YCbCr")
+    with openslide.OpenSlide(str(result.path)) as osr:  # OpenSlide reads level 0 only
+        seen = np.asarray(osr.read_region((0, 0), 0, osr.dimensions))[..., :3]
+    level0 = _levels(result.path)[0]
+    np.testing.assert_array_equal(seen, level0)
+    assert psnr(level0, _store_level(slide, 0)) > 40
+    np.testing.assert_array_equal(_levels(result.path)[1], _store_level(slide, 1))  # copied
+
+
+@pytest.mark.parametrize("compression", ["deflate", "zstd", "lzw"])
+def test_a_lossless_multichannel_store_keeps_every_value_and_name(
+    slide_path, tmp_path, compression
+):
+    ndpi = tifffile.imread(slide_path(NDPI), level=1)[:600, :700]
+    rng = np.random.default_rng(3)
+    image = np.stack([ndpi[..., i % 3].astype(np.uint16) * (50 + i) for i in range(4)])
+    image += rng.integers(0, 200, image.shape, dtype=np.uint16)
+    names = ["DAPI", "CD3", "CD20", "Ki67"]
+    src = tiffs.ome_channels(tmp_path / "four.ome.tif", image, names, [255] * 4)
+    made = convert(src, tmp_path / "stores").store
+    slide = open_slide(made)
+    result = to_ome_tiff(made, tmp_path / "out.ome.tiff", compression=compression)
+    for index, pixels in enumerate(_levels(result.path)):
+        np.testing.assert_array_equal(pixels, slide.array(index)[:])  # (c, y, x), uint16
+    ome = ome_types.from_tiff(result.path)
+    assert [c.name for c in ome.images[0].pixels.channels] == names
+    assert ome.images[0].pixels.type.value == "uint16"
+
+
+def test_labels_follow_as_further_images(store, tmp_path):
+    path = store()
+    slide = open_slide(path)
+    tissue = compute_tissue(slide)
+    write_tissue(slide, tissue)
+    result = to_ome_tiff(path, tmp_path / "slide.ome.tiff", labels=True)
+    assert result.labels == ["tissue"]
+    ome = ome_types.from_tiff(result.path)
+    assert [i.name for i in ome.images] == [slide.name, f"{slide.name} tissue"]
+    assert ome.images[1].pixels.physical_size_x == pytest.approx(
+        slide.mpp[0] * tissue.downsample[1]
+    )
+    with tifffile.TiffFile(result.path) as tif:
+        np.testing.assert_array_equal(tif.series[1].asarray(), tissue.mask.astype(np.uint8))
+
+
+def test_a_damaged_chunk_fails_the_export_and_leaves_no_file(store, tmp_path):
+    path = store()
+    chunk = path / "0" / "c" / "0" / "3" / "2"
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    target = tmp_path / "out" / "slide.ome.tiff"
+    target.parent.mkdir()
+    with pytest.raises(ChunkError, match=r"level 0 chunk \(3, 2\)"):
+        to_ome_tiff(path, target)
+    assert list(target.parent.iterdir()) == []  # no file, no partial
+
+
+def test_an_existing_file_is_kept_unless_overwrite(store, tmp_path):
+    target, path = tmp_path / "slide.ome.tiff", store()
+    target.write_bytes(b"the user's file")
+    with pytest.raises(StoreError, match="already exists; pass overwrite=True"):
+        to_ome_tiff(path, target)
+    assert target.read_bytes() == b"the user's file"
+    to_ome_tiff(path, target, overwrite=True)
+    assert tifffile.TiffFile(target).is_ome

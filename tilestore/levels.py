@@ -61,6 +61,59 @@ def write_bands(
     return per_band * -(-height // band)
 
 
+class TileSource:
+    """A level's source JPEG tiles as chunks of an array: the tile itself where its frame
+    matches the level's (size, sampling, colour), else decoded and re-encoded with the
+    array's codec, so every chunk stays valid for the codec the array declares; a tile absent
+    from the source is a background chunk. A tile that is not a JPEG stream and cannot be
+    decoded either is a SlideError naming it (`where` names the file and level)."""
+
+    def __init__(
+        self, tiles: JpegTiles, level: SourceLevel, codec: JpegCodec, background: int, where: str
+    ) -> None:
+        self.tiles, self.level, self.codec, self.where = tiles, level, codec, where
+        self.background = background
+        self._blank: bytes | None = None
+
+    def _expected(self, data: bytes) -> bool:
+        head, (th, tw) = jpeg.read_header(data), self.tiles.tile_shape
+        return (
+            head.baseline
+            and (head.height, head.width) == (th, tw)
+            and head.sampling == self.tiles.subsampling
+            and head.color_space == self.tiles.color_space
+        )
+
+    def _reencode(self, row: int, col: int) -> bytes:
+        (th, tw), (height, width) = self.tiles.tile_shape, self.level.shape
+        y0, x0 = row * th, col * tw
+        pixels = self.level.read(y0, min(y0 + th, height), x0, min(x0 + tw, width))
+        full = np.full((th, tw, pixels.shape[2]), self.background, dtype=pixels.dtype)
+        full[: pixels.shape[0], : pixels.shape[1]] = pixels
+        return self.codec.encode_array(full)
+
+    def chunk(self, row: int, col: int) -> tuple[bytes, bool]:
+        """The chunk's JPEG stream and whether it is the source tile as it was."""
+        try:
+            data = self.tiles.read(row, col)
+            if data is None:  # absent in the source
+                if self._blank is None:
+                    th, tw = self.tiles.tile_shape
+                    blank = np.full((th, tw, self.level.channels), self.background, np.uint8)
+                    self._blank = self.codec.encode_array(blank)
+                return self._blank, False
+            if self._expected(data):
+                return data, True
+        except (ValueError, OSError) as exc:  # not a JPEG stream: decode it another way
+            try:
+                return self._reencode(row, col), False
+            except SlideError as again:
+                raise SlideError(
+                    f"{self.where} tile ({row}, {col}) is damaged: {exc}; decoding it: {again}"
+                ) from exc
+        return self._reencode(row, col), False
+
+
 def copy_tiles(
     array: zarr.Array,
     root: Path,
@@ -72,55 +125,13 @@ def copy_tiles(
     progress: Progress,
     where: str,
 ) -> tuple[int, int]:
-    """Write each source JPEG tile as its chunk's bytes; return (chunks copied, re-encoded).
-
-    A tile whose frame differs from the level's (size, sampling, colour) is decoded and
-    re-encoded with the array's codec, so every chunk stays valid for the codec the array
-    declares; a tile absent from the source is written as a background chunk (every chunk
-    exists). A tile that is not a JPEG stream and cannot be decoded either is a SlideError
-    naming it (`where` names the file and level). With the array's checksums, each chunk is
-    written with its CRC-32C.
-    """
+    """Write each source JPEG tile as its chunk's bytes (`TileSource`); return (chunks
+    copied, re-encoded). Every chunk is written, background ones too; with the array's
+    checksums, each with its CRC-32C."""
     rows, cols = tiles.grid
-    th, tw = tiles.tile_shape
-    height, width = level.shape
     base = root / array.path
-
-    def expected(data: bytes) -> bool:
-        head = jpeg.read_header(data)
-        return (
-            head.baseline
-            and (head.height, head.width) == (th, tw)
-            and head.sampling == tiles.subsampling
-            and head.color_space == tiles.color_space
-        )
-
-    def reencode(row: int, col: int) -> bytes:
-        y0, x0 = row * th, col * tw
-        pixels = level.read(y0, min(y0 + th, height), x0, min(x0 + tw, width))
-        full = np.full((th, tw, pixels.shape[2]), background, dtype=pixels.dtype)
-        full[: pixels.shape[0], : pixels.shape[1]] = pixels
-        return codec.encode_array(full)
-
     finish = seal if has_checksums(array) else bytes
-    blank = np.full((th, tw, level.channels), background, np.uint8)
-
-    def chunk(row: int, col: int) -> tuple[bytes, bool]:
-        """The chunk's JPEG stream and whether it is the source tile as it was."""
-        try:
-            data = tiles.read(row, col)
-            if data is None:  # absent in the source
-                return codec.encode_array(blank), False
-            if expected(data):
-                return data, True
-        except (ValueError, OSError) as exc:  # not a JPEG stream: decode it another way
-            try:
-                return reencode(row, col), False
-            except SlideError as again:
-                raise SlideError(
-                    f"{where} tile ({row}, {col}) is damaged: {exc}; decoding it: {again}"
-                ) from exc
-        return reencode(row, col), False
+    chunk = TileSource(tiles, level, codec, background, where).chunk
 
     def copy_row(row: int) -> tuple[int, int]:
         copied = redone = 0

@@ -30,6 +30,12 @@ def embed(
         help="Stores, or slide files (converted into --into first, the next while the GPU "
         "embeds the current one); one model load for all.",
     ),
+    in_place: bool = typer.Option(
+        False,
+        "--in-place",
+        help="Read TIFF slides (SVS, OME-TIFF) in place through a sidecar "
+        "store beside each (<slide>.tilestore.zarr), instead of converting them.",
+    ),
     into: Path = typer.Option(
         Path("stores"),
         help="Folder for the stores of slide files given (an existing store "
@@ -204,6 +210,7 @@ def embed(
             report_path=report,
             progress=lambda n, total: progress.update(task, advance=n, total=total),
             convert_into=into,
+            in_place=in_place,
         )
     for line in format_report(result):  # plain print: never wrap a line
         failed = line.startswith(("WARNING", "tilestore: error"))

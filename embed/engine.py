@@ -45,12 +45,14 @@ def embed(
     report_path: str | os.PathLike | None = None,
     progress: Callable[[int, int], None] | None = None,
     convert_into: str | os.PathLike | None = None,
+    in_place: bool = False,
 ) -> RunReport:
     """Embed each store's plan tiles with one model, writing embeddings/<model> into the store.
 
     convert_into: a folder where inputs that are slide files rather than stores are
     converted first (`embed.inputs.Stager`: the first while the model loads, each next one
-    while the GPU embeds the one before); None: every input must be a store.
+    while the GPU embeds the one before); None: every input must be a store or a TIFF
+    slide, which is read in place (`tilestore.sidecar`), as every slide is with in_place.
 
     plan: a stored plan's name; `PlanOptions` to make one (its unset mpp and tile are the
     model's); None for the store's only plan, else one made at the model's native mpp and
@@ -58,7 +60,8 @@ def embed(
     unless options.overwrite; an interrupted one resumes. A store that fails is reported in
     the returned report and the others go on.
     """
-    inputs = Stager(stores, Path(convert_into)) if convert_into is not None else stores
+    staged = convert_into is not None and not in_place
+    inputs = Stager(stores, Path(convert_into)) if staged else stores
     try:
         with Embedder(model, options) as embedder:
             return embedder.embed(inputs, plan=plan, report_path=report_path, progress=progress)

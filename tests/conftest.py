@@ -26,6 +26,17 @@ MONUSEG = "TCGA-A7-A13E-01Z-00-DX1"
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _shared_data_untouched():
+    """Nothing a test does may write beside the real files (a sidecar, a store, a cache):
+    the data folder is listed before the session and must be the same after it."""
+    listing = lambda: sorted(str(p) for p in DATA.rglob("*")) if DATA.exists() else []  # noqa: E731
+    before = listing()
+    yield
+    after = listing()
+    assert after == before, f"tests wrote into {DATA}: {sorted(set(after) - set(before))}"
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _own_cache(tmp_path_factory):
     """Batch-size memos and compiled graphs go to a folder of the test session's, never the
     user's cache."""

@@ -16,17 +16,19 @@ import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import zarr
+from zarr.storage import LocalStore
 
 from tilestore import leftovers, omezarr
 from tilestore.codecs import jpeg_codecs, zstd_codecs
 from tilestore.cpus import usable_cpus
 from tilestore.errors import StoreError, TilestoreError, TilestoreWarning
-from tilestore.levels import copy_tiles, downsample2, write_bands
+from tilestore.levels import TileSource, copy_tiles, downsample2, write_bands
+from tilestore.sidecar import TiffTiles
 from tilestore.sources import Fact, Source, SourceLevel, open_source
 from tilestore.store import (
     ATTRS_KEY,
@@ -90,6 +92,7 @@ class _Encoding:
     background: int  # fill for missing chunks and out-of-slide reads: white for brightfield
     workers: int
     checksums: bool  # each chunk ends in its CRC-32C (tilestore.integrity)
+    in_place: frozenset[int] = frozenset()  # source levels read from the slide, not copied
 
 
 def convert(
@@ -110,6 +113,7 @@ def convert(
     series: str | None = None,
     name: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    in_place: bool = False,
 ) -> ConversionReport:
     """Convert the slide `src` into ``<dst>/<name>.ome.zarr`` (or `dst` itself if it ends in .zarr).
 
@@ -129,6 +133,9 @@ def convert(
         (`tilestore.sources.dicom_series` lists them); its store is named <folder>-<uid>.
     name: the store's name (<name>.ome.zarr) instead of one from `src`.
     progress: called as progress(chunks_done_now, chunks_total), from worker threads.
+    in_place: make a sidecar store at `dst` (`tilestore.sidecar`): the source levels whose
+        JPEG tiles can be chunks as they are stay in the slide file and are read from it;
+        only the metadata and the other levels are written.
     """
     started = time.perf_counter()
     with open_source(src, series) as source:
@@ -148,6 +155,8 @@ def convert(
             workers or usable_cpus(),
             checksums,
         )
+        if in_place:
+            encoding = replace(encoding, in_place=_in_place_levels(source, encoding))
         mpp_fact, mpp_warnings = _resolve_mpp(source, mpp)
         report = ConversionReport(
             Path(src), target, codec_name, reason, encoding.chunk, warnings=mpp_warnings
@@ -156,14 +165,22 @@ def convert(
         with ThreadPoolExecutor(1) as hasher:
             digest = hasher.submit(_sha256, source.files)
             try:
-                root = zarr.open_group(tmp, mode="w-", zarr_format=3)
+                sources: dict = {}  # in place: level path -> its tiles, once the arrays exist
+                store = TiffTiles(LocalStore(tmp), sources) if in_place else tmp
+                root = zarr.open_group(store, mode="w-", zarr_format=3)
                 plan = _level_plan(source)
                 arrays = _create_arrays(root, source, plan, encoding)
+                for index in encoding.in_place:
+                    sources[str(index)] = tile_source(
+                        source, index, arrays[index], encoding.background
+                    )
                 _write_levels(source, arrays, plan, tmp, encoding, report, progress)
                 associated = _write_associated(source, root) if keep_associated else []
                 _write_attrs(
                     root, source, plan, encoding, report, mpp_fact, associated, digest.result()
                 )
+                if in_place:
+                    _record_slide(root, source, encoding)
                 consolidate(tmp)
                 report.store_bytes = tree_size(tmp)
                 _move_into_place(tmp, target)
@@ -177,6 +194,50 @@ def convert(
     report.source_bytes = sum(f.stat().st_size for f in source.files)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _in_place_levels(source: Source, enc: _Encoding) -> frozenset[int]:
+    """The source levels a sidecar reads from the slide: JPEG tiles of the chunk's size;
+    level 0 must be one (else the sidecar would be a second copy of the slide)."""
+    if enc.codec != "jpeg" or not enc.copy:
+        raise StoreError(
+            f"{source.path}: cannot be read in place: its pixels are stored {enc.codec} "
+            f"({enc.reason}), and only JPEG tiles are read from the slide; convert it "
+            "(tilestore convert)"
+        )
+    found = set()
+    for index, level in enumerate(source.levels):
+        tiles = level.jpeg_tiles()
+        if tiles is not None and tiles.tile_shape == (enc.chunk, enc.chunk):
+            found.add(index)
+        elif index == 0:
+            raise StoreError(
+                f"{source.path}: cannot be read in place: level 0 has "
+                f"{level.describe_copy()}; convert it (tilestore convert)"
+            )
+    return frozenset(found)
+
+
+def tile_source(source: Source, index: int, array: zarr.Array, background: int) -> TileSource:
+    """A level's tiles as the chunks of `array` (`tilestore.levels.TileSource`)."""
+    where = f"{source.path}: level {index}"
+    tiles = source.levels[index].jpeg_tiles()
+    return TileSource(tiles, source.levels[index], array.serializer, background, where)
+
+
+def _record_slide(root: zarr.Group, source: Source, enc: _Encoding) -> None:
+    """What a sidecar checks at every open: the slide's path, size and fingerprint."""
+    from tilestore.sidecar import fingerprint
+
+    attrs = dict(root.attrs[ATTRS_KEY])
+    attrs["source"] = {
+        **attrs["source"],
+        "path": str(source.path.resolve()),
+        "fingerprint": fingerprint(source, enc.in_place),
+        "in_place": sorted(enc.in_place),
+    }
+    attrs["integrity"] = {**attrs["integrity"], "checksum": "crc32c, built levels only"}
+    root.attrs[ATTRS_KEY] = attrs
 
 
 def _resolve_mpp(source: Source, mpp: float | None) -> tuple[dict | None, list[str]]:
@@ -227,7 +288,9 @@ def _write_levels(
     for index, (array, (_, downsample, origin)) in enumerate(zip(arrays, plan, strict=True)):
         started = time.perf_counter()
         level = LevelReport(str(index), array.shape, downsample, origin, "", "")
-        if index < len(source.levels):
+        if index in enc.in_place:
+            level.write, level.reason = "in place", "JPEG tiles read from the slide file"
+        elif index < len(source.levels):
             where = f"{source.path}: level {index}"
             _write_source_level(source.levels[index], array, root, level, enc, advance, where)
         else:
@@ -400,7 +463,7 @@ def _codec_args(source: Source, index: int, enc: _Encoding) -> dict:
     if source.levels[0].channels == 1:
         raise TilestoreError(f"{source.path}: grayscale JPEG stores are not supported; use zstd")
     tiles = source.levels[index].jpeg_tiles() if enc.copy and index < len(source.levels) else None
-    crc = enc.checksums
+    crc = enc.checksums and index not in enc.in_place  # the slide's tiles carry no CRC
     if tiles is not None and tiles.color_space == "rgb":
         return jpeg_codecs(enc.quality, "rgb", checksums=crc)
     if tiles is not None:

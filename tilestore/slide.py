@@ -139,6 +139,7 @@ class Slide:
         return view
 
     picked: tuple[str, ...] | None = None  # the channels an `as_rgb` view shows, in order
+    source: object = None  # a slide read in place: its open file (`tilestore.sidecar`)
 
     def describe_channels(self) -> str:
         """'3 channels (DAPI, CD8, PanCK) of uint8', for messages."""
@@ -261,7 +262,9 @@ class Slide:
 
 
 def open_slide(path: str | os.PathLike | Store) -> Slide:
-    """Open a store made by `tilestore convert` (a path, or any zarr v3 store object)."""
+    """Open a store made by `tilestore convert` (a path, or any zarr v3 store object), or a
+    TIFF slide (SVS, OME-TIFF, generic tiled TIFF) in place: its sidecar store beside it,
+    made the first time (`tilestore.sidecar`)."""
     if isinstance(path, Store):
         try:
             group = zarr.open_group(path, mode="r", zarr_format=3, use_consolidated=False)
@@ -271,6 +274,10 @@ def open_slide(path: str | os.PathLike | Store) -> Slide:
         if not isinstance(attrs, dict) or not attrs.get("complete"):
             raise StoreError(f"{path}: not a complete tilestore store")
         return Slide(group, attrs, str(path))
+    if Path(path).is_file():  # a TIFF slide, read in place through its sidecar
+        from tilestore.sidecar import open_in_place
+
+        return open_in_place(path)
     group, attrs = open_store(path)
     return Slide(group, attrs, Path(path).name)
 

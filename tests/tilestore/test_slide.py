@@ -162,9 +162,13 @@ def test_open_missing(tmp_path):
         open_slide(tmp_path / "nope.ome.zarr")
 
 
-def test_open_a_slide_file_says_convert_first(slide_path):
-    with pytest.raises(StoreError, match="run `tilestore convert` first"):
-        open_slide(slide_path(CMU))
+def test_a_slide_file_opens_in_place_beside_itself(slide_path, tmp_path):
+    import shutil
+
+    svs = tmp_path / CMU
+    shutil.copyfile(slide_path(CMU), svs)
+    slide = open_slide(svs)  # tests/tilestore/test_sidecar.py tests the sidecar itself
+    assert slide.name == CMU and (tmp_path / f"{CMU}.tilestore.zarr" / "zarr.json").is_file()
 
 
 def test_open_incomplete_store(tmp_path, stores):

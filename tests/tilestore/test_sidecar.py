@@ -1,0 +1,120 @@
+"""TIFF slides read in place: a sidecar store beside the slide holds everything but the
+slide's own tiles, which are read from the TIFF tile by tile; the slide is never written
+and a changed slide is refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from embed.engine import embed
+from embed.models import load_model
+from embed.settings import Options
+from tests.conftest import NDPI
+from tests.tilestore import tiffs
+from tilestore import levels as levels_module
+from tilestore.conversion import convert
+from tilestore.embeddings import open_embeddings
+from tilestore.errors import StoreError
+from tilestore.plans import PlanOptions, load_plan
+from tilestore.sidecar import sidecar_for
+from tilestore.slide import open_slide
+
+FP32 = Options(batch_size=4, device="cpu", precision="fp32", dtype="float32")
+
+
+@pytest.fixture
+def ome_tiff(tmp_path, cmu_pixels):
+    return tiffs.ome_pyramid(tmp_path / "slide.ome.tif", np.ascontiguousarray(cmu_pixels), 0.5)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """The slide tiles read in place, (row, col) per call."""
+    reads = []
+    original = levels_module.TileSource.chunk
+
+    def chunk(self, row, col):
+        reads.append((row, col))
+        return original(self, row, col)
+
+    monkeypatch.setattr(levels_module.TileSource, "chunk", chunk)
+    return reads
+
+
+def test_read_in_place_equals_the_converted_store(ome_tiff, tmp_path):
+    before = ome_tiff.read_bytes()
+    slide = open_slide(ome_tiff)
+    converted = open_slide(convert(ome_tiff, tmp_path / "stores").store)
+    assert slide.name == ome_tiff.name and len(slide.levels) == len(converted.levels)
+    for index in range(len(slide.levels)):
+        np.testing.assert_array_equal(
+            slide.to_dask(index).compute(), converted.to_dask(index).compute()
+        )
+    sidecar = sidecar_for(ome_tiff)
+    assert not (sidecar / "0" / "c").exists()  # level 0 stays in the slide
+    assert slide.attrs["levels"][0]["write"] == "in place"
+    assert ome_tiff.read_bytes() == before  # the slide is never written
+
+
+def test_a_region_reads_only_the_tiles_it_touches(ome_tiff, counted):
+    slide = open_slide(ome_tiff)
+    counted.clear()
+    slide.read_region(
+        300, 500, 256, 256, level=0
+    )  # 256 px tiles: x 256-767 and y 256-767 are 2 x 2
+    assert sorted(set(counted)) == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert len(counted) == 4  # each once
+
+
+def test_roi_embed_from_the_tiff_equals_the_converted_store(ome_tiff, tmp_path, counted):
+    roi = tmp_path / "roi.geojson"
+    square = [[600, 700], [1300, 700], [1300, 1400], [600, 1400], [600, 700]]
+    roi.write_text(
+        json.dumps(
+            {
+                "type": "Feature",
+                "geometry": {"type": "Polygon", "coordinates": [square]},
+                "properties": {"classification": {"name": "Tumor"}},
+            }
+        )
+    )
+    plan = PlanOptions(mpp=0.5, tile=224, roi=str(roi), min_tissue=0)
+    lite = load_model("efficientnet-lite0")
+    counted.clear()
+    report = embed([ome_tiff], lite, plan=plan, options=FP32)
+    assert not report.failures and report.tiles > 0
+    slide = open_slide(ome_tiff)
+    tile_plan, _ = load_plan(slide)
+    needed = {tuple(rc) for rc in tile_plan.needed_chunks().tolist()}
+    assert set(counted) == needed  # only the tiles under the plan's tiles were read
+    store = convert(ome_tiff, tmp_path / "stores").store
+    embed([store], lite, plan=plan, options=FP32)
+    ours = open_embeddings([sidecar_for(ome_tiff)], "efficientnet-lite0")
+    theirs = open_embeddings([store], "efficientnet-lite0")
+    np.testing.assert_array_equal(ours.features.values, theirs.features.values)  # bitwise
+
+
+def test_a_changed_slide_is_refused(ome_tiff, tmp_path, cmu_pixels):
+    open_slide(ome_tiff)
+    other = tiffs.ome_pyramid(tmp_path / "other.tif", np.ascontiguousarray(cmu_pixels[::-1]), 0.5)
+    shutil.copyfile(other, ome_tiff)  # the same name, other tiles
+    with pytest.raises(StoreError, match=r"not the slide its sidecar .* was made from"):
+        open_slide(ome_tiff)
+
+
+def test_slides_without_jpeg_tiles_are_not_read_in_place(slide_path, tmp_path, cmu_pixels):
+    ndpi = tmp_path / NDPI  # fluorescence: stored lossless, so a full copy
+    shutil.copyfile(slide_path(NDPI), ndpi)
+    with pytest.raises(StoreError, match=r"cannot be read in place: its pixels are stored zstd"):
+        open_slide(ndpi)
+    striped = tmp_path / "striped.tif"
+    import tifffile
+
+    tifffile.imwrite(striped, cmu_pixels, compression="jpeg", photometric="rgb", rowsperstrip=16)
+    with pytest.raises(StoreError, match=r"cannot be read in place: level 0 has JPEG strips"):
+        open_slide(striped)
+    assert not sidecar_for(ndpi).exists() and not sidecar_for(striped).exists()

@@ -21,14 +21,15 @@ from pathlib import Path
 
 import numpy as np
 import zarr
+from zarr.codecs import BytesCodec
 from zarr.storage import LocalStore
 
 from tilestore import leftovers, omezarr
 from tilestore.codecs import jpeg_codecs, zstd_codecs
 from tilestore.cpus import usable_cpus
 from tilestore.errors import StoreError, TilestoreError, TilestoreWarning
+from tilestore.inplace import DecodedChunks, TiffTiles, fingerprint
 from tilestore.levels import TileSource, copy_tiles, downsample2, write_bands
-from tilestore.sidecar import TiffTiles
 from tilestore.sources import Fact, Source, SourceLevel, open_source
 from tilestore.store import (
     ATTRS_KEY,
@@ -93,6 +94,7 @@ class _Encoding:
     workers: int
     checksums: bool  # each chunk ends in its CRC-32C (tilestore.integrity)
     in_place: frozenset[int] = frozenset()  # source levels read from the slide, not copied
+    decoded: frozenset[int] = frozenset()  # of those, the ones decoded at each read (no JPEG)
 
 
 def convert(
@@ -156,7 +158,9 @@ def convert(
             checksums,
         )
         if in_place:
-            encoding = replace(encoding, in_place=_in_place_levels(source, encoding))
+            jpeg_levels = _jpeg_levels(source, encoding)
+            everything = frozenset(range(len(source.levels)))
+            encoding = replace(encoding, in_place=everything, decoded=everything - jpeg_levels)
         mpp_fact, mpp_warnings = _resolve_mpp(source, mpp)
         report = ConversionReport(
             Path(src), target, codec_name, reason, encoding.chunk, warnings=mpp_warnings
@@ -171,8 +175,8 @@ def convert(
                 plan = _level_plan(source)
                 arrays = _create_arrays(root, source, plan, encoding)
                 for index in encoding.in_place:
-                    sources[str(index)] = tile_source(
-                        source, index, arrays[index], encoding.background
+                    sources[str(index)] = chunk_source(
+                        source, index, arrays[index], encoding.background, encoding.decoded
                     )
                 _write_levels(source, arrays, plan, tmp, encoding, report, progress)
                 associated = _write_associated(source, root) if keep_associated else []
@@ -196,45 +200,39 @@ def convert(
     return report
 
 
-def _in_place_levels(source: Source, enc: _Encoding) -> frozenset[int]:
-    """The source levels a sidecar reads from the slide: JPEG tiles of the chunk's size;
-    level 0 must be one (else the sidecar would be a second copy of the slide)."""
+def _jpeg_levels(source: Source, enc: _Encoding) -> frozenset[int]:
+    """The source levels whose JPEG tiles a sidecar's chunks can be as they are; the others
+    are decoded from the slide at each read (`DecodedChunks`), never copied."""
     if enc.codec != "jpeg" or not enc.copy:
-        raise StoreError(
-            f"{source.path}: cannot be read in place: its pixels are stored {enc.codec} "
-            f"({enc.reason}), and only JPEG tiles are read from the slide; convert it "
-            "(tilestore convert)"
-        )
-    found = set()
-    for index, level in enumerate(source.levels):
-        tiles = level.jpeg_tiles()
-        if tiles is not None and tiles.tile_shape == (enc.chunk, enc.chunk):
-            found.add(index)
-        elif index == 0:
-            raise StoreError(
-                f"{source.path}: cannot be read in place: level 0 has "
-                f"{level.describe_copy()}; convert it (tilestore convert)"
-            )
-    return frozenset(found)
+        return frozenset()
+    return frozenset(
+        index
+        for index, level in enumerate(source.levels)
+        if (tiles := level.jpeg_tiles()) is not None and tiles.tile_shape == (enc.chunk,) * 2
+    )
 
 
-def tile_source(source: Source, index: int, array: zarr.Array, background: int) -> TileSource:
-    """A level's tiles as the chunks of `array` (`tilestore.levels.TileSource`)."""
+def chunk_source(
+    source: Source, index: int, array: zarr.Array, background: int, decoded: frozenset[int]
+) -> TileSource | DecodedChunks:
+    """A source level's pixels as the chunks of `array`: its JPEG tiles (`TileSource`), or
+    decoded from the slide at each read (`DecodedChunks`)."""
     where = f"{source.path}: level {index}"
-    tiles = source.levels[index].jpeg_tiles()
-    return TileSource(tiles, source.levels[index], array.serializer, background, where)
+    level = source.levels[index]
+    if index in decoded:
+        return DecodedChunks(level, array, background)
+    return TileSource(level.jpeg_tiles(), level, array.serializer, background, where)
 
 
 def _record_slide(root: zarr.Group, source: Source, enc: _Encoding) -> None:
     """What a sidecar checks at every open: the slide's path, size and fingerprint."""
-    from tilestore.sidecar import fingerprint
-
     attrs = dict(root.attrs[ATTRS_KEY])
     attrs["source"] = {
         **attrs["source"],
         "path": str(source.path.resolve()),
         "fingerprint": fingerprint(source, enc.in_place),
         "in_place": sorted(enc.in_place),
+        "decoded": sorted(enc.decoded),
     }
     attrs["integrity"] = {**attrs["integrity"], "checksum": "crc32c, built levels only"}
     root.attrs[ATTRS_KEY] = attrs
@@ -288,7 +286,9 @@ def _write_levels(
     for index, (array, (_, downsample, origin)) in enumerate(zip(arrays, plan, strict=True)):
         started = time.perf_counter()
         level = LevelReport(str(index), array.shape, downsample, origin, "", "")
-        if index in enc.in_place:
+        if index in enc.decoded:
+            level.write, level.reason = "in place", "decoded from the slide at each read"
+        elif index in enc.in_place:
             level.write, level.reason = "in place", "JPEG tiles read from the slide file"
         elif index < len(source.levels):
             where = f"{source.path}: level {index}"
@@ -458,6 +458,8 @@ def _choose_chunk(source: Source, chunk: int | None, copy: bool) -> int:
 
 def _codec_args(source: Source, index: int, enc: _Encoding) -> dict:
     """Return create_array codec arguments for a level; copied levels declare their tiles' JPEG."""
+    if index in enc.decoded:  # chunks are the slide's pixels, decoded as they are read
+        return {"serializer": BytesCodec(), "compressors": None, "filters": None}
     if enc.codec == "zstd":
         return zstd_codecs(checksums=enc.checksums)
     if source.levels[0].channels == 1:

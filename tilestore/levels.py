@@ -92,7 +92,11 @@ class TileSource:
         full[: pixels.shape[0], : pixels.shape[1]] = pixels
         return self.codec.encode_array(full)
 
-    def chunk(self, row: int, col: int) -> tuple[bytes, bool]:
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.tiles.grid
+
+    def chunk(self, row: int, col: int, plane: int = 0) -> tuple[bytes, bool]:
         """The chunk's JPEG stream and whether it is the source tile as it was."""
         try:
             data = self.tiles.read(row, col)

@@ -274,10 +274,13 @@ def open_slide(path: str | os.PathLike | Store) -> Slide:
         if not isinstance(attrs, dict) or not attrs.get("complete"):
             raise StoreError(f"{path}: not a complete tilestore store")
         return Slide(group, attrs, str(path))
-    if Path(path).is_file():  # a TIFF slide, read in place through its sidecar
+    if Path(path).is_file():  # a slide file, read in place through its sidecar
         from tilestore.sidecar import open_in_place
 
-        return open_in_place(path)
+        store, source = open_in_place(path)
+        slide = open_slide(store)
+        slide.name, slide.source = Path(path).name, source  # its file stays open with it
+        return slide
     group, attrs = open_store(path)
     return Slide(group, attrs, Path(path).name)
 

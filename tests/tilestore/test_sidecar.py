@@ -22,6 +22,7 @@ from tilestore.errors import StoreError
 from tilestore.plans import PlanOptions, load_plan
 from tilestore.sidecar import sidecar_for
 from tilestore.slide import open_slide
+from tilestore.sources import open_source
 
 FP32 = Options(batch_size=4, device="cpu", precision="fp32", dtype="float32")
 
@@ -37,9 +38,9 @@ def counted(monkeypatch):
     reads = []
     original = levels_module.TileSource.chunk
 
-    def chunk(self, row, col):
+    def chunk(self, row, col, plane=0):
         reads.append((row, col))
-        return original(self, row, col)
+        return original(self, row, col, plane)
 
     monkeypatch.setattr(levels_module.TileSource, "chunk", chunk)
     return reads
@@ -106,15 +107,30 @@ def test_a_changed_slide_is_refused(ome_tiff, tmp_path, cmu_pixels):
         open_slide(ome_tiff)
 
 
-def test_slides_without_jpeg_tiles_are_not_read_in_place(slide_path, tmp_path, cmu_pixels):
-    ndpi = tmp_path / NDPI  # fluorescence: stored lossless, so a full copy
-    shutil.copyfile(slide_path(NDPI), ndpi)
-    with pytest.raises(StoreError, match=r"cannot be read in place: its pixels are stored zstd"):
-        open_slide(ndpi)
-    striped = tmp_path / "striped.tif"
+def test_slides_without_jpeg_tiles_are_decoded_in_place_exactly(slide_path, tmp_path, cmu_pixels):
+    """NDPI's JPEG strips and a striped TIFF: no tile can be a chunk as it is, so each chunk
+    is decoded from the slide as it is read, equal to the slide's own pixels (where a
+    conversion would re-encode the striped TIFF); nothing of level 0 is in the sidecar."""
     import tifffile
 
-    tifffile.imwrite(striped, cmu_pixels, compression="jpeg", photometric="rgb", rowsperstrip=16)
-    with pytest.raises(StoreError, match=r"cannot be read in place: level 0 has JPEG strips"):
-        open_slide(striped)
-    assert not sidecar_for(ndpi).exists() and not sidecar_for(striped).exists()
+    ndpi = tmp_path / NDPI
+    shutil.copyfile(slide_path(NDPI), ndpi)
+    striped = tmp_path / "striped.tif"
+    tifffile.imwrite(
+        striped,
+        cmu_pixels,
+        compression="jpeg",
+        photometric="rgb",
+        rowsperstrip=16,
+        resolution=(20_000, 20_000),
+        resolutionunit="CENTIMETER",  # 0.5 um/px
+    )
+    for path in (ndpi, striped):
+        slide = open_slide(path)
+        assert slide.attrs["levels"][0]["reason"] == "decoded from the slide at each read"
+        with open_source(path) as source:  # the slide's reader, decoding every level whole
+            for index, level in enumerate(source.levels):
+                h, w = level.shape
+                expected = np.moveaxis(level.read(0, h, 0, w), -1, 0)
+                np.testing.assert_array_equal(slide.to_dask(index).compute(), expected)
+        assert not (sidecar_for(path) / "0" / "c").exists()

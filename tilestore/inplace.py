@@ -37,6 +37,10 @@ class TiffTiles(WrapperStore):
     def _with_store(self, store: LocalStore) -> TiffTiles:
         return type(self)(store, self.sources)
 
+    def level_tiles(self, path: str) -> TileSource | DecodedChunks | None:
+        """The chunks of level `path` where it is read from the slide, else None."""
+        return self.sources.get(path)
+
     @property
     def root(self) -> Path:
         """The sidecar's folder (where lock files and derived data go)."""

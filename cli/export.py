@@ -36,11 +36,6 @@ def ome_tiff(
         "deflate", help="Lossless stores: deflate, zstd or lzw (JPEG chunks are copied)."
     ),
     labels: bool = typer.Option(False, help="Also write the label images (tissue)."),
-    rgb_jpeg: str = typer.Option(
-        "copy",
-        help="RGB-coded JPEG levels (from Aperio): copy, or recode as YCbCr for "
-        "OpenSlide-based viewers.",
-    ),
     overwrite: bool = typer.Option(False, help="Replace an existing file."),
 ) -> None:
     """A tiled, pyramidal OME-TIFF (SubIFDs) for QuPath, OMERO and Bio-Formats."""
@@ -51,7 +46,6 @@ def ome_tiff(
         output,
         compression=compression,
         labels=labels,
-        rgb_jpeg=rgb_jpeg,
         overwrite=overwrite,
     )
     for index, level in enumerate(result.levels):

@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import tifffile
 
-from tilestore import jpeg
 from tilestore.errors import StoreError
 from tilestore.slide import Slide, open_slide
 
@@ -46,24 +45,18 @@ def to_ome_tiff(
     *,
     compression: str = "deflate",
     labels: bool = False,
-    rgb_jpeg: str = "copy",
     overwrite: bool = False,
 ) -> TiffExport:
     """Write the store's pyramid as an OME-TIFF at `path`; return what was written.
 
     compression: the lossless codec for stores that are not JPEG ("deflate", "zstd",
     "lzw"); JPEG chunks are copied. labels: also write each label image (tissue) as a
-    further OME image at its own resolution. rgb_jpeg: levels of RGB-coded JPEG (copied
-    from Aperio SVS) are copied too ("copy": tifffile and Bio-Formats follow the TIFF's
-    photometric RGB), or decoded and encoded as YCbCr JPEG ("recode", quality 95, 4:4:4)
-    for readers that take every JPEG tile for YCbCr, as OpenSlide's generic TIFF reader does.
+    further OME image at its own resolution.
     """
     started = time.perf_counter()
     path = Path(path)
     if compression not in LOSSLESS:
         raise StoreError(f"compression={compression!r}: choose {', '.join(LOSSLESS)}")
-    if rgb_jpeg not in ("copy", "recode"):
-        raise StoreError(f"rgb_jpeg={rgb_jpeg!r}: choose 'copy' or 'recode'")
     if path.exists() and not overwrite:
         raise StoreError(f"{path}: already exists; pass overwrite=True to replace it")
     slide = open_slide(store)
@@ -71,7 +64,7 @@ def to_ome_tiff(
     tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
         with tifffile.TiffWriter(tmp, bigtiff=True, ome=True) as tif:
-            _write_pyramid(tif, slide, LOSSLESS[compression], rgb_jpeg == "recode", result)
+            _write_pyramid(tif, slide, LOSSLESS[compression], result)
             if labels:
                 result.labels = _write_labels(tif, slide)
         os.replace(tmp, path)
@@ -83,7 +76,7 @@ def to_ome_tiff(
     return result
 
 
-def _write_pyramid(tif, slide: Slide, codec: str, recode_rgb: bool, result) -> None:
+def _write_pyramid(tif, slide: Slide, codec: str, result) -> None:
     rgb = slide.rgb
     names = [str(n) for n in slide.attrs.get("channels", [])]
     for index, level in enumerate(slide.levels):
@@ -98,18 +91,16 @@ def _write_pyramid(tif, slide: Slide, codec: str, recode_rgb: bool, result) -> N
             options["subfiletype"] = 1  # a reduced-resolution image
             options["metadata"] = None
         if reader.is_jpeg:
-            first = reader.fetch_one((0, 0))
-            header = jpeg.read_header(first) if first else None
-            coded = reader.color_space or (header.color_space if header else "ycbcr")
-            data = _jpeg_tiles(reader, _background_tile(reader, c))
+            codec = slide.array(index).serializer  # what its chunks hold, as declared
+            coded = "grayscale" if c == 1 else codec.encoded_color_space or "ycbcr"
+            sampling = codec.subsampling[0] if codec.subsampling else (1, 1)
+            data = _jpeg_tiles(reader, _background_tile(reader, codec, c))
             how = f"{coded} JPEG tiles copied"
-            if coded == "rgb" and recode_rgb:
-                data, coded, header = _recoded(reader, data), "ycbcr", None
-                options["subsampling"] = (1, 1)
-                how = "RGB-coded JPEG tiles recoded as YCbCr (quality 95, 4:4:4)"
             photometric = {"ycbcr": "ycbcr", "rgb": "rgb", "grayscale": "minisblack"}[coded]
-            if photometric == "ycbcr" and header is not None:  # as the streams hold it
-                options["subsampling"] = header.sampling[0]
+            if photometric in ("ycbcr", "rgb"):  # the tags say what the streams hold
+                options["subsampling"] = sampling
+                # tifffile writes photometric YCbCr for JPEG unless told otherwise
+                options["compressionargs"] = {"outcolorspace": photometric.upper()}
             tif.write(
                 data,
                 shape=(h, w, c) if c > 1 else (h, w),
@@ -155,22 +146,11 @@ def _jpeg_tiles(reader, background: bytes) -> Iterator[bytes]:
             yield background if data is None else data
 
 
-def _recoded(reader, tiles: Iterator[bytes]) -> Iterator[bytes]:
-    import imagecodecs
-
-    for data in tiles:
-        pixels = reader.decode(data)
-        yield imagecodecs.jpeg8_encode(
-            pixels, level=95, colorspace="RGB", outcolorspace="YCBCR", subsampling="444"
-        )
-
-
-def _background_tile(reader, channels: int) -> bytes:
-    """A chunk never written (stores from before every chunk was): the background, as JPEG."""
-    import imagecodecs
-
+def _background_tile(reader, codec, channels: int) -> bytes:
+    """A chunk never written (stores from before every chunk was): the background, encoded
+    by the level's own codec, so it is coded as the level's other tiles are."""
     tile = np.full((reader.chunk_h, reader.chunk_w, channels), reader.background, np.uint8)
-    return imagecodecs.jpeg8_encode(tile, level=95)
+    return codec.encode_array(tile)
 
 
 def _decoded_tiles(slide: Slide, index: int, tile: tuple[int, int], planar: bool):

@@ -135,9 +135,9 @@ def convert(
         (`tilestore.sources.dicom_series` lists them); its store is named <folder>-<uid>.
     name: the store's name (<name>.ome.zarr) instead of one from `src`.
     progress: called as progress(chunks_done_now, chunks_total), from worker threads.
-    in_place: make a sidecar store at `dst` (`tilestore.sidecar`): the source levels whose
-        JPEG tiles can be chunks as they are stay in the slide file and are read from it;
-        only the metadata and the other levels are written.
+    in_place: make a sidecar store at `dst` (`tilestore.sidecar`): the source levels stay
+        in the slide file and are read from it (JPEG tiles as chunks where they can be, else
+        decoded at each read); only the metadata and the built levels are written.
     """
     started = time.perf_counter()
     with open_source(src, series) as source:
@@ -183,8 +183,6 @@ def convert(
                 _write_attrs(
                     root, source, plan, encoding, report, mpp_fact, associated, digest.result()
                 )
-                if in_place:
-                    _record_slide(root, source, encoding)
                 consolidate(tmp)
                 report.store_bytes = tree_size(tmp)
                 _move_into_place(tmp, target)
@@ -224,18 +222,17 @@ def chunk_source(
     return TileSource(level.jpeg_tiles(), level, array.serializer, background, where)
 
 
-def _record_slide(root: zarr.Group, source: Source, enc: _Encoding) -> None:
-    """What a sidecar checks at every open: the slide's path, size and fingerprint."""
-    attrs = dict(root.attrs[ATTRS_KEY])
-    attrs["source"] = {
-        **attrs["source"],
+def _in_place_facts(source: Source, enc: _Encoding) -> dict:
+    """What a sidecar checks at every open: the slide's path and fingerprint, and which of
+    its levels are read from it (none for a converted store)."""
+    if not enc.in_place:
+        return {}
+    return {
         "path": str(source.path.resolve()),
         "fingerprint": fingerprint(source, enc.in_place),
         "in_place": sorted(enc.in_place),
         "decoded": sorted(enc.decoded),
     }
-    attrs["integrity"] = {**attrs["integrity"], "checksum": "crc32c, built levels only"}
-    root.attrs[ATTRS_KEY] = attrs
 
 
 def _resolve_mpp(source: Source, mpp: float | None) -> tuple[dict | None, list[str]]:
@@ -371,6 +368,9 @@ def _write_attrs(
         ),
         "omero": omezarr.omero(labels, _dtype_max(first.dtype), rgb, colors, windows),
     }
+    checksum = "crc32c" if enc.checksums else None
+    if checksum and enc.in_place:
+        checksum += ", built levels only"  # a slide's own tiles carry none
     # The complete flag goes last: a store without it was interrupted.
     root.attrs[ATTRS_KEY] = {
         "store_format": STORE_FORMAT,
@@ -382,6 +382,7 @@ def _write_attrs(
             "files": len(source.files),
             **({"series": info.series} if info.series else {}),
             "sha256": sha256,
+            **_in_place_facts(source, enc),
         },
         "mpp": mpp,
         "objective_power": Fact.to_json(info.objective_power),
@@ -391,7 +392,7 @@ def _write_attrs(
         "rgb": first.rgb,  # one colour picture's R, G, B (not independent channels)
         "codec": {"name": enc.codec, "reason": enc.reason},
         # what a reader may rely on: every chunk written, each with its CRC-32C
-        "integrity": {"every_chunk": True, "checksum": "crc32c" if enc.checksums else None},
+        "integrity": {"every_chunk": True, "checksum": checksum},
         "levels": [{k: v for k, v in asdict(lv).items() if k != "seconds"} for lv in report.levels],
         "associated": associated,
         "software": software_versions("tifffile", "imagecodecs"),

@@ -35,16 +35,20 @@ from tilestore.sidecar import sidecar_for
 
 HERE = Path(__file__).resolve().parent
 
-CHILD = """
+PEAK_RSS = """
 import json, sys, time
-import tilestore
-from tilestore.sidecar import sidecar_for
 
 def peak_rss_mb():
     # VmHWM belongs to this address space; ru_maxrss would carry the parent's peak over exec.
     for line in open("/proc/self/status"):
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
+"""
+
+CONVERT = (
+    PEAK_RSS
+    + """
+import tilestore
 
 src, out, copy = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 t0 = time.perf_counter()
@@ -56,10 +60,11 @@ print(json.dumps({
     "levels": [[lv.path, lv.write, lv.chunks, round(lv.seconds, 2)] for lv in r.levels],
 }))
 """
+)
 
-
-EXPORT = """
-import json, sys, time
+EXPORT = (
+    PEAK_RSS
+    + """
 import imagecodecs
 from tilestore import chunks
 from tilestore.tiffout import to_ome_tiff
@@ -71,41 +76,35 @@ def counted(*args, **kwargs):
     return original(*args, **kwargs)
 imagecodecs.jpeg8_decode = chunks.imagecodecs.jpeg8_decode = counted
 
-def peak_rss_mb():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-
 t0 = time.perf_counter()
 r = to_ome_tiff(sys.argv[1], sys.argv[2], overwrite=True)
 print(json.dumps({"seconds": time.perf_counter() - t0, "bytes": r.bytes,
                   "peak_rss_mb": peak_rss_mb(), "jpeg_decodes": len(decodes),
                   "levels": r.levels}))
 """
+)
+
+
+def in_child(script: str, *args: object) -> dict:
+    """Run a script in a fresh process (its own peak RSS); the JSON of its last line."""
+    os.sync()  # no writeback left over from earlier work (it halved the copy path's speed)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def run_export(store: Path, target: Path) -> dict:
     """`to_ome_tiff` in a fresh process: time, peak RSS, and how many JPEG decodes it made."""
-    os.sync()
-    proc = subprocess.run(
-        [sys.executable, "-c", EXPORT, str(store), str(target)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return in_child(EXPORT, store, target)
 
 
 def run_conversion(src: Path, out: Path, copy: bool) -> dict:
     shutil.rmtree(out, ignore_errors=True)  # a fresh output: deleting an old store is not timed
-    os.sync()  # and no writeback left over from earlier work (it halved the copy path's speed)
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(src), str(out), "1" if copy else "0"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return in_child(CONVERT, src, out, "1" if copy else "0")
 
 
 def region_reads(store: Path, src: Path, n: int, size: int = 256, seed: int = 0) -> dict:
@@ -160,6 +159,25 @@ def make_dicom(svs: Path, folder: Path) -> Path:
         svs, folder, tile_size=256, preferred_source=TiffSlideSource, add_missing_levels=True
     )
     return folder
+
+
+def conversion_rows(arm: str, copy: dict, reencode: dict) -> list[tuple[str, str, str]]:
+    """The table's rows for one input: the copy path against decode + re-encode."""
+    return [
+        (f"{arm}copy path: time", f"{copy['seconds']:.1f} s", ""),
+        (f"{arm}decode+encode: time", f"{reencode['seconds']:.1f} s", ""),
+        (f"{arm}copy speed-up", f"{reencode['seconds'] / copy['seconds']:.1f}x", ">= 10x"),
+        (
+            f"{arm}store / source (copy)",
+            f"{copy['store_bytes'] / copy['source_bytes']:.3f}x",
+            "<= 1.1x",
+        ),
+        (
+            f"{arm}peak RSS copy / re-encode",
+            f"{copy['peak_rss_mb']:.0f} / {reencode['peak_rss_mb']:.0f} MB",
+            "< 1024 MB",
+        ),
+    ]
 
 
 def main() -> None:
@@ -217,15 +235,7 @@ def main() -> None:
             f"{os.cpu_count()} CPUs",
             "",
         ),
-        ("copy path: time", f"{copy['seconds']:.1f} s", ""),
-        ("decode+encode: time", f"{reencode['seconds']:.1f} s", ""),
-        ("copy speed-up", f"{result['copy_speedup']:.1f}x", ">= 10x"),
-        ("store size / source (copy)", f"{result['size_vs_source']:.3f}x", "<= 1.1x"),
-        (
-            "peak RSS copy / re-encode",
-            f"{copy['peak_rss_mb']:.0f} / {reencode['peak_rss_mb']:.0f} MB",
-            "< 1024 MB",
-        ),
+        *conversion_rows("", copy, reencode),
         ("256 px region reads/s: store", f"{reads['store_per_s']:.0f}", ""),
         ("256 px region reads/s: tifffile", f"{reads['tifffile_per_s']:.0f}", ""),
         ("reads store / tifffile", f"{result['read_ratio']:.2f}x", ""),
@@ -244,18 +254,7 @@ def main() -> None:
         ),
     ]
     if dicom:
-        c, r = dicom["copy"], dicom["reencode"]
-        rows += [
-            ("DICOM: copy path: time", f"{c['seconds']:.1f} s", ""),
-            ("DICOM: decode+encode: time", f"{r['seconds']:.1f} s", ""),
-            ("DICOM: copy speed-up", f"{dicom['copy_speedup']:.1f}x", ">= 10x"),
-            ("DICOM: store / source (copy)", f"{dicom['size_vs_source']:.3f}x", "<= 1.1x"),
-            (
-                "DICOM: peak RSS copy / re-encode",
-                f"{c['peak_rss_mb']:.0f} / {r['peak_rss_mb']:.0f} MB",
-                "< 1024 MB",
-            ),
-        ]
+        rows += conversion_rows("DICOM: ", dicom["copy"], dicom["reencode"])
     width = max(len(r[0]) for r in rows)
     print(f"{'measure':<{width}}  {'value':<34}  target")
     for name, value, target in rows:

@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 import torch
 
-from embed.nvtx import Nvtx
+from embed.nvtx import Nvtx, TorchMarks
 from embed.settings import Settings
 from tilestore.store import software_versions
 
@@ -38,13 +38,13 @@ def no_span(stage: str, mark: str | None = None) -> contextlib.AbstractContextMa
 
 
 class Stats:
-    """Thread-safe accumulators of seconds per stage; with `nvtx`, each `span` is also an
-    NVTX range of the stage's name on its thread (`--profile nvtx`)."""
+    """Thread-safe accumulators of seconds per stage; with `marks` (a profiler's named
+    ranges: `embed.nvtx`), each `span` is also a range of the stage's name on its thread."""
 
-    def __init__(self, nvtx: Nvtx | None = None) -> None:
+    def __init__(self, marks: Nvtx | TorchMarks | None = None) -> None:
         self._lock = threading.Lock()
         self.seconds: dict[str, float] = {}
-        self.nvtx = nvtx
+        self.marks = marks
 
     def add(self, stage: str, seconds: float) -> None:
         with self._lock:
@@ -55,35 +55,30 @@ class Stats:
 
     @contextlib.contextmanager
     def span(self, stage: str, mark: str | None = None) -> Iterator[None]:
-        """Time the block as `stage` (and mark it `mark or stage` in the NVTX timeline)."""
-        nvtx = self.nvtx
-        if nvtx is not None:
-            nvtx.push(mark or stage)
+        """Time the block as `stage` (and mark it `mark or stage` for the profiler)."""
         started = time.perf_counter()
+        try:
+            with self.mark(mark or stage):
+                yield
+        finally:
+            self.add(stage, time.perf_counter() - started)
+
+    @contextlib.contextmanager
+    def mark(self, name: str) -> Iterator[None]:
+        """A named range for the profiler, not timed (nothing when not profiling)."""
+        marks = self.marks
+        if marks is not None:
+            marks.push(name)
         try:
             yield
         finally:
-            self.add(stage, time.perf_counter() - started)
-            if nvtx is not None:
-                nvtx.pop()
+            if marks is not None:
+                marks.pop()
 
-    def mark(self, name: str) -> contextlib.AbstractContextManager:
-        """An NVTX range that is not timed (nothing where NVTX is off)."""
-        nvtx = self.nvtx
-        if nvtx is None:
-            return contextlib.nullcontext()
-        return _Range(nvtx, name)
-
-
-class _Range:
-    def __init__(self, nvtx: Nvtx, name: str) -> None:
-        self.nvtx, self.name = nvtx, name
-
-    def __enter__(self) -> None:
-        self.nvtx.push(self.name)
-
-    def __exit__(self, *exc: object) -> None:
-        self.nvtx.pop()
+    def name_thread(self, name: str) -> None:
+        """Name the calling thread in the profiler's timeline (nothing when not profiling)."""
+        if self.marks is not None:
+            self.marks.name_thread(name)
 
 
 class Sampler(threading.Thread):

@@ -52,12 +52,12 @@ class Runner:
         self.processes, self.gpu_jpeg = processes, gpu_jpeg
         self.warm = False  # the model has run once at the run's batch size
         self.notes: list[str] = []  # what the warm-up did with the compile cache
-        self.nvtx: nvtx.Nvtx | nvtx.TorchMarks | None = None  # named ranges, when profiling
+        self.marks: nvtx.Nvtx | nvtx.TorchMarks | None = None  # named ranges, when profiling
         if settings.profile == "torch":
-            self.nvtx = nvtx.TorchMarks()
+            self.marks = nvtx.TorchMarks()
         if settings.profile == "nvtx":
-            self.nvtx = nvtx.load()
-            if self.nvtx is None:
+            self.marks = nvtx.load()
+            if self.marks is None:
                 raise TilestoreError(
                     "--profile nvtx: no NVTX library found (it comes with CUDA builds of "
                     "torch, as the nvidia-nvtx package)"
@@ -100,7 +100,7 @@ class Runner:
         """Embed the jobs' tiles, writing each batch as it is done; return the stage times."""
         settings = self.settings
         run = _Run(
-            stats=Stats(self.nvtx),
+            stats=Stats(self.marks),
             report=report,
             progress=progress,
             ready=queue.Queue(maxsize=settings.prefetch),
@@ -158,8 +158,7 @@ class Runner:
     def _consume(self, run: _Run, started: float, step: Callable[[], None]) -> None:
         """Compute the producer's batches in order until it is DONE (re-raising its error),
         handing each job's start and end to the writer."""
-        if run.stats.nvtx is not None:
-            run.stats.nvtx.name_thread("tilestore-gpu-loop")
+        run.stats.name_thread("tilestore-gpu-loop")
         while True:
             with run.stats.span("waiting_for_tiles", "wait for tiles"):
                 item = run.ready.get()
@@ -224,8 +223,7 @@ class Runner:
         its features are on the host, and times the GPU's work and idling between batches."""
         last_end = None  # the previous batch's end on the GPU: the gap to the next start is idle
         report, outputs, stats = run.report, run.outputs, run.stats
-        if stats.nvtx is not None:
-            stats.nvtx.name_thread("tilestore-writer")
+        stats.name_thread("tilestore-writer")
         while (item := run.written.get()) is not DONE:
             try:
                 if isinstance(item, JobStart):

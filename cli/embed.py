@@ -186,7 +186,7 @@ def embed(
         if not stores:
             return
     if dry_run:
-        _dry_run(stores, model, choice, options, into)
+        _dry_run(stores, model, choice, options, None if in_place else into)
         return
     if cluster or scheduler:
         from tilestore.store import is_store

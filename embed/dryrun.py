@@ -96,8 +96,10 @@ def dry_run(
 
 
 def _row(path, embedder, identity, plan, rate, into) -> DryRow:
-    if path.exists() and not is_store(path):
-        target = Path(into or "stores") / store_name(path)
+    if path.exists() and not is_store(path):  # as `embed` takes a slide: convert or in place
+        if into is None:
+            return DryRow(str(path), note="a slide: would be read in place (sidecar made first)")
+        target = Path(into) / store_name(path)
         return DryRow(str(path), note=f"a slide: would be converted into {target} first")
     try:
         slide = open_slide(path)

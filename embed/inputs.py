@@ -116,5 +116,5 @@ def _check_reusable(target: Path, slide: Path) -> None:
         raise StoreError(
             f"{target}: already holds another slide ({source.get('name')}, "
             f"{source.get('size')} bytes), not {slide.name}; move it or choose another "
-            "--stores folder"
+            "--into folder"
         )

@@ -30,7 +30,11 @@ def test_a_dry_run_counts_what_a_run_would_embed_and_writes_nothing(
     before = {p: _tree(p) for p in (fresh, begun, finished)}
     missing = tmp_path / "missing.ome.zarr"
     result = dry_run(
-        [fresh, begun, finished, slide_path(CMU), missing], lite, plan=PLAN, options=FP32
+        [fresh, begun, finished, slide_path(CMU), missing],
+        lite,
+        plan=PLAN,
+        options=FP32,
+        convert_into="stores",  # as the command's default --into
     )
     assert {p: _tree(p) for p in before} == before  # not a tissue mask, not a plan
     assert not (tmp_path / "stores").exists()
@@ -44,3 +48,5 @@ def test_a_dry_run_counts_what_a_run_would_embed_and_writes_nothing(
     assert "no such store" in absent.error
     assert result.todo == 18 and result.tiles_per_s > 0 and result.batch_size == 2
     assert result.seconds == pytest.approx(18 / result.tiles_per_s)
+    (placed,) = dry_run([slide_path(CMU)], lite, plan=PLAN, options=FP32).rows  # as embed() does
+    assert placed.note == "a slide: would be read in place (sidecar made first)"

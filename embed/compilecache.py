@@ -24,14 +24,6 @@ from typing import Any
 import torch
 
 
-def default_folder() -> Path:
-    """TILESTORE_CACHE/compile, else the user's cache folder's tilestore/compile."""
-    root = os.environ.get("TILESTORE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tilestore"
-    )
-    return Path(root) / "compile"
-
-
 def cache_key(model: dict[str, Any], batch: int, read: int, precision: str, device) -> dict:
     """Everything a compiled graph depends on: the model and its weights' identity, the
     batch's shape, precision, the device and the software that compiled it."""

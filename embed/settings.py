@@ -11,7 +11,9 @@ that needs the model (measuring the batch size loads it).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, get_args
 
 from tilestore.errors import TilestoreError
@@ -172,14 +174,21 @@ def resolve(options: Options, machine: Machine) -> Settings:
     )
 
 
+def user_cache() -> Path:
+    """Where tilestore keeps what later runs reuse (batch sizes, compiled graphs):
+    TILESTORE_CACHE, else tilestore/ in the user's cache folder (XDG_CACHE_HOME, ~/.cache)."""
+    root = os.environ.get("TILESTORE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tilestore"
+    )
+    return Path(root)
+
+
 def _compile_cache(option: str | None) -> str | None:
     """ "auto": the user's cache folder; "off" or None: no cache; else the folder given."""
     if option in (None, "off"):
         return None
     if option == "auto":
-        from embed.compilecache import default_folder
-
-        return str(default_folder())
+        return str(user_cache() / "compile")
     return str(option)
 
 

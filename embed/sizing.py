@@ -24,7 +24,7 @@ import torch
 
 from embed.forward import Forward
 from embed.models import LoadedModel
-from embed.settings import Precision
+from embed.settings import Precision, user_cache
 
 BATCHES = (32, 64, 128, 256, 512, 1024)
 WITHIN = 0.03  # batches within 3% of the best tiles/s are equally fast: the smallest wins
@@ -108,11 +108,8 @@ def _sync(device: torch.device) -> None:
 
 
 def choice_file() -> Path:
-    """Where batch choices are remembered: TILESTORE_CACHE, else the user's cache folder."""
-    root = os.environ.get("TILESTORE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tilestore"
-    )
-    return Path(root) / "batch-sizes.json"
+    """Where batch choices are remembered, in the user's cache (`user_cache`)."""
+    return user_cache() / "batch-sizes.json"
 
 
 def choice_key(loaded: LoadedModel, device: torch.device, precision: Precision) -> str:

@@ -1,0 +1,227 @@
+"""The artefact detectors: one small function and one parameter record per artefact.
+
+Each detector takes a block's `Pixels`, its tissue mask (bool, same grid), its parameters
+and the slide's `StainStats`, and returns a bool map of the block. Every length is in
+micrometres, so a detector means the same at any QC resolution; thresholds are documented
+on the parameter records. The order of `DETECTORS` is the priority of the label image (a
+pixel that is pen and blurred is labelled pen) and the label values (1, 2, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from tilestore.qc.colour import (
+    Pixels,
+    closing,
+    dilate,
+    gaussian,
+    hue_chroma,
+    opening,
+)
+
+
+@dataclass(frozen=True)
+class StainStats:
+    """The slide's tissue, measured once at a coarse level: what "usual" means for it."""
+
+    od_median: float  # median total OD of tissue
+    h_median: float  # haematoxylin amount (OD units)
+    h_scale: float  # robust spread (1.4826 x MAD)
+    e_median: float
+    e_scale: float
+    gray_median: float  # median luminance of tissue
+
+
+@dataclass(frozen=True)
+class PenParams:
+    """Marker ink: colour rules on CIELAB smoothed over smooth_um, then an opening of
+    min_width_um (strokes are hundreds of micrometres wide; nuclei and red cells are not).
+
+    Hue ranges are degrees on the a*b* plane. Haematoxylin sits near 300-320 (purple) and
+    eosin near 340-10 (pink), both below chroma 40 over a region; blue ink near 285-300 over
+    tissue, green ink 100-220, red ink 15-35 with a chroma H&E does not reach; black ink is dark and grey.
+    """
+
+    smooth_um: float = 8.0
+    min_width_um: float = 40.0
+    blue: tuple[float, float, float] = (235.0, 302.0, 40.0)  # hue from, hue to, min chroma
+    green: tuple[float, float, float] = (100.0, 220.0, 15.0)
+    red: tuple[float, float, float] = (8.0, 45.0, 45.0)
+    black_max_l: float = 30.0  # L* below this ...
+    black_max_chroma: float = 12.0  # ... and chroma below this is black ink
+
+
+@dataclass(frozen=True)
+class BlurParams:
+    """Out of focus: the share of a region's texture energy in the finest scale.
+
+    fine = image - G(fine_um); coarse = G(fine_um) - G(coarse_um); both squared and averaged
+    over window_um. In focus, nuclei put much of the energy in the finest band; blur moves
+    it to the coarse band. The ratio fine / (fine + coarse) does not depend on contrast, so
+    pale tissue is not called blurry; regions with almost no texture (min_energy, in OD^2)
+    are not judged at all.
+    """
+
+    fine_um: float = 4.0
+    coarse_um: float = 16.0
+    window_um: float = 24.0
+    max_ratio: float = 0.3
+    grow_ratio: float = 0.45
+    min_energy: float = 2e-4
+    min_width_um: float = 48.0
+
+
+@dataclass(frozen=True)
+class FoldParams:
+    """Folded tissue: two layers, so more of both stains than the slide usually has.
+
+    Total OD smoothed over smooth_um above factor x the slide's tissue median, and eosin
+    more than min_eosin_z robust spreads above the slide's median: dense nuclei (much
+    haematoxylin, little eosin) are not folds. Gaps up to close_um are closed; regions
+    narrower than min_width_um are dropped. A fold over epidermis, which is already as
+    dark as a fold, is found only in part (README's QC table).
+    """
+
+    smooth_um: float = 24.0
+    factor: float = 1.3
+    min_eosin_z: float = 1.2
+    grow_factor: float = 1.1  # found regions grow by smooth_um into tissue above these
+    grow_eosin_z: float = 0.5
+    close_um: float = 24.0
+    min_width_um: float = 48.0
+
+
+@dataclass(frozen=True)
+class BubbleParams:
+    """Air bubbles and coverslip edges: thin dark grey lines (dark and grey, narrower than
+    line_um), closed rings filled (bubbles) or long lines banded (coverslip edges).
+
+    A ring encloses at least min_diameter_um; a line at least edge_length_um long is an
+    edge, flagged edge_band_um to each side.
+    """
+
+    line_um: float = 24.0
+    max_gray: float = 0.2  # luminance (linear, 0-1) of a rim: glass is about 0.8
+    max_chroma: float = 14.0
+    min_diameter_um: float = 80.0
+    edge_length_um: float = 1000.0
+    edge_band_um: float = 40.0
+
+
+@dataclass(frozen=True)
+class LightParams:
+    """Too dark or too bright tissue: mean luminance over smooth_um below dark or above
+    bright (0-1, linear light). Bright counts only where stain is left (chroma above
+    min_chroma): faded or washed-out tissue, not the fat and lumens a tissue mask encloses.
+    """
+
+    smooth_um: float = 16.0
+    dark: float = 0.06
+    bright: float = 0.72
+    min_chroma: float = 4.0
+    min_width_um: float = 40.0
+
+
+@dataclass(frozen=True)
+class StainParams:
+    """Stain outliers: haematoxylin or eosin amount (colour deconvolution, smoothed over
+    smooth_um) more than max_z robust spreads from the slide's own tissue median, over at
+    least min_width_um. The cohort-level comparison is in the report."""
+
+    smooth_um: float = 24.0
+    max_z: float = 6.0
+    min_width_um: float = 60.0
+
+
+def pen(px: Pixels, tissue: torch.Tensor, p: PenParams, stats: StainStats) -> torch.Tensor:
+    lab = px.smooth_lab(p.smooth_um)
+    hue, chroma = hue_chroma(lab)
+    ink = (lab[0] < p.black_max_l) & (chroma < p.black_max_chroma)
+    for lo, hi, min_chroma in (p.blue, p.green, p.red):
+        ink |= (hue >= lo) & (hue <= hi) & (chroma >= min_chroma)
+    return opening(ink, round(px.px(p.min_width_um) / 2))
+
+
+def blur(px: Pixels, tissue: torch.Tensor, p: BlurParams, stats: StainStats) -> torch.Tensor:
+    density = px.od_sum
+    g1 = gaussian(density, px.px(p.fine_um))
+    g2 = gaussian(g1, (px.px(p.coarse_um) ** 2 - px.px(p.fine_um) ** 2) ** 0.5)
+    window = px.px(p.window_um)
+    fine = gaussian((density - g1) ** 2, window)
+    coarse = gaussian((g1 - g2) ** 2, window)
+    ratio = fine / (fine + coarse + 1e-12)
+    judged = ((fine + coarse) >= p.min_energy) & tissue
+    found = opening((ratio < p.max_ratio) & judged, round(px.px(p.min_width_um) / 2))
+    # the window lets a sharp neighbour's texture leak in at a blurred region's rim: grow
+    # what was found by one window into tissue that is still soft there (hysteresis)
+    return found | (dilate(found, round(window)) & (ratio < p.grow_ratio) & tissue)
+
+
+def fold(px: Pixels, tissue: torch.Tensor, p: FoldParams, stats: StainStats) -> torch.Tensor:
+    sigma = px.px(p.smooth_um)
+    density = gaussian(px.od_sum, sigma) / max(stats.od_median, 1e-3)
+    eosin = gaussian(px.stains[1], sigma)
+    z = (eosin - stats.e_median) / max(stats.e_scale, 1e-3)
+    dense = (density > p.factor) & (z > p.min_eosin_z)
+    dense = closing(dense, round(px.px(p.close_um) / 2)) & tissue
+    found = opening(dense, round(px.px(p.min_width_um) / 2))
+    weak = (density > p.grow_factor) & (z > p.grow_eosin_z) & tissue
+    return found | (dilate(found, round(sigma)) & weak)
+
+
+def bubble(px: Pixels, tissue: torch.Tensor, p: BubbleParams, stats: StainStats) -> torch.Tensor:
+    """The lines only; `tilestore.qc.maps` fills rings and bands edges over the whole slide
+    (that needs connectivity beyond a block)."""
+    gray = px.gray
+    _, chroma = hue_chroma(px.smooth_lab(0))
+    dark_grey = (gray < p.max_gray) & (chroma < p.max_chroma)
+    # thin: what an opening of line_um removes (wide dark grey is ink or debris, not a rim)
+    lines = dark_grey & ~opening(dark_grey, max(1, round(px.px(p.line_um) / 2)))
+    return closing(lines, 1)
+
+
+def dark(px: Pixels, tissue: torch.Tensor, p: LightParams, stats: StainStats) -> torch.Tensor:
+    light = gaussian(px.gray, px.px(p.smooth_um))
+    return opening((light < p.dark) & tissue, round(px.px(p.min_width_um) / 2))
+
+
+def bright(px: Pixels, tissue: torch.Tensor, p: LightParams, stats: StainStats) -> torch.Tensor:
+    light = gaussian(px.gray, px.px(p.smooth_um))
+    _, chroma = hue_chroma(px.smooth_lab(p.smooth_um))
+    pale = (light > p.bright) & (chroma > p.min_chroma) & tissue
+    return opening(pale, round(px.px(p.min_width_um) / 2))
+
+
+def stain(px: Pixels, tissue: torch.Tensor, p: StainParams, stats: StainStats) -> torch.Tensor:
+    amounts = gaussian(px.stains[:2], px.px(p.smooth_um))
+    zh = (amounts[0] - stats.h_median) / max(stats.h_scale, 1e-3)
+    ze = (amounts[1] - stats.e_median) / max(stats.e_scale, 1e-3)
+    odd = (zh.abs() > p.max_z) | (ze.abs() > p.max_z)
+    return opening(odd & tissue, round(px.px(p.min_width_um) / 2))
+
+
+@dataclass(frozen=True)
+class Detector:
+    """An artefact class: its detector, parameter record, label colour and what it means."""
+
+    find: Callable[..., torch.Tensor]
+    params: type
+    rgba: tuple[int, int, int, int]
+    what: str
+    halo_um: float = field(default=0.0)  # context a block needs beyond its edges
+
+
+# label value = position + 1; earlier wins where maps overlap
+DETECTORS: dict[str, Detector] = {
+    "pen": Detector(pen, PenParams, (30, 60, 255, 160), "marker ink", 48),
+    "bubble": Detector(bubble, BubbleParams, (0, 220, 220, 160), "air bubble, coverslip edge", 24),
+    "fold": Detector(fold, FoldParams, (160, 0, 200, 160), "tissue fold", 60),
+    "dark": Detector(dark, LightParams, (60, 60, 60, 160), "too dark", 64),
+    "bright": Detector(bright, LightParams, (255, 240, 120, 160), "too bright, washed out", 64),
+    "blur": Detector(blur, BlurParams, (255, 140, 0, 160), "out of focus", 96),
+    "stain": Detector(stain, StainParams, (255, 0, 90, 160), "stain outlier", 96),
+}

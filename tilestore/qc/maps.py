@@ -1,0 +1,321 @@
+"""A slide's artefact maps: read a low-resolution level block by block, run the detectors.
+
+The slide is read at about `QCOptions.mpp` um/px (4 by default: a 100,000 px slide at 40x
+is 6,250 px a side there), never at level 0 unless the slide is that small. Blocks of
+`block` px overlap by the context the detectors need; blocks with neither tissue nor
+anything darker than glass are skipped. What needs the whole slide at once (whether a
+dark line closes into a ring, how long a line is) is done after the blocks, on the bool
+maps, with scipy. The slide's own "usual" stain and density (`StainStats`) are measured
+first on a coarser read, so every block is judged against the same reference.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from tilestore.errors import TilestoreError
+from tilestore.qc.detectors import DETECTORS, BubbleParams, StainStats
+from tilestore.slide import MPP_TOLERANCE, Slide
+from tilestore.tissue import TissueMask, compute_tissue, read_tissue
+
+DEFAULT_MPP = 4.0
+NOMINAL_MPP = 0.5  # a slide without a pixel size is judged as if scanned at 20x (noted)
+GLASS_OD = 0.12  # a coarse pixel with more total OD than this is not bare glass
+
+
+@dataclass(frozen=True)
+class QCOptions:
+    """How to QC a slide.
+
+    mpp: resolution of the maps, um/px (2-4 is the range the defaults are tuned for).
+    detectors: which artefacts to look for (names of `DETECTORS`), in label order.
+    params: per-detector parameter overrides, {"blur": {"max_ratio": 0.2}, ...}.
+    device: "cuda", "cpu" or None (the GPU where there is one).
+    block: block side in px at mpp (memory: about 60 bytes per px on the device).
+    flag_fraction: a slide is flagged for an artefact covering more than this share of
+    its tissue.
+    """
+
+    mpp: float = DEFAULT_MPP
+    detectors: tuple[str, ...] = tuple(DETECTORS)
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    device: str | None = None
+    block: int = 2048
+    flag_fraction: float = 0.05
+
+
+@dataclass
+class QCMaps:
+    """A slide's artefacts: one bit per detector per pixel, and what was measured."""
+
+    bits: np.ndarray  # uint8 (h, w): bit k set where detector k (in `classes`) fired
+    classes: list[str]
+    downsample: tuple[float, float]  # level-0 px per map px (dy, dx)
+    mpp: float | None  # um per map px; None where the slide's pixel size is unknown
+    level: int
+    tissue: np.ndarray  # bool (h, w): the tissue mask on the map's grid
+    stats: StainStats
+    params: dict[str, dict[str, Any]]
+    device: str
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    def mask(self, name: str) -> np.ndarray:
+        """The bool map of one detector."""
+        return (self.bits & (1 << self.classes.index(name))) > 0
+
+    def label(self) -> np.ndarray:
+        """uint8 label image: 0 none, else 1 + the index of the first detector that fired."""
+        first = np.zeros(256, np.uint8)
+        for value in range(1, 256):
+            first[value] = (value & -value).bit_length()
+        return first[self.bits]
+
+
+def compute_qc(
+    slide: Slide, options: QCOptions = QCOptions(), *, tissue: TissueMask | None = None
+) -> QCMaps:
+    """Return the artefact maps of a slide (the tissue mask is the store's, or computed)."""
+    import torch
+
+    start = time.perf_counter()
+    unknown = [n for n in options.detectors if n not in DETECTORS]
+    if unknown or not options.detectors:
+        raise TilestoreError(
+            f"unknown QC detector {', '.join(unknown) or '(none given)'}; "
+            f"choose from {', '.join(DETECTORS)}"
+        )
+    if len(options.detectors) > 8:
+        raise TilestoreError("at most 8 QC detectors at once (one bit each)")
+    if not slide.rgb:
+        raise TilestoreError(
+            f"{slide.name}: QC detectors are made for brightfield RGB slides; this store has "
+            f"{slide.describe_channels()}"
+        )
+    params = _params(options)
+    device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    notes: list[str] = []
+    tissue = tissue or read_tissue(slide) or compute_tissue(slide)
+    grid = _grid(slide, options.mpp, notes)
+    stats, busy = _slide_stats(slide, grid, tissue, device)
+    notes.append(
+        f"read at {grid.mpp:.3g} um/px ({grid.shape[1]}x{grid.shape[0]} px, level {grid.level})"
+    )
+    halo = math.ceil(max(DETECTORS[n].halo_um for n in options.detectors) / grid.mpp)
+    tissue_map = _resample(tissue.mask, tissue.downsample, grid)
+    bits = np.zeros(grid.shape, np.uint8)
+    skipped = 0
+    for y0, x0, y1, x1 in _blocks(grid.shape, options.block):
+        ya, xa = max(0, y0 - halo), max(0, x0 - halo)
+        yb, xb = min(grid.shape[0], y1 + halo), min(grid.shape[1], x1 + halo)
+        if not busy(ya, xa, yb, xb) and not tissue_map[ya:yb, xa:xb].any():
+            skipped += 1
+            continue
+        pixels = grid.read(slide, ya, xa, yb, xb)
+        block = _detect(pixels, tissue_map[ya:yb, xa:xb], grid.mpp, options, params, stats, device)
+        bits[y0:y1, x0:x1] = block[y0 - ya : y1 - ya, x0 - xa : x1 - xa]
+    if skipped:
+        notes.append(f"{skipped} blocks of bare glass skipped")
+    if "bubble" in options.detectors:
+        bit = 1 << options.detectors.index("bubble")
+        lines = (bits & bit) > 0
+        bubbles = _rings_and_edges(lines, BubbleParams(**params["bubble"]), grid.mpp, notes)
+        bits = np.where(bubbles, bits | bit, bits & ~np.uint8(bit)).astype(np.uint8)
+    return QCMaps(
+        bits,
+        list(options.detectors),
+        grid.downsample,
+        grid.mpp if slide.mpp else None,
+        grid.level,
+        tissue_map,
+        stats,
+        params,
+        device.type,
+        time.perf_counter() - start,
+        notes,
+    )
+
+
+def _params(options: QCOptions) -> dict[str, dict[str, Any]]:
+    """Each chosen detector's parameters, defaults overridden; unknown names refused."""
+    from dataclasses import asdict
+
+    out = {}
+    for name, given in options.params.items():
+        if name not in options.detectors:
+            raise TilestoreError(f"QC parameters given for {name!r}, which is not being run")
+    for name in options.detectors:
+        try:
+            record = DETECTORS[name].params(**options.params.get(name, {}))
+        except TypeError as exc:
+            raise TilestoreError(f"QC detector {name}: {exc}") from exc
+        out[name] = asdict(record)
+    return out
+
+
+@dataclass(frozen=True)
+class _Grid:
+    level: int
+    shape: tuple[int, int]  # (h, w) px of the maps
+    downsample: tuple[float, float]  # level-0 px per map px
+    mpp: float  # um per map px (nominal where the slide has no pixel size)
+    exact: bool  # the level is the grid: no resampling
+
+    def read(self, slide: Slide, y0: int, x0: int, y1: int, x1: int) -> np.ndarray:
+        """(h, w, 3) uint8 pixels of a window of the grid."""
+        if self.exact:
+            x, y = round(x0 * self.downsample[1]), round(y0 * self.downsample[0])
+            return slide.read_region(x, y, x1 - x0, y1 - y0, level=self.level)
+        from tilestore.slide import resize
+
+        lv = slide.levels[self.level]
+        fy, fx = self.downsample[0] / lv.downsample[0], self.downsample[1] / lv.downsample[1]
+        ly0, lx0 = math.floor(y0 * fy), math.floor(x0 * fx)
+        ly1, lx1 = math.ceil(y1 * fy), math.ceil(x1 * fx)
+        x, y = round(lx0 * lv.downsample[1]), round(ly0 * lv.downsample[0])
+        raw = slide.read_region(x, y, lx1 - lx0, ly1 - ly0, level=self.level)
+        return resize(raw, x1 - x0, y1 - y0)
+
+
+def _grid(slide: Slide, mpp: float, notes: list[str]) -> _Grid:
+    _, h0, w0 = slide.shape
+    mpp0 = slide.mpp[0] if slide.mpp else NOMINAL_MPP
+    if not slide.mpp:
+        notes.append(f"pixel size unknown: judged as if {NOMINAL_MPP} um/px (20x)")
+    want = mpp / mpp0  # level-0 px per map px
+    level = max((lv.index for lv in slide.levels if lv.downsample[1] <= want * (1 + MPP_TOLERANCE)))
+    lv = slide.levels[level]
+    if abs(lv.downsample[1] / want - 1) <= MPP_TOLERANCE:
+        return _Grid(level, (lv.height, lv.width), lv.downsample, mpp0 * lv.downsample[1], True)
+    if level == 0 and max(h0, w0) / want > 4 * 4096 and max(h0, w0) > 8 * 4096:
+        raise TilestoreError(
+            f"{slide.name}: no pyramid level near {mpp} um/px; convert again so levels are built"
+        )
+    shape = (max(1, round(h0 / want)), max(1, round(w0 / want)))
+    downsample = (h0 / shape[0], w0 / shape[1])
+    return _Grid(level, shape, downsample, mpp0 * downsample[1], False)
+
+
+def _blocks(shape: tuple[int, int], size: int):
+    for y0 in range(0, shape[0], size):
+        for x0 in range(0, shape[1], size):
+            yield y0, x0, min(y0 + size, shape[0]), min(x0 + size, shape[1])
+
+
+def _resample(mask: np.ndarray, downsample: tuple[float, float], grid: _Grid) -> np.ndarray:
+    """A mask on another grid, nearest: each map pixel takes the mask pixel at its centre."""
+    h, w = grid.shape
+    iy = ((np.arange(h) + 0.5) * grid.downsample[0] / downsample[0]).astype(np.int64)
+    ix = ((np.arange(w) + 0.5) * grid.downsample[1] / downsample[1]).astype(np.int64)
+    return mask[np.minimum(iy, mask.shape[0] - 1)][:, np.minimum(ix, mask.shape[1] - 1)]
+
+
+def _slide_stats(slide: Slide, grid: _Grid, tissue: TissueMask, device):
+    """(StainStats of the tissue, busy(y0, x0, y1, x1): whether a window of the grid holds
+    anything but glass), from a read 4x coarser than the grid."""
+    import torch
+
+    from tilestore.qc.colour import Pixels, gaussian
+
+    shape = (max(1, round(grid.shape[0] / 4)), max(1, round(grid.shape[1] / 4)))
+    _, h0, w0 = slide.shape
+    coarse = replace(
+        grid, shape=shape, downsample=(h0 / shape[0], w0 / shape[1]), mpp=grid.mpp * 4
+    )
+    level = max(
+        lv.index
+        for lv in slide.levels
+        if lv.downsample[1] <= coarse.downsample[1] * (1 + MPP_TOLERANCE)
+    )
+    lv = slide.levels[level]
+    image = slide.read_region(0, 0, lv.width, lv.height, level=level)
+    if image.shape[:2] != shape:
+        from tilestore.slide import resize
+
+        image = resize(image, shape[1], shape[0])
+    px = Pixels(torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))).to(device), 1.0)
+    inside = torch.from_numpy(_resample(tissue.mask, tissue.downsample, coarse)).to(device)
+    density = gaussian(px.od_sum, 1.0)
+    stains = px.stains
+    if inside.sum() < 16:  # hardly any tissue: judge against typical H&E instead
+        inside = density > GLASS_OD
+    if inside.sum() < 16:
+        inside = torch.ones_like(inside)
+
+    def robust(values: torch.Tensor) -> tuple[float, float]:
+        v = values[inside].float()
+        median = float(v.median())
+        return median, 1.4826 * float((v - median).abs().median())
+
+    h, h_scale = robust(stains[0])
+    e, e_scale = robust(stains[1])
+    stats = StainStats(
+        od_median=robust(density)[0],
+        h_median=h,
+        h_scale=h_scale,
+        e_median=e,
+        e_scale=e_scale,
+        gray_median=robust(px.gray)[0],
+    )
+    occupied = (density > GLASS_OD).cpu().numpy()
+    table = np.pad(occupied.cumsum(0).cumsum(1), ((1, 0), (1, 0)))
+
+    def busy(y0: int, x0: int, y1: int, x1: int) -> bool:
+        a, b = y0 // 4, x0 // 4
+        c, d = min(-(-y1 // 4), shape[0]), min(-(-x1 // 4), shape[1])
+        return bool(table[c, d] - table[a, d] - table[c, b] + table[a, b] > 0)
+
+    return stats, busy
+
+
+def _detect(pixels, tissue, mpp, options, params, stats, device) -> np.ndarray:
+    """The bit map of one block."""
+    import torch
+
+    from tilestore.qc.colour import Pixels
+
+    rgb = torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1))).to(device)
+    px = Pixels(rgb, mpp)
+    inside = torch.from_numpy(np.ascontiguousarray(tissue)).to(device)
+    bits = torch.zeros(inside.shape, dtype=torch.uint8, device=device)
+    for k, name in enumerate(options.detectors):
+        detector = DETECTORS[name]
+        found = detector.find(px, inside, detector.params(**params[name]), stats)
+        bits |= found.to(torch.uint8) << k
+    return bits.cpu().numpy()
+
+
+def _rings_and_edges(lines: np.ndarray, p: BubbleParams, mpp: float, notes: list[str]):
+    """Bubbles: dark lines that close into rings, with what they enclose; coverslip
+    edges: lines at least edge_length_um long, with a band on each side."""
+    from scipy import ndimage
+
+    if not lines.any():
+        return lines
+    filled = ndimage.binary_fill_holes(lines)
+    inside = filled & ~lines
+    labels, count = ndimage.label(inside)
+    sizes = np.bincount(labels.ravel(), minlength=count + 1)
+    min_area = math.pi * (p.min_diameter_um / mpp / 2) ** 2
+    keep = sizes >= min_area
+    keep[0] = False
+    rings = keep[labels]
+    bubbles = ndimage.binary_dilation(rings, iterations=2) & filled | rings
+    parts, n = ndimage.label(lines)
+    edges = np.zeros_like(lines)
+    for index, box in enumerate(ndimage.find_objects(parts), start=1):
+        extent = max(box[0].stop - box[0].start, box[1].stop - box[1].start) * mpp
+        if extent >= p.edge_length_um:
+            edges[box] |= parts[box] == index
+    if edges.any():
+        band = max(1, round(p.edge_band_um / mpp))
+        edges = ndimage.binary_dilation(edges, iterations=band)
+        notes.append("coverslip edge or long line found")
+    if rings.any():
+        notes.append(f"{int(keep.sum())} air bubble(s) found")
+    return bubbles | edges

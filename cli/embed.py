@@ -21,7 +21,7 @@ from embed.settings import (
     PrecisionOption,
 )
 from tilestore.errors import TilestoreError
-from tilestore.plans import PlanOptions
+from tilestore.plans import MIN_TISSUE, PlanOptions
 
 
 def embed(
@@ -55,7 +55,13 @@ def embed(
     ),
     stride: int | None = typer.Option(PlanOptions.stride, help="Plan option: px between tiles."),
     min_tissue: float | None = typer.Option(
-        None, help=f"Plan option: minimum tissue fraction (default {PlanOptions.min_tissue})."
+        None, help=f"Plan option: minimum tissue fraction (default {MIN_TISSUE})."
+    ),
+    max_artefact: float | None = typer.Option(
+        None, help="Plan option: drop tiles more than this share QC artefact (`tilestore qc`)."
+    ),
+    exclude: str | None = typer.Option(
+        None, help="Plan option: the artefacts --max-artefact counts (default: all)."
     ),
     roi: Path | None = typer.Option(PlanOptions.roi, help="Plan option: ROI annotations file."),
     roi_class: str | None = typer.Option(
@@ -151,6 +157,8 @@ def embed(
         "roi": roi,
         "roi_class": roi_class,
         "min_roi": min_roi,
+        "max_artefact": max_artefact,
+        "exclude": tuple(e.strip() for e in exclude.split(",")) if exclude else None,
     }
     given = {k: v for k, v in given.items() if v is not None}
     if plan and given:

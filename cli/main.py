@@ -13,10 +13,14 @@ from cli.console import progress_bar as _progress
 from cli.embed import embed, models_app
 from cli.export import export_app
 from cli.inspect import info, verify
+from cli.qc import qc
+from tilestore.contrast import ContrastRule
 from tilestore.conversion import QUALITY, SUBSAMPLING
 from tilestore.errors import TilestoreError
-from tilestore.plans import DEFAULT_MPP, DEFAULT_TILE, PlanOptions
+from tilestore.plans import DEFAULT_MPP, DEFAULT_TILE, MIN_TISSUE, PlanOptions
 from tilestore.tissue import DEFAULT_MPP as TISSUE_MPP
+
+RULE = ContrastRule()
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -187,8 +191,10 @@ def plan(
     stride: int | None = typer.Option(
         PlanOptions.stride, help="Pixels between tile starts (default: --tile)."
     ),
-    min_tissue: float = typer.Option(
-        PlanOptions.min_tissue, help="Keep tiles with at least this tissue fraction."
+    min_tissue: float | None = typer.Option(
+        PlanOptions.min_tissue,
+        help=f"Keep tiles with at least this tissue fraction (default {MIN_TISSUE}; 0 "
+        "with --filter).",
     ),
     roi: Path | None = typer.Option(
         PlanOptions.roi, help="ROI annotations: QuPath GeoJSON, Aperio or ASAP XML."
@@ -207,6 +213,22 @@ def plan(
     ),
     name: str | None = typer.Option(
         PlanOptions.name, help="Plan name (default: e.g. 0.5mpp-224px)."
+    ),
+    max_artefact: float | None = typer.Option(
+        PlanOptions.max_artefact,
+        help="Drop tiles more than this share artefact (needs `tilestore qc` first).",
+    ),
+    exclude: str | None = typer.Option(
+        None, help="The artefacts --max-artefact counts, comma-separated (default: all)."
+    ),
+    filter: str | None = typer.Option(
+        PlanOptions.filter, help="contrast: keep tiles whose own pixels pass the tutorial rule."
+    ),
+    contrast_min: int = typer.Option(RULE.max_min, help="--filter contrast: min below this."),
+    contrast_max: int = typer.Option(RULE.min_max, help="--filter contrast: max at least this."),
+    contrast_p5: int = typer.Option(RULE.max_p5, help="--filter contrast: p5 below this."),
+    contrast_median: int = typer.Option(
+        RULE.max_median, help="--filter contrast: median below this."
     ),
     overwrite: bool = typer.Option(False, help="Replace a plan of the same name."),
     preview: Path | None = typer.Option(None, help="Write a PNG: thumbnail, tissue, ROIs, tiles."),
@@ -230,6 +252,10 @@ def plan(
         roi_mpp=roi_mpp,
         tolerance=tolerance,
         name=name,
+        max_artefact=max_artefact,
+        exclude=tuple(e.strip() for e in exclude.split(",")) if exclude else None,
+        filter=filter,
+        contrast=ContrastRule(contrast_min, contrast_max, contrast_p5, contrast_median),
     )
     made = plan_slide(slide, options)
     save_plan(slide, made, overwrite=overwrite)
@@ -252,6 +278,7 @@ def plan(
 app.command()(embed)
 app.command()(info)
 app.command()(verify)
+app.command()(qc)
 app.add_typer(models_app, name="models")
 app.add_typer(export_app, name="export")
 

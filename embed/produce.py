@@ -31,7 +31,6 @@ from embed.report import RunReport, Stats
 from embed.rows import NvjpegRows, ProcessRows, ThreadRows
 from embed.settings import Settings
 from tilestore.errors import TilestoreError
-from tilestore.grid import TilePlan
 from tilestore.tiles import chunk_schedule
 
 
@@ -126,7 +125,7 @@ class Producer:
             if not gpu:  # nvJPEG was chosen for this run: say why this slide is not
                 report.warnings.append(f"{job.store}: {why}: decoded on the CPU")
         report.begin(job, "gpu" if gpu else "cpu")
-        sub = _subset(plan, job.todo)
+        sub = plan.subset(job.todo)
         steps = chunk_schedule(sub)
         emit = lambda b: put(ready, b, stop)  # noqa: E731 - a callback, named for reading
         t0 = time.perf_counter()
@@ -146,7 +145,7 @@ class Producer:
                     + ("; nvJPEG is not used again in this run" if exc.decoder_fault else "")
                 )
                 rest = job.todo[~np.isin(job.todo // batch, list(emitted))]
-                rest_plan = _subset(plan, rest)
+                rest_plan = plan.subset(rest)
                 rest_job = replace(job, todo=rest)
                 rest_steps = chunk_schedule(rest_plan)
                 self._on_device(
@@ -227,19 +226,3 @@ def _ahead(
         if isinstance(item, BaseException):
             raise item
         yield item
-
-
-def _subset(plan: TilePlan, indices: np.ndarray) -> TilePlan:
-    return TilePlan(
-        plan.name,
-        plan.spec,
-        plan.row[indices],
-        plan.col[indices],
-        plan.tissue[indices],
-        plan.roi[indices],
-        plan.roi_class[indices],
-        plan.classes,
-        plan.chunk_shape,
-        plan.params,
-        plan.notes,
-    )

@@ -9,7 +9,7 @@ in raster order (row, then column), the order in which chunk rows can be streame
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -99,7 +99,8 @@ def grid_spec(
 
 @dataclass
 class TilePlan:
-    """The tiles to embed: positions, grid indices, tissue and ROI fractions, chunks needed."""
+    """The tiles to embed: positions, grid indices, tissue and ROI fractions, the share of
+    each QC artefact (where the store has QC), chunks needed."""
 
     name: str
     spec: GridSpec
@@ -112,9 +113,22 @@ class TilePlan:
     chunk_shape: tuple[int, int] = (256, 256)  # (h, w) of the level's chunks
     params: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    qc: dict[str, np.ndarray] = field(default_factory=dict)  # artefact -> float32 share
 
     def __len__(self) -> int:
         return len(self.row)
+
+    def subset(self, keep: np.ndarray) -> TilePlan:
+        """The plan of the tiles `keep` selects (a bool mask or indices), in their order."""
+        return replace(
+            self,
+            row=self.row[keep],
+            col=self.col[keep],
+            tissue=self.tissue[keep],
+            roi=self.roi[keep],
+            roi_class=self.roi_class[keep],
+            qc={name: share[keep] for name, share in self.qc.items()},
+        )
 
     @property
     def level_y(self) -> np.ndarray:

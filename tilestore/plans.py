@@ -11,14 +11,16 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from tilestore.annotations import load_annotations
 from tilestore.codecs import zstd_codecs
+from tilestore.contrast import ContrastRule, contrast_keep
 from tilestore.errors import PlanError
-from tilestore.grid import GridSpec, TilePlan, grid_spec, make_plan
+from tilestore.grid import GridSpec, TilePlan, grid_spec, make_plan, tissue_fractions
+from tilestore.qc.store import StoredQC, read_qc
 from tilestore.slide import MPP_TOLERANCE, Slide
 from tilestore.store import consolidate
 from tilestore.tissue import compute_tissue, read_tissue, write_tissue
@@ -26,6 +28,8 @@ from tilestore.tissue import compute_tissue, read_tissue, write_tissue
 PLANS = "plans"
 DEFAULT_MPP = 0.5  # um/px of a plan's tiles when none is asked for (the common 20x of the models)
 DEFAULT_TILE = 224  # px
+MIN_TISSUE = 0.5  # tissue fraction a tile needs when no filter is asked for
+FILTERS = ("contrast",)
 
 
 @dataclass(frozen=True)
@@ -41,12 +45,17 @@ class PlanOptions:
     in level-0 pixels, or drawn at roi_mpp um/px; roi_class: only ROIs of this class;
     min_roi: keep tiles with at least this ROI overlap. tolerance: a level within this
     fraction of mpp is read as is. name: the stored plan's name (None: from the options).
+    max_artefact: drop tiles whose QC artefacts (labels/qc, made by `tilestore qc`) cover
+    more than this share of them; exclude: the artefacts that count (None: all).
+    filter: "contrast" keeps only tiles whose own pixels pass `contrast` (the tutorials'
+    rule, `tilestore.contrast`); with a filter, min_tissue defaults to 0 (the filter is
+    the tissue test), else to MIN_TISSUE.
     """
 
     mpp: float | None = None
     tile: int | None = None
     stride: int | None = None
-    min_tissue: float = 0.5
+    min_tissue: float | None = None
     tissue_method: str = "auto"
     roi: str | os.PathLike | None = None
     roi_class: str | None = None
@@ -54,6 +63,10 @@ class PlanOptions:
     roi_mpp: float | None = None
     tolerance: float = MPP_TOLERANCE
     name: str | None = None
+    max_artefact: float | None = None
+    exclude: tuple[str, ...] | None = None
+    filter: str | None = None
+    contrast: ContrastRule = ContrastRule()  # noqa: RUF009 (frozen: safe to share)
 
 
 def plan_slide(
@@ -75,7 +88,12 @@ def plan_slide(
             f"{slide.name}: pixel size unknown, so there is no {mpp:g} um/px; convert "
             "again with mpp=<um/px>, or plan in level-0 pixels (mpp=0)"
         )
-    tolerance, stride, min_tissue = options.tolerance, options.stride, options.min_tissue
+    tolerance, stride = options.tolerance, options.stride
+    if options.filter is not None and options.filter not in FILTERS:
+        raise PlanError(f"unknown filter {options.filter!r}; choose {', '.join(FILTERS)}")
+    min_tissue = options.min_tissue
+    if min_tissue is None:
+        min_tissue = 0.0 if options.filter else MIN_TISSUE
     roi, roi_class, min_roi = options.roi, options.roi_class, options.min_roi
     level = slide.level_for_mpp(mpp, tolerance) if mpp is not None else 0
     lv = slide.levels[level]
@@ -98,9 +116,10 @@ def plan_slide(
         stored = "and stored" if store_tissue else "(not stored)"
         notes.append(f"tissue mask computed ({tissue.method}, {tissue.polarity}) {stored}")
     rois = _load_rois(slide, roi, roi_class, options.roi_mpp, notes) if roi else None
+    qc = _stored_qc(slide, options)
     plan = make_plan(
         spec,
-        name=options.name or default_name(mpp, tile, stride, roi, roi_class),
+        name=options.name or default_name(mpp, tile, stride, roi, roi_class, options),
         chunk_shape=lv.chunks[1:],
         tissue=tissue.mask if tissue is not None else None,
         tissue_downsample=tissue.downsample if tissue is not None else (1, 1),
@@ -115,9 +134,19 @@ def plan_slide(
             "min_roi": min_roi if roi else None,
             "roi_mpp": options.roi_mpp,
             "tolerance": tolerance,
+            "filter": options.filter,
+            "contrast": asdict(options.contrast) if options.filter == "contrast" else None,
+            "max_artefact": options.max_artefact,
+            "exclude": list(options.exclude) if options.exclude else None,
         },
         notes=notes,
     )
+    if qc is not None:
+        plan = _with_qc(plan, qc, options, notes)
+    if options.filter == "contrast" and len(plan):
+        keep = contrast_keep(slide, plan, options.contrast)
+        notes.append(f"contrast filter kept {int(keep.sum())} of {len(plan)} tiles")
+        plan = plan.subset(keep)
     if not len(plan):
         why = []
         if tissue is not None:
@@ -137,8 +166,8 @@ def plan_slide(
     return plan
 
 
-def default_name(mpp, tile, stride, roi, roi_class) -> str:
-    """A readable plan name: 0.5mpp-224px[-s112][-roi][-class]."""
+def default_name(mpp, tile, stride, roi, roi_class, options: PlanOptions = PlanOptions()) -> str:
+    """A readable plan name: 0.5mpp-224px[-s112][-roi][-class][-contrast][-qc0.1]."""
     parts = [f"{mpp:g}mpp" if mpp is not None else "level0", f"{tile}px"]
     if stride and stride != tile:
         parts.append(f"s{stride}")
@@ -146,7 +175,56 @@ def default_name(mpp, tile, stride, roi, roi_class) -> str:
         parts.append(os.path.splitext(os.path.basename(roi))[0])
     if roi_class:
         parts.append(roi_class)
+    if options.filter:
+        parts.append(options.filter)
+    if options.max_artefact is not None:
+        counted = "+".join(options.exclude) if options.exclude else ""
+        parts.append(f"qc{options.max_artefact:g}{'-' + counted if counted else ''}")
     return "-".join(p.replace("/", "_").replace(" ", "_") for p in parts)
+
+
+def _stored_qc(slide: Slide, options: PlanOptions) -> StoredQC | None:
+    """The store's labels/qc; an error where the options need it and there is none."""
+    qc = read_qc(slide)
+    if qc is None and (options.max_artefact is not None or options.exclude):
+        raise PlanError(
+            f"{slide.name}: max_artefact and exclude need the store's QC maps; run "
+            "`tilestore qc` on it first"
+        )
+    if qc is not None and options.exclude:
+        unknown = [n for n in options.exclude if n not in qc.classes]
+        if unknown:
+            raise PlanError(
+                f"{slide.name}: exclude names {', '.join(unknown)}, which QC did not look "
+                f"for; its artefacts: {', '.join(qc.classes)}"
+            )
+    return qc
+
+
+def _with_qc(plan: TilePlan, qc: StoredQC, options: PlanOptions, notes: list[str]) -> TilePlan:
+    """The plan with each artefact's share of every tile as a column, and without the tiles
+    over `options.max_artefact` (counting the artefacts in `options.exclude`, or all)."""
+    fh, fw = plan.footprint0()
+    y0, x0 = plan.y.astype(np.float64), plan.x.astype(np.float64)
+    shares = {}
+    for name in qc.classes:
+        mask = qc.mask(name)
+        shares[name] = (
+            tissue_fractions(mask, qc.downsample, y0, x0, fh, fw)
+            if mask.any()
+            else np.zeros(len(plan), np.float32)
+        )
+    plan = replace(plan, qc=shares)
+    if options.max_artefact is None:
+        return plan
+    counted = options.exclude or tuple(qc.classes)
+    share = np.sum([shares[n] for n in counted], axis=0)
+    keep = share <= options.max_artefact
+    notes.append(
+        f"QC: {int((~keep).sum())} of {len(plan)} tiles over {options.max_artefact:g} "
+        f"{'+'.join(counted)} dropped"
+    )
+    return plan.subset(keep)
 
 
 def _load_rois(slide: Slide, roi, roi_class, roi_mpp, notes):
@@ -191,6 +269,7 @@ def save_plan(slide: Slide, plan: TilePlan, *, overwrite: bool = False) -> str:
         "chunk_row1": plan.chunk_rows[:, 1],
         "chunk_col0": plan.chunk_cols[:, 0],
         "chunk_col1": plan.chunk_cols[:, 1],
+        **{f"qc_{name}": share for name, share in plan.qc.items()},
     }
     uid = hashlib.sha256(
         b"".join(np.ascontiguousarray(v).tobytes() for v in columns.values())
@@ -205,6 +284,7 @@ def save_plan(slide: Slide, plan: TilePlan, *, overwrite: bool = False) -> str:
         "uid": uid,
         "spec": asdict(plan.spec),
         "classes": plan.classes,
+        "qc_classes": list(plan.qc),
         "chunk_shape": list(plan.chunk_shape),
         "params": plan.params,
         "notes": plan.notes,
@@ -262,5 +342,6 @@ def load_plan(slide: Slide, name: str | None = None) -> tuple[TilePlan, str]:
         tuple(meta["chunk_shape"]),
         dict(meta["params"]),
         list(meta["notes"]),
+        {name: group[f"qc_{name}"][:] for name in meta.get("qc_classes", [])},
     )
     return plan, meta["uid"]

@@ -17,14 +17,12 @@ from typing import Any
 import numpy as np
 from scipy import ndimage
 
-from tilestore import omezarr
-from tilestore.codecs import zstd_codecs
+from tilestore.contrast import ContrastRule, passes
 from tilestore.errors import TilestoreError
+from tilestore.labels import read_label, write_label
 from tilestore.omezarr import NUCLEAR
 from tilestore.slide import Slide, resize
-from tilestore.store import consolidate
 
-LABEL_PATH = "labels/tissue"
 DEFAULT_MPP = 8.0
 UNKNOWN_MPP_SIDE = 2048  # without a pixel size: mask at most this long (8 um/px nominally)
 
@@ -47,15 +45,11 @@ class OtsuParams:
 
 
 @dataclass(frozen=True)
-class ContrastParams:
-    """The GigaPath tutorial rule: keep a tile if min < 135, max >= 255, p5 < 162, median < 225."""
+class ContrastParams(ContrastRule):
+    """The tutorial rule (`tilestore.contrast`) on blocks of block_um, read at stats_mpp."""
 
     block_um: float = 112.0  # one 224 px tile at 0.5 um/px
     stats_mpp: float = 2.0  # statistics on pixels of this size (the rule was made at full res)
-    max_min: int = 135
-    min_max: int = 255
-    max_p5: int = 162
-    max_median: int = 225
 
 
 @dataclass
@@ -251,14 +245,7 @@ def _contrast(
     for r in range(rows):
         band = slide.read_region(0, round(r * step0), cols * block, block, mpp=p.stats_mpp)
         values = band.reshape(block, cols, block * band.shape[2]).transpose(1, 0, 2)
-        values = values.reshape(cols, -1)
-        p5, median = np.percentile(values, [5, 50], axis=1)
-        keep[r] = (
-            (values.min(axis=1) < p.max_min)
-            & (values.max(axis=1) >= p.min_max)
-            & (p5 < p.max_p5)
-            & (median < p.max_median)
-        )
+        keep[r] = passes(values.reshape(cols, -1), p)
     # Paint block decisions onto the mask grid (mask pixel centres -> block index).
     h, w = image.shape[:2]
     cy = (np.arange(h) + 0.5) * (h0 / h)
@@ -277,66 +264,34 @@ METHODS: dict[str, tuple[Callable[..., np.ndarray], type]] = {
 
 def write_tissue(slide: Slide, tissue: TissueMask) -> None:
     """Store the mask as the OME-Zarr label image labels/tissue, replacing an older one."""
-    root = slide.writable_group()
-    labels = root.require_group("labels")
-    names = [n for n in labels.attrs.get("ome", {}).get("labels", []) if n != "tissue"]
-    labels.attrs["ome"] = {"version": omezarr.OME_VERSION, "labels": [*names, "tissue"]}
-    if "tissue" in labels:
-        del labels["tissue"]
-    group = labels.create_group("tissue")
-    mask = tissue.mask.astype(np.uint8)
-    paths, downsamples = [], []
-    for index in range(len(slide.levels)):  # viewers expect one label level per image level
-        factor = 2**index
-        level = mask[::factor, ::factor]
-        group.create_array(
-            str(index),
-            data=level[None],
-            chunks=(1, 1024, 1024),
-            dimension_names=("c", "y", "x"),
-            **zstd_codecs(),
-        )
-        paths.append(str(index))
-        downsamples.append((tissue.downsample[0] * factor, tissue.downsample[1] * factor))
-    group.attrs["ome"] = {
-        "version": omezarr.OME_VERSION,
-        "image-label": {
-            "colors": [
-                {"label-value": 0, "rgba": [0, 0, 0, 0]},
-                {"label-value": 1, "rgba": [0, 200, 80, 110]},
-            ],
-            "properties": [
-                {"label-value": 0, "name": "background"},
-                {"label-value": 1, "name": "tissue"},
-            ],
-            "source": {"image": "../../"},
+    write_label(
+        slide,
+        "tissue",
+        tissue.mask.astype(np.uint8),
+        tissue.downsample,
+        [("background", (0, 0, 0, 0)), ("tissue", (0, 200, 80, 110))],
+        {
+            "method": tissue.method,
+            "polarity": tissue.polarity,
+            "params": tissue.params,
+            "mpp": tissue.mpp,
+            "downsample": list(tissue.downsample),
+            "source_level": tissue.source_level,
+            "fraction": tissue.fraction,
+            "notes": tissue.notes,
         },
-        "multiscales": omezarr.multiscales(
-            "tissue", paths, downsamples, slide.mpp, method="tissue mask; coarser levels nearest"
-        ),
-    }
-    group.attrs["tilestore"] = {
-        "method": tissue.method,
-        "polarity": tissue.polarity,
-        "params": tissue.params,
-        "mpp": tissue.mpp,
-        "downsample": list(tissue.downsample),
-        "source_level": tissue.source_level,
-        "fraction": tissue.fraction,
-        "notes": tissue.notes,
-    }
-    consolidate(root.store)
+        method="tissue mask; coarser levels nearest",
+    )
 
 
 def read_tissue(slide: Slide) -> TissueMask | None:
     """Return the stored tissue mask, or None if the store has none."""
-    try:
-        group = slide.group[LABEL_PATH]
-    except KeyError:
+    stored = read_label(slide, "tissue")
+    if stored is None:
         return None
-    meta = group.attrs["tilestore"]
+    mask, meta = stored
     return TissueMask(
-        group["0"][0].astype(bool),
+        mask.astype(bool),
         tuple(meta["downsample"]),
         meta["mpp"],
         meta["method"],

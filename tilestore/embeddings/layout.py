@@ -4,7 +4,8 @@
 group="embeddings/<model>")``): ``features`` (tile, feature) float16 or float32, one zarr
 chunk per batch; 1-D coordinates on ``tile``: x, y (level-0 pixels of the tile's top-left
 corner, origin top left, y down), x_um, y_um (the same in micrometres), grid row and col,
-tissue and ROI fractions, roi_class (an index into the group's ``classes``); ``done``
+tissue and ROI fractions, roi_class (an index into the group's ``classes``), and where the
+plan had QC, qc_<artefact> (each tile's share of it, names in ``qc_classes``); ``done``
 (batch) flags, written after each batch's features. The group's ``tilestore`` attributes
 record the model, plan, batch size, settings and whether the group is ``complete``.
 `tilestore.embeddings.write` makes groups, `tilestore.embeddings.read` opens them.

@@ -154,7 +154,7 @@ def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
             name=f"{key}-{token}",
             meta=np.empty((0,) * members[key].ndim, members[key].dtype),  # no read to guess it
         )
-        for key in ("features", *COORDS)
+        for key in ("features", *COORDS, *_qc_keys(meta))
     }
     name = _slide_name(store)
     grid = meta.get("grid") or {}
@@ -163,6 +163,7 @@ def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
     return {
         **arrays,
         "classes": list(meta.get("classes", [""])),
+        "qc": _qc_keys(meta),
         "meta": {
             "name": name,
             "store": str(store),
@@ -180,6 +181,11 @@ def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
         },
         "model": meta.get("model", {}),
     }
+
+
+def _qc_keys(meta: dict[str, Any]) -> list[str]:
+    """The group's QC coordinate arrays: qc_<artefact>, each tile's share of it."""
+    return [f"qc_{name}" for name in meta.get("qc_classes", [])]
 
 
 class _Checked:
@@ -231,6 +237,24 @@ def _dataset(parts: list[dict[str, Any]], model: str) -> xr.Dataset:
             ]
         ),
     )
+    # QC shares as coordinates: NaN for the slides embedded without QC
+    for key in sorted({k for p in parts for k in p["qc"]}):
+        coords[key] = (
+            "tile",
+            da.concatenate(
+                [
+                    p[key]
+                    if key in p
+                    else da.full(
+                        p["features"].shape[0],
+                        np.nan,
+                        dtype=np.float32,
+                        chunks=(p["features"].chunks[0],),
+                    )
+                    for p in parts
+                ]
+            ),
+        )
     features = da.concatenate([p["features"] for p in parts])
     ds = xr.Dataset({"features": (("tile", "feature"), features)}, coords=coords)
     for key, unit in UNITS.items():

@@ -21,7 +21,7 @@ import zarr
 from zarr.codecs import Crc32cCodec
 
 from tilestore.codecs import zstd_codecs
-from tilestore.embeddings.layout import COORDINATES, COORDS, UNITS, group_name
+from tilestore.embeddings.layout import COORDINATES, UNITS, group_name
 from tilestore.errors import TilestoreError
 from tilestore.grid import TilePlan
 from tilestore.slide import Slide
@@ -214,6 +214,7 @@ class EmbeddingWriter:
             "tissue": plan.tissue,
             "roi": plan.roi,
             "roi_class": plan.roi_class,
+            **{f"qc_{name}": share for name, share in plan.qc.items()},
         }
         for key, values in coords.items():
             group.create_array(
@@ -231,7 +232,7 @@ class EmbeddingWriter:
             dimension_names=("tile", "feature"),
             **zstd_codecs(level=1),
             fill_value=np.nan,
-            attributes={"coordinates": " ".join(COORDS)},  # xarray: these are coordinates
+            attributes={"coordinates": " ".join(coords)},  # xarray: these are coordinates
         )
         group.create_array(
             "done",
@@ -251,6 +252,7 @@ class EmbeddingWriter:
             "read_px": plan.spec.read,
             "grid": asdict(plan.spec),
             "classes": plan.classes,
+            "qc_classes": list(plan.qc),
             "coordinates": COORDINATES,
             "software": software_versions("torch", "timm", "huggingface_hub", "tifffile"),
             "started": _now(),

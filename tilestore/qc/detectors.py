@@ -3,17 +3,19 @@
 Each detector takes a block's `Pixels`, its tissue mask (bool, same grid), its parameters
 and the slide's `StainStats`, and returns a bool map of the block. Every length is in
 micrometres, so a detector means the same at any QC resolution; thresholds are documented
-on the parameter records. The order of `DETECTORS` is the priority of the label image (a
-pixel that is pen and blurred is labelled pen) and the label values (1, 2, ...).
+on the parameter records. `DETECTORS` follows `tilestore.qc.classes` (label order).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from tilestore.qc import whole
+from tilestore.qc.classes import ARTEFACTS
 from tilestore.qc.colour import (
     Pixels,
     closing,
@@ -42,13 +44,14 @@ class PenParams:
     min_width_um (strokes are hundreds of micrometres wide; nuclei and red cells are not).
 
     Hue ranges are degrees on the a*b* plane. Haematoxylin sits near 300-320 (purple) and
-    eosin near 340-10 (pink), both below chroma 40 over a region; blue ink near 285-300 over
-    tissue, green ink 100-220, red ink 15-35 with a chroma H&E does not reach; black ink is dark and grey.
+    eosin near 340-10 (pink), both below chroma 37 over a region; blue ink near 285-300
+    over tissue, green ink 100-220, red ink 15-35 with a chroma H&E does not reach; black
+    ink is dark and grey.
     """
 
     smooth_um: float = 8.0
     min_width_um: float = 40.0
-    blue: tuple[float, float, float] = (235.0, 302.0, 40.0)  # hue from, hue to, min chroma
+    blue: tuple[float, float, float] = (230.0, 305.0, 35.0)  # hue from, hue to, min chroma
     green: tuple[float, float, float] = (100.0, 220.0, 15.0)
     red: tuple[float, float, float] = (8.0, 45.0, 45.0)
     black_max_l: float = 30.0  # L* below this ...
@@ -73,6 +76,7 @@ class BlurParams:
     grow_ratio: float = 0.45
     min_energy: float = 2e-4
     min_width_um: float = 48.0
+    apart_um: float = 60.0  # not judged this close to another artefact
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,7 @@ class FoldParams:
     grow_eosin_z: float = 0.5
     close_um: float = 24.0
     min_width_um: float = 48.0
+    min_area_um2: float = 30_000.0  # e.g. 100 x 300 um; a dense spot is not a fold
 
 
 @dataclass(frozen=True)
@@ -174,8 +179,8 @@ def fold(px: Pixels, tissue: torch.Tensor, p: FoldParams, stats: StainStats) -> 
 
 
 def bubble(px: Pixels, tissue: torch.Tensor, p: BubbleParams, stats: StainStats) -> torch.Tensor:
-    """The lines only; `tilestore.qc.maps` fills rings and bands edges over the whole slide
-    (that needs connectivity beyond a block)."""
+    """The lines only; `tilestore.qc.whole.rings_and_edges` fills rings and bands edges
+    over the whole slide (that needs connectivity beyond a block)."""
     gray = px.gray
     _, chroma = hue_chroma(px.smooth_lab(0))
     dark_grey = (gray < p.max_gray) & (chroma < p.max_chroma)
@@ -206,22 +211,22 @@ def stain(px: Pixels, tissue: torch.Tensor, p: StainParams, stats: StainStats) -
 
 @dataclass(frozen=True)
 class Detector:
-    """An artefact class: its detector, parameter record, label colour and what it means."""
+    """How an artefact class (`tilestore.qc.classes`) is found: its function, its
+    parameter record and the context a block needs beyond its edges."""
 
     find: Callable[..., torch.Tensor]
     params: type
-    rgba: tuple[int, int, int, int]
-    what: str
-    halo_um: float = field(default=0.0)  # context a block needs beyond its edges
+    halo_um: float
+    post: Callable[..., np.ndarray] | None = None  # its whole-slide step (tilestore.qc.whole)
 
 
-# label value = position + 1; earlier wins where maps overlap
 DETECTORS: dict[str, Detector] = {
-    "pen": Detector(pen, PenParams, (30, 60, 255, 160), "marker ink", 48),
-    "bubble": Detector(bubble, BubbleParams, (0, 220, 220, 160), "air bubble, coverslip edge", 24),
-    "fold": Detector(fold, FoldParams, (160, 0, 200, 160), "tissue fold", 60),
-    "dark": Detector(dark, LightParams, (60, 60, 60, 160), "too dark", 64),
-    "bright": Detector(bright, LightParams, (255, 240, 120, 160), "too bright, washed out", 64),
-    "blur": Detector(blur, BlurParams, (255, 140, 0, 160), "out of focus", 96),
-    "stain": Detector(stain, StainParams, (255, 0, 90, 160), "stain outlier", 96),
+    "pen": Detector(pen, PenParams, 48),
+    "bubble": Detector(bubble, BubbleParams, 24, whole.rings_and_edges),
+    "fold": Detector(fold, FoldParams, 96, whole.large),
+    "dark": Detector(dark, LightParams, 64),
+    "bright": Detector(bright, LightParams, 64),
+    "blur": Detector(blur, BlurParams, 96, whole.apart),
+    "stain": Detector(stain, StainParams, 96),
 }
+assert list(DETECTORS) == list(ARTEFACTS), "one detector per artefact class, in label order"

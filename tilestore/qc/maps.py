@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tilestore.errors import TilestoreError
-from tilestore.qc.detectors import DETECTORS, BubbleParams, StainStats
+from tilestore.qc.detectors import DETECTORS, StainStats
 from tilestore.slide import MPP_TOLERANCE, Slide
 from tilestore.tissue import TissueMask, compute_tissue, read_tissue
 
@@ -37,8 +37,8 @@ class QCOptions:
     params: per-detector parameter overrides, {"blur": {"max_ratio": 0.2}, ...}.
     device: "cuda", "cpu" or None (the GPU where there is one).
     block: block side in px at mpp (memory: about 60 bytes per px on the device).
-    flag_fraction: a slide is flagged for an artefact covering more than this share of
-    its tissue.
+    threads: torch's CPU threads (None: its default, every core); a cohort gives each of
+    its workers a share.
     """
 
     mpp: float = DEFAULT_MPP
@@ -46,7 +46,7 @@ class QCOptions:
     params: dict[str, dict[str, Any]] = field(default_factory=dict)
     device: str | None = None
     block: int = 2048
-    flag_fraction: float = 0.05
+    threads: int | None = None
 
 
 @dataclass
@@ -98,6 +98,8 @@ def compute_qc(
             f"{slide.describe_channels()}"
         )
     params = _params(options)
+    if options.threads:
+        torch.set_num_threads(options.threads)
     device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     notes: list[str] = []
     tissue = tissue or read_tissue(slide) or compute_tissue(slide)
@@ -121,11 +123,7 @@ def compute_qc(
         bits[y0:y1, x0:x1] = block[y0 - ya : y1 - ya, x0 - xa : x1 - xa]
     if skipped:
         notes.append(f"{skipped} blocks of bare glass skipped")
-    if "bubble" in options.detectors:
-        bit = 1 << options.detectors.index("bubble")
-        lines = (bits & bit) > 0
-        bubbles = _rings_and_edges(lines, BubbleParams(**params["bubble"]), grid.mpp, notes)
-        bits = np.where(bubbles, bits | bit, bits & ~np.uint8(bit)).astype(np.uint8)
+    bits = _whole_slide(bits, options.detectors, params, grid.mpp, notes)
     return QCMaps(
         bits,
         list(options.detectors),
@@ -141,12 +139,27 @@ def compute_qc(
     )
 
 
+def _whole_slide(bits, names, params, mpp, notes) -> np.ndarray:
+    """Each detector's whole-slide step (`Detector.post`), in label order, each seeing the
+    final maps of the detectors before it."""
+    done: dict[str, np.ndarray] = {}
+    for k, name in enumerate(names):
+        found = (bits & (1 << k)) > 0
+        post = DETECTORS[name].post
+        if post is not None and found.any():
+            record = DETECTORS[name].params(**params[name])
+            found = post(found, record, mpp, notes, done)
+            bits = np.where(found, bits | (1 << k), bits & ~np.uint8(1 << k)).astype(np.uint8)
+        done[name] = found
+    return bits
+
+
 def _params(options: QCOptions) -> dict[str, dict[str, Any]]:
     """Each chosen detector's parameters, defaults overridden; unknown names refused."""
     from dataclasses import asdict
 
     out = {}
-    for name, given in options.params.items():
+    for name in options.params:
         if name not in options.detectors:
             raise TilestoreError(f"QC parameters given for {name!r}, which is not being run")
     for name in options.detectors:
@@ -188,7 +201,7 @@ def _grid(slide: Slide, mpp: float, notes: list[str]) -> _Grid:
     if not slide.mpp:
         notes.append(f"pixel size unknown: judged as if {NOMINAL_MPP} um/px (20x)")
     want = mpp / mpp0  # level-0 px per map px
-    level = max((lv.index for lv in slide.levels if lv.downsample[1] <= want * (1 + MPP_TOLERANCE)))
+    level = max(lv.index for lv in slide.levels if lv.downsample[1] <= want * (1 + MPP_TOLERANCE))
     lv = slide.levels[level]
     if abs(lv.downsample[1] / want - 1) <= MPP_TOLERANCE:
         return _Grid(level, (lv.height, lv.width), lv.downsample, mpp0 * lv.downsample[1], True)
@@ -224,9 +237,7 @@ def _slide_stats(slide: Slide, grid: _Grid, tissue: TissueMask, device):
 
     shape = (max(1, round(grid.shape[0] / 4)), max(1, round(grid.shape[1] / 4)))
     _, h0, w0 = slide.shape
-    coarse = replace(
-        grid, shape=shape, downsample=(h0 / shape[0], w0 / shape[1]), mpp=grid.mpp * 4
-    )
+    coarse = replace(grid, shape=shape, downsample=(h0 / shape[0], w0 / shape[1]), mpp=grid.mpp * 4)
     level = max(
         lv.index
         for lv in slide.levels
@@ -288,34 +299,3 @@ def _detect(pixels, tissue, mpp, options, params, stats, device) -> np.ndarray:
         found = detector.find(px, inside, detector.params(**params[name]), stats)
         bits |= found.to(torch.uint8) << k
     return bits.cpu().numpy()
-
-
-def _rings_and_edges(lines: np.ndarray, p: BubbleParams, mpp: float, notes: list[str]):
-    """Bubbles: dark lines that close into rings, with what they enclose; coverslip
-    edges: lines at least edge_length_um long, with a band on each side."""
-    from scipy import ndimage
-
-    if not lines.any():
-        return lines
-    filled = ndimage.binary_fill_holes(lines)
-    inside = filled & ~lines
-    labels, count = ndimage.label(inside)
-    sizes = np.bincount(labels.ravel(), minlength=count + 1)
-    min_area = math.pi * (p.min_diameter_um / mpp / 2) ** 2
-    keep = sizes >= min_area
-    keep[0] = False
-    rings = keep[labels]
-    bubbles = ndimage.binary_dilation(rings, iterations=2) & filled | rings
-    parts, n = ndimage.label(lines)
-    edges = np.zeros_like(lines)
-    for index, box in enumerate(ndimage.find_objects(parts), start=1):
-        extent = max(box[0].stop - box[0].start, box[1].stop - box[1].start) * mpp
-        if extent >= p.edge_length_um:
-            edges[box] |= parts[box] == index
-    if edges.any():
-        band = max(1, round(p.edge_band_um / mpp))
-        edges = ndimage.binary_dilation(edges, iterations=band)
-        notes.append("coverslip edge or long line found")
-    if rings.any():
-        notes.append(f"{int(keep.sum())} air bubble(s) found")
-    return bubbles | edges

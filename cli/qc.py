@@ -1,0 +1,111 @@
+"""`tilestore qc`: artefact maps for stores, here or on Dask, and the cohort report."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from cli.console import as_flags, flags_of, out
+from cli.console import progress_bar as _progress
+from tilestore.errors import TilestoreError
+from tilestore.qc.classes import ARTEFACTS
+from tilestore.qc.store import FLAG_FRACTION
+
+DEFAULT_MPP = 4.0  # tilestore.qc.maps.DEFAULT_MPP (that module imports torch)
+
+
+def qc(
+    stores: list[Path] = typer.Argument(..., help="Stores made by `tilestore convert`."),
+    mpp: float = typer.Option(DEFAULT_MPP, help="Map resolution, um/px (2-4; never level 0)."),
+    detectors: str = typer.Option(
+        ",".join(ARTEFACTS), help="Artefacts to look for, comma-separated, in label order."
+    ),
+    device: str | None = typer.Option(None, help="cuda or cpu (default: the GPU if any)."),
+    flag_fraction: float = typer.Option(
+        FLAG_FRACTION, help="Flag a slide where an artefact covers more of its tissue."
+    ),
+    preview: Path | None = typer.Option(
+        None, help="Folder for a PNG per slide: the artefacts over its thumbnail."
+    ),
+    report: Path | None = typer.Option(
+        None, help="Folder for the cohort report: qc.csv, qc.parquet, qc.html."
+    ),
+    cluster: str | None = typer.Option(
+        None, help="Start a Dask cluster on this machine: local (CPU) or local-cuda."
+    ),
+    scheduler: str | None = typer.Option(
+        None, help="Run on an existing Dask cluster at this address."
+    ),
+    workers: int | None = typer.Option(None, help="--cluster: worker processes (or GPUs)."),
+) -> None:
+    """Find pen ink, bubbles, folds, dark or washed-out regions, blur and stain outliers;
+    store them as labels/qc and a summary in each store; optionally a cohort report."""
+    from tilestore.qc.cohort import qc_cohort
+    from tilestore.qc.maps import QCOptions
+    from tilestore.qc.report import write_report
+
+    options = QCOptions(
+        mpp=mpp, detectors=tuple(d.strip() for d in detectors.split(",")), device=device
+    )
+    if cluster and scheduler:
+        raise TilestoreError("--cluster starts a cluster, --scheduler joins one: give one")
+    client, threads = None, None
+    if cluster or scheduler:
+        from distributed import Client
+
+        from embed.cohort import cpu_share, local_cluster
+
+        client = Client(scheduler) if scheduler else local_cluster(cluster, workers)
+        threads = cpu_share(len(client.nthreads())) if cluster else None
+    failed = []
+
+    def line(result) -> None:
+        if result.error:
+            failed.append(result)
+            print(f"tilestore: error: {as_flags(result.error, flags_of(qc))}", file=sys.stderr)
+            return
+        s = result.summary
+        shares = (
+            ", ".join(f"{k} {v:.1%}" for k, v in s["fractions"].items() if v >= 0.001)
+            or "no artefacts"
+        )
+        flags = f"  FLAGGED: {', '.join(s['flags'])}" if s["flags"] else ""
+        area = f"{s['tissue_mm2']:.1f} mm² tissue" if s["tissue_mm2"] is not None else "tissue"
+        out.print(
+            f"{result.store}: {area}; {shares} ({s['seconds']:.1f} s, {s['device']}){flags}",
+            highlight=False,
+        )
+
+    try:
+        with _progress("QC") as (progress, task):
+            progress.update(task, total=len(stores))
+
+            def step(result) -> None:
+                progress.update(task, advance=1)
+                line(result)
+
+            results, wall = qc_cohort(
+                [str(s) for s in stores],
+                options,
+                flag_fraction=flag_fraction,
+                preview=preview,
+                client=client,
+                threads=threads,
+                progress=step,
+            )
+    finally:
+        if client is not None:
+            if cluster:
+                client.cluster.close()
+            client.close()
+    done = len(results) - len(failed)
+    out.print(f"{done} of {len(results)} slides in {wall:.1f} s", highlight=False)
+    if preview:
+        out.print(f"previews: {preview}/")
+    if report:
+        paths = write_report(results, report)
+        out.print(f"report: {paths['html']} (table: {paths['csv'].name}, {paths['parquet'].name})")
+    if failed:
+        raise typer.Exit(2)

@@ -1,0 +1,266 @@
+"""QC: detectors measured against artefacts painted on real H&E, labels/qc in the store,
+plans that drop artefact tiles, the tutorial's contrast filter, the cohort report."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import tifffile
+from scipy import ndimage
+
+import tilestore
+from tests.conftest import CMU
+from tests.tilestore import artefacts as A
+from tilestore.contrast import ContrastRule
+from tilestore.errors import PlanError, TilestoreError
+from tilestore.plans import PlanOptions, load_plan, plan_slide, save_plan
+from tilestore.qc import QCOptions, compute_qc, qc_cohort, read_qc, read_summary, write_qc
+from tilestore.qc.report import write_report
+
+MARGIN_UM = 40  # a detector's context: the rim of a painted region is neither clean nor truth
+
+
+@pytest.fixture(scope="module")
+def painted(tmp_path_factory, cmu_pixels_module):
+    """Stores of CMU-1-Small-Region with one painted artefact each (and one clean)."""
+    root = tmp_path_factory.mktemp("painted")
+    clean = A.Case("clean", "", cmu_pixels_module, np.zeros(cmu_pixels_module.shape[:2], bool))
+    made = {}
+    for case in [clean, *A.cases(cmu_pixels_module)]:
+        name = case.name.replace(" ", "_")
+        tifffile.imwrite(root / f"{name}.tif", case.image, tile=(256, 256), compression="zlib")
+        tilestore.convert(root / f"{name}.tif", root / f"{name}.ome.zarr", mpp=A.MPP)
+        made[case.name] = (case, root / f"{name}.ome.zarr")
+    return made
+
+
+@pytest.fixture(scope="module")
+def cmu_pixels_module(request):
+    from tests.conftest import SLIDES, real
+
+    return tifffile.imread(real(SLIDES / CMU))
+
+
+def _scores(case: A.Case, maps) -> tuple[float, float]:
+    """(IoU of the case's detector with the truth, share of clean tissue any detector
+    flagged), on the map's grid."""
+    truth = A.on_grid(case.truth, maps.downsample, maps.bits.shape)
+    margin = round(MARGIN_UM / maps.mpp)
+    near = ndimage.binary_dilation(truth, iterations=margin) if truth.any() else truth
+    clean = maps.tissue & ~near
+    flagged = float((maps.bits > 0)[clean].mean())
+    if not case.detector:
+        return 1.0, flagged
+    found = maps.mask(case.detector)
+    seen = truth if case.detector in ("pen", "bubble") else truth & maps.tissue
+    return float((found & seen).sum() / max((found | seen).sum(), 1)), flagged
+
+
+ACCURATE = [
+    "blur sigma 4 um",
+    "blur sigma 8 um",
+    "blue pen",
+    "green pen",
+    "black pen",
+    "fold",
+    "air bubble",
+    "under-exposed",
+]
+
+
+@pytest.mark.parametrize("name", ACCURATE)
+def test_detector_finds_the_painted_artefact(painted, name):
+    case, path = painted[name]
+    maps = compute_qc(tilestore.open_slide(path), QCOptions(device="cpu"))
+    iou, flagged = _scores(case, maps)
+    assert iou >= 0.8, f"{name}: IoU {iou:.3f}"
+    assert flagged <= 0.03, f"{name}: {flagged:.1%} of clean tissue flagged"
+
+
+def test_clean_slide_is_almost_unflagged(painted):
+    case, path = painted["clean"]
+    maps = compute_qc(tilestore.open_slide(path), QCOptions(device="cpu"))
+    _, flagged = _scores(case, maps)
+    assert flagged <= 0.01
+    assert not maps.mask("pen").any() and not maps.mask("blur").any()
+
+
+def test_red_pen_is_found_where_red_cells_are_not(painted):
+    case, path = painted["red pen"]
+    maps = compute_qc(tilestore.open_slide(path), QCOptions(device="cpu"))
+    iou, _ = _scores(case, maps)
+    assert iou >= 0.6  # ink over eosin is partly as red as red cells: README's table
+
+
+def test_qc_is_stored_as_a_label_image_and_a_summary(painted, tmp_path):
+    import shutil
+    import zarr
+
+    _, path = painted["fold"]
+    store = tmp_path / "fold.ome.zarr"
+    shutil.copytree(path, store)
+    slide = tilestore.open_slide(store)
+    maps = compute_qc(slide, QCOptions(device="cpu"))
+    summary = write_qc(slide, maps)
+    assert summary["flags"] == ["fold"]
+    assert 0.1 < summary["fractions"]["fold"] < 0.3
+    assert summary["tissue_mm2"] == pytest.approx(0.6, abs=0.2)
+    stored = read_qc(tilestore.open_slide(store))
+    assert np.array_equal(stored.label, maps.label())
+    assert stored.classes == list(maps.classes)
+    group = zarr.open_group(store / "labels" / "qc", mode="r")
+    label_meta = group.attrs["ome"]["image-label"]
+    names = {p["label-value"]: p["name"] for p in label_meta["properties"]}
+    assert names[0] == "none" and names[maps.classes.index("fold") + 1] == "fold"
+    assert len(group.attrs["ome"]["multiscales"][0]["datasets"]) == len(slide.levels)
+    assert read_summary(tilestore.open_slide(store))["fractions"] == summary["fractions"]
+
+
+def test_label_takes_the_first_detector_that_fired():
+    from tilestore.qc.maps import QCMaps
+
+    bits = np.array([[0, 1, 2, 3, 6, 64]], np.uint8)
+    maps = QCMaps(
+        bits, ["a", "b", "c", "d", "e", "f", "g"], (1, 1), 1, 0, bits > 0, None, {}, "cpu", 0
+    )
+    assert maps.label().tolist() == [[0, 1, 2, 1, 2, 7]]
+
+
+def test_plan_carries_artefact_shares_and_drops_tiles(painted, tmp_path):
+    import shutil
+
+    _, path = painted["fold"]
+    store = tmp_path / "s.ome.zarr"
+    shutil.copytree(path, store)
+    slide = tilestore.open_slide(store)
+    with pytest.raises(PlanError, match="tilestore qc"):
+        plan_slide(slide, PlanOptions(mpp=0.5, tile=112, max_artefact=0.1))
+    write_qc(slide, compute_qc(slide, QCOptions(device="cpu")))
+    full = plan_slide(slide, PlanOptions(mpp=0.5, tile=112))
+    assert set(full.qc) == set(QCOptions().detectors)
+    assert full.qc["fold"].max() > 0.9 and full.qc["pen"].max() == 0
+    kept = plan_slide(slide, PlanOptions(mpp=0.5, tile=112, max_artefact=0.1))
+    assert len(kept) == int(
+        (
+            full.qc["fold"]
+            + full.qc["blur"]
+            + full.qc["stain"]
+            + full.qc["dark"]
+            + full.qc["bright"]
+            + full.qc["pen"]
+            + full.qc["bubble"]
+            <= 0.1
+        ).sum()
+    )
+    assert len(kept) < len(full)
+    only_pen = plan_slide(slide, PlanOptions(mpp=0.5, tile=112, max_artefact=0.1, exclude=("pen",)))
+    assert len(only_pen) == len(full)  # no pen on this slide: nothing dropped
+    with pytest.raises(PlanError, match="exclude names wet"):
+        plan_slide(slide, PlanOptions(mpp=0.5, tile=112, max_artefact=0.1, exclude=("wet",)))
+    save_plan(slide, kept)
+    loaded, _ = load_plan(tilestore.open_slide(store), kept.name)
+    assert np.array_equal(loaded.qc["fold"], kept.qc["fold"])
+    assert (loaded.qc["fold"] <= 0.1).all()
+
+
+def test_contrast_filter_keeps_exactly_the_tutorial_tiles(stores, cmu_pixels_module, tmp_path):
+    import shutil
+
+    store = tmp_path / "cmu.ome.zarr"
+    shutil.copytree(stores(CMU), store)
+    image = cmu_pixels_module
+    # the tutorial's loop: every whole 256 px tile of level 0, one at a time
+    expected = set()
+    for y in range(0, image.shape[0] - 256 + 1, 256):
+        for x in range(0, image.shape[1] - 256 + 1, 256):
+            tile = image[y : y + 256, x : x + 256]
+            if (
+                tile.min() < 135
+                and tile.max() >= 255
+                and np.percentile(tile, 5) < 162
+                and np.median(tile) < 225
+            ):
+                expected.add((x, y))
+    slide = tilestore.open_slide(store)
+    plan = plan_slide(slide, PlanOptions(mpp=0, tile=256, filter="contrast"))
+    assert set(zip(plan.x.tolist(), plan.y.tolist(), strict=True)) == expected
+    assert 0 < len(expected) < (image.shape[0] // 256) * (image.shape[1] // 256)
+    stricter = plan_slide(
+        slide,
+        PlanOptions(mpp=0, tile=256, filter="contrast", contrast=ContrastRule(max_median=200)),
+    )
+    assert set(zip(stricter.x.tolist(), stricter.y.tolist(), strict=True)) < expected
+
+
+def test_unknown_filter_and_detector_are_refused(stores, tmp_path):
+    slide = tilestore.open_slide(stores(CMU))
+    with pytest.raises(PlanError, match="unknown filter"):
+        plan_slide(slide, PlanOptions(filter="sharpness"), store_tissue=False)
+    with pytest.raises(TilestoreError, match="unknown QC detector wet"):
+        compute_qc(slide, QCOptions(detectors=("pen", "wet")))
+    with pytest.raises(TilestoreError, match="blur"):
+        compute_qc(slide, QCOptions(detectors=("pen",), params={"blur": {"max_ratio": 1}}))
+    with pytest.raises(TilestoreError, match="max_rati"):
+        compute_qc(slide, QCOptions(params={"blur": {"max_rati": 1}}))
+
+
+def test_cohort_report_table_and_page(painted, tmp_path):
+    import shutil
+
+    paths = []
+    for name in ("clean", "fold", "blue pen"):
+        _, src = painted[name]
+        paths.append(tmp_path / src.name)
+        shutil.copytree(src, paths[-1])
+    broken = tmp_path / "broken.ome.zarr"
+    broken.mkdir()
+    (broken / "zarr.json").write_text("{not json")
+    results, _ = qc_cohort([*paths, broken], QCOptions(device="cpu"))
+    assert [r.error is None for r in results] == [True, True, True, False]
+    assert "broken.ome.zarr" in results[-1].error
+    out = write_report(results, tmp_path / "report")
+    frame = pd.read_parquet(out["parquet"])
+    assert list(frame["slide"]) == ["clean", "fold", "blue_pen", "broken"]
+    assert frame.loc[1, "flags"].split() == ["fold"]
+    assert "pen" in frame.loc[2, "flags"].split()
+    assert frame.loc[3, "error"]
+    assert pd.read_csv(out["csv"])["fold_fraction"].iloc[1] == pytest.approx(
+        frame["fold_fraction"].iloc[1]
+    )
+    page = out["html"].read_text()
+    assert page.count("<tr") == 5 and page.count("data:image/jpeg;base64,") == 6
+    assert "3 flagged" in page or "flagged" in page
+
+
+def test_cli_qc_plan_and_embed_columns(painted, tmp_path):
+    import shutil
+
+    _, src = painted["fold"]
+    store = tmp_path / "f.ome.zarr"
+    shutil.copytree(src, store)
+    cli = [sys.executable, "-m", "cli"]
+    run = subprocess.run(
+        [*cli, "qc", str(store), "--device", "cpu", "--report", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "FLAGGED: fold" in run.stdout
+    assert (tmp_path / "r" / "qc.html").exists()
+    run = subprocess.run(
+        [*cli, "plan", str(store), "--tile", "112", "--max-artefact", "0.1", "--exclude", "fold"],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "qc0.1-fold" in run.stdout
+    bad = subprocess.run(
+        [*cli, "qc", str(tmp_path / "nowhere.ome.zarr"), "--device", "cpu"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "nowhere.ome.zarr" in bad.stderr

@@ -61,8 +61,10 @@ def _encoded_level(period: np.ndarray, size: int):
             yield imagecodecs.jpeg8_encode(tile, level=80, colorspace="RGB", outcolorspace="RGB")
 
 
-def make_large_svs(path: Path, size: int = 40_000) -> Path:
-    """Write the slide (if absent) and return its path."""
+def make_large_svs(path: Path, size: int = 40_000, mpp: float = MPP) -> Path:
+    """Write the slide (if absent) and return its path. mpp: the pixel size declared (the
+    tissue is CMU-1's 20x pixels whatever it says; 0.25 makes a 40x-sized slide for
+    benchmarks of what a pixel size decides, such as which levels QC reads)."""
     path = Path(path)
     if path.exists():
         return path
@@ -73,7 +75,7 @@ def make_large_svs(path: Path, size: int = 40_000) -> Path:
     level0 = (tiles[r % rows][c % cols] for r in range(n) for c in range(n))
     description = (
         f"Aperio Image Library v12.0.15 \r\n{size}x{size} ({TILE}x{TILE}) JPEG/RGB Q=30"
-        f"|AppMag = 20|MPP = {MPP}|Filename = tilestore-bench"
+        f"|AppMag = {round(20 * MPP / mpp)}|MPP = {mpp}|Filename = tilestore-bench"
     )
     tmp = path.with_suffix(".partial")
     thumb_period = _box(pixels, 64)
@@ -137,5 +139,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("path", type=Path)
     parser.add_argument("--size", type=int, default=40_000)
+    parser.add_argument("--mpp", type=float, default=MPP)
     args = parser.parse_args()
-    print(make_large_svs(args.path, args.size))
+    print(make_large_svs(args.path, args.size, args.mpp))

@@ -98,6 +98,7 @@ def test_red_pen_is_found_where_red_cells_are_not(painted):
 
 def test_qc_is_stored_as_a_label_image_and_a_summary(painted, tmp_path):
     import shutil
+
     import zarr
 
     _, path = painted["fold"]

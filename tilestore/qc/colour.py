@@ -52,6 +52,7 @@ class Pixels:
         """rgb: (3, H, W) uint8 on the device that computes; mpp: um per pixel."""
         self.rgb8, self.mpp, self.device = rgb, mpp, rgb.device
         self._linear_t, self._od_t = _tables(rgb.device)
+        self._labs: dict[float, torch.Tensor] = {}
 
     def px(self, um: float) -> float:
         """A length in micrometres as pixels of this block."""
@@ -85,7 +86,9 @@ class Pixels:
     def smooth_lab(self, sigma_um: float) -> torch.Tensor:
         """(3, H, W) CIELAB of the linear light smoothed over sigma_um (so a colour rule
         judges a region, not single nuclei)."""
-        return lab(gaussian(self.linear, self.px(sigma_um)))
+        if sigma_um not in self._labs:
+            self._labs[sigma_um] = lab(gaussian(self.linear, self.px(sigma_um)))
+        return self._labs[sigma_um]
 
     @cached_property
     def stains(self) -> torch.Tensor:
@@ -112,24 +115,37 @@ def hue_chroma(lab_: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def gaussian(image: torch.Tensor, sigma: float) -> torch.Tensor:
-    """Separable Gaussian blur of an (H, W) or (C, H, W) image, edges reflected."""
+    """Gaussian blur of an (H, W) or (C, H, W) image (3 sigma, edges reflected)."""
     if sigma < 0.3:
         return image
-    radius = max(1, math.ceil(3 * sigma))
-    x = torch.arange(-radius, radius + 1, dtype=image.dtype, device=image.device)
-    kernel = torch.exp(-0.5 * (x / sigma) ** 2)
-    kernel = kernel / kernel.sum()
     flat = image.ndim == 2
-    batch = (image[None] if flat else image)[:, None]  # (C, 1, H, W)
-    h, w = batch.shape[-2:]
-    pad = (min(radius, w - 1), min(radius, w - 1), min(radius, h - 1), min(radius, h - 1))
-    mode = "reflect" if min(h, w) > 1 else "replicate"
-    batch = F.pad(batch, pad, mode=mode)
-    kx, ky = kernel.view(1, 1, 1, -1), kernel.view(1, 1, -1, 1)
-    if pad[0] < radius:  # an image narrower than the kernel: fall back to edge replication
-        batch = F.pad(batch, (radius - pad[0],) * 2 + (radius - pad[2],) * 2, mode="replicate")
-    out = F.conv2d(F.conv2d(batch, kx), ky)[:, 0]
-    return out[0] if flat else out
+    out = _separable((image[None] if flat else image)[None], sigma)
+    return out[0, 0] if flat else out[0]
+
+
+def _separable(batch: torch.Tensor, sigma: float) -> torch.Tensor:
+    """(1, C, H, W) blurred along x then y with a sampled Gaussian, as sums of shifted
+    slices (a few fused passes; CPU conv2d is many times slower for one-channel rows)."""
+    if sigma < 0.3:
+        return batch
+    radius = max(1, math.ceil(3 * sigma))
+    taps = [math.exp(-0.5 * (i / sigma) ** 2) for i in range(-radius, radius + 1)]
+    total = sum(taps)
+    for dim in (-1, -2):
+        size = batch.shape[dim]
+        pad = [0, 0, 0, 0]
+        reach = min(radius, size - 1)
+        pad[0 if dim == -1 else 2] = pad[1 if dim == -1 else 3] = reach
+        padded = F.pad(batch, pad, mode="reflect") if reach else batch
+        if reach < radius:  # narrower than the kernel: replicate the rest
+            extra = [0, 0, 0, 0]
+            extra[0 if dim == -1 else 2] = extra[1 if dim == -1 else 3] = radius - reach
+            padded = F.pad(padded, extra, mode="replicate")
+        out = padded.narrow(dim, 0, size) * (taps[0] / total)
+        for i in range(1, len(taps)):
+            out += padded.narrow(dim, i, size) * (taps[i] / total)
+        batch = out
+    return batch
 
 
 def opening(mask: torch.Tensor, radius: int) -> torch.Tensor:
@@ -147,16 +163,20 @@ def closing(mask: torch.Tensor, radius: int) -> torch.Tensor:
 
 
 def dilate(mask: torch.Tensor, radius: int) -> torch.Tensor:
-    k = 2 * radius + 1
-    return F.max_pool2d(mask[None, None].float(), k, 1, radius)[0, 0] > 0.5
+    """Binary dilation by a (2r+1)^2 square: a running OR along rows, then columns."""
+    out = mask
+    for dim in (-1, -2):
+        size = out.shape[dim]
+        shape = list(out.shape)
+        shape[dim] = radius
+        edge = torch.zeros(shape, dtype=torch.bool, device=mask.device)
+        padded = torch.cat([edge, out, edge], dim=dim)
+        grown = padded.narrow(dim, 0, size).clone()
+        for i in range(1, 2 * radius + 1):
+            grown |= padded.narrow(dim, i, size)
+        out = grown
+    return out
 
 
 def erode(mask: torch.Tensor, radius: int) -> torch.Tensor:
     return ~dilate(~mask, radius)
-
-
-def grey_closing(image: torch.Tensor, radius: int) -> torch.Tensor:
-    """Grey-level closing (max then min over a square) of an (H, W) image."""
-    k = 2 * radius + 1
-    up = F.max_pool2d(image[None, None], k, 1, radius)
-    return -F.max_pool2d(-up, k, 1, radius)[0, 0]

@@ -1,0 +1,168 @@
+"""QC: accuracy on artefacts painted on real H&E, speed on a 100k px slide, a Dask cohort.
+
+    python bench/qc.py accuracy              # the README's confusion table
+    python bench/qc.py speed --size 100000   # a 100k x 100k px slide, CPU (and CUDA if any)
+    python bench/qc.py cohort --slides 50    # 50 stores, one process vs a local Dask cluster
+
+Each arm prints a table and writes bench/results/qc-<arm>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import tifffile
+from scipy import ndimage
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import tilestore  # noqa: E402
+from tests.tilestore import artefacts as A  # noqa: E402
+from tilestore.qc import QCOptions, compute_qc, qc_cohort  # noqa: E402
+
+DATA = Path(os.environ.get("TILESTORE_DATA", HERE.parents[1] / "shared" / "data"))
+CMU = DATA / "slides" / "CMU-1-Small-Region.svs"
+MARGIN_UM = 40
+
+
+def _store(work: Path, name: str, image: np.ndarray) -> Path:
+    tif = work / f"{name}.tif"
+    tifffile.imwrite(tif, image, tile=(256, 256), compression="zlib")
+    store = work / f"{name}.ome.zarr"
+    tilestore.convert(tif, store, mpp=A.MPP)
+    return store
+
+
+def accuracy(work: Path, mpp: float) -> dict:
+    image = tifffile.imread(CMU)
+    clean = A.Case("clean", "", image, np.zeros(image.shape[:2], bool))
+    rows = []
+    for case in [clean, *A.cases(image)]:
+        store = _store(work, case.name.replace(" ", "_"), case.image)
+        maps = compute_qc(tilestore.open_slide(store), QCOptions(mpp=mpp, device="cpu"))
+        truth = A.on_grid(case.truth, maps.downsample, maps.bits.shape)
+        near = ndimage.binary_dilation(truth, iterations=round(MARGIN_UM / maps.mpp))
+        clean_tissue = maps.tissue & ~(near if truth.any() else truth)
+        seen = truth if case.detector in ("pen", "bubble") else truth & maps.tissue
+        row = {
+            "case": case.name,
+            "detector": case.detector or "-",
+            "clean_flagged": float((maps.bits > 0)[clean_tissue].mean()),
+            # share of the painted region each detector marked (the confusion row)
+            "marked": {
+                n: float(maps.mask(n)[seen].mean()) if seen.any() else 0.0 for n in maps.classes
+            },
+        }
+        if case.detector:
+            found = maps.mask(case.detector)
+            row["iou"] = float((found & seen).sum() / max((found | seen).sum(), 1))
+        rows.append(row)
+    names = list(rows[0]["marked"])
+    print(f"QC accuracy at {mpp} um/px: CMU-1-Small-Region with painted artefacts")
+    print("| painted | IoU | clean tissue flagged | " + " | ".join(names) + " |")
+    print("|---" * (3 + len(names)) + "|")
+    for r in rows:
+        iou = f"{r['iou']:.2f}" if "iou" in r else "-"
+        marks = " | ".join(f"{r['marked'][n]:.2f}" for n in names)
+        print(f"| {r['case']} | {iou} | {r['clean_flagged']:.1%} | {marks} |")
+    return {"mpp": mpp, "rows": rows}
+
+
+def speed(work: Path, size: int, slide_mpp: float, devices: list[str]) -> dict:
+    from make_slide import make_large_svs
+
+    svs = make_large_svs(HERE / "data" / f"large-{size}-{slide_mpp}.svs", size, slide_mpp)
+    store = HERE / "data" / "stores" / f"large-{size}-{slide_mpp}.ome.zarr"
+    if not store.exists():
+        t = time.perf_counter()
+        tilestore.convert(svs, store)
+        print(f"converted {svs.name} in {time.perf_counter() - t:.1f} s")
+    rows = []
+    for device in devices:
+        copy = work / f"speed-{device}.ome.zarr"
+        shutil.copytree(store, copy)
+        slide = tilestore.open_slide(copy)
+        t = time.perf_counter()
+        maps = compute_qc(slide, QCOptions(device=device))
+        wall = time.perf_counter() - t
+        mpx = maps.bits.size / 1e6
+        rows.append({"device": device, "seconds": wall, "mpx": mpx, "notes": maps.notes})
+        print(
+            f"| {size:,} px at {slide_mpp} um/px | {device} | {maps.mpp:.2f} um/px, "
+            f"{maps.bits.shape[1]}x{maps.bits.shape[0]} | {wall:.1f} s | {mpx / wall:.1f} Mpx/s |"
+        )
+    return {"size": size, "slide_mpp": slide_mpp, "cpus": os.cpu_count(), "rows": rows}
+
+
+def cohort(work: Path, slides: int, workers: int) -> dict:
+    from embed.cohort import cpu_share, local_cluster
+
+    image = tifffile.imread(CMU)
+    source = _store(work, "cohort-source", image)
+    stores = []
+    for i in range(slides):
+        stores.append(work / f"c{i:03d}.ome.zarr")
+        shutil.copytree(source, stores[-1])
+    serial, serial_wall = qc_cohort(stores, QCOptions(device="cpu"))
+    client = local_cluster("local", workers)
+    try:
+        parallel, dask_wall = qc_cohort(
+            stores, QCOptions(device="cpu"), client=client, threads=cpu_share(workers)
+        )
+    finally:
+        client.cluster.close()
+        client.close()
+    ok = sum(r.error is None for r in parallel)
+    print(f"| {slides} stores | one process | {serial_wall:.1f} s |")
+    print(f"| {slides} stores | local Dask, {workers} workers | {dask_wall:.1f} s | {ok} ok |")
+    return {
+        "slides": slides,
+        "workers": workers,
+        "serial_s": serial_wall,
+        "dask_s": dask_wall,
+        "ok": ok,
+        "errors": [r.error for r in serial + parallel if r.error],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("arm", choices=["accuracy", "speed", "cohort"])
+    parser.add_argument("--mpp", type=float, default=4.0, help="accuracy: QC map um/px")
+    parser.add_argument("--size", type=int, default=100_000)
+    parser.add_argument("--slide-mpp", type=float, default=0.25)
+    parser.add_argument("--devices", default="cpu,cuda")
+    parser.add_argument("--slides", type=int, default=50)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=HERE / "results") as tmp:
+        work = Path(tmp)
+        if args.arm == "accuracy":
+            result = accuracy(work, args.mpp)
+        elif args.arm == "speed":
+            import torch
+
+            devices = [
+                d for d in args.devices.split(",") if d == "cpu" or torch.cuda.is_available()
+            ]
+            result = speed(work, args.size, args.slide_mpp, devices)
+        else:
+            result = cohort(work, args.slides, args.workers)
+    out = HERE / "results" / f"qc-{args.arm}.json"
+    out.write_text(json.dumps(result, indent=2))
+    print(f"-> {out}")
+
+
+if __name__ == "__main__":
+    (HERE / "results").mkdir(exist_ok=True)
+    main()

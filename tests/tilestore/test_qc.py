@@ -265,3 +265,12 @@ def test_cli_qc_plan_and_embed_columns(painted, tmp_path):
         text=True,
     )
     assert bad.returncode == 2 and "nowhere.ome.zarr" in bad.stderr
+
+
+def test_fluorescence_is_refused_not_judged_by_brightfield_rules(stores):
+    from tests.conftest import SLIDES, real
+
+    slide = tilestore.open_slide(stores("stritt_test3-DAPI-2-387.ndpi"))
+    real(SLIDES / "stritt_test3-DAPI-2-387.ndpi")
+    with pytest.raises(TilestoreError, match="fluorescence"):
+        compute_qc(slide, QCOptions(device="cpu"))

@@ -92,6 +92,11 @@ def compute_qc(
         )
     if len(options.detectors) > 8:
         raise TilestoreError("at most 8 QC detectors at once (one bit each)")
+    modality = (slide.attrs.get("modality") or {}).get("value")
+    if modality == "fluorescence":
+        raise TilestoreError(
+            f"{slide.name}: QC detectors are made for brightfield; this slide is fluorescence"
+        )
     if not slide.rgb:
         raise TilestoreError(
             f"{slide.name}: QC detectors are made for brightfield RGB slides; this store has "

@@ -10,6 +10,7 @@ per-tile rule of the older GigaPath tutorial scripts, evaluated block by block.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ from scipy import ndimage
 
 from tilestore.contrast import ContrastRule, passes
 from tilestore.errors import TilestoreError
+from tilestore.holes import fill_holes
 from tilestore.labels import read_label, write_label
 from tilestore.omezarr import NUCLEAR
 from tilestore.slide import Slide, resize
@@ -142,7 +144,7 @@ def _polarity(slide: Slide, image: np.ndarray, notes: list[str]) -> str:
     if modality and modality.get("value") == "fluorescence":
         notes.append(f"fluorescence declared ({modality['origin']}): tissue bright on dark")
         return "dark"
-    gray = image.max(axis=2)
+    gray = _channel_max(image)
     peak = float(np.iinfo(gray.dtype).max) if gray.dtype.kind in "ui" else 1.0
     rim = max(1, min(gray.shape) // 20)
     border = np.concatenate(
@@ -161,9 +163,9 @@ def _otsu(
     peak = np.iinfo(image.dtype).max if image.dtype.kind in "ui" else 1.0
     pixels = image.astype(np.float32) / peak
     if polarity == "bright" and pixels.shape[2] == 3:
-        high, low = pixels.max(axis=2), pixels.min(axis=2)
+        high, low = _channel_max(pixels), _channel_min(pixels)
         signal = np.where(high > 0, (high - low) / np.maximum(high, 1e-6), 0)  # HSV saturation
-        signal = ndimage.median_filter(signal, size=max(1, round(p.median_um / mpp)) | 1)
+        signal = median_filter(signal, max(1, round(p.median_um / mpp)) | 1)
         threshold = _otsu_threshold(signal, p.min_saturation)
         below = signal[signal <= threshold]
         if below.size and np.median(below) > p.glass_saturation:
@@ -186,7 +188,7 @@ def _otsu(
 
         mask = ndimage.binary_closing(mask, structure=morphology.disk(radius)) | mask
     if p.fill_holes:
-        mask = ndimage.binary_fill_holes(mask)
+        mask = fill_holes(mask)
     return _drop_small(mask, round(p.min_area_um2 / (mpp * mpp)))
 
 
@@ -205,7 +207,49 @@ def _nuclear(
     if named and pixels.shape[2] > 1:
         notes.append(f"nuclear signal: channel {names[named[0]]} (by its name)")
         return pixels[..., named[0]]
-    return pixels.max(axis=2)
+    return _channel_max(pixels)
+
+
+def median_filter(image: np.ndarray, size: int) -> np.ndarray:
+    """`ndimage.median_filter(image, size)` (edges reflected); the usual 3 x 3 by a sorting
+    network of elementwise minima and maxima, 5x faster than scipy's rank filter here."""
+    if size != 3 or image.ndim != 2:
+        return ndimage.median_filter(image, size=size)
+    padded = np.pad(image, 1, mode="symmetric")  # scipy's "reflect"
+    out = np.empty_like(image)
+    for y in range(0, image.shape[0], MEDIAN_BAND):  # bands: small temporaries, reused
+        out[y : y + MEDIAN_BAND] = _median3x3(padded[y : y + MEDIAN_BAND + 2])
+    return out
+
+
+MEDIAN_BAND = 1024  # rows; measured 0.2 s for 3,125 px a side, 0.3 s at 64
+
+
+def _median3x3(padded: np.ndarray) -> np.ndarray:
+    """The 3 x 3 median of the inside of a padded band: sort each column's three values;
+    the median of nine is then the median of (the largest of the three minima, the median
+    of the medians, the smallest of the maxima)."""
+    lo, mid, hi = _sort3(padded[:-2], padded[1:-1], padded[2:])
+    left, centre, right = slice(None, -2), slice(1, -1), slice(2, None)
+    most_lo = np.maximum(np.maximum(lo[:, left], lo[:, centre]), lo[:, right])
+    least_hi = np.minimum(np.minimum(hi[:, left], hi[:, centre]), hi[:, right])
+    return _sort3(most_lo, _sort3(mid[:, left], mid[:, centre], mid[:, right])[1], least_hi)[1]
+
+
+def _sort3(a: np.ndarray, b: np.ndarray, c: np.ndarray):
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    mid, hi = np.minimum(hi, c), np.maximum(hi, c)
+    return np.minimum(lo, mid), np.maximum(lo, mid), hi
+
+
+# numpy reduces over a trailing axis of 3 element by element: a chain of pairwise
+# maxima over the channel planes is 10x faster and gives the same values
+def _channel_max(image: np.ndarray) -> np.ndarray:
+    return functools.reduce(np.maximum, (image[..., c] for c in range(image.shape[2])))
+
+
+def _channel_min(image: np.ndarray) -> np.ndarray:
+    return functools.reduce(np.minimum, (image[..., c] for c in range(image.shape[2])))
 
 
 def _otsu_threshold(signal: np.ndarray, floor: float) -> float:

@@ -153,11 +153,13 @@ def pen(px: Pixels, tissue: torch.Tensor, p: PenParams, stats: StainStats) -> to
 
 def blur(px: Pixels, tissue: torch.Tensor, p: BlurParams, stats: StainStats) -> torch.Tensor:
     density = px.od_sum
-    g1 = gaussian(density, px.px(p.fine_um))
-    g2 = gaussian(g1, (px.px(p.coarse_um) ** 2 - px.px(p.fine_um) ** 2) ** 0.5)
+    g1 = px.smooth("od_sum", p.fine_um)
+    g2 = gaussian(g1, (px.px(p.coarse_um) ** 2 - px.px(p.fine_um) ** 2) ** 0.5, exact=True)
     window = px.px(p.window_um)
-    fine = gaussian((density - g1) ** 2, window)
-    coarse = gaussian((g1 - g2) ** 2, window)
+    # exact blurs: the ratio sits near max_ratio over much normal tissue, and the coarse
+    # grid's small error moves which regions cross it
+    fine = gaussian((density - g1) ** 2, window, exact=True)
+    coarse = gaussian((g1 - g2) ** 2, window, exact=True)
     ratio = fine / (fine + coarse + 1e-12)
     judged = ((fine + coarse) >= p.min_energy) & tissue
     found = opening((ratio < p.max_ratio) & judged, round(px.px(p.min_width_um) / 2))
@@ -168,8 +170,8 @@ def blur(px: Pixels, tissue: torch.Tensor, p: BlurParams, stats: StainStats) -> 
 
 def fold(px: Pixels, tissue: torch.Tensor, p: FoldParams, stats: StainStats) -> torch.Tensor:
     sigma = px.px(p.smooth_um)
-    density = gaussian(px.od_sum, sigma) / max(stats.od_median, 1e-3)
-    eosin = gaussian(px.stains[1], sigma)
+    density = px.smooth("od_sum", p.smooth_um) / max(stats.od_median, 1e-3)
+    eosin = px.smooth("stains", p.smooth_um)[1]
     z = (eosin - stats.e_median) / max(stats.e_scale, 1e-3)
     dense = (density > p.factor) & (z > p.min_eosin_z)
     dense = closing(dense, round(px.px(p.close_um) / 2)) & tissue
@@ -181,28 +183,26 @@ def fold(px: Pixels, tissue: torch.Tensor, p: FoldParams, stats: StainStats) -> 
 def bubble(px: Pixels, tissue: torch.Tensor, p: BubbleParams, stats: StainStats) -> torch.Tensor:
     """The lines only; `tilestore.qc.whole.rings_and_edges` fills rings and bands edges
     over the whole slide (that needs connectivity beyond a block)."""
-    gray = px.gray
-    _, chroma = hue_chroma(px.smooth_lab(0))
-    dark_grey = (gray < p.max_gray) & (chroma < p.max_chroma)
+    dark = px.gray < p.max_gray
+    dark_grey = dark & (px.chroma_where(dark) < p.max_chroma)
     # thin: what an opening of line_um removes (wide dark grey is ink or debris, not a rim)
     lines = dark_grey & ~opening(dark_grey, max(1, round(px.px(p.line_um) / 2)))
     return closing(lines, 1)
 
 
 def dark(px: Pixels, tissue: torch.Tensor, p: LightParams, stats: StainStats) -> torch.Tensor:
-    light = gaussian(px.gray, px.px(p.smooth_um))
+    light = px.smooth("gray", p.smooth_um)
     return opening((light < p.dark) & tissue, round(px.px(p.min_width_um) / 2))
 
 
 def bright(px: Pixels, tissue: torch.Tensor, p: LightParams, stats: StainStats) -> torch.Tensor:
-    light = gaussian(px.gray, px.px(p.smooth_um))
-    _, chroma = hue_chroma(px.smooth_lab(p.smooth_um))
-    pale = (light > p.bright) & (chroma > p.min_chroma) & tissue
+    light = px.smooth("gray", p.smooth_um)
+    pale = (light > p.bright) & (px.smooth_chroma(p.smooth_um) > p.min_chroma) & tissue
     return opening(pale, round(px.px(p.min_width_um) / 2))
 
 
 def stain(px: Pixels, tissue: torch.Tensor, p: StainParams, stats: StainStats) -> torch.Tensor:
-    amounts = gaussian(px.stains[:2], px.px(p.smooth_um))
+    amounts = px.smooth("stains", p.smooth_um)
     zh = (amounts[0] - stats.h_median) / max(stats.h_scale, 1e-3)
     ze = (amounts[1] - stats.e_median) / max(stats.e_scale, 1e-3)
     odd = (zh.abs() > p.max_z) | (ze.abs() > p.max_z)

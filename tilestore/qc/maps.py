@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -116,14 +117,14 @@ def compute_qc(
     halo = math.ceil(max(DETECTORS[n].halo_um for n in options.detectors) / grid.mpp)
     tissue_map = _resample(tissue.mask, tissue.downsample, grid)
     bits = np.zeros(grid.shape, np.uint8)
-    skipped = 0
+    windows = []  # (the block, the block with its halo)
     for y0, x0, y1, x1 in _blocks(grid.shape, options.block):
         ya, xa = max(0, y0 - halo), max(0, x0 - halo)
         yb, xb = min(grid.shape[0], y1 + halo), min(grid.shape[1], x1 + halo)
-        if not busy(ya, xa, yb, xb) and not tissue_map[ya:yb, xa:xb].any():
-            skipped += 1
-            continue
-        pixels = grid.read(slide, ya, xa, yb, xb)
+        if busy(ya, xa, yb, xb) or tissue_map[ya:yb, xa:xb].any():
+            windows.append(((y0, x0, y1, x1), (ya, xa, yb, xb)))
+    skipped = len(list(_blocks(grid.shape, options.block))) - len(windows)
+    for (y0, x0, y1, x1), (ya, xa, yb, xb), pixels in _read_ahead(slide, grid, windows):
         block = _detect(pixels, tissue_map[ya:yb, xa:xb], grid.mpp, options, params, stats, device)
         bits[y0:y1, x0:x1] = block[y0 - ya : y1 - ya, x0 - xa : x1 - xa]
     if skipped:
@@ -154,7 +155,8 @@ def _whole_slide(bits, names, params, mpp, notes) -> np.ndarray:
         if post is not None and found.any():
             record = DETECTORS[name].params(**params[name])
             found = post(found, record, mpp, notes, done)
-            bits = np.where(found, bits | (1 << k), bits & ~np.uint8(1 << k)).astype(np.uint8)
+            bits &= ~np.uint8(1 << k)
+            bits |= found.astype(np.uint8) << k
         done[name] = found
     return bits
 
@@ -217,6 +219,18 @@ def _grid(slide: Slide, mpp: float, notes: list[str]) -> _Grid:
     shape = (max(1, round(h0 / want)), max(1, round(w0 / want)))
     downsample = (h0 / shape[0], w0 / shape[1])
     return _Grid(level, shape, downsample, mpp0 * downsample[1], False)
+
+
+def _read_ahead(slide: Slide, grid: _Grid, windows: list):
+    """Yield (block, window, pixels), the next window read on a thread while the caller
+    judges this one (decoding overlaps the detectors; one block ahead bounds memory)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="qc-read") as reader:
+        ahead = None
+        for i, (block, window) in enumerate(windows):
+            pixels = ahead.result() if ahead else grid.read(slide, *window)
+            if i + 1 < len(windows):
+                ahead = reader.submit(grid.read, slide, *windows[i + 1][1])
+            yield block, window, pixels
 
 
 def _blocks(shape: tuple[int, int], size: int):

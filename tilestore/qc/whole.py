@@ -9,33 +9,34 @@ import math
 import numpy as np
 from scipy import ndimage
 
+from tilestore.holes import hole_sizes, holes
+
 
 def rings_and_edges(lines: np.ndarray, p, mpp: float, notes: list[str], others) -> np.ndarray:
     """Bubbles: dark lines that close into rings, with what they enclose; coverslip
     edges: lines at least edge_length_um long, with a band on each side."""
     if not lines.any():
         return lines
-    filled = ndimage.binary_fill_holes(lines)
-    inside = filled & ~lines
-    labels, count = ndimage.label(inside)
-    sizes = np.bincount(labels.ravel(), minlength=count + 1)
+    labels, enclosed = holes(lines)
     min_area = math.pi * (p.min_diameter_um / mpp / 2) ** 2
-    keep = sizes >= min_area
-    keep[0] = False
-    rings = keep[labels]
-    bubbles = ndimage.binary_dilation(rings, iterations=2) & filled | rings
+    keep = enclosed & (hole_sizes(labels, enclosed) >= min_area)
+    bubbles = np.zeros_like(lines)
+    if keep.any():
+        rings = keep[labels]
+        filled = lines | enclosed[labels]
+        bubbles = ndimage.binary_dilation(rings, iterations=2) & filled | rings
+        notes.append(f"{int(keep.sum())} air bubble(s) found")
     parts, _ = ndimage.label(lines)
+    boxes = ndimage.find_objects(parts)
+    extent = np.array([max(b[0].stop - b[0].start, b[1].stop - b[1].start) for b in boxes])
     edges = np.zeros_like(lines)
-    for index, box in enumerate(ndimage.find_objects(parts), start=1):
-        extent = max(box[0].stop - box[0].start, box[1].stop - box[1].start) * mpp
-        if extent >= p.edge_length_um:
-            edges[box] |= parts[box] == index
+    for index in np.flatnonzero(extent * mpp >= p.edge_length_um) + 1:
+        box = boxes[index - 1]
+        edges[box] |= parts[box] == index
     if edges.any():
         band = max(1, round(p.edge_band_um / mpp))
         edges = ndimage.binary_dilation(edges, iterations=band)
         notes.append("coverslip edge or long line found")
-    if rings.any():
-        notes.append(f"{int(keep.sum())} air bubble(s) found")
     return bubbles | edges
 
 

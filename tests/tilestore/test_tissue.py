@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import shutil
 import warnings
+from unittest.mock import patch
 
 import numpy as np
 import pytest
 import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
 from ome_zarr_models.v05 import Image as OmeImage
 from ome_zarr_models.v05 import ImageLabel
 from PIL import Image
+from scipy import ndimage
 
 from tests.conftest import CMU, IHC, KIDNEY, NDPI
+from tilestore import tissue
 from tilestore.conversion import convert
 from tilestore.errors import TilestoreError, TilestoreWarning
 from tilestore.slide import open_slide
@@ -145,3 +151,16 @@ def test_label_image_is_valid_ome_zarr_and_round_trips(writable):
     write_tissue(slide, compute_tissue(slide, "contrast"))  # replacing keeps it valid
     assert read_tissue(open_slide(slide.group.store)).method == "contrast"
     OmeImage.from_zarr(zarr.open_group(slide.group.store, mode="r"))
+
+
+SATURATION = st.floats(0, 1, width=32)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    arrays(np.float32, st.tuples(st.integers(1, 40), st.integers(1, 40)), elements=SATURATION),
+    st.integers(1, 6),
+)
+def test_median_3x3_equals_scipys_rank_filter(image, band):
+    with patch.object(tissue, "MEDIAN_BAND", band):
+        assert np.array_equal(tissue.median_filter(image, 3), ndimage.median_filter(image, size=3))

@@ -191,8 +191,8 @@ def _residual(sigma: float, factor: int) -> float:
 
 # the narrowest blur a coarse grid keeps, in its own pixels: 2x down, 0.85 px (pen's 8 um
 # at 4 um/px: its colour rules find the same strokes, bench/qc.py accuracy); 4x and 8x
-# down, 1.9 px, where the box and the bilinear steps are coarse enough to show
-MIN_COARSE_SIGMA = {8: 1.9, 4: 1.9, 2: 0.85}
+# down, 2.4 px, where the box and the bilinear steps are coarse enough to show
+MIN_COARSE_SIGMA = {8: 2.4, 4: 2.4, 2: 0.85}
 
 
 def decimation(sigma: float) -> int:

@@ -3,6 +3,7 @@ plans that drop artefact tiles, the tutorial's contrast filter, the cohort repor
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
@@ -274,3 +275,14 @@ def test_fluorescence_is_refused_not_judged_by_brightfield_rules(stores):
     real(SLIDES / "stritt_test3-DAPI-2-387.ndpi")
     with pytest.raises(TilestoreError, match="fluorescence"):
         compute_qc(slide, QCOptions(device="cpu"))
+
+
+def test_a_slide_coarser_than_the_maps_is_refused_and_a_cohort_goes_on(stores, tmp_path):
+    coarse = stores("camelyon_lymphnode_jpeg.dcm")  # CAMELYON's 29 um/px level
+    with pytest.raises(TilestoreError, match=r"scanned at 29 um/px, coarser than the 4 um/px"):
+        compute_qc(tilestore.open_slide(coarse), QCOptions(device="cpu"))
+    fine = tmp_path / "fine.ome.zarr"
+    shutil.copytree(stores(CMU), fine)
+    rows, _ = qc_cohort([coarse, fine], QCOptions(device="cpu"))
+    assert "coarser than the 4 um/px" in rows[0].error
+    assert rows[1].error is None and rows[1].summary is not None

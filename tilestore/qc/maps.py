@@ -208,6 +208,12 @@ def _grid(slide: Slide, mpp: float, notes: list[str]) -> _Grid:
     if not slide.mpp:
         notes.append(f"pixel size unknown: judged as if {NOMINAL_MPP} um/px (20x)")
     want = mpp / mpp0  # level-0 px per map px
+    if want < 1 - MPP_TOLERANCE:
+        # the detectors' widths are micrometres: on coarser pixels they see nothing
+        raise TilestoreError(
+            f"{slide.name}: scanned at {mpp0:.3g} um/px, coarser than the {mpp:g} um/px QC "
+            "maps are made at; QC needs a slide at least that fine (or a coarser mpp)"
+        )
     level = max(lv.index for lv in slide.levels if lv.downsample[1] <= want * (1 + MPP_TOLERANCE))
     lv = slide.levels[level]
     if abs(lv.downsample[1] / want - 1) <= MPP_TOLERANCE:

@@ -71,6 +71,10 @@ def test_storage_never_imports_torch(graph):
         ("embed.settings", ("torch",)),  # the CLI reads its defaults
         ("tilestore.plans", ("torch",)),  # plans read stored QC, never compute it
         ("tilestore.qc.report", ("torch",)),
+        # an embed run writes embeddings and plans from stored masks: reading them back
+        # (dask, xarray, pandas) and computing masks (scipy) are loaded only when asked
+        ("embed.engine", ("dask", "xarray", "pandas", "scipy")),
+        ("cli.embed", ("dask", "xarray", "pandas", "scipy")),
     ],
 )
 def test_light_modules_stay_light(module, not_loaded):

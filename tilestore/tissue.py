@@ -16,11 +16,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import ndimage
 
 from tilestore.contrast import ContrastRule, passes
 from tilestore.errors import TilestoreError
-from tilestore.holes import fill_holes
 from tilestore.labels import read_label, write_label
 from tilestore.omezarr import NUCLEAR
 from tilestore.slide import Slide, resize
@@ -160,6 +158,10 @@ def _polarity(slide: Slide, image: np.ndarray, notes: list[str]) -> str:
 def _otsu(
     slide: Slide, image: np.ndarray, polarity: str, mpp: float, p: OtsuParams, notes: list[str]
 ) -> np.ndarray:
+    from scipy import ndimage  # here, as skimage below: planning a stored mask needs neither
+
+    from tilestore.holes import fill_holes
+
     peak = np.iinfo(image.dtype).max if image.dtype.kind in "ui" else 1.0
     pixels = image.astype(np.float32) / peak
     if polarity == "bright" and pixels.shape[2] == 3:
@@ -214,6 +216,8 @@ def median_filter(image: np.ndarray, size: int) -> np.ndarray:
     """`ndimage.median_filter(image, size)` (edges reflected); the usual 3 x 3 by a sorting
     network of elementwise minima and maxima, 5x faster than scipy's rank filter here."""
     if size != 3 or image.ndim != 2:
+        from scipy import ndimage
+
         return ndimage.median_filter(image, size=size)
     padded = np.pad(image, 1, mode="symmetric")  # scipy's "reflect"
     out = np.empty_like(image)
@@ -264,6 +268,8 @@ def _drop_small(mask: np.ndarray, min_px: int) -> np.ndarray:
     """Remove connected fragments smaller than min_px pixels."""
     if min_px <= 1 or not mask.any():
         return mask
+    from scipy import ndimage
+
     labels, count = ndimage.label(mask)
     keep = np.bincount(labels.ravel(), minlength=count + 1) >= min_px
     keep[0] = False

@@ -67,6 +67,7 @@ ACCURATE = [
     "blue pen",
     "green pen",
     "black pen",
+    "red pen",
     "fold",
     "air bubble",
     "under-exposed",
@@ -79,7 +80,7 @@ def test_detector_finds_the_painted_artefact(painted, name):
     maps = compute_qc(tilestore.open_slide(path), QCOptions(device="cpu"))
     iou, flagged = _scores(case, maps)
     assert iou >= 0.8, f"{name}: IoU {iou:.3f}"
-    assert flagged <= 0.03, f"{name}: {flagged:.1%} of clean tissue flagged"
+    assert flagged <= 0.02, f"{name}: {flagged:.1%} of clean tissue flagged"
 
 
 def test_clean_slide_is_almost_unflagged(painted):
@@ -88,13 +89,6 @@ def test_clean_slide_is_almost_unflagged(painted):
     _, flagged = _scores(case, maps)
     assert flagged <= 0.01
     assert not maps.mask("pen").any() and not maps.mask("blur").any()
-
-
-def test_red_pen_is_found_where_red_cells_are_not(painted):
-    case, path = painted["red pen"]
-    maps = compute_qc(tilestore.open_slide(path), QCOptions(device="cpu"))
-    iou, _ = _scores(case, maps)
-    assert iou >= 0.6  # ink over eosin is partly as red as red cells: README's table
 
 
 def test_qc_is_stored_as_a_label_image_and_a_summary(painted, tmp_path):

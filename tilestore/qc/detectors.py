@@ -44,16 +44,17 @@ class PenParams:
     min_width_um (strokes are hundreds of micrometres wide; nuclei and red cells are not).
 
     Hue ranges are degrees on the a*b* plane. Haematoxylin sits near 300-320 (purple) and
-    eosin near 340-10 (pink), both below chroma 37 over a region; blue ink near 285-300
-    over tissue, green ink 100-220, red ink 15-35 with a chroma H&E does not reach; black
-    ink is dark and grey.
+    eosin near 315-355 (pink), both below chroma 37 over a region; blue ink near 285-300
+    over tissue, green ink 100-220, red ink 8-45 (over dense tissue it darkens to chroma
+    24-50, so its floor is 22: its hue, not its chroma, keeps it apart from eosin; a
+    haemorrhage wider than min_width_um can read as red ink); black ink is dark and grey.
     """
 
     smooth_um: float = 8.0
     min_width_um: float = 40.0
     blue: tuple[float, float, float] = (230.0, 305.0, 35.0)  # hue from, hue to, min chroma
     green: tuple[float, float, float] = (100.0, 220.0, 15.0)
-    red: tuple[float, float, float] = (8.0, 45.0, 45.0)
+    red: tuple[float, float, float] = (8.0, 45.0, 22.0)
     black_max_l: float = 30.0  # L* below this ...
     black_max_chroma: float = 12.0  # ... and chroma below this is black ink
 
@@ -76,7 +77,9 @@ class BlurParams:
     grow_ratio: float = 0.45
     min_energy: float = 2e-4
     min_width_um: float = 48.0
-    apart_um: float = 60.0  # not judged this close to another artefact
+    # not judged this close to another artefact: a strong edge reaches the energies over
+    # about 3 x sqrt(window^2 + coarse^2) = 87 um (at 60 um, blur ringed black ink)
+    apart_um: float = 90.0
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,8 @@ class Runner:
             if settings.cuda or cache is not None:
                 device = settings.device
                 tiles = torch.zeros((batch, read, read, 3), dtype=torch.uint8, device=device)
-                self.forward(tiles, batch)
+                with _compile_workers(cache, self.notes):
+                    self.forward(tiles, batch)
         if cache is not None:
             saved = cache.save()
             if saved:
@@ -296,3 +297,18 @@ def _torch_trace(settings: Settings) -> contextlib.AbstractContextManager:
         schedule=schedule(wait=2, warmup=2, active=settings.profile_batches, repeat=1),
         on_trace_ready=lambda p: p.export_chrome_trace(settings.profile_out),
     )
+
+
+def _compile_workers(cache: CompileCache | None, notes: list[str]):
+    """Inductor's pool of compile worker processes only where there is compiling to do.
+
+    With the compile cache loaded the graphs come from it: a pool started for nothing is
+    still starting (each worker importing torch) when a short run ends, and the process
+    then waits for it at exit: 11 s of a 37 s compiled process on the lent H100
+    (bench/RESULTS.md, "compile workers")."""
+    if cache is None or not cache.loaded:
+        return contextlib.nullcontext()
+    from torch._inductor import config
+
+    notes.append("compile cache hit: compiled in this process (no compile worker pool)")
+    return config.patch(compile_threads=1)

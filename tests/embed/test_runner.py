@@ -72,6 +72,35 @@ def test_on_a_gpu_the_warm_up_runs_the_model_on_that_shape(monkeypatch):
     assert shapes == [(8, 448, 448, 3)] and gpu.warm and stats.get("warm_up") > 0
 
 
+@pytest.mark.parametrize("hit", [True, False])
+def test_compile_workers_start_only_where_there_is_compiling_to_do(tmp_path, monkeypatch, hit):
+    """A compile cache hit compiles in this process: Inductor's worker pool, started for
+    nothing, made the process wait for it at exit (11 s on the H100)."""
+    from torch._inductor import config
+
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"graphs", {}))
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda data: None)
+    threads = []
+
+    class Model:  # what the cache key asks of a loaded model
+        def describe(self):
+            return {"name": "timm:vit_tiny", "weights": "w"}
+
+    def forward(tiles, count):
+        threads.append(config.compile_threads)
+
+    forward.loaded = Model()
+    run = settings("cpu", compile=True, compile_cache=str(tmp_path))
+    with config.patch(compile_threads=8):  # a machine with cores to spare
+        if hit:  # an earlier process saved this graph
+            Runner(forward, run, None, None)._warm_up(Stats(), 4, 224)
+            threads.clear()
+        runner = Runner(forward, run, None, None)
+        runner._warm_up(Stats(), 4, 224)
+        assert threads == ([1] if hit else [8]) and config.compile_threads == 8
+    assert any("no compile worker pool" in n for n in runner.notes) == hit
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_on_a_gpu_the_model_runs_on_a_stream_of_its_own(store, monkeypatch):

@@ -66,6 +66,7 @@ def embed_arm(name, stores, model, work, env, *extra) -> dict:
         "start to first batch s": round(first, 2),
         "before the engine s": before,
         "set-up s": r["setup_s"],
+        "engine wall s": r["wall_s"],
         "set-up parts": r["setup_parts"],
         "warm-up s": r["explained"].get("model warm-up (CUDA set-up, compilation)"),
         "GPU computing s": r["explained"].get("GPU computing"),

@@ -71,6 +71,8 @@ def qc(
             ", ".join(f"{k} {v:.1%}" for k, v in s["fractions"].items() if v >= 0.001)
             or "no artefacts"
         )
+        if s.get("not_judged"):
+            shares += f"; not judged: {', '.join(s['not_judged'])}"
         flags = f"  FLAGGED: {', '.join(s['flags'])}" if s["flags"] else ""
         area = f"{s['tissue_mm2']:.1f} mm² tissue" if s["tissue_mm2"] is not None else "tissue"
         out.print(

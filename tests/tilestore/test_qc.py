@@ -280,3 +280,16 @@ def test_a_slide_coarser_than_the_maps_is_refused_and_a_cohort_goes_on(stores, t
     rows, _ = qc_cohort([coarse, fine], QCOptions(device="cpu"))
     assert "coarser than the 4 um/px" in rows[0].error
     assert rows[1].error is None and rows[1].summary is not None
+
+
+def test_blur_is_not_judged_without_a_pixel_size(stores):
+    """Focus compares texture at micrometre scales: at a guessed pixel size it called a
+    sharp DAB-stained gland of scikit-image's IHC picture 23% blurred."""
+    slide = tilestore.open_slide(stores("skimage_ihc.png"))
+    assert slide.mpp is None
+    maps = compute_qc(slide, QCOptions(device="cpu"))
+    assert "blur" not in maps.classes and "pen" in maps.classes and maps.not_judged == ["blur"]
+    assert "blur not judged: the slide's pixel size is unknown" in maps.notes
+    assert not maps.bits.any()
+    with pytest.raises(TilestoreError, match=r"blur need the slide's pixel size"):
+        compute_qc(slide, QCOptions(device="cpu", detectors=("blur",)))

@@ -221,6 +221,9 @@ class Detector:
     params: type
     halo_um: float
     post: Callable[..., np.ndarray] | None = None  # its whole-slide step (tilestore.qc.whole)
+    # judged only where the slide records its pixel size: a measure of scale (focus compares
+    # texture at 4 and 16 um) at a guessed scale calls sharp tissue blurred
+    needs_pixel_size: bool = False
 
 
 DETECTORS: dict[str, Detector] = {
@@ -229,7 +232,7 @@ DETECTORS: dict[str, Detector] = {
     "fold": Detector(fold, FoldParams, 96, whole.large),
     "dark": Detector(dark, LightParams, 64),
     "bright": Detector(bright, LightParams, 64),
-    "blur": Detector(blur, BlurParams, 96, whole.apart),
+    "blur": Detector(blur, BlurParams, 96, whole.apart, needs_pixel_size=True),
     "stain": Detector(stain, StainParams, 96),
 }
 assert list(DETECTORS) == list(ARTEFACTS), "one detector per artefact class, in label order"

@@ -65,6 +65,7 @@ class QCMaps:
     device: str
     seconds: float
     notes: list[str] = field(default_factory=list)
+    not_judged: list[str] = field(default_factory=list)  # asked for; why in the notes
 
     def mask(self, name: str) -> np.ndarray:
         """The bool map of one detector."""
@@ -104,10 +105,12 @@ def compute_qc(
             f"{slide.describe_channels()}"
         )
     params = _params(options)
+    notes: list[str] = []
+    asked = options.detectors
+    options = _judgeable(slide, options, notes)
     if options.threads:
         torch.set_num_threads(options.threads)
     device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    notes: list[str] = []
     tissue = tissue or read_tissue(slide) or compute_tissue(slide)
     grid = _grid(slide, options.mpp, notes)
     stats, busy = _slide_stats(slide, grid, tissue, device)
@@ -142,7 +145,25 @@ def compute_qc(
         device.type,
         time.perf_counter() - start,
         notes,
+        [n for n in asked if n not in options.detectors],
     )
+
+
+def _judgeable(slide: Slide, options: QCOptions, notes: list[str]) -> QCOptions:
+    """The options with the detectors this slide can be judged by (a slide without a pixel
+    size is not judged by those that need one: said in the notes, absent from the maps)."""
+    if slide.mpp:
+        return options
+    left = tuple(n for n in options.detectors if not DETECTORS[n].needs_pixel_size)
+    dropped = [n for n in options.detectors if n not in left]
+    if not left:
+        raise TilestoreError(
+            f"{slide.name}: {', '.join(dropped)} need the slide's pixel size, which it does "
+            "not record; convert it again with its mpp"
+        )
+    if dropped:
+        notes.append(f"{', '.join(dropped)} not judged: the slide's pixel size is unknown")
+    return replace(options, detectors=left)
 
 
 def _whole_slide(bits, names, params, mpp, notes) -> np.ndarray:

@@ -59,6 +59,7 @@ def summarise(slide: Slide, maps: QCMaps, flag_fraction: float = FLAG_FRACTION) 
         "tissue_mm2": area_px * px_um2 / 1e6 if px_um2 else None,
         "tissue_fraction": float(tissue.mean()) if tissue.size else 0.0,
         "fractions": fractions,
+        "not_judged": maps.not_judged,  # asked for, but not judged on this slide (notes: why)
         "flags": flags,
         "flag_fraction": flag_fraction,
         "stain": asdict(maps.stats),

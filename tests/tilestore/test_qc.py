@@ -293,3 +293,16 @@ def test_blur_is_not_judged_without_a_pixel_size(stores):
     assert not maps.bits.any()
     with pytest.raises(TilestoreError, match=r"blur need the slide's pixel size"):
         compute_qc(slide, QCOptions(device="cpu", detectors=("blur",)))
+
+
+def test_the_report_says_not_judged_rather_than_nothing_found(stores, tmp_path):
+    ihc, cmu = tmp_path / "ihc.ome.zarr", tmp_path / "cmu.ome.zarr"
+    shutil.copytree(stores("skimage_ihc.png"), ihc)
+    shutil.copytree(stores(CMU), cmu)
+    results, _ = qc_cohort([ihc, cmu], QCOptions(device="cpu"))
+    assert results[0].summary["not_judged"] == ["blur"] and not results[1].summary["not_judged"]
+    out = write_report(results, tmp_path / "report")
+    frame = pd.read_parquet(out["parquet"])
+    assert list(frame["not_judged"]) == ["blur", ""]
+    assert np.isnan(frame.loc[0, "blur_fraction"]) and frame.loc[1, "blur_fraction"] == 0
+    assert out["html"].read_text().count("not judged") == 1

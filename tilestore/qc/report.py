@@ -47,6 +47,7 @@ def table(results: Sequence[SlideQC]):
         row.update({"h_median": stain.get("h_median"), "e_median": stain.get("e_median")})
         row.update({"od_median": stain.get("od_median"), "seconds": s.get("seconds")})
         row["flags"] = list(s.get("flags") or [])
+        row["not_judged"] = " ".join(s.get("not_judged") or [])  # why: the store's QC notes
         rows.append(row)
     frame = pd.DataFrame(rows)
     ok = frame["error"] == ""
@@ -107,7 +108,12 @@ def _page(frame, results: Sequence[SlideQC]) -> str:
             f"<td>{_img(result.overlay)}</td>",
             f'<td data-v="{len(flags)}">{badges}</td>',
             num(row["tissue_mm2"]),
-            *(num(row.get(f"{a}_fraction"), 100, 1) for a in artefacts),
+            *(
+                '<td data-v="">not judged</td>'
+                if a in str(row.get("not_judged") or "").split()
+                else num(row.get(f"{a}_fraction"), 100, 1)
+                for a in artefacts
+            ),
             num(row["h_median"], 1, 3),
             num(row["e_median"], 1, 3),
             num(row["h_cohort_z"], 1, 1),

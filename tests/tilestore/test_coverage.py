@@ -14,11 +14,15 @@ from tilestore.coverage import roi_fractions
 PROPS = settings(max_examples=80, deadline=None)
 
 
+# GEOS's own overlay, the reference here, misplaces area when a coordinate is subnormal
+# (a circle at y = 5e-324 gave a box 98.454 px² of union where y = 0 gives 98.388, as
+# covered_area does): such coordinates are left out of the reference's domain
+CENTRE = st.floats(0, 200, allow_subnormal=False)
+
+
 @PROPS
 @given(
-    st.lists(
-        st.tuples(st.floats(0, 200), st.floats(0, 200), st.floats(5, 120)), min_size=1, max_size=8
-    ),
+    st.lists(st.tuples(CENTRE, CENTRE, st.floats(5, 120)), min_size=1, max_size=8),
     st.integers(10, 60),
 )
 def test_roi_fraction_counts_overlapping_polygons_once(circles, size):

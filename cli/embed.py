@@ -380,7 +380,7 @@ def models_profile(
     chosen = precision if precision != "auto" else ("bf16" if dev.type == "cuda" else "fp32")
     if chosen not in ("bf16", "fp32"):
         raise TilestoreError(f"--precision {precision}: auto, bf16 or fp32")
-    loaded = place(load_model(name, token=hf_token), dev)
+    loaded = place(load_model(name, token=hf_token, device=dev), dev)
     profile = profile_batches(loaded, dev, chosen, sizes, repeats)
     memory = (
         f"; the model alone {profile.model_mb:,.0f} MB of {profile.total_mb:,.0f} MB"

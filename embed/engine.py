@@ -248,7 +248,7 @@ class _Host:
                 loaded = (
                     model
                     if isinstance(model, LoadedModel)
-                    else load_model(model, token=self._token)
+                    else load_model(model, token=self._token, device=device)
                 )
             with self.timed("model to device"):
                 self._placed = place(loaded, device)

@@ -98,12 +98,16 @@ def local(name: str, folder: str | os.PathLike) -> Checkpoint:
     raise ModelError(f"{name}: {folder} has no model.safetensors or pytorch_model.bin")
 
 
-def load_weights(name: str, path: Path) -> dict[str, torch.Tensor]:
-    """Read a state dict: safetensors, or torch.load with weights_only=True (no code runs)."""
+def load_weights(
+    name: str, path: Path, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """Read a state dict onto `device`: safetensors (straight into that device's memory, no
+    copy of the whole checkpoint in host memory first), or torch.load with
+    weights_only=True (no code runs)."""
     try:
         if path.suffix == ".safetensors":
-            return safetensors.torch.load_file(path, device="cpu")
-        state = torch.load(path, map_location="cpu", weights_only=True)
+            return safetensors.torch.load_file(path, device=str(device))
+        state = torch.load(path, map_location=device, weights_only=True)
     except (
         pickle.UnpicklingError,
         SafetensorError,

@@ -242,3 +242,43 @@ def test_state_made_at_build_is_built_for_real(tmp_path):
     x = torch.rand(1, 3, 224, 224)
     with torch.inference_mode():
         assert torch.allclose(loaded.module(x), reference(x), atol=1e-5)
+
+
+def test_weights_are_read_straight_onto_the_device_they_run_on(tmp_path, monkeypatch):
+    """A checkpoint's tensors go from the file to the model's device, not through a state
+    dict in host memory (the GPU test below runs it on CUDA)."""
+    import safetensors.torch
+
+    folder, _ = _checkpoint_folder(tmp_path, "vit_tiny_patch16_224", {"depth": 1})
+    asked = []
+    original = safetensors.torch.load_file
+
+    def load_file(path, device="cpu"):
+        asked.append(device)
+        return original(path, device=device)
+
+    monkeypatch.setattr(safetensors.torch, "load_file", load_file)
+    load_model(f"local:{folder}", device="cpu")
+    assert asked == ["cpu"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["local", "timm:vit_tiny_patch16_224", "eva"])
+def test_on_a_gpu_weights_land_there_and_give_the_cpu_features(tmp_path, name, hf_cache):
+    if name == "local":
+        folder, _ = _checkpoint_folder(tmp_path, "vit_tiny_patch16_224", {"depth": 2})
+        name = f"local:{folder}"
+    elif name == "eva":  # built for real (rotary tables), on the GPU
+        folder, _ = _checkpoint_folder(tmp_path, "eva02_tiny_patch14_224", {"depth": 1})
+        name = f"local:{folder}"
+    gpu = load_model(name, device="cuda")
+    assert all(t.is_cuda for t in (*gpu.module.parameters(), *gpu.module.buffers()))
+    if name.startswith("timm:"):
+        assert gpu.weights == "random"  # drawn on the GPU: nothing to compare with
+        return
+    cpu = load_model(name)
+    x = torch.rand(2, 3, 224, 224)
+    with torch.inference_mode():
+        want = cpu.features(x)
+        torch.testing.assert_close(gpu.features(x.cuda()).cpu(), want, atol=1e-3, rtol=1e-3)

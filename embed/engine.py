@@ -90,6 +90,7 @@ class Embedder:
             forward = Forward(
                 self.loaded, self.settings.device, self.settings.precision, self.settings.compile
             )
+            self.gpu_jpeg = host.decoder  # opened by resolve, kept between runs
             self.runner = Runner(forward, self.settings, self.processes, host.decoder)
             if self.processes is not None:
                 with host.timed("waiting for decoder processes"):
@@ -97,6 +98,8 @@ class Embedder:
         except BaseException:
             if host.processes is not None:
                 host.processes.close()
+            if host.decoder is not None:
+                host.decoder.close()
             raise
         self._setup_s = time.perf_counter() - started  # reported by the first run
         self._setup = {"before the engine (process start, imports)": _since_process_start(started)}
@@ -125,10 +128,13 @@ class Embedder:
         self.close()
 
     def close(self) -> None:
-        """Stop the decoder processes."""
+        """Stop the decoder processes and release the GPU JPEG decoder."""
         if self.processes is not None:
             self.processes.close()
             self.processes = None
+        if self.gpu_jpeg is not None:
+            self.gpu_jpeg.close()
+            self.gpu_jpeg = None
 
     def embed(
         self,

@@ -53,6 +53,9 @@ class GpuJpeg(Protocol):
 
     def decode(self, reader: ChunkReader, data: Sequence[bytes]) -> list[torch.Tensor]: ...
 
+    def close(self) -> None:
+        """Release what the decoder holds on the GPU (it is not used again)."""
+
 
 class OwnNvjpeg:
     """nvJPEG's batched decoder through `embed.nvjpeglib`: one call, one output tensor."""
@@ -65,6 +68,9 @@ class OwnNvjpeg:
         rgb = reader.color_space != "rgb"  # RGB-coded: the components as coded are R, G, B
         return list(self.decoder.decode(data, reader.chunk_h, reader.chunk_w, rgb).unbind(0))
 
+    def close(self) -> None:
+        self.decoder.close()
+
 
 class TorchvisionNvjpeg:
     """torchvision's `decode_jpeg` on CUDA: one decode at a time per process (a lock), on an
@@ -74,6 +80,9 @@ class TorchvisionNvjpeg:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+
+    def close(self) -> None:
+        """torchvision keeps its decoder for the process: nothing of ours to release."""
 
     def decode(self, reader: ChunkReader, data: Sequence[bytes]) -> list[torch.Tensor]:
         from torchvision.io import ImageReadMode, decode_jpeg

@@ -129,6 +129,8 @@ class BatchedDecoder:
         ptr, size = ctypes.c_void_p, ctypes.c_size_t
         lib.nvjpegCreateEx.argtypes = [ctypes.c_int, ptr, ptr, ctypes.c_uint, ctypes.POINTER(ptr)]
         lib.nvjpegJpegStateCreate.argtypes = [ptr, ctypes.POINTER(ptr)]
+        lib.nvjpegJpegStateDestroy.argtypes = [ptr]
+        lib.nvjpegDestroy.argtypes = [ptr]
         lib.nvjpegDecodeBatchedInitialize.argtypes = [
             ptr,
             ptr,
@@ -160,6 +162,19 @@ class BatchedDecoder:
         self._lock = threading.Lock()  # one decode at a time on the handle's state
         self._last: torch.cuda.Event | None = None  # the end of the last call's decode
 
+    def close(self) -> None:
+        """Release the state and the handle (and the buffers nvJPEG holds for them) once the
+        last decode is done; before, every Embedder's decoder stayed for the process's life
+        (a Dask worker or a test process opens many)."""
+        with self._lock:
+            if self.handle is None:
+                return
+            if self._last is not None:
+                self._last.synchronize()
+            self.lib.nvjpegJpegStateDestroy(self.state)
+            self.lib.nvjpegDestroy(self.handle)
+            self.handle = self.state = None
+
     def decode(
         self, data: Sequence[bytes], height: int, width: int, rgb: bool = True
     ) -> torch.Tensor:
@@ -190,6 +205,8 @@ class BatchedDecoder:
         lengths = (ctypes.c_size_t * n)(*map(len, data))
         current = torch.cuda.current_stream(self.device)
         with self._lock:
+            if self.handle is None:
+                raise NvjpegError("nvJPEG decoder used after close")
             # the state's buffers go to the next call only once the last call is done with
             # them: back to back, an H100 hung in the second call (one core spinning)
             if self._last is not None:

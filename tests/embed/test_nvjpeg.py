@@ -224,3 +224,26 @@ def test_rows_queued_behind_a_failed_decode_are_not_decoded():
             with pytest.raises(RuntimeError, match="allocator failure"):
                 row.result(timeout=10)
     assert calls == [[9]]
+
+
+@pytest.mark.gpu
+@GPU
+def test_decoders_release_what_they_hold_so_many_can_come_and_go(stores):
+    """Each Embedder opens a decoder and closes it with itself: forty opened and closed in
+    turn still decode right, and a closed one refuses to decode."""
+    from embed.nvjpeglib import NvjpegError
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    reader = open_slide(stores(CMU, copy=False)).chunks(0)
+    coords = [(r, c) for r in range(reader.grid[0]) for c in range(reader.grid[1])]
+    data = [d for d in reader.fetch(coords) if d is not None][:16]
+    want = np.stack([reader.decode(d) for d in data])
+    for _ in range(40):
+        decoder = open_decoder(device)
+        got = torch.stack(decoder.decode(reader, data)).permute(0, 2, 3, 1).cpu().numpy()
+        decoder.close()
+    assert np.abs(got.astype(int) - want).mean() < 1.0
+    if type(decoder) is not TorchvisionNvjpeg:
+        with pytest.raises(NvjpegError, match="used after close"):
+            decoder.decode(reader, data)
+        decoder.close()  # a second close does nothing

@@ -91,26 +91,29 @@ class Pixels:
     def smooth(self, measure: str, sigma_um: float) -> torch.Tensor:
         """A measure (`gray`, `od_sum`, `stains`...) blurred over sigma_um; each blur is
         computed once per block, however many detectors ask for it."""
-        key = (measure, sigma_um)
-        if key not in self._smoothed:
-            self._smoothed[key] = gaussian(getattr(self, measure), self.px(sigma_um))
-        return self._smoothed[key]
+        return self._once(
+            (measure, sigma_um), lambda: gaussian(getattr(self, measure), self.px(sigma_um))
+        )
 
     def smooth_lab(self, sigma_um: float) -> torch.Tensor:
         """(3, H, W) CIELAB of the linear light smoothed over sigma_um (so a colour rule
         judges a region, not single nuclei)."""
-        key = ("lab", sigma_um)
-        if key not in self._smoothed:
-            self._smoothed[key] = gaussian(self.linear, self.px(sigma_um), then=lab)
-        return self._smoothed[key]
+        return self._once(
+            ("lab", sigma_um), lambda: gaussian(self.linear, self.px(sigma_um), then=lab)
+        )
 
     def smooth_chroma(self, sigma_um: float) -> torch.Tensor:
         """(H, W) CIELAB chroma of the linear light smoothed over sigma_um (computed on
         the blur's coarse grid where it has one: chroma of a smooth field is smooth)."""
-        key = ("chroma", sigma_um)
+        chroma = lambda x: _chroma(x)[None]  # noqa: E731 - (1, h, w), a one-channel image
+        return self._once(
+            ("chroma", sigma_um),
+            lambda: gaussian(self.linear, self.px(sigma_um), then=chroma)[0],
+        )
+
+    def _once(self, key: tuple[str, float], make) -> torch.Tensor:
         if key not in self._smoothed:
-            chroma = gaussian(self.linear, self.px(sigma_um), then=lambda x: _chroma(x)[None])
-            self._smoothed[key] = chroma[0]
+            self._smoothed[key] = make()
         return self._smoothed[key]
 
     def chroma_where(self, where: torch.Tensor) -> torch.Tensor:
@@ -226,7 +229,7 @@ def _separable(batch: torch.Tensor, sigma: float) -> torch.Tensor:
     total = sum(taps)
     for dim in (-1, -2):
         size = batch.shape[dim]
-        padded = _pad(batch, dim, radius, "reflect")
+        padded = _pad(batch, dim, radius)
         out = padded.narrow(dim, radius, size) * (taps[radius] / total)
         for i in range(radius):  # the taps either side of the centre
             out.add_(padded.narrow(dim, i, size), alpha=taps[i] / total)
@@ -235,13 +238,13 @@ def _separable(batch: torch.Tensor, sigma: float) -> torch.Tensor:
     return batch
 
 
-def _pad(batch: torch.Tensor, dim: int, radius: int, mode: str) -> torch.Tensor:
+def _pad(batch: torch.Tensor, dim: int, radius: int) -> torch.Tensor:
     """`batch` padded by `radius` on both sides of `dim` (reflected, or replicated where
     the image is narrower than the radius)."""
     pad = [0, 0, 0, 0]
     reach = min(radius, batch.shape[dim] - 1)
     pad[0 if dim == -1 else 2] = pad[1 if dim == -1 else 3] = reach
-    padded = F.pad(batch, pad, mode=mode) if reach else batch
+    padded = F.pad(batch, pad, mode="reflect") if reach else batch
     if reach < radius:
         extra = [0, 0, 0, 0]
         extra[0 if dim == -1 else 2] = extra[1 if dim == -1 else 3] = radius - reach

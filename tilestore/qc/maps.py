@@ -120,13 +120,14 @@ def compute_qc(
     halo = math.ceil(max(DETECTORS[n].halo_um for n in options.detectors) / grid.mpp)
     tissue_map = _resample(tissue.mask, tissue.downsample, grid)
     bits = np.zeros(grid.shape, np.uint8)
-    windows = []  # (the block, the block with its halo)
-    for y0, x0, y1, x1 in _blocks(grid.shape, options.block):
+    blocks = list(_blocks(grid.shape, options.block))
+    windows = []  # (the block, the block with its halo), glass left out
+    for y0, x0, y1, x1 in blocks:
         ya, xa = max(0, y0 - halo), max(0, x0 - halo)
         yb, xb = min(grid.shape[0], y1 + halo), min(grid.shape[1], x1 + halo)
         if busy(ya, xa, yb, xb) or tissue_map[ya:yb, xa:xb].any():
             windows.append(((y0, x0, y1, x1), (ya, xa, yb, xb)))
-    skipped = len(list(_blocks(grid.shape, options.block))) - len(windows)
+    skipped = len(blocks) - len(windows)
     for (y0, x0, y1, x1), (ya, xa, yb, xb), pixels in _read_ahead(slide, grid, windows):
         block = _detect(pixels, tissue_map[ya:yb, xa:xb], grid.mpp, options, params, stats, device)
         bits[y0:y1, x0:x1] = block[y0 - ya : y1 - ya, x0 - xa : x1 - xa]

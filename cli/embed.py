@@ -11,6 +11,7 @@ import typer
 
 from cli.console import as_flags, flags_of, out, text_table
 from cli.console import progress_bar as _progress
+from embed.inputs import Stager
 from embed.settings import (
     AUTO_CPU_DECODE_CPUS,
     RESERVED_CPUS,
@@ -146,9 +147,6 @@ def embed(
     ),
 ) -> None:
     """Embed plan tiles with a foundation model; write embeddings/<model> into each store."""
-    from embed.engine import embed as run_embed
-    from embed.report import format_report
-
     given = {
         "mpp": mpp,
         "tile": tile,
@@ -209,9 +207,14 @@ def embed(
             stores, model, choice, options, cluster, scheduler, workers, slice_tiles, report
         )
         return
+    # slides start converting in a worker process before this one imports torch
+    staging = Stager(stores, None if in_place else into, choice)
+    from embed.engine import embed as run_embed
+    from embed.report import format_report
+
     with _progress(f"embedding with {model}") as (progress, task):
         result = run_embed(
-            stores,
+            staging,
             model,
             plan=choice,
             options=options,

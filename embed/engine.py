@@ -37,7 +37,7 @@ from tilestore.cpus import usable_cpus
 
 
 def embed(
-    stores: list[str | os.PathLike],
+    stores: list[str | os.PathLike] | Stager,
     model: str | LoadedModel,
     *,
     plan: PlanChoice = None,
@@ -50,9 +50,12 @@ def embed(
     """Embed each store's plan tiles with one model, writing embeddings/<model> into the store.
 
     convert_into: a folder where inputs that are slide files rather than stores are
-    converted first (`embed.inputs.Stager`: the first while the model loads, each next one
-    while the GPU embeds the one before); None: every input must be a store or a TIFF
-    slide, which is read in place (`tilestore.sidecar`), as every slide is with in_place.
+    converted first (`embed.inputs.Stager`, in a worker process: the first while the model
+    loads, each next one while the GPU embeds the one before); None: every input must be a
+    store or a TIFF slide, which is read in place (`tilestore.sidecar`), as every slide is
+    with in_place. stores may be a Stager made already (the command makes it before it
+    imports torch, so the first slide converts meanwhile); convert_into and in_place are
+    then its own.
 
     plan: a stored plan's name; `PlanOptions` to make one (its unset mpp and tile are the
     model's); None for the store's only plan, else one made at the model's native mpp and
@@ -60,14 +63,15 @@ def embed(
     unless options.overwrite; an interrupted one resumes. A store that fails is reported in
     the returned report and the others go on.
     """
-    staged = convert_into is not None and not in_place
-    inputs = Stager(stores, Path(convert_into)) if staged else stores
+    if isinstance(stores, Stager):
+        inputs = stores
+    else:
+        inputs = Stager(stores, None if in_place else convert_into, plan)
     try:
         with Embedder(model, options) as embedder:
             return embedder.embed(inputs, plan=plan, report_path=report_path, progress=progress)
     finally:
-        if isinstance(inputs, Stager):
-            inputs.close()
+        inputs.close()
 
 
 class Embedder:

@@ -1,26 +1,39 @@
-"""What `embed` is given: stores as they are, and source slides, converted on the way in.
+"""What `embed` is given: stores as they are, and slide files, made ready on the way in.
 
 A slide file (SVS, NDPI, DICOM, ...) becomes a store in the staging folder first, by the
-same conversion as `tilestore convert` (JPEG tiles copied where they can be). Conversions
-run on one background thread, one slide ahead of the engine: the next slide is converted
-while the GPU embeds the current one, so a cohort given as slides costs its conversions
-only once, at the start. A slide whose store is already there (a complete store of a source
-with the same name and size: an earlier run, or one killed after converting) is not
-converted again.
+same conversion as `tilestore convert` (JPEG tiles copied where they can be), or, read in
+place, gets its sidecar (`tilestore.sidecar`); then the tissue mask its plan reads is
+computed and stored. All of it runs in one worker process (`python -m embed.inputs`), one
+slide ahead of the engine, started when the Stager is made, which the command does before
+it imports torch: the first slide is converted while the embedding process imports torch
+and loads the model, each next one while the GPU embeds the one before, and the worker
+shares no GIL with the engine's threads. A slide whose store is already there (a complete
+store of a source with the same name and size: an earlier run, or one killed after
+converting) is not converted again.
+
+The worker is a plain `python -m` process reading one JSON request per line, as the decoder
+processes are (`embed.procdecode`): it never imports the caller's main module, nor torch.
+A worker that dies (a decoder library crashing on a damaged file) fails that slide, with
+the cause; a new worker takes the slides after it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import subprocess
+import sys
 import time
+import traceback
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
-from tilestore.conversion import convert
-from tilestore.errors import StoreError, TilestoreError
-from tilestore.slide import open_slide
+import tilestore.errors
+from tilestore.errors import SlideError, StoreError, TilestoreError
+from tilestore.plans import PlanOptions
 from tilestore.store import is_store, store_name
 
 
@@ -41,75 +54,190 @@ def as_staged(stores: Iterable[str | os.PathLike] | Stager) -> Iterable[Staged]:
     return [Staged(Path(s), Path(s)) for s in stores]
 
 
-class Stager:
-    """Each input in order as a `Staged` store: stores as given, slides converted into
-    `into` on a background thread, `ahead` slides before they are asked for. The first
-    conversions start when the Stager is made, so they overlap the model's loading."""
+def tissue_wanted(plan: str | PlanOptions | None) -> str | None:
+    """How a slide's missing tissue mask is made for this plan choice (its tissue method),
+    or None where the plan reads none: a stored plan named, or options with min_tissue 0.
+    None as the choice wants the default plan's mask unless the store holds one plan."""
+    if isinstance(plan, str):
+        return None
+    options = plan or PlanOptions()
+    return options.tissue_method if options.effective_min_tissue > 0 else None
 
-    def __init__(self, inputs: list[Path], into: Path, ahead: int = 1) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="stage")
-        self._queue = iter(map(Path, inputs))
-        self._pending: list[tuple[Path, Future | None]] = []
-        self._into, self._ahead = into, ahead
+
+class Stager:
+    """Each input in order as a `Staged` store: stores as given; slide files converted into
+    `into` (None: read in place, TIFF slides only) with the tissue mask their plan reads,
+    in a worker process, `ahead` slides before they are asked for. The first slides start
+    when the Stager is made, so they overlap the caller's imports and the model's loading."""
+
+    def __init__(
+        self,
+        inputs: list[str | os.PathLike],
+        into: str | os.PathLike | None,
+        plan: str | PlanOptions | None = None,
+        ahead: int = 1,
+    ) -> None:
+        self._queue = iter(Path(p).absolute() for p in inputs)
+        self._into = None if into is None else Path(into).absolute()
+        self._tissue = tissue_wanted(plan)
+        self._only_plan_will_do = plan is None  # a store holding one plan needs no mask
+        self._ahead = ahead
+        self._pending: list[tuple[Path, bool]] = []  # (input, sent to the worker)
+        self._worker: _Worker | None = None
         self._refill()
 
     def _refill(self) -> None:
-        while sum(f is not None for _, f in self._pending) < self._ahead + 1:
+        while sum(sent for _, sent in self._pending) < self._ahead + 1:
             path = next(self._queue, None)
             if path is None:
                 return
             slide = not is_store(path) and path.exists()  # a missing path fails as a store
-            future = self._pool.submit(_convert, path, self._into) if slide else None
-            self._pending.append((path, future))
+            if slide:
+                self._send(path)
+            self._pending.append((path, slide))
+
+    def _send(self, path: Path) -> None:
+        if self._worker is None:
+            self._worker = _Worker()
+        self._worker.send(
+            {
+                "slide": str(path),
+                "into": None if self._into is None else str(self._into),
+                "tissue": self._tissue,
+                "only_plan_will_do": self._only_plan_will_do,
+            }
+        )
 
     def __iter__(self) -> Iterator[Staged]:
         try:
             while self._pending:
-                self._refill()  # `ahead` slides convert while this one is embedded
-                path, future = self._pending.pop(0)
-                yield Staged(path, path) if future is None else future.result()
+                self._refill()  # `ahead` slides are made ready while this one is embedded
+                path, sent = self._pending.pop(0)
+                yield self._reply(path) if sent else Staged(path, path)
         finally:
             self.close()
 
-    def close(self) -> None:
-        """Stop: conversions not started are dropped; one running finishes (its store is
-        complete or absent, never partial)."""
-        for _, future in self._pending:
-            if future is not None:
-                future.cancel()
-        self._pending.clear()
-        self._pool.shutdown(wait=True)
-
-
-def _convert(slide: Path, into: Path) -> Staged:
-    target = into / store_name(slide)
-    try:
-        if is_store(target):
-            _check_reusable(target, slide)
+    def _reply(self, path: Path) -> Staged:
+        assert self._worker is not None
+        reply = self._worker.receive()
+        if reply is None:  # the worker died on this slide: fail it, go on with a new one
+            code = self._worker.close()
+            self._worker = None
+            for later, sent in self._pending:
+                if sent:
+                    self._send(later)
+            cause = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
             return Staged(
-                slide, target, {"slide": str(slide), "store": str(target), "reused": True}
+                path,
+                None,
+                error=SlideError(
+                    f"{path}: the process converting it died ({cause}): a damaged or "
+                    "unsupported file?"
+                ),
             )
-        started = time.perf_counter()
-        report = convert(slide, target)
-        paths = sorted({level.write for level in report.levels})
-        return Staged(
-            slide,
-            report.store,
-            {
-                "slide": str(slide),
-                "store": str(report.store),
-                "seconds": round(time.perf_counter() - started, 3),
-                "codec": report.codec,
-                "levels": paths,
-            },
+        if reply.get("bug"):
+            raise RuntimeError(f"preparing {path} failed in the worker:\n{reply['bug']}")
+        if reply.get("error"):
+            kind, message = reply["error"]
+            error = getattr(tilestore.errors, kind, TilestoreError)(message)
+            return Staged(path, None, error=error)
+        store = Path(reply["store"])
+        return Staged(path, store, reply.get("converted"))
+
+    def close(self) -> None:
+        """Stop. A slide still being made ready (the run ended early: an error, an
+        interrupt) is abandoned: its worker is stopped, and a conversion stopped leaves only
+        its hidden partial folder, which the next conversion there clears
+        (`tilestore.leftovers`)."""
+        self._pending.clear()
+        self._queue = iter(())
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+
+
+class _Worker:
+    """The `python -m embed.inputs` process: one JSON request a line in, one reply out."""
+
+    def __init__(self) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "embed.inputs"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
         )
-    except TilestoreError as exc:
-        return Staged(slide, None, error=exc)
+        self._in_flight = 0  # requests sent, not answered
+
+    def send(self, request: dict[str, Any]) -> None:
+        assert self._proc.stdin is not None
+        self._in_flight += 1
+        with contextlib.suppress(BrokenPipeError):  # dead: its next reply says so
+            self._proc.stdin.write(json.dumps(request) + "\n")
+
+    def receive(self) -> dict[str, Any] | None:
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        self._in_flight -= 1
+        return json.loads(line) if line else None
+
+    def close(self) -> int:
+        """Let it exit, stopped first where it still has work in hand; its exit code."""
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        if self._in_flight > 0:
+            self._proc.terminate()
+        with contextlib.suppress(BrokenPipeError):
+            self._proc.stdin.close()
+        code = self._proc.wait()
+        self._proc.stdout.close()
+        return code
+
+
+def prepare(slide: Path, into: Path | None, tissue: str | None, only_plan_will_do: bool):
+    """Make one slide ready (in the worker): its store, converted or reused (into a folder)
+    or its sidecar (in place), and the tissue mask its plan reads. Returns (store,
+    converted)."""
+    from tilestore.plans import plan_tissue, uses_stored_plan
+    from tilestore.slide import open_slide
+
+    converted = None
+    if into is None:
+        opened = open_slide(slide)  # a TIFF slide's sidecar, made the first time
+        store = slide
+    else:
+        store, converted = _convert(slide, into)
+        opened = open_slide(store)
+    if tissue and not (only_plan_will_do and uses_stored_plan(opened, None)):
+        _, note = plan_tissue(opened, PlanOptions(tissue_method=tissue))
+        if note and converted is not None:
+            converted["tissue"] = note
+    return store, converted
+
+
+def _convert(slide: Path, into: Path) -> tuple[Path, dict]:
+    from tilestore.conversion import convert
+
+    target = into / store_name(slide)
+    if is_store(target):
+        _check_reusable(target, slide)
+        return target, {"slide": str(slide), "store": str(target), "reused": True}
+    started = time.perf_counter()
+    report = convert(slide, target)
+    paths = sorted({level.write for level in report.levels})
+    return report.store, {
+        "slide": str(slide),
+        "store": str(report.store),
+        "seconds": round(time.perf_counter() - started, 3),
+        "codec": report.codec,
+        "levels": paths,
+    }
 
 
 def _check_reusable(target: Path, slide: Path) -> None:
     """A store already at the target may stand for the slide only if it is complete and was
     made from a file of the same name and size; anything else is an error, never reused."""
+    from tilestore.slide import open_slide
+
     source = open_slide(target).attrs.get("source", {})  # StoreError if incomplete
     size = slide.stat().st_size if slide.is_file() else None
     if source.get("name") != slide.name or (size is not None and source.get("size") != size):
@@ -118,3 +246,33 @@ def _check_reusable(target: Path, slide: Path) -> None:
             f"{source.get('size')} bytes), not {slide.name}; move it or choose another "
             "--into folder"
         )
+
+
+def _serve(requests: IO[str], replies: IO[str]) -> None:
+    for line in requests:
+        request = json.loads(line)
+        into = request["into"]
+        try:
+            store, converted = prepare(
+                Path(request["slide"]),
+                None if into is None else Path(into),
+                request["tissue"],
+                request["only_plan_will_do"],
+            )
+            reply: dict[str, Any] = {"store": str(store), "converted": converted}
+        except TilestoreError as exc:
+            reply = {"error": [type(exc).__name__, str(exc)]}
+        except Exception:  # a bug: the caller raises it with this traceback
+            reply = {"bug": traceback.format_exc()}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
+if __name__ == "__main__":
+    # replies go through a private copy of stdout: anything printed goes to stderr
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    try:
+        _serve(sys.stdin, replies)
+    except KeyboardInterrupt:  # the terminal's Ctrl-C reached the caller too: it reports
+        sys.exit(130)

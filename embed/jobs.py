@@ -21,7 +21,15 @@ from embed.report import RunReport
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
 from tilestore.errors import StoreError, TilestoreError
 from tilestore.grid import TilePlan
-from tilestore.plans import DEFAULT_MPP, PlanOptions, list_plans, load_plan, plan_slide, save_plan
+from tilestore.plans import (
+    DEFAULT_MPP,
+    PlanOptions,
+    list_plans,
+    load_plan,
+    plan_slide,
+    save_plan,
+    uses_stored_plan,
+)
 from tilestore.slide import Slide, open_slide
 
 PlanChoice = str | PlanOptions | None
@@ -143,7 +151,7 @@ def plan_for(
     save=False (a dry run) writes nothing, not even a tissue mask; the uid is then None
     for a plan not stored before.
     """
-    if isinstance(plan, str) or (plan is None and len(list_plans(slide)) == 1):
+    if uses_stored_plan(slide, plan):
         return load_plan(slide, plan)
     options = plan or PlanOptions()
     notes = []

@@ -69,6 +69,9 @@ def test_storage_never_imports_torch(graph):
         ("embed", ("torch", "zarr")),
         ("embed.procdecode", ("torch", "zarr", "xarray")),  # each decoder worker imports it
         ("embed.settings", ("torch",)),  # the CLI reads its defaults
+        # the command starts the slide worker before it imports torch; the worker imports it
+        ("cli.embed", ("torch", "timm")),
+        ("embed.inputs", ("torch", "timm", "dask", "xarray")),
         ("tilestore.plans", ("torch",)),  # plans read stored QC, never compute it
         ("tilestore.qc.report", ("torch",)),
         # an embed run writes embeddings and plans from stored masks: reading them back

@@ -23,7 +23,7 @@ from tilestore.grid import GridSpec, TilePlan, grid_spec, make_plan, tissue_frac
 from tilestore.qc.store import StoredQC, read_qc
 from tilestore.slide import MPP_TOLERANCE, Slide
 from tilestore.store import consolidate
-from tilestore.tissue import compute_tissue, read_tissue, write_tissue
+from tilestore.tissue import TissueMask, compute_tissue, read_tissue, write_tissue
 
 PLANS = "plans"
 DEFAULT_MPP = 0.5  # um/px of a plan's tiles when none is asked for (the common 20x of the models)
@@ -68,6 +68,37 @@ class PlanOptions:
     filter: str | None = None
     contrast: ContrastRule = ContrastRule()  # noqa: RUF009 (frozen: safe to share)
 
+    @property
+    def effective_min_tissue(self) -> float:
+        """min_tissue, or its default: 0 with a filter (the filter is the tissue test)."""
+        if self.min_tissue is not None:
+            return self.min_tissue
+        return 0.0 if self.filter else MIN_TISSUE
+
+
+def plan_tissue(
+    slide: Slide, options: PlanOptions, *, store: bool = True
+) -> tuple[TissueMask | None, str | None]:
+    """The tissue mask a plan of these options reads, and a note where it was computed: none
+    where the plan needs none (min_tissue 0); the store's labels/tissue; else computed with
+    `options.tissue_method` and stored (unless store=False)."""
+    if options.effective_min_tissue <= 0:
+        return None, None
+    tissue = read_tissue(slide)
+    if tissue is not None:
+        return tissue, None
+    tissue = compute_tissue(slide, options.tissue_method)
+    if store:
+        write_tissue(slide, tissue)
+    stored = "and stored" if store else "(not stored)"
+    return tissue, f"tissue mask computed ({tissue.method}, {tissue.polarity}) {stored}"
+
+
+def uses_stored_plan(slide: Slide, plan: str | PlanOptions | None) -> bool:
+    """Whether `plan` means a plan already in the store: a name, or None where the store
+    holds exactly one (else None means one is to be made)."""
+    return isinstance(plan, str) or (plan is None and len(list_plans(slide)) == 1)
+
 
 def plan_slide(
     slide: Slide, options: PlanOptions = PlanOptions(), *, store_tissue: bool = True
@@ -91,9 +122,7 @@ def plan_slide(
     tolerance, stride = options.tolerance, options.stride
     if options.filter is not None and options.filter not in FILTERS:
         raise PlanError(f"unknown filter {options.filter!r}; choose {', '.join(FILTERS)}")
-    min_tissue = options.min_tissue
-    if min_tissue is None:
-        min_tissue = 0.0 if options.filter else MIN_TISSUE
+    min_tissue = options.effective_min_tissue
     roi, roi_class, min_roi = options.roi, options.roi_class, options.min_roi
     level = slide.level_for_mpp(mpp, tolerance) if mpp is not None else 0
     lv = slide.levels[level]
@@ -108,13 +137,8 @@ def plan_slide(
         tolerance=tolerance,
         notes=notes,
     )
-    tissue = read_tissue(slide) if min_tissue > 0 else None
-    if tissue is None and min_tissue > 0:
-        tissue = compute_tissue(slide, options.tissue_method)
-        if store_tissue:
-            write_tissue(slide, tissue)
-        stored = "and stored" if store_tissue else "(not stored)"
-        notes.append(f"tissue mask computed ({tissue.method}, {tissue.polarity}) {stored}")
+    tissue, note = plan_tissue(slide, options, store=store_tissue)
+    notes.extend([note] if note else [])
     rois = _load_rois(slide, roi, roi_class, options.roi_mpp, notes) if roi else None
     qc = _stored_qc(slide, options)
     plan = make_plan(

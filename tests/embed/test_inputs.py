@@ -3,18 +3,22 @@ the same features as the four commands (convert, tissue, plan, embed) run one by
 
 from __future__ import annotations
 
-import threading
+import os
+import signal
+import time
 
 import numpy as np
 import zarr
 
-from embed import inputs
 from embed.engine import embed
 from embed.inputs import Stager
 from embed.settings import Options
 from tests.conftest import CMU, NDPI
 from tilestore.conversion import convert
+from tilestore.errors import SlideError
 from tilestore.plans import PlanOptions
+from tilestore.slide import open_slide
+from tilestore.tissue import compute_tissue, read_tissue
 
 LITE = "efficientnet-lite0"
 FP32 = Options(batch_size=8, device="cpu", precision="fp32", dtype="float32")
@@ -59,30 +63,83 @@ def test_a_store_of_another_slide_is_not_taken_for_it(slide_path, tmp_path, lite
     assert len(report.slides) == 1  # the store given as a store is embedded
 
 
-def test_the_next_slide_converts_while_this_one_is_used(tmp_path, monkeypatch):
-    started, release = [], threading.Event()
+def _copies(slide_path, tmp_path, *names):
+    """Links to the real SVS under other names: slides the worker converts for real."""
+    paths = []
+    for name in names:
+        (tmp_path / name).symlink_to(slide_path(CMU))
+        paths.append(tmp_path / name)
+    return paths
 
-    def slow_convert(slide, target):
-        started.append(slide.name)
-        if slide.name == "b.svs":
-            release.wait(10)
-        target.mkdir(parents=True)
-        (target / "zarr.json").write_text("{}")
-        return type("Report", (), {"store": target, "levels": [], "codec": "jpeg"})()
 
-    monkeypatch.setattr(inputs, "convert", slow_convert)
-    paths = [tmp_path / n for n in ("a.svs", "b.svs", "c.svs")]
-    for path in paths:
-        path.write_bytes(b"slide")
-    stager = Stager(paths, tmp_path / "in")
+def _appears(path, seconds=120.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if path.exists():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_first_slide_converts_before_it_is_asked_for_and_one_slide_ahead(slide_path, tmp_path):
+    paths = _copies(slide_path, tmp_path, "a.svs", "b.svs", "c.svs")
+    into = tmp_path / "in"
+    stager = Stager(paths, into)
+    # nothing asked yet: the worker converts a (and then b) while the caller imports torch
+    assert _appears(into / "a.ome.zarr" / "zarr.json")
     items = iter(stager)
-    first = next(items)  # a is done; b converts while a is used; c is not asked for yet
-    assert first.given == paths[0] and first.store == tmp_path / "in" / "a.ome.zarr"
-    for _ in range(200):
-        if len(started) == 2:
-            break
-        threading.Event().wait(0.01)
-    assert started == ["a.svs", "b.svs"]  # one slide ahead, not all of them
-    release.set()
-    assert [s.given.name for s in items] == ["b.svs", "c.svs"]
-    assert started == ["a.svs", "b.svs", "c.svs"]
+    first = next(items)
+    assert first.given == paths[0] and first.store == into / "a.ome.zarr"
+    assert first.converted["levels"] == ["copy", "re-encode"]
+    assert "tissue mask computed" in first.converted["tissue"]  # the default plan reads one
+    assert _appears(into / "b.ome.zarr" / "zarr.json")  # b while a is used
+    time.sleep(1.0)
+    assert not (into / "c.ome.zarr").exists()  # c waits until b is asked for
+    assert [s.store.name for s in items] == ["b.ome.zarr", "c.ome.zarr"]
+    assert stager._worker is None  # closed when the inputs ran out
+
+
+def test_the_mask_made_ahead_is_the_one_the_plan_reads(slide_path, tmp_path):
+    (svs,) = _copies(slide_path, tmp_path, "a.svs")
+    (staged,) = Stager([svs], tmp_path / "in", PlanOptions(min_tissue=0))
+    assert "tissue" not in staged.converted  # a plan of every tile reads no mask
+    assert read_tissue(open_slide(staged.store)) is None
+    (staged,) = Stager([svs], tmp_path / "in", PLAN)  # reused, now with its mask
+    assert staged.converted["reused"]
+    stored = read_tissue(open_slide(staged.store))
+    assert stored is not None
+    np.testing.assert_array_equal(stored.mask, compute_tissue(open_slide(staged.store)).mask)
+    (staged,) = Stager([svs], tmp_path / "in", "a-stored-plan")  # a name: no mask wanted
+    assert staged.error is None
+
+
+def test_a_slide_read_in_place_gets_its_sidecar_and_mask_in_the_worker(slide_path, tmp_path):
+    (svs,) = _copies(slide_path, tmp_path, "a.svs")
+    (staged,) = Stager([svs], None)
+    assert staged.store == svs and staged.converted is None
+    assert read_tissue(open_slide(svs)) is not None  # stored in the sidecar beside it
+    assert list(tmp_path.glob("a.svs.tilestore*"))
+
+
+def test_a_worker_that_dies_fails_its_slide_and_a_new_one_takes_the_next(slide_path, tmp_path):
+    paths = _copies(slide_path, tmp_path, "a.svs", "b.svs")
+    into = tmp_path / "in"
+    stager = Stager(paths, into)
+    os.kill(stager._worker._proc.pid, signal.SIGKILL)  # still importing: a is not done
+    first, second = list(stager)
+    assert first.store is None and isinstance(first.error, SlideError)
+    assert str(first.error) == (
+        f"{paths[0]}: the process converting it died (killed by signal 9): a damaged or "
+        "unsupported file?"
+    )
+    assert second.error is None and second.store == into / "b.ome.zarr"
+    assert not (into / "a.ome.zarr").exists()  # nothing that looks valid is left of a
+
+
+def test_a_run_stopped_early_stops_the_worker(slide_path, tmp_path):
+    paths = _copies(slide_path, tmp_path, "a.svs", "b.svs")
+    stager = Stager(paths, tmp_path / "in")
+    proc = stager._worker._proc
+    stager.close()  # a and b sent, neither answered: the worker is stopped, not waited for
+    assert proc.poll() is not None
+    assert not (tmp_path / "in" / "b.ome.zarr").exists()

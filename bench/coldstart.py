@@ -98,6 +98,9 @@ def main() -> None:
         make_large_svs(args.slide, args.size)
     cache, inductor = work / "cache", work / "inductor"
     env = {**os.environ, "TILESTORE_CACHE": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(inductor)}
+    # as a pip-installed environment runs: bytecode cached (the lent GPU machine sets this,
+    # and its torch has no .pyc: every process would compile torch's sources, +6 s)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     store = work / "stores" / "one.ome.zarr"
     tilestore("convert", str(args.slide), "-o", str(store), env=env)
     tilestore("tissue", str(store), env=env)

@@ -50,8 +50,13 @@ PAIRS = {
     "vit_large_patch16_224": Pair(
         "vit_large_patch16_224",
         "uni_v1",
-        {"img_size": 224, "patch_size": 16, "init_values": 1e-5, "num_classes": 0,
-         "dynamic_img_size": True},
+        {
+            "img_size": 224,
+            "patch_size": 16,
+            "init_values": 1e-5,
+            "num_classes": 0,
+            "dynamic_img_size": True,
+        },
     ),
     "vit_small_patch16_224": Pair(
         "vit_small_patch16_224",
@@ -91,8 +96,20 @@ def ours(pair: Pair, slide: Path, work: Path, env: dict, name: str, *extra: str)
     into = work / stem
     shutil.rmtree(into, ignore_errors=True)
     report = work / f"{stem}.json"
-    cmd = [sys.executable, "-m", "cli", "embed", str(slide), "--model", f"timm:{pair.arch}",
-           "--into", str(into), "--report", str(report), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cli",
+        "embed",
+        str(slide),
+        "--model",
+        f"timm:{pair.arch}",
+        "--into",
+        str(into),
+        "--report",
+        str(report),
+        *extra,
+    ]
     wall = timed(cmd, env, cwd=REPO, log=work / f"{stem}.log")
     r = json.loads(report.read_text())
     note = f"batch {r['batch_size']}, engine {r['wall_s']:.1f} s, GPU busy {r['gpu_busy_fraction']}"
@@ -121,10 +138,28 @@ def trident(pair: Pair, slide: Path, work: Path, env: dict, source: Path, batch:
         link.symlink_to(slide.resolve())
     shutil.rmtree(job, ignore_errors=True)
     ckpt = trident_checkpoint(pair, work)
-    cmd = [sys.executable, "run_batch_of_slides.py", "--task", "all", "--wsi_dir", str(wsis),
-           "--job_dir", str(job), "--patch_encoder", pair.trident,
-           "--patch_encoder_ckpt_path", str(ckpt), "--mag", "20", "--patch_size", "256",
-           "--segmenter", "otsu", "--batch_size", str(batch)]
+    cmd = [
+        sys.executable,
+        "run_batch_of_slides.py",
+        "--task",
+        "all",
+        "--wsi_dir",
+        str(wsis),
+        "--job_dir",
+        str(job),
+        "--patch_encoder",
+        pair.trident,
+        "--patch_encoder_ckpt_path",
+        str(ckpt),
+        "--mag",
+        "20",
+        "--patch_size",
+        "256",
+        "--segmenter",
+        "otsu",
+        "--batch_size",
+        str(batch),
+    ]
     penv = {**env, "PYTHONPATH": os.pathsep.join([str(source), env.get("PEERS_PATH", "")])}
     wall = timed(cmd, penv, cwd=source, log=work / f"trident-{pair.arch}.log")
     features = sorted(job.glob(f"**/features_{pair.trident}/*.h5"))
@@ -156,37 +191,51 @@ def main() -> None:
     args.work.mkdir(parents=True)
     slide = args.work / args.slide.name  # a link: sidecars and outputs stay in the work folder
     slide.symlink_to(args.slide.resolve())
-    env = {**os.environ, "TILESTORE_CACHE": str(args.work / "cache"),
-           "TORCHINDUCTOR_CACHE_DIR": str(args.work / "inductor"), "HF_HUB_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "TILESTORE_CACHE": str(args.work / "cache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(args.work / "inductor"),
+        "HF_HUB_OFFLINE": "1",
+    }
+    # as a pip-installed environment runs: bytecode cached (the lent GPU machine sets this,
+    # and its torch has no .pyc: every process of either tool would compile torch's sources)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
 
     arms: list[Arm] = []
+
+    def record(arm: Arm) -> None:
+        arms.append(arm)
+        print(json.dumps({**asdict(arm), "ms per tile": round(arm.ms_per_tile, 3)}), flush=True)
+        for sidecar in args.work.glob("*.tilestore*"):
+            shutil.rmtree(sidecar)  # the in-place sidecar: the next arm starts bare
+
     for arch in args.archs.split(","):
         pair = PAIRS[arch]
-        for arm in (
-            lambda: trident(pair, slide, args.work, env, args.trident.resolve(), args.batch),
-            lambda: ours(pair, slide, args.work, env, "first"),
-            lambda: ours(pair, slide, args.work, env, "again"),
-            lambda: ours(pair, slide, args.work, env, "in place", "--in-place"),
-        ):
-            arms.append(arm())
-            print(json.dumps({**asdict(arms[-1]), "ms per tile": round(arms[-1].ms_per_tile, 3)}),
-                  flush=True)
-            for sidecar in args.work.glob("*.tilestore*"):
-                shutil.rmtree(sidecar)  # the in-place sidecar: the next arm starts bare
+        record(trident(pair, slide, args.work, env, args.trident.resolve(), args.batch))
+        record(ours(pair, slide, args.work, env, "first"))
+        record(ours(pair, slide, args.work, env, "again"))
+        record(ours(pair, slide, args.work, env, "in place", "--in-place"))
 
     rows = []
     for a in arms:
         peer = next(p for p in arms if p.tool == "TRIDENT" and p.arch == a.arch)
-        rows.append({**asdict(a), "ms per tile": round(a.ms_per_tile, 3),
-                     "per tile vs TRIDENT": round(a.ms_per_tile / peer.ms_per_tile, 2)})
+        rows.append(
+            {
+                **asdict(a),
+                "ms per tile": round(a.ms_per_tile, 3),
+                "per tile vs TRIDENT": round(a.ms_per_tile / peer.ms_per_tile, 2),
+            }
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"slide": str(args.slide), "arms": rows}, indent=2))
     print(f"\nOne slide ({args.slide.name}), whole job, fresh processes")
     print("| tool | model | tiles | wall s | ms per tile | per tile vs TRIDENT | note |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['tool']} | {r['arch']} | {r['tiles']:,} | {r['wall_s']} | "
-              f"{r['ms per tile']} | {r['per tile vs TRIDENT']} | {r['note']} |")
+        print(
+            f"| {r['tool']} | {r['arch']} | {r['tiles']:,} | {r['wall_s']} | "
+            f"{r['ms per tile']} | {r['per tile vs TRIDENT']} | {r['note']} |"
+        )
 
 
 if __name__ == "__main__":

@@ -55,9 +55,9 @@ def as_staged(stores: Iterable[str | os.PathLike] | Stager) -> Iterable[Staged]:
 
 
 def tissue_wanted(plan: str | PlanOptions | None) -> str | None:
-    """How a slide's missing tissue mask is made for this plan choice (its tissue method),
-    or None where the plan reads none: a stored plan named, or options with min_tissue 0.
-    None as the choice wants the default plan's mask unless the store holds one plan."""
+    """The tissue method that a plan of this choice makes a missing mask with, or None
+    where it reads no mask: a stored plan's name, or options with min_tissue 0. (For the
+    choice None, the worker also skips a store that holds exactly one plan: that is used.)"""
     if isinstance(plan, str):
         return None
     options = plan or PlanOptions()
@@ -77,8 +77,8 @@ class Stager:
         plan: str | PlanOptions | None = None,
         ahead: int = 1,
     ) -> None:
-        self._queue = iter(Path(p).absolute() for p in inputs)
-        self._into = None if into is None else Path(into).absolute()
+        self._queue = iter(map(Path, inputs))  # as given: messages name them so
+        self._into = None if into is None else Path(into)
         self._tissue = tissue_wanted(plan)
         self._only_plan_will_do = plan is None  # a store holding one plan needs no mask
         self._ahead = ahead

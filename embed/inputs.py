@@ -131,7 +131,7 @@ class Stager:
                 path,
                 None,
                 error=SlideError(
-                    f"{path}: the process converting it died ({cause}): a damaged or "
+                    f"{path}: the process preparing it died ({cause}): a damaged or "
                     "unsupported file?"
                 ),
             )

@@ -3,19 +3,24 @@ the same features as the four commands (convert, tissue, plan, embed) run one by
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
+import pytest
 import zarr
 
+from embed import inputs
 from embed.engine import embed
 from embed.inputs import Stager
 from embed.settings import Options
 from tests.conftest import CMU, NDPI
 from tilestore.conversion import convert
-from tilestore.errors import SlideError
+from tilestore.errors import SlideError, StoreError
 from tilestore.plans import PlanOptions
 from tilestore.slide import open_slide
 from tilestore.tissue import compute_tissue, read_tissue
@@ -129,11 +134,59 @@ def test_a_worker_that_dies_fails_its_slide_and_a_new_one_takes_the_next(slide_p
     first, second = list(stager)
     assert first.store is None and isinstance(first.error, SlideError)
     assert str(first.error) == (
-        f"{paths[0]}: the process converting it died (killed by signal 9): a damaged or "
+        f"{paths[0]}: the process preparing it died (killed by signal 9): a damaged or "
         "unsupported file?"
     )
     assert second.error is None and second.store == into / "b.ome.zarr"
     assert not (into / "a.ome.zarr").exists()  # nothing that looks valid is left of a
+
+
+def test_damaged_slides_read_in_place_fail_in_the_worker_with_their_cause(slide_path, tmp_path):
+    cut = tmp_path / "cut.svs"
+    cut.write_bytes(slide_path(CMU).read_bytes()[:50_000])  # a truncated real SVS
+    text = tmp_path / "text.svs"
+    text.write_text("not a slide")
+    (good,) = _copies(slide_path, tmp_path, "good.svs")
+    first, second, third = Stager([cut, text, good], None)
+    assert isinstance(first.error, SlideError) and first.store is None
+    assert str(first.error).startswith(f"{cut}: truncated or corrupt")
+    assert isinstance(second.error, SlideError)
+    assert str(second.error).startswith(f"{text}: not a supported slide")
+    assert third.error is None and third.store == good  # the worker went on
+    assert not list(tmp_path.glob("cut.svs.tilestore*"))  # nothing that looks valid
+
+
+def test_the_worker_answers_errors_by_kind_and_bugs_with_their_traceback(monkeypatch):
+    def prepare(slide, into, tissue, only_plan_will_do):
+        if slide.name == "bad.svs":
+            raise StoreError(f"{slide}: cannot write store: disk full")
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(inputs, "prepare", prepare)
+    requests = "".join(
+        json.dumps({"slide": name, "into": "in", "tissue": None, "only_plan_will_do": True}) + "\n"
+        for name in ("bad.svs", "other.svs")
+    )
+    replies = io.StringIO()
+    inputs._serve(io.StringIO(requests), replies)
+    error, bug = map(json.loads, replies.getvalue().splitlines())
+    assert error == {"error": ["StoreError", "bad.svs: cannot write store: disk full"]}
+    assert "ValueError: a bug" in bug["bug"]
+
+    class Answers:  # a worker whose replies are these
+        def __init__(self, *replies):
+            self.replies = list(replies)
+
+        def receive(self):
+            return self.replies.pop(0)
+
+    stager = Stager([], "in")
+    stager._worker = Answers(error, bug)
+    staged = stager._reply(Path("bad.svs"))
+    assert type(staged.error) is StoreError and staged.store is None  # its kind kept
+    with pytest.raises(RuntimeError, match="ValueError: a bug"):  # a bug is not a user error
+        stager._reply(Path("other.svs"))
+    stager._worker = None
 
 
 def test_a_run_stopped_early_stops_the_worker(slide_path, tmp_path):

@@ -35,7 +35,7 @@ def tilestore(*args: str, env: dict) -> float:
     """Run `tilestore ARGS` in a fresh process; its wall seconds."""
     started = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "cli", *args], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "tilestore.cli", *args], env=env, capture_output=True, text=True
     )
     wall = time.perf_counter() - started
     if proc.returncode:

@@ -31,11 +31,11 @@ CHILD = """
 import json, sys, time
 import torch
 try:
-    from embed import Options
+    from tilestore.embed import Options
 except ImportError:  # trees before embed/ had a public face
-    from embed.engine import Options
-from embed.engine import Embedder
-from embed.models import load_model
+    from tilestore.embed.engine import Options
+from tilestore.embed.engine import Embedder
+from tilestore.embed.models import load_model
 
 store, arch, batch, decode, compiled = sys.argv[1:6]
 loaded = load_model(f"timm:{arch}")

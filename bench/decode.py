@@ -1,11 +1,12 @@
 """How fast the engine's decode paths can feed the GPU (GPU machine), with no model.
 
 For each store of bench/embed_engine.py (the copied Aperio store, 240 px RGB-coded chunks, and
-the YCbCr re-encodes), the engine's row source for `--decode cpu` (`embed.rows.ProcessRows`:
-worker processes, shared blocks, DMA) and, on YCbCr stores, for `--decode gpu`
-(`embed.rows.NvjpegRows`) hands over every grid row of the 'bench' plan in order, as the
-producer takes them, as fast as they come. Tiles/s here is the most the path can feed a
-model: compare it with a model's ceiling (bench/embed_engine.py) to see which side limits.
+the YCbCr re-encodes), the engine's row source for `--decode cpu`
+(`tilestore.embed.rows.ProcessRows`: worker processes, shared blocks, DMA) and, on YCbCr stores,
+for `--decode gpu` (`tilestore.embed.rows.NvjpegRows`) hands over every grid row of the 'bench'
+plan in order, as the producer takes them, as fast as they come. Tiles/s here is the most the path
+can feed a model: compare it with a model's ceiling (bench/embed_engine.py) to see which side
+limits.
 
     python bench/decode.py [--workers 14] [--reps 2] [--out x.json]
 """
@@ -22,14 +23,14 @@ from pathlib import Path
 import torch
 from stores import build
 
-from embed.nvjpeg import open_decoder
-from embed.procdecode import ProcessDecoder
-from embed.rows import NvjpegRows, ProcessRows
-from embed.settings import Settings
 from tilestore.cpus import usable_cpus
-from tilestore.plans import load_plan
-from tilestore.slide import open_slide
-from tilestore.tiles import chunk_schedule
+from tilestore.embed.nvjpeg import open_decoder
+from tilestore.embed.procdecode import ProcessDecoder
+from tilestore.embed.rows import NvjpegRows, ProcessRows
+from tilestore.embed.settings import Settings
+from tilestore.plan import load_plan
+from tilestore.plan.tiles import chunk_schedule
+from tilestore.reading.opening import open_slide
 
 HERE = Path(__file__).resolve().parent
 

@@ -25,9 +25,9 @@ import torch
 from make_slide import make_large_svs
 
 import tilestore
-from embed.cohort import cpu_share, embed_cohort, local_cluster
-from embed.settings import Options
-from tilestore.plans import PlanOptions, list_plans, plan_slide, save_plan
+from tilestore.embed.cohort import cpu_share, embed_cohort, local_cluster
+from tilestore.embed.settings import Options
+from tilestore.plan import PlanOptions, list_plans, plan_slide, save_plan
 
 HERE = Path(__file__).resolve().parent
 

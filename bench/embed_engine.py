@@ -43,11 +43,11 @@ from baseline import run_baseline
 from stores import build, copy_store
 
 import tilestore
-from embed import Embedder, Options, embed
-from embed.graphs import GraphedForward
-from embed.models import load_model
-from embed.reference import cosine, reference_features
-from tilestore.plans import PlanOptions, load_plan
+from tilestore.embed import Embedder, Options, embed
+from tilestore.embed.graphs import GraphedForward
+from tilestore.embed.models import load_model
+from tilestore.embed.reference import cosine, reference_features
+from tilestore.plan import PlanOptions, load_plan
 
 HERE = Path(__file__).resolve().parent
 
@@ -157,7 +157,15 @@ def cli_run(store: Path, arch: str, batch: int, compiled: bool, out: Path) -> di
     """`tilestore embed` in a fresh process, as a user runs it: model load and compilation
     included, and its peak RSS free of this benchmark's own (ceilings, compiles, baseline)."""
     report = out.with_name(f"cli-{arch}.json")
-    command = [sys.executable, "-m", "cli", "embed", str(store), "--model", f"timm:{arch}"]
+    command = [
+        sys.executable,
+        "-m",
+        "tilestore.cli",
+        "embed",
+        str(store),
+        "--model",
+        f"timm:{arch}",
+    ]
     command += ["--plan", "bench", "--batch-size", str(batch), "--decode", "cpu"]
     command += ["--overwrite", "--report", str(report)] + (["--compile"] if compiled else [])
     t0 = time.perf_counter()

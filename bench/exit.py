@@ -1,9 +1,9 @@
 """How long a finished `tilestore embed` keeps its process (GPU machine): Python's teardown
-against the CLI's `os._exit` (cli.main._leave).
+against the CLI's `os._exit` (tilestore.cli.main._leave).
 
-Each run is a fresh process that calls `cli.main` for `embed STORE --model MODEL --overwrite`
-and writes the time the command returned; the process wall is taken from outside. "teardown"
-stops `_leave` from ending the process (as before it), "os._exit" is the CLI as shipped.
+Each run is a fresh process that calls `tilestore.cli.main` for `embed STORE --model MODEL
+--overwrite` and writes the time the command returned; the process wall is taken from outside.
+"teardown" stops `_leave` from ending the process (as before it), "os._exit" is the CLI as shipped.
 
     python bench/exit.py STORE --model timm:vit_base_patch16_224 --reps 3
 """
@@ -21,12 +21,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 CHILD = """
 import sys, time
-import cli.main
+import tilestore.cli.main
 if sys.argv[1] == "teardown":  # the process as it ended before: through sys.exit
     def _leave(code):
         sys.stderr.write(f"RETURNED {time.time()}\\n")
         sys.exit(code)
-    cli.main._leave = _leave
+    tilestore.cli.main._leave = _leave
 else:
     import os
     _exit = os._exit
@@ -35,7 +35,7 @@ else:
         _exit(code)
     os._exit = _marked
 sys.argv = ["tilestore", *sys.argv[2:]]
-cli.main.main()
+tilestore.cli.main.main()
 """
 
 

@@ -26,10 +26,10 @@ import torch
 from decode import feed
 from stores import build
 
-from embed import Embedder, Options
-from embed.models import load_model
 from tilestore.cpus import usable_cpus
-from tilestore.slide import open_slide
+from tilestore.embed import Embedder, Options
+from tilestore.embed.models import load_model
+from tilestore.reading.opening import open_slide
 
 HERE = Path(__file__).resolve().parent
 

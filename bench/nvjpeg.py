@@ -1,13 +1,13 @@
 """nvJPEG on store chunks (GPU machine): decode rate by call size, alone and beside a model.
 
 Decodes the first `--chunks` chunks of a JPEG store level (default: bench/embed_engine.py's YCbCr
-store) with `embed.nvjpeg.decode_gpu`, in calls of 16 .. 1024 chunks, and reports chunks/s
+store) with `tilestore.embed.nvjpeg.decode_gpu`, in calls of 16 .. 1024 chunks, and reports chunks/s
 and megapixels/s; then once more beside a thread that only runs Python and beside a model
 running batches on the GPU, to show what the decoder takes from it and it from the decoder
-(the model's tiles/s alone and beside the decodes). This is what `embed.nvjpeg.GROUP_PIXELS`
-rests on. Last, the same tissue re-encoded in chunks of `--sides` px (quality 90), to show
-what the chunk size does to nvJPEG: its cost per image, not per pixel, is what limits it on
-small chunks.
+(the model's tiles/s alone and beside the decodes). This is what
+`tilestore.embed.nvjpeg.GROUP_PIXELS` rests on. Last, the same tissue re-encoded in chunks of
+`--sides` px (quality 90), to show what the chunk size does to nvJPEG: its cost per image, not per
+pixel, is what limits it on small chunks.
 
     python bench/nvjpeg.py [--store S] [--sides 256,512,1024] [--out x.json]
 """
@@ -27,8 +27,8 @@ import numpy as np
 import timm
 import torch
 
-from embed.nvjpeg import GPU_DECODERS, decode_gpu, group_chunks, open_decoder
-from tilestore.slide import open_slide
+from tilestore.embed.nvjpeg import GPU_DECODERS, decode_gpu, group_chunks, open_decoder
+from tilestore.reading.opening import open_slide
 
 HERE = Path(__file__).resolve().parent
 

@@ -23,9 +23,9 @@ import numpy as np
 import shapely
 from scipy import ndimage
 
-from tilestore.annotations import Annotations
-from tilestore.grid import grid_spec, make_plan
-from tilestore.tiles import chunk_schedule
+from tilestore.plan.annotations import Annotations
+from tilestore.plan.grid import grid_spec, make_plan
+from tilestore.plan.tiles import chunk_schedule
 
 HERE = Path(__file__).resolve().parent
 

@@ -84,7 +84,7 @@ def speed(size: int, slide_mpp: float, devices: list[str], reps: int) -> dict:
     process and the median of `reps`."""
     from make_slide import make_large_svs
 
-    from tilestore.tissue import compute_tissue
+    from tilestore.masks.tissue import compute_tissue
 
     svs = make_large_svs(HERE / "data" / f"large-{size}-{slide_mpp}.svs", size, slide_mpp)
     store = HERE / "data" / "stores" / f"large-{size}-{slide_mpp}.ome.zarr"
@@ -121,7 +121,7 @@ def speed(size: int, slide_mpp: float, devices: list[str], reps: int) -> dict:
 
 
 def cohort(work: Path, slides: int, workers: int) -> dict:
-    from embed.cohort import cpu_share, local_cluster
+    from tilestore.embed.cohort import cpu_share, local_cluster
 
     image = tifffile.imread(CMU)
     source = _store(work, "cohort-source", image)

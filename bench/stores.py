@@ -9,7 +9,7 @@ from pathlib import Path
 from make_slide import make_large_svs
 
 import tilestore
-from tilestore.plans import PlanOptions, list_plans, plan_slide, save_plan
+from tilestore.plan import PlanOptions, list_plans, plan_slide, save_plan
 
 
 def build(

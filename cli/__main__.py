@@ -1,3 +1,3 @@
-from cli.main import main
+from tilestore.cli.main import main
 
 main()

@@ -9,22 +9,26 @@ from pathlib import Path
 
 import typer
 
-from cli.console import as_flags, flags_of, out, text_table
-from cli.console import progress_bar as _progress
-from embed.inputs import Stager
-from embed.settings import (
+from tilestore import TilestoreError
+from tilestore.cli.console import as_flags, flags_of, out, text_table
+from tilestore.cli.console import progress_bar as _progress
+from tilestore.cli.planflags import with_plan_flags
+from tilestore.embed import (
     AUTO_CPU_DECODE_CPUS,
+    BATCHES,
+    REPEATS,
     RESERVED_CPUS,
     SLICE_TILES,
     DecodeOption,
     FeatureDtype,
     Options,
     PrecisionOption,
+    Stager,
 )
-from tilestore.errors import TilestoreError
-from tilestore.plans import MIN_TISSUE, PlanOptions
+from tilestore.plan import PlanOptions
 
 
+@with_plan_flags
 def embed(
     stores: list[Path] = typer.Argument(
         ...,
@@ -34,8 +38,13 @@ def embed(
     in_place: bool = typer.Option(
         False,
         "--in-place",
-        help="Read TIFF slides (SVS, OME-TIFF) in place through a sidecar "
-        "store beside each (<slide>.tilestore.zarr), instead of converting them.",
+        help="Read TIFF slides (SVS, OME-TIFF, NDPI) where they are, through a sidecar "
+        "store each (<slide>.tilestore.zarr, in --sidecars), instead of converting them.",
+    ),
+    sidecars: Path | None = typer.Option(
+        None,
+        help="--in-place: the folder for the sidecars (default: beside each slide; name one "
+        "where the slides are read-only).",
     ),
     into: Path = typer.Option(
         Path("stores"),
@@ -47,29 +56,6 @@ def embed(
     ),
     plan: str | None = typer.Option(
         None, help="A stored plan (default: the store's only plan, else a new one)."
-    ),
-    mpp: float | None = typer.Option(
-        PlanOptions.mpp, help="Plan option: tile um/px (default: the model's native mpp)."
-    ),
-    tile: int | None = typer.Option(
-        PlanOptions.tile, help="Plan option: tile px (default: the model's)."
-    ),
-    stride: int | None = typer.Option(PlanOptions.stride, help="Plan option: px between tiles."),
-    min_tissue: float | None = typer.Option(
-        None, help=f"Plan option: minimum tissue fraction (default {MIN_TISSUE})."
-    ),
-    max_artefact: float | None = typer.Option(
-        None, help="Plan option: drop tiles more than this share QC artefact (`tilestore qc`)."
-    ),
-    exclude: str | None = typer.Option(
-        None, help="Plan option: the artefacts --max-artefact counts (default: all)."
-    ),
-    roi: Path | None = typer.Option(PlanOptions.roi, help="Plan option: ROI annotations file."),
-    roi_class: str | None = typer.Option(
-        PlanOptions.roi_class, help="Plan option: ROI class to keep."
-    ),
-    min_roi: float | None = typer.Option(
-        None, help=f"Plan option: minimum ROI overlap (default {PlanOptions.min_roi})."
     ),
     batch_size: str = typer.Option(
         "auto", help="Tiles per batch, or auto (largest that fits and helps)."
@@ -145,25 +131,16 @@ def embed(
     shard: str | None = typer.Option(
         None, help="K/N: embed only the K-th (0-based) of N size-balanced shares of the stores."
     ),
+    plan_options: PlanOptions | None = None,
 ) -> None:
     """Embed plan tiles with a foundation model; write embeddings/<model> into each store."""
-    given = {
-        "mpp": mpp,
-        "tile": tile,
-        "stride": stride,
-        "min_tissue": min_tissue,
-        "roi": roi,
-        "roi_class": roi_class,
-        "min_roi": min_roi,
-        "max_artefact": max_artefact,
-        "exclude": tuple(e.strip() for e in exclude.split(",")) if exclude else None,
-    }
-    given = {k: v for k, v in given.items() if v is not None}
-    if plan and given:
+    if plan and plan_options:
         raise TilestoreError("--plan names a stored plan: plan options cannot change it")
+    if sidecars and not in_place:
+        raise TilestoreError("--sidecars is where --in-place keeps its sidecars: add --in-place")
     if batch_size != "auto" and not batch_size.isdigit():
         raise TilestoreError(f"--batch-size {batch_size}: a number or auto")
-    choice = plan or (PlanOptions(**given) if given else None)
+    choice = plan or plan_options
     options = Options(
         batch_size=None if batch_size == "auto" else int(batch_size),
         device=device,
@@ -183,8 +160,8 @@ def embed(
         profile_batches=profile_batches,
     )
     if shard:
-        from embed.cohort import parse_shard
-        from embed.cohort import shard as share
+        from tilestore.embed import parse_shard
+        from tilestore.embed import shard as share
 
         k, n = parse_shard(shard)
         stores = [Path(s) for s in share(stores, k, n)]
@@ -192,10 +169,10 @@ def embed(
         if not stores:
             return
     if dry_run:
-        _dry_run(stores, model, choice, options, None if in_place else into)
+        _dry_run(stores, model, choice, options, into, in_place, sidecars)
         return
     if cluster or scheduler:
-        from tilestore.store import is_store
+        from tilestore.format import is_store
 
         slides = [str(s) for s in stores if s.exists() and not is_store(s)]
         if slides:
@@ -208,9 +185,9 @@ def embed(
         )
         return
     # slides start converting in a worker process before this one imports torch
-    staging = Stager(stores, None if in_place else into, choice)
-    from embed.engine import embed as run_embed
-    from embed.report import format_report
+    staging = Stager(stores, into, choice, in_place=in_place, sidecars=sidecars)
+    from tilestore.embed import embed as run_embed
+    from tilestore.embed import format_report
 
     with _progress(f"embedding with {model}") as (progress, task):
         result = run_embed(
@@ -220,8 +197,6 @@ def embed(
             options=options,
             report_path=report,
             progress=lambda n, total: progress.update(task, advance=n, total=total),
-            convert_into=into,
-            in_place=in_place,
         )
     for line in format_report(result):  # plain print: never wrap a line
         failed = line.startswith(("WARNING", "tilestore: error"))
@@ -232,10 +207,18 @@ def embed(
         raise typer.Exit(2)
 
 
-def _dry_run(stores, model, plan, options, into) -> None:
-    from embed.dryrun import dry_run
+def _dry_run(stores, model, plan, options, into, in_place, sidecars) -> None:
+    from tilestore.embed import dry_run
 
-    result = dry_run(stores, model, plan=plan, options=options, convert_into=into)
+    result = dry_run(
+        stores,
+        model,
+        plan=plan,
+        options=options,
+        convert_into=into,
+        in_place=in_place,
+        sidecars=sidecars,
+    )
     table = text_table("input", "plan tiles", "done", "to do", "est. s", "note")
     for row in result.rows:
         show = lambda v: "-" if v is None else f"{v:,}"  # noqa: E731
@@ -266,7 +249,7 @@ def _embed_on_dask(
 ) -> None:
     from distributed import Client
 
-    from embed.cohort import cpu_share, embed_cohort, local_cluster, summary_lines
+    from tilestore.embed import cpu_share, embed_cohort, local_cluster, summary_lines
 
     if cluster and scheduler:
         raise TilestoreError("--cluster starts a cluster, --scheduler joins one: give one")
@@ -302,17 +285,10 @@ models_app = typer.Typer(no_args_is_help=True, help="Tile encoders: list them, f
 @models_app.command("list")
 def models_list() -> None:
     """The registered models: hub repo, output size, the resolution they expect, cached or not."""
-    from embed.models import list_models
-    from embed.models.hub import cache_dir
+    from tilestore.embed import is_cached, list_models
 
     table = text_table("name", "weights", "dim", "um/px", "tile", "gated", "cached")
-    cache = cache_dir()
     for spec in list_models():
-        cached = (
-            "yes"
-            if spec.source != "hf-hub"
-            else ("yes" if (cache / f"models--{spec.repo.replace('/', '--')}").is_dir() else "no")
-        )
         table.add_row(
             spec.name,
             spec.repo,
@@ -320,11 +296,11 @@ def models_list() -> None:
             str(spec.native_mpp or "-"),
             str(spec.tile),
             "yes" if spec.gated else "no",
-            cached,
+            "yes" if is_cached(spec) else "no",
         )
     out.print(table)
     out.print(
-        f"also: timm:<architecture> (random weights unless cached), local:<folder>; cache: {cache}",
+        "also: timm:<architecture> (random weights unless cached), local:<folder>",
         highlight=False,
     )
 
@@ -337,14 +313,12 @@ def models_pull(
     ),
 ) -> None:
     """Download a model's config and weights into the HF cache, for offline compute nodes."""
-    from embed.models import get_model
-    from embed.models.hub import pull
+    from tilestore.embed import pull
 
-    spec = get_model(name)
-    if spec.source != "hf-hub":
-        out.print(f"{name}: nothing to pull ({spec.source} weights)")
+    checkpoint = pull(name, token=hf_token)
+    if checkpoint is None:
+        out.print(f"{name}: nothing to pull (its weights do not come from the hub)")
         return
-    checkpoint = pull(name, spec.repo, token=hf_token)
     out.print(
         f"{name}: {checkpoint.repo} revision {checkpoint.revision} -> {checkpoint.weights}",
         highlight=False,
@@ -355,42 +329,33 @@ def models_pull(
 def models_profile(
     name: str = typer.Argument(..., help="Model name, timm:<arch> or local:<dir>."),
     batches: str = typer.Option(
-        "32,64,128,256,512,1024", help="Batch sizes to measure, comma-separated."
+        ",".join(map(str, BATCHES)), help="Batch sizes to measure, comma-separated."
     ),
-    device: str = typer.Option("auto", help="auto, cuda, cuda:N or cpu."),
-    precision: str = typer.Option("auto", help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp32."),
-    repeats: int = typer.Option(5, help="Timed batches per size."),
+    device: str = typer.Option(Options.device, help="auto, cuda, cuda:N or cpu."),
+    precision: PrecisionOption = typer.Option(
+        Options.precision, help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp32."
+    ),
+    repeats: int = typer.Option(REPEATS, help="Timed batches per size."),
     plot: Path | None = typer.Option(None, help="Also plot tiles/s and memory to this PNG."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the numbers here."),
     hf_token: str | None = typer.Option(None, help="Hugging Face token."),
 ) -> None:
     """Tiles/s and peak GPU memory per batch size (random tiles), to size a GPU request."""
-    import torch
-
-    from embed.forward import place
-    from embed.models import load_model
-    from embed.sizing import plot_profile, profile_batches
+    from tilestore.embed import plot_profile, profile_model
 
     try:
         sizes = tuple(int(b) for b in batches.split(","))
     except ValueError:
         raise TilestoreError(f"--batches {batches}: whole numbers separated by commas") from None
-    if not sizes or min(sizes) < 1:
-        raise TilestoreError(f"--batches {batches}: sizes of at least 1")
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else device)
-    if device == "auto" and dev.type != "cuda":
-        dev = torch.device("cpu")
-    chosen = precision if precision != "auto" else ("bf16" if dev.type == "cuda" else "fp32")
-    if chosen not in ("bf16", "fp32"):
-        raise TilestoreError(f"--precision {precision}: auto, bf16 or fp32")
-    loaded = place(load_model(name, token=hf_token, device=dev), dev)
-    profile = profile_batches(loaded, dev, chosen, sizes, repeats)
+    profile = profile_model(
+        name, sizes, device=device, precision=precision, repeats=repeats, token=hf_token
+    )
     memory = (
         f"; the model alone {profile.model_mb:,.0f} MB of {profile.total_mb:,.0f} MB"
         if profile.total_mb
         else ""
     )
-    out.print(f"{name} on {profile.device_name}, {chosen}{memory}", highlight=False)
+    out.print(f"{name} on {profile.device_name}, {profile.precision}{memory}", highlight=False)
     table = text_table("batch", "tiles/s", "peak GPU MB", "per tile MB")
     for run in profile.runs:
         fits = run.tiles_per_s is not None

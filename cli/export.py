@@ -39,7 +39,7 @@ def ome_tiff(
     overwrite: bool = typer.Option(False, help="Replace an existing file."),
 ) -> None:
     """A tiled, pyramidal OME-TIFF (SubIFDs) for QuPath, OMERO and Bio-Formats."""
-    from tilestore.tiffout import to_ome_tiff
+    from tilestore.conversion import to_ome_tiff
 
     result = to_ome_tiff(
         store,
@@ -72,8 +72,8 @@ def qupath(
 
     In QuPath: File > Import objects from file, over the ORIGINAL slide (same pixels).
     """
+    from tilestore.analysis import to_qupath
     from tilestore.embeddings import group_name
-    from tilestore.export import to_qupath
 
     ds = _open([str(store)], model)
     name = ds.tiles.slides[0]
@@ -97,7 +97,7 @@ def anndata(
     images: bool = typer.Option(True, help="Store thumbnails for squidpy in uns['spatial']."),
 ) -> None:
     """Tiles as an AnnData .h5ad (X = features, obsm['spatial'] = centres) for scanpy/squidpy."""
-    from tilestore.export import to_anndata
+    from tilestore.analysis import to_anndata
 
     ds = _open(stores, model)
     found = _clusters(ds, clusters, pcs)
@@ -118,7 +118,7 @@ def map_png(
     pcs: int = PCS,
 ) -> None:
     """PNG maps over the slide thumbnail: first three PCs as colour, optionally clusters."""
-    from tilestore.plots import plot_gallery, plot_map
+    from tilestore.analysis import plot_gallery, plot_map
 
     ds = _open([str(store)], model)
     plot_map(ds, ds.tiles.rgb_map(), path=output, title=f"{ds.tiles.slides[0]}: PC1-3 as RGB")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from cli.console import human_size, out, text_table
+from tilestore.cli.console import human_size, out, text_table
 
 
 def info(
@@ -20,7 +20,7 @@ def info(
     ),
 ) -> None:
     """Describe a store or a slide: levels, mpp, chunking, codec, size, completeness."""
-    from tilestore.info import describe
+    from tilestore.conversion import describe
 
     desc = describe(path, verify=verify)
     if as_json:
@@ -145,7 +145,7 @@ def verify(
     workers: int | None = typer.Option(None, help="Threads reading chunks (default: CPUs)."),
 ) -> None:
     """Read every chunk of each store, check its checksum, list every bad one (exit 2 if any)."""
-    from tilestore.verify import verify_store
+    from tilestore.reading import verify_store
 
     bad = 0
     for store in stores:

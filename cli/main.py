@@ -1,4 +1,5 @@
-"""The `tilestore` command: parses, prints, exits. The work happens in tilestore and embed."""
+"""The `tilestore` command: parses, prints, exits. The work happens in the library, reached
+through its packages' public faces only (`tilestore`, `tilestore.embed`, `tilestore.plan`...)."""
 
 from __future__ import annotations
 
@@ -11,19 +12,17 @@ from typing import NoReturn
 
 import typer
 
-from cli.console import as_flags, flags_of, human_size, out, text_table
-from cli.console import progress_bar as _progress
-from cli.embed import embed, models_app
-from cli.export import export_app
-from cli.inspect import info, verify
-from cli.qc import qc
-from tilestore.contrast import ContrastRule
+from tilestore import TilestoreError
+from tilestore.cli.console import as_flags, flags_of, human_size, out, text_table
+from tilestore.cli.console import progress_bar as _progress
+from tilestore.cli.embed import embed, models_app
+from tilestore.cli.export import export_app
+from tilestore.cli.inspect import info, verify
+from tilestore.cli.planflags import with_plan_flags
+from tilestore.cli.qc import qc
 from tilestore.conversion import QUALITY, SUBSAMPLING
-from tilestore.errors import TilestoreError
-from tilestore.plans import DEFAULT_MPP, DEFAULT_TILE, MIN_TISSUE, PlanOptions
-from tilestore.tissue import DEFAULT_MPP as TISSUE_MPP
-
-RULE = ContrastRule()
+from tilestore.masks import TISSUE_MPP
+from tilestore.plan import PlanOptions
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -71,12 +70,20 @@ def convert(
     name: str | None = typer.Option(
         None, help="Store name (<name>.ome.zarr) for a single slide, instead of the file's."
     ),
+    in_place: bool = typer.Option(
+        False,
+        "--in-place",
+        help="Read TIFF slides where they are instead: make each a sidecar store "
+        "(<slide>.tilestore.zarr) in --output, holding only metadata and coarse levels.",
+    ),
 ) -> None:
-    """Convert slides once into chunked OME-Zarr 0.5 stores."""
+    """Convert slides once into chunked OME-Zarr 0.5 stores (or make in-place sidecars)."""
     from tilestore.conversion import convert as run_convert
+    from tilestore.conversion import slides_of
+    from tilestore.reading import sidecar_for
 
     failed = 0
-    slides = [(path, series) for path in src for series in _series_of(path)]
+    slides = [(path, series) for path in src for series in slides_of(path)]
     if name and len(slides) > 1:
         raise TilestoreError(f"--name {name}: names one store, but {len(slides)} slides were given")
     for path, series in slides:
@@ -84,7 +91,8 @@ def convert(
             with _progress(f"{path.name}") as (progress, task):
                 report = run_convert(
                     path,
-                    output,
+                    sidecar_for(path, output) if in_place else output,
+                    in_place=in_place,
                     series=series,
                     name=name,
                     chunk=chunk,
@@ -129,19 +137,6 @@ def convert(
         raise typer.Exit(2)
 
 
-def _series_of(path: Path) -> list[str | None]:
-    """A folder of several DICOM series is one slide per series; anything else is one slide."""
-    if not path.is_dir():
-        return [None]
-    from tilestore.sources import dicom_series
-
-    try:
-        found = dicom_series(path)
-    except TilestoreError:
-        return [None]  # open_source says what is wrong with it
-    return list(found) if len(found) > 1 else [None]
-
-
 @app.command()
 def tissue(
     store: Path = typer.Argument(..., help="A store made by `tilestore convert`."),
@@ -157,9 +152,9 @@ def tissue(
     ),
 ) -> None:
     """Compute the tissue mask and store it as the OME-Zarr label image labels/tissue."""
-    from tilestore.preview import save_preview
-    from tilestore.slide import open_slide
-    from tilestore.tissue import compute_tissue, write_tissue
+    from tilestore.analysis import save_preview
+    from tilestore.masks import compute_tissue, write_tissue
+    from tilestore.reading import open_slide
 
     slide = open_slide(store)
     mask = compute_tissue(slide, method, mpp, **({"channel": channel} if channel else {}))
@@ -185,81 +180,21 @@ def tissue(
 
 
 @app.command()
+@with_plan_flags
 def plan(
-    store: Path = typer.Argument(..., help="A store made by `tilestore convert`."),
-    mpp: float = typer.Option(
-        DEFAULT_MPP, help="Tile resolution, um/px (0: level-0 pixels, for slides without mpp)."
-    ),
-    tile: int = typer.Option(DEFAULT_TILE, help="Tile side in pixels at --mpp."),
-    stride: int | None = typer.Option(
-        PlanOptions.stride, help="Pixels between tile starts (default: --tile)."
-    ),
-    min_tissue: float | None = typer.Option(
-        PlanOptions.min_tissue,
-        help=f"Keep tiles with at least this tissue fraction (default {MIN_TISSUE}; 0 "
-        "with --filter).",
-    ),
-    roi: Path | None = typer.Option(
-        PlanOptions.roi, help="ROI annotations: QuPath GeoJSON, Aperio or ASAP XML."
-    ),
-    roi_class: str | None = typer.Option(
-        PlanOptions.roi_class, help="Use only ROIs of this class."
-    ),
-    min_roi: float = typer.Option(
-        PlanOptions.min_roi, help="Keep tiles with at least this ROI overlap."
-    ),
-    roi_mpp: float | None = typer.Option(
-        PlanOptions.roi_mpp, help="um/px the ROI coordinates were drawn at."
-    ),
-    tolerance: float = typer.Option(
-        PlanOptions.tolerance, help="Use a level as is if its mpp is this close."
-    ),
-    name: str | None = typer.Option(
-        PlanOptions.name, help="Plan name (default: e.g. 0.5mpp-224px)."
-    ),
-    max_artefact: float | None = typer.Option(
-        PlanOptions.max_artefact,
-        help="Drop tiles more than this share artefact (needs `tilestore qc` first).",
-    ),
-    exclude: str | None = typer.Option(
-        None, help="The artefacts --max-artefact counts, comma-separated (default: all)."
-    ),
-    filter: str | None = typer.Option(
-        PlanOptions.filter, help="contrast: keep tiles whose own pixels pass the tutorial rule."
-    ),
-    contrast_min: int = typer.Option(RULE.max_min, help="--filter contrast: min below this."),
-    contrast_max: int = typer.Option(RULE.min_max, help="--filter contrast: max at least this."),
-    contrast_p5: int = typer.Option(RULE.max_p5, help="--filter contrast: p5 below this."),
-    contrast_median: int = typer.Option(
-        RULE.max_median, help="--filter contrast: median below this."
-    ),
+    store: Path = typer.Argument(..., help="A store (converted, or a slide's sidecar)."),
     overwrite: bool = typer.Option(False, help="Replace a plan of the same name."),
     preview: Path | None = typer.Option(None, help="Write a PNG: thumbnail, tissue, ROIs, tiles."),
+    plan_options: PlanOptions | None = None,
 ) -> None:
     """Plan the tiles to embed and store the plan in the slide's store."""
-    from tilestore.annotations import load_annotations
-    from tilestore.plans import plan_slide, save_plan
-    from tilestore.preview import save_preview
-    from tilestore.slide import open_slide
-    from tilestore.tissue import read_tissue
+    from tilestore.analysis import save_preview
+    from tilestore.masks import read_tissue
+    from tilestore.plan import plan_rois, plan_slide, resolve_plan, save_plan
+    from tilestore.reading import open_slide
 
     slide = open_slide(store)
-    options = PlanOptions(
-        mpp=mpp,
-        tile=tile,
-        stride=stride,
-        min_tissue=min_tissue,
-        roi=roi,
-        roi_class=roi_class,
-        min_roi=min_roi,
-        roi_mpp=roi_mpp,
-        tolerance=tolerance,
-        name=name,
-        max_artefact=max_artefact,
-        exclude=tuple(e.strip() for e in exclude.split(",")) if exclude else None,
-        filter=filter,
-        contrast=ContrastRule(contrast_min, contrast_max, contrast_p5, contrast_median),
-    )
+    options = resolve_plan(plan_options or PlanOptions(), slide)
     made = plan_slide(slide, options)
     save_plan(slide, made, overwrite=overwrite)
     for note in made.notes:
@@ -272,8 +207,7 @@ def plan(
         highlight=False,
     )
     if preview:
-        _, h0, w0 = slide.shape
-        rois = load_annotations(roi, size=(w0, h0)).select(roi_class) if roi else None
+        rois = plan_rois(slide, options) if options.roi else None  # as the plan used them
         save_preview(preview, slide, tissue=read_tissue(slide), rois=rois, plan=made)
         out.print(f"preview: {preview}")
 

@@ -7,20 +7,18 @@ from pathlib import Path
 
 import typer
 
-from cli.console import as_flags, flags_of, out
-from cli.console import progress_bar as _progress
-from tilestore.errors import TilestoreError
-from tilestore.qc.classes import ARTEFACTS
-from tilestore.qc.store import FLAG_FRACTION
-
-DEFAULT_MPP = 4.0  # tilestore.qc.maps.DEFAULT_MPP (that module imports torch)
+from tilestore import TilestoreError
+from tilestore.cli.console import as_flags, flags_of, out
+from tilestore.cli.console import progress_bar as _progress
+from tilestore.qc import FLAG_FRACTION, QCOptions
 
 
 def qc(
     stores: list[Path] = typer.Argument(..., help="Stores made by `tilestore convert`."),
-    mpp: float = typer.Option(DEFAULT_MPP, help="Map resolution, um/px (2-4; never level 0)."),
+    mpp: float = typer.Option(QCOptions.mpp, help="Map resolution, um/px (2-4; never level 0)."),
     detectors: str = typer.Option(
-        ",".join(ARTEFACTS), help="Artefacts to look for, comma-separated, in label order."
+        ",".join(QCOptions.detectors),
+        help="Artefacts to look for, comma-separated, in label order.",
     ),
     device: str | None = typer.Option(None, help="cuda or cpu (default: the GPU if any)."),
     flag_fraction: float = typer.Option(
@@ -42,9 +40,7 @@ def qc(
 ) -> None:
     """Find pen ink, bubbles, folds, dark or washed-out regions, blur and stain outliers;
     store them as labels/qc and a summary in each store; optionally a cohort report."""
-    from tilestore.qc.cohort import qc_cohort
-    from tilestore.qc.maps import QCOptions
-    from tilestore.qc.report import write_report
+    from tilestore.qc import qc_cohort, write_report
 
     options = QCOptions(
         mpp=mpp, detectors=tuple(d.strip() for d in detectors.split(",")), device=device
@@ -55,7 +51,7 @@ def qc(
     if cluster or scheduler:
         from distributed import Client
 
-        from embed.cohort import cpu_share, local_cluster
+        from tilestore.embed import cpu_share, local_cluster
 
         client = Client(scheduler) if scheduler else local_cluster(cluster, workers)
         threads = cpu_share(len(client.nthreads())) if cluster else None

@@ -1,70 +1,100 @@
-"""embed: a streaming GPU embedder writing foundation-model features into tilestore stores.
+"""tilestore.embed: a streaming GPU embedder writing foundation-model features into tilestore
+stores.
 
->>> from embed import Options, embed
+>>> from tilestore.embed import Options, embed
 >>> report = embed(["stores/a.ome.zarr"], "uni", options=Options(compile=True))
 >>> with Embedder("uni") as embedder:          # one model load for many runs
 ...     embedder.embed(stores_a); embedder.embed(stores_b)
 >>> embed_cohort(stores, "uni", dask_client)   # many GPUs and nodes, through Dask
 
 Members load on first use: the decoder worker processes import this package and must not
-pay for torch.
+pay for torch. May import `tilestore` (below it), never `tilestore.cli` (above it).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
-# public name -> the module that defines it
-_MEMBERS = {
-    "CohortReport": "embed.cohort",
-    "embed_cohort": "embed.cohort",
-    "Embedder": "embed.engine",
-    "embed": "embed.engine",
-    "Slice": "embed.jobs",
-    "LoadedModel": "embed.models",
-    "ModelError": "embed.models",
-    "get_model": "embed.models",
-    "list_models": "embed.models",
-    "load_model": "embed.models",
-    "RunReport": "embed.report",
-    "Options": "embed.settings",
-    "Settings": "embed.settings",
-    "resolve": "embed.settings",
-}
+from tilestore.faces import lazy_face
 
-__all__ = [
-    "CohortReport",
-    "Embedder",
-    "LoadedModel",
-    "ModelError",
-    "Options",
-    "RunReport",
-    "Settings",
-    "Slice",
-    "embed",
-    "embed_cohort",
-    "get_model",
-    "list_models",
-    "load_model",
-    "resolve",
-]
-
-
-def __getattr__(name: str):
-    if name in _MEMBERS:
-        return getattr(importlib.import_module(_MEMBERS[name]), name)
-    raise AttributeError(f"module 'embed' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
-
+__getattr__, __dir__, __all__ = lazy_face(
+    __name__,
+    {
+        "tilestore.embed.cohort": (
+            "CohortReport",
+            "cpu_share",
+            "embed_cohort",
+            "local_cluster",
+            "parse_shard",
+            "shard",
+            "summary_lines",
+        ),
+        "tilestore.embed.dryrun": ("dry_run",),
+        "tilestore.embed.engine": ("Embedder", "embed"),
+        "tilestore.embed.inputs": ("Stager",),
+        "tilestore.embed.jobs": ("Slice",),
+        "tilestore.embed.models": (
+            "LoadedModel",
+            "ModelError",
+            "get_model",
+            "is_cached",
+            "list_models",
+            "load_model",
+            "pull",
+        ),
+        "tilestore.embed.report": ("RunReport", "format_report"),
+        "tilestore.embed.settings": (
+            "AUTO_CPU_DECODE_CPUS",
+            "BATCHES",
+            "REPEATS",
+            "RESERVED_CPUS",
+            "SLICE_TILES",
+            "DecodeOption",
+            "FeatureDtype",
+            "Options",
+            "PrecisionOption",
+            "Settings",
+            "resolve",
+        ),
+        "tilestore.embed.sizing": ("plot_profile", "profile_model"),
+    },
+)
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
-    from embed.cohort import CohortReport, embed_cohort
-    from embed.engine import Embedder, embed
-    from embed.jobs import Slice
-    from embed.models import LoadedModel, ModelError, get_model, list_models, load_model
-    from embed.report import RunReport
-    from embed.settings import Options, Settings, resolve
+    from tilestore.embed.cohort import (
+        CohortReport,
+        cpu_share,
+        embed_cohort,
+        local_cluster,
+        parse_shard,
+        shard,
+        summary_lines,
+    )
+    from tilestore.embed.dryrun import dry_run
+    from tilestore.embed.engine import Embedder, embed
+    from tilestore.embed.inputs import Stager
+    from tilestore.embed.jobs import Slice
+    from tilestore.embed.models import (
+        LoadedModel,
+        ModelError,
+        get_model,
+        is_cached,
+        list_models,
+        load_model,
+        pull,
+    )
+    from tilestore.embed.report import RunReport, format_report
+    from tilestore.embed.settings import (
+        AUTO_CPU_DECODE_CPUS,
+        BATCHES,
+        REPEATS,
+        RESERVED_CPUS,
+        SLICE_TILES,
+        DecodeOption,
+        FeatureDtype,
+        Options,
+        PrecisionOption,
+        Settings,
+        resolve,
+    )
+    from tilestore.embed.sizing import plot_profile, profile_model

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from embed.buffers import SlotPool
-from embed.queues import Stopped
-from embed.report import Span
-from tilestore.chunks import ChunkReader
-from tilestore.tiles import cut_tile
+from tilestore.embed.buffers import SlotPool
+from tilestore.embed.queues import Stopped
+from tilestore.embed.report import Span
+from tilestore.format.chunks import ChunkReader
+from tilestore.plan.tiles import cut_tile
 
 
 def decode_row_cpu(

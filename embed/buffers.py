@@ -7,7 +7,7 @@ import threading
 
 import torch
 
-from embed.queues import Stopped
+from tilestore.embed.queues import Stopped
 
 
 class SlotPool:

@@ -27,14 +27,14 @@ from typing import Any
 import numpy as np
 from distributed import WorkerPlugin, as_completed, get_worker
 
-from embed.engine import Embedder
-from embed.jobs import PlanChoice, Slice, plan_for, rgb_input
-from embed.models import get_model
-from embed.settings import SLICE_TILES, Options
+from tilestore.conversion import pixel_count
 from tilestore.cpus import usable_cpus
-from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
+from tilestore.embed.engine import Embedder
+from tilestore.embed.jobs import PlanChoice, Slice, prepare
+from tilestore.embed.models import get_model
+from tilestore.embed.settings import SLICE_TILES, Options
+from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity
 from tilestore.errors import StoreError, TilestoreError
-from tilestore.slide import open_slide
 
 PLUGIN = "tilestore-embedder"
 
@@ -60,12 +60,9 @@ def shard(stores: Sequence[str | os.PathLike], k: int, n: int) -> list[str]:
 
 
 def _size(store: str) -> int:
-    """Level-0 pixels of a store (a cheap proxy for its work), 0 if it cannot be opened."""
-    try:
-        _, h, w = open_slide(store).shape
-    except TilestoreError:
-        return 0
-    return h * w
+    """Level-0 pixels of a store or slide file (a cheap proxy for its work), read without
+    writing anything; 0 if it cannot be opened."""
+    return pixel_count(store)
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -105,7 +102,7 @@ def _embedder():
     return get_worker().plugins[PLUGIN].embedder
 
 
-def worker_identity() -> dict[str, Any]:
+def worker_identity() -> RunIdentity:
     """What the coordinator needs to create groups the workers can write into."""
     return _embedder().writer_identity()
 
@@ -194,7 +191,7 @@ def embed_cohort(
 ) -> CohortReport:
     """Embed every store on the workers of a Dask `client`; return the cohort report.
 
-    plan: as `embed.engine.embed` takes it. slice_tiles: at most this many tiles per task
+    plan: as `tilestore.embed.engine.embed` takes it. slice_tiles: at most this many tiles per task
     (big slides spread over workers). cpus_per_worker: the CPUs each worker may use for
     decoding (None: each worker's own affinity; `cpu_share` for workers sharing a machine).
     """
@@ -257,11 +254,12 @@ def embed_cohort(
 
 
 def _prepare(path, spec, plan, identity, options, slice_tiles) -> _Store:
-    slide = open_slide(path)
-    rgb_input(slide, identity)  # refused here, before any slice is sent
-    tile_plan, uid = plan_for(slide, spec, plan)
-    writer = EmbeddingWriter(slide, tile_plan, uid, **identity, overwrite=options.overwrite)
-    batch = identity["batch_size"]
+    ready = prepare(path, spec, plan, identity)  # refused here, before any slice is sent
+    tile_plan = ready.plan
+    writer = EmbeddingWriter(
+        ready.slide, tile_plan, ready.uid, identity, overwrite=options.overwrite
+    )
+    batch = identity.batch_size
     todo = writer.todo()
     per = max(1, slice_tiles // batch)
     slices = []

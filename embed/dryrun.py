@@ -3,8 +3,8 @@
 The model is loaded and its batch size chosen as the run would; each store is planned as
 the run would plan it (tissue computed if missing, but neither stored); tiles already
 embedded by an earlier run are counted as done. A short calibration (the model alone at the
-run's batch size on random tiles, `embed.sizing.profile_batches`) gives tiles/s and peak GPU
-memory; a slide's time is its tiles to do at that rate, a lower bound: the engine reaches
+run's batch size on random tiles, `tilestore.embed.sizing.profile_batches`) gives tiles/s and peak
+GPU memory; a slide's time is its tiles to do at that rate, a lower bound: the engine reaches
 0.77-0.99 of the model alone (bench/RESULTS.md).
 """
 
@@ -18,15 +18,15 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from embed.engine import Embedder
-from embed.jobs import PlanChoice, plan_for, rgb_input
-from embed.models import LoadedModel
-from embed.settings import Options
-from embed.sizing import profile_batches
+from tilestore.embed.engine import Embedder
+from tilestore.embed.jobs import PlanChoice, prepare
+from tilestore.embed.models import LoadedModel
+from tilestore.embed.settings import Options
+from tilestore.embed.sizing import profile_batches
 from tilestore.embeddings import group_name
 from tilestore.errors import TilestoreError
-from tilestore.slide import open_slide
-from tilestore.store import is_store, store_name
+from tilestore.format import is_store, store_name
+from tilestore.reading import sidecar_for
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,8 @@ def dry_run(
     plan: PlanChoice = None,
     options: Options = Options(),
     convert_into: str | os.PathLike | None = None,
+    in_place: bool = False,
+    sidecars: str | os.PathLike | None = None,
 ) -> DryRun:
     """Estimate a run of `embed(inputs, model, plan=plan, options=options)`; write nothing."""
     started = time.perf_counter()
@@ -82,7 +84,10 @@ def dry_run(
         ).runs[0]
         rate = calibration.tiles_per_s or 0.0
         identity = embedder.writer_identity()
-        rows = tuple(_row(Path(p), embedder, identity, plan, rate, convert_into) for p in inputs)
+        rows = tuple(
+            _row(Path(p), embedder, identity, plan, rate, convert_into, in_place, sidecars)
+            for p in inputs
+        )
         return DryRun(
             embedder.loaded.spec.name,
             _device_name(s.device),
@@ -95,16 +100,18 @@ def dry_run(
         )
 
 
-def _row(path, embedder, identity, plan, rate, into) -> DryRow:
-    if path.exists() and not is_store(path):  # as `embed` takes a slide: convert or in place
-        if into is None:
-            return DryRow(str(path), note="a slide: would be read in place (sidecar made first)")
-        target = Path(into) / store_name(path)
-        return DryRow(str(path), note=f"a slide: would be converted into {target} first")
+def _row(path, embedder, identity, plan, rate, into, in_place, sidecars) -> DryRow:
+    store = path  # a slide with nowhere to go is refused by open_slide, as `embed` does
+    if path.exists() and not is_store(path) and (in_place or into is not None):
+        if not in_place:
+            target = Path(into) / store_name(path)
+            return DryRow(str(path), note=f"a slide: would be converted into {target} first")
+        store = sidecar_for(path, sidecars)
+        if not is_store(store):
+            return DryRow(str(path), note=f"a slide: would be read in place ({store} made first)")
     try:
-        slide = open_slide(path)
-        rgb_input(slide, identity)
-        tile_plan, _ = plan_for(slide, embedder.loaded.spec, plan, save=False)
+        ready = prepare(store, embedder.loaded.spec, plan, identity, save=False)
+        slide, tile_plan = ready.slide, ready.plan
     except TilestoreError as exc:
         return DryRow(str(path), error=str(exc))
     total = len(tile_plan)

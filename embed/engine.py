@@ -1,14 +1,14 @@
 """The streaming embedder: the GPU should be the only thing anyone waits for.
 
 `embed` (or an `Embedder` kept across runs) loads the model once and streams the plan
-tiles of every store through three stages that overlap: the producer (`embed.produce`)
+tiles of every store through three stages that overlap: the producer (`tilestore.embed.produce`)
 reads chunks ahead and decodes them (worker processes, CPU threads or nvJPEG) into whole
-plan batches of uint8 tiles; the GPU loop (`embed.runner`) transforms and embeds each batch
-while the next is copied in; a writer thread stores finished batches in the store's
+plan batches of uint8 tiles; the GPU loop (`tilestore.embed.runner`) transforms and embeds each
+batch while the next is copied in; a writer thread stores finished batches in the store's
 embeddings group. Slides follow each other in the same stream, so the next slide's tiles
 are in flight while the previous slide's last batch computes.
 
-Every setting is decided once, by `embed.settings.resolve`, when the Embedder is made.
+Every setting is decided once, by `tilestore.embed.settings.resolve`, when the Embedder is made.
 """
 
 from __future__ import annotations
@@ -18,22 +18,22 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from embed import nvjpeg
-from embed.forward import Forward, place
-from embed.inputs import Stager, as_staged
-from embed.jobs import Job, PlanChoice, Slice, slice_jobs, store_jobs
-from embed.models import LoadedModel, load_model
-from embed.nvjpeg import GpuJpeg
-from embed.procdecode import ProcessDecoder
-from embed.report import RunReport, Sampler
-from embed.runner import Runner
-from embed.settings import Options, Precision, Settings, resolve
-from embed.sizing import choose_batch
 from tilestore.cpus import usable_cpus
+from tilestore.embed import nvjpeg
+from tilestore.embed.forward import Forward, place
+from tilestore.embed.inputs import Stager, as_staged
+from tilestore.embed.jobs import Job, PlanChoice, Slice, slice_jobs, store_jobs
+from tilestore.embed.models import LoadedModel, load_model
+from tilestore.embed.nvjpeg import GpuJpeg
+from tilestore.embed.procdecode import ProcessDecoder
+from tilestore.embed.report import RunReport, Sampler
+from tilestore.embed.runner import Runner
+from tilestore.embed.settings import Options, Precision, Settings, resolve
+from tilestore.embed.sizing import choose_batch
+from tilestore.embeddings import RunIdentity
 
 
 def embed(
@@ -46,27 +46,29 @@ def embed(
     progress: Callable[[int, int], None] | None = None,
     convert_into: str | os.PathLike | None = None,
     in_place: bool = False,
+    sidecars: str | os.PathLike | None = None,
 ) -> RunReport:
     """Embed each store's plan tiles with one model, writing embeddings/<model> into the store.
 
     convert_into: a folder where inputs that are slide files rather than stores are
-    converted first (`embed.inputs.Stager`, in a worker process: the first while the model
-    loads, each next one while the GPU embeds the one before); None: every input must be a
-    store or a TIFF slide, which is read in place (`tilestore.sidecar`), as every slide is
-    with in_place. stores may be a Stager made already (the command makes it before it
-    imports torch, so the first slide converts meanwhile); convert_into and in_place are
-    then its own.
+    converted first (`tilestore.embed.inputs.Stager`, in a worker process: the first while
+    the model loads, each next one while the GPU embeds the one before). in_place: slide
+    files are read where they are instead, through sidecars in `sidecars` (None: beside each
+    slide; `tilestore.conversion.open_in_place`). With neither, every input must be a store.
+    stores may be a Stager made already (the command makes it before it imports torch, so
+    the first slide converts meanwhile); convert_into, in_place and sidecars are then its
+    own.
 
     plan: a stored plan's name; `PlanOptions` to make one (its unset mpp and tile are the
     model's); None for the store's only plan, else one made at the model's native mpp and
-    tile size (`embed.jobs.plan_for`). A store already embedded with this model is skipped
+    tile size (`tilestore.embed.jobs.plan_for`). A store already embedded with this model is skipped
     unless options.overwrite; an interrupted one resumes. A store that fails is reported in
     the returned report and the others go on.
     """
     if isinstance(stores, Stager):
         inputs = stores
     else:
-        inputs = Stager(stores, None if in_place else convert_into, plan)
+        inputs = Stager(stores, convert_into, plan, in_place=in_place, sidecars=sidecars)
     try:
         with Embedder(model, options) as embedder:
             return embedder.embed(inputs, plan=plan, report_path=report_path, progress=progress)
@@ -111,19 +113,16 @@ class Embedder:
         self._batch_note = host.batch_note
         self.model_mb = host.model_mb
 
-    def writer_identity(self) -> dict[str, Any]:
-        """What an embeddings group records of the run that writes it (EmbeddingWriter args)."""
-        return {
-            "model": self.loaded.describe(),
-            "batch_size": self.settings.batch_size,
-            "dtype": self.settings.dtype,
-            "settings": {
-                "precision": self.settings.precision,
-                "compile": self.settings.compile,
-                # a multiplex store's channels taken as R, G, B (absent for RGB stores)
-                **({"channels": list(self.settings.channels)} if self.settings.channels else {}),
-            },
-        }
+    def writer_identity(self) -> RunIdentity:
+        """What an embeddings group records of the run that writes it."""
+        return RunIdentity(
+            model=self.loaded.describe(),
+            batch_size=self.settings.batch_size,
+            dtype=self.settings.dtype,
+            precision=self.settings.precision,
+            compile=self.settings.compile,
+            channels=self.settings.channels,
+        )
 
     def __enter__(self) -> Embedder:
         return self
@@ -209,7 +208,7 @@ def _since_process_start(now: float) -> float:
 
 
 class _Host:
-    """The machine as `resolve` asks about it (`embed.settings.Machine`). It starts the
+    """The machine as `resolve` asks about it (`tilestore.embed.settings.Machine`). It starts the
     decoder processes and the GPU JPEG decoder when told to or when an answer needs them,
     loads the model when an answer needs it, and keeps all three for the Embedder."""
 

@@ -3,7 +3,7 @@
 `Forward` applies the model's transform and the model under inference mode and, in bf16,
 autocast. Compiled, the transform is fused with the model's first layers (uint8 in, no
 float32 copy of the batch in between) and on a GPU each batch is one CUDA graph replay
-(`embed.graphs`). Batch sizes are chosen in `embed.sizing`.
+(`tilestore.embed.graphs`). Batch sizes are chosen in `tilestore.embed.sizing`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import contextlib
 
 import torch
 
-from embed.graphs import GraphedForward
-from embed.models import LoadedModel
-from embed.settings import Precision
+from tilestore.embed.graphs import GraphedForward
+from tilestore.embed.models import LoadedModel
+from tilestore.embed.settings import Precision
 
 
 def place(loaded: LoadedModel, device: torch.device) -> LoadedModel:

@@ -2,8 +2,8 @@
 
 A slide file (SVS, NDPI, DICOM, ...) becomes a store in the staging folder first, by the
 same conversion as `tilestore convert` (JPEG tiles copied where they can be), or, read in
-place, gets its sidecar (`tilestore.sidecar`); then the tissue mask its plan reads is
-computed and stored. All of it runs in one worker process (`python -m embed.inputs`), one
+place, gets its sidecar (`tilestore.conversion.sidecar`); then the tissue mask its plan reads is
+computed and stored. All of it runs in one worker process (`python -m tilestore.embed.inputs`), one
 slide ahead of the engine, started when the Stager is made, which the command does before
 it imports torch: the first slide is converted while the embedding process imports torch
 and loads the model, each next one while the GPU embeds the one before, and the worker
@@ -12,7 +12,7 @@ store of a source with the same name and size: an earlier run, or one killed aft
 converting) is not converted again.
 
 The worker is a plain `python -m` process reading one JSON request per line, as the decoder
-processes are (`embed.procdecode`): it never imports the caller's main module, nor torch.
+processes are (`tilestore.embed.procdecode`): it never imports the caller's main module, nor torch.
 A worker that dies (a decoder library crashing on a damaged file) fails that slide, with
 the cause; a new worker takes the slides after it.
 """
@@ -22,8 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import sys
 import time
 import traceback
 from collections.abc import Iterable, Iterator
@@ -32,9 +30,10 @@ from pathlib import Path
 from typing import IO, Any
 
 import tilestore.errors
+from tilestore.embed import workers
 from tilestore.errors import SlideError, StoreError, TilestoreError
-from tilestore.plans import PlanOptions
-from tilestore.store import is_store, store_name
+from tilestore.format.store import is_store, store_name
+from tilestore.plan import PlanOptions
 
 
 @dataclass(frozen=True)
@@ -66,19 +65,26 @@ def tissue_wanted(plan: str | PlanOptions | None) -> str | None:
 
 class Stager:
     """Each input in order as a `Staged` store: stores as given; slide files converted into
-    `into` (None: read in place, TIFF slides only) with the tissue mask their plan reads,
-    in a worker process, `ahead` slides before they are asked for. The first slides start
-    when the Stager is made, so they overlap the caller's imports and the model's loading."""
+    `into`, or with in_place read where they are through a sidecar (in `sidecars`, else
+    beside each slide), with the tissue mask their plan reads, in a worker process, `ahead`
+    slides before they are asked for. The first slides start when the Stager is made, so
+    they overlap the caller's imports and the model's loading. A slide file with neither
+    `into` nor in_place fails as an input that is not a store."""
 
     def __init__(
         self,
         inputs: list[str | os.PathLike],
-        into: str | os.PathLike | None,
+        into: str | os.PathLike | None = None,
         plan: str | PlanOptions | None = None,
+        *,
+        in_place: bool = False,
+        sidecars: str | os.PathLike | None = None,
         ahead: int = 1,
     ) -> None:
         self._queue = iter(map(Path, inputs))  # as given: messages name them so
-        self._into = None if into is None else Path(into)
+        self._into = None if into is None or in_place else Path(into)
+        self._in_place = in_place
+        self._sidecars = None if sidecars is None else str(sidecars)
         self._tissue = tissue_wanted(plan)
         self._only_plan_will_do = plan is None  # a store holding one plan needs no mask
         self._ahead = ahead
@@ -91,7 +97,8 @@ class Stager:
             path = next(self._queue, None)
             if path is None:
                 return
-            slide = not is_store(path) and path.exists()  # a missing path fails as a store
+            # a missing path, or a slide with nowhere to go, fails as a store
+            slide = not is_store(path) and path.exists() and (self._in_place or bool(self._into))
             if slide:
                 self._send(path)
             self._pending.append((path, slide))
@@ -103,6 +110,7 @@ class Stager:
             {
                 "slide": str(path),
                 "into": None if self._into is None else str(self._into),
+                "sidecars": self._sidecars,
                 "tissue": self._tissue,
                 "only_plan_will_do": self._only_plan_will_do,
             }
@@ -148,7 +156,7 @@ class Stager:
         """Stop. A slide still being made ready (the run ended early: an error, an
         interrupt) is abandoned: its worker is stopped, and a conversion stopped leaves only
         its hidden partial folder, which the next conversion there clears
-        (`tilestore.leftovers`)."""
+        (`tilestore.format.leftovers`)."""
         self._pending.clear()
         self._queue = iter(())
         if self._worker is not None:
@@ -157,16 +165,10 @@ class Stager:
 
 
 class _Worker:
-    """The `python -m embed.inputs` process: one JSON request a line in, one reply out."""
+    """The `python -m tilestore.embed.inputs` process: one JSON request a line in, one reply out."""
 
     def __init__(self) -> None:
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "embed.inputs"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
+        self._proc = workers.start("tilestore.embed.inputs")
         self._in_flight = 0  # requests sent, not answered
 
     def send(self, request: dict[str, Any]) -> None:
@@ -193,17 +195,24 @@ class _Worker:
         return code
 
 
-def prepare(slide: Path, into: Path | None, tissue: str | None, only_plan_will_do: bool):
+def prepare(
+    slide: Path,
+    into: Path | None,
+    tissue: str | None,
+    only_plan_will_do: bool,
+    sidecars: Path | None = None,
+):
     """Make one slide ready (in the worker): its store, converted or reused (into a folder)
-    or its sidecar (in place), and the tissue mask its plan reads. Returns (store,
-    converted)."""
-    from tilestore.plans import plan_tissue, uses_stored_plan
-    from tilestore.slide import open_slide
+    or its sidecar (into None: in place, in `sidecars` or beside it), and the tissue mask its
+    plan reads. Returns (store, converted)."""
+    from tilestore.conversion import open_in_place
+    from tilestore.plan import plan_tissue, uses_stored_plan
+    from tilestore.reading import open_slide, sidecar_for
 
     converted = None
     if into is None:
-        opened = open_slide(slide)  # a TIFF slide's sidecar, made the first time
-        store = slide
+        opened = open_in_place(slide, sidecars)  # its sidecar, made the first time
+        store = sidecar_for(slide, sidecars)
     else:
         store, converted = _convert(slide, into)
         opened = open_slide(store)
@@ -215,7 +224,7 @@ def prepare(slide: Path, into: Path | None, tissue: str | None, only_plan_will_d
 
 
 def _convert(slide: Path, into: Path) -> tuple[Path, dict]:
-    from tilestore.conversion import convert
+    from tilestore.conversion.converter import convert
 
     target = into / store_name(slide)
     if is_store(target):
@@ -236,7 +245,7 @@ def _convert(slide: Path, into: Path) -> tuple[Path, dict]:
 def _check_reusable(target: Path, slide: Path) -> None:
     """A store already at the target may stand for the slide only if it is complete and was
     made from a file of the same name and size; anything else is an error, never reused."""
-    from tilestore.slide import open_slide
+    from tilestore.reading.opening import open_slide
 
     source = open_slide(target).attrs.get("source", {})  # StoreError if incomplete
     size = slide.stat().st_size if slide.is_file() else None
@@ -248,31 +257,28 @@ def _check_reusable(target: Path, slide: Path) -> None:
         )
 
 
-def _serve(requests: IO[str], replies: IO[str]) -> None:
-    for line in requests:
-        request = json.loads(line)
-        into = request["into"]
-        try:
-            store, converted = prepare(
-                Path(request["slide"]),
-                None if into is None else Path(into),
-                request["tissue"],
-                request["only_plan_will_do"],
-            )
-            reply: dict[str, Any] = {"store": str(store), "converted": converted}
-        except TilestoreError as exc:
-            reply = {"error": [type(exc).__name__, str(exc)]}
-        except Exception:  # a bug: the caller raises it with this traceback
-            reply = {"bug": traceback.format_exc()}
-        replies.write(json.dumps(reply) + "\n")
-        replies.flush()
+def _answer(request: dict[str, Any]) -> str:
+    """One slide made ready: its store, or its error by kind, or a bug's traceback."""
+    into, sidecars = request["into"], request.get("sidecars")
+    try:
+        store, converted = prepare(
+            Path(request["slide"]),
+            None if into is None else Path(into),
+            request["tissue"],
+            request["only_plan_will_do"],
+            None if sidecars is None else Path(sidecars),
+        )
+        reply: dict[str, Any] = {"store": str(store), "converted": converted}
+    except TilestoreError as exc:
+        reply = {"error": [type(exc).__name__, str(exc)]}
+    except Exception:  # a bug: the caller raises it with this traceback
+        reply = {"bug": traceback.format_exc()}
+    return json.dumps(reply)
+
+
+def _serve(requests: IO[str] | None = None, replies: IO[str] | None = None) -> None:
+    workers.serve(_answer, requests, replies)
 
 
 if __name__ == "__main__":
-    # replies go through a private copy of stdout: anything printed goes to stderr
-    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    try:
-        _serve(sys.stdin, replies)
-    except KeyboardInterrupt:  # the terminal's Ctrl-C reached the caller too: it reports
-        sys.exit(130)
+    _serve()

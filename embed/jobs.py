@@ -8,29 +8,29 @@ and skipped; the run goes on with the next.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from embed.inputs import Staged
-from embed.models import ModelSpec
-from embed.report import RunReport
-from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
+from tilestore.embed.inputs import Staged
+from tilestore.embed.models import ModelSpec
+from tilestore.embed.report import RunReport
+from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity
 from tilestore.errors import StoreError, TilestoreError
-from tilestore.grid import TilePlan
-from tilestore.plans import (
-    DEFAULT_MPP,
+from tilestore.plan import (
     PlanOptions,
+    TilePlan,
     list_plans,
     load_plan,
     plan_slide,
+    resolve_plan,
     save_plan,
     uses_stored_plan,
 )
-from tilestore.slide import Slide, open_slide
+from tilestore.reading import Slide, open_slide
 
 PlanChoice = str | PlanOptions | None
 
@@ -50,7 +50,7 @@ class Job:
 class Slice:
     """A unit of distributed work: batches [start, stop) of a store's plan.
 
-    Its embeddings group must exist already (`embed.cohort` creates it); the batches are
+    Its embeddings group must exist already (`tilestore.embed.cohort` creates it); the batches are
     whole chunks of the features array, so slices of one store never share a chunk.
     """
 
@@ -61,18 +61,46 @@ class Slice:
     tiles: int  # tiles in these batches
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A store made ready to embed: opened, seen as the model reads it, its plan chosen."""
+
+    store: Path
+    slide: Slide  # the store itself: plans, tissue and the writer keep it
+    pixels: Slide  # as the model reads it (`rgb_input`)
+    plan: TilePlan
+    uid: str | None  # None only for a plan not stored (save=False)
+
+
+def prepare(
+    store: str | os.PathLike,
+    spec: ModelSpec,
+    plan: PlanChoice,
+    identity: RunIdentity,
+    *,
+    save: bool = True,
+) -> Prepared:
+    """Open a store and choose its plan as a run does (the one place the engine, the Dask
+    cohort and the dry run do it): refused before any GPU time where the model cannot read
+    its pixels. save=False (a dry run) writes nothing."""
+    slide = open_slide(store)
+    pixels = rgb_input(slide, identity.channels)
+    tile_plan, uid = plan_for(slide, spec, plan, save=save)
+    return Prepared(Path(store), slide, pixels, tile_plan, uid)
+
+
 def store_jobs(
     stores: Iterable[Staged],
     spec: ModelSpec,
     plan: PlanChoice,
-    identity: dict[str, Any],
+    identity: RunIdentity,
     overwrite: bool,
     report: RunReport,
     max_tiles: int | None = None,
 ) -> Iterator[Job]:
     """Jobs for whole stores, each prepared when the consumer asks for it. A store already
     complete is reported as skipped, one that fails as failed; the others go on."""
-    batch = identity["batch_size"]
+    batch = identity.batch_size
     for staged in stores:
         store = staged.store or staged.given
         if staged.converted:
@@ -80,12 +108,10 @@ def store_jobs(
         try:
             if staged.error:
                 raise staged.error
-            slide = open_slide(store)
-            pixels = rgb_input(slide, identity)  # what the model reads; the plan sees the store
-            tile_plan, uid = plan_for(slide, spec, plan)
+            ready = prepare(store, spec, plan, identity)
             # the group is made by the writer thread while the first tiles are read
             writer = EmbeddingWriter(
-                slide, tile_plan, uid, **identity, overwrite=overwrite, create=False
+                ready.slide, ready.plan, ready.uid, identity, overwrite=overwrite, create=False
             )
         except AlreadyComplete as exc:
             report.skip(store, str(exc))
@@ -96,17 +122,18 @@ def store_jobs(
         blocks = writer.todo()
         if max_tiles is not None:  # a trial: the plan's first batches only
             blocks = blocks[blocks < -(-max_tiles // batch)]
-        yield Job(store, pixels, tile_plan, writer, tiles_of(blocks, batch, len(tile_plan)))
+        tiles = tiles_of(blocks, batch, len(ready.plan))
+        yield Job(Path(store), ready.pixels, ready.plan, writer, tiles)
 
 
-def slice_jobs(slices: list[Slice], identity: dict[str, Any]) -> Iterator[Job]:
+def slice_jobs(slices: list[Slice], identity: RunIdentity) -> Iterator[Job]:
     """Jobs for slices: the group exists; only the slice's batches not yet done are run."""
-    batch = identity["batch_size"]
+    batch = identity.batch_size
     for piece in slices:
         slide = open_slide(piece.store)
-        pixels = rgb_input(slide, identity)
+        pixels = rgb_input(slide, identity.channels)
         tile_plan, uid = load_plan(slide, piece.plan)
-        writer = EmbeddingWriter.attach(slide, tile_plan, uid, **identity)
+        writer = EmbeddingWriter.attach(slide, tile_plan, uid, identity)
         blocks = writer.todo()
         blocks = blocks[(blocks >= piece.start) & (blocks < piece.stop)]
         yield Job(
@@ -120,14 +147,13 @@ def tiles_of(blocks: np.ndarray, batch: int, n: int) -> np.ndarray:
     return tiles[tiles < n]
 
 
-def rgb_input(slide: Slide, identity: dict[str, Any]) -> Slide:
+def rgb_input(slide: Slide, channels: tuple[str, ...] | None) -> Slide:
     """The slide as an RGB model reads it (plans, tissue and the writer keep the store itself):
-    the three channels the run chose (its identity's
-    settings["channels"]; an error for a store that is one RGB picture already), else the
-    slide itself where it is one 8-bit colour picture; an error before any GPU time for
-    other pixels (fluorescence markers, 16 bits) with no channels chosen."""
-    channels = identity["settings"].get("channels")
-    if channels:  # recorded with the embeddings: an RGB store is refused, not read as chosen
+    the three `channels` the run chose (recorded with the embeddings; an error for a store
+    that is one RGB picture already), else the slide itself where it is one 8-bit colour
+    picture; an error before any GPU time for other pixels (fluorescence markers, 16 bits)
+    with no channels chosen."""
+    if channels:
         return slide.as_rgb(channels)
     if not slide.rgb:
         raise StoreError(
@@ -145,26 +171,17 @@ def plan_for(
 
     plan: a stored plan's name; None for the store's only plan, or, where it has none or
     several, one made at the model's native mpp and tile size; or `PlanOptions`, whose
-    unset mpp and tile are the model's. A plan made is saved (reused if made before with
-    the same options). Where the slide's pixel size is unknown, a plan whose mpp was not
-    asked for is made in level-0 pixels and says so; an mpp asked for is an error.
-    save=False (a dry run) writes nothing, not even a tissue mask; the uid is then None
-    for a plan not stored before.
+    unset mpp and tile are the model's (`resolve_plan`: the same rules as `tilestore plan`,
+    a slide without a pixel size refused unless mpp=0 asks for level-0 pixels). A plan made
+    is saved (reused if made before with the same options). save=False (a dry run) writes
+    nothing, not even a tissue mask; the uid is then None for a plan not stored before.
     """
     if uses_stored_plan(slide, plan):
         return load_plan(slide, plan)
-    options = plan or PlanOptions()
-    notes = []
-    if options.mpp is None and slide.mpp is None:
-        options = replace(options, mpp=0)
-        notes.append(f"pixel size unknown: tiles of {spec.name} planned in level-0 pixels")
-    options = replace(
-        options,
-        mpp=spec.native_mpp or DEFAULT_MPP if options.mpp is None else options.mpp,
-        tile=options.tile or spec.tile,
+    resolved = resolve_plan(
+        plan or PlanOptions(), slide, native_mpp=spec.native_mpp, native_tile=spec.tile
     )
-    made = plan_slide(slide, options, store_tissue=save)
-    made = replace(made, notes=[*made.notes, *notes])
+    made = plan_slide(slide, resolved, store_tissue=save)
     if not save:
         return made, None
     if made.name in list_plans(slide):  # made before with the same options: reuse it

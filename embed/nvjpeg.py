@@ -1,7 +1,7 @@
 """Decoding store chunks on the GPU with nvJPEG, several grid rows per batched call.
 
 Two decoders, one interface (`GpuJpeg`): our own binding of nvJPEG's batched decoder
-(`embed.nvjpeglib`, the GPU's JPEG engine where it has one), and torchvision's
+(`tilestore.embed.nvjpeglib`, the GPU's JPEG engine where it has one), and torchvision's
 `decode_jpeg`, used where no libnvjpeg can be loaded. Ours decodes on the caller's stream,
 into one tensor per call, and reads RGB-coded chunks (Aperio's) as coded, where torchvision's
 hardware path colour-converts them (wrongly: nvJPEG ignores their Adobe marker).
@@ -11,7 +11,7 @@ thread and CUDA stream of its own, gathering the grid rows waiting for it until 
 holds about `group_chunks(...)` chunks, while the producer cuts the tiles of rows already
 decoded. The consumer reads the decoded chunks on another stream: a chunk's memory may go to
 a later decode only once the consumer's kernels that read it have run, so the consumer keeps
-chunks it has done with until then (`embed.rows.NvjpegRows.retire`, one event per row).
+chunks it has done with until then (`tilestore.embed.rows.NvjpegRows.retire`, one event per row).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from embed.nvjpeglib import BatchedDecoder, NvjpegUnavailable
-from embed.report import Span, no_span
-from tilestore.chunks import ChunkReader
+from tilestore.embed.nvjpeglib import BatchedDecoder, NvjpegUnavailable
+from tilestore.embed.report import Span, no_span
+from tilestore.format.chunks import ChunkReader
 
 # Pixels one decode call aims for: 16.8 Mpx (256 chunks of 256 x 256), about 50 MB decoded.
 GROUP_PIXELS = 256 * 256 * 256
@@ -36,7 +36,7 @@ GROUP_PIXELS = 256 * 256 * 256
 
 def gpu_decodes(mode: str, reader: ChunkReader) -> bool:
     """Whether a slide's level is decoded with nvJPEG under decode=`mode` (cpu or gpu, as
-    `embed.settings.resolve` resolved it): colour JPEG chunks only."""
+    `tilestore.embed.settings.resolve` resolved it): colour JPEG chunks only."""
     return mode == "gpu" and reader.is_jpeg and reader.channels == 3
 
 
@@ -58,7 +58,7 @@ class GpuJpeg(Protocol):
 
 
 class OwnNvjpeg:
-    """nvJPEG's batched decoder through `embed.nvjpeglib`: one call, one output tensor."""
+    """nvJPEG's batched decoder through `tilestore.embed.nvjpeglib`: one call, one output tensor."""
 
     def __init__(self, device: torch.device) -> None:
         self.decoder = BatchedDecoder(device)

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 
 import torch
 
+from tilestore.format.jpeg import iter_markers
+
 # nvjpegBackend_t, nvjpegOutputFormat_t and nvjpegStatus_t (nvjpeg.h)
 BACKEND_DEFAULT, BACKEND_HARDWARE = 0, 3
 OUTPUT_YUV, OUTPUT_RGB = 1, 3
@@ -86,28 +88,18 @@ def find_library() -> str | None:
 
 
 def jpeg_size(data: bytes) -> tuple[int, int, int]:
-    """(height, width, components) from a JPEG's frame header, walking its markers (a table
-    may hold the bytes of a frame marker, so a plain search could find a false one). Only
-    8-bit baseline or extended Huffman frames: what the batched decoder writes as uint8."""
-    at = 2
-    while at + 4 <= len(data):
-        if data[at] != 0xFF:
-            raise ValueError("not a JPEG stream where a marker was expected")
-        marker = data[at + 1]
-        if marker == 0xFF:  # fill byte
-            at += 1
-            continue
-        (length,) = struct.unpack_from(">H", data, at + 2)
+    """(height, width, components) from a JPEG's frame header, found by walking its markers
+    (`tilestore.format.jpeg.iter_markers`: a table may hold the bytes of a frame marker, so a
+    plain search could find a false one). Only 8-bit baseline or extended Huffman frames:
+    what the batched decoder writes as uint8."""
+    for marker, payload in iter_markers(data):
         if marker in SOF_MARKERS:
-            bits, height, width, components = struct.unpack_from(">BHHB", data, at + 4)
+            bits, height, width, components = struct.unpack_from(">BHHB", payload)
             if bits != 8:
                 raise ValueError(f"JPEG samples of {bits} bits (not 8)")
             return height, width, components
         if 0xC2 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
             raise ValueError(f"JPEG frame type 0x{marker:02X} (not baseline Huffman)")
-        if marker == 0xDA:  # start of scan before any frame header
-            break
-        at += 2 + length
     raise ValueError("no JPEG frame header")
 
 

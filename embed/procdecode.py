@@ -5,11 +5,10 @@ the writer all needing it, thread decoders stall each other (measured on a 16-co
 host: ~6k tiles/s at most). Worker processes decode a whole grid row of chunk files each
 into a shared-memory block that the engine copies to the GPU in one transfer.
 
-The workers are plain `python -m embed.procdecode` processes reading one JSON request per
-line: unlike multiprocessing's spawn and forkserver, they never import the caller's main
-module (a user script without a __main__ guard would run again in every worker), and they
-import only numpy and imagecodecs. They map the block through /dev/shm rather than
-SharedMemory, whose resource tracker would unlink the parent's blocks when a worker exits.
+The workers are plain `python -m tilestore.embed.procdecode` processes reading one JSON
+request per line (`tilestore.embed.workers`), importing only numpy and imagecodecs. They map
+the block through /dev/shm rather than SharedMemory, whose resource tracker would unlink the
+parent's blocks when a worker exits.
 """
 
 from __future__ import annotations
@@ -20,18 +19,17 @@ import json
 import mmap
 import os
 import queue
-import subprocess
-import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 
-from embed import nvtx
-from embed.queues import Stopped
+from tilestore.embed import nvtx
+from tilestore.embed import workers as workers_
+from tilestore.embed.queues import Stopped
 from tilestore.errors import ChunkError
-from tilestore.integrity import read_file, unseal
+from tilestore.format.integrity import read_file, unseal
 
 
 def decode_files(
@@ -48,7 +46,7 @@ def decode_files(
     """Decode chunk file i into row offset + i of the shared block /dev/shm/<shm>; return
     the count.
 
-    Each file is read and checked as `tilestore.chunks.ChunkReader` does (`where` names the
+    Each file is read and checked as `tilestore.format.chunks.ChunkReader` does (`where` names the
     store and level, `checksum` and `required` say what it promises): a missing, damaged or
     undecodable chunk is a ChunkError naming it.
 
@@ -85,43 +83,40 @@ def decode_files(
     return len(paths)
 
 
+def _answer(request: dict, marks) -> str:
+    """One row decoded: its count, or "!" and why not (a damaged chunk: "!chunk\t...")."""
+    if marks is not None:
+        marks.push("decode (process)")
+    try:
+        count = decode_files(
+            request["paths"],
+            request["shm"],
+            tuple(request["shape"]),
+            request["background"],
+            request["offset"],
+            checksum=request["checksum"],
+            required=request["required"],
+            where=request["where"],
+        )
+        return str(count)
+    except ChunkError as exc:  # the store's damage: the engine raises it as it is
+        return f"!chunk\t{' '.join(str(exc).split())}"
+    except (OSError, ValueError, RuntimeError) as exc:  # reported; the engine raises it
+        return "!" + f"{type(exc).__name__}: {exc}".replace("\n", " ")
+    finally:
+        if marks is not None:
+            marks.pop()
+
+
 def _serve() -> None:
-    """The worker loop: "ready" once the decoder is loaded, then one JSON request per stdin
-    line and one answer per stdout line."""
+    """The worker: "ready" once the decoder is loaded, then one row decoded per request."""
     import imagecodecs
 
     imagecodecs.jpeg8_decode  # noqa: B018 - loads the codec's extension now, not at the first row
     marks = nvtx.load() if os.environ.get(nvtx.ENV) == "1" else None  # --profile nvtx
     if marks is not None:
         marks.name_thread(f"tilestore-decoder-{os.getpid()}")
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-
-    for line in sys.stdin:
-        request = json.loads(line)
-        if marks is not None:
-            marks.push("decode (process)")
-        try:
-            count = decode_files(
-                request["paths"],
-                request["shm"],
-                tuple(request["shape"]),
-                request["background"],
-                request["offset"],
-                checksum=request["checksum"],
-                required=request["required"],
-                where=request["where"],
-            )
-            sys.stdout.write(f"{count}\n")
-        except ChunkError as exc:  # the store's damage: the engine raises it as it is
-            sys.stdout.write(f"!chunk\t{' '.join(str(exc).split())}\n")
-        except (OSError, ValueError, RuntimeError) as exc:  # reported; the engine raises it
-            message = f"{type(exc).__name__}: {exc}".replace("\n", " ")
-            sys.stdout.write(f"!{message}\n")
-        finally:
-            if marks is not None:
-                marks.pop()
-        sys.stdout.flush()
+    workers_.serve(lambda request: _answer(request, marks), ready=True)
 
 
 class ProcessDecoder:
@@ -134,17 +129,7 @@ class ProcessDecoder:
 
     def __init__(self, workers: int, nvtx_marks: bool = False) -> None:
         env = {**os.environ, nvtx.ENV: "1"} if nvtx_marks else None  # --profile nvtx
-        self.workers = [
-            subprocess.Popen(
-                [sys.executable, "-m", "embed.procdecode"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-                bufsize=1,
-                env=env,
-            )
-            for _ in range(workers)
-        ]
+        self.workers = [workers_.start("tilestore.embed.procdecode", env) for _ in range(workers)]
         self._idle: queue.Queue = queue.Queue()
         for worker in self.workers:
             self._idle.put(worker)
@@ -186,8 +171,8 @@ class ProcessDecoder:
 
         About half a second for half a gigabyte, and it slows the decodes and copies beside
         it (the first batch of a ViT-S run came after 0.35 s instead of 0.11 s): the engine
-        starts it once a few batches are out (`embed.rows.ProcessRows`). A row copied from a
-        block not yet pinned goes by a pageable copy: synchronous, equally right. Blocks are
+        starts it once a few batches are out (`tilestore.embed.rows.ProcessRows`). A row copied
+        from a block not yet pinned goes by a pageable copy: synchronous, equally right. Blocks are
         used from the first and pinned from the last, so the rows in flight meet it late.
         """
         if self._pin and self._pinning is None:
@@ -231,7 +216,7 @@ class ProcessDecoder:
 
         parts > 1 splits the files among that many requests, which idle workers take in
         the order submitted: a row is then ready sooner, and no worker waits while another
-        finishes a whole row (`embed.rows.ProcessRows`).
+        finishes a whole row (`tilestore.embed.rows.ProcessRows`).
         """
         self.wait_ready()
         while True:

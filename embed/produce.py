@@ -3,7 +3,7 @@
 Chunks are read ahead on threads and decoded by worker processes (local stores), CPU
 threads or nvJPEG; the decoded grid rows go to the GPU, where their tiles are cut (or, with
 no GPU or a zstd level, tiles are cut on CPU threads into pinned batches). The GPU loop
-(`embed.runner`) gets, in order: a job's `JobStart`, its batches, its `JobEnd` (or
+(`tilestore.embed.runner`) gets, in order: a job's `JobStart`, its batches, its `JobEnd` (or
 `JobFailed` where the slide's data fails: a damaged chunk), and `DONE` once every job is
 through. A job that fails does not stop the others.
 """
@@ -17,21 +17,22 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import numpy as np
 import torch
 
-from embed.assemble import Batch, BatchBuilder, CpuAssembler, cut_row
-from embed.buffers import SlotPool
-from embed.jobs import Job
-from embed.nvjpeg import GpuDecodeFailed, GpuJpeg, gpu_decode_agrees, gpu_decodes
-from embed.procdecode import ProcessDecoder
-from embed.queues import DONE, Stopped, put
-from embed.report import RunReport, Stats
-from embed.rows import NvjpegRows, ProcessRows, ThreadRows
-from embed.settings import Settings
+from tilestore.embed.assemble import Batch, BatchBuilder, CpuAssembler, cut_row
+from tilestore.embed.buffers import SlotPool
+from tilestore.embed.jobs import Job
+from tilestore.embed.nvjpeg import GpuDecodeFailed, GpuJpeg, gpu_decode_agrees, gpu_decodes
+from tilestore.embed.procdecode import ProcessDecoder
+from tilestore.embed.queues import DONE, Stopped, put
+from tilestore.embed.report import RunReport, Stats
+from tilestore.embed.rows import NvjpegRows, ProcessRows, ThreadRows
+from tilestore.embed.settings import Settings
 from tilestore.errors import TilestoreError
-from tilestore.tiles import chunk_schedule
+from tilestore.plan.tiles import chunk_schedule
 
 
 @dataclass(frozen=True)
@@ -105,31 +106,13 @@ class Producer:
     def _job(self, job: Job, report: RunReport, decoders, cutters, ready, stop) -> None:
         settings, plan, batch = self.settings, job.plan, self.settings.batch_size
         reader = job.slide.chunks(plan.spec.level)
-        gpu = (
-            self.gpu_jpeg is not None
-            and not self.nvjpeg_failed
-            and gpu_decodes(settings.decode, reader)
-        )
-        if gpu:
-            sample = [tuple(rc) for rc in plan.needed_chunks()[:3].tolist()]
-            try:
-                difference = gpu_decode_agrees(self.gpu_jpeg, reader, sample, settings.device)
-                why = (
-                    f"nvJPEG decodes this store's JPEG chunks differently from libjpeg (mean "
-                    f"|difference| {difference:.1f} levels)"
-                )
-            except GpuDecodeFailed as exc:
-                difference, why = float("inf"), str(exc)
-                self.nvjpeg_failed = exc.decoder_fault
-            gpu = difference <= 2.0
-            if not gpu:  # nvJPEG was chosen for this run: say why this slide is not
-                report.warnings.append(f"{job.store}: {why}: decoded on the CPU")
-        report.begin(job, "gpu" if gpu else "cpu")
+        path = decode_path(settings, reader, self._nvjpeg_for(job, reader, report), self.processes)
+        report.begin(job, "gpu" if path == "nvjpeg" else "cpu")
         sub = plan.subset(job.todo)
         steps = chunk_schedule(sub)
         emit = lambda b: put(ready, b, stop)  # noqa: E731 - a callback, named for reading
         t0 = time.perf_counter()
-        if settings.cuda and reader.is_jpeg and gpu:  # nvJPEG, the CPU where it fails
+        if path == "nvjpeg":  # the CPU takes over where nvJPEG fails
             emitted: set[int] = set()
 
             def emit_gpu(b: Batch) -> None:
@@ -137,7 +120,7 @@ class Producer:
                 put(ready, b, stop)
 
             try:
-                self._on_device(job, reader, sub, steps, batch, emit_gpu, stop, decoders, True)
+                self._on_device(job, reader, sub, steps, emit_gpu, stop, decoders, path)
             except GpuDecodeFailed as exc:
                 self.nvjpeg_failed = self.nvjpeg_failed or exc.decoder_fault
                 report.warnings.append(
@@ -145,14 +128,12 @@ class Producer:
                     + ("; nvJPEG is not used again in this run" if exc.decoder_fault else "")
                 )
                 rest = job.todo[~np.isin(job.todo // batch, list(emitted))]
-                rest_plan = plan.subset(rest)
-                rest_job = replace(job, todo=rest)
+                rest_plan, rest_job = plan.subset(rest), replace(job, todo=rest)
+                cpu = decode_path(settings, reader, False, self.processes)
                 rest_steps = chunk_schedule(rest_plan)
-                self._on_device(
-                    rest_job, reader, rest_plan, rest_steps, batch, emit, stop, decoders, False
-                )
-        elif settings.cuda and reader.is_jpeg:  # decode on CPU processes or threads
-            self._on_device(job, reader, sub, steps, batch, emit, stop, decoders, False)
+                self._on_device(rest_job, reader, rest_plan, rest_steps, emit, stop, decoders, cpu)
+        elif path != "cut":  # decoder processes or threads, tiles cut on the GPU
+            self._on_device(job, reader, sub, steps, emit, stop, decoders, path)
         else:  # no GPU, or a zstd level: cut on CPU threads into (pinned) batches
             read = plan.spec.read
             pool = SlotPool(
@@ -171,22 +152,45 @@ class Producer:
             assembler.run(job, sub, job.todo, steps, batch, len(plan), emit, stop)
         self.stats.add("produce", time.perf_counter() - t0)
 
-    def _on_device(self, job, reader, sub, steps, batch, emit, stop, decoders, nvjpeg) -> None:
-        """Grid rows' chunks are decoded ahead (`embed.rows`) and each row's band is
-        stitched and its tiles gathered on the GPU: a few kernels per row, no Python per
-        tile."""
+    def _nvjpeg_for(self, job: Job, reader, report: RunReport) -> bool:
+        """Whether nvJPEG may decode this slide: the run decodes on the GPU, nvJPEG has not
+        failed in it, the chunks suit it, and its pixels of a sample of the plan's chunks
+        agree with libjpeg's (a warning says why not where they do not)."""
+        settings, plan = self.settings, job.plan
+        if self.gpu_jpeg is None or self.nvjpeg_failed:
+            return False
+        if not gpu_decodes(settings.decode, reader):
+            return False
+        sample = [tuple(rc) for rc in plan.needed_chunks()[:3].tolist()]
+        try:
+            difference = gpu_decode_agrees(self.gpu_jpeg, reader, sample, settings.device)
+            why = (
+                f"nvJPEG decodes this store's JPEG chunks differently from libjpeg (mean "
+                f"|difference| {difference:.1f} levels)"
+            )
+        except GpuDecodeFailed as exc:
+            difference, why = float("inf"), str(exc)
+            self.nvjpeg_failed = exc.decoder_fault
+        if difference > 2.0:  # nvJPEG was chosen for this run: say why this slide is not
+            report.warnings.append(f"{job.store}: {why}: decoded on the CPU")
+        return difference <= 2.0
+
+    def _on_device(self, job, reader, sub, steps, emit, stop, decoders, path: DecodePath) -> None:
+        """Grid rows' chunks are decoded ahead (`tilestore.embed.rows`, the row source of
+        `path`) and each row's band is stitched and its tiles gathered on the GPU: a few
+        kernels per row, no Python per tile."""
         read, chunk = sub.spec.read, (reader.chunk_h, reader.chunk_w)
-        device = self.settings.device
+        device, batch = self.settings.device, self.settings.batch_size
         builder = BatchBuilder(job, batch, len(job.plan), emit, None, device, stop)
         common = (steps, self.settings, self.stats.span, reader)
-        if nvjpeg:
-            source = NvjpegRows(*common, self.gpu_jpeg)
-        elif self.processes is not None and reader.paths([]) is not None:
-            source = ProcessRows(*common, self.processes, stop)
-        else:
-            source = ThreadRows(*common, decoders)
+        sources = {
+            "nvjpeg": lambda: NvjpegRows(*common, self.gpu_jpeg),
+            "processes": lambda: ProcessRows(*common, self.processes, stop),
+            "threads": lambda: ThreadRows(*common, decoders),
+        }
+        nvjpeg = path == "nvjpeg"
         cache: dict[tuple[int, int], torch.Tensor] = {}
-        with source:
+        with sources[path]() as source:
             for index, step in enumerate(steps):
                 if stop.is_set():
                     raise Stopped
@@ -198,6 +202,23 @@ class Producer:
                 dropped = (cache.pop(tuple(rc), None) for rc in step.drop.tolist())
                 source.retire([chunk for chunk in dropped if chunk is not None])
             source.retire(list(cache.values()))
+
+
+DecodePath = Literal["nvjpeg", "processes", "threads", "cut"]
+
+
+def decode_path(settings: Settings, reader, nvjpeg: bool, processes) -> DecodePath:
+    """How a slide's tiles are made, decided here only: its JPEG chunks decoded into grid
+    rows by nvJPEG (where `nvjpeg` says it may), by the decoder processes (chunk files on
+    disk), or by CPU threads, and cut on the GPU; or, without CUDA or for a zstd level, cut
+    on CPU threads into batches."""
+    if not (settings.cuda and reader.is_jpeg):
+        return "cut"
+    if nvjpeg:
+        return "nvjpeg"
+    if processes is not None and reader.paths([]) is not None:
+        return "processes"
+    return "threads"
 
 
 def _ahead(

@@ -1,6 +1,6 @@
 """Hand-offs between the run's threads: bounded queues that give up when the run stops.
 
-Standard library only: the decoder worker processes (`embed.procdecode`) import it too.
+Standard library only: the decoder worker processes (`tilestore.embed.procdecode`) import it too.
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ import contextlib
 import numpy as np
 import torch
 
-from embed.models import LoadedModel
-from tilestore.grid import TilePlan
-from tilestore.slide import Slide
+from tilestore.embed.models import LoadedModel
+from tilestore.plan.grid import TilePlan
+from tilestore.reading.slide import Slide
 
 
 def reference_features(

@@ -24,9 +24,9 @@ from typing import Any
 import psutil
 import torch
 
-from embed.nvtx import Nvtx, TorchMarks
-from embed.settings import Settings
-from tilestore.store import software_versions
+from tilestore.embed.nvtx import Nvtx, TorchMarks
+from tilestore.embed.settings import Settings
+from tilestore.format.store import software_versions
 
 # `Stats.span` as the stages take it: span(stage, mark=None) -> a context manager
 Span = Callable[..., contextlib.AbstractContextManager]
@@ -39,7 +39,8 @@ def no_span(stage: str, mark: str | None = None) -> contextlib.AbstractContextMa
 
 class Stats:
     """Thread-safe accumulators of seconds per stage; with `marks` (a profiler's named
-    ranges: `embed.nvtx`), each `span` is also a range of the stage's name on its thread."""
+    ranges: `tilestore.embed.nvtx`), each `span` is also a range of the stage's name on its
+    thread."""
 
     def __init__(self, marks: Nvtx | TorchMarks | None = None) -> None:
         self._lock = threading.Lock()

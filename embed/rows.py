@@ -7,7 +7,7 @@ Three sources, one interface (`RowSource`): the producer asks for step i's new c
   once the first batch is out, so a row goes to the GPU by DMA (local stores);
 - `ThreadRows`: reader threads fetch and decoder threads decode (any store);
 - `NvjpegRows`: reader threads fetch the encoded bytes and nvJPEG decodes several rows per
-  call on a thread of its own (`embed.nvjpeg.RowDecoder`).
+  call on a thread of its own (`tilestore.embed.nvjpeg.RowDecoder`).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from embed.assemble import decode_row_cpu
-from embed.nvjpeg import GpuJpeg, RowDecoder, decode_gpu, group_chunks
-from embed.procdecode import ProcessDecoder
-from embed.report import Span
-from embed.settings import Settings
-from tilestore.chunks import ChunkReader
+from tilestore.embed.assemble import decode_row_cpu
+from tilestore.embed.nvjpeg import GpuJpeg, RowDecoder, decode_gpu, group_chunks
+from tilestore.embed.procdecode import ProcessDecoder
+from tilestore.embed.report import Span
+from tilestore.embed.settings import Settings
+from tilestore.format.chunks import ChunkReader
 
 Coords = list[tuple[int, int]]
 
@@ -120,7 +120,7 @@ class ProcessRows(RowSource):
     while the oldest was still decoding. Decoding alone on an H100 host (14 workers, two
     runs each, bench/results/ab-rows-parts-populate-h100.json), tiles/s from 240 px chunks:
     whole rows 18,800-24,100, parts 23,800-28,400, parts with the workers' mappings
-    populated (`embed.procdecode.decode_files`) 28,100-28,300; from 512 px chunks:
+    populated (`tilestore.embed.procdecode.decode_files`) 28,100-28,300; from 512 px chunks:
     10,300-10,400, 21,500-23,100 and 24,300-26,700.
 
     At most `AHEAD_BYTES` of rows are decoded ahead, so a wide slide holds fewer rows,

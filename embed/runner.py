@@ -1,7 +1,7 @@
-"""The GPU loop and the writer: the model on its device, fed by `embed.produce`.
+"""The GPU loop and the writer: the model on its device, fed by `tilestore.embed.produce`.
 
 The main thread copies a host batch to the GPU on a copy stream while the previous batch
-computes, transforms it there, runs the model (`embed.forward`) and starts the copy of the
+computes, transforms it there, runs the model (`tilestore.embed.forward`) and starts the copy of the
 features back to pinned memory. A writer thread waits for that copy and writes the batch
 into the store. Only per-batch CUDA events synchronise; nothing waits per tile.
 """
@@ -18,19 +18,19 @@ from pathlib import Path
 
 import torch
 
-from embed import nvtx
-from embed.assemble import Batch
-from embed.buffers import SlotPool
-from embed.compilecache import CompileCache, cache_key
-from embed.forward import Forward
-from embed.jobs import Job
-from embed.models import ModelError
-from embed.nvjpeg import GpuJpeg
-from embed.procdecode import ProcessDecoder
-from embed.produce import JobEnd, JobFailed, JobStart, Producer
-from embed.queues import DONE, drain
-from embed.report import RunReport, Stats
-from embed.settings import Settings
+from tilestore.embed import nvtx
+from tilestore.embed.assemble import Batch
+from tilestore.embed.buffers import SlotPool
+from tilestore.embed.compilecache import CompileCache, cache_key
+from tilestore.embed.forward import Forward
+from tilestore.embed.jobs import Job
+from tilestore.embed.models import ModelError
+from tilestore.embed.nvjpeg import GpuJpeg
+from tilestore.embed.procdecode import ProcessDecoder
+from tilestore.embed.produce import JobEnd, JobFailed, JobStart, Producer
+from tilestore.embed.queues import DONE, drain
+from tilestore.embed.report import RunReport, Stats
+from tilestore.embed.settings import Settings
 from tilestore.errors import TilestoreError
 
 

@@ -42,6 +42,8 @@ AUTO_CPU_DECODE_CPUS = 8
 CPU_BATCH = 32  # tiles per batch on the CPU: larger batches gain nothing there
 RESERVED_CPUS = 2  # left to the threads that read, cut and feed the GPU; the rest decode
 SLICE_TILES = 20_000  # on Dask, at most this many tiles per task: big slides spread over GPUs
+BATCHES = (32, 64, 128, 256, 512, 1024)  # the batch sizes `--batch-size auto` measures
+REPEATS = 5  # timed batches per size, after one untimed
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ class Options:
         recompute embeddings this model already made. hf_token: Hugging Face token (else
         HF_TOKEN or the stored login). channels: of a store that is not one RGB picture
         (multiplex fluorescence), the three channels (names or indices) an RGB model takes as
-        R, G and B, each over its display window (`tilestore.slide.Slide.as_rgb`).
+        R, G and B, each over its display window (`tilestore.reading.slide.Slide.as_rgb`).
         profile: "nvtx" marks every stage (read, decode, H2D copy, forward, D2H copy,
         write, per thread and per decoder process) as an NVTX range for `nsys profile`;
         "torch" writes a torch.profiler trace of `profile_batches` batches (after two
@@ -69,7 +71,7 @@ class Options:
         embed at most this many tiles of each slide (whole batches from the plan's start;
         a later run without it finishes the slide). compile_cache: with compile, where
         compiled graphs are kept between processes ("auto": the user's cache folder; a
-        shared folder serves a SLURM array; "off": none), `embed.compilecache`.
+        shared folder serves a SLURM array; "off": none), `tilestore.embed.compilecache`.
     """
 
     batch_size: int | None = None
@@ -172,6 +174,24 @@ def resolve(options: Options, machine: Machine) -> Settings:
         max_tiles=_at_least("max_tiles", options.max_tiles, 1),
         compile_cache=_compile_cache(options.compile_cache),
     )
+
+
+def resolve_device(device: str = "auto", precision: str = "auto") -> tuple[torch.device, Precision]:
+    """The device and precision a model runs in outside a run (`tilestore models profile`),
+    decided by the same rules as `resolve`: "auto" is CUDA where there is one, else the CPU;
+    bf16 on CUDA, fp32 on the CPU."""
+    dev = _device(device, _ThisMachine())
+    return dev, _precision(precision, dev)
+
+
+class _ThisMachine:
+    """What `_device` asks of the machine, answered by torch here and now."""
+
+    @staticmethod
+    def cuda_device() -> int | None:
+        import torch
+
+        return torch.cuda.current_device() if torch.cuda.is_available() else None
 
 
 def user_cache() -> Path:

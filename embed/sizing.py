@@ -22,13 +22,12 @@ from pathlib import Path
 
 import torch
 
-from embed.forward import Forward
-from embed.models import LoadedModel
-from embed.settings import Precision, user_cache
+from tilestore.embed.forward import Forward
+from tilestore.embed.models import LoadedModel
+from tilestore.embed.settings import BATCHES, REPEATS, Precision, resolve_device, user_cache
+from tilestore.errors import TilestoreError
 
-BATCHES = (32, 64, 128, 256, 512, 1024)
 WITHIN = 0.03  # batches within 3% of the best tiles/s are equally fast: the smallest wins
-REPEATS = 5  # timed batches per size, after one untimed
 
 
 @dataclass(frozen=True)
@@ -59,6 +58,28 @@ class Profile:
             raise torch.OutOfMemoryError(f"{self.model}: no batch of {BATCHES[0]} fits")
         best = max(r.tiles_per_s for r in fitted)
         return min(r.batch for r in fitted if r.tiles_per_s >= (1 - WITHIN) * best)
+
+
+def profile_model(
+    name: str,
+    batches: tuple[int, ...] = BATCHES,
+    *,
+    device: str = "auto",
+    precision: str = "auto",
+    repeats: int = REPEATS,
+    token: str | None = None,
+) -> Profile:
+    """Load a model (a registered name, timm:<arch> or local:<dir>) onto `device` ("auto":
+    CUDA where there is one, else the CPU) and measure each batch size (`profile_batches`)
+    in `precision` ("auto": bf16 on CUDA, fp32 on the CPU)."""
+    from tilestore.embed.forward import place
+    from tilestore.embed.models import load_model
+
+    if not batches or min(batches) < 1:
+        raise TilestoreError(f"batches={','.join(map(str, batches))}: sizes of at least 1")
+    dev, chosen = resolve_device(device, precision)
+    loaded = place(load_model(name, token=token, device=dev), dev)
+    return profile_batches(loaded, dev, chosen, batches, repeats)
 
 
 def profile_batches(

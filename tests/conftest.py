@@ -65,7 +65,7 @@ def annotation_path():
 @pytest.fixture(scope="session")
 def stores(tmp_path_factory):
     """Convert a real slide once per session; return its store path."""
-    from tilestore.conversion import convert
+    from tilestore.conversion.converter import convert
 
     made: dict[str, Path] = {}
 
@@ -139,9 +139,9 @@ def embedded_cohort(tmp_path_factory, stores):
     import json
     import shutil
 
-    from embed import Options, embed
-    from tilestore.plans import PlanOptions, plan_slide, save_plan
-    from tilestore.slide import open_slide
+    from tilestore.embed import Options, embed
+    from tilestore.plan import PlanOptions, plan_slide, save_plan
+    from tilestore.reading.opening import open_slide
 
     root = tmp_path_factory.mktemp("cohort")
     cmu = root / "CMU-1-Small-Region.ome.zarr"

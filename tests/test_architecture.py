@@ -1,38 +1,132 @@
-"""The house's shape: imports run one way, no module imports itself back, light faces stay
-light. The import graph is grimp's (the library under import-linter), TYPE_CHECKING
-imports included: a loop hidden from the interpreter is still a loop for the reader."""
+"""The house's shape: tilestore's packages on floors, imports running only downwards, no module
+importing itself back, light faces staying light, and the command reaching the library only
+through its packages' public faces. The import graph is grimp's (the library under
+import-linter), TYPE_CHECKING imports included: a loop hidden from the interpreter is still
+a loop for the reader. ARCHITECTURE.md draws the same floors."""
 
 from __future__ import annotations
 
+import ast
+import importlib
+import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import grimp
 import pytest
 
-PACKAGES = ("cli", "embed", "tilestore")
-MAY_IMPORT = {
-    "cli": {"cli", "embed", "tilestore"},
-    "embed": {"embed", "tilestore"},
-    "tilestore": {"tilestore"},
-}
+ROOT = Path(__file__).resolve().parents[1]
+
+# top to bottom: a package may import its own floor's modules and those below, never above
+FLOORS = (
+    ("tilestore.cli",),
+    ("tilestore.embed",),
+    ("tilestore.embeddings",),
+    ("tilestore.plan",),
+    ("tilestore.qc",),
+    ("tilestore.masks",),
+    ("tilestore.analysis",),
+    ("tilestore.conversion",),
+    ("tilestore.reading",),
+    ("tilestore.sources",),
+    ("tilestore.format",),
+    ("tilestore.errors", "tilestore.cpus", "tilestore.faces"),
+)
+# conversion writes stores: only the job (embed) and the command start it, never a reader,
+# a plan, QC or analysis
+MAY_CONVERT = ("tilestore.cli", "tilestore.embed", "tilestore.conversion")
+FACES = (
+    "tilestore",
+    "tilestore.analysis",
+    "tilestore.conversion",
+    "tilestore.embed",
+    "tilestore.embed.models",
+    "tilestore.embeddings",
+    "tilestore.format",
+    "tilestore.masks",
+    "tilestore.plan",
+    "tilestore.qc",
+    "tilestore.reading",
+    "tilestore.sources",
+)
+
+
+_EDGES = """
+import json, grimp
+g = grimp.build_graph(
+    "tilestore", include_external_packages=True, exclude_type_checking_imports=False,
+    cache_dir=None,  # a stale cache once showed modules long gone
+)
+print(json.dumps({m: sorted(g.find_modules_directly_imported_by(m)) for m in g.modules}))
+"""
+
+
+def import_graph(root: Path = ROOT) -> grimp.ImportGraph:
+    """The import graph of tilestore as installed: embed/ and cli/ inside it as tilestore.embed
+    and tilestore.cli (grimp reads folders, and an editable install maps them from outside
+    tilestore/). Laid out in a temporary folder and read by grimp in a fresh process."""
+    with tempfile.TemporaryDirectory() as folder:
+        package = Path(folder) / "tilestore"
+        shutil.copytree(root / "tilestore", package, ignore=shutil.ignore_patterns("__pycache__"))
+        for name in ("embed", "cli"):
+            shutil.copytree(
+                root / name, package / name, ignore=shutil.ignore_patterns("__pycache__")
+            )
+        run = subprocess.run(
+            [sys.executable, "-c", _EDGES],
+            cwd=folder,
+            env={**os.environ, "PYTHONPATH": folder},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    graph = grimp.ImportGraph()
+    for importer, imported in json.loads(run.stdout).items():
+        graph.add_module(importer)
+        for name in imported:
+            graph.add_import(importer=importer, imported=name)
+    return graph
 
 
 @pytest.fixture(scope="module")
 def graph():
-    return grimp.build_graph(
-        *PACKAGES,
-        include_external_packages=True,
-        exclude_type_checking_imports=False,
-        cache_dir=None,  # a stale cache once showed modules long gone
-    )
+    found = import_graph()
+    assert "tilestore.embed.engine" in found.modules and "tilestore.cli.main" in found.modules
+    return found
+
+
+def _floor(module: str) -> int:
+    for index, floor in enumerate(FLOORS):
+        if any(module == p or module.startswith(p + ".") for p in floor):
+            return index
+    raise AssertionError(f"{module} is on no floor: add its package to FLOORS")
 
 
 def _edges(graph):
     for importer in sorted(graph.modules):
         for imported in sorted(graph.find_modules_directly_imported_by(importer)):
-            if imported.split(".")[0] in PACKAGES:
+            if imported.split(".")[0] == "tilestore":
                 yield importer, imported
+
+
+def _below_the_face(graph):
+    """Every edge but the top face's (its TYPE_CHECKING block names everything it offers)."""
+    return [(a, b) for a, b in _edges(graph) if a != "tilestore" and b != "tilestore"]
+
+
+def test_every_module_is_on_a_floor(graph):
+    for module in graph.modules:
+        if module.startswith("tilestore") and module != "tilestore":
+            _floor(module)
+
+
+def test_imports_run_down_the_floors(graph):
+    upwards = [(a, b) for a, b in _below_the_face(graph) if _floor(b) < _floor(a)]
+    assert upwards == []
 
 
 def test_no_module_imports_itself_back(graph):
@@ -44,21 +138,60 @@ def test_no_module_imports_itself_back(graph):
     assert loops == []
 
 
-def test_imports_run_cli_to_embed_to_tilestore(graph):
-    against = [
-        (importer, imported)
-        for importer, imported in _edges(graph)
-        if imported.split(".")[0] not in MAY_IMPORT[importer.split(".")[0]]
-    ]
-    assert against == []
+def test_reading_never_reaches_conversion(graph):
+    for package in ("tilestore.reading", "tilestore.plan", "tilestore.qc", "tilestore.analysis"):
+        assert not graph.chain_exists(
+            importer=package, imported="tilestore.conversion", as_packages=True
+        ), graph.find_shortest_chains(importer=package, imported="tilestore.conversion")
+    importers = {a for a, b in _below_the_face(graph) if b.startswith("tilestore.conversion")}
+    assert {a for a in importers if not a.startswith(MAY_CONVERT)} == set()
+
+
+def test_nothing_imports_the_old_top_level_names(graph):
+    """embed and cli are installed under tilestore only: a bare `import embed` would find
+    someone else's package (or none)."""
+    assert "embed" not in graph.modules and "cli" not in graph.modules
 
 
 def test_storage_never_imports_torch(graph):
-    """tilestore needs no torch: only the QC detectors compute with it (on the GPU where
+    """Storage needs no torch: only the QC detectors compute with it (on the GPU where
     there is one); reading, planning and the embeddings format never import it."""
-    assert {
-        m for m in graph.find_modules_that_directly_import("torch") if m.startswith("tilestore")
-    } <= {"tilestore.qc.colour", "tilestore.qc.detectors", "tilestore.qc.maps"}
+    users = {
+        m
+        for m in graph.find_modules_that_directly_import("torch")
+        if not m.startswith("tilestore.embed")
+    }
+    assert users <= {"tilestore.qc.colour", "tilestore.qc.detectors", "tilestore.qc.maps"}
+
+
+def _cli_imports():
+    for path in sorted((ROOT / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.startswith("tilestore")
+            ):
+                yield path.name, node.module, [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("tilestore"):
+                        yield path.name, alias.name, []
+
+
+def test_the_command_imports_only_public_faces():
+    """The command decides nothing: it reaches the library through the names its packages'
+    faces offer (`__all__`), never a module inside one."""
+    wrong = []
+    for file, module, names in _cli_imports():
+        if module.startswith("tilestore.cli"):
+            continue  # its own modules
+        if module not in FACES:
+            wrong.append(f"{file}: {module}")
+            continue
+        offered = set(importlib.import_module(module).__all__)
+        wrong += [f"{file}: {module}.{n}" for n in names if n not in offered]
+    assert wrong == []
 
 
 @pytest.mark.parametrize(
@@ -66,18 +199,23 @@ def test_storage_never_imports_torch(graph):
     [
         ("tilestore.errors", ("zarr", "dask", "xarray", "torch")),
         ("tilestore", ("zarr", "dask", "xarray", "torch")),
-        ("embed", ("torch", "zarr")),
-        ("embed.procdecode", ("torch", "zarr", "xarray")),  # each decoder worker imports it
-        ("embed.settings", ("torch",)),  # the CLI reads its defaults
+        ("tilestore.embed", ("torch", "zarr")),
+        ("tilestore.embed.procdecode", ("torch", "zarr", "xarray")),  # each decoder imports it
+        ("tilestore.embed.settings", ("torch",)),  # the CLI reads its defaults
+        ("tilestore.plan.options", ("torch", "zarr", "dask")),  # so does the plan's
+        ("tilestore.qc.options", ("torch",)),  # and QC's
         # the command starts the slide worker before it imports torch; the worker imports it
-        ("cli.embed", ("torch", "timm")),
-        ("embed.inputs", ("torch", "timm", "dask", "xarray")),
-        ("tilestore.plans", ("torch",)),  # plans read stored QC, never compute it
+        ("tilestore.cli.embed", ("torch", "timm")),
+        ("tilestore.cli.main", ("torch", "timm")),
+        ("tilestore.embed.inputs", ("torch", "timm", "dask", "xarray")),
+        ("tilestore.plan.plans", ("torch",)),  # plans read stored QC, never compute it
         ("tilestore.qc.report", ("torch",)),
+        # opening a store imports no conversion code
+        ("tilestore.reading.opening", ("tilestore.conversion", "tilestore.conversion.converter")),
         # an embed run writes embeddings and plans from stored masks: reading them back
         # (dask, xarray, pandas) and computing masks (scipy) are loaded only when asked
-        ("embed.engine", ("dask", "xarray", "pandas", "scipy")),
-        ("cli.embed", ("dask", "xarray", "pandas", "scipy")),
+        ("tilestore.embed.engine", ("dask", "xarray", "pandas", "scipy")),
+        ("tilestore.cli.embed", ("dask", "xarray", "pandas", "scipy")),
     ],
 )
 def test_light_modules_stay_light(module, not_loaded):
@@ -86,8 +224,9 @@ def test_light_modules_stay_light(module, not_loaded):
     assert run.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("package", ["tilestore", "embed"])
+@pytest.mark.parametrize("package", FACES)
 def test_every_public_name_resolves(package):
-    module = __import__(package)
+    module = importlib.import_module(package)
     for name in module.__all__:
         assert getattr(module, name) is not None, name
+    assert set(module.__all__) <= set(dir(module))

@@ -5,6 +5,7 @@ of another kind, a hang or a silent wrong answer. Inputs are made from the real 
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -14,12 +15,12 @@ import pytest
 import safetensors.torch
 import timm
 
-from embed import Embedder, Options
-from embed.models import ModelError, load_model
 from tests import corpus as C
 from tests.conftest import CMU, IHC
-from tilestore.annotations import load_annotations
-from tilestore.conversion import convert
+from tilestore.conversion.converter import convert
+from tilestore.conversion.info import describe
+from tilestore.embed import Embedder, Options
+from tilestore.embed.models import ModelError, load_model
 from tilestore.errors import (
     AnnotationError,
     ChunkError,
@@ -27,10 +28,10 @@ from tilestore.errors import (
     StoreError,
     TilestoreWarning,
 )
-from tilestore.info import describe
-from tilestore.plans import PlanOptions
-from tilestore.slide import open_slide
-from tilestore.verify import verify_store
+from tilestore.plan import PlanOptions
+from tilestore.plan.annotations import load_annotations
+from tilestore.reading.opening import open_slide
+from tilestore.reading.verify import verify_store
 
 JPG = "stardist_histo.jpg"
 
@@ -369,7 +370,7 @@ def test_a_bad_checkpoint_is_one_model_error(tmp_path, config, weights, cause):
 def test_partial_folders_of_dead_conversions_are_removed_and_others_reported(tmp_path, slide_path):
     out = tmp_path / "out"
     out.mkdir()
-    host = __import__("tilestore.leftovers").leftovers._host()
+    host = importlib.import_module("tilestore.format.leftovers")._host()
     dead = out / f".CMU-1-Small-Region.ome.zarr.partial.{host}.999999999.0123abcd"
     other = out / ".CMU-1-Small-Region.ome.zarr.partial.elsewhere.12.0123abcd"
     for folder in (dead, other):
@@ -400,7 +401,10 @@ def test_a_store_renamed_aside_by_a_killed_replacement_is_put_back(tmp_path, sli
 
 def _cli(*args) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "cli", *map(str, args)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "tilestore.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 

@@ -18,21 +18,21 @@ import safetensors.torch
 import timm
 import zarr
 
-from embed import Options, embed
 from tests.conftest import CMU
+from tilestore.embed import Options, embed
 from tilestore.errors import TilestoreWarning
-from tilestore.plans import PlanOptions
+from tilestore.plan import PlanOptions
 
 CONVERT = """
 import sys, warnings
-from tilestore.conversion import convert
+from tilestore.conversion.converter import convert
 warnings.simplefilter("ignore")
 convert(sys.argv[1], sys.argv[2], copy=False, workers=1, overwrite=True)
 """
 
 EMBED = """
 import sys
-from embed import Options, embed
+from tilestore.embed import Options, embed
 from tilestore import PlanOptions
 embed([sys.argv[1]], sys.argv[2], plan=PlanOptions(mpp=0.5, tile=224),
       options=Options(batch_size=2, device="cpu", precision="fp32", dtype="float32"))

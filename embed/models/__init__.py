@@ -4,9 +4,10 @@
 >>> loaded = load_model("uni", token=...)  # module, transform, output size, weights origin
 """
 
-from embed.models.load import LoadedModel, load_model
-from embed.models.registry import REGISTRY, get_model, list_models
-from embed.models.spec import ModelError, ModelSpec
+from tilestore.embed.models.hub import is_cached, pull
+from tilestore.embed.models.load import LoadedModel, load_model
+from tilestore.embed.models.registry import REGISTRY, get_model, list_models
+from tilestore.embed.models.spec import ModelError, ModelSpec
 
 __all__ = [
     "REGISTRY",
@@ -14,6 +15,8 @@ __all__ = [
     "ModelError",
     "ModelSpec",
     "get_model",
+    "is_cached",
     "list_models",
     "load_model",
+    "pull",
 ]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import safetensors.torch
 import torch
-from huggingface_hub import HfApi, hf_hub_download
+from huggingface_hub import HfApi, hf_hub_download, try_to_load_from_cache
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
@@ -27,7 +27,8 @@ from huggingface_hub.errors import (
 )
 from safetensors import SafetensorError
 
-from embed.models.spec import ModelError
+from tilestore.embed.models.registry import get_model
+from tilestore.embed.models.spec import ModelError, ModelSpec
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -127,8 +128,21 @@ def load_weights(
     return state
 
 
-def pull(name: str, repo: str, *, token: str | None = None) -> Checkpoint:
-    """Download a repo's config and weights into the cache (for offline compute nodes)."""
+def is_cached(spec: ModelSpec) -> bool:
+    """Whether a model loads without a download: its hub repo's config is in the cache (as
+    huggingface_hub lays it out), or its weights come from a package, timm or a folder."""
+    if spec.source != "hf-hub":
+        return True
+    return isinstance(try_to_load_from_cache(spec.repo, "config.json", cache_dir=cache_dir()), str)
+
+
+def pull(name: str, *, token: str | None = None) -> Checkpoint | None:
+    """Download a registered model's config and weights into the cache (for offline compute
+    nodes); None for a model whose weights come from elsewhere (a package, timm, a folder)."""
+    spec = get_model(name)
+    if spec.source != "hf-hub":
+        return None
+    repo = spec.repo
     if offline():
         raise ModelError(f"{name}: HF_HUB_OFFLINE is set; pull on a machine with internet")
     try:

@@ -1,7 +1,7 @@
 """Loading a tile encoder: the timm architecture, our own fetch of its weights, its transform.
 
 Loading builds the timm architecture without weights, then loads the weights fetched
-ourselves (`embed.models.hub`: safetensors first), so a token is passed explicitly and
+ourselves (`tilestore.embed.models.hub`: safetensors first), so a token is passed explicitly and
 nothing is unpickled.
 """
 
@@ -15,10 +15,10 @@ import timm
 import torch
 from timm.data import resolve_data_config
 
-from embed.models import hub
-from embed.models.preprocess import Transform
-from embed.models.registry import get_model
-from embed.models.spec import ModelError, ModelSpec
+from tilestore.embed.models import hub
+from tilestore.embed.models.preprocess import Transform
+from tilestore.embed.models.registry import get_model
+from tilestore.embed.models.spec import ModelError, ModelSpec
 
 _LAYERS = {"SwiGLUPacked": "timm.layers.SwiGLUPacked"}
 
@@ -62,7 +62,7 @@ def load_model(
     name: str | ModelSpec, *, token: str | None = None, device: torch.device | str = "cpu"
 ) -> LoadedModel:
     """Return the model with its weights, in eval mode, on `device`: a checkpoint's tensors
-    are read straight onto it and random weights drawn there (`embed.forward.place` then
+    are read straight onto it and random weights drawn there (`tilestore.embed.forward.place` then
     only sets the memory layout), not made on the CPU and copied."""
     spec = name if isinstance(name, ModelSpec) else get_model(name)
     device = torch.device(device)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import timm
 
-from embed.models.spec import ModelError, ModelSpec
+from tilestore.embed.models.spec import ModelError, ModelSpec
 
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 HOPTIMUS = ((0.707223, 0.578729, 0.703617), (0.211883, 0.230117, 0.177517))

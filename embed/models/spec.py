@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tilestore.errors import TilestoreError
+from tilestore.plan.options import DEFAULT_TILE
 
 
 class ModelError(TilestoreError):
@@ -21,7 +22,7 @@ class ModelSpec:
     repo: str  # hub repo, package name, timm architecture or folder
     output_dim: int | None
     native_mpp: float | None  # um/px the model was trained at (tiles should match)
-    tile: int = 224  # tile side a plan for this model uses, before any crop
+    tile: int = DEFAULT_TILE  # tile side a plan for this model uses, before any crop
     timm_kwargs: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)  # overrides of timm's data config
     pooling: str = "model"  # "model": timm's pooled output; "cls+mean": Virchow's concat

@@ -13,7 +13,10 @@ from tests.conftest import CMU, KIDNEY
 
 def tilestore(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "cli", *map(str, args)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "tilestore.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -126,21 +129,46 @@ def test_embed_and_models_commands(tmp_path, slide_path):
     assert listed.returncode == 0 and "MahmoodLab/uni" in listed.stdout
 
 
-def test_an_mpp_asked_of_a_slide_without_pixel_size_is_the_same_error_in_plan_and_embed(
-    tmp_path, slide_path
-):
-    assert tilestore("convert", slide_path(KIDNEY), "-o", tmp_path).returncode == 0
-    store = tmp_path / "kidney-48-5.ome.zarr"
-    planned = tilestore("plan", store, "--mpp", "0.5")
-    embedded = tilestore("embed", store, "--model", "efficientnet-lite0", "--mpp", "0.5")
-    want = (
-        "kidney-48-5.ome.zarr: pixel size unknown, so there is no 0.5 um/px; convert again "
-        "with --mpp <um/px>, or plan in level-0 pixels (--mpp 0)"
+def _without_pixel_size(svs, target):
+    """The SVS as a tiled TIFF whose pixel size is nowhere recorded (no resolution tags, no
+    Aperio description): what a stripped or badly exported slide looks like."""
+    import tifffile
+
+    tifffile.imwrite(target, tifffile.imread(svs), tile=(240, 240), compression="jpeg")
+    return target
+
+
+@pytest.mark.parametrize("slide", ["stripped", KIDNEY])
+def test_plan_and_embed_treat_a_slide_without_pixel_size_alike(tmp_path, slide_path, slide):
+    """One rule everywhere: no recorded pixel size means no tiles at any mpp (asked for or
+    the default), refused in one line that says how to give one or to ask for level-0
+    pixels; asked for explicitly (--mpp 0), plan and embed both tile level 0."""
+    src = (
+        _without_pixel_size(slide_path(CMU), tmp_path / "stripped.tif")
+        if slide == "stripped"
+        else slide_path(slide)
     )
-    assert planned.returncode == 2 and planned.stderr.strip() == f"tilestore: error: {want}"
-    assert embedded.returncode == 2
-    cause = want.removeprefix("kidney-48-5.ome.zarr: ")
-    assert embedded.stderr.splitlines()[-1] == f"tilestore: error: {store}: {cause}"
+    assert tilestore("convert", src, "-o", tmp_path).returncode == 0
+    store = tmp_path / (src.stem + ".ome.zarr")
+    embed = ("embed", store, "--model", "efficientnet-lite0", "--device", "cpu", "--into", tmp_path)
+    for mpp, shown in ((None, "0.5"), ("0.5", "0.5"), ("1", "1")):
+        given = () if mpp is None else ("--mpp", mpp)
+        planned = tilestore("plan", store, *given)
+        embedded = tilestore(*embed, *given)
+        want = (
+            f"pixel size unknown, so its tiles cannot be read at {shown} um/px; give the "
+            "slide's pixel size (convert again with --mpp <um/px>), or plan in level-0 pixels "
+            "explicitly (--mpp 0)"
+        )
+        assert planned.returncode == 2
+        assert planned.stderr.strip() == f"tilestore: error: {store.name}: {want}"
+        assert embedded.returncode == 2  # the efficientnet's native mpp is None: 0.5 too
+        assert embedded.stderr.splitlines()[-1] == f"tilestore: error: {store}: {want}"
+    assert not (store / "plans").exists() and not (store / "embeddings").exists()
+    planned = tilestore("plan", store, "--mpp", "0", "--min-tissue", "0")
+    embedded = tilestore(*embed, "--mpp", "0", "--min-tissue", "0", "--max-tiles", "8")
+    assert planned.returncode == 0 and "level0-224px" in planned.stdout
+    assert embedded.returncode == 0, embedded.stderr
 
 
 def test_embed_gated_model_offline_is_one_line(tmp_path, slide_path):

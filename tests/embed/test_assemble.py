@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embed.assemble import BatchBuilder, cut_row
+from tilestore.embed.assemble import BatchBuilder, cut_row
 
 
 @settings(max_examples=60, deadline=None)

@@ -16,13 +16,13 @@ from distributed import Client, LocalCluster
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embed.cohort import embed_cohort, parse_shard, shard, summary_lines
-from embed.engine import embed
-from embed.settings import Options
 from tests.conftest import CMU, IHC
+from tilestore.embed.cohort import embed_cohort, parse_shard, shard, summary_lines
+from tilestore.embed.engine import embed
+from tilestore.embed.settings import Options
 from tilestore.embeddings import group_name
 from tilestore.errors import TilestoreError
-from tilestore.plans import PlanOptions
+from tilestore.plan import PlanOptions
 
 LITE = "efficientnet-lite0"
 OPTIONS = Options(batch_size=8, device="cpu", precision="fp32", dtype="float32")

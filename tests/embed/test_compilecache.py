@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from embed.compilecache import CompileCache, cache_key
+from tilestore.embed.compilecache import CompileCache, cache_key
 
 MODEL = {"name": "timm:vit_tiny", "repo": None, "revision": None, "weights": "w", "transform": {}}
 

@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from embed.dryrun import dry_run
-from embed.engine import embed
-from embed.settings import Options
 from tests.conftest import CMU
-from tilestore.plans import PlanOptions
+from tilestore.embed.dryrun import dry_run
+from tilestore.embed.engine import embed
+from tilestore.embed.settings import Options
+from tilestore.plan import PlanOptions
 
 FP32 = Options(batch_size=2, device="cpu", precision="fp32", dtype="float32")
 PLAN = PlanOptions(mpp=1.0, tile=224)
@@ -48,5 +48,13 @@ def test_a_dry_run_counts_what_a_run_would_embed_and_writes_nothing(
     assert "no such store" in absent.error
     assert result.todo == 18 and result.tiles_per_s > 0 and result.batch_size == 2
     assert result.seconds == pytest.approx(18 / result.tiles_per_s)
-    (placed,) = dry_run([slide_path(CMU)], lite, plan=PLAN, options=FP32).rows  # as embed() does
-    assert placed.note == "a slide: would be read in place (sidecar made first)"
+    side = tmp_path / "side"
+    (placed,) = dry_run(
+        [slide_path(CMU)], lite, plan=PLAN, options=FP32, in_place=True, sidecars=side
+    ).rows  # as embed() does
+    assert (
+        placed.note == f"a slide: would be read in place ({side / CMU}.tilestore.zarr made first)"
+    )
+    assert not side.exists()
+    (nowhere,) = dry_run([slide_path(CMU)], lite, plan=PLAN, options=FP32).rows
+    assert "a slide file, not a store" in nowhere.error

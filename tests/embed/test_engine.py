@@ -15,15 +15,15 @@ import torch
 import xarray as xr
 import zarr
 
-from embed import engine
-from embed.engine import Embedder, embed
-from embed.models import load_model
-from embed.nvjpeg import TorchvisionNvjpeg
-from embed.reference import cosine, reference_features
-from embed.settings import Options
 from tests.conftest import NDPI
-from tilestore.plans import PlanOptions, load_plan
-from tilestore.slide import open_slide
+from tilestore.embed import engine
+from tilestore.embed.engine import Embedder, embed
+from tilestore.embed.models import load_model
+from tilestore.embed.nvjpeg import TorchvisionNvjpeg
+from tilestore.embed.reference import cosine, reference_features
+from tilestore.embed.settings import Options
+from tilestore.plan import PlanOptions, load_plan
+from tilestore.reading.opening import open_slide
 
 LITE = "efficientnet-lite0"
 FP32 = Options(batch_size=8, device="cpu", precision="fp32", dtype="float32")
@@ -111,7 +111,7 @@ def test_a_running_embedding_is_not_started_twice(store, lite):
 def _vectra_store(store, folder):
     """A QPTIFF store of three markers (DAPI, CD8, PanCK) from the real DAPI NDPI's pixels."""
     from tests.tilestore import tiffs
-    from tilestore.conversion import convert
+    from tilestore.conversion.converter import convert
 
     ndpi = open_slide(store(NDPI))
     pixels = np.moveaxis(ndpi.to_dask(1).compute(), 0, -1)
@@ -280,7 +280,7 @@ def test_nvjpeg_decode_matches_cpu_decode_on_a_ycbcr_store(store, tiny, tmp_path
 def test_auto_decode_uses_nvjpeg_where_the_job_has_few_cpus(
     store, tiny, tmp_path, monkeypatch, cpus, want
 ):
-    monkeypatch.setattr("embed.engine.usable_cpus", lambda: cpus)
+    monkeypatch.setattr("tilestore.embed.engine.usable_cpus", lambda: cpus)
     small = store(copy=False, into=tmp_path / "small")  # YCbCr, 256 px chunks
     big = store(copy=False, chunk=512, into=tmp_path / "big")  # YCbCr, 512 px chunks
     options = Options(batch_size=16, dtype="float32", overwrite=True)
@@ -305,8 +305,8 @@ def test_auto_decode_on_few_cpus_without_nvjpeg_decodes_on_the_cpu(store, tiny, 
     def no_nvjpeg(*args, **kwargs):
         raise RuntimeError("Not compiled with GPU support")
 
-    monkeypatch.setattr("embed.engine.usable_cpus", lambda: 4)
-    monkeypatch.setattr("embed.nvjpeglib.find_library", lambda: None)
+    monkeypatch.setattr("tilestore.embed.engine.usable_cpus", lambda: 4)
+    monkeypatch.setattr("tilestore.embed.nvjpeglib.find_library", lambda: None)
     monkeypatch.setattr("torchvision.io.decode_jpeg", no_nvjpeg)
     options = Options(batch_size=16, dtype="float32")
     report = embed([store(copy=False)], tiny, plan=PlanOptions(mpp=0.5, tile=224), options=options)
@@ -329,7 +329,7 @@ def test_rgb_coded_chunks_are_decoded_on_the_gpu_as_coded(store, tiny, tmp_path)
 def test_rgb_coded_chunks_fall_back_to_cpu_decode_through_torchvision(
     store, tiny, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr("embed.nvjpeg.GPU_DECODERS", (TorchvisionNvjpeg,))
+    monkeypatch.setattr("tilestore.embed.nvjpeg.GPU_DECODERS", (TorchvisionNvjpeg,))
     cpu, gpu = store(into=tmp_path / "cpu"), store(into=tmp_path / "gpu")  # Aperio RGB JPEG
     report, similarity = _cpu_vs_gpu_decode(cpu, gpu, tiny)
     assert report.gpu_decoder == "torchvision"
@@ -447,7 +447,7 @@ def test_a_damaged_chunk_fails_its_slide_on_the_gpu_paths(
     store, tiny, tmp_path, decode, damage, cause
 ):
     """Decoder processes (decode cpu on CUDA) and nvJPEG name the chunk; the next slide runs."""
-    from tilestore.integrity import seal
+    from tilestore.format.integrity import seal
 
     bad = store(copy=False, into=tmp_path / "bad")  # YCbCr chunks: nvJPEG decodes them
     good = store(copy=False, into=tmp_path / "good")
@@ -476,8 +476,8 @@ def test_where_nvjpeg_itself_fails_the_cpu_finishes_the_slide_and_the_run(
 ):
     """Seen on an H100 after many batches of changing size: nvJPEG's allocator fails. The
     slide is finished on the CPU decoders, and nvJPEG is not asked again in the run."""
-    from embed.nvjpeg import GPU_DECODERS
-    from embed.nvjpeglib import NvjpegError
+    from tilestore.embed.nvjpeg import GPU_DECODERS
+    from tilestore.embed.nvjpeglib import NvjpegError
 
     failed, after = [], []
 

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from embed.graphs import GraphedForward
+from tilestore.embed.graphs import GraphedForward
 
 pytestmark = [
     pytest.mark.gpu,

@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 import zarr
 
-from embed import inputs
-from embed.engine import embed
-from embed.inputs import Stager
-from embed.settings import Options
 from tests.conftest import CMU, NDPI
-from tilestore.conversion import convert
+from tilestore.conversion.converter import convert
+from tilestore.embed import inputs
+from tilestore.embed.engine import embed
+from tilestore.embed.inputs import Stager
+from tilestore.embed.settings import Options
 from tilestore.errors import SlideError, StoreError
-from tilestore.plans import PlanOptions
-from tilestore.slide import open_slide
-from tilestore.tissue import compute_tissue, read_tissue
+from tilestore.masks.tissue import compute_tissue, read_tissue
+from tilestore.plan import PlanOptions
+from tilestore.reading.opening import open_slide
 
 LITE = "efficientnet-lite0"
 FP32 = Options(batch_size=8, device="cpu", precision="fp32", dtype="float32")
@@ -120,10 +120,18 @@ def test_the_mask_made_ahead_is_the_one_the_plan_reads(slide_path, tmp_path):
 
 def test_a_slide_read_in_place_gets_its_sidecar_and_mask_in_the_worker(slide_path, tmp_path):
     (svs,) = _copies(slide_path, tmp_path, "a.svs")
-    (staged,) = Stager([svs], None)
-    assert staged.store == svs and staged.converted is None
-    assert read_tissue(open_slide(svs)) is not None  # stored in the sidecar beside it
-    assert list(tmp_path.glob("a.svs.tilestore*"))
+    (staged,) = Stager([svs], None, in_place=True)
+    assert staged.store == tmp_path / "a.svs.tilestore.zarr" and staged.converted is None
+    assert read_tissue(open_slide(staged.store)) is not None  # stored in the sidecar beside it
+
+
+def test_sidecars_go_where_asked_and_a_slide_with_nowhere_to_go_is_refused(slide_path, tmp_path):
+    (svs,) = _copies(slide_path, tmp_path, "a.svs")
+    (staged,) = Stager([svs], None, in_place=True, sidecars=tmp_path / "side")
+    assert staged.error is None and staged.store == tmp_path / "side" / "a.svs.tilestore.zarr"
+    assert not list(tmp_path.glob("a.svs.tilestore*"))  # nothing beside the slide
+    (refused,) = Stager([svs], None)  # neither converted nor read in place: not a store
+    assert refused.store == svs and refused.error is None  # the engine refuses it by name
 
 
 def test_a_worker_that_dies_fails_its_slide_and_a_new_one_takes_the_next(slide_path, tmp_path):
@@ -147,17 +155,17 @@ def test_damaged_slides_read_in_place_fail_in_the_worker_with_their_cause(slide_
     text = tmp_path / "text.svs"
     text.write_text("not a slide")
     (good,) = _copies(slide_path, tmp_path, "good.svs")
-    first, second, third = Stager([cut, text, good], None)
+    first, second, third = Stager([cut, text, good], None, in_place=True)
     assert isinstance(first.error, SlideError) and first.store is None
     assert str(first.error).startswith(f"{cut}: truncated or corrupt")
     assert isinstance(second.error, SlideError)
     assert str(second.error).startswith(f"{text}: not a supported slide")
-    assert third.error is None and third.store == good  # the worker went on
+    assert third.error is None and third.store == tmp_path / "good.svs.tilestore.zarr"
     assert not list(tmp_path.glob("cut.svs.tilestore*"))  # nothing that looks valid
 
 
 def test_the_worker_answers_errors_by_kind_and_bugs_with_their_traceback(monkeypatch):
-    def prepare(slide, into, tissue, only_plan_will_do):
+    def prepare(slide, into, tissue, only_plan_will_do, sidecars=None):
         if slide.name == "bad.svs":
             raise StoreError(f"{slide}: cannot write store: disk full")
         raise ValueError("a bug")

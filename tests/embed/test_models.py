@@ -11,8 +11,16 @@ import timm
 import torch
 import torch.nn.functional as F
 
-from embed.models import REGISTRY, ModelError, ModelSpec, get_model, hub, list_models, load_model
 from tests.embed.conftest import TINY_REVISION, write_checkpoint
+from tilestore.embed.models import (
+    REGISTRY,
+    ModelError,
+    ModelSpec,
+    get_model,
+    hub,
+    list_models,
+    load_model,
+)
 
 
 def test_registry_holds_the_foundation_models_with_their_facts():

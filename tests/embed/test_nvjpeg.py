@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from embed.nvjpeg import (
+from tests.conftest import CMU
+from tilestore.embed.nvjpeg import (
     GPU_DECODERS,
     RowDecoder,
     TorchvisionNvjpeg,
@@ -22,8 +23,7 @@ from embed.nvjpeg import (
     group_chunks,
     open_decoder,
 )
-from tests.conftest import CMU
-from tilestore.slide import open_slide
+from tilestore.reading.opening import open_slide
 
 
 def _done(value) -> Future:
@@ -118,7 +118,7 @@ def test_a_gpu_without_nvjpeg_fails_only_where_gpu_decoding_was_asked_for(monkey
     def no_nvjpeg(*args, **kwargs):
         raise RuntimeError("Not compiled with GPU support")  # as a ROCm build says
 
-    monkeypatch.setattr("embed.nvjpeglib.find_library", lambda: None)
+    monkeypatch.setattr("tilestore.embed.nvjpeglib.find_library", lambda: None)
     monkeypatch.setattr("torchvision.io.decode_jpeg", no_nvjpeg)
     assert open_decoder(torch.device("cuda", 0), required=False) is None  # --decode auto
     with pytest.raises(RuntimeError, match=r"no libnvjpeg found.*Not compiled with GPU support"):
@@ -231,7 +231,7 @@ def test_rows_queued_behind_a_failed_decode_are_not_decoded():
 def test_decoders_release_what_they_hold_so_many_can_come_and_go(stores):
     """Each Embedder opens a decoder and closes it with itself: forty opened and closed in
     turn still decode right, and a closed one refuses to decode."""
-    from embed.nvjpeglib import NvjpegError
+    from tilestore.embed.nvjpeglib import NvjpegError
 
     device = torch.device("cuda", torch.cuda.current_device())
     reader = open_slide(stores(CMU, copy=False)).chunks(0)

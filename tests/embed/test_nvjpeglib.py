@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embed.nvjpeglib import find_library, jpeg_size
+from tilestore.embed.nvjpeglib import find_library, jpeg_size
 
 
 @settings(max_examples=25, deadline=None)

@@ -7,7 +7,7 @@ import torch
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
-from embed.models.preprocess import Transform
+from tilestore.embed.models.preprocess import Transform
 
 
 @pytest.mark.parametrize(

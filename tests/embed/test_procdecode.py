@@ -13,10 +13,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from embed.procdecode import ProcessDecoder, decode_files
 from tests.conftest import CMU
+from tilestore.embed.procdecode import ProcessDecoder, decode_files
 from tilestore.errors import ChunkError
-from tilestore.slide import open_slide
+from tilestore.reading.opening import open_slide
 
 
 @pytest.fixture

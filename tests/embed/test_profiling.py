@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import zarr
 
-from embed import nvtx
-from embed.engine import embed
-from embed.settings import Options
-from tilestore.plans import PlanOptions
+from tilestore.embed import nvtx
+from tilestore.embed.engine import embed
+from tilestore.embed.settings import Options
+from tilestore.plan import PlanOptions
 
 LITE = "efficientnet-lite0"
 FP32 = Options(batch_size=2, device="cpu", precision="fp32", dtype="float32")

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from embed.report import RunReport, Stats, advice, format_report
+from tilestore.embed.report import RunReport, Stats, advice, format_report
 
 
 def _report(**kwargs) -> RunReport:

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from embed.nvjpeg import open_decoder
-from embed.procdecode import ProcessDecoder
-from embed.report import no_span
-from embed.rows import NvjpegRows, ProcessRows, ThreadRows
 from tests.conftest import CMU
 from tests.embed.conftest import settings
-from tilestore.plans import PlanOptions, plan_slide
-from tilestore.slide import open_slide
-from tilestore.tiles import chunk_schedule
+from tilestore.embed.nvjpeg import open_decoder
+from tilestore.embed.procdecode import ProcessDecoder
+from tilestore.embed.report import no_span
+from tilestore.embed.rows import NvjpegRows, ProcessRows, ThreadRows
+from tilestore.plan import PlanOptions, plan_slide
+from tilestore.plan.tiles import chunk_schedule
+from tilestore.reading.opening import open_slide
 
 CUDA = torch.cuda.is_available()
 
@@ -87,8 +87,10 @@ def test_process_rows(stores):
 def test_process_rows_hold_at_most_their_byte_budget_in_small_parts(stores, monkeypatch):
     reader, steps = _steps(stores)
     row = max(len(s.load) for s in steps) * reader.chunk_h * reader.chunk_w * reader.channels
-    monkeypatch.setattr("embed.rows.AHEAD_BYTES", 3 * row - 1)  # room for two rows, not three
-    monkeypatch.setattr("embed.rows.PART_PIXELS", 3 * reader.chunk_h * reader.chunk_w)
+    monkeypatch.setattr(
+        "tilestore.embed.rows.AHEAD_BYTES", 3 * row - 1
+    )  # room for two rows, not three
+    monkeypatch.setattr("tilestore.embed.rows.PART_PIXELS", 3 * reader.chunk_h * reader.chunk_w)
     device = torch.device("cuda", torch.cuda.current_device())
     procs = ProcessDecoder(3)
     asked = []

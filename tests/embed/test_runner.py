@@ -6,15 +6,15 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from embed.engine import embed
-from embed.forward import Forward
-from embed.models import load_model
-from embed.report import Stats
-from embed.runner import Runner
-from embed.settings import Options
 from tests.embed.conftest import settings
-from tilestore.plans import PlanOptions, load_plan
-from tilestore.slide import open_slide
+from tilestore.embed.engine import embed
+from tilestore.embed.forward import Forward
+from tilestore.embed.models import load_model
+from tilestore.embed.report import Stats
+from tilestore.embed.runner import Runner
+from tilestore.embed.settings import Options
+from tilestore.plan import PlanOptions, load_plan
+from tilestore.reading.opening import open_slide
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from embed.settings import Options, Settings, resolve
 from tests.embed.conftest import Machine
+from tilestore.embed.settings import Options, Settings, resolve
 from tilestore.errors import TilestoreError
 
 

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from embed import sizing
-from embed.sizing import BatchRun, Profile, choose_batch, profile_batches
+from tilestore.embed import sizing
+from tilestore.embed.sizing import BatchRun, Profile, choose_batch, profile_batches
 
 
 def _profile(*rates):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tilestore.annotations import Annotations
+from tilestore.plan.annotations import Annotations
 
 
 def rois(geoms, classes) -> Annotations:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tilestore
-from tilestore.analysis import AnalysisError
+from tilestore.analysis.accessor import AnalysisError
 
 STRIDE = 224.0
 

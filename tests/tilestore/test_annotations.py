@@ -9,8 +9,8 @@ import pytest
 import shapely
 
 from tests.conftest import ANNOTATIONS, MONUSEG
-from tilestore.annotations import load_annotations
 from tilestore.errors import AnnotationError
+from tilestore.plan.annotations import load_annotations
 
 SAMPLES = ANNOTATIONS / "format_samples"
 

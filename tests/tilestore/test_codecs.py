@@ -10,7 +10,7 @@ import zarr
 import zarr.registry
 
 from tests.conftest import psnr
-from tilestore.codecs import JpegCodec, jpeg_codecs
+from tilestore.format.codecs import JpegCodec, jpeg_codecs
 
 
 def test_registered_with_zarr_by_entry_point():

@@ -14,10 +14,10 @@ from PIL import Image
 
 from tests.conftest import CMU, IHC, KIDNEY, NDPI, psnr
 from tests.tilestore import tiffs
-from tilestore import levels as levels_module
-from tilestore.conversion import convert
+from tilestore.conversion import levels as levels_module
+from tilestore.conversion.converter import convert
 from tilestore.errors import SlideError, StoreError, TilestoreError, TilestoreWarning
-from tilestore.integrity import unseal
+from tilestore.format.integrity import unseal
 
 
 def _level(store, index=0) -> np.ndarray:
@@ -207,7 +207,7 @@ def test_bands_never_hold_a_whole_level(tmp_path, slide_path, monkeypatch):
 
         return original(array, recording, progress)
 
-    monkeypatch.setattr("tilestore.conversion.write_bands", spy)
+    monkeypatch.setattr("tilestore.conversion.converter.write_bands", spy)
     convert(slide_path(NDPI), tmp_path)
     assert seen and all(rows <= 256 < height for height, rows in seen if height > 256)
 
@@ -248,7 +248,7 @@ def test_failed_overwrite_keeps_the_old_store(tmp_path, slide_path, monkeypatch)
     def broken(*args, **kwargs):
         raise SlideError("simulated decode failure")
 
-    monkeypatch.setattr("tilestore.conversion.write_bands", broken)
+    monkeypatch.setattr("tilestore.conversion.converter.write_bands", broken)
     with pytest.raises(SlideError, match="simulated"):
         convert(slide_path(IHC), tmp_path, mpp=0.25, overwrite=True)
     assert _attrs(store)["tilestore"]["mpp"]["x"] == 0.5
@@ -265,7 +265,7 @@ def test_interrupted_conversion_leaves_nothing(tmp_path, slide_path, monkeypatch
             raise KeyboardInterrupt
         return original(array, read, progress)
 
-    monkeypatch.setattr("tilestore.conversion.write_bands", interrupt_second_level)
+    monkeypatch.setattr("tilestore.conversion.converter.write_bands", interrupt_second_level)
     with pytest.raises(KeyboardInterrupt):
         convert(slide_path(CMU), tmp_path, copy=False)
     assert list(tmp_path.iterdir()) == []

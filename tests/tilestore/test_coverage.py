@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.tilestore.rois import rois
-from tilestore.coverage import roi_fractions
+from tilestore.plan.coverage import roi_fractions
 
 PROPS = settings(max_examples=80, deadline=None)
 

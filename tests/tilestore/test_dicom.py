@@ -14,9 +14,9 @@ import pytest
 from wsidicom import WsiDicom
 
 from tests.conftest import CMU, DATA, psnr
-from tilestore.conversion import convert
+from tilestore.conversion.converter import convert
 from tilestore.errors import SlideError
-from tilestore.slide import open_slide
+from tilestore.reading.opening import open_slide
 from tilestore.sources import dicom_series, open_source
 
 CAMELYON = DATA / "slides" / "camelyon_lymphnode_jpeg.dcm"
@@ -129,7 +129,15 @@ def test_a_folder_of_two_series_makes_a_store_of_each(pyramid, tmp_path):
     with pytest.raises(SlideError, match="holds 2 DICOM series"):
         open_source(folder)
     run = subprocess.run(
-        [sys.executable, "-m", "cli", "convert", str(folder), "-o", str(tmp_path / "out")],
+        [
+            sys.executable,
+            "-m",
+            "tilestore.cli",
+            "convert",
+            str(folder),
+            "-o",
+            str(tmp_path / "out"),
+        ],
         capture_output=True,
         text=True,
         timeout=300,

@@ -14,8 +14,8 @@ import tilestore
 from tests.counting import CountingStore
 from tilestore.embeddings import group_name, list_embeddings, open_embeddings
 from tilestore.errors import StoreError, TilestoreWarning
-from tilestore.plans import load_plan
-from tilestore.slide import open_slide
+from tilestore.plan import load_plan
+from tilestore.reading.opening import open_slide
 
 LITE = "efficientnet-lite0"
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import zarr
 
-from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
-from tilestore.plans import PlanOptions, plan_slide, save_plan
-from tilestore.slide import open_slide
+from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity
+from tilestore.plan import PlanOptions, plan_slide, save_plan
+from tilestore.reading.opening import open_slide
 
 MODEL = {"name": "test-model", "output_dim": 4}
 
@@ -24,9 +24,8 @@ def slide_plan(store):
 
 def _writer(slide_plan, **kwargs) -> EmbeddingWriter:
     slide, plan, uid, _ = slide_plan
-    return EmbeddingWriter(
-        slide, plan, uid, MODEL, batch_size=4, dtype="float32", settings={}, **kwargs
-    )
+    identity = RunIdentity(MODEL, batch_size=4, dtype="float32", precision="fp32", compile=False)
+    return EmbeddingWriter(slide, plan, uid, identity, **kwargs)
 
 
 def _group(slide_plan):

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import shapely
 
-from tilestore.annotations import load_annotations
-from tilestore.export import to_anndata, to_qupath
+from tilestore.analysis.export import to_anndata, to_qupath
+from tilestore.plan.annotations import load_annotations
 
 
 def test_qupath_export_round_trips_through_our_annotation_loader(embedded_ds, tmp_path):

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from tests.tilestore.rois import rois
 from tilestore.errors import PlanError
-from tilestore.grid import grid_spec, make_plan, tissue_fractions
-from tilestore.slide import MPP_TOLERANCE
-from tilestore.tiles import chunk_schedule
+from tilestore.plan.grid import grid_spec, make_plan, tissue_fractions
+from tilestore.plan.tiles import chunk_schedule
+from tilestore.reading.resolution import MPP_TOLERANCE
 
 PROPS = settings(max_examples=80, deadline=None)
 

@@ -1,4 +1,4 @@
-"""tilestore.holes: holes by one labelling equal scipy's binary_fill_holes."""
+"""tilestore.masks.holes: holes by one labelling equal scipy's binary_fill_holes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy import ndimage
 
-from tilestore.holes import fill_holes, hole_sizes, holes
+from tilestore.masks.holes import fill_holes, hole_sizes, holes
 
 masks = arrays(bool, st.tuples(st.integers(1, 24), st.integers(1, 24)))
 

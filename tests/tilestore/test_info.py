@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from tests.conftest import CMU, NDPI
+from tilestore.conversion.info import describe
 from tilestore.errors import StoreError
-from tilestore.info import describe
 
 
 def test_store_description(stores):

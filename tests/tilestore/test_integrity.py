@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import CMU
-from tilestore.annotations.base import number
-from tilestore.annotations.geojson import _check_geometry
 from tilestore.errors import AnnotationError, ChunkError
-from tilestore.integrity import TRAILER, read_file, seal, unseal
-from tilestore.slide import open_slide
+from tilestore.format.integrity import TRAILER, read_file, seal, unseal
+from tilestore.plan.annotations.base import number
+from tilestore.plan.annotations.geojson import _check_geometry
+from tilestore.reading.opening import open_slide
 
 PROPS = settings(max_examples=200, deadline=None)
 

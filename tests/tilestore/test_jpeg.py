@@ -9,7 +9,7 @@ import tifffile
 from PIL import Image
 
 from tests.conftest import CMU
-from tilestore import jpeg
+from tilestore.format import jpeg
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,9 @@ import zarr
 
 from tests.conftest import NDPI
 from tests.tilestore import tiffs
-from tilestore.conversion import convert
+from tilestore.conversion.converter import convert
 from tilestore.errors import TilestoreError
-from tilestore.slide import open_slide
+from tilestore.reading.opening import open_slide
 from tilestore.sources import open_source
 
 MARKERS = {"DAPI": "0,0,255", "CD8": "0,255,0", "PanCK": "255,0,0"}
@@ -150,7 +150,7 @@ def test_three_of_sixteen_bit_channels_read_as_an_rgb_picture(tmp_path, ndpi_pix
 def test_fluorescence_tissue_follows_the_nuclear_channel(tmp_path, ndpi_pixels):
     """A marker that glows over the glass (autofluorescence, mounting medium) must not decide
     the mask: it follows DAPI, found by its name, or the channel asked for."""
-    from tilestore.tissue import compute_tissue
+    from tilestore.masks.tissue import compute_tissue
 
     dapi = ndpi_pixels[..., 2]
     glow = np.clip(ndpi_pixels[..., 1].astype(np.int16) + 120, 0, 255).astype(np.uint8)

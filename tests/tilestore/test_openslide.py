@@ -10,10 +10,10 @@ import pytest
 from PIL import Image
 
 from tests.tilestore import vendors
-from tilestore.conversion import convert
+from tilestore.conversion.converter import convert
+from tilestore.conversion.info import describe
 from tilestore.errors import SlideError
-from tilestore.info import describe
-from tilestore.slide import open_slide
+from tilestore.reading.opening import open_slide
 from tilestore.sources import OpenSlideSource, open_source
 from tilestore.sources.openslide_reader import OpenSlideLevel
 

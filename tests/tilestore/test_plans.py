@@ -12,11 +12,11 @@ import xarray as xr
 
 from tests.conftest import CMU, KIDNEY, MONUSEG, NDPI
 from tests.counting import CountingStore
-from tilestore.conversion import convert
+from tilestore.conversion.converter import convert
 from tilestore.errors import PlanError, TilestoreWarning
-from tilestore.plans import PlanOptions, list_plans, load_plan, plan_slide, save_plan
-from tilestore.slide import open_slide
-from tilestore.tiles import iter_tiles
+from tilestore.plan import PlanOptions, list_plans, load_plan, plan_slide, save_plan
+from tilestore.plan.tiles import iter_tiles
+from tilestore.reading.opening import open_slide
 
 # A tumour-region ROI on CMU-1-Small-Region, as QuPath exports it (level-0 px, y down).
 CMU_ROI = {

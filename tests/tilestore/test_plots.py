@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 import tilestore
-from tilestore.plots import plot_gallery, plot_map
+from tilestore.analysis.plots import plot_gallery, plot_map
 
 
 def test_cluster_map_overlay_covers_the_tiles_footprints(embedded_ds, tmp_path):
@@ -63,7 +63,7 @@ def test_gallery_shows_the_tiles_nearest_each_centre_first(embedded_ds, tmp_path
 
 
 def test_hits_row_starts_with_the_query_tile(embedded_ds):
-    from tilestore.plots import plot_hits
+    from tilestore.analysis.plots import plot_hits
 
     hits = embedded_ds.tiles.nearest(10, k=3)
     fig = plot_hits(embedded_ds, hits, size=32)

@@ -10,11 +10,11 @@ import pytest
 from PIL import Image
 
 from tests.conftest import CMU
-from tilestore.annotations import load_annotations
-from tilestore.plans import PlanOptions, plan_slide
-from tilestore.preview import ROI_COLORS, TILE_RGB, render_preview
-from tilestore.slide import open_slide
-from tilestore.tissue import compute_tissue
+from tilestore.analysis.preview import ROI_COLORS, TILE_RGB, render_preview
+from tilestore.masks.tissue import compute_tissue
+from tilestore.plan import PlanOptions, plan_slide
+from tilestore.plan.annotations import load_annotations
+from tilestore.reading.opening import open_slide
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ from scipy import ndimage
 import tilestore
 from tests.conftest import CMU
 from tests.tilestore import artefacts as A
-from tilestore.contrast import ContrastRule
 from tilestore.errors import PlanError, TilestoreError
-from tilestore.plans import PlanOptions, load_plan, plan_slide, save_plan
+from tilestore.masks.contrast import ContrastRule
+from tilestore.plan import PlanOptions, load_plan, plan_slide, save_plan
 from tilestore.qc import QCOptions, compute_qc, qc_cohort, read_qc, read_summary, write_qc
 from tilestore.qc.report import write_report
 
@@ -238,7 +238,7 @@ def test_cli_qc_plan_and_embed_columns(painted, tmp_path):
     _, src = painted["fold"]
     store = tmp_path / "f.ome.zarr"
     shutil.copytree(src, store)
-    cli = [sys.executable, "-m", "cli"]
+    cli = [sys.executable, "-m", "tilestore.cli"]
     run = subprocess.run(
         [*cli, "qc", str(store), "--device", "cpu", "--report", str(tmp_path / "r")],
         capture_output=True,

@@ -1,6 +1,7 @@
-"""TIFF slides read in place: a sidecar store beside the slide holds everything but the
-slide's own tiles, which are read from the TIFF tile by tile; the slide is never written
-and a changed slide is refused."""
+"""TIFF slides read in place: a sidecar store (beside the slide, or in a folder the user
+names) holds everything but the slide's own tiles, which are read from the TIFF tile by
+tile; only `open_in_place` makes one, the slide is never written and a changed slide is
+refused."""
 
 from __future__ import annotations
 
@@ -10,18 +11,18 @@ import shutil
 import numpy as np
 import pytest
 
-from embed.engine import embed
-from embed.models import load_model
-from embed.settings import Options
 from tests.conftest import NDPI
 from tests.tilestore import tiffs
-from tilestore import levels as levels_module
-from tilestore.conversion import convert
+from tilestore.conversion import open_in_place
+from tilestore.conversion.converter import convert
+from tilestore.embed.engine import embed
+from tilestore.embed.models import load_model
+from tilestore.embed.settings import Options
 from tilestore.embeddings import open_embeddings
 from tilestore.errors import StoreError
-from tilestore.plans import PlanOptions, load_plan
-from tilestore.sidecar import sidecar_for
-from tilestore.slide import open_slide
+from tilestore.plan import PlanOptions, load_plan
+from tilestore.reading import open_sidecar, open_slide, sidecar_for
+from tilestore.reading import source_chunks as chunks_module
 from tilestore.sources import open_source
 
 FP32 = Options(batch_size=4, device="cpu", precision="fp32", dtype="float32")
@@ -36,19 +37,19 @@ def ome_tiff(tmp_path, cmu_pixels):
 def counted(monkeypatch):
     """The slide tiles read in place, (row, col) per call."""
     reads = []
-    original = levels_module.TileSource.chunk
+    original = chunks_module.TileSource.chunk
 
     def chunk(self, row, col, plane=0):
         reads.append((row, col))
         return original(self, row, col, plane)
 
-    monkeypatch.setattr(levels_module.TileSource, "chunk", chunk)
+    monkeypatch.setattr(chunks_module.TileSource, "chunk", chunk)
     return reads
 
 
 def test_read_in_place_equals_the_converted_store(ome_tiff, tmp_path):
     before = ome_tiff.read_bytes()
-    slide = open_slide(ome_tiff)
+    slide = open_in_place(ome_tiff)
     converted = open_slide(convert(ome_tiff, tmp_path / "stores").store)
     assert slide.name == ome_tiff.name and len(slide.levels) == len(converted.levels)
     for index in range(len(slide.levels)):
@@ -62,7 +63,7 @@ def test_read_in_place_equals_the_converted_store(ome_tiff, tmp_path):
 
 
 def test_a_region_reads_only_the_tiles_it_touches(ome_tiff, counted):
-    slide = open_slide(ome_tiff)
+    slide = open_in_place(ome_tiff)
     counted.clear()
     slide.read_region(
         300, 500, 256, 256, level=0
@@ -86,9 +87,9 @@ def test_roi_embed_from_the_tiff_equals_the_converted_store(ome_tiff, tmp_path, 
     plan = PlanOptions(mpp=0.5, tile=224, roi=str(roi), min_tissue=0)
     lite = load_model("efficientnet-lite0")
     counted.clear()
-    report = embed([ome_tiff], lite, plan=plan, options=FP32)
+    report = embed([ome_tiff], lite, plan=plan, options=FP32, in_place=True)
     assert not report.failures and report.tiles > 0
-    slide = open_slide(ome_tiff)
+    slide = open_slide(sidecar_for(ome_tiff))  # the sidecar store opens through its slide
     tile_plan, _ = load_plan(slide)
     needed = {tuple(rc) for rc in tile_plan.needed_chunks().tolist()}
     assert set(counted) == needed  # only the tiles under the plan's tiles were read
@@ -100,11 +101,54 @@ def test_roi_embed_from_the_tiff_equals_the_converted_store(ome_tiff, tmp_path, 
 
 
 def test_a_changed_slide_is_refused(ome_tiff, tmp_path, cmu_pixels):
-    open_slide(ome_tiff)
+    open_in_place(ome_tiff)
     other = tiffs.ome_pyramid(tmp_path / "other.tif", np.ascontiguousarray(cmu_pixels[::-1]), 0.5)
     shutil.copyfile(other, ome_tiff)  # the same name, other tiles
     with pytest.raises(StoreError, match=r"not the slide its sidecar .* was made from"):
+        open_in_place(ome_tiff)
+    with pytest.raises(StoreError, match=r"not the slide its sidecar .* was made from"):
+        open_slide(sidecar_for(ome_tiff))
+
+
+def _listing(folder):
+    return sorted((p.name, p.stat().st_mtime_ns) for p in folder.iterdir())
+
+
+def test_opening_never_makes_a_sidecar(ome_tiff):
+    """Reading is not writing: a slide file given to open_slide, or to open_sidecar before
+    one was made, is refused with how to read it, and nothing appears beside it."""
+    before = _listing(ome_tiff.parent)
+    with pytest.raises(StoreError, match=r"a slide file, not a store: .*open_in_place"):
         open_slide(ome_tiff)
+    with pytest.raises(StoreError, match=r"no sidecar at .*open_in_place"):
+        open_sidecar(ome_tiff)
+    assert _listing(ome_tiff.parent) == before
+
+
+def test_sidecars_go_in_the_folder_named(ome_tiff, tmp_path):
+    """Slide archives are often read-only: the sidecar goes where the user says, the slide's
+    folder is left as it was, and the sidecar opens again from there (by slide or store)."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    ome_tiff = ome_tiff.rename(archive / ome_tiff.name)
+    before = _listing(archive)
+    folder = tmp_path / "sidecars"
+    slide = open_in_place(ome_tiff, folder)
+    assert _listing(archive) == before
+    assert (folder / f"{ome_tiff.name}.tilestore.zarr" / "zarr.json").is_file()
+    again = open_sidecar(ome_tiff, folder)
+    by_store = open_slide(folder / f"{ome_tiff.name}.tilestore.zarr")
+    assert again.name == by_store.name == slide.name == ome_tiff.name
+    np.testing.assert_array_equal(
+        by_store.read_region(0, 0, 512, 512, level=0), slide.read_region(0, 0, 512, 512, level=0)
+    )
+
+
+def test_a_sidecar_whose_slide_moved_says_so(ome_tiff, tmp_path):
+    open_in_place(ome_tiff, tmp_path / "sidecars")
+    ome_tiff.rename(tmp_path / "moved.ome.tif")
+    with pytest.raises(StoreError, match=r"reads its levels from .*slide.ome.tif, which is not"):
+        open_slide(tmp_path / "sidecars" / "slide.ome.tif.tilestore.zarr")
 
 
 def test_slides_without_jpeg_tiles_are_decoded_in_place_exactly(slide_path, tmp_path, cmu_pixels):
@@ -126,7 +170,7 @@ def test_slides_without_jpeg_tiles_are_decoded_in_place_exactly(slide_path, tmp_
         resolutionunit="CENTIMETER",  # 0.5 um/px
     )
     for path in (ndpi, striped):
-        slide = open_slide(path)
+        slide = open_in_place(path)
         assert slide.attrs["levels"][0]["reason"] == "decoded from the slide at each read"
         with open_source(path) as source:  # the slide's reader, decoding every level whole
             for index, level in enumerate(source.levels):

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from tests.conftest import CMU, KIDNEY, psnr
 from tests.counting import CountingStore
 from tilestore.errors import StoreError, TilestoreError
-from tilestore.slide import open_slide, resize
+from tilestore.reading.opening import open_slide
+from tilestore.reading.slide import resize
 
 
 @pytest.fixture(scope="module")
@@ -162,13 +163,11 @@ def test_open_missing(tmp_path):
         open_slide(tmp_path / "nope.ome.zarr")
 
 
-def test_a_slide_file_opens_in_place_beside_itself(slide_path, tmp_path):
-    import shutil
-
-    svs = tmp_path / CMU
-    shutil.copyfile(slide_path(CMU), svs)
-    slide = open_slide(svs)  # tests/tilestore/test_sidecar.py tests the sidecar itself
-    assert slide.name == CMU and (tmp_path / f"{CMU}.tilestore.zarr" / "zarr.json").is_file()
+def test_a_slide_file_is_refused_with_how_to_read_it(slide_path):
+    """open_slide opens stores: a slide is converted, or read in place by asking for it
+    (tests/tilestore/test_sidecar.py); nothing is written beside it (the session checks)."""
+    with pytest.raises(StoreError, match=r"a slide file, not a store: convert it .*in place"):
+        open_slide(slide_path(CMU))
 
 
 def test_open_incomplete_store(tmp_path, stores):
@@ -202,7 +201,7 @@ def test_open_store_with_corrupt_metadata(tmp_path):
     (bad / "zarr.json").write_text("not json")
     with pytest.raises(StoreError, match=r"bad.ome.zarr: cannot open store"):
         open_slide(bad)
-    from tilestore.info import describe
+    from tilestore.conversion.info import describe
 
     with pytest.raises(StoreError, match=r"bad.ome.zarr: cannot open store"):
         describe(bad)

@@ -14,12 +14,12 @@ import zarr
 
 from tests.conftest import NDPI
 from tests.tilestore import tiffs
-from tilestore.chunks import ChunkReader
-from tilestore.conversion import convert
+from tilestore.conversion.converter import convert
+from tilestore.conversion.tiffout import to_ome_tiff
 from tilestore.errors import ChunkError, StoreError
-from tilestore.slide import open_slide
-from tilestore.tiffout import to_ome_tiff
-from tilestore.tissue import compute_tissue, write_tissue
+from tilestore.format.chunks import ChunkReader
+from tilestore.masks.tissue import compute_tissue, write_tissue
+from tilestore.reading.opening import open_slide
 
 
 def _levels(path):

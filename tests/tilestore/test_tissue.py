@@ -18,11 +18,11 @@ from PIL import Image
 from scipy import ndimage
 
 from tests.conftest import CMU, IHC, KIDNEY, NDPI
-from tilestore import tissue
-from tilestore.conversion import convert
+from tilestore.conversion.converter import convert
 from tilestore.errors import TilestoreError, TilestoreWarning
-from tilestore.slide import open_slide
-from tilestore.tissue import compute_tissue, read_tissue, write_tissue
+from tilestore.masks import tissue
+from tilestore.masks.tissue import compute_tissue, read_tissue, write_tissue
+from tilestore.reading.opening import open_slide
 
 
 @pytest.fixture

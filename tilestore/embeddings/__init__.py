@@ -10,35 +10,32 @@ every `embed` process's start that writing never needs.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from tilestore.embeddings.layout import COORDS, GROUP, group_name
-from tilestore.embeddings.write import AlreadyComplete, EmbeddingError, EmbeddingWriter
+from tilestore.embeddings.write import (
+    AlreadyComplete,
+    EmbeddingError,
+    EmbeddingWriter,
+    RunIdentity,
+)
+from tilestore.faces import lazy_face
 
-_READ = ("list_embeddings", "open_embeddings")
-
-__all__ = [
-    "COORDS",
-    "GROUP",
-    "AlreadyComplete",
-    "EmbeddingError",
-    "EmbeddingWriter",
-    "group_name",
-    "list_embeddings",
-    "open_embeddings",
-]
-
-
-def __getattr__(name: str):
-    if name in _READ:
-        return getattr(importlib.import_module("tilestore.embeddings.read"), name)
-    raise AttributeError(f"module 'tilestore.embeddings' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
-
+__getattr__, __dir__, _read = lazy_face(
+    __name__, {"tilestore.embeddings.read": ("list_embeddings", "open_embeddings")}
+)
+__all__ = sorted(
+    [
+        *_read,
+        "COORDS",
+        "GROUP",
+        "AlreadyComplete",
+        "EmbeddingError",
+        "EmbeddingWriter",
+        "RunIdentity",
+        "group_name",
+    ]
+)
 
 if TYPE_CHECKING:
     from tilestore.embeddings.read import list_embeddings, open_embeddings

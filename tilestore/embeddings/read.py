@@ -3,7 +3,7 @@
 `open_embeddings` stacks the ``embeddings/<model>`` groups (`tilestore.embeddings.layout`)
 of one slide or a cohort along ``tile`` as dask arrays, so opening a thousand slides reads
 their metadata only; features are read when a computation asks for them. The Dataset has
-the ``ds.tiles`` accessor (`tilestore.analysis`, registered when this module is imported).
+the ``ds.tiles`` accessor (`tilestore.analysis.accessor`, registered when this module is imported).
 
 >>> ds = tilestore.open_embeddings("stores/*.ome.zarr", "uni")
 >>> ds.features           # (tile, feature), dask
@@ -28,7 +28,7 @@ from zarr.abc.store import Store
 from tilestore import analysis as analysis  # registers the ds.tiles accessor
 from tilestore.embeddings.layout import COORDINATES, COORDS, GROUP, UNITS, group_name
 from tilestore.errors import ChunkError, StoreError, TilestoreWarning
-from tilestore.store import STORE_SUFFIX
+from tilestore.format.store import STORE_SUFFIX
 
 DASK_CHUNK_BYTES = 32 * 2**20
 StoreLike = str | os.PathLike | Store

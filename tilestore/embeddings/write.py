@@ -12,7 +12,7 @@ import datetime as dt
 import json
 import os
 import socket
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +20,12 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec
 
-from tilestore.codecs import zstd_codecs
 from tilestore.embeddings.layout import COORDINATES, UNITS, group_name
 from tilestore.errors import TilestoreError
-from tilestore.grid import TilePlan
-from tilestore.slide import Slide
-from tilestore.store import consolidate, software_versions
+from tilestore.format.codecs import zstd_codecs
+from tilestore.format.store import consolidate, software_versions
+from tilestore.plan.grid import TilePlan
+from tilestore.reading.slide import Slide
 
 
 class EmbeddingError(TilestoreError):
@@ -36,6 +36,33 @@ class AlreadyComplete(EmbeddingError):
     """The store holds this model's finished embeddings: skipped unless overwrite=True."""
 
 
+@dataclass(frozen=True)
+class RunIdentity:
+    """What an embeddings group records of the run that writes it, decided once by the
+    engine (`Embedder.writer_identity`): a run resumes a group only where these are equal.
+
+    model: the model's description (`LoadedModel.describe`: name, weights, output_dim...).
+    channels: a multiplex store's channels read as R, G, B (None for RGB stores)."""
+
+    model: dict[str, Any]
+    batch_size: int
+    dtype: str
+    precision: str
+    compile: bool
+    channels: tuple[str, ...] | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The group's attributes for it (the keys stores have always had)."""
+        return {
+            "model": self.model,
+            "batch_size": self.batch_size,
+            "dtype": self.dtype,
+            "precision": self.precision,
+            "compile": self.compile,
+            **({"channels": list(self.channels)} if self.channels else {}),
+        }
+
+
 class EmbeddingWriter:
     """Creates or resumes embeddings/<model> for one slide and plan, and writes batches."""
 
@@ -44,11 +71,8 @@ class EmbeddingWriter:
         slide: Slide,
         plan: TilePlan,
         plan_uid: str,
-        model: dict[str, Any],
+        identity: RunIdentity,
         *,
-        batch_size: int,
-        dtype: str,
-        settings: dict[str, Any],
         overwrite: bool = False,
         create: bool = True,
     ) -> None:
@@ -57,7 +81,7 @@ class EmbeddingWriter:
         create=False leaves making (or, with overwrite, remaking) the group to `create()`,
         so a run can start reading tiles first; until then every batch is to do.
         """
-        self._setup(slide, plan, plan_uid, model, batch_size, dtype, settings)
+        self._setup(slide, plan, plan_uid, identity)
         store = _directory(slide)
         # Beside the store, not in it: zarr would list it, and overwrite=True deletes the group.
         self.lock_path = store.parent / f".{store.name}.{self.path.split('/')[-1]}.lock"
@@ -96,7 +120,7 @@ class EmbeddingWriter:
 
     @classmethod
     def attach(
-        cls, slide: Slide, plan: TilePlan, plan_uid: str, **identity: Any
+        cls, slide: Slide, plan: TilePlan, plan_uid: str, identity: RunIdentity
     ) -> EmbeddingWriter:
         """Open an existing group to write some of its batches (a slice, on a Dask worker).
 
@@ -104,7 +128,7 @@ class EmbeddingWriter:
         cohort coordinator) holds the lock and finishes it when every slice is done.
         """
         self = cls.__new__(cls)
-        self._setup(slide, plan, plan_uid, **identity)  # the constructor's identity arguments
+        self._setup(slide, plan, plan_uid, identity)
         self.attached = True
         group = self._existing()
         if group is None:
@@ -114,22 +138,18 @@ class EmbeddingWriter:
         self._open(group)
         return self
 
-    def _setup(self, slide, plan, plan_uid, model, batch_size, dtype, settings) -> None:
-        self.slide, self.plan, self.batch_size = slide, plan, batch_size
-        self.path = group_name(model["name"])
+    def _setup(self, slide, plan, plan_uid, identity: RunIdentity) -> None:
+        self.slide, self.plan, self.batch_size = slide, plan, identity.batch_size
+        self.path = group_name(identity.model["name"])
         self.root = slide.writable_group()
-        self.identity = {
-            "model": model,
-            "plan": {"name": plan.name, "uid": plan_uid},
-            "batch_size": batch_size,
-            "dtype": dtype,
-            **settings,
-        }
+        self.run = identity
+        # what the group's attributes must equal for this run to resume it
+        self.identity = {**identity.record(), "plan": {"name": plan.name, "uid": plan_uid}}
         self._lock = None
         self.attached = False
         self.group = None
         self._made = False  # this writer made the group (so may remove it unused)
-        self.blocks = -(-len(plan) // batch_size)
+        self.blocks = -(-len(plan) // identity.batch_size)
 
     # -- state --------------------------------------------------------------------------
 
@@ -200,7 +220,7 @@ class EmbeddingWriter:
 
     def _create(self):
         plan, slide = self.plan, self.slide
-        n, dim = len(plan), self.identity["model"]["output_dim"]
+        n, dim = len(plan), self.run.model["output_dim"]
         blocks = -(-n // self.batch_size)
         group = self.root.require_group(self.path)
         mpp = slide.mpp or (None, None)
@@ -228,7 +248,7 @@ class EmbeddingWriter:
             "features",
             shape=(n, dim),
             chunks=(self.batch_size, dim),
-            dtype=self.identity["dtype"],
+            dtype=self.run.dtype,
             dimension_names=("tile", "feature"),
             **zstd_codecs(level=1),
             fill_value=np.nan,

@@ -12,61 +12,28 @@ cohort report (`.report`) do not, so planning never pays torch's import.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
-_MEMBERS = {
-    "ARTEFACTS": "tilestore.qc.classes",
-    "DETECTORS": "tilestore.qc.detectors",
-    "StainStats": "tilestore.qc.detectors",
-    "DEFAULT_MPP": "tilestore.qc.maps",
-    "QCMaps": "tilestore.qc.maps",
-    "QCOptions": "tilestore.qc.maps",
-    "compute_qc": "tilestore.qc.maps",
-    "FLAG_FRACTION": "tilestore.qc.store",
-    "StoredQC": "tilestore.qc.store",
-    "read_qc": "tilestore.qc.store",
-    "read_summary": "tilestore.qc.store",
-    "write_qc": "tilestore.qc.store",
-    "SlideQC": "tilestore.qc.cohort",
-    "qc_cohort": "tilestore.qc.cohort",
-    "qc_store": "tilestore.qc.cohort",
-    "write_report": "tilestore.qc.report",
-}
-__all__ = [
-    "ARTEFACTS",
-    "DEFAULT_MPP",
-    "DETECTORS",
-    "FLAG_FRACTION",
-    "QCMaps",
-    "QCOptions",
-    "SlideQC",
-    "StainStats",
-    "StoredQC",
-    "compute_qc",
-    "qc_cohort",
-    "qc_store",
-    "read_qc",
-    "read_summary",
-    "write_qc",
-    "write_report",
-]
+from tilestore.faces import lazy_face
 
-
-def __getattr__(name: str):
-    if name in _MEMBERS:
-        return getattr(importlib.import_module(_MEMBERS[name]), name)
-    raise AttributeError(f"module 'tilestore.qc' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
-
+__getattr__, __dir__, __all__ = lazy_face(
+    __name__,
+    {
+        "tilestore.qc.classes": ("ARTEFACTS",),
+        "tilestore.qc.detectors": ("DETECTORS", "StainStats"),
+        "tilestore.qc.maps": ("QCMaps", "compute_qc"),
+        "tilestore.qc.options": ("QCOptions",),
+        "tilestore.qc.store": ("FLAG_FRACTION", "StoredQC", "read_qc", "read_summary", "write_qc"),
+        "tilestore.qc.cohort": ("SlideQC", "qc_cohort", "qc_store"),
+        "tilestore.qc.report": ("write_report",),
+    },
+)
 
 if TYPE_CHECKING:
     from tilestore.qc.classes import ARTEFACTS
     from tilestore.qc.cohort import SlideQC, qc_cohort, qc_store
     from tilestore.qc.detectors import DETECTORS, StainStats
-    from tilestore.qc.maps import DEFAULT_MPP, QCMaps, QCOptions, compute_qc
+    from tilestore.qc.maps import QCMaps, compute_qc
+    from tilestore.qc.options import QCOptions
     from tilestore.qc.report import write_report
     from tilestore.qc.store import FLAG_FRACTION, StoredQC, read_qc, read_summary, write_qc

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from tilestore.errors import TilestoreError
-from tilestore.qc.maps import QCMaps, QCOptions, compute_qc
+from tilestore.qc.maps import QCMaps, compute_qc
+from tilestore.qc.options import QCOptions
 from tilestore.qc.store import FLAG_FRACTION, write_qc
 
 THUMB = 320  # px, longer side of the report's pictures
@@ -43,7 +44,7 @@ def qc_store(
 ) -> SlideQC:
     """QC one store and store the result in it; a failure is returned, not raised, so one
     damaged slide does not stop a cohort. preview: a folder for <name>.qc.png."""
-    from tilestore.slide import open_slide
+    from tilestore.reading.opening import open_slide
 
     options = options or QCOptions()
     name = Path(store).name.removesuffix(".ome.zarr").removesuffix(".zarr")
@@ -72,7 +73,7 @@ def pictures(slide, maps: QCMaps, size: int = THUMB):
     """(thumbnail, thumbnail with artefact colours over it) as PIL images."""
     from PIL import Image
 
-    from tilestore.preview import thumbnail
+    from tilestore.analysis.preview import thumbnail
     from tilestore.qc.classes import ARTEFACTS
 
     pixels, _ = thumbnail(slide, size)

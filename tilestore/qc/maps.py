@@ -20,34 +20,14 @@ from typing import Any
 import numpy as np
 
 from tilestore.errors import TilestoreError
+from tilestore.masks.tissue import TissueMask, compute_tissue, read_tissue
 from tilestore.qc.detectors import DETECTORS, StainStats
-from tilestore.slide import MPP_TOLERANCE, Slide
-from tilestore.tissue import TissueMask, compute_tissue, read_tissue
+from tilestore.qc.options import QCOptions
+from tilestore.reading.resolution import MPP_TOLERANCE
+from tilestore.reading.slide import Slide
 
-DEFAULT_MPP = 4.0
 NOMINAL_MPP = 0.5  # a slide without a pixel size is judged as if scanned at 20x (noted)
 GLASS_OD = 0.12  # a coarse pixel with more total OD than this is not bare glass
-
-
-@dataclass(frozen=True)
-class QCOptions:
-    """How to QC a slide.
-
-    mpp: resolution of the maps, um/px (2-4 is the range the defaults are tuned for).
-    detectors: which artefacts to look for (names of `DETECTORS`), in label order.
-    params: per-detector parameter overrides, {"blur": {"max_ratio": 0.2}, ...}.
-    device: "cuda", "cpu" or None (the GPU where there is one).
-    block: block side in px at mpp (memory: about 60 bytes per px on the device).
-    threads: torch's CPU threads (None: its default, every core); a cohort gives each of
-    its workers a share.
-    """
-
-    mpp: float = DEFAULT_MPP
-    detectors: tuple[str, ...] = tuple(DETECTORS)
-    params: dict[str, dict[str, Any]] = field(default_factory=dict)
-    device: str | None = None
-    block: int = 2048
-    threads: int | None = None
 
 
 @dataclass
@@ -213,7 +193,7 @@ class _Grid:
         if self.exact:
             x, y = round(x0 * self.downsample[1]), round(y0 * self.downsample[0])
             return slide.read_region(x, y, x1 - x0, y1 - y0, level=self.level)
-        from tilestore.slide import resize
+        from tilestore.reading.slide import resize
 
         lv = slide.levels[self.level]
         fy, fx = self.downsample[0] / lv.downsample[0], self.downsample[1] / lv.downsample[1]
@@ -293,7 +273,7 @@ def _slide_stats(slide: Slide, grid: _Grid, tissue: TissueMask, device):
     lv = slide.levels[level]
     image = slide.read_region(0, 0, lv.width, lv.height, level=level)
     if image.shape[:2] != shape:
-        from tilestore.slide import resize
+        from tilestore.reading.slide import resize
 
         image = resize(image, shape[1], shape[0])
     px = Pixels(torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))).to(device), 1.0)

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tilestore.labels import read_label, write_label
+from tilestore.format.store import consolidate
 from tilestore.qc.classes import ARTEFACTS
-from tilestore.slide import Slide
-from tilestore.store import consolidate
+from tilestore.reading.labels import read_label, write_label
+from tilestore.reading.slide import Slide
 
 if TYPE_CHECKING:
     from tilestore.qc.maps import QCMaps

@@ -9,7 +9,7 @@ import math
 import numpy as np
 from scipy import ndimage
 
-from tilestore.holes import hole_sizes, holes
+from tilestore.masks.holes import hole_sizes, holes
 
 
 def rings_and_edges(lines: np.ndarray, p, mpp: float, notes: list[str], others) -> np.ndarray:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tilestore import jpeg
 from tilestore.errors import SlideError
+from tilestore.format import jpeg
 from tilestore.sources.base import (
     Channel,
     Fact,

@@ -15,8 +15,8 @@ import numpy as np
 import tifffile
 import zarr
 
-from tilestore import jpeg
 from tilestore.errors import SlideError
+from tilestore.format import jpeg
 from tilestore.sources.base import (
     MAX_TILE,
     Fact,

@@ -1,0 +1,55 @@
+"""Worker processes fed one JSON request a line, for the decoder processes
+(`tilestore.embed.procdecode`) and the slide worker (`tilestore.embed.inputs`).
+
+They are plain `python -m <module>` processes: unlike multiprocessing's spawn and
+forkserver, they never import the caller's main module (a user script without a __main__
+guard would run again in each), and they import only what their module does (never torch).
+A worker answers through a private copy of its stdout, so anything a library prints goes
+to stderr instead of into the replies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import IO, Any
+
+
+def start(module: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start `python -m module` with line-buffered text pipes to its stdin and stdout."""
+    return subprocess.Popen(
+        [sys.executable, "-m", module],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+        env=env,
+    )
+
+
+def serve(
+    answer: Callable[[dict[str, Any]], str],
+    requests: IO[str] | None = None,
+    replies: IO[str] | None = None,
+    *,
+    ready: bool = False,
+) -> None:
+    """The worker's loop: one reply line (`answer`'s, flushed) per JSON request line, after
+    "ready" where asked. Without `replies`, they go to a private copy of stdout and stdout
+    itself is pointed at stderr. A Ctrl-C that reached the caller's terminal too ends the
+    worker quietly (the caller reports it)."""
+    if replies is None:
+        replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    try:
+        if ready:
+            replies.write("ready\n")
+            replies.flush()
+        for line in requests if requests is not None else sys.stdin:
+            replies.write(answer(json.loads(line)) + "\n")
+            replies.flush()
+    except KeyboardInterrupt:
+        sys.exit(130)

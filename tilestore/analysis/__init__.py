@@ -1,0 +1,20 @@
+"""Looking at results: the `ds.tiles` accessor of embeddings (`accessor`: PCA, k-means,
+nearest tiles), figures (`plots`), pictures of a slide with its overlays (`preview`) and
+exports for other tools (`export`: QuPath GeoJSON, AnnData).
+
+May import: `tilestore.reading`, `tilestore.format`.
+"""
+
+from __future__ import annotations
+
+from tilestore.faces import lazy_face
+
+__getattr__, __dir__, __all__ = lazy_face(
+    __name__,
+    {
+        "tilestore.analysis.accessor": ("AnalysisError",),
+        "tilestore.analysis.export": ("to_anndata", "to_qupath"),
+        "tilestore.analysis.plots": ("plot_gallery", "plot_map"),
+        "tilestore.analysis.preview": ("save_preview", "thumbnail"),
+    },
+)

@@ -1,0 +1,27 @@
+"""Into and out of the store: `convert` (a slide file, once, into an OME-Zarr store),
+`open_in_place` (a TIFF slide read where it is, through a sidecar made the first time),
+`describe` (what a file or store holds, and what conversion would do with it) and
+`to_ome_tiff` (a store out as a pyramidal OME-TIFF).
+
+May import: `tilestore.reading`, `tilestore.sources`, `tilestore.format`.
+"""
+
+from __future__ import annotations
+
+from tilestore.faces import lazy_face
+
+__getattr__, __dir__, __all__ = lazy_face(
+    __name__,
+    {
+        "tilestore.conversion.converter": (
+            "QUALITY",
+            "SUBSAMPLING",
+            "ConversionReport",
+            "convert",
+            "slides_of",
+        ),
+        "tilestore.conversion.info": ("describe", "pixel_count"),
+        "tilestore.conversion.sidecar": ("open_in_place",),
+        "tilestore.conversion.tiffout": ("to_ome_tiff",),
+    },
+)

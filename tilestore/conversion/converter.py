@@ -1,0 +1,553 @@
+"""Convert a slide, once, into an OME-Zarr 0.5 store.
+
+The store is built under a hidden temporary name beside the target and renamed
+into place only when every chunk and the ``complete`` flag are written, so an
+interrupted or failed conversion never leaves something that looks valid, and
+``overwrite`` never loses the old store before the new one is whole.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import shutil
+import time
+import warnings
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import zarr
+from zarr.codecs import BytesCodec
+from zarr.storage import LocalStore
+
+from tilestore.conversion.levels import copy_tiles, downsample2, write_bands
+from tilestore.cpus import usable_cpus
+from tilestore.errors import StoreError, TilestoreError, TilestoreWarning
+from tilestore.format import leftovers, omezarr
+from tilestore.format.codecs import jpeg_codecs, zstd_codecs
+from tilestore.format.store import (
+    ATTRS_KEY,
+    STORE_FORMAT,
+    STORE_SUFFIX,
+    consolidate,
+    is_store,
+    software_versions,
+    store_name,
+    tree_size,
+)
+from tilestore.reading.inplace import TiffTiles, fingerprint
+from tilestore.reading.source_chunks import chunk_source
+from tilestore.sources import Fact, Source, SourceLevel, dicom_series, open_source
+
+CODECS = ("auto", "jpeg", "zstd")
+SMALLEST_LEVEL = 1024  # build 2x levels until the longer side is at most this
+# JPEG settings where pixels are (re-)encoded: above 40 dB PSNR on real H&E and IHC
+QUALITY = 95
+SUBSAMPLING = "4:4:4"
+
+
+@dataclass
+class LevelReport:
+    """How one store level was made."""
+
+    path: str
+    shape: tuple[int, ...]
+    downsample: tuple[float, float]
+    origin: str  # "source level 0" or "built from level 1"
+    write: str  # "copy", "re-encode" or "lossless"
+    reason: str
+    chunks: int = 0
+    reencoded: int = 0  # copy path: tiles that had to be re-encoded
+    seconds: float = 0.0
+
+
+@dataclass
+class ConversionReport:
+    """What `convert` did, for printing and for tests."""
+
+    source: Path
+    store: Path
+    codec: str
+    codec_reason: str
+    chunk: int
+    levels: list[LevelReport] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    source_bytes: int = 0
+    store_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class _Encoding:
+    """How pixels are written, decided once per conversion."""
+
+    codec: str
+    reason: str
+    chunk: int
+    quality: int
+    subsampling: str
+    copy: bool
+    background: int  # fill for missing chunks and out-of-slide reads: white for brightfield
+    workers: int
+    checksums: bool  # each chunk ends in its CRC-32C (tilestore.format.integrity)
+    in_place: frozenset[int] = frozenset()  # source levels read from the slide, not copied
+    decoded: frozenset[int] = frozenset()  # of those, the ones decoded at each read (no JPEG)
+
+
+def convert(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    chunk: int | None = None,
+    codec: str = "auto",
+    quality: int = QUALITY,
+    subsampling: str = SUBSAMPLING,
+    mpp: float | None = None,
+    keep_associated: bool = False,
+    overwrite: bool = False,
+    copy: bool = True,
+    workers: int | None = None,
+    checksums: bool = True,
+    lossy_ok: bool = False,
+    series: str | None = None,
+    name: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    in_place: bool = False,
+) -> ConversionReport:
+    """Convert the slide `src` into ``<dst>/<name>.ome.zarr`` (or `dst` itself if it ends in .zarr).
+
+    chunk: chunk side in px; None takes the source's JPEG tile size when tiles can
+        be copied, else 256. codec: "auto" (JPEG for 8-bit RGB brightfield, zstd
+        otherwise), "jpeg" or "zstd". quality/subsampling: JPEG settings used when
+        pixels are (re-)encoded; 95 and 4:4:4 keep real H&E and IHC above 40 dB PSNR.
+    mpp: µm per level-0 pixel, overriding (or supplying) the file's value.
+    keep_associated: also store label/macro/thumbnail images (labels carry patient data).
+    copy: copy matching JPEG tiles verbatim (False forces decode + encode).
+    lossy_ok: allow codec="jpeg" on pixels that are not 8-bit RGB brightfield (fluorescence,
+        one page per marker): without it such a request is refused, since JPEG quantises
+        quantitative signal.
+    checksums: end every chunk with its CRC-32C, so damage is found when it is read (off
+        only to measure what they cost, or for readers without zarr's crc32c codec).
+    series: the DICOM SeriesInstanceUID to convert where `src` is a folder holding several
+        (`tilestore.sources.dicom_series` lists them); its store is named <folder>-<uid>.
+    name: the store's name (<name>.ome.zarr) instead of one from `src`.
+    progress: called as progress(chunks_done_now, chunks_total), from worker threads.
+    in_place: make a sidecar store at `dst` (`tilestore.conversion.sidecar`): the source levels stay
+        in the slide file and are read from it (JPEG tiles as chunks where they can be, else
+        decoded at each read); only the metadata and the built levels are written.
+    """
+    started = time.perf_counter()
+    with open_source(src, series) as source:
+        target = (
+            Path(dst) if Path(dst).suffix == ".zarr" else Path(dst) / _store_name(src, series, name)
+        )
+        _check_target(target, overwrite)
+        codec_name, reason = choose_codec(source, codec, lossy_ok)
+        encoding = _Encoding(
+            codec_name,
+            reason,
+            _choose_chunk(source, chunk, copy and codec_name == "jpeg"),
+            quality,
+            subsampling,
+            copy,
+            255 if source.brightfield_rgb else 0,
+            workers or usable_cpus(),
+            checksums,
+        )
+        if in_place:
+            jpeg_levels = _jpeg_levels(source, encoding)
+            everything = frozenset(range(len(source.levels)))
+            encoding = replace(encoding, in_place=everything, decoded=everything - jpeg_levels)
+        mpp_fact, mpp_warnings = _resolve_mpp(source, mpp)
+        report = ConversionReport(
+            Path(src), target, codec_name, reason, encoding.chunk, warnings=mpp_warnings
+        )
+        tmp = leftovers.partial_name(target)
+        with ThreadPoolExecutor(1) as hasher:
+            digest = hasher.submit(_sha256, source.files)
+            try:
+                sources: dict = {}  # in place: level path -> its tiles, once the arrays exist
+                store = TiffTiles(LocalStore(tmp), sources) if in_place else tmp
+                root = zarr.open_group(store, mode="w-", zarr_format=3)
+                plan = _level_plan(source)
+                arrays = _create_arrays(root, source, plan, encoding)
+                for index in encoding.in_place:
+                    sources[str(index)] = chunk_source(
+                        source, index, arrays[index], encoding.background, encoding.decoded
+                    )
+                _write_levels(source, arrays, plan, tmp, encoding, report, progress)
+                associated = _write_associated(source, root) if keep_associated else []
+                _write_attrs(
+                    root, source, plan, encoding, report, mpp_fact, associated, digest.result()
+                )
+                consolidate(tmp)
+                report.store_bytes = tree_size(tmp)
+                _move_into_place(tmp, target)
+            except BaseException as exc:
+                shutil.rmtree(tmp, ignore_errors=True)
+                if isinstance(exc, OSError):
+                    raise StoreError(f"{target}: cannot write store: {exc}") from exc
+                raise
+    for message in report.warnings:
+        warnings.warn(f"{src}: {message}", TilestoreWarning, stacklevel=2)
+    report.source_bytes = sum(f.stat().st_size for f in source.files)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def slides_of(path: str | os.PathLike) -> list[str | None]:
+    """The DICOM series to convert from `path`, one store each: a folder holding several
+    series gives their SeriesInstanceUIDs; anything else is one slide ([None])."""
+    if not Path(path).is_dir():
+        return [None]
+    try:
+        found = dicom_series(path)
+    except TilestoreError:
+        return [None]  # open_source says what is wrong with it
+    return list(found) if len(found) > 1 else [None]
+
+
+def _jpeg_levels(source: Source, enc: _Encoding) -> frozenset[int]:
+    """The source levels whose JPEG tiles a sidecar's chunks can be as they are; the others
+    are decoded from the slide at each read (`DecodedChunks`), never copied."""
+    if enc.codec != "jpeg" or not enc.copy:
+        return frozenset()
+    return frozenset(
+        index
+        for index, level in enumerate(source.levels)
+        if (tiles := level.jpeg_tiles()) is not None and tiles.tile_shape == (enc.chunk,) * 2
+    )
+
+
+def _in_place_facts(source: Source, enc: _Encoding) -> dict:
+    """What a sidecar checks at every open: the slide's path and fingerprint, and which of
+    its levels are read from it (none for a converted store)."""
+    if not enc.in_place:
+        return {}
+    return {
+        "path": str(source.path.resolve()),
+        "fingerprint": fingerprint(source, enc.in_place),
+        "in_place": sorted(enc.in_place),
+        "decoded": sorted(enc.decoded),
+    }
+
+
+def _resolve_mpp(source: Source, mpp: float | None) -> tuple[dict | None, list[str]]:
+    """Return the mpp fact to store ({x, y, origin} or None) and warnings to give."""
+    if mpp:
+        return {"x": mpp, "y": mpp, "origin": "user (mpp option)"}, []
+    found = source.info.mpp
+    notes = list(source.info.warnings)
+    if found is None:
+        notes.append("no pixel size (mpp) in the file; stored mpp: null (set it with mpp=<um/px>)")
+        return None, notes
+    return {"x": found.value[0], "y": found.value[1], "origin": found.origin}, notes
+
+
+def _create_arrays(root: zarr.Group, source: Source, plan: list, enc: _Encoding) -> list:
+    first = source.levels[0]
+    return [
+        root.create_array(
+            str(index),
+            shape=(first.channels, *shape),
+            chunks=(first.channels if first.channels <= 4 else 1, enc.chunk, enc.chunk),
+            dtype=first.dtype,
+            fill_value=enc.background,
+            dimension_names=("c", "y", "x"),
+            # every chunk is written, background ones too: a chunk missing is damage
+            config={"write_empty_chunks": True},
+            **_codec_args(source, index, enc),
+        )
+        for index, (shape, _, _) in enumerate(plan)
+    ]
+
+
+def _write_levels(
+    source: Source,
+    arrays: list,
+    plan: list,
+    root: Path,
+    enc: _Encoding,
+    report: ConversionReport,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    total = sum(-(-h // enc.chunk) * -(-w // enc.chunk) for (h, w), _, _ in plan)
+
+    def advance(n: int) -> None:
+        if progress:
+            progress(n, total)
+
+    for index, (array, (_, downsample, origin)) in enumerate(zip(arrays, plan, strict=True)):
+        started = time.perf_counter()
+        level = LevelReport(str(index), array.shape, downsample, origin, "", "")
+        if index in enc.decoded:
+            level.write, level.reason = "in place", "decoded from the slide at each read"
+        elif index in enc.in_place:
+            level.write, level.reason = "in place", "JPEG tiles read from the slide file"
+        elif index < len(source.levels):
+            where = f"{source.path}: level {index}"
+            _write_source_level(source.levels[index], array, root, level, enc, advance, where)
+        else:
+            previous = arrays[index - 1]
+
+            def read_half(y0: int, y1: int, previous=previous) -> np.ndarray:
+                return downsample2(np.moveaxis(previous[:, 2 * y0 : 2 * y1, :], 0, -1))
+
+            level.write = "lossless" if enc.codec == "zstd" else "re-encode"
+            level.reason = f"2x2 box average of level {index - 1}"
+            level.chunks = write_bands(array, read_half, advance)
+        level.seconds = time.perf_counter() - started
+        report.levels.append(level)
+
+
+def _write_source_level(
+    level: SourceLevel,
+    array: zarr.Array,
+    root: Path,
+    report: LevelReport,
+    enc: _Encoding,
+    advance: Callable[[int], None],
+    where: str,
+) -> None:
+    jpeg = enc.codec == "jpeg"
+    tiles = level.jpeg_tiles() if enc.copy and jpeg else None
+    if tiles is not None and tiles.tile_shape == tuple(array.chunks[1:]):
+        report.write = "copy"
+        report.reason = f"{tiles.color_space} JPEG tiles {tiles.tile_shape[1]} px copied verbatim"
+        report.chunks, report.reencoded = copy_tiles(
+            array,
+            root,
+            tiles,
+            level,
+            array.serializer,
+            enc.background,
+            enc.workers,
+            advance,
+            where,
+        )
+        if report.reencoded:
+            report.reason += f"; {report.reencoded} odd tiles re-encoded"
+        return
+    if not jpeg:
+        report.write, report.reason = "lossless", "zstd"
+    elif not enc.copy:
+        report.write, report.reason = "re-encode", "copy disabled"
+    elif tiles is not None:
+        report.write = "re-encode"
+        report.reason = f"source tiles {tiles.tile_shape} differ from chunks {array.chunks[1:]}"
+    else:
+        report.write, report.reason = "re-encode", level.describe_copy()
+    width = level.shape[1]
+    report.chunks = write_bands(array, lambda y0, y1: level.read(y0, y1, 0, width), advance)
+
+
+def _write_attrs(
+    root: zarr.Group,
+    source: Source,
+    plan: list,
+    enc: _Encoding,
+    report: ConversionReport,
+    mpp: dict | None,
+    associated: list[str],
+    sha256: str,
+) -> None:
+    info, first = source.info, source.levels[0]
+    rgb = enc.background == 255
+    declared = info.channels if info.channels and len(info.channels) == first.channels else None
+    labels = omezarr.channel_labels(first.channels, rgb, [c.name for c in declared or ()])
+    colors = [c.color for c in declared] if declared else None
+    windows = None if rgb else _display_windows(root[str(len(plan) - 1)])
+    mpp_xy = (mpp["x"], mpp["y"]) if mpp else None
+    root.attrs["ome"] = {
+        "version": omezarr.OME_VERSION,
+        "multiscales": omezarr.multiscales(
+            source.path.name, [str(i) for i in range(len(plan))], [p[1] for p in plan], mpp_xy
+        ),
+        "omero": omezarr.omero(labels, _dtype_max(first.dtype), rgb, colors, windows),
+    }
+    checksum = "crc32c" if enc.checksums else None
+    if checksum and enc.in_place:
+        checksum += ", built levels only"  # a slide's own tiles carry none
+    # The complete flag goes last: a store without it was interrupted.
+    root.attrs[ATTRS_KEY] = {
+        "store_format": STORE_FORMAT,
+        "source": {
+            "name": source.path.name,
+            "format": info.format,
+            "vendor": info.vendor,
+            "size": sum(f.stat().st_size for f in source.files),
+            "files": len(source.files),
+            **({"series": info.series} if info.series else {}),
+            "sha256": sha256,
+            **_in_place_facts(source, enc),
+        },
+        "mpp": mpp,
+        "objective_power": Fact.to_json(info.objective_power),
+        "modality": Fact.to_json(info.modality),
+        "background": enc.background,
+        "channels": labels,
+        "rgb": first.rgb,  # one colour picture's R, G, B (not independent channels)
+        "codec": {"name": enc.codec, "reason": enc.reason},
+        # what a reader may rely on: every chunk written, each with its CRC-32C
+        "integrity": {"every_chunk": True, "checksum": checksum},
+        "levels": [{k: v for k, v in asdict(lv).items() if k != "seconds"} for lv in report.levels],
+        "associated": associated,
+        "software": software_versions("tifffile", "imagecodecs"),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "complete": True,
+    }
+
+
+def _level_plan(source: Source) -> list[tuple[tuple[int, int], tuple[float, float], str]]:
+    """Return (shape, downsample, origin) per store level: source levels, then 2x levels."""
+    h0, w0 = source.levels[0].shape
+    plan = [
+        (level.shape, (h0 / level.shape[0], w0 / level.shape[1]), f"source level {i}")
+        for i, level in enumerate(source.levels)
+    ]
+    while max(plan[-1][0]) > SMALLEST_LEVEL:
+        (h, w), (dy, dx), _ = plan[-1]
+        plan.append(
+            ((-(-h // 2), -(-w // 2)), (dy * 2, dx * 2), f"built from level {len(plan) - 1}")
+        )
+    return plan
+
+
+def choose_codec(source: Source, codec: str = "auto", lossy_ok: bool = False) -> tuple[str, str]:
+    """The codec a conversion writes and why: JPEG only for 8-bit RGB brightfield unless
+    asked for (and, for anything else, allowed with `lossy_ok`); zstd otherwise."""
+    level = source.levels[0]
+    if codec not in CODECS:
+        raise TilestoreError(f"codec={codec!r}: choose one of {', '.join(map(repr, CODECS))}")
+    jpeg_ok = level.dtype == np.uint8 and level.channels in (1, 3)
+    if codec == "jpeg":
+        if not jpeg_ok:
+            raise TilestoreError(
+                f"{source.path}: codec='jpeg' needs 8-bit RGB or grayscale, not "
+                f"{source.describe_pixels()}; use codec='zstd'"
+            )
+        if not source.brightfield_rgb and not lossy_ok:
+            raise TilestoreError(
+                f"{source.path}: codec='jpeg' would quantise {source.describe_pixels()}, which "
+                "are not 8-bit RGB brightfield; store them losslessly (codec='auto') or pass "
+                "lossy_ok=True"
+            )
+        return "jpeg", "requested" + ("" if source.brightfield_rgb else ", lossy_ok")
+    if codec == "zstd":
+        return "zstd", "requested"
+    if source.brightfield_rgb:
+        return "jpeg", "8-bit RGB brightfield"
+    modality = source.info.modality
+    if modality is not None and modality.value == "fluorescence":
+        return "zstd", f"fluorescence ({modality.origin})"
+    return "zstd", f"{source.describe_pixels()}, not 8-bit RGB brightfield"
+
+
+def _choose_chunk(source: Source, chunk: int | None, copy: bool) -> int:
+    if chunk is not None:
+        if chunk % 16 or not 64 <= chunk <= 4096:
+            raise TilestoreError(f"chunk={chunk}: must be a multiple of 16 between 64 and 4096")
+        return chunk
+    tiles = source.levels[0].jpeg_tiles() if copy else None
+    if tiles and tiles.tile_shape[0] == tiles.tile_shape[1] and 128 <= tiles.tile_shape[0] <= 1024:
+        return tiles.tile_shape[0]
+    return 256
+
+
+def _codec_args(source: Source, index: int, enc: _Encoding) -> dict:
+    """Return create_array codec arguments for a level; copied levels declare their tiles' JPEG."""
+    if index in enc.decoded:  # chunks are the slide's pixels, decoded as they are read
+        return {"serializer": BytesCodec(), "compressors": None, "filters": None}
+    if enc.codec == "zstd":
+        return zstd_codecs(checksums=enc.checksums)
+    if source.levels[0].channels == 1:
+        raise TilestoreError(f"{source.path}: grayscale JPEG stores are not supported; use zstd")
+    tiles = source.levels[index].jpeg_tiles() if enc.copy and index < len(source.levels) else None
+    crc = enc.checksums and index not in enc.in_place  # the slide's tiles carry no CRC
+    if tiles is not None and tiles.color_space == "rgb":
+        return jpeg_codecs(enc.quality, "rgb", checksums=crc)
+    if tiles is not None:
+        return jpeg_codecs(enc.quality, "ycbcr", [list(f) for f in tiles.subsampling], crc)
+    if not source.brightfield_rgb:
+        # Fluorescence channels are not colours: no YCbCr mixing, no chroma subsampling.
+        return jpeg_codecs(enc.quality, "rgb", checksums=crc)
+    return jpeg_codecs(enc.quality, "ycbcr", enc.subsampling, crc)
+
+
+def _write_associated(source: Source, root: zarr.Group) -> list[str]:
+    group = root.require_group("associated")
+    for name, load in source.associated.items():
+        image = load()
+        image = image[..., None] if image.ndim == 2 else image
+        group.create_array(
+            name, data=np.moveaxis(image, -1, 0), dimension_names=("c", "y", "x"), **zstd_codecs()
+        )
+    return sorted(source.associated)
+
+
+def _check_target(target: Path, overwrite: bool) -> None:
+    for note in leftovers.clear(target):
+        warnings.warn(note, TilestoreWarning, stacklevel=3)
+    if target.exists():
+        if not overwrite:
+            raise StoreError(f"{target}: already exists; pass overwrite=True to replace it")
+        if not is_store(target):
+            raise StoreError(f"{target}: exists and is not a zarr store; refusing to replace it")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"{target}: cannot create output directory: {exc.strerror}") from exc
+    if not os.access(target.parent, os.W_OK):
+        raise StoreError(f"{target}: output directory {target.parent} is not writable")
+
+
+def _move_into_place(tmp: Path, target: Path) -> None:
+    if not target.exists():
+        tmp.rename(target)
+        return
+    old = leftovers.replaced_name(target)
+    target.rename(old)
+    tmp.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _store_name(src: str | os.PathLike, series: str | None, name: str | None) -> str:
+    """<name>.ome.zarr: as asked, else the slide file's stem or the DICOM folder's name (with
+    the series UID where the folder holds several series)."""
+    if name:
+        return name + STORE_SUFFIX
+    if series:
+        return f"{Path(src).name}-{series}{STORE_SUFFIX}"
+    return Path(src).name + STORE_SUFFIX if Path(src).is_dir() else store_name(src)
+
+
+def _sha256(files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for path in files:
+        with open(path, "rb") as fh:
+            while block := fh.read(8 << 20):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _display_windows(smallest: zarr.Array) -> list[tuple[float, float]]:
+    """Each channel's 0.1-99.9th percentile on the smallest level: a display window that
+    shows a dim 16-bit marker, where the dtype's whole range would show it black."""
+    pixels = smallest[:]
+    windows = []
+    for channel in pixels.reshape(pixels.shape[0], -1):
+        low, high = np.percentile(channel, [0.1, 99.9])
+        windows.append((_plain(low), _plain(max(high, low + 1))))
+    return windows
+
+
+def _plain(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else round(float(value), 3)
+
+
+def _dtype_max(dtype: np.dtype) -> int | float:
+    return int(np.iinfo(dtype).max) if dtype.kind in "ui" else 1.0

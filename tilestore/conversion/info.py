@@ -1,0 +1,195 @@
+"""What a store or a slide file holds: levels, chunking, codec, size, completeness."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import zarr
+
+from tilestore.conversion.converter import choose_codec
+from tilestore.errors import SlideError, StoreError, TilestoreError
+from tilestore.format.store import is_store, open_group, tree_size
+from tilestore.reading import open_slide
+from tilestore.sources import Fact, dicom_series, open_source
+
+SAMPLE_TILES = 8  # per level, decoded by describe(verify=True)
+
+
+def describe(path: str | os.PathLike, *, verify: bool = False) -> dict[str, Any]:
+    """Return a JSON-able description of a store (complete or not) or of a slide file.
+
+    A slide file's description reads its metadata only; with verify=True a sample of each
+    level's tiles (`SAMPLE_TILES`, spread over the level) is decoded too. A store's says what
+    its chunks are checked with and its last `tilestore verify`.
+    """
+    path = Path(path)
+    if is_store(path):
+        return _describe_store(path)
+    if path.is_dir() and not dicom_series(path):
+        raise StoreError(f"{path}: a directory that is neither a store nor a slide")
+    return _describe_slide(path, verify)
+
+
+def _describe_store(path: Path) -> dict[str, Any]:
+    group, attrs = open_group(path, complete=False)  # info says whether it is complete
+    size = tree_size(path)
+    source_size = attrs.get("source", {}).get("size")
+    mpp = attrs.get("mpp")
+    try:
+        levels = _levels(group, attrs, mpp)
+    except (KeyError, TypeError, ValueError, zarr.errors.BaseZarrError) as exc:
+        raise StoreError(
+            f"{path}: store metadata is damaged ({type(exc).__name__}: {exc}); convert the "
+            "slide again"
+        ) from exc
+    return {
+        "path": str(path),
+        "kind": "store",
+        "complete": bool(attrs.get("complete")),
+        "source": attrs.get("source"),
+        "mpp": mpp,
+        "objective_power": attrs.get("objective_power"),
+        "modality": attrs.get("modality"),
+        "channels": _channels(group),
+        "codec": attrs.get("codec"),
+        "integrity": attrs.get("integrity"),  # None: written before chunks had checksums
+        "verified": attrs.get("verified"),
+        "levels": levels,
+        "associated": attrs.get("associated", []),
+        "tissue": _tissue(group),
+        "plans": _plans(group),
+        "size_bytes": size,
+        "size_vs_source": round(size / source_size, 3) if source_size else None,
+        "software": attrs.get("software"),
+    }
+
+
+def _channels(group: zarr.Group) -> list[dict]:
+    """Each channel's label, colour and display window, as viewers read them (omero)."""
+    omero = group.attrs.get("ome", {}).get("omero", {})
+    return [
+        {"name": c.get("label"), "color": c.get("color"), "window": c.get("window")}
+        for c in omero.get("channels", [])
+    ]
+
+
+def _levels(group: zarr.Group, attrs: dict, mpp: dict | None) -> list[dict]:
+    levels = []
+    for level in attrs["levels"]:
+        array = group[level["path"]]
+        dy, dx = level["downsample"]
+        codecs = [
+            c.to_dict()["name"] for c in (*array.filters, array.serializer, *array.compressors)
+        ]
+        levels.append(
+            {
+                "path": level["path"],
+                "shape": list(array.shape),
+                "chunks": list(array.chunks),
+                "downsample": [dy, dx],
+                "mpp": [mpp["x"] * dx, mpp["y"] * dy] if mpp else None,
+                "codecs": codecs,
+                "write": level["write"],
+                "reason": level["reason"],
+            }
+        )
+    return levels
+
+
+def _describe_slide(path: Path, verify: bool) -> dict[str, Any]:
+    with open_source(path) as source:
+        info = source.info
+        codec, why = choose_codec(source)
+        levels = []
+        for index, level in enumerate(source.levels):
+            tiles = level.jpeg_tiles()
+            levels.append(
+                {
+                    "shape": [level.channels, *level.shape],
+                    "dtype": str(level.dtype),
+                    "compression": level.compression,
+                    "tile": list(level.tile_shape) if level.tile_shape else None,
+                    "copyable": tiles is not None,
+                    "why_not": None if tiles else level.describe_copy(),
+                    # what `convert` with its defaults would do with this level
+                    "write": "lossless" if codec == "zstd" else "copy" if tiles else "re-encode",
+                    "checked": _sample(path, index, level) if verify else None,
+                }
+            )
+        return {
+            "path": str(path),
+            "kind": "slide",
+            "format": info.format,
+            "reader": type(source).__name__,
+            "vendor": info.vendor,
+            "pixels": source.describe_pixels(),
+            "channels": [asdict(c) for c in info.channels or ()],
+            "codec": {"name": codec, "reason": why},
+            "mpp": Fact.to_json(info.mpp),
+            "objective_power": Fact.to_json(info.objective_power),
+            "modality": Fact.to_json(info.modality),
+            "levels": levels,
+            "associated": sorted(source.associated),
+            "size_bytes": sum(f.stat().st_size for f in source.files),
+            "files": len(source.files),
+            "series": info.series,
+            "warnings": list(info.warnings),
+            "verified": verify,  # False: the metadata only was read
+        }
+
+
+def _sample(path: Path, index: int, level) -> dict[str, Any]:
+    """Decode up to SAMPLE_TILES tile-sized windows spread over a level; say which fail."""
+    th, tw = level.tile_shape or (min(512, level.shape[0]), min(512, level.shape[1]))
+    rows, cols = -(-level.shape[0] // th), -(-level.shape[1] // tw)
+    cells = sorted(
+        {round(i * (rows * cols - 1) / max(1, SAMPLE_TILES - 1)) for i in range(SAMPLE_TILES)}
+    )
+    bad = []
+    for cell in cells:
+        r, c = divmod(cell, cols)
+        y0, x0 = r * th, c * tw
+        try:
+            level.read(y0, min(y0 + th, level.shape[0]), x0, min(x0 + tw, level.shape[1]))
+        except SlideError as exc:
+            bad.append(f"level {index} tile ({r}, {c}): {str(exc).removeprefix(f'{path}: ')}")
+    return {"tiles": len(cells), "bad": bad}
+
+
+def _tissue(group: zarr.Group) -> dict | None:
+    try:
+        meta = group["labels/tissue"].attrs["tilestore"]
+    except KeyError:
+        return None
+    return {k: meta[k] for k in ("method", "polarity", "fraction", "mpp")}
+
+
+def _plans(group: zarr.Group) -> dict[str, int]:
+    try:
+        plans = group["plans"]
+    except KeyError:
+        return {}
+    return {
+        name: g.attrs["tilestore"]["tiles"]
+        for name, g in sorted(plans.groups())
+        if g.attrs.get("tilestore", {}).get("complete")
+    }
+
+
+def pixel_count(path: str | os.PathLike) -> int:
+    """Level-0 pixels of a store or a slide file (a cheap proxy for the work it is), read
+    without writing anything (sizing a cohort for `--shard` must not make sidecars beside
+    a read-only archive); 0 where it cannot be opened."""
+    path = Path(path)
+    try:
+        if is_store(path):
+            _, h, w = open_slide(path).shape
+            return h * w
+        with open_source(path) as source:
+            h, w = source.levels[0].shape
+            return h * w
+    except (TilestoreError, OSError):
+        return 0

@@ -1,0 +1,28 @@
+"""TIFF slides read in place: `open_in_place` makes a slide's sidecar the first time (the only
+place one is made), then opens it (`tilestore.reading.open_sidecar`).
+
+A sidecar is an OME-Zarr store, `<slide>.tilestore.zarr` beside the slide or in a folder the
+user names (`sidecars`): the store's metadata and the coarse levels conversion adds are
+written (`convert(..., in_place=True)`), but the slide's own levels stay in it and are read
+from it: JPEG tiles that can be chunks as they are, tile by tile; other levels (NDPI strips,
+LZW, 16-bit channels) decoded under each chunk as it is read, exactly. Everything tissue,
+plan and embed write goes into the sidecar, so the slide itself is never written.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tilestore.conversion.converter import convert
+from tilestore.format.store import is_store
+from tilestore.reading import Slide
+from tilestore.reading.inplace import open_sidecar, sidecar_for
+
+
+def open_in_place(slide: str | os.PathLike, sidecars: str | os.PathLike | None = None) -> Slide:
+    """A TIFF slide (SVS, OME-TIFF, generic tiled TIFF, NDPI) read where it is, as a `Slide`:
+    its sidecar in `sidecars` (None: beside the slide), made the first time."""
+    target = sidecar_for(slide, sidecars)
+    if not is_store(target):
+        convert(slide, target, in_place=True)
+    return open_sidecar(slide, store=target)

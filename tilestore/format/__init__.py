@@ -1,0 +1,30 @@
+"""The store format: OME-Zarr 0.5 metadata (`omezarr`), the chunk codecs (`codecs`, our JPEG
+codec registered with zarr), JPEG headers (`jpeg`), chunk integrity (`integrity`: CRC-32C,
+safe whole-file reads), whole-chunk access (`chunks`), the store on disk (`store`: open,
+recognise, name) and the names of work in progress (`leftovers`).
+
+The bottom floor: imports only `tilestore.errors` and `tilestore.cpus`.
+"""
+
+from __future__ import annotations
+
+from tilestore.faces import lazy_face
+
+__getattr__, __dir__, __all__ = lazy_face(
+    __name__,
+    {
+        "tilestore.format.chunks": ("ChannelPick", "ChunkReader"),
+        "tilestore.format.codecs": ("JpegCodec", "has_checksums", "jpeg_codecs", "zstd_codecs"),
+        "tilestore.format.integrity": ("read_file", "seal", "unseal"),
+        "tilestore.format.store": (
+            "ATTRS_KEY",
+            "STORE_SUFFIX",
+            "consolidate",
+            "is_store",
+            "open_store",
+            "software_versions",
+            "store_name",
+            "tree_size",
+        ),
+    },
+)

@@ -1,0 +1,255 @@
+"""Whole-chunk access to a store level: encoded bytes out of the store, decoded to (h, w, c).
+
+A chunk of a JPEG level is one complete JPEG stream, already interleaved (y, x, c), so it
+decodes straight into the image layout readers want, without zarr's per-call machinery.
+Encoded bytes are what a GPU decoder (nvJPEG) takes; the embedder streams them from here.
+Local stores are read as files; any other zarr store through its own API, one batched call
+per request (that is also how tests count exactly which chunks a read touched).
+
+Every chunk read is checked (`tilestore.format.integrity`): its CRC-32C where the array records
+one, and its presence where the store promises every chunk was written. A chunk that is
+missing, damaged or does not decode is a ChunkError naming the store, level and chunk, never
+the fill value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from pathlib import Path
+
+import imagecodecs
+import numpy as np
+import zarr
+from zarr.codecs import Crc32cCodec, TransposeCodec
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+from zarr.storage import LocalStore
+
+from tilestore.errors import ChunkError
+from tilestore.format.codecs import JpegCodec, has_checksums
+from tilestore.format.integrity import read_file, unseal
+
+
+class ChunkReader:
+    """Fetch and decode the chunks (row, col) of one (c, y, x) level, all channels together.
+
+    name: the store's name, for messages. every_chunk: the store was written with every
+    chunk present (a chunk missing is damage); stores from before that promise read a
+    missing chunk as the background.
+    """
+
+    def __init__(
+        self, array: zarr.Array, background: int, name: str = "", every_chunk: bool = False
+    ) -> None:
+        self.array = array
+        self.background = background
+        self.channels = array.shape[0]
+        self.chunk_h, self.chunk_w = array.chunks[1:]
+        self.grid = (-(-array.shape[1] // self.chunk_h), -(-array.shape[2] // self.chunk_w))
+        self.checksum = has_checksums(array)
+        self.every_chunk = every_chunk
+        self.where = f"{name}: level {array.path}"
+        self.is_jpeg = (
+            isinstance(array.serializer, JpegCodec)
+            and list(array.filters) == [TransposeCodec(order=(1, 2, 0))]
+            and list(array.compressors) in ([], [Crc32cCodec()])
+            and array.chunks[0] == array.shape[0]
+        )
+        self.color_space = array.serializer.encoded_color_space if self.is_jpeg else None
+        store = array.store_path.store
+        self._root = Path(store.root) if type(store) is LocalStore else None
+        self._store = store
+        # a level read in place from its slide (`tilestore.reading.inplace`): its tiles, fetched
+        # directly rather than through the store's event loop (twice the regions/s)
+        self._slide_tiles = getattr(store, "level_tiles", lambda path: None)(array.path)
+        encoding = array.metadata.chunk_key_encoding
+        plain = getattr(encoding, "separator", None) == "/" and type(encoding).__name__ == (
+            "DefaultChunkKeyEncoding"
+        )
+        # Local files under the default key encoding: c/0/<row>/<col>, read without zarr.
+        self._files = f"{self._root / array.path}/c/0" if self._root and plain else None
+
+    def key(self, row: int, col: int) -> str:
+        """Return the store key of chunk (row, col)."""
+        return f"{self.array.path}/{self.array.metadata.encode_chunk_key((0, row, col))}"
+
+    def chunk_name(self, coord: tuple[int, int]) -> str:
+        """The chunk as messages name it: store, level and (row, col)."""
+        return f"{self.where} chunk ({coord[0]}, {coord[1]})"
+
+    def paths(self, coords: Sequence[tuple[int, int]]) -> list[str] | None:
+        """File paths of chunks in a local store (None for other stores)."""
+        if self._files is None:
+            return None
+        return [f"{self._files}/{r}/{c}" for r, c in coords]
+
+    def fetch_one(self, coord: tuple[int, int]) -> bytes | None:
+        """The checked bytes of one chunk (None if never written and that is allowed)."""
+        return self.fetch([coord])[0]
+
+    def fetch(self, coords: Sequence[tuple[int, int]]) -> list[bytes | None]:
+        """Return each chunk's encoded bytes, checked (CRC-32C stripped), None where a chunk
+        was never written in a store that allows that; ChunkError where one is damaged."""
+        if self._slide_tiles is not None:
+            found = [self._slide_tiles.chunk(r, c)[0] for r, c in coords]
+        elif self._root is not None:
+            files = self.paths(coords) or [self._root / self.key(r, c) for r, c in coords]
+            found = [
+                read_file(path, self.chunk_name(coord), required=self.every_chunk)
+                for path, coord in zip(files, coords, strict=True)
+            ]
+        else:
+            keys = [self.key(r, c) for r, c in coords]
+            proto = default_buffer_prototype()
+
+            async def get_all():
+                return await asyncio.gather(*(self._store.get(k, proto) for k in keys))
+
+            found = [None if b is None else b.to_bytes() for b in sync(get_all())]
+        return [self._checked(data, coord) for data, coord in zip(found, coords, strict=True)]
+
+    def _checked(self, data: bytes | None, coord: tuple[int, int]) -> bytes | None:
+        if data is None:
+            if self.every_chunk:
+                raise ChunkError(f"{self.chunk_name(coord)}: chunk is missing")
+            return None
+        return unseal(data, self.chunk_name(coord)) if self.checksum else data
+
+    def decode(self, data: bytes | None, coord: tuple[int, int] | None = None) -> np.ndarray:
+        """Return a JPEG chunk's pixels as (chunk_h, chunk_w, c); background if absent."""
+        out = np.empty((self.chunk_h, self.chunk_w, self.channels), np.uint8)
+        self.decode_into(data, out, coord)
+        return out
+
+    def decode_into(
+        self, data: bytes | None, out: np.ndarray, coord: tuple[int, int] | None = None
+    ) -> None:
+        """Decode a JPEG chunk into `out` (a contiguous (chunk_h, chunk_w, c) array)."""
+        if data is None:
+            out[...] = self.background
+            return
+        try:
+            imagecodecs.jpeg8_decode(data, out=out.reshape(self.chunk_h, self.chunk_w, -1))
+        except (imagecodecs.Jpeg8Error, ValueError) as exc:
+            where = self.chunk_name(coord) if coord is not None else f"{self.where} chunk"
+            raise ChunkError(f"{where}: cannot decode: {exc}") from exc
+
+    def load(
+        self, coords: Sequence[tuple[int, int]], pool: Executor | None = None
+    ) -> list[np.ndarray]:
+        """Return each chunk's pixels as (chunk_h, chunk_w, c), background beyond the level.
+
+        JPEG chunks are fetched in one batch and decoded (on `pool` if given); other
+        codecs go through zarr, which decodes with the array's own codec chain.
+        """
+        mapper = pool.map if pool else map
+        if self.is_jpeg:
+            data = self.fetch(coords)
+            return list(mapper(self.decode, data, coords))
+        return list(mapper(self._zarr_chunk, coords))
+
+    def _zarr_chunk(self, coord: tuple[int, int]) -> np.ndarray:
+        r, c = coord
+        ch, cw = self.chunk_h, self.chunk_w
+        block = self._zarr_read(r * ch, (r + 1) * ch, c * cw, (c + 1) * cw)
+        out = np.full((ch, cw, block.shape[0]), self.background, block.dtype)
+        out[: block.shape[1], : block.shape[2]] = np.moveaxis(block, 0, -1)
+        return out
+
+    def _zarr_read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        """Pixels (c, y, x) through zarr, which checks each chunk's CRC-32C; a chunk missing
+        where every chunk was written is a ChunkError (zarr would give the fill value)."""
+        ch, cw = self.chunk_h, self.chunk_w
+        coords = [
+            (r, c)
+            for r in range(y0 // ch, (min(y1, self.array.shape[1]) - 1) // ch + 1)
+            for c in range(x0 // cw, (min(x1, self.array.shape[2]) - 1) // cw + 1)
+        ]
+        if self.every_chunk:
+            for coord in coords:
+                if not self._exists(coord):
+                    raise ChunkError(f"{self.chunk_name(coord)}: chunk is missing")
+        try:
+            return self.array[:, y0:y1, x0:x1]
+        except (ValueError, RuntimeError, OSError) as exc:  # a codec or checksum failing
+            where = (
+                self.chunk_name(coords[0])
+                if len(coords) == 1
+                else f"{self.where} chunks {coords[0]}-{coords[-1]}"
+            )
+            raise ChunkError(f"{where}: cannot decode: {exc}") from exc
+
+    def _exists(self, coord: tuple[int, int]) -> bool:
+        if self._root is not None:
+            return (self._root / self.key(*coord)).exists()
+        return sync(self._store.exists(self.key(*coord)))
+
+    def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        """Return pixels [y0:y1, x0:x1] (inside the level) as (h, w, c)."""
+        if not self.is_jpeg:
+            return np.moveaxis(self._zarr_read(y0, y1, x0, x1), 0, -1)
+        ch, cw = self.chunk_h, self.chunk_w
+        coords = [
+            (r, c)
+            for r in range(y0 // ch, (y1 - 1) // ch + 1)
+            for c in range(x0 // cw, (x1 - 1) // cw + 1)
+        ]
+        out = np.empty((y1 - y0, x1 - x0, self.channels), np.uint8)
+        for (r, c), data in zip(coords, self.fetch(coords), strict=True):
+            chunk = self.decode(data, (r, c))
+            ty0, tx0 = max(y0, r * ch), max(x0, c * cw)
+            ty1, tx1 = min(y1, (r + 1) * ch), min(x1, (c + 1) * cw)
+            out[ty0 - y0 : ty1 - y0, tx0 - x0 : tx1 - x0] = chunk[
+                ty0 - r * ch : ty1 - r * ch, tx0 - c * cw : tx1 - c * cw
+            ]
+        return out
+
+
+class ChannelPick:
+    """A level's reader that gives three of its channels as 8-bit RGB: each channel picked
+    (`indices`) is scaled linearly from its (start, end) window to 0-255 and clipped. It
+    reads like a ChunkReader of a non-JPEG level (`load`, `read`), so the CPU assembly path
+    takes it; see `Slide.as_rgb`."""
+
+    is_jpeg = False
+    color_space = None
+    channels = 3
+
+    def __init__(
+        self, reader: ChunkReader, indices: Sequence[int], windows: Sequence[tuple[float, float]]
+    ) -> None:
+        self.reader = reader
+        self.indices = list(indices)
+        starts, ends = np.array(windows, np.float32).T
+        self._start = starts
+        self._scale = 255.0 / np.maximum(ends - starts, np.finfo(np.float32).tiny)
+        self.chunk_h, self.chunk_w, self.grid = reader.chunk_h, reader.chunk_w, reader.grid
+        self.where, self.checksum = reader.where, reader.checksum
+        self.every_chunk = reader.every_chunk
+        self.background = int(
+            self._map(np.full((1, 1, reader.channels), reader.background))[0, 0, 0]
+        )
+
+    def paths(self, coords: Sequence[tuple[int, int]]) -> None:
+        """None: the chunks must be decoded through the reader, not as JPEG files."""
+        return None
+
+    def chunk_name(self, coord: tuple[int, int]) -> str:
+        return self.reader.chunk_name(coord)
+
+    def _map(self, pixels: np.ndarray) -> np.ndarray:
+        picked = pixels[..., self.indices].astype(np.float32)
+        scaled = (picked - self._start) * self._scale
+        return np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
+
+    def load(
+        self, coords: Sequence[tuple[int, int]], pool: Executor | None = None
+    ) -> list[np.ndarray]:
+        """Each chunk's three picked channels as (chunk_h, chunk_w, 3) uint8."""
+        return [self._map(chunk) for chunk in self.reader.load(coords, pool)]
+
+    def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        """Pixels [y0:y1, x0:x1] of the three picked channels as (h, w, 3) uint8."""
+        return self._map(self.reader.read(y0, y1, x0, x1))

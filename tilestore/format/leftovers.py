@@ -1,0 +1,74 @@
+"""What killed conversions leave beside their target, found and cleared by the next one.
+
+A conversion builds its store in a hidden folder named for the target, the host and the
+process (``.<store>.partial.<host>.<pid>.<token>``) and renames it into place when whole;
+replacing a store, it first renames the old one aside (``.<store>.replaced.<token>``). A kill
+at any point leaves at most these two. The next conversion into the same folder removes the
+partial folders of processes of this host that are gone, puts a store renamed aside back
+where its replacement never arrived (nothing the user had is lost), deletes one whose
+replacement did arrive, and reports what it cannot judge (another host's partial folders).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import socket
+from pathlib import Path
+
+from tilestore.format.store import tree_size
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())
+
+
+def partial_name(target: Path) -> Path:
+    """Where a conversion builds `target` before renaming it into place."""
+    return target.parent / f".{target.name}.partial.{_host()}.{os.getpid()}.{secrets.token_hex(4)}"
+
+
+def replaced_name(target: Path) -> Path:
+    """Where an old store is moved while its replacement is renamed into place."""
+    return target.parent / f".{target.name}.replaced.{secrets.token_hex(4)}"
+
+
+def clear(target: Path) -> list[str]:
+    """Clear what killed conversions of `target` left; return a note for each thing done or
+    left alone."""
+    notes = []
+    for old in sorted(target.parent.glob(f".{target.name}.replaced.*")):
+        if target.exists():  # its replacement arrived: the rename aside was the last step left
+            shutil.rmtree(old, ignore_errors=True)
+            notes.append(f"removed {old.name}, a store already replaced by {target.name}")
+        else:  # killed between the two renames: the user's store goes back first
+            old.rename(target)
+            notes.append(f"restored {target.name} from {old.name} (a replacement was killed)")
+    pattern = re.compile(rf"^\.{re.escape(target.name)}\.partial\.(.+)\.(\d+)\.[0-9a-f]+$")
+    for partial in sorted(target.parent.glob(f".{target.name}.partial*")):
+        match = pattern.match(partial.name)
+        if match and match.group(1) == _host() and not _alive(int(match.group(2))):
+            size = tree_size(partial)
+            shutil.rmtree(partial, ignore_errors=True)
+            notes.append(
+                f"removed {partial.name}, left by a conversion that was killed "
+                f"({size / 2**20:.1f} MB)"
+            )
+        elif not match or match.group(1) != _host():
+            notes.append(
+                f"left {partial.name} alone: it may be a conversion running on another host; "
+                "delete it if none is"
+            )
+    return notes
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

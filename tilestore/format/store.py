@@ -1,0 +1,105 @@
+"""The tilestore store on disk: where things live, how a store is opened and recognised.
+
+A store is an OME-Zarr 0.5 image group. Besides the OME metadata its
+attributes hold a ``tilestore`` block: source facts with their origin, per-level
+provenance, software versions and a ``complete`` flag written last. Derived
+data live beside the image: ``labels/tissue``, ``plans/<name>``,
+``embeddings/<model>``.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import zarr
+from zarr.abc.store import Store
+
+from tilestore.errors import StoreError
+
+ATTRS_KEY = "tilestore"
+STORE_FORMAT = 1
+STORE_SUFFIX = ".ome.zarr"
+
+
+def software_versions(*packages: str) -> dict[str, str]:
+    """Return installed versions of tilestore and the named packages."""
+    found = {}
+    for name in ("tilestore", "zarr", "numpy", *packages):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def is_store(path: str | os.PathLike) -> bool:
+    """True if path is a zarr v3 group directory (a store or something that looks like one)."""
+    return (Path(path) / "zarr.json").is_file()
+
+
+def store_name(source: str | os.PathLike) -> str:
+    """Return the store name for a source file: ``slide.svs`` -> ``slide.ome.zarr``."""
+    name = Path(source).name
+    for suffix in (".ome.tiff", ".ome.tif"):
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)] + STORE_SUFFIX
+    return Path(name).stem + STORE_SUFFIX
+
+
+def open_store(path: str | os.PathLike, mode: str = "r") -> tuple[zarr.Group, dict[str, Any]]:
+    """Open a complete store at a path; return its root group and its ``tilestore`` attributes."""
+    path = Path(path)
+    if not path.exists():
+        raise StoreError(f"{path}: no such store")
+    if not is_store(path):
+        hint = " (a slide file: convert it, or read it in place)" if path.is_file() else ""
+        raise StoreError(f"{path}: not a tilestore store{hint}")
+    return open_group(path, mode=mode)
+
+
+def open_group(
+    where: str | os.PathLike | Store, *, mode: str = "r", complete: bool = True
+) -> tuple[zarr.Group, dict[str, Any]]:
+    """A store's root group (at a path, or any zarr v3 store object) and its ``tilestore``
+    attributes: the one place a group is opened and recognised as ours. StoreError where it
+    cannot be opened, was not made by tilestore, or (complete=True) is unfinished."""
+    try:
+        group = zarr.open_group(where, mode=mode, zarr_format=3, use_consolidated=False)
+    except (FileNotFoundError, ValueError, OSError, zarr.errors.BaseZarrError) as exc:
+        raise StoreError(f"{where}: cannot open store: {exc}") from exc
+    attrs = group.attrs.get(ATTRS_KEY)
+    if not isinstance(attrs, dict):
+        raise StoreError(f"{where}: zarr group without tilestore metadata (not made by tilestore)")
+    if complete and not attrs.get("complete"):
+        raise StoreError(
+            f"{where}: incomplete store (conversion was interrupted); convert again with "
+            "overwrite=True"
+        )
+    return group, attrs
+
+
+def tree_size(path: str | os.PathLike) -> int:
+    """Return the bytes of all files below path (os.scandir: a store has many small files)."""
+    total = 0
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                total += tree_size(entry.path)
+            elif entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+def consolidate(store) -> None:
+    """Refresh the root's consolidated metadata, so xarray opens any group in one read.
+
+    Our own readers never use it (they open with use_consolidated=False), so a stale copy
+    can only slow xarray down, never mislead tilestore.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
+        zarr.consolidate_metadata(store, zarr_format=3)

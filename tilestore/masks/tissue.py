@@ -1,0 +1,352 @@
+"""Tissue masks from a low-resolution level, stored as the OME-Zarr label image labels/tissue.
+
+Methods live in a small registry. `otsu` thresholds the median-blurred saturation for
+brightfield (tissue is coloured on white glass) and the smoothed density of bright nuclei
+for fluorescence (tissue bright on black), then closes gaps, fills holes and drops small
+fragments. `auto` picks the polarity from the store's declared modality or, failing that,
+from the brightness of the slide's border, and says what it chose. `contrast` is the
+per-tile rule of the older GigaPath tutorial scripts, evaluated block by block.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tilestore.errors import TilestoreError
+from tilestore.format.omezarr import NUCLEAR
+from tilestore.masks.contrast import ContrastRule, passes
+from tilestore.reading.labels import read_label, write_label
+from tilestore.reading.slide import Slide, resize
+
+TISSUE_MPP = 8.0
+UNKNOWN_MPP_SIDE = 2048  # without a pixel size: mask at most this long (8 um/px nominally)
+
+
+@dataclass(frozen=True)
+class OtsuParams:
+    """Cleaning parameters, in micrometres so they mean the same at any mask resolution."""
+
+    median_um: float = 24.0  # brightfield: median blur of saturation (3 px at 8 um/px)
+    smooth_um: float = 40.0  # fluorescence: Gaussian sigma turning nuclei into tissue density
+    close_um: float = 16.0  # closing radius: joins tissue split by thin gaps
+    min_area_um2: float = 20_000.0  # fragments smaller than this are dropped (~140 um square)
+    fill_holes: bool = True
+    min_saturation: float = 0.05  # saturation (0-1) below which a pixel is never tissue
+    glass_saturation: float = 0.04  # Otsu's low class is glass only if its median is below this
+    min_intensity: float = 0.04  # fluorescence floor (0-1) for slides with no tissue
+    # fluorescence: the channel whose nuclei mark tissue, by name or index; None: the one
+    # named DAPI or Hoechst, else the brightest of all channels at each pixel
+    channel: str | int | None = None
+
+
+@dataclass(frozen=True)
+class ContrastParams(ContrastRule):
+    """The tutorial rule (`tilestore.masks.contrast`) on blocks of block_um, read at stats_mpp."""
+
+    block_um: float = 112.0  # one 224 px tile at 0.5 um/px
+    stats_mpp: float = 2.0  # statistics on pixels of this size (the rule was made at full res)
+
+
+@dataclass
+class TissueMask:
+    """A boolean mask over the slide and how it was made."""
+
+    mask: np.ndarray  # bool (h, w)
+    downsample: tuple[float, float]  # (dy, dx): level-0 pixels per mask pixel
+    mpp: float | None  # um per mask pixel; None if the slide's pixel size is unknown
+    method: str
+    polarity: str  # "bright background" (brightfield) or "dark background" (fluorescence)
+    params: dict[str, Any]
+    source_level: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fraction(self) -> float:
+        """Fraction of the slide area covered by tissue."""
+        return float(self.mask.mean()) if self.mask.size else 0.0
+
+
+def compute_tissue(
+    slide: Slide, method: str = "auto", mpp: float = TISSUE_MPP, **params: Any
+) -> TissueMask:
+    """Return the tissue mask of a slide at about `mpp` um/px, read from the coarsest level
+    fine enough (level 0 only when the slide is already small)."""
+    if method not in ("auto", *METHODS):
+        raise TilestoreError(f"unknown tissue method {method!r}; choose auto, {', '.join(METHODS)}")
+    notes: list[str] = []
+    image, level, downsample, mask_mpp = _low_resolution(slide, mpp, notes)
+    polarity = _polarity(slide, image, notes)
+    name = "otsu" if method == "auto" else method
+    if method == "auto":
+        notes.append(f"auto: otsu on {'nuclear density' if polarity == 'dark' else 'saturation'}")
+    build, param_type = METHODS[name]
+    try:
+        chosen = param_type(**params)
+    except TypeError as exc:
+        raise TilestoreError(f"tissue method {name}: {exc}") from exc
+    mask = build(slide, image, polarity, mask_mpp or TISSUE_MPP, chosen, notes)
+    if not mask.any():
+        notes.append("no tissue found")
+    return TissueMask(
+        mask,
+        downsample,
+        mask_mpp,
+        name,
+        "dark background" if polarity == "dark" else "bright background",
+        asdict(chosen),
+        level,
+        notes,
+    )
+
+
+def _low_resolution(slide: Slide, mpp: float, notes: list[str]):
+    """Return (image at about mpp, level read, level-0 px per mask px, mask mpp or None)."""
+    _, h0, w0 = slide.shape
+    if slide.mpp is not None:
+        level = slide.level_for_mpp(mpp)
+        target = (max(1, round(h0 * slide.mpp[1] / mpp)), max(1, round(w0 * slide.mpp[0] / mpp)))
+        mask_mpp = mpp
+    else:
+        ds = 1
+        while max(h0, w0) / ds > UNKNOWN_MPP_SIDE:
+            ds *= 2
+        notes.append(
+            f"pixel size unknown: mask at 1/{ds} of level 0; sizes in um assume "
+            f"{TISSUE_MPP:g} um per mask pixel"
+        )
+        level = max((lv.index for lv in slide.levels if lv.downsample[1] <= ds), default=0)
+        target = (max(1, round(h0 / ds)), max(1, round(w0 / ds)))
+        mask_mpp = None
+    lv = slide.levels[level]
+    if level == 0 and max(lv.height, lv.width) > 4 * UNKNOWN_MPP_SIDE:
+        raise TilestoreError(
+            f"{slide.name}: no pyramid level near {mpp} um/px; convert again so levels are built"
+        )
+    image = slide.read_region(0, 0, lv.width, lv.height, level=level)
+    if image.shape[:2] != target:
+        image = resize(image, target[1], target[0])
+    notes.append(
+        f"read level {level} ({lv.width}x{lv.height} px) for a {target[1]}x{target[0]} mask"
+    )
+    return image, level, (h0 / target[0], w0 / target[1]), mask_mpp
+
+
+def _polarity(slide: Slide, image: np.ndarray, notes: list[str]) -> str:
+    """Return "dark" (tissue bright on dark: fluorescence) or "bright" (brightfield)."""
+    modality = slide.attrs.get("modality")
+    if modality and modality.get("value") == "fluorescence":
+        notes.append(f"fluorescence declared ({modality['origin']}): tissue bright on dark")
+        return "dark"
+    gray = _channel_max(image)
+    peak = float(np.iinfo(gray.dtype).max) if gray.dtype.kind in "ui" else 1.0
+    rim = max(1, min(gray.shape) // 20)
+    border = np.concatenate(
+        [gray[:rim].ravel(), gray[-rim:].ravel(), gray[:, :rim].ravel(), gray[:, -rim:].ravel()]
+    )
+    level = float(np.median(border)) / peak
+    polarity = "dark" if level < 0.35 else "bright"
+    kind = "dark (fluorescence-like)" if polarity == "dark" else "bright (brightfield)"
+    notes.append(f"slide border median {level:.2f} of full scale: {kind} background")
+    return polarity
+
+
+def _otsu(
+    slide: Slide, image: np.ndarray, polarity: str, mpp: float, p: OtsuParams, notes: list[str]
+) -> np.ndarray:
+    from scipy import ndimage  # here, as skimage below: planning a stored mask needs neither
+
+    from tilestore.masks.holes import fill_holes
+
+    peak = np.iinfo(image.dtype).max if image.dtype.kind in "ui" else 1.0
+    pixels = image.astype(np.float32) / peak
+    if polarity == "bright" and pixels.shape[2] == 3:
+        high, low = _channel_max(pixels), _channel_min(pixels)
+        signal = np.where(high > 0, (high - low) / np.maximum(high, 1e-6), 0)  # HSV saturation
+        signal = median_filter(signal, max(1, round(p.median_um / mpp)) | 1)
+        threshold = _otsu_threshold(signal, p.min_saturation)
+        below = signal[signal <= threshold]
+        if below.size and np.median(below) > p.glass_saturation:
+            # Otsu's lower class is coloured too: there is no glass, only paler tissue.
+            notes.append(
+                f"no glass found (Otsu's lower class has median saturation "
+                f"{np.median(below):.2f}); threshold {p.min_saturation}"
+            )
+            threshold = p.min_saturation
+    else:
+        # Fluorescence: nuclei are bright points; their smoothed density marks the tissue.
+        nuclear = _nuclear(slide, pixels, p.channel, notes)
+        density = ndimage.gaussian_filter(nuclear, sigma=max(0.5, p.smooth_um / mpp))
+        signal = np.log1p(density * 255)
+        threshold = _otsu_threshold(signal, float(np.log1p(p.min_intensity * 255)))
+    mask = signal > threshold
+    radius = round(p.close_um / mpp)
+    if radius >= 1:
+        from skimage import morphology  # here: 0.6 s of every command's start otherwise
+
+        mask = ndimage.binary_closing(mask, structure=morphology.disk(radius)) | mask
+    if p.fill_holes:
+        mask = fill_holes(mask)
+    return _drop_small(mask, round(p.min_area_um2 / (mpp * mpp)))
+
+
+def _nuclear(
+    slide: Slide, pixels: np.ndarray, channel: str | int | None, notes: list[str]
+) -> np.ndarray:
+    """The (h, w) nuclear signal of an (h, w, c) image: the channel asked for (by name or
+    index), else the one named for a nuclear stain (DAPI, Hoechst), else each pixel's
+    brightest channel."""
+    names = [str(n) for n in slide.attrs.get("channels", [])]
+    if channel is not None:
+        index = slide.channel_index(channel)
+        notes.append(f"nuclear signal: channel {names[index] if names else index} (asked for)")
+        return pixels[..., index]
+    named = [i for i, n in enumerate(names) if n.lower().startswith(NUCLEAR)]
+    if named and pixels.shape[2] > 1:
+        notes.append(f"nuclear signal: channel {names[named[0]]} (by its name)")
+        return pixels[..., named[0]]
+    return _channel_max(pixels)
+
+
+MEDIAN_BAND = 1024  # rows; measured 0.2 s for 3,125 px a side, 0.3 s at 64
+
+
+def median_filter(image: np.ndarray, size: int) -> np.ndarray:
+    """`ndimage.median_filter(image, size)` (edges reflected); the usual 3 x 3 by a sorting
+    network of elementwise minima and maxima, 5x faster than scipy's rank filter here."""
+    if size != 3 or image.ndim != 2:
+        from scipy import ndimage
+
+        return ndimage.median_filter(image, size=size)
+    padded = np.pad(image, 1, mode="symmetric")  # scipy's "reflect"
+    out = np.empty_like(image)
+    for y in range(0, image.shape[0], MEDIAN_BAND):  # bands: small temporaries, reused
+        out[y : y + MEDIAN_BAND] = _median3x3(padded[y : y + MEDIAN_BAND + 2])
+    return out
+
+
+def _median3x3(padded: np.ndarray) -> np.ndarray:
+    """The 3 x 3 median of the inside of a padded band: sort each column's three values;
+    the median of nine is then the median of (the largest of the three minima, the median
+    of the medians, the smallest of the maxima)."""
+    lo, mid, hi = _sort3(padded[:-2], padded[1:-1], padded[2:])
+    left, centre, right = slice(None, -2), slice(1, -1), slice(2, None)
+    most_lo = np.maximum(np.maximum(lo[:, left], lo[:, centre]), lo[:, right])
+    least_hi = np.minimum(np.minimum(hi[:, left], hi[:, centre]), hi[:, right])
+    return _sort3(most_lo, _sort3(mid[:, left], mid[:, centre], mid[:, right])[1], least_hi)[1]
+
+
+def _sort3(a: np.ndarray, b: np.ndarray, c: np.ndarray):
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    mid, hi = np.minimum(hi, c), np.maximum(hi, c)
+    return np.minimum(lo, mid), np.maximum(lo, mid), hi
+
+
+# numpy reduces over a trailing axis of 3 element by element: a chain of pairwise
+# maxima over the channel planes is 10x faster and gives the same values
+def _channel_max(image: np.ndarray) -> np.ndarray:
+    return functools.reduce(np.maximum, (image[..., c] for c in range(image.shape[2])))
+
+
+def _channel_min(image: np.ndarray) -> np.ndarray:
+    return functools.reduce(np.minimum, (image[..., c] for c in range(image.shape[2])))
+
+
+def _otsu_threshold(signal: np.ndarray, floor: float) -> float:
+    if np.ptp(signal) == 0:
+        return max(float(signal.flat[0]), floor)
+    from skimage import filters
+
+    return max(float(filters.threshold_otsu(signal)), floor)
+
+
+def _drop_small(mask: np.ndarray, min_px: int) -> np.ndarray:
+    """Remove connected fragments smaller than min_px pixels."""
+    if min_px <= 1 or not mask.any():
+        return mask
+    from scipy import ndimage
+
+    labels, count = ndimage.label(mask)
+    keep = np.bincount(labels.ravel(), minlength=count + 1) >= min_px
+    keep[0] = False
+    return keep[labels]
+
+
+def _contrast(
+    slide: Slide, image: np.ndarray, polarity: str, mpp: float, p: ContrastParams, notes: list[str]
+) -> np.ndarray:
+    """Evaluate the rule on blocks of block_um, on pixels read at stats_mpp, band by band."""
+    if slide.mpp is None:
+        raise TilestoreError(f"{slide.name}: the contrast method needs a known pixel size")
+    if polarity == "dark":
+        notes.append(
+            "contrast: the rule was made for brightfield; on a dark background it "
+            "keeps blocks with saturated bright spots"
+        )
+    _, h0, w0 = slide.shape
+    block = max(2, round(p.block_um / p.stats_mpp))  # block side in stats pixels
+    step0 = p.block_um / slide.mpp[0]  # block side in level-0 pixels
+    rows, cols = int(h0 // step0), int(w0 // step0)
+    keep = np.zeros((max(rows, 1), max(cols, 1)), bool)
+    for r in range(rows):
+        band = slide.read_region(0, round(r * step0), cols * block, block, mpp=p.stats_mpp)
+        values = band.reshape(block, cols, block * band.shape[2]).transpose(1, 0, 2)
+        keep[r] = passes(values.reshape(cols, -1), p)
+    # Paint block decisions onto the mask grid (mask pixel centres -> block index).
+    h, w = image.shape[:2]
+    cy = (np.arange(h) + 0.5) * (h0 / h)
+    cx = (np.arange(w) + 0.5) * (w0 / w)
+    by = np.minimum(cy // step0, keep.shape[0] - 1).astype(int)
+    bx = np.minimum(cx // step0, keep.shape[1] - 1).astype(int)
+    inside = (cy < rows * step0)[:, None] & (cx < cols * step0)[None, :]
+    return keep[by][:, bx] & inside
+
+
+METHODS: dict[str, tuple[Callable[..., np.ndarray], type]] = {
+    "otsu": (_otsu, OtsuParams),
+    "contrast": (_contrast, ContrastParams),
+}
+
+
+def write_tissue(slide: Slide, tissue: TissueMask) -> None:
+    """Store the mask as the OME-Zarr label image labels/tissue, replacing an older one."""
+    write_label(
+        slide,
+        "tissue",
+        tissue.mask.astype(np.uint8),
+        tissue.downsample,
+        [("background", (0, 0, 0, 0)), ("tissue", (0, 200, 80, 110))],
+        {
+            "method": tissue.method,
+            "polarity": tissue.polarity,
+            "params": tissue.params,
+            "mpp": tissue.mpp,
+            "downsample": list(tissue.downsample),
+            "source_level": tissue.source_level,
+            "fraction": tissue.fraction,
+            "notes": tissue.notes,
+        },
+        method="tissue mask; coarser levels nearest",
+    )
+
+
+def read_tissue(slide: Slide) -> TissueMask | None:
+    """Return the stored tissue mask, or None if the store has none."""
+    stored = read_label(slide, "tissue")
+    if stored is None:
+        return None
+    mask, meta = stored
+    return TissueMask(
+        mask.astype(bool),
+        tuple(meta["downsample"]),
+        meta["mpp"],
+        meta["method"],
+        meta["polarity"],
+        meta["params"],
+        meta["source_level"],
+        list(meta["notes"]),
+    )

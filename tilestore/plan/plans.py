@@ -1,0 +1,306 @@
+"""Plans for a slide: made from its tissue mask and ROIs, saved in the store as plans/<name>.
+
+A stored plan is a group of 1-D arrays on a ``tile`` dimension (x, y, row, col, tissue,
+roi, roi_class, chunk ranges), so ``xarray.open_zarr(store, group="plans/<name>")`` shows
+it as a table; its attributes hold the grid, the parameters and a uid that embeddings
+record, so a replaced plan is never mistaken for the one they were made from.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+from dataclasses import asdict, replace
+
+import numpy as np
+
+from tilestore.errors import PlanError
+from tilestore.format.codecs import zstd_codecs
+from tilestore.format.store import consolidate
+from tilestore.masks.tissue import TissueMask, compute_tissue, read_tissue, write_tissue
+from tilestore.plan.annotations import Annotations, load_annotations
+from tilestore.plan.filters import contrast_keep
+from tilestore.plan.grid import GridSpec, TilePlan, grid_spec, make_plan, tissue_fractions
+from tilestore.plan.options import PlanOptions, ResolvedPlan, resolve_plan
+from tilestore.qc.store import StoredQC, read_qc
+from tilestore.reading.slide import Slide
+
+PLANS = "plans"
+
+
+def plan_tissue(
+    slide: Slide, options: PlanOptions | ResolvedPlan, *, store: bool = True
+) -> tuple[TissueMask | None, str | None]:
+    """The tissue mask a plan of these options reads, and a note where it was computed: none
+    where the plan needs none (min_tissue 0); the store's labels/tissue; else computed with
+    `options.tissue_method` and stored (unless store=False)."""
+    min_tissue = (
+        options.min_tissue if isinstance(options, ResolvedPlan) else options.effective_min_tissue
+    )
+    if min_tissue <= 0:
+        return None, None
+    tissue = read_tissue(slide)
+    if tissue is not None:
+        return tissue, None
+    tissue = compute_tissue(slide, options.tissue_method)
+    if store:
+        write_tissue(slide, tissue)
+    stored = "and stored" if store else "(not stored)"
+    return tissue, f"tissue mask computed ({tissue.method}, {tissue.polarity}) {stored}"
+
+
+def uses_stored_plan(slide: Slide, plan: str | PlanOptions | None) -> bool:
+    """Whether `plan` means a plan already in the store: a name, or None where the store
+    holds exactly one (else None means one is to be made)."""
+    return isinstance(plan, str) or (plan is None and len(list_plans(slide)) == 1)
+
+
+def plan_slide(
+    slide: Slide,
+    options: PlanOptions | ResolvedPlan = PlanOptions(),
+    *,
+    store_tissue: bool = True,
+) -> TilePlan:
+    """Return the plan of `tile`-px tiles at `mpp` over the slide's tissue (and ROI), as the
+    options say once resolved (`resolve_plan`; pass a `ResolvedPlan` for a model's defaults).
+
+    The tissue mask is the store's labels/tissue; if there is none it is computed with
+    `options.tissue_method` and stored (unless store_tissue=False: a dry run writes
+    nothing).
+    """
+    options = resolve_plan(options, slide)
+    notes: list[str] = []
+    level = slide.level_for_mpp(options.mpp, options.tolerance) if options.mpp else 0
+    lv = slide.levels[level]
+    spec = grid_spec(
+        level,
+        lv.downsample,
+        (lv.height, lv.width),
+        slide.level_mpp(level)[0] if slide.mpp else None,
+        options.mpp,
+        options.tile,
+        options.stride,
+        tolerance=options.tolerance,
+        notes=notes,
+    )
+    tissue, note = plan_tissue(slide, options, store=store_tissue)
+    notes.extend([note] if note else [])
+    rois = plan_rois(slide, options, notes) if options.roi else None
+    qc = _stored_qc(slide, options)
+    roi = options.roi
+    plan = make_plan(
+        spec,
+        name=options.name,
+        chunk_shape=lv.chunks[1:],
+        tissue=tissue.mask if tissue is not None else None,
+        tissue_downsample=tissue.downsample if tissue is not None else (1, 1),
+        min_tissue=options.min_tissue,
+        rois=rois,
+        min_roi=options.min_roi,
+        params={
+            "min_tissue": options.min_tissue,
+            "tissue_method": tissue.method if tissue else None,
+            "roi": os.path.basename(roi) if roi else None,
+            "roi_class": options.roi_class,
+            "min_roi": options.min_roi if roi else None,
+            "roi_mpp": options.roi_mpp,
+            "tolerance": options.tolerance,
+            "filter": options.filter,
+            "contrast": asdict(options.contrast) if options.filter == "contrast" else None,
+            "max_artefact": options.max_artefact,
+            "exclude": list(options.exclude) if options.exclude else None,
+        },
+        notes=notes,
+    )
+    if qc is not None:
+        plan = _with_qc(plan, qc, options, notes)
+    if options.filter == "contrast" and len(plan):
+        keep = contrast_keep(slide, plan, options.contrast)
+        notes.append(f"contrast filter kept {int(keep.sum())} of {len(plan)} tiles")
+        plan = plan.subset(keep)
+    if not len(plan):
+        why = []
+        if tissue is not None:
+            why.append(
+                f"tissue covers {tissue.fraction:.1%} of the slide"
+                + (" (no tissue found)" if not tissue.mask.any() else "")
+            )
+        if rois is not None:
+            why.append(f"ROI area {float(rois.union().area):.0f} px^2")
+        rows, cols = spec.grid
+        raise PlanError(
+            f"{slide.name}: no tile of the {rows}x{cols} grid kept with "
+            f"min_tissue={options.min_tissue}"
+            + (f", min_roi={options.min_roi}" if roi else "")
+            + (f" ({'; '.join(why)})" if why else "")
+        )
+    return plan
+
+
+def _stored_qc(slide: Slide, options: ResolvedPlan) -> StoredQC | None:
+    """The store's labels/qc; an error where the options need it and there is none."""
+    qc = read_qc(slide)
+    if qc is None and (options.max_artefact is not None or options.exclude):
+        raise PlanError(
+            f"{slide.name}: max_artefact and exclude need the store's QC maps; run "
+            "`tilestore qc` on it first"
+        )
+    if qc is not None and options.exclude:
+        unknown = [n for n in options.exclude if n not in qc.classes]
+        if unknown:
+            raise PlanError(
+                f"{slide.name}: exclude names {', '.join(unknown)}, which QC did not look "
+                f"for; its artefacts: {', '.join(qc.classes)}"
+            )
+    return qc
+
+
+def _with_qc(plan: TilePlan, qc: StoredQC, options: ResolvedPlan, notes: list[str]) -> TilePlan:
+    """The plan with each artefact's share of every tile as a column, and without the tiles
+    over `options.max_artefact` (counting the artefacts in `options.exclude`, or all)."""
+    fh, fw = plan.footprint0()
+    y0, x0 = plan.y.astype(np.float64), plan.x.astype(np.float64)
+    shares = {}
+    for name in qc.classes:
+        mask = qc.mask(name)
+        shares[name] = (
+            tissue_fractions(mask, qc.downsample, y0, x0, fh, fw)
+            if mask.any()
+            else np.zeros(len(plan), np.float32)
+        )
+    plan = replace(plan, qc=shares)
+    if options.max_artefact is None:
+        return plan
+    counted = options.exclude or tuple(qc.classes)
+    share = np.sum([shares[n] for n in counted], axis=0)
+    keep = share <= options.max_artefact
+    notes.append(
+        f"QC: {int((~keep).sum())} of {len(plan)} tiles over {options.max_artefact:g} "
+        f"{'+'.join(counted)} dropped"
+    )
+    return plan.subset(keep)
+
+
+def plan_rois(slide: Slide, options: ResolvedPlan, notes: list[str] | None = None) -> Annotations:
+    """The ROIs a plan of these options keeps tiles in, in level-0 pixels, exactly as the
+    plan uses them (scaled from roi_mpp, of roi_class only): what its preview draws."""
+    notes = [] if notes is None else notes
+    roi, roi_class, roi_mpp = options.roi, options.roi_class, options.roi_mpp
+    _, h0, w0 = slide.shape
+    scale = 1.0
+    if roi_mpp is not None:
+        if slide.mpp is None:
+            raise PlanError(f"{slide.name}: roi_mpp needs the slide's pixel size (unknown)")
+        scale = roi_mpp / slide.mpp[0]
+        notes.append(f"ROI coordinates scaled by {scale:.4g} ({roi_mpp} -> {slide.mpp[0]} um/px)")
+    rois = load_annotations(roi, size=(w0, h0), scale=scale).select(roi_class)
+    notes.extend(f"{os.path.basename(roi)}: {w}" for w in rois.warnings)
+    drawn = rois.file_mpp
+    if drawn and slide.mpp and roi_mpp is None and abs(drawn / slide.mpp[0] - 1) > 0.05:
+        notes.append(
+            f"{os.path.basename(roi)} was drawn on a {rois.file_mpp:g} um/px scan; "
+            f"this slide is {slide.mpp[0]:g} um/px (set roi_mpp if they differ)"
+        )
+    return rois
+
+
+def save_plan(slide: Slide, plan: TilePlan, *, overwrite: bool = False) -> str:
+    """Store the plan as plans/<name>; return its uid."""
+    root = slide.writable_group()
+    plans = root.require_group(PLANS)
+    if plan.name in plans:
+        if not overwrite:
+            raise PlanError(
+                f"{slide.name}: plan {plan.name!r} exists; pass overwrite=True or "
+                "choose another name"
+            )
+        del plans[plan.name]
+    columns = {
+        "x": plan.x,
+        "y": plan.y,
+        "row": plan.row,
+        "col": plan.col,
+        "tissue": plan.tissue,
+        "roi": plan.roi,
+        "roi_class": plan.roi_class,
+        "chunk_row0": plan.chunk_rows[:, 0],
+        "chunk_row1": plan.chunk_rows[:, 1],
+        "chunk_col0": plan.chunk_cols[:, 0],
+        "chunk_col1": plan.chunk_cols[:, 1],
+        **{f"qc_{name}": share for name, share in plan.qc.items()},
+    }
+    uid = hashlib.sha256(
+        b"".join(np.ascontiguousarray(v).tobytes() for v in columns.values())
+        + repr(asdict(plan.spec)).encode()
+    ).hexdigest()[:16]
+    group = plans.create_group(plan.name)
+    for key, values in columns.items():
+        group.create_array(
+            key, data=np.ascontiguousarray(values), dimension_names=("tile",), **zstd_codecs()
+        )
+    group.attrs["tilestore"] = {
+        "uid": uid,
+        "spec": asdict(plan.spec),
+        "classes": plan.classes,
+        "qc_classes": list(plan.qc),
+        "chunk_shape": list(plan.chunk_shape),
+        "params": plan.params,
+        "notes": plan.notes,
+        "tiles": len(plan),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "complete": True,
+    }
+    consolidate(root.store)
+    return uid
+
+
+def list_plans(slide: Slide) -> list[str]:
+    """Names of the complete plans in the store."""
+    try:
+        plans = slide.group[PLANS]
+    except KeyError:
+        return []
+    return sorted(
+        name for name, g in plans.groups() if g.attrs.get("tilestore", {}).get("complete")
+    )
+
+
+def load_plan(slide: Slide, name: str | None = None) -> tuple[TilePlan, str]:
+    """Return a stored plan and its uid; without a name, the store's only plan."""
+    names = list_plans(slide)
+    if name is None:
+        if len(names) != 1:
+            raise PlanError(
+                f"{slide.name}: {'no plans' if not names else 'several plans'} in the "
+                f"store{': ' + ', '.join(names) if names else ''}; "
+                + ("make one with `tilestore plan`" if not names else "name one with plan=<name>")
+            )
+        name = names[0]
+    if name not in names:
+        raise PlanError(f"{slide.name}: no plan {name!r}; plans: {', '.join(names) or 'none'}")
+    group = slide.group[f"{PLANS}/{name}"]
+    meta = group.attrs["tilestore"]
+    spec = meta["spec"]
+    spec = GridSpec(
+        **{
+            **spec,
+            "downsample": tuple(spec["downsample"]),
+            "level_shape": tuple(spec["level_shape"]),
+        }
+    )
+    plan = TilePlan(
+        name,
+        spec,
+        group["row"][:],
+        group["col"][:],
+        group["tissue"][:],
+        group["roi"][:],
+        group["roi_class"][:],
+        list(meta["classes"]),
+        tuple(meta["chunk_shape"]),
+        dict(meta["params"]),
+        list(meta["notes"]),
+        {name: group[f"qc_{name}"][:] for name in meta.get("qc_classes", [])},
+    )
+    return plan, meta["uid"]

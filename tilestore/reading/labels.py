@@ -1,0 +1,70 @@
+"""OME-Zarr label images in a store (labels/<name>): one writer for tissue, QC and others.
+
+A label image has one level per image level (viewers such as napari expect them to line
+up), coarser levels by nearest sampling; its classes and colours are in the label
+metadata, so a viewer shows names, and tilestore's own facts sit beside them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tilestore.format import omezarr
+from tilestore.format.codecs import zstd_codecs
+from tilestore.format.store import consolidate
+from tilestore.reading.slide import Slide
+
+
+def write_label(
+    slide: Slide,
+    name: str,
+    label: np.ndarray,
+    downsample: tuple[float, float],
+    classes: Sequence[tuple[str, tuple[int, int, int, int]]],
+    facts: dict[str, Any],
+    method: str,
+) -> None:
+    """Store `label` (uint8 (h, w), one level-0 px = downsample) as labels/<name>, replacing
+    an older one. classes: (name, rgba) for values 0, 1, ...; facts: tilestore's record."""
+    root = slide.writable_group()
+    labels = root.require_group("labels")
+    names = [n for n in labels.attrs.get("ome", {}).get("labels", []) if n != name]
+    labels.attrs["ome"] = {"version": omezarr.OME_VERSION, "labels": [*names, name]}
+    if name in labels:
+        del labels[name]
+    group = labels.create_group(name)
+    paths, downsamples = [], []
+    for index in range(len(slide.levels)):
+        factor = 2**index
+        group.create_array(
+            str(index),
+            data=label[::factor, ::factor][None],
+            chunks=(1, 1024, 1024),
+            dimension_names=("c", "y", "x"),
+            **zstd_codecs(),
+        )
+        paths.append(str(index))
+        downsamples.append((downsample[0] * factor, downsample[1] * factor))
+    group.attrs["ome"] = {
+        "version": omezarr.OME_VERSION,
+        "image-label": {
+            "colors": [{"label-value": v, "rgba": list(c)} for v, (_, c) in enumerate(classes)],
+            "properties": [{"label-value": v, "name": n} for v, (n, _) in enumerate(classes)],
+            "source": {"image": "../../"},
+        },
+        "multiscales": omezarr.multiscales(name, paths, downsamples, slide.mpp, method=method),
+    }
+    group.attrs["tilestore"] = facts
+    consolidate(root.store)
+
+
+def read_label(slide: Slide, name: str) -> tuple[np.ndarray, dict[str, Any]] | None:
+    """(level 0 of labels/<name>, its tilestore facts), or None if the store has none."""
+    try:
+        group = slide.group[f"labels/{name}"]
+    except KeyError:
+        return None
+    return group["0"][0], dict(group.attrs["tilestore"])

@@ -1,0 +1,30 @@
+"""Opening a store as a `Slide`: one made by `tilestore convert`, or a slide's in-place sidecar
+(read through the slide it records). Opening never writes and never makes a store."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from zarr.abc.store import Store
+
+from tilestore.errors import StoreError
+from tilestore.format.store import open_store
+from tilestore.reading.inplace import is_sidecar, open_sidecar
+from tilestore.reading.slide import Slide, slide_of
+
+
+def open_slide(path: str | os.PathLike | Store) -> Slide:
+    """Open a store (a path, or any zarr v3 store object): converted, or a slide's sidecar. A
+    slide file is refused, saying how to convert it or read it in place."""
+    if isinstance(path, Store):
+        return slide_of(path)
+    if Path(path).is_file():
+        raise StoreError(
+            f"{path}: a slide file, not a store: convert it (tilestore.convert) or read it in "
+            "place (tilestore.open_in_place)"
+        )
+    group, attrs = open_store(path)
+    if is_sidecar(attrs):  # its source levels are in the slide, not in the store
+        return open_sidecar(None, store=path)
+    return Slide(group, attrs, Path(path).name)

@@ -1,0 +1,283 @@
+"""`Slide`: lazy, chunk-exact reading of a tilestore store.
+
+Coordinates: `read_region` takes level-0 pixel coordinates of the region's
+top-left corner (origin at the slide's top-left, y down) and a size in pixels
+of the level (or target mpp) read, as OpenSlide does. Arrays are (c, y, x);
+regions come back as (h, w, c) images. xarray coordinates are OME-Zarr physical
+coordinates of pixel centres, in micrometres (level-0 pixel (0, 0) at 0, 0).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import zarr
+from PIL import Image
+from zarr.abc.store import Store
+
+from tilestore.format.chunks import ChannelPick, ChunkReader
+
+if TYPE_CHECKING:
+    import dask.array as da
+    import xarray as xr
+from tilestore.errors import StoreError, TilestoreError
+from tilestore.format.store import open_group
+from tilestore.reading.resolution import MPP_TOLERANCE
+
+
+@dataclass(frozen=True)
+class Level:
+    """One pyramid level of a store."""
+
+    index: int
+    path: str
+    shape: tuple[int, int, int]  # (c, y, x)
+    downsample: tuple[float, float]  # (dy, dx) relative to level 0
+    chunks: tuple[int, int, int]
+
+    @property
+    def height(self) -> int:
+        return self.shape[1]
+
+    @property
+    def width(self) -> int:
+        return self.shape[2]
+
+
+class Slide:
+    """An open store: its levels, pixel size and lazy readers."""
+
+    def __init__(self, group: zarr.Group, attrs: dict[str, Any], name: str) -> None:
+        self.group = group
+        self.attrs = attrs
+        self.name = name
+        try:
+            self._arrays = [group[lv["path"]] for lv in attrs["levels"]]
+            self.levels = tuple(
+                Level(i, lv["path"], tuple(a.shape), tuple(lv["downsample"]), tuple(a.chunks))
+                for i, (lv, a) in enumerate(zip(attrs["levels"], self._arrays, strict=True))
+            )
+            mpp = attrs.get("mpp")
+            self.mpp: tuple[float, float] | None = (mpp["x"], mpp["y"]) if mpp else None
+        except (KeyError, TypeError, ValueError, zarr.errors.BaseZarrError) as exc:
+            # a level's zarr.json that is not JSON, a level or attribute missing
+            raise StoreError(
+                f"{name}: store metadata is damaged ({type(exc).__name__}: {exc}); convert "
+                "the slide again"
+            ) from exc
+        self.background: int = attrs.get("background", 0)
+        every_chunk = bool((attrs.get("integrity") or {}).get("every_chunk"))
+        self._readers = [ChunkReader(a, self.background, name, every_chunk) for a in self._arrays]
+
+    def __repr__(self) -> str:
+        mpp = f"{self.mpp[0]:.4g} µm/px" if self.mpp else "mpp unknown"
+        size = f"{self.shape[2]}x{self.shape[1]} px"
+        return f"<Slide {self.name} {size}, {len(self.levels)} levels, {mpp}>"
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """Level-0 shape (c, y, x)."""
+        return self.levels[0].shape
+
+    @property
+    def rgb(self) -> bool:
+        """The pixels are one 8-bit RGB colour picture (what RGB models take), not other
+        channels: recorded at conversion; stores from before, by their shape and dtype."""
+        if self.picked:  # an `as_rgb` view
+            return True
+        three = self.shape[0] == 3 and self.array(0).dtype == np.uint8
+        return three and bool(self.attrs.get("rgb", True))
+
+    def channel_index(self, channel: str | int) -> int:
+        """A channel's index from its name or number; TilestoreError naming the channels."""
+        names = [str(n) for n in self.attrs.get("channels", [])]
+        text = str(channel)
+        if text in names:
+            return names.index(text)
+        if text.isdigit() and int(text) < self.shape[0]:
+            return int(text)
+        raise TilestoreError(
+            f"{self.name}: no channel {text!r} (channels: {', '.join(names) or 'unnamed'})"
+        )
+
+    def as_rgb(self, channels: Sequence[str | int]) -> Slide:
+        """This store seen as the 8-bit RGB picture an RGB model takes: three of its channels
+        (by name or index) as R, G and B, each scaled linearly from its display window
+        (OME-Zarr `omero` window start-end, as napari shows it) to 0-255. Only chunk reads
+        change (`chunks`); a store that is already RGB is refused (nothing to choose)."""
+        if self.rgb:
+            raise TilestoreError(f"{self.name}: is already an RGB picture; no channels to choose")
+        if len(channels) != 3:
+            raise TilestoreError(
+                f"{self.name}: an RGB model takes 3 channels, {len(channels)} given "
+                f"({', '.join(map(str, channels))})"
+            )
+        indices = [self.channel_index(c) for c in channels]
+        omero = (self.group.attrs.get("ome") or {}).get("omero") or {}
+        shown = omero.get("channels") or []
+        top = float(np.iinfo(self.array(0).dtype).max) if self.array(0).dtype.kind in "ui" else 1.0
+        windows = []
+        for i in indices:
+            window = shown[i].get("window", {}) if i < len(shown) else {}
+            windows.append((float(window.get("start", 0)), float(window.get("end", top))))
+        view = copy.copy(self)
+        view._readers = [ChannelPick(r, indices, windows) for r in self._readers]
+        view.picked = tuple(
+            (self.attrs.get("channels") or [str(i) for i in range(self.shape[0])])[i]
+            for i in indices
+        )
+        return view
+
+    picked: tuple[str, ...] | None = None  # the channels an `as_rgb` view shows, in order
+    source: object = None  # a slide read in place: its open file (`tilestore.conversion.sidecar`)
+
+    def describe_channels(self) -> str:
+        """'3 channels (DAPI, CD8, PanCK) of uint8', for messages."""
+        names = ", ".join(map(str, self.attrs.get("channels", [])))
+        return f"{self.shape[0]} channel(s) ({names}) of {self.array(0).dtype}"
+
+    def array(self, level: int = 0) -> zarr.Array:
+        """Return the zarr array of a level."""
+        return self._arrays[level]
+
+    def writable_group(self) -> zarr.Group:
+        """Return the store's root group opened for writing (for derived data: labels, plans,
+        embeddings); the pixels are never rewritten."""
+        try:
+            store = self.group.store.with_read_only(False)
+            return zarr.open_group(store, mode="r+", zarr_format=3, use_consolidated=False)
+        except (OSError, ValueError, zarr.errors.BaseZarrError) as exc:
+            raise StoreError(f"{self.name}: cannot open the store for writing: {exc}") from exc
+
+    def chunks(self, level: int = 0) -> ChunkReader:
+        """Return the whole-chunk reader of a level (encoded bytes, decode, windows)."""
+        return self._readers[level]
+
+    def level_mpp(self, level: int) -> tuple[float, float]:
+        """Return (x, y) µm per pixel of a level."""
+        if self.mpp is None:
+            raise TilestoreError(
+                f"{self.name}: pixel size unknown (convert again with mpp=<um/px>)"
+            )
+        dy, dx = self.levels[level].downsample
+        return self.mpp[0] * dx, self.mpp[1] * dy
+
+    def level_for_mpp(self, mpp: float, tolerance: float = MPP_TOLERANCE) -> int:
+        """Return the coarsest level whose pixels are at least as fine as `mpp` (within tolerance).
+
+        A level slightly coarser than asked (0.5015 for 0.5) counts as fine
+        enough when within `tolerance`, so tiny calibration differences do not
+        force reading a level four times larger.
+        """
+        fine_enough = [
+            lv.index for lv in self.levels if self.level_mpp(lv.index)[0] <= mpp * (1 + tolerance)
+        ]
+        return max(fine_enough) if fine_enough else 0
+
+    def read_region(
+        self,
+        x: int,
+        y: int,
+        w: int,
+        h: int,
+        *,
+        level: int | None = None,
+        mpp: float | None = None,
+        tolerance: float = MPP_TOLERANCE,
+    ) -> np.ndarray:
+        """Return the (h, w, c) region whose top-left corner is level-0 pixel (x, y).
+
+        At a coarser level the corner is the level pixel nearest to (x, y).
+
+        With `level`, w and h are pixels of that level. With `mpp`, they are
+        pixels at that resolution: the region is read from `level_for_mpp` and
+        resampled (antialiased bilinear) unless that level is within tolerance.
+        Parts outside the slide are the background value (white for brightfield).
+        """
+        if (level is None) == (mpp is None):
+            raise TypeError("read_region needs exactly one of level= or mpp=")
+        if mpp is None:
+            return self._read_level(level, x, y, w, h)
+        index = self.level_for_mpp(mpp, tolerance)
+        lx, ly = self.level_mpp(index)
+        sw, sh = max(1, round(w * mpp / lx)), max(1, round(h * mpp / ly))
+        if abs(mpp / lx - 1) <= tolerance and abs(mpp / ly - 1) <= tolerance:
+            sw, sh = w, h
+        pixels = self._read_level(index, x, y, sw, sh)
+        return pixels if (sw, sh) == (w, h) else resize(pixels, w, h)
+
+    def _read_level(self, level: int, x: int, y: int, w: int, h: int) -> np.ndarray:
+        lv = self.levels[level]
+        # The nearest level pixel to the level-0 corner (halves up): round trips plan tiles.
+        x0 = math.floor(x / lv.downsample[1] + 0.5)
+        y0 = math.floor(y / lv.downsample[0] + 0.5)
+        out = np.full((h, w, lv.shape[0]), self.background, dtype=self.array(level).dtype)
+        # Clip to the level: exactly the chunks the window overlaps are fetched.
+        cx0, cy0 = max(x0, 0), max(y0, 0)
+        cx1, cy1 = min(x0 + w, lv.width), min(y0 + h, lv.height)
+        if cx1 > cx0 and cy1 > cy0:
+            block = self._readers[level].read(cy0, cy1, cx0, cx1)
+            out[cy0 - y0 : cy1 - y0, cx0 - x0 : cx1 - x0] = block
+        return out
+
+    def to_dask(self, level: int = 0) -> da.Array:
+        """Return a level as a lazy (c, y, x) dask array, one dask chunk per store chunk."""
+        import dask.array as da  # here, not at import: 1 s of every command's start
+
+        return da.from_zarr(self.array(level))
+
+    def to_xarray(self, level: int = 0) -> xr.DataArray:
+        """Return a level as a lazy DataArray with pixel-centre coordinates in µm (or pixels)."""
+        lv = self.levels[level]
+        (dy, dx), (py, px) = lv.downsample, (self.mpp[1], self.mpp[0]) if self.mpp else (1, 1)
+        unit = "micrometer" if self.mpp else "level-0 pixel"
+        coords = {
+            "c": self.attrs["channels"],
+            "y": ("y", (np.arange(lv.height) * dy + (dy - 1) / 2) * py, {"units": unit}),
+            "x": ("x", (np.arange(lv.width) * dx + (dx - 1) / 2) * px, {"units": unit}),
+        }
+        import xarray as xr
+
+        return xr.DataArray(
+            self.to_dask(level),
+            dims=("c", "y", "x"),
+            coords=coords,
+            name=self.name,
+            attrs={
+                "level": level,
+                "downsample": list(lv.downsample),
+                "mpp": list(self.level_mpp(level)) if self.mpp else None,
+            },
+        )
+
+
+def slide_of(store: Store, name: str | None = None) -> Slide:
+    """The `Slide` of a complete store given as a zarr v3 store object."""
+    group, attrs = open_group(store)
+    return Slide(group, attrs, name or str(store))
+
+
+def resize(image: np.ndarray, w: int, h: int) -> np.ndarray:
+    """Resample an (h, w, c) image to (h, w) with antialiased bilinear filtering."""
+    if image.dtype == np.uint8 and image.shape[2] in (1, 3):
+        pil = Image.fromarray(image[..., 0] if image.shape[2] == 1 else image)
+        out = np.asarray(pil.resize((w, h), Image.Resampling.BILINEAR))
+        return out.reshape(h, w, image.shape[2])
+    channels = [
+        np.asarray(
+            Image.fromarray(image[..., c].astype(np.float32)).resize(
+                (w, h), Image.Resampling.BILINEAR
+            )
+        )
+        for c in range(image.shape[2])
+    ]
+    out = np.stack(channels, axis=-1)
+    if image.dtype.kind in "ui":
+        info = np.iinfo(image.dtype)
+        out = np.clip(np.rint(out), info.min, info.max)
+    return out.astype(image.dtype)

@@ -9,6 +9,10 @@ both alike.
 
     git worktree add /tmp/base <commit>
     python bench/compare.py --base /tmp/base --model vit_base_patch16_224 --reps 3
+
+A tree is put first on the child's PYTHONPATH as it is: a tree of today's layout (embed/ and
+cli/ beside tilestore/) must be laid out as it installs first (`bench/device.sh` makes
+/tmp/this; pass it as --this), one from before issue 32 runs from its source.
 """
 
 from __future__ import annotations
@@ -30,12 +34,10 @@ HERE = Path(__file__).resolve().parent
 CHILD = """
 import json, sys, time
 import torch
-try:
-    from tilestore.embed import Options
-except ImportError:  # trees before embed/ had a public face
-    from tilestore.embed.engine import Options
-from tilestore.embed.engine import Embedder
-from tilestore.embed.models import load_model
+try:  # one import name, tilestore (issue 32)
+    from tilestore.embed import Embedder, Options, load_model
+except ImportError:  # trees before it: embed was a top-level package
+    from embed import Embedder, Options, load_model
 
 store, arch, batch, decode, compiled = sys.argv[1:6]
 loaded = load_model(f"timm:{arch}")
@@ -59,10 +61,19 @@ print(json.dumps({
 """
 
 
-def run(tree: Path, store: Path, arch: str, batch: str, decode: str, compiled: bool) -> dict:
-    """One measured run of the engine from `tree`, in a fresh process."""
+def run(
+    tree: Path,
+    trees: dict[str, Path],
+    store: Path,
+    arch: str,
+    batch: str,
+    decode: str,
+    compiled: bool,
+) -> dict:
+    """One measured run of the engine from `tree`, in a fresh process that sees no other."""
     others = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    others = [p for p in others if Path(p).resolve() != HERE.parent]
+    hidden = {HERE.parent, *trees.values()}
+    others = [p for p in others if Path(p).resolve() not in hidden]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), *others])}
     args = [str(store), arch, str(batch), decode, "1" if compiled else "0"]
     done = subprocess.run(
@@ -81,6 +92,9 @@ def run(tree: Path, store: Path, arch: str, batch: str, decode: str, compiled: b
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base", type=Path, required=True, help="the other source tree")
+    parser.add_argument(
+        "--this", type=Path, default=HERE.parent, help="this tree, as it imports (device.sh)"
+    )
     parser.add_argument("--model", default="vit_base_patch16_224")
     parser.add_argument("--batch", default="512", help="tiles per batch, or auto")
     parser.add_argument("--decode", default="cpu", choices=("cpu", "gpu"))
@@ -93,12 +107,12 @@ def main() -> None:
 
     _, store, ycbcrs = build(args.work, args.size, (1024,) if args.decode == "gpu" else ())
     target = ycbcrs[0] if args.decode == "gpu" else store
-    trees = {"base": args.base.resolve(), "this": HERE.parent}
+    trees = {"base": args.base.resolve(), "this": args.this.resolve()}
     runs: dict[str, list[dict]] = {name: [] for name in trees}
     for rep in range(args.reps):
         for name, tree in trees.items():
             t0 = time.perf_counter()
-            result = run(tree, target, args.model, args.batch, args.decode, not args.eager)
+            result = run(tree, trees, target, args.model, args.batch, args.decode, not args.eager)
             runs[name].append(result)
             print(
                 f"rep {rep + 1} {name}: {result['tiles_per_s']:,.0f} tiles/s, batch "

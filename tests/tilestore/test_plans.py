@@ -14,7 +14,15 @@ from tests.conftest import CMU, KIDNEY, MONUSEG, NDPI
 from tests.counting import CountingStore
 from tilestore.conversion.converter import convert
 from tilestore.errors import PlanError, TilestoreWarning
-from tilestore.plan import PlanOptions, list_plans, load_plan, plan_slide, save_plan
+from tilestore.plan import (
+    PlanOptions,
+    list_plans,
+    load_plan,
+    plan_rois,
+    plan_slide,
+    resolve_plan,
+    save_plan,
+)
 from tilestore.plan.tiles import iter_tiles
 from tilestore.reading.opening import open_slide
 
@@ -177,6 +185,13 @@ def test_roi_mpp_rescales_to_level_0(copy_of, tmp_path, cmu_roi):
     np.testing.assert_array_equal(scaled.x, reference.x)
     np.testing.assert_array_equal(scaled.y, reference.y)
     np.testing.assert_allclose(scaled.roi, reference.roi, atol=1e-6)
+    # what the preview draws is what the plan kept tiles in: scaled, of the class asked for
+    drawn = plan_rois(slide, resolve_plan(PlanOptions(roi=roi, roi_mpp=0.998), slide))
+    want = plan_rois(slide, resolve_plan(PlanOptions(roi=cmu_roi), slide))
+    assert drawn.union().symmetric_difference(want.union()).area < 1.0
+    assert drawn.union().area == pytest.approx(want.union().area, rel=1e-6)
+    tumour = resolve_plan(PlanOptions(roi=roi, roi_mpp=0.998, roi_class="Tumor"), slide)
+    assert plan_rois(slide, tumour).union().area < 0.8 * want.union().area
 
 
 def test_unknown_mpp_and_empty_plans_are_clear(copy_of):

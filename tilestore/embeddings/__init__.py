@@ -6,6 +6,9 @@
 
 The reader is loaded on first use: it imports dask and xarray (and so pandas), a second of
 every `embed` process's start that writing never needs.
+
+May import `tilestore.plan` (the grid), `tilestore.analysis` (the accessor the reader
+registers), `tilestore.reading` and `tilestore.format`.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ outliers) from a low-resolution level, stored as the label image labels/qc.
 The detectors run in torch (`tilestore.qc.colour`, `.detectors`, `.maps`: the only
 modules of tilestore that import it); reading stored QC (`.store`, used by plans) and the
 cohort report (`.report`) do not, so planning never pays torch's import.
+
+May import `tilestore.masks`, `tilestore.analysis` (previews), `tilestore.reading` and
+`tilestore.format`; `tilestore.plan` reads stored QC from above.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Open any supported slide file as a `Source`; readers are tried most specific first."""
+"""Open any supported slide file as a `Source`; readers are tried most specific first.
+
+One small file per vendor reader. May import `tilestore.format` (JPEG headers) and nothing
+above it: readers never know about stores."""
 
 from __future__ import annotations
 

@@ -1,0 +1,69 @@
+"""Plan defaults are decided once (`resolve_plan`): what each option becomes, for a slide with
+and without a recorded pixel size, with and without a model's native mpp and tile."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from tilestore.errors import PlanError
+from tilestore.plan import (
+    DEFAULT_MPP,
+    DEFAULT_TILE,
+    MIN_TISSUE,
+    PlanOptions,
+    ResolvedPlan,
+    resolve_plan,
+)
+
+SCANNED = SimpleNamespace(name="scanned", mpp=(0.25, 0.25))
+UNKNOWN = SimpleNamespace(name="unknown", mpp=None)
+
+
+def test_defaults_come_from_one_table():
+    plan = resolve_plan(PlanOptions(), SCANNED)
+    assert (plan.mpp, plan.tile, plan.stride) == (DEFAULT_MPP, DEFAULT_TILE, DEFAULT_TILE)
+    assert plan.min_tissue == MIN_TISSUE and plan.name == f"{DEFAULT_MPP:g}mpp-{DEFAULT_TILE}px"
+    assert resolve_plan(plan, SCANNED) is plan  # resolved once, never again
+
+
+@pytest.mark.parametrize(
+    ("options", "native", "want"),
+    [
+        (PlanOptions(), (None, 256), (DEFAULT_MPP, 256)),  # a model without a native mpp
+        (PlanOptions(), (1.0, 256), (1.0, 256)),  # the model's own
+        (PlanOptions(mpp=0.25, tile=512), (1.0, 256), (0.25, 512)),  # asked beats native
+        (PlanOptions(mpp=0), (1.0, 256), (None, 256)),  # level-0 pixels, asked for
+    ],
+)
+def test_a_models_native_mpp_and_tile_fill_what_was_not_asked(options, native, want):
+    plan = resolve_plan(options, SCANNED, native_mpp=native[0], native_tile=native[1])
+    assert (plan.mpp, plan.tile) == want
+
+
+def test_stride_and_filter_defaults():
+    assert resolve_plan(PlanOptions(tile=100, stride=50), SCANNED).stride == 50
+    filtered = resolve_plan(PlanOptions(filter="contrast"), SCANNED)
+    assert filtered.min_tissue == 0 and filtered.name.endswith("-contrast")
+    with pytest.raises(PlanError, match="unknown filter 'sharpness'"):
+        resolve_plan(PlanOptions(filter="sharpness"), SCANNED)
+    with pytest.raises(PlanError, match="at least 1 px"):
+        resolve_plan(PlanOptions(stride=-1), SCANNED)
+
+
+@pytest.mark.parametrize("native", [None, 0.5, 1.0])
+@pytest.mark.parametrize("mpp", [None, 0.5, 2.0])
+def test_a_slide_without_pixel_size_is_refused_at_any_mpp(mpp, native):
+    """Never a silent embedding at an unknown magnification: asked for or defaulted (by the
+    plan or by a model), any mpp is refused, and the message says both ways out."""
+    with pytest.raises(PlanError) as refused:
+        resolve_plan(PlanOptions(mpp=mpp), UNKNOWN, native_mpp=native)
+    message = str(refused.value)
+    assert message.startswith("unknown: pixel size unknown, so its tiles cannot be read at ")
+    assert "mpp=<um/px>" in message and "mpp=0" in message
+
+
+def test_level_0_pixels_are_asked_for_explicitly():
+    plan = resolve_plan(PlanOptions(mpp=0), UNKNOWN, native_mpp=0.5)
+    assert isinstance(plan, ResolvedPlan) and plan.mpp is None and plan.name == "level0-224px"

@@ -17,18 +17,17 @@ from tests.test_architecture import import_graph
 
 
 def floors(graph, package: str = "tilestore") -> dict[str, int]:
+    above = (f"{package}.embed", f"{package}.cli")  # the job and the command: not storage
     mods = sorted(
         m
         for m in graph.modules
-        if m.startswith(package + ".") and not m.startswith((f"{package}.embed", f"{package}.cli"))
+        if m.startswith(package + ".") and not any(m == a or m.startswith(a + ".") for a in above)
     )
 
     @functools.cache
     def floor(module: str) -> int:
         deps = [
-            d
-            for d in graph.find_modules_directly_imported_by(module)
-            if d.startswith(package) and d not in (module, package)
+            d for d in graph.find_modules_directly_imported_by(module) if d in mods and d != module
         ]
         return 1 + max((floor(d) for d in deps), default=0)
 
@@ -48,7 +47,7 @@ def main() -> None:
     for level in range(top, 0, -1):
         names = sorted(m.removeprefix("tilestore.") for m, f in found.items() if f == level)
         print(f"{level:3d}  {' '.join(names)}")
-    reach = graph.find_upstream_modules(args.opening)
+    reach = {m for m in graph.find_upstream_modules(args.opening) if m.startswith("tilestore.")}
     chain = next(
         (
             graph.find_shortest_chain(importer=args.opening, imported=m)

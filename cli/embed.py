@@ -228,7 +228,7 @@ def _dry_run(stores, model, plan, options, into, in_place, sidecars) -> None:
             show(row.done),
             show(row.todo),
             "-" if row.seconds is None else f"{row.seconds:.1f}",
-            row.error or row.note,
+            "refused (below)" if row.error else row.note,
         )
     out.print(table)
     memory = f", peak GPU memory {result.peak_gpu_mb:,.0f} MB" if result.peak_gpu_mb else ""
@@ -240,6 +240,9 @@ def _dry_run(stores, model, plan, options, into, in_place, sidecars) -> None:
         "was written.",
         highlight=False,
     )
+    for row in result.rows:  # each refusal in one line, as the run would say it
+        if row.error:
+            print(f"tilestore: error: {as_flags(row.error, flags_of(embed))}", file=sys.stderr)
     if any(row.error for row in result.rows):
         raise typer.Exit(2)
 

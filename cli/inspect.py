@@ -25,6 +25,9 @@ def info(
     desc = describe(path, verify=verify)
     if as_json:
         print(json.dumps(desc, indent=2))
+        if desc["kind"] == "slide" and desc["verified"]:
+            if any(lv["checked"]["bad"] for lv in desc["levels"]):
+                raise typer.Exit(2)
         return
     mpp = desc["mpp"]
     mpp_text = (
@@ -105,6 +108,13 @@ def info(
         tried = sum(lv["checked"]["tiles"] for lv in desc["levels"])
         verdict = "all decode" if not bad else f"{len(bad)} do not decode: " + "; ".join(bad)
         out.print(f"tiles: {tried} sampled, {verdict}", highlight=False)
+        if bad:  # damage found is the check's failure, as `verify` says of a store
+            print(
+                f"tilestore: error: {desc['path']}: {len(bad)} of {tried} sampled tiles do not "
+                f"decode (first: {bad[0]})",
+                file=sys.stderr,
+            )
+            raise typer.Exit(2)
     elif desc["kind"] == "slide":
         out.print("tiles: not read (metadata only; --verify decodes a sample)")
 

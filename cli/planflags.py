@@ -85,6 +85,12 @@ PLAN_FLAGS = (
         int,
         f"--filter contrast: median below this (default {_RULE.max_median}).",
     ),
+    _flag(
+        "upsample",
+        bool,
+        "Plan at an mpp finer than the slide's finest level, enlarging its pixels (refused "
+        "without it).",
+    ),
 )
 _CONTRAST = {
     "contrast_min": "max_min",

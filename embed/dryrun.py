@@ -115,20 +115,35 @@ def _row(path, embedder, identity, plan, rate, into, in_place, sidecars) -> DryR
     except TilestoreError as exc:
         return DryRow(str(path), error=str(exc))
     total = len(tile_plan)
-    done, note = _done(slide, embedder.loaded.spec.name, total)
+    try:
+        done, note = _done(
+            slide, embedder.loaded.spec.name, tile_plan, ready.uid, embedder.settings.overwrite
+        )
+    except TilestoreError as exc:
+        return DryRow(str(path), error=str(exc))
     most = embedder.settings.max_tiles
     todo = total - done if most is None else min(total - done, most)
     seconds = todo / rate if rate else None
     return DryRow(str(path), total, done, todo, seconds, note or "; ".join(tile_plan.notes))
 
 
-def _done(slide, model: str, total: int) -> tuple[int, str]:
-    """Tiles an earlier run of this model already embedded (its done batches)."""
+def _done(slide, model: str, plan, uid: str | None, overwrite: bool) -> tuple[int, str]:
+    """Tiles an earlier run of this model already embedded from this plan (its done
+    batches), as the run would count them; a group from another plan is the run's error."""
+    total = len(plan)
     try:
         group = zarr.open_group(slide.group.store, path=group_name(model), mode="r")
     except (FileNotFoundError, KeyError, zarr.errors.GroupNotFoundError):
         return 0, ""
     attrs = group.attrs.get("tilestore", {})
+    if overwrite:
+        return 0, "recomputed (overwrite)"
+    made = attrs.get("plan") or {}
+    if made != {"name": plan.name, "uid": uid}:
+        raise TilestoreError(
+            f"{slide.name}: {group_name(model)} was made from plan {made.get('name')!r}, not "
+            f"this run's {plan.name!r}; pass overwrite=True to replace it"
+        )
     if attrs.get("complete"):
         return total, "already complete (skipped unless --overwrite)"
     batch = int(attrs.get("batch_size", 0)) or 1

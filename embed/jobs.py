@@ -182,11 +182,9 @@ def plan_for(
         plan or PlanOptions(), slide, native_mpp=spec.native_mpp, native_tile=spec.tile
     )
     made = plan_slide(slide, resolved, store_tissue=save)
-    if not save:
-        return made, None
     if made.name in list_plans(slide):  # made before with the same options: reuse it
         stored, uid = load_plan(slide, made.name)
         if np.array_equal(stored.x, made.x) and np.array_equal(stored.y, made.y):
             return stored, uid
-        return made, save_plan(slide, made, overwrite=True)
-    return made, save_plan(slide, made)
+        return made, save_plan(slide, made, overwrite=True) if save else None
+    return made, save_plan(slide, made) if save else None

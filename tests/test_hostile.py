@@ -432,3 +432,18 @@ def test_the_command_prints_one_line_and_exits_2(tmp_path, slide_path, stores):
         assert cause in lines[0], lines[0]
     run = _cli("--debug", "info", C.corrupt_json("0")(tmp_path / "d", stores(CMU)))
     assert "Traceback" in run.stderr  # with --debug, the traceback for a bug report
+
+
+def test_info_verify_on_a_damaged_slide_exits_2(tmp_path, slide_path):
+    """Damage found is the check's failure: the table says which tiles, and one line on
+    stderr with exit 2 says so, as `verify` does of a store."""
+    src = C.jpegtables_zeroed(tmp_path, slide_path(CMU))
+    run = _cli("info", src, "--verify")
+    assert run.returncode == 2
+    assert "8 do not decode" in " ".join(run.stdout.split())
+    assert run.stderr.strip().splitlines() == [
+        f"tilestore: error: {src}: 8 of 8 sampled tiles do not decode (first: level 0 tile "
+        f"(0, 0): {run.stderr.split('(0, 0): ', 1)[1].strip()}"
+    ]
+    assert _cli("info", src, "--verify", "--json").returncode == 2
+    assert _cli("info", slide_path(CMU), "--verify").returncode == 0

@@ -282,3 +282,48 @@ def test_no_checksums_writes_the_older_form_that_info_and_verify_name(tmp_path, 
     verify = tilestore("verify", "--decode", store)
     assert verify.returncode == 0, verify.stderr
     assert "without checksums" in verify.stdout
+
+
+def test_a_slide_coarser_than_the_plan_is_refused_alike_by_plan_and_embed(tmp_path, slide_path):
+    """The CAMELYON DICOM's finest level is 29 um/px: tiles at 0.5 um/px would be 4 px
+    windows enlarged 58x. Both commands refuse in one line naming both resolutions;
+    --upsample plans them anyway, and a plan at the slide's resolution needs nothing."""
+    dcm = slide_path("camelyon_lymphnode_jpeg.dcm")
+    assert tilestore("convert", dcm, "-o", tmp_path).returncode == 0
+    (store,) = tmp_path.glob("*.ome.zarr")
+    planned = tilestore("plan", store)
+    embedded = tilestore(
+        "embed", store, "--model", "efficientnet-lite0", "--device", "cpu", "--into", tmp_path
+    )
+    for run in (planned, embedded):
+        assert run.returncode == 2
+        last = run.stderr.strip().splitlines()[-1]
+        assert "um/px, coarser than the 0.5 um/px asked" in last and "--upsample" in last
+    assert not (store / "plans").exists() and not (store / "embeddings").exists()
+    assert tilestore("plan", store, "--upsample", "--min-tissue", "0").returncode == 0
+    assert tilestore("plan", store, "--mpp", "30", "--tile", "32", "--name", "own").returncode == 0
+
+
+def test_another_plan_on_an_embedded_store_is_never_already_complete(tmp_path, slide_path):
+    """Embeddings are made from one plan: a run asking another (another name, or the same
+    name planned again with other tiles) is refused in one line, by the run and its dry run
+    alike, never answered "already complete"; --overwrite replaces them."""
+    assert tilestore("convert", slide_path(CMU), "-o", tmp_path).returncode == 0
+    store = tmp_path / "CMU-1-Small-Region.ome.zarr"
+    base = ("embed", store, "--model", "efficientnet-lite0", "--device", "cpu", "--mpp", "1")
+    assert tilestore(*base).returncode == 0
+    for other in (("--min-tissue", "0.9"), ("--stride", "112")):
+        dry = tilestore(*base, *other, "--dry-run")
+        run = tilestore(*base, *other)
+        assert run.returncode == 2 and dry.returncode == 2
+        (said,) = dry.stderr.strip().splitlines()
+        assert said.startswith(f"tilestore: error: {store.name}: embeddings/efficientnet-lite0")
+        assert "was made from plan '1mpp-224px'" in said and "--overwrite" in said
+        assert "was made from plan '1mpp-224px'" in run.stderr and "already complete" not in (
+            run.stdout + run.stderr
+        )
+    dry = tilestore(*base, "--min-tissue", "0.9", "--dry-run", "--overwrite")
+    assert dry.returncode == 0 and "recomputed (overwrite)" in " ".join(dry.stdout.split())
+    again = tilestore(*base, "--min-tissue", "0.9", "--overwrite")
+    assert again.returncode == 0, again.stderr
+    assert "skipped" not in again.stdout

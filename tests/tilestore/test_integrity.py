@@ -125,3 +125,47 @@ def _leaves(value):
 
 def test_the_trailer_is_four_bytes():
     assert len(seal(b"x")) == 1 + TRAILER
+
+
+DAMAGE = st.sampled_from(["garbage", "truncated", "empty", "missing", "link", "flipped bit"])
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(DAMAGE, st.integers(0, 2), st.data())
+def test_any_damaged_chunk_read_lazily_is_a_chunk_error(tmp_path_factory, stores, how, level, draw):
+    """The lazy views read as read_region does: a chunk damaged in any way (or gone, where
+    the store was written whole) fails `to_dask` and `to_xarray` as a ChunkError naming it,
+    never background and never zarr's raw checksum error."""
+    store = tmp_path_factory.mktemp("lazy") / "cmu.ome.zarr"
+    shutil.copytree(stores(CMU), store)
+    chunks = sorted((store / str(level) / "c" / "0").glob("*/*"))
+    chunk = draw.draw(st.sampled_from(chunks))
+    row, col = int(chunk.parent.name), int(chunk.name)
+    data = chunk.read_bytes()
+    if how == "missing":
+        chunk.unlink()
+    elif how == "link":
+        other = next(c for c in chunks if c != chunk)
+        chunk.unlink()
+        chunk.symlink_to(other)
+    else:
+        cut = draw.draw(st.integers(0, len(data) - 1))
+        damaged = bytearray(data)
+        damaged[cut] ^= 1 << draw.draw(st.integers(0, 7))
+        chunk.write_bytes(
+            {
+                "garbage": bytes(len(data)),
+                "truncated": data[:cut],
+                "empty": b"",
+                "flipped bit": bytes(damaged),
+            }[how]
+        )
+    slide = open_slide(store)
+    where = f"cmu.ome.zarr: level {level} chunk ({row}, {col}): "
+    for lazy in (slide.to_dask(level), slide.to_xarray(level).data):
+        with pytest.raises(ChunkError) as caught:
+            lazy.compute()
+        assert str(caught.value).startswith(where), str(caught.value)
+    shutil.rmtree(store.parent)

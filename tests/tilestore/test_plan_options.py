@@ -67,3 +67,25 @@ def test_a_slide_without_pixel_size_is_refused_at_any_mpp(mpp, native):
 def test_level_0_pixels_are_asked_for_explicitly():
     plan = resolve_plan(PlanOptions(mpp=0), UNKNOWN, native_mpp=0.5)
     assert isinstance(plan, ResolvedPlan) and plan.mpp is None and plan.name == "level0-224px"
+
+
+COARSE = SimpleNamespace(name="coarse", mpp=(29.1, 29.1))  # the CAMELYON DICOM's finest level
+
+
+@pytest.mark.parametrize("native", [None, 0.5])
+def test_a_slide_coarser_than_the_plan_is_refused_unless_asked(native):
+    """Never a silent upsampling: a plan finer than the slide's finest level (beyond the
+    tolerance) names both resolutions; upsample=True reads it so, as asked; a plan at the
+    slide's own resolution needs nothing."""
+    with pytest.raises(PlanError) as refused:
+        resolve_plan(PlanOptions(), COARSE, native_mpp=native)
+    assert str(refused.value) == (
+        "coarse: its finest level is 29.1 um/px, coarser than the 0.5 um/px asked: each tile "
+        "would be 58.2x enlarged from pixels never scanned; plan at mpp=29.1 or coarser, or "
+        "pass upsample=True to enlarge them anyway"
+    )
+    assert resolve_plan(PlanOptions(upsample=True), COARSE).upsample
+    assert resolve_plan(PlanOptions(mpp=29.5), COARSE).mpp == 29.5  # within 2%
+    assert resolve_plan(PlanOptions(mpp=29.5, tolerance=0.0), COARSE).mpp == 29.5  # coarser
+    with pytest.raises(PlanError, match="coarser than the 28 um/px"):
+        resolve_plan(PlanOptions(mpp=28), COARSE)  # 4% finer: beyond the tolerance

@@ -178,3 +178,22 @@ def test_slides_without_jpeg_tiles_are_decoded_in_place_exactly(slide_path, tmp_
                 expected = np.moveaxis(level.read(0, h, 0, w), -1, 0)
                 np.testing.assert_array_equal(slide.to_dask(index).compute(), expected)
         assert not (sidecar_for(path) / "0" / "c").exists()
+
+
+def test_verify_checks_a_sidecars_levels_in_the_slide(slide_path, tmp_path):
+    """A sidecar's in-place levels are not missing chunks: verify reads each of them from
+    the slide (every tile decoded) and reports a damaged tile there, naming it."""
+    from tests import corpus as C
+    from tilestore.reading import verify_store
+
+    good = tmp_path / "good.svs"
+    shutil.copyfile(slide_path("CMU-1-Small-Region.svs"), good)
+    open_in_place(good, tmp_path / "side")
+    result = verify_store(tmp_path / "side" / "good.svs.tilestore.zarr")
+    assert result.ok and result.chunks > 130 and result.unchecked == []  # 130 in the slide
+    zeroed = C.tile_damage("zeroed")(tmp_path, slide_path("CMU-1-Small-Region.svs"))
+    shutil.copyfile(zeroed, good)  # damaged where it lies: its tile index, so its fingerprint,
+    result = verify_store(tmp_path / "side" / "good.svs.tilestore.zarr")  # are unchanged
+    (bad,) = result.bad
+    assert bad.startswith(f"{tmp_path / 'side' / 'good.svs'}.tilestore.zarr: level 0 (in the")
+    assert "chunk (4, 0)" in bad and "tile (4, 0) is damaged" in bad  # tile 40 of 10 columns

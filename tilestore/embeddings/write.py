@@ -90,6 +90,8 @@ class EmbeddingWriter:
         try:
             existing = self._existing()
             if existing is not None:
+                if not overwrite and self._other_plan(existing):
+                    raise EmbeddingError(self._other_plan(existing))
                 if existing.attrs["tilestore"].get("complete") and not overwrite:
                     raise AlreadyComplete(
                         f"{slide.name}: {self.path} is already complete "
@@ -279,6 +281,19 @@ class EmbeddingWriter:
             "complete": False,
         }
         return group
+
+    def _other_plan(self, group) -> str | None:
+        """Why a group made from another plan cannot stand for this run's (None where it was
+        made from this one): its tiles are other tiles, never "already complete"."""
+        made = group.attrs["tilestore"].get("plan") or {}
+        if made == self.identity["plan"]:
+            return None
+        return (
+            f"{self.slide.name}: {self.path} was made from plan {made.get('name')!r} "
+            f"({group['features'].shape[0]} tiles), not this run's {self.plan.name!r} "
+            f"({len(self.plan)} tiles; a plan of the same name made again counts as "
+            "another); pass overwrite=True to replace it"
+        )
 
     def _compatible(self, group) -> bool:
         stored = group.attrs["tilestore"]

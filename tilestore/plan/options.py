@@ -41,6 +41,9 @@ class PlanOptions:
     filter: "contrast" keeps only tiles whose own pixels pass `contrast` (the tutorials'
     rule, `tilestore.masks.contrast`); with a filter, min_tissue defaults to 0 (the filter is
     the tissue test), else to MIN_TISSUE.
+    upsample: plan at an mpp finer than the slide's finest level (its tiles read as smaller
+    windows and enlarged); without it such a plan is refused, since a model would be fed
+    pixels that were never scanned.
     """
 
     mpp: float | None = None
@@ -58,6 +61,7 @@ class PlanOptions:
     exclude: tuple[str, ...] | None = None
     filter: str | None = None
     contrast: ContrastRule = ContrastRule()  # noqa: RUF009 (frozen: safe to share)
+    upsample: bool = False
 
     @property
     def effective_min_tissue(self) -> float:
@@ -87,6 +91,7 @@ class ResolvedPlan:
     exclude: tuple[str, ...] | None
     filter: str | None
     contrast: ContrastRule
+    upsample: bool
 
 
 def resolve_plan(
@@ -111,6 +116,14 @@ def resolve_plan(
             "give the slide's pixel size (convert again with mpp=<um/px>), or plan in "
             "level-0 pixels explicitly (mpp=0)"
         )
+    finest = slide.mpp[0] if slide.mpp is not None else None
+    if mpp is not None and finest > mpp * (1 + options.tolerance) and not options.upsample:
+        raise PlanError(
+            f"{slide.name}: its finest level is {finest:.4g} um/px, coarser than the {mpp:g} "
+            f"um/px asked: each tile would be {finest / mpp:.3g}x enlarged from pixels never "
+            f"scanned; plan at mpp={finest:.4g} or coarser, or pass upsample=True to enlarge "
+            "them anyway"
+        )
     if options.filter is not None and options.filter not in FILTERS:
         raise PlanError(f"unknown filter {options.filter!r}; choose {', '.join(FILTERS)}")
     if tile < 1 or (options.stride is not None and options.stride < 1):
@@ -132,6 +145,7 @@ def resolve_plan(
         exclude=options.exclude,
         filter=options.filter,
         contrast=options.contrast,
+        upsample=options.upsample,
     )
 
 

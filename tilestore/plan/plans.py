@@ -110,6 +110,7 @@ def plan_slide(
             "contrast": asdict(options.contrast) if options.filter == "contrast" else None,
             "max_artefact": options.max_artefact,
             "exclude": list(options.exclude) if options.exclude else None,
+            **({"upsample": True} if options.upsample else {}),
         },
         notes=notes,
     )

@@ -226,10 +226,27 @@ class Slide:
         return out
 
     def to_dask(self, level: int = 0) -> da.Array:
-        """Return a level as a lazy (c, y, x) dask array, one dask chunk per store chunk."""
-        import dask.array as da  # here, not at import: 1 s of every command's start
+        """Return a level as a lazy (c, y, x) dask array, one dask chunk per store chunk.
 
-        return da.from_zarr(self.array(level))
+        Each block is read as `read_region` reads it (`chunks(level)`): a chunk missing where
+        the store was written whole, or damaged (its checksum, its codec, not a regular
+        file), is a ChunkError naming store, level and chunk, never background or a codec's
+        raw error; only a store that says chunks may be absent reads them as background."""
+        import dask.array as da  # here, not at import: 1 s of every command's start
+        from dask.base import tokenize
+
+        reader = self._readers[level]
+        view = _Level(reader, self.levels[level], self.array(level))
+        token = tokenize(str(self.group.store), self.array(level).path, self.picked)
+        return da.from_array(
+            view,
+            chunks=(view.shape[0], *self.array(level).chunks[1:]),
+            name=f"tilestore-{self.name}-level{level}-{token}",
+            lock=False,
+            asarray=True,
+            fancy=False,
+            meta=np.empty((0, 0, 0), view.dtype),
+        )
 
     def to_xarray(self, level: int = 0) -> xr.DataArray:
         """Return a level as a lazy DataArray with pixel-centre coordinates in µm (or pixels)."""
@@ -254,6 +271,25 @@ class Slide:
                 "mpp": list(self.level_mpp(level)) if self.mpp else None,
             },
         )
+
+
+class _Level:
+    """A level as an array-like for dask: every block read through the level's checked
+    reader (`ChunkReader` or an `as_rgb` view's `ChannelPick`)."""
+
+    ndim = 3
+
+    def __init__(self, reader, level: Level, array: zarr.Array) -> None:
+        self.reader = reader
+        self.shape = (reader.channels, level.height, level.width)
+        self.dtype = np.dtype(np.uint8) if isinstance(reader, ChannelPick) else array.dtype
+
+    def __getitem__(self, index: tuple[slice, slice, slice]) -> np.ndarray:
+        c, y, x = (s.indices(n) for s, n in zip(index, self.shape, strict=True))
+        if y[0] >= y[1] or x[0] >= x[1]:
+            return np.empty((c[1] - c[0], max(0, y[1] - y[0]), max(0, x[1] - x[0])), self.dtype)
+        pixels = self.reader.read(y[0], y[1], x[0], x[1])
+        return np.moveaxis(pixels, -1, 0)[c[0] : c[1]]
 
 
 def slide_of(store: Store, name: str | None = None) -> Slide:

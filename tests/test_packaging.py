@@ -6,12 +6,21 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import sysconfig
 import tomllib
-from importlib.metadata import distribution
+from importlib.metadata import Distribution
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"tilestore": "tilestore", "embed": "tilestore.embed", "cli": "tilestore.cli"}
+
+
+def distribution() -> Distribution:
+    """The installed distribution's metadata in site-packages (an editable build also leaves
+    a tilestore.egg-info in the project folder, which lists the source files instead)."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    (found,) = site.glob("tilestore-*.dist-info")
+    return Distribution.at(found)
 
 
 def _top_level_names(dist) -> set[str]:
@@ -27,7 +36,7 @@ def _top_level_names(dist) -> set[str]:
 
 
 def test_the_installed_distribution_has_one_top_level_name():
-    dist = distribution("tilestore")
+    dist = distribution()
     top_level = (dist.read_text("top_level.txt") or "tilestore").split()
     assert top_level == ["tilestore"]
     assert _top_level_names(dist) <= {"tilestore"}
@@ -35,7 +44,7 @@ def test_the_installed_distribution_has_one_top_level_name():
 
 def test_an_editable_install_maps_only_tilestore():
     """An editable install's finder maps import names to folders: only tilestore's."""
-    dist = distribution("tilestore")
+    dist = distribution()
     finders = [
         f for f in dist.files or () if f.name.startswith("__editable__") and f.suffix == ".py"
     ]
@@ -58,7 +67,7 @@ def test_embed_and_cli_import_only_under_tilestore(tmp_path):
 
 
 def test_the_command_and_codec_entry_points_name_tilestore_modules():
-    dist = distribution("tilestore")
+    dist = distribution()
     targets = {ep.group: ep.value for ep in dist.entry_points}
     assert targets["console_scripts"] == "tilestore.cli.main:main"
     assert targets["zarr.codecs"].startswith("tilestore.")

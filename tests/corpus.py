@@ -89,7 +89,8 @@ def _tile_bytes(svs: Path, index: int) -> tuple[int, int]:
 
 
 def tile_damage(kind: str, index: int = 40) -> Callable[[Path, Path], Path]:
-    """One JPEG tile of level 0 zeroed, bit-flipped in its scan data, or without SOI."""
+    """One JPEG tile of level 0 zeroed, bit-flipped in its scan data or in a marker segment's
+    length (its headers: read as a frame, it fails to decode), or without SOI."""
 
     def make(folder: Path, svs: Path) -> Path:
         data = bytearray(svs.read_bytes())
@@ -98,6 +99,8 @@ def tile_damage(kind: str, index: int = 40) -> Callable[[Path, Path], Path]:
             data[offset : offset + count] = bytes(count)
         elif kind == "no-soi":
             data[offset : offset + 2] = b"\x00\x00"
+        elif kind == "header-bitflip":  # byte 4: the first segment's length, high bit
+            data[offset + 4] ^= 0x80
         elif kind == "bitflip":
             for at in range(offset + count // 2, offset + count - 16, 97):
                 data[at] ^= 0x5A

@@ -175,3 +175,29 @@ def test_corrupt_png(tmp_path, slide_path):
     path.write_bytes(slide_path(IHC).read_bytes()[:5000])
     with pytest.raises(SlideError, match=r"broken\.png: cannot decode PNG"):
         open_source(path)
+
+
+@pytest.mark.parametrize("tile", [(0, 240), (240, 0), (0, 0), (240, 70_000)])
+def test_a_level_of_impossible_tiles_is_refused_whoever_read_it(tile):
+    """A tile size no slide has, from any reader (ours, wsidicom's, OpenSlide's properties,
+    where a tiled TIFF's 0 px tiles once reached a ZeroDivisionError), is one SlideError
+    naming the file and the level, and the source is closed."""
+    from types import SimpleNamespace
+
+    from tilestore.errors import SlideError
+    from tilestore.sources import checked_levels
+
+    closed = []
+    level = SimpleNamespace(tile_shape=tile)
+    source = SimpleNamespace(
+        path="x.tif",
+        levels=[SimpleNamespace(tile_shape=None), level],
+        close=lambda: closed.append(1),
+    )
+    with pytest.raises(SlideError) as refused:
+        checked_levels(source)
+    assert str(refused.value) == (
+        f"x.tif: level 1 declares {tile[1]}x{tile[0]} px tiles (plausible: 1-16384 px a "
+        "side); the header is corrupt"
+    )
+    assert closed == [1]

@@ -206,9 +206,7 @@ def _read_with_bioformats(jar, path, series: int, target) -> np.ndarray:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("source", ["CMU-1-Small-Region.svs", "camelyon_lymphnode_jpeg.dcm"])
-def test_bioformats_openslide_and_tifffile_read_every_level_as_the_store(
-    stores, tmp_path, source
-):
+def test_bioformats_openslide_and_tifffile_read_every_level_as_the_store(stores, tmp_path, source):
     """What QuPath and OMERO see (they read through Bio-Formats) is the store: every level,
     copied (Aperio's RGB-coded tiles, DICOM's 4:2:2 YCbCr) or re-encoded (4:4:4 YCbCr, which
     Bio-Formats converted twice when its tag said (1, 1)), read equal by Bio-Formats, by

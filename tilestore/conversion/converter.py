@@ -26,8 +26,9 @@ from zarr.storage import LocalStore
 
 from tilestore.conversion.levels import copy_tiles, downsample2, write_bands
 from tilestore.cpus import usable_cpus
-from tilestore.errors import StoreError, TilestoreError, TilestoreWarning
+from tilestore.errors import ChunkError, SlideError, StoreError, TilestoreError, TilestoreWarning
 from tilestore.format import leftovers, omezarr
+from tilestore.format.chunks import ChunkReader
 from tilestore.format.codecs import jpeg_codecs, zstd_codecs
 from tilestore.format.store import (
     ATTRS_KEY,
@@ -211,6 +212,25 @@ def slides_of(path: str | os.PathLike) -> list[str | None]:
     return list(found) if len(found) > 1 else [None]
 
 
+def _read_band(array: zarr.Array, y0: int, y1: int, source: Source, enc: _Encoding) -> np.ndarray:
+    """Rows [y0, y1) of a level just written (or read in place), as (h, w, c), to build the
+    next: through zarr's decoders on its threads. A tile that does not decode (a source tile
+    damaged in its JPEG headers, copied as it was) is found by reading the band chunk by
+    chunk, and named: a SlideError, never the decoder's own error."""
+    try:
+        return np.moveaxis(array[:, y0:y1, :], 0, -1)
+    except (RuntimeError, ValueError) as exc:  # imagecodecs' errors are RuntimeErrors
+        reader = ChunkReader(array, enc.background, str(source.path))
+        try:
+            reader.read(y0, y1, 0, array.shape[2])
+        except ChunkError as named:
+            raise SlideError(f"{named}: the slide's own tile is damaged") from exc
+        raise SlideError(
+            f"{source.path}: level {array.path} rows {y0}-{y1} cannot be decoded "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+
+
 def _jpeg_levels(source: Source, enc: _Encoding) -> frozenset[int]:
     """The source levels whose JPEG tiles a sidecar's chunks can be as they are; the others
     are decoded from the slide at each read (`DecodedChunks`), never copied."""
@@ -295,7 +315,7 @@ def _write_levels(
             previous = arrays[index - 1]
 
             def read_half(y0: int, y1: int, previous=previous) -> np.ndarray:
-                return downsample2(np.moveaxis(previous[:, 2 * y0 : 2 * y1, :], 0, -1))
+                return downsample2(_read_band(previous, 2 * y0, 2 * y1, source, enc))
 
             level.write = "lossless" if enc.codec == "zstd" else "re-encode"
             level.reason = f"2x2 box average of level {index - 1}"

@@ -14,7 +14,15 @@ from pathlib import Path
 import tifffile
 
 from tilestore.errors import SlideError
-from tilestore.sources.base import Channel, Fact, JpegTiles, Source, SourceInfo, SourceLevel
+from tilestore.sources.base import (
+    MAX_TILE,
+    Channel,
+    Fact,
+    JpegTiles,
+    Source,
+    SourceInfo,
+    SourceLevel,
+)
 from tilestore.sources.dicom import DICM_OFFSET, dicom_series, is_dicom_file, open_dicom
 from tilestore.sources.image import ImageSource
 from tilestore.sources.ndpi import NdpiSource
@@ -51,6 +59,7 @@ __all__ = [
     "Source",
     "SourceInfo",
     "SourceLevel",
+    "checked_levels",
     "dicom_series",
     "open_source",
 ]
@@ -59,7 +68,25 @@ __all__ = [
 def open_source(path: str | os.PathLike, series: str | None = None) -> Source:
     """Return the open `Source` for a slide file (or a folder of DICOM files; `series` picks
     one SeriesInstanceUID where it holds several), or raise SlideError saying why not."""
-    path = Path(path)
+    return checked_levels(_open(Path(path), series))
+
+
+def checked_levels(source: Source) -> Source:
+    """The source, if every level's tile size is one a slide can have (whatever reader
+    found it: ours, wsidicom's or OpenSlide's properties); else it is closed and refused,
+    since a 0 px tile would divide by zero further on."""
+    for index, level in enumerate(source.levels):
+        tile = level.tile_shape
+        if tile is not None and not all(1 <= side <= MAX_TILE for side in tile):
+            source.close()
+            raise SlideError(
+                f"{source.path}: level {index} declares {tile[1]}x{tile[0]} px tiles "
+                f"(plausible: 1-{MAX_TILE} px a side); the header is corrupt"
+            )
+    return source
+
+
+def _open(path: Path, series: str | None) -> Source:
     if path.is_dir():
         if not dicom_series(path):
             raise SlideError(f"{path}: is a directory, not a slide file (and holds no DICOM)")

@@ -189,7 +189,7 @@ def _companions(path: Path, vendor: str) -> list[Path]:
 def _tile_shape(props: object, index: int) -> tuple[int, int] | None:
     h = props.get(f"openslide.level[{index}].tile-height")
     w = props.get(f"openslide.level[{index}].tile-width")
-    return (int(h), int(w)) if h and w else None
+    return (int(h), int(w)) if h and w else None  # 0 is refused by checked_levels
 
 
 def _float(text: str | None) -> float | None:

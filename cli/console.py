@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
+import time
 from collections.abc import Callable
 
 import typer
@@ -17,9 +19,13 @@ err = Console(stderr=True)
 
 
 class progress_bar:
-    """A rich progress bar on stderr for one job; yields (progress, task id)."""
+    """A rich progress bar on stderr for one job; yields (progress, task id). Where stderr
+    is not a terminal (a SLURM log, nohup), a line every `every` seconds instead, and one at
+    the end of a job long enough to have had them: done, rate and time left, so a log shows
+    the run is alive."""
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, every: float = 30.0) -> None:
+        self.every = every
         self.progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -31,12 +37,52 @@ class progress_bar:
         self.label = label
 
     def __enter__(self):
-        if err.is_terminal:
-            self.progress.start()
+        if not err.is_terminal:
+            self.lines = LogLines(self.label, self.every)
+            return self.lines, 0
+        self.lines = None
+        self.progress.start()
         return self.progress, self.progress.add_task(self.label, total=None)
 
     def __exit__(self, *exc: object) -> None:
         self.progress.stop()
+        if self.lines is not None and exc[0] is None:
+            self.lines.finish()
+
+
+class LogLines:
+    """Progress as lines for a log: `update` takes what a rich Progress takes."""
+
+    def __init__(self, label: str, every: float, clock=time.monotonic) -> None:
+        self.label, self.every, self.clock = label, every, clock
+        self.done, self.total = 0, None
+        self.started = self.last = clock()
+
+    def update(self, task: int, advance: int = 0, total: int | None = None) -> None:
+        self.done += advance
+        self.total = total if total is not None else self.total
+        if self.clock() - self.last >= self.every:
+            self._line()
+
+    def finish(self) -> None:
+        """The closing line, where the job was long enough to have had one before (a short
+        one's result lines say all)."""
+        if self.done and self.last > self.started:
+            self._line()
+
+    def _line(self) -> None:
+        self.last = now = self.clock()
+        seconds = now - self.started
+        rate = self.done / seconds if seconds > 0 else 0.0
+        of = f" of {self.total:,}" if self.total else ""
+        left = ""
+        if self.total and rate and self.done < self.total:
+            left = f", about {(self.total - self.done) / rate:,.0f} s left"
+        print(
+            f"{self.label}: {self.done:,}{of} done in {seconds:,.0f} s ({rate:,.1f}/s){left}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def text_table(*columns: str) -> Table:

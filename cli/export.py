@@ -18,10 +18,10 @@ CLUSTERS = typer.Option(0, help="k-means clusters to compute and attach (0: none
 PCS = typer.Option(5, help="Principal components (QuPath measurements; k-means space).")
 
 
-def _open(stores: list[str], model: str):
+def _open(stores: list[str], model: str, skip_missing: bool = False):
     import tilestore
 
-    return tilestore.open_embeddings(stores, model)
+    return tilestore.open_embeddings(stores, model, skip_missing=skip_missing)
 
 
 def _clusters(ds, k: int, pcs: int):
@@ -95,11 +95,17 @@ def anndata(
     clusters: int = CLUSTERS,
     pcs: int = PCS,
     images: bool = typer.Option(True, help="Store thumbnails for squidpy in uns['spatial']."),
+    skip_missing: bool = typer.Option(
+        False,
+        "--skip-missing",
+        help="Leave out, with a warning, stores without this model's finished embeddings "
+        "(stores a quoted glob finds are always left out so).",
+    ),
 ) -> None:
     """Tiles as an AnnData .h5ad (X = features, obsm['spatial'] = centres) for scanpy/squidpy."""
     from tilestore.analysis import to_anndata
 
-    ds = _open(stores, model)
+    ds = _open(stores, model, skip_missing)
     found = _clusters(ds, clusters, pcs)
     to_anndata(ds, output, obs={"cluster": found} if found is not None else None, images=images)
     out.print(

@@ -282,7 +282,11 @@ def _main() -> None:
         _error(exc)
         sys.exit(2)
     except KeyboardInterrupt:
-        print("tilestore: interrupted", file=sys.stderr)
+        print(
+            "tilestore: interrupted: what was finished is kept (converted stores, embedded "
+            "batches, QC'd slides); the same command carries on from there",
+            file=sys.stderr,
+        )
         sys.exit(130)
     except OSError as exc:  # the machine's refusal: a full disk, a permission
         if debug:

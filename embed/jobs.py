@@ -44,6 +44,7 @@ class Job:
     plan: TilePlan
     writer: EmbeddingWriter
     todo: np.ndarray  # global plan indices, ascending, whole batches
+    left: int = 0  # tiles still to do after this run (a trial, max_tiles, leaves some)
 
 
 @dataclass(frozen=True)
@@ -120,10 +121,11 @@ def store_jobs(
             report.failed(store, str(exc))
             continue
         blocks = writer.todo()
+        owed = len(tiles_of(blocks, batch, len(ready.plan)))
         if max_tiles is not None:  # a trial: the plan's first batches only
             blocks = blocks[blocks < -(-max_tiles // batch)]
         tiles = tiles_of(blocks, batch, len(ready.plan))
-        yield Job(Path(store), ready.pixels, ready.plan, writer, tiles)
+        yield Job(Path(store), ready.pixels, ready.plan, writer, tiles, owed - len(tiles))
 
 
 def slice_jobs(slices: list[Slice], identity: RunIdentity) -> Iterator[Job]:

@@ -211,7 +211,8 @@ class RunReport:
                 "store": str(job.store),
                 "plan": job.plan.name,
                 "tiles": len(job.todo),
-                "skipped_done": int(len(job.plan) - len(job.todo)),
+                "skipped_done": int(len(job.plan) - len(job.todo) - job.left),  # before
+                "left": int(job.left),  # after this run (max_tiles)
                 "decode": decode,  # cpu or gpu, this slide's
             }
         )
@@ -430,8 +431,13 @@ def format_report(report: RunReport) -> list[str]:
     for slide in report.slides:
         lines.append(
             f"  {slide['store']}: {slide['tiles']} tiles"
-            + (f" ({slide['skipped_done']} already done)" if slide["skipped_done"] else "")
+            + (f" ({slide['skipped_done']} done before)" if slide["skipped_done"] else "")
             + (f", {slide['tiles_per_s']} tiles/s" if slide.get("tiles_per_s") else "")
+            + (
+                f"; {slide['left']:,} still to do: run again without max_tiles=<n> to finish"
+                if slide.get("left")
+                else ""
+            )
         )
     for skipped in report.skipped:
         lines.append(f"  skipped {skipped['store']}: {skipped['why']}")

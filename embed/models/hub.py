@@ -9,7 +9,10 @@ read from safetensors, or from a torch file with weights_only=True; never a full
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
+import logging
 import os
 import pickle
 from dataclasses import dataclass
@@ -146,14 +149,42 @@ def pull(name: str, *, token: str | None = None) -> Checkpoint | None:
     if offline():
         raise ModelError(f"{name}: HF_HUB_OFFLINE is set; pull on a machine with internet")
     try:
-        files = set(HfApi().list_repo_files(repo, token=token))
+        with _quiet_retries():
+            files = set(HfApi().list_repo_files(repo, token=token))
     except (GatedRepoError, RepositoryNotFoundError, HfHubHTTPError) as exc:
         raise _explain(name, repo, exc) from exc
-    except OSError as exc:
-        raise ModelError(f"{name}: cannot reach the Hugging Face Hub for {repo}: {exc}") from exc
+    except _unreachable() as exc:
+        raise ModelError(
+            f"{name}: cannot reach the Hugging Face Hub for {repo} ({exc}); pull on a machine "
+            "with internet and use the same HF_HOME"
+        ) from exc
     if "model.safetensors" not in files and "pytorch_model.bin" not in files:
         raise ModelError(f"{name}: {repo} has no model.safetensors or pytorch_model.bin")
     return fetch(name, repo, token=token)
+
+
+def _unreachable() -> tuple[type[BaseException], ...]:
+    """What huggingface_hub raises where the Hub cannot be reached: OSError, and its HTTP
+    client's transport errors (httpx under huggingface_hub 1, httpx2 under 2), which are not
+    OSErrors: a machine without network once got "internal error (ConnectError ...)"."""
+    errors: list[type[BaseException]] = [OSError]
+    for client in ("httpx2", "httpx"):
+        with contextlib.suppress(ImportError, AttributeError):
+            errors.append(importlib.import_module(client).TransportError)
+    return tuple(errors)
+
+
+@contextlib.contextmanager
+def _quiet_retries():
+    """huggingface_hub logs each retry of an unreachable Hub as a warning line; the one line
+    that says why the pull failed comes after them."""
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 class _Missing(Exception):
@@ -180,7 +211,7 @@ def _download(name, repo, filename, token, revision, cached_only=False) -> Path:
         raise _Missing(filename) from exc
     except (GatedRepoError, RepositoryNotFoundError, HfHubHTTPError) as exc:
         raise _explain(name, repo, exc) from exc
-    except OSError as exc:
+    except _unreachable() as exc:
         raise ModelError(f"{name}: cannot download {repo}/{filename}: {exc}") from exc
 
 

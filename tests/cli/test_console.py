@@ -37,3 +37,23 @@ def test_settings_become_flags():
 def test_every_command_is_covered():
     flags = _flags()
     assert {"overwrite", "mpp", "min_tissue", "decode", "hf_token", "clusters"} <= set(flags)
+
+
+def test_progress_in_a_log_is_a_line_every_interval_and_at_the_end(capsys):
+    """Where stderr is not a terminal (a SLURM log), progress is lines: one each `every`
+    seconds with the rate and time left, and one at the end."""
+    from tilestore.cli.console import LogLines
+
+    now = [0.0]
+    lines = LogLines("embedding with uni", 30.0, clock=lambda: now[0])
+    for _ in range(10):  # 10 batches of 100 tiles, 10 s apart
+        now[0] += 10.0
+        lines.update(0, advance=100, total=1000)
+    lines.finish()
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == [
+        "embedding with uni: 300 of 1,000 done in 30 s (10.0/s), about 70 s left",
+        "embedding with uni: 600 of 1,000 done in 60 s (10.0/s), about 40 s left",
+        "embedding with uni: 900 of 1,000 done in 90 s (10.0/s), about 10 s left",
+        "embedding with uni: 1,000 of 1,000 done in 100 s (10.0/s)",
+    ]

@@ -290,3 +290,30 @@ def test_on_a_gpu_weights_land_there_and_give_the_cpu_features(tmp_path, name, h
     with torch.inference_mode():
         want = cpu.features(x)
         torch.testing.assert_close(gpu.features(x.cuda()).cpu(), want, atol=1e-3, rtol=1e-3)
+
+
+def test_pull_without_a_network_is_one_line(monkeypatch):
+    """No route to the Hub raises the HTTP client's own transport error (not an OSError):
+    pull names the model, the repo and the cause, as a ModelError."""
+    import importlib.util
+
+    from huggingface_hub import HfApi
+
+    from tilestore.embed.models import hub
+
+    client = next((m for m in ("httpx2", "httpx") if importlib.util.find_spec(m) is not None), None)
+    if client is None:
+        pytest.skip("huggingface_hub's HTTP client (httpx or httpx2) is not installed")
+    connect_error = importlib.import_module(client).ConnectError
+
+    def unreachable(self, repo, token=None):
+        raise connect_error("[Errno -2] Name or service not known")
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(HfApi, "list_repo_files", unreachable)
+    with pytest.raises(ModelError) as failed:
+        hub.pull("uni")
+    assert str(failed.value) == (
+        "uni: cannot reach the Hugging Face Hub for MahmoodLab/uni ([Errno -2] Name or "
+        "service not known); pull on a machine with internet and use the same HF_HOME"
+    )

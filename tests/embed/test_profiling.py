@@ -13,6 +13,7 @@ import zarr
 
 from tilestore.embed import nvtx
 from tilestore.embed.engine import embed
+from tilestore.embed.report import format_report
 from tilestore.embed.settings import Options
 from tilestore.plan import PlanOptions
 
@@ -30,11 +31,19 @@ def test_a_trial_run_embeds_the_first_batches_and_a_later_run_finishes(store, li
     full = store(into=trial.parent / "full")
     report = embed([trial], lite, plan=PLAN, options=replace(FP32, max_tiles=3))
     assert report.tiles == 4  # 3 tiles, rounded up to whole batches of 2
+    (slide,) = report.slides  # what is left is said as left, not as done
+    assert (slide["skipped_done"], slide["left"]) == (0, 7)
+    (line,) = [line for line in format_report(report) if str(trial) in line]
+    assert "4 tiles" in line and "7 still to do: run again without --max-tiles" not in line
+    assert "7 still to do: run again without max_tiles=<n> to finish" in line
     group = _group(trial)
     assert not group.attrs["tilestore"].get("complete")  # a trial does not finish the slide
     assert group["done"][:].tolist()[:3] == [1, 1, 0]
+    again = embed([trial], lite, plan=PLAN, options=replace(FP32, max_tiles=3))
+    assert again.tiles == 0  # the same trial again: its batches are done, as it said
     rest = embed([trial], lite, plan=PLAN, options=FP32)
     assert rest.tiles == 11 - 4 and _group(trial).attrs["tilestore"]["complete"]
+    assert (rest.slides[0]["skipped_done"], rest.slides[0]["left"]) == (4, 0)
     embed([full], lite, plan=PLAN, options=FP32)
     np.testing.assert_array_equal(_group(trial)["features"][:], _group(full)["features"][:])
 

@@ -108,3 +108,43 @@ def test_bad_inputs(embedded_cohort, tmp_path):
         warnings.simplefilter("ignore", TilestoreWarning)
         with pytest.raises(StoreError, match="no embeddings of 'uni' in 1 store"):
             open_embeddings(embedded_cohort[0], "uni", skip_missing=True)
+
+
+def test_a_cohort_glob_leaves_out_stores_not_embedded_with_a_note(embedded_cohort, tmp_path):
+    """A cohort folder holds stores `embed` has not reached: a glob leaves them out, saying
+    so; named on their own they are an error unless skip_missing."""
+    import shutil
+    import warnings
+
+    import zarr
+
+    from tilestore.errors import StoreError, TilestoreWarning
+
+    folder = tmp_path / "cohort"
+    folder.mkdir()
+    for store in embedded_cohort:
+        shutil.copytree(store, folder / store.name)
+    bare = folder / "bare.ome.zarr"
+    shutil.copytree(embedded_cohort[0], bare)
+    shutil.rmtree(bare / "embeddings")
+    half = folder / "half.ome.zarr"
+    shutil.copytree(embedded_cohort[0], half)
+    group = zarr.open_group(half / "embeddings" / "efficientnet-lite0", mode="r+")
+    attrs = dict(group.attrs["tilestore"])
+    attrs["complete"] = False
+    group.attrs["tilestore"] = attrs
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", TilestoreWarning)
+        ds = open_embeddings(str(folder / "*.ome.zarr"), "efficientnet-lite0")
+    assert sorted(ds.tiles.slides) == sorted(
+        s.name.removesuffix(".ome.zarr") for s in embedded_cohort
+    )
+    notes = sorted(str(w.message) for w in said)
+    assert notes[0].startswith(f"skipped: {bare}: no embeddings/efficientnet-lite0")
+    assert notes[1].startswith(f"skipped: {half}: embeddings/efficientnet-lite0 is unfinished")
+    with pytest.raises(StoreError, match="no embeddings/efficientnet-lite0"):
+        open_embeddings([*embedded_cohort, bare], "efficientnet-lite0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TilestoreWarning)
+        kept = open_embeddings([*embedded_cohort, bare], "efficientnet-lite0", skip_missing=True)
+    assert len(kept.tiles.slides) == 2

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import CMU
@@ -106,6 +106,7 @@ GEOMETRY = st.fixed_dictionaries(
 
 @PROPS
 @given(GEOMETRY | JSON)
+@example({"type": []})  # an unhashable type name (found by this test in a later run)
 def test_a_geometry_is_checked_or_refused_with_a_value_error(geometry):
     try:
         _check_geometry(geometry)

@@ -11,7 +11,7 @@ import zarr
 
 from tilestore.conversion.converter import choose_codec
 from tilestore.errors import SlideError, StoreError, TilestoreError
-from tilestore.format.store import is_store, open_group, tree_size
+from tilestore.format.store import is_store, open_group, stored, tree_size
 from tilestore.reading import open_slide
 from tilestore.sources import Fact, dicom_series, open_source
 
@@ -38,13 +38,8 @@ def _describe_store(path: Path) -> dict[str, Any]:
     size = tree_size(path)
     source_size = attrs.get("source", {}).get("size")
     mpp = attrs.get("mpp")
-    try:
+    with stored(path, "store metadata", "convert the slide again"):
         levels = _levels(group, attrs, mpp)
-    except (KeyError, TypeError, ValueError, zarr.errors.BaseZarrError) as exc:
-        raise StoreError(
-            f"{path}: store metadata is damaged ({type(exc).__name__}: {exc}); convert the "
-            "slide again"
-        ) from exc
     return {
         "path": str(path),
         "kind": "store",
@@ -160,23 +155,25 @@ def _sample(path: Path, index: int, level) -> dict[str, Any]:
 
 
 def _tissue(group: zarr.Group) -> dict | None:
-    try:
-        meta = group["labels/tissue"].attrs["tilestore"]
-    except KeyError:
-        return None
-    return {k: meta[k] for k in ("method", "polarity", "fraction", "mpp")}
+    with stored(group.store_path, "labels/tissue", "compute it again (tilestore tissue)"):
+        try:
+            meta = group["labels/tissue"].attrs["tilestore"]
+        except KeyError:
+            return None
+        return {k: meta[k] for k in ("method", "polarity", "fraction", "mpp")}
 
 
 def _plans(group: zarr.Group) -> dict[str, int]:
-    try:
-        plans = group["plans"]
-    except KeyError:
-        return {}
-    return {
-        name: g.attrs["tilestore"]["tiles"]
-        for name, g in sorted(plans.groups())
-        if g.attrs.get("tilestore", {}).get("complete")
-    }
+    with stored(group.store_path, "plans", "make them again with overwrite=True"):
+        try:
+            plans = group["plans"]
+        except KeyError:
+            return {}
+        return {
+            name: g.attrs["tilestore"]["tiles"]
+            for name, g in sorted(plans.groups())
+            if g.attrs.get("tilestore", {}).get("complete")
+        }
 
 
 def pixel_count(path: str | os.PathLike) -> int:

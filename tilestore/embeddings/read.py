@@ -25,10 +25,10 @@ import xarray as xr
 import zarr
 from zarr.abc.store import Store
 
-from tilestore import analysis as analysis  # registers the ds.tiles accessor
+from tilestore.analysis import accessor as accessor  # registers the ds.tiles accessor
 from tilestore.embeddings.layout import COORDINATES, COORDS, GROUP, UNITS, group_name
 from tilestore.errors import ChunkError, StoreError, TilestoreWarning
-from tilestore.format.store import STORE_SUFFIX
+from tilestore.format.store import DAMAGED, STORE_SUFFIX, stored
 
 DASK_CHUNK_BYTES = 32 * 2**20
 StoreLike = str | os.PathLike | Store
@@ -37,10 +37,11 @@ StoreLike = str | os.PathLike | Store
 def list_embeddings(store: StoreLike) -> list[str]:
     """Names of the embeddings groups in a store (complete or not)."""
     root = _open(store, "")
-    try:
-        return sorted(name for name, _ in root[GROUP].groups())
-    except KeyError:
-        return []
+    with stored(store, GROUP, f"remove {GROUP} and embed the store again"):
+        try:
+            return sorted(name for name, _ in root[GROUP].groups())
+        except KeyError:
+            return []
 
 
 def open_embeddings(
@@ -54,7 +55,9 @@ def open_embeddings(
     stores: a store, a list of stores, or a glob pattern ("stores/*.ome.zarr").
     model: the model name given to `tilestore embed` (uni, timm:vit_small_patch16_224...).
     skip_missing: leave out (with a warning) slides whose group is absent or unfinished
-        instead of raising.
+        instead of raising. Stores matched by a glob pattern are always so left out (a
+        cohort folder routinely holds stores `embed` has not reached yet); a store named
+        on its own is an error unless skip_missing. A damaged group is an error either way.
 
     ``features`` and every coordinate are dask arrays: nothing is read until computed.
     Coordinates: x, y (level-0 px, top-left), x_um, y_um, row, col, tissue, roi, roi_class
@@ -63,11 +66,13 @@ def open_embeddings(
     """
     paths = _expand(stores)
     parts, skipped = [], []
-    for store in paths:
+    for store, globbed in paths:
         try:
-            parts.append(_slide_part(store, model))
-        except StoreError as exc:
-            if not skip_missing:
+            fix = f"embed the store again with overwrite=True (or remove {group_name(model)})"
+            with stored(store, group_name(model), fix):
+                parts.append(_slide_part(store, model))
+        except NotEmbedded as exc:
+            if not (skip_missing or globbed):
                 raise
             skipped.append(str(exc))
     for reason in skipped:
@@ -84,31 +89,43 @@ def open_embeddings(
     return _dataset(parts, model)
 
 
-def _expand(stores) -> list[StoreLike]:
+class NotEmbedded(StoreError):
+    """A store without this model's finished embeddings (absent or unfinished)."""
+
+
+def _expand(stores) -> list[tuple[StoreLike, bool]]:
+    """(store, whether a glob pattern found it) for each store given."""
     if isinstance(stores, Store | str | os.PathLike):
         stores = [stores]
-    out: list[StoreLike] = []
+    out: list[tuple[StoreLike, bool]] = []
     for s in stores:
         if isinstance(s, str) and glob.has_magic(s):
             found = sorted(glob.glob(s))
             if not found:
                 raise StoreError(f"{s}: no store matches this pattern")
-            out.extend(found)
+            out.extend((f, True) for f in found)
         else:
-            out.append(s)
+            out.append((s, False))
     if not out:
         raise StoreError("no stores given")
     return out
 
 
 def _open(store: StoreLike, path: str) -> zarr.Group:
+    """A group of the store: KeyError where `path` is absent, StoreError where it is damaged."""
     where = store if isinstance(store, Store) else Path(store)
     try:
         return zarr.open_group(where, path=path, mode="r", zarr_format=3, use_consolidated=False)
-    except (FileNotFoundError, KeyError, ValueError, zarr.errors.BaseZarrError) as exc:
+    except (FileNotFoundError, KeyError, zarr.errors.GroupNotFoundError) as exc:
         if path:
             raise KeyError(path) from exc
         raise StoreError(f"{store}: not a tilestore store ({exc})") from exc
+    except DAMAGED as exc:
+        what = path or "the store's root"
+        raise StoreError(
+            f"{store}: {what} is damaged ({type(exc).__name__}: {exc})"
+            + (f"; embed the store again with overwrite=True (or remove {path})" if path else "")
+        ) from exc
 
 
 def _slide_name(store: StoreLike) -> str:
@@ -128,34 +145,35 @@ def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
         group = _open(store, path)
     except KeyError:
         have = ", ".join(list_embeddings(store)) or "none"
-        raise StoreError(
+        raise NotEmbedded(
             f"{store}: no {path} (embeddings in this store: {have}); embed the store "
             f"with model={model!r} first"
         ) from None
-    meta = group.attrs.get("tilestore", {})
-    if not meta.get("complete"):
-        done = group["done"][:]
-        raise StoreError(
-            f"{store}: {path} is unfinished ({int(done.sum())} of {len(done)} batches); "
-            "rerun the same `tilestore embed` command to finish it"
-        )
-    members = dict(group.arrays())  # one round of concurrent metadata reads, not eleven
-    token = f"{Path(str(store)).resolve() if not isinstance(store, Store) else id(store)}"
-    token = f"{token}-{path}-{meta.get('finished', '')}"
-    features = members["features"]
-    # Dask chunks of many stored batches: zarr then fetches a chunk's batches concurrently,
-    # and a cohort has thousands, not millions, of tasks.
-    batch, dim = features.chunks
-    rows = batch * max(1, DASK_CHUNK_BYTES // (batch * dim * features.dtype.itemsize))
-    arrays = {
-        key: da.from_array(
-            _Checked(members[key], f"{store}: {path}/{key}"),
-            chunks=(rows, dim)[: members[key].ndim],
-            name=f"{key}-{token}",
-            meta=np.empty((0,) * members[key].ndim, members[key].dtype),  # no read to guess it
-        )
-        for key in ("features", *COORDS, *_qc_keys(meta))
-    }
+    with stored(store, path, f"embed the store again with overwrite=True (or remove {path})"):
+        meta = group.attrs.get("tilestore", {})
+        if not meta.get("complete"):
+            done = group["done"][:]
+            raise NotEmbedded(
+                f"{store}: {path} is unfinished ({int(done.sum())} of {len(done)} batches); "
+                "rerun the same `tilestore embed` command to finish it"
+            )
+        members = dict(group.arrays())  # one round of concurrent metadata reads, not eleven
+        token = f"{Path(str(store)).resolve() if not isinstance(store, Store) else id(store)}"
+        token = f"{token}-{path}-{meta.get('finished', '')}"
+        features = members["features"]
+        # Dask chunks of many stored batches: zarr then fetches a chunk's batches concurrently,
+        # and a cohort has thousands, not millions, of tasks.
+        batch, dim = features.chunks
+        rows = batch * max(1, DASK_CHUNK_BYTES // (batch * dim * features.dtype.itemsize))
+        arrays = {
+            key: da.from_array(
+                _Checked(members[key], f"{store}: {path}/{key}"),
+                chunks=(rows, dim)[: members[key].ndim],
+                name=f"{key}-{token}",
+                meta=np.empty((0,) * members[key].ndim, members[key].dtype),  # no read to guess it
+            )
+            for key in ("features", *COORDS, *_qc_keys(meta))
+        }
     name = _slide_name(store)
     grid = meta.get("grid") or {}
     downsample = grid.get("downsample", (1.0, 1.0))

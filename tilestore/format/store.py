@@ -9,8 +9,10 @@ data live beside the image: ``labels/tissue``, ``plans/<name>``,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
+from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -69,7 +71,7 @@ def open_group(
     cannot be opened, was not made by tilestore, or (complete=True) is unfinished."""
     try:
         group = zarr.open_group(where, mode=mode, zarr_format=3, use_consolidated=False)
-    except (FileNotFoundError, ValueError, OSError, zarr.errors.BaseZarrError) as exc:
+    except (FileNotFoundError, OSError, *DAMAGED) as exc:
         raise StoreError(f"{where}: cannot open store: {exc}") from exc
     attrs = group.attrs.get(ATTRS_KEY)
     if not isinstance(attrs, dict):
@@ -80,6 +82,24 @@ def open_group(
             "overwrite=True"
         )
     return group, attrs
+
+
+# how a stored document (a zarr.json: its JSON, its zarr metadata, its attributes' types)
+# fails when read: not valid JSON (a ValueError), not valid metadata, not of the types written
+DAMAGED = (ValueError, TypeError, AttributeError, KeyError, IndexError, zarr.errors.BaseZarrError)
+
+
+@contextlib.contextmanager
+def stored(where: object, what: str, fix: str) -> Iterator[None]:
+    """Read a stored document (`what`, of the store at `where`) inside this: any way it can
+    be damaged is one StoreError naming the store, the document and what to do (`fix`),
+    never the JSON parser's or zarr's own error. Absence is the caller's to check first."""
+    try:
+        yield
+    except DAMAGED as exc:
+        raise StoreError(
+            f"{where}: {what} is damaged ({type(exc).__name__}: {exc}); {fix}"
+        ) from exc
 
 
 def tree_size(path: str | os.PathLike) -> int:

@@ -336,17 +336,17 @@ def write_tissue(slide: Slide, tissue: TissueMask) -> None:
 
 def read_tissue(slide: Slide) -> TissueMask | None:
     """Return the stored tissue mask, or None if the store has none."""
-    stored = read_label(slide, "tissue")
-    if stored is None:
-        return None
-    mask, meta = stored
-    return TissueMask(
-        mask.astype(bool),
-        tuple(meta["downsample"]),
-        meta["mpp"],
-        meta["method"],
-        meta["polarity"],
-        meta["params"],
-        meta["source_level"],
-        list(meta["notes"]),
+    return read_label(
+        slide,
+        "tissue",
+        lambda mask, meta: TissueMask(
+            mask.astype(bool),
+            tuple(meta["downsample"]),
+            meta["mpp"],
+            meta["method"],
+            meta["polarity"],
+            meta["params"],
+            meta["source_level"],
+            list(meta["notes"]),
+        ),
     )

@@ -17,13 +17,14 @@ import numpy as np
 
 from tilestore.errors import PlanError
 from tilestore.format.codecs import zstd_codecs
-from tilestore.format.store import consolidate
+from tilestore.format.store import consolidate, stored
 from tilestore.masks.tissue import TissueMask, compute_tissue, read_tissue, write_tissue
 from tilestore.plan.annotations import Annotations, load_annotations
 from tilestore.plan.filters import contrast_keep
 from tilestore.plan.grid import GridSpec, TilePlan, grid_spec, make_plan, tissue_fractions
 from tilestore.plan.options import PlanOptions, ResolvedPlan, resolve_plan
 from tilestore.qc.store import StoredQC, read_qc
+from tilestore.reading.labels import children
 from tilestore.reading.slide import Slide
 
 PLANS = "plans"
@@ -258,13 +259,17 @@ def save_plan(slide: Slide, plan: TilePlan, *, overwrite: bool = False) -> str:
 
 def list_plans(slide: Slide) -> list[str]:
     """Names of the complete plans in the store."""
-    try:
-        plans = slide.group[PLANS]
-    except KeyError:
-        return []
-    return sorted(
-        name for name, g in plans.groups() if g.attrs.get("tilestore", {}).get("complete")
-    )
+    names = []
+    for path in sorted(children(slide, PLANS)):
+        name = path.split("/", 1)[1]
+        with stored(slide.name, f"plan {name!r}", _remake(name)):
+            if slide.group[path].attrs.get("tilestore", {}).get("complete"):
+                names.append(name)
+    return names
+
+
+def _remake(name: str) -> str:
+    return f"make it again with overwrite=True (or remove {PLANS}/{name})"
 
 
 def load_plan(slide: Slide, name: str | None = None) -> tuple[TilePlan, str]:
@@ -280,28 +285,29 @@ def load_plan(slide: Slide, name: str | None = None) -> tuple[TilePlan, str]:
         name = names[0]
     if name not in names:
         raise PlanError(f"{slide.name}: no plan {name!r}; plans: {', '.join(names) or 'none'}")
-    group = slide.group[f"{PLANS}/{name}"]
-    meta = group.attrs["tilestore"]
-    spec = meta["spec"]
-    spec = GridSpec(
-        **{
-            **spec,
-            "downsample": tuple(spec["downsample"]),
-            "level_shape": tuple(spec["level_shape"]),
-        }
-    )
-    plan = TilePlan(
-        name,
-        spec,
-        group["row"][:],
-        group["col"][:],
-        group["tissue"][:],
-        group["roi"][:],
-        group["roi_class"][:],
-        list(meta["classes"]),
-        tuple(meta["chunk_shape"]),
-        dict(meta["params"]),
-        list(meta["notes"]),
-        {name: group[f"qc_{name}"][:] for name in meta.get("qc_classes", [])},
-    )
-    return plan, meta["uid"]
+    with stored(slide.name, f"plan {name!r}", _remake(name)):
+        group = slide.group[f"{PLANS}/{name}"]
+        meta = group.attrs["tilestore"]
+        spec = meta["spec"]
+        spec = GridSpec(
+            **{
+                **spec,
+                "downsample": tuple(spec["downsample"]),
+                "level_shape": tuple(spec["level_shape"]),
+            }
+        )
+        plan = TilePlan(
+            name,
+            spec,
+            group["row"][:],
+            group["col"][:],
+            group["tissue"][:],
+            group["roi"][:],
+            group["roi_class"][:],
+            list(meta["classes"]),
+            tuple(meta["chunk_shape"]),
+            dict(meta["params"]),
+            list(meta["notes"]),
+            {name: group[f"qc_{name}"][:] for name in meta.get("qc_classes", [])},
+        )
+        return plan, meta["uid"]

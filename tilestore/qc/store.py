@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tilestore.errors import StoreError
 from tilestore.format.store import consolidate
 from tilestore.qc.classes import ARTEFACTS
 from tilestore.reading.labels import read_label, write_label
@@ -100,13 +101,16 @@ def write_qc(slide: Slide, maps: QCMaps, flag_fraction: float = FLAG_FRACTION) -
 
 def read_qc(slide: Slide) -> StoredQC | None:
     """The stored labels/qc, or None if `tilestore qc` has not run on this store."""
-    stored = read_label(slide, NAME)
-    if stored is None:
-        return None
-    label, facts = stored
-    return StoredQC(label, tuple(facts["downsample"]), list(facts["classes"]))
+    return read_label(
+        slide,
+        NAME,
+        lambda label, facts: StoredQC(label, tuple(facts["downsample"]), list(facts["classes"])),
+    )
 
 
 def read_summary(slide: Slide) -> dict[str, Any] | None:
     """The stored QC summary, or None."""
-    return slide.group.attrs.asdict().get("qc")
+    summary = slide.group.attrs.asdict().get("qc")
+    if summary is not None and not isinstance(summary, dict):
+        raise StoreError(f"{slide.name}: the QC summary is damaged; run `tilestore qc` again")
+    return summary

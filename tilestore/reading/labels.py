@@ -7,15 +7,17 @@ metadata, so a viewer shows names, and tilestore's own facts sit beside them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
 from tilestore.format import omezarr
 from tilestore.format.codecs import zstd_codecs
-from tilestore.format.store import consolidate
+from tilestore.format.store import consolidate, stored
 from tilestore.reading.slide import Slide
+
+T = TypeVar("T")
 
 
 def write_label(
@@ -61,10 +63,26 @@ def write_label(
     consolidate(root.store)
 
 
-def read_label(slide: Slide, name: str) -> tuple[np.ndarray, dict[str, Any]] | None:
-    """(level 0 of labels/<name>, its tilestore facts), or None if the store has none."""
-    try:
-        group = slide.group[f"labels/{name}"]
-    except KeyError:
+def read_label(
+    slide: Slide, name: str, parse: Callable[[np.ndarray, dict[str, Any]], T]
+) -> T | None:
+    """`parse`(level 0 of labels/<name>, its tilestore facts), or None if the store has none;
+    a label damaged in any way (its metadata, its facts, its pixels) is a StoreError
+    naming it."""
+    if f"labels/{name}" not in children(slide, "labels"):
         return None
-    return group["0"][0], dict(group.attrs["tilestore"])
+    fix = f"compute it again (it is replaced when written), or remove labels/{name}"
+    with stored(slide.name, f"labels/{name}", fix):
+        group = slide.group[f"labels/{name}"]
+        return parse(group["0"][0], dict(group.attrs["tilestore"]))
+
+
+def children(slide: Slide, path: str) -> set[str]:
+    """The paths of the groups and arrays under `path` (none where it is absent); a damaged
+    listing is a StoreError naming it."""
+    with stored(slide.name, path, f"remove {path} and make what it held again"):
+        try:
+            group = slide.group[path]
+        except KeyError:
+            return set()
+        return {f"{path}/{name}" for name, _ in group.members()}

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import dask.array as da
     import xarray as xr
 from tilestore.errors import StoreError, TilestoreError
-from tilestore.format.store import open_group
+from tilestore.format.store import DAMAGED, open_group
 from tilestore.reading.resolution import MPP_TOLERANCE
 
 
@@ -64,8 +64,7 @@ class Slide:
             )
             mpp = attrs.get("mpp")
             self.mpp: tuple[float, float] | None = (mpp["x"], mpp["y"]) if mpp else None
-        except (KeyError, TypeError, ValueError, zarr.errors.BaseZarrError) as exc:
-            # a level's zarr.json that is not JSON, a level or attribute missing
+        except DAMAGED as exc:  # a level's zarr.json that is not JSON, a level or attribute missing
             raise StoreError(
                 f"{name}: store metadata is damaged ({type(exc).__name__}: {exc}); convert "
                 "the slide again"

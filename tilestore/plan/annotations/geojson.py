@@ -70,7 +70,7 @@ def _check_geometry(geometry: object) -> None:
         for part in geometry.get("geometries") or []:
             _check_geometry(part)
         return
-    if kind not in _DEPTH:
+    if not isinstance(kind, str) or kind not in _DEPTH:  # a list or a dict is no type name
         raise ValueError(f"unknown geometry type {kind!r}")
     _check_positions(geometry.get("coordinates"), _DEPTH[kind])
 

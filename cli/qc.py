@@ -55,12 +55,16 @@ def qc(
 
         client = Client(scheduler) if scheduler else local_cluster(cluster, workers)
         threads = cpu_share(len(client.nthreads())) if cluster else None
-    failed = []
+    failed, unjudged = [], []
 
     def line(result) -> None:
         if result.error:
             failed.append(result)
             print(f"tilestore: error: {as_flags(result.error, flags_of(qc))}", file=sys.stderr)
+            return
+        if result.not_judged:  # a fact about the slide, not a failure of the run
+            unjudged.append(result)
+            out.print(f"{result.store}: not judged: {result.not_judged}", highlight=False)
             return
         s = result.summary
         shares = (
@@ -98,8 +102,9 @@ def qc(
             if cluster:
                 client.cluster.close()
             client.close()
-    done = len(results) - len(failed)
-    out.print(f"{done} of {len(results)} slides in {wall:.1f} s", highlight=False)
+    done = len(results) - len(failed) - len(unjudged)
+    aside = f" ({len(unjudged)} not judged)" if unjudged else ""
+    out.print(f"{done} of {len(results)} slides judged in {wall:.1f} s{aside}", highlight=False)
     if preview:
         out.print(f"previews: {preview}/")
     if report:

@@ -19,6 +19,11 @@ class StoreError(TilestoreError):
     """A tilestore store that is missing, incomplete, already present or unwritable."""
 
 
+class NotJudged(TilestoreError):
+    """A slide QC's detectors are not made for (fluorescence, other channels than RGB, scanned
+    coarser than the maps): a fact about the slide, reported as such, not a failure."""
+
+
 class ChunkError(StoreError):
     """A store chunk that is missing, truncated, corrupt or not a regular file."""
 

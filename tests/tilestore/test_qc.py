@@ -278,8 +278,27 @@ def test_a_slide_coarser_than_the_maps_is_refused_and_a_cohort_goes_on(stores, t
     fine = tmp_path / "fine.ome.zarr"
     shutil.copytree(stores(CMU), fine)
     rows, _ = qc_cohort([coarse, fine], QCOptions(device="cpu"))
-    assert "coarser than the 4 um/px" in rows[0].error
+    assert rows[0].error is None and "coarser than the 4 um/px" in rows[0].not_judged
     assert rows[1].error is None and rows[1].summary is not None
+    frame = pd.read_parquet(write_report(rows, tmp_path / "report")["parquet"])
+    assert list(frame["judged"]) == [False, True] and "coarser" in frame.loc[0, "why_not_judged"]
+
+
+def test_qc_of_a_cohort_with_slides_it_does_not_judge_says_so_and_succeeds(stores, tmp_path):
+    """A fluorescence slide and one scanned coarser than the maps are facts about those
+    slides, not failures: each gets a 'not judged' line, the run exits 0; a damaged store
+    is still an error (exit 2)."""
+    fine = tmp_path / "fine.ome.zarr"
+    shutil.copytree(stores(CMU), fine)
+    dapi, coarse = stores("stritt_test3-DAPI-2-387.ndpi"), stores("camelyon_lymphnode_jpeg.dcm")
+    cli = [sys.executable, "-m", "tilestore.cli", "qc", "--device", "cpu"]
+    run = subprocess.run([*cli, dapi, coarse, fine], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    said = " ".join(run.stdout.split())
+    assert said.count("not judged: ") == 2 and "fluorescence" in said and "coarser" in said
+    assert "1 of 3 slides judged" in said and "(2 not judged)" in said
+    broken = subprocess.run([*cli, fine, tmp_path / "nowhere.ome.zarr"], capture_output=True)
+    assert broken.returncode == 2
 
 
 def test_blur_is_not_judged_without_a_pixel_size(stores):

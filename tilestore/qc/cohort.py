@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tilestore.errors import TilestoreError
+from tilestore.errors import NotJudged, TilestoreError
 from tilestore.qc.maps import QCMaps, compute_qc
 from tilestore.qc.options import QCOptions
 from tilestore.qc.store import FLAG_FRACTION, write_qc
@@ -31,6 +31,7 @@ class SlideQC:
     thumbnail: bytes = b""  # JPEG
     overlay: bytes = b""  # JPEG: the artefacts painted over the thumbnail
     error: str | None = None
+    not_judged: str | None = None  # why QC does not judge this slide (fluorescence...)
     notes: list[str] = field(default_factory=list)
 
 
@@ -53,6 +54,8 @@ def qc_store(
         maps = compute_qc(slide, replace(options, threads=threads or options.threads))
         summary = write_qc(slide, maps, flag_fraction)
         image, overlay = pictures(slide, maps)
+    except NotJudged as exc:
+        return SlideQC(str(store), name, not_judged=str(exc))
     except TilestoreError as exc:
         return SlideQC(str(store), name, error=str(exc))
     if preview is not None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tilestore.errors import TilestoreError
+from tilestore.errors import NotJudged, TilestoreError
 from tilestore.masks.tissue import TissueMask, compute_tissue, read_tissue
 from tilestore.qc.detectors import DETECTORS, StainStats
 from tilestore.qc.options import QCOptions
@@ -76,11 +76,11 @@ def compute_qc(
         raise TilestoreError("at most 8 QC detectors at once (one bit each)")
     modality = (slide.attrs.get("modality") or {}).get("value")
     if modality == "fluorescence":
-        raise TilestoreError(
+        raise NotJudged(
             f"{slide.name}: QC detectors are made for brightfield; this slide is fluorescence"
         )
     if not slide.rgb:
-        raise TilestoreError(
+        raise NotJudged(
             f"{slide.name}: QC detectors are made for brightfield RGB slides; this store has "
             f"{slide.describe_channels()}"
         )
@@ -212,7 +212,7 @@ def _grid(slide: Slide, mpp: float, notes: list[str]) -> _Grid:
     want = mpp / mpp0  # level-0 px per map px
     if want < 1 - MPP_TOLERANCE:
         # the detectors' widths are micrometres: on coarser pixels they see nothing
-        raise TilestoreError(
+        raise NotJudged(
             f"{slide.name}: scanned at {mpp0:.3g} um/px, coarser than the {mpp:g} um/px QC "
             "maps are made at; QC needs a slide at least that fine (or a coarser mpp)"
         )

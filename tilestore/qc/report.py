@@ -39,6 +39,8 @@ def table(results: Sequence[SlideQC]):
             "slide": r.name,
             "store": r.store,
             "error": r.error or "",
+            "judged": r.not_judged is None and r.error is None,
+            "why_not_judged": r.not_judged or "",
             "tissue_mm2": s.get("tissue_mm2"),
             "tissue_fraction": s.get("tissue_fraction"),
         }
@@ -50,7 +52,7 @@ def table(results: Sequence[SlideQC]):
         row["not_judged"] = " ".join(s.get("not_judged") or [])  # why: the store's QC notes
         rows.append(row)
     frame = pd.DataFrame(rows)
-    ok = frame["error"] == ""
+    ok = frame["judged"]
     for stain in ("h", "e"):
         values = frame.loc[ok, f"{stain}_median"].astype(float)
         median = values.median()
@@ -94,6 +96,8 @@ def _page(frame, results: Sequence[SlideQC]) -> str:
         flags = row["flags"].split() if row["flags"] else []
         if row["error"]:
             flags = ["error"]
+        elif row["why_not_judged"]:
+            flags = ["not judged"]
         badges = "".join(f'<span class="flag">{html.escape(f)}</span>' for f in flags)
 
         def num(value, scale=1.0, digits=2):
@@ -103,7 +107,7 @@ def _page(frame, results: Sequence[SlideQC]) -> str:
 
         cells = [
             f'<td data-v="{html.escape(row["slide"])}"><b>{html.escape(row["slide"])}</b>'
-            f'<div class="err">{html.escape(row["error"])}</div></td>',
+            f'<div class="err">{html.escape(row["error"] or row["why_not_judged"])}</div></td>',
             f"<td>{_img(result.thumbnail)}</td>",
             f"<td>{_img(result.overlay)}</td>",
             f'<td data-v="{len(flags)}">{badges}</td>',

@@ -46,6 +46,11 @@ def embed(
         help="--in-place: the folder for the sidecars (default: beside each slide; name one "
         "where the slides are read-only).",
     ),
+    scan_mpp: float | None = typer.Option(
+        None,
+        help="Slide files given: their level-0 um/px, where the file records none (or wrong); "
+        "as convert's --mpp.",
+    ),
     into: Path = typer.Option(
         Path("stores"),
         help="Folder for the stores of slide files given (an existing store "
@@ -185,7 +190,7 @@ def embed(
         )
         return
     # slides start converting in a worker process before this one imports torch
-    staging = Stager(stores, into, choice, in_place=in_place, sidecars=sidecars)
+    staging = Stager(stores, into, choice, in_place=in_place, sidecars=sidecars, scan_mpp=scan_mpp)
     from tilestore.embed import embed as run_embed
     from tilestore.embed import format_report
 

@@ -47,6 +47,7 @@ def embed(
     convert_into: str | os.PathLike | None = None,
     in_place: bool = False,
     sidecars: str | os.PathLike | None = None,
+    scan_mpp: float | None = None,
 ) -> RunReport:
     """Embed each store's plan tiles with one model, writing embeddings/<model> into the store.
 
@@ -57,7 +58,8 @@ def embed(
     slide; `tilestore.conversion.open_in_place`). With neither, every input must be a store.
     stores may be a Stager made already (the command makes it before it imports torch, so
     the first slide converts meanwhile); convert_into, in_place and sidecars are then its
-    own.
+    own. scan_mpp: the level-0 um/px of slide files given, over what their files record
+    (as `convert(mpp=...)`).
 
     plan: a stored plan's name; `PlanOptions` to make one (its unset mpp and tile are the
     model's); None for the store's only plan, else one made at the model's native mpp and
@@ -68,7 +70,9 @@ def embed(
     if isinstance(stores, Stager):
         inputs = stores
     else:
-        inputs = Stager(stores, convert_into, plan, in_place=in_place, sidecars=sidecars)
+        inputs = Stager(
+            stores, convert_into, plan, in_place=in_place, sidecars=sidecars, scan_mpp=scan_mpp
+        )
     try:
         with Embedder(model, options) as embedder:
             return embedder.embed(inputs, plan=plan, report_path=report_path, progress=progress)

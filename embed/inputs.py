@@ -24,6 +24,7 @@ import json
 import os
 import time
 import traceback
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import IO, Any
 
 import tilestore.errors
 from tilestore.embed import workers
-from tilestore.errors import SlideError, StoreError, TilestoreError
+from tilestore.errors import SlideError, StoreError, TilestoreError, TilestoreWarning
 from tilestore.format.store import is_store, store_name
 from tilestore.plan import PlanOptions
 
@@ -44,6 +45,7 @@ class Staged:
     store: Path | None
     converted: dict | None = None  # {slide, store, seconds, levels: "copy"/"re-encode"...}
     error: TilestoreError | None = None
+    warnings: tuple[str, ...] = ()  # what making it ready warned of (no pixel size...)
 
 
 def as_staged(stores: Iterable[str | os.PathLike] | Stager) -> Iterable[Staged]:
@@ -79,12 +81,14 @@ class Stager:
         *,
         in_place: bool = False,
         sidecars: str | os.PathLike | None = None,
+        scan_mpp: float | None = None,
         ahead: int = 1,
     ) -> None:
         self._queue = iter(map(Path, inputs))  # as given: messages name them so
         self._into = None if into is None or in_place else Path(into)
         self._in_place = in_place
         self._sidecars = None if sidecars is None else str(sidecars)
+        self._scan_mpp = scan_mpp
         self._tissue = tissue_wanted(plan)
         self._only_plan_will_do = plan is None  # a store holding one plan needs no mask
         self._ahead = ahead
@@ -111,6 +115,7 @@ class Stager:
                 "slide": str(path),
                 "into": None if self._into is None else str(self._into),
                 "sidecars": self._sidecars,
+                "scan_mpp": self._scan_mpp,
                 "tissue": self._tissue,
                 "only_plan_will_do": self._only_plan_will_do,
             }
@@ -150,7 +155,9 @@ class Stager:
             error = getattr(tilestore.errors, kind, TilestoreError)(message)
             return Staged(path, None, error=error)
         store = Path(reply["store"])
-        return Staged(path, store, reply.get("converted"))
+        return Staged(
+            path, store, reply.get("converted"), warnings=tuple(reply.get("warnings", ()))
+        )
 
     def close(self) -> None:
         """Stop. A slide still being made ready (the run ended early: an error, an
@@ -201,20 +208,22 @@ def prepare(
     tissue: str | None,
     only_plan_will_do: bool,
     sidecars: Path | None = None,
+    scan_mpp: float | None = None,
 ):
     """Make one slide ready (in the worker): its store, converted or reused (into a folder)
     or its sidecar (into None: in place, in `sidecars` or beside it), and the tissue mask its
-    plan reads. Returns (store, converted)."""
+    plan reads; scan_mpp: the slide's level-0 um/px, over what its file records. Returns
+    (store, converted)."""
     from tilestore.conversion import open_in_place
     from tilestore.plan import plan_tissue, uses_stored_plan
     from tilestore.reading import open_slide, sidecar_for
 
     converted = None
     if into is None:
-        opened = open_in_place(slide, sidecars)  # its sidecar, made the first time
+        opened = open_in_place(slide, sidecars, mpp=scan_mpp)  # made the first time
         store = sidecar_for(slide, sidecars)
     else:
-        store, converted = _convert(slide, into)
+        store, converted = _convert(slide, into, scan_mpp)
         opened = open_slide(store)
     if tissue and not (only_plan_will_do and uses_stored_plan(opened, None)):
         _, note = plan_tissue(opened, PlanOptions(tissue_method=tissue))
@@ -223,7 +232,7 @@ def prepare(
     return store, converted
 
 
-def _convert(slide: Path, into: Path) -> tuple[Path, dict]:
+def _convert(slide: Path, into: Path, scan_mpp: float | None) -> tuple[Path, dict]:
     from tilestore.conversion.converter import convert
 
     target = into / store_name(slide)
@@ -231,7 +240,7 @@ def _convert(slide: Path, into: Path) -> tuple[Path, dict]:
         _check_reusable(target, slide)
         return target, {"slide": str(slide), "store": str(target), "reused": True}
     started = time.perf_counter()
-    report = convert(slide, target)
+    report = convert(slide, target, mpp=scan_mpp)
     paths = sorted({level.write for level in report.levels})
     return report.store, {
         "slide": str(slide),
@@ -261,14 +270,26 @@ def _answer(request: dict[str, Any]) -> str:
     """One slide made ready: its store, or its error by kind, or a bug's traceback."""
     into, sidecars = request["into"], request.get("sidecars")
     try:
-        store, converted = prepare(
-            Path(request["slide"]),
-            None if into is None else Path(into),
-            request["tissue"],
-            request["only_plan_will_do"],
-            None if sidecars is None else Path(sidecars),
-        )
-        reply: dict[str, Any] = {"store": str(store), "converted": converted}
+        with warnings.catch_warnings(record=True) as said:  # for the run's report, not stderr
+            warnings.simplefilter("always", TilestoreWarning)
+            store, converted = prepare(
+                Path(request["slide"]),
+                None if into is None else Path(into),
+                request["tissue"],
+                request["only_plan_will_do"],
+                None if sidecars is None else Path(sidecars),
+                request.get("scan_mpp"),
+            )
+        reply: dict[str, Any] = {
+            "store": str(store),
+            "converted": converted,
+            # convert's mpp is the run's scan_mpp: its advice put in the run's terms
+            "warnings": [
+                str(w.message).replace(" mpp=<", " scan_mpp=<")
+                for w in said
+                if issubclass(w.category, TilestoreWarning)
+            ],
+        }
     except TilestoreError as exc:
         reply = {"error": [type(exc).__name__, str(exc)]}
     except Exception:  # a bug: the caller raises it with this traceback

@@ -106,6 +106,7 @@ def store_jobs(
         store = staged.store or staged.given
         if staged.converted:
             report.converted.append(staged.converted)
+        report.warnings.extend(staged.warnings)
         try:
             if staged.error:
                 raise staged.error

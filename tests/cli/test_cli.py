@@ -327,3 +327,22 @@ def test_another_plan_on_an_embedded_store_is_never_already_complete(tmp_path, s
     again = tilestore(*base, "--min-tissue", "0.9", "--overwrite")
     assert again.returncode == 0, again.stderr
     assert "skipped" not in again.stdout
+
+
+def test_a_slide_without_pixel_size_read_in_place_says_so_and_takes_one(tmp_path, slide_path):
+    """Read in place, a TIFF without a recorded pixel size is said so in the run's own terms
+    (never a raw Python warning from the worker), the plan is refused as everywhere, and
+    --scan-mpp gives the slide its pixel size."""
+    src = _without_pixel_size(slide_path(CMU), tmp_path / "stripped.tif")
+    run = ("embed", src, "--in-place", "--model", "efficientnet-lite0", "--device", "cpu")
+    refused = tilestore(*run, "--sidecars", tmp_path / "a", "--mpp", "1")
+    assert refused.returncode == 2
+    assert "TilestoreWarning" not in refused.stderr and ".py:" not in refused.stderr
+    assert "no pixel size (mpp) in the file; stored mpp: null (set it with --scan-mpp" in (
+        refused.stderr
+    )
+    assert any("pixel size unknown" in line for line in refused.stderr.splitlines())
+    given = tilestore(*run, "--sidecars", tmp_path / "b", "--mpp", "1", "--scan-mpp", "0.499")
+    assert given.returncode == 0, given.stderr
+    assert "TilestoreWarning" not in given.stderr
+    assert "11 tiles in" in given.stdout

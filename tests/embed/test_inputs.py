@@ -165,7 +165,7 @@ def test_damaged_slides_read_in_place_fail_in_the_worker_with_their_cause(slide_
 
 
 def test_the_worker_answers_errors_by_kind_and_bugs_with_their_traceback(monkeypatch):
-    def prepare(slide, into, tissue, only_plan_will_do, sidecars=None):
+    def prepare(slide, into, tissue, only_plan_will_do, sidecars=None, scan_mpp=None):
         if slide.name == "bad.svs":
             raise StoreError(f"{slide}: cannot write store: disk full")
         raise ValueError("a bug")

@@ -19,10 +19,17 @@ from tilestore.reading import Slide
 from tilestore.reading.inplace import open_sidecar, sidecar_for
 
 
-def open_in_place(slide: str | os.PathLike, sidecars: str | os.PathLike | None = None) -> Slide:
+def open_in_place(
+    slide: str | os.PathLike,
+    sidecars: str | os.PathLike | None = None,
+    *,
+    mpp: float | None = None,
+) -> Slide:
     """A TIFF slide (SVS, OME-TIFF, generic tiled TIFF, NDPI) read where it is, as a `Slide`:
-    its sidecar in `sidecars` (None: beside the slide), made the first time."""
+    its sidecar in `sidecars` (None: beside the slide), made the first time; mpp: its
+    level-0 um/px where the file records none (or records it wrong), as `convert` takes it,
+    for the sidecar made (one made before keeps what it recorded)."""
     target = sidecar_for(slide, sidecars)
     if not is_store(target):
-        convert(slide, target, in_place=True)
+        convert(slide, target, in_place=True, mpp=mpp)
     return open_sidecar(slide, store=target)

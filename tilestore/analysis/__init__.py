@@ -14,7 +14,7 @@ __getattr__, __dir__, __all__ = lazy_face(
     {
         "tilestore.analysis.accessor": ("AnalysisError",),
         "tilestore.analysis.export": ("to_anndata", "to_qupath"),
-        "tilestore.analysis.plots": ("plot_gallery", "plot_map"),
-        "tilestore.analysis.preview": ("save_preview", "thumbnail"),
+        "tilestore.analysis.plots": ("plot_gallery", "plot_hits", "plot_map"),
+        "tilestore.analysis.preview": ("render_preview", "save_preview", "thumbnail"),
     },
 )

@@ -11,6 +11,7 @@ Figures are made without pyplot, so nothing here touches matplotlib's global sta
 
 from __future__ import annotations
 
+import io
 import os
 
 import dask.array as da
@@ -21,6 +22,20 @@ from tilestore.analysis.accessor import AnalysisError
 from tilestore.analysis.preview import thumbnail
 from tilestore.reading.opening import open_slide
 from tilestore.reading.slide import resize
+
+
+def _figure(**kwargs):
+    """A matplotlib Figure that shows itself inline in Jupyter: made without pyplot (no
+    global figure state, no GUI backend), a bare Figure has no display of its own there."""
+    from matplotlib.figure import Figure
+
+    class InlineFigure(Figure):
+        def _repr_png_(self) -> bytes:
+            buffer = io.BytesIO()
+            self.savefig(buffer, format="png", dpi=100)
+            return buffer.getvalue()
+
+    return InlineFigure(**kwargs)
 
 
 def cluster_colors(k: int) -> np.ndarray:
@@ -48,7 +63,6 @@ def plot_map(
     Each cell is drawn centred on its tile, one grid stride wide, so with a stride equal
     to the tile size the cells are exactly the tiles' footprints.
     """
-    from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
     grid = ds.tiles.grid(values, slide=slide)
@@ -61,7 +75,7 @@ def plot_map(
     top = float(grid.y[0]) + (fy - sy) / 2
     extent = (left, left + grid.sizes["x"] * sx, top + grid.sizes["y"] * sy, top)
 
-    fig = Figure(figsize=(8, 8 * h0 / w0 + 0.6), layout="constrained")
+    fig = _figure(figsize=(8, 8 * h0 / w0 + 0.6), layout="constrained")
     ax = fig.add_subplot()
     ax.imshow(pixels, extent=(0, w0, h0, 0))
     rgba[..., 3] *= alpha
@@ -141,9 +155,7 @@ def plot_hits(
 
 def _tile_rows(ds, picks, labels, colours, n, size, path):
     """A Figure with one row of tile images per entry of picks (tile positions in ds)."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(n * 1.1, len(picks) * 1.25), layout="constrained")
+    fig = _figure(figsize=(n * 1.1, len(picks) * 1.25), layout="constrained")
     axes = fig.subplots(len(picks), n, squeeze=False)
     slides = {m["name"]: m for m in ds.attrs["slides"]}
     x, y, names = (np.asarray(ds[c]) for c in ("x", "y", "slide"))

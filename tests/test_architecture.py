@@ -245,9 +245,7 @@ def test_no_code_of_the_project_imports_the_old_top_level_names():
     old = re.compile(r"^\s*(from|import)\s+(embed|cli)\b", re.M)
     sources = {p: [p.read_text()] for p in [*ROOT.glob("tests/**/*.py"), *ROOT.glob("bench/*.py")]}
     sources |= {p: _code_cells(p) for p in ROOT.glob("notebooks/*.ipynb")}
-    found = [
-        f"{p.relative_to(ROOT)}"
-        for p, texts in sources.items()
-        if any(old.search(t) for t in texts)
-    ]
-    assert found == []
+    found = {
+        str(p.relative_to(ROOT)) for p, texts in sources.items() if any(map(old.search, texts))
+    }
+    assert found <= {"bench/compare.py"}  # it runs base trees from before, as they import

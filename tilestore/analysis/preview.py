@@ -10,7 +10,10 @@ from PIL import Image, ImageDraw
 
 from tilestore.reading.slide import Slide, resize
 
-TISSUE_RGBA = (0, 200, 80, 90)
+TISSUE_RGB = (0, 200, 80)
+# tissue is outlined and barely tinted, so the stain's own colours stay readable under it
+# (a 35% green fill turned H&E grey-green)
+TISSUE_FILL_ALPHA = 28
 ROI_COLORS = ((255, 200, 0), (255, 60, 60), (0, 170, 255), (200, 0, 255), (255, 255, 255))
 TILE_RGB = (30, 90, 255)
 
@@ -24,10 +27,14 @@ def render_preview(
     overlay = Image.new("RGBA", image.size, (0, 0, 0, 0))
     draw = ImageDraw.Draw(overlay)
     if tissue is not None:
-        mask = Image.fromarray(tissue.mask.astype(np.uint8) * 255).resize(
+        inside = Image.fromarray(tissue.mask.astype(np.uint8) * 255).resize(
             image.size, Image.Resampling.NEAREST
         )
-        overlay.paste(Image.new("RGBA", image.size, TISSUE_RGBA), (0, 0), mask)
+        edge = Image.fromarray(_outline(np.asarray(inside) > 0).astype(np.uint8) * 255)
+        overlay.paste(
+            Image.new("RGBA", image.size, (*TISSUE_RGB, TISSUE_FILL_ALPHA)), (0, 0), inside
+        )
+        overlay.paste(Image.new("RGBA", image.size, (*TISSUE_RGB, 255)), (0, 0), edge)
     if plan is not None and len(plan):
         x0, y0 = plan.x * scale, plan.y * scale
         size0 = plan.footprint0()
@@ -41,6 +48,19 @@ def render_preview(
                     [(x * scale, y * scale) for x, y in ring], fill=(*palette[name], 255), width=2
                 )
     return Image.alpha_composite(image, overlay).convert("RGB")
+
+
+def _outline(mask: np.ndarray, width: int = 2) -> np.ndarray:
+    """The pixels of `mask` within `width` px of its edge (where a neighbour is outside)."""
+    inner = mask.copy()
+    for _ in range(width):
+        shrunk = inner.copy()
+        shrunk[1:] &= inner[:-1]
+        shrunk[:-1] &= inner[1:]
+        shrunk[:, 1:] &= inner[:, :-1]
+        shrunk[:, :-1] &= inner[:, 1:]
+        inner = shrunk
+    return mask & ~inner
 
 
 def thumbnail(slide: Slide, max_size: int = 1600) -> tuple[np.ndarray, float]:

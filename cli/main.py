@@ -203,7 +203,11 @@ def plan(
     out.print(
         f"{store}: plan {made.name!r}: {len(made)} of {rows * cols} tiles, "
         f"{len(made.needed_chunks())} chunks of level {made.spec.level} "
-        f"(effective {made.spec.effective_mpp or 0:.4g} um/px)",
+        + (
+            f"(effective {made.spec.effective_mpp:.4g} um/px)"
+            if made.spec.effective_mpp
+            else "(in level-0 pixels: the pixel size is not known)"
+        ),
         highlight=False,
     )
     if preview:

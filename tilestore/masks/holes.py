@@ -32,9 +32,12 @@ def hole_sizes(labels: np.ndarray, hole: np.ndarray) -> np.ndarray:
     return sizes
 
 
-def fill_holes(mask: np.ndarray) -> np.ndarray:
-    """The mask with every hole filled (equal to `ndimage.binary_fill_holes`)."""
+def fill_holes(mask: np.ndarray, max_px: int | None = None) -> np.ndarray:
+    """The mask with its holes filled: every hole (equal to `ndimage.binary_fill_holes`), or
+    only those of at most `max_px` pixels (larger ones are left open)."""
     if not mask.size:
         return mask
     labels, hole = holes(mask)
+    if max_px is not None:
+        hole &= hole_sizes(labels, hole) <= max_px
     return mask | hole[labels]

@@ -35,7 +35,10 @@ class OtsuParams:
     smooth_um: float = 40.0  # fluorescence: Gaussian sigma turning nuclei into tissue density
     close_um: float = 16.0  # closing radius: joins tissue split by thin gaps
     min_area_um2: float = 20_000.0  # fragments smaller than this are dropped (~140 um square)
-    fill_holes: bool = True
+    # holes up to this area are filled (gaps between nuclei, pale cytoplasm); larger ones
+    # are glass inside the tissue (lumens, vessels, tears) and stay out of the mask, as a
+    # fragment of this size would be kept
+    max_hole_um2: float = 20_000.0
     min_saturation: float = 0.05  # saturation (0-1) below which a pixel is never tissue
     glass_saturation: float = 0.04  # Otsu's low class is glass only if its median is below this
     min_intensity: float = 0.04  # fluorescence floor (0-1) for slides with no tissue
@@ -189,8 +192,8 @@ def _otsu(
         from skimage import morphology  # here: 0.6 s of every command's start otherwise
 
         mask = ndimage.binary_closing(mask, structure=morphology.disk(radius)) | mask
-    if p.fill_holes:
-        mask = fill_holes(mask)
+    if p.max_hole_um2 > 0:
+        mask = fill_holes(mask, max_px=round(p.max_hole_um2 / (mpp * mpp)))
     return _drop_small(mask, round(p.min_area_um2 / (mpp * mpp)))
 
 

@@ -19,7 +19,15 @@ from tests.tilestore import artefacts as A
 from tilestore.errors import PlanError, TilestoreError
 from tilestore.masks.contrast import ContrastRule
 from tilestore.plan import PlanOptions, load_plan, plan_slide, save_plan
-from tilestore.qc import QCOptions, compute_qc, qc_cohort, read_qc, read_summary, write_qc
+from tilestore.qc import (
+    QCOptions,
+    compute_qc,
+    qc_cohort,
+    qc_store,
+    read_qc,
+    read_summary,
+    write_qc,
+)
 from tilestore.qc.report import write_report
 
 MARGIN_UM = 40  # a detector's context: the rim of a painted region is neither clean nor truth
@@ -325,3 +333,23 @@ def test_the_report_says_not_judged_rather_than_nothing_found(stores, tmp_path):
     assert list(frame["not_judged"]) == ["blur", ""]
     assert np.isnan(frame.loc[0, "blur_fraction"]) and frame.loc[1, "blur_fraction"] == 0
     assert out["html"].read_text().count("not judged") == 1
+
+
+def test_a_qc_preview_has_a_legend_of_what_was_looked_for(stores, tmp_path):
+    """The PNG says which colour is which artefact and how much of the tissue each covers,
+    below the slide, in the classes' own colours."""
+    from PIL import Image
+
+    from tilestore.qc.classes import ARTEFACTS
+
+    store = tmp_path / "cmu.ome.zarr"
+    shutil.copytree(stores(CMU), store)
+    result = qc_store(store, QCOptions(device="cpu"), preview=tmp_path / "previews")
+    png = Image.open(tmp_path / "previews" / "cmu.qc.png").convert("RGB")
+    slide = tilestore.open_slide(store)
+    _, h0, w0 = slide.shape
+    assert png.height > round(1600 * h0 / max(h0, w0)) + 10  # a strip below the picture
+    strip = np.asarray(png)[round(1600 * h0 / max(h0, w0)) :]
+    colours = {tuple(c) for c in strip.reshape(-1, 3)}
+    looked = result.summary["fractions"].keys()
+    assert all(ARTEFACTS[n].rgba[:3] in colours for n in looked)

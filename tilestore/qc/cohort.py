@@ -61,7 +61,7 @@ def qc_store(
     if preview is not None:
         Path(preview).mkdir(parents=True, exist_ok=True)
         _, big = pictures(slide, maps, size=1600)
-        big.save(Path(preview) / f"{name}.qc.png")
+        with_legend(big, maps).save(Path(preview) / f"{name}.qc.png")
     return SlideQC(
         str(store),
         name,
@@ -93,6 +93,36 @@ def pictures(slide, maps: QCMaps, size: int = THUMB):
     alpha = rgba[..., 3:] / 255
     painted = pixels * (1 - alpha) + rgba[..., :3] * alpha
     return image, Image.fromarray(painted.astype(np.uint8))
+
+
+def with_legend(image, maps: QCMaps):
+    """The picture with a legend strip below it: each artefact's colour, name and share of
+    the tissue (the ones QC looked for; those it could not judge say so)."""
+    from PIL import Image, ImageDraw
+
+    from tilestore.qc.classes import ARTEFACTS
+
+    entries = [(n, ARTEFACTS[n].rgba[:3], f"{n} {_share(maps, n)}") for n in maps.classes]
+    entries += [(n, (200, 200, 200), f"{n}: not judged") for n in maps.not_judged]
+    row, pad = 22, 6
+    per_line = max(1, image.width // 190)
+    lines = -(-len(entries) // per_line) if entries else 0
+    out = Image.new(
+        "RGB", (image.width, image.height + lines * row + (pad if lines else 0)), "white"
+    )
+    out.paste(image, (0, 0))
+    draw = ImageDraw.Draw(out)
+    for i, (_, colour, text) in enumerate(entries):
+        x = pad + (i % per_line) * 190
+        y = image.height + pad + (i // per_line) * row
+        draw.rectangle((x, y, x + 14, y + 14), fill=colour, outline=(80, 80, 80))
+        draw.text((x + 20, y + 1), text, fill=(20, 20, 20))
+    return out
+
+
+def _share(maps: QCMaps, name: str) -> str:
+    tissue = maps.tissue.sum()
+    return f"{(maps.mask(name) & maps.tissue).sum() / tissue:.1%}" if tissue else "-"
 
 
 def _jpeg(image) -> bytes:

@@ -353,3 +353,14 @@ def test_a_qc_preview_has_a_legend_of_what_was_looked_for(stores, tmp_path):
     colours = {tuple(c) for c in strip.reshape(-1, 3)}
     looked = result.summary["fractions"].keys()
     assert all(ARTEFACTS[n].rgba[:3] in colours for n in looked)
+
+
+def test_a_small_fragment_is_measured_as_tissue_not_as_the_glass_around_it(stores):
+    """kidney-48-5 is glass but for one small IHC fragment: too small to measure on a read
+    4x coarser than the maps, so it is measured finer, never by the whole (glass) slide.
+    Its stain density was 0.015 (glass) before."""
+    from tilestore.qc.maps import GLASS_OD
+
+    slide = tilestore.open_slide(stores("kidney-48-5.tif"))
+    maps = compute_qc(slide, QCOptions(device="cpu"))
+    assert maps.stats.od_median > GLASS_OD  # what is not glass

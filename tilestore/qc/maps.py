@@ -257,14 +257,28 @@ def _resample(mask: np.ndarray, downsample: tuple[float, float], grid: _Grid) ->
 
 def _slide_stats(slide: Slide, grid: _Grid, tissue: TissueMask, device):
     """(StainStats of the tissue, busy(y0, x0, y1, x1): whether a window of the grid holds
-    anything but glass), from a read 4x coarser than the grid."""
+    anything but glass), from a read 4x coarser than the grid; 2x or at the grid itself
+    where the tissue there is too small to measure (a fragment on a mostly empty slide
+    would otherwise be judged by the glass around it)."""
+    for factor in (4, 2, 1):
+        found = _stats_at(slide, grid, tissue, device, factor)
+        if found is not None or factor == 1:
+            break
+    if found is None:  # hardly any tissue even at the grid: the whole slide, as said
+        found = _stats_at(slide, grid, tissue, device, 1, fallback=True)
+    return found
+
+
+def _stats_at(slide: Slide, grid: _Grid, tissue: TissueMask, device, factor: int, fallback=False):
     import torch
 
     from tilestore.qc.colour import Pixels, gaussian
 
-    shape = (max(1, round(grid.shape[0] / 4)), max(1, round(grid.shape[1] / 4)))
+    shape = (max(1, round(grid.shape[0] / factor)), max(1, round(grid.shape[1] / factor)))
     _, h0, w0 = slide.shape
-    coarse = replace(grid, shape=shape, downsample=(h0 / shape[0], w0 / shape[1]), mpp=grid.mpp * 4)
+    coarse = replace(
+        grid, shape=shape, downsample=(h0 / shape[0], w0 / shape[1]), mpp=grid.mpp * factor
+    )
     level = max(
         lv.index
         for lv in slide.levels
@@ -280,9 +294,11 @@ def _slide_stats(slide: Slide, grid: _Grid, tissue: TissueMask, device):
     inside = torch.from_numpy(_resample(tissue.mask, tissue.downsample, coarse)).to(device)
     density = gaussian(px.od_sum, 1.0)
     stains = px.stains
-    if inside.sum() < 16:  # hardly any tissue: judge against typical H&E instead
+    if inside.sum() < 16:  # hardly any tissue: judge against what is not glass instead
         inside = density > GLASS_OD
     if inside.sum() < 16:
+        if not fallback:
+            return None  # a finer read may find it
         inside = torch.ones_like(inside)
 
     def robust(values: torch.Tensor) -> tuple[float, float]:
@@ -304,8 +320,8 @@ def _slide_stats(slide: Slide, grid: _Grid, tissue: TissueMask, device):
     table = np.pad(occupied.cumsum(0).cumsum(1), ((1, 0), (1, 0)))
 
     def busy(y0: int, x0: int, y1: int, x1: int) -> bool:
-        a, b = y0 // 4, x0 // 4
-        c, d = min(-(-y1 // 4), shape[0]), min(-(-x1 // 4), shape[1])
+        a, b = y0 // factor, x0 // factor
+        c, d = min(-(-y1 // factor), shape[0]), min(-(-x1 // factor), shape[1])
         return bool(table[c, d] - table[a, d] - table[c, b] + table[a, b] > 0)
 
     return stats, busy

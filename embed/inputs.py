@@ -237,7 +237,7 @@ def _convert(slide: Path, into: Path, scan_mpp: float | None) -> tuple[Path, dic
 
     target = into / store_name(slide)
     if is_store(target):
-        _check_reusable(target, slide)
+        _check_reusable(target, slide, scan_mpp)
         return target, {"slide": str(slide), "store": str(target), "reused": True}
     started = time.perf_counter()
     report = convert(slide, target, mpp=scan_mpp)
@@ -251,12 +251,16 @@ def _convert(slide: Path, into: Path, scan_mpp: float | None) -> tuple[Path, dic
     }
 
 
-def _check_reusable(target: Path, slide: Path) -> None:
-    """A store already at the target may stand for the slide only if it is complete and was
-    made from a file of the same name and size; anything else is an error, never reused."""
-    from tilestore.reading.opening import open_slide
+def _check_reusable(target: Path, slide: Path, scan_mpp: float | None) -> None:
+    """A store already at the target may stand for the slide only if it is complete, was
+    made from a file of the same name and size, and with the pixel size asked (scan_mpp);
+    anything else is an error, never reused."""
+    from tilestore.conversion import check_mpp
+    from tilestore.reading import open_slide
 
-    source = open_slide(target).attrs.get("source", {})  # StoreError if incomplete
+    opened = open_slide(target)  # StoreError if incomplete
+    check_mpp(opened, scan_mpp, target)
+    source = opened.attrs.get("source", {})
     size = slide.stat().st_size if slide.is_file() else None
     if source.get("name") != slide.name or (size is not None and source.get("size") != size):
         raise StoreError(

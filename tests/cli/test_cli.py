@@ -346,3 +346,30 @@ def test_a_slide_without_pixel_size_read_in_place_says_so_and_takes_one(tmp_path
     assert given.returncode == 0, given.stderr
     assert "TilestoreWarning" not in given.stderr
     assert "11 tiles in" in given.stdout
+
+
+def test_a_sidecar_made_with_another_pixel_size_is_refused_not_reused(tmp_path, slide_path):
+    """--scan-mpp asks for a pixel size: a sidecar made before with another is refused in
+    one line, never read at the resolution it recorded."""
+    src = _without_pixel_size(slide_path(CMU), tmp_path / "stripped.tif")
+    run = (
+        "embed",
+        src,
+        "--in-place",
+        "--sidecars",
+        tmp_path / "side",
+        "--model",
+        "efficientnet-lite0",
+        "--device",
+        "cpu",
+        "--mpp",
+        "1",
+        "--max-tiles",
+        "8",
+    )
+    assert tilestore(*run, "--scan-mpp", "0.499").returncode == 0
+    other = tilestore(*run, "--scan-mpp", "0.25")
+    assert other.returncode == 2
+    sidecar = tmp_path / "side" / "stripped.tif.tilestore.zarr"
+    assert f"{sidecar}: made before with 0.499 um/px, not the 0.25 um/px asked" in other.stderr
+    assert tilestore(*run, "--scan-mpp", "0.499").returncode == 0  # the same: reused

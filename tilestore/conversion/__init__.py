@@ -17,6 +17,7 @@ __getattr__, __dir__, __all__ = lazy_face(
             "QUALITY",
             "SUBSAMPLING",
             "ConversionReport",
+            "check_mpp",
             "convert",
             "slides_of",
         ),

@@ -200,6 +200,21 @@ def convert(
     return report
 
 
+def check_mpp(slide, mpp: float | None, where: str | os.PathLike) -> None:
+    """Refuse a store made before whose level-0 pixel size is not the `mpp` asked now (a
+    store is reused, never remade quietly, and never read at another resolution than the one
+    asked for); None asks for nothing."""
+    if mpp is None:
+        return
+    recorded = slide.mpp[0] if slide.mpp else None
+    if recorded is None or abs(recorded / mpp - 1) > 1e-6:
+        said = f"{recorded:g} um/px" if recorded else "no pixel size"
+        raise StoreError(
+            f"{where}: made before with {said}, not the {mpp:g} um/px asked for the slide; "
+            "remove it to make it again with that pixel size"
+        )
+
+
 def slides_of(path: str | os.PathLike) -> list[str | None]:
     """The DICOM series to convert from `path`, one store each: a folder holding several
     series gives their SeriesInstanceUIDs; anything else is one slide ([None])."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from tilestore.conversion.converter import convert
+from tilestore.conversion.converter import check_mpp, convert
 from tilestore.format.store import is_store
 from tilestore.reading import Slide
 from tilestore.reading.inplace import open_sidecar, sidecar_for
@@ -28,8 +28,10 @@ def open_in_place(
     """A TIFF slide (SVS, OME-TIFF, generic tiled TIFF, NDPI) read where it is, as a `Slide`:
     its sidecar in `sidecars` (None: beside the slide), made the first time; mpp: its
     level-0 um/px where the file records none (or records it wrong), as `convert` takes it,
-    for the sidecar made (one made before keeps what it recorded)."""
+    for the sidecar made (one made before with another is refused, never read at it)."""
     target = sidecar_for(slide, sidecars)
     if not is_store(target):
         convert(slide, target, in_place=True, mpp=mpp)
-    return open_sidecar(slide, store=target)
+    opened = open_sidecar(slide, store=target)
+    check_mpp(opened, mpp, target)
+    return opened

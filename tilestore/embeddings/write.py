@@ -90,8 +90,8 @@ class EmbeddingWriter:
         try:
             existing = self._existing()
             if existing is not None:
-                if not overwrite and self._other_plan(existing):
-                    raise EmbeddingError(self._other_plan(existing))
+                if not overwrite and (other := self._other_plan(existing)):
+                    raise EmbeddingError(other)
                 if existing.attrs["tilestore"].get("complete") and not overwrite:
                     raise AlreadyComplete(
                         f"{slide.name}: {self.path} is already complete "

@@ -141,7 +141,7 @@ def open_sidecar(
     group, attrs = open_store(target)
     recorded = attrs.get("source", {})
     if not is_sidecar(attrs):
-        raise StoreError(f"{target}: a converted store, not a sidecar of {Path(slide).name}")
+        raise StoreError(f"{target}: a converted store, not a slide's sidecar")
     slide = Path(slide) if slide is not None else Path(recorded.get("path", ""))
     if not slide.is_file():
         raise StoreError(

@@ -107,6 +107,7 @@ def open_decoder(device: torch.device, required: bool = True) -> GpuJpeg | None:
     reader = _Tiny()
     failures = []
     for kind in GPU_DECODERS:
+        decoder = None
         try:
             decoder = kind(device)
             decoder.decode(reader, [tiny])
@@ -114,6 +115,8 @@ def open_decoder(device: torch.device, required: bool = True) -> GpuJpeg | None:
             return decoder
         except (RuntimeError, OSError) as exc:  # OSError: a libnvjpeg that will not load
             failures.append(f"{kind.__name__}: {exc}")
+            if decoder is not None:  # started, but cannot decode: release what it holds
+                decoder.close()
     if required:
         raise NvjpegUnavailable("no nvJPEG decoder works on this GPU (" + "; ".join(failures) + ")")
     return None

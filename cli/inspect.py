@@ -55,12 +55,15 @@ def info(
             f"codec {desc['codec']['name']} ({desc['codec']['reason']})",
             highlight=False,
         )
-        table = text_table("level", "shape c,y,x", "chunk", "scale", "µm/px", "codecs", "path")
+        table = text_table(
+            "level", "shape c,y,x", "chunk", "shard", "scale", "µm/px", "codecs", "path"
+        )
         for lv in desc["levels"]:
             table.add_row(
                 lv["path"],
                 "x".join(map(str, lv["shape"])),
                 "x".join(map(str, lv["chunks"][1:])),
+                "x".join(map(str, lv["shards"][1:])) if lv.get("shards") else "-",
                 f"1/{lv['downsample'][1]:.3g}",
                 f"{lv['mpp'][0]:.4g}" if lv["mpp"] else "-",
                 "+".join(lv["codecs"]),

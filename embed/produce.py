@@ -216,7 +216,7 @@ def decode_path(settings: Settings, reader, nvjpeg: bool, processes) -> DecodePa
         return "cut"
     if nvjpeg:
         return "nvjpeg"
-    if processes is not None and reader.paths([]) is not None:
+    if processes is not None and reader.locations([]) is not None:
         return "processes"
     return "threads"
 

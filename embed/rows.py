@@ -120,7 +120,7 @@ class ProcessRows(RowSource):
     while the oldest was still decoding. Decoding alone on an H100 host (14 workers, two
     runs each, bench/results/ab-rows-parts-populate-h100.json), tiles/s from 240 px chunks:
     whole rows 18,800-24,100, parts 23,800-28,400, parts with the workers' mappings
-    populated (`tilestore.embed.procdecode.decode_files`) 28,100-28,300; from 512 px chunks:
+    populated (`tilestore.embed.procdecode.decode_chunks`) 28,100-28,300; from 512 px chunks:
     10,300-10,400, 21,500-23,100 and 24,300-26,700.
 
     At most `AHEAD_BYTES` of rows are decoded ahead, so a wide slide holds fewer rows,
@@ -159,7 +159,8 @@ class ProcessRows(RowSource):
             parts = max(parts, self.first_parts)
         reader = self.reader
         return self.procs.submit(
-            reader.paths(coords),
+            reader.locations(coords),
+            list(coords),
             self.shape,
             reader.background,
             self.stop,

@@ -15,8 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import tifffile
+import zarr
 
 from tests.tilestore.tiffs import patch_tag
+from tilestore.format.shards import ABSENT, index_checked, pack, parse_index
 
 # -- slide files ------------------------------------------------------------------------------
 
@@ -154,34 +156,72 @@ def store_copy(folder: Path, store: Path, name: str) -> Path:
 
 
 def chunk_file(store: Path, level: str = "0", row: int = 2, col: int = 3) -> Path:
-    return store / level / "c" / "0" / str(row) / str(col)
+    """The file holding chunk (row, col) of a level: its shard (or itself, unsharded)."""
+    array = zarr.open_array(store / level, mode="r")
+    if array.shards is None:
+        return store / level / "c" / "0" / str(row) / str(col)
+    per = (array.shards[1] // array.chunks[1], array.shards[2] // array.chunks[2])
+    return store / level / "c" / "0" / str(row // per[0]) / str(col // per[1])
+
+
+def rewrite_chunk(
+    store: Path,
+    change: Callable[[bytes], bytes | None],
+    level: str = "0",
+    row: int = 2,
+    col: int = 3,
+) -> None:
+    """Replace the stored bytes of chunk (row, col) with change(its bytes) (None: absent),
+    in its shard (its index rewritten to match) or its own file."""
+    array = zarr.open_array(store / level, mode="r")
+    path = chunk_file(store, level, row, col)
+    if array.shards is None:
+        new = change(path.read_bytes())
+        path.unlink()
+        if new is not None:
+            path.write_bytes(new)
+        return
+    per = (array.shards[1] // array.chunks[1], array.shards[2] // array.chunks[2])
+    data = path.read_bytes()
+    index = parse_index(data, per[0] * per[1], str(path), index_checked(array))
+    chunks = [None if o == ABSENT else data[int(o) : int(o) + int(n)] for o, n in index]
+    inner = (row % per[0]) * per[1] + col % per[1]
+    chunks[inner] = change(chunks[inner])
+    path.write_bytes(pack(chunks, index_checked(array)))
 
 
 def damage_chunk(kind: str, row: int = 2, col: int = 3) -> Callable[[Path, Path], Path]:
-    """A store with one chunk of level 0 garbage, empty, truncated, missing, a link to another
-    chunk, a folder or a FIFO."""
+    """A store with one chunk of level 0 garbage, empty, truncated or missing (in its shard),
+    or with the file holding it (its shard) a link to another, a folder or a FIFO."""
 
     def make(folder: Path, store: Path) -> Path:
         target = store_copy(folder, store, f"chunk-{kind}")
         chunk = chunk_file(target, row=row, col=col)
-        data = chunk.read_bytes()
-        chunk.unlink()
-        if kind == "garbage":
-            chunk.write_bytes(bytes(range(256)) * (len(data) // 256 + 1))
-        elif kind == "empty":
-            chunk.write_bytes(b"")
-        elif kind == "truncated":
-            chunk.write_bytes(data[: len(data) // 2])
-        elif kind == "symlink":
-            chunk.symlink_to(chunk_file(target, row=row, col=col + 1))
-        elif kind == "folder":
-            chunk.mkdir()
-        elif kind == "fifo":
-            os.mkfifo(chunk)
-        elif kind == "bitflip":
-            flipped = bytearray(data)
-            flipped[len(data) // 2] ^= 0x01
-            chunk.write_bytes(bytes(flipped))
+        if kind in ("symlink", "folder", "fifo"):
+            other = target / "1" / "c" / "0" / "0" / "0"  # another level's first file
+            chunk.unlink()
+            if kind == "symlink":
+                chunk.symlink_to(other)
+            elif kind == "folder":
+                chunk.mkdir()
+            else:
+                os.mkfifo(chunk)
+            return target
+
+        def change(data: bytes) -> bytes | None:
+            if kind == "garbage":
+                return bytes(range(256)) * (len(data) // 256 + 1)
+            if kind == "empty":
+                return b""
+            if kind == "truncated":
+                return data[: len(data) // 2]
+            if kind == "bitflip":
+                flipped = bytearray(data)
+                flipped[len(data) // 2] ^= 0x01
+                return bytes(flipped)
+            return None  # missing
+
+        rewrite_chunk(target, change, row=row, col=col)
         return target
 
     make.__name__ = f"chunk_{kind}"

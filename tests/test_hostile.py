@@ -124,9 +124,12 @@ CHUNKS = [
     ("empty", r"chunk is 0 bytes long \(truncated or empty\)"),
     ("truncated", r"chunk is corrupt"),
     ("missing", r"chunk is missing"),
-    ("symlink", r"chunk is a symbolic link, not a file"),
-    ("folder", r"chunk is a folder"),
-    ("fifo", r"chunk is not a regular file"),
+]
+# the file holding the chunk, its shard (the whole of CMU-1-Small-Region's level 0)
+SHARDS = [
+    ("symlink", r"shard is a symbolic link, not a file"),
+    ("folder", r"shard is a folder"),
+    ("fifo", r"shard is not a regular file"),
 ]
 
 
@@ -140,6 +143,18 @@ def test_a_damaged_chunk_is_named_when_read_and_when_verified(tmp_path, stores, 
     assert slide.read_region(0, 0, 480, 480, level=0).shape == (480, 480, 3)  # the rest reads
     found = verify_store(store)
     assert len(found.bad) == 1 and "level 0 chunk (0, 2, 3): chunk " in found.bad[0]
+
+
+@pytest.mark.parametrize(("kind", "cause"), SHARDS, ids=[k for k, _ in SHARDS])
+def test_a_damaged_shard_is_named_once_when_read_and_when_verified(tmp_path, stores, kind, cause):
+    store = C.damage_chunk(kind)(tmp_path, stores(CMU))
+    slide = open_slide(store)
+    where = rf"^{store.name}: level 0 shard \(0, 0, 0\): {cause}"
+    with pytest.raises(ChunkError, match=where):
+        slide.read_region(0, 0, 480, 480, level=0)
+    assert slide.read_region(0, 0, 480, 480, level=1).shape == (480, 480, 3)  # others read
+    found = verify_store(store)
+    assert len(found.bad) == 1 and re_match(rf".*level 0 shard \(0, 0, 0\): {cause}", found.bad[0])
 
 
 @pytest.fixture(scope="module")

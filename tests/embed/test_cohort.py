@@ -17,12 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import CMU, IHC
+from tests.corpus import rewrite_chunk
 from tilestore.embed.cohort import embed_cohort, parse_shard, shard, summary_lines
 from tilestore.embed.engine import embed
 from tilestore.embed.settings import Options
 from tilestore.embeddings import group_name
 from tilestore.errors import TilestoreError
 from tilestore.plan import PlanOptions
+from tilestore.reading.opening import open_slide
 
 LITE = "efficientnet-lite0"
 OPTIONS = Options(batch_size=8, device="cpu", precision="fp32", dtype="float32")
@@ -155,9 +157,10 @@ def test_a_killed_worker_loses_nothing(cohort, client):
 def test_a_corrupt_slide_is_reported_and_the_cohort_goes_on(cohort, client):
     paths = cohort("corrupt")
     cmu, ihc = paths
-    for chunk in (cmu / "0" / "c").rglob("*"):
-        if chunk.is_file():
-            chunk.write_bytes(b"\xff\xd8 not a jpeg")
+    reader = open_slide(cmu).chunks(0)
+    for row in range(reader.grid[0]):
+        for col in range(reader.grid[1]):
+            rewrite_chunk(cmu, lambda _: b"\xff\xd8 not a jpeg", row=row, col=col)
     report = embed_cohort(paths, LITE, client, plan=PLAN, options=OPTIONS)
     (failure,) = report.failures
     assert failure["store"] == str(cmu)

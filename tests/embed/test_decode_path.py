@@ -10,7 +10,7 @@ from tilestore.embed.produce import decode_path
 
 
 def _reader(jpeg: bool, files: bool):
-    return SimpleNamespace(is_jpeg=jpeg, paths=lambda chunks: [] if files else None)
+    return SimpleNamespace(is_jpeg=jpeg, locations=lambda chunks: [] if files else None)
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ import xarray as xr
 import zarr
 
 from tests.conftest import NDPI
+from tests.corpus import rewrite_chunk
 from tilestore.embed import engine
 from tilestore.embed.engine import Embedder, embed
 from tilestore.embed.models import load_model
@@ -451,13 +452,15 @@ def test_a_damaged_chunk_fails_its_slide_on_the_gpu_paths(
 
     bad = store(copy=False, into=tmp_path / "bad")  # YCbCr chunks: nvJPEG decodes them
     good = store(copy=False, into=tmp_path / "good")
-    chunk = bad / "0" / "c" / "0" / "2" / "3"
-    data = bytearray(chunk.read_bytes())
-    if damage == "flip":
-        data[len(data) // 2] ^= 1
-    else:  # damaged before it was written: its checksum is right, its JPEG is not
-        data = bytearray(seal(bytes(range(256)) * 8))
-    chunk.write_bytes(bytes(data))
+
+    def change(data: bytes) -> bytes:
+        if damage == "flip":
+            flipped = bytearray(data)
+            flipped[len(data) // 2] ^= 1
+            return bytes(flipped)
+        return seal(bytes(range(256)) * 8)  # damaged before it was written: CRC right, JPEG not
+
+    rewrite_chunk(bad, change)  # chunk (2, 3)
     options = Options(batch_size=16, decode=decode, dtype="float32")
     report = embed([bad, good], tiny, plan=PlanOptions(mpp=0.5, tile=224), options=options)
     assert len(report.failures) == 1, report.failures

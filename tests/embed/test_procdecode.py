@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import CMU
-from tilestore.embed.procdecode import ProcessDecoder, decode_files
+from tilestore.embed.procdecode import ProcessDecoder, decode_chunks
 from tilestore.errors import ChunkError
 from tilestore.reading.opening import open_slide
 
@@ -38,7 +38,7 @@ def test_workers_decode_rows_like_libjpeg(stores, decoder, parts):
     shape = (reader.chunk_h, reader.chunk_w, reader.channels)
     decoder.reserve(3, len(coords) * int(np.prod(shape)))
     block, done = decoder.submit(
-        reader.paths(coords), shape, reader.background, threading.Event(), parts
+        reader.locations(coords), coords, shape, reader.background, threading.Event(), parts
     )
     assert len(done) == parts  # each part a request of its own, into its rows of the block
     assert _wait(done) == len(coords)
@@ -66,18 +66,26 @@ def test_a_part_writes_its_rows_of_the_block_and_nothing_else(tmp_path, height, 
     shape = (height, width, 3)
     rng = np.random.default_rng(height * 1000 + width)
     images = rng.integers(0, 255, (count, *shape), dtype=np.uint8)
-    paths = []
-    for i, image in enumerate(images):
-        path = tmp_path / f"{height}-{width}-{i}.jpg"
-        path.write_bytes(imagecodecs.jpeg8_encode(image, level=95))
-        paths.append(str(path))
-    paths[-1] = str(tmp_path / "missing")  # a chunk never written: the background
+    # chunks of even index one after another in one file (a shard's ranges), odd ones files
+    locations, packed = [], tmp_path / f"{height}-{width}.shard"
+    with packed.open("wb") as shard:
+        for i, image in enumerate(images):
+            encoded = imagecodecs.jpeg8_encode(image, level=95)
+            if i % 2:
+                path = tmp_path / f"{height}-{width}-{i}.jpg"
+                path.write_bytes(encoded)
+                locations.append([str(path), 0, None])
+            else:
+                locations.append([str(packed), shard.tell(), len(encoded)])
+                shard.write(encoded)
+    locations[-1] = None  # a chunk never written: the background
+    coords = [[0, i] for i in range(count)]
     size = rows * int(np.prod(shape))
     block = SharedMemory(create=True, size=size)
     try:
         view = np.ndarray((rows, *shape), np.uint8, buffer=block.buf)
         view[:] = 7
-        assert decode_files(paths, block.name, shape, 255, offset) == count
+        assert decode_chunks(locations, coords, block.name, shape, 255, offset) == count
         for i in range(count - 1):
             want = imagecodecs.jpeg8_decode(imagecodecs.jpeg8_encode(images[i], level=95))
             np.testing.assert_array_equal(view[offset + i], want)
@@ -93,8 +101,8 @@ def test_worker_errors_come_back_as_messages(decoder, tmp_path):
     bad = tmp_path / "not-a-jpeg"
     bad.write_bytes(b"hello")
     decoder.reserve(1, 64 * 64 * 3)
-    _, done = decoder.submit([str(bad)], (64, 64, 3), 0, threading.Event())
-    with pytest.raises(ChunkError, match=r"chunk \(\S+, not-a-jpeg\): cannot decode: Not a JPEG"):
+    _, done = decoder.submit([[str(bad), 0, None]], [(4, 2)], (64, 64, 3), 0, threading.Event())
+    with pytest.raises(ChunkError, match=r"chunk \(4, 2\): cannot decode: Not a JPEG"):
         _wait(done)
 
 
@@ -154,17 +162,17 @@ def test_a_block_in_copy_is_reused_only_after_its_copy(stores, decoder):
     shape = (reader.chunk_h, reader.chunk_w, reader.channels)
     decoder.reserve(2, len(coords) * int(np.prod(shape)))
     stop = threading.Event()
-    first, done = decoder.submit(reader.paths(coords), shape, reader.background, stop)
+    first, done = decoder.submit(reader.locations(coords), coords, shape, reader.background, stop)
     _wait(done)
-    second, done = decoder.submit(reader.paths(coords), shape, reader.background, stop)
+    second, done = decoder.submit(reader.locations(coords), coords, shape, reader.background, stop)
     _wait(done)
     pending, finished = _Copy(), _Copy(done=True)
     decoder.release(first, pending)
     decoder.release(second, finished)
-    third, done = decoder.submit(reader.paths(coords), shape, reader.background, stop)
+    third, done = decoder.submit(reader.locations(coords), coords, shape, reader.background, stop)
     assert third == second and not pending.waited  # the finished copy's block, no waiting
     _wait(done)
-    fourth, done = decoder.submit(reader.paths(coords), shape, reader.background, stop)
+    fourth, done = decoder.submit(reader.locations(coords), coords, shape, reader.background, stop)
     assert fourth == first and pending.waited  # no block free: waited for the oldest copy
     _wait(done)
     want = np.stack([reader.decode(reader.fetch_one(c)) for c in coords])
@@ -182,7 +190,9 @@ def test_pinned_blocks_copy_to_the_gpu_asynchronously(stores):
         decoder.reserve(2, max(map(len, rows)) * int(np.prod(shape)), pin=True)
         stop, got = threading.Event(), []  # rows start before pinning ends: copies stay right
         for coords in rows * 3:  # more rows than blocks: every block is reused
-            block, done = decoder.submit(reader.paths(coords), shape, reader.background, stop)
+            block, done = decoder.submit(
+                reader.locations(coords), coords, shape, reader.background, stop
+            )
             decoder.start_pinning()  # after the first row, as the engine does after a batch
             _wait(done)
             view = torch.from_numpy(decoder.view(block, len(coords), shape))

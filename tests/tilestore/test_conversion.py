@@ -17,7 +17,7 @@ from tests.tilestore import tiffs
 from tilestore.conversion import levels as levels_module
 from tilestore.conversion.converter import convert
 from tilestore.errors import SlideError, StoreError, TilestoreError, TilestoreWarning
-from tilestore.format.integrity import unseal
+from tilestore.reading.opening import open_slide
 
 
 def _level(store, index=0) -> np.ndarray:
@@ -50,15 +50,15 @@ def test_svs_copy_path_is_exact_and_keeps_source_bytes(stores, slide_path, cmu_p
         page = tif.pages[0]
         tif.filehandle.seek(page.dataoffsets[5])
         raw = tif.filehandle.read(page.databytecounts[5])
-    chunk = unseal((store / "0" / "c" / "0" / "0" / "5").read_bytes(), "chunk (0, 5)")
+    chunk = open_slide(store).chunks(0).fetch_one((0, 5))  # its CRC-32C checked and cut
     assert chunk.endswith(raw[2:])  # the entropy-coded data is the source's, unchanged
 
 
 def test_copied_chunks_decode_with_other_decoders(stores, cmu_pixels):
     import io
 
-    chunk = (store := stores(CMU)) / "0" / "c" / "0" / "2" / "3"
-    decoded = np.asarray(Image.open(io.BytesIO(unseal(chunk.read_bytes(), "chunk (2, 3)"))))
+    chunk = open_slide(store := stores(CMU)).chunks(0).fetch_one((2, 3))
+    decoded = np.asarray(Image.open(io.BytesIO(chunk)))
     np.testing.assert_array_equal(decoded, cmu_pixels[480:720, 720:960])
     assert store.exists()
 
@@ -186,7 +186,8 @@ def test_jpeg_for_fluorescence_uses_rgb_color_space(tmp_path, slide_path):
         convert(slide_path(NDPI), tmp_path, codec="jpeg")
     report = convert(slide_path(NDPI), tmp_path, codec="jpeg", lossy_ok=True)
     meta = json.loads((report.store / "0" / "zarr.json").read_text())
-    assert meta["codecs"][1]["configuration"]["encoded_color_space"] == "rgb"
+    inner = meta["codecs"][0]["configuration"]["codecs"]  # in each shard
+    assert inner[1]["configuration"]["encoded_color_space"] == "rgb"
 
 
 def test_jpeg_codec_refuses_16_bit(tmp_path):
@@ -196,20 +197,23 @@ def test_jpeg_codec_refuses_16_bit(tmp_path):
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
 
-def test_bands_never_hold_a_whole_level(tmp_path, slide_path, monkeypatch):
+def test_blocks_never_hold_a_whole_level(tmp_path, slide_path, monkeypatch):
+    """Re-encoded levels are written a shard at a time: each block read is one shard (at
+    most 32 x 32 chunks), never a whole level."""
     seen = []
-    original = levels_module.write_bands
+    original = levels_module.write_blocks
 
     def spy(array, read, progress):
-        def recording(y0, y1):
-            seen.append((array.shape[1], y1 - y0))
-            return read(y0, y1)
+        def recording(y0, y1, x0, x1):
+            seen.append((array.shape[1:], array.shards[1:], (y1 - y0, x1 - x0)))
+            return read(y0, y1, x0, x1)
 
         return original(array, recording, progress)
 
-    monkeypatch.setattr("tilestore.conversion.converter.write_bands", spy)
-    convert(slide_path(NDPI), tmp_path)
-    assert seen and all(rows <= 256 < height for height, rows in seen if height > 256)
+    monkeypatch.setattr("tilestore.conversion.converter.write_blocks", spy)
+    convert(slide_path(NDPI), tmp_path, chunk=64)
+    assert seen and any(b[0] * b[1] < h * w for (h, w), _, b in seen)  # a level of several
+    assert all(block[0] <= shard[0] and block[1] <= shard[1] for _, shard, block in seen)
 
 
 def test_progress_reports_every_chunk(tmp_path, slide_path):
@@ -248,7 +252,7 @@ def test_failed_overwrite_keeps_the_old_store(tmp_path, slide_path, monkeypatch)
     def broken(*args, **kwargs):
         raise SlideError("simulated decode failure")
 
-    monkeypatch.setattr("tilestore.conversion.converter.write_bands", broken)
+    monkeypatch.setattr("tilestore.conversion.converter.write_blocks", broken)
     with pytest.raises(SlideError, match="simulated"):
         convert(slide_path(IHC), tmp_path, mpp=0.25, overwrite=True)
     assert _attrs(store)["tilestore"]["mpp"]["x"] == 0.5
@@ -256,7 +260,7 @@ def test_failed_overwrite_keeps_the_old_store(tmp_path, slide_path, monkeypatch)
 
 
 def test_interrupted_conversion_leaves_nothing(tmp_path, slide_path, monkeypatch):
-    original = levels_module.write_bands
+    original = levels_module.write_blocks
     calls = []
 
     def interrupt_second_level(array, read, progress):
@@ -265,7 +269,7 @@ def test_interrupted_conversion_leaves_nothing(tmp_path, slide_path, monkeypatch
             raise KeyboardInterrupt
         return original(array, read, progress)
 
-    monkeypatch.setattr("tilestore.conversion.converter.write_bands", interrupt_second_level)
+    monkeypatch.setattr("tilestore.conversion.converter.write_blocks", interrupt_second_level)
     with pytest.raises(KeyboardInterrupt):
         convert(slide_path(CMU), tmp_path, copy=False)
     assert list(tmp_path.iterdir()) == []

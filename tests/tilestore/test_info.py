@@ -19,6 +19,7 @@ def test_store_description(stores):
     assert [lv["write"] for lv in desc["levels"]] == ["copy", "re-encode", "re-encode"]
     assert desc["levels"][0]["codecs"] == ["transpose", "jpeg", "crc32c"]
     assert desc["levels"][0]["chunks"] == [3, 240, 240]
+    assert desc["levels"][0]["shards"] == [3, 240 * 13, 240 * 10]  # the whole level: 13 x 10
     assert desc["levels"][1]["mpp"] == pytest.approx([0.998, 0.998])
     assert desc["size_vs_source"] == pytest.approx(
         desc["size_bytes"] / desc["source"]["size"], rel=1e-3

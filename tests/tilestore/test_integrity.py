@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import CMU
+from tests.corpus import chunk_file, rewrite_chunk
 from tilestore.errors import AnnotationError, ChunkError
 from tilestore.format.integrity import TRAILER, read_file, seal, unseal
 from tilestore.plan.annotations.base import number
@@ -69,8 +70,7 @@ def scratch(tmp_path_factory, stores):
 def test_any_chunk_bytes_read_as_pixels_or_as_a_chunk_error(scratch, data, sealed):
     """A chunk with a valid checksum over garbage (damaged before it was written) must still
     fail as a ChunkError naming it, from the JPEG decoder, not as the codec's own error."""
-    chunk = scratch / "0" / "c" / "0" / "2" / "3"
-    chunk.write_bytes(seal(data) if sealed else data)
+    rewrite_chunk(scratch, lambda _: seal(data) if sealed else data)  # chunk (2, 3)
     slide = open_slide(scratch)
     try:
         pixels = slide.read_region(720, 480, 240, 240, level=0)
@@ -141,30 +141,32 @@ def test_any_damaged_chunk_read_lazily_is_a_chunk_error(tmp_path_factory, stores
     never background and never zarr's raw checksum error."""
     store = tmp_path_factory.mktemp("lazy") / "cmu.ome.zarr"
     shutil.copytree(stores(CMU), store)
-    chunks = sorted((store / str(level) / "c" / "0").glob("*/*"))
-    chunk = draw.draw(st.sampled_from(chunks))
-    row, col = int(chunk.parent.name), int(chunk.name)
-    data = chunk.read_bytes()
-    if how == "missing":
-        chunk.unlink()
-    elif how == "link":
-        other = next(c for c in chunks if c != chunk)
-        chunk.unlink()
-        chunk.symlink_to(other)
+    reader = open_slide(store).chunks(level)
+    row = draw.draw(st.integers(0, reader.grid[0] - 1))
+    col = draw.draw(st.integers(0, reader.grid[1] - 1))
+    where = f"cmu.ome.zarr: level {level} chunk ({row}, {col}): "
+    if how == "link":  # the file holding it, its shard, a link to another level's
+        shard = chunk_file(store, str(level), row, col)
+        shard.unlink()
+        shard.symlink_to(chunk_file(store, str((level + 1) % 3), 0, 0))
+        where = f"cmu.ome.zarr: level {level} shard (0, {shard.parent.name}, {shard.name}): "
     else:
-        cut = draw.draw(st.integers(0, len(data) - 1))
-        damaged = bytearray(data)
-        damaged[cut] ^= 1 << draw.draw(st.integers(0, 7))
-        chunk.write_bytes(
-            {
+
+        def change(data: bytes) -> bytes | None:
+            if how == "missing":
+                return None
+            cut = draw.draw(st.integers(0, len(data) - 1))
+            damaged = bytearray(data)
+            damaged[cut] ^= 1 << draw.draw(st.integers(0, 7))
+            return {
                 "garbage": bytes(len(data)),
                 "truncated": data[:cut],
                 "empty": b"",
                 "flipped bit": bytes(damaged),
             }[how]
-        )
+
+        rewrite_chunk(store, change, str(level), row, col)
     slide = open_slide(store)
-    where = f"cmu.ome.zarr: level {level} chunk ({row}, {col}): "
     for lazy in (slide.to_dask(level), slide.to_xarray(level).data):
         with pytest.raises(ChunkError) as caught:
             lazy.compute()

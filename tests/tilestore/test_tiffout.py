@@ -13,6 +13,7 @@ import tifffile
 import zarr
 
 from tests.conftest import NDPI
+from tests.corpus import rewrite_chunk
 from tests.tilestore import tiffs
 from tilestore.conversion.converter import convert
 from tilestore.conversion.tiffout import to_ome_tiff
@@ -115,10 +116,13 @@ def test_labels_follow_as_further_images(store, tmp_path):
 
 def test_a_damaged_chunk_fails_the_export_and_leaves_no_file(store, tmp_path):
     path = store()
-    chunk = path / "0" / "c" / "0" / "3" / "2"
-    data = bytearray(chunk.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    chunk.write_bytes(bytes(data))
+
+    def flip(data: bytes) -> bytes:
+        damaged = bytearray(data)
+        damaged[len(data) // 2] ^= 0xFF
+        return bytes(damaged)
+
+    rewrite_chunk(path, flip, row=3, col=2)
     target = tmp_path / "out" / "slide.ome.tiff"
     target.parent.mkdir()
     with pytest.raises(ChunkError, match=r"level 0 chunk \(3, 2\)"):
@@ -145,7 +149,7 @@ def test_a_chunk_an_older_store_never_wrote_is_background_coded_as_its_level(sto
     attrs = dict(group.attrs["tilestore"])
     attrs["integrity"] = {**attrs["integrity"], "every_chunk": False}
     group.attrs["tilestore"] = attrs
-    (path / "0" / "c" / "0" / "0" / "0").unlink()  # chunk (0, 0) of level 0
+    rewrite_chunk(path, lambda _: None, row=0, col=0)  # chunk (0, 0) of level 0: absent
     result = to_ome_tiff(path, tmp_path / "slide.ome.tiff")
     with tifffile.TiffFile(result.path) as tif, open(result.path, "rb") as fh:
         page = tif.pages.first

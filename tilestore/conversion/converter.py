@@ -24,12 +24,13 @@ import zarr
 from zarr.codecs import BytesCodec
 from zarr.storage import LocalStore
 
-from tilestore.conversion.levels import copy_tiles, downsample2, write_bands
+from tilestore.conversion.levels import copy_tiles, downsample2, write_blocks
 from tilestore.cpus import usable_cpus
 from tilestore.errors import ChunkError, SlideError, StoreError, TilestoreError, TilestoreWarning
 from tilestore.format import leftovers, omezarr
 from tilestore.format.chunks import ChunkReader
 from tilestore.format.codecs import jpeg_codecs, zstd_codecs
+from tilestore.format.shards import SHARD_CHUNKS, shard_shape, sharded
 from tilestore.format.store import (
     ATTRS_KEY,
     STORE_FORMAT,
@@ -95,6 +96,7 @@ class _Encoding:
     background: int  # fill for missing chunks and out-of-slide reads: white for brightfield
     workers: int
     checksums: bool  # each chunk ends in its CRC-32C (tilestore.format.integrity)
+    shard: int  # chunks per shard side; 0: one file per chunk
     in_place: frozenset[int] = frozenset()  # source levels read from the slide, not copied
     decoded: frozenset[int] = frozenset()  # of those, the ones decoded at each read (no JPEG)
 
@@ -118,6 +120,7 @@ def convert(
     name: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     in_place: bool = False,
+    shard: int = SHARD_CHUNKS,
 ) -> ConversionReport:
     """Convert the slide `src` into ``<dst>/<name>.ome.zarr`` (or `dst` itself if it ends in .zarr).
 
@@ -140,6 +143,8 @@ def convert(
     in_place: make a sidecar store at `dst` (`tilestore.conversion.sidecar`): the source levels stay
         in the slide file and are read from it (JPEG tiles as chunks where they can be, else
         decoded at each read); only the metadata and the built levels are written.
+    shard: chunks per shard side (`tilestore.format.shards`): a slide is a few hundred files,
+        not one per chunk; 0 writes one file per chunk, as stores before shards were.
     """
     started = time.perf_counter()
     with open_source(src, series) as source:
@@ -158,6 +163,7 @@ def convert(
             255 if source.brightfield_rgb else 0,
             workers or usable_cpus(),
             checksums,
+            max(0, shard),
         )
         if in_place:
             jpeg_levels = _jpeg_levels(source, encoding)
@@ -227,21 +233,25 @@ def slides_of(path: str | os.PathLike) -> list[str | None]:
     return list(found) if len(found) > 1 else [None]
 
 
-def _read_band(array: zarr.Array, y0: int, y1: int, source: Source, enc: _Encoding) -> np.ndarray:
-    """Rows [y0, y1) of a level just written (or read in place), as (h, w, c), to build the
-    next: through zarr's decoders on its threads. A tile that does not decode (a source tile
-    damaged in its JPEG headers, copied as it was) is found by reading the band chunk by
-    chunk, and named: a SlideError, never the decoder's own error."""
+def _read_block(
+    array: zarr.Array, y0: int, y1: int, x0: int, x1: int, source: Source, enc: _Encoding
+) -> np.ndarray:
+    """Pixels [y0:y1, x0:x1] of a level just written (or read in place), as (h, w, c), to
+    build the next: through zarr's decoders on its threads. A tile that does not decode (a
+    source tile damaged in its JPEG headers, copied as it was) is found by reading the block
+    chunk by chunk, and named: a SlideError, never the decoder's own error."""
+    y1, x1 = min(y1, array.shape[1]), min(x1, array.shape[2])
     try:
-        return np.moveaxis(array[:, y0:y1, :], 0, -1)
+        return np.moveaxis(array[:, y0:y1, x0:x1], 0, -1)
     except (RuntimeError, ValueError) as exc:  # imagecodecs' errors are RuntimeErrors
         reader = ChunkReader(array, enc.background, str(source.path))
         try:
-            reader.read(y0, y1, 0, array.shape[2])
+            reader.read(y0, y1, x0, x1)
         except ChunkError as named:
             raise SlideError(f"{named}: the slide's own tile is damaged") from exc
         raise SlideError(
-            f"{source.path}: level {array.path} rows {y0}-{y1} cannot be decoded "
+            f"{source.path}: level {array.path} rows {y0}-{y1}, columns {x0}-{x1} cannot be "
+            "decoded "
             f"({type(exc).__name__}: {exc})"
         ) from exc
 
@@ -289,16 +299,28 @@ def _create_arrays(root: zarr.Group, source: Source, plan: list, enc: _Encoding)
         root.create_array(
             str(index),
             shape=(first.channels, *shape),
-            chunks=(first.channels if first.channels <= 4 else 1, enc.chunk, enc.chunk),
             dtype=first.dtype,
             fill_value=enc.background,
             dimension_names=("c", "y", "x"),
             # every chunk is written, background ones too: a chunk missing is damage
             config={"write_empty_chunks": True},
-            **_codec_args(source, index, enc),
+            **_layout(source, index, (first.channels, *shape), enc),
         )
         for index, (shape, _, _) in enumerate(plan)
     ]
+
+
+def _layout(source: Source, index: int, shape: tuple[int, ...], enc: _Encoding) -> dict:
+    """A level's chunks, shards and codecs as ``create_array`` arguments. A level read in
+    place is not sharded: its chunks are the slide's tiles, named one by one."""
+    first = source.levels[0]
+    chunks = (first.channels if first.channels <= 4 else 1, enc.chunk, enc.chunk)
+    codecs = _codec_args(source, index, enc)
+    if not enc.shard or index in enc.in_place:
+        return {"chunks": chunks, **codecs}
+    chunk_bytes = shape[0] * enc.chunk**2 * np.dtype(first.dtype).itemsize  # all channels
+    shard = shard_shape(chunks, shape, enc.shard, chunk_bytes)
+    return sharded(codecs, chunks, shard, enc.checksums)
 
 
 def _write_levels(
@@ -329,12 +351,14 @@ def _write_levels(
         else:
             previous = arrays[index - 1]
 
-            def read_half(y0: int, y1: int, previous=previous) -> np.ndarray:
-                return downsample2(_read_band(previous, 2 * y0, 2 * y1, source, enc))
+            def read_half(y0: int, y1: int, x0: int, x1: int, previous=previous) -> np.ndarray:
+                return downsample2(
+                    _read_block(previous, 2 * y0, 2 * y1, 2 * x0, 2 * x1, source, enc)
+                )
 
             level.write = "lossless" if enc.codec == "zstd" else "re-encode"
             level.reason = f"2x2 box average of level {index - 1}"
-            level.chunks = write_bands(array, read_half, advance)
+            level.chunks = write_blocks(array, read_half, advance)
         level.seconds = time.perf_counter() - started
         report.levels.append(level)
 
@@ -376,8 +400,7 @@ def _write_source_level(
         report.reason = f"source tiles {tiles.tile_shape} differ from chunks {array.chunks[1:]}"
     else:
         report.write, report.reason = "re-encode", level.describe_copy()
-    width = level.shape[1]
-    report.chunks = write_bands(array, lambda y0, y1: level.read(y0, y1, 0, width), advance)
+    report.chunks = write_blocks(array, level.read, advance)
 
 
 def _write_attrs(

@@ -84,6 +84,7 @@ def _levels(group: zarr.Group, attrs: dict, mpp: dict | None) -> list[dict]:
                 "path": level["path"],
                 "shape": list(array.shape),
                 "chunks": list(array.chunks),
+                "shards": None if array.shards is None else list(array.shards),
                 "downsample": [dy, dx],
                 "mpp": [mpp["x"] * dx, mpp["y"] * dy] if mpp else None,
                 "codecs": codecs,

@@ -1,8 +1,8 @@
 """Writing one store level: copy a slide's JPEG tiles as chunks (`TileSource` says what each
-becomes), or stream bands through zarr.
+becomes), or stream blocks through zarr.
 
-Both writers keep memory bounded: the copy path holds one tile per thread, the
-band path one band of chunk rows being encoded plus the next band being read.
+Both writers keep memory bounded: the copy path holds one shard's tiles per thread, the
+block path one shard (or row of chunks) being encoded plus the next being read.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import zarr
 
 from tilestore.format.codecs import JpegCodec, has_checksums
 from tilestore.format.integrity import seal
+from tilestore.format.shards import index_checked, pack, write_atomic
 from tilestore.reading.source_chunks import TileSource
 from tilestore.sources import JpegTiles, SourceLevel
 
@@ -36,29 +37,35 @@ def downsample2(image: np.ndarray) -> np.ndarray:
     return ((acc + 2) // 4).astype(image.dtype)
 
 
-def write_bands(
+def write_blocks(
     array: zarr.Array,
-    read: Callable[[int, int], np.ndarray],
+    read: Callable[[int, int, int, int], np.ndarray],
     progress: Progress,
 ) -> int:
-    """Fill a (c, y, x) array band by band from read(y0, y1) -> (h, w, c); return chunks written.
+    """Fill a (c, y, x) array block by block from read(y0, y1, x0, x1) -> (h, w, c); return
+    the chunks written.
 
-    Each band is one row of chunks, so every chunk is written whole, once. The
-    next band is read (decoded) while zarr encodes the current one on its threads.
+    A block is one shard (so zarr writes each shard whole, once, and renames it into place),
+    or in an array of one file per chunk one row of chunks. The next block is read (decoded)
+    while zarr encodes the current one on its threads.
     """
     _, height, width = array.shape
-    band = array.chunks[1]
-    per_band = -(-width // array.chunks[2])
+    chunk_h, chunk_w = array.chunks[1:]
+    block_h, block_w = array.shards[1:] if array.shards else (chunk_h, width)
+    blocks = [
+        (y0, min(y0 + block_h, height), x0, min(x0 + block_w, width))
+        for y0 in range(0, height, block_h)
+        for x0 in range(0, width, block_w)
+    ]
     with ThreadPoolExecutor(1) as prefetch:
-        pending = prefetch.submit(read, 0, min(band, height))
-        for y0 in range(0, height, band):
+        pending = prefetch.submit(read, *blocks[0])
+        for i, (y0, y1, x0, x1) in enumerate(blocks):
             pixels = pending.result()
-            y1 = min(y0 + band, height)
-            if y1 < height:
-                pending = prefetch.submit(read, y1, min(y1 + band, height))
-            array[:, y0:y1, :] = np.moveaxis(pixels, -1, 0)
-            progress(per_band)
-    return per_band * -(-height // band)
+            if i + 1 < len(blocks):
+                pending = prefetch.submit(read, *blocks[i + 1])
+            array[:, y0:y1, x0:x1] = np.moveaxis(pixels, -1, 0)
+            progress(-(-(y1 - y0) // chunk_h) * -(-(x1 - x0) // chunk_w))
+    return -(-height // chunk_h) * -(-width // chunk_w)
 
 
 def copy_tiles(
@@ -74,26 +81,48 @@ def copy_tiles(
 ) -> tuple[int, int]:
     """Write each source JPEG tile as its chunk's bytes (`TileSource`); return (chunks
     copied, re-encoded). Every chunk is written, background ones too; with the array's
-    checksums, each with its CRC-32C."""
+    checksums, each with its CRC-32C. In a sharded array each shard is packed and written
+    whole (`tilestore.format.shards`), else each chunk is a file."""
     rows, cols = tiles.grid
     base = root / array.path
     finish = seal if has_checksums(array) else bytes
     chunk = TileSource(tiles, level, codec, background, where).chunk
+    key = array.metadata.encode_chunk_key
+    shards = array.shards
+    per = None if shards is None else (shards[1] // array.chunks[1], shards[2] // array.chunks[2])
 
-    def copy_row(row: int) -> tuple[int, int]:
-        copied = redone = 0
-        row_dir = None
+    def one(row: int, col: int, counts: list[int]) -> bytes | None:
+        """The chunk's bytes as stored; counts[0] or [1] +1 as it was copied or re-encoded."""
+        if row >= rows or col >= cols:
+            return None  # beyond the level, in its last shards: absent
+        data, verbatim = chunk(row, col)
+        counts[0 if verbatim else 1] += 1
+        return finish(data)
+
+    def copy_row(row: int) -> list[int]:
+        counts = [0, 0]
         for col in range(cols):
-            data, verbatim = chunk(row, col)
-            copied, redone = copied + verbatim, redone + (not verbatim)
-            path = base / array.metadata.encode_chunk_key((0, row, col))
-            if row_dir is None:
-                row_dir = path.parent
-                row_dir.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(finish(data))
+            path = base / key((0, row, col))
+            if col == 0:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(one(row, col, counts))
         progress(cols)
-        return copied, redone
+        return counts
+
+    def copy_shard(shard: tuple[int, int]) -> list[int]:
+        (per_r, per_c), counts, inner = per, [0, 0], []
+        for row in range(shard[0] * per_r, (shard[0] + 1) * per_r):
+            inner += [
+                one(row, col, counts) for col in range(shard[1] * per_c, (shard[1] + 1) * per_c)
+            ]
+        write_atomic(base / key((0, *shard)), pack(inner, index_checked(array)))
+        progress(sum(counts))
+        return counts
 
     with ThreadPoolExecutor(workers) as pool:
-        counts = list(pool.map(copy_row, range(rows)))
+        if per is None:
+            counts = list(pool.map(copy_row, range(rows)))
+        else:
+            grid = [(r, c) for r in range(-(-rows // per[0])) for c in range(-(-cols // per[1]))]
+            counts = list(pool.map(copy_shard, grid))
     return sum(c for c, _ in counts), sum(r for _, r in counts)

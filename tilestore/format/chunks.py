@@ -22,6 +22,7 @@ from pathlib import Path
 import imagecodecs
 import numpy as np
 import zarr
+from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 from zarr.codecs import Crc32cCodec, TransposeCodec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
@@ -29,7 +30,8 @@ from zarr.storage import LocalStore
 
 from tilestore.errors import ChunkError
 from tilestore.format.codecs import JpegCodec, has_checksums
-from tilestore.format.integrity import read_file, unseal
+from tilestore.format.integrity import Location, read_chunks, unseal
+from tilestore.format.shards import ABSENT, ShardIndex, index_bytes, index_checked, parse_index
 
 
 class ChunkReader:
@@ -68,22 +70,39 @@ class ChunkReader:
         plain = getattr(encoding, "separator", None) == "/" and type(encoding).__name__ == (
             "DefaultChunkKeyEncoding"
         )
-        # Local files under the default key encoding: c/0/<row>/<col>, read without zarr.
+        # Local files under the default key encoding: c/0/<row>/<col>, read without zarr;
+        # in a sharded level, byte ranges of c/0/<shard row>/<shard col>
         self._files = f"{self._root / array.path}/c/0" if self._root and plain else None
+        self.per_shard = (
+            None
+            if array.shards is None
+            else (array.shards[1] // self.chunk_h, array.shards[2] // self.chunk_w)
+        )
+        self._remote_indexes: dict[str, np.ndarray | None] = {}  # other stores' shards
+        self._shards = (
+            ShardIndex(array, self._root / array.path, self.where)
+            if self.per_shard is not None and self._root is not None
+            else None
+        )
 
     def key(self, row: int, col: int) -> str:
-        """Return the store key of chunk (row, col)."""
+        """Return the store key of chunk (row, col): of its shard, in a sharded level."""
+        if self.per_shard is not None:
+            row, col = row // self.per_shard[0], col // self.per_shard[1]
         return f"{self.array.path}/{self.array.metadata.encode_chunk_key((0, row, col))}"
 
     def chunk_name(self, coord: tuple[int, int]) -> str:
         """The chunk as messages name it: store, level and (row, col)."""
         return f"{self.where} chunk ({coord[0]}, {coord[1]})"
 
-    def paths(self, coords: Sequence[tuple[int, int]]) -> list[str] | None:
-        """File paths of chunks in a local store (None for other stores)."""
+    def locations(self, coords: Sequence[tuple[int, int]]) -> list[Location | None] | None:
+        """Where each chunk's bytes are in a local store: its file, or its byte range of a
+        shard (None for a chunk absent from its shard); None for other stores."""
+        if self._shards is not None:
+            return self._shards.locate([(0, r, c) for r, c in coords])
         if self._files is None:
             return None
-        return [f"{self._files}/{r}/{c}" for r, c in coords]
+        return [Location(f"{self._files}/{r}/{c}") for r, c in coords]
 
     def fetch_one(self, coord: tuple[int, int]) -> bytes | None:
         """The checked bytes of one chunk (None if never written and that is allowed)."""
@@ -95,11 +114,13 @@ class ChunkReader:
         if self._slide_tiles is not None:
             found = [self._slide_tiles.chunk(r, c)[0] for r, c in coords]
         elif self._root is not None:
-            files = self.paths(coords) or [self._root / self.key(r, c) for r, c in coords]
-            found = [
-                read_file(path, self.chunk_name(coord), required=self.every_chunk)
-                for path, coord in zip(files, coords, strict=True)
+            located = self.locations(coords) or [
+                Location(str(self._root / self.key(r, c))) for r, c in coords
             ]
+            names = [self.chunk_name(coord) for coord in coords]
+            found = read_chunks(located, names, required=self.every_chunk)
+        elif self.per_shard is not None:
+            found = self._fetch_inner(coords)
         else:
             keys = [self.key(r, c) for r, c in coords]
             proto = default_buffer_prototype()
@@ -109,6 +130,40 @@ class ChunkReader:
 
             found = [None if b is None else b.to_bytes() for b in sync(get_all())]
         return [self._checked(data, coord) for data, coord in zip(found, coords, strict=True)]
+
+    def _fetch_inner(self, coords: Sequence[tuple[int, int]]) -> list[bytes | None]:
+        """Inner chunks of a sharded level in a store other than local files, through the
+        store's byte ranges: each shard's index, then each chunk."""
+        proto = default_buffer_prototype()
+        chunks = self.per_shard[0] * self.per_shard[1]
+        crc = index_checked(self.array)
+        store = self._store
+
+        indexes = self._remote_indexes  # each shard's index read once
+
+        async def get_all():
+            keys = sorted({self.key(r, c) for r, c in coords} - indexes.keys())
+            size = index_bytes(chunks, crc)
+            tails = await asyncio.gather(
+                *(store.get(k, proto, SuffixByteRequest(size)) for k in keys)
+            )
+            for k, t in zip(keys, tails, strict=True):
+                where = f"{self.where} shard {k}"
+                indexes[k] = None if t is None else parse_index(t.to_bytes(), chunks, where, crc)
+
+            async def one(row: int, col: int) -> bytes | None:
+                index = indexes[self.key(row, col)]
+                inner = (row % self.per_shard[0]) * self.per_shard[1] + col % self.per_shard[1]
+                if index is None or index[inner, 0] == ABSENT:
+                    return None
+                offset, length = (int(v) for v in index[inner])
+                request = RangeByteRequest(offset, offset + length)
+                got = await store.get(self.key(row, col), proto, request)
+                return None if got is None else got.to_bytes()
+
+            return await asyncio.gather(*(one(r, c) for r, c in coords))
+
+        return sync(get_all())
 
     def _checked(self, data: bytes | None, coord: tuple[int, int]) -> bytes | None:
         if data is None:
@@ -182,6 +237,10 @@ class ChunkReader:
             raise ChunkError(f"{where}: cannot decode: {exc}") from exc
 
     def _exists(self, coord: tuple[int, int]) -> bool:
+        if self._shards is not None:
+            return self._shards.locate([(0, *coord)])[0] is not None
+        if self.per_shard is not None:
+            return self._fetch_inner([coord])[0] is not None
         if self._root is not None:
             return (self._root / self.key(*coord)).exists()
         return sync(self._store.exists(self.key(*coord)))
@@ -232,7 +291,7 @@ class ChannelPick:
             self._map(np.full((1, 1, reader.channels), reader.background))[0, 0, 0]
         )
 
-    def paths(self, coords: Sequence[tuple[int, int]]) -> None:
+    def locations(self, coords: Sequence[tuple[int, int]]) -> None:
         """None: the chunks must be decoded through the reader, not as JPEG files."""
         return None
 

@@ -21,13 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import imagecodecs
+import numpy as np
 import zarr
 
 from tilestore.cpus import usable_cpus
 from tilestore.errors import ChunkError, SlideError, StoreError
 from tilestore.format.chunks import ChunkReader
 from tilestore.format.codecs import has_checksums
-from tilestore.format.integrity import read_file, unseal
+from tilestore.format.integrity import Location, read_chunks, unseal
+from tilestore.format.shards import ShardIndex
 from tilestore.format.store import ATTRS_KEY, consolidate, open_store
 from tilestore.reading.inplace import is_sidecar, open_sidecar
 
@@ -91,7 +93,14 @@ def verify_store(
                     result.unchecked.append(name)
                 required = every_chunk and name in images
                 label = f"level {name}" if name in images else name
-                check = _checker(path, name, label, array, required, decode)
+                shards = (
+                    ShardIndex(array, path / name, f"{path}: {label}") if array.shards else None
+                )
+                if shards is not None:  # a damaged shard is one line, not one per chunk
+                    faults = _shard_faults(shards, array)
+                    result.bad += faults.values()
+                    coords = [c for c in coords if shards.shard_of(c) not in faults]
+                check = _checker(path, name, label, array, required, decode, shards)
             for bad in pool.map(check, coords):
                 result.chunks += 1
                 if bad:
@@ -140,16 +149,41 @@ def _slide_checker(store: Path, slide, name: str):
     return check
 
 
-def _checker(store: Path, name: str, label: str, array: zarr.Array, required: bool, decode: bool):
+def _shard_faults(shards: ShardIndex, array: zarr.Array) -> dict[tuple[int, ...], str]:
+    """Each shard whose file or index is damaged, and why."""
+    counts = [-(-s // c) for s, c in zip(array.shape, array.shards, strict=True)]
+    faults = {}
+    for shard in np.ndindex(*counts):
+        try:
+            shards.index(tuple(int(i) for i in shard))
+        except ChunkError as exc:
+            faults[tuple(int(i) for i in shard)] = str(exc)
+    return faults
+
+
+def _checker(
+    store: Path,
+    name: str,
+    label: str,
+    array: zarr.Array,
+    required: bool,
+    decode: bool,
+    shards: ShardIndex | None,
+):
     checksum = has_checksums(array)
     jpeg = array.ndim == 3 and ChunkReader(array, 0).is_jpeg  # an image level
 
     def check(coord: tuple[int, ...]) -> str | None:
         where = f"{store}: {label} chunk {coord}"
-        key = array.metadata.encode_chunk_key(coord)
         try:
-            data = read_file(store / name / key, where, required=required)
+            if shards is None:
+                at = Location(str(store / name / array.metadata.encode_chunk_key(coord)))
+            else:  # its shard's index read (and its CRC-32C checked), then its range
+                at = shards.locate([coord])[0]
+            (data,) = read_chunks([at], [where], required=required)
             if data is None:
+                if required:
+                    raise ChunkError(f"{where}: chunk is missing (absent from its shard)")
                 return None
             body = unseal(data, where) if checksum else data
             if decode:

@@ -1,0 +1,164 @@
+"""Shards: our reading and writing of zarr's `sharding_indexed` layout agrees with zarr's, a
+damaged shard is named, and a converted slide is a few files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import CMU
+from tilestore.errors import ChunkError
+from tilestore.format.chunks import ChunkReader
+from tilestore.format.integrity import read_chunks
+from tilestore.format.shards import ShardIndex, pack, shard_shape, sharded, write_atomic
+from tilestore.reading.opening import open_slide
+from tilestore.reading.verify import verify_store
+
+RAW = {"serializer": zarr.codecs.BytesCodec()}  # chunk bytes are the pixels: easy to compare
+
+
+def _array(folder: Path, shape, chunks, shard, checksums=True) -> zarr.Array:
+    group = zarr.open_group(folder, mode="w", zarr_format=3)
+    return group.create_array(
+        "a", shape=shape, dtype="u1", fill_value=0, **sharded(RAW, chunks, shard, checksums)
+    )
+
+
+def _grid(array: zarr.Array) -> list[tuple[int, ...]]:
+    counts = [-(-s // c) for s, c in zip(array.shape, array.chunks, strict=True)]
+    return [tuple(int(i) for i in c) for c in np.ndindex(*counts)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.integers(1, 40),
+    cols=st.integers(1, 40),
+    chunk=st.integers(1, 9),
+    per=st.integers(1, 5),
+    checksums=st.booleans(),
+)
+def test_our_index_finds_each_chunk_zarr_wrote(tmp_path_factory, rows, cols, chunk, per, checksums):
+    """Any array and shard geometry: every inner chunk zarr wrote is read by its byte range
+    from our reading of the shard's index, and holds that chunk's pixels."""
+    folder = tmp_path_factory.mktemp("z")
+    shape, chunks = (2, rows, cols), (2, chunk, chunk)
+    array = _array(folder, shape, chunks, shard_shape(chunks, shape, per), checksums)
+    data = np.random.default_rng(rows * cols).integers(1, 255, shape, dtype=np.uint8)
+    array[:] = data
+    coords = _grid(array)
+    index = ShardIndex(array, folder / "a", "test")
+    found = read_chunks(index.locate(coords), [str(c) for c in coords], required=True)
+    for coord, raw in zip(coords, found, strict=True):
+        window = tuple(slice(i * c, (i + 1) * c) for i, c in zip(coord, chunks, strict=True))
+        want = np.zeros(chunks, np.uint8)  # zarr writes edge chunks whole, padded
+        part = data[window]
+        want[tuple(slice(0, n) for n in part.shape)] = part
+        assert np.frombuffer(raw, np.uint8).reshape(chunks).tolist() == want.tolist()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    present=st.lists(st.booleans(), min_size=1, max_size=16),
+    checksums=st.booleans(),
+)
+def test_zarr_reads_the_shards_we_pack(tmp_path_factory, present, checksums):
+    """A shard packed by us (chunks absent where asked) reads in zarr as the chunks put in,
+    and the fill value where a chunk is absent."""
+    folder = tmp_path_factory.mktemp("z")
+    n = len(present)
+    _array(folder, (1, 4, 4 * n), (1, 4, 4), (1, 4, 4 * n), checksums)
+    chunks = [np.full((1, 4, 4), i + 1, np.uint8) if p else None for i, p in enumerate(present)]
+    shard = pack([None if c is None else c.tobytes() for c in chunks], crc=checksums)
+    write_atomic(folder / "a" / "c" / "0" / "0" / "0", shard)
+    got = zarr.open_array(folder / "a", mode="r")[:]
+    for i, chunk in enumerate(chunks):
+        want = 0 if chunk is None else i + 1
+        assert (got[:, :, 4 * i : 4 * i + 4] == want).all()
+
+
+def test_a_converted_slide_is_a_few_files_read_alike_by_zarr_and_by_us(stores):
+    store = stores(CMU)
+    files = sum(len(names) for _, _, names in os.walk(store))
+    assert files < 15, files  # was 181: one file per chunk
+    slide = open_slide(store)
+    for level in range(len(slide.levels)):
+        array = zarr.open_array(store / str(level), mode="r")
+        assert array.shards is not None
+        reader = slide.chunks(level)
+        ours = reader.read(0, array.shape[1], 0, array.shape[2])
+        assert np.array_equal(np.moveaxis(array[:], 0, -1), ours)
+
+
+def _shard_file(store: Path) -> Path:
+    return store / "0" / "c" / "0" / "0" / "0"
+
+
+def test_a_truncated_shard_is_named_by_every_reader(store):
+    store = store()
+    shard = _shard_file(store)
+    shard.write_bytes(shard.read_bytes()[:-100])  # its index cut short
+    reader = open_slide(store).chunks(0)
+    with pytest.raises(ChunkError, match=r"level 0 shard \(0, 0, 0\): shard index is corrupt"):
+        reader.fetch([(0, 0)])
+    result = verify_store(store, record=False)
+    assert result.bad and all("shard (0, 0, 0)" in bad for bad in result.bad)
+    assert len(result.bad) == reader.grid[0] * reader.grid[1]  # every chunk of the level
+
+
+def test_a_chunk_damaged_inside_a_shard_is_named_alone(store):
+    store = store()
+    shard = _shard_file(store)
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0xFF  # inside the first chunk's bytes
+    shard.write_bytes(bytes(data))
+    reader = open_slide(store).chunks(0)
+    with pytest.raises(ChunkError, match=r"level 0 chunk \(0, 0\): chunk is corrupt"):
+        reader.fetch([(0, 0)])
+    assert reader.fetch([(0, 1)])[0]  # its neighbours in the shard read
+    result = verify_store(store, record=False)
+    assert result.bad == [
+        f"{store}: level 0 chunk (0, 0, 0): chunk is corrupt (its CRC-32C does not match its bytes)"
+    ]
+
+
+def test_a_shard_index_pointing_past_its_data_is_named(store):
+    store = store()
+    shard = _shard_file(store)
+    array = zarr.open_array(store / "0", mode="r")
+    chunks = (array.shards[1] // array.chunks[1]) * (array.shards[2] // array.chunks[2])
+    data = bytearray(shard.read_bytes())
+    body = len(data) - chunks * 16 - 4
+    table = np.frombuffer(bytes(data[body : body + chunks * 16]), "<u8").reshape(-1, 2).copy()
+    table[0, 1] = 10**9  # the first chunk "runs" far past the file
+    rewritten = bytes(data[:body]) + pack_table(table)
+    shard.write_bytes(rewritten)
+    with pytest.raises(ChunkError, match="points past its data"):
+        ChunkReader(array, 255, str(store)).fetch([(0, 0)])
+
+
+def pack_table(table: np.ndarray) -> bytes:
+    import google_crc32c
+
+    raw = table.astype("<u8").tobytes()
+    return raw + google_crc32c.value(raw).to_bytes(4, "little")
+
+
+def test_a_failed_write_leaves_neither_the_shard_nor_a_partial_file(tmp_path, monkeypatch):
+    """Killed or failing between writing and renaming: nothing under the shard's name, and
+    the temporary file gone."""
+    target = tmp_path / "c" / "0" / "0"
+
+    def failing(src, dst):
+        assert Path(src).read_bytes() == b"x" * 100  # written whole before the rename
+        raise OSError("rename refused")
+
+    monkeypatch.setattr(os, "replace", failing)
+    with pytest.raises(OSError, match="rename refused"):
+        write_atomic(target, b"x" * 100)
+    assert not target.exists() and list(target.parent.iterdir()) == []

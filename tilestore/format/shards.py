@@ -1,0 +1,173 @@
+"""Shards: many chunks in one file, zarr v3's `sharding_indexed` layout, read and written here.
+
+A store of one file per chunk makes ~185,000 files of a 40x slide; cluster filesystems hold
+users to a few million. A shard holds `SHARD_CHUNKS` x `SHARD_CHUNKS` inner chunks (the
+chunks a store had before: a copied level's are still the slide's JPEG tiles, byte for byte),
+so a slide is a few hundred files (ARCHITECTURE.md, "Shards", says why this size).
+
+The layout is the spec's, so any zarr v3 reader reads our shards: the inner chunks' bytes one
+after another, then the index, (offset, length) as little-endian uint64 per inner chunk in
+C order of the shard's chunk grid ((2^64-1, 2^64-1) for a chunk absent), then the index's
+CRC-32C. tilestore writes the copy path's shards itself (`pack`), whole, and renames each into
+place (`write_atomic`): a kill leaves no torn shard. Reading a chunk is a read of the index
+(cached per shard) and one read of the chunk's bytes (`ShardIndex`, `locate`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import google_crc32c
+import numpy as np
+from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
+
+from tilestore.errors import ChunkError
+from tilestore.format.integrity import TRAILER, Location, read_range
+
+# Inner chunks per shard side: 32 x 32 chunks of 240-256 px are 7,680-8,192 px, so a
+# 100,000 px slide's level 0 is ~160 shards where it was ~170,000 chunk files.
+SHARD_CHUNKS = 32
+SHARD_BYTES = 2**28  # decoded, at most: one shard (all its channels) is held to be written
+ABSENT = np.uint64(2**64 - 1)
+ENTRY = 16  # bytes per chunk in the index: offset and length, uint64 each
+
+
+def shard_shape(
+    chunks: Sequence[int], shape: Sequence[int], per_side: int, chunk_bytes: int = 0
+) -> tuple[int, ...]:
+    """The shard shape of a (c, y, x) array of `chunks`: `per_side` inner chunks along y and
+    x, never more than the array needs, and fewer where a shard of chunks of `chunk_bytes`
+    decoded would pass `SHARD_BYTES` (a shard is written whole from memory: many-channel
+    levels, large chunks)."""
+    if chunk_bytes:
+        per_side = max(1, min(per_side, math.isqrt(SHARD_BYTES // chunk_bytes)))
+    shard = list(chunks)
+    for axis in (-2, -1):
+        shard[axis] = chunks[axis] * min(per_side, -(-shape[axis] // chunks[axis]))
+    return tuple(shard)
+
+
+def sharded(codecs: dict, chunks: Sequence[int], shard: Sequence[int], checksums: bool) -> dict:
+    """``create_array`` arguments for an array of `chunks` stored in shards of `shard`, each
+    inner chunk through `codecs` (filters, serializer, compressors, as `jpeg_codecs` and
+    `zstd_codecs` give them); the index with its CRC-32C where `checksums`."""
+    inner = [
+        *(codecs.get("filters") or ()),
+        codecs.get("serializer") or BytesCodec(),
+        *(codecs.get("compressors") or ()),
+    ]
+    index = [BytesCodec(), *([Crc32cCodec()] if checksums else [])]
+    sharding = ShardingCodec(chunk_shape=tuple(chunks), codecs=inner, index_codecs=index)
+    return {"chunks": tuple(shard), "serializer": sharding, "filters": (), "compressors": ()}
+
+
+def index_checked(array) -> bool:
+    """Whether a sharded array's shard indexes end in their CRC-32C."""
+    return any(isinstance(c, Crc32cCodec) for c in array.metadata.codecs[0].index_codecs)
+
+
+def index_bytes(chunks: int, crc: bool = True) -> int:
+    """Bytes of a shard's index (with its CRC-32C where `crc`) for `chunks` inner chunks."""
+    return chunks * ENTRY + (TRAILER if crc else 0)
+
+
+def pack(chunks: Sequence[bytes | None], crc: bool = True) -> bytes:
+    """One shard's file: `chunks` (C order of the shard's chunk grid, None where absent)
+    one after another, then the index (and its CRC-32C where `crc`)."""
+    index = np.full((len(chunks), 2), ABSENT, "<u8")
+    offset = 0
+    for i, data in enumerate(chunks):
+        if data is not None:
+            index[i] = offset, len(data)
+            offset += len(data)
+    table = index.tobytes()
+    body = b"".join(d for d in chunks if d is not None)
+    trailer = google_crc32c.value(table).to_bytes(TRAILER, "little") if crc else b""
+    return body + table + trailer
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` whole: into a temporary name beside it, then renamed into
+    place (the name zarr's own local store uses, so either's leftovers look alike)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{uuid.uuid4().hex}.partial")
+    try:
+        partial.write_bytes(data)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+def parse_index(tail: bytes, chunks: int, where: str, crc: bool = True) -> np.ndarray:
+    """The (chunks, 2) offsets and lengths of a shard whose file ends in `tail`; ChunkError
+    naming `where` if the index is short or its CRC-32C fails."""
+    size = index_bytes(chunks, crc)
+    if len(tail) < size:
+        raise ChunkError(f"{where}: shard is {len(tail)} bytes long, shorter than its index")
+    table = tail[-size : len(tail) - (TRAILER if crc else 0)]
+    if crc and google_crc32c.value(table) != int.from_bytes(tail[-TRAILER:], "little"):
+        raise ChunkError(f"{where}: shard index is corrupt (its CRC-32C does not match)")
+    return np.frombuffer(table, "<u8").reshape(chunks, 2)
+
+
+class ShardIndex:
+    """The chunk locations of one sharded array on local disk, each shard's index read once
+    (the shards of a 100,000 px slide's level 0 hold ~2.5 MB of index)."""
+
+    def __init__(self, array, folder: Path, where: str) -> None:
+        self.folder = folder  # the array's folder
+        self.key = array.metadata.encode_chunk_key  # shard coordinates -> its key
+        self.per = tuple(s // c for s, c in zip(array.shards, array.chunks, strict=True))
+        self.crc = index_checked(array)
+        self.where = where
+        self._indexes: dict[tuple[int, ...], np.ndarray | None] = {}
+
+    def shard_of(self, coord: tuple[int, ...]) -> tuple[int, ...]:
+        """The shard holding chunk `coord`."""
+        return tuple(c // p for c, p in zip(coord, self.per, strict=True))
+
+    def index(self, shard: tuple[int, ...]) -> np.ndarray | None:
+        """The shard's index (None: no shard file); ChunkError if it is damaged."""
+        if shard not in self._indexes:
+            path = self.folder / self.key(shard)
+            chunks = math.prod(self.per)
+            where = f"{self.where} shard {shard}"
+            try:
+                size = os.stat(path, follow_symlinks=False).st_size
+            except FileNotFoundError:
+                self._indexes[shard] = None
+                return None
+            except OSError as exc:
+                raise ChunkError(f"{where}: cannot read shard: {exc.strerror}") from None
+            length = min(size, index_bytes(chunks, self.crc))
+            tail = read_range(
+                path, max(0, size - length), length, where, required=True, what="shard"
+            )
+            index = parse_index(tail, chunks, where, self.crc)
+            present = index[:, 0] != ABSENT
+            ends = index[present, 0] + index[present, 1]
+            if ends.size and int(ends.max()) > size - length:
+                raise ChunkError(f"{where}: shard index points past its data (truncated?)")
+            self._indexes[shard] = index
+        return self._indexes[shard]
+
+    def locate(self, coords: Sequence[tuple[int, ...]]) -> list[Location | None]:
+        """Each chunk's byte range (None: absent from its shard, or no shard)."""
+        out: list[Location | None] = []
+        for coord in coords:
+            shard = self.shard_of(coord)
+            index = self.index(shard)
+            inner = np.ravel_multi_index(
+                tuple(c % p for c, p in zip(coord, self.per, strict=True)), self.per
+            )
+            if index is None or index[inner, 0] == ABSENT:
+                out.append(None)
+            else:
+                offset, length = index[inner]
+                out.append(Location(str(self.folder / self.key(shard)), int(offset), int(length)))
+        return out

@@ -18,7 +18,7 @@ import tifffile
 import zarr
 
 from tests.tilestore.tiffs import patch_tag
-from tilestore.format.shards import ABSENT, index_checked, pack, parse_index
+from tilestore.format.shards import ABSENT, chunks_per_shard, index_checked, pack, parse_index
 
 # -- slide files ------------------------------------------------------------------------------
 
@@ -160,8 +160,8 @@ def chunk_file(store: Path, level: str = "0", row: int = 2, col: int = 3) -> Pat
     array = zarr.open_array(store / level, mode="r")
     if array.shards is None:
         return store / level / "c" / "0" / str(row) / str(col)
-    per = (array.shards[1] // array.chunks[1], array.shards[2] // array.chunks[2])
-    return store / level / "c" / "0" / str(row // per[0]) / str(col // per[1])
+    _, per_r, per_c = chunks_per_shard(array)
+    return store / level / "c" / "0" / str(row // per_r) / str(col // per_c)
 
 
 def rewrite_chunk(
@@ -181,7 +181,7 @@ def rewrite_chunk(
         if new is not None:
             path.write_bytes(new)
         return
-    per = (array.shards[1] // array.chunks[1], array.shards[2] // array.chunks[2])
+    per = chunks_per_shard(array)[1:]
     data = path.read_bytes()
     index = parse_index(data, per[0] * per[1], str(path), index_checked(array))
     chunks = [None if o == ABSENT else data[int(o) : int(o) + int(n)] for o, n in index]

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import CMU
+from tests.counting import CountingStore
 from tilestore.errors import ChunkError
 from tilestore.format.chunks import ChunkReader
 from tilestore.format.integrity import read_chunks
@@ -179,3 +180,25 @@ def test_a_store_of_one_file_per_chunk_still_reads_and_verifies(stores):
             b.read_region(100, 200, 700, 500, level=level),
         )
     assert verify_store(old, decode=True, record=False).ok
+
+
+def test_an_index_pointing_one_chunk_at_anothers_bytes_is_refused(store):
+    """An index rewritten (its CRC-32C made right) so chunk (0, 1) reads chunk (0, 0)'s bytes
+    would give valid pixels in the wrong place: refused, from local files and through
+    another store's byte ranges alike, and by verify."""
+    store = store()
+    shard = _shard_file(store)
+    array = zarr.open_array(store / "0", mode="r")
+    chunks = (array.shards[1] // array.chunks[1]) * (array.shards[2] // array.chunks[2])
+    data = shard.read_bytes()
+    body = len(data) - chunks * 16 - 4
+    table = np.frombuffer(data[body : body + chunks * 16], "<u8").reshape(-1, 2).copy()
+    table[1] = table[0]  # (0, 1) -> (0, 0)'s bytes
+    shard.write_bytes(data[:body] + pack_table(table))
+    for slide in (open_slide(store), open_slide(CountingStore.local(store))):
+        with pytest.raises(ChunkError, match="shard index has chunks sharing bytes"):
+            slide.chunks(0).fetch([(0, 1)])
+    (bad,) = verify_store(store, record=False).bad
+    assert bad.endswith(
+        "level 0 shard (0, 0, 0): shard index has chunks sharing bytes (rewritten?)"
+    )

@@ -16,7 +16,7 @@ import zarr
 
 from tilestore.format.codecs import JpegCodec, has_checksums
 from tilestore.format.integrity import seal
-from tilestore.format.shards import index_checked, pack, write_atomic
+from tilestore.format.shards import chunks_per_shard, index_checked, pack, write_atomic
 from tilestore.reading.source_chunks import TileSource
 from tilestore.sources import JpegTiles, SourceLevel
 
@@ -88,8 +88,7 @@ def copy_tiles(
     finish = seal if has_checksums(array) else bytes
     chunk = TileSource(tiles, level, codec, background, where).chunk
     key = array.metadata.encode_chunk_key
-    shards = array.shards
-    per = None if shards is None else (shards[1] // array.chunks[1], shards[2] // array.chunks[2])
+    per = None if array.shards is None else chunks_per_shard(array)[1:]
 
     def one(row: int, col: int, counts: list[int]) -> bytes | None:
         """The chunk's bytes as stored; counts[0] or [1] +1 as it was copied or re-encoded."""

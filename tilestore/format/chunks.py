@@ -15,6 +15,7 @@ the fill value.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from pathlib import Path
@@ -31,7 +32,16 @@ from zarr.storage import LocalStore
 from tilestore.errors import ChunkError
 from tilestore.format.codecs import JpegCodec, has_checksums
 from tilestore.format.integrity import Location, read_chunks, unseal
-from tilestore.format.shards import ABSENT, ShardIndex, index_bytes, index_checked, parse_index
+from tilestore.format.shards import (
+    ABSENT,
+    ShardIndex,
+    check_ranges,
+    chunks_per_shard,
+    index_bytes,
+    index_checked,
+    parse_index,
+    split,
+)
 
 
 class ChunkReader:
@@ -73,11 +83,7 @@ class ChunkReader:
         # Local files under the default key encoding: c/0/<row>/<col>, read without zarr;
         # in a sharded level, byte ranges of c/0/<shard row>/<shard col>
         self._files = f"{self._root / array.path}/c/0" if self._root and plain else None
-        self.per_shard = (
-            None
-            if array.shards is None
-            else (array.shards[1] // self.chunk_h, array.shards[2] // self.chunk_w)
-        )
+        self.per_shard = chunks_per_shard(array)  # (c, y, x) inner chunks per shard
         self._remote_indexes: dict[str, np.ndarray | None] = {}  # other stores' shards
         self._shards = (
             ShardIndex(array, self._root / array.path, self.where)
@@ -88,7 +94,7 @@ class ChunkReader:
     def key(self, row: int, col: int) -> str:
         """Return the store key of chunk (row, col): of its shard, in a sharded level."""
         if self.per_shard is not None:
-            row, col = row // self.per_shard[0], col // self.per_shard[1]
+            row, col = row // self.per_shard[1], col // self.per_shard[2]
         return f"{self.array.path}/{self.array.metadata.encode_chunk_key((0, row, col))}"
 
     def chunk_name(self, coord: tuple[int, int]) -> str:
@@ -133,37 +139,53 @@ class ChunkReader:
 
     def _fetch_inner(self, coords: Sequence[tuple[int, int]]) -> list[bytes | None]:
         """Inner chunks of a sharded level in a store other than local files, through the
-        store's byte ranges: each shard's index, then each chunk."""
+        store's byte ranges: each shard's index (read once), then each chunk."""
         proto = default_buffer_prototype()
-        chunks = self.per_shard[0] * self.per_shard[1]
-        crc = index_checked(self.array)
-        store = self._store
+        ranges = self._remote_ranges(coords)
 
-        indexes = self._remote_indexes  # each shard's index read once
+        async def one(at: tuple[str, int, int] | None) -> bytes | None:
+            if at is None:
+                return None
+            key, offset, length = at
+            got = await self._store.get(key, proto, RangeByteRequest(offset, offset + length))
+            return None if got is None else got.to_bytes()
 
         async def get_all():
-            keys = sorted({self.key(r, c) for r, c in coords} - indexes.keys())
-            size = index_bytes(chunks, crc)
-            tails = await asyncio.gather(
-                *(store.get(k, proto, SuffixByteRequest(size)) for k in keys)
-            )
-            for k, t in zip(keys, tails, strict=True):
-                where = f"{self.where} shard {k}"
-                indexes[k] = None if t is None else parse_index(t.to_bytes(), chunks, where, crc)
-
-            async def one(row: int, col: int) -> bytes | None:
-                index = indexes[self.key(row, col)]
-                inner = (row % self.per_shard[0]) * self.per_shard[1] + col % self.per_shard[1]
-                if index is None or index[inner, 0] == ABSENT:
-                    return None
-                offset, length = (int(v) for v in index[inner])
-                request = RangeByteRequest(offset, offset + length)
-                got = await store.get(self.key(row, col), proto, request)
-                return None if got is None else got.to_bytes()
-
-            return await asyncio.gather(*(one(r, c) for r, c in coords))
+            return await asyncio.gather(*(one(at) for at in ranges))
 
         return sync(get_all())
+
+    def _remote_ranges(self, coords: Sequence[tuple[int, int]]) -> list:
+        """(shard key, offset, length) of each chunk in a store other than local files (None:
+        absent), the shards' indexes read once and kept."""
+        proto = default_buffer_prototype()
+        chunks, crc = math.prod(self.per_shard), index_checked(self.array)
+        indexes = self._remote_indexes
+        keys = [self.key(r, c) for r, c in coords]
+        missing = sorted(set(keys) - indexes.keys())
+
+        async def tails():
+            size = SuffixByteRequest(index_bytes(chunks, crc))
+            return await asyncio.gather(*(self._store.get(k, proto, size) for k in missing))
+
+        for key, tail in zip(missing, sync(tails()) if missing else [], strict=True):
+            where = f"{self.where} shard {key}"
+            indexes[key] = (
+                None
+                if tail is None
+                else check_ranges(parse_index(tail.to_bytes(), chunks, where, crc), where)
+            )
+        if not coords:
+            return []
+        _, inner = split(np.array([(0, r, c) for r, c in coords]), self.per_shard)
+        out = []
+        for key, entry in zip(keys, inner.tolist(), strict=True):
+            index = indexes[key]
+            if index is None or index[entry, 0] == ABSENT:
+                out.append(None)
+            else:
+                out.append((key, int(index[entry, 0]), int(index[entry, 1])))
+        return out
 
     def _checked(self, data: bytes | None, coord: tuple[int, int]) -> bytes | None:
         if data is None:
@@ -240,7 +262,7 @@ class ChunkReader:
         if self._shards is not None:
             return self._shards.locate([(0, *coord)])[0] is not None
         if self.per_shard is not None:
-            return self._fetch_inner([coord])[0] is not None
+            return self._remote_ranges([coord])[0] is not None
         if self._root is not None:
             return (self._root / self.key(*coord)).exists()
         return sync(self._store.exists(self.key(*coord)))

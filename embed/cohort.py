@@ -4,8 +4,8 @@ The coordinator (this process) opens each store, makes or loads its plan and cre
 resumes) its embeddings group, holding the group's lock; it then submits the store's
 batches still to do as `Slice` tasks, largest slides first. Each Dask worker loads the
 model once (`EmbedderPlugin`) and runs the slices it is handed through the usual
-streaming engine, writing whole chunks of the shared arrays, so two workers never write
-one chunk. When every slice of a store is done the coordinator marks it complete.
+streaming engine. Slices are cut at shard boundaries, so two workers never write one
+shard. When every slice of a store is done the coordinator marks it complete.
 
 Dask does the distributing: a free worker takes the next task; a task on a worker that
 dies is run again elsewhere, and since a batch is marked done only after its features
@@ -30,7 +30,7 @@ from distributed import WorkerPlugin, as_completed, get_worker
 from tilestore.conversion import pixel_count
 from tilestore.cpus import usable_cpus
 from tilestore.embed.engine import Embedder
-from tilestore.embed.jobs import PlanChoice, Slice, prepare
+from tilestore.embed.jobs import PlanChoice, Slice, prepare, tiles_of
 from tilestore.embed.models import get_model
 from tilestore.embed.settings import SLICE_TILES, Options
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity
@@ -260,14 +260,27 @@ def _prepare(path, spec, plan, identity, options, slice_tiles) -> _Store:
         ready.slide, tile_plan, ready.uid, identity, overwrite=options.overwrite
     )
     batch = identity.batch_size
-    todo = writer.todo()
-    per = max(1, slice_tiles // batch)
-    slices = []
-    for first in range(0, len(todo), per):
-        blocks = todo[first : first + per]
-        tiles = sum(min(batch, len(tile_plan) - b * batch) for b in blocks)
-        slices.append(Slice(path, tile_plan.name, int(blocks[0]), int(blocks[-1]) + 1, tiles))
+    slices = [
+        Slice(path, tile_plan.name, int(blocks[0]), int(blocks[-1]) + 1, len(tiles))
+        for blocks in slice_blocks(writer.todo(), writer.per_shard, max(1, slice_tiles // batch))
+        for tiles in [tiles_of(blocks, batch, len(tile_plan))]
+    ]
     return _Store(path, writer, slices, len(slices))
+
+
+def slice_blocks(todo: np.ndarray, per_shard: int, per_slice: int) -> list[np.ndarray]:
+    """The batches to do cut into slices of about `per_slice` batches, at shard boundaries:
+    a shard is rewritten whole, so two workers writing one shard would lose one's batches."""
+    shards = np.split(todo, np.flatnonzero(np.diff(todo // per_shard)) + 1) if len(todo) else []
+    slices, current = [], []
+    for blocks in shards:
+        current.append(blocks)
+        if sum(map(len, current)) >= per_slice:
+            slices.append(np.concatenate(current))
+            current = []
+    if current:
+        slices.append(np.concatenate(current))
+    return slices
 
 
 def _finish(state: _Store, report: CohortReport) -> None:

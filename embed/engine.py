@@ -126,6 +126,7 @@ class Embedder:
             precision=self.settings.precision,
             compile=self.settings.compile,
             channels=self.settings.channels,
+            shard_tiles=self.settings.shard_tiles,
         )
 
     def __enter__(self) -> Embedder:

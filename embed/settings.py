@@ -72,6 +72,9 @@ class Options:
         a later run without it finishes the slide). compile_cache: with compile, where
         compiled graphs are kept between processes ("auto": the user's cache folder; a
         shared folder serves a SLURM array; "off": none), `tilestore.embed.compilecache`.
+        shard_tiles: tiles per file of the features a new embeddings group stores (whole
+        batches; None: `tilestore.embeddings.layout.SHARD_TILES`); a group being resumed
+        keeps its own.
     """
 
     batch_size: int | None = None
@@ -91,6 +94,7 @@ class Options:
     profile_batches: int = 20
     max_tiles: int | None = None
     compile_cache: str | None = "auto"
+    shard_tiles: int | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,7 @@ class Settings:
     profile_batches: int = 20
     max_tiles: int | None = None
     compile_cache: str | None = None  # a folder; None: no cache
+    shard_tiles: int | None = None  # None: the layout's
 
     @property
     def cuda(self) -> bool:
@@ -173,6 +178,7 @@ def resolve(options: Options, machine: Machine) -> Settings:
         profile_batches=_at_least("profile_batches", options.profile_batches, 1),
         max_tiles=_at_least("max_tiles", options.max_tiles, 1),
         compile_cache=_compile_cache(options.compile_cache),
+        shard_tiles=_at_least("shard_tiles", options.shard_tiles, 1),
     )
 
 

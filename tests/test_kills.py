@@ -35,9 +35,11 @@ import sys
 from tilestore.embed import Options, embed
 from tilestore import PlanOptions
 embed([sys.argv[1]], sys.argv[2], plan=PlanOptions(mpp=0.5, tile=224),
-      options=Options(batch_size=2, device="cpu", precision="fp32", dtype="float32"))
+      options=Options(batch_size=2, device="cpu", precision="fp32", dtype="float32",
+                      shard_tiles=6))
 """
-OPTIONS = Options(batch_size=2, device="cpu", precision="fp32", dtype="float32")
+# features in shards of 3 batches (8 shards): a shard rewritten whole as its batches come in
+OPTIONS = Options(batch_size=2, device="cpu", precision="fp32", dtype="float32", shard_tiles=6)
 
 
 def _start(code: str, *args) -> subprocess.Popen:
@@ -112,7 +114,8 @@ def test_a_killed_conversion_reruns_to_the_same_store(tmp_path, slide_path, conv
     assert _leftovers(out) == []
 
 
-# batches written (of 23) when the embedding is killed; 0: the group made, nothing written
+# batches done (of 23; a shard's 3 at a time) when the embedding is killed; 0: the group
+# made, nothing written
 EMBED_POINTS = [0, 1, 2, 4, 7, 10, 13, 16, 19, 22]
 
 
@@ -142,6 +145,7 @@ def embedded(tmp_path_factory, stores, model):
 def _features(store: Path, model: str) -> np.ndarray:
     group = zarr.open_group(store / "embeddings" / model.replace(":", "-").replace("/", "_"))
     assert group.attrs["tilestore"]["complete"]
+    assert group["features"].shards[0] == 6  # 3 batches of 2 to a shard
     return group["features"][:]
 
 
@@ -169,3 +173,4 @@ def test_a_killed_embedding_reruns_to_the_same_features(tmp_path, stores, model,
     assert not report.failures
     assert np.array_equal(_features(store, model), embedded)  # bitwise, fp32
     assert _leftovers(tmp_path) == []  # no lock file
+    assert list(store.rglob("*.partial")) == []  # nor a shard the killed run was writing

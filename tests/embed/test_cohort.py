@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import CMU, IHC
 from tests.corpus import rewrite_chunk
-from tilestore.embed.cohort import embed_cohort, parse_shard, shard, summary_lines
+from tilestore.embed.cohort import embed_cohort, parse_shard, shard, slice_blocks, summary_lines
 from tilestore.embed.engine import embed
 from tilestore.embed.settings import Options
 from tilestore.embeddings import group_name
@@ -27,7 +27,8 @@ from tilestore.plan import PlanOptions
 from tilestore.reading.opening import open_slide
 
 LITE = "efficientnet-lite0"
-OPTIONS = Options(batch_size=8, device="cpu", precision="fp32", dtype="float32")
+# two batches to a features shard: many shards, so slices of one slide go to both workers
+OPTIONS = Options(batch_size=8, device="cpu", precision="fp32", dtype="float32", shard_tiles=16)
 PLAN = PlanOptions(mpp=0.5, tile=224, stride=112)  # ~170 tiles on CMU: many slices
 
 
@@ -96,6 +97,25 @@ def test_shard_argument_errors():
         parse_shard("3")
     with pytest.raises(TilestoreError, match=r"K must be in 0\.\.N-1"):
         shard([], 2, 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    done=st.lists(st.booleans(), min_size=0, max_size=80),
+    per_shard=st.integers(1, 9),
+    per_slice=st.integers(1, 20),
+)
+def test_slices_are_whole_shards_of_the_batches_to_do(done, per_shard, per_slice):
+    todo = np.flatnonzero(~np.array(done, bool))
+    slices = slice_blocks(todo, per_shard, per_slice)
+    assert np.array_equal(np.concatenate(slices) if slices else todo, todo)  # all, in order
+    owners = {}
+    for i, blocks in enumerate(slices):
+        for shard_of in set((blocks // per_shard).tolist()):
+            assert owners.setdefault(shard_of, i) == i  # no shard in two slices
+        # a slice is as large as asked, but for the last, or where one shard is larger
+        if i < len(slices) - 1:
+            assert len(blocks) >= per_slice
 
 
 # -- on a LocalCluster ---------------------------------------------------------------------

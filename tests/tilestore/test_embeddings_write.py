@@ -70,3 +70,102 @@ def test_a_resumed_group_is_opened_not_remade(slide_plan):
     group = _group(slide_plan)
     assert group.attrs["tilestore"]["complete"] and group["done"][:].all()
     assert not list(slide_plan[3].parent.glob(".*.lock"))
+
+
+def _sharded(slide_plan, shard_tiles: int = 8, **kwargs) -> EmbeddingWriter:
+    slide, plan, uid, _ = slide_plan
+    identity = RunIdentity(
+        MODEL,
+        batch_size=4,
+        dtype="float32",
+        precision="fp32",
+        compile=False,
+        shard_tiles=shard_tiles,
+    )
+    return EmbeddingWriter(slide, plan, uid, identity, **kwargs)
+
+
+def test_features_and_done_are_one_file_per_shard_of_whole_batches(slide_plan):
+    writer = _sharded(slide_plan, shard_tiles=10)  # 10 tiles: 2 whole batches of 4
+    assert writer.per_shard == 2 and writer.blocks >= 5
+    _fill(writer, writer.todo(), 1.0)
+    writer.finish({})
+    group = _group(slide_plan)
+    assert group["features"].shards == (8, 4) and group["features"].chunks == (4, 4)
+    assert group["done"].shards == (2,)
+    shards = -(-writer.blocks // 2)
+    folder = slide_plan[3] / "embeddings" / "test-model"
+    for name in ("features", "done"):
+        assert len([p for p in (folder / name / "c").rglob("*") if p.is_file()]) == shards
+    for name in ("x", "y", "tissue"):  # each coordinate column is one file
+        assert len([p for p in (folder / name).rglob("*") if p.is_file()]) == 2  # + zarr.json
+
+
+def test_a_batch_is_done_only_once_its_shard_is_written(slide_plan):
+    writer = _sharded(slide_plan)
+    _fill(writer, [0], 5.0)
+    group = _group(slide_plan)
+    assert group["done"][:].sum() == 0 and np.isnan(group["features"][:4]).all()  # waits
+    _fill(writer, [1], 6.0)  # the shard's last batch to do: the shard is written, then done
+    group = _group(slide_plan)
+    assert group["done"][:2].tolist() == [1, 1] and group["done"][2:].sum() == 0
+    assert (group["features"][:4] == 5.0).all() and (group["features"][4:8] == 6.0).all()
+    writer.abandon()
+
+
+def test_a_shard_with_done_batches_keeps_them_when_the_rest_is_written(slide_plan):
+    first = _sharded(slide_plan)
+    _fill(first, [2], 7.0)  # half of shard 1
+    assert first.abandon().startswith("1 of")  # written at the end: it is kept
+    group = _group(slide_plan)
+    assert group["done"][:].tolist()[:4] == [0, 0, 1, 0]
+    before = (slide_plan[3] / "embeddings/test-model/features/c/1/0").read_bytes()
+    resumed = _sharded(slide_plan, create=False)
+    assert 2 not in resumed.todo()
+    _fill(resumed, [3], 8.0)  # completes shard 1: read back, batch 2 kept as it was
+    group = _group(slide_plan)
+    assert (group["features"][8:12] == 7.0).all() and (group["features"][12:16] == 8.0).all()
+    after = (slide_plan[3] / "embeddings/test-model/features/c/1/0").read_bytes()
+    assert after != before and group["done"][:4].tolist() == [0, 0, 1, 1]
+    _fill(resumed, resumed.todo(), 9.0)
+    resumed.finish({})
+    group = _group(slide_plan)
+    assert group.attrs["tilestore"]["complete"] and (group["features"][8:12] == 7.0).all()
+
+
+def test_features_written_before_a_kill_but_not_marked_done_are_redone(slide_plan, monkeypatch):
+    writer = _sharded(slide_plan)
+    done = writer._done
+
+    class Killed(Exception):
+        pass
+
+    class DiesMarking:  # the shard's features are written; the process dies before its flags
+        shape, dtype = done.shape, done.dtype
+
+        def __getitem__(self, key):
+            return done[key]
+
+        def __setitem__(self, key, value):
+            raise Killed
+
+    monkeypatch.setattr(writer, "_done", DiesMarking())
+    with pytest.raises(Killed):
+        _fill(writer, [0, 1], 4.0)
+    monkeypatch.undo()
+    writer._release_lock()
+    assert (_group(slide_plan)["features"][:8] == 4.0).all()
+    resumed = _sharded(slide_plan, create=False)
+    assert resumed.todo().tolist()[:2] == [0, 1]  # not done: computed again
+
+
+def test_files_a_killed_writer_left_unrenamed_are_cleared_on_resume(slide_plan):
+    first = _sharded(slide_plan)
+    _fill(first, [0, 1], 1.0)
+    first.abandon()
+    shard = slide_plan[3] / "embeddings/test-model/features/c/0/0"
+    torn = shard.with_suffix(".0123456789abcdef0123456789abcdef.partial")
+    torn.write_bytes(shard.read_bytes()[:10])  # what zarr's local store was writing
+    resumed = _sharded(slide_plan, create=False)
+    assert not torn.exists() and resumed.todo().tolist()[0] == 2
+    resumed.abandon()

@@ -1,9 +1,13 @@
 """Writing embeddings into a store as embeddings/<model>, resumable batch by batch.
 
 The group (`tilestore.embeddings.layout`) is made with every coordinate of the plan and an
-empty features array; each batch's features are written, then its ``done`` flag, so a killed
-run resumes where it stopped. A hidden lock file beside the store keeps two processes from
-embedding one store with one model at the same time.
+empty features array in shards of whole batches. A batch's features wait in memory until
+every batch of their shard still to do is in (or the run ends); then the shard is written
+whole and renamed into place (zarr's local store writes each file so), and only then are its
+batches' ``done`` flags written: a batch is done only when its shard is durable, so a run
+killed at any point resumes, batch by batch, where its last shard left it. A hidden lock file
+beside the store keeps two processes from embedding one store with one model at the same
+time; a Dask cohort gives each worker whole shards (`tilestore.embed.cohort`).
 """
 
 from __future__ import annotations
@@ -20,9 +24,17 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec
 
-from tilestore.embeddings.layout import COORDINATES, UNITS, group_name
+from tilestore.embeddings.layout import (
+    COORDINATES,
+    SHARD_TILES,
+    UNITS,
+    batches_per_shard,
+    group_name,
+)
 from tilestore.errors import TilestoreError
 from tilestore.format.codecs import zstd_codecs
+from tilestore.format.leftovers import clear_unfinished_files
+from tilestore.format.shards import column, sharded
 from tilestore.format.store import consolidate, software_versions
 from tilestore.plan.grid import TilePlan
 from tilestore.reading.slide import Slide
@@ -42,7 +54,9 @@ class RunIdentity:
     engine (`Embedder.writer_identity`): a run resumes a group only where these are equal.
 
     model: the model's description (`LoadedModel.describe`: name, weights, output_dim...).
-    channels: a multiplex store's channels read as R, G, B (None for RGB stores)."""
+    channels: a multiplex store's channels read as R, G, B (None for RGB stores).
+    shard_tiles: tiles per features shard of a group this run makes (None: `SHARD_TILES`;
+    a group made before keeps its own shards; not compared on resume)."""
 
     model: dict[str, Any]
     batch_size: int
@@ -50,6 +64,7 @@ class RunIdentity:
     precision: str
     compile: bool
     channels: tuple[str, ...] | None = None
+    shard_tiles: int | None = None
 
     def record(self) -> dict[str, Any]:
         """The group's attributes for it (the keys stores have always had)."""
@@ -102,6 +117,7 @@ class EmbeddingWriter:
                     raise EmbeddingError(self._mismatch(existing))
             self._replace = existing is not None and overwrite
             if existing is not None and not overwrite:
+                clear_unfinished_files(store / self.path)  # a killed run's, never renamed
                 self._open(existing)
             if create:
                 self.create()
@@ -119,6 +135,9 @@ class EmbeddingWriter:
 
     def _open(self, group) -> None:
         self.group, self.features, self._done = group, group["features"], group["done"]
+        shards = self.features.shards  # None: a group made before shards, a file per batch
+        self.per_shard = shards[0] // self.batch_size if shards else 1
+        self._stored = self._done[:].astype(bool)  # done on disk, as this writer knows it
 
     @classmethod
     def attach(
@@ -151,6 +170,7 @@ class EmbeddingWriter:
         self.attached = False
         self.group = None
         self._made = False  # this writer made the group (so may remove it unused)
+        self._pending: dict[int, np.ndarray] = {}  # batches waiting for their shard
         self.blocks = -(-len(plan) // identity.batch_size)
 
     # -- state --------------------------------------------------------------------------
@@ -162,16 +182,57 @@ class EmbeddingWriter:
         return np.flatnonzero(self._done[:] == 0)
 
     def write(self, block: int, features: np.ndarray) -> None:
-        """Write one batch's features, then mark it done (in that order: crash-safe)."""
-        start = block * self.batch_size
-        self.features[start : start + len(features)] = features
-        self._done[block] = 1
+        """Take one batch's features (copied: the caller's buffer is reused); once every
+        batch of its shard still to do is in, write the shard, then mark them done."""
+        self._pending[block] = np.array(features, copy=True)
+        shard = block // self.per_shard
+        first, last = self._shard(shard)
+        if all(self._stored[b] or b in self._pending for b in range(first, last)):
+            self._flush(shard)
+
+    def flush(self) -> None:
+        """Write every shard with batches waiting (a run's end, a trial's last shard)."""
+        for shard in sorted({b // self.per_shard for b in self._pending}):
+            self._flush(shard)
+
+    def _shard(self, shard: int) -> tuple[int, int]:
+        """The batches [first, last) of a shard."""
+        return shard * self.per_shard, min((shard + 1) * self.per_shard, self.blocks)
+
+    def _flush(self, shard: int) -> None:
+        """Write a shard's waiting batches in one write of the shard (zarr reads the done
+        batches' bytes of a shard it rewrites and keeps them as they are), then their done
+        flags: a kill in between leaves features whose batches are not done, redone."""
+        first, last = self._shard(shard)
+        blocks = [b for b in range(first, last) if b in self._pending]
+        if not blocks:
+            return
+        n, batch = self.features.shape[0], self.batch_size
+        lo, hi = first * batch, min(last * batch, n)
+        if len(blocks) == last - first:  # the whole shard: nothing to read back
+            region = np.empty((hi - lo, self.features.shape[1]), self.features.dtype)
+        else:
+            region = self.features[lo:hi]
+        for b in blocks:
+            start = b * batch - lo
+            features = self._pending[b]
+            region[start : start + len(features)] = features
+        self.features[lo:hi] = region
+        flags = self._stored[first:last].copy()
+        flags[np.asarray(blocks) - first] = True
+        self._done[first:last] = flags.astype(np.uint8)
+        self._stored[first:last] = flags
+        for b in blocks:
+            del self._pending[b]
 
     def finish(self, summary: dict[str, Any]) -> None:
-        """Mark complete (if every batch is done), consolidate metadata, release the lock."""
+        """Write what waits; mark complete (if every batch is done), consolidate metadata,
+        release the lock. A slice (attached) only writes what waits."""
         if self.attached:
+            self.flush()
             return
         try:
+            self.flush()
             if len(self.todo()) == 0:
                 attrs = dict(self.group.attrs["tilestore"])
                 attrs.update(complete=True, finished=_now(), run=summary)
@@ -185,10 +246,14 @@ class EmbeddingWriter:
         run made and wrote nothing into is removed (the store is as it was); otherwise the
         done batches stay for the next run to resume from. Attached (a slice): ""."""
         try:
-            if self.attached:  # the coordinator that made the group says what it holds
-                return ""
             if self.group is None:
                 return "nothing was written"
+            try:  # batches computed before the failure are kept
+                self.flush()
+            except (OSError, ValueError, zarr.errors.BaseZarrError):
+                self._pending.clear()  # not written: their batches are redone
+            if self.attached:  # the coordinator that made the group says what it holds
+                return ""
             done = int(self._done[:].sum())
             if done == 0 and self._made:
                 del self.root[self.path]
@@ -243,27 +308,27 @@ class EmbeddingWriter:
                 key,
                 data=np.ascontiguousarray(values),
                 dimension_names=("tile",),
-                **zstd_codecs(level=3),
+                **column(zstd_codecs(level=3), n),
                 attributes={"units": UNITS[key]} if key in UNITS else None,
             )
+        per = batches_per_shard(self.batch_size, self.run.shard_tiles or SHARD_TILES)
+        batch = (self.batch_size, dim)
         group.create_array(
             "features",
             shape=(n, dim),
-            chunks=(self.batch_size, dim),
             dtype=self.run.dtype,
             dimension_names=("tile", "feature"),
-            **zstd_codecs(level=1),
+            **sharded(zstd_codecs(level=1), batch, (per * self.batch_size, dim), True),
             fill_value=np.nan,
             attributes={"coordinates": " ".join(coords)},  # xarray: these are coordinates
         )
         group.create_array(
             "done",
             shape=(blocks,),
-            chunks=(1,),
             dtype="uint8",
             fill_value=0,
             dimension_names=("batch",),
-            compressors=[Crc32cCodec()],
+            **sharded({"compressors": [Crc32cCodec()]}, (1,), (per,), True),
         )
         group.attrs["tilestore"] = {
             **self.identity,

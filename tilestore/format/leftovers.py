@@ -72,3 +72,19 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+# a file zarr's local store (or `tilestore.format.shards.write_atomic`) was writing when its
+# process was killed: <key>.<32 hex>.partial, never renamed into place
+UNFINISHED_FILE = re.compile(r"\.[0-9a-f]{32}\.partial$")
+
+
+def clear_unfinished_files(folder: Path) -> int:
+    """Remove the files killed writers left below `folder` (a group whose writer holds its
+    lock); return how many. Their final names still hold what was there before."""
+    removed = 0
+    for path in folder.rglob("*.partial"):
+        if UNFINISHED_FILE.search(path.name) and path.is_file():
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed

@@ -17,6 +17,7 @@ import numpy as np
 
 from tilestore.errors import PlanError
 from tilestore.format.codecs import zstd_codecs
+from tilestore.format.shards import column
 from tilestore.format.store import consolidate, stored
 from tilestore.masks.tissue import TissueMask, compute_tissue, read_tissue, write_tissue
 from tilestore.plan.annotations import Annotations, load_annotations
@@ -239,7 +240,10 @@ def save_plan(slide: Slide, plan: TilePlan, *, overwrite: bool = False) -> str:
     group = plans.create_group(plan.name)
     for key, values in columns.items():
         group.create_array(
-            key, data=np.ascontiguousarray(values), dimension_names=("tile",), **zstd_codecs()
+            key,
+            data=np.ascontiguousarray(values),
+            dimension_names=("tile",),
+            **column(zstd_codecs(), len(plan)),
         )
     group.attrs["tilestore"] = {
         "uid": uid,

@@ -14,10 +14,12 @@ import numpy as np
 
 from tilestore.format import omezarr
 from tilestore.format.codecs import zstd_codecs
+from tilestore.format.shards import SHARD_CHUNKS, shard_shape, sharded
 from tilestore.format.store import consolidate, stored
 from tilestore.reading.slide import Slide
 
 T = TypeVar("T")
+CHUNKS = (1, 1024, 1024)  # a label level's chunks (uint8), in shards of up to 16 x 16
 
 
 def write_label(
@@ -41,12 +43,14 @@ def write_label(
     paths, downsamples = [], []
     for index in range(len(slide.levels)):
         factor = 2**index
+        data = label[::factor, ::factor][None]
         group.create_array(
             str(index),
-            data=label[::factor, ::factor][None],
-            chunks=(1, 1024, 1024),
+            data=data,
             dimension_names=("c", "y", "x"),
-            **zstd_codecs(),
+            **sharded(
+                zstd_codecs(), CHUNKS, shard_shape(CHUNKS, data.shape, SHARD_CHUNKS, 2**20), True
+            ),
         )
         paths.append(str(index))
         downsamples.append((downsample[0] * factor, downsample[1] * factor))

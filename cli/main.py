@@ -21,6 +21,7 @@ from tilestore.cli.inspect import info, verify
 from tilestore.cli.planflags import with_plan_flags
 from tilestore.cli.qc import qc
 from tilestore.conversion import QUALITY, SUBSAMPLING
+from tilestore.format.shards import SHARD_CHUNKS
 from tilestore.masks import TISSUE_MPP
 from tilestore.plan import PlanOptions
 
@@ -70,6 +71,11 @@ def convert(
     name: str | None = typer.Option(
         None, help="Store name (<name>.ome.zarr) for a single slide, instead of the file's."
     ),
+    shard: int = typer.Option(
+        SHARD_CHUNKS,
+        help="Chunks per shard side: a slide is a few files, not one per chunk (0: a file per "
+        "chunk, the layout before shards).",
+    ),
     in_place: bool = typer.Option(
         False,
         "--in-place",
@@ -105,6 +111,7 @@ def convert(
                     copy=copy,
                     workers=workers,
                     checksums=checksums,
+                    shard=shard,
                     lossy_ok=lossy_ok,
                     progress=lambda n, total: progress.update(task, advance=n, total=total),
                 )
@@ -214,6 +221,42 @@ def plan(
         rois = plan_rois(slide, options) if options.roi else None  # as the plan used them
         save_preview(preview, slide, tissue=read_tissue(slide), rois=rois, plan=made)
         out.print(f"preview: {preview}")
+
+
+@app.command()
+def reshard(
+    stores: list[Path] = typer.Argument(..., help="Stores (.ome.zarr) made before shards."),
+    workers: int | None = typer.Option(None, help="Threads packing shards (default: CPUs)."),
+) -> None:
+    """Rewrite stores of one file per chunk into shards (a few files per slide), safely:
+    nothing is decoded, and the old store is replaced only once the new one is whole."""
+    from tilestore.conversion import reshard as run_reshard
+
+    failed = 0
+    for store in stores:
+        try:
+            with _progress(store.name) as (progress, task):
+                report = run_reshard(
+                    store,
+                    workers=workers,
+                    progress=lambda n, total: progress.update(task, advance=n, total=total),
+                )
+        except TilestoreError as exc:
+            _error(exc)
+            failed += 1
+            continue
+        what = (
+            f"{report.arrays} arrays into shards, {report.kept} kept"
+            if report.arrays
+            else "already in shards, left as it was"
+        )
+        out.print(
+            f"{store}: {what}; {report.files_before:,} -> {report.files_after:,} files "
+            f"in {report.seconds:.1f} s",
+            highlight=False,
+        )
+    if failed:
+        raise typer.Exit(2)
 
 
 app.command()(embed)

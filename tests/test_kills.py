@@ -173,4 +173,4 @@ def test_a_killed_embedding_reruns_to_the_same_features(tmp_path, stores, model,
     assert not report.failures
     assert np.array_equal(_features(store, model), embedded)  # bitwise, fp32
     assert _leftovers(tmp_path) == []  # no lock file
-    assert list(store.rglob("*.partial")) == []  # nor a shard the killed run was writing
+    assert list(group.rglob("*.partial")) == []  # nor a shard the killed run was writing

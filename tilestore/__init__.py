@@ -26,7 +26,13 @@ from tilestore.faces import lazy_face
 __getattr__, __dir__, __all__ = lazy_face(
     __name__,
     {
-        "tilestore.conversion": ("ConversionReport", "convert", "describe", "open_in_place"),
+        "tilestore.conversion": (
+            "ConversionReport",
+            "convert",
+            "describe",
+            "open_in_place",
+            "reshard",
+        ),
         "tilestore.embeddings": ("open_embeddings",),
         "tilestore.errors": (
             "AnnotationError",

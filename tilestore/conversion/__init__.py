@@ -1,7 +1,8 @@
 """Into and out of the store: `convert` (a slide file, once, into an OME-Zarr store),
 `open_in_place` (a TIFF slide read where it is, through a sidecar made the first time),
 `describe` (what a file or store holds, and what conversion would do with it) and
-`to_ome_tiff` (a store out as a pyramidal OME-TIFF).
+`to_ome_tiff` (a store out as a pyramidal OME-TIFF) and `reshard` (a store made before
+shards rewritten into them).
 
 May import: `tilestore.reading`, `tilestore.sources`, `tilestore.format`.
 """
@@ -22,6 +23,7 @@ __getattr__, __dir__, __all__ = lazy_face(
             "slides_of",
         ),
         "tilestore.conversion.info": ("describe", "pixel_count"),
+        "tilestore.conversion.resharding": ("ReshardReport", "reshard"),
         "tilestore.conversion.sidecar": ("open_in_place",),
         "tilestore.conversion.tiffout": ("to_ome_tiff",),
     },

@@ -193,7 +193,7 @@ def convert(
                 )
                 consolidate(tmp)
                 report.store_bytes = tree_size(tmp)
-                _move_into_place(tmp, target)
+                leftovers.move_into_place(tmp, target)
             except BaseException as exc:
                 shutil.rmtree(tmp, ignore_errors=True)
                 if isinstance(exc, OSError):
@@ -561,16 +561,6 @@ def _check_target(target: Path, overwrite: bool) -> None:
         raise StoreError(f"{target}: cannot create output directory: {exc.strerror}") from exc
     if not os.access(target.parent, os.W_OK):
         raise StoreError(f"{target}: output directory {target.parent} is not writable")
-
-
-def _move_into_place(tmp: Path, target: Path) -> None:
-    if not target.exists():
-        tmp.rename(target)
-        return
-    old = leftovers.replaced_name(target)
-    target.rename(old)
-    tmp.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _store_name(src: str | os.PathLike, series: str | None, name: str | None) -> str:

@@ -2,7 +2,8 @@
 
 ``embeddings/<model>`` (plain zarr v3, readable by ``xarray.open_zarr(store,
 group="embeddings/<model>")``): ``features`` (tile, feature) float16 or float32, one zarr
-chunk per batch, about `SHARD_TILES` tiles of whole batches to a shard (one file); 1-D
+chunk per batch, about `tilestore.format.shards.SHARD_TILES` tiles of whole
+batches to a shard (one file); 1-D
 coordinates on ``tile``: x, y (level-0 pixels of the tile's top-left corner, origin top
 left, y down), x_um, y_um (the same in micrometres), grid row and col, tissue and ROI
 fractions, roi_class (an index into the group's ``classes``), and where the plan had QC,
@@ -16,22 +17,12 @@ group is ``complete``. `tilestore.embeddings.write` makes groups,
 from __future__ import annotations
 
 GROUP = "embeddings"
-# Tiles per shard of `features` and `done` (rounded to whole batches). A slide of 100,000
-# tiles, batch 256, ViT-L features: 53 files where a file per batch made 785; the writer
-# writes a shard once its batches are in, a shard with done batches by one read-modify-write
-# (bench/RESULTS.md, "Shards": per-batch write cost by shard size).
-SHARD_TILES = 4096
 COORDS = ("x", "y", "x_um", "y_um", "row", "col", "tissue", "roi", "roi_class")
 UNITS = {"x": "level-0 pixel", "y": "level-0 pixel", "x_um": "micrometer", "y_um": "micrometer"}
 COORDINATES = (
     "x, y: level-0 pixels of each tile's top-left corner, origin at the slide's top-left, "
     "y down; x_um, y_um: the same in micrometres"
 )
-
-
-def batches_per_shard(batch_size: int, shard_tiles: int = SHARD_TILES) -> int:
-    """Whole batches in a shard of about `shard_tiles` tiles (at least one)."""
-    return max(1, shard_tiles // batch_size)
 
 
 def group_name(model: str) -> str:

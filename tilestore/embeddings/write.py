@@ -24,17 +24,11 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec
 
-from tilestore.embeddings.layout import (
-    COORDINATES,
-    SHARD_TILES,
-    UNITS,
-    batches_per_shard,
-    group_name,
-)
+from tilestore.embeddings.layout import COORDINATES, UNITS, group_name
 from tilestore.errors import TilestoreError
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.leftovers import clear_unfinished_files
-from tilestore.format.shards import column, sharded
+from tilestore.format.shards import SHARD_TILES, batches_per_shard, column, sharded
 from tilestore.format.store import consolidate, software_versions
 from tilestore.plan.grid import TilePlan
 from tilestore.reading.slide import Slide

@@ -88,3 +88,15 @@ def clear_unfinished_files(folder: Path) -> int:
             path.unlink(missing_ok=True)
             removed += 1
     return removed
+
+
+def move_into_place(tmp: Path, target: Path) -> None:
+    """Rename a store built at `tmp` to `target`; an old store there is renamed aside first
+    and deleted last (`clear` puts it back where a kill came between the two renames)."""
+    if not target.exists():
+        tmp.rename(target)
+        return
+    old = replaced_name(target)
+    target.rename(old)
+    tmp.rename(target)
+    shutil.rmtree(old, ignore_errors=True)

@@ -31,9 +31,19 @@ from tilestore.format.integrity import TRAILER, Location, read_range
 # Inner chunks per shard side: 32 x 32 chunks of 240-256 px are 7,680-8,192 px, so a
 # 100,000 px slide's level 0 is 169-196 shards where it was 153,000-174,000 chunk files.
 SHARD_CHUNKS = 32
+# Tiles per shard of `features` and `done` (rounded to whole batches). A slide of 100,000
+# tiles, batch 256, ViT-L features: 53 files where a file per batch made 785; the writer
+# writes a shard once its batches are in, a shard with done batches by one read-modify-write
+# (bench/RESULTS.md, "Shards": per-batch write cost by shard size).
+SHARD_TILES = 4096
 SHARD_BYTES = 2**28  # decoded, at most: one shard (all its channels) is held to be written
 ABSENT = np.uint64(2**64 - 1)
 ENTRY = 16  # bytes per chunk in the index: offset and length, uint64 each
+
+
+def batches_per_shard(batch_size: int, shard_tiles: int = SHARD_TILES) -> int:
+    """Whole batches in a shard of about `shard_tiles` tiles (at least one)."""
+    return max(1, shard_tiles // batch_size)
 
 
 def shard_shape(

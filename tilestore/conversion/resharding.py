@@ -1,0 +1,233 @@
+"""`reshard`: a store made before shards (one file per chunk) rewritten into shards, safely.
+
+Every array of one file per chunk becomes the layout a store made today has: image and label
+levels in shards of up to `SHARD_CHUNKS` x `SHARD_CHUNKS` chunks, an embeddings group's
+``features`` and ``done`` in shards of whole batches (`tilestore.embeddings.layout`), every
+other 1-D column one file. Nothing is decoded: each chunk's bytes become an inner chunk as
+they are (a copied level's are still the slide's JPEG tiles), each keeps its CRC-32C, and
+each shard's index gets its own. Arrays already sharded, and levels a sidecar reads in place
+from its slide, are copied as they are. Only the arrays' ``zarr.json`` change: the codecs
+become ``sharding_indexed`` around the codecs they had.
+
+The new store is built beside the old one (a hidden partial folder, as `convert` builds)
+and renamed into place; the old one is renamed aside first and deleted last, so a kill at
+any point leaves the old store or the new one, never neither (`tilestore.format.leftovers`
+puts it back). A store an embedding run is writing (its lock is held) is refused.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import shutil
+import time
+import warnings
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tilestore.cpus import usable_cpus
+from tilestore.errors import StoreError, TilestoreWarning
+from tilestore.format import leftovers
+from tilestore.format.shards import (
+    SHARD_CHUNKS,
+    batches_per_shard,
+    pack,
+    shard_shape,
+    write_atomic,
+)
+from tilestore.format.store import consolidate, open_store
+
+META = "zarr.json"
+CRC = "crc32c"
+
+
+@dataclass
+class ReshardReport:
+    """What `reshard` did to one store."""
+
+    store: Path
+    arrays: int = 0  # arrays rewritten into shards
+    kept: int = 0  # arrays copied as they were (already sharded, read in place, not chunked)
+    files_before: int = 0
+    files_after: int = 0
+    seconds: float = 0.0
+
+
+def reshard(
+    store: str | os.PathLike,
+    *,
+    per_side: int = SHARD_CHUNKS,
+    workers: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> ReshardReport:
+    """Rewrite a complete store's arrays of one file per chunk into shards, in place.
+
+    per_side: inner chunks per shard side of image and label levels. A store with nothing
+    to reshard is left untouched. StoreError where the store is not a complete tilestore
+    store, or an embedding run holds one of its groups."""
+    started = time.perf_counter()
+    target = Path(store)
+    _, attrs = open_store(target)
+    for note in leftovers.clear(target):
+        warnings.warn(note, TilestoreWarning, stacklevel=2)
+    locks = sorted(target.parent.glob(f".{target.name}.*.lock"))
+    if locks:
+        raise StoreError(
+            f"{target}: an embedding run holds {locks[0].name}; reshard once it has finished"
+        )
+    in_place = {str(i) for i in (attrs.get("source") or {}).get("in_place", [])}
+    arrays = _arrays(target)
+    todo = {
+        path: shard
+        for path, meta in arrays.items()
+        if (shard := _shard_of(path, meta, arrays, per_side, in_place)) is not None
+    }
+    report = ReshardReport(target, files_before=_files(target))
+    if not todo:
+        report.kept, report.files_after = len(arrays), report.files_before
+        report.seconds = time.perf_counter() - started
+        return report
+    tmp = leftovers.partial_name(target)
+    try:
+        _copy_tree(target, tmp, skip=set(todo))
+        total = sum(_shard_count(arrays[p], s) for p, s in todo.items())
+        with ThreadPoolExecutor(workers or usable_cpus()) as pool:
+            for path, shard in todo.items():
+                written = _reshard_array(target / path, tmp / path, arrays[path], shard, pool)
+                if progress:
+                    progress(written, total)
+        consolidate(tmp)
+        leftovers.move_into_place(tmp, target)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise StoreError(f"{target}: cannot reshard: {exc}") from exc
+        raise
+    report.arrays, report.kept = len(todo), len(arrays) - len(todo)
+    report.files_after = _files(target)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _arrays(root: Path) -> dict[str, dict]:
+    """Every array below `root` by path (posix, relative), with its zarr.json."""
+    found = {}
+    for meta in sorted(root.rglob(META)):
+        doc = json.loads(meta.read_text())
+        if doc.get("node_type") == "array":
+            found[meta.parent.relative_to(root).as_posix()] = doc
+    return found
+
+
+def _shard_of(
+    path: str, meta: dict, arrays: dict[str, dict], per_side: int, in_place: set[str]
+) -> tuple[int, ...] | None:
+    """The shard shape an array of one file per chunk gets (None: kept as it is)."""
+    codecs = meta["codecs"]
+    if path in in_place or any(c["name"] == "sharding_indexed" for c in codecs):
+        return None
+    if meta["chunk_grid"]["name"] != "regular":
+        return None
+    shape, chunks = meta["shape"], meta["chunk_grid"]["configuration"]["chunk_shape"]
+    parent, name = path.rpartition("/")[::2]
+    features, done = arrays.get(f"{parent}/features"), arrays.get(f"{parent}/done")
+    if name in ("features", "done") and features and done and len(features["shape"]) == 2:
+        # an embeddings group: shards of whole batches, `done` alike
+        batch = features["chunk_grid"]["configuration"]["chunk_shape"][0]
+        per = batches_per_shard(batch)
+        return (per * batch, *chunks[1:]) if name == "features" else (per * chunks[0],)
+    if len(shape) == 1:  # a column: one file
+        return (max(1, math.ceil(shape[0] / chunks[0])) * chunks[0],)
+    if len(shape) in (2, 3):
+        itemsize = np.dtype(meta["data_type"]).itemsize
+        chunk_bytes = shape[0] * math.prod(chunks[1:]) * itemsize if len(shape) == 3 else 0
+        shard = shard_shape(chunks, shape, per_side, chunk_bytes)
+        return shard if tuple(shard) != tuple(chunks) else None
+    return None
+
+
+def _copy_tree(root: Path, tmp: Path, skip: set[str]) -> None:
+    """Everything of the store but the arrays to reshard's chunks: groups' and kept arrays'
+    files as they are (the root's consolidated metadata is made again)."""
+    for folder, dirs, names in os.walk(root):
+        rel = Path(folder).relative_to(root).as_posix()
+        rel = "" if rel == "." else rel
+        if rel in skip:
+            dirs[:] = []  # its chunks are packed into shards; its zarr.json is rewritten
+            continue
+        (tmp / rel).mkdir(parents=True, exist_ok=True)
+        for name in names:
+            if not leftovers.UNFINISHED_FILE.search(name):  # a killed writer's, never renamed
+                shutil.copy2(Path(folder) / name, tmp / rel / name)
+
+
+def _shard_count(meta: dict, shard: tuple[int, ...]) -> int:
+    return math.prod(-(-s // c) for s, c in zip(meta["shape"], shard, strict=True))
+
+
+def _reshard_array(src: Path, dst: Path, meta: dict, shard: tuple[int, ...], pool) -> int:
+    """Pack `src`'s chunk files into shards of `shard` at `dst`, then write its zarr.json
+    (last: an array folder with no zarr.json is nothing to a reader); return the shards."""
+    chunks = meta["chunk_grid"]["configuration"]["chunk_shape"]
+    codecs = meta["codecs"]
+    crc = codecs[-1]["name"] == CRC  # its chunks carry their CRC-32C: the index gets one too
+    per = [s // c for s, c in zip(shard, chunks, strict=True)]
+    grid = [-(-s // c) for s, c in zip(meta["shape"], chunks, strict=True)]
+    key = _key_of(meta)
+    shards = itertools.product(*(range(-(-g // p)) for g, p in zip(grid, per, strict=True)))
+
+    def one(at: tuple[int, ...]) -> None:
+        inner = []
+        for offset in itertools.product(*(range(p) for p in per)):
+            coords = [a * p + o for a, p, o in zip(at, per, offset, strict=True)]
+            if any(c >= g for c, g in zip(coords, grid, strict=True)):
+                inner.append(None)  # beyond the array, in its last shards
+                continue
+            try:
+                inner.append((src / key(coords)).read_bytes())
+            except FileNotFoundError:
+                inner.append(None)  # absent before (fill value), absent after
+        if any(data is not None for data in inner):
+            write_atomic(dst / key(at), pack(inner, crc))
+
+    written = sum(1 for _ in pool.map(one, shards))
+    index = [{"name": "bytes", "configuration": {"endian": "little"}}]
+    sharding = {
+        "name": "sharding_indexed",
+        "configuration": {
+            "chunk_shape": chunks,
+            "codecs": codecs,
+            "index_codecs": index + ([{"name": CRC}] if crc else []),
+            "index_location": "end",
+        },
+    }
+    doc = {
+        **meta,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(shard)}},
+        "codecs": [sharding],
+    }
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / META).write_text(json.dumps(doc, indent=2))
+    return written
+
+
+def _key_of(meta: dict) -> Callable[[list[int]], str]:
+    """Chunk (and shard) coordinates -> the file's path below the array, as its
+    chunk_key_encoding names them."""
+    encoding = meta.get("chunk_key_encoding", {"name": "default"})
+    separator = encoding.get("configuration", {}).get("separator")
+    if encoding["name"] == "v2":
+        sep = separator or "."
+        return lambda coords: sep.join(map(str, coords)) if coords else "0"
+    sep = separator or "/"
+    return lambda coords: sep.join(["c", *map(str, coords)])
+
+
+def _files(root: Path) -> int:
+    return sum(len(names) for _, _, names in os.walk(root))

@@ -20,8 +20,7 @@ from tilestore.cli.export import export_app
 from tilestore.cli.inspect import info, verify
 from tilestore.cli.planflags import with_plan_flags
 from tilestore.cli.qc import qc
-from tilestore.conversion import QUALITY, SUBSAMPLING
-from tilestore.format.shards import SHARD_CHUNKS
+from tilestore.conversion import QUALITY, SHARD_CHUNKS, SUBSAMPLING
 from tilestore.masks import TISSUE_MPP
 from tilestore.plan import PlanOptions
 

@@ -250,9 +250,6 @@ def attrs_edit(name: str, edit: Callable[[dict], None]) -> Callable[[Path, Path]
         doc = json.loads(meta.read_text())
         edit(doc["attributes"]["tilestore"])
         meta.write_text(json.dumps(doc))
-        consolidated = doc.get("consolidated_metadata")
-        if consolidated:  # keep the consolidated copy in step, as a careful editor would
-            pass
         return target
 
     make.__name__ = f"attrs_{name}"

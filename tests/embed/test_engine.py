@@ -74,8 +74,8 @@ def test_plain_xarray_opens_the_embeddings(store, lite):
     path = store()
     embed([path], lite, plan=PlanOptions(mpp=1.0, tile=224), options=FP32)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        ds = xr.open_zarr(path, group=f"embeddings/{LITE}")
+        warnings.simplefilter("error")  # as the README shows it
+        ds = xr.open_zarr(path, group=f"embeddings/{LITE}", consolidated=False)
     assert ds["features"].dims == ("tile", "feature")
     assert {"x", "y", "x_um", "y_um", "row", "col"} <= set(ds.coords)
     assert ds.sizes["tile"] == 11 and ds["x"].attrs["units"] == "level-0 pixel"

@@ -83,7 +83,14 @@ def test_rgb_chunks_round_trip_through_transpose(tmp_path, cmu_pixels, space):
     assert again.shape == data.shape
     assert psnr(again, data) > 40
     meta = json.loads((tmp_path / "a.zarr" / "zarr.json").read_text())
-    assert [c["name"] for c in meta["codecs"]] == ["transpose", "jpeg", "crc32c"]
+    assert [c["name"] for c in meta["codecs"]] == ["transpose", "imagecodecs_jpeg", "crc32c"]
+    config = meta["codecs"][1]["configuration"]  # imagecodecs' names for what was written
+    assert config == {
+        "level": 95,
+        "colorspace_data": "RGB",
+        "colorspace_jpeg": {"ycbcr": "YCbCr", "rgb": "RGB"}[space],
+        "subsampling": "444",
+    }
 
 
 def test_grayscale_chunks_need_no_color_space(tmp_path, cmu_pixels):

@@ -187,7 +187,7 @@ def test_jpeg_for_fluorescence_uses_rgb_color_space(tmp_path, slide_path):
     report = convert(slide_path(NDPI), tmp_path, codec="jpeg", lossy_ok=True)
     meta = json.loads((report.store / "0" / "zarr.json").read_text())
     inner = meta["codecs"][0]["configuration"]["codecs"]  # in each shard
-    assert inner[1]["configuration"]["encoded_color_space"] == "rgb"
+    assert inner[1]["configuration"]["colorspace_jpeg"] == "RGB"
 
 
 def test_jpeg_codec_refuses_16_bit(tmp_path):

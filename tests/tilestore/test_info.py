@@ -17,7 +17,7 @@ def test_store_description(stores):
     assert desc["kind"] == "store" and desc["complete"]
     assert desc["source"]["name"] == CMU and len(desc["source"]["sha256"]) == 64
     assert [lv["write"] for lv in desc["levels"]] == ["copy", "re-encode", "re-encode"]
-    assert desc["levels"][0]["codecs"] == ["transpose", "jpeg", "crc32c"]
+    assert desc["levels"][0]["codecs"] == ["transpose", "imagecodecs_jpeg", "crc32c"]
     assert desc["levels"][0]["chunks"] == [3, 240, 240]
     assert desc["levels"][0]["shards"] == [3, 240 * 13, 240 * 10]  # the whole level: 13 x 10
     assert desc["levels"][1]["mpp"] == pytest.approx([0.998, 0.998])

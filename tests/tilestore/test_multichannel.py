@@ -76,7 +76,7 @@ def test_jpeg_on_fluorescence_is_refused_unless_lossy_is_asked_for(qptiff, tmp_p
     meta = json.loads((report.store / "0" / "zarr.json").read_text())
     # asked for: JPEG, but no colour transform mixing the markers
     inner = meta["codecs"][0]["configuration"]["codecs"]  # in each shard
-    assert inner[1]["configuration"]["encoded_color_space"] == "rgb"
+    assert inner[1]["configuration"]["colorspace_jpeg"] == "RGB"
 
 
 def test_pages_of_one_sample_are_channels_even_without_vendor_metadata(qptiff, tmp_path):

@@ -193,3 +193,34 @@ def test_cli_reshards_and_says_what_it_did(store):
     assert run.returncode == 0, run.stderr
     assert "arrays into shards" in run.stdout and " -> " in run.stdout
     assert zarr.open_array(path / "0", mode="r").shards is not None
+
+
+def test_the_older_jpeg_codec_is_declared_as_imagecodecs_jpeg(store):
+    path, *_ = _old_store(store)
+    region = open_slide(path).read_region(0, 0, 700, 500, level=0)
+    for level, space in (("0", "rgb"), ("1", "ycbcr")):  # as stores before this change said it
+        meta = json.loads((path / level / "zarr.json").read_text())
+        meta["codecs"][1] = {
+            "name": "jpeg",
+            "configuration": {
+                "quality": 95,
+                "encoded_color_space": space,
+                "subsampling": [[1, 1]] * 3,
+            },
+        }
+        (path / level / "zarr.json").write_text(json.dumps(meta))
+    assert np.array_equal(open_slide(path).read_region(0, 0, 700, 500, level=0), region)
+    reshard(path)
+    for level, space in (("0", "RGB"), ("1", "YCbCr")):
+        meta = json.loads((path / level / "zarr.json").read_text())
+        (inner,) = [c for c in meta["codecs"][0]["configuration"]["codecs"] if "jpeg" in c["name"]]
+        assert inner == {
+            "name": "imagecodecs_jpeg",
+            "configuration": {
+                "level": 95,
+                "colorspace_data": "RGB",
+                "colorspace_jpeg": space,
+                "subsampling": "444",
+            },
+        }
+    assert np.array_equal(open_slide(path).read_region(0, 0, 700, 500, level=0), region)

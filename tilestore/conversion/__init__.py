@@ -16,6 +16,7 @@ __getattr__, __dir__, __all__ = lazy_face(
     {
         "tilestore.conversion.converter": (
             "QUALITY",
+            "SHARD_CHUNKS",
             "SUBSAMPLING",
             "ConversionReport",
             "check_mpp",

@@ -35,7 +35,6 @@ from tilestore.format.store import (
     ATTRS_KEY,
     STORE_FORMAT,
     STORE_SUFFIX,
-    consolidate,
     is_store,
     software_versions,
     store_name,
@@ -191,7 +190,6 @@ def convert(
                 _write_attrs(
                     root, source, plan, encoding, report, mpp_fact, associated, digest.result()
                 )
-                consolidate(tmp)
                 report.store_bytes = tree_size(tmp)
                 leftovers.move_into_place(tmp, target)
             except BaseException as exc:

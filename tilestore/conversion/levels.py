@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zarr
 
-from tilestore.format.codecs import JpegCodec, has_checksums
+from tilestore.format.codecs import has_checksums
 from tilestore.format.integrity import seal
 from tilestore.format.shards import chunks_per_shard, index_checked, pack, write_atomic
 from tilestore.reading.source_chunks import TileSource
@@ -73,7 +74,7 @@ def copy_tiles(
     root: Path,
     tiles: JpegTiles,
     level: SourceLevel,
-    codec: JpegCodec,
+    codec: Any,
     background: int,
     workers: int,
     progress: Progress,

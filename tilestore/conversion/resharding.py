@@ -7,7 +7,9 @@ other 1-D column one file. Nothing is decoded: each chunk's bytes become an inne
 they are (a copied level's are still the slide's JPEG tiles), each keeps its CRC-32C, and
 each shard's index gets its own. Arrays already sharded, and levels a sidecar reads in place
 from its slide, are copied as they are. Only the arrays' ``zarr.json`` change: the codecs
-become ``sharding_indexed`` around the codecs they had.
+become ``sharding_indexed`` around the codecs they had, and JPEG chunks declared with the
+older ``jpeg`` codec are declared with imagecodecs' ``imagecodecs_jpeg``, its equal
+(`tilestore.format.codecs`), so zarr-python with imagecodecs reads them without tilestore.
 
 The new store is built beside the old one (a hidden partial folder, as `convert` builds)
 and renamed into place; the old one is renamed aside first and deleted last, so a kill at
@@ -34,6 +36,7 @@ import numpy as np
 from tilestore.cpus import usable_cpus
 from tilestore.errors import StoreError, TilestoreWarning
 from tilestore.format import leftovers
+from tilestore.format.codecs import COLOR_SPACE_NAMES, IMAGECODECS_JPEG, SAMPLING_NAMES
 from tilestore.format.shards import (
     SHARD_CHUNKS,
     batches_per_shard,
@@ -41,7 +44,7 @@ from tilestore.format.shards import (
     shard_shape,
     write_atomic,
 )
-from tilestore.format.store import consolidate, open_store
+from tilestore.format.store import open_store
 
 META = "zarr.json"
 CRC = "crc32c"
@@ -89,7 +92,8 @@ def reshard(
         if (shard := _shard_of(path, meta, arrays, per_side, in_place)) is not None
     }
     report = ReshardReport(target, files_before=_files(target))
-    if not todo:
+    older = {path for path, meta in arrays.items() if path not in todo and _older_jpeg(meta)}
+    if not todo and not older:
         report.kept, report.files_after = len(arrays), report.files_before
         report.seconds = time.perf_counter() - started
         return report
@@ -102,14 +106,16 @@ def reshard(
                 written = _reshard_array(target / path, tmp / path, arrays[path], shard, pool)
                 if progress:
                     progress(written, total)
-        consolidate(tmp)
+        for path in older:  # in shards already: only the codec's name and settings
+            doc = {**arrays[path], "codecs": _redeclared(arrays[path]["codecs"])}
+            (tmp / path / META).write_text(json.dumps(doc, indent=2))
         leftovers.move_into_place(tmp, target)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
             raise StoreError(f"{target}: cannot reshard: {exc}") from exc
         raise
-    report.arrays, report.kept = len(todo), len(arrays) - len(todo)
+    report.arrays, report.kept = len(todo) + len(older), len(arrays) - len(todo) - len(older)
     report.files_after = _files(target)
     report.seconds = time.perf_counter() - started
     return report
@@ -154,7 +160,7 @@ def _shard_of(
 
 def _copy_tree(root: Path, tmp: Path, skip: set[str]) -> None:
     """Everything of the store but the arrays to reshard's chunks: groups' and kept arrays'
-    files as they are (the root's consolidated metadata is made again)."""
+    files as they are (the root's without the consolidated metadata stores no longer keep)."""
     for folder, dirs, names in os.walk(root):
         rel = Path(folder).relative_to(root).as_posix()
         rel = "" if rel == "." else rel
@@ -202,7 +208,7 @@ def _reshard_array(src: Path, dst: Path, meta: dict, shard: tuple[int, ...], poo
         "name": "sharding_indexed",
         "configuration": {
             "chunk_shape": chunks,
-            "codecs": codecs,
+            "codecs": _redeclared(codecs),
             "index_codecs": index + ([{"name": CRC}] if crc else []),
             "index_location": "end",
         },
@@ -215,6 +221,38 @@ def _reshard_array(src: Path, dst: Path, meta: dict, shard: tuple[int, ...], poo
     dst.mkdir(parents=True, exist_ok=True)
     (dst / META).write_text(json.dumps(doc, indent=2))
     return written
+
+
+def _older_jpeg(meta: dict) -> bool:
+    return '"name": "jpeg"' in json.dumps(meta["codecs"])
+
+
+def _redeclared(codecs: list[dict]) -> list[dict]:
+    """`codecs` with the older ``jpeg`` codec declared as the ``imagecodecs_jpeg`` it equals
+    (the same libjpeg decode of the same complete streams), inside shards too."""
+    out = []
+    for codec in codecs:
+        config = codec.get("configuration") or {}
+        if codec["name"] == "jpeg":
+            space = config.get("encoded_color_space")
+            factors = (config.get("subsampling") or [[1, 1]])[0]
+            codec = {
+                "name": IMAGECODECS_JPEG,
+                "configuration": {
+                    "level": config.get("quality", 90),
+                    **(
+                        {"colorspace_data": "RGB", "colorspace_jpeg": COLOR_SPACE_NAMES[space]}
+                        if space
+                        else {}
+                    ),
+                    "subsampling": SAMPLING_NAMES[tuple(factors)],
+                },
+            }
+        elif codec["name"] == "sharding_indexed":
+            inner = _redeclared(config["codecs"])
+            codec = {**codec, "configuration": {**config, "codecs": inner}}
+        out.append(codec)
+    return out
 
 
 def _key_of(meta: dict) -> Callable[[list[int]], str]:

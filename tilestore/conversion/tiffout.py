@@ -22,6 +22,7 @@ import numpy as np
 import tifffile
 
 from tilestore.errors import StoreError
+from tilestore.format.codecs import chroma_sampling, coded_color_space, encode_chunk
 from tilestore.reading.opening import open_slide
 from tilestore.reading.slide import Slide
 
@@ -93,8 +94,8 @@ def _write_pyramid(tif, slide: Slide, codec: str, result) -> None:
             options["metadata"] = None
         if reader.is_jpeg:
             codec = slide.array(index).serializer  # what its chunks hold, as declared
-            coded = "grayscale" if c == 1 else codec.encoded_color_space or "ycbcr"
-            sampling = codec.subsampling[0] if codec.subsampling else (1, 1)
+            coded = "grayscale" if c == 1 else coded_color_space(codec) or "ycbcr"
+            sampling = chroma_sampling(codec)
             data = _jpeg_tiles(reader, _background_tile(reader, codec, c))
             how = f"{coded} JPEG tiles copied"
             photometric = {"ycbcr": "ycbcr", "rgb": "rgb", "grayscale": "minisblack"}[coded]
@@ -164,7 +165,7 @@ def _background_tile(reader, codec, channels: int) -> bytes:
     """A chunk never written (stores from before every chunk was): the background, encoded
     by the level's own codec, so it is coded as the level's other tiles are."""
     tile = np.full((reader.chunk_h, reader.chunk_w, channels), reader.background, np.uint8)
-    return codec.encode_array(tile)
+    return encode_chunk(codec, tile)
 
 
 def _decoded_tiles(slide: Slide, index: int, tile: tuple[int, int], planar: bool):

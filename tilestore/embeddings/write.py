@@ -29,7 +29,7 @@ from tilestore.errors import TilestoreError
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.leftovers import clear_unfinished_files
 from tilestore.format.shards import SHARD_TILES, batches_per_shard, column, sharded
-from tilestore.format.store import consolidate, software_versions
+from tilestore.format.store import software_versions
 from tilestore.plan.grid import TilePlan
 from tilestore.reading.slide import Slide
 
@@ -97,6 +97,8 @@ class EmbeddingWriter:
         # The lock first, then the group: another run may be making it right now.
         self._take_lock()
         try:
+            if (store / self.path).is_dir():  # a killed run's files, never renamed
+                clear_unfinished_files(store / self.path)
             existing = self._existing()
             if existing is not None:
                 if not overwrite and (other := self._other_plan(existing)):
@@ -111,7 +113,6 @@ class EmbeddingWriter:
                     raise EmbeddingError(self._mismatch(existing))
             self._replace = existing is not None and overwrite
             if existing is not None and not overwrite:
-                clear_unfinished_files(store / self.path)  # a killed run's, never renamed
                 self._open(existing)
             if create:
                 self.create()
@@ -220,8 +221,8 @@ class EmbeddingWriter:
             del self._pending[b]
 
     def finish(self, summary: dict[str, Any]) -> None:
-        """Write what waits; mark complete (if every batch is done), consolidate metadata,
-        release the lock. A slice (attached) only writes what waits."""
+        """Write what waits; mark complete (if every batch is done), release the lock. A
+        slice (attached) only writes what waits."""
         if self.attached:
             self.flush()
             return
@@ -231,7 +232,6 @@ class EmbeddingWriter:
                 attrs = dict(self.group.attrs["tilestore"])
                 attrs.update(complete=True, finished=_now(), run=summary)
                 self.group.attrs["tilestore"] = attrs
-                consolidate(self.root.store)
         finally:
             self._release_lock()
 

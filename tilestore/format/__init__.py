@@ -19,7 +19,7 @@ __getattr__, __dir__, __all__ = lazy_face(
         "tilestore.format.store": (
             "ATTRS_KEY",
             "STORE_SUFFIX",
-            "consolidate",
+            "open_for_writing",
             "is_store",
             "open_store",
             "software_versions",

@@ -30,7 +30,7 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
 from tilestore.errors import ChunkError
-from tilestore.format.codecs import JpegCodec, has_checksums
+from tilestore.format.codecs import coded_color_space, has_checksums, is_jpeg
 from tilestore.format.integrity import Location, read_chunks, unseal
 from tilestore.format.shards import (
     ABSENT,
@@ -64,12 +64,12 @@ class ChunkReader:
         self.every_chunk = every_chunk
         self.where = f"{name}: level {array.path}"
         self.is_jpeg = (
-            isinstance(array.serializer, JpegCodec)
+            is_jpeg(array.serializer)
             and list(array.filters) == [TransposeCodec(order=(1, 2, 0))]
             and list(array.compressors) in ([], [Crc32cCodec()])
             and array.chunks[0] == array.shape[0]
         )
-        self.color_space = array.serializer.encoded_color_space if self.is_jpeg else None
+        self.color_space = coded_color_space(array.serializer) if self.is_jpeg else None
         store = array.store_path.store
         self._root = Path(store.root) if type(store) is LocalStore else None
         self._store = store

@@ -1,14 +1,23 @@
-"""The zarr v3 ``jpeg`` codec (zarr-extensions spec) and the codec chains tilestore writes.
+"""The JPEG codecs of our stores, and the codec chains tilestore writes.
 
-The codec is registered through the ``zarr.codecs`` entry point, so plain
-``zarr.open`` decodes our stores wherever tilestore is installed. Decoding lets
-the stream's own markers pick the colour transform, as the spec requires; that is
-what makes chunks copied verbatim from a slide decode exactly as the slide does.
+Stores declare their JPEG chunks with imagecodecs' zarr v3 codec, ``imagecodecs_jpeg``
+(`imagecodecs.zarr.Jpeg`, imagecodecs >= 2026.4 on Python >= 3.12; the ``imagecodecs-zarr``
+package registers it), so zarr-python with imagecodecs reads them with no code of ours: its
+``colorspace_jpeg`` says how the chunks are coded ("RGB" for Aperio's RGB-coded tiles, "YCbCr"
+otherwise) and ``colorspace_data`` that they decode to RGB, as tifffile decodes the slide.
+Where that imagecodecs cannot install (Python 3.11), `ImagecodecsJpeg` is our implementation
+of the same codec; where it can, the name is imagecodecs' own class, and our ``zarr.codecs``
+entry point registers that one class (zarr keys its registry by class, so no second
+implementation competes). Stores made before declare ``jpeg`` (the zarr-extensions codec),
+`JpegCodec`, still read here. Decoding lets the stream's own markers pick the colour transform
+where no colour space is declared: each copied chunk is a complete stream with its tables,
+and an RGB-coded one carries the Adobe marker that says so (`tilestore.format.jpeg`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -144,6 +153,141 @@ class JpegCodec(ArrayBytesCodec):
         raise NotImplementedError
 
 
+# imagecodecs' names of the chroma sampling of a JPEG's first component (the others 1 x 1)
+SAMPLING_NAMES = {(1, 1): "444", (2, 1): "422", (1, 2): "440", (2, 2): "420", (4, 1): "411"}
+COLOR_SPACE_NAMES = {"rgb": "RGB", "ycbcr": "YCbCr"}
+
+
+@dataclass(frozen=True)
+class _ImagecodecsJpeg(ArrayBytesCodec):
+    """The ``imagecodecs_jpeg`` zarr v3 codec where imagecodecs does not ship it: the same
+    configuration (level, colour spaces, subsampling, JPEGTables, a shared header), the same
+    calls to imagecodecs' libjpeg. Only what tilestore writes and reads is needed of it, but
+    every field of the configuration is kept, so a store's metadata round-trips unchanged."""
+
+    is_fixed_size = False
+
+    level: int | None = None
+    bitspersample: int | None = None
+    tables: bytes | None = None
+    header: bytes | None = None
+    colorspace_data: str | None = None
+    colorspace_jpeg: str | None = None
+    subsampling: str | tuple[int, int] | None = None
+    optimize: bool | None = None
+    smoothing: bool | None = None
+    lossless: bool | None = None
+    predictor: int | None = None
+    fancyupsampling: bool | None = None
+
+    def __init__(self, **config: Any) -> None:
+        known = {f for f in self.__dataclass_fields__}
+        if unknown := set(config) - known:
+            raise ValueError(f"imagecodecs_jpeg codec: unknown settings {sorted(unknown)}")
+        for name in known:
+            value = config.get(name)
+            if name in ("tables", "header") and isinstance(value, str):
+                value = base64.b64decode(value.encode())
+            if isinstance(value, list):
+                value = tuple(value)
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        _, config = parse_named_configuration(data, IMAGECODECS_JPEG, require_configuration=False)
+        return cls(**(config or {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        config: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bytes):
+                value = base64.b64encode(value).decode()
+            config[name] = list(value) if isinstance(value, tuple) else value
+        return {"name": IMAGECODECS_JPEG, **({"configuration": config} if config else {})}
+
+    def _decode_sync(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
+        data: Any = chunk_bytes.as_numpy_array()
+        if self.header is not None:
+            data = b"".join((self.header, bytes(data), b"\xff\xd9"))
+        extra = {} if self.fancyupsampling is None else {"fancyupsampling": self.fancyupsampling}
+        decoded = imagecodecs.jpeg8_decode(
+            data,
+            tables=self.tables,
+            colorspace=self.colorspace_jpeg,
+            outcolorspace=self.colorspace_data,
+            **extra,
+        )
+        return chunk_spec.prototype.nd_buffer.from_numpy_array(decoded.reshape(chunk_spec.shape))
+
+    def _encode_sync(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
+        data = encode_chunk(self, chunk_array.as_numpy_array())
+        return chunk_spec.prototype.buffer.from_bytes(data)
+
+    async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
+        return await asyncio.to_thread(self._decode_sync, chunk_bytes, chunk_spec)
+
+    async def _encode_single(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
+        return await asyncio.to_thread(self._encode_sync, chunk_array, chunk_spec)
+
+    def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
+        raise NotImplementedError
+
+
+IMAGECODECS_JPEG = "imagecodecs_jpeg"
+try:  # imagecodecs >= 2026.4 (Python >= 3.12): its own class, the one any reader registers
+    from imagecodecs.zarr import Jpeg as ImagecodecsJpeg
+except ImportError:
+    ImagecodecsJpeg = _ImagecodecsJpeg
+JPEG_CODECS = (JpegCodec, _ImagecodecsJpeg, ImagecodecsJpeg)
+
+
+def is_jpeg(codec: Any) -> bool:
+    """Whether a serializer is one of the JPEG codecs stores declare."""
+    return isinstance(codec, JPEG_CODECS)
+
+
+def coded_color_space(codec: Any) -> str | None:
+    """How a JPEG level's chunks are coded: "rgb", "ycbcr", or None where the streams'
+    markers say (grayscale, or no colour space declared)."""
+    if isinstance(codec, JpegCodec):
+        return codec.encoded_color_space
+    named = {v: k for k, v in COLOR_SPACE_NAMES.items()}
+    return named.get(codec.colorspace_jpeg) if codec.colorspace_jpeg else None
+
+
+def chroma_sampling(codec: Any) -> tuple[int, int]:
+    """The first component's sampling factors of a JPEG level's chunks ((1, 1): none)."""
+    if isinstance(codec, JpegCodec):
+        return codec.subsampling[0] if codec.subsampling else (1, 1)
+    names = {v: k for k, v in SAMPLING_NAMES.items()}
+    value = codec.subsampling
+    return names.get(value, (1, 1)) if isinstance(value, str) else tuple(value or (1, 1))
+
+
+def encode_chunk(codec: Any, image: np.ndarray) -> bytes:
+    """One (H, W, C) uint8 chunk coded as `codec` declares (a store's chunk written by us:
+    a background tile, a source tile that could not be copied)."""
+    if isinstance(codec, JpegCodec):
+        return codec.encode_array(image)
+    image = np.ascontiguousarray(image)
+    if image.ndim == 3 and image.shape[2] == 1:
+        image = image[..., 0]
+    return imagecodecs.jpeg8_encode(
+        image,
+        level=codec.level,
+        colorspace=codec.colorspace_data,
+        outcolorspace=codec.colorspace_jpeg,
+        subsampling=codec.subsampling,
+        optimize=codec.optimize,
+        smoothing=codec.smoothing,
+        lossless=codec.lossless,
+        predictor=codec.predictor,
+    )
+
+
 def jpeg_codecs(
     quality: int = 90,
     color_space: str = "ycbcr",
@@ -154,10 +298,15 @@ def jpeg_codecs(
     then each chunk's CRC-32C (`tilestore.format.integrity`)."""
     if color_space == "rgb":
         subsampling = "4:4:4"
+    factors = _parse_subsampling(subsampling)
+    JpegCodec(quality=quality, encoded_color_space=color_space, subsampling=factors)  # checks
     return {
         "filters": [TransposeCodec(order=(1, 2, 0))],
-        "serializer": JpegCodec(
-            quality=quality, encoded_color_space=color_space, subsampling=subsampling
+        "serializer": ImagecodecsJpeg(
+            level=quality,
+            colorspace_data="RGB",
+            colorspace_jpeg=COLOR_SPACE_NAMES[color_space],
+            subsampling=SAMPLING_NAMES[tuple(factors[0])],
         ),
         "compressors": [Crc32cCodec()] if checksums else None,
     }

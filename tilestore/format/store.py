@@ -10,8 +10,8 @@ data live beside the image: ``labels/tissue``, ``plans/<name>``,
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-import warnings
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -21,6 +21,7 @@ import zarr
 from zarr.abc.store import Store
 
 from tilestore.errors import StoreError
+from tilestore.format.shards import write_atomic
 
 ATTRS_KEY = "tilestore"
 STORE_FORMAT = 1
@@ -114,12 +115,19 @@ def tree_size(path: str | os.PathLike) -> int:
     return total
 
 
-def consolidate(store) -> None:
-    """Refresh the root's consolidated metadata, so xarray opens any group in one read.
+def open_for_writing(store: Store | str | os.PathLike) -> zarr.Group:
+    """A store's root group opened to write derived data into (labels, plans, QC,
+    embeddings, the verification record): the one place a store is opened for writing.
 
-    Our own readers never use it (they open with use_consolidated=False), so a stale copy
-    can only slow xarray down, never mislead tilestore.
-    """
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
-        zarr.consolidate_metadata(store, zarr_format=3)
+    Stores keep no consolidated metadata (ARCHITECTURE.md, "Consolidated metadata"): a copy
+    of every array's metadata in the root goes stale at the first group a run adds, and
+    holds every codec, so a reader without one (JPEG) could not open even the root. A store
+    made before that carries one loses it here, before anything is added beside it."""
+    group = zarr.open_group(store, mode="r+", zarr_format=3, use_consolidated=False)
+    root = getattr(getattr(group.store, "_store", group.store), "root", None)
+    if root is not None:
+        path = Path(root) / "zarr.json"
+        doc = json.loads(path.read_bytes())
+        if doc.pop("consolidated_metadata", None) is not None:
+            write_atomic(path, json.dumps(doc, indent=2).encode())
+    return group

@@ -1,9 +1,10 @@
 """Plans for a slide: made from its tissue mask and ROIs, saved in the store as plans/<name>.
 
 A stored plan is a group of 1-D arrays on a ``tile`` dimension (x, y, row, col, tissue,
-roi, roi_class, chunk ranges), so ``xarray.open_zarr(store, group="plans/<name>")`` shows
-it as a table; its attributes hold the grid, the parameters and a uid that embeddings
-record, so a replaced plan is never mistaken for the one they were made from.
+roi, roi_class, chunk ranges), so ``xarray.open_zarr(store, group="plans/<name>",
+consolidated=False)`` shows it as a table; its attributes hold the grid, the parameters
+and a uid that embeddings record, so a replaced plan is never mistaken for the one they
+were made from.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from tilestore.errors import PlanError
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.shards import column
-from tilestore.format.store import consolidate, stored
+from tilestore.format.store import stored
 from tilestore.masks.tissue import TissueMask, compute_tissue, read_tissue, write_tissue
 from tilestore.plan.annotations import Annotations, load_annotations
 from tilestore.plan.filters import contrast_keep
@@ -257,7 +258,6 @@ def save_plan(slide: Slide, plan: TilePlan, *, overwrite: bool = False) -> str:
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "complete": True,
     }
-    consolidate(root.store)
     return uid
 
 

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tilestore.errors import StoreError
-from tilestore.format.store import consolidate
 from tilestore.qc.classes import ARTEFACTS
 from tilestore.reading.labels import read_label, write_label
 from tilestore.reading.slide import Slide
@@ -95,7 +94,6 @@ def write_qc(slide: Slide, maps: QCMaps, flag_fraction: float = FLAG_FRACTION) -
     )
     root = slide.writable_group()
     root.attrs["qc"] = summary
-    consolidate(root.store)
     return summary
 
 

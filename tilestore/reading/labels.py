@@ -15,7 +15,7 @@ import numpy as np
 from tilestore.format import omezarr
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.shards import SHARD_CHUNKS, shard_shape, sharded
-from tilestore.format.store import consolidate, stored
+from tilestore.format.store import stored
 from tilestore.reading.slide import Slide
 
 T = TypeVar("T")
@@ -64,7 +64,6 @@ def write_label(
         "multiscales": omezarr.multiscales(name, paths, downsamples, slide.mpp, method=method),
     }
     group.attrs["tilestore"] = facts
-    consolidate(root.store)
 
 
 def read_label(

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import dask.array as da
     import xarray as xr
 from tilestore.errors import StoreError, TilestoreError
-from tilestore.format.store import DAMAGED, open_group
+from tilestore.format.store import DAMAGED, open_for_writing, open_group
 from tilestore.reading.resolution import MPP_TOLERANCE
 
 
@@ -148,8 +148,7 @@ class Slide:
         """Return the store's root group opened for writing (for derived data: labels, plans,
         embeddings); the pixels are never rewritten."""
         try:
-            store = self.group.store.with_read_only(False)
-            return zarr.open_group(store, mode="r+", zarr_format=3, use_consolidated=False)
+            return open_for_writing(self.group.store.with_read_only(False))
         except (OSError, ValueError, zarr.errors.BaseZarrError) as exc:
             raise StoreError(f"{self.name}: cannot open the store for writing: {exc}") from exc
 

@@ -4,12 +4,14 @@ decoded under each chunk (`DecodedChunks`); `chunk_source` picks one of the two.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import zarr
 
 from tilestore.errors import SlideError
 from tilestore.format import jpeg
-from tilestore.format.codecs import JpegCodec
+from tilestore.format.codecs import encode_chunk
 from tilestore.sources import JpegTiles, Source, SourceLevel
 
 
@@ -33,7 +35,7 @@ class TileSource:
     decoded either is a SlideError naming it (`where` names the file and level)."""
 
     def __init__(
-        self, tiles: JpegTiles, level: SourceLevel, codec: JpegCodec, background: int, where: str
+        self, tiles: JpegTiles, level: SourceLevel, codec: Any, background: int, where: str
     ) -> None:
         self.tiles, self.level, self.codec, self.where = tiles, level, codec, where
         self.background = background
@@ -54,7 +56,7 @@ class TileSource:
         pixels = self.level.read(y0, min(y0 + th, height), x0, min(x0 + tw, width))
         full = np.full((th, tw, pixels.shape[2]), self.background, dtype=pixels.dtype)
         full[: pixels.shape[0], : pixels.shape[1]] = pixels
-        return self.codec.encode_array(full)
+        return encode_chunk(self.codec, full)
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -68,7 +70,7 @@ class TileSource:
                 if self._blank is None:
                     th, tw = self.tiles.tile_shape
                     blank = np.full((th, tw, self.level.channels), self.background, np.uint8)
-                    self._blank = self.codec.encode_array(blank)
+                    self._blank = encode_chunk(self.codec, blank)
                 return self._blank, False
             if self._expected(data):
                 return data, True

@@ -30,7 +30,7 @@ from tilestore.format.chunks import ChunkReader
 from tilestore.format.codecs import has_checksums
 from tilestore.format.integrity import Location, read_chunks, unseal
 from tilestore.format.shards import ShardIndex
-from tilestore.format.store import ATTRS_KEY, consolidate, open_store
+from tilestore.format.store import ATTRS_KEY, open_for_writing, open_store
 from tilestore.reading.inplace import is_sidecar, open_sidecar
 
 
@@ -202,8 +202,7 @@ def _checker(
 
 
 def _record(path: Path, result: Verification) -> None:
-    root = zarr.open_group(path, mode="r+", zarr_format=3, use_consolidated=False)
+    root = open_for_writing(path)
     attrs = dict(root.attrs[ATTRS_KEY])
     attrs["verified"] = result.record()
     root.attrs[ATTRS_KEY] = attrs
-    consolidate(root.store)

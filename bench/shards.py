@@ -22,8 +22,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+import zarr
 from convert import PEAK_RSS, in_child
 from make_slide import make_large_svs
+from zarr.codecs import Crc32cCodec
 
 import tilestore
 from tilestore.format.shards import SHARD_CHUNKS, shard_shape
@@ -81,6 +83,53 @@ def files_of(side: int, tile: int, per: int) -> int:
     return total + 2 * len(shapes) + 1  # each level's zarr.json, the root's, and 0/c/0 folders
 
 
+def features_writes(work: Path, tiles: int, dim: int, batch: int) -> list[dict]:
+    """Embeddings written as `EmbeddingWriter` writes them (a shard written once its batches
+    are in, then its done flags), per shard size: files, seconds, ms per batch."""
+    from tilestore.format.codecs import zstd_codecs
+    from tilestore.format.shards import sharded
+
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal((batch, dim)).astype("float16")
+    blocks = -(-tiles // batch)
+    rows = []
+    for per in (1, 4, 16, 64):
+        path = work / "features.zarr"
+        shutil.rmtree(path, ignore_errors=True)
+        group = zarr.open_group(path, mode="w")
+        features = group.create_array(
+            "features",
+            shape=(tiles, dim),
+            dtype="float16",
+            fill_value=np.nan,
+            **sharded(zstd_codecs(level=1), (batch, dim), (per * batch, dim), True),
+        )
+        done = group.create_array(
+            "done",
+            shape=(blocks,),
+            dtype="uint8",
+            fill_value=0,
+            **sharded({"compressors": [Crc32cCodec()]}, (1,), (per,), True),
+        )
+        started = time.perf_counter()
+        for first in range(0, blocks, per):
+            last = min(first + per, blocks)
+            lo, hi = first * batch, min(last * batch, tiles)
+            features[lo:hi] = np.resize(values, (hi - lo, dim))
+            done[first:last] = 1
+        seconds = time.perf_counter() - started
+        rows.append(
+            {
+                "shard_tiles": per * batch,
+                "files": files(path),
+                "seconds": round(seconds, 3),
+                "ms_per_batch": round(1000 * seconds / blocks, 3),
+            }
+        )
+        shutil.rmtree(path)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size", type=int, default=40_000)
@@ -90,7 +139,18 @@ def main() -> None:
     parser.add_argument("--cohort", type=int, default=3000)
     parser.add_argument("--work", type=Path, default=HERE / "data")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "shards.json")
+    parser.add_argument("--features-only", action="store_true")
     args = parser.parse_args()
+    feats = features_writes(args.work, 100_000, 1024, 256)
+    print("embeddings of 100,000 tiles, ViT-L (1,024-d float16), batch 256:")
+    print("| tiles per shard | files | write s | ms per batch |\n|---|---|---|---|")
+    for row in feats:
+        print(
+            f"| {row['shard_tiles']:,} | {row['files']} | {row['seconds']:.2f} | "
+            f"{row['ms_per_batch']:.2f} |"
+        )
+    if args.features_only:
+        return
     src = make_large_svs(args.work / f"large-{args.size}.svs", args.size)
     arms = {"sharded": SHARD_CHUNKS, "file per chunk": 0}
     runs: dict[str, list[dict]] = {name: [] for name in arms}
@@ -111,6 +171,7 @@ def main() -> None:
         "runs": runs,
         "files": counts,
         "reads_per_s": [reads, reads_again],
+        "features": feats,
         "computed": {"side": args.cohort_size, "per_slide": per_slide, "cohort": args.cohort},
     }
     print(f"{result['slide']}, {result['machine']}, {args.rounds} alternated rounds\n")

@@ -38,6 +38,7 @@ SHARD_CHUNKS = 32
 SHARD_TILES = 4096
 SHARD_BYTES = 2**28  # decoded, at most: one shard (all its channels) is held to be written
 ABSENT = np.uint64(2**64 - 1)
+ABSENT_INT = 2**64 - 1
 ENTRY = 16  # bytes per chunk in the index: offset and length, uint64 each
 
 
@@ -173,6 +174,9 @@ class ShardIndex:
         self.crc = index_checked(array)
         self.where = where
         self._indexes: dict[tuple[int, ...], np.ndarray | None] = {}
+        self._paths: dict[tuple[int, ...], str] = {}
+        # C order of the shard's chunk grid: an inner chunk's row in the index
+        self._strides = tuple(math.prod(self.per[i + 1 :]) for i in range(len(self.per)))
 
     def shard_of(self, coord: tuple[int, ...]) -> tuple[int, ...]:
         """The shard holding chunk `coord`."""
@@ -200,26 +204,26 @@ class ShardIndex:
         return self._indexes[shard]
 
     def locate(self, coords: Sequence[tuple[int, ...]]) -> list[Location | None]:
-        """Each chunk's byte range (None: absent from its shard, or no shard): one index
-        lookup per shard, not per chunk (the engine asks for every grid row it reads)."""
-        if not len(coords):
-            return []
-        shards, inner = split(np.asarray(coords, np.int64), self.per)
-        offsets = np.full(len(inner), ABSENT)
-        lengths = np.zeros(len(inner), np.uint64)
-        paths: dict[int, str] = {}
-        ids = np.zeros(len(inner), np.int64)
-        for n, shard in enumerate(np.unique(shards, axis=0)):
-            at = np.flatnonzero((shards == shard).all(axis=1))
-            shard = tuple(int(i) for i in shard)
-            index = self.index(shard)
-            ids[at], paths[n] = n, str(self.folder / self.key(shard))
-            if index is not None:
-                offsets[at], lengths[at] = index[inner[at], 0], index[inner[at], 1]
-        absent = int(ABSENT)
-        return [
-            None if offset == absent else Location(paths[n], offset, length)
-            for n, offset, length in zip(
-                ids.tolist(), offsets.tolist(), lengths.tolist(), strict=True
-            )
-        ]
+        """Each chunk's byte range (None: absent from its shard, or no shard): each shard's
+        index read once, then plain lookups (a region read asks for a few chunks, the engine
+        for a grid row: array operations cost more than they save at those sizes)."""
+        per, strides = self.per, self._strides
+        out: list[Location | None] = []
+        last, index, path = None, None, ""
+        for coord in coords:
+            shard = tuple(int(c) // p for c, p in zip(coord, per, strict=True))
+            if shard != last:
+                last, index = shard, self.index(shard)
+                path = self._path(shard) if index is not None else ""
+            if index is None:
+                out.append(None)
+                continue
+            at = sum((int(c) % p) * s for c, p, s in zip(coord, per, strides, strict=True))
+            offset = index.item(at, 0)
+            out.append(None if offset == ABSENT_INT else Location(path, offset, index.item(at, 1)))
+        return out
+
+    def _path(self, shard: tuple[int, ...]) -> str:
+        if (path := self._paths.get(shard)) is None:
+            path = self._paths[shard] = str(self.folder / self.key(shard))
+        return path

@@ -69,3 +69,25 @@ def test_header_of_encoded_streams(kwargs, space, sampling):
     image = np.random.default_rng(0).integers(0, 255, (32, 48, 3), dtype=np.uint8)
     head = jpeg.read_header(imagecodecs.jpeg8_encode(image, level=90, **kwargs))
     assert (head.height, head.width, head.color_space, head.sampling) == (32, 48, space, sampling)
+
+
+@pytest.mark.parametrize("mark_rgb", [True, False])
+def test_a_tile_checked_by_its_own_segments_reads_as_the_whole_stream(slide_path, mark_rgb):
+    """The copy path parses the part every tile of a level shares once, then each tile from
+    where its own segments begin: the header is the whole spliced stream's, tile by tile."""
+    from tilestore.sources import open_source
+
+    with open_source(slide_path(CMU)) as source:
+        tiles = source.levels[0].jpeg_tiles()
+        assert tiles.own_start > 100 and tiles.shared == (False, 0)  # Aperio: Adobe, ours
+        jfif, adobe = tiles.shared
+        rows, cols = tiles.grid
+        for row in range(rows):
+            for col in range(cols):
+                stream = tiles.read(row, col)
+                whole = jpeg.read_header(stream)
+                own = jpeg.read_header(stream, start=tiles.own_start, jfif=jfif, adobe=adobe)
+                assert own == whole
+    tables = b"\xff\xd8\xff\xdb\x00\x43\x00" + bytes(64) + b"\xff\xd9"  # one DQT
+    shared = jpeg.complete_stream(jpeg.SOI, tables, mark_rgb=mark_rgb)
+    assert jpeg.marker_facts(shared + jpeg.EOI) == (False, 0 if mark_rgb else None)

@@ -52,11 +52,12 @@ class JpegHeader:
         return tuple((h, v) for _, h, v in self.components)
 
 
-def iter_markers(data: bytes):
-    """Yield (marker, payload) for each segment up to and including the first SOS."""
+def iter_markers(data: bytes, start: int = 0):
+    """Yield (marker, payload) for each segment up to and including the first SOS, from the
+    stream's start (its SOI) or from `start`, a segment's first byte after it."""
     if data[:2] != SOI:
         raise ValueError("not a JPEG stream (no SOI marker)")
-    pos = 2
+    pos = max(2, start)
     n = len(data)
     while pos + 4 <= n:
         if data[pos] != 0xFF:
@@ -77,14 +78,16 @@ def iter_markers(data: bytes):
         pos += 2 + length
 
 
-def read_header(*streams: bytes) -> JpegHeader:
-    """Parse the frame header and colour markers from a stream (and optional tables stream)."""
+def read_header(
+    *streams: bytes, start: int = 0, jfif: bool = False, adobe: int | None = None
+) -> JpegHeader:
+    """Parse the frame header and colour markers from a stream (and optional tables stream).
+    start, jfif, adobe: parse each stream from `start` on, what came before it (tables a
+    level's tiles share, spliced in front of each) having said these (`marker_facts`)."""
     frame = None
-    jfif = False
-    adobe = None
     baseline = True
     for data in streams:
-        for marker, payload in iter_markers(data):
+        for marker, payload in iter_markers(data, start):
             if marker in _SOF_MARKERS:
                 baseline = marker in (0xC0, 0xC1)
                 _, height, width, count = struct.unpack_from(">BHHB", payload)
@@ -100,6 +103,18 @@ def read_header(*streams: bytes) -> JpegHeader:
     if frame is None:
         raise ValueError("JPEG stream has no frame header (SOF)")
     return JpegHeader(frame[0], frame[1], baseline, frame[2], jfif, adobe)
+
+
+def marker_facts(data: bytes) -> tuple[bool, int | None]:
+    """What a stream's segments (up to its first SOS, or all of a tables-only stream) say of
+    its colours: a JFIF marker, and the Adobe marker's transform (None: none)."""
+    jfif, adobe = False, None
+    for marker, payload in iter_markers(data):
+        if marker == 0xE0 and payload[:5] == b"JFIF\x00":
+            jfif = True
+        elif marker == 0xEE and payload[:5] == b"Adobe" and len(payload) >= 12:
+            adobe = payload[11]
+    return jfif, adobe
 
 
 def copy_marking(header: JpegHeader, color_space: str) -> bool | None:

@@ -98,12 +98,12 @@ def index_bytes(chunks: int, crc: bool = True) -> int:
 def pack(chunks: Sequence[bytes | None], crc: bool = True) -> bytes:
     """One shard's file: `chunks` (C order of the shard's chunk grid, None where absent)
     one after another, then the index (and its CRC-32C where `crc`)."""
+    lengths = np.fromiter((-1 if d is None else len(d) for d in chunks), np.int64, len(chunks))
+    present = lengths >= 0
+    sizes = np.where(present, lengths, 0).astype("<u8")
     index = np.full((len(chunks), 2), ABSENT, "<u8")
-    offset = 0
-    for i, data in enumerate(chunks):
-        if data is not None:
-            index[i] = offset, len(data)
-            offset += len(data)
+    index[present, 0] = (np.cumsum(sizes) - sizes)[present]
+    index[present, 1] = sizes[present]
     table = index.tobytes()
     body = b"".join(d for d in chunks if d is not None)
     trailer = google_crc32c.value(table).to_bytes(TRAILER, "little") if crc else b""

@@ -42,12 +42,15 @@ class TileSource:
         self._blank: bytes | None = None
 
     def _expected(self, data: bytes) -> bool:
-        head, (th, tw) = jpeg.read_header(data), self.tiles.tile_shape
+        tiles = self.tiles
+        jfif, adobe = tiles.shared
+        head = jpeg.read_header(data, start=tiles.own_start, jfif=jfif, adobe=adobe)
+        th, tw = tiles.tile_shape
         return (
             head.baseline
             and (head.height, head.width) == (th, tw)
-            and head.sampling == self.tiles.subsampling
-            and head.color_space == self.tiles.color_space
+            and head.sampling == tiles.subsampling
+            and head.color_space == tiles.color_space
         )
 
     def _reencode(self, row: int, col: int) -> bytes:

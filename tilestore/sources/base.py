@@ -73,6 +73,11 @@ class JpegTiles:
     color_space: str  # "ycbcr" | "rgb" | "grayscale": what the samples in the stream are
     subsampling: tuple[tuple[int, int], ...]
     read: Callable[[int, int], bytes | None]  # (tile row, tile col) -> stream, None if absent
+    # where each stream's own segments begin (after what every tile of the level shares,
+    # spliced in front), and what that shared part says (`jpeg.marker_facts`): each tile is
+    # then checked by its own few segments only
+    own_start: int = 0
+    shared: tuple[bool, int | None] = (False, None)
 
 
 @dataclass

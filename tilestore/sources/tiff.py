@@ -118,7 +118,16 @@ class TiffLevel(SourceLevel):
             return jpeg.complete_stream(data, tables, mark_rgb=mark_rgb)
 
         grid = (-(-page.imagelength // th), nx)
-        return JpegTiles((th, tw), grid, color_space, sampling, read_tile)
+        shared = jpeg.complete_stream(jpeg.SOI, tables, mark_rgb=mark_rgb)  # what each gets
+        return JpegTiles(
+            (th, tw),
+            grid,
+            color_space,
+            sampling,
+            read_tile,
+            len(shared),
+            jpeg.marker_facts(shared + jpeg.EOI),
+        )
 
     def close(self) -> None:
         for fd in getattr(self, "_fds", []):

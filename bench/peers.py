@@ -99,7 +99,7 @@ def ours(pair: Pair, slide: Path, work: Path, env: dict, name: str, *extra: str)
     cmd = [
         sys.executable,
         "-m",
-        "cli",
+        "tilestore.cli",
         "embed",
         str(slide),
         "--model",

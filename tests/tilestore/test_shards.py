@@ -202,3 +202,35 @@ def test_an_index_pointing_one_chunk_at_anothers_bytes_is_refused(store):
     assert bad.endswith(
         "level 0 shard (0, 0, 0): shard index has chunks sharing bytes (rewritten?)"
     )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 3000), min_size=0, max_size=2500),
+    short=st.integers(1, 5000),
+)
+def test_a_shard_written_from_its_parts_is_their_bytes_even_when_writev_is_short(
+    tmp_path_factory, sizes, short
+):
+    """`write_atomic` writes a shard's parts with writev, IOV buffers a call; a call that
+    writes less than asked (the system may) is followed from where it stopped."""
+    import os as os_module
+
+    from tilestore.format import shards as shards_module
+
+    parts = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    real = os_module.writev
+
+    def at_most(fd, buffers):  # writes at most `short` bytes a call
+        data = b"".join(bytes(b) for b in buffers)[:short]
+        return real(fd, [data])
+
+    path = tmp_path_factory.mktemp("writev") / "c" / "0"
+    original = shards_module.os.writev
+    shards_module.os.writev = at_most
+    try:
+        shards_module.write_atomic(path, parts)
+    finally:
+        shards_module.os.writev = original
+    assert path.read_bytes() == b"".join(parts)
+    assert [p.name for p in path.parent.iterdir()] == ["0"]  # nothing left beside it

@@ -7,17 +7,19 @@ block path one shard (or row of chunks) being encoded plus the next being read.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 import numpy as np
 import zarr
 
 from tilestore.format.codecs import has_checksums
 from tilestore.format.integrity import seal
-from tilestore.format.shards import chunks_per_shard, index_checked, pack, write_atomic
+from tilestore.format.shards import chunks_per_shard, index_checked, pack_parts, write_atomic
 from tilestore.reading.source_chunks import TileSource
 from tilestore.sources import JpegTiles, SourceLevel
 
@@ -86,8 +88,10 @@ def copy_tiles(
     whole (`tilestore.format.shards`), else each chunk is a file."""
     rows, cols = tiles.grid
     base = root / array.path
-    finish = seal if has_checksums(array) else bytes
-    chunk = TileSource(tiles, level, codec, background, where).chunk
+    checksums = has_checksums(array)
+    finish = seal if checksums else bytes
+    source = TileSource(tiles, level, codec, background, where)
+    chunk = source.chunk
     key = array.metadata.encode_chunk_key
     per = None if array.shards is None else chunks_per_shard(array)[1:]
 
@@ -109,13 +113,31 @@ def copy_tiles(
         progress(cols)
         return counts
 
+    prefix = source.tiles.prefix  # what each copied tile's chunk starts with
+    prefix_crc = google_crc32c.value(prefix)
+
+    def copied(own: bytes) -> tuple[bytes, ...]:
+        """A tile's chunk as its parts: the level's prefix, its own bytes (and its CRC-32C,
+        carried on from the prefix's: the chunk is never put together to be checksummed)."""
+        if not checksums:
+            return prefix, own
+        return prefix, own, struct.pack("<I", google_crc32c.extend(prefix_crc, own))
+
     def copy_shard(shard: tuple[int, int]) -> list[int]:
         (per_r, per_c), counts, inner = per, [0, 0], []
+        first, end = shard[1] * per_c, (shard[1] + 1) * per_c
         for row in range(shard[0] * per_r, (shard[0] + 1) * per_r):
-            inner += [
-                one(row, col, counts) for col in range(shard[1] * per_c, (shard[1] + 1) * per_c)
-            ]
-        write_atomic(base / key((0, *shard)), pack(inner, index_checked(array)))
+            if row >= rows:
+                inner += [None] * per_c  # beyond the level, in its last shards: absent
+                continue
+            owns = source.copied(row, first, min(end, cols)) + [None] * max(0, end - cols)
+            for col, own in zip(range(first, end), owns, strict=True):
+                if own is None:
+                    inner.append(one(row, col, counts))
+                else:
+                    counts[0] += 1
+                    inner.append(copied(own))
+        write_atomic(base / key((0, *shard)), pack_parts(inner, index_checked(array)))
         progress(sum(counts))
         return counts
 

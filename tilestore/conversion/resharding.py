@@ -40,7 +40,7 @@ from tilestore.format.codecs import COLOR_SPACE_NAMES, IMAGECODECS_JPEG, SAMPLIN
 from tilestore.format.shards import (
     SHARD_CHUNKS,
     batches_per_shard,
-    pack,
+    pack_parts,
     shard_shape,
     write_atomic,
 )
@@ -200,7 +200,7 @@ def _reshard_array(src: Path, dst: Path, meta: dict, shard: tuple[int, ...], poo
             except FileNotFoundError:
                 inner.append(None)  # absent before (fill value), absent after
         if any(data is not None for data in inner):
-            write_atomic(dst / key(at), pack(inner, crc))
+            write_atomic(dst / key(at), pack_parts(inner, crc))
 
     written = sum(1 for _ in pool.map(one, shards))
     index = [{"name": "bytes", "configuration": {"endian": "little"}}]

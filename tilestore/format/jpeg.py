@@ -57,7 +57,12 @@ def iter_markers(data: bytes, start: int = 0):
     stream's start (its SOI) or from `start`, a segment's first byte after it."""
     if data[:2] != SOI:
         raise ValueError("not a JPEG stream (no SOI marker)")
-    pos = max(2, start)
+    yield from segments(data, max(2, start))
+
+
+def segments(data: bytes | memoryview, pos: int = 0):
+    """Yield (marker, payload) for each segment from byte `pos` (a segment's first byte) up
+    to and including the first SOS."""
     n = len(data)
     while pos + 4 <= n:
         if data[pos] != 0xFF:
@@ -79,15 +84,21 @@ def iter_markers(data: bytes, start: int = 0):
 
 
 def read_header(
-    *streams: bytes, start: int = 0, jfif: bool = False, adobe: int | None = None
+    *streams: bytes | memoryview,
+    start: int = 0,
+    jfif: bool = False,
+    adobe: int | None = None,
+    own: bool = False,
 ) -> JpegHeader:
     """Parse the frame header and colour markers from a stream (and optional tables stream).
     start, jfif, adobe: parse each stream from `start` on, what came before it (tables a
-    level's tiles share, spliced in front of each) having said these (`marker_facts`)."""
+    level's tiles share, spliced in front of each) having said these (`marker_facts`).
+    own: the streams are a tile's own segments, after its SOI (`JpegTiles.read_own`)."""
     frame = None
     baseline = True
     for data in streams:
-        for marker, payload in iter_markers(data, start):
+        found = segments(data, start) if own else iter_markers(data, start)
+        for marker, payload in found:
             if marker in _SOF_MARKERS:
                 baseline = marker in (0xC0, 0xC1)
                 _, height, width, count = struct.unpack_from(">BHHB", payload)

@@ -95,32 +95,69 @@ def index_bytes(chunks: int, crc: bool = True) -> int:
     return chunks * ENTRY + (TRAILER if crc else 0)
 
 
-def pack(chunks: Sequence[bytes | None], crc: bool = True) -> bytes:
-    """One shard's file: `chunks` (C order of the shard's chunk grid, None where absent)
-    one after another, then the index (and its CRC-32C where `crc`)."""
-    lengths = np.fromiter((-1 if d is None else len(d) for d in chunks), np.int64, len(chunks))
+def pack(chunks: Sequence[bytes | tuple[bytes, ...] | None], crc: bool = True) -> bytes:
+    """One shard's file: `chunks` (C order of the shard's chunk grid, None where absent;
+    a chunk may be given as its parts) one after another, then the index (and its CRC-32C
+    where `crc`)."""
+    return b"".join(pack_parts(chunks, crc))
+
+
+def pack_parts(chunks: Sequence[bytes | tuple[bytes, ...] | None], crc: bool = True) -> list[bytes]:
+    """`pack`'s file as the buffers to write one after another (`write_atomic` writes them
+    with writev: a shard is never put together in memory, whose megabytes a fresh process
+    would take from the system page by page)."""
+    parts = [() if d is None else (d,) if isinstance(d, bytes) else d for d in chunks]
+    lengths = np.fromiter(
+        (-1 if d is None else sum(map(len, p)) for d, p in zip(chunks, parts, strict=True)),
+        np.int64,
+        len(chunks),
+    )
     present = lengths >= 0
     sizes = np.where(present, lengths, 0).astype("<u8")
     index = np.full((len(chunks), 2), ABSENT, "<u8")
     index[present, 0] = (np.cumsum(sizes) - sizes)[present]
     index[present, 1] = sizes[present]
     table = index.tobytes()
-    body = b"".join(d for d in chunks if d is not None)
     trailer = google_crc32c.value(table).to_bytes(TRAILER, "little") if crc else b""
-    return body + table + trailer
+    return [part for chunk in parts for part in chunk] + [table, trailer]
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` whole: into a temporary name beside it, then renamed into
-    place (the name zarr's own local store uses, so either's leftovers look alike)."""
+def write_atomic(path: Path, data: bytes | Sequence[bytes]) -> None:
+    """Write `data` (or its buffers, one after another) to `path` whole: into a temporary
+    name beside it, then renamed into place (the name zarr's own local store uses, so
+    either's leftovers look alike)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{uuid.uuid4().hex}.partial")
+    buffers = [data] if isinstance(data, bytes | bytearray) else [b for b in data if b]
     try:
-        partial.write_bytes(data)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            for start in range(0, len(buffers), IOV):
+                batch = buffers[start : start + IOV]
+                left = sum(map(len, batch))
+                while left:  # writev may write less than asked: go on from there
+                    done = os.writev(fd, batch)
+                    left -= done
+                    if left:
+                        batch = _after(batch, done)
+        finally:
+            os.close(fd)
         os.replace(partial, path)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+
+
+IOV = 1024  # buffers per writev (the system's IOV_MAX on Linux)
+
+
+def _after(buffers: list, written: int) -> list:
+    """What of `buffers` is left once `written` bytes of them are written."""
+    for i, buffer in enumerate(buffers):
+        if written < len(buffer):
+            return [memoryview(buffer)[written:], *buffers[i + 1 :]]
+        written -= len(buffer)
+    return []
 
 
 def parse_index(tail: bytes, chunks: int, where: str, crc: bool = True) -> np.ndarray:

@@ -41,10 +41,11 @@ class TileSource:
         self.background = background
         self._blank: bytes | None = None
 
-    def _expected(self, data: bytes) -> bool:
+    def _expected(self, data: bytes, own: bool = False) -> bool:
         tiles = self.tiles
         jfif, adobe = tiles.shared
-        head = jpeg.read_header(data, start=tiles.own_start, jfif=jfif, adobe=adobe)
+        start = 0 if own else tiles.own_start
+        head = jpeg.read_header(data, start=start, jfif=jfif, adobe=adobe, own=own)
         th, tw = tiles.tile_shape
         return (
             head.baseline
@@ -64,6 +65,21 @@ class TileSource:
     @property
     def grid(self) -> tuple[int, int]:
         return self.tiles.grid
+
+    def copied(self, row: int, first: int, end: int) -> list[bytes | None]:
+        """Of tiles [first, end) of a row, each tile's own bytes after its SOI where it can be
+        its chunk as it is (its chunk: the level's prefix, then these); None where not (to
+        be had through `chunk`). The fast path of a copy: the source reads each run of
+        tiles at once and the level's shared tables are never parsed again."""
+        if self.tiles.read_own is None:
+            return [None] * (end - first)
+        out = []
+        for own in self.tiles.read_own(row, first, end):
+            try:
+                out.append(own if own is not None and self._expected(own, own=True) else None)
+            except ValueError:  # damaged markers: `chunk` re-encodes it or names it
+                out.append(None)
+        return out
 
     def chunk(self, row: int, col: int, plane: int = 0) -> tuple[bytes, bool]:
         """The chunk's JPEG stream and whether it is the source tile as it was."""

@@ -73,11 +73,19 @@ class JpegTiles:
     color_space: str  # "ycbcr" | "rgb" | "grayscale": what the samples in the stream are
     subsampling: tuple[tuple[int, int], ...]
     read: Callable[[int, int], bytes | None]  # (tile row, tile col) -> stream, None if absent
-    # where each stream's own segments begin (after what every tile of the level shares,
-    # spliced in front), and what that shared part says (`jpeg.marker_facts`): each tile is
-    # then checked by its own few segments only
-    own_start: int = 0
+    # what every stream of the level starts with (SOI, the tables, an Adobe marker: spliced
+    # in front of each tile) and what it says (`jpeg.marker_facts`): each tile is then checked
+    # by its own few segments only
+    prefix: bytes = b""
     shared: tuple[bool, int | None] = (False, None)
+    # (row, first col, end col) -> each tile's own bytes after its SOI (None: absent, or
+    # not a JPEG stream: `read` says why), contiguous tiles in one read; None: not offered
+    read_own: Callable[[int, int, int], list[bytes | None]] | None = None
+
+    @property
+    def own_start(self) -> int:
+        """Where each stream's own segments begin (after the shared prefix)."""
+        return len(self.prefix)
 
 
 @dataclass

@@ -117,17 +117,38 @@ class TiffLevel(SourceLevel):
             data = os.pread(fd, counts[index], offsets[index])
             return jpeg.complete_stream(data, tables, mark_rgb=mark_rgb)
 
+        starts, sizes = list(offsets), list(counts)
+
+        def read_own(row: int, first: int, end: int) -> list[bytes | None]:
+            """Tiles [first, end) of a row, each run of tiles stored one after another in
+            the file read at once (a shard's row of Aperio's tiles is one read)."""
+            out: list[bytes | None] = []
+            index, stop = row * nx + first, row * nx + end
+            while index < stop:
+                if sizes[index] == 0:
+                    out.append(None)
+                    index += 1
+                    continue
+                last = index
+                while (
+                    last + 1 < stop
+                    and sizes[last + 1]
+                    and (starts[last + 1] == starts[last] + sizes[last])
+                ):
+                    last += 1
+                base = starts[index]
+                data = os.pread(fd, starts[last] + sizes[last] - base, base)
+                for i in range(index, last + 1):
+                    at = starts[i] - base
+                    tile = data[at : at + sizes[i]]
+                    out.append(tile[2:] if tile[:2] == jpeg.SOI else None)
+                index = last + 1
+            return out
+
         grid = (-(-page.imagelength // th), nx)
-        shared = jpeg.complete_stream(jpeg.SOI, tables, mark_rgb=mark_rgb)  # what each gets
-        return JpegTiles(
-            (th, tw),
-            grid,
-            color_space,
-            sampling,
-            read_tile,
-            len(shared),
-            jpeg.marker_facts(shared + jpeg.EOI),
-        )
+        prefix = jpeg.complete_stream(jpeg.SOI, tables, mark_rgb=mark_rgb)  # what each gets
+        facts = jpeg.marker_facts(prefix + jpeg.EOI)
+        return JpegTiles((th, tw), grid, color_space, sampling, read_tile, prefix, facts, read_own)
 
     def close(self) -> None:
         for fd in getattr(self, "_fds", []):

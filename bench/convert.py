@@ -113,7 +113,7 @@ def region_reads(store: Path, src: Path, n: int, size: int = 256, seed: int = 0)
     slide = tilestore.open_slide(store)
     shutil.rmtree(sidecar_for(src), ignore_errors=True)
     started = time.perf_counter()
-    in_place = tilestore.open_slide(src)
+    in_place = tilestore.open_in_place(src)
     sidecar_s = time.perf_counter() - started
     _, height, width = slide.shape
     rng = np.random.default_rng(seed)

@@ -56,8 +56,22 @@ def _parse_subsampling(value: Any) -> tuple[tuple[int, int], ...] | None:
     return factors
 
 
+class _OnThreads(ArrayBytesCodec):
+    """A JPEG codec's zarr plumbing: each chunk decoded or encoded (`_decode_sync`,
+    `_encode_sync`) on a worker thread, libjpeg releasing the GIL; no fixed encoded size."""
+
+    async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
+        return await asyncio.to_thread(self._decode_sync, chunk_bytes, chunk_spec)
+
+    async def _encode_single(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
+        return await asyncio.to_thread(self._encode_sync, chunk_array, chunk_spec)
+
+    def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class JpegCodec(ArrayBytesCodec):
+class JpegCodec(_OnThreads):
     """Baseline JPEG for uint8 chunks shaped (H, W), (H, W, 1) or (H, W, 3)."""
 
     is_fixed_size = False
@@ -143,15 +157,6 @@ class JpegCodec(ArrayBytesCodec):
         data = self.encode_array(chunk_array.as_numpy_array())
         return chunk_spec.prototype.buffer.from_bytes(data)
 
-    async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
-        return await asyncio.to_thread(self._decode_sync, chunk_bytes, chunk_spec)
-
-    async def _encode_single(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
-        return await asyncio.to_thread(self._encode_sync, chunk_array, chunk_spec)
-
-    def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
-        raise NotImplementedError
-
 
 # imagecodecs' names of the chroma sampling of a JPEG's first component (the others 1 x 1)
 SAMPLING_NAMES = {(1, 1): "444", (2, 1): "422", (1, 2): "440", (2, 2): "420", (4, 1): "411"}
@@ -159,7 +164,7 @@ COLOR_SPACE_NAMES = {"rgb": "RGB", "ycbcr": "YCbCr"}
 
 
 @dataclass(frozen=True)
-class _ImagecodecsJpeg(ArrayBytesCodec):
+class _ImagecodecsJpeg(_OnThreads):
     """The ``imagecodecs_jpeg`` zarr v3 codec where imagecodecs does not ship it: the same
     configuration (level, colour spaces, subsampling, JPEGTables, a shared header), the same
     calls to imagecodecs' libjpeg. Only what tilestore writes and reads is needed of it, but
@@ -225,15 +230,6 @@ class _ImagecodecsJpeg(ArrayBytesCodec):
     def _encode_sync(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
         data = encode_chunk(self, chunk_array.as_numpy_array())
         return chunk_spec.prototype.buffer.from_bytes(data)
-
-    async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
-        return await asyncio.to_thread(self._decode_sync, chunk_bytes, chunk_spec)
-
-    async def _encode_single(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
-        return await asyncio.to_thread(self._encode_sync, chunk_array, chunk_spec)
-
-    def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
-        raise NotImplementedError
 
 
 IMAGECODECS_JPEG = "imagecodecs_jpeg"

@@ -119,7 +119,8 @@ def open_for_writing(store: Store | str | os.PathLike) -> zarr.Group:
     """A store's root group opened to write derived data into (labels, plans, QC,
     embeddings, the verification record): the one place a store is opened for writing.
 
-    Stores keep no consolidated metadata (ARCHITECTURE.md, "Consolidated metadata"): a copy
+    Stores keep no consolidated metadata (ARCHITECTURE.md, "The JPEG codec and consolidated
+    metadata"): a copy
     of every array's metadata in the root goes stale at the first group a run adds, and
     holds every codec, so a reader without one (JPEG) could not open even the root. A store
     made before that carries one loses it here, before anything is added beside it."""

@@ -120,10 +120,10 @@ def open_for_writing(store: Store | str | os.PathLike) -> zarr.Group:
     embeddings, the verification record): the one place a store is opened for writing.
 
     Stores keep no consolidated metadata (ARCHITECTURE.md, "The JPEG codec and consolidated
-    metadata"): a copy
-    of every array's metadata in the root goes stale at the first group a run adds, and
-    holds every codec, so a reader without one (JPEG) could not open even the root. A store
-    made before that carries one loses it here, before anything is added beside it."""
+    metadata"): a copy of every array's metadata in the root goes stale at the first group
+    a run adds, and holds every codec, so a reader without one (JPEG) could not open even
+    the root. A store made before that carries one loses it here, before anything is added
+    beside it."""
     group = zarr.open_group(store, mode="r+", zarr_format=3, use_consolidated=False)
     root = getattr(getattr(group.store, "_store", group.store), "root", None)
     if root is not None:

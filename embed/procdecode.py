@@ -31,6 +31,7 @@ from tilestore.embed import workers as workers_
 from tilestore.embed.queues import Stopped
 from tilestore.errors import ChunkError
 from tilestore.format.integrity import Location, read_chunks, unseal
+from tilestore.format.jpeg import as_declared
 
 
 def decode_chunks(
@@ -44,13 +45,15 @@ def decode_chunks(
     checksum: bool = False,
     required: bool = False,
     where: str = "",
+    colorspace: str | None = None,
 ) -> int:
     """Decode chunk i (at `locations[i]`: [path, offset, length], length None for a whole
     file; None where absent) into row offset + i of the shared block /dev/shm/<shm>; return
     the count. `coords[i]` is the chunk's (row, col), for messages.
 
     Each chunk is read and checked as `tilestore.format.chunks.ChunkReader` does (`where`
-    names the store and level, `checksum` and `required` say what it promises): a missing,
+    names the store and level, `checksum` and `required` say what it promises; `colorspace`
+    how its chunks are coded, as the level declares it): a missing,
     damaged or undecodable chunk is a ChunkError naming it. Chunks lying one after another
     in a shard are read in one call (`read_chunks`).
 
@@ -85,7 +88,7 @@ def decode_chunks(
             if checksum:
                 data = unseal(data, name)
             try:
-                imagecodecs.jpeg8_decode(data, out=out[i])
+                imagecodecs.jpeg8_decode(data, **as_declared(colorspace), out=out[i])
             except (imagecodecs.Jpeg8Error, ValueError) as exc:
                 raise ChunkError(f"{name}: cannot decode: {exc}") from exc
         del out
@@ -107,6 +110,7 @@ def _answer(request: dict, marks) -> str:
             checksum=request["checksum"],
             required=request["required"],
             where=request["where"],
+            colorspace=request.get("colorspace"),
         )
         return str(count)
     except ChunkError as exc:  # the store's damage: the engine raises it as it is
@@ -220,11 +224,13 @@ class ProcessDecoder:
         checksum: bool = False,
         required: bool = False,
         where: str = "",
+        colorspace: str | None = None,
     ) -> tuple[int, list[Future]]:
         """Start decoding into a free block; return (block index, futures of the counts).
 
         locations, coords: where each chunk is (`ChunkReader.locations`) and its (row, col);
-        checksum, required, where: how the chunks are checked (`decode_chunks`).
+        checksum, required, where, colorspace: how the chunks are checked and decoded
+        (`decode_chunks`).
 
         parts > 1 splits the chunks among that many requests, which idle workers take in
         the order submitted: a row is then ready sooner, and no worker waits while another
@@ -253,6 +259,7 @@ class ProcessDecoder:
                     "checksum": checksum,
                     "required": required,
                     "where": where,
+                    "colorspace": colorspace,
                 }
             )
             for start, stop_ in itertools.pairwise(bounds)

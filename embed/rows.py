@@ -168,6 +168,7 @@ class ProcessRows(RowSource):
             checksum=reader.checksum,
             required=reader.every_chunk,
             where=reader.where,
+            colorspace=reader.jpeg_colorspace,
         )
 
     def _result(self, index, coords, pending) -> list[torch.Tensor]:

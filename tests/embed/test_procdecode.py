@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import shutil
+import struct
 import threading
 from multiprocessing.shared_memory import SharedMemory
 
+import google_crc32c
 import imagecodecs
 import numpy as np
 import pytest
 import torch
+import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import CMU
+from tests.corpus import rewrite_chunk
 from tilestore.embed.procdecode import ProcessDecoder, decode_chunks
 from tilestore.errors import ChunkError
+from tilestore.format import jpeg
 from tilestore.reading.opening import open_slide
 
 
@@ -209,3 +217,61 @@ def test_pinned_blocks_copy_to_the_gpu_asynchronously(stores):
     finally:
         decoder.close()
     assert decoder.pinned == []
+
+
+def test_our_readers_decode_as_the_level_declares_not_as_the_markers_guess(
+    tmp_path, stores, cmu_pixels
+):
+    """A level that declares its chunks RGB-coded (imagecodecs_jpeg, colorspace_jpeg "RGB")
+    holding streams without the Adobe marker that says so (as another tool may write them):
+    zarr's codec decodes them as declared, and so must tilestore's own chunk reader and its
+    decoder processes, or every colour shifts (the YCbCr transform a marker-less stream
+    gets) with no error."""
+    store = tmp_path / "cmu.ome.zarr"
+    shutil.copytree(stores(CMU), store)
+    array = zarr.open_array(store / "0", mode="r")
+    assert [
+        c["name"]
+        for c in json.loads((store / "0/zarr.json").read_text())["codecs"][0]["configuration"][
+            "codecs"
+        ]
+    ][1] == "imagecodecs_jpeg"
+    rows, cols = (-(-s // c) for s, c in zip(array.shape[1:], array.chunks[1:], strict=True))
+
+    def unmarked(sealed: bytes) -> bytes:
+        stream = sealed[:-4]
+        assert jpeg.ADOBE_RGB in stream  # Aperio's RGB-coded tiles, marked when copied
+        stream = stream.replace(jpeg.ADOBE_RGB, b"", 1)
+        return stream + struct.pack("<I", google_crc32c.value(stream))
+
+    for row in range(rows):
+        for col in range(cols):
+            rewrite_chunk(store, unmarked, "0", row, col)
+    declared = np.moveaxis(zarr.open_array(store / "0", mode="r")[:], 0, -1)
+    height, width = cmu_pixels.shape[:2]
+    assert np.array_equal(declared[:height, :width], cmu_pixels)  # zarr: as declared
+    slide = open_slide(store)
+    assert np.array_equal(slide.read_region(0, 0, width, height, level=0), cmu_pixels)
+    reader = slide.chunks(0)
+    coords = [(r, c) for r in range(2) for c in range(cols)]
+    shape = (reader.chunk_h, reader.chunk_w, 3)
+    block = SharedMemory(create=True, size=len(coords) * math.prod(shape))
+    try:
+        located = [list(at) for at in reader.locations(coords)]
+        decode_chunks(
+            located,
+            coords,
+            block.name,
+            shape,
+            255,
+            checksum=True,
+            required=True,
+            colorspace=reader.jpeg_colorspace,
+        )
+        rows_ = np.ndarray((len(coords), *shape), np.uint8, buffer=block.buf)
+        want = np.stack([reader.decode(reader.fetch_one(c)) for c in coords])
+        assert np.array_equal(rows_, want)
+        del rows_
+    finally:
+        block.close()
+        block.unlink()

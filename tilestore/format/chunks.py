@@ -30,8 +30,15 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
 from tilestore.errors import ChunkError
-from tilestore.format.codecs import coded_color_space, has_checksums, is_jpeg
+from tilestore.format.codecs import (
+    COLOR_SPACE_NAMES,
+    coded_color_space,
+    has_checksums,
+    is_jpeg,
+    whole_streams,
+)
 from tilestore.format.integrity import Location, read_chunks, unseal
+from tilestore.format.jpeg import as_declared
 from tilestore.format.shards import (
     ABSENT,
     ShardIndex,
@@ -65,11 +72,14 @@ class ChunkReader:
         self.where = f"{name}: level {array.path}"
         self.is_jpeg = (
             is_jpeg(array.serializer)
+            and whole_streams(array.serializer)
             and list(array.filters) == [TransposeCodec(order=(1, 2, 0))]
             and list(array.compressors) in ([], [Crc32cCodec()])
             and array.chunks[0] == array.shape[0]
         )
         self.color_space = coded_color_space(array.serializer) if self.is_jpeg else None
+        # decoded as declared, as zarr's codec decodes it, not as the stream's markers say
+        self.jpeg_colorspace = COLOR_SPACE_NAMES.get(self.color_space)
         store = array.store_path.store
         self._root = Path(store.root) if type(store) is LocalStore else None
         self._store = store
@@ -208,7 +218,11 @@ class ChunkReader:
             out[...] = self.background
             return
         try:
-            imagecodecs.jpeg8_decode(data, out=out.reshape(self.chunk_h, self.chunk_w, -1))
+            imagecodecs.jpeg8_decode(
+                data,
+                **as_declared(self.jpeg_colorspace),
+                out=out.reshape(self.chunk_h, self.chunk_w, -1),
+            )
         except (imagecodecs.Jpeg8Error, ValueError) as exc:
             where = self.chunk_name(coord) if coord is not None else f"{self.where} chunk"
             raise ChunkError(f"{where}: cannot decode: {exc}") from exc
@@ -295,6 +309,7 @@ class ChannelPick:
     takes it; see `Slide.as_rgb`."""
 
     is_jpeg = False
+    jpeg_colorspace = None
     color_space = None
     channels = 3
 

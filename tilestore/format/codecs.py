@@ -245,6 +245,12 @@ def is_jpeg(codec: Any) -> bool:
     return isinstance(codec, JPEG_CODECS)
 
 
+def whole_streams(codec: Any) -> bool:
+    """Whether a JPEG codec's chunks are complete streams a decoder reads with no more than
+    their declared colour space (no JPEGTables or header kept in the codec's settings)."""
+    return isinstance(codec, JpegCodec) or (codec.tables is None and codec.header is None)
+
+
 def coded_color_space(codec: Any) -> str | None:
     """How a JPEG level's chunks are coded: "rgb", "ycbcr", or None where the streams'
     markers say (grayscale, or no colour space declared)."""

@@ -128,6 +128,13 @@ def marker_facts(data: bytes) -> tuple[bool, int | None]:
     return jfif, adobe
 
 
+def as_declared(colorspace: str | None) -> dict[str, str]:
+    """`imagecodecs.jpeg8_decode` arguments that decode a chunk coded in `colorspace` ("RGB",
+    "YCbCr": as its level declares it) to RGB, as zarr's codec does; {} (the stream's markers
+    decide) where nothing is declared."""
+    return {"colorspace": colorspace, "outcolorspace": "RGB"} if colorspace else {}
+
+
 def copy_marking(header: JpegHeader, color_space: str) -> bool | None:
     """Whether a container's JPEG stream can become a chunk as it is, given what its container
     says the samples are (`color_space`: "ycbcr", "rgb" or "grayscale"): None where it cannot

@@ -17,7 +17,7 @@ from zarr.codecs import Crc32cCodec
 from tests.conftest import CMU
 from tilestore.conversion import reshard
 from tilestore.embeddings import EmbeddingWriter, RunIdentity
-from tilestore.errors import StoreError
+from tilestore.errors import ChunkError, StoreError
 from tilestore.format import shards as shards_module
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.shards import ShardIndex
@@ -157,6 +157,25 @@ def test_a_failure_midway_leaves_the_old_store_as_it_was(store, monkeypatch):
     with pytest.raises(StoreError, match=r"cannot reshard: .*No space left"):
         reshard(path)
     assert {p: p.read_bytes() for p in path.rglob("*") if p.is_file()} == before
+    assert [p.name for p in path.parent.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("kind", ["link", "folder"])
+def test_a_damaged_chunk_file_is_refused_not_packed(store, kind):
+    """A chunk file that is a link to another chunk (valid pixels in the wrong place) or a
+    folder is damage: packed into a shard it could no longer be told apart, so resharding
+    stops with its name and leaves the store as it was."""
+    path, *_ = _old_store(store)
+    chunk = path / "0" / "c" / "0" / "2" / "3"
+    chunk.unlink()
+    if kind == "link":
+        chunk.symlink_to(path / "0" / "c" / "0" / "0" / "0")
+    else:
+        chunk.mkdir()
+    before = sorted(p.relative_to(path) for p in path.rglob("*"))
+    with pytest.raises(ChunkError, match=r"chunk \(0, 2, 3\) is (a symbolic link|a folder)"):
+        reshard(path)
+    assert sorted(p.relative_to(path) for p in path.rglob("*")) == before
     assert [p.name for p in path.parent.iterdir() if p.name.startswith(".")] == []
 
 

@@ -37,6 +37,7 @@ from tilestore.cpus import usable_cpus
 from tilestore.errors import StoreError, TilestoreWarning
 from tilestore.format import leftovers
 from tilestore.format.codecs import COLOR_SPACE_NAMES, IMAGECODECS_JPEG, SAMPLING_NAMES
+from tilestore.format.integrity import read_file
 from tilestore.format.shards import (
     SHARD_CHUNKS,
     batches_per_shard,
@@ -195,10 +196,11 @@ def _reshard_array(src: Path, dst: Path, meta: dict, shard: tuple[int, ...], poo
             if any(c >= g for c, g in zip(coords, grid, strict=True)):
                 inner.append(None)  # beyond the array, in its last shards
                 continue
-            try:
-                inner.append((src / key(coords)).read_bytes())
-            except FileNotFoundError:
-                inner.append(None)  # absent before (fill value), absent after
+            # as our readers read a chunk file: a link (another chunk's pixels), a folder or
+            # a FIFO is damage, refused with its name, never packed as this chunk's bytes;
+            # absent before (fill value), absent after
+            name = f"{src}: chunk {tuple(coords)}"
+            inner.append(read_file(src / key(coords), name, required=False))
         if any(data is not None for data in inner):
             write_atomic(dst / key(at), pack_parts(inner, crc))
 

@@ -195,9 +195,10 @@ class EmbeddingWriter:
         return shard * self.per_shard, min((shard + 1) * self.per_shard, self.blocks)
 
     def _flush(self, shard: int) -> None:
-        """Write a shard's waiting batches in one write of the shard (zarr reads the done
-        batches' bytes of a shard it rewrites and keeps them as they are), then their done
-        flags: a kill in between leaves features whose batches are not done, redone."""
+        """Write a shard's waiting batches in one write of the whole shard (a shard with done
+        batches is read back first: zstd is lossless, so their values are rewritten bit for
+        bit), then their done flags: a kill in between leaves features whose batches are not
+        done, redone."""
         first, last = self._shard(shard)
         blocks = [b for b in range(first, last) if b in self._pending]
         if not blocks:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import os
-import shutil
 import time
 import warnings
 from collections.abc import Callable
@@ -172,31 +171,26 @@ def convert(
         report = ConversionReport(
             Path(src), target, codec_name, reason, encoding.chunk, warnings=mpp_warnings
         )
-        tmp = leftovers.partial_name(target)
-        with ThreadPoolExecutor(1) as hasher:
+        with (
+            ThreadPoolExecutor(1) as hasher,
+            leftovers.built_beside(target, "cannot write store") as tmp,
+        ):
             digest = hasher.submit(_sha256, source.files)
-            try:
-                sources: dict = {}  # in place: level path -> its tiles, once the arrays exist
-                store = TiffTiles(LocalStore(tmp), sources) if in_place else tmp
-                root = zarr.open_group(store, mode="w-", zarr_format=3)
-                plan = _level_plan(source)
-                arrays = _create_arrays(root, source, plan, encoding)
-                for index in encoding.in_place:
-                    sources[str(index)] = chunk_source(
-                        source, index, arrays[index], encoding.background, encoding.decoded
-                    )
-                _write_levels(source, arrays, plan, tmp, encoding, report, progress)
-                associated = _write_associated(source, root) if keep_associated else []
-                _write_attrs(
-                    root, source, plan, encoding, report, mpp_fact, associated, digest.result()
+            sources: dict = {}  # in place: level path -> its tiles, once the arrays exist
+            store = TiffTiles(LocalStore(tmp), sources) if in_place else tmp
+            root = zarr.open_group(store, mode="w-", zarr_format=3)
+            plan = _level_plan(source)
+            arrays = _create_arrays(root, source, plan, encoding)
+            for index in encoding.in_place:
+                sources[str(index)] = chunk_source(
+                    source, index, arrays[index], encoding.background, encoding.decoded
                 )
-                report.store_bytes = tree_size(tmp)
-                leftovers.move_into_place(tmp, target)
-            except BaseException as exc:
-                shutil.rmtree(tmp, ignore_errors=True)
-                if isinstance(exc, OSError):
-                    raise StoreError(f"{target}: cannot write store: {exc}") from exc
-                raise
+            _write_levels(source, arrays, plan, tmp, encoding, report, progress)
+            associated = _write_associated(source, root) if keep_associated else []
+            _write_attrs(
+                root, source, plan, encoding, report, mpp_fact, associated, digest.result()
+            )
+            report.store_bytes = tree_size(tmp)
     for message in report.warnings:
         warnings.warn(f"{src}: {message}", TilestoreWarning, stacklevel=2)
     report.source_bytes = sum(f.stat().st_size for f in source.files)

@@ -98,8 +98,7 @@ def reshard(
         report.kept, report.files_after = len(arrays), report.files_before
         report.seconds = time.perf_counter() - started
         return report
-    tmp = leftovers.partial_name(target)
-    try:
+    with leftovers.built_beside(target, "cannot reshard") as tmp:
         _copy_tree(target, tmp, skip=set(todo))
         total = sum(_shard_count(arrays[p], s) for p, s in todo.items())
         with ThreadPoolExecutor(workers or usable_cpus()) as pool:
@@ -110,12 +109,6 @@ def reshard(
         for path in older:  # in shards already: only the codec's name and settings
             doc = {**arrays[path], "codecs": _redeclared(arrays[path]["codecs"])}
             (tmp / path / META).write_text(json.dumps(doc, indent=2))
-        leftovers.move_into_place(tmp, target)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise StoreError(f"{target}: cannot reshard: {exc}") from exc
-        raise
     report.arrays, report.kept = len(todo) + len(older), len(arrays) - len(todo) - len(older)
     report.files_after = _files(target)
     report.seconds = time.perf_counter() - started

@@ -11,13 +11,16 @@ replacement did arrive, and reports what it cannot judge (another host's partial
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
 import shutil
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
+from tilestore.errors import StoreError
 from tilestore.format.store import tree_size
 
 
@@ -100,3 +103,19 @@ def move_into_place(tmp: Path, target: Path) -> None:
     target.rename(old)
     tmp.rename(target)
     shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def built_beside(target: Path, failing: str) -> Iterator[Path]:
+    """Build a store at the partial name this yields; once the block ends, move it into
+    place (`move_into_place`). On any failure the partial folder is removed and `target`
+    is as it was; an OSError becomes a StoreError "<target>: <failing>: <why>"."""
+    tmp = partial_name(target)
+    try:
+        yield tmp
+        move_into_place(tmp, target)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise StoreError(f"{target}: {failing}: {exc}") from exc
+        raise

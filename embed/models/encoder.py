@@ -1,0 +1,70 @@
+"""A tile encoder as one module: its backbone, then the pooling its model card names.
+
+Every backbone a family builds (`tilestore.embed.models.families`) gives its final,
+normalised token sequence from ``forward_features`` (n, tokens, dim), or a grid (n, h, w, dim)
+for a hierarchical model, and says how many of those tokens come before the patch tokens
+(``num_prefix_tokens``: the class token and any registers). Pooling is then one small
+function of those tokens, the same for every family, so "CLS + mean" means one thing
+everywhere. ``tokens`` gives the patch-token grid itself, for ``--tokens``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def _cls(backbone, tokens):
+    return tokens[:, 0]
+
+
+def _mean(backbone, tokens):
+    return tokens[:, getattr(backbone, "num_prefix_tokens", 0) :].mean(dim=1)
+
+
+def _cls_mean(backbone, tokens):
+    return torch.cat([_cls(backbone, tokens), _mean(backbone, tokens)], dim=-1)
+
+
+def _head(backbone, tokens):
+    return backbone.pool(tokens)
+
+
+# pooling name (`tilestore.embed.models.spec.POOLINGS`) -> features from the token sequence
+POOL = {"cls": _cls, "mean": _mean, "cls+mean": _cls_mean, "head": _head}
+
+
+class Encoder(nn.Module):
+    """backbone + pooling: ``forward`` gives (n, output_dim) features of a normalised batch."""
+
+    def __init__(self, backbone: nn.Module, pooling: str):
+        super().__init__()
+        self.backbone = backbone
+        self.pooling = pooling
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pooling == "model":
+            return self.backbone(x)
+        return POOL[self.pooling](self.backbone, self.sequence(x))
+
+    def sequence(self, x: torch.Tensor) -> torch.Tensor:
+        """The final token sequence (n, tokens, dim), prefix tokens first."""
+        tokens = self.backbone.forward_features(x)
+        return tokens.flatten(1, 2) if tokens.ndim == 4 else tokens
+
+    def tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """The patch tokens as a grid (n, h, w, dim): what ``--tokens`` stores."""
+        tokens = self.backbone.forward_features(x)
+        if tokens.ndim == 4:
+            return tokens
+        patches = tokens[:, getattr(self.backbone, "num_prefix_tokens", 0) :]
+        side = math.isqrt(patches.shape[1])
+        if side * side != patches.shape[1]:
+            raise ValueError(f"{patches.shape[1]} patch tokens do not form a square grid")
+        return patches.unflatten(1, (side, side))
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return getattr(self.backbone, "num_prefix_tokens", 0)

@@ -1,0 +1,229 @@
+"""Builders of tile-encoder backbones, by family, and how each family's published weights
+map onto them.
+
+A family builds the backbone from a spec's `Arch` (and the checkpoint's config.json where
+the family reads one), without weights: on the meta device for the tests, on the target
+device for loading. Its ``convert`` turns the state dict as the authors published it into
+the backbone's key names; loading is then strict (`tilestore.embed.models.load`).
+
+- ``timm``: a timm architecture with the model card's arguments.
+- ``transformers``: a Hugging Face class that needs no remote code (ViT, DINOv2, CLIP's
+  vision tower), configured by the checkpoint's config.json (the spec's copy of it where
+  there is no checkpoint).
+- ``ctranspath``: timm's Swin-T with CTransPath's convolutional stem (`tilestore.embed.models.zoo`).
+- ``conch``: a timm ViT trunk with CONCH's attentional pooler (`tilestore.embed.models.zoo`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import timm
+import torch
+from torch import nn
+
+from tilestore.embed.models import zoo
+from tilestore.embed.models.spec import ModelError, ModelSpec
+
+State = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Family:
+    """build(spec, config) -> backbone; convert(spec, state, backbone) -> the backbone's keys;
+    config: whether a checkpoint folder has a config.json ("timm" or "transformers" format)
+    or none; load: where the family's library loads its own checkpoints (transformers, whose
+    modules' key names are not those of the files it writes), (spec, folder, weights file,
+    config) -> backbone with its weights, instead of build + convert + our strict load."""
+
+    build: Callable[[ModelSpec, dict | None], nn.Module]
+    convert: Callable[[ModelSpec, State, nn.Module], State] = lambda spec, state, backbone: state
+    config: str | None = None
+    load: Callable[..., nn.Module] | None = None
+
+
+# -- timm ------------------------------------------------------------------------------------
+
+_LAYERS = {"SwiGLUPacked": timm.layers.SwiGLUPacked}
+
+
+def _timm_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A spec's timm arguments with the layer names it gives as strings made classes."""
+    out = dict(kwargs)
+    if isinstance(out.get("mlp_layer"), str):
+        out["mlp_layer"] = _LAYERS[out["mlp_layer"]]
+    return out
+
+
+def _build_timm(spec: ModelSpec, config: dict | None) -> nn.Module:
+    config = config or {}
+    name = spec.arch.name if spec.arch else config.get("architecture")
+    if not name:
+        raise ModelError(f"{spec.name}: no architecture (config.json has no 'architecture')")
+    kwargs = {
+        **config.get("model_args", {}),
+        **_timm_kwargs(spec.arch.kwargs if spec.arch else {}),
+        "num_classes": 0,
+    }
+    if spec.pooling != "model":
+        kwargs["global_pool"] = ""
+    try:
+        return timm.create_model(
+            name, pretrained=False, pretrained_cfg=config.get("pretrained_cfg"), **kwargs
+        )
+    except (RuntimeError, TypeError, ValueError, KeyError) as exc:
+        raise ModelError(f"{spec.name}: cannot build {name}: {exc}") from exc
+
+
+def _from_dinov2(spec: ModelSpec, state: State, backbone: nn.Module) -> State:
+    """DINOv2's own layout (torch.hub facebookresearch/dinov2) into timm's: registers as
+    ``reg_token``, the class token's position folded into the token (timm's registers
+    models place no position on prefix tokens), SwiGLU's ``w12``/``w3`` as ``fc1``/``fc2``.
+    No position table is resampled: a table of another size fails to load."""
+    state = {k: v for k, v in state.items() if k != "mask_token"}
+    if "register_tokens" in state:
+        state["reg_token"] = state.pop("register_tokens")
+        state["cls_token"] = state["cls_token"] + state["pos_embed"][:, :1]
+        state["pos_embed"] = state["pos_embed"][:, 1:]
+    return {
+        re.sub(
+            r"^(blocks\.\d+\.mlp)\.w12\.",
+            r"\1.fc1.",
+            re.sub(r"^(blocks\.\d+\.mlp)\.w3\.", r"\1.fc2.", k),
+        ): v
+        for k, v in state.items()
+    }
+
+
+# an Arch's ``convert``: the layout its published weights are in
+_TIMM_CONVERT = {"dinov2": _from_dinov2}
+
+
+def _timm_convert(spec: ModelSpec, state: State, backbone: nn.Module) -> State:
+    convert = spec.arch.convert if spec.arch else None
+    return _TIMM_CONVERT[convert](spec, state, backbone) if convert else state
+
+
+# -- transformers ----------------------------------------------------------------------------
+
+# class -> (config class, prefix tokens beyond the class token, the state dict prefixes a
+# published checkpoint may put before the class's own keys)
+_HF_CLASSES = {
+    "ViTModel": ("ViTConfig", ("vit.",)),
+    "Dinov2Model": ("Dinov2Config", ("dinov2.",)),
+    "CLIPVisionModelWithProjection": ("CLIPVisionConfig", ()),
+}
+
+
+class HFTokens(nn.Module):
+    """A transformers vision model as a backbone: its last hidden state as the tokens."""
+
+    def __init__(self, model: nn.Module, num_prefix_tokens: int = 1):
+        super().__init__()
+        self.model = model
+        self.num_prefix_tokens = num_prefix_tokens
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        inner = getattr(self.model, "vision_model", self.model)
+        return inner(pixel_values=x).last_hidden_state
+
+    def pool(self, tokens: torch.Tensor) -> torch.Tensor:
+        """CLIP's image embedding: the class token through the post-norm and the projection."""
+        inner = self.model.vision_model
+        return self.model.visual_projection(inner.post_layernorm(tokens[:, 0]))
+
+
+def _hf_config(spec: ModelSpec, config: dict | None):
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ModelError(f"{spec.name}: needs transformers: pip install 'tilestore[hf]'") from exc
+    class_name = spec.arch.name
+    settings = dict(config or spec.arch.kwargs)
+    if class_name.startswith("CLIP") and "vision_config" in settings:  # a whole CLIPModel's
+        settings = {**settings["vision_config"], "projection_dim": settings["projection_dim"]}
+    for key in ("architectures", "auto_map", "transformers_version", "torch_dtype", "dtype"):
+        settings.pop(key, None)
+    hf_config = getattr(transformers, _HF_CLASSES[class_name][0])(**settings)
+    kwargs = {"add_pooling_layer": False} if class_name == "ViTModel" else {}
+    prefix = 1 + int(settings.get("num_register_tokens", 0))
+    return getattr(transformers, class_name), hf_config, kwargs, prefix
+
+
+def _build_transformers(spec: ModelSpec, config: dict | None) -> nn.Module:
+    model_class, hf_config, kwargs, prefix = _hf_config(spec, config)
+    hf_config._attn_implementation = "sdpa"
+    return HFTokens(model_class(hf_config, **kwargs), prefix)
+
+
+# keys a checkpoint may hold that the vision model does not use: ViT's pooler (the class
+# token is taken), a whole CLIP's text tower and temperature
+_HF_UNUSED = ("pooler.", "text_model.", "text_projection.", "logit_scale")
+
+
+def _load_transformers(spec: ModelSpec, folder, weights, config: dict | None) -> nn.Module:
+    """transformers' own from_pretrained (it maps the files' key names onto its modules),
+    made strict: a missing, unexpected or misshapen tensor stops loading with one line."""
+    model_class, hf_config, kwargs, prefix = _hf_config(spec, config)
+    model, info = model_class.from_pretrained(
+        folder,
+        config=hf_config,
+        local_files_only=True,
+        output_loading_info=True,
+        attn_implementation="sdpa",
+        dtype=torch.float32,
+        **kwargs,
+    )
+    unused = _HF_UNUSED + tuple(p + u for p in ("vit.", "dinov2.") for u in _HF_UNUSED)
+    unexpected = [k for k in info.get("unexpected_keys", ()) if not k.startswith(unused)]
+    missing, mismatched = list(info.get("missing_keys", ())), list(info.get("mismatched_keys", ()))
+    if missing or unexpected or mismatched:
+        raise ModelError(
+            f"{spec.name}: weights do not fit the architecture: missing {sorted(missing)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]}, misshapen {mismatched[:3]}"
+        )
+    return HFTokens(model, prefix)
+
+
+# -- own builds ------------------------------------------------------------------------------
+
+
+def _build_ctranspath(spec: ModelSpec, config: dict | None) -> nn.Module:
+    return zoo.ctranspath(**spec.arch.kwargs)
+
+
+def _ctranspath_convert(spec: ModelSpec, state: State, backbone: nn.Module) -> State:
+    """The authors' checkpoint (their timm 0.5 Swin's) into timm's Swin: timm's own filter
+    moves each stage's downsampling to the start of the next stage and drops the buffers it
+    computes itself."""
+    from timm.models.swin_transformer import checkpoint_filter_fn
+
+    return checkpoint_filter_fn(state, backbone)
+
+
+def _build_conch(spec: ModelSpec, config: dict | None) -> nn.Module:
+    return zoo.conch(spec.arch.name, **spec.arch.kwargs)
+
+
+def _conch_convert(spec: ModelSpec, state: State, backbone: nn.Module) -> State:
+    return zoo.conch_state(spec.arch.name, state, backbone)
+
+
+FAMILIES: dict[str, Family] = {
+    "timm": Family(_build_timm, _timm_convert, "timm"),
+    "transformers": Family(_build_transformers, config="transformers", load=_load_transformers),
+    "ctranspath": Family(_build_ctranspath, _ctranspath_convert),
+    "conch": Family(_build_conch, _conch_convert),
+}
+
+
+def family(spec: ModelSpec) -> Family:
+    return FAMILIES[spec.family]
+
+
+def build(spec: ModelSpec, config: dict | None = None) -> nn.Module:
+    """The spec's backbone without weights (on the current default device)."""
+    return family(spec).build(spec, config)

@@ -1,0 +1,202 @@
+"""Encoders whose code ships only in their authors' repositories, built from timm and torch
+blocks so that the authors' published state dicts load into them strictly.
+
+- CTransPath (and CHIEF's CTransPath): timm's Swin-T whose patch embedding is the authors'
+  convolutional stem (two stride-2 3x3 convolutions with batch norm, then a 1x1).
+- CONCH v1: a ViT-B/16 trunk at 448 px, then an attentional pooler (one query, torch's
+  multi-head attention) and a layer norm: CONCH's ``encode_image(proj_contrast=False)``.
+- CONCH v1.5 (TITAN's tile encoder): a ViT-L/16 trunk with layer scale, then its attentional
+  pooler (one query, separate q and kv projections) and a layer norm. Its position table is
+  published for 224 px (14 x 14) and the authors' forward interpolates it to the 448 px
+  input at every call; here that interpolation is done once, when the weights are loaded,
+  with the same call (bicubic, the same scale factor), so the numbers are the same.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from timm.layers import resample_abs_pos_embed
+from timm.models.swin_transformer import SwinTransformer
+from timm.models.vision_transformer import VisionTransformer
+from torch import nn
+
+from tilestore.embed.models.spec import ModelError
+
+State = dict[str, torch.Tensor]
+
+
+# -- CTransPath --------------------------------------------------------------------------------
+
+
+class ConvStem(nn.Module):
+    """CTransPath's patch embedding, giving timm's Swin the NHWC grid it expects."""
+
+    def __init__(
+        self,
+        img_size=224,
+        patch_size=4,
+        in_chans=3,
+        embed_dim=96,
+        norm_layer=None,
+        output_fmt="NHWC",
+        **_: object,
+    ):
+        super().__init__()
+        if patch_size != 4 or embed_dim % 8:
+            raise ValueError("CTransPath's stem takes patch_size 4 and embed_dim divisible by 8")
+        self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        self.patch_size = (patch_size, patch_size)
+        self.grid_size = (self.img_size[0] // patch_size, self.img_size[1] // patch_size)
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        width, layers = embed_dim // 8, []
+        for _ in range(2):
+            layers += [
+                nn.Conv2d(in_chans, width, 3, stride=2, padding=1, bias=False),
+                nn.BatchNorm2d(width),
+                nn.ReLU(inplace=True),
+            ]
+            in_chans, width = width, width * 2
+        layers.append(nn.Conv2d(in_chans, embed_dim, 1))
+        self.proj = nn.Sequential(*layers)
+        self.norm = norm_layer(embed_dim) if norm_layer else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.proj(x).permute(0, 2, 3, 1))
+
+
+def ctranspath(img_size: int = 224) -> nn.Module:
+    """Swin-T (window 7, depths 2-2-6-2, 96 wide) with CTransPath's stem, headless."""
+    return SwinTransformer(
+        img_size=img_size,
+        patch_size=4,
+        window_size=7,
+        embed_dim=96,
+        depths=(2, 2, 6, 2),
+        num_heads=(3, 6, 12, 24),
+        embed_layer=ConvStem,
+        num_classes=0,
+    )
+
+
+# -- CONCH ----------------------------------------------------------------------------------
+
+
+class TorchAttentionPool(nn.Module):
+    """CONCH v1's pooler: learned queries attending to the tokens (torch's attention)."""
+
+    def __init__(self, dim: int, context: int, heads: int = 8, queries: int = 1):
+        super().__init__()
+        self.query = nn.Parameter(torch.zeros(queries, dim))
+        self.attn = nn.MultiheadAttention(dim, heads, kdim=context, vdim=context, batch_first=True)
+        self.ln_q = nn.LayerNorm(dim)
+        self.ln_k = nn.LayerNorm(context)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        keys = self.ln_k(tokens)
+        query = self.ln_q(self.query).expand(tokens.shape[0], -1, -1)
+        return self.attn(query, keys, keys, need_weights=False)[0]
+
+
+class ProjectedAttentionPool(nn.Module):
+    """CONCH v1.5's pooler: learned queries, separate q and kv projections, no biases."""
+
+    def __init__(self, dim: int, context: int, heads: int = 8, queries: int = 1):
+        super().__init__()
+        self.query = nn.Parameter(torch.zeros(queries, dim))
+        self.heads = heads
+        self.scale = (dim // heads) ** -0.5
+        self.ln_k = nn.LayerNorm(context)
+        self.ln_q = nn.LayerNorm(dim)
+        self.to_q = nn.Linear(dim, dim, bias=False)
+        self.to_kv = nn.Linear(context, dim * 2, bias=False)
+        self.to_out = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        n, h = tokens.shape[0], self.heads
+        q = self.to_q(self.ln_q(self.query)).expand(n, -1, -1)
+        k, v = self.to_kv(self.ln_k(tokens)).chunk(2, dim=-1)
+        q, k, v = (t.unflatten(-1, (h, -1)).transpose(1, 2) for t in (q, k, v))
+        sim = (q * self.scale) @ k.transpose(-1, -2)
+        attn = (sim - sim.amax(dim=-1, keepdim=True).detach()).softmax(dim=-1)
+        return self.to_out((attn @ v).transpose(1, 2).flatten(2))
+
+
+class Conch(nn.Module):
+    """A CONCH vision tower: trunk tokens, then ``pool`` (pooler, layer norm; the contrastive
+    projection too where ``projection`` is set)."""
+
+    def __init__(self, trunk: VisionTransformer, pooler: nn.Module, dim: int, projection: bool):
+        super().__init__()
+        self.trunk = trunk
+        self.attn_pool_contrast = pooler
+        self.ln_contrast = nn.LayerNorm(dim)
+        self.proj_contrast = nn.Parameter(torch.zeros(dim, dim)) if projection else None
+        self.num_prefix_tokens = trunk.num_prefix_tokens
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.trunk.forward_features(x)
+
+    def pool(self, tokens: torch.Tensor) -> torch.Tensor:
+        pooled = self.ln_contrast(self.attn_pool_contrast(tokens)[:, 0])
+        return pooled @ self.proj_contrast if self.proj_contrast is not None else pooled
+
+
+def conch(variant: str, img_size: int = 448, projection: bool = False) -> Conch:
+    if variant == "v1":
+        trunk = VisionTransformer(
+            img_size=img_size, patch_size=16, embed_dim=768, depth=12, num_heads=12,
+            num_classes=0, global_pool="",
+        )  # fmt: skip
+        return Conch(trunk, TorchAttentionPool(512, 768), 512, projection)
+    if variant == "v1.5":
+        trunk = VisionTransformer(
+            img_size=img_size, patch_size=16, embed_dim=1024, depth=24, num_heads=16,
+            init_values=1.0, num_classes=0, global_pool="",
+        )  # fmt: skip
+        return Conch(trunk, ProjectedAttentionPool(768, 1024), 768, projection)
+    raise ModelError(f"CONCH has no variant {variant!r} (v1, v1.5)")
+
+
+def conch_state(variant: str, state: State, model: Conch) -> State:
+    """The published vision weights in our module's keys.
+
+    v1: the whole CoCa checkpoint; the vision tower's ``visual.`` keys are kept, without the
+    captioning pooler (the text decoder's input) and, unless asked, the projection.
+    v1.5: ``pytorch_model_vision.bin``; its 14 x 14 position table interpolated to the
+    trunk's grid as the authors' forward does it."""
+    if variant == "v1":
+        keep = ("trunk.", "attn_pool_contrast.", "ln_contrast.")
+        keep += ("proj_contrast",) if model.proj_contrast is not None else ()
+        state = {k.removeprefix("visual."): v for k, v in state.items() if k.startswith("visual.")}
+        return {k: v for k, v in state.items() if k.startswith(keep)}
+    state = dict(state)
+    if model.proj_contrast is None:
+        state.pop("proj_contrast", None)
+    if "trunk.pos_embed" in state:
+        state["trunk.pos_embed"] = _authors_pos_embed(state["trunk.pos_embed"], model.trunk)
+    return state
+
+
+def _authors_pos_embed(table: torch.Tensor, trunk: VisionTransformer) -> torch.Tensor:
+    """CONCH v1.5's position table as its authors' forward uses it at the trunk's input size:
+    first resampled to the 224 px grid they build (bilinear, no antialiasing), then
+    interpolated bicubically with the scale factor (grid + 0.1) / 14."""
+    base = 14
+    if table.shape[1] - 1 != base * base:
+        table = resample_abs_pos_embed(
+            table, new_size=(base, base), num_prefix_tokens=1, interpolation="bilinear",
+            antialias=False, verbose=False,
+        )  # fmt: skip
+    rows, cols = trunk.patch_embed.grid_size
+    if (rows, cols) == (base, base):
+        return table
+    dim = table.shape[-1]
+    grid = table[:, 1:].reshape(1, base, base, dim).permute(0, 3, 1, 2)
+    scale = ((rows + 0.1) / math.sqrt(base * base), (cols + 0.1) / math.sqrt(base * base))
+    grid = F.interpolate(grid.float(), scale_factor=scale, mode="bicubic").to(table.dtype)
+    if grid.shape[-2:] != (rows, cols):
+        raise ModelError(f"CONCH v1.5: position table came out {tuple(grid.shape[-2:])}")
+    return torch.cat([table[:, :1], grid.permute(0, 2, 3, 1).reshape(1, rows * cols, dim)], 1)

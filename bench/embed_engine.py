@@ -47,6 +47,7 @@ from tilestore.embed import Embedder, Options, embed
 from tilestore.embed.graphs import GraphedForward
 from tilestore.embed.models import load_model
 from tilestore.embed.reference import cosine, reference_features
+from tilestore.embeddings.layout import group_name
 from tilestore.plan import PlanOptions, load_plan
 
 HERE = Path(__file__).resolve().parent
@@ -153,6 +154,12 @@ def engine_run(
     return data
 
 
+def model_name(arch: str) -> str:
+    """A timm architecture as ``timm:<arch>``; ``random:<registered>`` and the like as given
+    (a registered encoder's own build, random weights: ViT-H and ViT-g as they are built)."""
+    return arch if ":" in arch else f"timm:{arch}"
+
+
 def cli_run(store: Path, arch: str, batch: int, compiled: bool, out: Path) -> dict:
     """`tilestore embed` in a fresh process, as a user runs it: model load and compilation
     included, and its peak RSS free of this benchmark's own (ceilings, compiles, baseline)."""
@@ -164,7 +171,7 @@ def cli_run(store: Path, arch: str, batch: int, compiled: bool, out: Path) -> di
         "embed",
         str(store),
         "--model",
-        f"timm:{arch}",
+        model_name(arch),
     ]
     command += ["--plan", "bench", "--batch-size", str(batch), "--decode", "cpu"]
     command += ["--overwrite", "--report", str(report)] + (["--compile"] if compiled else [])
@@ -190,7 +197,7 @@ def cli_run(store: Path, arch: str, batch: int, compiled: bool, out: Path) -> di
 def check_features(store: Path, arch: str, slide, plan, loaded) -> dict:
     """The stored features of 48 random tiles vs the one-tile-at-a-time reference loop."""
     picks = np.random.default_rng(0).choice(len(plan), 48, replace=False)
-    stored = tilestore.open_slide(store).group["embeddings/timm-" + arch]["features"]
+    stored = tilestore.open_slide(store).group[group_name(model_name(arch))]["features"]
     features = stored.get_orthogonal_selection((picks, slice(None))).astype(np.float32)
     out = {}
     for precision in ("bf16", "fp32"):
@@ -283,7 +290,7 @@ def main() -> None:
     )
     for arch in args.models.split(","):
         print(f"== {arch}", flush=True)
-        loaded = load_model(f"timm:{arch}")
+        loaded = load_model(model_name(arch))
         module = loaded.module.cuda().eval().to(memory_format=torch.channels_last)
         entry = {"gpu_state": {"before_ceilings": gpu_state()}}
         entry["eager"] = ceiling(module, [64, 128, 256, 512, 1024], "eager")

@@ -10,8 +10,6 @@ must match, or loading stops with one line. The pooling the model card names wra
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,6 +24,7 @@ from tilestore.embed.models.families import family
 from tilestore.embed.models.preprocess import Transform
 from tilestore.embed.models.registry import get_model
 from tilestore.embed.models.spec import ModelError, ModelSpec
+from tilestore.embeddings.recipe import transform_hash
 
 
 @dataclass
@@ -64,12 +63,6 @@ class LoadedModel:
             "transform": self.transform.describe(),
             "transform_sha": transform_hash(self.transform.describe()),
         }
-
-
-def transform_hash(described: dict[str, Any]) -> str:
-    """A short hash of a transform's description (sizes, interpolation, mean, std)."""
-    text = json.dumps(described, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def load_model(
@@ -205,5 +198,19 @@ def _timm(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
     return Encoder(module, "model"), None, "random"
 
 
+def _random(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
+    """A registered architecture with its family's own random initialisation, drawn on
+    `device` (``random:<name>``: sizing and benchmarks; the cost is the architecture's)."""
+    with device:
+        backbone = family(spec).build(spec, None)
+    return Encoder(backbone, spec.pooling), None, "random"
+
+
 # how each `ModelSpec.source` is loaded
-SOURCES = {"hf-hub": _hf_hub, "local": _local, "package": _package, "timm": _timm}
+SOURCES = {
+    "hf-hub": _hf_hub,
+    "local": _local,
+    "package": _package,
+    "timm": _timm,
+    "random": _random,
+}

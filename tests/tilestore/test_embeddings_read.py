@@ -148,3 +148,66 @@ def test_a_cohort_glob_leaves_out_stores_not_embedded_with_a_note(embedded_cohor
         warnings.simplefilter("ignore", TilestoreWarning)
         kept = open_embeddings([*embedded_cohort, bare], "efficientnet-lite0", skip_missing=True)
     assert len(kept.tiles.slides) == 2
+
+
+def _cohort_copy(embedded_cohort, tmp_path):
+    copies = [tmp_path / s.name for s in embedded_cohort]
+    for source, copy in zip(embedded_cohort, copies, strict=True):
+        shutil.copytree(source, copy)
+    return copies
+
+
+def _edit_record(store, edit):
+    group = zarr.open_group(store / group_name(LITE), mode="r+")
+    meta = dict(group.attrs["tilestore"])
+    edit(meta)
+    group.attrs["tilestore"] = meta
+
+
+@pytest.mark.parametrize(
+    ("fact", "value", "shown"),
+    [
+        ("precision", "bf16", "precision: fp32 vs bf16"),
+        ("pooling", "cls+mean", "pooling: model vs cls+mean"),
+        ("transform_sha", "0123456789abcdef", "transform_sha: "),
+        ("revision", "abc", "revision: 0.1.0 vs abc"),
+    ],
+)
+def test_a_cohort_embedded_under_other_settings_is_refused(
+    embedded_cohort, tmp_path, fact, value, shown
+):
+    """The same model name, another recipe: the features are not one population."""
+    cmu, ihc = _cohort_copy(embedded_cohort, tmp_path)
+
+    def edit(meta):
+        if fact == "precision":
+            meta["precision"] = value
+        else:
+            meta["model"] = {**meta["model"], fact: value}
+
+    _edit_record(ihc, edit)
+    with pytest.raises(StoreError) as refused:
+        open_embeddings([cmu, ihc], LITE)
+    message = str(refused.value)
+    assert "\n" not in message and str(ihc) in message and str(cmu) in message
+    assert shown in message and "other settings" in message
+
+
+def test_a_group_recorded_before_the_recipe_opens_with_a_new_one(embedded_cohort, tmp_path):
+    """A group written before transform hashes were recorded is compared on its transform."""
+    cmu, ihc = _cohort_copy(embedded_cohort, tmp_path)
+    old = ("transform_sha", "family", "input_size", "projection", "architecture")
+
+    def make_old(meta):
+        meta["model"] = {k: v for k, v in meta["model"].items() if k not in old}
+
+    _edit_record(ihc, make_old)
+    assert open_embeddings([cmu, ihc], LITE).sizes["tile"] > 0
+
+    def other_transform(meta):
+        transform = {**meta["model"]["transform"], "mean": [0.4, 0.4, 0.4]}
+        meta["model"] = {**meta["model"], "transform": transform}
+
+    _edit_record(ihc, other_transform)
+    with pytest.raises(StoreError, match="transform_sha"):
+        open_embeddings([cmu, ihc], LITE)

@@ -27,6 +27,7 @@ from zarr.abc.store import Store
 
 from tilestore.analysis import accessor as accessor  # registers the ds.tiles accessor
 from tilestore.embeddings.layout import COORDINATES, COORDS, GROUP, UNITS, group_name
+from tilestore.embeddings.recipe import differences, recipe
 from tilestore.errors import ChunkError, StoreError, TilestoreWarning
 from tilestore.format.store import DAMAGED, STORE_SUFFIX, stored
 
@@ -83,10 +84,25 @@ def open_embeddings(
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise StoreError(f"two stores share the slide name {dup[0]!r}: rename one of them")
-    dims = {p["features"].shape[1] for p in parts}
-    if len(dims) > 1:
-        raise StoreError(f"embeddings of {model!r} differ in width across slides: {sorted(dims)}")
+    _same_recipe(parts, model)
     return _dataset(parts, model)
+
+
+def _same_recipe(parts: list[dict[str, Any]], model: str) -> None:
+    """Refuse a cohort whose slides were embedded under different settings (weights,
+    pooling, projection, precision, input size, transform): their features are not one
+    population, whatever the model's name says."""
+    first = parts[0]
+    for part in parts[1:]:
+        diff = differences(first["recipe"], part["recipe"])
+        if part["features"].shape[1] != first["features"].shape[1]:
+            diff.insert(0, f"width: {first['features'].shape[1]} vs {part['features'].shape[1]}")
+        if diff:
+            raise StoreError(
+                f"{part['meta']['store']}: its {model!r} embeddings were made with other "
+                f"settings than {first['meta']['store']}'s ({'; '.join(diff[:3])}); open "
+                "them separately, or embed again with the same settings"
+            )
 
 
 class NotEmbedded(StoreError):
@@ -198,6 +214,7 @@ def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
             ],
         },
         "model": meta.get("model", {}),
+        "recipe": recipe(meta),
     }
 
 

@@ -8,9 +8,9 @@ with `tilestore models profile` before its weights are fetched, and for benchmar
 
 from __future__ import annotations
 
-import timm
-
 from dataclasses import replace
+
+import timm
 
 from tilestore.embed.models.catalogue import ENTRIES
 from tilestore.embed.models.spec import ModelError, ModelSpec

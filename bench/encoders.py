@@ -327,7 +327,7 @@ def run_one(name: str, args, reference: Reference | None, work: Path) -> dict:
         from tilestore.embed.models.encoder import Encoder
         from tilestore.embed.models.families import build
 
-        size = data_config(spec, Encoder(build(spec), spec.pooling))["input_size"][-1]
+        size = data_config(spec, Encoder.of(build(spec), spec))["input_size"][-1]
     # tiles at the input size (the transforms' resize is the identity: the model alone is
     # compared) and, where it differs, at the tile size our plan reads for it
     tiles = {"at_input": str(folder / "input.npy")}

@@ -292,10 +292,13 @@ models_app = typer.Typer(no_args_is_help=True, help="Tile encoders: list them, f
 
 @models_app.command("list")
 def models_list() -> None:
-    """The registered models: hub repo, output size, the resolution they expect, cached or not."""
+    """The registered encoders: output size, the resolution and tile they expect, how their
+    features are pooled, licence, gating, and whether their weights are in the cache."""
     from tilestore.embed import is_cached, list_models
 
-    table = text_table("name", "weights", "dim", "um/px", "tile", "gated", "cached")
+    table = text_table(
+        "name", "weights", "dim", "um/px", "tile", "pooling", "licence", "gated", "cached"
+    )
     for spec in list_models():
         table.add_row(
             spec.name,
@@ -303,12 +306,15 @@ def models_list() -> None:
             str(spec.output_dim),
             str(spec.native_mpp or "-"),
             str(spec.tile),
+            spec.pooling + (f" + {spec.projection} projection" if spec.projection else ""),
+            spec.licence or "-",
             "yes" if spec.gated else "no",
             "yes" if is_cached(spec) else "no",
         )
     out.print(table)
     out.print(
-        "also: timm:<architecture> (random weights unless cached), local:<folder>",
+        f"{len(list_models())} encoders; also: timm:<architecture> (random weights unless "
+        "cached), local:<folder>, random:<name> (a registered architecture, random weights)",
         highlight=False,
     )
 

@@ -28,26 +28,35 @@ def _cls_mean(backbone, tokens):
     return torch.cat([_cls(backbone, tokens), _mean(backbone, tokens)], dim=-1)
 
 
-def _head(backbone, tokens):
+def _attention(backbone, tokens):
     return backbone.pool(tokens)
 
 
 # pooling name (`tilestore.embed.models.spec.POOLINGS`) -> features from the token sequence
-POOL = {"cls": _cls, "mean": _mean, "cls+mean": _cls_mean, "head": _head}
+POOL = {"cls": _cls, "mean": _mean, "cls+mean": _cls_mean, "attn-pool": _attention}
 
 
 class Encoder(nn.Module):
-    """backbone + pooling: ``forward`` gives (n, output_dim) features of a normalised batch."""
+    """backbone + pooling (+ the backbone's ``project`` where the model card projects):
+    ``forward`` gives (n, output_dim) features of a normalised batch."""
 
-    def __init__(self, backbone: nn.Module, pooling: str):
+    def __init__(self, backbone: nn.Module, pooling: str, project: bool = False):
         super().__init__()
         self.backbone = backbone
         self.pooling = pooling
+        self.project = project
+
+    @classmethod
+    def of(cls, backbone: nn.Module, spec) -> Encoder:
+        """The encoder a spec (`tilestore.embed.models.spec.ModelSpec`) names: its pooling and
+        projection."""
+        return cls(backbone, spec.pooling, spec.projection is not None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pooling == "model":
             return self.backbone(x)
-        return POOL[self.pooling](self.backbone, self.sequence(x))
+        pooled = POOL[self.pooling](self.backbone, self.sequence(x))
+        return self.backbone.project(pooled) if self.project else pooled
 
     def sequence(self, x: torch.Tensor) -> torch.Tensor:
         """The final token sequence (n, tokens, dim), prefix tokens first."""

@@ -130,10 +130,9 @@ class HFTokens(nn.Module):
         inner = getattr(self.model, "vision_model", self.model)
         return inner(pixel_values=x).last_hidden_state
 
-    def pool(self, tokens: torch.Tensor) -> torch.Tensor:
-        """CLIP's image embedding: the class token through the post-norm and the projection."""
-        inner = self.model.vision_model
-        return self.model.visual_projection(inner.post_layernorm(tokens[:, 0]))
+    def project(self, cls: torch.Tensor) -> torch.Tensor:
+        """CLIP's image embedding of its class token: the post-norm, then the projection."""
+        return self.model.visual_projection(self.model.vision_model.post_layernorm(cls))
 
 
 def _hf_config(spec: ModelSpec, config: dict | None):
@@ -205,7 +204,7 @@ def _ctranspath_convert(spec: ModelSpec, state: State, backbone: nn.Module) -> S
 
 
 def _build_conch(spec: ModelSpec, config: dict | None) -> nn.Module:
-    return zoo.conch(spec.arch.name, **spec.arch.kwargs)
+    return zoo.conch(spec.arch.name, **spec.arch.kwargs, projection=spec.projection is not None)
 
 
 def _conch_convert(spec: ModelSpec, state: State, backbone: nn.Module) -> State:

@@ -136,7 +136,7 @@ def _checkpoint(spec: ModelSpec, checkpoint: hub.Checkpoint, device: torch.devic
     if builder.load is not None:  # the family's library loads its own files
         folder = checkpoint.weights.parent
         backbone = builder.load(spec, folder, checkpoint.weights, checkpoint.config or None)
-        return Encoder(backbone, spec.pooling), checkpoint.revision, str(checkpoint.weights)
+        return Encoder.of(backbone, spec), checkpoint.revision, str(checkpoint.weights)
     state = hub.load_weights(spec.name, checkpoint.weights, device)
     with torch.device("meta"):
         backbone = builder.build(spec, checkpoint.config)
@@ -146,7 +146,7 @@ def _checkpoint(spec: ModelSpec, checkpoint: hub.Checkpoint, device: torch.devic
         with device:
             backbone = builder.build(spec, checkpoint.config)
         _load_state(spec, backbone, state)
-    return Encoder(backbone, spec.pooling), checkpoint.revision, str(checkpoint.weights)
+    return Encoder.of(backbone, spec), checkpoint.revision, str(checkpoint.weights)
 
 
 def _hf_hub(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
@@ -203,7 +203,7 @@ def _random(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
     `device` (``random:<name>``: sizing and benchmarks; the cost is the architecture's)."""
     with device:
         backbone = family(spec).build(spec, None)
-    return Encoder(backbone, spec.pooling), None, "random"
+    return Encoder.of(backbone, spec), None, "random"
 
 
 # how each `ModelSpec.source` is loaded

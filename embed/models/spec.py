@@ -18,7 +18,7 @@ POOLINGS = {
     "cls": "the class token",
     "cls+mean": "the class token and the mean of the patch tokens, concatenated",
     "mean": "the mean of the patch tokens",
-    "head": "the model's own pooling head (an attentional pooler, a projection)",
+    "attn-pool": "the model's attentional pooler (learned queries attending to the tokens)",
     "model": "the module's own output (timm's pooled features)",
 }
 
@@ -54,7 +54,8 @@ class ModelSpec:
     # the weights file in the repo, where it is not model.safetensors / pytorch_model.bin
     weights_file: str | None = None
     repo_type: str = "model"  # "dataset" for weights published in a dataset repo
-    projection: str | None = None  # a projection applied after pooling ("contrast": CONCH's)
+    # a projection after pooling: "clip" (CLIP's post-norm + projection), "contrast" (CONCH's)
+    projection: str | None = None
     precision: str = "fp32"  # what the authors run it in (their code / card)
     licence: str = ""
     reference: str = ""  # the implementation ours is checked against (bench/encoders.py)

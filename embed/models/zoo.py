@@ -125,8 +125,8 @@ class ProjectedAttentionPool(nn.Module):
 
 
 class Conch(nn.Module):
-    """A CONCH vision tower: trunk tokens, then ``pool`` (pooler, layer norm; the contrastive
-    projection too where ``projection`` is set)."""
+    """A CONCH vision tower: trunk tokens, then ``pool`` (pooler, layer norm), and where
+    ``projection`` is set, ``project`` (the contrastive projection)."""
 
     def __init__(self, trunk: VisionTransformer, pooler: nn.Module, dim: int, projection: bool):
         super().__init__()
@@ -140,8 +140,10 @@ class Conch(nn.Module):
         return self.trunk.forward_features(x)
 
     def pool(self, tokens: torch.Tensor) -> torch.Tensor:
-        pooled = self.ln_contrast(self.attn_pool_contrast(tokens)[:, 0])
-        return pooled @ self.proj_contrast if self.proj_contrast is not None else pooled
+        return self.ln_contrast(self.attn_pool_contrast(tokens)[:, 0])
+
+    def project(self, pooled: torch.Tensor) -> torch.Tensor:
+        return pooled @ self.proj_contrast
 
 
 def conch(variant: str, img_size: int = 448, projection: bool = False) -> Conch:

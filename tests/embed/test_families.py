@@ -26,12 +26,12 @@ def test_every_family_has_encoders_and_the_list_is_long():
 @pytest.mark.parametrize("spec", REGISTERED, ids=lambda s: s.name)
 def test_builds_on_the_meta_device_with_its_dim_and_pooling(spec):
     with torch.device("meta"):
-        encoder = Encoder(build(spec), spec.pooling)
+        encoder = Encoder.of(build(spec), spec)
         size = data_config(spec, encoder)["input_size"][-1]
         x = torch.zeros(2, 3, size, size)
         features = encoder(x)
         assert tuple(features.shape) == (2, spec.output_dim)
-        if spec.pooling in ("cls", "cls+mean", "mean"):
+        if spec.pooling in ("cls", "cls+mean", "mean") and not spec.projection:
             tokens = encoder.sequence(x)
             width = tokens.shape[-1]
             want = {"cls": width, "mean": width, "cls+mean": 2 * width}[spec.pooling]
@@ -43,7 +43,7 @@ def test_prefix_tokens_are_the_class_token_and_the_registers():
     for name in ("uni", "uni2-h", "virchow2", "h-optimus-0", "kaiko-vitl14", "chief-ctranspath"):
         spec = next(s for s in REGISTERED if s.name == name)
         with torch.device("meta"):
-            prefixes[name] = Encoder(build(spec), spec.pooling).num_prefix_tokens
+            prefixes[name] = Encoder.of(build(spec), spec).num_prefix_tokens
     assert prefixes == {
         "uni": 1, "uni2-h": 9, "virchow2": 5, "h-optimus-0": 5, "kaiko-vitl14": 5,
         "chief-ctranspath": 0,

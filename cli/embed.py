@@ -112,6 +112,11 @@ def embed(
         help="A trial: embed only each slide's first N plan tiles (whole batches); a "
         "later run without it finishes the slides.",
     ),
+    tokens: int | None = typer.Option(
+        None,
+        help="Also store each tile's patch tokens (embeddings/<model>/tokens), average-pooled "
+        "to an N x N grid; 0: the model's own grid (ViT/16 at 224 px: 14 x 14).",
+    ),
     profile: str | None = typer.Option(
         None,
         help="nvtx: NVTX ranges on every stage, for `nsys profile`; torch: a "
@@ -159,6 +164,7 @@ def embed(
         hf_token=hf_token,
         channels=tuple(c.strip() for c in channels.split(",")) if channels else None,
         max_tiles=max_tiles,
+        tokens=tokens,
         compile_cache=compile_cache,
         profile=profile,
         profile_out=profile_out,

@@ -23,7 +23,7 @@ import torch
 
 from tilestore.cpus import usable_cpus
 from tilestore.embed import nvjpeg
-from tilestore.embed.forward import Forward, place
+from tilestore.embed.forward import Forward, place, token_layout
 from tilestore.embed.inputs import Stager, as_staged
 from tilestore.embed.jobs import Job, PlanChoice, Slice, slice_jobs, store_jobs
 from tilestore.embed.models import LoadedModel, load_model
@@ -97,8 +97,16 @@ class Embedder:
             self.settings: Settings = resolve(options, host)
             self.processes = host.processes  # started by resolve, kept between runs
             self.loaded = host.model_on(self.settings.device)
+            tokens = self.settings.tokens
+            self.tokens = (
+                None if tokens is None else token_layout(self.loaded, self.settings.device, tokens)
+            )
             forward = Forward(
-                self.loaded, self.settings.device, self.settings.precision, self.settings.compile
+                self.loaded,
+                self.settings.device,
+                self.settings.precision,
+                self.settings.compile,
+                self.tokens,
             )
             self.gpu_jpeg = host.decoder  # opened by resolve, kept between runs
             self.runner = Runner(forward, self.settings, self.processes, host.decoder)
@@ -127,6 +135,7 @@ class Embedder:
             compile=self.settings.compile,
             channels=self.settings.channels,
             shard_tiles=self.settings.shard_tiles,
+            tokens=self.tokens.record() if self.tokens else None,
         )
 
     def __enter__(self) -> Embedder:

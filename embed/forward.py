@@ -9,12 +9,14 @@ float32 copy of the batch in between) and on a GPU each batch is one CUDA graph 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 
 from tilestore.embed.graphs import GraphedForward
-from tilestore.embed.models import LoadedModel
+from tilestore.embed.models import LoadedModel, ModelError
 from tilestore.embed.settings import Precision
+from tilestore.errors import TilestoreError
 
 
 def place(loaded: LoadedModel, device: torch.device) -> LoadedModel:
@@ -25,13 +27,58 @@ def place(loaded: LoadedModel, device: torch.device) -> LoadedModel:
     return loaded
 
 
+@dataclass(frozen=True)
+class TokenLayout:
+    """The patch tokens a run stores beside the features: a grid x grid average of the
+    model's own grid (model_grid, of dim-wide tokens)."""
+
+    grid: int
+    dim: int
+    model_grid: tuple[int, int]
+
+    @property
+    def width(self) -> int:
+        """Values per tile, flattened after the features in each output row."""
+        return self.grid * self.grid * self.dim
+
+    def record(self) -> dict:
+        return {"grid": [self.grid, self.grid], "dim": self.dim,
+                "model_grid": list(self.model_grid), "pooling": "mean"}  # fmt: skip
+
+
+def token_layout(loaded: LoadedModel, device: torch.device, grid: int) -> TokenLayout:
+    """The token grid a model makes (one probe tile) and the grid asked for (0: the model's);
+    a grid finer than the model's is refused."""
+    size = loaded.transform.input_size
+    try:
+        with torch.inference_mode():
+            tokens = loaded.module.tokens(torch.zeros(1, 3, size, size, device=device))
+    except (ValueError, AttributeError) as exc:
+        raise ModelError(f"{loaded.spec.name}: no patch tokens to store ({exc})") from exc
+    rows, cols, dim = tokens.shape[1:]
+    if grid > min(rows, cols):
+        raise TilestoreError(
+            f"tokens={grid}: {loaded.spec.name} makes a {rows} x {cols} token grid; "
+            f"ask for at most {min(rows, cols)} (0: its own grid)"
+        )
+    return TokenLayout(grid or rows, dim, (rows, cols))
+
+
 class Forward:
-    """Features of batches of (n, h, w, c) uint8 tiles on the model's device."""
+    """Features of batches of (n, h, w, c) uint8 tiles on the model's device; with `tokens`,
+    each row is the features then the tile's pooled patch-token grid, flattened."""
 
     def __init__(
-        self, loaded: LoadedModel, device: torch.device, precision: Precision, compile: bool
+        self,
+        loaded: LoadedModel,
+        device: torch.device,
+        precision: Precision,
+        compile: bool,
+        tokens: TokenLayout | None = None,
     ) -> None:
         self.loaded, self.device, self.precision = loaded, device, precision
+        self.tokens = tokens
+        self.width = loaded.output_dim + (tokens.width if tokens else 0)
         self.compiled = None
         if compile:
             loaded.transform.prepare(device)  # not inside the first compiled call
@@ -39,7 +86,10 @@ class Forward:
             self.compiled = GraphedForward(compiled) if device.type == "cuda" else compiled
 
     def _eager(self, tiles: torch.Tensor) -> torch.Tensor:
-        return self.loaded.features(self.loaded.transform(tiles))
+        x = self.loaded.transform(tiles)
+        if self.tokens is None:
+            return self.loaded.features(x)
+        return self.loaded.module.features_and_tokens(x, self.tokens.grid)
 
     def __call__(self, tiles: torch.Tensor, count: int, eager: bool = False) -> torch.Tensor:
         """Features of the first `count` tiles of a batch buffer (on the device).

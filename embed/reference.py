@@ -24,8 +24,11 @@ def reference_features(
     indices=None,
     device: str = "cpu",
     precision: str = "fp32",
+    tokens: int | None = None,
 ) -> np.ndarray:
-    """Return (n, dim) float32 features of plan tiles (all, or `indices`)."""
+    """Return (n, dim) float32 features of plan tiles (all, or `indices`); with `tokens`,
+    each row followed by the tile's patch-token grid pooled to tokens x tokens (0: the
+    model's own grid), flattened, as the engine stores them."""
     indices = range(len(plan)) if indices is None else indices
     module = loaded.module.to(device).eval()
     autocast = (
@@ -40,7 +43,13 @@ def reference_features(
         )
         x = torch.from_numpy(tile)[None].to(device)
         with torch.inference_mode(), autocast:
-            out.append(loaded.features(loaded.transform(x)).float().cpu().numpy()[0])
+            x = loaded.transform(x)
+            row = (
+                loaded.features(x)
+                if tokens is None
+                else loaded.module.features_and_tokens(x, tokens or None)
+            )
+            out.append(row.float().cpu().numpy()[0])
     del module
     return np.stack(out)
 

@@ -108,7 +108,7 @@ class Runner:
             written=queue.Queue(maxsize=settings.prefetch + 2),
             outputs=SlotPool(
                 settings.prefetch + 2,
-                (settings.batch_size, self.forward.loaded.output_dim),
+                (settings.batch_size, self.forward.width),
                 pin=settings.cuda,
                 dtype=getattr(torch, settings.dtype),
             ),

@@ -74,7 +74,9 @@ class Options:
         shared folder serves a SLURM array; "off": none), `tilestore.embed.compilecache`.
         shard_tiles: tiles per file of the features a new embeddings group stores (whole
         batches; None: `tilestore.embeddings.layout.SHARD_TILES`); a group being resumed
-        keeps its own.
+        keeps its own. tokens: also store each tile's patch tokens (``tokens``: tile, token_y,
+        token_x, token_feature), average-pooled to a tokens x tokens grid; 0: the model's own
+        grid (14 x 14 for a ViT/16 at 224 px: 196 vectors per tile); None: features only.
     """
 
     batch_size: int | None = None
@@ -95,6 +97,7 @@ class Options:
     max_tiles: int | None = None
     compile_cache: str | None = "auto"
     shard_tiles: int | None = None
+    tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,7 @@ class Settings:
     max_tiles: int | None = None
     compile_cache: str | None = None  # a folder; None: no cache
     shard_tiles: int | None = None  # None: the layout's
+    tokens: int | None = None  # the token grid's side; 0: the model's; None: no tokens
 
     @property
     def cuda(self) -> bool:
@@ -179,6 +183,7 @@ def resolve(options: Options, machine: Machine) -> Settings:
         max_tiles=_at_least("max_tiles", options.max_tiles, 1),
         compile_cache=_compile_cache(options.compile_cache),
         shard_tiles=_at_least("shard_tiles", options.shard_tiles, 1),
+        tokens=_at_least("tokens", options.tokens, 0),
     )
 
 

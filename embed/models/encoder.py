@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -65,8 +66,27 @@ class Encoder(nn.Module):
 
     def tokens(self, x: torch.Tensor) -> torch.Tensor:
         """The patch tokens as a grid (n, h, w, dim): what ``--tokens`` stores."""
-        tokens = self.backbone.forward_features(x)
-        if tokens.ndim == 4:
+        return self._grid(self.backbone.forward_features(x))
+
+    def features_and_tokens(self, x: torch.Tensor, grid: int | None) -> torch.Tensor:
+        """One pass: the features, then the patch-token grid average-pooled to grid x grid
+        (None: as the model makes it) and flattened, as one row per tile."""
+        out = self.backbone.forward_features(x)
+        patches = self._grid(out)
+        if self.pooling == "model":  # timm's own head (timm:<arch>)
+            features = self.backbone.forward_head(out)
+        else:
+            sequence = out.flatten(1, 2) if out.ndim == 4 else out
+            pooled = POOL[self.pooling](self.backbone, sequence)
+            features = self.backbone.project(pooled) if self.project else pooled
+        if grid is not None and patches.shape[1:3] != (grid, grid):
+            patches = F.adaptive_avg_pool2d(patches.permute(0, 3, 1, 2), grid).permute(0, 2, 3, 1)
+        return torch.cat([features, patches.flatten(1).to(features.dtype)], dim=1)
+
+    def _grid(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.ndim == 4:  # a hierarchical model's grid, channels last (timm's Swin)
+            if getattr(self.backbone, "output_fmt", "NCHW") != "NHWC":
+                raise ValueError("a convolutional network's feature maps are not patch tokens")
             return tokens
         patches = tokens[:, getattr(self.backbone, "num_prefix_tokens", 0) :]
         side = math.isqrt(patches.shape[1])

@@ -190,6 +190,14 @@ def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
             )
             for key in ("features", *COORDS, *_qc_keys(meta))
         }
+        if "tokens" in members:  # the patch-token grids, a tile per row as the features
+            tokens = members["tokens"]
+            arrays["tokens"] = da.from_array(
+                _Checked(tokens, f"{store}: {path}/tokens"),
+                chunks=tokens.chunks,
+                name=f"tokens-{token}",
+                meta=np.empty((0,) * tokens.ndim, tokens.dtype),
+            )
     name = _slide_name(store)
     grid = meta.get("grid") or {}
     downsample = grid.get("downsample", (1.0, 1.0))
@@ -292,6 +300,10 @@ def _dataset(parts: list[dict[str, Any]], model: str) -> xr.Dataset:
         )
     features = da.concatenate([p["features"] for p in parts])
     ds = xr.Dataset({"features": (("tile", "feature"), features)}, coords=coords)
+    # the patch-token grids, where every slide stored them on one grid (`embed(tokens=...)`)
+    if all("tokens" in p for p in parts) and len({p["tokens"].shape[1:] for p in parts}) == 1:
+        dims = ("tile", "token_y", "token_x", "token_feature")
+        ds["tokens"] = (dims, da.concatenate([p["tokens"] for p in parts]))
     for key, unit in UNITS.items():
         ds[key].attrs["units"] = unit
     ds.attrs = {

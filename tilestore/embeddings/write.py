@@ -33,6 +33,12 @@ from tilestore.format.store import software_versions
 from tilestore.plan.grid import TilePlan
 from tilestore.reading.slide import Slide
 
+# With tokens: the most bytes of rows a writer keeps waiting for their shard (the shard is
+# made smaller to fit), and the bytes of the tokens' inner chunks (a tile's grid is read
+# from one chunk of about this size, not a whole batch's).
+TOKENS_WAITING = 512 * 2**20
+TOKENS_CHUNK = 4 * 2**20
+
 
 class EmbeddingError(TilestoreError):
     """An embeddings group that cannot be written: done already, locked, or incompatible."""
@@ -50,7 +56,9 @@ class RunIdentity:
     model: the model's description (`LoadedModel.describe`: name, weights, output_dim...).
     channels: a multiplex store's channels read as R, G, B (None for RGB stores).
     shard_tiles: tiles per features shard of a group this run makes (None: `SHARD_TILES`;
-    a group made before keeps its own shards; not compared on resume)."""
+    a group made before keeps its own shards; not compared on resume).
+    tokens: the patch-token grid stored beside the features (grid, dim, model_grid,
+    pooling: `tilestore.embed.forward.TokenLayout.record`); None: features only."""
 
     model: dict[str, Any]
     batch_size: int
@@ -59,6 +67,7 @@ class RunIdentity:
     compile: bool
     channels: tuple[str, ...] | None = None
     shard_tiles: int | None = None
+    tokens: dict[str, Any] | None = None
 
     def record(self) -> dict[str, Any]:
         """The group's attributes for it (the keys stores have always had)."""
@@ -69,6 +78,7 @@ class RunIdentity:
             "precision": self.precision,
             "compile": self.compile,
             **({"channels": list(self.channels)} if self.channels else {}),
+            **({"tokens": self.tokens} if self.tokens else {}),
         }
 
 
@@ -130,6 +140,7 @@ class EmbeddingWriter:
 
     def _open(self, group) -> None:
         self.group, self.features, self._done = group, group["features"], group["done"]
+        self.tokens = group["tokens"] if self.run.tokens else None
         shards = self.features.shards  # None: a group made before shards, a file per batch
         self.per_shard = shards[0] // self.batch_size if shards else 1
         self._stored = self._done[:].astype(bool)  # done on disk, as this writer knows it
@@ -178,7 +189,8 @@ class EmbeddingWriter:
 
     def write(self, block: int, features: np.ndarray) -> None:
         """Take one batch's features (copied: the caller's buffer is reused); once every
-        batch of its shard still to do is in, write the shard, then mark them done."""
+        batch of its shard still to do is in, write the shard, then mark them done. With
+        tokens, each row is the features then the tile's token grid, flattened."""
         self._pending[block] = np.array(features, copy=True)
         shard = block // self.per_shard
         first, last = self._shard(shard)
@@ -209,10 +221,13 @@ class EmbeddingWriter:
             region = np.empty((hi - lo, self.features.shape[1]), self.features.dtype)
         else:
             region = self.features[lo:hi]
+        dim = self.features.shape[1]
         for b in blocks:
             start = b * batch - lo
-            features = self._pending[b]
+            features = self._pending[b][:, :dim]
             region[start : start + len(features)] = features
+        if self.tokens is not None:  # the same tiles' token grids, written before the features
+            self._flush_tokens(blocks, first, last, lo, hi, len(blocks) == last - first)
         self.features[lo:hi] = region
         flags = self._stored[first:last].copy()
         flags[np.asarray(blocks) - first] = True
@@ -220,6 +235,15 @@ class EmbeddingWriter:
         self._stored[first:last] = flags
         for b in blocks:
             del self._pending[b]
+
+    def _flush_tokens(self, blocks, first, last, lo, hi, whole: bool) -> None:
+        shape, batch, dim = self.tokens.shape, self.batch_size, self.features.shape[1]
+        region = np.empty((hi - lo, *shape[1:]), self.tokens.dtype) if whole else self.tokens[lo:hi]
+        for b in blocks:
+            start = b * batch - lo
+            grids = self._pending[b][:, dim:]
+            region[start : start + len(grids)] = grids.reshape(len(grids), *shape[1:])
+        self.tokens[lo:hi] = region
 
     def finish(self, summary: dict[str, Any]) -> None:
         """Write what waits; mark complete (if every batch is done), release the lock. A
@@ -307,6 +331,10 @@ class EmbeddingWriter:
                 attributes={"units": UNITS[key]} if key in UNITS else None,
             )
         per = batches_per_shard(self.batch_size, self.run.shard_tiles or SHARD_TILES)
+        if self.run.tokens:  # a shard's rows wait in memory whole: keep them to TOKENS_WAITING
+            grid, width = self.run.tokens["grid"], self.run.tokens["dim"]
+            row = (dim + grid[0] * grid[1] * width) * np.dtype(self.run.dtype).itemsize
+            per = max(1, min(per, TOKENS_WAITING // (row * self.batch_size)))
         batch = (self.batch_size, dim)
         group.create_array(
             "features",
@@ -317,6 +345,26 @@ class EmbeddingWriter:
             fill_value=np.nan,
             attributes={"coordinates": " ".join(coords)},  # xarray: these are coordinates
         )
+        if self.run.tokens:
+            grid, width = self.run.tokens["grid"], self.run.tokens["dim"]
+            tile_bytes = grid[0] * grid[1] * width * np.dtype(self.run.dtype).itemsize
+            most = max(1, TOKENS_CHUNK // tile_bytes)  # a tile's grid reads little around it
+            inner = max(
+                d for d in range(1, self.batch_size + 1) if self.batch_size % d == 0 and d <= most
+            )
+            group.create_array(
+                "tokens",
+                shape=(n, *grid, width),
+                dtype=self.run.dtype,
+                dimension_names=("tile", "token_y", "token_x", "token_feature"),
+                **sharded(
+                    zstd_codecs(level=1),
+                    (inner, *grid, width),
+                    (per * self.batch_size, *grid, width),
+                    True,
+                ),
+                fill_value=np.nan,
+            )
         group.create_array(
             "done",
             shape=(blocks,),

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import typer
+from rich.console import Console
 
 from tilestore import TilestoreError
 from tilestore.cli.console import as_flags, flags_of, out, text_table
@@ -317,7 +318,8 @@ def models_list() -> None:
             "yes" if spec.gated else "no",
             "yes" if is_cached(spec) else "no",
         )
-    out.print(table)
+    # piped or logged, every hub id whole on one line (a terminal folds them to its width)
+    (out if out.is_terminal else Console(width=240)).print(table)
     out.print(
         f"{len(list_models())} encoders; also: timm:<architecture> (random weights unless "
         "cached), local:<folder>, random:<name> (a registered architecture, random weights)",

@@ -16,10 +16,17 @@ References, each a local copy, run in a separate process with the versions they 
                    local Hugging Face cache, and TRIDENT's internet check is told yes.
   timm-hub         timm's own `create_model("hf-hub:REPO", pretrained=True)` and its
                    transform, from a local Hugging Face cache (how LazySlide loads Lunit's).
+  authors          the authors' own code where TRIDENT has none that runs offline: Hibou
+                   from HistAI/hibou (`build_model`, DINOv2's layout; TRIDENT loads Hibou-L
+                   from the Hub with transformers' remote code), with TRIDENT's transform.
   transformers     `CLIPModel.get_image_features` (PLIP), in this process.
 
+TRIDENT's package `__init__` imports its slide readers and its whole pipeline; the reference
+process imports only its encoders (`trident.patch_encoder_models`, with `trident.IO` and
+the model code they import), its package entry made without running that `__init__`.
+
     python bench/encoders.py --trident .peers/TRIDENT --conch .peers/CONCH \
-        --dinov2 .peers/dinov2 --reference-path /tmp/refsite:/tmp/peersite:/tmp/site
+        --dinov2 .peers/dinov2 --hibou .peers/hibou --reference-path /tmp/refsite:/tmp/site
 """
 
 from __future__ import annotations
@@ -70,6 +77,8 @@ TIMM_HUB = ("lunit-vits16", "lunit-bt", "lunit-mocov2", "lunit-swav")
 # path takes timm's ImageNet defaults instead of the port's config): a local cache stands in
 HUB_CACHE = ("h0-mini", "lunit-vits8")
 OTHER = {"plip": "transformers CLIPModel.get_image_features"}
+# ours -> the authors' code (kind, architecture), where TRIDENT has no offline loader
+AUTHORS = {"hibou-b": ("hibou", "vit_base"), "hibou-l": ("hibou", "vit_large")}
 # the registered encoders with no reference that runs offline, and why
 NO_REFERENCE: dict[str, str] = {}
 # published layouts made by the reference's own constructor (ours converts them)
@@ -145,6 +154,8 @@ def worker() -> None:
             raise NotImplementedError("not used by this benchmark")
 
         huggingface_hub.repo_type_and_id_from_hf_id = _upload_only
+    _trident_encoders_only()
+    answers, sys.stdout = sys.stdout, sys.stderr  # what the references print is not an answer
     for line in sys.stdin:
         job = json.loads(line)
         try:
@@ -156,7 +167,21 @@ def worker() -> None:
 
             traceback.print_exc()
             answer = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
-        print(json.dumps(answer), flush=True)
+        print(json.dumps(answer), file=answers, flush=True)
+
+
+def _trident_encoders_only() -> None:
+    """`trident` as a package entry whose `__init__` is not run (it imports TRIDENT's slide
+    readers and pipeline), so `trident.patch_encoder_models` imports just the encoders."""
+    import importlib.util
+    import types
+
+    spec = importlib.util.find_spec("trident")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    package = types.ModuleType("trident")
+    package.__path__ = list(spec.submodule_search_locations)
+    sys.modules["trident"] = package
 
 
 def _make_reference_checkpoint(job: dict) -> dict:
@@ -176,9 +201,36 @@ def _make_reference_checkpoint(job: dict) -> dict:
         randomize(model, job["seed"])
         path = folder / "teacher_checkpoint_load.pt"
         torch.save(model.state_dict(), path)
+    elif job["kind"] == "hibou":
+        from hibou import build_model
+
+        model = build_model(None, arch=job["arch"])
+        randomize(model, job["seed"])
+        path = folder / "model.pth"
+        torch.save(model.state_dict(), path)
     else:
         raise ValueError(job["kind"])
     return {"path": str(path)}
+
+
+def _authors_encoder(job: dict):
+    """The authors' model and TRIDENT's transform for it (as `encoder_factory` gives)."""
+    from torchvision.transforms import InterpolationMode
+    from trident.patch_encoder_models.utils.constants import get_constants
+    from trident.patch_encoder_models.utils.transform_utils import get_eval_transforms
+
+    kind, arch = job["reference"].split(":")
+    if kind != "hibou":
+        raise ValueError(kind)
+    from hibou import build_model
+
+    model = build_model(job["weights"], arch=arch).eval()
+    mean, std = get_constants("hibou")
+    model.eval_transforms = get_eval_transforms(
+        mean, std, target_img_size=224, interpolation=InterpolationMode.BICUBIC,
+        max_size=None, antialias=True,
+    )  # fmt: skip
+    return model
 
 
 def _reference_features(job: dict) -> dict:
@@ -190,11 +242,14 @@ def _reference_features(job: dict) -> dict:
         torch.hub.load = lambda repo, model, **kw: load(
             job["dinov2"], model, source="local", **{k: v for k, v in kw.items() if k != "source"}
         )
-    from trident.patch_encoder_models import load as trident_load
+    if ":" in name:  # the authors' code
+        encoder = _authors_encoder(job).to(DEVICE)
+    else:
+        from trident.patch_encoder_models import load as trident_load
 
-    trident_load.BasePatchEncoder._has_internet = True  # H0-mini: a local HF cache stands in
-    weights = {"weights_path": job["weights"]} if job.get("weights") else {}
-    encoder = trident_load.encoder_factory(name, **weights, **kwargs).eval().to(DEVICE)
+        trident_load.BasePatchEncoder._has_internet = True  # H0-mini: a local HF cache
+        weights = {"weights_path": job["weights"]} if job.get("weights") else {}
+        encoder = trident_load.encoder_factory(name, **weights, **kwargs).eval().to(DEVICE)
     out = {}
     for key, path in job["tiles"].items():
         tiles = np.load(path)
@@ -212,8 +267,8 @@ def _reference_features(job: dict) -> dict:
 class Reference:
     """The reference process, kept running across encoders."""
 
-    def __init__(self, path: str, trident: Path, conch: Path | None, env: dict):
-        paths = [str(trident)] + ([str(conch)] if conch else []) + path.split(":")
+    def __init__(self, path: str, sources: list[Path], env: dict):
+        paths = [str(p) for p in sources] + [p for p in path.split(":") if p]
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--worker"],
             stdin=subprocess.PIPE,
@@ -374,6 +429,22 @@ def run_one(name: str, args, reference: Reference | None, work: Path) -> dict:
         if "error" in theirs:
             return {**row, "error": theirs["error"]}
         theirs = {k: np.load(v) for k, v in theirs.items()}
+    elif name in AUTHORS:
+        kind, arch = AUTHORS[name]
+        row["reference"] = f"authors: {kind} {arch}"
+        made = reference.ask(
+            {"do": "make", "kind": kind, "arch": arch, "folder": str(folder), "seed": seed}
+        )
+        if "error" in made:
+            return {**row, "error": "making the checkpoint: " + made["error"]}
+        mine = ours(spec, tiles, folder)
+        theirs = reference.ask(
+            {"do": "embed", "reference": f"{kind}:{arch}", "kwargs": {}, "tiles": tiles,
+             "weights": made["path"]}
+        )  # fmt: skip
+        if "error" in theirs:
+            return {**row, "error": theirs["error"]}
+        theirs = {k: np.load(v) for k, v in theirs.items()}
     elif name in TIMM_HUB:
         import timm
         from PIL import Image
@@ -443,6 +514,7 @@ def main() -> None:
     parser.add_argument("--trident", type=Path)
     parser.add_argument("--conch", type=Path)
     parser.add_argument("--dinov2", type=Path)
+    parser.add_argument("--hibou", type=Path, help="a copy of HistAI/hibou")
     parser.add_argument("--reference-path", default="", help="PYTHONPATH of the reference process")
     parser.add_argument("--models", default="", help="comma-separated; default: all")
     parser.add_argument("--work", type=Path, default=Path("/tmp/encoders-bench"))
@@ -461,9 +533,8 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     names = args.models.split(",") if args.models else [s.name for s in list_models() if s.arch]
-    reference = (
-        Reference(args.reference_path, args.trident, args.conch, env) if args.trident else None
-    )
+    sources = [p for p in (args.trident, args.conch, args.hibou) if p]
+    reference = Reference(args.reference_path, sources, env) if args.trident else None
     rows = []
     try:
         for name in names:

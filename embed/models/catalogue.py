@@ -12,6 +12,7 @@ IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 HOPTIMUS = ((0.707223, 0.578729, 0.703617), (0.211883, 0.230117, 0.177517))
 KAIKO = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 LUNIT = ((0.70322989, 0.53606487, 0.66096631), (0.21716536, 0.26081574, 0.20723464))
+HIBOU = ((0.7068, 0.5755, 0.722), (0.195, 0.2316, 0.1816))
 OPENAI_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
 
 NC_ND = "CC-BY-NC-ND-4.0"
@@ -38,6 +39,23 @@ def _kaiko(name: str, arch: str, dim: int, img_size: int = 224) -> ModelSpec:
         arch=Arch("timm", arch, {"img_size": img_size, "dynamic_img_size": True}),
         data=_data(KAIKO), pooling="cls", licence="Apache-2.0", card=HF + repo,
         reference=f"trident:kaiko-{name.split('-')[1]}",
+    )  # fmt: skip
+
+
+def _hibou(name: str, arch: str, dim: int, mlp_ratio: float, gated: bool) -> ModelSpec:
+    """HistAI's Hibou: DINOv2 ViTs with 4 registers and SwiGLU (HistAI/hibou's
+    ``build_model``), the CLS token after the final norm (its transformers code's
+    ``pooler_output``). The Hub repo holds transformers' DINOv2 layout (and a config.json
+    for its remote code, not read); the authors' GitHub weights are in DINOv2's own: both
+    load. mlp_ratio sizes timm's packed SwiGLU as theirs: (int(4 d * 2 / 3) + 7) // 8 * 8
+    hidden units, twice over."""
+    repo = f"histai/{name}".replace("hibou-l", "hibou-L")
+    return ModelSpec(
+        name, "hf-hub", repo, dim, 0.5,
+        arch=Arch("timm", arch, {"img_size": 224, "init_values": 1e-5, "mlp_ratio": mlp_ratio,
+                                 **SWIGLU}, convert="dinov2", config=False),
+        data=_data(HIBOU, interpolation="bicubic"), pooling="cls", gated=gated,
+        licence="Apache-2.0", card=HF + repo, reference=f"authors: HistAI/hibou {arch}",
     )  # fmt: skip
 
 
@@ -265,6 +283,8 @@ ENTRIES: tuple[ModelSpec, ...] = (
         card=HF + "bioptimus/H0-mini",
         reference="trident:h0-mini (cls+mean)",
     ),
+    _hibou("hibou-b", "vit_base_patch14_reg4_dinov2", 768, 4096 / 768, gated=False),
+    _hibou("hibou-l", "vit_large_patch14_reg4_dinov2", 1024, 5472 / 1024, gated=True),
     _kaiko("kaiko-vits16", "vit_small_patch16_224", 384),
     _kaiko("kaiko-vits8", "vit_small_patch8_224", 384),
     _kaiko("kaiko-vitb16", "vit_base_patch16_224", 768),

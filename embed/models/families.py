@@ -78,11 +78,70 @@ def _build_timm(spec: ModelSpec, config: dict | None) -> nn.Module:
         raise ModelError(f"{spec.name}: cannot build {name}: {exc}") from exc
 
 
+# transformers' DINOv2 (with registers) key names -> DINOv2's own (per block: the rest of the
+# key after ``encoder.layer.N.``)
+_HF_DINOV2_BLOCK = {
+    "norm1.": "norm1.",
+    "norm2.": "norm2.",
+    "attention.output.dense.": "attn.proj.",
+    "layer_scale1.lambda1": "ls1.gamma",
+    "layer_scale2.lambda1": "ls2.gamma",
+    "mlp.fc1.": "mlp.fc1.",
+    "mlp.fc2.": "mlp.fc2.",
+    "mlp.weights_in.": "mlp.w12.",
+    "mlp.weights_out.": "mlp.w3.",
+}
+_HF_DINOV2_TOP = {
+    "embeddings.cls_token": "cls_token",
+    "embeddings.mask_token": "mask_token",
+    "embeddings.register_tokens": "register_tokens",
+    "embeddings.position_embeddings": "pos_embed",
+    "embeddings.patch_embeddings.projection.": "patch_embed.proj.",
+    "layernorm.": "norm.",
+}
+
+
+def _hf_dinov2_to_dinov2(state: State) -> State:
+    """transformers' DINOv2 layout (``embeddings.*``, ``encoder.layer.N.*``, separate query,
+    key and value) in DINOv2's own: the same tensors, the attention's three projections
+    stacked into one ``qkv`` as DINOv2 keeps them. A key neither names is kept as it is
+    (and fails the strict load)."""
+    state = {k.removeprefix("dinov2."): v for k, v in state.items()}
+    out: State = {}
+    qkv: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in state.items():
+        block = re.match(r"^encoder\.layer\.(\d+)\.(.*)$", key)
+        if block:
+            index, rest = block.groups()
+            part = re.match(r"^attention\.attention\.(query|key|value)\.(weight|bias)$", rest)
+            if part:
+                qkv.setdefault(f"blocks.{index}.attn.qkv.{part[2]}", {})[part[1]] = value
+                continue
+            new = next(
+                (f"blocks.{index}.{v}{rest[len(k):]}" for k, v in _HF_DINOV2_BLOCK.items()
+                 if rest.startswith(k)),
+                key,
+            )  # fmt: skip
+        else:
+            new = next(
+                (v + key[len(k) :] for k, v in _HF_DINOV2_TOP.items() if key.startswith(k)), key
+            )
+        out[new] = value
+    for key, parts in qkv.items():
+        if set(parts) != {"query", "key", "value"}:
+            raise ModelError(f"{key}: the checkpoint has {sorted(parts)} of query, key, value")
+        out[key] = torch.cat([parts["query"], parts["key"], parts["value"]])
+    return out
+
+
 def _from_dinov2(spec: ModelSpec, state: State, backbone: nn.Module) -> State:
-    """DINOv2's own layout (torch.hub facebookresearch/dinov2) into timm's: registers as
+    """DINOv2's own layout (torch.hub facebookresearch/dinov2), or transformers' (first put
+    in DINOv2's: a Hub repo for transformers' code), into timm's: registers as
     ``reg_token``, the class token's position folded into the token (timm's registers
     models place no position on prefix tokens), SwiGLU's ``w12``/``w3`` as ``fc1``/``fc2``.
     No position table is resampled: a table of another size fails to load."""
+    if any(k.startswith(("embeddings.", "dinov2.embeddings.")) for k in state):
+        state = _hf_dinov2_to_dinov2(state)
     state = {k: v for k, v in state.items() if k != "mask_token"}
     if "register_tokens" in state:
         state["reg_token"] = state.pop("register_tokens")

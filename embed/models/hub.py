@@ -107,7 +107,7 @@ def fetch_spec(spec: ModelSpec, *, token: str | None = None, cached_only: bool =
     """A registered model's checkpoint: the files its family reads, from its repo."""
     from tilestore.embed.models.families import family
 
-    config = family(spec).config
+    config = family(spec).config if spec.arch is None or spec.arch.config else None
     return fetch(
         spec.name,
         spec.repo,
@@ -127,6 +127,8 @@ def local(name: str, folder: str | os.PathLike, spec: ModelSpec | None = None) -
 
     folder = Path(folder)
     config = family(spec).config if spec else "timm"
+    if spec and spec.arch and not spec.arch.config:
+        config = None
     required = config == "transformers" or spec is None or spec.arch is None
     if not (folder / "config.json").is_file():
         config = config if required else None

@@ -33,6 +33,9 @@ class Arch:
     name: str
     kwargs: dict[str, Any] = field(default_factory=dict)
     convert: str | None = None  # the published weights' layout, where it is not the family's
+    # whether the checkpoint's config.json is read (False where the repo's config is for
+    # another library's code: Hibou's is for its remote transformers classes)
+    config: bool = True
 
 
 @dataclass(frozen=True)

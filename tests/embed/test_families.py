@@ -214,3 +214,37 @@ def test_midnight_cls_and_mean_from_transformers_dinov2(tmp_path):
         hidden = model(pixel_values=x).last_hidden_state
         want = torch.cat([hidden[:, 0], hidden[:, 1:].mean(1)], dim=-1)
         torch.testing.assert_close(loaded.features(x), want, atol=1e-5, rtol=1e-5)
+
+
+def test_hibou_hub_layout_equals_transformers_dinov2_with_registers(tmp_path):
+    """Hibou's Hub repo holds transformers' DINOv2-with-registers layout (and a config.json
+    for its remote code, which is not read): a small such model, random, loads into timm's
+    registers ViT with the same pooled CLS token as transformers' own forward."""
+    from dataclasses import replace
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Dinov2WithRegistersConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, patch_size=14,
+        image_size=224, num_register_tokens=4, use_swiglu_ffn=True, layerscale_value=0.1,
+    )  # fmt: skip
+    hf = transformers.Dinov2WithRegistersModel(config).eval()
+    with torch.no_grad():  # tokens far from 0, so a misplaced one shows
+        for name in ("cls_token", "register_tokens", "position_embeddings"):
+            getattr(hf.embeddings, name).normal_()
+    hf.save_pretrained(tmp_path / "hibou")  # the files as transformers publishes them
+    folder = tmp_path / "hibou"
+    hibou = next(s for s in REGISTERED if s.name == "hibou-b")
+    # SwiGLU of (int(4 * 64 * 2 / 3) + 7) // 8 * 8 = 176 hidden units, packed: 352 = 5.5 x 64
+    small = {"embed_dim": 64, "depth": 2, "num_heads": 4, "mlp_ratio": 5.5}
+    spec = replace(hibou, arch=replace(hibou.arch, kwargs={**hibou.arch.kwargs, **small}))
+    loaded = load_model(_local(spec, folder))
+    x = torch.randn(2, 3, 224, 224)
+    with torch.inference_mode():
+        want = hf(pixel_values=x).pooler_output
+        torch.testing.assert_close(loaded.features(x), want, atol=1e-5, rtol=1e-5)
+    import safetensors.torch
+
+    published = safetensors.torch.load_file(folder / "model.safetensors")
+    broken = {k: v for k, v in published.items() if "attention.attention.key" not in k}
+    with pytest.raises(ModelError, match=r"query, key, value"):
+        load_model(_local(spec, _folder(tmp_path / "b", broken, config.to_dict())))

@@ -124,9 +124,17 @@ def reset_peaks() -> None:
 
 
 def engine_run(
-    stores: list[Path], loaded, batch: int, decode: str, compiled: bool, tag: str
+    stores: list[Path],
+    loaded,
+    batch: int,
+    decode: str,
+    compiled: bool,
+    tag: str,
+    tokens: int | None = None,
 ) -> dict:
-    options = Options(batch_size=batch, decode=decode, compile=compiled, overwrite=True)
+    options = Options(
+        batch_size=batch, decode=decode, compile=compiled, overwrite=True, tokens=tokens
+    )
     reset_peaks()
     state = gpu_state()
     rss_before = psutil.Process().memory_info().rss / 2**20
@@ -152,6 +160,12 @@ def engine_run(
         flush=True,
     )
     return data
+
+
+def stored_bytes(store: Path, arch: str, array: str) -> int:
+    """Bytes on disk of one array of the store's embeddings group (its files, compressed)."""
+    folder = store / "embeddings" / group_name(model_name(arch)) / array
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
 def model_name(arch: str) -> str:
@@ -247,6 +261,12 @@ def main() -> None:
         default="512,1024",
         help="chunk px of the re-encoded (nvJPEG) stores; --decode cpu runs on the first",
     )
+    parser.add_argument(
+        "--tokens",
+        default="",
+        help="token grids (0: the model's own) for runs that also store patch tokens "
+        "(--runs tokens): tiles/s and bytes per tile against the same run without",
+    )
     parser.add_argument("--baseline-tiles", type=int, default=12_000)
     parser.add_argument("--work", type=Path, default=HERE / "data")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "embed.json")
@@ -257,9 +277,10 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = True
 
     t0 = time.perf_counter()
-    chunks = tuple(int(c) for c in args.ycbcr_chunks.split(","))
+    runs = set(args.runs.split(","))
+    chunks = tuple(int(c) for c in args.ycbcr_chunks.split(",") if c)
     source, store, ycbcrs = build(args.work, args.size, chunks)
-    ycbcr = ycbcrs[0]
+    ycbcr = ycbcrs[0] if ycbcrs else None
     gpu_runs = {
         "engine_gpu" if i == 0 else f"engine_gpu_{chunk}": (chunk, path)
         for i, (chunk, path) in enumerate(zip(chunks, ycbcrs, strict=True))
@@ -269,7 +290,8 @@ def main() -> None:
         data = Path(os.environ.get("TILESTORE_DATA", HERE.parents[1] / "shared" / "data"))
         tilestore.convert(data / "slides" / "CMU-1-Small-Region.svs", args.work / "stores")
     cohort = [store] + [
-        copy_store(store, args.work / f"cohort-{i}" / store.name) for i in (1, 2)
+        copy_store(store, args.work / f"cohort-{i}" / store.name)
+        for i in ((1, 2) if runs & {"cohort", "cli"} else ())
     ]  # a run over several slides: the next one streams while the last batches compute
     slide = tilestore.open_slide(store)
     plan, _ = load_plan(slide, "bench")
@@ -290,7 +312,7 @@ def main() -> None:
     )
     for arch in args.models.split(","):
         print(f"== {arch}", flush=True)
-        loaded = load_model(model_name(arch))
+        loaded = load_model(model_name(arch), device="cuda")  # random weights drawn there
         module = loaded.module.cuda().eval().to(memory_format=torch.channels_last)
         entry = {"gpu_state": {"before_ceilings": gpu_state()}}
         entry["eager"] = ceiling(module, [64, 128, 256, 512, 1024], "eager")
@@ -318,15 +340,30 @@ def main() -> None:
             )
             entry["compile_s"] = time.perf_counter() - t1
             print(f"  compiled in {entry['compile_s']:.0f} s (warm-up run)", flush=True)
-        runs = set(args.runs.split(","))
         if "cpu" in runs:
             entry["engine_cpu"] = engine_run([store], loaded, batch, "cpu", compiled, "cpu")
+        if "tokens" in runs:  # the features alone, then with each token grid, on one store
+            for grid in [int(g) for g in args.tokens.split(",") if g]:
+                run = engine_run(
+                    [store], loaded, batch, "cpu", compiled, f"cpu, tokens {grid}", tokens=grid
+                )
+                run["token_grid"] = grid
+                run["tokens_bytes_per_tile"] = stored_bytes(store, arch, "tokens") / run["tiles"]
+                run["features_bytes_per_tile"] = (
+                    stored_bytes(store, arch, "features") / run["tiles"]
+                )
+                entry[f"tokens_{grid}"] = run
+                print(
+                    f"  tokens {grid}: {run['tokens_bytes_per_tile']:,.0f} B per tile stored "
+                    f"(features {run['features_bytes_per_tile']:,.0f} B)",
+                    flush=True,
+                )
         if "gpu" in runs:
             for key, (chunk, path) in gpu_runs.items():
                 tag = f"gpu (YCbCr, {chunk} px chunks)"
                 entry[key] = engine_run([path], loaded, batch, "gpu", compiled, tag)
                 entry[key]["chunk"] = chunk
-        if "ycbcr" in runs:
+        if "ycbcr" in runs and ycbcr is not None:
             entry["engine_cpu_ycbcr"] = engine_run(
                 [ycbcr], loaded, batch, "cpu", compiled, "cpu (YCbCr)"
             )
@@ -336,7 +373,8 @@ def main() -> None:
             )
         if "cli" in runs:  # a fresh process draws its own random weights: not on the store checked
             entry["cli"] = cli_run(cohort[-1], arch, batch, compiled, args.out)
-        for key in ("engine_cpu", *gpu_runs, "engine_cpu_ycbcr", "cohort_cpu"):
+        tokened = [k for k in entry if k.startswith("tokens_")]
+        for key in ("engine_cpu", *gpu_runs, "engine_cpu_ycbcr", "cohort_cpu", *tokened):
             if key in entry:
                 entry[key]["vs_ceiling"] = entry[key]["tiles_per_s"] / best["tiles_per_s"]
                 entry[key]["limited_by"] = limiting(entry[key])
@@ -362,6 +400,7 @@ def main() -> None:
         del loaded, module
         torch.cuda.empty_cache()
     print_table(results)
+    print_tokens(results)
     print(f"JSON: {args.out}")
 
 
@@ -411,6 +450,29 @@ def print_table(results: dict) -> None:
                     f"{e['cosine_vs_reference_bf16_min']:.4f}" if "engine_cpu" in e else "-",
                 ]
             )
+        )
+
+
+def print_tokens(results: dict) -> None:
+    """Runs that also stored patch tokens, against the same store's features-only run."""
+    rows = [
+        (arch, e[k], e.get("engine_cpu"))
+        for arch, e in results["models"].items()
+        for k in e
+        if k.startswith("tokens_")
+    ]
+    if not rows:
+        return
+    print(
+        "\nmodel | token grid | tiles/s (vs ceiling) | vs features only | token B/tile | "
+        "feature B/tile"
+    )
+    for arch, run, plain in rows:
+        grid = run["token_grid"] or "the model's"
+        ratio = f"{run['tiles_per_s'] / plain['tiles_per_s']:.3f}" if plain else "-"
+        print(
+            f"{arch} | {grid} | {_rate(run)} | {ratio} | {run['tokens_bytes_per_tile']:,.0f} | "
+            f"{run['features_bytes_per_tile']:,.0f}"
         )
 
 

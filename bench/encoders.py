@@ -506,6 +506,58 @@ def run_one(name: str, args, reference: Reference | None, work: Path) -> dict:
     return row
 
 
+def profile(names: list[str], batches: tuple[int, ...], repeats: int, out: Path) -> None:
+    """`tilestore models profile random:<name>` for each: the registered architecture with
+    random weights (the cost is the architecture's), bf16 on the GPU; the batch
+    `--batch-size auto` would take, its tiles/s and peak GPU memory."""
+    from dataclasses import asdict
+
+    from tilestore.embed.models import get_model
+    from tilestore.embed.sizing import profile_model
+
+    rows = []
+    for name in names:
+        spec = get_model(name)
+        try:
+            found = profile_model(f"random:{name}", batches, repeats=repeats)
+        except Exception as exc:  # reported in the table, the others go on
+            rows.append({"encoder": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            print(f"{name}: {rows[-1]['error']}", flush=True)
+            continue
+        chosen = found.choose()
+        run = next(r for r in found.runs if r.batch == chosen)
+        row = {"encoder": name, "family": spec.family, "architecture": spec.arch.name,
+               "input": spec.data.get("input_size", (3, 224, 224))[-1], "batch": chosen,
+               "tiles_per_s": run.tiles_per_s, "peak_mb": run.peak_mb,
+               "model_mb": found.model_mb, "profile": asdict(found)}  # fmt: skip
+        rows.append(row)
+        print(f"{name}: {json.dumps({k: v for k, v in row.items() if k != 'profile'})}", flush=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=2)
+    )
+    precision = next((r["profile"]["precision"] for r in rows if "profile" in r), "-")
+    print(f"\n{device}, {precision}, random weights, eager; batches {batches}, {repeats} timed")
+    print("| encoder | family | architecture | input px | batch chosen | tiles/s | peak GPU MB | "
+          "model MB |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['encoder']} | error: {r['error']} | | | | | | |")
+            continue
+        print(f"| {r['encoder']} | {r['family']} | {r['architecture']} | {r['input']} | "
+              f"{r['batch']} | {r['tiles_per_s']:,.0f} | {_mb(r['peak_mb'])} | "
+              f"{_mb(r['model_mb'])} |")  # fmt: skip
+    print(f"json: {out}")
+
+
+def _mb(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -517,11 +569,22 @@ def main() -> None:
     parser.add_argument("--hibou", type=Path, help="a copy of HistAI/hibou")
     parser.add_argument("--reference-path", default="", help="PYTHONPATH of the reference process")
     parser.add_argument("--models", default="", help="comma-separated; default: all")
+    parser.add_argument(
+        "--profile",
+        default="",
+        help="instead of the reference check: `models profile` of these registered encoders "
+        "(comma-separated), random weights, bf16",
+    )
+    parser.add_argument("--batches", default="64,128,256,512,1024")
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work", type=Path, default=Path("/tmp/encoders-bench"))
     parser.add_argument("--json", type=Path, default=HERE / "results" / "encoders.json")
     args = parser.parse_args()
     if args.worker:
         return worker()
+    if args.profile:
+        batches = tuple(int(b) for b in args.batches.split(","))
+        return profile(args.profile.split(","), batches, args.repeats, args.json)
     # the local Hugging Face cache, set before huggingface_hub is imported (it reads them once)
     hf_home = args.work / "hf"
     shutil.rmtree(args.work, ignore_errors=True)

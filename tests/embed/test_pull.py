@@ -1,0 +1,144 @@
+"""`models pull` for every registered Hub encoder: the files its spec names (repo, repo type,
+weights file and folder, config.json where its family reads one) are fetched into the cache as
+huggingface_hub lays it out, found there offline (`is_cached`, `models list`), and, for the
+smaller encoders, loaded from it with HF_HUB_OFFLINE=1 by the real huggingface_hub.
+
+The Hub is a stand-in: a folder per repo served by `list_repo_files` and a download that
+writes what huggingface_hub writes (a blob named by its hash, a relative link to it in the
+snapshot, refs/main); every offline read goes through huggingface_hub itself."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import HfApi
+from huggingface_hub import hf_hub_download as real_download
+
+from tilestore.embed.models import ModelError, hub, list_models, load_model
+from tilestore.embed.models.families import build
+
+REVISION = "fedcba9876543210fedcba9876543210fedcba98"
+HUB_SPECS = [s for s in list_models() if s.source == "hf-hub"]
+
+
+class FakeHub:
+    """Repos as folders; downloads written into the cache as huggingface_hub writes them."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.asked: list[tuple[str, str, str]] = []
+
+    def repo(self, repo: str, repo_type: str = "model") -> Path:
+        folder = self.root / repo_type / repo
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def list_repo_files(self, repo, token=None, repo_type=None):
+        folder = self.root / (repo_type or "model") / repo
+        if not folder.is_dir():
+            from huggingface_hub.errors import RepositoryNotFoundError
+
+            raise RepositoryNotFoundError(f"404 {repo}", response=None)
+        return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+    def download(self, repo, filename, *, revision=None, token=None, cache_dir=None,
+                 repo_type="model", local_files_only=False):  # fmt: skip
+        if local_files_only:
+            return real_download(repo, filename, revision=revision, cache_dir=cache_dir,
+                                 repo_type=repo_type, local_files_only=True)  # fmt: skip
+        from huggingface_hub.errors import EntryNotFoundError
+
+        self.asked.append((repo_type or "model", repo, filename))
+        source = self.root / (repo_type or "model") / repo / filename
+        if not source.is_file():
+            raise EntryNotFoundError(f"404 {repo}/{filename}")
+        entry = Path(cache_dir) / f"{repo_type or 'model'}s--{repo.replace('/', '--')}"
+        blob = entry / "blobs" / hashlib.sha256(source.read_bytes()).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, blob)
+        link = entry / "snapshots" / REVISION / filename
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.unlink(missing_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+        (entry / "refs").mkdir(exist_ok=True)
+        (entry / "refs" / "main").write_text(REVISION)
+        return str(link)
+
+
+@pytest.fixture
+def fake_hub(tmp_path, monkeypatch):
+    fake = FakeHub(tmp_path / "remote")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(hub, "hf_hub_download", fake.download)
+    monkeypatch.setattr(
+        HfApi, "list_repo_files", lambda api, repo, **kw: fake.list_repo_files(repo, **kw)
+    )
+    return fake
+
+
+def _publish(fake: FakeHub, spec, weights: bytes = b"not read by pull") -> Path:
+    folder = fake.repo(spec.repo, spec.repo_type)
+    name = spec.weights_file or "model.safetensors"
+    (folder / name).parent.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_bytes(weights)
+    if spec.family == "transformers" or spec.arch is None:
+        (folder / "config.json").write_text(json.dumps({"model_type": "x"}))
+    return folder
+
+
+@pytest.mark.parametrize("spec", HUB_SPECS, ids=lambda s: s.name)
+def test_pull_fetches_what_the_spec_names_into_the_cache(fake_hub, spec, monkeypatch):
+    assert not hub.is_cached(spec)
+    _publish(fake_hub, spec)
+    checkpoint = hub.pull(spec.name)
+    weights = spec.weights_file or "model.safetensors"
+    assert (spec.repo_type, spec.repo, weights) in fake_hub.asked
+    assert checkpoint.revision == REVISION and checkpoint.repo == spec.repo
+    assert checkpoint.weights.as_posix().endswith(f"snapshots/{REVISION}/{weights}")
+    assert checkpoint.weights.read_bytes() == b"not read by pull"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the compute node: found without the network
+    assert hub.is_cached(spec)
+    assert hub.fetch_spec(spec).weights == checkpoint.weights
+
+
+def test_pull_refuses_a_repo_without_the_weights_file(fake_hub):
+    spec = next(s for s in HUB_SPECS if s.name == "gpfm")
+    (fake_hub.repo(spec.repo) / "other.pth").write_bytes(b"x")
+    with pytest.raises(ModelError, match=r"^gpfm: majiabo/GPFM has none of GPFM.pth$"):
+        hub.pull("gpfm")
+
+
+def _state(spec) -> dict[str, torch.Tensor]:
+    """Random weights of the spec's architecture in the layout its authors publish."""
+    backbone = build(spec)
+    state = {k: v.contiguous() for k, v in backbone.state_dict().items()}
+    if spec.family == "conch":  # the whole CoCa checkpoint: the vision tower under visual.
+        state = {f"visual.{k}": v for k, v in state.items()}
+    return state
+
+
+@pytest.mark.parametrize("name", ["kaiko-vits16", "lunit-vits8", "conch-v1", "chief-ctranspath"])
+def test_pulled_encoders_load_offline_from_the_cache(fake_hub, name, tmp_path, monkeypatch):
+    import safetensors.torch
+
+    spec = next(s for s in HUB_SPECS if s.name == name)
+    state = _state(spec)
+    published = tmp_path / "w"
+    if (spec.weights_file or "").endswith((".bin", ".pth")):
+        torch.save({"model": state} if spec.family == "ctranspath" else state, published)
+    else:
+        safetensors.torch.save_file(state, published)
+    _publish(fake_hub, spec, published.read_bytes())
+    hub.pull(name)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    loaded = load_model(name)
+    assert loaded.output_dim == spec.output_dim and loaded.revision == REVISION
+    assert "/snapshots/" in loaded.weights

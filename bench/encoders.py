@@ -599,19 +599,19 @@ def main() -> None:
     sources = [p for p in (args.trident, args.conch, args.hibou) if p]
     reference = Reference(args.reference_path, sources, env) if args.trident else None
     rows = []
+    device = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "CPU"
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     try:
         for name in names:
             row = run_one(name, args, reference, args.work)
             rows.append(row)
             print(_line(row), flush=True)
+            args.json.write_text(  # after each encoder: kept if the run is cut off
+                json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=2)
+            )
     finally:
         if reference:
             reference.close()
-    device = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "CPU"
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(
-        json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=2)
-    )
     print(f"\n{device}, fp32, TF32 off; {TILES} tiles of CMU-1-Small-Region per encoder")
     print(
         "| encoder | family | pooling | dim | reference | tiles at input size: cosine min / "

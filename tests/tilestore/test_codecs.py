@@ -93,6 +93,25 @@ def test_rgb_chunks_round_trip_through_transpose(tmp_path, cmu_pixels, space):
     }
 
 
+def test_the_serializer_we_write_with_encodes_zarrs_transposed_views(cmu_pixels):
+    """zarr hands the serializer each chunk as the transpose filter's view of it (not
+    contiguous); imagecodecs' own codec class (2026.10, Python >= 3.12) refused such an
+    array, and every re-encoded level failed there. What tilestore writes with encodes it."""
+    from zarr.core.array_spec import ArrayConfig, ArraySpec
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.dtype import UInt8
+
+    chunk = np.ascontiguousarray(np.moveaxis(cmu_pixels[:256, :256], -1, 0))
+    view = chunk.transpose(1, 2, 0)
+    assert not view.flags.c_contiguous
+    serializer = jpeg_codecs(95, "ycbcr", "4:4:4")["serializer"]
+    prototype = default_buffer_prototype()
+    spec = ArraySpec((256, 256, 3), UInt8(), 0, ArrayConfig.from_dict({}), prototype)
+    data = serializer._encode_sync(prototype.nd_buffer.from_numpy_array(view), spec)
+    decoded = serializer._decode_sync(data, spec).as_numpy_array()
+    assert psnr(decoded, view) > 40
+
+
 def test_grayscale_chunks_need_no_color_space(tmp_path, cmu_pixels):
     data = np.ascontiguousarray(cmu_pixels[:300, :300, 1])
     array = _array(

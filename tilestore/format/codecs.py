@@ -304,7 +304,12 @@ def jpeg_codecs(
     JpegCodec(quality=quality, encoded_color_space=color_space, subsampling=factors)  # checks
     return {
         "filters": [TransposeCodec(order=(1, 2, 0))],
-        "serializer": ImagecodecsJpeg(
+        # our implementation encodes whatever imagecodecs is installed: imagecodecs' own class
+        # (2026.10) hands zarr's transposed view of each chunk to its encoder, which refuses a
+        # non-contiguous array ("invalid data shape, strides, or dtype": every re-encoded
+        # level failed on Python >= 3.12). The metadata is the same: readers open the store
+        # with whichever class zarr has registered under the name.
+        "serializer": _ImagecodecsJpeg(
             level=quality,
             colorspace_data="RGB",
             colorspace_jpeg=COLOR_SPACE_NAMES[color_space],

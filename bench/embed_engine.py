@@ -164,7 +164,7 @@ def engine_run(
 
 def stored_bytes(store: Path, arch: str, array: str) -> int:
     """Bytes on disk of one array of the store's embeddings group (its files, compressed)."""
-    folder = store / "embeddings" / group_name(model_name(arch)) / array
+    folder = store / group_name(model_name(arch)) / array
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 import zarr
 
 from tilestore.embed.engine import embed
@@ -78,3 +79,28 @@ def test_a_run_with_other_tokens_does_not_resume_the_group(store, tiny):
     embed([path], tiny, plan=PLAN, options=replace(FP32, tokens=2))
     group = _group(path)
     assert group.attrs["tilestore"]["complete"] and not np.isnan(group["tokens"][:]).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("compile", [False, True])
+def test_tokens_on_the_gpu_equal_the_reference_loop(store, tiny, compile):
+    """On CUDA, eager and compiled (each batch a CUDA graph of the wider rows), in bf16."""
+    from tilestore.embed.reference import cosine
+
+    path = store()
+    options = Options(batch_size=16, precision="bf16", dtype="float32", compile=compile)
+    report = embed([path], tiny, plan=PLAN, options=replace(options, tokens=2))
+    assert report.device.startswith("cuda") and not report.failures
+    group = _group(path)
+    slide = open_slide(path)
+    plan, _ = load_plan(slide)
+    picks = [0, len(plan) // 2, len(plan) - 1]
+    want = reference_features(
+        slide, plan, tiny, indices=picks, device="cuda", precision="bf16", tokens=2
+    )
+    tokens = group["tokens"].get_orthogonal_selection(
+        (picks, slice(None), slice(None), slice(None))
+    )
+    assert cosine(group["features"][picks], want[:, :192]).min() > 0.999
+    assert cosine(tokens.reshape(3, -1), want[:, 192:]).min() > 0.999

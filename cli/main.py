@@ -20,6 +20,7 @@ from tilestore.cli.export import export_app
 from tilestore.cli.inspect import info, verify
 from tilestore.cli.planflags import with_plan_flags
 from tilestore.cli.qc import qc
+from tilestore.cli.view import view
 from tilestore.conversion import QUALITY, SHARD_CHUNKS, SUBSAMPLING
 from tilestore.masks import TISSUE_MPP
 from tilestore.plan import PlanOptions
@@ -262,6 +263,7 @@ app.command()(embed)
 app.command()(info)
 app.command()(verify)
 app.command()(qc)
+app.command()(view)
 app.add_typer(models_app, name="models")
 app.add_typer(export_app, name="export")
 

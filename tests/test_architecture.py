@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOORS = (
     ("tilestore.cli",),
     ("tilestore.embed",),
+    ("tilestore.view",),
     ("tilestore.embeddings",),
     ("tilestore.plan",),
     ("tilestore.qc",),
@@ -53,6 +54,7 @@ FACES = (
     "tilestore.qc",
     "tilestore.reading",
     "tilestore.sources",
+    "tilestore.view",
 )
 
 

@@ -1,0 +1,53 @@
+"""`tilestore view`: a local, read-only web viewer of stores (and slides read in place)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import typer
+
+from tilestore.cli.console import out
+
+
+def view(
+    paths: list[Path] = typer.Argument(
+        ...,
+        help="Stores, or tiled TIFF slides (read in place, their sidecars made in a "
+        "temporary folder removed at the end).",
+    ),
+    port: int = typer.Option(8000, help="Port to listen on (0: any free one)."),
+    host: str = typer.Option(
+        "127.0.0.1", help="Address to listen on; the default is this machine only."
+    ),
+) -> None:
+    """Pan and zoom the slides in a browser with their tissue, QC, plans and embeddings
+    (PCA colours, clusters, per-tile columns, similarity to a clicked tile). Ctrl-C stops."""
+    from tilestore import open_slide
+    from tilestore.conversion import open_in_place
+    from tilestore.reading import sidecar_for
+    from tilestore.view import Catalog, bind, make_app, serve
+
+    with tempfile.TemporaryDirectory(prefix="tilestore-view-") as sidecars:
+        slides, stores = [], []
+        for path in paths:
+            if path.is_file():
+                slide = open_in_place(path, sidecars)
+                stores.append(str(sidecar_for(path, sidecars)))
+            else:
+                slide = open_slide(path)
+                stores.append(str(path))
+            slides.append(slide)
+        catalog = Catalog(slides, [str(p) for p in paths], stores)
+        sock = bind(host, port)
+        url = f"http://{host}:{sock.getsockname()[1]}/"
+        names = ", ".join(s.name for s in slides[:3]) + (" ..." if len(slides) > 3 else "")
+        serve(
+            make_app(catalog),
+            sock,
+            on_ready=lambda: out.print(
+                f"tilestore view: {url} ({len(slides)} slide(s): {names}); Ctrl-C stops",
+                highlight=False,
+            ),
+        )
+    out.print("tilestore view: stopped")

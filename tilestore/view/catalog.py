@@ -1,0 +1,168 @@
+"""The slides a viewer serves, and what it computes of them once: each model's features (unit
+length, for similarity), PCA colours and k-means clusters over all the stores opened.
+
+A `Catalog` is made from opened `Slide`s (and the paths the user gave, for the panel) and
+never writes. Embeddings are read as `open_embeddings` reads them, over every served store
+that has the model's finished group, so a similarity search or a cluster spans the slides
+opened together.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tilestore.errors import TilestoreError
+from tilestore.reading.slide import Slide
+
+
+class ViewError(TilestoreError):
+    """A request the viewer cannot answer: an unknown slide, level, tile, plan or model."""
+
+
+@dataclass
+class Served:
+    """One slide as served: its index in the slide list, its `Slide`, where it came from."""
+
+    index: int
+    slide: Slide
+    path: str
+    store: str  # the store the slide reads from (a sidecar's, for a slide read in place)
+
+
+@dataclass
+class Embedded:
+    """One model's embeddings over the served slides that have them."""
+
+    model: str
+    ds: Any  # the xarray Dataset `open_embeddings` gives
+    slides: list[int]  # served index of each slide in ds, in ds's order
+    starts: np.ndarray  # first tile of each slide in ds
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    def tiles_of(self, index: int) -> slice:
+        """The tiles of served slide `index` in ds."""
+        if index not in self.slides:
+            raise ViewError(f"slide {index} has no {self.model} embeddings")
+        at = self.slides.index(index)
+        end = self.starts[at + 1] if at + 1 < len(self.starts) else self.ds.sizes["tile"]
+        return slice(int(self.starts[at]), int(end))
+
+    def slide_of(self, tile: int) -> int:
+        """The served index of the slide a tile of ds belongs to; ViewError for no tile."""
+        if not 0 <= tile < self.ds.sizes["tile"]:
+            raise ViewError(f"{self.model}: no tile {tile} (0-{self.ds.sizes['tile'] - 1})")
+        return self.slides[int(np.searchsorted(self.starts, tile, side="right")) - 1]
+
+
+class Catalog:
+    """The served slides; each model's embeddings opened and analysed on first use."""
+
+    def __init__(self, slides: Sequence[Slide], paths: Sequence[str], stores: Sequence[str]):
+        if not slides:
+            raise ViewError("no slide to show")
+        self.served = [
+            Served(i, s, str(p), str(st))
+            for i, (s, p, st) in enumerate(zip(slides, paths, stores, strict=True))
+        ]
+        self._embedded: dict[str, Embedded] = {}
+        self._lock = threading.Lock()
+
+    def get(self, index: int) -> Served:
+        if not 0 <= index < len(self.served):
+            raise ViewError(f"no slide {index} (slides 0-{len(self.served) - 1})")
+        return self.served[index]
+
+    def models(self, index: int | None = None) -> dict[str, dict[str, Any]]:
+        """model name -> its run facts, for the finished embeddings groups of one slide (or
+        of any served slide)."""
+        found: dict[str, dict[str, Any]] = {}
+        for served in self.served if index is None else [self.get(index)]:
+            for facts in finished_groups(served.slide):
+                found.setdefault(facts["model"]["name"], facts)
+        return found
+
+    def embedded(self, model: str) -> Embedded:
+        """The model's embeddings over every served slide that has them (opened once)."""
+        with self._lock:
+            if model not in self._embedded:
+                self._embedded[model] = self._open(model)
+            return self._embedded[model]
+
+    def _open(self, model: str) -> Embedded:
+        from tilestore.embeddings import open_embeddings
+
+        having = [s for s in self.served if model in self.models(s.index)]
+        if not having:
+            raise ViewError(f"no served slide has finished {model!r} embeddings")
+        ds = open_embeddings([s.store for s in having], model)
+        counts = [int(m["tiles"]) for m in ds.attrs["slides"]]
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        return Embedded(model, ds, [s.index for s in having], starts)
+
+    def computed(
+        self, model: str, key: str, compute: Callable[[Embedded], Any], keep: int | None = None
+    ) -> Any:
+        """`compute(embedded)` for this model, once (features, PCA colours, clusters); with
+        `keep`, only the last `keep` results of keys sharing this key's family (the part
+        before its last '-') are kept (a similarity per clicked tile)."""
+        embedded = self.embedded(model)
+        with self._lock:
+            if key not in embedded.cache:
+                if keep is not None:
+                    family = key.rsplit("-", 1)[0] + "-"
+                    kin = [k for k in embedded.cache if k.startswith(family)]
+                    for old in kin[: max(0, len(kin) - keep + 1)]:
+                        del embedded.cache[old]
+                embedded.cache[key] = compute(embedded)
+            return embedded.cache[key]
+
+    def unit_features(self, model: str) -> np.ndarray:
+        """(tiles, dim) float32 features of unit length, all served slides: cosine is a dot."""
+
+        def compute(embedded: Embedded) -> np.ndarray:
+            features = np.asarray(embedded.ds["features"].values, dtype=np.float32)
+            norms = np.linalg.norm(features, axis=1, keepdims=True)
+            return features / np.maximum(norms, np.finfo(np.float32).tiny)
+
+        return self.computed(model, "unit", compute)
+
+    def pca_colours(self, model: str) -> np.ndarray:
+        """(tiles, 3) uint8: the first three principal components as RGB (`ds.tiles.rgb_map`)."""
+
+        def compute(embedded: Embedded) -> np.ndarray:
+            rgb = np.asarray(embedded.ds.tiles.rgb_map().values, dtype=np.float32)
+            return np.rint(np.clip(rgb, 0, 1) * 255).astype(np.uint8)
+
+        return self.computed(model, "pca", compute)
+
+    def clusters(self, model: str, k: int) -> np.ndarray:
+        """(tiles,) k-means cluster of each tile (`ds.tiles.kmeans`, on 16 PCs)."""
+        if not 2 <= k <= 20:
+            raise ViewError(f"clusters: k={k}; ask for 2 to 20")
+
+        def compute(embedded: Embedded) -> np.ndarray:
+            n = embedded.ds.sizes["tile"]
+            if k > n:
+                raise ViewError(f"clusters: k={k} for {n} tiles")
+            return np.asarray(embedded.ds.tiles.kmeans(k, pcs=16).values, dtype=np.int16)
+
+        return self.computed(model, f"kmeans-{k}", compute)
+
+
+def finished_groups(slide: Slide) -> list[dict[str, Any]]:
+    """The `tilestore` attributes of a store's finished embeddings groups."""
+    try:
+        groups = slide.group["embeddings"]
+    except KeyError:
+        return []
+    found = []
+    for _, group in sorted(groups.groups()):
+        facts = group.attrs.get("tilestore") or {}
+        if facts.get("complete") and isinstance(facts.get("model"), dict):
+            found.append(facts)
+    return found

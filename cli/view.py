@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -42,12 +43,14 @@ def view(
         sock = bind(host, port)
         url = f"http://{host}:{sock.getsockname()[1]}/"
         names = ", ".join(s.name for s in slides[:3]) + (" ..." if len(slides) > 3 else "")
-        serve(
-            make_app(catalog),
-            sock,
-            on_ready=lambda: out.print(
-                f"tilestore view: {url} ({len(slides)} slide(s): {names}); Ctrl-C stops",
-                highlight=False,
-            ),
-        )
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a viewer ends
+            serve(
+                make_app(catalog),
+                sock,
+                on_ready=lambda: out.print(
+                    f"tilestore view: {url} ({len(slides)} slide(s): {names}); Ctrl-C stops",
+                    highlight=False,
+                    soft_wrap=True,  # the URL whole on its line, in a log too
+                ),
+            )
     out.print("tilestore view: stopped")

@@ -1,0 +1,109 @@
+"""`tilestore view` as a person runs it: a URL to open, a taken port in one line, Ctrl-C
+that stops it cleanly, and a slide file read in place with nothing left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.conftest import CMU
+
+
+@contextlib.contextmanager
+def running(*args, env=None):
+    """`tilestore view ARGS --port 0` started; yields (url, process); Ctrl-C at the end."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tilestore.cli", "view", *map(str, args), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
+    seen, deadline = "", time.monotonic() + 120
+    try:
+        while "Ctrl-C stops" not in seen:
+            line = process.stdout.readline()
+            if not line:
+                pytest.fail(f"view ended: {process.stderr.read()}")
+            seen += line
+            assert time.monotonic() < deadline, seen
+        url = re.search(r"http://127\.0\.0\.1:\d+/", seen).group(0)
+        yield url, process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                raise
+
+
+def get(url: str) -> tuple[int, bytes, str]:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return response.status, response.read(), response.headers["Content-Type"]
+
+
+def test_view_prints_its_url_serves_and_stops_on_ctrl_c(stores):
+    with running(stores(CMU)) as (url, process):
+        status, body, kind = get(url + "api/slides")
+        assert status == 200 and b"CMU-1-Small-Region" in body and kind == "application/json"
+        status, body, kind = get(url + "tiles/0/0/0/0")
+        assert status == 200 and body[:2] == b"\xff\xd8" and kind == "image/jpeg"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+        assert "tilestore view: stopped" in process.stdout.read()
+        assert "Traceback" not in process.stderr.read()
+
+
+def test_a_port_in_use_is_one_line_and_exit_2(stores):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "tilestore.cli", "view", str(stores(CMU)), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        taken.close()
+    assert run.returncode == 2
+    assert run.stderr.strip() == (
+        f"tilestore: error: port {port} on 127.0.0.1 is in use; choose another port"
+    )
+
+
+def test_a_slide_file_is_read_in_place_and_nothing_is_left_behind(slide_path, tmp_path):
+    slide = slide_path(CMU)
+    beside = sorted(slide.parent.iterdir())
+    with running(slide, env={"TMPDIR": str(tmp_path)}) as (url, process):
+        assert list(tmp_path.glob("tilestore-view-*/*.tilestore.zarr"))  # its sidecar
+        status, _, kind = get(url + "tiles/0/0/1/1")
+        assert status == 200 and kind == "image/jpeg"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    assert sorted(slide.parent.iterdir()) == beside
+    assert not list(tmp_path.glob("tilestore-view-*"))
+
+
+def test_a_missing_store_is_one_line(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "tilestore.cli", "view", str(tmp_path / "nope.ome.zarr")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2 and run.stderr.count("\n") == 1
+    assert run.stderr.startswith("tilestore: error: ") and "nope.ome.zarr" in run.stderr

@@ -21,6 +21,11 @@ def view(
     host: str = typer.Option(
         "127.0.0.1", help="Address to listen on; the default is this machine only."
     ),
+    roi: list[Path] | None = typer.Option(
+        None,
+        help="ROI annotations to draw (QuPath GeoJSON, Aperio or ASAP XML, level-0 px): "
+        "once per slide, in the order of the slides.",
+    ),
 ) -> None:
     """Pan and zoom the slides in a browser with their tissue, QC, plans and embeddings
     (PCA colours, clusters, per-tile columns, similarity to a clicked tile). Ctrl-C stops."""
@@ -39,7 +44,7 @@ def view(
                 slide = open_slide(path)
                 stores.append(str(path))
             slides.append(slide)
-        catalog = Catalog(slides, [str(p) for p in paths], stores)
+        catalog = Catalog(slides, [str(p) for p in paths], stores, roi or None)
         sock = bind(host, port)
         url = f"http://{host}:{sock.getsockname()[1]}/"
         names = ", ".join(s.name for s in slides[:3]) + (" ..." if len(slides) > 3 else "")

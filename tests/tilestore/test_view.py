@@ -5,6 +5,7 @@ store left exactly as it was."""
 from __future__ import annotations
 
 import io
+import json
 import os
 from urllib.parse import quote
 
@@ -254,3 +255,33 @@ def test_a_linked_chunk_in_the_store_is_refused_not_served(store, tmp_path):
 def test_a_catalog_needs_a_slide():
     with pytest.raises(ViewError, match="no slide to show"):
         Catalog([], [], [])
+
+
+def test_rois_are_drawn_where_their_file_puts_them(embedded_cohort, tmp_path):
+    from tests.conftest import CMU_CLASSES
+
+    roi = tmp_path / "classes.geojson"
+    roi.write_text(json.dumps(CMU_CLASSES))
+    slides = [open_slide(p) for p in embedded_cohort]
+    paths = [str(p) for p in embedded_cohort]
+    client = TestClient(make_app(Catalog(slides, paths, paths, [str(roi), None])))
+    facts = client.get("/api/overlay/0?kind=roi").json()
+    assert {i["name"]: i["count"] for i in facts["legend"]["items"]} == {"Stroma": 1, "Tumor": 1}
+    image = png(client.get(facts["url"]))
+    scale = image.shape[0] / 2967
+    top, bottom = image[int(700 * scale), image.shape[1] // 2], image[int(2200 * scale), 100]
+    colours = {i["name"]: tuple(i["rgba"][:3]) for i in facts["legend"]["items"]}
+    assert tuple(top[:3]) == colours["Stroma"] and tuple(bottom[:3]) == colours["Tumor"]
+    assert facts["extent"] == pytest.approx([2220, 2967], abs=1)
+    missing = client.get("/api/overlay/1?kind=roi")
+    assert missing.status_code == 404 and "no ROI file given" in missing.json()["error"]
+    with pytest.raises(ViewError, match="2 ROI files for 1 slides"):
+        Catalog(slides[:1], paths[:1], paths[:1], [str(roi), str(roi)])
+
+
+def test_the_roi_class_of_each_tile_is_a_column_of_classes(client, embedded_ds):
+    facts = client.get(f"/api/overlay/0?kind=tiles&model={MODEL}&column=roi_class").json()
+    counts = {i["name"]: i["count"] for i in facts["legend"]["items"]}
+    cmu = embedded_ds.tiles.slide("CMU-1-Small-Region")
+    want = dict(zip(*np.unique(np.asarray(cmu["roi_class"]), return_counts=True), strict=True))
+    assert counts == {str(k): int(v) for k, v in want.items()}

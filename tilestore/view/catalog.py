@@ -32,6 +32,7 @@ class Served:
     slide: Slide
     path: str
     store: str  # the store the slide reads from (a sidecar's, for a slide read in place)
+    roi: str | None = None  # an annotation file of the slide's ROIs, to draw
 
 
 @dataclass
@@ -62,12 +63,21 @@ class Embedded:
 class Catalog:
     """The served slides; each model's embeddings opened and analysed on first use."""
 
-    def __init__(self, slides: Sequence[Slide], paths: Sequence[str], stores: Sequence[str]):
+    def __init__(
+        self,
+        slides: Sequence[Slide],
+        paths: Sequence[str],
+        stores: Sequence[str],
+        rois: Sequence[str | None] | None = None,
+    ):
         if not slides:
             raise ViewError("no slide to show")
+        rois = list(rois) if rois is not None else [None] * len(slides)
+        if len(rois) != len(slides):
+            raise ViewError(f"{len(rois)} ROI files for {len(slides)} slides: one per slide")
         self.served = [
-            Served(i, s, str(p), str(st))
-            for i, (s, p, st) in enumerate(zip(slides, paths, stores, strict=True))
+            Served(i, s, str(p), str(st), None if r is None else str(r))
+            for i, (s, p, st, r) in enumerate(zip(slides, paths, stores, rois, strict=True))
         ]
         self._embedded: dict[str, Embedded] = {}
         self._lock = threading.Lock()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -83,6 +84,40 @@ def qc_overlay(slide: Slide) -> Overlay:
     dy, dx = qc.downsample
     flagged = classes_legend(items, int((qc.label > 0).sum()) or 1)
     return Overlay(png(lut[qc.label]), (qc.label.shape[1] * dx, qc.label.shape[0] * dy), flagged)
+
+
+def roi_overlay(slide: Slide, path: str) -> Overlay:
+    """The ROI polygons of an annotation file (QuPath GeoJSON, Aperio or ASAP XML, in level-0
+    pixels), each class its colour: filled lightly, outlined."""
+    from PIL import ImageDraw
+
+    from tilestore.analysis.plots import cluster_colors
+    from tilestore.plan.annotations import load_annotations
+
+    _, h0, w0 = slide.shape
+    rois = load_annotations(path, size=(w0, h0))
+    scale = min(1.0, MAX_SIDE / max(h0, w0))
+    size = (max(1, round(w0 * scale)), max(1, round(h0 * scale)))
+    names = rois.class_names
+    colours = np.rint(cluster_colors(max(1, len(names))) * 255).astype(int)
+    fill = Image.new("RGBA", size, (0, 0, 0, 0))
+    lines = Image.new("RGBA", size, (0, 0, 0, 0))
+    draw_fill, draw_lines = ImageDraw.Draw(fill), ImageDraw.Draw(lines)
+    for geometry, name in zip(rois.geometries, rois.classes, strict=True):
+        r, g, b = colours[names.index(name)]
+        for polygon in getattr(geometry, "geoms", [geometry]):
+            ring = [(x * scale, y * scale) for x, y in polygon.exterior.coords]
+            draw_fill.polygon(ring, fill=(r, g, b, 70))
+            draw_lines.line(ring, fill=(r, g, b, 235), width=3)
+    picture = Image.alpha_composite(fill, lines)
+    counts = [int((rois.classes == n).sum()) for n in names]
+    items = [
+        (n or "unclassified", (*colours[i], 200), k)
+        for i, (n, k) in enumerate(zip(names, counts, strict=True))
+    ]
+    legend = classes_legend(items, len(rois))
+    legend["note"] = f"{Path(path).name}: {len(rois)} shapes ({rois.format})"
+    return Overlay(png(np.asarray(picture)), (size[0] / scale, size[1] / scale), legend)
 
 
 # -- per-tile grids ----------------------------------------------------------------------

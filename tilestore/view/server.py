@@ -34,7 +34,13 @@ from starlette.staticfiles import StaticFiles
 
 from tilestore.errors import TilestoreError
 from tilestore.view.catalog import Catalog, ViewError
-from tilestore.view.overlays import Overlay, plan_overlay, qc_overlay, tissue_overlay
+from tilestore.view.overlays import (
+    Overlay,
+    plan_overlay,
+    qc_overlay,
+    roi_overlay,
+    tissue_overlay,
+)
 from tilestore.view.tiles import encode, tile
 from tilestore.view.values import columns, nearest, tile_at, tile_values
 
@@ -143,6 +149,10 @@ def make_overlay(catalog: Catalog, sid: int, params: dict[str, str]) -> Overlay:
         return tissue_overlay(served.slide)
     if kind == "qc":
         return qc_overlay(served.slide)
+    if kind == "roi":
+        if served.roi is None:
+            raise ViewError(f"{served.slide.name}: no ROI file given (tilestore view --roi)")
+        return roi_overlay(served.slide, served.roi)
     if kind == "plan":
         from tilestore.plan import load_plan
 
@@ -157,7 +167,7 @@ def make_overlay(catalog: Catalog, sid: int, params: dict[str, str]) -> Overlay:
             ref=_int(params, "ref") if "ref" in params else None,
         )
         return values.overlay()
-    raise ViewError(f"no overlay kind {kind!r} (tissue, qc, plan, tiles)")
+    raise ViewError(f"no overlay kind {kind!r} (tissue, qc, roi, plan, tiles)")
 
 
 def describe(catalog: Catalog, sid: int) -> dict[str, Any]:
@@ -195,6 +205,7 @@ def describe(catalog: Catalog, sid: int) -> dict[str, Any]:
         "layers": {
             "tissue": "tissue" in labels,
             "qc": "qc" in labels,
+            "roi": served.roi is not None,
             "plans": list_plans(slide),
             "models": {name: _run_facts(facts) for name, facts in catalog.models(sid).items()},
         },

@@ -73,14 +73,14 @@ def columns(catalog: Catalog, model: str) -> list[str]:
     """What a model's tiles can be coloured by: PCA, clusters, similarity, and every numeric
     per-tile column of its embeddings."""
     ds = catalog.embedded(model).ds
-    numeric = [
+    per_tile = [
         str(name)
         for name, coord in ds.coords.items()
         if coord.dims == ("tile",)
-        and np.issubdtype(coord.dtype, np.floating)
-        and name not in ("x_um", "y_um")
+        and (np.issubdtype(coord.dtype, np.floating) or coord.dtype.kind == "U")
+        and name not in ("x_um", "y_um", "slide")
     ]
-    return [*SPECIAL, *sorted(numeric)]
+    return [*SPECIAL, *sorted(per_tile)]
 
 
 def tile_values(
@@ -123,10 +123,23 @@ def tile_values(
         if scores is None or len(scores) != len(rows):
             raise ViewError(f"scores: {0 if scores is None else len(scores)} for {len(rows)} tiles")
         return TileValues("scores", **base, scalar=np.asarray(scores, np.float64))
-    if column not in ds.coords or column in ("x", "y", "row", "col", "slide", "roi_class"):
+    if column in ds.coords and ds[column].dtype.kind == "U" and column != "slide":
+        return _named(column, np.asarray(ds[column]), base)  # classes, such as roi_class
+    if column not in ds.coords or column in ("x", "y", "row", "col", "slide"):
         raise ViewError(f"{model}: no per-tile column {column!r}; columns: "
                         f"{', '.join(columns(catalog, model))}")  # fmt: skip
     return TileValues(column, **base, scalar=np.asarray(ds[column], np.float64))
+
+
+def _named(column: str, values: np.ndarray, base: dict[str, Any]) -> TileValues:
+    """A column of names (a ROI class per tile) as classes, each its colour."""
+    from tilestore.analysis.plots import cluster_colors
+
+    names, classes = np.unique(values, return_inverse=True)
+    colours = np.rint(cluster_colors(len(names)) * 255).astype(np.uint8)
+    colours = np.concatenate([colours, np.full((len(names), 1), 200, np.uint8)], axis=1)
+    shown = tuple(str(n) or "none" for n in names)
+    return TileValues(column, **base, classes=classes, names=shown, colours=colours)
 
 
 def _bounds(values: np.ndarray) -> tuple[float, float]:

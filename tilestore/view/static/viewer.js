@@ -3,6 +3,8 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
+const LAYERS = ["tissue", "qc", "roi", "plan", "tiles"];  // drawn in this order, bottom up
+const TITLES = { tissue: "Tissue", qc: "QC artefacts", roi: "ROIs", plan: "Plan", tiles: "Tiles" };
 const state = {
   slides: [], slide: null, viewer: null, tilesLoaded: 0,
   layers: {},  // key -> {item, facts}
@@ -77,10 +79,10 @@ function openSlide(id, then) {
 
 function fillLayerControls(slide) {
   const L = slide.layers;
-  $("show-tissue").disabled = !L.tissue;
-  $("show-qc").disabled = !L.qc;
-  document.querySelector('[data-layer="tissue"]').classList.toggle("unavailable", !L.tissue);
-  document.querySelector('[data-layer="qc"]').classList.toggle("unavailable", !L.qc);
+  for (const key of ["tissue", "qc", "roi"]) {
+    $(`show-${key}`).disabled = !L[key];
+    document.querySelector(`[data-layer="${key}"]`).classList.toggle("unavailable", !L[key]);
+  }
   document.querySelector('[data-layer="plan"]').classList.toggle("unavailable", !L.plans.length);
   $("show-plan").disabled = !L.plans.length;
   fillSelect($("plan"), L.plans);
@@ -149,7 +151,7 @@ function showFacts(slide) {
 // -- overlays ------------------------------------------------------------------------------
 
 function layerParams(key) {
-  if (key === "tissue" || key === "qc") return { kind: key };
+  if (key === "tissue" || key === "qc" || key === "roi") return { kind: key };
   if (key === "plan") return { kind: "plan", plan: $("plan").value };
   const params = { kind: "tiles", model: $("model").value, column: $("column").value };
   if (params.column === "clusters") params.k = $("k").value;
@@ -177,8 +179,10 @@ async function showLayer(key) {
   removeLayer(key);
   const layer = { item: null, facts };
   state.layers[key] = layer;
+  const below = LAYERS.slice(0, LAYERS.indexOf(key)).filter((k) => state.layers[k] && state.layers[k].item);
   state.viewer.addTiledImage({
     tileSource: { type: "image", url: facts.url, buildPyramid: false },
+    index: 1 + below.length,  // above the slide and the overlays listed before it
     x: 0, y: 0, width: facts.extent[0] / slide.width, opacity: opacity(key),
     success: (e) => { if (state.layers[key] === layer) layer.item = e.item; else state.viewer.world.removeItem(e.item); },
   });
@@ -193,12 +197,12 @@ async function refreshLayer(key) {
   } catch (error) { status(`${key}: ${error.message}`); removeLayer(key); drawLegend(); }
 }
 
-function refreshLayers() { for (const key of ["tissue", "qc", "plan", "tiles"]) refreshLayer(key); }
+async function refreshLayers() { for (const key of LAYERS) await refreshLayer(key); }
 
 function drawLegend() {
   const box = $("legend");
   box.innerHTML = "";
-  for (const key of ["tissue", "qc", "plan", "tiles"]) {
+  for (const key of LAYERS) {
     const layer = state.layers[key];
     if (!layer) continue;
     const legend = layer.facts.legend;
@@ -207,7 +211,7 @@ function drawLegend() {
     entry.dataset.layer = key;
     const title = document.createElement("div");
     title.className = "title";
-    title.textContent = legend.label || { tissue: "Tissue", qc: "QC artefacts", plan: "Plan", tiles: "Tiles" }[key];
+    title.textContent = legend.label || TITLES[key];
     entry.appendChild(title);
     if (legend.kind === "classes") {
       for (const item of legend.items) {
@@ -305,7 +309,7 @@ async function start() {
   state.viewer = makeViewer();
   state.slides = await api("/api/slides");
   listSlides();
-  for (const key of ["tissue", "qc", "plan", "tiles"]) {
+  for (const key of LAYERS) {
     $(`show-${key}`).onchange = () => refreshLayer(key);
     document.querySelector(`.opacity[data-for="${key}"]`).oninput = () => {
       const layer = state.layers[key];

@@ -137,3 +137,57 @@ def map_png(
             plot(ds, found, path=target)
             written.append(target)
     out.print(" ".join(map(str, written)), highlight=False)
+
+
+@export_app.command("heatmap")
+def heatmap(
+    store: Path = typer.Argument(..., help="An embedded store."),
+    model: str = MODEL,
+    column: str = typer.Option(
+        "score",
+        help="A per-tile column (tissue, roi, qc_<artefact>, roi_class...), clusters, "
+        "similarity (with --tile or --at), or with --scores the score column to read.",
+    ),
+    tile: int | None = typer.Option(None, help="similarity: to this tile of the slide."),
+    at: str | None = typer.Option(None, help="similarity: to the tile under level-0 X,Y."),
+    k: int = typer.Option(6, help="clusters: how many."),
+    scores: Path | None = typer.Option(
+        None,
+        help="Your own scores: Parquet or CSV with 'tile' (or 'x', 'y' level-0 px) and "
+        "the score column.",
+    ),
+    png: Path | None = typer.Option(None, "--png", help="Write the heatmap over the slide."),
+    geojson: Path | None = typer.Option(
+        None, "--geojson", help="Write QuPath tile objects with the value as a measurement."
+    ),
+    label: bool = typer.Option(
+        False, "--label", help="Write it into the store as an OME-Zarr label image."
+    ),
+) -> None:
+    """A heatmap of per-tile values for other tools: PNG, QuPath GeoJSON, OME-Zarr label."""
+    from tilestore.view.heatmap import heatmap_values, write_geojson, write_labels, write_png
+
+    if not (png or geojson or label):
+        raise typer.BadParameter("give at least one of --png, --geojson, --label")
+    if scores is None and column == "score":
+        raise typer.BadParameter(
+            "--column: which values? a per-tile column, clusters or similarity; or --scores FILE"
+        )
+    point = None
+    if at is not None:
+        try:
+            point = tuple(float(v) for v in at.split(","))
+        except ValueError:
+            point = ()
+        if len(point) != 2:
+            raise typer.BadParameter(f"--at {at}: two numbers, X,Y in level-0 px")
+    found = heatmap_values(store, model, column, k=k, ref=tile, at=point, scores=scores)
+    written = []
+    if png:
+        written.append(str(write_png(found, png)))
+    if geojson:
+        written.append(str(write_geojson(found, geojson)))
+    if label:
+        written.append(f"{store}/labels/{write_labels(found)}")
+    out.print(f"{found.values.label}: {len(found.values.rows)} tiles -> " + ", ".join(written),
+              highlight=False)  # fmt: skip

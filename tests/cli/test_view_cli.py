@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -107,3 +108,27 @@ def test_a_missing_store_is_one_line(tmp_path):
     )
     assert run.returncode == 2 and run.stderr.count("\n") == 1
     assert run.stderr.startswith("tilestore: error: ") and "nope.ome.zarr" in run.stderr
+
+
+def test_export_heatmap_writes_what_it_is_asked_for(embedded_cohort, tmp_path):
+    store = shutil.copytree(embedded_cohort[0], tmp_path / embedded_cohort[0].name)
+    command = [sys.executable, "-m", "tilestore.cli", "export", "heatmap", str(store), "-m",
+               "efficientnet-lite0"]  # fmt: skip
+    run = subprocess.run(
+        [*command, "--column", "similarity", "--at", "1000,1300", "--png", str(tmp_path / "s.png"),
+         "--label"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "s.png").stat().st_size > 10_000
+    assert any(p.name.startswith("heatmap-") for p in (store / "labels").iterdir())
+    nothing = subprocess.run([*command, "--column", "tissue"], capture_output=True, text=True)
+    assert nothing.returncode == 2 and "give at least one of --png, --geojson, --label" in (
+        nothing.stderr
+    )
+    unknown = subprocess.run(
+        [*command, "--column", "nope", "--png", str(tmp_path / "n.png")], capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert unknown.returncode == 2 and unknown.stderr.startswith("tilestore: error: ")
+    assert "no per-tile column 'nope'" in unknown.stderr and not (tmp_path / "n.png").exists()

@@ -26,12 +26,14 @@ def to_qupath(
     clusters: xr.DataArray | None = None,
     measurements: xr.DataArray | None = None,
     slide: str | None = None,
+    class_names: list[str] | None = None,
 ) -> Path:
     """Write one slide's tiles as QuPath GeoJSON tile objects; return the path.
 
     Each tile is a square over its footprint in level-0 pixels (which are the original
     slide's pixels, so QuPath shows them in place over the source file). clusters: the
-    ``classification`` ("Cluster k", coloured as in our plots). measurements: a (tile, m)
+    ``classification`` ("Cluster k", or `class_names[k]`; coloured as in our plots).
+    measurements: a (tile, m)
     DataArray, e.g. ``ds.tiles.pca(5)``, stored as QuPath measurements named after its
     second coordinate; tissue and ROI fractions are always included.
     """
@@ -60,7 +62,7 @@ def to_qupath(
         }
         if labels is not None:
             props["classification"] = {
-                "name": f"Cluster {labels[i]}",
+                "name": class_names[labels[i]] if class_names else f"Cluster {labels[i]}",
                 "color": colours[labels[i]].tolist(),
             }
         features.append(

@@ -51,7 +51,7 @@ class TileValues:
     def overlay(self) -> Overlay:
         """The values as a picture on the slide's tile grid, and its legend."""
         if self.scalar is not None:
-            vmin, vmax = self.bounds or _bounds(self.scalar)
+            vmin, vmax = self.bounds or value_range(self.scalar)
             image, extent = self.grid.draw(
                 self.rows, self.cols, scale_rgba(self.scalar, vmin, vmax)
             )
@@ -142,7 +142,8 @@ def _named(column: str, values: np.ndarray, base: dict[str, Any]) -> TileValues:
     return TileValues(column, **base, classes=classes, names=shown, colours=colours)
 
 
-def _bounds(values: np.ndarray) -> tuple[float, float]:
+def value_range(values: np.ndarray) -> tuple[float, float]:
+    """The (min, max) of the finite values ((0, 1) where there are none)."""
     finite = values[np.isfinite(values)]
     if not len(finite):
         return 0.0, 1.0

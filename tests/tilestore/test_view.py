@@ -285,3 +285,21 @@ def test_the_roi_class_of_each_tile_is_a_column_of_classes(client, embedded_ds):
     cmu = embedded_ds.tiles.slide("CMU-1-Small-Region")
     want = dict(zip(*np.unique(np.asarray(cmu["roi_class"]), return_counts=True), strict=True))
     assert counts == {str(k): int(v) for k, v in want.items()}
+
+
+def test_the_listening_socket_says_it_is_tcp():
+    """asyncio turns Nagle's algorithm off only on sockets that name IPPROTO_TCP; without it
+    each request after the first on a kept-alive connection waited 40 ms (a delayed ACK)."""
+    import socket
+
+    from tilestore.view import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+        with pytest.raises(
+            ViewError, match=rf"port {sock.getsockname()[1]} on 127.0.0.1 is in use"
+        ):
+            bind("127.0.0.1", sock.getsockname()[1])
+    finally:
+        sock.close()

@@ -334,7 +334,11 @@ def bind(host: str, port: int) -> socket.socket:
     """A listening socket on (host, port) (port 0: any free one); ViewError in one line
     where the port is taken or the address is not this machine's."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio turns Nagle's algorithm off only on sockets that say they
+    # are TCP; with it on, every request after the first on a kept-alive connection waited
+    # 40 ms for the client's delayed ACK (bench/RESULTS.md, viewer)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart right after a stop
     try:
         sock.bind((host, port))
     except OSError as exc:

@@ -165,7 +165,7 @@ def heatmap(
     ),
 ) -> None:
     """A heatmap of per-tile values for other tools: PNG, QuPath GeoJSON, OME-Zarr label."""
-    from tilestore.view.heatmap import heatmap_values, write_geojson, write_labels, write_png
+    from tilestore.view import heatmap_values, write_geojson, write_labels, write_png
 
     if not (png or geojson or label):
         raise typer.BadParameter("give at least one of --png, --geojson, --label")

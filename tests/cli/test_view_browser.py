@@ -64,6 +64,7 @@ def test_tiles_load_an_overlay_toggles_and_a_click_finds_similar_tiles(
     browser, embedded_cohort, embedded_ds
 ):
     page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.set_default_timeout(180_000)  # a busy CI machine: PCA and the first model opened
     errors, tiles = [], []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on(

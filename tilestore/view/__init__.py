@@ -15,6 +15,13 @@ __getattr__, __dir__, __all__ = lazy_face(
     __name__,
     {
         "tilestore.view.catalog": ("Catalog", "ViewError"),
+        "tilestore.view.heatmap": (
+            "Heatmap",
+            "heatmap_values",
+            "write_geojson",
+            "write_labels",
+            "write_png",
+        ),
         "tilestore.view.server": ("bind", "make_app", "serve"),
         "tilestore.view.values": ("read_scores", "tile_values"),
     },

@@ -8,7 +8,7 @@ const TITLES = { tissue: "Tissue", qc: "QC artefacts", roi: "ROIs", plan: "Plan"
 const state = {
   slides: [], slide: null, viewer: null, tilesLoaded: 0,
   layers: {},  // key -> {item, facts}
-  hits: null, marker: null,
+  hits: null, marker: null, columnsReady: Promise.resolve(),
 };
 window.tilestore = state;  // for the browser tests and the curious
 
@@ -92,7 +92,7 @@ function fillLayerControls(slide) {
   const kept = $("model").value;
   fillSelect($("model"), models);
   if (models.includes(kept)) $("model").value = kept;
-  fillColumns();
+  state.columnsReady = fillColumns();  // the tiles layer waits for it
 }
 
 function fillSelect(select, values) {
@@ -172,6 +172,7 @@ function removeLayer(key) {
 
 async function showLayer(key) {
   const slide = state.slide;
+  if (key === "tiles") await state.columnsReady;  // a model's columns still on their way
   const params = layerParams(key);
   if (!params) { removeLayer(key); drawLegend(); return; }
   const facts = await api(`/api/overlay/${slide.id}?${new URLSearchParams(params)}`);
@@ -317,7 +318,12 @@ async function start() {
     };
   }
   $("plan").onchange = () => refreshLayer("plan");
-  $("model").onchange = async () => { state.hits = null; await fillColumns(); refreshLayer("tiles"); };
+  $("model").onchange = async () => {
+    state.hits = null;
+    state.columnsReady = fillColumns();
+    await state.columnsReady;
+    refreshLayer("tiles");
+  };
   $("column").onchange = () => { columnControls(); refreshLayer("tiles"); };
   $("k").onchange = () => refreshLayer("tiles");
   $("gallery-close").onclick = () => { $("gallery").hidden = true; };

@@ -118,6 +118,11 @@ def embed(
         help="Also store each tile's patch tokens (embeddings/<model>/tokens), average-pooled "
         "to an N x N grid; 0: the model's own grid (ViT/16 at 224 px: 14 x 14).",
     ),
+    quality: bool = typer.Option(
+        Options.quality,
+        help="Measure each tile's quality in the same pass (blur, tissue, light, ink) and "
+        "store it beside the features (ds.blur ...); --no-quality: features only.",
+    ),
     profile: str | None = typer.Option(
         None,
         help="nvtx: NVTX ranges on every stage, for `nsys profile`; torch: a "
@@ -166,6 +171,7 @@ def embed(
         channels=tuple(c.strip() for c in channels.split(",")) if channels else None,
         max_tiles=max_tiles,
         tokens=tokens,
+        quality=quality,
         compile_cache=compile_cache,
         profile=profile,
         profile_out=profile_out,

@@ -32,6 +32,7 @@ from tilestore.cpus import usable_cpus
 from tilestore.embed.engine import Embedder
 from tilestore.embed.jobs import PlanChoice, Slice, prepare, tiles_of
 from tilestore.embed.models import get_model
+from tilestore.embed.report import quality_line
 from tilestore.embed.settings import SLICE_TILES, Options
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity
 from tilestore.errors import StoreError, TilestoreError
@@ -300,6 +301,7 @@ def _finish(state: _Store, report: CohortReport) -> None:
             "tiles_per_s": round(state.tiles / state.seconds, 1) if state.seconds else None,
             "workers": sorted(state.workers),
             "complete": complete,
+            **({"quality": q} if (q := state.writer.quality_summary()) else {}),
         }
     )
 
@@ -401,6 +403,8 @@ def summary_lines(report: CohortReport) -> list[str]:
             f"  {Path(s['store']).name}: {s['tiles']} tiles, {s['tiles_per_s'] or 0:.1f} tiles/s, "
             f"{s['slices']} slice(s) on {len(s['workers'])} worker(s)"
         )
+        if s.get("quality"):
+            lines.append(f"    quality: {quality_line(s['quality'])}")
     for address, w in report.per_worker.items():
         util = f", GPU util {np.mean(w['gpu_util']):.0f}%" if w["gpu_util"] else ""
         lines.append(f"  worker {address} ({w['device']}): {w['tiles']} tiles{util}")

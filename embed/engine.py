@@ -23,7 +23,7 @@ import torch
 
 from tilestore.cpus import usable_cpus
 from tilestore.embed import nvjpeg
-from tilestore.embed.forward import Forward, place, token_layout
+from tilestore.embed.forward import Forward, QualityLayout, place, token_layout
 from tilestore.embed.inputs import Stager, as_staged
 from tilestore.embed.jobs import Job, PlanChoice, Slice, slice_jobs, store_jobs
 from tilestore.embed.models import LoadedModel, load_model
@@ -34,6 +34,7 @@ from tilestore.embed.runner import Runner
 from tilestore.embed.settings import Options, Precision, Settings, resolve
 from tilestore.embed.sizing import choose_batch
 from tilestore.embeddings import RunIdentity
+from tilestore.plan.options import DEFAULT_MPP
 
 
 def embed(
@@ -101,12 +102,18 @@ class Embedder:
             self.tokens = (
                 None if tokens is None else token_layout(self.loaded, self.settings.device, tokens)
             )
+            self.quality = (
+                QualityLayout(self.loaded.spec.native_mpp or DEFAULT_MPP)
+                if self.settings.quality
+                else None
+            )
             forward = Forward(
                 self.loaded,
                 self.settings.device,
                 self.settings.precision,
                 self.settings.compile,
                 self.tokens,
+                self.quality,
             )
             self.gpu_jpeg = host.decoder  # opened by resolve, kept between runs
             self.runner = Runner(forward, self.settings, self.processes, host.decoder)
@@ -136,6 +143,7 @@ class Embedder:
             channels=self.settings.channels,
             shard_tiles=self.settings.shard_tiles,
             tokens=self.tokens.record() if self.tokens else None,
+            quality=self.quality.record() if self.quality else None,
         )
 
     def __enter__(self) -> Embedder:

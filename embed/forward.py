@@ -9,7 +9,7 @@ float32 copy of the batch in between) and on a GPU each batch is one CUDA graph 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -17,6 +17,7 @@ from tilestore.embed.graphs import GraphedForward
 from tilestore.embed.models import LoadedModel, ModelError
 from tilestore.embed.settings import Precision
 from tilestore.errors import TilestoreError
+from tilestore.qc.tilewise import MEASURES, TileParams, tile_measures
 
 
 def place(loaded: LoadedModel, device: torch.device) -> LoadedModel:
@@ -64,9 +65,28 @@ def token_layout(loaded: LoadedModel, device: torch.device, grid: int) -> TokenL
     return TokenLayout(grid or rows, dim, (rows, cols))
 
 
+@dataclass(frozen=True)
+class QualityLayout:
+    """The per-tile quality measures a run stores (`tilestore.qc.tilewise`), their scales
+    taken at `mpp` um/px (the model's: the pixels its plans read)."""
+
+    mpp: float
+    measures: tuple[str, ...] = MEASURES
+
+    @property
+    def width(self) -> int:
+        return len(self.measures)
+
+    def record(self) -> dict:
+        return {"measures": list(self.measures), "mpp": self.mpp,
+                "params": asdict(TileParams())}  # fmt: skip
+
+
 class Forward:
     """Features of batches of (n, h, w, c) uint8 tiles on the model's device; with `tokens`,
-    each row is the features then the tile's pooled patch-token grid, flattened."""
+    each row is the features then the tile's pooled patch-token grid, flattened; with
+    `quality`, then the tile's quality measures, computed from the same uint8 tiles in the
+    same pass (in float32, outside autocast)."""
 
     def __init__(
         self,
@@ -75,10 +95,13 @@ class Forward:
         precision: Precision,
         compile: bool,
         tokens: TokenLayout | None = None,
+        quality: QualityLayout | None = None,
     ) -> None:
         self.loaded, self.device, self.precision = loaded, device, precision
-        self.tokens = tokens
-        self.width = loaded.output_dim + (tokens.width if tokens else 0)
+        self.tokens, self.quality = tokens, quality
+        self.width = (
+            loaded.output_dim + (tokens.width if tokens else 0) + (quality.width if quality else 0)
+        )
         self.compiled = None
         if compile:
             loaded.transform.prepare(device)  # not inside the first compiled call
@@ -88,8 +111,14 @@ class Forward:
     def _eager(self, tiles: torch.Tensor) -> torch.Tensor:
         x = self.loaded.transform(tiles)
         if self.tokens is None:
-            return self.loaded.features(x)
-        return self.loaded.module.features_and_tokens(x, self.tokens.grid)
+            out = self.loaded.features(x)
+        else:
+            out = self.loaded.module.features_and_tokens(x, self.tokens.grid)
+        if self.quality is None:
+            return out
+        with torch.autocast(self.device.type, enabled=False):
+            measures = tile_measures(tiles, self.quality.mpp)
+        return torch.cat([out, measures.to(out.dtype)], dim=1)
 
     def __call__(self, tiles: torch.Tensor, count: int, eager: bool = False) -> torch.Tensor:
         """Features of the first `count` tiles of a batch buffer (on the device).

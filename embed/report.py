@@ -233,6 +233,14 @@ class RunReport:
         )
         return entry
 
+    def quality(self, job, summary: dict[str, Any] | None) -> None:
+        """A finished job's per-tile quality, spread and flagged tiles, into its entry."""
+        if summary is None:
+            return
+        for entry in self.slides:
+            if entry["store"] == str(job.store):
+                entry["quality"] = summary
+
     def failed(self, store, message: str) -> None:
         """A store could not be embedded (or not finished): why, the store named once."""
         self.failures.append({"store": str(store), "error": _cause(store, message)})
@@ -439,9 +447,31 @@ def format_report(report: RunReport) -> list[str]:
                 else ""
             )
         )
+        if slide.get("quality"):
+            lines.append(f"    quality: {quality_line(slide['quality'])}")
     for skipped in report.skipped:
         lines.append(f"  skipped {skipped['store']}: {skipped['why']}")
     for failure in report.failures:
         lines.append(f"tilestore: error: {failure['store']}: {failure['error']}")
     lines.extend(f"WARNING: {w}" for w in report.warnings)
     return lines
+
+
+def quality_line(summary: dict[str, Any]) -> str:
+    """A slide's per-tile quality in one line: blur's spread, and the tiles each limit
+    flags (`tilestore.qc.tilewise.summarise`)."""
+    if summary.get("note"):
+        return summary["note"]
+    blur = (summary.get("spread") or {}).get("blur")
+    spread = f"blur p50 {blur['p50']:.2f}, p95 {blur['p95']:.2f}" if blur else "blur not judged"
+    limits = summary.get("limits") or {}
+    flagged = [
+        f"{count} over max_{name} {limits.get(f'max_{name}')}"
+        for name, count in (summary.get("flagged") or {}).items()
+        if count
+    ]
+    return (
+        f"{spread}; "
+        + (", ".join(flagged) if flagged else "no tile flagged")
+        + (f" of {summary['tiles']}")
+    )

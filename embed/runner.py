@@ -235,6 +235,7 @@ class Runner:
                     if len(job.todo):
                         report.end(job)
                     job.writer.finish(report.slide_summary(job))
+                    report.quality(job, job.writer.quality_summary())
                     run.open_jobs.remove(job)
                     continue
                 if isinstance(item, JobFailed):

@@ -77,6 +77,8 @@ class Options:
         keeps its own. tokens: also store each tile's patch tokens (``tokens``: tile, token_y,
         token_x, token_feature), average-pooled to a tokens x tokens grid; 0: the model's own
         grid (14 x 14 for a ViT/16 at 224 px: 196 vectors per tile); None: features only.
+        quality: also measure each tile's quality in the same pass (focus, tissue, light,
+        ink: `tilestore.qc.tilewise`) and store it beside the features (``blur``...).
     """
 
     batch_size: int | None = None
@@ -98,6 +100,7 @@ class Options:
     compile_cache: str | None = "auto"
     shard_tiles: int | None = None
     tokens: int | None = None
+    quality: bool = True
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,7 @@ class Settings:
     compile_cache: str | None = None  # a folder; None: no cache
     shard_tiles: int | None = None  # None: the layout's
     tokens: int | None = None  # the token grid's side; 0: the model's; None: no tokens
+    quality: bool = False  # per-tile quality measures in the pass
 
     @property
     def cuda(self) -> bool:
@@ -184,6 +188,7 @@ def resolve(options: Options, machine: Machine) -> Settings:
         compile_cache=_compile_cache(options.compile_cache),
         shard_tiles=_at_least("shard_tiles", options.shard_tiles, 1),
         tokens=_at_least("tokens", options.tokens, 0),
+        quality=options.quality,
     )
 
 

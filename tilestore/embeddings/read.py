@@ -190,6 +190,17 @@ def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
             )
             for key in ("features", *COORDS, *_qc_keys(meta))
         }
+        measures: list[str] = []
+        if "quality" in members:  # per-tile quality measures: a column each, as coordinates
+            quality = members["quality"]
+            measures = [str(m) for m in quality.attrs.get("measures", [])]
+            table = da.from_array(
+                _Checked(quality, f"{store}: {path}/quality"),
+                chunks=(rows, len(measures)),
+                name=f"quality-{token}",
+                meta=np.empty((0, 0), quality.dtype),
+            )
+            arrays.update({name: table[:, i] for i, name in enumerate(measures)})
         if "tokens" in members:  # the patch-token grids, a tile per row as the features
             tokens = members["tokens"]
             arrays["tokens"] = da.from_array(
@@ -205,7 +216,7 @@ def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
     return {
         **arrays,
         "classes": list(meta.get("classes", [""])),
-        "qc": _qc_keys(meta),
+        "qc": _qc_keys(meta) + measures,  # optional per-tile columns (NaN where absent)
         "meta": {
             "name": name,
             "store": str(store),

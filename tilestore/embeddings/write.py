@@ -37,6 +37,7 @@ from tilestore.reading.slide import Slide
 # made smaller to fit), and the bytes of the tokens' inner chunks (a tile's grid is read
 # from one chunk of about this size, not a whole batch's).
 TOKENS_WAITING = 512 * 2**20
+QUALITY_TOLERANCE = 0.1  # a plan's um/px this near the run's: its tiles measured as they are
 TOKENS_CHUNK = 4 * 2**20
 
 
@@ -58,7 +59,10 @@ class RunIdentity:
     shard_tiles: tiles per features shard of a group this run makes (None: `SHARD_TILES`;
     a group made before keeps its own shards; not compared on resume).
     tokens: the patch-token grid stored beside the features (grid, dim, model_grid,
-    pooling: `tilestore.embed.forward.TokenLayout.record`); None: features only."""
+    pooling: `tilestore.embed.forward.TokenLayout.record`); None: features only.
+    quality: the per-tile quality measures stored beside them (measures, the um/px their
+    scales were taken at, their parameters: `tilestore.qc.tilewise`); None: none. Each row
+    a run writes is the features, then the token grid, then the measures."""
 
     model: dict[str, Any]
     batch_size: int
@@ -68,6 +72,7 @@ class RunIdentity:
     channels: tuple[str, ...] | None = None
     shard_tiles: int | None = None
     tokens: dict[str, Any] | None = None
+    quality: dict[str, Any] | None = None
 
     def record(self) -> dict[str, Any]:
         """The group's attributes for it (the keys stores have always had)."""
@@ -79,6 +84,7 @@ class RunIdentity:
             "compile": self.compile,
             **({"channels": list(self.channels)} if self.channels else {}),
             **({"tokens": self.tokens} if self.tokens else {}),
+            **({"quality": self.quality} if self.quality else {}),
         }
 
 
@@ -141,6 +147,7 @@ class EmbeddingWriter:
     def _open(self, group) -> None:
         self.group, self.features, self._done = group, group["features"], group["done"]
         self.tokens = group["tokens"] if self.run.tokens else None
+        self.quality = group["quality"] if self.run.quality else None
         shards = self.features.shards  # None: a group made before shards, a file per batch
         self.per_shard = shards[0] // self.batch_size if shards else 1
         self._stored = self._done[:].astype(bool)  # done on disk, as this writer knows it
@@ -178,6 +185,7 @@ class EmbeddingWriter:
         self._made = False  # this writer made the group (so may remove it unused)
         self._pending: dict[int, np.ndarray] = {}  # batches waiting for their shard
         self.blocks = -(-len(plan) // identity.batch_size)
+        self.quality_note = _quality_scale(plan, identity.quality)
 
     # -- state --------------------------------------------------------------------------
 
@@ -226,8 +234,12 @@ class EmbeddingWriter:
             start = b * batch - lo
             features = self._pending[b][:, :dim]
             region[start : start + len(features)] = features
-        if self.tokens is not None:  # the same tiles' token grids, written before the features
-            self._flush_tokens(blocks, first, last, lo, hi, len(blocks) == last - first)
+        # the same tiles' token grids and measures, written before the features
+        whole, at = len(blocks) == last - first, dim
+        for part in (self.tokens, self.quality):
+            if part is not None:
+                nan = part is self.quality and self.quality_note is not None
+                at = self._flush_part(part, at, blocks, lo, hi, whole, nan=nan)
         self.features[lo:hi] = region
         flags = self._stored[first:last].copy()
         flags[np.asarray(blocks) - first] = True
@@ -236,14 +248,33 @@ class EmbeddingWriter:
         for b in blocks:
             del self._pending[b]
 
-    def _flush_tokens(self, blocks, first, last, lo, hi, whole: bool) -> None:
-        shape, batch, dim = self.tokens.shape, self.batch_size, self.features.shape[1]
-        region = np.empty((hi - lo, *shape[1:]), self.tokens.dtype) if whole else self.tokens[lo:hi]
+    def _flush_part(
+        self, array, at: int, blocks, lo: int, hi: int, whole: bool, nan: bool = False
+    ) -> int:
+        """Write the rows' columns from `at` on that `array` holds (a tile's token grid, its
+        measures) for these batches (NaN where `nan`: not judged); return where the next
+        part's columns start."""
+        shape, batch = array.shape, self.batch_size
+        width = int(np.prod(shape[1:]))
+        region = np.empty((hi - lo, *shape[1:]), array.dtype) if whole else array[lo:hi]
         for b in blocks:
             start = b * batch - lo
-            grids = self._pending[b][:, dim:]
-            region[start : start + len(grids)] = grids.reshape(len(grids), *shape[1:])
-        self.tokens[lo:hi] = region
+            values = self._pending[b][:, at : at + width]
+            region[start : start + len(values)] = (
+                np.nan if nan else values.reshape(len(values), *shape[1:])
+            )
+        array[lo:hi] = region
+        return at + width
+
+    def quality_summary(self) -> dict[str, Any] | None:
+        """The measures' spread over the slide's tiles (`tilestore.qc.tilewise.summarise`),
+        None where the group stores none."""
+        if self.quality is None:
+            return None
+        from tilestore.qc.tilewise import summarise
+
+        found = summarise(self.quality[:], list(self.quality.attrs["measures"]))
+        return {**found, "note": self.quality_note} if self.quality_note else found
 
     def finish(self, summary: dict[str, Any]) -> None:
         """Write what waits; mark complete (if every batch is done), release the lock. A
@@ -256,6 +287,8 @@ class EmbeddingWriter:
             if len(self.todo()) == 0:
                 attrs = dict(self.group.attrs["tilestore"])
                 attrs.update(complete=True, finished=_now(), run=summary)
+                if self.quality is not None:
+                    attrs["quality_summary"] = self.quality_summary()
                 self.group.attrs["tilestore"] = attrs
         finally:
             self._release_lock()
@@ -368,6 +401,22 @@ class EmbeddingWriter:
                 ),
                 fill_value=np.nan,
             )
+        if self.run.quality:
+            measures = list(self.run.quality["measures"])
+            group.create_array(
+                "quality",
+                shape=(n, len(measures)),
+                dtype="float32",
+                dimension_names=("tile", "measure"),
+                **sharded(
+                    zstd_codecs(level=3),
+                    (self.batch_size, len(measures)),
+                    (per * self.batch_size, len(measures)),
+                    True,
+                ),
+                fill_value=np.nan,
+                attributes={"measures": measures},
+            )
         group.create_array(
             "done",
             shape=(blocks,),
@@ -474,6 +523,23 @@ def _stale(holder: dict) -> bool:
     except PermissionError:
         return False
     return False
+
+
+def _quality_scale(plan: TilePlan, quality: dict[str, Any] | None) -> str | None:
+    """Why a plan's tiles cannot be measured at the run's scales (None: they can): the
+    measures' widths are micrometres at the run's um/px, so tiles of another resolution
+    would be judged at the wrong scale; their measures are left NaN, not judged."""
+    if not quality:
+        return None
+    mpp = plan.spec.effective_mpp
+    if mpp is None:
+        return "quality not judged: the plan's tiles have no pixel size"
+    if abs(mpp / quality["mpp"] - 1) > QUALITY_TOLERANCE:
+        return (
+            f"quality not judged: the plan reads {mpp:.3g} um/px and the measures' scales "
+            f"are set for {quality['mpp']:g} um/px (the run's)"
+        )
+    return None
 
 
 def _now() -> str:

@@ -133,29 +133,26 @@ class Pixels:
 
 
 def lab(linear: torch.Tensor) -> torch.Tensor:
-    """(3, H, W) CIELAB (D65) of (3, H, W) linear sRGB light."""
+    """(..., 3, H, W) CIELAB (D65) of (..., 3, H, W) linear sRGB light (a block, or a batch
+    of tiles: no step waits on the device, so a compiled model's pass can hold it)."""
     to_xyz = torch.tensor(_RGB_TO_XYZ, dtype=linear.dtype, device=linear.device)
     white = torch.tensor(_WHITE_D65, dtype=linear.dtype, device=linear.device)
-    xyz = ((to_xyz / white[:, None]) @ linear.reshape(3, -1)).reshape(linear.shape)
+    xyz = torch.einsum("ij,...jhw->...ihw", to_xyz / white[:, None], linear)
     f = xyz.clamp_min(_LAB_EPSILON).pow_(1 / 3)
-    low = xyz <= _LAB_EPSILON  # the straight segment near black
-    if bool(low.any()):
-        f = torch.where(low, xyz.mul_(7.787).add_(16 / 116), f)
-    out = torch.empty_like(f)
-    torch.mul(f[1], 116, out=out[0]).sub_(16)
-    torch.sub(f[0], f[1], out=out[1]).mul_(500)
-    torch.sub(f[1], f[2], out=out[2]).mul_(200)
-    return out
+    # the straight segment near black
+    f = torch.where(xyz <= _LAB_EPSILON, xyz * 7.787 + 16 / 116, f)
+    fx, fy, fz = f.unbind(-3)
+    return torch.stack([fy * 116 - 16, (fx - fy) * 500, (fy - fz) * 200], dim=-3)
 
 
 def _chroma(linear: torch.Tensor) -> torch.Tensor:
-    """(H, W) CIELAB chroma of (3, H, W) linear light."""
+    """(..., H, W) CIELAB chroma of (..., 3, H, W) linear light."""
     return hue_chroma(lab(linear))[1]
 
 
 def hue_chroma(lab_: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(hue in degrees 0-360, chroma) of a CIELAB image."""
-    a, b = lab_[1], lab_[2]
+    """(hue in degrees 0-360, chroma) of a (..., 3, H, W) CIELAB image."""
+    a, b = lab_[..., 1, :, :], lab_[..., 2, :, :]
     return torch.rad2deg(torch.atan2(b, a)) % 360, torch.hypot(a, b)
 
 

@@ -1,0 +1,110 @@
+"""Per-tile quality in the embedding pass: each tile's measures computed from the tile the
+model reads, stored beside its features, opened as columns, summarised in the report; blur
+painted on real H&E flagged where it was painted and nowhere else."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import tifffile
+import torch
+
+from tests.tilestore import artefacts as A
+from tilestore.embed.engine import embed
+from tilestore.embed.settings import Options
+from tilestore.embeddings import open_embeddings
+from tilestore.plan import PlanOptions, load_plan
+from tilestore.plan.tiles import iter_tiles
+from tilestore.qc.tilewise import MEASURES, TileLimits, tile_measures
+from tilestore.reading.opening import open_slide
+
+PLAN = PlanOptions(mpp=0.5, tile=224)
+FP32 = Options(batch_size=16, device="cpu", precision="fp32", dtype="float32")
+MODEL = "efficientnet-lite0"
+
+
+def group(path):
+    import zarr
+
+    return zarr.open_group(path / "embeddings" / MODEL, mode="r")
+
+
+def test_stored_measures_are_those_of_the_tiles_the_model_read(store, lite):
+    path = store()
+    report = embed([path], lite, plan=PLAN, options=FP32)
+    stored = group(path)["quality"]
+    assert list(stored.attrs["measures"]) == list(MEASURES)
+    slide = open_slide(path)
+    plan, _ = load_plan(slide)
+    tiles = np.stack([tile for _, tile in iter_tiles(slide, plan)])
+    want = tile_measures(torch.from_numpy(tiles), 0.5).numpy()
+    np.testing.assert_allclose(stored[:], want, rtol=1e-5, atol=1e-6, equal_nan=True)
+    ds = open_embeddings(path, MODEL)
+    np.testing.assert_array_equal(np.asarray(ds["blur"]), stored[:, 0])
+    assert report.slides[0]["quality"]["tiles"] == len(plan)
+    meta = group(path).attrs["tilestore"]
+    assert meta["quality"]["mpp"] == 0.5 and meta["quality_summary"]["tiles"] == len(plan)
+
+
+@pytest.fixture(scope="module")
+def painted(tmp_path_factory, cmu_pixels):
+    """CMU-1-Small-Region with a 400 um square blurred by a Gaussian of 1.5 um."""
+    import tilestore
+
+    root = tmp_path_factory.mktemp("blurred")
+    case = A.blurred(cmu_pixels, 1.5)
+    tifffile.imwrite(root / "blurred.tif", case.image, tile=(256, 256), compression="zlib")
+    tilestore.convert(root / "blurred.tif", root / "blurred.ome.zarr", mpp=A.MPP)
+    return root / "blurred.ome.zarr", case.truth
+
+
+def test_blur_painted_on_real_tissue_is_flagged_there_and_only_there(painted, lite, tmp_path):
+    path = shutil.copytree(painted[0], tmp_path / "blurred.ome.zarr")
+    truth = painted[1]
+    report = embed([path], lite, plan=PLAN, options=FP32)
+    ds = open_embeddings(path, MODEL)
+    x, y = np.asarray(ds["x"]), np.asarray(ds["y"])
+    inside = np.array([truth[b : b + 224, a : a + 224].all() for a, b in zip(x, y, strict=True)])
+    outside = np.array(
+        [not truth[b : b + 224, a : a + 224].any() for a, b in zip(x, y, strict=True)]
+    )
+    blur = np.asarray(ds["blur"])
+    judged = np.isfinite(blur)
+    limit = TileLimits().max_blur
+    assert inside.sum() >= 4 and (blur[inside & judged] > limit).all()
+    assert (blur[outside & judged] <= limit).all()
+    flagged = report.slides[0]["quality"]["flagged"]["blur"]
+    assert flagged == int((np.nan_to_num(blur, nan=0) > limit).sum()) >= inside.sum()
+
+
+def test_a_plan_at_another_resolution_is_not_judged(store, lite):
+    path = store()
+    report = embed([path], lite, plan=PlanOptions(mpp=1.0, tile=224), options=FP32)
+    assert np.isnan(group(path)["quality"][:]).all()
+    note = report.slides[0]["quality"]["note"]
+    assert note == (
+        "quality not judged: the plan reads 0.998 um/px and the measures' scales are set "
+        "for 0.5 um/px (the run's)"
+    )
+
+
+def test_quality_off_stores_features_only_and_a_cohort_fills_nan(store, painted, lite, tmp_path):
+    with_q = store()
+    without = shutil.copytree(painted[0], tmp_path / "without.ome.zarr")
+    embed([with_q], lite, plan=PLAN, options=FP32)
+    embed([without], lite, plan=PLAN, options=replace(FP32, quality=False))
+    assert "quality" not in group(without)
+    ds = open_embeddings([with_q, without], MODEL)
+    blur = np.asarray(ds["blur"])
+    n = group(with_q)["features"].shape[0]
+    assert np.isfinite(blur[:n]).any() and np.isnan(blur[n:]).all()
+
+
+def test_a_run_with_other_quality_does_not_resume_the_group(store, lite):
+    path = store()
+    embed([path], lite, plan=PLAN, options=replace(FP32, quality=False, max_tiles=16))
+    report = embed([path], lite, plan=PLAN, options=FP32)
+    assert report.failures and "quality" in report.failures[0]["error"]

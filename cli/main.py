@@ -196,13 +196,14 @@ def plan(
 ) -> None:
     """Plan the tiles to embed and store the plan in the slide's store."""
     from tilestore.analysis import save_preview
+    from tilestore.embeddings import plan_with_quality
     from tilestore.masks import read_tissue
-    from tilestore.plan import plan_rois, plan_slide, resolve_plan, save_plan
+    from tilestore.plan import plan_rois, resolve_plan, save_plan
     from tilestore.reading import open_slide
 
     slide = open_slide(store)
     options = resolve_plan(plan_options or PlanOptions(), slide)
-    made = plan_slide(slide, options)
+    made = plan_with_quality(slide, options)
     save_plan(slide, made, overwrite=overwrite)
     for note in made.notes:
         out.print(f"  {note}", highlight=False)

@@ -86,6 +86,13 @@ PLAN_FLAGS = (
         f"--filter contrast: median below this (default {_RULE.max_median}).",
     ),
     _flag(
+        "max_blur",
+        float,
+        "Drop tiles whose blur, measured in an earlier embedding pass, is above this "
+        "(ds.blur; a sharp tile is near 0.5, the default limit 0.7).",
+    ),
+    _flag("quality_from", str, "--max-blur: the model whose measures count (default: the only)."),
+    _flag(
         "upsample",
         bool,
         "Plan at an mpp finer than the slide's finest level, enlarging its pixels (refused "

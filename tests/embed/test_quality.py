@@ -108,3 +108,25 @@ def test_a_run_with_other_quality_does_not_resume_the_group(store, lite):
     embed([path], lite, plan=PLAN, options=replace(FP32, quality=False, max_tiles=16))
     report = embed([path], lite, plan=PLAN, options=FP32)
     assert report.failures and "quality" in report.failures[0]["error"]
+
+
+def test_a_later_plan_and_the_accessor_leave_blurred_tiles_out(painted, lite, tmp_path):
+    from tilestore.embeddings import plan_with_quality
+    from tilestore.errors import PlanError
+
+    path = shutil.copytree(painted[0], tmp_path / "blurred.ome.zarr")
+    embed([path], lite, plan=PLAN, options=FP32)
+    ds = open_embeddings(path, MODEL)
+    blur = np.asarray(ds["blur"])
+    sharp = ds.tiles.keep(max_blur=0.7)
+    assert sharp.sizes["tile"] == int((np.nan_to_num(blur, nan=0) <= 0.7).sum())
+    assert sharp.sizes["tile"] < ds.sizes["tile"] and (np.nan_to_num(sharp["blur"]) <= 0.7).all()
+    with pytest.raises(Exception, match=r"keep\(blurry=\.\.\.\): give max_<column>"):
+        ds.tiles.keep(blurry=1)
+
+    slide = open_slide(path)
+    made = plan_with_quality(slide, replace(PLAN, max_blur=0.7))
+    assert len(made) == sharp.sizes["tile"] and made.params["max_blur"] == 0.7
+    assert any("tiles dropped" in n for n in made.notes) and made.name.endswith("-blur0.7")
+    with pytest.raises(PlanError, match=r"no per-tile measures of 'uni'"):
+        plan_with_quality(slide, replace(PLAN, max_blur=0.7, quality_from="uni"))

@@ -108,6 +108,27 @@ class TilesAccessor:
             },
         )
 
+    def keep(self, **limits: float) -> xr.Dataset:
+        """The tiles within limits on their per-tile columns: ``max_<column>=v`` keeps tiles
+        whose column is at most v, ``min_<column>=v`` at least v (``keep(max_blur=0.7,
+        max_ink=0.05)`` with the measures of the embedding pass); a tile a measure did not
+        judge (NaN) is kept. The slides' facts stay as they were."""
+        keep = np.ones(self._ds.sizes["tile"], bool)
+        for key, limit in limits.items():
+            bound, _, column = key.partition("_")
+            if bound not in ("max", "min") or column not in self._ds.coords:
+                have = [str(c) for c, v in self._ds.coords.items() if v.dims == ("tile",)]
+                raise AnalysisError(
+                    f"keep({key}=...): give max_<column> or min_<column> of a per-tile "
+                    f"column ({', '.join(have)})"
+                )
+            values = np.asarray(self._ds[column], dtype=np.float64)
+            over = values > limit if bound == "max" else values < limit
+            keep &= ~(over & np.isfinite(values))
+        out = self._ds.isel(tile=np.flatnonzero(keep))
+        out.attrs = dict(self._ds.attrs)
+        return out
+
     # -- decompositions ---------------------------------------------------------------
 
     def pca(self, n: int = 3, *, sample: int = SAMPLE, seed: int = 0) -> xr.DataArray:

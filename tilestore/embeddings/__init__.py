@@ -25,7 +25,11 @@ from tilestore.embeddings.write import (
 from tilestore.faces import lazy_face
 
 __getattr__, __dir__, _read = lazy_face(
-    __name__, {"tilestore.embeddings.read": ("list_embeddings", "open_embeddings")}
+    __name__,
+    {
+        "tilestore.embeddings.read": ("list_embeddings", "open_embeddings"),
+        "tilestore.embeddings.quality": ("plan_with_quality", "without_blurred"),
+    },
 )
 __all__ = sorted(
     [
@@ -41,4 +45,5 @@ __all__ = sorted(
 )
 
 if TYPE_CHECKING:
+    from tilestore.embeddings.quality import plan_with_quality, without_blurred
     from tilestore.embeddings.read import list_embeddings, open_embeddings

@@ -44,6 +44,9 @@ class PlanOptions:
     upsample: plan at an mpp finer than the slide's finest level (its tiles read as smaller
     windows and enlarged); without it such a plan is refused, since a model would be fed
     pixels that were never scanned.
+    max_blur: drop tiles whose per-tile blur (measured in an earlier embedding pass and
+    stored with its embeddings: `tilestore.qc.tilewise`) is above this; quality_from: the
+    model whose measures count (None: the store's only embeddings that have them).
     """
 
     mpp: float | None = None
@@ -62,6 +65,8 @@ class PlanOptions:
     filter: str | None = None
     contrast: ContrastRule = ContrastRule()  # noqa: RUF009 (frozen: safe to share)
     upsample: bool = False
+    max_blur: float | None = None
+    quality_from: str | None = None
 
     @property
     def effective_min_tissue(self) -> float:
@@ -92,6 +97,8 @@ class ResolvedPlan:
     filter: str | None
     contrast: ContrastRule
     upsample: bool
+    max_blur: float | None = None
+    quality_from: str | None = None
 
 
 def resolve_plan(
@@ -146,6 +153,8 @@ def resolve_plan(
         filter=options.filter,
         contrast=options.contrast,
         upsample=options.upsample,
+        max_blur=options.max_blur,
+        quality_from=options.quality_from,
     )
 
 
@@ -163,4 +172,6 @@ def default_name(mpp: float | None, tile: int, stride: int, options: PlanOptions
     if options.max_artefact is not None:
         counted = "+".join(options.exclude) if options.exclude else ""
         parts.append(f"qc{options.max_artefact:g}{'-' + counted if counted else ''}")
+    if options.max_blur is not None:
+        parts.append(f"blur{options.max_blur:g}")
     return "-".join(p.replace("/", "_").replace(" ", "_") for p in parts)

@@ -113,6 +113,8 @@ def plan_slide(
             "contrast": asdict(options.contrast) if options.filter == "contrast" else None,
             "max_artefact": options.max_artefact,
             "exclude": list(options.exclude) if options.exclude else None,
+            "max_blur": options.max_blur,
+            "quality_from": options.quality_from,
             **({"upsample": True} if options.upsample else {}),
         },
         notes=notes,

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from tilestore.qc.colour import _tables, gaussian, hue_chroma, lab
-from tilestore.qc.detectors import LightParams, PenParams
+from tilestore.qc.params import LightParams, PenParams
 
 MEASURES = ("blur", "tissue_px", "brightness", "saturation", "ink", "dark", "bright")
 _LUMA = (0.2126, 0.7152, 0.0722)

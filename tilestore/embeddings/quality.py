@@ -1,0 +1,89 @@
+"""Plans that leave out tiles an earlier embedding pass measured as blurred.
+
+The measures are the store's (`embeddings/<model>/quality`, written beside the features by
+`tilestore.embed`); a plan's tiles are matched to the measured ones by their level-0 corner,
+so a plan on the same grid finds each of its tiles. A tile the earlier pass did not measure
+(another grid, or not embedded) is kept and counted in the plan's notes, never dropped
+silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from tilestore.embeddings.layout import GROUP, group_name
+from tilestore.errors import PlanError
+from tilestore.format.store import stored
+from tilestore.plan.grid import TilePlan
+from tilestore.plan.options import PlanOptions, ResolvedPlan, resolve_plan
+from tilestore.plan.plans import plan_slide
+from tilestore.reading.slide import Slide
+
+
+def plan_with_quality(
+    slide: Slide, options: PlanOptions | ResolvedPlan = PlanOptions(), **resolve
+) -> TilePlan:
+    """`plan_slide`, then, where the options give max_blur, without the tiles measured
+    blurrier (`without_blurred`). resolve: `resolve_plan`'s model defaults; store_tissue
+    goes to `plan_slide`."""
+    store_tissue = resolve.pop("store_tissue", True)
+    resolved = resolve_plan(options, slide, **resolve)
+    plan = plan_slide(slide, resolved, store_tissue=store_tissue)
+    if resolved.max_blur is None:
+        return plan
+    return without_blurred(slide, plan, resolved.max_blur, resolved.quality_from)
+
+
+def without_blurred(
+    slide: Slide, plan: TilePlan, max_blur: float, model: str | None = None
+) -> TilePlan:
+    """The plan without the tiles whose stored blur is above `max_blur`."""
+    group = _measured(slide, model)
+    where = f"{GROUP}/{group}"
+    with stored(
+        slide.name, where, f"embed the store again with overwrite=True (or remove {where})"
+    ):
+        found = slide.group[where]
+        measures = list(found["quality"].attrs["measures"])
+        blur = found["quality"][:, measures.index("blur")]
+        xs, ys = found["x"][:], found["y"][:]
+    at = {(int(x), int(y)): i for i, (x, y) in enumerate(zip(xs, ys, strict=True))}
+    index = np.array([at.get((int(x), int(y)), -1) for x, y in zip(plan.x, plan.y, strict=True)])
+    matched = index >= 0
+    values = np.where(matched, blur[np.maximum(index, 0)], np.nan)
+    drop = np.nan_to_num(values, nan=-np.inf) > max_blur
+    notes = [f"blur over {max_blur:g} ({group}'s measures): {int(drop.sum())} of {len(plan)} "
+             "tiles dropped"]  # fmt: skip
+    if (~matched).any():
+        notes.append(f"{int((~matched).sum())} tiles were not measured by {group} (kept)")
+    kept = plan.subset(~drop)
+    kept = replace(kept, notes=[*kept.notes, *notes])
+    if not len(kept):
+        raise PlanError(f"{slide.name}: every tile of the plan is blurrier than {max_blur:g}")
+    return kept
+
+
+def _measured(slide: Slide, model: str | None) -> str:
+    """The embeddings group whose measures count: the model's, or the store's only one."""
+    try:
+        groups = dict(slide.group[GROUP].groups())
+    except KeyError:
+        groups = {}
+    having = sorted(name for name, g in groups.items() if "quality" in g)
+    if model is not None:
+        name = group_name(model).split("/")[-1]
+        if name not in having:
+            raise PlanError(
+                f"{slide.name}: no per-tile measures of {model!r} (max_blur needs a store "
+                "embedded with quality measures: tilestore embed, then plan)"
+            )
+        return name
+    if len(having) != 1:
+        raise PlanError(
+            f"{slide.name}: max_blur needs per-tile measures from an embedding pass; "
+            + ("none in this store (embed it first)" if not having else
+               f"several models have them ({', '.join(having)}): name one with quality_from")
+        )  # fmt: skip
+    return having[0]

@@ -103,7 +103,7 @@ class Embedder:
                 None if tokens is None else token_layout(self.loaded, self.settings.device, tokens)
             )
             self.quality = (
-                QualityLayout(self.loaded.spec.native_mpp or DEFAULT_MPP)
+                QualityLayout(self.loaded.spec.native_mpp or DEFAULT_MPP, self.loaded.spec.tile)
                 if self.settings.quality
                 else None
             )

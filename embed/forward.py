@@ -12,6 +12,7 @@ import contextlib
 from dataclasses import asdict, dataclass
 
 import torch
+import torch.nn.functional as F
 
 from tilestore.embed.graphs import GraphedForward
 from tilestore.embed.models import LoadedModel, ModelError
@@ -67,10 +68,12 @@ def token_layout(loaded: LoadedModel, device: torch.device, grid: int) -> TokenL
 
 @dataclass(frozen=True)
 class QualityLayout:
-    """The per-tile quality measures a run stores (`tilestore.qc.tilewise`), their scales
-    taken at `mpp` um/px (the model's: the pixels its plans read)."""
+    """The per-tile quality measures a run stores (`tilestore.qc.tilewise`): taken on each
+    tile as `side` px at `mpp` um/px (the model's tile and resolution: what its plans read;
+    a footprint read at a finer level is brought to `side` first, as the model sees it)."""
 
     mpp: float
+    side: int
     measures: tuple[str, ...] = MEASURES
 
     @property
@@ -78,8 +81,18 @@ class QualityLayout:
         return len(self.measures)
 
     def record(self) -> dict:
-        return {"measures": list(self.measures), "mpp": self.mpp,
+        return {"measures": list(self.measures), "mpp": self.mpp, "side": self.side,
                 "params": asdict(TileParams())}  # fmt: skip
+
+    def measure(self, tiles: torch.Tensor) -> torch.Tensor:
+        """(n, width) float32 measures of (n, h, w, 3) uint8 tiles on their device."""
+        if tiles.shape[1:3] != (self.side, self.side):  # decided when a graph is traced
+            scaled = F.interpolate(
+                tiles.permute(0, 3, 1, 2).float(), size=(self.side, self.side),
+                mode="bilinear", antialias=True, align_corners=False,
+            )  # fmt: skip
+            tiles = scaled.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+        return tile_measures(tiles, self.mpp)
 
 
 class Forward:
@@ -117,7 +130,7 @@ class Forward:
         if self.quality is None:
             return out
         with torch.autocast(self.device.type, enabled=False):
-            measures = tile_measures(tiles, self.quality.mpp)
+            measures = self.quality.measure(tiles)
         return torch.cat([out, measures.to(out.dtype)], dim=1)
 
     def __call__(self, tiles: torch.Tensor, count: int, eager: bool = False) -> torch.Tensor:

@@ -86,8 +86,8 @@ def test_a_plan_at_another_resolution_is_not_judged(store, lite):
     assert np.isnan(group(path)["quality"][:]).all()
     note = report.slides[0]["quality"]["note"]
     assert note == (
-        "quality not judged: the plan reads 0.998 um/px and the measures' scales are set "
-        "for 0.5 um/px (the run's)"
+        "quality not judged: the plan's tiles are 224 px at 0.998 um/px and the measures "
+        "are taken on 224 px at 0.5 um/px (the run's)"
     )
 
 
@@ -130,3 +130,20 @@ def test_a_later_plan_and_the_accessor_leave_blurred_tiles_out(painted, lite, tm
     assert any("tiles dropped" in n for n in made.notes) and made.name.endswith("-blur0.7")
     with pytest.raises(PlanError, match=r"no per-tile measures of 'uni'"):
         plan_with_quality(slide, replace(PLAN, max_blur=0.7, quality_from="uni"))
+
+
+def test_a_larger_footprint_is_measured_as_the_model_sees_it(cmu_pixels):
+    """A footprint read at a finer level (448 px of a 0.25 um/px level for 224 px tiles at
+    0.5) is brought to the model's 224 px, antialiased, before it is measured."""
+    import torch.nn.functional as F
+
+    from tilestore.embed.forward import QualityLayout
+
+    big = torch.from_numpy(np.stack([cmu_pixels[:448, :448], cmu_pixels[1000:1448, 800:1248]]))
+    small = F.interpolate(big.permute(0, 3, 1, 2).float(), size=(224, 224), mode="bilinear",
+                          antialias=True).round().clamp(0, 255).to(torch.uint8)  # fmt: skip
+    want = tile_measures(small.permute(0, 2, 3, 1).contiguous(), 0.5)
+    layout = QualityLayout(0.5, 224)
+    torch.testing.assert_close(layout.measure(big), want, equal_nan=True)
+    same = big[:, :224, :224]
+    torch.testing.assert_close(layout.measure(same), tile_measures(same, 0.5), equal_nan=True)

@@ -531,13 +531,13 @@ def _quality_scale(plan: TilePlan, quality: dict[str, Any] | None) -> str | None
     would be judged at the wrong scale; their measures are left NaN, not judged."""
     if not quality:
         return None
-    mpp = plan.spec.effective_mpp
+    mpp, side = plan.spec.effective_mpp, quality.get("side", plan.spec.tile)
     if mpp is None:
         return "quality not judged: the plan's tiles have no pixel size"
-    if abs(mpp / quality["mpp"] - 1) > QUALITY_TOLERANCE:
+    if abs(mpp / quality["mpp"] - 1) > QUALITY_TOLERANCE or plan.spec.tile != side:
         return (
-            f"quality not judged: the plan reads {mpp:.3g} um/px and the measures' scales "
-            f"are set for {quality['mpp']:g} um/px (the run's)"
+            f"quality not judged: the plan's tiles are {plan.spec.tile} px at {mpp:.3g} um/px "
+            f"and the measures are taken on {side} px at {quality['mpp']:g} um/px (the run's)"
         )
     return None
 

@@ -1,6 +1,7 @@
 """QC: accuracy on artefacts painted on real H&E, speed on a 100k px slide, a Dask cohort.
 
     python bench/qc.py accuracy              # the README's confusion table
+    python bench/qc.py blur                  # blur 0.75-4 um at 0.25 and 0.5 um/px: maps, tiles
     python bench/qc.py speed --size 100000   # a 100k x 100k px slide, CPU (and CUDA if any)
     python bench/qc.py cohort --slides 50    # 50 stores, one process vs a local Dask cluster
 
@@ -35,11 +36,11 @@ CMU = DATA / "slides" / "CMU-1-Small-Region.svs"
 MARGIN_UM = 40
 
 
-def _store(work: Path, name: str, image: np.ndarray) -> Path:
+def _store(work: Path, name: str, image: np.ndarray, mpp: float = A.MPP) -> Path:
     tif = work / f"{name}.tif"
     tifffile.imwrite(tif, image, tile=(256, 256), compression="zlib")
     store = work / f"{name}.ome.zarr"
-    tilestore.convert(tif, store, mpp=A.MPP)
+    tilestore.convert(tif, store, mpp=mpp)
     return store
 
 
@@ -76,6 +77,119 @@ def accuracy(work: Path, mpp: float) -> dict:
         marks = " | ".join(f"{r['marked'][n]:.2f}" for n in names)
         print(f"| {r['case']} | {iou} | {r['clean_flagged']:.1%} | {marks} |")
     return {"mpp": mpp, "rows": rows}
+
+
+SIGMAS_UM = (0.75, 1.0, 1.5, 2.0, 4.0)
+TCGA = DATA / "annotations" / "TCGA-A7-A13E-01Z-00-DX1.tif"  # a real 40x crop, 0.2456 um/px
+
+
+def _blur(image: np.ndarray, truth: np.ndarray, sigma_px: float) -> np.ndarray:
+    soft = ndimage.gaussian_filter(image.astype(np.float32), (sigma_px, sigma_px, 0))
+    return np.where(truth[..., None], np.clip(soft + 0.5, 0, 255), image).astype(np.uint8)
+
+
+def _sources() -> dict[float, tuple[np.ndarray, np.ndarray]]:
+    """The painted slides' tissue at each scan resolution, and where blur is painted: CMU-1
+    as scanned (0.499 um/px) and enlarged twice (bicubic) as a 0.25 um/px scan, its 400 um
+    square over epidermis and dermis."""
+    from PIL import Image
+
+    image = tifffile.imread(CMU)
+    truth = np.zeros(image.shape[:2], bool)
+    truth[1500:2300, 850:1650] = True
+    big = np.asarray(Image.fromarray(image).resize((image.shape[1] * 2, image.shape[0] * 2),
+                                                   Image.Resampling.BICUBIC))  # fmt: skip
+    return {A.MPP: (image, truth), A.MPP / 2: (big, np.kron(truth, np.ones((2, 2), bool)))}
+
+
+def _tiles_of(store: Path):
+    """The 224 px tiles an embedding at 0.5 um/px reads, their level-0 corners and the
+    per-tile measures the embedding pass would store for them."""
+    import torch
+
+    from tilestore.embed.forward import QualityLayout
+    from tilestore.plan import PlanOptions, plan_slide
+    from tilestore.plan.tiles import iter_tiles
+
+    slide = tilestore.open_slide(store)
+    plan = plan_slide(slide, PlanOptions(mpp=0.5, tile=224))
+    tiles = np.stack([t for _, t in iter_tiles(slide, plan)])
+    layout = QualityLayout(0.5, 224)
+    blur = np.concatenate([layout.measure(torch.from_numpy(tiles[i : i + 64])).numpy()[:, 0]
+                           for i in range(0, len(tiles), 64)])  # fmt: skip
+    return plan, blur
+
+
+def blur_sweep(work: Path) -> dict:
+    """Blur of sigma 0.75-4 um painted on real H&E scanned at 0.5 and 0.25 um/px: the QC
+    maps (IoU with the painted tissue, clean tissue flagged) and the per-tile columns of an
+    embedding at 0.5 um/px (tiles at least half inside the painted tissue found, clean
+    tiles flagged); and clean tissue of a real 40x crop (TCGA) as another sample."""
+    from tilestore.qc import QCOptions, compute_qc
+    from tilestore.qc.tilewise import TileLimits
+
+    limit = TileLimits().max_blur
+    rows = []
+    for slide_mpp, (image, truth) in _sources().items():
+        for sigma in (0.0, *SIGMAS_UM):
+            painted = _blur(image, truth, sigma / slide_mpp) if sigma else image
+            store = _store(work, f"blur-{slide_mpp:g}-{sigma:g}", painted, mpp=slide_mpp)
+            judged = {}
+            for mode in ("full", "sparse"):
+                maps = compute_qc(
+                    tilestore.open_slide(store), QCOptions(device="cpu", fine_blur=mode)
+                )
+                seen = A.on_grid(truth, maps.downsample, maps.bits.shape) & maps.tissue
+                near = ndimage.binary_dilation(seen, iterations=round(MARGIN_UM / maps.mpp))
+                clean = maps.tissue & ~near
+                found = maps.mask("blur")
+                judged[mode] = (
+                    float((found & seen).sum() / max((found | seen).sum(), 1)) if sigma else None,
+                    float(found[clean].mean()),
+                )
+            plan, blur = _tiles_of(store)
+            fh, fw = plan.footprint0()
+            inside = np.array([truth[y : y + int(fh), x : x + int(fw)].mean() for x, y in
+                               zip(plan.x, plan.y, strict=True)])  # fmt: skip
+            flagged = np.nan_to_num(blur, nan=-np.inf) > limit
+            positive, negative = inside >= 0.5, inside == 0
+            row = {
+                "slide_mpp": slide_mpp,
+                "sigma_um": sigma,
+                "maps_iou": judged["full"][0],
+                "maps_clean_flagged": judged["full"][1],
+                "sparse_iou": judged["sparse"][0],
+                "sparse_clean_flagged": judged["sparse"][1],
+                "tiles_found": float(flagged[positive].mean()) if sigma else None,
+                "tiles_clean_flagged": float(flagged[negative].mean()),
+                "tiles": len(plan),
+            }
+            rows.append(row)
+            print(row, flush=True)
+    tcga = tifffile.imread(TCGA)
+    store = _store(work, "tcga-clean", tcga, mpp=0.2456)
+    maps = compute_qc(tilestore.open_slide(store), QCOptions(device="cpu", fine_blur="full"))
+    sparse = compute_qc(tilestore.open_slide(store), QCOptions(device="cpu", fine_blur="sparse"))
+    _, blur = _tiles_of(store)
+    rows.append({"slide_mpp": 0.2456, "sigma_um": 0.0, "source": "TCGA-A7-A13E crop",
+                 "maps_clean_flagged": float(maps.mask("blur")[maps.tissue].mean()),
+                 "sparse_clean_flagged": float(sparse.mask("blur")[sparse.tissue].mean()),
+                 "tiles_clean_flagged": float((np.nan_to_num(blur, nan=-np.inf) > limit).mean()),
+                 "tiles": len(blur)})  # fmt: skip
+    print(f"\nBlur painted on real H&E; maps at 4 um/px with the fine pass at 0.5 um/px; "
+          f"per-tile blur of 224 px tiles at 0.5 um/px, limit {limit}")  # fmt: skip
+    print("| scan um/px | blur sigma um | maps IoU (full / sparse) | maps: clean tissue flagged "
+          "(full / sparse) | tiles found | tiles: clean flagged | tiles |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
+        iou = "-" if r.get("maps_iou") is None else f"{r['maps_iou']:.2f} / {r['sparse_iou']:.2f}"
+        name = r.get("source", "CMU-1" if abs(r["slide_mpp"] - A.MPP) < 0.01 else "CMU-1 x2")
+        print(f"| {r['slide_mpp']:.3g} ({name}) | {r['sigma_um']:g} | {iou} | "
+              f"{pct(r['maps_clean_flagged'])} / {pct(r['sparse_clean_flagged'])} | "
+              f"{pct(r.get('tiles_found'))} | "
+              f"{pct(r['tiles_clean_flagged'])} | {r['tiles']} |")  # fmt: skip
+    return {"limit": limit, "rows": rows}
 
 
 def speed(size: int, slide_mpp: float, devices: list[str], reps: int) -> dict:
@@ -153,7 +267,7 @@ def cohort(work: Path, slides: int, workers: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("arm", choices=["accuracy", "speed", "cohort"])
+    parser.add_argument("arm", choices=["accuracy", "blur", "speed", "cohort"])
     parser.add_argument("--mpp", type=float, default=4.0, help="accuracy: QC map um/px")
     parser.add_argument("--size", type=int, default=100_000)
     parser.add_argument("--slide-mpp", type=float, default=0.25)
@@ -166,6 +280,8 @@ def main() -> None:
         work = Path(tmp)
         if args.arm == "accuracy":
             result = accuracy(work, args.mpp)
+        elif args.arm == "blur":
+            result = blur_sweep(work)
         elif args.arm == "speed":
             import torch
 

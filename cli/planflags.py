@@ -89,7 +89,7 @@ PLAN_FLAGS = (
         "max_blur",
         float,
         "Drop tiles whose blur, measured in an earlier embedding pass, is above this "
-        "(ds.blur; a sharp tile is near 0.5, the default limit 0.7).",
+        "(ds.blur: sharp tissue 0.4-0.7, the limit the measures count against 0.74).",
     ),
     _flag("quality_from", str, "--max-blur: the model whose measures count (default: the only)."),
     _flag(

@@ -364,3 +364,34 @@ def test_a_small_fragment_is_measured_as_tissue_not_as_the_glass_around_it(store
     slide = tilestore.open_slide(stores("kidney-48-5.tif"))
     maps = compute_qc(slide, QCOptions(device="cpu"))
     assert maps.stats.od_median > GLASS_OD  # what is not glass
+
+
+@pytest.mark.parametrize("mode", ["full", "sparse"])
+def test_blur_of_one_micrometre_is_found_by_the_fine_pass(cmu_pixels_module, tmp_path, mode):
+    """A 1 um Gaussian blur, invisible at the maps' 4 um/px, is found by the fine pass at
+    0.5 um/px, in full and in the CPU's sparse pass alike; the maps alone find a quarter."""
+    case = A.blurred(cmu_pixels_module, 1.0)
+    tifffile.imwrite(tmp_path / "b.tif", case.image, tile=(256, 256), compression="zlib")
+    tilestore.convert(tmp_path / "b.tif", tmp_path / "b.ome.zarr", mpp=A.MPP)
+    slide = tilestore.open_slide(tmp_path / "b.ome.zarr")
+    maps = compute_qc(slide, QCOptions(device="cpu", fine_blur=mode))
+    iou, flagged = _scores(case, maps)
+    assert iou >= 0.75 and flagged <= 0.02
+    assert any(n.startswith("fine blur: ") for n in maps.notes)
+    off = compute_qc(slide, QCOptions(device="cpu", fine_blur="off"))
+    assert _scores(case, off)[0] < iou - 0.3
+    with pytest.raises(TilestoreError, match="fine_blur='some': auto, full, sparse or off"):
+        compute_qc(slide, QCOptions(device="cpu", fine_blur="some"))
+
+
+def test_the_fine_pass_agrees_with_the_per_tile_blur(cmu_pixels_module):
+    """A cell the fine pass judges is judged by the embedding pass's own measure: the same
+    numbers for the same pixels."""
+    import torch
+
+    from tilestore.qc.tilewise import tile_blur, tile_measures
+
+    cells = torch.from_numpy(np.stack([cmu_pixels_module[y : y + 64, 900:964] for y in
+                                       range(1500, 2300, 64)]))  # fmt: skip
+    torch.testing.assert_close(tile_blur(cells, 0.5), tile_measures(cells, 0.5)[:, 0],
+                               equal_nan=True)  # fmt: skip

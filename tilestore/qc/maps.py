@@ -22,20 +22,13 @@ import numpy as np
 from tilestore.errors import NotJudged, TilestoreError
 from tilestore.masks.tissue import TissueMask, compute_tissue, read_tissue
 from tilestore.qc.detectors import DETECTORS, StainStats
+from tilestore.qc.fine import fine_blur
 from tilestore.qc.options import QCOptions
 from tilestore.reading.resolution import MPP_TOLERANCE
 from tilestore.reading.slide import Slide
 
 NOMINAL_MPP = 0.5  # a slide without a pixel size is judged as if scanned at 20x (noted)
 GLASS_OD = 0.12  # a coarse pixel with more total OD than this is not bare glass
-# The fine blur pass: tissue read at the models' resolution (a slide scanned coarser, at its
-# finest level up to FINE_LIMIT), judged in cells of FINE_CELL_UM (32 um: at 0.5 um/px,
-# clean tissue of CMU-1 0.9% over the per-tile limit, blur of 1 um found in every cell;
-# bench/RESULTS.md, QC fine blur), read in windows of about FINE_WINDOW px a side.
-FINE_MPP = 0.5
-FINE_LIMIT = 1.0
-FINE_CELL_UM = 32.0
-FINE_WINDOW = 2048
 
 
 @dataclass
@@ -121,8 +114,13 @@ def compute_qc(
         bits[y0:y1, x0:x1] = block[y0 - ya : y1 - ya, x0 - xa : x1 - xa]
     if skipped:
         notes.append(f"{skipped} blocks of bare glass skipped")
-    if "blur" in options.detectors and slide.mpp:
-        fine = _fine_blur(slide, grid, tissue_map, device, notes)
+    sparse = {"auto": device.type != "cuda", "full": False, "sparse": True, "off": None}
+    if options.fine_blur not in sparse:
+        raise TilestoreError(f"fine_blur={options.fine_blur!r}: auto, full, sparse or off")
+    if "blur" in options.detectors and slide.mpp and sparse[options.fine_blur] is not None:
+        fine = fine_blur(
+            slide, grid.mpp, grid.downsample, tissue_map, device, notes, sparse[options.fine_blur]
+        )
         if fine is not None:
             bits |= fine.astype(np.uint8) << options.detectors.index("blur")
     bits = _whole_slide(bits, options.detectors, params, grid.mpp, notes)
@@ -140,58 +138,6 @@ def compute_qc(
         notes,
         [n for n in asked if n not in options.detectors],
     )
-
-
-def _fine_blur(slide: Slide, grid: _Grid, tissue_map: np.ndarray, device, notes: list[str]):
-    """Blur too fine for the maps' resolution: tissue read at `FINE_MPP` (the models'
-    0.5 um/px; a slide scanned coarser, at its finest level up to `FINE_LIMIT`) in cells of
-    `FINE_CELL_UM`, each judged by the embedding pass's own per-tile blur against the same
-    limit (`tilestore.qc.tilewise`), so the maps and the per-tile columns agree; only cells
-    the maps call tissue are read. Returns the cells found, on the maps' grid (None where
-    the slide is too coarse to look)."""
-    import torch
-
-    from tilestore.qc.tilewise import TileLimits, tile_measures
-
-    finest = slide.level_mpp(0)[0]
-    if finest > FINE_LIMIT * (1 + MPP_TOLERANCE):
-        notes.append(f"fine blur not judged: the finest level is {finest:.3g} um/px")
-        return None
-    mpp = max(FINE_MPP, finest)
-    cell_map = max(1, round(FINE_CELL_UM / grid.mpp))  # map px per cell
-    cell_px = max(8, round(cell_map * grid.mpp / mpp))  # slide px per cell, read at mpp
-    limit = TileLimits().max_blur
-    dy, dx = grid.downsample
-    found = np.zeros(tissue_map.shape, bool)
-    step = cell_map * max(1, FINE_WINDOW // cell_px)  # map px per window: a few MB of pixels
-    judged = flagged = 0
-    for wy in range(0, tissue_map.shape[0], step):
-        for wx in range(0, tissue_map.shape[1], step):
-            part = tissue_map[wy : wy + step, wx : wx + step]
-            rows, cols = -(-part.shape[0] // cell_map), -(-part.shape[1] // cell_map)
-            padded = np.zeros((rows * cell_map, cols * cell_map), bool)
-            padded[: part.shape[0], : part.shape[1]] = part
-            tissue = padded.reshape(rows, cell_map, cols, cell_map).any(axis=(1, 3))
-            if not tissue.any():
-                continue
-            pixels = slide.read_region(
-                round(wx * dx), round(wy * dy), cols * cell_px, rows * cell_px, mpp=mpp
-            )
-            cells = pixels.reshape(rows, cell_px, cols, cell_px, -1).swapaxes(1, 2)
-            picked = np.argwhere(tissue)
-            batch = torch.from_numpy(np.ascontiguousarray(cells[tissue])).to(device)
-            blur = tile_measures(batch, mpp)[:, 0].cpu().numpy()
-            over = np.nan_to_num(blur, nan=-np.inf) > limit
-            judged += int(np.isfinite(blur).sum())
-            flagged += int(over.sum())
-            for r, c in picked[over]:
-                y0, x0 = wy + r * cell_map, wx + c * cell_map
-                found[y0 : y0 + cell_map, x0 : x0 + cell_map] = True
-    notes.append(
-        f"fine blur: {judged} tissue cells of {cell_map * grid.mpp:.0f} um judged at "
-        f"{mpp:.3g} um/px, {flagged} over {limit:g}"
-    )
-    return found & tissue_map
 
 
 def _judgeable(slide: Slide, options: QCOptions, notes: list[str]) -> QCOptions:

@@ -20,6 +20,9 @@ class QCOptions:
     block: block side in px at mpp (memory: about 60 bytes per px on the device).
     threads: torch's CPU threads (None: its default, every core); a cohort gives each of
     its workers a share.
+    fine_blur: the blur pass at the models' resolution (`tilestore.qc.fine`): "full" judges
+    every 32 um cell of tissue, "sparse" one cell in 3 x 3 first, then every cell around
+    those found, "off" none; "auto": full on a GPU, sparse on the CPU.
     """
 
     mpp: float = 4.0
@@ -28,3 +31,4 @@ class QCOptions:
     device: str | None = None
     block: int = 2048
     threads: int | None = None
+    fine_blur: str = "auto"

@@ -1,0 +1,129 @@
+"""The QC maps' fine blur pass: blur too fine to see at the maps' few um/px.
+
+Tissue is read at `FINE_MPP` (the models' 0.5 um/px; a slide scanned coarser, at its finest
+level up to `FINE_LIMIT`) in cells of `CELL_UM`, and each cell is judged by the embedding
+pass's own per-tile blur against the same limit (`tilestore.qc.tilewise`), so the maps and
+the per-tile columns agree. Only cells the maps call tissue are read.
+
+"full" judges every cell. "sparse" (the CPU's default: the full pass took 107 s for a
+40,000 px slide on 2 cores, the rest of QC 5 s) first judges the middle cell of each block
+of 3 x 3 cells, then every cell of the blocks found and of their neighbours: blurred regions
+are mapped cell by cell where they are, at a ninth of the reading elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import ndimage
+
+from tilestore.reading.resolution import MPP_TOLERANCE
+from tilestore.reading.slide import Slide
+
+FINE_MPP = 0.5
+FINE_LIMIT = 1.0
+# 32 um cells: at 0.5 um/px, clean tissue of CMU-1, CMU-1 enlarged as a 40x scan and a real
+# 40x crop none over the limit, blur of 1 um found in every cell (bench/RESULTS.md, QC blur)
+CELL_UM = 32.0
+SPARSE = 3  # "sparse": one cell in 3 x 3 judged first
+WINDOW = 2048  # px a side of slide pixels read at once (a few MB)
+
+
+@dataclass(frozen=True)
+class Cells:
+    """The cell grid over the maps: `size` map px a cell, `px` slide px a cell at `mpp`,
+    `downsample` level-0 px per map px."""
+
+    size: int
+    px: int
+    mpp: float
+    downsample: tuple[float, float]
+
+    def read(self, slide: Slide, row: int, col: int, rows: int, cols: int) -> np.ndarray:
+        """(rows, cols, px, px, 3) pixels of a block of cells from cell (row, col)."""
+        dy, dx = self.downsample
+        x, y = round(col * self.size * dx), round(row * self.size * dy)
+        pixels = slide.read_region(x, y, cols * self.px, rows * self.px, mpp=self.mpp)
+        return pixels.reshape(rows, self.px, cols, self.px, -1).swapaxes(1, 2)
+
+
+def fine_blur(
+    slide: Slide,
+    map_mpp: float,
+    downsample: tuple[float, float],
+    tissue_map: np.ndarray,
+    device,
+    notes: list[str],
+    sparse: bool,
+) -> np.ndarray | None:
+    """The cells whose tissue is blurred, on the maps' grid (bool like `tissue_map`); None
+    where the slide is scanned too coarsely to look."""
+    from tilestore.qc.tilewise import TileLimits
+
+    finest = slide.level_mpp(0)[0]
+    if finest > FINE_LIMIT * (1 + MPP_TOLERANCE):
+        notes.append(f"fine blur not judged: the finest level is {finest:.3g} um/px")
+        return None
+    mpp = max(FINE_MPP, finest)
+    size = max(1, round(CELL_UM / map_mpp))
+    cells = Cells(size, max(8, round(size * map_mpp / mpp)), mpp, downsample)
+    rows, cols = -(-tissue_map.shape[0] // size), -(-tissue_map.shape[1] // size)
+    padded = np.zeros((rows * size, cols * size), bool)
+    padded[: tissue_map.shape[0], : tissue_map.shape[1]] = tissue_map
+    tissue = padded.reshape(rows, size, cols, size).any(axis=(1, 3))  # per cell
+    judge = _Judge(slide, cells, device, TileLimits().max_blur)
+    if sparse:
+        middle = np.zeros_like(tissue)
+        middle[SPARSE // 2 :: SPARSE, SPARSE // 2 :: SPARSE] = True
+        judge.cells(tissue & middle)
+        seen = judge.over.copy()
+        block = np.ones((2 * SPARSE + 1, 2 * SPARSE + 1), bool)  # a found cell's blocks
+        judge.cells(tissue & ndimage.binary_dilation(seen, block) & ~middle)
+    else:
+        judge.cells(tissue)
+    how = (f"one in {SPARSE} x {SPARSE} first, then every cell around those found"
+           if sparse else "every cell")  # fmt: skip
+    notes.append(
+        f"fine blur: {judge.judged} of {int(tissue.sum())} tissue cells of "
+        f"{size * map_mpp:.0f} um judged at {mpp:.3g} um/px ({how}), "
+        f"{int(judge.over.sum())} over {judge.limit:g}"
+    )
+    found = np.kron(judge.over, np.ones((size, size), bool))
+    return found[: tissue_map.shape[0], : tissue_map.shape[1]] & tissue_map
+
+
+class _Judge:
+    """Cells judged so far: which are over the limit, and how many were judged."""
+
+    def __init__(self, slide: Slide, cells: Cells, device, limit: float) -> None:
+        self.slide, self.grid, self.device, self.limit = slide, cells, device, limit
+        self.over: np.ndarray | None = None
+        self.judged = 0
+
+    def cells(self, wanted: np.ndarray) -> None:
+        """Judge the cells `wanted` (a bool grid of cells), reading windows of cells."""
+        import torch
+
+        from tilestore.qc.tilewise import tile_blur
+
+        if self.over is None:
+            self.over = np.zeros(wanted.shape, bool)
+        step = max(1, WINDOW // self.grid.px)  # cells a window side
+        for r in range(0, wanted.shape[0], step):
+            for c in range(0, wanted.shape[1], step):
+                part = wanted[r : r + step, c : c + step]
+                if not part.any():
+                    continue
+                rows, cols = np.nonzero(part)
+                r0, r1, c0, c1 = rows.min(), rows.max() + 1, cols.min(), cols.max() + 1
+                if len(rows) * 4 >= (r1 - r0) * (c1 - c0):  # dense: the window read at once
+                    pixels = self.grid.read(self.slide, r + r0, c + c0, r1 - r0, c1 - c0)
+                    batch = np.ascontiguousarray(pixels[rows - r0, cols - c0])
+                else:  # scattered (the sparse pass's middle cells): each read alone
+                    batch = np.stack([self.grid.read(self.slide, r + i, c + j, 1, 1)[0, 0]
+                                      for i, j in zip(rows, cols, strict=True)])  # fmt: skip
+                blur = tile_blur(torch.from_numpy(batch).to(self.device), self.grid.mpp)
+                blur = blur.cpu().numpy()
+                self.judged += int(np.isfinite(blur).sum())
+                self.over[r + rows, c + cols] = np.nan_to_num(blur, nan=-np.inf) > self.limit

@@ -131,9 +131,15 @@ def engine_run(
     compiled: bool,
     tag: str,
     tokens: int | None = None,
+    quality: bool = True,
 ) -> dict:
     options = Options(
-        batch_size=batch, decode=decode, compile=compiled, overwrite=True, tokens=tokens
+        batch_size=batch,
+        decode=decode,
+        compile=compiled,
+        overwrite=True,
+        tokens=tokens,
+        quality=quality,
     )
     reset_peaks()
     state = gpu_state()
@@ -160,6 +166,26 @@ def engine_run(
         flush=True,
     )
     return data
+
+
+def measures_cost(batch: int, repeats: int = 20) -> float:
+    """GPU ms of the per-tile quality measures alone for one batch of 224 px tiles (the
+    part of a batch's time they add, next to the model's)."""
+    from tilestore.embed.forward import QualityLayout
+
+    layout = QualityLayout(0.5, 224)
+    tiles = torch.randint(0, 255, (batch, 224, 224, 3), dtype=torch.uint8, device="cuda")
+    with torch.inference_mode():
+        for _ in range(3):
+            layout.measure(tiles)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            layout.measure(tiles)
+        torch.cuda.synchronize()
+    ms = (time.perf_counter() - t0) / repeats * 1000
+    print(f"  measures alone: {ms:.2f} ms per batch of {batch}", flush=True)
+    return ms
 
 
 def stored_bytes(store: Path, arch: str, array: str) -> int:
@@ -342,6 +368,14 @@ def main() -> None:
             print(f"  compiled in {entry['compile_s']:.0f} s (warm-up run)", flush=True)
         if "cpu" in runs:
             entry["engine_cpu"] = engine_run([store], loaded, batch, "cpu", compiled, "cpu")
+        if "quality" in runs:  # the per-tile measures' cost: without and with, alternated
+            for i in range(2):
+                for on in (False, True):
+                    tag = f"cpu, quality {'on' if on else 'off'} ({i + 1})"
+                    entry[f"quality_{'on' if on else 'off'}_{i + 1}"] = engine_run(
+                        [store], loaded, batch, "cpu", compiled, tag, quality=on
+                    )
+            entry["measures_ms_per_batch"] = measures_cost(batch)
         if "tokens" in runs:  # the features alone, then with each token grid, on one store
             for grid in [int(g) for g in args.tokens.split(",") if g]:
                 run = engine_run(
@@ -373,7 +407,7 @@ def main() -> None:
             )
         if "cli" in runs:  # a fresh process draws its own random weights: not on the store checked
             entry["cli"] = cli_run(cohort[-1], arch, batch, compiled, args.out)
-        tokened = [k for k in entry if k.startswith("tokens_")]
+        tokened = [k for k in entry if k.startswith(("tokens_", "quality_o"))]
         for key in ("engine_cpu", *gpu_runs, "engine_cpu_ycbcr", "cohort_cpu", *tokened):
             if key in entry:
                 entry[key]["vs_ceiling"] = entry[key]["tiles_per_s"] / best["tiles_per_s"]
@@ -401,6 +435,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     print_table(results)
     print_tokens(results)
+    print_quality(results)
     print(f"JSON: {args.out}")
 
 
@@ -473,6 +508,22 @@ def print_tokens(results: dict) -> None:
         print(
             f"{arch} | {grid} | {_rate(run)} | {ratio} | {run['tokens_bytes_per_tile']:,.0f} | "
             f"{run['features_bytes_per_tile']:,.0f}"
+        )
+
+
+def print_quality(results: dict) -> None:
+    """Runs without and with the per-tile quality measures, alternated on one store."""
+    models = {a: e for a, e in results["models"].items() if "quality_on_1" in e}
+    if not models:
+        return
+    print("\nmodel | quality off (two runs) | quality on (two runs) | on / off | measures ms/batch")
+    for arch, e in models.items():
+        off = [e[f"quality_off_{i}"]["tiles_per_s"] for i in (1, 2)]
+        on = [e[f"quality_on_{i}"]["tiles_per_s"] for i in (1, 2)]
+        print(
+            f"{arch} | {off[0]:.0f}, {off[1]:.0f} | {on[0]:.0f}, {on[1]:.0f} | "
+            f"{sum(on) / sum(off):.3f} | {e['measures_ms_per_batch']:.2f} "
+            f"(batch {e['engine_batch']})"
         )
 
 

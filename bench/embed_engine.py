@@ -131,7 +131,7 @@ def engine_run(
     compiled: bool,
     tag: str,
     tokens: int | None = None,
-    quality: bool = True,
+    quality: bool = False,
 ) -> dict:
     options = Options(
         batch_size=batch,

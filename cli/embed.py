@@ -120,8 +120,9 @@ def embed(
     ),
     quality: bool = typer.Option(
         Options.quality,
-        help="Measure each tile's quality in the same pass (blur, tissue, light, ink) and "
-        "store it beside the features (ds.blur ...); --no-quality: features only.",
+        help="Also measure each tile's quality in the same pass (blur, tissue, light, ink) "
+        "and store it beside the features (ds.blur ...): a plan's --max-blur and "
+        "ds.tiles.keep() can then leave blurred tiles out.",
     ),
     profile: str | None = typer.Option(
         None,

@@ -78,7 +78,10 @@ class Options:
         token_x, token_feature), average-pooled to a tokens x tokens grid; 0: the model's own
         grid (14 x 14 for a ViT/16 at 224 px: 196 vectors per tile); None: features only.
         quality: also measure each tile's quality in the same pass (focus, tissue, light,
-        ink: `tilestore.qc.tilewise`) and store it beside the features (``blur``...).
+        ink: `tilestore.qc.tilewise`) and store it beside the features (``blur``...). Off by
+        default: on an H100 the measures cost a ViT-B run 26% of its tiles/s (eager; a
+        ViT-S's compiled forward as much again; bench/RESULTS.md), far from the 2% they
+        should; they cost a ViT-L or ViT-g a few percent.
     """
 
     batch_size: int | None = None
@@ -100,7 +103,7 @@ class Options:
     compile_cache: str | None = "auto"
     shard_tiles: int | None = None
     tokens: int | None = None
-    quality: bool = True
+    quality: bool = False
 
 
 @dataclass(frozen=True)

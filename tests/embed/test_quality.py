@@ -22,7 +22,7 @@ from tilestore.qc.tilewise import MEASURES, TileLimits, tile_measures
 from tilestore.reading.opening import open_slide
 
 PLAN = PlanOptions(mpp=0.5, tile=224)
-FP32 = Options(batch_size=16, device="cpu", precision="fp32", dtype="float32")
+FP32 = Options(batch_size=16, device="cpu", precision="fp32", dtype="float32", quality=True)
 MODEL = "efficientnet-lite0"
 
 

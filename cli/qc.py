@@ -37,13 +37,21 @@ def qc(
         None, help="Run on an existing Dask cluster at this address."
     ),
     workers: int | None = typer.Option(None, help="--cluster: worker processes (or GPUs)."),
+    fine_blur: str = typer.Option(
+        QCOptions.fine_blur,
+        help="The blur pass at 0.5 um/px: full (every 32 um cell), sparse (one in 3 x 3, then "
+        "around those found), off; auto: full on a GPU, sparse on the CPU.",
+    ),
 ) -> None:
     """Find pen ink, bubbles, folds, dark or washed-out regions, blur and stain outliers;
     store them as labels/qc and a summary in each store; optionally a cohort report."""
     from tilestore.qc import qc_cohort, write_report
 
     options = QCOptions(
-        mpp=mpp, detectors=tuple(d.strip() for d in detectors.split(",")), device=device
+        mpp=mpp,
+        detectors=tuple(d.strip() for d in detectors.split(",")),
+        device=device,
+        fine_blur=fine_blur,
     )
     if cluster and scheduler:
         raise TilestoreError("--cluster starts a cluster, --scheduler joins one: give one")

@@ -167,6 +167,7 @@ def test_storage_never_imports_torch(graph):
     assert users <= {
         "tilestore.qc.colour",
         "tilestore.qc.detectors",
+        "tilestore.qc.fine",  # the maps' fine blur pass
         "tilestore.qc.maps",
         "tilestore.qc.tilewise",  # the per-tile measures, on the GPU in the embedding pass
     }

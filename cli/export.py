@@ -191,3 +191,66 @@ def heatmap(
         written.append(f"{store}/labels/{write_labels(found)}")
     out.print(f"{found.values.label}: {len(found.values.rows)} tiles -> " + ", ".join(written),
               highlight=False)  # fmt: skip
+
+
+@export_app.command("h5")
+def h5(
+    stores: list[str] = typer.Argument(..., help="Embedded stores, or a quoted glob."),
+    model: str = MODEL,
+    output: Path = typer.Option(..., "-o", "--output", help="Folder for one <slide>.h5 each."),
+    overwrite: bool = typer.Option(False, help="Replace existing files."),
+) -> None:
+    """Tile features as TRIDENT's / CLAM's per-slide HDF5 (features, coords, attributes), for
+    TRIDENT's slide encoders, CLAM and other MIL code."""
+    from tilestore.embeddings.h5 import to_h5
+    from tilestore.embeddings.read import _expand
+
+    for store, _ in _expand(stores):
+        done = to_h5(store, model, output, overwrite=overwrite)
+        note = (
+            f"; {done.misplaced} tiles' coords // {done.patch_size_level0} fall outside their "
+            "grid cell (a grid of fractional level-0 steps)"
+            if done.misplaced
+            else ""
+        )
+        out.print(f"{store}: {done.tiles} tiles x {done.dim} -> {done.path}{note}",
+                  highlight=False)  # fmt: skip
+
+
+@export_app.command("slides")
+def slides(
+    stores: list[str] = typer.Argument(..., help="Stores with slide embeddings, or a glob."),
+    model: str = MODEL,
+    slide_encoder: str = typer.Option(
+        ..., "--slide-encoder", "-s", help="The slide encoder (see `tilestore models list`)."
+    ),
+    output: Path = typer.Option(
+        ..., "-o", "--output", help="A .parquet, .csv or .h5ad (AnnData) file."
+    ),
+    skip_missing: bool = typer.Option(
+        False, "--skip-missing", help="Leave out stores without this slide embedding."
+    ),
+) -> None:
+    """A cohort's slide embeddings as one table: a row per slide (slide, store, tiles, then
+    the features), for classifiers, survival models and retrieval."""
+    from tilestore.embeddings.slides import open_slide_embeddings, slide_table
+
+    suffix = output.suffix.lower()
+    if suffix not in (".parquet", ".csv", ".h5ad"):
+        raise typer.BadParameter(f"{output}: write a .parquet, .csv or .h5ad file")
+    ds = open_slide_embeddings(stores, model, slide_encoder, skip_missing=skip_missing)
+    if suffix == ".h5ad":
+        import anndata
+
+        table = slide_table(ds, features=False)
+        adata = anndata.AnnData(
+            X=ds.features.values,
+            obs=table.set_index("slide"),
+            uns={"slide_encoder": slide_encoder, "model": model},
+        )
+        adata.write_h5ad(output)
+    elif suffix == ".csv":
+        slide_table(ds).to_csv(output, index=False)
+    else:
+        slide_table(ds).to_parquet(output, index=False)
+    out.print(f"{ds.sizes['slide']} slide(s) x {ds.sizes['feature']} -> {output}", highlight=False)

@@ -29,6 +29,12 @@ __getattr__, __dir__, _read = lazy_face(
     {
         "tilestore.embeddings.read": ("list_embeddings", "open_embeddings"),
         "tilestore.embeddings.quality": ("plan_with_quality", "without_blurred"),
+        "tilestore.embeddings.slides": (
+            "TileFeatures",
+            "open_slide_embeddings",
+            "read_tile_features",
+            "write_slide_vector",
+        ),
     },
 )
 __all__ = sorted(
@@ -47,3 +53,9 @@ __all__ = sorted(
 if TYPE_CHECKING:
     from tilestore.embeddings.quality import plan_with_quality, without_blurred
     from tilestore.embeddings.read import list_embeddings, open_embeddings
+    from tilestore.embeddings.slides import (
+        TileFeatures,
+        open_slide_embeddings,
+        read_tile_features,
+        write_slide_vector,
+    )

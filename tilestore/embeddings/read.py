@@ -50,8 +50,11 @@ def open_embeddings(
     model: str,
     *,
     skip_missing: bool = False,
+    slide_encoder: str | None = None,
 ) -> xr.Dataset:
-    """Return the embeddings of one slide or many as one lazy Dataset on dim ``tile``.
+    """Return the embeddings of one slide or many as one lazy Dataset on dim ``tile``; with
+    `slide_encoder`, their slide embeddings instead, on (``slide``, ``feature``)
+    (`tilestore.embeddings.slides.open_slide_embeddings`).
 
     stores: a store, a list of stores, or a glob pattern ("stores/*.ome.zarr").
     model: the model name given to `tilestore embed` (uni, timm:vit_small_patch16_224...).
@@ -65,6 +68,10 @@ def open_embeddings(
     (the class name) and slide. ``ds.attrs["slides"]`` describes each slide's grid (store,
     tiles, footprint and stride in level-0 px, mpp) for plotting and export.
     """
+    if slide_encoder is not None:
+        from tilestore.embeddings.slides import open_slide_embeddings
+
+        return open_slide_embeddings(stores, model, slide_encoder, skip_missing=skip_missing)
     paths = _expand(stores)
     parts, skipped = [], []
     for store, globbed in paths:

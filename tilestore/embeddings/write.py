@@ -544,3 +544,41 @@ def _quality_scale(plan: TilePlan, quality: dict[str, Any] | None) -> str | None
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def write_features(
+    store: str | os.PathLike,
+    model: dict[str, Any],
+    features: np.ndarray,
+    *,
+    plan: str | None = None,
+    batch_size: int = 512,
+    overwrite: bool = False,
+) -> str:
+    """Store tile features made elsewhere (another tool, a benchmark's) as the embeddings
+    group of ``model["name"]``: one row per tile of a stored plan, in the plan's order.
+
+    model: what the features are ({"name": ..., and whatever says where they came from}).
+    plan: the stored plan's name (None: the store's only plan). Returns the group's path."""
+    from tilestore.plan import load_plan
+    from tilestore.reading.opening import open_slide
+
+    slide = open_slide(store)
+    tile_plan, uid = load_plan(slide, plan)
+    if features.ndim != 2 or len(features) != len(tile_plan):
+        raise EmbeddingError(
+            f"{slide.name}: {features.shape} features for the {len(tile_plan)} tiles of plan "
+            f"{tile_plan.name}"
+        )
+    dtype = "float16" if features.dtype == np.float16 else "float32"
+    model = {**model, "output_dim": int(features.shape[1])}
+    identity = RunIdentity(model, batch_size, dtype, precision="given", compile=False)
+    writer = EmbeddingWriter(slide, tile_plan, uid, identity, overwrite=overwrite)
+    try:
+        for block in writer.todo():
+            writer.write(int(block), features[block * batch_size : (block + 1) * batch_size])
+        writer.finish({"written_by": "write_features"})
+    except BaseException:
+        writer.abandon()
+        raise
+    return writer.path

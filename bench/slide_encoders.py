@@ -1,0 +1,282 @@
+"""Our slide encoders against their reference implementations, and what they cost.
+
+reference: for each registered slide encoder, the same stored tile features (seeded N(0, 1)
+features of the encoder's tile model, written into the 40,000 px store on a plan at the
+encoder's um/px and tile size: real grid coordinates, not a model's features) go out as
+tilestore's TRIDENT-layout H5 (`tilestore export h5`). A separate process
+(`bench/slide_references.py`, in an environment with the authors' requirements) builds the
+authors' module from local copies of their code, draws random weights, saves them in the
+layout the authors publish and computes the slide vector from the H5 through TRIDENT's
+slide-feature task (`WSI.extract_slide_features`, TRIDENT's wrapper of each model); ours
+loads the saved file through its own conversion and computes it from the store. fp32, CPU.
+
+speed: each encoder alone on a synthetic slide of N tiles (random features, a square grid):
+seconds and peak memory (GPU: torch's peak allocation; CPU: the process's peak RSS above
+what it held before), each in a fresh process.
+
+    python bench/slide_encoders.py reference --python /work/refvenv/bin/python \
+        --trident .peers/TRIDENT --mirrors /work/.mirror
+    python bench/slide_encoders.py speed --tiles 30000,100000 --device cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
+
+# the authors' code the references build from: mirror folder name -> what it is called here
+# (the folders with their code: mirrors may lack the large data files beside it)
+SOURCES = {
+    "DIAGNijmegen+unicorn_baseline": ("unicorn_baseline", ["src"]),  # TITAN's, PRISM's Hub code
+    "prov-gigapath+prov-gigapath": ("prov-gigapath", ["gigapath"]),
+    "mahmoodlab+MADELEINE": ("MADELEINE", ["madeleine"]),
+    "mahmoodlab+MIL-Lab": ("MIL-Lab", ["src"]),  # FEATHER's ABMIL
+    "hms-dbmi+CHIEF": ("CHIEF", ["models", "utils"]),
+}
+ANY_TILE_MODEL = ("conch-v1.5", 0.5, 512)  # what the pooling encoders are checked on
+
+
+def _features(n: int, dim: int, seed: str) -> np.ndarray:
+    rng = np.random.default_rng(_seed(seed))
+    return rng.standard_normal((n, dim), dtype=np.float32)
+
+
+def _seed(text: str) -> int:
+    return int.from_bytes(text.encode()[:8].ljust(8, b"\0"), "little") % 2**32
+
+
+def tile_setup(spec) -> tuple[str, float, int, int]:
+    """(tile model, um/px, tile px, feature width) an encoder is checked on."""
+    from tilestore.embed.models import get_model
+
+    model, mpp, tile = (spec.tile_model, spec.mpp, spec.tile) if spec.tile_model else ANY_TILE_MODEL
+    return model, mpp, tile, get_model(model).output_dim
+
+
+def store_features(store: Path, model: str, mpp: float, tile: int, dim: int) -> int:
+    """Seeded features of `model` on a plan at mpp and tile (made once); their tile count."""
+    import tilestore
+    from tilestore.embeddings import list_embeddings
+    from tilestore.embeddings.slides import read_tile_features
+    from tilestore.embeddings.write import write_features
+    from tilestore.plan import PlanOptions, list_plans, plan_slide, save_plan
+
+    name = f"slides-{mpp:g}mpp-{tile}px"
+    slide = tilestore.open_slide(store)
+    if name not in list_plans(slide):
+        save_plan(slide, plan_slide(slide, PlanOptions(mpp=mpp, tile=tile, name=name)))
+    if model in list_embeddings(store):
+        tiles = read_tile_features(store, model)
+        if tiles.plan == name:
+            return tiles.tiles
+    from tilestore.plan import load_plan
+
+    count = len(load_plan(slide, name)[0])
+    info = {"name": model, "weights": "seeded N(0, 1) features (bench/slide_encoders.py)"}
+    write_features(store, info, _features(count, dim, model), plan=name, overwrite=True)
+    return count
+
+
+def reference(args) -> list[dict]:
+    from tilestore.embed.slides import embed_slides, get_slide_encoder, list_slide_encoders
+    from tilestore.embeddings.h5 import to_h5
+    from tilestore.embeddings.slides import read_slide_vector
+
+    sources = args.work / "sources"
+    for mirror, (name, folders) in SOURCES.items():
+        if not (sources / name).exists():
+            (sources / name).mkdir(parents=True)
+            repo = str(args.mirrors / mirror / "repo")
+            git = ["git", "--git-dir", repo, "archive", "HEAD", *folders]
+            archive = subprocess.run(git, check=True, capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(sources / name)], input=archive, check=True)
+    wanted = args.encoders.split(",") if args.encoders else [s.name for s in list_slide_encoders()]
+    rows = []
+    for name in wanted:
+        spec = get_slide_encoder(name)
+        model, mpp, tile, dim = tile_setup(spec)
+        tiles = store_features(args.store, model, mpp, tile, dim)
+        h5 = to_h5(args.store, model, args.work / "h5" / model, overwrite=True)
+        torch_file = "gigapath" in name or name in ("madeleine", "chief")  # as published
+        weights = args.work / "weights" / f"{name}.{'pth' if torch_file else 'safetensors'}"
+        weights.parent.mkdir(parents=True, exist_ok=True)
+        out = args.work / "vectors" / f"{name}.npy"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        cmd = [args.python, str(HERE / "slide_references.py"), name, str(h5.path), str(weights),
+               str(out), "--sources", str(sources), "--trident", str(args.trident)]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        ref_s = time.perf_counter() - started
+        if done.returncode:
+            rows.append({"encoder": name, "tile_model": model, "tiles": tiles,
+                         "error": done.stderr.strip().splitlines()[-1][:300]})  # fmt: skip
+            print(f"{name}: reference failed: {rows[-1]['error']}", flush=True)
+            continue
+        started = time.perf_counter()
+        given = None if spec.source == "none" else weights
+        report = embed_slides(
+            [args.store],
+            name,
+            model=None if spec.tile_model else model,
+            device="cpu",
+            precision="fp32",
+            overwrite=True,
+            weights=given,
+        )
+        ours_s = time.perf_counter() - started
+        if report.failures:
+            raise SystemExit(report.failures[0].why)
+        ours = read_slide_vector(args.store, model, name)["vector"]
+        theirs = np.load(out)
+        cosine = float(ours @ theirs / (np.linalg.norm(ours) * np.linalg.norm(theirs)))
+        rows.append(
+            {
+                "encoder": name,
+                "tile_model": model,
+                "tiles": tiles,
+                "reference": spec.reference,
+                "cosine": cosine,
+                "max_abs_diff": float(np.abs(ours - theirs).max()),
+                "dim": int(ours.size),
+                "ours_s": round(ours_s, 2),
+                "reference_s": round(ref_s, 2),
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+    print()
+    print("| encoder | tile model | tiles | reference | cosine | max abs diff | dim |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            failed = f"failed: {r['error']}"
+            print(f"| {r['encoder']} | {r['tile_model']} | {r['tiles']:,} | {failed} | | | |")
+            continue
+        print(f"| {r['encoder']} | {r['tile_model']} | {r['tiles']:,} | {r['reference']} | "
+              f"{r['cosine']:.7f} | {r['max_abs_diff']:.2e} | {r['dim']} |")  # fmt: skip
+    return rows
+
+
+def measure(args) -> dict:
+    """One encoder on N synthetic tiles, in this (fresh) process: seconds and peak memory."""
+    import torch
+
+    from tilestore.embed.slides import get_slide_encoder, load_slide_encoder
+    from tilestore.embed.slides.load import AUTOCAST
+
+    spec = get_slide_encoder(args.encoder)
+    _, _, _, dim = tile_setup(spec)
+    device = torch.device(args.device)
+    side = int(np.ceil(np.sqrt(args.tiles)))
+    cells = np.stack(np.divmod(np.arange(args.tiles), side)[::-1], axis=1)
+    features = torch.from_numpy(_features(args.tiles, dim, "speed")).to(device)
+    cells_t = torch.from_numpy(cells).to(device)
+    encoder = load_slide_encoder(f"random:{spec.name}" if spec.source != "none" else spec.name,
+                                 in_dim=dim, device=device)  # fmt: skip
+    precision = args.precision if args.precision != "auto" else (
+        spec.precision if device.type == "cuda" else "fp32")  # fmt: skip
+    dtype = AUTOCAST.get(precision)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    times = []
+    for _ in range(args.repeats + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        started = time.perf_counter()
+        with (
+            torch.inference_mode(),
+            torch.autocast(device.type, dtype=dtype, enabled=dtype is not None),
+        ):
+            encoder.module(features, cells_t)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    peak = (
+        torch.cuda.max_memory_allocated() / 2**20
+        if device.type == "cuda"
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before
+    )
+    return {"encoder": spec.name, "tiles": args.tiles, "device": str(device),
+            "precision": precision, "seconds": round(min(times[1:] or times), 3),
+            "first_s": round(times[0], 3), "peak_mb": round(peak, 1)}  # fmt: skip
+
+
+def speed(args) -> list[dict]:
+    from tilestore.embed.slides import list_slide_encoders
+
+    wanted = args.encoders.split(",") if args.encoders else [s.name for s in list_slide_encoders()]
+    rows = []
+    for tiles in (int(t) for t in args.tiles.split(",")):
+        for name in wanted:
+            cmd = [sys.executable, __file__, "measure", "--encoder", name, "--tiles", str(tiles),
+                   "--device", args.device, "--precision", args.precision,
+                   "--repeats", str(args.repeats)]  # fmt: skip
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode:
+                row = {
+                    "encoder": name,
+                    "tiles": tiles,
+                    "error": done.stderr.strip().splitlines()[-1][:200],
+                }
+            else:
+                row = json.loads(done.stdout.strip().splitlines()[-1])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print()
+    print("| encoder | tiles | device, precision | seconds | peak memory MB |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['encoder']} | {r['tiles']:,} | | failed: {r['error']} | |")
+        else:
+            print(f"| {r['encoder']} | {r['tiles']:,} | {r['device']}, {r['precision']} | "
+                  f"{r['seconds']:.2f} | {r['peak_mb']:,.0f} |")  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("mode", choices=("reference", "speed", "measure"))
+    parser.add_argument("--encoders", help="comma-separated (default: all registered)")
+    parser.add_argument("--encoder", help="measure: the one encoder")
+    parser.add_argument("--store", type=Path, default=HERE / "data/copied/large-40000.ome.zarr")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/slide-encoders"))
+    parser.add_argument("--python", default=sys.executable, help="the references' interpreter")
+    parser.add_argument("--trident", type=Path, default=REPO / ".peers/TRIDENT")
+    parser.add_argument("--mirrors", type=Path, default=Path("/work/.mirror"))
+    parser.add_argument("--tiles", default="30000")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="auto")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--json", type=Path, default=HERE / "results" / "slide_encoders.json")
+    args = parser.parse_args()
+    if args.mode == "measure":
+        args.tiles = int(args.tiles)
+        print(json.dumps(measure(args)))
+        return
+    if args.mode == "reference" and not args.store.exists():
+        from stores import build
+
+        build(args.store.parents[1], 40000, ())
+    rows = reference(args) if args.mode == "reference" else speed(args)
+    found = json.loads(args.json.read_text()) if args.json.exists() else {}
+    found[args.mode] = rows
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(found, indent=1))
+
+
+if __name__ == "__main__":
+    main()

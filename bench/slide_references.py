@@ -1,0 +1,263 @@
+"""The reference side of `bench/slide_encoders.py`, run in its own process (the authors'
+code wants einops, fairscale, OpenCV... that tilestore does not install).
+
+For one encoder: build the authors' module from their code (local copies), draw random
+weights (seeded), save them in the layout the authors publish, then compute the slide
+vector from tilestore's H5 export the way TRIDENT does (`WSI.extract_slide_features`:
+TRIDENT reads the H5's features, coords and attributes and calls its wrapper of the
+authors' model), in fp32 on the CPU. Writes the vector (.npy) and the weights file.
+
+    python bench/slide_references.py ENCODER H5 WEIGHTS OUT.npy --sources DIR --trident DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import types
+from argparse import Namespace
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+SEED = 7
+
+
+def randomise(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Seeded random weights in the module's own layout: layer norms' scales near 1, every
+    other tensor N(0, 0.02); shared tensors stay shared (one draw)."""
+    generator = torch.Generator().manual_seed(SEED)
+    norms = {f"{n}.weight" for n, m in module.named_modules() if isinstance(m, nn.LayerNorm)}
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            values = torch.randn(p.shape, generator=generator) * 0.02
+            p.copy_(values + 1 if name in norms else values)
+    return module.state_dict()
+
+
+def flash_stand_in():
+    """flash-attn's `flash_attn_func` (its forward: output and log-sum-exp), in torch's
+    math: flash-attn is a CUDA kernel that neither this CPU nor an offline GPU machine can
+    build. LongNet's dilated attention needs the log-sum-exp it returns."""
+
+    def flash_attn_func(q, k, v, dropout=0.0, bias=None, softmax_scale=None, is_causal=False):
+        assert bias is None and not is_causal and dropout == 0.0
+        scale = softmax_scale or q.shape[-1] ** -0.5
+        scores = torch.einsum("blhd,bshd->bhls", q.float(), k.float()) * scale
+        lse = scores.logsumexp(dim=-1)  # (b, h, l)
+        out = torch.einsum("bhls,bshd->blhd", torch.softmax(scores, -1), v.float())
+        return out.to(q.dtype), lse
+
+    return flash_attn_func
+
+
+def trident_vector(trident: Path, wrapper_name: str, model, h5: Path, precision=torch.float32):
+    """TRIDENT's slide-feature task on the H5: its wrapper class (forward only, the model
+    given) and `WSI.extract_slide_features`, which reads the H5 as TRIDENT writes it."""
+    sys.path.insert(0, str(trident))
+    from trident.slide_encoder_models import load
+    from trident.wsi_objects.WSI import WSI
+
+    cls = getattr(load, wrapper_name)
+    wrapper = cls.__new__(cls)
+    nn.Module.__init__(wrapper)
+    wrapper.model, wrapper.precision, wrapper.enc_name = model, precision, wrapper_name
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"trident-{os.getpid()}"
+    path = WSI.extract_slide_features(
+        types.SimpleNamespace(name=h5.stem), str(h5), wrapper, str(out), device="cpu"
+    )
+    import h5py
+
+    with h5py.File(path) as f:
+        return np.asarray(f["features"][:], dtype=np.float32).reshape(-1)
+
+
+def titan(src: Path, trident: Path, h5: Path, weights: Path) -> np.ndarray:
+    sys.path.insert(0, str(src / "unicorn_baseline" / "src"))
+    from unicorn_baseline.vision.pathology.titan.configuration_titan import TitanVisionConfig
+    from unicorn_baseline.vision.pathology.titan.vision_transformer import build_vision_tower
+
+    root = src / "unicorn_baseline/src/unicorn_baseline/vision/pathology/titan/config.json"
+    config = json.loads(root.read_text())["vision_config"]
+    tower = build_vision_tower(TitanVisionConfig(**config)).eval()
+    state = randomise(tower)
+    _save({f"vision_encoder.{k}": v for k, v in state.items()}, weights)
+
+    class Titan(nn.Module):  # the Hub model's encode_slide_from_patch_features, one line
+        def __init__(self):
+            super().__init__()
+            self.vision_encoder = tower
+
+        def encode_slide_from_patch_features(self, features, coords, patch_size_lv0):
+            return self.vision_encoder(features, coords, patch_size_lv0, no_proj=True)
+
+    return trident_vector(trident, "TitanSlideEncoder", Titan().eval(), h5)
+
+
+def prism(src: Path, trident: Path, h5: Path, weights: Path) -> np.ndarray:
+    sys.path.insert(0, str(src / "unicorn_baseline" / "src"))
+    if "environs" not in sys.modules:
+        try:
+            import environs  # noqa: F401
+        except ImportError:  # its one use: a flag for xformers, off by default
+            stand_in = types.ModuleType("environs")
+            stand_in.Env = lambda: Namespace(bool=lambda name, default=False: default)
+            sys.modules["environs"] = stand_in
+    from unicorn_baseline.vision_language.prism.configuring_prism import PerceiverConfig
+    from unicorn_baseline.vision_language.prism.perceiver import PerceiverResampler
+
+    root = src / "unicorn_baseline/src/unicorn_baseline/vision_language/prism/config.json"
+    config = json.loads(root.read_text())["perceiver_config"]
+    resampler = PerceiverResampler(PerceiverConfig(**config)).eval()
+    state = randomise(resampler)  # shared layers appear under each of their names
+    _save({f"image_resampler.{k}": v.clone() for k, v in state.items()}, weights)
+
+    class Prism(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.image_resampler = resampler
+
+        def slide_representations(self, tile_embeddings, tile_mask=None):
+            return self.image_resampler(tile_embeddings, tile_mask=tile_mask)
+
+    return trident_vector(trident, "PRISMSlideEncoder", Prism().eval(), h5)
+
+
+def gigapath(src: Path, trident: Path, h5: Path, weights: Path, cls: bool = False) -> np.ndarray:
+    root = src / "prov-gigapath"
+    sys.path.insert(0, str(root))
+    sys.path.insert(0, str(root / "gigapath"))  # its torchscale imports itself top-level
+    flash = types.ModuleType("torchscale.component.flash_attention")
+    flash.flash_attn_func = flash_stand_in()
+    sys.modules["torchscale.component.flash_attention"] = flash
+    import torchscale.architecture.config as config
+
+    config.np = np  # numpy 2 prints np.int64(1024): its eval of the segment list needs np
+    from gigapath import slide_encoder
+
+    model = slide_encoder.create_model("", "gigapath_slide_enc12l768d", 1536, global_pool=not cls)
+    model.eval()
+    torch.save({"model": randomise(model)}, weights)
+    if not cls:  # TRIDENT's: layer 11's hidden states, mean-pooled
+        return trident_vector(trident, "GigaPathSlideEncoder", model, h5)
+    import h5py  # the authors' pipeline: every layer's embedding; the last, class token
+
+    with h5py.File(h5) as f:
+        features = torch.from_numpy(f["features"][:]).float()[None]
+        coords = torch.from_numpy(f["coords"][:]).float()[None]
+        model.tile_size = int(f["coords"].attrs["patch_size_level0"])
+    with torch.no_grad():
+        return model(features, coords, all_layer_embed=True)[-1].numpy().reshape(-1)
+
+
+def madeleine(src: Path, trident: Path, h5: Path, weights: Path) -> np.ndarray:
+    sys.path.insert(0, str(src / "MADELEINE"))
+    from madeleine.models.Model import MADELEINE
+
+    config = Namespace(
+        MODALITIES=["HE", "IHC"],
+        wsi_encoder="abmil",
+        patch_embedding_dim=512,
+        wsi_encoder_hidden_dim=512,
+        activation="softmax",
+        n_heads=4,
+    )  # the released model's config (its model_config.json; mahmoodlab/MADELEINE's scripts)
+    model = MADELEINE(config, stain_encoding=False).eval()
+    torch.save(randomise(model), weights)
+    return trident_vector(trident, "MadeleineSlideEncoder", model, h5)
+
+
+def feather(src: Path, trident: Path, h5: Path, weights: Path, in_dim: int) -> np.ndarray:
+    sys.path.insert(0, str(src / "MIL-Lab"))
+    from src.models.abmil import ABMIL
+
+    model = ABMIL(in_dim=in_dim, embed_dim=512, num_fc_layers=1, attn_dim=384, gate=True)
+    model = model.eval()  # MIL-Lab's abmil/base.yaml: the FEATHER checkpoints' settings
+    import safetensors.torch
+
+    state = {f"model.{k}": v.contiguous() for k, v in randomise(model).items()}
+    safetensors.torch.save_file(state, weights)
+    name = "FeatherSlideEncoder" if in_dim == 768 else "FeatherUni2SlideEncoder"
+    return trident_vector(trident, name, model, h5)
+
+
+def chief(src: Path, trident: Path, h5: Path, weights: Path) -> np.ndarray:
+    root = src / "CHIEF"
+    sys.path.insert(0, str(root))
+    work = weights.parent / "chief-cwd"
+    (work / "model_weight").mkdir(parents=True, exist_ok=True)
+    # CHIEF's __init__ reads its 19 anatomic-site text embeddings from ./model_weight; they
+    # feed the classifier's input only, not WSI_feature: random ones stand in
+    torch.save(torch.randn(19, 768), work / "model_weight" / "Text_emdding.pth")
+    here = Path.cwd()
+    os.chdir(work)
+    try:
+        from models.CHIEF import CHIEF
+
+        model = CHIEF(size_arg="small", dropout=True, n_classes=2).eval()
+    finally:
+        os.chdir(here)
+    torch.save(randomise(model), weights)
+    return trident_vector(trident, "CHIEFSlideEncoder", model, h5)
+
+
+def mean(src: Path, trident: Path, h5: Path, weights: Path) -> np.ndarray:
+    sys.path.insert(0, str(trident))
+    from trident.slide_encoder_models.load import MeanSlideEncoder
+
+    model = MeanSlideEncoder(model_name="mean-default")
+    import h5py
+
+    with h5py.File(h5) as f:
+        batch = {"features": torch.from_numpy(f["features"][:])[None]}
+    return model(batch, device="cpu").numpy().reshape(-1)
+
+
+def maximum(src: Path, trident: Path, h5: Path, weights: Path) -> np.ndarray:
+    import h5py
+
+    with h5py.File(h5) as f:
+        return np.asarray(f["features"][:], dtype=np.float32).max(axis=0)
+
+
+REFERENCES = {
+    "titan": titan,
+    "prism": prism,
+    "gigapath": gigapath,
+    "gigapath-cls": lambda *a: gigapath(*a, cls=True),
+    "madeleine": madeleine,
+    "feather": lambda *a: feather(*a, in_dim=768),
+    "feather-uni2": lambda *a: feather(*a, in_dim=1536),
+    "chief": chief,
+    "mean": mean,
+    "max": maximum,
+}
+
+
+def _save(state: dict, path: Path) -> None:
+    import safetensors.torch
+
+    safetensors.torch.save_file({k: v.contiguous() for k, v in state.items()}, path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("encoder", choices=sorted(REFERENCES))
+    parser.add_argument("h5", type=Path)
+    parser.add_argument("weights", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--sources", type=Path, required=True, help="the authors' code")
+    parser.add_argument("--trident", type=Path, required=True)
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    with torch.no_grad():
+        vector = REFERENCES[args.encoder](args.sources, args.trident, args.h5, args.weights)
+    np.save(args.out, np.asarray(vector, dtype=np.float32))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""The slide encoders' architectures, by builder name (`SlideSpec.arch`).
+
+Every module takes one slide's tile features (n, in_dim) and their grid cells (n, 2: col,
+row; used where the class says ``grid = True``) and returns its slide embedding (dim,).
+"""
+
+from __future__ import annotations
+
+from tilestore.embed.slides.nets.abmil import Chief, Feather, Madeleine
+from tilestore.embed.slides.nets.longnet import LongNetSlide
+from tilestore.embed.slides.nets.perceiver import Prism
+from tilestore.embed.slides.nets.pool import Max, Mean
+from tilestore.embed.slides.nets.titan import Titan
+
+BUILDERS = {
+    "mean": Mean,
+    "max": Max,
+    "feather": Feather,
+    "madeleine": Madeleine,
+    "chief": Chief,
+    "titan": Titan,
+    "prism": Prism,
+    "longnet": LongNetSlide,
+}
+
+__all__ = ["BUILDERS"]

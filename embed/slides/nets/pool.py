@@ -1,0 +1,32 @@
+"""Pooling a slide's tile features without weights: their mean, or their maximum per feature."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Mean(nn.Module):
+    """The mean of the tile features (TRIDENT's ``mean-<model>`` encoders)."""
+
+    grid = False
+
+    def __init__(self, in_dim: int | None = None) -> None:
+        super().__init__()
+        self.in_dim = in_dim
+
+    def forward(self, features: torch.Tensor, cells: torch.Tensor | None = None) -> torch.Tensor:
+        return features.float().mean(dim=0)
+
+
+class Max(nn.Module):
+    """Each feature's maximum over the tiles."""
+
+    grid = False
+
+    def __init__(self, in_dim: int | None = None) -> None:
+        super().__init__()
+        self.in_dim = in_dim
+
+    def forward(self, features: torch.Tensor, cells: torch.Tensor | None = None) -> torch.Tensor:
+        return features.float().amax(dim=0)

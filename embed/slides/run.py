@@ -1,0 +1,168 @@
+"""Slide embeddings of stores: each store's stored tile features (no pixels read again)
+through one slide encoder, the vector written back beside them."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tilestore.embed.settings import resolve_device
+from tilestore.embed.slides.load import LoadedSlideEncoder, load_slide_encoder
+from tilestore.embed.slides.registry import get_slide_encoder
+from tilestore.embed.slides.spec import SlideEncoderError, SlideSpec
+from tilestore.embeddings.slides import (
+    SlideEmbeddingExists,
+    read_tile_features,
+    slide_group_name,
+    write_slide_vector,
+)
+from tilestore.errors import TilestoreError
+
+
+@dataclass
+class SlideRow:
+    """One store: done (with its seconds and peak GPU memory), skipped or failed (why)."""
+
+    store: str
+    status: str
+    tiles: int = 0
+    seconds: float | None = None
+    peak_gpu_mb: float | None = None
+    why: str = ""
+
+
+@dataclass
+class SlideReport:
+    encoder: str
+    model: str
+    device: str
+    precision: str
+    weights: str = ""
+    rows: list[SlideRow] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[SlideRow]:
+        return [r for r in self.rows if r.status == "failed"]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        """The report as the command prints it: a line per store, failures as errors."""
+        out = []
+        for row in self.rows:
+            if row.status == "done":
+                memory = f", peak GPU {row.peak_gpu_mb:,.0f} MB" if row.peak_gpu_mb else ""
+                out.append(
+                    f"{row.store}: {self.encoder} from {row.tiles:,} {self.model} tiles in "
+                    f"{row.seconds:.2f} s{memory} -> {slide_group_name(self.model, self.encoder)}"
+                )
+            elif row.status == "skipped":
+                out.append(f"{row.store}: skipped ({row.why})")
+            else:
+                out.append(f"tilestore: error: {row.why}")
+        return out
+
+
+def tile_model_for(spec: SlideSpec, model: str | None) -> str:
+    """The tile model whose features the encoder reads: its own; `model` must agree."""
+    if spec.tile_model is None:
+        if model is None:
+            raise SlideEncoderError(f"{spec.name} pools any tile model's features: name one")
+        return model
+    if model is not None and model not in spec.tile_models():
+        raise SlideEncoderError(
+            f"{spec.name} reads {spec.tile_model} tile features, not {model}: leave "
+            f"--model out or give --model {spec.tile_model}"
+        )
+    return spec.tile_model
+
+
+def embed_slides(
+    stores: Sequence[str | os.PathLike],
+    encoder: str,
+    *,
+    model: str | None = None,
+    device: str = "auto",
+    precision: str = "auto",
+    overwrite: bool = False,
+    token: str | None = None,
+    weights: str | os.PathLike | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> SlideReport:
+    """Compute and store each store's slide embedding with `encoder` from its stored tile
+    features of the encoder's tile model (`model` for the pooling encoders).
+
+    A store whose tile features are not what the encoder reads (model, um/px, tile size,
+    grid) is refused with one line, as is one without them; a store with this embedding
+    already is skipped unless overwrite. precision "auto": the authors' (fp16, bf16) on CUDA,
+    fp32 on the CPU. The encoder is loaded once, at the first store that needs it."""
+    spec = get_slide_encoder(encoder)
+    tile_model = tile_model_for(spec, model)
+    dev, _ = resolve_device(device, "fp32")
+    run_precision = _precision(spec, precision, dev)
+    report = SlideReport(spec.name, tile_model, str(dev), run_precision)
+    loaded: LoadedSlideEncoder | None = None
+    for store in stores:
+        try:
+            tiles = read_tile_features(store, tile_model)
+            why = spec.refusal(tiles)
+            if why:
+                raise SlideEncoderError(why)
+            if loaded is None:
+                loaded = load_slide_encoder(
+                    spec, in_dim=tiles.features.shape[1], token=token, weights=weights, device=dev
+                )
+                report.weights = loaded.weights
+            elif loaded.in_dim is not None and loaded.in_dim != tiles.features.shape[1]:
+                raise SlideEncoderError(
+                    f"{tiles.name}: {tiles.features.shape[1]}-d tile features; this run's "
+                    f"{spec.name} took {loaded.in_dim}-d ones"
+                )
+            if not overwrite and _has(tiles, spec.name):
+                report.rows.append(SlideRow(str(store), "skipped", tiles.tiles, why="done already"))
+                continue
+            row = _encode(loaded, tiles, dev, run_precision, overwrite)
+            report.rows.append(row)
+        except SlideEmbeddingExists as exc:
+            report.rows.append(SlideRow(str(store), "skipped", why=str(exc)))
+        except (TilestoreError, OSError) as exc:
+            report.rows.append(SlideRow(str(store), "failed", why=str(exc)))
+        if progress:
+            progress(1, len(stores))
+    return report
+
+
+def _has(tiles, encoder: str) -> bool:
+    return (Path(tiles.store) / slide_group_name(tiles.model, encoder)).exists()
+
+
+def _encode(loaded: LoadedSlideEncoder, tiles, device, precision: str, overwrite: bool) -> SlideRow:
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    started = time.perf_counter()
+    vector = loaded.encode(tiles, device, precision)
+    if cuda:
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - started
+    peak = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None
+    write_slide_vector(
+        tiles, loaded.spec.name, vector, loaded.describe(precision), overwrite=overwrite
+    )
+    return SlideRow(tiles.store, "done", tiles.tiles, round(seconds, 4), peak)
+
+
+def _precision(spec: SlideSpec, option: str, device: torch.device) -> str:
+    if option not in ("auto", "fp32", "bf16", "fp16"):
+        raise TilestoreError(f"precision={option!r}: choose auto, fp32, bf16 or fp16")
+    if option == "auto":
+        return spec.precision if device.type == "cuda" else "fp32"
+    return option

@@ -1,0 +1,113 @@
+"""Tile embeddings out to the per-slide HDF5 files other pathology tools read.
+
+TRIDENT's layout (`trident.IO.save_h5`, read by its slide encoders and by CLAM's and
+STAMP-style MIL code): one ``<slide>.h5`` per slide with datasets
+
+- ``features`` (tile, feature) float32, attributes name, encoder;
+- ``coords`` (tile, 2) int64, x and y of each tile's top-left corner in level-0 pixels,
+  attributes patch_size (px at the target magnification), patch_size_level0,
+  level0_magnification, target_magnification, overlap, level0_width, level0_height, name
+  (TRIDENT's), patch_level (CLAM's: 0, the coordinates' level);
+
+plus ``tilestore_*`` attributes on ``coords`` saying where the file came from (store,
+model, plan, um/px). Magnifications are 10 / um-per-px rounded (0.25 um/px: 40x), as the
+tools take them; patch_size_level0 is the grid's step in level-0 pixels, so
+``coords // patch_size_level0`` is each tile's grid cell (what TITAN and Prov-GigaPath
+read); where rounding makes that untrue for some tiles, `H5Export.misplaced` counts them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from tilestore.embeddings.slides import TileFeatures, read_tile_features
+from tilestore.errors import TilestoreError
+
+
+@dataclass(frozen=True)
+class H5Export:
+    """One slide written: where, how many tiles, and how many tiles' coordinates do not fall
+    in their own grid cell when divided by patch_size_level0 (0 on whole-pixel grids)."""
+
+    path: Path
+    tiles: int
+    dim: int
+    patch_size_level0: int
+    misplaced: int
+
+
+def magnification(mpp: float) -> int:
+    """The nominal objective magnification of a pixel size: 10 / mpp, rounded."""
+    return round(10.0 / mpp)
+
+
+def to_h5(
+    store: str | os.PathLike, model: str, folder: str | os.PathLike, *, overwrite: bool = False
+) -> H5Export:
+    """Write a store's tile embeddings of `model` as ``<folder>/<slide>.h5`` in TRIDENT's
+    layout. The file is written under a hidden name and renamed into place whole;
+    an existing file is kept unless overwrite."""
+    tiles = read_tile_features(store, model)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{tiles.name}.h5"
+    if target.exists() and not overwrite:
+        raise TilestoreError(f"{target}: exists; pass --overwrite to replace it")
+    attrs, misplaced = coords_attributes(tiles)
+    partial = folder / f".{target.name}.partial.{os.getpid()}"
+    try:
+        with h5py.File(partial, "w") as f:
+            features = f.create_dataset(
+                "features", data=tiles.features.astype(np.float32, copy=False)
+            )
+            features.attrs.update({"name": tiles.name, "encoder": model})
+            coords = f.create_dataset("coords", data=np.stack([tiles.x, tiles.y], axis=1))
+            coords.attrs.update(attrs)
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return H5Export(
+        target, tiles.tiles, int(tiles.features.shape[1]), attrs["patch_size_level0"], misplaced
+    )
+
+
+def coords_attributes(tiles: TileFeatures) -> tuple[dict, int]:
+    """TRIDENT's and CLAM's attributes of ``coords`` for a slide's tiles, and how many tiles
+    ``coords // patch_size_level0`` would put in another grid cell than their own."""
+    if tiles.slide_mpp is None or not tiles.mpp:
+        raise TilestoreError(
+            f"{tiles.store}: the pixel size is unknown; TRIDENT's layout needs magnifications "
+            "(convert the slide again with --mpp)"
+        )
+    step = round(tiles.stride0[1])
+    misplaced = 0
+    if step > 0 and tiles.tiles:
+        # each tile's grid column and row, as a reader dividing by patch_size_level0 finds them
+        cols = np.rint(tiles.x / tiles.stride0[1]).astype(np.int64)
+        rows = np.rint(tiles.y / tiles.stride0[0]).astype(np.int64)
+        misplaced = int(np.sum((tiles.x // step != cols) | (tiles.y // step != rows)))
+    overlap = round(
+        (tiles.footprint0[1] - tiles.stride0[1]) * tiles.tile_size / tiles.footprint0[1]
+    )
+    attrs = {
+        "patch_size": int(tiles.tile_size),
+        "patch_size_level0": int(step),
+        "level0_magnification": magnification(tiles.slide_mpp[0]),
+        "target_magnification": magnification(tiles.mpp),
+        "overlap": int(overlap),
+        "level0_width": int(tiles.slide_shape[1]),
+        "level0_height": int(tiles.slide_shape[0]),
+        "name": tiles.name,
+        "patch_level": 0,
+        "tilestore_store": str(Path(tiles.store).resolve()),
+        "tilestore_model": tiles.model,
+        "tilestore_plan": tiles.plan,
+        "tilestore_mpp": float(tiles.mpp),
+        "tilestore_footprint_level0": float(tiles.footprint0[1]),
+    }
+    return attrs, misplaced

@@ -1,0 +1,336 @@
+"""Slide embeddings in stores: the tile features a slide encoder reads, and the one vector
+per slide it writes back, at ``embeddings/<tile model>/slides/<encoder>``.
+
+A slide vector is only as good as the tile features it was computed from, so each records
+the tile group it read (its plan, tile count and the time it was finished); a reader
+refuses a vector whose tile group was embedded again since (`StaleSlideEmbedding`), rather
+than hand back features of tiles that are no longer there.
+
+>>> tiles = read_tile_features("a.ome.zarr", "conch-v1.5")      # what an encoder reads
+>>> write_slide_vector(tiles, "titan", vector, record)          # what it writes
+>>> ds = open_slide_embeddings(["a.ome.zarr", "b.ome.zarr"], "conch-v1.5", "titan")
+>>> ds.features                                                 # (slide, feature)
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from tilestore.embeddings.layout import group_name
+from tilestore.embeddings.read import (
+    NotEmbedded,
+    StoreLike,
+    _expand,
+    _open,
+    _slide_name,
+    list_embeddings,
+)
+from tilestore.embeddings.recipe import differences, recipe
+from tilestore.errors import StoreError
+from tilestore.format.store import open_for_writing, stored
+
+SLIDES = "slides"  # the subgroup of a tile model's group holding its slide embeddings
+VECTOR = "embedding"  # the array of one slide embedding: (feature,)
+
+
+class StaleSlideEmbedding(StoreError):
+    """A slide embedding computed from tile features that have been replaced since."""
+
+
+class SlideEmbeddingExists(StoreError):
+    """The store holds this encoder's slide embedding already (skipped unless overwrite)."""
+
+
+@dataclass(frozen=True)
+class TileFeatures:
+    """One slide's finished tile embeddings, in memory: what a slide encoder reads.
+
+    x, y: level-0 pixels of each tile's top-left corner; row, col: its cell in the plan's
+    grid (from the slide's top-left); footprint0 and stride0: a tile's
+    side and the step between tiles, in level-0 pixels (y, x); mpp: the plan's um/px as
+    read; tile_size: the tile's side in pixels at that mpp (before the model's transform);
+    slide_mpp: level-0 um/px (x, y); slide_shape: level-0 (height, width)."""
+
+    store: str
+    name: str
+    model: str
+    features: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+    row: np.ndarray
+    col: np.ndarray
+    footprint0: tuple[float, float]
+    stride0: tuple[float, float]
+    mpp: float | None
+    tile_size: int
+    plan: str
+    finished: str
+    recipe: dict[str, Any]
+    model_info: dict[str, Any]
+    slide_mpp: tuple[float, float] | None
+    slide_shape: tuple[int, int]
+
+    @property
+    def tiles(self) -> int:
+        return int(self.features.shape[0])
+
+    def source(self) -> dict[str, Any]:
+        """What a slide embedding records of the tile features it read."""
+        return {
+            "model": self.model,
+            "plan": self.plan,
+            "tiles": self.tiles,
+            "finished": self.finished,
+            "mpp": self.mpp,
+            "tile_size": self.tile_size,
+            "footprint0": list(self.footprint0),
+        }
+
+
+def slide_group_name(model: str, encoder: str) -> str:
+    """embeddings/<model>/slides/<encoder> (names as `group_name` makes them)."""
+    return f"{group_name(model)}/{SLIDES}/{encoder.replace(':', '-').replace('/', '_')}"
+
+
+def read_tile_features(store: StoreLike, model: str) -> TileFeatures:
+    """Return a store's finished tile embeddings of `model`, features and coordinates read
+    whole (a slide's features are at most a few hundred MB); NotEmbedded where the group is
+    absent or unfinished, StoreError where it is damaged."""
+    from tilestore.reading.opening import open_slide
+
+    path = group_name(model)
+    if not isinstance(store, zarr.abc.store.Store) and not (Path(store) / "zarr.json").exists():
+        raise StoreError(f"{store}: no such store")
+    try:
+        group = _open(store, path)
+    except KeyError:
+        have = ", ".join(list_embeddings(store)) or "none"
+        raise NotEmbedded(
+            f"{store}: no {path} (embeddings in this store: {have}); embed the store with "
+            f"model={model!r} first"
+        ) from None
+    fix = f"embed the store again with overwrite=True (or remove {path})"
+    with stored(store, path, fix):
+        meta = group.attrs.get("tilestore", {})
+        if not meta.get("complete"):
+            raise NotEmbedded(
+                f"{store}: {path} is unfinished; rerun the same `tilestore embed` command "
+                "to finish it"
+            )
+        features, x, y, row, col = (group[k][:] for k in ("features", "x", "y", "row", "col"))
+        slide = open_slide(store)
+    grid = meta.get("grid") or {}
+    down = grid.get("downsample", (1.0, 1.0))
+    read = grid.get("read", meta.get("read_px"))
+    step = grid.get("read_stride") or read
+    return TileFeatures(
+        store=str(store),
+        name=_slide_name(store),
+        model=model,
+        features=features,
+        x=x.astype(np.int64),
+        y=y.astype(np.int64),
+        row=row.astype(np.int64),
+        col=col.astype(np.int64),
+        footprint0=(read * down[0], read * down[1]),
+        stride0=(step * down[0], step * down[1]),
+        mpp=meta.get("mpp"),
+        tile_size=int(meta.get("tile_size") or grid.get("tile")),
+        plan=str((meta.get("plan") or {}).get("name")),
+        finished=str(meta.get("finished", "")),
+        recipe=recipe(meta),
+        model_info=dict(meta.get("model") or {}),
+        slide_mpp=slide.mpp,
+        slide_shape=(int(slide.shape[1]), int(slide.shape[2])),
+    )
+
+
+def write_slide_vector(
+    tiles: TileFeatures,
+    encoder: str,
+    vector: np.ndarray,
+    record: dict[str, Any],
+    *,
+    overwrite: bool = False,
+) -> str:
+    """Write one slide embedding beside the tile features it was computed from; return its
+    group's path in the store.
+
+    It is made in a hidden group and renamed into place whole, so a reader sees the old
+    vector or the new one, never half of one; SlideEmbeddingExists where one is there and
+    not overwrite; StaleSlideEmbedding where the tile group changed while it computed."""
+    store = Path(tiles.store)
+    path = slide_group_name(tiles.model, encoder)
+    target = store / path
+    if target.exists() and not overwrite:
+        raise SlideEmbeddingExists(
+            f"{tiles.name}: {path} exists; pass overwrite=True to compute it again"
+        )
+    current = _open(tiles.store, group_name(tiles.model)).attrs.get("tilestore", {})
+    if str(current.get("finished", "")) != tiles.finished:
+        raise StaleSlideEmbedding(
+            f"{tiles.name}: {group_name(tiles.model)} was embedded again while {encoder} "
+            "computed; run it again"
+        )
+    root = open_for_writing(store)
+    root.require_group(f"{group_name(tiles.model)}/{SLIDES}")
+    hidden = f"{group_name(tiles.model)}/{SLIDES}/.{target.name}.partial.{os.getpid()}"
+    hidden += f".{secrets.token_hex(4)}"
+    _clear_partials(target)
+    try:
+        group = root.create_group(hidden)
+        values = np.asarray(vector, dtype=np.float32).reshape(-1)
+        array = group.create_array(VECTOR, shape=values.shape, dtype="float32")
+        array[:] = values
+        group.attrs["tilestore"] = {**record, "tiles": tiles.source(), "dim": int(values.size)}
+        aside = None
+        if target.exists():
+            aside = target.with_name(f".{target.name}.replaced.{secrets.token_hex(4)}")
+            target.rename(aside)
+        (store / hidden).rename(target)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+    finally:
+        if (store / hidden).exists():
+            shutil.rmtree(store / hidden, ignore_errors=True)
+    return path
+
+
+def _clear_partials(target: Path) -> None:
+    """Remove what killed writes of this slide embedding left (hidden, never read)."""
+    for left in target.parent.glob(f".{target.name}.partial.*"):
+        pid = left.name.split(".")[-2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(left, ignore_errors=True)
+    for old in target.parent.glob(f".{target.name}.replaced.*"):
+        if target.exists():
+            shutil.rmtree(old, ignore_errors=True)
+        else:  # killed between the renames: the old vector goes back
+            old.rename(target)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_slide_vector(store: StoreLike, model: str, encoder: str) -> dict[str, Any]:
+    """One store's slide embedding: {"name", "store", "vector", "record"}; NotEmbedded where
+    there is none, StaleSlideEmbedding where its tile features were embedded again since."""
+    path = slide_group_name(model, encoder)
+    try:
+        group = _open(store, path)
+    except KeyError:
+        raise NotEmbedded(
+            f"{store}: no {path}; run `tilestore embed --slide-encoder {encoder}` on it first"
+        ) from None
+    with stored(store, path, f"compute it again (tilestore embed --slide-encoder {encoder})"):
+        record = dict(group.attrs["tilestore"])
+        vector = group[VECTOR][:]
+        tiles_meta = _open(store, group_name(model)).attrs.get("tilestore", {})
+    if str(tiles_meta.get("finished", "")) != record["tiles"]["finished"]:
+        raise StaleSlideEmbedding(
+            f"{store}: {path} was computed from tile features replaced since (embedded "
+            f"{record['tiles']['finished']}, now {tiles_meta.get('finished')}); run "
+            f"`tilestore embed --slide-encoder {encoder} --overwrite` on it"
+        )
+    return {
+        "name": _slide_name(store),
+        "store": str(store),
+        "vector": vector,
+        "record": record,
+        "recipe": recipe(tiles_meta),
+    }
+
+
+def open_slide_embeddings(
+    stores: StoreLike | Sequence[StoreLike],
+    model: str,
+    encoder: str,
+    *,
+    skip_missing: bool = False,
+):
+    """Return a cohort's slide embeddings as an xarray Dataset on (slide, feature).
+
+    ``features`` (slide, feature) float32; coordinates ``slide`` (name), ``store`` and
+    ``n_tiles`` (how many tile features each vector was computed from). The stores must agree
+    on the encoder's weights and the tile features' recipe, as `open_embeddings` requires.
+    skip_missing (and stores a glob pattern finds): leave out stores without one."""
+    import warnings
+
+    import xarray as xr
+
+    from tilestore.errors import TilestoreWarning
+
+    found, skipped = [], []
+    for store, globbed in _expand(stores):
+        try:
+            found.append(read_slide_vector(store, model, encoder))
+        except NotEmbedded as exc:
+            if not (skip_missing or globbed):
+                raise
+            skipped.append(str(exc))
+    for reason in skipped:
+        warnings.warn(f"skipped: {reason}", TilestoreWarning, stacklevel=2)
+    if not found:
+        raise StoreError(f"no {encoder!r} slide embeddings of {model!r} in the stores given")
+    names = [f["name"] for f in found]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise StoreError(f"two stores share the slide name {dup[0]!r}: rename one of them")
+    first = found[0]
+    for other in found[1:]:
+        diff = differences(first["recipe"], other["recipe"])
+        weights = ("weights", "revision", "precision", "dim")
+        diff += [
+            f"{key}: {first['record'].get(key)} vs {other['record'].get(key)}"
+            for key in weights
+            if first["record"].get(key) != other["record"].get(key)
+        ]
+        if diff:
+            raise StoreError(
+                f"{other['store']}: its {encoder!r} slide embedding was made with other "
+                f"settings than {first['store']}'s ({'; '.join(diff[:3])}); open them "
+                "separately, or compute them again with the same settings"
+            )
+    return xr.Dataset(
+        {"features": (("slide", "feature"), np.stack([f["vector"] for f in found]))},
+        coords={
+            "slide": names,
+            "store": ("slide", [f["store"] for f in found]),
+            "n_tiles": ("slide", [f["record"]["tiles"]["tiles"] for f in found]),
+        },
+        attrs={"model": model, "slide_encoder": encoder, "encoder_info": first["record"]},
+    )
+
+
+def slide_table(ds, *, features: bool = True):
+    """A pandas DataFrame of slide embeddings (`open_slide_embeddings`): slide, store, tiles
+    and, with `features`, a column f0, f1, ... per feature."""
+    import pandas as pd
+
+    table = pd.DataFrame(
+        {
+            "slide": ds.slide.values,
+            "store": ds.store.values,
+            "tiles": ds["n_tiles"].values.astype(np.int64),
+        }
+    )
+    if not features:
+        return table
+    values = pd.DataFrame(ds.features.values, columns=[f"f{i}" for i in range(ds.sizes["feature"])])
+    return pd.concat([table, values], axis=1)

@@ -103,7 +103,7 @@ def reference(args) -> list[dict]:
             archive = subprocess.run(git, check=True, capture_output=True).stdout
             subprocess.run(["tar", "-x", "-C", str(sources / name)], input=archive, check=True)
     wanted = args.encoders.split(",") if args.encoders else [s.name for s in list_slide_encoders()]
-    rows = []
+    rows, keys = [], {}
     for name in wanted:
         spec = get_slide_encoder(name)
         model, mpp, tile, dim = tile_setup(spec)
@@ -138,6 +138,8 @@ def reference(args) -> list[dict]:
         ours_s = time.perf_counter() - started
         if report.failures:
             raise SystemExit(report.failures[0].why)
+        if given is not None:  # the authors' layout as their code saves it, for the tests
+            keys[name] = _layout(given)
         ours = read_slide_vector(args.store, model, name)["vector"]
         theirs = np.load(out)
         cosine = float(ours @ theirs / (np.linalg.norm(ours) * np.linalg.norm(theirs)))
@@ -155,6 +157,9 @@ def reference(args) -> list[dict]:
             }
         )
         print(json.dumps(rows[-1]), flush=True)
+    if args.keys:
+        known = json.loads(args.keys.read_text()) if args.keys.exists() else {}
+        args.keys.write_text(json.dumps({**known, **keys}, indent=1, sort_keys=True) + "\n")
     print()
     print("| encoder | tile model | tiles | reference | cosine | max abs diff | dim |")
     print("|---|---|---|---|---|---|---|")
@@ -166,6 +171,13 @@ def reference(args) -> list[dict]:
         print(f"| {r['encoder']} | {r['tile_model']} | {r['tiles']:,} | {r['reference']} | "
               f"{r['cosine']:.7f} | {r['max_abs_diff']:.2e} | {r['dim']} |")  # fmt: skip
     return rows
+
+
+def _layout(path: Path) -> dict[str, list[int]]:
+    """A weights file's tensor names and shapes."""
+    from tilestore.embed.models.hub import load_weights
+
+    return {k: list(v.shape) for k, v in sorted(load_weights(path.stem, path).items())}
 
 
 def measure(args) -> dict:
@@ -262,6 +274,12 @@ def main() -> None:
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--json", type=Path, default=HERE / "results" / "slide_encoders.json")
+    parser.add_argument(
+        "--keys",
+        type=Path,
+        default=REPO / "tests/embed/slide_encoder_keys.json",
+        help="reference: record the authors' tensor names and shapes here (the tests load them)",
+    )
     args = parser.parse_args()
     if args.mode == "measure":
         args.tiles = int(args.tiles)

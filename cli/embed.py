@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import typer
@@ -57,8 +57,24 @@ def embed(
         help="Folder for the stores of slide files given (an existing store "
         "of the same slide there is reused).",
     ),
-    model: str = typer.Option(
-        ..., help="Model name (see `tilestore models list`), timm:<arch> or local:<dir>."
+    model: str | None = typer.Option(
+        None,
+        help="Model name (see `tilestore models list`), timm:<arch> or local:<dir>; with "
+        "--slide-encoder, its tile model by default.",
+    ),
+    slide_encoder: str | None = typer.Option(
+        None,
+        "--slide-encoder",
+        help="Then a slide embedding per store from its tile features "
+        "(embeddings/<model>/slides/<encoder>): titan, prism, gigapath, chief, madeleine, "
+        "feather, mean, max... The tiles are embedded first where they are not, with the "
+        "tile model, um/px and tile size the encoder was trained on.",
+    ),
+    slide_weights: Path | None = typer.Option(
+        None,
+        "--slide-weights",
+        help="--slide-encoder: a local copy of its weights file (CHIEF's come from its "
+        "authors' Google Drive, not the Hub).",
     ),
     plan: str | None = typer.Option(
         None, help="A stored plan (default: the store's only plan, else a new one)."
@@ -157,6 +173,13 @@ def embed(
         raise TilestoreError("--sidecars is where --in-place keeps its sidecars: add --in-place")
     if batch_size != "auto" and not batch_size.isdigit():
         raise TilestoreError(f"--batch-size {batch_size}: a number or auto")
+    slide_spec = None
+    if slide_encoder:
+        slide_spec, model, plan_options = _slide_plan(slide_encoder, model, plan_options)
+    elif slide_weights:
+        raise TilestoreError("--slide-weights goes with --slide-encoder")
+    if model is None:
+        raise TilestoreError("--model: which model embeds the tiles? (or --slide-encoder)")
     choice = plan or plan_options
     options = Options(
         batch_size=None if batch_size == "auto" else int(batch_size),
@@ -199,9 +222,11 @@ def embed(
                 f"{slides[0]}: a slide file, not a store: convert slides first (tilestore "
                 "convert) to embed them on Dask, or run without --cluster/--scheduler"
             )
-        _embed_on_dask(
+        done = _embed_on_dask(
             stores, model, choice, options, cluster, scheduler, workers, slice_tiles, report
         )
+        if slide_spec:
+            _slides(done, slide_spec.name, model, options, slide_weights)
         return
     # slides start converting in a worker process before this one imports torch
     staging = Stager(stores, into, choice, in_place=in_place, sidecars=sidecars, scan_mpp=scan_mpp)
@@ -222,8 +247,58 @@ def embed(
         print(as_flags(line, flags_of(embed)), file=sys.stderr if failed else sys.stdout)
     if report:
         out.print(f"report: {report}")
-    if result.failures:
+    failed = bool(result.failures)
+    if slide_spec:
+        done = [s["store"] for s in result.slides if not s.get("failed")]
+        done += [s["store"] for s in result.skipped]
+        failed |= _slides(done, slide_spec.name, model, options, slide_weights, exit=False)
+    if failed:
         raise typer.Exit(2)
+
+
+def _slide_plan(name: str, model: str | None, plan_options: PlanOptions | None):
+    """The slide encoder, the tile model it reads and the plan options that give its tiles:
+    its um/px and tile size, refused with one line where the flags ask for others."""
+    from tilestore.embed.slides import get_slide_encoder, tile_model_for
+
+    spec = get_slide_encoder(name)
+    model = tile_model_for(spec, model)
+    if spec.mpp is None:  # pooling: any tile model, any plan
+        return spec, model, plan_options
+    given = plan_options or PlanOptions()
+    for flag, asked, needed in (("--mpp", given.mpp, spec.mpp), ("--tile", given.tile, spec.tile)):
+        if asked is not None and asked != needed:
+            raise TilestoreError(
+                f"{flag} {asked:g}: {spec.name} reads {spec.tile_model} tiles of {spec.tile} px "
+                f"at {spec.mpp:g} um/px; leave {flag} out"
+            )
+    return spec, model, replace(given, mpp=spec.mpp, tile=spec.tile)
+
+
+def _slides(stores, encoder, model, options, weights, exit: bool = True) -> bool:
+    """The slide encoder over the stores whose tiles are embedded; True where one failed
+    (with exit, raise typer.Exit(2) then)."""
+    from tilestore.embed.slides import embed_slides
+
+    if not stores:
+        return False
+    with _progress(f"slide embeddings with {encoder}") as (progress, task):
+        result = embed_slides(
+            stores,
+            encoder,
+            model=model,
+            device=options.device,
+            overwrite=options.overwrite,
+            token=options.hf_token,
+            weights=weights,
+            progress=lambda n, total: progress.update(task, advance=n, total=total),
+        )
+    for line in result.lines():
+        failed = line.startswith("tilestore: error")
+        print(as_flags(line, flags_of(embed)), file=sys.stderr if failed else sys.stdout)
+    if result.failures and exit:
+        raise typer.Exit(2)
+    return bool(result.failures)
 
 
 def _dry_run(stores, model, plan, options, into, in_place, sidecars) -> None:
@@ -268,7 +343,7 @@ def _dry_run(stores, model, plan, options, into, in_place, sidecars) -> None:
 
 def _embed_on_dask(
     stores, model, plan, options, cluster, scheduler, workers, slice_tiles, report
-) -> None:
+) -> list[str]:
     from distributed import Client
 
     from tilestore.embed import cpu_share, embed_cohort, local_cluster, summary_lines
@@ -299,6 +374,7 @@ def _embed_on_dask(
         out.print(f"report: {report}")
     if result.failures:
         raise typer.Exit(2)
+    return [s["store"] for s in result.slides] + list(result.skipped_complete)
 
 
 models_app = typer.Typer(no_args_is_help=True, help="Tile encoders: list them, fill the cache.")
@@ -326,10 +402,34 @@ def models_list() -> None:
             "yes" if is_cached(spec) else "no",
         )
     # piped or logged, every hub id whole on one line (a terminal folds them to its width)
-    (out if out.is_terminal else Console(width=240)).print(table)
+    wide = out if out.is_terminal else Console(width=240)
+    wide.print(table)
     out.print(
         f"{len(list_models())} encoders; also: timm:<architecture> (random weights unless "
         "cached), local:<folder>, random:<name> (a registered architecture, random weights)",
+        highlight=False,
+    )
+    from tilestore.embed.slides import list_slide_encoders, slide_is_cached
+
+    slides = text_table(
+        "slide encoder", "reads", "um/px", "tile", "dim", "weights", "licence", "gated", "cached"
+    )
+    for spec in list_slide_encoders():
+        slides.add_row(
+            spec.name,
+            spec.tile_model or "any tile model",
+            str(spec.mpp or "-"),
+            str(spec.tile or "-"),
+            str(spec.output_dim or "the tiles'"),
+            spec.repo or ("none" if spec.source == "none" else f"{spec.weights_file} (a file)"),
+            spec.licence or "-",
+            "yes" if spec.gated else "no",
+            "-" if spec.source == "file" else "yes" if slide_is_cached(spec) else "no",
+        )
+    wide.print(slides)
+    out.print(
+        f"{len(list_slide_encoders())} slide encoders: `tilestore embed --slide-encoder NAME` "
+        "embeds the tiles it reads if they are not, then the slide",
         highlight=False,
     )
 
@@ -341,9 +441,22 @@ def models_pull(
         None, help="Hugging Face token (default: HF_TOKEN or the stored login)."
     ),
 ) -> None:
-    """Download a model's config and weights into the HF cache, for offline compute nodes."""
+    """Download a model's config and weights into the HF cache, for offline compute nodes; a
+    slide encoder's weights and those of the tile model it reads."""
     from tilestore.embed import pull
+    from tilestore.embed.slides import SLIDE_REGISTRY, pull_slide_encoder
 
+    if name in SLIDE_REGISTRY:
+        found = pull_slide_encoder(name, token=hf_token)
+        where = (
+            f"{found.repo} revision {found.revision} -> {found.weights}"
+            if found
+            else ("nothing to pull (no weights, or a file from its authors: --slide-weights)")
+        )
+        out.print(f"{name}: {where}", highlight=False)
+        name = SLIDE_REGISTRY[name].tile_model
+        if name is None:
+            return
     checkpoint = pull(name, token=hf_token)
     if checkpoint is None:
         out.print(f"{name}: nothing to pull (its weights do not come from the hub)")

@@ -213,8 +213,8 @@ def h5(
             if done.misplaced
             else ""
         )
-        out.print(f"{store}: {done.tiles} tiles x {done.dim} -> {done.path}{note}",
-                  highlight=False)  # fmt: skip
+        line = f"{store}: {done.tiles} tiles x {done.dim} -> {done.path}{note}"
+        out.print(line, highlight=False, soft_wrap=True)
 
 
 @export_app.command("slides")

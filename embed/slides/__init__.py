@@ -6,7 +6,13 @@
 >>> tilestore.open_embeddings(stores, "conch-v1.5", slide_encoder="titan")  # (slide, feature)
 """
 
-from tilestore.embed.slides.load import LoadedSlideEncoder, build, load_slide_encoder
+from tilestore.embed.slides.load import (
+    LoadedSlideEncoder,
+    build,
+    load_slide_encoder,
+    pull_slide_encoder,
+    slide_is_cached,
+)
 from tilestore.embed.slides.registry import (
     SLIDE_REGISTRY,
     get_slide_encoder,
@@ -26,5 +32,7 @@ __all__ = [
     "get_slide_encoder",
     "list_slide_encoders",
     "load_slide_encoder",
+    "pull_slide_encoder",
+    "slide_is_cached",
     "tile_model_for",
 ]

@@ -226,3 +226,25 @@ CONVERT: dict[str, Callable[[dict], dict]] = {
         drop=("encoder.layer_norm",),
     ),
 }
+
+
+def slide_is_cached(spec: SlideSpec) -> bool:
+    """Whether the encoder loads without a download (its weights are in the HF cache, or it
+    has none, or they come from a file)."""
+    if spec.source != "hf-hub":
+        return True
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(spec.repo, spec.weights_file, cache_dir=hub.cache_dir())
+    return isinstance(found, str)
+
+
+def pull_slide_encoder(name: str, *, token: str | None = None) -> hub.Checkpoint | None:
+    """Download a slide encoder's weights into the HF cache (for offline compute nodes);
+    None where it has none on the Hub."""
+    spec = get_slide_encoder(name)
+    if spec.source != "hf-hub":
+        return None
+    if hub.offline():
+        raise SlideEncoderError(f"{name}: HF_HUB_OFFLINE is set; pull on a machine with internet")
+    return hub.fetch(spec.name, spec.repo, token=token, config=None, weights=(spec.weights_file,))

@@ -81,7 +81,7 @@ def tile_model_for(spec: SlideSpec, model: str | None) -> str:
             f"{spec.name} reads {spec.tile_model} tile features, not {model}: leave "
             f"--model out or give --model {spec.tile_model}"
         )
-    return spec.tile_model
+    return model or spec.tile_model
 
 
 def embed_slides(

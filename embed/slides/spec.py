@@ -97,6 +97,13 @@ class SlideSpec:
                 f"{tiles.stride0[1]:g} px for a {tiles.footprint0[1]:g} px tile (plan "
                 f"{tiles.plan}): plan without --stride"
             )
+        cells = self.kwargs.get("grid_size")
+        if cells and tiles.tiles and max(tiles.col.max(), tiles.row.max()) >= cells:
+            return (
+                f"{where} places tiles on a {cells} x {cells} grid; this slide's reach cell "
+                f"{max(tiles.col.max(), tiles.row.max())} (a slide over "
+                f"{cells * tiles.footprint0[1] * (tiles.slide_mpp or (0, 0))[0] / 1000:g} mm)"
+            )
         if tiles.tiles == 0:
             return f"{where}: the plan {tiles.plan} has no tiles"
         return None

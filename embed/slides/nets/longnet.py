@@ -160,7 +160,7 @@ class LongNetSlide(nn.Module):
         """The fixed 2-D sin-cos embedding of each tile's cell (col, row): MAE's table over a
         grid_size^2 grid, indexed col * grid_size + row (the authors' x-major order), whose
         first half encodes the row and second the column."""
-        if int(cells.max()) >= self.grid_size or int(cells.min()) < 0:
+        if not cells.is_meta and (int(cells.max()) >= self.grid_size or int(cells.min()) < 0):
             raise ValueError(
                 f"a tile lies outside the encoder's {self.grid_size} x {self.grid_size} grid"
             )

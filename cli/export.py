@@ -198,15 +198,20 @@ def h5(
     stores: list[str] = typer.Argument(..., help="Embedded stores, or a quoted glob."),
     model: str = MODEL,
     output: Path = typer.Option(..., "-o", "--output", help="Folder for one <slide>.h5 each."),
+    layout: str = typer.Option(
+        "trident",
+        help="trident (TRIDENT's and CLAM's: features, coords in level-0 px) or "
+        "stamp (STAMP's: feats, coords in um).",
+    ),
     overwrite: bool = typer.Option(False, help="Replace existing files."),
 ) -> None:
-    """Tile features as TRIDENT's / CLAM's per-slide HDF5 (features, coords, attributes), for
-    TRIDENT's slide encoders, CLAM and other MIL code."""
+    """Tile features as per-slide HDF5 files other tools read: TRIDENT's slide encoders,
+    CLAM and other MIL code (--layout trident), STAMP (--layout stamp)."""
     from tilestore.embeddings.h5 import to_h5
     from tilestore.embeddings.read import _expand
 
     for store, _ in _expand(stores):
-        done = to_h5(store, model, output, overwrite=overwrite)
+        done = to_h5(store, model, output, layout=layout, overwrite=overwrite)
         note = (
             f"; {done.misplaced} tiles' coords // {done.patch_size_level0} fall outside their "
             "grid cell (a grid of fractional level-0 steps)"

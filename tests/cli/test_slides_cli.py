@@ -116,3 +116,18 @@ def test_models_list_shows_the_slide_encoders(tmp_path):
     assert done.returncode == 0
     assert "slide encoder" in done.stdout and "titan" in done.stdout
     assert "MahmoodLab/TITAN" in done.stdout and "CHIEF_pretraining.pth (a file)" in done.stdout
+
+
+def test_export_h5_in_stamps_layout(embedded, tmp_path):
+    done = run("export", "h5", embedded, "-m", "efficientnet-lite0", "-o", tmp_path,
+               "--layout", "stamp")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    tiles = tilestore.open_embeddings([embedded], "efficientnet-lite0")
+    with h5py.File(tmp_path / "CMU-1-Small-Region.h5") as f:
+        assert set(f) == {"feats", "coords"}
+        np.testing.assert_allclose(f["coords"][:, 0], tiles.x_um.values)
+        np.testing.assert_allclose(f["coords"][:, 1], tiles.y_um.values)
+        attrs = dict(f.attrs)
+    assert attrs["unit"] == "um" and attrs["feat_type"] == "tile"
+    assert attrs["tile_size_px"] == 224 and attrs["tile_size_um"] == pytest.approx(224 * 0.499)
+    assert attrs["extractor"] == "efficientnet-lite0"

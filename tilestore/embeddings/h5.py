@@ -10,7 +10,12 @@ STAMP-style MIL code): one ``<slide>.h5`` per slide with datasets
   (TRIDENT's), patch_level (CLAM's: 0, the coordinates' level);
 
 plus ``tilestore_*`` attributes on ``coords`` saying where the file came from (store,
-model, plan, um/px). Magnifications are 10 / um-per-px rounded (0.25 um/px: 40x), as the
+model, plan, um/px).
+
+STAMP's layout (``layout="stamp"``): ``feats`` (tile, feature) float32 and ``coords`` (tile,
+2) the tiles' top-left corners in micrometres, with the file's attributes unit "um",
+tile_size_um, tile_size_px, feat_type "tile" and extractor (the model), as STAMP's
+``get_coords`` reads them. Magnifications are 10 / um-per-px rounded (0.25 um/px: 40x), as the
 tools take them; patch_size_level0 is the grid's step in level-0 pixels, so
 ``coords // patch_size_level0`` is each tile's grid cell (what TITAN and Prov-GigaPath
 read); where rounding makes that untrue for some tiles, `H5Export.misplaced` counts them.
@@ -46,12 +51,22 @@ def magnification(mpp: float) -> int:
     return round(10.0 / mpp)
 
 
+LAYOUTS = ("trident", "stamp")
+
+
 def to_h5(
-    store: str | os.PathLike, model: str, folder: str | os.PathLike, *, overwrite: bool = False
+    store: str | os.PathLike,
+    model: str,
+    folder: str | os.PathLike,
+    *,
+    layout: str = "trident",
+    overwrite: bool = False,
 ) -> H5Export:
     """Write a store's tile embeddings of `model` as ``<folder>/<slide>.h5`` in TRIDENT's
-    layout. The file is written under a hidden name and renamed into place whole;
-    an existing file is kept unless overwrite."""
+    (and CLAM's) layout or STAMP's. The file is written under a hidden name and renamed
+    into place whole; an existing file is kept unless overwrite."""
+    if layout not in LAYOUTS:
+        raise TilestoreError(f"layout {layout!r}: one of {', '.join(LAYOUTS)}")
     tiles = read_tile_features(store, model)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -62,17 +77,35 @@ def to_h5(
     partial = folder / f".{target.name}.partial.{os.getpid()}"
     try:
         with h5py.File(partial, "w") as f:
-            features = f.create_dataset(
-                "features", data=tiles.features.astype(np.float32, copy=False)
-            )
-            features.attrs.update({"name": tiles.name, "encoder": model})
-            coords = f.create_dataset("coords", data=np.stack([tiles.x, tiles.y], axis=1))
-            coords.attrs.update(attrs)
+            (_trident if layout == "trident" else _stamp)(f, tiles, attrs)
         partial.replace(target)
     finally:
         partial.unlink(missing_ok=True)
     return H5Export(
         target, tiles.tiles, int(tiles.features.shape[1]), attrs["patch_size_level0"], misplaced
+    )
+
+
+def _trident(f: h5py.File, tiles: TileFeatures, attrs: dict) -> None:
+    features = f.create_dataset("features", data=tiles.features.astype(np.float32, copy=False))
+    features.attrs.update({"name": tiles.name, "encoder": tiles.model})
+    coords = f.create_dataset("coords", data=np.stack([tiles.x, tiles.y], axis=1))
+    coords.attrs.update(attrs)
+
+
+def _stamp(f: h5py.File, tiles: TileFeatures, attrs: dict) -> None:
+    mpp_x, mpp_y = tiles.slide_mpp
+    f.create_dataset("feats", data=tiles.features.astype(np.float32, copy=False))
+    f.create_dataset("coords", data=np.stack([tiles.x * mpp_x, tiles.y * mpp_y], axis=1))
+    f.attrs.update(
+        {
+            "unit": "um",
+            "tile_size_um": float(tiles.footprint0[1] * mpp_x),
+            "tile_size_px": int(tiles.tile_size),
+            "feat_type": "tile",
+            "extractor": tiles.model,
+            **{k: v for k, v in attrs.items() if k.startswith("tilestore_")},
+        }
     )
 
 

@@ -231,6 +231,25 @@ def speed(args) -> list[dict]:
     rows = []
     for tiles in (int(t) for t in args.tiles.split(",")):
         for name in wanted:
+            if args.reference:  # the authors' code on the same N, in the references' process
+                work = args.work / "synthetic"
+                work.mkdir(parents=True, exist_ok=True)
+                cmd = [args.python, str(HERE / "slide_references.py"), name, "-", str(work / "w"),
+                       "-", "--sources", str(args.work / "sources"), "--trident",
+                       str(args.trident), "--synthetic", str(tiles), "--limit-gb",
+                       str(args.limit_gb)]  # fmt: skip
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                found = (
+                    json.loads(done.stdout.strip().splitlines()[-1])
+                    if done.returncode == 0
+                    else {"error": done.stderr.strip().splitlines()[-1][:200]}
+                )
+                row = {"encoder": f"{name} (authors' code)", "tiles": tiles, "device": "cpu",
+                       "precision": "fp32", "first_s": found.get("seconds"), **found}  # fmt: skip
+                if row.get("error") is None:
+                    row.pop("error", None)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
             cmd = [sys.executable, __file__, "measure", "--encoder", name, "--tiles", str(tiles),
                    "--device", args.device, "--precision", args.precision,
                    "--repeats", str(args.repeats)]  # fmt: skip
@@ -250,7 +269,7 @@ def speed(args) -> list[dict]:
     print("|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['encoder']} | {r['tiles']:,} | | failed: {r['error']} | |")
+            print(f"| {r['encoder']} | {r['tiles']:,} | | {r['error']} | |")
         else:
             print(f"| {r['encoder']} | {r['tiles']:,} | {r['device']}, {r['precision']} | "
                   f"{r['seconds']:.2f} | {r['peak_mb']:,.0f} |")  # fmt: skip
@@ -273,6 +292,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--reference", action="store_true", help="speed: also the authors' code (CPU)"
+    )
+    parser.add_argument("--limit-gb", type=float, default=16.0, help="--reference's memory cap")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "slide_encoders.json")
     parser.add_argument(
         "--keys",

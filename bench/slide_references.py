@@ -244,6 +244,42 @@ def _save(state: dict, path: Path) -> None:
     safetensors.torch.save_file({k: v.contiguous() for k, v in state.items()}, path)
 
 
+def synthetic(
+    encoder: str, tiles: int, sources: Path, trident: Path, weights: Path, limit_gb: float
+) -> dict:
+    """The authors' module on N random tiles of a square grid (coordinates in level-0 pixels
+    of 512 px tiles), through TRIDENT's slide-feature task: seconds and peak RSS above what
+    the process held, under an address-space limit of `limit_gb` (beyond it: out of memory,
+    not a killed machine)."""
+    import resource
+    import time
+
+    import h5py
+
+    side = int(np.ceil(np.sqrt(tiles)))
+    dim = {"titan": 768, "gigapath": 1536, "gigapath-cls": 1536, "prism": 2560}[encoder]
+    step = 512
+    h5 = weights.parent / f"synthetic-{encoder}-{tiles}.h5"
+    cols, rows = np.arange(tiles) % side, np.arange(tiles) // side
+    with h5py.File(h5, "w") as f:
+        f["features"] = np.random.default_rng(0).standard_normal((tiles, dim), dtype=np.float32)
+        f["coords"] = np.stack([cols * step, rows * step], 1).astype(np.int64)
+        f["coords"].attrs["patch_size_level0"] = step
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    limit = int(limit_gb * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    started = time.perf_counter()
+    try:
+        REFERENCES[encoder](sources, trident, h5, weights)
+        error = None
+    except (MemoryError, RuntimeError) as exc:
+        error = f"out of memory under {limit_gb:g} GB ({type(exc).__name__})"
+    seconds = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before
+    return {"encoder": encoder, "tiles": tiles, "seconds": round(seconds, 2),
+            "peak_mb": round(peak, 1), "error": error}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("encoder", choices=sorted(REFERENCES))
@@ -252,7 +288,15 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--sources", type=Path, required=True, help="the authors' code")
     parser.add_argument("--trident", type=Path, required=True)
+    parser.add_argument("--synthetic", type=int, help="measure on N random tiles instead")
+    parser.add_argument("--limit-gb", type=float, default=16.0)
     args = parser.parse_args()
+    if args.synthetic:
+        with torch.no_grad():
+            found = synthetic(args.encoder, args.synthetic, args.sources, args.trident,
+                              args.weights, args.limit_gb)  # fmt: skip
+        print(json.dumps(found))
+        return
     torch.backends.cuda.matmul.allow_tf32 = False
     with torch.no_grad():
         vector = REFERENCES[args.encoder](args.sources, args.trident, args.h5, args.weights)

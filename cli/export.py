@@ -207,10 +207,9 @@ def h5(
 ) -> None:
     """Tile features as per-slide HDF5 files other tools read: TRIDENT's slide encoders,
     CLAM and other MIL code (--layout trident), STAMP (--layout stamp)."""
-    from tilestore.embeddings.h5 import to_h5
-    from tilestore.embeddings.read import _expand
+    from tilestore.embeddings import expand_stores, to_h5
 
-    for store, _ in _expand(stores):
+    for store, _ in expand_stores(stores):
         done = to_h5(store, model, output, layout=layout, overwrite=overwrite)
         note = (
             f"; {done.misplaced} tiles' coords // {done.patch_size_level0} fall outside their "
@@ -238,7 +237,7 @@ def slides(
 ) -> None:
     """A cohort's slide embeddings as one table: a row per slide (slide, store, tiles, then
     the features), for classifiers, survival models and retrieval."""
-    from tilestore.embeddings.slides import open_slide_embeddings, slide_table
+    from tilestore.embeddings import open_slide_embeddings, slide_table
 
     suffix = output.suffix.lower()
     if suffix not in (".parquet", ".csv", ".h5ad"):

@@ -6,6 +6,7 @@ stores.
 >>> with Embedder("uni") as embedder:          # one model load for many runs
 ...     embedder.embed(stores_a); embedder.embed(stores_b)
 >>> embed_cohort(stores, "uni", dask_client)   # many GPUs and nodes, through Dask
+>>> embed_slides(stores, "titan")              # a slide vector from each store's tile features
 
 Members load on first use: the decoder worker processes import this package and must not
 pay for torch. May import `tilestore` (below it), never `tilestore.cli` (above it).
@@ -57,6 +58,7 @@ __getattr__, __dir__, __all__ = lazy_face(
             "resolve",
         ),
         "tilestore.embed.sizing": ("plot_profile", "profile_model"),
+        "tilestore.embed.slides": ("embed_slides", "get_slide_encoder", "list_slide_encoders"),
     },
 )
 
@@ -98,3 +100,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         resolve,
     )
     from tilestore.embed.sizing import plot_profile, profile_model
+    from tilestore.embed.slides import embed_slides, get_slide_encoder, list_slide_encoders

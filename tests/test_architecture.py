@@ -47,6 +47,7 @@ FACES = (
     "tilestore.conversion",
     "tilestore.embed",
     "tilestore.embed.models",
+    "tilestore.embed.slides",
     "tilestore.embeddings",
     "tilestore.format",
     "tilestore.masks",

@@ -30,7 +30,7 @@ from tilestore.embed.slides.load import CONVERT
 from tilestore.embed.slides.nets.attention import attention_with_lse, chunked_attention
 from tilestore.embed.slides.nets.longnet import LongNetSlide, segment_lengths, sincos
 from tilestore.embed.slides.nets.titan import Titan, alibi_slopes
-from tilestore.embeddings.read import NotEmbedded
+from tilestore.embeddings import NotEmbedded
 from tilestore.embeddings.slides import (
     StaleSlideEmbedding,
     read_slide_vector,

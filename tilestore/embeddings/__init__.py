@@ -27,12 +27,17 @@ from tilestore.faces import lazy_face
 __getattr__, __dir__, _read = lazy_face(
     __name__,
     {
-        "tilestore.embeddings.read": ("list_embeddings", "open_embeddings"),
+        "tilestore.embeddings.groups": ("NotEmbedded", "expand_stores", "list_embeddings"),
+        "tilestore.embeddings.h5": ("LAYOUTS", "to_h5"),
+        "tilestore.embeddings.read": ("open_embeddings",),
         "tilestore.embeddings.quality": ("plan_with_quality", "without_blurred"),
         "tilestore.embeddings.slides": (
+            "StaleSlideEmbedding",
             "TileFeatures",
             "open_slide_embeddings",
+            "read_slide_vector",
             "read_tile_features",
+            "slide_table",
             "write_slide_vector",
         ),
     },
@@ -51,11 +56,16 @@ __all__ = sorted(
 )
 
 if TYPE_CHECKING:
+    from tilestore.embeddings.groups import NotEmbedded, expand_stores, list_embeddings
+    from tilestore.embeddings.h5 import LAYOUTS, to_h5
     from tilestore.embeddings.quality import plan_with_quality, without_blurred
-    from tilestore.embeddings.read import list_embeddings, open_embeddings
+    from tilestore.embeddings.read import open_embeddings
     from tilestore.embeddings.slides import (
+        StaleSlideEmbedding,
         TileFeatures,
         open_slide_embeddings,
+        read_slide_vector,
         read_tile_features,
+        slide_table,
         write_slide_vector,
     )

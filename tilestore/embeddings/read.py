@@ -12,8 +12,6 @@ the ``ds.tiles`` accessor (`tilestore.analysis.accessor`, registered when this m
 
 from __future__ import annotations
 
-import glob
-import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,23 +24,20 @@ import zarr
 from zarr.abc.store import Store
 
 from tilestore.analysis import accessor as accessor  # registers the ds.tiles accessor
-from tilestore.embeddings.layout import COORDINATES, COORDS, GROUP, UNITS, group_name
+from tilestore.embeddings.groups import (
+    NotEmbedded,
+    StoreLike,
+    expand_stores,
+    list_embeddings,
+    open_group,
+    slide_name,
+)
+from tilestore.embeddings.layout import COORDINATES, COORDS, UNITS, group_name
 from tilestore.embeddings.recipe import differences, recipe
 from tilestore.errors import ChunkError, StoreError, TilestoreWarning
-from tilestore.format.store import DAMAGED, STORE_SUFFIX, stored
+from tilestore.format.store import stored
 
 DASK_CHUNK_BYTES = 32 * 2**20
-StoreLike = str | os.PathLike | Store
-
-
-def list_embeddings(store: StoreLike) -> list[str]:
-    """Names of the embeddings groups in a store (complete or not)."""
-    root = _open(store, "")
-    with stored(store, GROUP, f"remove {GROUP} and embed the store again"):
-        try:
-            return sorted(name for name, _ in root[GROUP].groups())
-        except KeyError:
-            return []
 
 
 def open_embeddings(
@@ -72,7 +67,7 @@ def open_embeddings(
         from tilestore.embeddings.slides import open_slide_embeddings
 
         return open_slide_embeddings(stores, model, slide_encoder, skip_missing=skip_missing)
-    paths = _expand(stores)
+    paths = expand_stores(stores)
     parts, skipped = [], []
     for store, globbed in paths:
         try:
@@ -112,60 +107,13 @@ def _same_recipe(parts: list[dict[str, Any]], model: str) -> None:
             )
 
 
-class NotEmbedded(StoreError):
-    """A store without this model's finished embeddings (absent or unfinished)."""
-
-
-def _expand(stores) -> list[tuple[StoreLike, bool]]:
-    """(store, whether a glob pattern found it) for each store given."""
-    if isinstance(stores, Store | str | os.PathLike):
-        stores = [stores]
-    out: list[tuple[StoreLike, bool]] = []
-    for s in stores:
-        if isinstance(s, str) and glob.has_magic(s):
-            found = sorted(glob.glob(s))
-            if not found:
-                raise StoreError(f"{s}: no store matches this pattern")
-            out.extend((f, True) for f in found)
-        else:
-            out.append((s, False))
-    if not out:
-        raise StoreError("no stores given")
-    return out
-
-
-def _open(store: StoreLike, path: str) -> zarr.Group:
-    """A group of the store: KeyError where `path` is absent, StoreError where it is damaged."""
-    where = store if isinstance(store, Store) else Path(store)
-    try:
-        return zarr.open_group(where, path=path, mode="r", zarr_format=3, use_consolidated=False)
-    except (FileNotFoundError, KeyError, zarr.errors.GroupNotFoundError) as exc:
-        if path:
-            raise KeyError(path) from exc
-        raise StoreError(f"{store}: not a tilestore store ({exc})") from exc
-    except DAMAGED as exc:
-        what = path or "the store's root"
-        raise StoreError(
-            f"{store}: {what} is damaged ({type(exc).__name__}: {exc})"
-            + (f"; embed the store again with overwrite=True (or remove {path})" if path else "")
-        ) from exc
-
-
-def _slide_name(store: StoreLike) -> str:
-    if isinstance(store, Store):
-        source = (_open(store, "").attrs.get("tilestore") or {}).get("source", {})
-        return Path(source.get("name") or str(store)).stem
-    name = Path(store).name
-    return name[: -len(STORE_SUFFIX)] if name.endswith(STORE_SUFFIX) else name
-
-
 def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
     """One slide's arrays (dask) and grid facts; StoreError if it has no finished group."""
     if not isinstance(store, Store) and not (Path(store) / "zarr.json").exists():
         raise StoreError(f"{store}: no such store")
     path = group_name(model)
     try:
-        group = _open(store, path)
+        group = open_group(store, path)
     except KeyError:
         have = ", ".join(list_embeddings(store)) or "none"
         raise NotEmbedded(
@@ -216,7 +164,7 @@ def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
                 name=f"tokens-{token}",
                 meta=np.empty((0,) * tokens.ndim, tokens.dtype),
             )
-    name = _slide_name(store)
+    name = slide_name(store)
     grid = meta.get("grid") or {}
     downsample = grid.get("downsample", (1.0, 1.0))
     read, read_stride = grid.get("read", meta.get("read_px")), grid.get("read_stride")

@@ -25,15 +25,15 @@ from typing import Any
 import numpy as np
 import zarr
 
-from tilestore.embeddings.layout import group_name
-from tilestore.embeddings.read import (
+from tilestore.embeddings.groups import (
     NotEmbedded,
     StoreLike,
-    _expand,
-    _open,
-    _slide_name,
+    expand_stores,
     list_embeddings,
+    open_group,
+    slide_name,
 )
+from tilestore.embeddings.layout import group_name
 from tilestore.embeddings.recipe import differences, recipe
 from tilestore.errors import StoreError
 from tilestore.format.store import open_for_writing, stored
@@ -111,7 +111,7 @@ def read_tile_features(store: StoreLike, model: str) -> TileFeatures:
     if not isinstance(store, zarr.abc.store.Store) and not (Path(store) / "zarr.json").exists():
         raise StoreError(f"{store}: no such store")
     try:
-        group = _open(store, path)
+        group = open_group(store, path)
     except KeyError:
         have = ", ".join(list_embeddings(store)) or "none"
         raise NotEmbedded(
@@ -134,7 +134,7 @@ def read_tile_features(store: StoreLike, model: str) -> TileFeatures:
     step = grid.get("read_stride") or read
     return TileFeatures(
         store=str(store),
-        name=_slide_name(store),
+        name=slide_name(store),
         model=model,
         features=features,
         x=x.astype(np.int64),
@@ -175,7 +175,7 @@ def write_slide_vector(
         raise SlideEmbeddingExists(
             f"{tiles.name}: {path} exists; pass overwrite=True to compute it again"
         )
-    current = _open(tiles.store, group_name(tiles.model)).attrs.get("tilestore", {})
+    current = open_group(tiles.store, group_name(tiles.model)).attrs.get("tilestore", {})
     if str(current.get("finished", "")) != tiles.finished:
         raise StaleSlideEmbedding(
             f"{tiles.name}: {group_name(tiles.model)} was embedded again while {encoder} "
@@ -233,7 +233,7 @@ def read_slide_vector(store: StoreLike, model: str, encoder: str) -> dict[str, A
     there is none, StaleSlideEmbedding where its tile features were embedded again since."""
     path = slide_group_name(model, encoder)
     try:
-        group = _open(store, path)
+        group = open_group(store, path)
     except KeyError:
         raise NotEmbedded(
             f"{store}: no {path}; run `tilestore embed --slide-encoder {encoder}` on it first"
@@ -241,7 +241,7 @@ def read_slide_vector(store: StoreLike, model: str, encoder: str) -> dict[str, A
     with stored(store, path, f"compute it again (tilestore embed --slide-encoder {encoder})"):
         record = dict(group.attrs["tilestore"])
         vector = group[VECTOR][:]
-        tiles_meta = _open(store, group_name(model)).attrs.get("tilestore", {})
+        tiles_meta = open_group(store, group_name(model)).attrs.get("tilestore", {})
     if str(tiles_meta.get("finished", "")) != record["tiles"]["finished"]:
         raise StaleSlideEmbedding(
             f"{store}: {path} was computed from tile features replaced since (embedded "
@@ -249,7 +249,7 @@ def read_slide_vector(store: StoreLike, model: str, encoder: str) -> dict[str, A
             f"`tilestore embed --slide-encoder {encoder} --overwrite` on it"
         )
     return {
-        "name": _slide_name(store),
+        "name": slide_name(store),
         "store": str(store),
         "vector": vector,
         "record": record,
@@ -277,7 +277,7 @@ def open_slide_embeddings(
     from tilestore.errors import TilestoreWarning
 
     found, skipped = [], []
-    for store, globbed in _expand(stores):
+    for store, globbed in expand_stores(stores):
         try:
             found.append(read_slide_vector(store, model, encoder))
         except NotEmbedded as exc:

@@ -281,6 +281,20 @@ def test_a_stale_vector_left_by_an_old_tile_group_is_refused(featured):
         read_slide_vector(path, "conch-v1.5", "max")
 
 
+def test_a_damaged_slide_vector_is_one_store_error_and_verify_finds_it(featured):
+    from tilestore.reading import verify_store
+
+    path, _ = featured
+    embed_slides([path], "mean", model="conch-v1.5", device="cpu")
+    chunk = next((Path(path) / slide_group_name("conch-v1.5", "mean") / "embedding").rglob("0"))
+    data = bytearray(chunk.read_bytes())
+    data[3] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match=r"slides/mean is damaged .*--overwrite\)$"):
+        read_slide_vector(path, "conch-v1.5", "mean")
+    assert not verify_store(path).ok
+
+
 @pytest.mark.parametrize(
     ("encoder", "plan", "why"),
     [

@@ -36,6 +36,7 @@ from tilestore.embeddings.groups import (
 from tilestore.embeddings.layout import group_name
 from tilestore.embeddings.recipe import differences, recipe
 from tilestore.errors import StoreError
+from tilestore.format.codecs import zstd_codecs
 from tilestore.format.store import open_for_writing, stored
 
 SLIDES = "slides"  # the subgroup of a tile model's group holding its slide embeddings
@@ -189,7 +190,9 @@ def write_slide_vector(
     try:
         group = root.create_group(hidden)
         values = np.asarray(vector, dtype=np.float32).reshape(-1)
-        array = group.create_array(VECTOR, shape=values.shape, dtype="float32")
+        array = group.create_array(
+            VECTOR, shape=values.shape, dtype="float32", **zstd_codecs(level=3)
+        )  # its CRC-32C: `tilestore verify` checks it as every other array
         array[:] = values
         group.attrs["tilestore"] = {**record, "tiles": tiles.source(), "dim": int(values.size)}
         aside = None
@@ -238,7 +241,8 @@ def read_slide_vector(store: StoreLike, model: str, encoder: str) -> dict[str, A
         raise NotEmbedded(
             f"{store}: no {path}; run `tilestore embed --slide-encoder {encoder}` on it first"
         ) from None
-    with stored(store, path, f"compute it again (tilestore embed --slide-encoder {encoder})"):
+    fix = f"compute it again (tilestore embed --slide-encoder {encoder} --overwrite)"
+    with stored(store, path, fix):
         record = dict(group.attrs["tilestore"])
         vector = group[VECTOR][:]
         tiles_meta = open_group(store, group_name(model)).attrs.get("tilestore", {})

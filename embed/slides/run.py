@@ -7,7 +7,6 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,6 +17,7 @@ from tilestore.embed.slides.registry import get_slide_encoder
 from tilestore.embed.slides.spec import SlideEncoderError, SlideSpec
 from tilestore.embeddings.slides import (
     SlideEmbeddingExists,
+    has_current_vector,
     read_tile_features,
     slide_group_name,
     write_slide_vector,
@@ -111,6 +111,9 @@ def embed_slides(
     loaded: LoadedSlideEncoder | None = None
     for store in stores:
         try:
+            if not overwrite and has_current_vector(store, tile_model, spec.name):
+                report.rows.append(SlideRow(str(store), "skipped", why="done already"))
+                continue
             tiles = read_tile_features(store, tile_model)
             why = spec.refusal(tiles)
             if why:
@@ -125,22 +128,20 @@ def embed_slides(
                     f"{tiles.name}: {tiles.features.shape[1]}-d tile features; this run's "
                     f"{spec.name} took {loaded.in_dim}-d ones"
                 )
-            if not overwrite and _has(tiles, spec.name):
-                report.rows.append(SlideRow(str(store), "skipped", tiles.tiles, why="done already"))
-                continue
-            row = _encode(loaded, tiles, dev, run_precision, overwrite)
+            row = _encode(loaded, tiles, dev, run_precision, overwrite=True)
             report.rows.append(row)
         except SlideEmbeddingExists as exc:
             report.rows.append(SlideRow(str(store), "skipped", why=str(exc)))
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            report.rows.append(
+                SlideRow(str(store), "failed", why=f"{store}: {spec.name} ran out of GPU memory")
+            )
         except (TilestoreError, OSError) as exc:
             report.rows.append(SlideRow(str(store), "failed", why=str(exc)))
         if progress:
             progress(1, len(stores))
     return report
-
-
-def _has(tiles, encoder: str) -> bool:
-    return (Path(tiles.store) / slide_group_name(tiles.model, encoder)).exists()
 
 
 def _encode(loaded: LoadedSlideEncoder, tiles, device, precision: str, overwrite: bool) -> SlideRow:

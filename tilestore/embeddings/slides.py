@@ -172,7 +172,7 @@ def write_slide_vector(
     store = Path(tiles.store)
     path = slide_group_name(tiles.model, encoder)
     target = store / path
-    if target.exists() and not overwrite:
+    if target.exists() and not overwrite and has_current_vector(tiles.store, tiles.model, encoder):
         raise SlideEmbeddingExists(
             f"{tiles.name}: {path} exists; pass overwrite=True to compute it again"
         )
@@ -228,6 +228,16 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
+    return True
+
+
+def has_current_vector(store: StoreLike, model: str, encoder: str) -> bool:
+    """Whether the store holds this encoder's slide vector, computed from the tile features
+    it holds now (a damaged or stale one is not current: it is computed again)."""
+    try:
+        read_slide_vector(store, model, encoder)
+    except StoreError:  # absent, stale or damaged
+        return False
     return True
 
 

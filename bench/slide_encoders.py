@@ -8,7 +8,8 @@ tilestore's TRIDENT-layout H5 (`tilestore export h5`). A separate process
 authors' module from local copies of their code, draws random weights, saves them in the
 layout the authors publish and computes the slide vector from the H5 through TRIDENT's
 slide-feature task (`WSI.extract_slide_features`, TRIDENT's wrapper of each model); ours
-loads the saved file through its own conversion and computes it from the store. fp32, CPU.
+loads the saved file through its own conversion and computes it from the store. fp32 (no
+TF32), on --device for both sides.
 
 speed: each encoder alone on a synthetic slide of N tiles (random features, a square grid):
 seconds and peak memory (GPU: torch's peak allocation; CPU: the process's peak RSS above
@@ -116,7 +117,8 @@ def reference(args) -> list[dict]:
         out.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         cmd = [args.python, str(HERE / "slide_references.py"), name, str(h5.path), str(weights),
-               str(out), "--sources", str(sources), "--trident", str(args.trident)]  # fmt: skip
+               str(out), "--sources", str(sources), "--trident", str(args.trident),
+               "--device", args.device]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True)
         ref_s = time.perf_counter() - started
         if done.returncode:
@@ -130,7 +132,7 @@ def reference(args) -> list[dict]:
             [args.store],
             name,
             model=None if spec.tile_model else model,
-            device="cpu",
+            device=args.device,
             precision="fp32",
             overwrite=True,
             weights=given,
@@ -196,8 +198,7 @@ def measure(args) -> dict:
     cells_t = torch.from_numpy(cells).to(device)
     encoder = load_slide_encoder(f"random:{spec.name}" if spec.source != "none" else spec.name,
                                  in_dim=dim, device=device)  # fmt: skip
-    precision = args.precision if args.precision != "auto" else (
-        spec.precision if device.type == "cuda" else "fp32")  # fmt: skip
+    precision = _precision(spec.name, args)
     dtype = AUTOCAST.get(precision)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     times = []
@@ -224,6 +225,15 @@ def measure(args) -> dict:
             "first_s": round(times[0], 3), "peak_mb": round(peak, 1)}  # fmt: skip
 
 
+def _precision(name: str, args) -> str:
+    """The precision a run uses: the authors' on CUDA unless one is given, fp32 on the CPU."""
+    from tilestore.embed.slides import get_slide_encoder
+
+    if args.precision != "auto":
+        return args.precision
+    return get_slide_encoder(name).precision if args.device.startswith("cuda") else "fp32"
+
+
 def speed(args) -> list[dict]:
     from tilestore.embed.slides import list_slide_encoders
 
@@ -237,15 +247,17 @@ def speed(args) -> list[dict]:
                 cmd = [args.python, str(HERE / "slide_references.py"), name, "-", str(work / "w"),
                        "-", "--sources", str(args.work / "sources"), "--trident",
                        str(args.trident), "--synthetic", str(tiles), "--limit-gb",
-                       str(args.limit_gb)]  # fmt: skip
+                       str(args.limit_gb), "--device", args.device,
+                       "--precision", _precision(name, args)]  # fmt: skip
                 done = subprocess.run(cmd, capture_output=True, text=True)
                 found = (
                     json.loads(done.stdout.strip().splitlines()[-1])
                     if done.returncode == 0
                     else {"error": done.stderr.strip().splitlines()[-1][:200]}
                 )
-                row = {"encoder": f"{name} (authors' code)", "tiles": tiles, "device": "cpu",
-                       "precision": "fp32", "first_s": found.get("seconds"), **found}  # fmt: skip
+                row = {**found, "encoder": f"{name} (authors' code)", "tiles": tiles,
+                       "device": args.device, "precision": _precision(name, args),
+                       "first_s": found.get("seconds")}  # fmt: skip
                 if row.get("error") is None:
                     row.pop("error", None)
                 rows.append(row)
@@ -304,6 +316,10 @@ def main() -> None:
         help="reference: record the authors' tensor names and shapes here (the tests load them)",
     )
     args = parser.parse_args()
+    import torch  # the references' comparison is fp32 to the last bit: no TF32 on a GPU
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     if args.mode == "measure":
         args.tiles = int(args.tiles)
         print(json.dumps(measure(args)))

@@ -55,9 +55,15 @@ def flash_stand_in():
     return flash_attn_func
 
 
-def trident_vector(trident: Path, wrapper_name: str, model, h5: Path, precision=torch.float32):
+# where and in what precision the references run (set once by main from the command line)
+RUN = {"device": "cpu", "precision": torch.float32}
+PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def trident_vector(trident: Path, wrapper_name: str, model, h5: Path):
     """TRIDENT's slide-feature task on the H5: its wrapper class (forward only, the model
-    given) and `WSI.extract_slide_features`, which reads the H5 as TRIDENT writes it."""
+    given) and `WSI.extract_slide_features`, which reads the H5 as TRIDENT writes it (and
+    moves the model to the device, autocasting unless fp32, as TRIDENT does)."""
     sys.path.insert(0, str(trident))
     from trident.slide_encoder_models import load
     from trident.wsi_objects.WSI import WSI
@@ -65,10 +71,10 @@ def trident_vector(trident: Path, wrapper_name: str, model, h5: Path, precision=
     cls = getattr(load, wrapper_name)
     wrapper = cls.__new__(cls)
     nn.Module.__init__(wrapper)
-    wrapper.model, wrapper.precision, wrapper.enc_name = model, precision, wrapper_name
+    wrapper.model, wrapper.precision, wrapper.enc_name = model, RUN["precision"], wrapper_name
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"trident-{os.getpid()}"
     path = WSI.extract_slide_features(
-        types.SimpleNamespace(name=h5.stem), str(h5), wrapper, str(out), device="cpu"
+        types.SimpleNamespace(name=h5.stem), str(h5), wrapper, str(out), device=RUN["device"]
     )
     import h5py
 
@@ -146,12 +152,15 @@ def gigapath(src: Path, trident: Path, h5: Path, weights: Path, cls: bool = Fals
         return trident_vector(trident, "GigaPathSlideEncoder", model, h5)
     import h5py  # the authors' pipeline: every layer's embedding; the last, class token
 
+    device, dtype = RUN["device"], RUN["precision"]
     with h5py.File(h5) as f:
-        features = torch.from_numpy(f["features"][:]).float()[None]
-        coords = torch.from_numpy(f["coords"][:]).float()[None]
+        features = torch.from_numpy(f["features"][:]).float()[None].to(device)
+        coords = torch.from_numpy(f["coords"][:]).float()[None].to(device)
         model.tile_size = int(f["coords"].attrs["patch_size_level0"])
-    with torch.no_grad():
-        return model(features, coords, all_layer_embed=True)[-1].numpy().reshape(-1)
+    autocast = torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32)
+    with torch.no_grad(), autocast:
+        out = model.to(device)(features, coords, all_layer_embed=True)[-1]
+    return out.float().cpu().numpy().reshape(-1)
 
 
 def madeleine(src: Path, trident: Path, h5: Path, weights: Path) -> np.ndarray:
@@ -214,7 +223,7 @@ def mean(src: Path, trident: Path, h5: Path, weights: Path) -> np.ndarray:
 
     with h5py.File(h5) as f:
         batch = {"features": torch.from_numpy(f["features"][:])[None]}
-    return model(batch, device="cpu").numpy().reshape(-1)
+    return model(batch, device=RUN["device"]).cpu().numpy().reshape(-1)
 
 
 def maximum(src: Path, trident: Path, h5: Path, weights: Path) -> np.ndarray:
@@ -248,9 +257,10 @@ def synthetic(
     encoder: str, tiles: int, sources: Path, trident: Path, weights: Path, limit_gb: float
 ) -> dict:
     """The authors' module on N random tiles of a square grid (coordinates in level-0 pixels
-    of 512 px tiles), through TRIDENT's slide-feature task: seconds and peak RSS above what
-    the process held, under an address-space limit of `limit_gb` (beyond it: out of memory,
-    not a killed machine)."""
+    of 512 px tiles), through TRIDENT's slide-feature task: seconds (building the module and
+    saving its weights included) and peak memory: on the CPU the RSS above what the process
+    held, under an address-space limit of `limit_gb` (beyond it: out of memory, not a killed
+    machine); on a GPU, torch's peak allocation."""
     import resource
     import time
 
@@ -265,17 +275,26 @@ def synthetic(
         f["features"] = np.random.default_rng(0).standard_normal((tiles, dim), dtype=np.float32)
         f["coords"] = np.stack([cols * step, rows * step], 1).astype(np.int64)
         f["coords"].attrs["patch_size_level0"] = step
+    cuda = RUN["device"].startswith("cuda")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    limit = int(limit_gb * 2**30)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    if cuda:  # the card's own limit; its peak allocation is what is reported
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        limit = int(limit_gb * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     started = time.perf_counter()
     try:
         REFERENCES[encoder](sources, trident, h5, weights)
         error = None
     except (MemoryError, RuntimeError) as exc:
-        error = f"out of memory under {limit_gb:g} GB ({type(exc).__name__})"
+        where = "on the GPU" if cuda else f"under {limit_gb:g} GB"
+        error = f"out of memory {where} ({type(exc).__name__})"
     seconds = time.perf_counter() - started
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before
+    peak = (
+        torch.cuda.max_memory_allocated() / 2**20
+        if cuda
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before
+    )
     return {"encoder": encoder, "tiles": tiles, "seconds": round(seconds, 2),
             "peak_mb": round(peak, 1), "error": error}  # fmt: skip
 
@@ -290,14 +309,18 @@ def main() -> None:
     parser.add_argument("--trident", type=Path, required=True)
     parser.add_argument("--synthetic", type=int, help="measure on N random tiles instead")
     parser.add_argument("--limit-gb", type=float, default=16.0)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32")
     args = parser.parse_args()
+    RUN.update(device=args.device, precision=PRECISIONS[args.precision])
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     if args.synthetic:
         with torch.no_grad():
             found = synthetic(args.encoder, args.synthetic, args.sources, args.trident,
                               args.weights, args.limit_gb)  # fmt: skip
         print(json.dumps(found))
         return
-    torch.backends.cuda.matmul.allow_tf32 = False
     with torch.no_grad():
         vector = REFERENCES[args.encoder](args.sources, args.trident, args.h5, args.weights)
     np.save(args.out, np.asarray(vector, dtype=np.float32))

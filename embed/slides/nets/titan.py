@@ -18,6 +18,7 @@ from torch import nn
 
 from tilestore.embed.slides.nets.attention import CHUNK_BYTES, chunked_attention
 
+
 def alibi_slopes(heads: int) -> list[float]:
     """ALiBi's geometric slopes (Press et al.): 2^(-8 i / n) for a power-of-two n heads;
     otherwise those of the power below, then every other one of the power above."""
@@ -119,8 +120,8 @@ class Titan(nn.Module):
 
         def bias(start: int, stop: int) -> torch.Tensor:
             """-slope * distance between tiles; nothing to or from the class token (row 0).
-            Distances by differences (exact on whole cells, as the authors' cdist; cdist's
-            own kernel is ten times slower on a GPU)."""
+            Distances by differences (exact on whole cells, as the authors' cdist, whose
+            kernel took 14x as long on an H100: bench/RESULTS.md, slide encoders)."""
             out = torch.zeros(len(slopes), stop - start, wide, device=x.device, dtype=x.dtype)
             out = out[..., :n]  # made in the attention's dtype: no copy that unaligns it
             rows = where[max(start, 1) - 1 : stop - 1]

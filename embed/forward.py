@@ -18,6 +18,7 @@ from tilestore.embed.graphs import GraphedForward
 from tilestore.embed.models import LoadedModel, ModelError
 from tilestore.embed.settings import Precision
 from tilestore.errors import TilestoreError
+from tilestore.qc.colour import ColourTables
 from tilestore.qc.tilewise import MEASURES, TileParams, tile_measures
 
 
@@ -84,15 +85,16 @@ class QualityLayout:
         return {"measures": list(self.measures), "mpp": self.mpp, "side": self.side,
                 "params": asdict(TileParams())}  # fmt: skip
 
-    def measure(self, tiles: torch.Tensor) -> torch.Tensor:
-        """(n, width) float32 measures of (n, h, w, 3) uint8 tiles on their device."""
+    def measure(self, tiles: torch.Tensor, tables: ColourTables | None = None) -> torch.Tensor:
+        """(n, width) float32 measures of (n, h, w, 3) uint8 tiles on their device (`tables`:
+        the colour constants there, made once per run)."""
         if tiles.shape[1:3] != (self.side, self.side):  # decided when a graph is traced
             scaled = F.interpolate(
                 tiles.permute(0, 3, 1, 2).float(), size=(self.side, self.side),
                 mode="bilinear", antialias=True, align_corners=False,
             )  # fmt: skip
             tiles = scaled.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
-        return tile_measures(tiles, self.mpp)
+        return tile_measures(tiles, self.mpp, tables=tables)
 
 
 class Forward:
@@ -112,6 +114,7 @@ class Forward:
     ) -> None:
         self.loaded, self.device, self.precision = loaded, device, precision
         self.tokens, self.quality = tokens, quality
+        self.tables = ColourTables.on(device) if quality else None  # not made every batch
         self.width = (
             loaded.output_dim + (tokens.width if tokens else 0) + (quality.width if quality else 0)
         )
@@ -130,7 +133,7 @@ class Forward:
         if self.quality is None:
             return out
         with torch.autocast(self.device.type, enabled=False):
-            measures = self.quality.measure(tiles)
+            measures = self.quality.measure(tiles, self.tables)
         return torch.cat([out, measures.to(out.dtype)], dim=1)
 
     def __call__(self, tiles: torch.Tensor, count: int, eager: bool = False) -> torch.Tensor:

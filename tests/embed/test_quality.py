@@ -147,3 +147,46 @@ def test_a_larger_footprint_is_measured_as_the_model_sees_it(cmu_pixels):
     torch.testing.assert_close(layout.measure(big), want, equal_nan=True)
     same = big[:, :224, :224]
     torch.testing.assert_close(layout.measure(same), tile_measures(same, 0.5), equal_nan=True)
+
+
+def _tiles(cmu_pixels, n: int = 4) -> torch.Tensor:
+    return torch.from_numpy(np.stack([cmu_pixels[i * 200 : i * 200 + 224, :224] for i in range(n)]))
+
+
+def test_given_their_tables_the_measures_copy_nothing_to_the_device(cmu_pixels, monkeypatch):
+    """Each tensor made from host data is a copy to the device, and on a GPU a copy that
+    waits for everything queued before it (the model's batch): with the tables made once,
+    a batch's measures make none, and give the same numbers as without."""
+    from tilestore.qc.colour import ColourTables
+
+    tiles = _tiles(cmu_pixels)
+    tables = ColourTables.on("cpu")
+    want = tile_measures(tiles, 0.5)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a tensor made from host data inside the measures")
+
+    monkeypatch.setattr(torch, "tensor", refused)
+    monkeypatch.setattr(torch, "as_tensor", refused)
+    got = tile_measures(tiles, 0.5, tables=tables)
+    with pytest.raises(AssertionError, match="host data"):
+        tile_measures(tiles, 0.5)  # without them, they are made for the call
+    monkeypatch.undo()
+    assert torch.equal(torch.nan_to_num(got, 7.0), torch.nan_to_num(want, 7.0))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_the_gpu_the_measures_never_wait_on_the_device(cmu_pixels):
+    """torch's sync debug mode raises on any step that makes the host wait for the GPU."""
+    from tilestore.qc.colour import ColourTables
+
+    tiles = _tiles(cmu_pixels).cuda()
+    tables = ColourTables.on("cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = tile_measures(tiles, 0.5, tables=tables)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    want = tile_measures(tiles.cpu(), 0.5)
+    torch.testing.assert_close(got.cpu(), want, equal_nan=True, rtol=1e-4, atol=1e-5)

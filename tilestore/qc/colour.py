@@ -10,6 +10,7 @@ per pixel.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
@@ -29,6 +30,7 @@ _RGB_TO_XYZ = [
 ]
 _WHITE_D65 = (0.95047, 1.0, 1.08883)
 _LAB_EPSILON = 0.008856
+LUMA = (0.2126, 0.7152, 0.0722)  # Rec. 709 luminance of linear light
 MIN_OD = 1 / 255  # transmitted light of a saturated pixel is clamped to this (OD <= 2.4)
 
 
@@ -39,6 +41,24 @@ def _tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     od = -np.log10(np.maximum(v, MIN_OD))
     as_t = lambda a: torch.tensor(a, dtype=torch.float32, device=device)  # noqa: E731
     return as_t(linear), as_t(od)
+
+
+@dataclass(frozen=True)
+class ColourTables:
+    """The colour constants on one device, made once: each made from host data is a copy
+    to the device, and on a GPU every such copy waits for all the work queued before it
+    (a batch's measures beside a model would wait for the model, every batch)."""
+
+    linear: torch.Tensor  # (256,) linear light of each 8-bit value
+    od: torch.Tensor  # (256,) optical density of each 8-bit value
+    to_lab_xyz: torch.Tensor  # (3, 3) linear sRGB -> XYZ over the D65 white
+    luma: torch.Tensor  # (3,) linear light's luminance weights
+
+    @classmethod
+    def on(cls, device: torch.device | str) -> ColourTables:
+        linear, od = _tables(torch.device(device))
+        return cls(linear, od, _to_lab_xyz(torch.float32, linear.device),
+                   torch.tensor(LUMA, device=linear.device))  # fmt: skip
 
 
 def _stain_unmix() -> np.ndarray:
@@ -132,12 +152,22 @@ class Pixels:
         return torch.einsum("chw,cs->shw", self.od, unmix)
 
 
-def lab(linear: torch.Tensor) -> torch.Tensor:
+def _to_lab_xyz(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    to_xyz = torch.tensor(_RGB_TO_XYZ, dtype=dtype, device=device)
+    white = torch.tensor(_WHITE_D65, dtype=dtype, device=device)
+    return to_xyz / white[:, None]
+
+
+def lab(linear: torch.Tensor, tables: ColourTables | None = None) -> torch.Tensor:
     """(..., 3, H, W) CIELAB (D65) of (..., 3, H, W) linear sRGB light (a block, or a batch
-    of tiles: no step waits on the device, so a compiled model's pass can hold it)."""
-    to_xyz = torch.tensor(_RGB_TO_XYZ, dtype=linear.dtype, device=linear.device)
-    white = torch.tensor(_WHITE_D65, dtype=linear.dtype, device=linear.device)
-    xyz = torch.einsum("ij,...jhw->...ihw", to_xyz / white[:, None], linear)
+    of tiles: no step waits on the device, so a compiled model's pass can hold it; given
+    `tables` on its device, nothing is copied to it either)."""
+    matrix = (
+        tables.to_lab_xyz.to(linear.dtype)
+        if tables is not None
+        else _to_lab_xyz(linear.dtype, linear.device)
+    )
+    xyz = torch.einsum("ij,...jhw->...ihw", matrix, linear)
     f = xyz.clamp_min(_LAB_EPSILON).pow_(1 / 3)
     # the straight segment near black
     f = torch.where(xyz <= _LAB_EPSILON, xyz * 7.787 + 16 / 116, f)

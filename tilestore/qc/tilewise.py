@@ -31,12 +31,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tilestore.qc.colour import _tables, gaussian, hue_chroma, lab
+from tilestore.qc.colour import ColourTables, gaussian, hue_chroma, lab
 from tilestore.qc.params import LightParams, PenParams
 
 MEASURES = ("blur", "tissue_px", "brightness", "saturation", "ink", "dark", "bright")
 COLOUR_POOL = 4  # the colour measures' grid, in pixels of the tile
-_LUMA = (0.2126, 0.7152, 0.0722)
 
 
 @dataclass(frozen=True)
@@ -54,31 +53,35 @@ class TileParams:
 
 
 def tile_measures(
-    tiles: torch.Tensor, mpp: float, params: TileParams = TileParams()
+    tiles: torch.Tensor,
+    mpp: float,
+    params: TileParams = TileParams(),
+    tables: ColourTables | None = None,
 ) -> torch.Tensor:
     """(n, len(MEASURES)) float32 measures of (n, h, w, 3) uint8 tiles of `mpp` um/px.
+    `tables`: the colour constants on the tiles' device, made once by a caller that
+    measures batch after batch (without, they are made for this call).
 
     Blur needs every pixel; the colour measures (light, saturation, ink) are rules on
     regions of several micrometres, so they are taken on a grid `COLOUR_POOL` times
     coarser (linear light averaged: 2 um cells at 0.5 um/px), at a sixteenth of the work
     (on an H100 the measures on every pixel cost as much as a ViT-S forward:
     bench/RESULTS.md, per-tile quality)."""
-    linear_t, od_t = _tables(tiles.device)
+    tables = tables if tables is not None else ColourTables.on(tiles.device)
     index = tiles.int()
-    density = od_t[index].sum(-1)  # (n, h, w) total optical density
+    density = tables.od[index].sum(-1)  # (n, h, w) total optical density
     blur, tissue, tissue_share = _blur(density, mpp, params)
     nan = torch.full_like(blur, math.nan)
 
     pool = COLOUR_POOL if min(tiles.shape[1:3]) >= 4 * COLOUR_POOL else 1
-    linear = F.avg_pool2d(linear_t[index].permute(0, 3, 1, 2), pool)  # (n, 3, h', w')
+    linear = F.avg_pool2d(tables.linear[index].permute(0, 3, 1, 2), pool)  # (n, 3, h', w')
     cover = F.avg_pool2d(tissue[:, None], pool)[:, 0]  # each cell's share of tissue
     coarse = mpp * pool
-    luma = torch.tensor(_LUMA, device=tiles.device).view(1, 3, 1, 1)
-    gray = (linear * luma).sum(1)
+    gray = (linear * tables.luma.view(1, 3, 1, 1)).sum(1)
     pen, light_p = PenParams(), LightParams()
     n, _, h, w = linear.shape
     smooth = gaussian(linear.reshape(n * 3, h, w), pen.smooth_um / coarse).view(n, 3, h, w)
-    smooth_lab = lab(smooth)
+    smooth_lab = lab(smooth, tables)
     hue, chroma = hue_chroma(smooth_lab)
     ink = (smooth_lab[:, 0] < pen.black_max_l) & (chroma < pen.black_max_chroma)
     for lo, hi, min_chroma in (pen.blue, pen.green, pen.red):
@@ -87,7 +90,7 @@ def tile_measures(
     dark = soft < light_p.dark
     bright = (soft > light_p.bright) & (chroma > light_p.min_chroma) & (cover > 0.5)
     weight = cover / cover.sum((1, 2), keepdim=True).clamp_min(1e-6)
-    cell_chroma = hue_chroma(lab(linear))[1]
+    cell_chroma = hue_chroma(lab(linear, tables))[1]
     saturation = torch.where(
         tissue_share >= params.min_tissue, (cell_chroma * weight).sum((1, 2)), nan
     )
@@ -108,8 +111,8 @@ def tile_measures(
 def tile_blur(tiles: torch.Tensor, mpp: float, params: TileParams = TileParams()) -> torch.Tensor:
     """(n,) float32 `blur` of (n, h, w, 3) uint8 tiles: the first of `tile_measures`, alone
     (what the QC maps' fine pass judges cells by; the same numbers)."""
-    _, od_t = _tables(tiles.device)
-    return _blur(od_t[tiles.int()].sum(-1), mpp, params)[0]
+    od = ColourTables.on(tiles.device).od
+    return _blur(od[tiles.int()].sum(-1), mpp, params)[0]
 
 
 def _blur(density: torch.Tensor, mpp: float, params: TileParams):

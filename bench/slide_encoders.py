@@ -18,6 +18,9 @@ what it held before), each in a fresh process.
     python bench/slide_encoders.py reference --python /work/refvenv/bin/python \
         --trident .peers/TRIDENT --mirrors /work/.mirror
     python bench/slide_encoders.py speed --tiles 30000,100000 --device cpu
+    # on a GPU (bench/RESULTS.md: the H100 run, its environment and store)
+    python3 bench/slide_encoders.py reference --device cuda --trident .peers/TRIDENT
+    python3 bench/slide_encoders.py speed --device cuda --tiles 30000,100000
 """
 
 from __future__ import annotations

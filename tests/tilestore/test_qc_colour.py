@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from tests.conftest import CMU, SLIDES
+from tests.conftest import CMU, SLIDES, real
 from tilestore.qc.colour import Pixels, decimation, dilate, gaussian, hue_chroma, lab
 
 
@@ -44,7 +44,7 @@ def density() -> torch.Tensor:
     """Total optical density of real H&E (CMU-1-Small-Region) at full resolution."""
     import tifffile
 
-    rgb = tifffile.imread(SLIDES / CMU)[:1024, :1024]
+    rgb = tifffile.imread(real(SLIDES / CMU))[:1024, :1024]
     return Pixels(torch.from_numpy(np.ascontiguousarray(rgb.transpose(2, 0, 1))), 0.5).od_sum
 
 

@@ -192,10 +192,11 @@ def blur_sweep(work: Path) -> dict:
     return {"limit": limit, "rows": rows}
 
 
-def speed(size: int, slide_mpp: float, devices: list[str], reps: int) -> dict:
+def speed(size: int, slide_mpp: float, devices: list[str], reps: int, fine: str = "auto") -> dict:
     """QC wall of one store: as `tilestore qc` meets a fresh store (tissue mask computed
     too) and with the mask already there (`tilestore tissue` ran first); first call of the
-    process and the median of `reps`."""
+    process and the median of `reps`; and the chunks decoded in the last run (what the
+    fine blur pass's reading costs), with the fine pass as `fine` says."""
     from make_slide import make_large_svs
 
     from tilestore.masks.tissue import compute_tissue
@@ -209,29 +210,47 @@ def speed(size: int, slide_mpp: float, devices: list[str], reps: int) -> dict:
     slide = tilestore.open_slide(store)
     mask = compute_tissue(slide)
     rows = []
-    print("| slide | device | map | tissue mask | first s | median s | Mpx/s |")
-    print("|---|---|---|---|---|---|---|")
+    decodes = _count_decodes()
+    print(
+        "| slide | device | fine blur | map | tissue mask | first s | median s | Mpx/s | decodes |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for device in devices:
         for with_mask in (False, True):
             walls = []
             for _ in range(reps):
+                decodes[0] = 0
                 t = time.perf_counter()
                 given = mask if with_mask else None
-                maps = compute_qc(slide, QCOptions(device=device), tissue=given)
+                maps = compute_qc(slide, QCOptions(device=device, fine_blur=fine), tissue=given)
                 walls.append(time.perf_counter() - t)
             mpx = maps.bits.size / 1e6
             median = float(np.median(walls))
             rows.append(
-                {"device": device, "tissue_stored": with_mask, "seconds": walls,
-                 "median": median, "mpx": mpx, "notes": maps.notes}
+                {"device": device, "tissue_stored": with_mask, "seconds": walls, "fine_blur": fine,
+                 "median": median, "mpx": mpx, "decodes": decodes[0], "notes": maps.notes}
             )  # fmt: skip
             print(
-                f"| {size:,} px at {slide_mpp} um/px | {device} | {maps.mpp:.2f} um/px, "
+                f"| {size:,} px at {slide_mpp} um/px | {device} | {fine} | {maps.mpp:.2f} um/px, "
                 f"{maps.bits.shape[1]}x{maps.bits.shape[0]} | "
                 f"{'stored' if with_mask else 'computed'} | {walls[0]:.1f} | {median:.1f} | "
-                f"{mpx / median:.1f} |"
+                f"{mpx / median:.1f} | {decodes[0]:,} |"
             )
     return {"size": size, "slide_mpp": slide_mpp, "cpus": os.cpu_count(), "rows": rows}
+
+
+def _count_decodes() -> list[int]:
+    """A counter of the JPEG chunks decoded in this process from now on (element 0)."""
+    from tilestore.format.chunks import ChunkReader
+
+    count, decode = [0], ChunkReader.decode_into
+
+    def counted(self, *args, **kwargs):
+        count[0] += 1
+        return decode(self, *args, **kwargs)
+
+    ChunkReader.decode_into = counted
+    return count
 
 
 def cohort(work: Path, slides: int, workers: int) -> dict:
@@ -273,6 +292,7 @@ def main() -> None:
     parser.add_argument("--slide-mpp", type=float, default=0.25)
     parser.add_argument("--devices", default="cpu,cuda")
     parser.add_argument("--reps", type=int, default=3, help="speed: runs per row")
+    parser.add_argument("--fine-blur", default="auto", help="speed: the fine blur pass's mode")
     parser.add_argument("--slides", type=int, default=50)
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
@@ -288,7 +308,7 @@ def main() -> None:
             devices = [
                 d for d in args.devices.split(",") if d == "cpu" or torch.cuda.is_available()
             ]
-            result = speed(args.size, args.slide_mpp, devices, args.reps)
+            result = speed(args.size, args.slide_mpp, devices, args.reps, args.fine_blur)
         else:
             result = cohort(work, args.slides, args.workers)
     out = HERE / "results" / f"qc-{args.arm}.json"

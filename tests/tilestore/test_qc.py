@@ -11,6 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import tifffile
+from hypothesis import given
+from hypothesis import strategies as st
 from scipy import ndimage
 
 import tilestore
@@ -395,3 +397,17 @@ def test_the_fine_pass_agrees_with_the_per_tile_blur(cmu_pixels_module):
                                        range(1500, 2300, 64)]))  # fmt: skip
     torch.testing.assert_close(tile_blur(cells, 0.5), tile_measures(cells, 0.5)[:, 0],
                                equal_nan=True)  # fmt: skip
+
+
+@given(
+    start=st.integers(0, 5000),
+    length=st.integers(1, 3000),
+    side=st.floats(1.0, 1024.0, allow_nan=False),
+)
+def test_the_fine_pass_counts_the_chunks_a_read_decodes(start, length, side):
+    """What the fine pass weighs a box read against single-cell reads by: the chunks a run
+    of pixels touches, against counting them pixel by pixel."""
+    from tilestore.qc.fine import spanned
+
+    touched = {int(p // side) for p in range(start, start + length)}
+    assert spanned(start, start + length, side) == len(touched)

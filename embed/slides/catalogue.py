@@ -6,10 +6,32 @@ slide encoders says the same).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tilestore.embed.slides.spec import SlideSpec
 
 NC_ND = "CC-BY-NC-ND-4.0"
 HF = "https://huggingface.co/"
+
+GIGAPATH = SlideSpec(
+    "gigapath",
+    "prov-gigapath",
+    0.5,
+    256,
+    "grid",
+    768,
+    "longnet",
+    {"in_dim": 1536, "layer": 11, "pool": "mean", "grid_size": 1000},
+    repo="prov-gigapath/prov-gigapath",
+    weights_file="slide_encoder.pth",
+    gated=True,
+    licence="Apache-2.0",
+    precision="fp16",
+    card=HF + "prov-gigapath/prov-gigapath",
+    reference="trident:gigapath (prov-gigapath's LongNet)",
+    note="as TRIDENT: layer 11 of 12, mean of the tiles; gigapath-cls: the authors' "
+    "pipeline's last layer, class token",
+)
 
 ENTRIES: tuple[SlideSpec, ...] = (
     SlideSpec(
@@ -72,41 +94,13 @@ ENTRIES: tuple[SlideSpec, ...] = (
         card=HF + "paige-ai/Prism",
         reference="authors: paige-ai/Prism image resampler (the Hub repo's code)",
     ),
-    SlideSpec(
-        "gigapath",
-        "prov-gigapath",
-        0.5,
-        256,
-        "grid",
-        768,
-        "longnet",
-        {"in_dim": 1536, "layer": 11, "pool": "mean", "grid_size": 1000},
-        repo="prov-gigapath/prov-gigapath",
-        weights_file="slide_encoder.pth",
-        gated=True,
-        licence="Apache-2.0",
-        precision="fp16",
-        card=HF + "prov-gigapath/prov-gigapath",
-        reference="trident:gigapath (prov-gigapath's LongNet)",
-        note="as TRIDENT: layer 11 of 12, mean of the tiles; gigapath-cls: the authors' "
-        "pipeline's last layer, class token",
-    ),
-    SlideSpec(
-        "gigapath-cls",
-        "prov-gigapath",
-        0.5,
-        256,
-        "grid",
-        768,
-        "longnet",
-        {"in_dim": 1536, "layer": 12, "pool": "cls", "grid_size": 1000},
-        repo="prov-gigapath/prov-gigapath",
-        weights_file="slide_encoder.pth",
-        gated=True,
-        licence="Apache-2.0",
-        precision="fp16",
-        card=HF + "prov-gigapath/prov-gigapath",
+    GIGAPATH,
+    replace(
+        GIGAPATH,
+        name="gigapath-cls",
+        kwargs={**GIGAPATH.kwargs, "layer": 12, "pool": "cls"},
         reference="authors: prov-gigapath last_layer_embed",
+        note="",
     ),
     SlideSpec(
         "chief",

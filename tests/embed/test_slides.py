@@ -281,6 +281,29 @@ def test_a_stale_vector_left_by_an_old_tile_group_is_refused(featured):
         read_slide_vector(path, "conch-v1.5", "max")
 
 
+def test_what_a_killed_write_left_is_cleared_and_the_old_vector_kept(featured):
+    """A write killed between its renames leaves the old vector aside and a partial group:
+    the next write puts the old one back first (nothing lost), removes the partial of a
+    process that is gone, and ends with one vector in place and nothing hidden."""
+    import shutil
+    import socket
+
+    path, features = featured
+    embed_slides([path], "mean", model="conch-v1.5", device="cpu")
+    target = Path(path) / slide_group_name("conch-v1.5", "mean")
+    host = "".join(c if c.isalnum() or c in "_-" else "_" for c in socket.gethostname())
+    dead = target.parent / f".{target.name}.partial.{host}.{2**22 + 7}.0badc0de"
+    shutil.copytree(target, dead)
+    target.rename(target.parent / f".{target.name}.replaced.0badc0de")
+    with pytest.raises(NotEmbedded):
+        read_slide_vector(path, "conch-v1.5", "mean")
+    report = embed_slides([path], "mean", model="conch-v1.5", device="cpu")
+    assert report.rows[0].status == "done"
+    assert not list(target.parent.glob(".*")), "leftovers of the killed write remain"
+    vector = read_slide_vector(path, "conch-v1.5", "mean")["vector"]
+    np.testing.assert_allclose(vector, features.mean(0), rtol=1e-5, atol=1e-6)
+
+
 def test_a_damaged_slide_vector_is_one_store_error_and_verify_finds_it(featured):
     from tilestore.reading import verify_store
 

@@ -12,7 +12,6 @@ the ``ds.tiles`` accessor (`tilestore.analysis.accessor`, registered when this m
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,16 +24,15 @@ from zarr.abc.store import Store
 
 from tilestore.analysis import accessor as accessor  # registers the ds.tiles accessor
 from tilestore.embeddings.groups import (
-    NotEmbedded,
     StoreLike,
-    expand_stores,
-    list_embeddings,
-    open_group,
+    open_finished,
+    read_each,
+    refuse_shared_names,
     slide_name,
 )
 from tilestore.embeddings.layout import COORDINATES, COORDS, UNITS, group_name
 from tilestore.embeddings.recipe import differences, recipe
-from tilestore.errors import ChunkError, StoreError, TilestoreWarning
+from tilestore.errors import ChunkError, StoreError
 from tilestore.format.store import stored
 
 DASK_CHUNK_BYTES = 32 * 2**20
@@ -67,25 +65,14 @@ def open_embeddings(
         from tilestore.embeddings.slides import open_slide_embeddings
 
         return open_slide_embeddings(stores, model, slide_encoder, skip_missing=skip_missing)
-    paths = expand_stores(stores)
-    parts, skipped = [], []
-    for store, globbed in paths:
-        try:
-            fix = f"embed the store again with overwrite=True (or remove {group_name(model)})"
-            with stored(store, group_name(model), fix):
-                parts.append(_slide_part(store, model))
-        except NotEmbedded as exc:
-            if not (skip_missing or globbed):
-                raise
-            skipped.append(str(exc))
-    for reason in skipped:
-        warnings.warn(f"skipped: {reason}", TilestoreWarning, stacklevel=2)
-    if not parts:
-        raise StoreError(f"no embeddings of {model!r} in {len(paths)} store(s)")
-    names = [p["meta"]["name"] for p in parts]
-    if len(set(names)) != len(names):
-        dup = sorted({n for n in names if names.count(n) > 1})
-        raise StoreError(f"two stores share the slide name {dup[0]!r}: rename one of them")
+
+    def part(store: StoreLike) -> dict[str, Any]:
+        fix = f"embed the store again with overwrite=True (or remove {group_name(model)})"
+        with stored(store, group_name(model), fix):
+            return _slide_part(store, model)
+
+    parts = read_each(stores, part, skip_missing, f"no embeddings of {model!r}")
+    refuse_shared_names([p["meta"]["name"] for p in parts])
     _same_recipe(parts, model)
     return _dataset(parts, model)
 
@@ -109,25 +96,8 @@ def _same_recipe(parts: list[dict[str, Any]], model: str) -> None:
 
 def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
     """One slide's arrays (dask) and grid facts; StoreError if it has no finished group."""
-    if not isinstance(store, Store) and not (Path(store) / "zarr.json").exists():
-        raise StoreError(f"{store}: no such store")
-    path = group_name(model)
-    try:
-        group = open_group(store, path)
-    except KeyError:
-        have = ", ".join(list_embeddings(store)) or "none"
-        raise NotEmbedded(
-            f"{store}: no {path} (embeddings in this store: {have}); embed the store "
-            f"with model={model!r} first"
-        ) from None
+    group, path, meta = open_finished(store, model)
     with stored(store, path, f"embed the store again with overwrite=True (or remove {path})"):
-        meta = group.attrs.get("tilestore", {})
-        if not meta.get("complete"):
-            done = group["done"][:]
-            raise NotEmbedded(
-                f"{store}: {path} is unfinished ({int(done.sum())} of {len(done)} batches); "
-                "rerun the same `tilestore embed` command to finish it"
-            )
         members = dict(group.arrays())  # one round of concurrent metadata reads, not eleven
         token = f"{Path(str(store)).resolve() if not isinstance(store, Store) else id(store)}"
         token = f"{token}-{path}-{meta.get('finished', '')}"

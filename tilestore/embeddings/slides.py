@@ -14,28 +14,26 @@ than hand back features of tiles that are no longer there.
 
 from __future__ import annotations
 
-import os
-import secrets
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import zarr
 
 from tilestore.embeddings.groups import (
     NotEmbedded,
     StoreLike,
-    expand_stores,
-    list_embeddings,
+    open_finished,
     open_group,
+    read_each,
+    refuse_shared_names,
     slide_name,
 )
 from tilestore.embeddings.layout import group_name
 from tilestore.embeddings.recipe import differences, recipe
 from tilestore.errors import StoreError
+from tilestore.format import leftovers
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.store import open_for_writing, stored
 
@@ -108,25 +106,8 @@ def read_tile_features(store: StoreLike, model: str) -> TileFeatures:
     absent or unfinished, StoreError where it is damaged."""
     from tilestore.reading.opening import open_slide
 
-    path = group_name(model)
-    if not isinstance(store, zarr.abc.store.Store) and not (Path(store) / "zarr.json").exists():
-        raise StoreError(f"{store}: no such store")
-    try:
-        group = open_group(store, path)
-    except KeyError:
-        have = ", ".join(list_embeddings(store)) or "none"
-        raise NotEmbedded(
-            f"{store}: no {path} (embeddings in this store: {have}); embed the store with "
-            f"model={model!r} first"
-        ) from None
-    fix = f"embed the store again with overwrite=True (or remove {path})"
-    with stored(store, path, fix):
-        meta = group.attrs.get("tilestore", {})
-        if not meta.get("complete"):
-            raise NotEmbedded(
-                f"{store}: {path} is unfinished; rerun the same `tilestore embed` command "
-                "to finish it"
-            )
+    group, path, meta = open_finished(store, model)
+    with stored(store, path, f"embed the store again with overwrite=True (or remove {path})"):
         features, x, y, row, col = (group[k][:] for k in ("features", "x", "y", "row", "col"))
         slide = open_slide(store)
     grid = meta.get("grid") or {}
@@ -184,51 +165,16 @@ def write_slide_vector(
         )
     root = open_for_writing(store)
     root.require_group(f"{group_name(tiles.model)}/{SLIDES}")
-    hidden = f"{group_name(tiles.model)}/{SLIDES}/.{target.name}.partial.{os.getpid()}"
-    hidden += f".{secrets.token_hex(4)}"
-    _clear_partials(target)
-    try:
-        group = root.create_group(hidden)
+    leftovers.clear(target)  # what killed writes of this vector left (hidden, never read)
+    with leftovers.built_beside(target, "cannot write the slide embedding") as hidden:
+        group = root.create_group(str(hidden.relative_to(store)))
         values = np.asarray(vector, dtype=np.float32).reshape(-1)
         array = group.create_array(
             VECTOR, shape=values.shape, dtype="float32", **zstd_codecs(level=3)
         )  # its CRC-32C: `tilestore verify` checks it as every other array
         array[:] = values
         group.attrs["tilestore"] = {**record, "tiles": tiles.source(), "dim": int(values.size)}
-        aside = None
-        if target.exists():
-            aside = target.with_name(f".{target.name}.replaced.{secrets.token_hex(4)}")
-            target.rename(aside)
-        (store / hidden).rename(target)
-        if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
-    finally:
-        if (store / hidden).exists():
-            shutil.rmtree(store / hidden, ignore_errors=True)
     return path
-
-
-def _clear_partials(target: Path) -> None:
-    """Remove what killed writes of this slide embedding left (hidden, never read)."""
-    for left in target.parent.glob(f".{target.name}.partial.*"):
-        pid = left.name.split(".")[-2]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(left, ignore_errors=True)
-    for old in target.parent.glob(f".{target.name}.replaced.*"):
-        if target.exists():
-            shutil.rmtree(old, ignore_errors=True)
-        else:  # killed between the renames: the old vector goes back
-            old.rename(target)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def has_current_vector(store: StoreLike, model: str, encoder: str) -> bool:
@@ -284,28 +230,16 @@ def open_slide_embeddings(
     ``n_tiles`` (how many tile features each vector was computed from). The stores must agree
     on the encoder's weights and the tile features' recipe, as `open_embeddings` requires.
     skip_missing (and stores a glob pattern finds): leave out stores without one."""
-    import warnings
-
     import xarray as xr
 
-    from tilestore.errors import TilestoreWarning
-
-    found, skipped = [], []
-    for store, globbed in expand_stores(stores):
-        try:
-            found.append(read_slide_vector(store, model, encoder))
-        except NotEmbedded as exc:
-            if not (skip_missing or globbed):
-                raise
-            skipped.append(str(exc))
-    for reason in skipped:
-        warnings.warn(f"skipped: {reason}", TilestoreWarning, stacklevel=2)
-    if not found:
-        raise StoreError(f"no {encoder!r} slide embeddings of {model!r} in the stores given")
+    found = read_each(
+        stores,
+        lambda store: read_slide_vector(store, model, encoder),
+        skip_missing,
+        f"no {encoder!r} slide embeddings of {model!r}",
+    )
     names = [f["name"] for f in found]
-    if len(set(names)) != len(names):
-        dup = sorted({n for n in names if names.count(n) > 1})
-        raise StoreError(f"two stores share the slide name {dup[0]!r}: rename one of them")
+    refuse_shared_names(names)
     first = found[0]
     for other in found[1:]:
         diff = differences(first["recipe"], other["recipe"])

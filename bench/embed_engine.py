@@ -27,6 +27,7 @@ memory, how soon the first batch was ready, and which stage limits.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -40,6 +41,7 @@ import numpy as np
 import psutil
 import torch
 from baseline import run_baseline
+from gpu_decoders import gpu_decoder
 from stores import build, copy_store
 
 import tilestore
@@ -123,6 +125,66 @@ def reset_peaks() -> None:
         pass
 
 
+def limit_cpus(count: int, every: list[int]) -> list[int]:
+    """Run this process, every thread of it and every process it starts from now on, on the
+    first `count` of the CPUs `every` (as `taskset -a` does to a running process): what a
+    SLURM job of `count` CPUs per GPU gets. The engine reads its CPU count from the affinity
+    (`tilestore.cpus.usable_cpus`)."""
+    cpus = every[:count]
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), cpus)
+    return cpus
+
+
+def stored_features(store: Path, arch: str) -> np.ndarray:
+    """The store's features of the model, as float32."""
+    group = tilestore.open_slide(store).group[group_name(model_name(arch))]
+    return group["features"][...].astype(np.float32)
+
+
+def path_runs(
+    entry: dict, arch: str, stores: list[Path], loaded, batch: int, compiled: bool, args
+) -> None:
+    """The engine on the copied store with each decode path, at each CPU count (the process
+    limited to that many CPUs), on one slide and on a cohort of three: tiles/s, and each
+    GPU-decoded run's features against the CPU-decoded run's (cosine, tile by tile)."""
+    from tilestore.embed import nvjpeg
+
+    every = sorted(os.sched_getaffinity(0))
+    paths = [("cpu", "cpu", None)] + [
+        ("gpu", name, gpu_decoder(name)) for name in args.gpu_decoders.split(",") if name
+    ]
+    kept = nvjpeg.GPU_DECODERS
+    try:
+        for count in [int(c) for c in args.cpus.split(",")]:
+            limit_cpus(count, every)
+            for decode, name, kind in paths:
+                nvjpeg.GPU_DECODERS = (kind,) if kind else kept
+                for label, slides in (("slide", stores[:1]), ("cohort", stores)):
+                    key = f"paths_{count}_{name}_{label}"
+                    tag = f"{count} CPUs, {name}, {label} of {len(slides)}"
+                    try:
+                        run = engine_run(slides, loaded, batch, decode, compiled, tag)
+                    except Exception as exc:  # kept in the results; the other paths go on
+                        print(f"  engine {tag} failed: {exc}", flush=True)
+                        entry[key] = {"error": str(exc)}
+                        continue
+                    decoded = sorted({s["decode"] for s in run["slides"]})
+                    run.update(cpus=count, path=name, decoded=decoded)
+                    if decoded != [decode]:  # a GPU path that fell back: not what it says
+                        print(f"  {tag}: decoded on {decoded}: {run['warnings']}", flush=True)
+                    features = stored_features(slides[0], arch)
+                    if name == "cpu":
+                        entry.setdefault("_cpu_features", features)
+                    run["cosine_vs_cpu_min"] = float(cosine(features, entry["_cpu_features"]).min())
+                    entry[key] = run
+    finally:
+        nvjpeg.GPU_DECODERS = kept
+        limit_cpus(len(every), every)
+        entry.pop("_cpu_features", None)
+
+
 def engine_run(
     stores: list[Path],
     loaded,
@@ -146,6 +208,7 @@ def engine_run(
     rss_before = psutil.Process().memory_info().rss / 2**20
     with Embedder(loaded, options) as embedder:  # set-up: model on the GPU, decoders started
         report = embedder.embed(stores, plan="bench")
+        stats = getattr(getattr(embedder.gpu_jpeg, "decoder", None), "stats", None)
     if report.failures:
         raise RuntimeError(report.failures)
     data = report.to_json()
@@ -156,6 +219,9 @@ def engine_run(
     data["tiles_per_s"] = report.tiles / (report.wall_s - report.setup_s)
     data["rss_before_mb"] = round(rss_before, 1)  # this process's, before the run
     data["gpu_state_before"] = state
+    if stats and report.decode == "gpu":
+        data["gpu_decoder_stats"] = dict(stats)
+        print(f"  {tag}: GPU decoder {stats}", flush=True)
     print(
         f"  engine {tag}: {report.tiles} tiles, {data['tiles_per_s']:.0f} tiles/s from embed() "
         f"to the last write (set-up {report.setup_s:.2f} s before it; "
@@ -293,6 +359,18 @@ def main() -> None:
         help="token grids (0: the model's own) for runs that also store patch tokens "
         "(--runs tokens): tiles/s and bytes per tile against the same run without",
     )
+    parser.add_argument(
+        "--cpus",
+        default="4,8,16",
+        help="CPU counts the decode paths run at (--runs paths): the process limited to the "
+        "first N CPUs of its affinity, every thread of it and the processes it starts",
+    )
+    parser.add_argument(
+        "--gpu-decoders",
+        default="OwnNvjpeg,NvImageCodec",
+        help="GPU decoders (tilestore.embed.nvjpeg classes) that --runs paths compares "
+        "with CPU decoding, each alone in GPU_DECODERS",
+    )
     parser.add_argument("--baseline-tiles", type=int, default=12_000)
     parser.add_argument("--work", type=Path, default=HERE / "data")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "embed.json")
@@ -317,7 +395,7 @@ def main() -> None:
         tilestore.convert(data / "slides" / "CMU-1-Small-Region.svs", args.work / "stores")
     cohort = [store] + [
         copy_store(store, args.work / f"cohort-{i}" / store.name)
-        for i in ((1, 2) if runs & {"cohort", "cli"} else ())
+        for i in ((1, 2) if runs & {"cohort", "cli", "paths"} else ())
     ]  # a run over several slides: the next one streams while the last batches compute
     slide = tilestore.open_slide(store)
     plan, _ = load_plan(slide, "bench")
@@ -366,6 +444,8 @@ def main() -> None:
             )
             entry["compile_s"] = time.perf_counter() - t1
             print(f"  compiled in {entry['compile_s']:.0f} s (warm-up run)", flush=True)
+        if "paths" in runs:
+            path_runs(entry, arch, cohort, loaded, batch, compiled, args)
         if "cpu" in runs:
             entry["engine_cpu"] = engine_run([store], loaded, batch, "cpu", compiled, "cpu")
         if "quality" in runs:  # the per-tile measures' cost: without and with, alternated
@@ -407,7 +487,11 @@ def main() -> None:
             )
         if "cli" in runs:  # a fresh process draws its own random weights: not on the store checked
             entry["cli"] = cli_run(cohort[-1], arch, batch, compiled, args.out)
-        tokened = [k for k in entry if k.startswith(("tokens_", "quality_o"))]
+        tokened = [
+            k
+            for k in entry
+            if k.startswith(("tokens_", "quality_o", "paths_")) and "error" not in entry[k]
+        ]
         for key in ("engine_cpu", *gpu_runs, "engine_cpu_ycbcr", "cohort_cpu", *tokened):
             if key in entry:
                 entry[key]["vs_ceiling"] = entry[key]["tiles_per_s"] / best["tiles_per_s"]
@@ -436,6 +520,7 @@ def main() -> None:
     print_table(results)
     print_tokens(results)
     print_quality(results)
+    print_paths(results)
     print(f"JSON: {args.out}")
 
 
@@ -524,6 +609,30 @@ def print_quality(results: dict) -> None:
             f"{arch} | {off[0]:.0f}, {off[1]:.0f} | {on[0]:.0f}, {on[1]:.0f} | "
             f"{sum(on) / sum(off):.3f} | {e['measures_ms_per_batch']:.2f} "
             f"(batch {e['engine_batch']})"
+        )
+
+
+def print_paths(results: dict) -> None:
+    """Each decode path at each CPU count: one slide and a cohort of three, tiles/s (fraction
+    of the model's ceiling), and the features against the CPU-decoded run's."""
+    rows = {}
+    for arch, e in results["models"].items():
+        for key, run in e.items():
+            if key.startswith("paths_"):
+                _, cpus, name, label = key.split("_", 3)
+                rows.setdefault((arch, int(cpus), name), {})[label] = run
+    if not rows:
+        return
+    print("\nmodel | CPUs | decode | one slide (vs ceiling) | cohort of 3 | limited by | cos")
+    for (arch, cpus, name), runs in rows.items():
+        slide, cohort = runs.get("slide", {}), runs.get("cohort", {})
+        cos = min(r.get("cosine_vs_cpu_min", 1.0) for r in runs.values() if "error" not in r)
+        print(
+            f"{arch.replace('_patch16_224', '')} | {cpus} | {name} | "
+            f"{_rate(slide) if 'tiles_per_s' in slide else slide.get('error', '-')} | "
+            f"{_rate(cohort) if 'tiles_per_s' in cohort else cohort.get('error', '-')} | "
+            f"{slide.get('limited_by', '-')} | {cos:.5f}"
+            + ("" if slide.get("decoded", [name]) != ["cpu"] or name == "cpu" else " (fell back)")
         )
 
 

@@ -26,8 +26,15 @@ import imagecodecs
 import numpy as np
 import timm
 import torch
+from gpu_decoders import gpu_decoder
 
-from tilestore.embed.nvjpeg import GPU_DECODERS, decode_gpu, group_chunks, open_decoder
+from tilestore.embed.nvjpeg import (
+    OwnNvjpeg,
+    decode_gpu,
+    gpu_decode_agrees,
+    group_chunks,
+    open_decoder,
+)
 from tilestore.reading.opening import open_slide
 
 HERE = Path(__file__).resolve().parent
@@ -61,20 +68,26 @@ def same_tissue(reader, side: int, squares: int = 4, square: int = 4096) -> list
             for i in range(n)
         ]
         image = np.concatenate(rows, axis=0)
-        for y in range(0, square, side):
-            for x in range(0, square, side):
+        whole = image.shape[0] // side * side  # n chunks may fall short of `square`
+        for y in range(0, whole, side):
+            for x in range(0, whole, side):
                 out.append(imagecodecs.jpeg8_encode(image[y : y + side, x : x + side], level=90))
     return out
 
 
-def chunk_sizes(decoder, reader, sides: list[int], model, device) -> dict:
+def chunk_sizes(decoder, reader, sides: list[int], model, device, tissue: dict) -> dict:
     """Mpx/s decoding the same tissue in chunks of each side, alone and beside the model
     (2 batches in flight, as the engine), in calls of about GROUP_PIXELS."""
     found = {}
     for side in sides:
-        data = same_tissue(reader, side)
+        data = tissue[side]
         resized = SimpleNamespace(
-            chunk_h=side, chunk_w=side, color_space="ycbcr", channels=3, background=255
+            chunk_h=side,
+            chunk_w=side,
+            color_space="ycbcr",
+            channels=3,
+            background=255,
+            where=f"{side} px re-encodes",
         )
         group = group_chunks(side, side)
         px = side * side / 1e6
@@ -157,6 +170,88 @@ def best_rate(decoder, reader, data, group: int, device, seconds: float) -> floa
     return max(rates)
 
 
+class JpegEngineLoad:
+    """Mean use of the GPU's JPEG engines (NVML's JPG utilisation, percent) while the block
+    runs, sampled every 50 ms; None where NVML cannot tell."""
+
+    def __init__(self, device: torch.device) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+            self.read = lambda: pynvml.nvmlDeviceGetJpgUtilization(self.handle)[0]
+            self.read()
+        except Exception:  # no pynvml, or a driver without the counter
+            self.read = None
+        self.mean: float | None = None
+
+    def __enter__(self) -> JpegEngineLoad:
+        self.samples, self.stop = [], threading.Event()
+        if self.read is not None:
+            self.thread = threading.Thread(target=self._sample, daemon=True)
+            self.thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self.stop.wait(0.05):
+            self.samples.append(self.read())
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        if self.read is not None:
+            self.thread.join()
+            self.mean = sum(self.samples) / len(self.samples) if self.samples else None
+
+
+def make_decoder(name: str, device: torch.device):
+    """A decoder by class name (`gpu_decoders.gpu_decoder`); "OwnNvjpegCuda": ours on
+    nvJPEG's CUDA backend (no JPEG engine), to compare the two backends."""
+    if name == "OwnNvjpegCuda":
+        return OwnNvjpeg(device, hardware=False)
+    return gpu_decoder(name)(device)
+
+
+def probe(decoder, reader, data, model, device, sides, tissue) -> dict:
+    """One decoder: by call size alone, beside a Python thread and the model, and by chunk
+    size (the same tissue re-encoded)."""
+    px = reader.chunk_h * reader.chunk_w / 1e6
+    found = {"decoder": decoder.name, "engines": getattr(decoder, "engines", None), "alone": {}}
+    sample = [
+        (r, c) for r in range(reader.grid[0] // 2, reader.grid[0]) for c in (reader.grid[1] // 2,)
+    ]
+    found["mean_abs_diff_vs_libjpeg"] = gpu_decode_agrees(decoder, reader, sample, device)
+    print(
+        f"== {decoder.name} (engines, cores: {found['engines']}); a chunk's mean |difference| "
+        f"from libjpeg's decode: {found['mean_abs_diff_vs_libjpeg']:.3f} levels"
+    )
+    print("call size | chunks/s | Mpx/s")
+    for group in (16, 64, 256, 1024):
+        load = JpegEngineLoad(device)
+        with load:
+            rate = decode_rate(decoder, reader, data, group, device)
+        found["alone"][group] = {"chunks_per_s": rate, "jpg_util": load.mean}
+        print(f"{group} | {rate:.0f} | {rate * px:.0f} | JPEG engines {load.mean}% busy")
+    cases = {
+        "a Python thread": busy,
+        "the model, 2 batches in flight (as the engine)": (
+            lambda stop: model_rate(model, device, stop, 2)
+        ),
+    }
+    found["beside"] = {}
+    for name, work in cases.items():
+        load = JpegEngineLoad(device)
+        with load:
+            rate, other = beside(work, decoder, reader, data, device)
+        found["beside"][name] = {"decode_chunks_per_s": rate, "other": other, "jpg_util": load.mean}
+        tail = f"; model {other:.0f} tiles/s" if "model" in name else ""
+        print(f"  beside {name}: decode {rate:.0f} chunks/s{tail}; engines {load.mean}% busy")
+    if sides:
+        print("the same tissue in chunks of other sizes:")
+        found["chunk_sizes"] = chunk_sizes(decoder, reader, sides, model, device, tissue)
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--store", type=Path, default=HERE / "data/ycbcr-512/large-40000.ome.zarr")
@@ -164,9 +259,11 @@ def main() -> None:
     parser.add_argument("--model", default="vit_small_patch16_224")
     parser.add_argument("--sides", default="256,512,1024", help="chunk sizes to compare")
     parser.add_argument(
-        "--decoder",
-        choices=[kind.__name__ for kind in GPU_DECODERS],
-        help="which nvJPEG decoder (default: the engine's, the first that works)",
+        "--decoders",
+        default="",
+        help="decoders to compare, by class name (tilestore.embed.nvjpeg's, gpu_decoders.py's "
+        "NvImageCodec, or OwnNvjpegCuda: ours on nvJPEG's CUDA backend); default: the "
+        "engine's, the first that works",
     )
     parser.add_argument("--out", type=Path, default=HERE / "results" / "nvjpeg.json")
     args = parser.parse_args()
@@ -174,43 +271,33 @@ def main() -> None:
     reader = open_slide(args.store).chunks(0)
     coords = [(r, c) for r in range(reader.grid[0]) for c in range(reader.grid[1])]
     data = [d for d in reader.fetch(coords[: 2 * args.chunks]) if d is not None][: args.chunks]
-    decoder = open_decoder(device)
-    if args.decoder:
-        decoder = next(k for k in GPU_DECODERS if k.__name__ == args.decoder)(device)
-    print(f"decoder: {decoder.name}")
-    px = reader.chunk_h * reader.chunk_w / 1e6
     print(f"{len(data)} chunks of {reader.chunk_h}x{reader.chunk_w} from {args.store}")
+    model = timm.create_model(args.model).to(device).eval().to(memory_format=torch.channels_last)
+    alone = model_rate_for(model, device, 3.0)
+    print(f"{args.model} alone: {alone:.0f} tiles/s")
+    sides = [int(v) for v in args.sides.split(",") if v]
+    tissue = {side: same_tissue(reader, side) for side in sides}
     results = {
         "store": str(args.store),
         "chunk": [reader.chunk_h, reader.chunk_w],
-        "decoder": decoder.name,
-        "alone": {},
+        "model": {"name": args.model, "alone_tiles_per_s": alone},
+        "decoders": {},
     }
-    print("call size | chunks/s | Mpx/s")
-    for group in (16, 64, 128, 256, 512, 1024):
-        rate = decode_rate(decoder, reader, data, group, device)
-        results["alone"][group] = rate
-        print(f"{group} | {rate:.0f} | {rate * px:.0f}")
-    model = timm.create_model(args.model).to(device).eval().to(memory_format=torch.channels_last)
-    alone = model_rate_for(model, device, 3.0)
-    results["model"] = {"name": args.model, "alone_tiles_per_s": alone}
-    print(f"{args.model} alone: {alone:.0f} tiles/s; decodes (calls of 256) beside:")
-    cases = {
-        "a Python thread": busy,
-        "the model, 2 batches in flight (as the engine)": (
-            lambda stop: model_rate(model, device, stop, 2)
-        ),
-        "the model, launched freely": lambda stop: model_rate(model, device, stop, None),
-    }
-    results["beside"] = {}
-    for name, work in cases.items():
-        rate, other = beside(work, decoder, reader, data, device)
-        results["beside"][name] = {"decode_chunks_per_s": rate, "other": other}
-        tail = f"; model {other:.0f} tiles/s" if "model" in name else ""
-        print(f"  {name}: decode {rate:.0f} chunks/s{tail}")
-    print("the same tissue in chunks of other sizes:")
-    sides = [int(v) for v in args.sides.split(",")]
-    results["chunk_sizes"] = chunk_sizes(decoder, reader, sides, model, device)
+    names = [n for n in args.decoders.split(",") if n] or [type(open_decoder(device)).__name__]
+    for name in names:
+        try:
+            decoder = make_decoder(name, device)
+        except (RuntimeError, OSError) as exc:
+            print(f"== {name}: does not start ({exc})")
+            results["decoders"][name] = {"error": str(exc)}
+            continue
+        try:
+            results["decoders"][name] = probe(decoder, reader, data, model, device, sides, tissue)
+        except (RuntimeError, ValueError) as exc:
+            print(f"== {name}: failed ({exc})")
+            results["decoders"][name] = {"error": str(exc)}
+        finally:
+            decoder.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     print(f"JSON: {args.out}")

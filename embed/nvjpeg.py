@@ -60,9 +60,10 @@ class GpuJpeg(Protocol):
 class OwnNvjpeg:
     """nvJPEG's batched decoder through `tilestore.embed.nvjpeglib`: one call, one output tensor."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.decoder = BatchedDecoder(device)
-        self.name = "nvJPEG, " + ("the JPEG engine" if self.decoder.hardware else "CUDA")
+    def __init__(self, device: torch.device, hardware: bool = True) -> None:
+        self.decoder = BatchedDecoder(device, hardware=hardware)
+        self.engines = self.decoder.engines  # (JPEG engines, cores each); (0, 0): CUDA
+        self.name = "nvJPEG, " + ("the JPEG engines" if self.decoder.hardware else "CUDA")
 
     def decode(self, reader: ChunkReader, data: Sequence[bytes]) -> list[torch.Tensor]:
         rgb = reader.color_space != "rgb"  # RGB-coded: the components as coded are R, G, B

@@ -104,6 +104,21 @@ def jpeg_size(data: bytes) -> tuple[int, int, int]:
     raise ValueError("no JPEG frame header")
 
 
+def check_sizes(data: Sequence[bytes], height: int, width: int) -> list[bytes]:
+    """The streams as bytes, each checked on its header to be a 3-component 8-bit baseline
+    JPEG of exactly height x width (a GPU decoder writing into a tensor of that size would
+    otherwise write past it). ValueError names what a stream is instead."""
+    data = [d if isinstance(d, bytes) else bytes(d) for d in data]
+    for d in data:
+        size = jpeg_size(d)
+        if size != (height, width, 3):
+            raise ValueError(
+                f"nvJPEG: a chunk is {size[0]} x {size[1]} px with {size[2]} components, "
+                f"not {height} x {width} x 3"
+            )
+    return data
+
+
 class BatchedDecoder:
     """Decodes lists of JPEG streams of one size into (n, 3, h, w) uint8 CUDA tensors.
 
@@ -113,7 +128,9 @@ class BatchedDecoder:
     rgb=False is for 4:4:4 streams (RGB-coded ones are). Threads take turns on one decoder.
     """
 
-    def __init__(self, device: torch.device, library: str | None = None) -> None:
+    def __init__(
+        self, device: torch.device, library: str | None = None, hardware: bool = True
+    ) -> None:
         path = library or find_library()
         if path is None:
             raise NvjpegUnavailable("no libnvjpeg found (torchvision's, NVIDIA's or the system's)")
@@ -140,9 +157,13 @@ class BatchedDecoder:
             ptr,
         ]
         with torch.cuda.device(device):
-            self.handle, self.hardware = ptr(), True
-            status = lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, ctypes.byref(self.handle))
-            if status:  # no JPEG engine on this GPU: nvJPEG's CUDA decoder
+            self.handle, self.hardware = ptr(), hardware
+            status = 1
+            if hardware:
+                status = lib.nvjpegCreateEx(
+                    BACKEND_HARDWARE, None, None, 0, ctypes.byref(self.handle)
+                )
+            if status:  # no JPEG engine on this GPU (or not asked for): nvJPEG's CUDA decoder
                 self.hardware = False
                 status = lib.nvjpegCreateEx(
                     BACKEND_DEFAULT, None, None, 0, ctypes.byref(self.handle)
@@ -151,9 +172,23 @@ class BatchedDecoder:
             self.state = ptr()
             status = lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(self.state))
             _check(status, "create its state", NvjpegUnavailable)
+        self.engines = self._engines() if self.hardware else (0, 0)
         self._batch: tuple[int, int] | None = None  # (count, output format) initialised for
         self._lock = threading.Lock()  # one decode at a time on the handle's state
         self._last: torch.cuda.Event | None = None  # the end of the last call's decode
+
+    def _engines(self) -> tuple[int, int]:
+        """(JPEG engines, cores per engine) nvJPEG reports on this GPU ((0, 0) where this
+        libnvjpeg cannot tell: before CUDA 11.4). An H100 reports (7, 1)."""
+        info = getattr(self.lib, "nvjpegGetHardwareDecoderInfo", None)
+        if info is None:
+            return 0, 0
+        engines, cores = ctypes.c_uint(), ctypes.c_uint()
+        count = ctypes.POINTER(ctypes.c_uint)
+        info.argtypes = [ctypes.c_void_p, count, count]
+        if info(self.handle, ctypes.byref(engines), ctypes.byref(cores)):
+            return 0, 0
+        return engines.value, cores.value
 
     def close(self) -> None:
         """Release the state and the handle (and the buffers nvJPEG holds for them) once the
@@ -175,14 +210,7 @@ class BatchedDecoder:
 
         Every stream must be a 3-component baseline JPEG of exactly height x width (checked
         on its header: the decoder would otherwise write past the tensor)."""
-        data = [d if isinstance(d, bytes) else bytes(d) for d in data]
-        for d in data:
-            size = jpeg_size(d)
-            if size != (height, width, 3):
-                raise ValueError(
-                    f"nvJPEG: a chunk is {size[0]} x {size[1]} px with {size[2]} components, "
-                    f"not {height} x {width} x 3"
-                )
+        data = check_sizes(data, height, width)
         n = len(data)
         out = torch.empty((n, 3, height, width), dtype=torch.uint8, device=self.device)
         if not n:

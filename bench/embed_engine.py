@@ -146,15 +146,24 @@ def stored_features(store: Path, arch: str) -> np.ndarray:
 def path_runs(
     entry: dict, arch: str, stores: list[Path], loaded, batch: int, compiled: bool, args
 ) -> None:
-    """The engine on the copied store with each decode path, at each CPU count (the process
-    limited to that many CPUs), on one slide and on a cohort of three: tiles/s, and each
-    GPU-decoded run's features against the CPU-decoded run's (cosine, tile by tile)."""
+    """The engine on the copied store with each decode path (--paths: cpu, gpu, both; the
+    GPU ones with each of --gpu-decoders), at each CPU count (the process limited to that
+    many CPUs), on one slide and on a cohort of three: tiles/s, and each GPU-decoded run's
+    features against the CPU-decoded run's (cosine, tile by tile)."""
     from tilestore.embed import nvjpeg
 
     every = sorted(os.sched_getaffinity(0))
-    paths = [("cpu", "cpu", None)] + [
-        ("gpu", name, gpu_decoder(name)) for name in args.gpu_decoders.split(",") if name
+    wanted = args.paths.split(",")
+    paths = [("cpu", "cpu", None)] if "cpu" in wanted else []
+    paths += [
+        (decode, name if decode == "gpu" else f"{name}+cpu", gpu_decoder(name))
+        for name in args.gpu_decoders.split(",")
+        if name
+        for decode in ("gpu", "both")
+        if decode in wanted
     ]
+    most = dict(pair.split(":") for pair in args.path_tiles.split(",") if pair).get(arch)
+    most = int(most) if most else None
     kept = nvjpeg.GPU_DECODERS
     try:
         for count in [int(c) for c in args.cpus.split(",")]:
@@ -165,19 +174,24 @@ def path_runs(
                     key = f"paths_{count}_{name}_{label}"
                     tag = f"{count} CPUs, {name}, {label} of {len(slides)}"
                     try:
-                        run = engine_run(slides, loaded, batch, decode, compiled, tag)
+                        run = engine_run(
+                            slides, loaded, batch, decode, compiled, tag, max_tiles=most
+                        )
                     except Exception as exc:  # kept in the results; the other paths go on
                         print(f"  engine {tag} failed: {exc}", flush=True)
                         entry[key] = {"error": str(exc)}
                         continue
                     decoded = sorted({s["decode"] for s in run["slides"]})
-                    run.update(cpus=count, path=name, decoded=decoded)
+                    run.update(cpus=count, path=name, decoded=decoded, asked=decode)
                     if decoded != [decode]:  # a GPU path that fell back: not what it says
-                        print(f"  {tag}: decoded on {decoded}: {run['warnings']}", flush=True)
-                    features = stored_features(slides[0], arch)
+                        print(f"  {tag}: decoded {decoded}: {run['warnings']}", flush=True)
+                    done = run["slides"][0]["tiles"]  # the plan's first tiles (max_tiles)
+                    features = stored_features(slides[0], arch)[:done]
                     if name == "cpu":
                         entry.setdefault("_cpu_features", features)
-                    run["cosine_vs_cpu_min"] = float(cosine(features, entry["_cpu_features"]).min())
+                    reference = entry.get("_cpu_features")
+                    if reference is not None:
+                        run["cosine_vs_cpu_min"] = float(cosine(features, reference).min())
                     entry[key] = run
     finally:
         nvjpeg.GPU_DECODERS = kept
@@ -194,8 +208,10 @@ def engine_run(
     tag: str,
     tokens: int | None = None,
     quality: bool = False,
+    max_tiles: int | None = None,
 ) -> dict:
     options = Options(
+        max_tiles=max_tiles,
         batch_size=batch,
         decode=decode,
         compile=compiled,
@@ -366,10 +382,21 @@ def main() -> None:
         "first N CPUs of its affinity, every thread of it and the processes it starts",
     )
     parser.add_argument(
+        "--paths", default="cpu,gpu,both", help="decode paths --runs paths compares"
+    )
+    parser.add_argument(
         "--gpu-decoders",
-        default="OwnNvjpeg,NvImageCodec",
-        help="GPU decoders (tilestore.embed.nvjpeg classes) that --runs paths compares "
-        "with CPU decoding, each alone in GPU_DECODERS",
+        default="OwnNvjpeg",
+        help="GPU decoders for the gpu and both paths of --runs paths, by class name "
+        "(tilestore.embed.nvjpeg's, or bench/gpu_decoders.py's NvImageCodec), each alone "
+        "in GPU_DECODERS",
+    )
+    parser.add_argument(
+        "--path-tiles",
+        default="",
+        help="tiles per slide for a model's --runs paths, e.g. vit_large_patch16_224:8192 "
+        "(the plan's first tiles: a slow model's runs shorter, its fraction of the ceiling "
+        "the same)",
     )
     parser.add_argument("--baseline-tiles", type=int, default=12_000)
     parser.add_argument("--work", type=Path, default=HERE / "data")
@@ -632,7 +659,7 @@ def print_paths(results: dict) -> None:
             f"{_rate(slide) if 'tiles_per_s' in slide else slide.get('error', '-')} | "
             f"{_rate(cohort) if 'tiles_per_s' in cohort else cohort.get('error', '-')} | "
             f"{slide.get('limited_by', '-')} | {cos:.5f}"
-            + ("" if slide.get("decoded", [name]) != ["cpu"] or name == "cpu" else " (fell back)")
+            + ("" if slide.get("decoded") == [slide.get("asked")] else " (fell back)")
         )
 
 

@@ -85,8 +85,10 @@ def embed(
     device: str = typer.Option(Options.device, help="auto, cuda, cuda:N or cpu."),
     decode: DecodeOption = typer.Option(
         Options.decode,
-        help=f"JPEG decoding: auto (nvJPEG where the job has under {AUTO_CPU_DECODE_CPUS} "
-        "CPUs, else CPU processes), cpu, gpu.",
+        help=f"JPEG decoding: cpu (worker processes), gpu (nvJPEG), both (the processes and "
+        f"the GPU's JPEG engines side by side), or auto: cpu from {AUTO_CPU_DECODE_CPUS} CPUs "
+        "on; below, both where the GPU has JPEG engines (A100, H100), else gpu. The report "
+        "says which ran and why.",
     ),
     precision: PrecisionOption = typer.Option(
         Options.precision, help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp32."

@@ -256,6 +256,9 @@ class _Host:
         self.decoder = nvjpeg.open_decoder(device, required=required)
         return self.decoder.name if self.decoder is not None else None
 
+    def jpeg_engines(self) -> int:
+        return getattr(self.decoder, "engines", (0, 0))[0]
+
     def best_batch(self, device: torch.device, precision: Precision) -> int:
         loaded = self.model_on(device)
         with self.timed("batch size"):

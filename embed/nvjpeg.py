@@ -35,9 +35,10 @@ GROUP_PIXELS = 256 * 256 * 256
 
 
 def gpu_decodes(mode: str, reader: ChunkReader) -> bool:
-    """Whether a slide's level is decoded with nvJPEG under decode=`mode` (cpu or gpu, as
-    `tilestore.embed.settings.resolve` resolved it): colour JPEG chunks only."""
-    return mode == "gpu" and reader.is_jpeg and reader.channels == 3
+    """Whether a slide's level is decoded with nvJPEG (alone or beside the CPU) under
+    decode=`mode` (cpu, gpu or both, as `tilestore.embed.settings.resolve` resolved it):
+    colour JPEG chunks only."""
+    return mode in ("gpu", "both") and reader.is_jpeg and reader.channels == 3
 
 
 def group_chunks(chunk_h: int, chunk_w: int) -> int:

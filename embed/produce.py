@@ -29,7 +29,7 @@ from tilestore.embed.nvjpeg import GpuDecodeFailed, GpuJpeg, gpu_decode_agrees, 
 from tilestore.embed.procdecode import ProcessDecoder
 from tilestore.embed.queues import DONE, Stopped, put
 from tilestore.embed.report import RunReport, Stats
-from tilestore.embed.rows import NvjpegRows, ProcessRows, ThreadRows
+from tilestore.embed.rows import BothRows, NvjpegRows, ProcessRows, ThreadRows
 from tilestore.embed.settings import Settings
 from tilestore.errors import TilestoreError
 from tilestore.plan.tiles import chunk_schedule
@@ -107,12 +107,12 @@ class Producer:
         settings, plan, batch = self.settings, job.plan, self.settings.batch_size
         reader = job.slide.chunks(plan.spec.level)
         path = decode_path(settings, reader, self._nvjpeg_for(job, reader, report), self.processes)
-        report.begin(job, "gpu" if path == "nvjpeg" else "cpu")
+        report.begin(job, DECODED_ON[path])
         sub = plan.subset(job.todo)
         steps = chunk_schedule(sub)
         emit = lambda b: put(ready, b, stop)  # noqa: E731 - a callback, named for reading
         t0 = time.perf_counter()
-        if path == "nvjpeg":  # the CPU takes over where nvJPEG fails
+        if path in ("nvjpeg", "both"):  # the CPU takes over where nvJPEG fails
             emitted: set[int] = set()
 
             def emit_gpu(b: Batch) -> None:
@@ -186,9 +186,10 @@ class Producer:
         sources = {
             "nvjpeg": lambda: NvjpegRows(*common, self.gpu_jpeg),
             "processes": lambda: ProcessRows(*common, self.processes, stop),
+            "both": lambda: BothRows(*common, self.processes, stop, self.gpu_jpeg),
             "threads": lambda: ThreadRows(*common, decoders),
         }
-        nvjpeg = path == "nvjpeg"
+        nvjpeg = path in ("nvjpeg", "both")  # the chunks come (c, h, w)
         cache: dict[tuple[int, int], torch.Tensor] = {}
         with sources[path]() as source:
             for index, step in enumerate(steps):
@@ -204,21 +205,23 @@ class Producer:
             source.retire(list(cache.values()))
 
 
-DecodePath = Literal["nvjpeg", "processes", "threads", "cut"]
+DecodePath = Literal["nvjpeg", "both", "processes", "threads", "cut"]
+# where each path decodes, as the report says per slide
+DECODED_ON = {"nvjpeg": "gpu", "both": "both", "processes": "cpu", "threads": "cpu", "cut": "cpu"}
 
 
 def decode_path(settings: Settings, reader, nvjpeg: bool, processes) -> DecodePath:
     """How a slide's tiles are made, decided here only: its JPEG chunks decoded into grid
-    rows by nvJPEG (where `nvjpeg` says it may), by the decoder processes (chunk files on
-    disk), or by CPU threads, and cut on the GPU; or, without CUDA or for a zstd level, cut
-    on CPU threads into batches."""
+    rows by nvJPEG (where `nvjpeg` says it may), by nvJPEG and the decoder processes side by
+    side (decode="both", chunk files on disk), by the processes alone, or by CPU threads,
+    and cut on the GPU; or, without CUDA or for a zstd level, cut on CPU threads into
+    batches."""
     if not (settings.cuda and reader.is_jpeg):
         return "cut"
+    on_disk = processes is not None and reader.locations([]) is not None
     if nvjpeg:
-        return "nvjpeg"
-    if processes is not None and reader.locations([]) is not None:
-        return "processes"
-    return "threads"
+        return "both" if settings.decode == "both" and on_disk else "nvjpeg"
+    return "processes" if on_disk else "threads"
 
 
 def _ahead(

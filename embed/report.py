@@ -150,6 +150,7 @@ class RunReport:
     compile: bool
     decode: str = ""
     gpu_decoder: str | None = None  # the nvJPEG decoder a GPU-decoded slide goes through
+    decode_why: str = ""  # why the run decodes as it does
     started: str = ""
     tiles: int = 0
     total: int = 0
@@ -195,6 +196,7 @@ class RunReport:
             compile=settings.compile,
             decode=settings.decode,
             gpu_decoder=settings.gpu_decoder,
+            decode_why=settings.decode_why,
             started=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             software=software_versions("torch", "timm", "torchvision"),
         )
@@ -331,7 +333,9 @@ def advice(report: RunReport) -> list[str]:
         waiting = report.explained.get("waiting for tiles (read/decode bound)", 0)
         if waiting > 0.25 * report.wall_s:
             fix = "the GPU waited for tiles: add readers or decoders (readers=, decoders=)" + (
-                "" if report.decode == "gpu" else " or decode on the GPU (decode='gpu')"
+                ""
+                if report.decode in ("gpu", "both")
+                else " or decode on the GPU's JPEG engines too (decode='both')"
             )
         else:
             fix = (
@@ -362,15 +366,16 @@ def _hwm_mb() -> float:
 
 
 def _decode(report: RunReport) -> str:
-    """How the run decoded (cpu or gpu, decode="auto" resolved), through which GPU decoder,
-    and how many slides the CPU decoded instead (a zstd level; nvJPEG disagreeing)."""
+    """How the run decoded (cpu, gpu or both, decode="auto" resolved) and why, through which
+    GPU decoder, and how many slides the CPU decoded alone (a zstd level; nvJPEG
+    disagreeing)."""
     used = [slide["decode"] for slide in report.slides if "decode" in slide]
     text = report.decode
-    if "gpu" in used and report.gpu_decoder:
+    if ("gpu" in used or "both" in used) and report.gpu_decoder:
         text += f" via {report.gpu_decoder}"
-    if report.decode == "gpu" and "cpu" in used:
-        text += f"; {used.count('cpu')} of {len(used)} slides on the CPU"
-    return text
+    if report.decode != "cpu" and "cpu" in used:
+        text += f"; {used.count('cpu')} of {len(used)} slides on the CPU alone"
+    return text + (f" ({report.decode_why})" if report.decode_why else "")
 
 
 def _cpu_name() -> str:

@@ -1,13 +1,14 @@
 """Grid rows of decoded chunks on the GPU, ahead of the producer that cuts their tiles.
 
-Three sources, one interface (`RowSource`): the producer asks for step i's new chunks with
+Four sources, one interface (`RowSource`): the producer asks for step i's new chunks with
 `take(i)` and gets them as CUDA tensors, while the rows after it are read and decoded:
 
 - `ProcessRows`: worker processes decode a row's chunk files into shared memory, page-locked
   once the first batch is out, so a row goes to the GPU by DMA (local stores);
 - `ThreadRows`: reader threads fetch and decoder threads decode (any store);
 - `NvjpegRows`: reader threads fetch the encoded bytes and nvJPEG decodes several rows per
-  call on a thread of its own (`tilestore.embed.nvjpeg.RowDecoder`).
+  call on a thread of its own (`tilestore.embed.nvjpeg.RowDecoder`);
+- `BothRows`: the processes and nvJPEG side by side, each row to one of them.
 """
 
 from __future__ import annotations
@@ -241,3 +242,54 @@ class NvjpegRows(RowSource):
         self._in_flight -= len(coords)
         torch.cuda.current_stream(self.device).wait_event(ready)
         return chunks
+
+
+class BothRows(RowSource):
+    """The decoder processes and the GPU's JPEG engines decode rows side by side, for a job
+    with too few CPUs to keep the model fed and a GPU whose engines alone do not either.
+
+    Each row goes to the processes while they have room for it (`ProcessRows.ahead` rows),
+    else to nvJPEG: the processes decode at the rate the job's CPUs allow, the engines take
+    the rest. Rows come back in order either way, as (c, h, w) tensors (the processes' rows
+    as views), so a slide's tiles are cut one way."""
+
+    def __init__(
+        self, steps, settings, span, reader: ChunkReader, procs: ProcessDecoder, stop, decoder
+    ) -> None:
+        super().__init__(steps, settings, span)
+        self.cpu = ProcessRows(steps, settings, span, reader, procs, stop)
+        self.gpu = NvjpegRows(steps, settings, span, reader, decoder)
+        self._cpu_rows = 0  # rows with the processes, not taken yet
+        self.rows = {"cpu": 0, "gpu": 0}  # rows each decoded
+
+    def retire(self, chunks: list[torch.Tensor]) -> None:
+        self.gpu.retire(chunks)  # the processes' rows are torch's: kept a little longer
+
+    def close(self) -> None:
+        try:
+            super().close()  # abandons each row where it went
+        finally:
+            self.cpu.close()
+            self.gpu.close()
+
+    def _wants_more(self, index: int) -> bool:
+        return self._cpu_rows < self.cpu.ahead or self.gpu._wants_more(index)
+
+    def _submit(self, index: int, coords: Coords) -> tuple[RowSource, object]:
+        source = self.cpu if self._cpu_rows < self.cpu.ahead else self.gpu
+        if source is self.cpu:
+            self._cpu_rows += 1
+        self.rows["cpu" if source is self.cpu else "gpu"] += 1
+        return source, source._submit(index, coords)
+
+    def _result(self, index, coords, pending) -> list[torch.Tensor]:
+        source, inner = pending
+        chunks = source._result(index, coords, inner)
+        if source is self.cpu:
+            self._cpu_rows -= 1
+            return [chunk.permute(2, 0, 1) for chunk in chunks]  # (h, w, c) -> (c, h, w)
+        return chunks
+
+    def _abandon(self, pending) -> None:
+        source, inner = pending
+        source._abandon(inner)

@@ -21,11 +21,11 @@ from tilestore.errors import TilestoreError
 if TYPE_CHECKING:  # torch loads when a device is resolved: the CLI reads these defaults cheaply
     import torch
 
-DecodeOption = Literal["auto", "cpu", "gpu"]
+DecodeOption = Literal["auto", "cpu", "gpu", "both"]
 PrecisionOption = Literal["auto", "bf16", "fp32"]
 FeatureDtype = Literal["float16", "float32"]
 ProfileOption = Literal["nvtx", "torch"]
-Decode = Literal["cpu", "gpu"]
+Decode = Literal["cpu", "gpu", "both"]
 Precision = Literal["bf16", "fp32"]
 
 # From this many CPUs on, decode="auto" decodes on the CPU (CPUs - 2 worker processes),
@@ -52,9 +52,11 @@ class Options:
 
     batch_size: tiles per batch; None picks the largest that fits and still speeds the model
         up (on a GPU; 32 on the CPU). device: "auto" (CUDA if there is one), "cpu", "cuda"
-        or "cuda:N". decode: JPEG decoding, "cpu" (worker processes), "gpu" (nvJPEG) or
-        "auto" (nvJPEG where the job has fewer than `AUTO_CPU_DECODE_CPUS` CPUs, else the
-        CPU; the CPU wherever nvJPEG does not start). precision: "bf16" or "fp32" ("auto":
+        or "cuda:N". decode: JPEG decoding, "cpu" (worker processes), "gpu" (nvJPEG),
+        "both" (the processes and nvJPEG on the GPU's JPEG engines side by side, each row
+        to one of them: `tilestore.embed.rows.BothRows`) or "auto" (the CPU from
+        `AUTO_CPU_DECODE_CPUS` CPUs on; below, "both" where the GPU has JPEG engines, else
+        "gpu"; the CPU wherever nvJPEG does not start). precision: "bf16" or "fp32" ("auto":
         bf16 on CUDA, fp32 on the CPU). dtype: of the stored features. compile:
         torch.compile the model (with its transform; a CUDA graph per batch on a GPU).
         readers: threads reading chunk rows ahead (GPU decode) or cutting tiles (CPU).
@@ -112,8 +114,8 @@ class Settings:
 
     device: torch.device  # with its index on CUDA
     precision: Precision
-    decode: Decode  # "gpu" only where an nvJPEG decoder started
-    gpu_decoder: str | None  # that decoder's name (decode == "gpu"), for the record
+    decode: Decode  # "gpu" or "both" only where an nvJPEG decoder started
+    gpu_decoder: str | None  # that decoder's name (decode gpu or both), for the record
     decoders: int
     readers: int
     prefetch: int
@@ -130,6 +132,7 @@ class Settings:
     shard_tiles: int | None = None  # None: the layout's
     tokens: int | None = None  # the token grid's side; 0: the model's; None: no tokens
     quality: bool = False  # per-tile quality measures in the pass
+    decode_why: str = ""  # why decode is what it is (the report says it)
 
     @property
     def cuda(self) -> bool:
@@ -155,6 +158,9 @@ class Machine(Protocol):
         """Start a GPU JPEG decoder on `device`; its name, or None where none starts
         (raising instead if `required`)."""
 
+    def jpeg_engines(self) -> int:
+        """The JPEG engines the started GPU decoder uses (0: it decodes with CUDA kernels)."""
+
     def best_batch(self, device: torch.device, precision: Precision) -> int:
         """The model's best batch size on `device`, measured."""
 
@@ -170,12 +176,13 @@ def resolve(options: Options, machine: Machine) -> Settings:
     dtype = _choice("dtype", options.dtype, FeatureDtype)
     if device.type == "cuda":
         machine.start_decoders(decoders, options.profile == "nvtx")
-    decode, gpu_decoder = _decode(options.decode, device, machine)
+    decode, gpu_decoder, why = _decode(options.decode, device, machine)
     return Settings(
         device=device,
         precision=precision,
         decode=decode,
         gpu_decoder=gpu_decoder,
+        decode_why=why,
         decoders=decoders,
         readers=readers,
         prefetch=prefetch,
@@ -258,21 +265,32 @@ def _precision(option: str, device: torch.device) -> Precision:
     return option
 
 
-def _decode(option: str, device: torch.device, machine: Machine) -> tuple[Decode, str | None]:
-    """cpu or gpu, and the GPU decoder's name. Auto is the CPU without CUDA, nvJPEG where the
-    job has fewer than `AUTO_CPU_DECODE_CPUS` CPUs (and the CPU where nvJPEG does not start),
-    else the CPU."""
+def _decode(option: str, device: torch.device, machine: Machine) -> tuple[Decode, str | None, str]:
+    """cpu, gpu or both; the GPU decoder's name; and why. "auto" is the CPU without CUDA or
+    from `AUTO_CPU_DECODE_CPUS` CPUs on; below, the decoder processes and the GPU's JPEG
+    engines side by side where it has engines, nvJPEG alone where it has none, and the CPU
+    where no GPU decoder starts."""
     option = _choice("decode", option, DecodeOption)
     cuda = device.type == "cuda"
-    if option == "gpu" and not cuda:
-        raise TilestoreError("decode='gpu' needs a CUDA device")
-    wanted = option == "gpu" or (
-        option == "auto" and cuda and machine.cpus() < AUTO_CPU_DECODE_CPUS
-    )
-    if not wanted:
-        return "cpu", None
-    name = machine.gpu_jpeg(device, required=option == "gpu")
-    return ("gpu", name) if name is not None else ("cpu", None)
+    if option in ("gpu", "both") and not cuda:
+        raise TilestoreError(f"decode={option!r} needs a CUDA device")
+    if option == "cpu":
+        return "cpu", None, "asked for"
+    if option == "auto" and not cuda:
+        return "cpu", None, "no CUDA device"
+    cpus = machine.cpus()
+    if option == "auto" and cpus >= AUTO_CPU_DECODE_CPUS:
+        return "cpu", None, f"{cpus} CPUs: {cpus - RESERVED_CPUS} decoder processes keep up"
+    name = machine.gpu_jpeg(device, required=option != "auto")
+    if name is None:
+        return "cpu", None, "no GPU JPEG decoder starts on this GPU"
+    if option != "auto":
+        return option, name, "asked for"
+    engines = machine.jpeg_engines()
+    if engines:
+        why = f"{cpus} CPUs and {engines} JPEG engines: the processes and the engines together"
+        return "both", name, why
+    return "gpu", name, f"{cpus} CPUs, no JPEG engines: nvJPEG on the GPU"
 
 
 def _batch(option: int | None, device: torch.device, precision: Precision, machine) -> int:

@@ -40,8 +40,9 @@ class Machine:
     """A machine with known answers (`tilestore.embed.settings.Machine`), recording what was
     asked."""
 
-    def __init__(self, cuda=None, cpus=16, gpu_jpeg="nvJPEG, test", best_batch=256):
+    def __init__(self, cuda=None, cpus=16, gpu_jpeg="nvJPEG, test", best_batch=256, engines=0):
         self._cuda, self._cpus, self._gpu_jpeg, self._best = cuda, cpus, gpu_jpeg, best_batch
+        self._engines = engines
         self.asked: list[str] = []
 
     def cuda_device(self):
@@ -59,6 +60,10 @@ class Machine:
         if self._gpu_jpeg is None and required:
             raise RuntimeError("no nvJPEG decoder works on this GPU")
         return self._gpu_jpeg
+
+    def jpeg_engines(self):
+        self.asked.append("jpeg_engines")
+        return self._engines
 
     def best_batch(self, device, precision):
         self.asked.append(f"best_batch({device}, {precision})")

@@ -14,17 +14,21 @@ def _reader(jpeg: bool, files: bool):
 
 
 @pytest.mark.parametrize(
-    ("cuda", "jpeg", "nvjpeg", "processes", "files", "path"),
+    ("cuda", "decode", "jpeg", "nvjpeg", "processes", "files", "path"),
     [
-        (False, True, False, None, True, "cut"),  # no GPU: cut on CPU threads
-        (False, True, True, None, True, "cut"),  # (nvJPEG needs one)
-        (True, False, False, object(), True, "cut"),  # a zstd level: cut, even on CUDA
-        (True, True, True, object(), True, "nvjpeg"),
-        (True, True, False, object(), True, "processes"),  # chunk files the workers read
-        (True, True, False, object(), False, "threads"),  # chunks not on disk (in place)
-        (True, True, False, None, True, "threads"),  # no decoder processes started
+        (False, "cpu", True, False, None, True, "cut"),  # no GPU: cut on CPU threads
+        (False, "cpu", True, True, None, True, "cut"),  # (nvJPEG needs one)
+        (True, "gpu", False, False, object(), True, "cut"),  # a zstd level: cut, even on CUDA
+        (True, "gpu", True, True, object(), True, "nvjpeg"),
+        (True, "both", True, True, object(), True, "both"),  # processes and nvJPEG
+        (True, "both", True, True, object(), False, "nvjpeg"),  # no chunk files: nvJPEG alone
+        (True, "both", True, True, None, True, "nvjpeg"),  # no decoder processes
+        (True, "both", True, False, object(), True, "processes"),  # nvJPEG may not decode it
+        (True, "cpu", True, False, object(), True, "processes"),  # chunk files the workers read
+        (True, "cpu", True, False, object(), False, "threads"),  # chunks not on disk (in place)
+        (True, "cpu", True, False, None, True, "threads"),  # no decoder processes started
     ],
 )
-def test_decode_path(cuda, jpeg, nvjpeg, processes, files, path):
-    settings = SimpleNamespace(cuda=cuda)
+def test_decode_path(cuda, decode, jpeg, nvjpeg, processes, files, path):
+    settings = SimpleNamespace(cuda=cuda, decode=decode)
     assert decode_path(settings, _reader(jpeg, files), nvjpeg, processes) == path

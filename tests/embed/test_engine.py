@@ -281,6 +281,10 @@ def test_nvjpeg_decode_matches_cpu_decode_on_a_ycbcr_store(store, tiny, tmp_path
 def test_auto_decode_uses_nvjpeg_where_the_job_has_few_cpus(
     store, tiny, tmp_path, monkeypatch, cpus, want
 ):
+    from tilestore.embed.nvjpeg import OwnNvjpeg
+
+    if want == "gpu" and OwnNvjpeg(torch.device("cuda")).engines[0]:
+        want = "both"  # beside the decoder processes, where the GPU has JPEG engines
     monkeypatch.setattr("tilestore.embed.engine.usable_cpus", lambda: cpus)
     small = store(copy=False, into=tmp_path / "small")  # YCbCr, 256 px chunks
     big = store(copy=False, chunk=512, into=tmp_path / "big")  # YCbCr, 512 px chunks
@@ -288,7 +292,8 @@ def test_auto_decode_uses_nvjpeg_where_the_job_has_few_cpus(
     report = embed([small, big], tiny, plan=PlanOptions(mpp=0.5, tile=224), options=options)
     assert report.decode == want and not report.failures
     assert [s["decode"] for s in report.slides] == [want, want]
-    assert (report.gpu_decoder is not None) == (want == "gpu")
+    assert (report.gpu_decoder is not None) == (want != "cpu")
+    assert f"{cpus} CPUs" in report.decode_why
     assert not any("nvJPEG" in w for w in report.warnings)
     slide = open_slide(big)
     reference = reference_features(
@@ -338,12 +343,35 @@ def test_rgb_coded_chunks_fall_back_to_cpu_decode_through_torchvision(
     assert similarity.min() >= 0.9999
 
 
-def _cpu_vs_gpu_decode(cpu, gpu, model):
-    """Embed one store with --decode cpu, its twin with --decode gpu; the gpu run's report
-    and the per-tile cosine between the two."""
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("copy", [True, False], ids=["rgb-coded", "ycbcr"])
+def test_decode_both_splits_rows_between_cpu_and_gpu_with_the_cpus_features(
+    store, tiny, tmp_path, monkeypatch, copy
+):
+    from tilestore.embed.rows import BothRows
+
+    split: dict[str, int] = {}
+    close = BothRows.close
+
+    def closing(self):
+        split.update(self.rows)
+        close(self)
+
+    monkeypatch.setattr(BothRows, "close", closing)
+    cpu, gpu = store(copy=copy, into=tmp_path / "cpu"), store(copy=copy, into=tmp_path / "gpu")
+    report, similarity = _cpu_vs_gpu_decode(cpu, gpu, tiny, decode="both")
+    assert [s["decode"] for s in report.slides] == ["both"] and not report.warnings
+    assert split["cpu"] > 0 and split["gpu"] > 0  # each decoded some of the rows
+    assert similarity.min() >= 0.999
+
+
+def _cpu_vs_gpu_decode(cpu, gpu, model, decode="gpu"):
+    """Embed one store with --decode cpu, its twin with --decode `decode`; the second run's
+    report and the per-tile cosine between the two."""
     plan = PlanOptions(mpp=0.5, tile=224)
-    for path, decode in ((cpu, "cpu"), (gpu, "gpu")):
-        options = Options(batch_size=16, decode=decode, dtype="float32")
+    for path, way in ((cpu, "cpu"), (gpu, decode)):
+        options = Options(batch_size=16, decode=way, dtype="float32")
         report = embed([path], model, plan=plan, options=options)
     return report, cosine(_features(cpu, TINY)[0], _features(gpu, TINY)[0])
 

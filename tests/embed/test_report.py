@@ -31,7 +31,7 @@ def test_idle_gpu_waiting_for_tiles_points_at_decoding():
         gpu_busy_fraction=0.3, explained={"waiting for tiles (read/decode bound)": 6.0}
     )
     (note,) = advice(report)
-    assert "busy only 30%" in note and "decoders=" in note and "decode='gpu'" in note
+    assert "busy only 30%" in note and "decoders=" in note and "decode='both'" in note
 
 
 def test_idle_gpu_with_tiles_ready_points_at_the_batch_size():
@@ -67,23 +67,32 @@ def test_format_report_ends_with_the_warnings(busy):
 
 
 @pytest.mark.parametrize(
-    ("mode", "slides", "shown"),
+    ("mode", "slides", "why", "shown"),
     [
-        ("cpu", ["cpu"], "decode cpu)"),
-        ("gpu", ["gpu", "gpu"], "decode gpu via nvJPEG, the JPEG engine)"),
+        ("cpu", ["cpu"], "", "decode cpu)"),
+        ("gpu", ["gpu", "gpu"], "", "decode gpu via nvJPEG, the JPEG engines)"),
         (
             "gpu",
             ["gpu", "cpu", "gpu"],
-            "decode gpu via nvJPEG, the JPEG engine; 1 of 3 slides on the CPU)",
+            "",
+            "decode gpu via nvJPEG, the JPEG engines; 1 of 3 slides on the CPU alone)",
         ),
-        ("gpu", ["cpu"], "decode gpu; 1 of 1 slides on the CPU)"),
-        ("gpu", [], "decode gpu)"),
+        ("gpu", ["cpu"], "", "decode gpu; 1 of 1 slides on the CPU alone)"),
+        ("gpu", [], "", "decode gpu)"),
+        (
+            "both",
+            ["both", "cpu"],
+            "4 CPUs and 7 JPEG engines",
+            "decode both via nvJPEG, the JPEG engines; 1 of 2 slides on the CPU alone "
+            "(4 CPUs and 7 JPEG engines))",
+        ),
     ],
 )
-def test_the_first_line_says_how_the_slides_were_decoded(mode, slides, shown):
+def test_the_first_line_says_how_the_slides_were_decoded(mode, slides, why, shown):
     report = _report(
         decode=mode,
-        gpu_decoder="nvJPEG, the JPEG engine",
+        decode_why=why,
+        gpu_decoder="nvJPEG, the JPEG engines",
         slides=[
             {"store": f"s{i}", "tiles": 9, "skipped_done": 0, "decode": d}
             for i, d in enumerate(slides)

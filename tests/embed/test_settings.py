@@ -13,25 +13,34 @@ from tilestore.errors import TilestoreError
 
 
 @pytest.mark.parametrize(
-    ("option", "cuda", "nvjpeg", "cpus", "want"),
+    ("option", "cuda", "nvjpeg", "engines", "cpus", "want", "why"),
     [
-        ("auto", False, True, 16, "cpu"),  # no GPU: nothing else can decode
-        ("auto", False, True, 2, "cpu"),
-        ("auto", True, True, 16, "cpu"),  # 14 decoder processes keep a GPU fed
-        ("auto", True, True, 8, "cpu"),
-        ("auto", True, True, 7, "gpu"),  # too few CPUs to keep a GPU fed
-        ("auto", True, True, 3, "gpu"),
-        ("auto", True, False, 3, "cpu"),  # no nvJPEG decoder starts on this GPU (ROCm)
-        ("auto", True, False, 16, "cpu"),
-        ("cpu", True, True, 3, "cpu"),  # as asked
-        ("gpu", True, True, 16, "gpu"),
+        ("auto", False, True, 7, 16, "cpu", "no CUDA device"),  # nothing else can decode
+        ("auto", False, True, 7, 2, "cpu", "no CUDA device"),
+        ("auto", True, True, 7, 16, "cpu", "16 CPUs: 14 decoder processes keep up"),
+        ("auto", True, True, 7, 8, "cpu", "8 CPUs: 6 decoder processes keep up"),
+        # too few CPUs: the processes and the JPEG engines together
+        ("auto", True, True, 7, 7, "both", "7 CPUs and 7 JPEG engines"),
+        ("auto", True, True, 1, 3, "both", "3 CPUs and 1 JPEG engines"),
+        ("auto", True, True, 0, 3, "gpu", "3 CPUs, no JPEG engines"),  # nvJPEG's CUDA path
+        ("auto", True, False, 7, 3, "cpu", "no GPU JPEG decoder"),  # none starts (ROCm)
+        ("auto", True, False, 7, 16, "cpu", "16 CPUs"),
+        ("cpu", True, True, 7, 3, "cpu", "asked for"),  # as asked
+        ("gpu", True, True, 7, 16, "gpu", "asked for"),
+        ("both", True, True, 0, 16, "both", "asked for"),
     ],
 )
-def test_decode_resolves_by_device_cpus_and_nvjpeg(option, cuda, nvjpeg, cpus, want):
-    machine = Machine(cuda=0 if cuda else None, cpus=cpus, gpu_jpeg="nvJPEG" if nvjpeg else None)
+def test_decode_resolves_by_device_cpus_and_engines(option, cuda, nvjpeg, engines, cpus, want, why):
+    machine = Machine(
+        cuda=0 if cuda else None,
+        cpus=cpus,
+        gpu_jpeg="nvJPEG" if nvjpeg else None,
+        engines=engines,
+    )
     settings = resolve(Options(decode=option, batch_size=8), machine)
     assert settings.decode == want
-    assert settings.gpu_decoder == ("nvJPEG" if want == "gpu" else None)
+    assert settings.decode_why.startswith(why)
+    assert settings.gpu_decoder == ("nvJPEG" if want in ("gpu", "both") else None)
 
 
 def test_nvjpeg_is_started_only_where_it_may_decode():
@@ -41,6 +50,9 @@ def test_nvjpeg_is_started_only_where_it_may_decode():
     assert not any(a.startswith("gpu_jpeg") for a in machine.asked)
     resolve(Options(decode="gpu", batch_size=8), machine)
     assert machine.asked.count("gpu_jpeg(required=True)") == 1
+    resolve(Options(decode="both", batch_size=8), machine)
+    assert machine.asked.count("gpu_jpeg(required=True)") == 2
+    assert "jpeg_engines" not in machine.asked  # asked only to decide "auto"
 
 
 def test_nvjpeg_asked_for_and_missing_is_an_error():
@@ -51,7 +63,7 @@ def test_nvjpeg_asked_for_and_missing_is_an_error():
 def test_bad_options_are_one_line_errors_naming_the_parameter():
     machine = Machine(cuda=0)
     cases = {
-        "decode": ("nvdec", r"^decode='nvdec': choose 'auto', 'cpu' or 'gpu'$"),
+        "decode": ("nvdec", r"^decode='nvdec': choose 'auto', 'cpu', 'gpu' or 'both'$"),
         "precision": ("fp16", r"^precision='fp16': choose 'auto', 'bf16' or 'fp32'$"),
         "dtype": ("int8", r"^dtype='int8': choose 'float16' or 'float32'$"),
         "device": ("tpu", r"^device='tpu': choose 'auto', 'cpu', 'cuda' or 'cuda:N'$"),
@@ -61,8 +73,9 @@ def test_bad_options_are_one_line_errors_naming_the_parameter():
     for field, (value, message) in cases.items():
         with pytest.raises(TilestoreError, match=message):
             resolve(Options(**{field: value}), machine)
-    with pytest.raises(TilestoreError, match=r"^decode='gpu' needs a CUDA device$"):
-        resolve(Options(decode="gpu"), Machine(cuda=None))
+    for option in ("gpu", "both"):
+        with pytest.raises(TilestoreError, match=rf"^decode='{option}' needs a CUDA device$"):
+            resolve(Options(decode=option), Machine(cuda=None))
     with pytest.raises(TilestoreError, match=r"^device='cuda': no CUDA device is visible"):
         resolve(Options(device="cuda"), Machine(cuda=None))
 

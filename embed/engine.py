@@ -32,7 +32,7 @@ from tilestore.embed.procdecode import ProcessDecoder
 from tilestore.embed.report import RunReport, Sampler
 from tilestore.embed.runner import Runner
 from tilestore.embed.settings import Options, Precision, Settings, resolve
-from tilestore.embed.sizing import choose_batch
+from tilestore.embed.sizing import choose_batch, remembered_rate
 from tilestore.embeddings import RunIdentity
 from tilestore.plan.options import DEFAULT_MPP
 
@@ -258,6 +258,9 @@ class _Host:
 
     def jpeg_engines(self) -> int:
         return getattr(self.decoder, "engines", (0, 0))[0]
+
+    def model_rate(self, device: torch.device, precision: Precision) -> float | None:
+        return remembered_rate(self.model_on(device), device, precision)
 
     def best_batch(self, device: torch.device, precision: Precision) -> int:
         loaded = self.model_on(device)

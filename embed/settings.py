@@ -28,17 +28,27 @@ ProfileOption = Literal["nvtx", "torch"]
 Decode = Literal["cpu", "gpu", "both"]
 Precision = Literal["bf16", "fp32"]
 
-# From this many CPUs on, decode="auto" decodes on the CPU (CPUs - 2 worker processes),
-# below it with nvJPEG. ViT-B on an H100, compiled, the job's CPUs set by taskset
-# (bench/RESULTS.md, "--decode auto"), tiles/s:
-#   CPUs | CPU, 240 px | CPU, 512 px | nvJPEG, 240 px | nvJPEG, 512 px | nvJPEG, 1,024 px
-#      4 |       4,217 |       3,823 |          6,649 |          8,684 |            8,952
-#      8 |       9,834 |       9,581 |          6,880 |          8,950 |            9,088
-#     16 |       9,796 |       9,442 |              - |          8,828 |            9,386
-# nvJPEG beside a model that keeps the GPU busy decodes in the model's gaps (README): where
-# the CPUs keep up, they leave the GPU to the model. A model much faster than ViT-B (ViT-S:
-# 28,000 tiles/s) still outruns 6 decoder processes: pass decode="gpu" on 8-12 CPUs there.
+# From this many CPUs on, decode="auto" decodes on the CPU (CPUs - 2 worker processes);
+# below it the processes and the GPU's JPEG engines side by side ("both"; nvJPEG alone
+# on a GPU without engines), unless the model alone is slower than the processes decode
+# (`CPU_DECODE_TILES_PER_S`). On an H100, compiled, the copied store's 240 px chunks, the
+# job's CPUs limited as taskset does, fraction of the model's ceiling, one slide / a
+# cohort of three (bench/RESULTS.md, "Decode paths by CPU count"):
+#   model (ceiling)  | CPUs | cpu         | gpu (engines) | both
+#   ViT-S (27,777/s) |    4 | 0.23 / 0.22 | 0.44 / 0.45   | 0.50 / 0.45
+#                    |    8 | 0.58 / 0.65 | 0.48 / 0.46   | 0.58 / 0.59
+#                    |   16 | 0.76 / 0.86 | 0.48 / 0.45   | 0.65 / 0.64
+#   ViT-B (10,742/s) |    4 | 0.61 / 0.67 | 0.72 / 0.73   | 0.75 / 0.76
+#                    |    8 | 0.92 / 0.96 | 0.72 / 0.73   | 0.81 / 0.83
+#                    |   16 | 0.88 / 0.96 | 0.73 / 0.74   | 0.75 / 0.88
+#   ViT-L (3,655/s)  |    4 | 0.89 / 0.97 | 0.79 / 0.86   | 0.80 / 0.86
+# The engines decode these chunks at 29,000/s alone but a few thousand beside a model:
+# nvJPEG's per-image work waits for the model's (README, "Decoding on the GPU").
 AUTO_CPU_DECODE_CPUS = 8
+# Tiles/s one decoder process feeds (240 px chunks, 224 px tiles), less 10%: on an H100 2
+# processes fed 6,200-7,200 tiles/s, 6 fed 16,200-18,400 (bench/RESULTS.md). A model alone
+# at most this fast per process (ViT-L, 3,655 tiles/s on 4 CPUs) is fed best by the CPU.
+CPU_DECODE_TILES_PER_S = 2_700
 CPU_BATCH = 32  # tiles per batch on the CPU: larger batches gain nothing there
 RESERVED_CPUS = 2  # left to the threads that read, cut and feed the GPU; the rest decode
 SLICE_TILES = 20_000  # on Dask, at most this many tiles per task: big slides spread over GPUs
@@ -164,6 +174,10 @@ class Machine(Protocol):
     def best_batch(self, device: torch.device, precision: Precision) -> int:
         """The model's best batch size on `device`, measured."""
 
+    def model_rate(self, device: torch.device, precision: Precision) -> float | None:
+        """The model's best tiles/s alone on `device`, where its batch size was searched
+        (now or in an earlier run); None where it never was."""
+
 
 def resolve(options: Options, machine: Machine) -> Settings:
     """Return the run's final settings: every "auto" and None of `options` decided, for the
@@ -176,7 +190,8 @@ def resolve(options: Options, machine: Machine) -> Settings:
     dtype = _choice("dtype", options.dtype, FeatureDtype)
     if device.type == "cuda":
         machine.start_decoders(decoders, options.profile == "nvtx")
-    decode, gpu_decoder, why = _decode(options.decode, device, machine)
+    batch = _batch(options.batch_size, device, precision, machine)
+    decode, gpu_decoder, why = _decode(options.decode, device, precision, decoders, machine)
     return Settings(
         device=device,
         precision=precision,
@@ -186,7 +201,7 @@ def resolve(options: Options, machine: Machine) -> Settings:
         decoders=decoders,
         readers=readers,
         prefetch=prefetch,
-        batch_size=_batch(options.batch_size, device, precision, machine),
+        batch_size=batch,
         dtype=dtype,
         compile=options.compile,
         overwrite=options.overwrite,
@@ -265,11 +280,14 @@ def _precision(option: str, device: torch.device) -> Precision:
     return option
 
 
-def _decode(option: str, device: torch.device, machine: Machine) -> tuple[Decode, str | None, str]:
-    """cpu, gpu or both; the GPU decoder's name; and why. "auto" is the CPU without CUDA or
-    from `AUTO_CPU_DECODE_CPUS` CPUs on; below, the decoder processes and the GPU's JPEG
-    engines side by side where it has engines, nvJPEG alone where it has none, and the CPU
-    where no GPU decoder starts."""
+def _decode(
+    option: str, device: torch.device, precision: Precision, decoders: int, machine: Machine
+) -> tuple[Decode, str | None, str]:
+    """cpu, gpu or both; the GPU decoder's name; and why. "auto" is the CPU without CUDA,
+    from `AUTO_CPU_DECODE_CPUS` CPUs on, or where the model alone (its measured ceiling)
+    is slower than the decoder processes decode; else the decoder processes and the GPU's
+    JPEG engines side by side where it has engines, nvJPEG alone where it has none, and the
+    CPU where no GPU decoder starts."""
     option = _choice("decode", option, DecodeOption)
     cuda = device.type == "cuda"
     if option in ("gpu", "both") and not cuda:
@@ -281,6 +299,14 @@ def _decode(option: str, device: torch.device, machine: Machine) -> tuple[Decode
     cpus = machine.cpus()
     if option == "auto" and cpus >= AUTO_CPU_DECODE_CPUS:
         return "cpu", None, f"{cpus} CPUs: {cpus - RESERVED_CPUS} decoder processes keep up"
+    rate = machine.model_rate(device, precision) if option == "auto" else None
+    keep_up = decoders * CPU_DECODE_TILES_PER_S
+    if rate is not None and rate <= keep_up:
+        why = (
+            f"the model runs {rate:,.0f} tiles/s alone: {decoders} decoder processes keep up "
+            f"(about {keep_up:,} tiles/s)"
+        )
+        return "cpu", None, why
     name = machine.gpu_jpeg(device, required=option != "auto")
     if name is None:
         return "cpu", None, "no GPU JPEG decoder starts on this GPU"

@@ -175,6 +175,17 @@ def choose_batch(
     return batch, f"searched (tiles/s per batch: {rates}); smallest within {WITHIN:.0%} of best"
 
 
+def remembered_rate(
+    loaded: LoadedModel, device: torch.device, precision: Precision, memo: Path | None = None
+) -> float | None:
+    """The model's best tiles/s alone on this GPU, from its batch-size search
+    (`choose_batch` remembers every size's rate); None where none was made."""
+    entry = _read(memo or choice_file()).get(choice_key(loaded, device, precision), {})
+    runs = entry.get("runs", []) if isinstance(entry, dict) else []
+    rates = [r.get("tiles_per_s") or 0.0 for r in runs if isinstance(r, dict)]
+    return max(rates, default=0.0) or None
+
+
 def _read(memo: Path) -> dict:
     try:
         known = json.loads(memo.read_text())

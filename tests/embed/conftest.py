@@ -40,9 +40,11 @@ class Machine:
     """A machine with known answers (`tilestore.embed.settings.Machine`), recording what was
     asked."""
 
-    def __init__(self, cuda=None, cpus=16, gpu_jpeg="nvJPEG, test", best_batch=256, engines=0):
+    def __init__(
+        self, cuda=None, cpus=16, gpu_jpeg="nvJPEG, test", best_batch=256, engines=0, rate=None
+    ):
         self._cuda, self._cpus, self._gpu_jpeg, self._best = cuda, cpus, gpu_jpeg, best_batch
-        self._engines = engines
+        self._engines, self._rate = engines, rate
         self.asked: list[str] = []
 
     def cuda_device(self):
@@ -64,6 +66,10 @@ class Machine:
     def jpeg_engines(self):
         self.asked.append("jpeg_engines")
         return self._engines
+
+    def model_rate(self, device, precision):
+        self.asked.append("model_rate")
+        return self._rate
 
     def best_batch(self, device, precision):
         self.asked.append(f"best_batch({device}, {precision})")

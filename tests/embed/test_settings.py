@@ -30,17 +30,41 @@ from tilestore.errors import TilestoreError
         ("both", True, True, 0, 16, "both", "asked for"),
     ],
 )
-def test_decode_resolves_by_device_cpus_and_engines(option, cuda, nvjpeg, engines, cpus, want, why):
+@pytest.mark.parametrize("rate", [None, 20_000.0])  # the model's: unknown, or fast
+def test_decode_resolves_by_device_cpus_and_engines(
+    option, cuda, nvjpeg, engines, cpus, want, why, rate
+):
     machine = Machine(
         cuda=0 if cuda else None,
         cpus=cpus,
         gpu_jpeg="nvJPEG" if nvjpeg else None,
         engines=engines,
+        rate=rate,
     )
     settings = resolve(Options(decode=option, batch_size=8), machine)
     assert settings.decode == want
     assert settings.decode_why.startswith(why)
     assert settings.gpu_decoder == ("nvJPEG" if want in ("gpu", "both") else None)
+
+
+@pytest.mark.parametrize(
+    ("rate", "cpus", "want"),
+    [
+        (3_655.0, 4, "cpu"),  # ViT-L: 2 decoder processes keep up (5,400 tiles/s)
+        (5_400.0, 4, "cpu"),
+        (5_500.0, 4, "both"),  # just past what they feed
+        (10_742.0, 4, "both"),  # ViT-B
+        (10_742.0, 7, "cpu"),  # 5 processes: 13,500 tiles/s
+        (27_777.0, 7, "both"),  # ViT-S outruns them
+    ],
+)
+def test_auto_decode_leaves_a_slow_model_to_the_cpu(rate, cpus, want):
+    machine = Machine(cuda=0, cpus=cpus, engines=7, rate=rate)
+    settings = resolve(Options(batch_size=8), machine)
+    assert settings.decode == want
+    if want == "cpu":
+        assert f"{rate:,.0f} tiles/s alone" in settings.decode_why
+        assert not any(a.startswith("gpu_jpeg") for a in machine.asked)  # never started
 
 
 def test_nvjpeg_is_started_only_where_it_may_decode():

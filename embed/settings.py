@@ -35,19 +35,19 @@ Precision = Literal["bf16", "fp32"]
 # job's CPUs limited as taskset does, fraction of the model's ceiling, one slide / a
 # cohort of three (bench/RESULTS.md, "Decode paths by CPU count"):
 #   model (ceiling)  | CPUs | cpu         | gpu (engines) | both
-#   ViT-S (27,777/s) |    4 | 0.23 / 0.22 | 0.44 / 0.45   | 0.50 / 0.45
+#   ViT-S (28,114/s) |    4 | 0.23 / 0.22 | 0.44 / 0.45   | 0.50 / 0.45
 #                    |    8 | 0.58 / 0.65 | 0.48 / 0.46   | 0.58 / 0.59
 #                    |   16 | 0.76 / 0.86 | 0.48 / 0.45   | 0.65 / 0.64
-#   ViT-B (10,742/s) |    4 | 0.61 / 0.67 | 0.72 / 0.73   | 0.75 / 0.76
+#   ViT-B (10,775/s) |    4 | 0.61 / 0.67 | 0.72 / 0.73   | 0.75 / 0.76
 #                    |    8 | 0.92 / 0.96 | 0.72 / 0.73   | 0.81 / 0.83
 #                    |   16 | 0.88 / 0.96 | 0.73 / 0.74   | 0.75 / 0.88
-#   ViT-L (3,655/s)  |    4 | 0.89 / 0.97 | 0.79 / 0.86   | 0.80 / 0.86
+#   ViT-L (3,668/s)  |    4 | 0.89 / 0.97 | 0.79 / 0.86   | 0.80 / 0.86
 # The engines decode these chunks at 29,000/s alone but a few thousand beside a model:
 # nvJPEG's per-image work waits for the model's (README, "Decoding on the GPU").
 AUTO_CPU_DECODE_CPUS = 8
 # Tiles/s one decoder process feeds (240 px chunks, 224 px tiles), less 10%: on an H100 2
 # processes fed 6,200-7,200 tiles/s, 6 fed 16,200-18,400 (bench/RESULTS.md). A model alone
-# at most this fast per process (ViT-L, 3,655 tiles/s on 4 CPUs) is fed best by the CPU.
+# at most this fast per process (ViT-L, 3,668 tiles/s on 4 CPUs) is fed best by the CPU.
 CPU_DECODE_TILES_PER_S = 2_700
 CPU_BATCH = 32  # tiles per batch on the CPU: larger batches gain nothing there
 RESERVED_CPUS = 2  # left to the threads that read, cut and feed the GPU; the rest decode

@@ -327,6 +327,7 @@ def _dry_run(stores, model, plan, options, into, in_place, sidecars) -> None:
             "refused (below)" if row.error else row.note,
         )
     out.print(table)
+    out.print(f"decode {result.decode} ({result.decode_why})", highlight=False)
     memory = f", peak GPU memory {result.peak_gpu_mb:,.0f} MB" if result.peak_gpu_mb else ""
     out.print(
         f"{result.model} on {result.device_name}, batch {result.batch_size}: "

@@ -12,6 +12,17 @@ import typer
 from tilestore.cli.console import human_size, out, text_table
 
 
+def _gpu_jpeg(levels: list[dict]) -> str:
+    """Whether `embed --decode gpu|both` can decode each level's chunks on the GPU."""
+    known = [lv for lv in levels if "gpu_jpeg" in lv]
+    refused = [f"level {lv['path']}: {lv['gpu_jpeg']}" for lv in known if lv["gpu_jpeg"]]
+    if not known:
+        return "unknown (the store is incomplete)"
+    if not refused:
+        return "every level (baseline colour JPEG: the JPEG engines of an A100 or H100 take it)"
+    return "; ".join(refused) + " (decoded on the CPU instead)"
+
+
 def info(
     path: Path = typer.Argument(..., help="A store (.ome.zarr) or a slide file."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
@@ -79,6 +90,7 @@ def info(
         for name, tiles in desc["plans"].items():
             out.print(f"plan {name}: {tiles} tiles", highlight=False)
         out.print(f"integrity: {_integrity(desc)}", highlight=False)
+        out.print(f"GPU JPEG decoding: {_gpu_jpeg(desc['levels'])}", highlight=False)
     else:
         out.print(
             f"format {desc['format']} ({desc['vendor'] or 'generic'}), read by {desc['reader']}; "

@@ -54,6 +54,8 @@ class DryRun:
     model_mb: float | None
     setup_s: float
     rows: tuple[DryRow, ...]
+    decode: str = "cpu"  # how the run would decode (`Settings.decode`)
+    decode_why: str = ""
 
     @property
     def todo(self) -> int:
@@ -97,6 +99,8 @@ def dry_run(
             embedder.model_mb,
             setup,
             rows,
+            s.decode,
+            s.decode_why,
         )
 
 
@@ -124,7 +128,12 @@ def _row(path, embedder, identity, plan, rate, into, in_place, sidecars) -> DryR
     most = embedder.settings.max_tiles
     todo = total - done if most is None else min(total - done, most)
     seconds = todo / rate if rate else None
-    return DryRow(str(path), total, done, todo, seconds, note or "; ".join(tile_plan.notes))
+    notes = [note] if note else list(tile_plan.notes)
+    if embedder.settings.decode != "cpu":  # the GPU would decode: can it take these chunks?
+        refusal = slide.chunks(tile_plan.spec.level).gpu_refusal()
+        if refusal:
+            notes.append(f"decoded on the CPU: {refusal}")
+    return DryRow(str(path), total, done, todo, seconds, "; ".join(notes))
 
 
 def _done(slide, model: str, plan, uid: str | None, overwrite: bool) -> tuple[int, str]:

@@ -33,6 +33,13 @@ def test_convert_then_info(tmp_path, slide_path):
     assert json.loads(info.stdout)["levels"][0]["write"] == "copy"
     table = tilestore("info", tmp_path / "CMU-1-Small-Region.ome.zarr")
     assert "complete" in table.stdout and "0.499" in table.stdout
+    assert "GPU JPEG decoding: every level" in " ".join(table.stdout.split())
+    zstd = tmp_path / "zstd"
+    assert tilestore("convert", slide_path(KIDNEY), "-o", zstd, "--codec", "zstd").returncode == 0
+    kidney = json.loads(tilestore("info", zstd / "kidney-48-5.ome.zarr", "--json").stdout)
+    assert {lv["gpu_jpeg"] for lv in kidney["levels"]} == {"its chunks are not JPEG"}
+    shown = " ".join(tilestore("info", zstd / "kidney-48-5.ome.zarr").stdout.split())
+    assert "level 0: its chunks are not JPEG" in shown and "decoded on the CPU" in shown
 
 
 def test_info_on_a_slide_file(slide_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+import torch
 
 from tests.conftest import CMU
 from tilestore.embed.dryrun import dry_run
@@ -47,6 +48,7 @@ def test_a_dry_run_counts_what_a_run_would_embed_and_writes_nothing(
     assert slide.tiles is None and "would be converted into stores/CMU-1-Small-Region" in slide.note
     assert "no such store" in absent.error
     assert result.todo == 18 and result.tiles_per_s > 0 and result.batch_size == 2
+    assert (result.decode, result.decode_why) == ("cpu", "no CUDA device")
     assert result.seconds == pytest.approx(18 / result.tiles_per_s)
     side = tmp_path / "side"
     (placed,) = dry_run(
@@ -58,3 +60,15 @@ def test_a_dry_run_counts_what_a_run_would_embed_and_writes_nothing(
     assert not side.exists()
     (nowhere,) = dry_run([slide_path(CMU)], lite, plan=PLAN, options=FP32).rows
     assert "a slide file, not a store" in nowhere.error
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_dry_run_says_which_stores_the_gpu_cannot_decode(store, lite, tmp_path):
+    jpeg, zstd = store(into=tmp_path / "j"), store(codec="zstd", into=tmp_path / "z")
+    options = Options(batch_size=2, decode="both", dtype="float32")
+    result = dry_run([jpeg, zstd], lite, plan=PLAN, options=options)
+    assert result.decode == "both" and result.decode_why == "asked for"
+    on_gpu, on_cpu = result.rows
+    assert "decoded on the CPU" not in on_gpu.note
+    assert "decoded on the CPU: its chunks are not JPEG" in on_cpu.note

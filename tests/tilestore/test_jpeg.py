@@ -91,3 +91,31 @@ def test_a_tile_checked_by_its_own_segments_reads_as_the_whole_stream(slide_path
     tables = b"\xff\xd8\xff\xdb\x00\x43\x00" + bytes(64) + b"\xff\xd9"  # one DQT
     shared = jpeg.complete_stream(jpeg.SOI, tables, mark_rgb=mark_rgb)
     assert jpeg.marker_facts(shared + jpeg.EOI) == (False, 0 if mark_rgb else None)
+
+
+def _jpeg_with(**pil) -> bytes:
+    import io
+
+    from PIL import Image
+
+    pixels = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    if pil.pop("gray", False):
+        pixels = pixels[..., 0]
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", **pil)
+    return buffer.getvalue()
+
+
+def test_gpu_refusal_names_what_a_gpu_jpeg_decoder_cannot_take():
+    import imagecodecs
+
+    from tilestore.format.jpeg import gpu_refusal
+
+    pixels = np.random.default_rng(1).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    assert gpu_refusal(imagecodecs.jpeg8_encode(pixels)) is None  # baseline 4:2:0
+    assert gpu_refusal(imagecodecs.jpeg8_encode(pixels, subsampling=(1, 1))) is None  # 4:4:4
+    assert gpu_refusal(_jpeg_with(progressive=True)).startswith("progressive JPEG")
+    assert gpu_refusal(_jpeg_with(gray=True)).startswith("JPEG of 1 components")
+    assert gpu_refusal(imagecodecs.jpeg8_encode(pixels, lossless=True)).startswith("lossless")
+    twelve = imagecodecs.jpeg8_encode(pixels.astype(np.uint16) * 16, bitspersample=12)
+    assert gpu_refusal(twelve).startswith("12-bit JPEG samples")

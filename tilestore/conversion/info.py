@@ -40,6 +40,7 @@ def _describe_store(path: Path) -> dict[str, Any]:
     mpp = attrs.get("mpp")
     with stored(path, "store metadata", "convert the slide again"):
         levels = _levels(group, attrs, mpp)
+    _gpu_jpeg(path, levels)
     return {
         "path": str(path),
         "kind": "store",
@@ -93,6 +94,21 @@ def _levels(group: zarr.Group, attrs: dict, mpp: dict | None) -> list[dict]:
             }
         )
     return levels
+
+
+def _gpu_jpeg(path: Path, levels: list[dict]) -> None:
+    """Each level's `gpu_jpeg`: None where a GPU's JPEG decoder (the engines of an A100 or
+    H100, `tilestore embed --decode gpu|both`) can take its chunks, else why not (judged on
+    a few chunks' headers); left out of an incomplete store's levels."""
+    try:
+        slide = open_slide(path)
+    except TilestoreError:  # incomplete, or unreadable: the description says so elsewhere
+        return
+    for index, level in enumerate(levels):
+        try:
+            level["gpu_jpeg"] = slide.chunks(index).gpu_refusal()
+        except (TilestoreError, ValueError) as exc:  # a damaged chunk: it cannot decode
+            level["gpu_jpeg"] = f"a chunk could not be read ({exc})"
 
 
 def _describe_slide(path: Path, verify: bool) -> dict[str, Any]:

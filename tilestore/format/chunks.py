@@ -38,7 +38,7 @@ from tilestore.format.codecs import (
     whole_streams,
 )
 from tilestore.format.integrity import Location, read_chunks, unseal
-from tilestore.format.jpeg import as_declared
+from tilestore.format.jpeg import as_declared, gpu_refusal
 from tilestore.format.shards import (
     ABSENT,
     ShardIndex,
@@ -119,6 +119,28 @@ class ChunkReader:
         if self._files is None:
             return None
         return [Location(f"{self._files}/{r}/{c}") for r, c in coords]
+
+    def gpu_refusal(self, sample: int = 3) -> str | None:
+        """Why a GPU's JPEG decoder cannot take this level's chunks (not JPEG, not colour,
+        or a frame it does not decode, judged on the headers of `sample` stored chunks from
+        the middle rows), or None where it can."""
+        if not self.is_jpeg:
+            return "its chunks are not JPEG"
+        if self.channels != 3:
+            return f"{self.channels} channels (the GPU decodes colour JPEG)"
+        rows, cols = self.grid
+        middle = [rows // 2 + k for k in (0, 1, -1, 2, -2)]
+        for row in dict.fromkeys(r for r in middle if 0 <= r < rows):
+            for data in self.fetch([(row, col) for col in range(cols)]):
+                if data is None:
+                    continue
+                refusal = gpu_refusal(data)
+                if refusal is not None:
+                    return refusal
+                sample -= 1
+                if not sample:
+                    return None
+        return None
 
     def fetch_one(self, coord: tuple[int, int]) -> bytes | None:
         """The checked bytes of one chunk (None if never written and that is allowed)."""

@@ -60,6 +60,28 @@ def iter_markers(data: bytes, start: int = 0):
     yield from segments(data, max(2, start))
 
 
+# frames other than baseline / extended Huffman, as a GPU's JPEG decoder would refuse them
+OTHER_FRAMES = {0xC2: "progressive", 0xC3: "lossless", 0xC9: "arithmetic-coded"}
+
+
+def gpu_refusal(data: bytes) -> str | None:
+    """Why a GPU's batched JPEG decoder (nvJPEG on the JPEG engines of an A100 or H100, or on
+    CUDA) cannot take this stream, or None where it can: an 8-bit baseline or extended
+    Huffman frame of 3 components, whatever its chroma sampling."""
+    for marker, payload in iter_markers(data):
+        if marker in (0xC0, 0xC1):
+            bits, _, _, components = struct.unpack_from(">BHHB", payload)
+            if bits != 8:
+                return f"{bits}-bit JPEG samples (the GPU decodes 8-bit)"
+            if components != 3:
+                return f"JPEG of {components} components (the GPU decodes colour, 3)"
+            return None
+        if 0xC2 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            kind = OTHER_FRAMES.get(marker, f"frame type 0x{marker:02X}")
+            return f"{kind} JPEG (the GPU decodes baseline)"
+    return "no JPEG frame header"
+
+
 def segments(data: bytes | memoryview, pos: int = 0):
     """Yield (marker, payload) for each segment from byte `pos` (a segment's first byte) up
     to and including the first SOS."""

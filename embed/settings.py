@@ -303,8 +303,8 @@ def _decode(
     keep_up = decoders * CPU_DECODE_TILES_PER_S
     if rate is not None and rate <= keep_up:
         why = (
-            f"the model runs {rate:,.0f} tiles/s alone: {decoders} decoder processes keep up "
-            f"(about {keep_up:,} tiles/s)"
+            f"the model runs {rate:,.0f} tiles/s alone: {decoders} decoder processes keep up, "
+            f"about {keep_up:,} tiles/s"
         )
         return "cpu", None, why
     name = machine.gpu_jpeg(device, required=option != "auto")

@@ -64,10 +64,13 @@ def test_a_dry_run_counts_what_a_run_would_embed_and_writes_nothing(
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_dry_run_says_which_stores_the_gpu_cannot_decode(store, lite, tmp_path):
+def test_a_dry_run_says_which_stores_the_gpu_cannot_decode(store, tmp_path):
+    from tilestore.embed.models import load_model
+
+    tiny = load_model("timm:vit_small_patch16_224")  # random weights: no package needed
     jpeg, zstd = store(into=tmp_path / "j"), store(codec="zstd", into=tmp_path / "z")
     options = Options(batch_size=2, decode="both", dtype="float32")
-    result = dry_run([jpeg, zstd], lite, plan=PLAN, options=options)
+    result = dry_run([jpeg, zstd], tiny, plan=PLAN, options=options)
     assert result.decode == "both" and result.decode_why == "asked for"
     on_gpu, on_cpu = result.rows
     assert "decoded on the CPU" not in on_gpu.note

@@ -18,10 +18,15 @@ vit_large_patch16_224 = UNI), in one process:
              slide, CPU transforms, batch 64, fp16.
   cli      - `tilestore embed` in a fresh process (model load and compilation included):
              the peak host RSS a user sees, free of this process's ceilings and compiles.
+  paths    - (--runs paths) the engine on the copied store with each decode path (cpu, gpu:
+             nvJPEG on the JPEG engines, both) at each of --cpus CPU counts (the process
+             limited as `taskset -a` does), one slide and a cohort of three, each run's
+             features against the CPU-decoded run's (README "Few CPUs per GPU").
 Also: the engine's features vs the one-tile-at-a-time reference loop (cosine), peak GPU
 memory, how soon the first batch was ready, and which stage limits.
 
     python bench/embed_engine.py --models vit_small_patch16_224,vit_base_patch16_224 --out x.json
+    python bench/embed_engine.py --runs paths --cpus 4,8,16 --ycbcr-chunks ""
 """
 
 from __future__ import annotations

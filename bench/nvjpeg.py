@@ -9,7 +9,12 @@ running batches on the GPU, to show what the decoder takes from it and it from t
 `--sides` px (quality 90), to show what the chunk size does to nvJPEG: its cost per image, not per
 pixel, is what limits it on small chunks.
 
+`--decoders` compares several (ours on the JPEG engines or on CUDA, nvImageCodec's engines)
+on the same chunks, with how busy NVML says the engines were.
+
     python bench/nvjpeg.py [--store S] [--sides 256,512,1024] [--out x.json]
+    python bench/nvjpeg.py --store bench/data/copied/large-40000.ome.zarr \
+        --decoders OwnNvjpeg,OwnNvjpegCuda,NvImageCodec --sides 1024
 """
 
 from __future__ import annotations

@@ -397,6 +397,13 @@ def main() -> None:
         "in GPU_DECODERS",
     )
     parser.add_argument(
+        "--path-chunks",
+        type=int,
+        default=None,
+        help="run --runs paths on the YCbCr re-encode in chunks of this many px (one of "
+        "--ycbcr-chunks) rather than on the copied store",
+    )
+    parser.add_argument(
         "--path-tiles",
         default="",
         help="tiles per slide for a model's --runs paths, e.g. vit_large_patch16_224:8192 "
@@ -429,6 +436,13 @@ def main() -> None:
         copy_store(store, args.work / f"cohort-{i}" / store.name)
         for i in ((1, 2) if runs & {"cohort", "cli", "paths"} else ())
     ]  # a run over several slides: the next one streams while the last batches compute
+    path_stores = cohort
+    if args.path_chunks:  # the paths runs on a YCbCr re-encode of this chunk size instead
+        chosen = ycbcrs[chunks.index(args.path_chunks)]
+        path_stores = [chosen] + [
+            copy_store(chosen, args.work / f"cohort-{i}-{args.path_chunks}" / chosen.name)
+            for i in (1, 2)
+        ]
     slide = tilestore.open_slide(store)
     plan, _ = load_plan(slide, "bench")
     print(f"data ready in {time.perf_counter() - t0:.1f} s: {len(plan)} tiles", flush=True)
@@ -477,7 +491,7 @@ def main() -> None:
             entry["compile_s"] = time.perf_counter() - t1
             print(f"  compiled in {entry['compile_s']:.0f} s (warm-up run)", flush=True)
         if "paths" in runs:
-            path_runs(entry, arch, cohort, loaded, batch, compiled, args)
+            path_runs(entry, arch, path_stores, loaded, batch, compiled, args)
         if "cpu" in runs:
             entry["engine_cpu"] = engine_run([store], loaded, batch, "cpu", compiled, "cpu")
         if "quality" in runs:  # the per-tile measures' cost: without and with, alternated

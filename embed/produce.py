@@ -205,6 +205,13 @@ class Producer:
             source.retire(list(cache.values()))
 
 
+# decode="both" hands rows to the decoder processes only for chunks this small (Aperio's
+# 240 px tiles, DICOM's 256 px frames): there the engines' cost is per image and the
+# processes add to them; a row of larger chunks takes a few processes seconds, and the
+# engines decode those chunks fast (H100, 4 CPUs, 1,024 px YCbCr chunks: ViT-S 0.69 of its
+# ceiling with the engines alone, 0.33 with the processes beside; ViT-B 0.85 and 0.82;
+# bench/RESULTS.md, "decode paths by CPU count").
+BOTH_MAX_CHUNK_PIXELS = 256 * 256
 DecodePath = Literal["nvjpeg", "both", "processes", "threads", "cut"]
 # where each path decodes, as the report says per slide
 DECODED_ON = {"nvjpeg": "gpu", "both": "both", "processes": "cpu", "threads": "cpu", "cut": "cpu"}
@@ -213,14 +220,16 @@ DECODED_ON = {"nvjpeg": "gpu", "both": "both", "processes": "cpu", "threads": "c
 def decode_path(settings: Settings, reader, nvjpeg: bool, processes) -> DecodePath:
     """How a slide's tiles are made, decided here only: its JPEG chunks decoded into grid
     rows by nvJPEG (where `nvjpeg` says it may), by nvJPEG and the decoder processes side by
-    side (decode="both", chunk files on disk), by the processes alone, or by CPU threads,
+    side (decode="both", chunk files on disk, chunks of at most `BOTH_MAX_CHUNK_PIXELS`),
+    by the processes alone, or by CPU threads,
     and cut on the GPU; or, without CUDA or for a zstd level, cut on CPU threads into
     batches."""
     if not (settings.cuda and reader.is_jpeg):
         return "cut"
     on_disk = processes is not None and reader.locations([]) is not None
     if nvjpeg:
-        return "both" if settings.decode == "both" and on_disk else "nvjpeg"
+        small = reader.chunk_h * reader.chunk_w <= BOTH_MAX_CHUNK_PIXELS
+        return "both" if settings.decode == "both" and on_disk and small else "nvjpeg"
     return "processes" if on_disk else "threads"
 
 

@@ -21,13 +21,12 @@ import ctypes
 import ctypes.util
 import glob
 import os
-import struct
 import threading
 from collections.abc import Sequence
 
 import torch
 
-from tilestore.format.jpeg import iter_markers
+from tilestore.format.jpeg import BASELINE_FRAMES, frame_header
 
 # nvjpegBackend_t, nvjpegOutputFormat_t and nvjpegStatus_t (nvjpeg.h)
 BACKEND_DEFAULT, BACKEND_HARDWARE = 0, 3
@@ -46,7 +45,6 @@ STATUS = {
 }
 MAX_COMPONENT = 4
 ALLOCATOR_FAILURE = 5
-SOF_MARKERS = {0xC0, 0xC1}  # baseline and extended Huffman: what the batched decoder takes
 
 
 class NvjpegImage(ctypes.Structure):
@@ -89,19 +87,18 @@ def find_library() -> str | None:
 
 
 def jpeg_size(data: bytes) -> tuple[int, int, int]:
-    """(height, width, components) from a JPEG's frame header, found by walking its markers
-    (`tilestore.format.jpeg.iter_markers`: a table may hold the bytes of a frame marker, so a
-    plain search could find a false one). Only 8-bit baseline or extended Huffman frames:
+    """(height, width, components) from a JPEG's frame header
+    (`tilestore.format.jpeg.frame_header`). Only 8-bit baseline or extended Huffman frames:
     what the batched decoder writes as uint8."""
-    for marker, payload in iter_markers(data):
-        if marker in SOF_MARKERS:
-            bits, height, width, components = struct.unpack_from(">BHHB", payload)
-            if bits != 8:
-                raise ValueError(f"JPEG samples of {bits} bits (not 8)")
-            return height, width, components
-        if 0xC2 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            raise ValueError(f"JPEG frame type 0x{marker:02X} (not baseline Huffman)")
-    raise ValueError("no JPEG frame header")
+    frame = frame_header(data)
+    if frame is None:
+        raise ValueError("no JPEG frame header")
+    marker, bits, height, width, components = frame
+    if marker not in BASELINE_FRAMES:
+        raise ValueError(f"JPEG frame type 0x{marker:02X} (not baseline Huffman)")
+    if bits != 8:
+        raise ValueError(f"JPEG samples of {bits} bits (not 8)")
+    return height, width, components
 
 
 def check_sizes(data: Sequence[bytes], height: int, width: int) -> list[bytes]:

@@ -60,26 +60,37 @@ def iter_markers(data: bytes, start: int = 0):
     yield from segments(data, max(2, start))
 
 
-# frames other than baseline / extended Huffman, as a GPU's JPEG decoder would refuse them
+BASELINE_FRAMES = (0xC0, 0xC1)  # baseline and extended Huffman: what GPU decoders take
+# other frames, by name, as a GPU's JPEG decoder would refuse them
 OTHER_FRAMES = {0xC2: "progressive", 0xC3: "lossless", 0xC9: "arithmetic-coded"}
+
+
+def frame_header(data: bytes) -> tuple[int, int, int, int, int] | None:
+    """(frame marker, sample bits, height, width, components) of the stream's frame, found
+    by walking its markers (a table may hold the bytes of a frame marker, so a plain search
+    could find a false one); None where it has none."""
+    for marker, payload in iter_markers(data):
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return (marker, *struct.unpack_from(">BHHB", payload))
+    return None
 
 
 def gpu_refusal(data: bytes) -> str | None:
     """Why a GPU's batched JPEG decoder (nvJPEG on the JPEG engines of an A100 or H100, or on
     CUDA) cannot take this stream, or None where it can: an 8-bit baseline or extended
     Huffman frame of 3 components, whatever its chroma sampling."""
-    for marker, payload in iter_markers(data):
-        if marker in (0xC0, 0xC1):
-            bits, _, _, components = struct.unpack_from(">BHHB", payload)
-            if bits != 8:
-                return f"{bits}-bit JPEG samples (the GPU decodes 8-bit)"
-            if components != 3:
-                return f"JPEG of {components} components (the GPU decodes colour, 3)"
-            return None
-        if 0xC2 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            kind = OTHER_FRAMES.get(marker, f"frame type 0x{marker:02X}")
-            return f"{kind} JPEG (the GPU decodes baseline)"
-    return "no JPEG frame header"
+    frame = frame_header(data)
+    if frame is None:
+        return "no JPEG frame header"
+    marker, bits, _, _, components = frame
+    if marker not in BASELINE_FRAMES:
+        kind = OTHER_FRAMES.get(marker, f"frame type 0x{marker:02X}")
+        return f"{kind} JPEG (the GPU decodes baseline)"
+    if bits != 8:
+        return f"{bits}-bit JPEG samples (the GPU decodes 8-bit)"
+    if components != 3:
+        return f"JPEG of {components} components (the GPU decodes colour, 3)"
+    return None
 
 
 def segments(data: bytes | memoryview, pos: int = 0):

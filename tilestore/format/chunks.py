@@ -122,16 +122,18 @@ class ChunkReader:
 
     def gpu_refusal(self, sample: int = 3) -> str | None:
         """Why a GPU's JPEG decoder cannot take this level's chunks (not JPEG, not colour,
-        or a frame it does not decode, judged on the headers of `sample` stored chunks from
-        the middle rows), or None where it can."""
+        or a frame it does not decode, judged on the headers of `sample` stored chunks read
+        outward from the level's centre, a few at a time), or None where it can."""
         if not self.is_jpeg:
             return "its chunks are not JPEG"
         if self.channels != 3:
             return f"{self.channels} channels (the GPU decodes colour JPEG)"
         rows, cols = self.grid
-        middle = [rows // 2 + k for k in (0, 1, -1, 2, -2)]
-        for row in dict.fromkeys(r for r in middle if 0 <= r < rows):
-            for data in self.fetch([(row, col) for col in range(cols)]):
+        by_row = sorted(range(rows), key=lambda r: abs(r - rows // 2))[:5]
+        by_col = sorted(range(cols), key=lambda c: abs(c - cols // 2))
+        coords = [(r, c) for r in by_row for c in by_col]
+        for start in range(0, len(coords), 8):  # tissue is often near the centre
+            for data in self.fetch(coords[start : start + 8]):
                 if data is None:
                     continue
                 refusal = gpu_refusal(data)

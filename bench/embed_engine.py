@@ -58,6 +58,7 @@ from tilestore.embeddings.layout import group_name
 from tilestore.plan import PlanOptions, load_plan
 
 HERE = Path(__file__).resolve().parent
+QUALITY_RUNS = 3  # --runs quality: each of off and on, alternated
 
 
 # how a ceiling runs the model: eager, compiled, or compiled and replayed as CUDA graphs
@@ -248,7 +249,7 @@ def engine_run(
         f"to the last write (set-up {report.setup_s:.2f} s before it; "
         f"{data['tiles_per_s_with_setup']:.0f} tiles/s with it); "
         f"first batch {report.first_batch_s} s; "
-        f"{report.explained}; GPU util {report.gpu_util_mean}; "
+        f"{report.explained}; stages {report.stages}; GPU util {report.gpu_util_mean}; "
         f"RSS {rss_before:.0f} MB before, {report.peak_rss_mb:.0f} MB peak; GPU before {state}",
         flush=True,
     )
@@ -495,7 +496,14 @@ def main() -> None:
         if "cpu" in runs:
             entry["engine_cpu"] = engine_run([store], loaded, batch, "cpu", compiled, "cpu")
         if "quality" in runs:  # the per-tile measures' cost: without and with, alternated
-            for i in range(2):
+            if compiled:  # the measures compiled in too, before the measured runs
+                embed(
+                    [small],
+                    loaded,
+                    plan=PlanOptions(mpp=0.5, tile=224, min_tissue=0.0),
+                    options=Options(batch_size=batch, compile=True, overwrite=True, quality=True),
+                )
+            for i in range(QUALITY_RUNS):
                 for on in (False, True):
                     tag = f"cpu, quality {'on' if on else 'off'} ({i + 1})"
                     entry[f"quality_{'on' if on else 'off'}_{i + 1}"] = engine_run(
@@ -647,14 +655,29 @@ def print_quality(results: dict) -> None:
     models = {a: e for a, e in results["models"].items() if "quality_on_1" in e}
     if not models:
         return
-    print("\nmodel | quality off (two runs) | quality on (two runs) | on / off | measures ms/batch")
+    print(
+        f"\nmodel | quality off ({QUALITY_RUNS} runs) | quality on ({QUALITY_RUNS} runs) | "
+        "on / off | GPU computing s, off / on | other s, off / on | measures ms/batch (eager)"
+    )
     for arch, e in models.items():
-        off = [e[f"quality_off_{i}"]["tiles_per_s"] for i in (1, 2)]
-        on = [e[f"quality_on_{i}"]["tiles_per_s"] for i in (1, 2)]
+        runs = {
+            on: [e[f"quality_{on}_{i}"] for i in range(1, QUALITY_RUNS + 1)] for on in ("off", "on")
+        }
+        rates = {on: [r["tiles_per_s"] for r in runs[on]] for on in runs}
+        parts = {
+            part: {on: sum(r["explained"][key] for r in runs[on]) / len(runs[on]) for on in runs}
+            for part, key in (
+                ("gpu", "GPU computing"),
+                ("other", "other (launches, writer back-pressure)"),
+            )
+        }
         print(
-            f"{arch} | {off[0]:.0f}, {off[1]:.0f} | {on[0]:.0f}, {on[1]:.0f} | "
-            f"{sum(on) / sum(off):.3f} | {e['measures_ms_per_batch']:.2f} "
-            f"(batch {e['engine_batch']})"
+            f"{arch} | {', '.join(f'{r:.0f}' for r in rates['off'])} | "
+            f"{', '.join(f'{r:.0f}' for r in rates['on'])} | "
+            f"{sum(rates['on']) / sum(rates['off']):.3f} | "
+            f"{parts['gpu']['off']:.3f} / {parts['gpu']['on']:.3f} | "
+            f"{parts['other']['off']:.3f} / {parts['other']['on']:.3f} | "
+            f"{e['measures_ms_per_batch']:.2f} (batch {e['engine_batch']})"
         )
 
 

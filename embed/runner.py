@@ -203,7 +203,7 @@ class Runner:
         else:
             tiles = item.tiles
         t0 = time.perf_counter()
-        with run.stats.mark("forward (preprocess, model)"):
+        with run.stats.span("launch", "forward (preprocess, model)"):  # CPU time to launch
             features = self.forward(tiles, item.count)
         slot = run.outputs.acquire()
         out = run.outputs.buffers[slot][: item.count]
@@ -232,10 +232,11 @@ class Runner:
                     continue
                 if isinstance(item, JobEnd):
                     job = item.job
-                    if len(job.todo):
-                        report.end(job)
-                    job.writer.finish(report.slide_summary(job))
-                    report.quality(job, job.writer.quality_summary())
+                    with stats.span("finish_slide", "finish a slide (last writes, summary)"):
+                        if len(job.todo):
+                            report.end(job)
+                        job.writer.finish(report.slide_summary(job))
+                        report.quality(job, job.writer.quality_summary())
                     run.open_jobs.remove(job)
                     continue
                 if isinstance(item, JobFailed):
@@ -245,7 +246,7 @@ class Runner:
                     continue
                 batch, slot, done, start, end = item
                 if done is not None:
-                    with stats.mark("wait for the GPU"):
+                    with stats.span("writer_waits_gpu", "wait for the GPU"):
                         done.synchronize()  # the feature copy (and so the batch) has finished
                     stats.add("compute", start.elapsed_time(end) / 1000)
                     if last_end is not None:

@@ -18,8 +18,7 @@ from tilestore.embed.graphs import GraphedForward
 from tilestore.embed.models import LoadedModel, ModelError
 from tilestore.embed.settings import Precision
 from tilestore.errors import TilestoreError
-from tilestore.qc.colour import ColourTables
-from tilestore.qc.tilewise import MEASURES, TileParams, tile_measures
+from tilestore.qc.tilewise import MEASURES, TileParams, TileTables, tile_measures
 
 
 def place(loaded: LoadedModel, device: torch.device) -> LoadedModel:
@@ -85,9 +84,13 @@ class QualityLayout:
         return {"measures": list(self.measures), "mpp": self.mpp, "side": self.side,
                 "params": asdict(TileParams())}  # fmt: skip
 
-    def measure(self, tiles: torch.Tensor, tables: ColourTables | None = None) -> torch.Tensor:
+    def tables(self, device: torch.device) -> TileTables:
+        """The measures' constants on `device`, made once per run (not every batch)."""
+        return TileTables.on(device, (self.side, self.side), self.mpp)
+
+    def measure(self, tiles: torch.Tensor, tables: TileTables | None = None) -> torch.Tensor:
         """(n, width) float32 measures of (n, h, w, 3) uint8 tiles on their device (`tables`:
-        the colour constants there, made once per run)."""
+        from `tables`, made once per run)."""
         if tiles.shape[1:3] != (self.side, self.side):  # decided when a graph is traced
             scaled = F.interpolate(
                 tiles.permute(0, 3, 1, 2).float(), size=(self.side, self.side),
@@ -114,7 +117,7 @@ class Forward:
     ) -> None:
         self.loaded, self.device, self.precision = loaded, device, precision
         self.tokens, self.quality = tokens, quality
-        self.tables = ColourTables.on(device) if quality else None  # not made every batch
+        self.tables = quality.tables(device) if quality else None  # not made every batch
         self.width = (
             loaded.output_dim + (tokens.width if tokens else 0) + (quality.width if quality else 0)
         )
@@ -134,7 +137,12 @@ class Forward:
             return out
         with torch.autocast(self.device.type, enabled=False):
             measures = self.quality.measure(tiles, self.tables)
-        return torch.cat([out, measures.to(out.dtype)], dim=1)
+        return torch.cat([out.float(), measures], dim=1)  # the measures as computed
+
+    def row_dtype(self, stored: torch.dtype) -> torch.dtype:
+        """The dtype of the rows the host receives, for features stored as `stored`: float32
+        where the measures ride along (not rounded to the features' 3 digits of float16)."""
+        return torch.float32 if self.quality else stored
 
     def __call__(self, tiles: torch.Tensor, count: int, eager: bool = False) -> torch.Tensor:
         """Features of the first `count` tiles of a batch buffer (on the device).

@@ -110,7 +110,7 @@ class Runner:
                 settings.prefetch + 2,
                 (settings.batch_size, self.forward.width),
                 pin=settings.cuda,
-                dtype=getattr(torch, settings.dtype),
+                dtype=self.forward.row_dtype(getattr(torch, settings.dtype)),
             ),
             stop=threading.Event(),
             open_jobs=[],

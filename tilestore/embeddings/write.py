@@ -151,6 +151,7 @@ class EmbeddingWriter:
         shards = self.features.shards  # None: a group made before shards, a file per batch
         self.per_shard = shards[0] // self.batch_size if shards else 1
         self._stored = self._done[:].astype(bool)  # done on disk, as this writer knows it
+        self._summary: dict[str, Any] | None = None  # the measures' summary, until a write
 
     @classmethod
     def attach(
@@ -241,6 +242,7 @@ class EmbeddingWriter:
                 nan = part is self.quality and self.quality_note is not None
                 at = self._flush_part(part, at, blocks, lo, hi, whole, nan=nan)
         self.features[lo:hi] = region
+        self._summary = None
         flags = self._stored[first:last].copy()
         flags[np.asarray(blocks) - first] = True
         self._done[first:last] = flags.astype(np.uint8)
@@ -271,10 +273,12 @@ class EmbeddingWriter:
         None where the group stores none."""
         if self.quality is None:
             return None
-        from tilestore.qc.tilewise import summarise
+        if self._summary is None:  # read once between writes (finishing asks, then the report)
+            from tilestore.qc.tilewise import summarise
 
-        found = summarise(self.quality[:], list(self.quality.attrs["measures"]))
-        return {**found, "note": self.quality_note} if self.quality_note else found
+            found = summarise(self.quality[:], list(self.quality.attrs["measures"]))
+            self._summary = {**found, "note": self.quality_note} if self.quality_note else found
+        return self._summary
 
     def finish(self, summary: dict[str, Any]) -> None:
         """Write what waits; mark complete (if every batch is done), release the lock. A

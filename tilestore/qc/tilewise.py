@@ -52,36 +52,72 @@ class TileParams:
     min_texture: float = 1e-4  # ... and this much texture energy (OD^2) in the two bands
 
 
+@dataclass(frozen=True)
+class TileTables:
+    """What the measures need on the tiles' device, made once for a run of tiles of one
+    `shape` at one `mpp` (each tensor made from host data is a copy to the device, and on
+    a GPU every such copy waits for all the work queued before it: a batch's measures
+    beside a model would wait for the model, every batch): the colour tables and, on a
+    GPU, the blur's two Gaussians as matrices (`gaussian_matrix`, rows then columns)."""
+
+    colour: ColourTables
+    shape: tuple[int, int]
+    mpp: float
+    gaussians: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None
+
+    @classmethod
+    def on(
+        cls,
+        device: torch.device | str,
+        shape: tuple[int, int],
+        mpp: float,
+        params: TileParams = TileParams(),
+    ) -> TileTables:
+        device = torch.device(device)
+        gaussians = None
+        if device.type == "cuda":
+            gaussians = tuple(
+                tuple(gaussian_matrix(size, sigma, device, torch.float16) for size in shape)
+                for sigma in _band_sigmas(mpp, params)
+            )
+        return cls(ColourTables.on(device), tuple(shape), mpp, gaussians)
+
+    def fits(self, tiles: torch.Tensor, mpp: float) -> bool:
+        return tuple(tiles.shape[1:3]) == self.shape and mpp == self.mpp
+
+
 def tile_measures(
     tiles: torch.Tensor,
     mpp: float,
     params: TileParams = TileParams(),
-    tables: ColourTables | None = None,
+    tables: TileTables | None = None,
 ) -> torch.Tensor:
     """(n, len(MEASURES)) float32 measures of (n, h, w, 3) uint8 tiles of `mpp` um/px.
-    `tables`: the colour constants on the tiles' device, made once by a caller that
-    measures batch after batch (without, they are made for this call).
+    `tables`: the constants on the tiles' device, made once by a caller that measures
+    batch after batch (without, they are made for this call).
 
     Blur needs every pixel; the colour measures (light, saturation, ink) are rules on
     regions of several micrometres, so they are taken on a grid `COLOUR_POOL` times
     coarser (linear light averaged: 2 um cells at 0.5 um/px), at a sixteenth of the work
     (on an H100 the measures on every pixel cost as much as a ViT-S forward:
     bench/RESULTS.md, per-tile quality)."""
-    tables = tables if tables is not None else ColourTables.on(tiles.device)
+    if tables is None or not tables.fits(tiles, mpp):
+        tables = TileTables.on(tiles.device, tiles.shape[1:3], mpp, params)
+    colour = tables.colour
     index = tiles.int()
-    density = tables.od[index].sum(-1)  # (n, h, w) total optical density
-    blur, tissue, tissue_share = _blur(density, mpp, params)
+    density = _density(index, colour)  # (n, h, w) total optical density
+    blur, tissue, tissue_share = _blur(density, mpp, params, tables.gaussians)
     nan = torch.full_like(blur, math.nan)
 
     pool = COLOUR_POOL if min(tiles.shape[1:3]) >= 4 * COLOUR_POOL else 1
-    linear = F.avg_pool2d(tables.linear[index].permute(0, 3, 1, 2), pool)  # (n, 3, h', w')
+    linear = F.avg_pool2d(colour.linear[index].permute(0, 3, 1, 2), pool)  # (n, 3, h', w')
     cover = F.avg_pool2d(tissue[:, None], pool)[:, 0]  # each cell's share of tissue
     coarse = mpp * pool
-    gray = (linear * tables.luma.view(1, 3, 1, 1)).sum(1)
+    gray = (linear * colour.luma.view(1, 3, 1, 1)).sum(1)
     pen, light_p = PenParams(), LightParams()
     n, _, h, w = linear.shape
     smooth = gaussian(linear.reshape(n * 3, h, w), pen.smooth_um / coarse).view(n, 3, h, w)
-    smooth_lab = lab(smooth, tables)
+    smooth_lab = lab(smooth, colour)
     hue, chroma = hue_chroma(smooth_lab)
     ink = (smooth_lab[:, 0] < pen.black_max_l) & (chroma < pen.black_max_chroma)
     for lo, hi, min_chroma in (pen.blue, pen.green, pen.red):
@@ -90,7 +126,7 @@ def tile_measures(
     dark = soft < light_p.dark
     bright = (soft > light_p.bright) & (chroma > light_p.min_chroma) & (cover > 0.5)
     weight = cover / cover.sum((1, 2), keepdim=True).clamp_min(1e-6)
-    cell_chroma = hue_chroma(lab(linear, tables))[1]
+    cell_chroma = hue_chroma(lab(linear, colour))[1]
     saturation = torch.where(
         tissue_share >= params.min_tissue, (cell_chroma * weight).sum((1, 2)), nan
     )
@@ -108,20 +144,52 @@ def tile_measures(
     ).float()
 
 
-def tile_blur(tiles: torch.Tensor, mpp: float, params: TileParams = TileParams()) -> torch.Tensor:
+def tile_blur(
+    tiles: torch.Tensor,
+    mpp: float,
+    params: TileParams = TileParams(),
+    tables: TileTables | None = None,
+) -> torch.Tensor:
     """(n,) float32 `blur` of (n, h, w, 3) uint8 tiles: the first of `tile_measures`, alone
     (what the QC maps' fine pass judges cells by; the same numbers)."""
-    od = ColourTables.on(tiles.device).od
-    return _blur(od[tiles.int()].sum(-1), mpp, params)[0]
+    if tables is None or not tables.fits(tiles, mpp):
+        tables = TileTables.on(tiles.device, tiles.shape[1:3], mpp, params)
+    density = _density(tiles.int(), tables.colour)
+    return _blur(density, mpp, params, tables.gaussians)[0]
 
 
-def _blur(density: torch.Tensor, mpp: float, params: TileParams):
-    """(blur (n,), tissue (n, h, w) float, tissue share (n,)) of total optical density."""
+def _density(index: torch.Tensor, colour: ColourTables) -> torch.Tensor:
+    """(n, h, w) total optical density of (n, h, w, 3) 8-bit values (as int): the three
+    channels' table entries added as they are looked up, never stored apart."""
+    r, g, b = index.unbind(-1)
+    return colour.od[r] + colour.od[g] + colour.od[b]
+
+
+def _band_sigmas(mpp: float, params: TileParams) -> tuple[float, float]:
+    """The blur's two Gaussians in pixels: `fine_um`, then what takes that to `coarse_um`
+    (Gaussians compose by their variances)."""
+    fine_px, coarse_px = params.fine_um / mpp, params.coarse_um / mpp
+    return fine_px, math.sqrt(max(coarse_px**2 - fine_px**2, 0.0))
+
+
+def _blur(density: torch.Tensor, mpp: float, params: TileParams, gaussians=None):
+    """(blur (n,), tissue (n, h, w) float, tissue share (n,)) of total optical density.
+
+    With `gaussians` (matrices: on a GPU, half precision) each blur is two matrix products,
+    on a GPU's tensor cores (fp32 accumulation; the blur column within 1e-3 of fp32's);
+    without, two convolutions (a CPU would pay the matrices' 20 times more arithmetic).
+    Beside ViT-S on an H200 the measures cost 0.90 ms a batch of 512 this way, 2.56 ms
+    with cuDNN's depthwise convolutions (bench/RESULTS.md, quality measures' cost)."""
     tissue = (density > params.tissue_od).float()
     tissue_share = tissue.mean((1, 2))
-    fine_px, coarse_px = params.fine_um / mpp, params.coarse_um / mpp
-    g1 = blur_exact(density, fine_px)
-    g2 = blur_exact(g1, math.sqrt(max(coarse_px**2 - fine_px**2, 0.0)))
+    if gaussians is None:
+        fine_px, rest_px = _band_sigmas(mpp, params)
+        g1 = blur_exact(density, fine_px)
+        g2 = blur_exact(g1, rest_px)
+    else:
+        g1 = blur_matrices(density.to(gaussians[0][0].dtype), *gaussians[0])
+        g2 = blur_matrices(g1, *gaussians[1]).float()
+        g1 = g1.float()
     weight = tissue / tissue.sum((1, 2), keepdim=True).clamp_min(1.0)
     fine = ((density - g1) ** 2 * weight).sum((1, 2))
     coarse = ((g1 - g2) ** 2 * weight).sum((1, 2))
@@ -130,13 +198,19 @@ def _blur(density: torch.Tensor, mpp: float, params: TileParams):
     return blur, tissue, tissue_share
 
 
+def _radius(sigma: float, size: int) -> int:
+    """How far a sampled Gaussian of `sigma` px reaches in images `size` px wide: 3 sigma,
+    at most size - 1 (so one reflection covers every edge)."""
+    return min(max(1, math.ceil(3 * sigma)), size - 1)
+
+
 def blur_exact(images: torch.Tensor, sigma: float) -> torch.Tensor:
     """(n, h, w) images blurred by a sampled Gaussian of `sigma` px on the full grid (a
     band-pass is a difference of these), edges reflected: two convolutions, whatever the
     width (a kernel launch per tap would cost a GPU more than the blur)."""
     if sigma < 0.3:
         return images
-    radius = min(max(1, math.ceil(3 * sigma)), min(images.shape[-2:]) - 1)
+    radius = _radius(sigma, min(images.shape[-2:]))
     taps = torch.arange(-radius, radius + 1, device=images.device, dtype=torch.float32)
     kernel = torch.exp(-0.5 * (taps / sigma) ** 2)
     kernel = (kernel / kernel.sum()).to(images.dtype)
@@ -146,6 +220,30 @@ def blur_exact(images: torch.Tensor, sigma: float) -> torch.Tensor:
     out = F.pad(images[None], [radius, radius, radius, radius], mode="reflect")
     out = F.conv2d(out, kernel.view(1, 1, 1, -1).expand(n, 1, 1, -1), groups=n)
     return F.conv2d(out, kernel.view(1, 1, -1, 1).expand(n, 1, -1, 1), groups=n)[0]
+
+
+def gaussian_matrix(
+    size: int, sigma: float, device: torch.device | str = "cpu", dtype=torch.float32
+) -> torch.Tensor:
+    """(size, size) matrix m of `blur_exact`'s Gaussian along one side: out[i] = sum_j
+    m[i, j] x[j], edges reflected (the identity below 0.3 px)."""
+    if sigma < 0.3:
+        return torch.eye(size, device=device, dtype=dtype)
+    radius = _radius(sigma, size)
+    taps = torch.arange(-radius, radius + 1, dtype=torch.float64)
+    weights = torch.exp(-0.5 * (taps / sigma) ** 2)
+    weights = (weights / weights.sum()).expand(size, -1)
+    i = torch.arange(size)[:, None]
+    j = (i + taps.long()[None]).abs()  # reflected at 0 ...
+    j = torch.where(j >= size, 2 * (size - 1) - j, j)  # ... and at size - 1
+    matrix = torch.zeros(size, size, dtype=torch.float64).scatter_add_(1, j, weights)
+    return matrix.to(device=device, dtype=dtype)
+
+
+def blur_matrices(images: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """(n, h, w) images blurred by `gaussian_matrix`es along their rows (h, h) and columns
+    (w, w), in the images' dtype."""
+    return torch.matmul(rows, torch.matmul(images, cols.t()))
 
 
 @dataclass(frozen=True)
@@ -180,9 +278,10 @@ def summarise(
     spread = {}
     for i, name in enumerate(measures):
         column = values[:, i][np.isfinite(values[:, i])]
+        found = np.percentile(column, (5, 50, 95)) if len(column) else None
         spread[name] = (
-            {f"p{q}": round(float(np.percentile(column, q)), 4) for q in (5, 50, 95)}
-            if len(column)
+            {f"p{q}": round(float(v), 4) for q, v in zip((5, 50, 95), found, strict=True)}
+            if found is not None
             else None
         )
     flagged = {name: int(mask.sum()) for name, mask in limits.flagged(values, measures).items()}

@@ -97,7 +97,11 @@ def fine_blur(
 
 def spanned(start, stop, side: float):
     """How many chunks of `side` px a run of pixels [start, stop) touches (arrays too)."""
-    return np.floor((np.asarray(stop) - 1) / side) - np.floor(np.asarray(start) / side) + 1
+    # floor division, not floor(a / b): the quotient rounded can land on the next whole
+    # number (793 / 1.3 gives 610.0; pixel 793 is in chunk 609)
+    return (
+        np.floor_divide(np.asarray(stop) - 1, side) - np.floor_divide(np.asarray(start), side) + 1
+    )
 
 
 class _Judge:

@@ -104,20 +104,19 @@ def tile_measures(
     if tables is None or not tables.fits(tiles, mpp):
         tables = TileTables.on(tiles.device, tiles.shape[1:3], mpp, params)
     colour = tables.colour
-    index = tiles.int()
-    density = _density(index, colour)  # (n, h, w) total optical density
+    density = _density(tiles, colour)  # (n, h, w) total optical density
     blur, tissue, tissue_share = _blur(density, mpp, params, tables.gaussians)
     nan = torch.full_like(blur, math.nan)
 
     pool = COLOUR_POOL if min(tiles.shape[1:3]) >= 4 * COLOUR_POOL else 1
-    linear = F.avg_pool2d(colour.linear[index].permute(0, 3, 1, 2), pool)  # (n, 3, h', w')
+    linear = F.avg_pool2d(colour.linear[tiles.int()].permute(0, 3, 1, 2), pool)  # (n, 3, h', w')
     cover = F.avg_pool2d(tissue[:, None], pool)[:, 0]  # each cell's share of tissue
     coarse = mpp * pool
     gray = (linear * colour.luma.view(1, 3, 1, 1)).sum(1)
     pen, light_p = PenParams(), LightParams()
     n, _, h, w = linear.shape
     smooth = gaussian(linear.reshape(n * 3, h, w), pen.smooth_um / coarse).view(n, 3, h, w)
-    smooth_lab = lab(smooth, colour)
+    smooth_lab = lab(smooth)
     hue, chroma = hue_chroma(smooth_lab)
     ink = (smooth_lab[:, 0] < pen.black_max_l) & (chroma < pen.black_max_chroma)
     for lo, hi, min_chroma in (pen.blue, pen.green, pen.red):
@@ -126,7 +125,7 @@ def tile_measures(
     dark = soft < light_p.dark
     bright = (soft > light_p.bright) & (chroma > light_p.min_chroma) & (cover > 0.5)
     weight = cover / cover.sum((1, 2), keepdim=True).clamp_min(1e-6)
-    cell_chroma = hue_chroma(lab(linear, colour))[1]
+    cell_chroma = hue_chroma(lab(linear))[1]
     saturation = torch.where(
         tissue_share >= params.min_tissue, (cell_chroma * weight).sum((1, 2)), nan
     )
@@ -154,15 +153,16 @@ def tile_blur(
     (what the QC maps' fine pass judges cells by; the same numbers)."""
     if tables is None or not tables.fits(tiles, mpp):
         tables = TileTables.on(tiles.device, tiles.shape[1:3], mpp, params)
-    density = _density(tiles.int(), tables.colour)
+    density = _density(tiles, tables.colour)
     return _blur(density, mpp, params, tables.gaussians)[0]
 
 
-def _density(index: torch.Tensor, colour: ColourTables) -> torch.Tensor:
-    """(n, h, w) total optical density of (n, h, w, 3) 8-bit values (as int): the three
-    channels' table entries added as they are looked up, never stored apart."""
-    r, g, b = index.unbind(-1)
-    return colour.od[r] + colour.od[g] + colour.od[b]
+def _density(tiles: torch.Tensor, colour: ColourTables) -> torch.Tensor:
+    """(n, h, w) total optical density of (n, h, w, 3) uint8 tiles: the three channels'
+    table entries added as they are looked up, never stored apart (nor the tiles as int:
+    a compiled pass would write 4 bytes a value for its several readers)."""
+    r, g, b = tiles.unbind(-1)
+    return colour.od[r.int()] + colour.od[g.int()] + colour.od[b.int()]
 
 
 def _band_sigmas(mpp: float, params: TileParams) -> tuple[float, float]:

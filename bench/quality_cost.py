@@ -112,7 +112,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="vit_small_patch16_224")
     parser.add_argument("--blurs", default="matrices,conv")
-    parser.add_argument("--colour-pools", default="", help="e.g. 8: the colour grid coarser")
+    parser.add_argument("--colour-cells", default="", help="e.g. 2: other colour grids, um")
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--out", type=Path, default=Path("quality_cost.json"))
@@ -146,14 +146,14 @@ def main() -> None:
                 f"    {row['ms_per_batch']:7.3f} ms  x{row['calls_per_batch']:<3} {row['kernel']}"
             )
     result["measures"] = measures
-    for pool in [int(p) for p in args.colour_pools.split(",") if p]:  # what a coarser grid saves
-        kept, tilewise.COLOUR_POOL = tilewise.COLOUR_POOL, pool
+    for cell in [float(c) for c in args.colour_cells.split(",") if c]:  # other colour grids
+        kept, tilewise.COLOUR_CELL_UM = tilewise.COLOUR_CELL_UM, cell
         tables = blurred_by("matrices", made)
         fn = graph(torch.compile(lambda t, tables=tables: layout.measure(t, tables)))
         ms = replay_ms(fn, tiles, args.repeats)
-        tilewise.COLOUR_POOL = kept
-        result[f"measures_colour_pool_{pool}_ms"] = round(ms, 3)
-        print(f"  measures alone, colour grid {pool} px: {ms:.3f} ms graphed", flush=True)
+        tilewise.COLOUR_CELL_UM = kept
+        result[f"measures_colour_cell_{cell:g}um_ms"] = round(ms, 3)
+        print(f"  measures alone, colour cells of {cell:g} um: {ms:.3f} ms graphed", flush=True)
 
     for arch in [m for m in args.models.split(",") if m]:
         loaded = load_model(f"timm:{arch}", device=device)

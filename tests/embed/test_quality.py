@@ -242,3 +242,27 @@ def test_the_gpus_half_precision_band_pass_keeps_the_blur_to_1e_3(cmu_pixels):
     assert fp32[6:, 0].nanmean() > fp32[:6, 0].nanmean() + 0.1
     torch.testing.assert_close(got[:, 0], fp32[:, 0], rtol=0, atol=1e-3, equal_nan=True)
     torch.testing.assert_close(got[:, 1:], fp32[:, 1:], rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("case", [*A.INKS, "under-exposed"])
+def test_ink_and_dark_painted_on_real_tissue_flag_the_tiles_there_only(cmu_pixels, case):
+    """Each marker ink and an under-exposed region painted on CMU-1: every 224 px tile
+    inside the paint is over its limit (ink, dark), no tile 40 um clear of it is."""
+    from scipy import ndimage
+
+    painted = A.darkened(cmu_pixels) if case == "under-exposed" else A.inked(cmu_pixels, case)
+    h, w = painted.truth.shape
+    corners = [(y, x) for y in range(0, h - 223, 168) for x in range(0, w - 223, 168)]
+    tiles = torch.from_numpy(
+        np.stack([painted.image[y : y + 224, x : x + 224] for y, x in corners])
+    )
+    measures = tile_measures(tiles, A.MPP)
+    flagged = TileLimits().flagged(measures.numpy(), list(MEASURES))
+    kind = "dark" if case == "under-exposed" else "ink"
+    near = ndimage.binary_dilation(painted.truth, iterations=round(40 / A.MPP))
+    inside = np.array([painted.truth[y : y + 224, x : x + 224].all() for y, x in corners])
+    clear = np.array([not near[y : y + 224, x : x + 224].any() for y, x in corners])
+    assert inside.sum() >= 3 and clear.sum() >= 20
+    assert flagged[kind][inside].all()
+    assert not flagged[kind][clear].any()
+    assert not any(flagged[other][clear].any() for other in flagged)  # clean tissue: nothing

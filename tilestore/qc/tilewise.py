@@ -35,7 +35,9 @@ from tilestore.qc.colour import ColourTables, gaussian, hue_chroma, lab
 from tilestore.qc.params import LightParams, PenParams
 
 MEASURES = ("blur", "tissue_px", "brightness", "saturation", "ink", "dark", "bright")
-COLOUR_POOL = 4  # the colour measures' grid, in pixels of the tile
+# the colour measures' grid, in micrometres: what the QC maps see (about 4 um/px), and
+# cells of a quarter to half the colour rules' smoothing (pen 8 um, light 16 um)
+COLOUR_CELL_UM = 4.0
 
 
 @dataclass(frozen=True)
@@ -97,20 +99,21 @@ def tile_measures(
     batch after batch (without, they are made for this call).
 
     Blur needs every pixel; the colour measures (light, saturation, ink) are rules on
-    regions of several micrometres, so they are taken on a grid `COLOUR_POOL` times
-    coarser (linear light averaged: 2 um cells at 0.5 um/px), at a sixteenth of the work
-    (on an H100 the measures on every pixel cost as much as a ViT-S forward:
-    bench/RESULTS.md, per-tile quality)."""
+    regions of several micrometres, so they are taken on cells of `COLOUR_CELL_UM` (linear
+    light averaged: 8 x 8 px at 0.5 um/px), the QC maps' resolution (on an H100 the
+    measures on every pixel cost as much as a ViT-S forward: bench/RESULTS.md, per-tile
+    quality)."""
     if tables is None or not tables.fits(tiles, mpp):
         tables = TileTables.on(tiles.device, tiles.shape[1:3], mpp, params)
     colour = tables.colour
-    density = _density(tiles, colour)  # (n, h, w) total optical density
+    density = _density(tiles, colour)  # (n, h, w) total optical density, half precision
     blur, tissue, tissue_share = _blur(density, mpp, params, tables.gaussians)
     nan = torch.full_like(blur, math.nan)
 
-    pool = COLOUR_POOL if min(tiles.shape[1:3]) >= 4 * COLOUR_POOL else 1
-    linear = F.avg_pool2d(colour.linear[tiles.int()].permute(0, 3, 1, 2), pool)  # (n, 3, h', w')
-    cover = F.avg_pool2d(tissue[:, None], pool)[:, 0]  # each cell's share of tissue
+    pool = colour_pool(min(tiles.shape[1:3]), mpp)
+    # (n, 3, h', w') linear light of each cell, contiguous (the smoothing reads it so)
+    linear = _cells(colour.linear[tiles.int()], pool).permute(0, 3, 1, 2).contiguous()
+    cover = _cells(tissue, pool)  # each cell's share of tissue
     coarse = mpp * pool
     gray = (linear * colour.luma.view(1, 3, 1, 1)).sum(1)
     pen, light_p = PenParams(), LightParams()
@@ -158,11 +161,29 @@ def tile_blur(
 
 
 def _density(tiles: torch.Tensor, colour: ColourTables) -> torch.Tensor:
-    """(n, h, w) total optical density of (n, h, w, 3) uint8 tiles: the three channels'
-    table entries added as they are looked up, never stored apart (nor the tiles as int:
-    a compiled pass would write 4 bytes a value for its several readers)."""
+    """(n, h, w) total optical density of (n, h, w, 3) uint8 tiles in half precision (0.05%
+    of the value: far below the measures' floors; every later step reads it back, and a
+    GPU's matrix products take it so): the three channels' table entries added as they
+    are looked up, never stored apart (nor the tiles as int: a compiled pass would write
+    4 bytes a value for its several readers)."""
     r, g, b = tiles.unbind(-1)
-    return colour.od[r.int()] + colour.od[g.int()] + colour.od[b.int()]
+    return (colour.od[r.int()] + colour.od[g.int()] + colour.od[b.int()]).half()
+
+
+def colour_pool(side: int, mpp: float) -> int:
+    """Pixels a side of a colour cell spans: `COLOUR_CELL_UM` at `mpp`, at most a quarter
+    of the tile (at least 4 x 4 cells)."""
+    return max(1, min(round(COLOUR_CELL_UM / mpp), side // 4))
+
+
+def _cells(values: torch.Tensor, pool: int) -> torch.Tensor:
+    """(n, h // pool, w // pool, ...) means of (n, h, w, ...) values over pool x pool cells
+    (avg_pool2d's, the remainder dropped), as one reduction: a compiled pass computes
+    `values` inside it instead of writing them out first."""
+    n, h, w = values.shape[:3]
+    rows, cols = h // pool, w // pool
+    cut = values[:, : rows * pool, : cols * pool]
+    return cut.reshape(n, rows, pool, cols, pool, *values.shape[3:]).mean((2, 4))
 
 
 def _band_sigmas(mpp: float, params: TileParams) -> tuple[float, float]:
@@ -173,26 +194,29 @@ def _band_sigmas(mpp: float, params: TileParams) -> tuple[float, float]:
 
 
 def _blur(density: torch.Tensor, mpp: float, params: TileParams, gaussians=None):
-    """(blur (n,), tissue (n, h, w) float, tissue share (n,)) of total optical density.
+    """(blur (n,), tissue (n, h, w) float, tissue share (n,)) of total optical density
+    (half precision: `_density`).
 
     With `gaussians` (matrices: on a GPU, half precision) each blur is two matrix products,
     on a GPU's tensor cores (fp32 accumulation; the blur column within 1e-3 of fp32's);
     without, two convolutions (a CPU would pay the matrices' 20 times more arithmetic).
     Beside ViT-S on an H200 the measures cost 0.90 ms a batch of 512 this way, 2.56 ms
     with cuDNN's depthwise convolutions (bench/RESULTS.md, quality measures' cost)."""
-    tissue = (density > params.tissue_od).float()
+    exact = density.float()
+    tissue = (exact > params.tissue_od).float()
     tissue_share = tissue.mean((1, 2))
     if gaussians is None:
         fine_px, rest_px = _band_sigmas(mpp, params)
-        g1 = blur_exact(density, fine_px)
+        g1 = blur_exact(exact, fine_px)
         g2 = blur_exact(g1, rest_px)
     else:
         g1 = blur_matrices(density.to(gaussians[0][0].dtype), *gaussians[0])
         g2 = blur_matrices(g1, *gaussians[1]).float()
         g1 = g1.float()
-    weight = tissue / tissue.sum((1, 2), keepdim=True).clamp_min(1.0)
-    fine = ((density - g1) ** 2 * weight).sum((1, 2))
-    coarse = ((g1 - g2) ** 2 * weight).sum((1, 2))
+    # sums over the tissue, then divided by its area: one pass over the pixels
+    area = tissue.sum((1, 2)).clamp_min(1.0)
+    fine = ((exact - g1) ** 2 * tissue).sum((1, 2)) / area
+    coarse = ((g1 - g2) ** 2 * tissue).sum((1, 2)) / area
     judged = (tissue_share >= params.min_tissue) & (fine + coarse >= params.min_texture)
     blur = torch.where(judged, coarse / (fine + coarse).clamp_min(1e-12), math.nan)
     return blur, tissue, tissue_share

@@ -9,6 +9,7 @@ into the store. Only per-batch CUDA events synchronise; nothing waits per tile.
 from __future__ import annotations
 
 import contextlib
+import gc
 import queue
 import threading
 import time
@@ -89,6 +90,8 @@ class Runner:
             if saved:
                 self.notes.append(saved)
         self.warm = True
+        if gc.get_freeze_count():  # the run froze the heap: what compiling made joins it
+            gc.freeze()
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -137,6 +140,7 @@ class Runner:
             with (
                 torch.cuda.stream(compute_stream) if settings.cuda else contextlib.nullcontext(),
                 _torch_trace(settings) as trace,
+                _frozen_heap(run.stats),
             ):
                 self._consume(run, started, trace.step if trace is not None else _nothing)
         except torch.OutOfMemoryError as exc:
@@ -299,6 +303,38 @@ def _torch_trace(settings: Settings) -> contextlib.AbstractContextManager:
         schedule=schedule(wait=2, warmup=2, active=settings.profile_batches, repeat=1),
         on_trace_ready=lambda p: p.export_chrome_trace(settings.profile_out),
     )
+
+
+@contextlib.contextmanager
+def _frozen_heap(stats: Stats, freeze: bool = True) -> Iterator[None]:
+    """The objects alive when the run starts (the model, torch's and the compiler's
+    caches: over 600,000) left out of the garbage collector's full passes until it ends,
+    and the time those passes take counted as the stage "gc".
+
+    A full pass over them held the GIL for about a second, stalling every thread of the
+    run at random (the writer finishing a slide: 1.04 s in one of twelve runs on the lent
+    H200; 0.32 s a pass on this project's 2-core CI machine, bench/RESULTS.md). Objects
+    made during the run are collected as usual, and the heap is unfrozen at the end; a
+    process that froze its heap itself is left as it is. `freeze=False` only times the
+    passes (bench/embed_engine.py --runs gc: the runs with and without)."""
+    times: dict[int, float] = {}
+
+    def timed(phase: str, info: dict) -> None:
+        if phase == "start":
+            times[info["generation"]] = time.perf_counter()
+        elif info["generation"] in times:
+            stats.add("gc", time.perf_counter() - times.pop(info["generation"]))
+
+    ours = freeze and gc.get_freeze_count() == 0
+    if ours:
+        gc.freeze()
+    gc.callbacks.append(timed)
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(timed)
+        if ours:
+            gc.unfreeze()
 
 
 def _compile_workers(cache: CompileCache | None, notes: list[str]):

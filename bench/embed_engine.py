@@ -18,8 +18,6 @@ vit_large_patch16_224 = UNI), in one process:
              slide, CPU transforms, batch 64, fp16.
   cli      - `tilestore embed` in a fresh process (model load and compilation included):
              the peak host RSS a user sees, free of this process's ceilings and compiles.
-  gc       - (--runs gc) the engine with the heap frozen during the run, as it runs, and
-             not, alternated: tiles/s and the garbage collector's pauses.
   paths    - (--runs paths) the engine on the copied store with each decode path (cpu, gpu:
              nvJPEG on the JPEG engines, both) at each of --cpus CPU counts (the process
              limited as `taskset -a` does), one slide and a cohort of three, each run's
@@ -36,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import functools
 import json
 import os
 import platform
@@ -61,8 +58,7 @@ from tilestore.embeddings.layout import group_name
 from tilestore.plan import PlanOptions, load_plan
 
 HERE = Path(__file__).resolve().parent
-QUALITY_RUNS = 3  # --runs quality: each of off and on, alternated
-GC_RUNS = 5  # --runs gc: each of the heap frozen and not, alternated
+QUALITY_RUNS = 5  # --runs quality: each of off and on, alternated
 
 
 # how a ceiling runs the model: eager, compiled, or compiled and replayed as CUDA graphs
@@ -514,20 +510,6 @@ def main() -> None:
                         [store], loaded, batch, "cpu", compiled, tag, quality=on
                     )
             entry["measures_ms_per_batch"] = measures_cost(batch)
-        if "gc" in runs:  # the heap frozen during the run (what the engine does) or not
-            from tilestore.embed import runner
-
-            frozen = runner._frozen_heap
-            try:
-                for i in range(GC_RUNS):
-                    for freeze in (False, True):
-                        runner._frozen_heap = functools.partial(frozen, freeze=freeze)
-                        tag = f"cpu, heap {'frozen' if freeze else 'not frozen'} ({i + 1})"
-                        entry[f"gc_{'frozen' if freeze else 'open'}_{i + 1}"] = engine_run(
-                            [store], loaded, batch, "cpu", compiled, tag
-                        )
-            finally:
-                runner._frozen_heap = frozen
         if "tokens" in runs:  # the features alone, then with each token grid, on one store
             for grid in [int(g) for g in args.tokens.split(",") if g]:
                 run = engine_run(
@@ -592,7 +574,6 @@ def main() -> None:
     print_table(results)
     print_tokens(results)
     print_quality(results)
-    print_gc(results)
     print_paths(results)
     print(f"JSON: {args.out}")
 
@@ -698,23 +679,6 @@ def print_quality(results: dict) -> None:
             f"{parts['other']['off']:.3f} / {parts['other']['on']:.3f} | "
             f"{e['measures_ms_per_batch']:.2f} (batch {e['engine_batch']})"
         )
-
-
-def print_gc(results: dict) -> None:
-    """Runs with the heap frozen (the engine's way) and not, alternated: tiles/s and the
-    garbage collector's pauses."""
-    models = {a: e for a, e in results["models"].items() if "gc_open_1" in e}
-    if not models:
-        return
-    print(f"\nmodel | heap | tiles/s ({GC_RUNS} runs) | GC pauses s (each run) | longest finish")
-    for arch, e in models.items():
-        for how in ("open", "frozen"):
-            runs = [e[f"gc_{how}_{i}"] for i in range(1, GC_RUNS + 1)]
-            rates = ", ".join(f"{r['tiles_per_s']:.0f}" for r in runs)
-            pauses = ", ".join(f"{r['stages'].get('gc', 0):.3f}" for r in runs)
-            finish = max(r["stages"].get("finish_slide", 0) for r in runs)
-            label = "frozen" if how == "frozen" else "not frozen"
-            print(f"{arch} | {label} | {rates} | {pauses} | {finish:.3f} s")
 
 
 def print_paths(results: dict) -> None:

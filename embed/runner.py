@@ -90,8 +90,6 @@ class Runner:
             if saved:
                 self.notes.append(saved)
         self.warm = True
-        if gc.get_freeze_count():  # the run froze the heap: what compiling made joins it
-            gc.freeze()
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -140,7 +138,7 @@ class Runner:
             with (
                 torch.cuda.stream(compute_stream) if settings.cuda else contextlib.nullcontext(),
                 _torch_trace(settings) as trace,
-                _frozen_heap(run.stats),
+                _timed_collector(run.stats),
             ):
                 self._consume(run, started, trace.step if trace is not None else _nothing)
         except torch.OutOfMemoryError as exc:
@@ -306,17 +304,14 @@ def _torch_trace(settings: Settings) -> contextlib.AbstractContextManager:
 
 
 @contextlib.contextmanager
-def _frozen_heap(stats: Stats, freeze: bool = True) -> Iterator[None]:
-    """The objects alive when the run starts (the model, torch's and the compiler's
-    caches: over 600,000) left out of the garbage collector's full passes until it ends,
-    and the time those passes take counted as the stage "gc".
+def _timed_collector(stats: Stats) -> Iterator[None]:
+    """The garbage collector's passes during the run, timed as the stage "gc" (a pass holds
+    the GIL: every thread of the run waits for it).
 
-    A full pass over them held the GIL for about a second, stalling every thread of the
-    run at random (the writer finishing a slide: 1.04 s in one of twelve runs on the lent
-    H200; 0.32 s a pass on this project's 2-core CI machine, bench/RESULTS.md). Objects
-    made during the run are collected as usual, and the heap is unfrozen at the end; a
-    process that froze its heap itself is left as it is. `freeze=False` only times the
-    passes (bench/embed_engine.py --runs gc: the runs with and without)."""
+    Freezing the heap the run starts with (gc.freeze: the model's and the compiler's
+    600,000 objects out of the full passes) was tried and measured: the passes took 10 ms a
+    run either way, and the frozen runs were 5-9% slower (bench/RESULTS.md, "the heap
+    frozen")."""
     times: dict[int, float] = {}
 
     def timed(phase: str, info: dict) -> None:
@@ -325,16 +320,11 @@ def _frozen_heap(stats: Stats, freeze: bool = True) -> Iterator[None]:
         elif info["generation"] in times:
             stats.add("gc", time.perf_counter() - times.pop(info["generation"]))
 
-    ours = freeze and gc.get_freeze_count() == 0
-    if ours:
-        gc.freeze()
     gc.callbacks.append(timed)
     try:
         yield
     finally:
         gc.callbacks.remove(timed)
-        if ours:
-            gc.unfreeze()
 
 
 def _compile_workers(cache: CompileCache | None, notes: list[str]):

@@ -152,8 +152,8 @@ class Pixels:
 
 # linear sRGB -> XYZ over the D65 white, row by row: the channels are mixed by these
 # constants one multiply-add at a time (a compiled pass fuses that into its neighbours; as
-# a matrix product it was a batched GEMV and a permuted copy: 0.27 of the measures' 0.98 ms
-# per batch beside a model on an H200, bench/RESULTS.md)
+# a matrix product it was a batched GEMV and a permuted pass: 0.27 of the per-tile measures'
+# 0.98 ms a batch of 512 on an H200, bench/RESULTS.md)
 _LAB_XYZ = tuple(
     tuple(c / white for c in row) for row, white in zip(_RGB_TO_XYZ, _WHITE_D65, strict=True)
 )

@@ -13,9 +13,12 @@ the model; on the CPU in tests and in the QC maps' fine pass) and returns one ro
   tissue or texture to judge.
 - ``tissue_px``: the share of pixels with more total optical density than glass.
 - ``brightness``: mean luminance (linear light, 0-1); ``saturation``: mean CIELAB chroma of
-  the tissue pixels (NaN without tissue).
-- ``ink``: the share of pixels in marker ink colours (`PenParams`' rules);
+  the tissue (NaN without tissue).
+- ``ink``: the share of the tile in marker ink colours (`PenParams`' rules);
   ``dark`` / ``bright``: the shares too dark, or too bright with stain left (`LightParams`).
+
+The colour measures are judged on cells of `COLOUR_CELL_UM` (the maps' scale), blur and
+tissue on every pixel.
 
 No step waits on the device (no data-dependent branch), so the measures run inside a
 compiled model's pass. Everything is in micrometres; `mpp` makes it pixels.
@@ -200,8 +203,9 @@ def _blur(density: torch.Tensor, mpp: float, params: TileParams, gaussians=None)
     With `gaussians` (matrices: on a GPU, half precision) each blur is two matrix products,
     on a GPU's tensor cores (fp32 accumulation; the blur column within 1e-3 of fp32's);
     without, two convolutions (a CPU would pay the matrices' 20 times more arithmetic).
-    Beside ViT-S on an H200 the measures cost 0.90 ms a batch of 512 this way, 2.56 ms
-    with cuDNN's depthwise convolutions (bench/RESULTS.md, quality measures' cost)."""
+    On an H200 the whole measures take 0.45 ms a batch of 512 this way; with cuDNN's
+    grouped convolutions the blur alone took 9.7 ms (bench/RESULTS.md, "per-tile quality
+    measures' cost")."""
     exact = density.float()
     tissue = (exact > params.tissue_od).float()
     tissue_share = tissue.mean((1, 2))
@@ -239,8 +243,8 @@ def blur_exact(images: torch.Tensor, sigma: float) -> torch.Tensor:
     kernel = torch.exp(-0.5 * (taps / sigma) ** 2)
     kernel = (kernel / kernel.sum()).to(images.dtype)
     n = images.shape[0]
-    # the tiles as channels of one image, each convolved alone (depthwise): on an H100
-    # twice as fast as a batch of one-channel images (1.6 vs 3.5 ms for 512 tiles)
+    # the tiles as channels of one image, each convolved alone (depthwise; a GPU blurs
+    # tiles by `blur_matrices` instead: 9.7 ms here against 0.13, bench/RESULTS.md)
     out = F.pad(images[None], [radius, radius, radius, radius], mode="reflect")
     out = F.conv2d(out, kernel.view(1, 1, 1, -1).expand(n, 1, 1, -1), groups=n)
     return F.conv2d(out, kernel.view(1, 1, -1, 1).expand(n, 1, -1, 1), groups=n)[0]

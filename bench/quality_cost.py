@@ -30,11 +30,10 @@ from pathlib import Path
 
 import torch
 
-import tilestore.qc.tilewise as tilewise
 from tilestore.embed.forward import Forward, QualityLayout
 from tilestore.embed.graphs import GraphedForward
 from tilestore.embed.models import load_model
-from tilestore.qc.tilewise import TileTables
+from tilestore.qc.tilewise import TileParams, TileTables, tile_measures
 
 
 def replay_ms(fn, x, repeats: int) -> float:
@@ -147,11 +146,10 @@ def main() -> None:
             )
     result["measures"] = measures
     for cell in [float(c) for c in args.colour_cells.split(",") if c]:  # other colour grids
-        kept, tilewise.COLOUR_CELL_UM = tilewise.COLOUR_CELL_UM, cell
-        tables = blurred_by("matrices", made)
-        fn = graph(torch.compile(lambda t, tables=tables: layout.measure(t, tables)))
+        params = TileParams(colour_cell_um=cell)
+        tables = blurred_by("matrices", replace(made, params=params))
+        fn = graph(torch.compile(lambda t, p=params, tb=tables: tile_measures(t, 0.5, p, tb)))
         ms = replay_ms(fn, tiles, args.repeats)
-        tilewise.COLOUR_CELL_UM = kept
         result[f"measures_colour_cell_{cell:g}um_ms"] = round(ms, 3)
         print(f"  measures alone, colour cells of {cell:g} um: {ms:.3f} ms graphed", flush=True)
 

@@ -266,3 +266,32 @@ def test_ink_and_dark_painted_on_real_tissue_flag_the_tiles_there_only(cmu_pixel
     assert flagged[kind][inside].all()
     assert not flagged[kind][clear].any()
     assert not any(flagged[other][clear].any() for other in flagged)  # clean tissue: nothing
+
+
+def test_a_group_measured_on_other_colour_cells_is_not_resumed(store, lite):
+    """The measures' parameters are part of what a run stores: an unfinished group whose
+    colour cells were 2 um (the grid before 4 um) is not topped up with 4 um measures."""
+    import zarr
+
+    path = store()
+    embed([path], lite, plan=PLAN, options=replace(FP32, max_tiles=16))
+    made = zarr.open_group(path / "embeddings" / MODEL, mode="r+")
+    attrs = dict(made.attrs["tilestore"])
+    assert attrs["quality"]["params"]["colour_cell_um"] == 4.0
+    attrs["quality"] = {**attrs["quality"], "params": {**attrs["quality"]["params"],
+                                                       "colour_cell_um": 2.0}}  # fmt: skip
+    made.attrs["tilestore"] = attrs
+    report = embed([path], lite, plan=PLAN, options=FP32)
+    assert report.failures and "quality" in report.failures[0]["error"]
+
+
+def test_tables_made_for_other_parameters_are_not_used(cmu_pixels):
+    from tilestore.qc.tilewise import TileParams, TileTables
+
+    tiles = _tiles(cmu_pixels)
+    other = TileTables.on("cpu", (224, 224), 0.5, TileParams(colour_cell_um=2.0))
+    assert TileTables.fitting(other, tiles, 0.5, TileParams()) is not other
+    assert TileTables.fitting(other, tiles, 0.5, other.params) is other
+    assert TileTables.fitting(other, tiles, 0.25, other.params) is not other
+    got, want = tile_measures(tiles, 0.5, tables=other), tile_measures(tiles, 0.5)
+    assert torch.equal(torch.nan_to_num(got, 7.0), torch.nan_to_num(want, 7.0))

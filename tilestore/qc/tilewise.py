@@ -17,8 +17,8 @@ the model; on the CPU in tests and in the QC maps' fine pass) and returns one ro
 - ``ink``: the share of the tile in marker ink colours (`PenParams`' rules);
   ``dark`` / ``bright``: the shares too dark, or too bright with stain left (`LightParams`).
 
-The colour measures are judged on cells of `COLOUR_CELL_UM` (the maps' scale), blur and
-tissue on every pixel.
+The colour measures are judged on cells of `TileParams.colour_cell_um` (the maps' scale),
+blur and tissue on every pixel.
 
 No step waits on the device (no data-dependent branch), so the measures run inside a
 compiled model's pass. Everything is in micrometres; `mpp` makes it pixels.
@@ -38,9 +38,6 @@ from tilestore.qc.colour import ColourTables, gaussian, hue_chroma, lab
 from tilestore.qc.params import LightParams, PenParams
 
 MEASURES = ("blur", "tissue_px", "brightness", "saturation", "ink", "dark", "bright")
-# the colour measures' grid, in micrometres: what the QC maps see (about 4 um/px), and
-# cells of a quarter to half the colour rules' smoothing (pen 8 um, light 16 um)
-COLOUR_CELL_UM = 4.0
 
 
 @dataclass(frozen=True)
@@ -55,6 +52,10 @@ class TileParams:
     tissue_od: float = 0.15  # a pixel with more total OD than this is tissue, not glass
     min_tissue: float = 0.1  # blur and saturation judged only from this share of tissue on
     min_texture: float = 1e-4  # ... and this much texture energy (OD^2) in the two bands
+    # the colour measures' grid: what the QC maps see (about 4 um/px), cells of a quarter
+    # to half the colour rules' smoothing (pen 8 um, light 16 um). Part of the record a run
+    # stores: a group measured on other cells is not resumed with these
+    colour_cell_um: float = 4.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class TileTables:
     colour: ColourTables
     shape: tuple[int, int]
     mpp: float
+    params: TileParams
     gaussians: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None
 
     @classmethod
@@ -85,10 +87,20 @@ class TileTables:
                 tuple(gaussian_matrix(size, sigma, device, torch.float16) for size in shape)
                 for sigma in _band_sigmas(mpp, params)
             )
-        return cls(ColourTables.on(device), tuple(shape), mpp, gaussians)
+        return cls(ColourTables.on(device), tuple(shape), mpp, params, gaussians)
 
-    def fits(self, tiles: torch.Tensor, mpp: float) -> bool:
-        return tuple(tiles.shape[1:3]) == self.shape and mpp == self.mpp
+    @classmethod
+    def fitting(
+        cls, tables: TileTables | None, tiles: torch.Tensor, mpp: float, params: TileParams
+    ) -> TileTables:
+        """`tables` if they were made for these tiles' size, `mpp` and `params`; else new."""
+        if (
+            tables is not None
+            and tuple(tiles.shape[1:3]) == tables.shape
+            and (mpp, params) == (tables.mpp, tables.params)
+        ):
+            return tables
+        return cls.on(tiles.device, tiles.shape[1:3], mpp, params)
 
 
 def tile_measures(
@@ -102,18 +114,17 @@ def tile_measures(
     batch after batch (without, they are made for this call).
 
     Blur needs every pixel; the colour measures (light, saturation, ink) are rules on
-    regions of several micrometres, so they are taken on cells of `COLOUR_CELL_UM` (linear
+    regions of several micrometres, so they are taken on cells of `colour_cell_um` (linear
     light averaged: 8 x 8 px at 0.5 um/px), the QC maps' resolution (on an H100 the
     measures on every pixel cost as much as a ViT-S forward: bench/RESULTS.md, per-tile
     quality)."""
-    if tables is None or not tables.fits(tiles, mpp):
-        tables = TileTables.on(tiles.device, tiles.shape[1:3], mpp, params)
+    tables = TileTables.fitting(tables, tiles, mpp, params)
     colour = tables.colour
     density = _density(tiles, colour)  # (n, h, w) total optical density, half precision
     blur, tissue, tissue_share = _blur(density, mpp, params, tables.gaussians)
     nan = torch.full_like(blur, math.nan)
 
-    pool = colour_pool(min(tiles.shape[1:3]), mpp)
+    pool = colour_pool(min(tiles.shape[1:3]), mpp, params.colour_cell_um)
     # (n, 3, h', w') linear light of each cell, contiguous (the smoothing reads it so)
     linear = _cells(colour.linear[tiles.int()], pool).permute(0, 3, 1, 2).contiguous()
     cover = _cells(tissue, pool)  # each cell's share of tissue
@@ -157,8 +168,7 @@ def tile_blur(
 ) -> torch.Tensor:
     """(n,) float32 `blur` of (n, h, w, 3) uint8 tiles: the first of `tile_measures`, alone
     (what the QC maps' fine pass judges cells by; the same numbers)."""
-    if tables is None or not tables.fits(tiles, mpp):
-        tables = TileTables.on(tiles.device, tiles.shape[1:3], mpp, params)
+    tables = TileTables.fitting(tables, tiles, mpp, params)
     density = _density(tiles, tables.colour)
     return _blur(density, mpp, params, tables.gaussians)[0]
 
@@ -173,10 +183,10 @@ def _density(tiles: torch.Tensor, colour: ColourTables) -> torch.Tensor:
     return (colour.od[r.int()] + colour.od[g.int()] + colour.od[b.int()]).half()
 
 
-def colour_pool(side: int, mpp: float) -> int:
-    """Pixels a side of a colour cell spans: `COLOUR_CELL_UM` at `mpp`, at most a quarter
-    of the tile (at least 4 x 4 cells)."""
-    return max(1, min(round(COLOUR_CELL_UM / mpp), side // 4))
+def colour_pool(side: int, mpp: float, cell_um: float) -> int:
+    """Pixels a side of a colour cell spans: `cell_um` at `mpp`, at most a quarter of the
+    tile (at least 4 x 4 cells)."""
+    return max(1, min(round(cell_um / mpp), side // 4))
 
 
 def _cells(values: torch.Tensor, pool: int) -> torch.Tensor:

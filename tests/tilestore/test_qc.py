@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import tifffile
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import ndimage
 
@@ -411,3 +411,46 @@ def test_the_fine_pass_counts_the_chunks_a_read_decodes(start, length, side):
 
     touched = {int(p // side) for p in range(start, start + length)}
     assert spanned(start, start + length, side) == len(touched)
+
+
+@pytest.fixture(scope="module")
+def cmu_at(tmp_path_factory, cmu_pixels_module):
+    """CMU-1-Small-Region converted as scanned at a given um/px (0.499: the fine pass reads
+    level 0 as it is; 0.3: it resamples), one store per um/px."""
+    root = tmp_path_factory.mktemp("cells")
+    tif = root / "cmu.tif"
+    tifffile.imwrite(tif, cmu_pixels_module, tile=(256, 256), compression="zlib")
+    made = {}
+
+    def at(mpp: float):
+        if mpp not in made:
+            made[mpp] = root / f"cmu-{mpp}.ome.zarr"
+            tilestore.convert(tif, made[mpp], mpp=mpp)
+        return tilestore.open_slide(made[mpp])
+
+    return at
+
+
+@pytest.mark.parametrize("mpp", [0.499, 0.3])
+@given(row=st.integers(0, 8), col=st.integers(0, 6), rows=st.integers(1, 5),
+       cols=st.integers(1, 12))  # fmt: skip
+@settings(max_examples=15, deadline=None)
+def test_a_box_of_cells_holds_the_pixels_of_each_cell_read_alone(cmu_at, mpp, row, col, rows,
+                                                                 cols):  # fmt: skip
+    """The fine pass reads a window's cells as one box or one by one, whichever decodes
+    fewer chunks: both must judge each cell on the same pixels (cells are 64.13 level-0
+    px apart at 4 um/px maps; cut 64 px apart, a box's 20th cell sat 2 px off)."""
+    from tilestore.qc.fine import Cells
+
+    slide = cmu_at(mpp)
+    dx = 4.0 / mpp
+    cells = Cells(size=8, px=64, mpp=0.5, downsample=(dx, dx))
+    box = cells.read(slide, row, col, rows, cols)
+    assert box.shape == (rows, cols, 64, 64, 3)
+    for i in range(rows):
+        for j in range(cols):
+            np.testing.assert_array_equal(
+                box[i, j], cells.read(slide, row + i, col + j, 1, 1)[0, 0]
+            )
+    x, y = round((col + cols - 1) * 8 * dx), round((row + rows - 1) * 8 * dx)
+    np.testing.assert_array_equal(box[-1, -1], slide.read_region(x, y, 64, 64, mpp=0.5))

@@ -10,7 +10,6 @@ coordinates of pixel centres, in micrometres (level-0 pixel (0, 0) at 0, 0).
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -201,19 +200,32 @@ class Slide:
             raise TypeError("read_region needs exactly one of level= or mpp=")
         if mpp is None:
             return self._read_level(level, x, y, w, h)
-        index = self.level_for_mpp(mpp, tolerance)
-        lx, ly = self.level_mpp(index)
-        sw, sh = max(1, round(w * mpp / lx)), max(1, round(h * mpp / ly))
-        if abs(mpp / lx - 1) <= tolerance and abs(mpp / ly - 1) <= tolerance:
-            sw, sh = w, h
+        index, sw, sh = self.level_window(w, h, mpp, tolerance)
         pixels = self._read_level(index, x, y, sw, sh)
         return pixels if (sw, sh) == (w, h) else resize(pixels, w, h)
 
+    def level_window(
+        self, w: int, h: int, mpp: float, tolerance: float = MPP_TOLERANCE
+    ) -> tuple[int, int, int]:
+        """(level, w', h'): where `read_region(..., w, h, mpp=mpp)` reads from, and how many
+        of that level's pixels (resized to w x h where they differ)."""
+        index = self.level_for_mpp(mpp, tolerance)
+        lx, ly = self.level_mpp(index)
+        if abs(mpp / lx - 1) <= tolerance and abs(mpp / ly - 1) <= tolerance:
+            return index, w, h
+        return index, max(1, round(w * mpp / lx)), max(1, round(h * mpp / ly))
+
+    def level_corner(self, level: int, x, y):
+        """The level pixel nearest to level-0 pixel (x, y), halves up (arrays too): where
+        a region read at that level starts (round trips plan tiles)."""
+        dy, dx = self.levels[level].downsample
+        return np.floor(np.asarray(x) / dx + 0.5).astype(int), np.floor(
+            np.asarray(y) / dy + 0.5
+        ).astype(int)
+
     def _read_level(self, level: int, x: int, y: int, w: int, h: int) -> np.ndarray:
         lv = self.levels[level]
-        # The nearest level pixel to the level-0 corner (halves up): round trips plan tiles.
-        x0 = math.floor(x / lv.downsample[1] + 0.5)
-        y0 = math.floor(y / lv.downsample[0] + 0.5)
+        x0, y0 = (int(v) for v in self.level_corner(level, x, y))
         out = np.full((h, w, lv.shape[0]), self.background, dtype=self.array(level).dtype)
         # Clip to the level: exactly the chunks the window overlaps are fetched.
         cx0, cy0 = max(x0, 0), max(y0, 0)

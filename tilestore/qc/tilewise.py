@@ -175,10 +175,12 @@ def tile_blur(
 
 def _density(tiles: torch.Tensor, colour: ColourTables) -> torch.Tensor:
     """(n, h, w) total optical density of (n, h, w, 3) uint8 tiles in half precision (0.05%
-    of the value: far below the measures' floors; every later step reads it back, and a
-    GPU's matrix products take it so): the three channels' table entries added as they
-    are looked up, never stored apart (nor the tiles as int: a compiled pass would write
-    4 bytes a value for its several readers)."""
+    of the value: far below the measures' floors; what a GPU's matrix products take, and
+    half the bytes to write and read back): the three channels' table entries added as
+    they are looked up, never stored apart (nor the tiles as int: a compiled pass would
+    write 4 bytes a value for its several readers). A compiled pass may keep the fp32 sum
+    where it fuses the steps after, so compiled and eager measures can differ by a few
+    pixels at the tissue threshold (1e-4 of `tissue_px`, on CMU-1's tiles)."""
     r, g, b = tiles.unbind(-1)
     return (colour.od[r.int()] + colour.od[g.int()] + colour.od[b.int()]).half()
 

@@ -2,7 +2,7 @@
 
 In one run on one machine, on the large SVS of `make_slide.py` (real tissue, Aperio's 240 px
 tiles): the store written with shards (`convert`'s default, 32 x 32 chunks per shard) and
-with one file per chunk (`shard=0`, the layout before), each conversion in its own process,
+with one file per chunk (`shard="off"`, the layout before), each conversion in its own process,
 alternated over `--rounds`; the files each store holds; random 256 px level-0 region reads
 from each; and the files a slide of `--cohort-size` px and a cohort of `--cohort` such slides
 would make, computed from the level plan and the shard shape (no slide of that size made).
@@ -37,7 +37,8 @@ CONVERT = (
     + """
 import tilestore
 
-src, out, shard = sys.argv[1], sys.argv[2], int(sys.argv[3])
+src, out, shard = sys.argv[1], sys.argv[2], sys.argv[3]
+shard = "off" if shard == "off" else int(shard)
 t0 = time.perf_counter()
 r = tilestore.convert(src, out, shard=shard)
 print(json.dumps({"seconds": time.perf_counter() - t0, "peak_rss_mb": peak_rss_mb(),
@@ -63,9 +64,9 @@ def reads_per_s(store: Path, n: int, size: int = 256, seed: int = 0) -> float:
     return n / (time.perf_counter() - started)
 
 
-def files_of(side: int, tile: int, per: int) -> int:
+def files_of(side: int, tile: int, per: int | str) -> int:
     """Chunk or shard files of a square RGB slide of `side` px with Aperio's levels (4x, 16x
-    in the file) and 2x levels built down to 1,024 px; per=0: one file per chunk."""
+    in the file) and 2x levels built down to 1,024 px; per="off": one file per chunk."""
     shapes, s = [], side
     while True:
         shapes.append(s)
@@ -75,7 +76,7 @@ def files_of(side: int, tile: int, per: int) -> int:
     total = 0
     for s in shapes:
         chunks = -(-s // tile)
-        if per:
+        if per != "off":
             shard = shard_shape((3, tile, tile), (3, s, s), per)[1] // tile
             total += (-(-chunks // shard)) ** 2
         else:
@@ -152,7 +153,7 @@ def main() -> None:
     if args.features_only:
         return
     src = make_large_svs(args.work / f"large-{args.size}.svs", args.size)
-    arms = {"sharded": SHARD_CHUNKS, "file per chunk": 0}
+    arms = {"sharded": SHARD_CHUNKS, "file per chunk": "off"}
     runs: dict[str, list[dict]] = {name: [] for name in arms}
     for _ in range(args.rounds):  # alternated: the machine's drift falls on both
         for name, shard in arms.items():

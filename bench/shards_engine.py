@@ -1,7 +1,7 @@
 """The engine on a sharded store against one file per chunk (GPU machine), in one run.
 
 The large SVS of `make_slide.py` converted twice with the copy path, once in shards
-(`convert`'s default) and once a file per chunk (`shard=0`, the layout before); one
+(`convert`'s default) and once a file per chunk (`shard="off"`, the layout before); one
 `Embedder` (the model loaded once, its decoder processes started) embeds each store in
 turn, alternated over `--rounds` (overwrite: every run reads and computes every tile), and
 the table gives each run's tiles/s and the sharded/unsharded ratio of the medians. With
@@ -43,7 +43,7 @@ def main() -> None:
     stores = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for name, shard in (("sharded", 32), ("file per chunk", 0)):
+        for name, shard in (("sharded", 32), ("file per chunk", "off")):
             folder = args.work / f"engine-shard-{shard}"
             stores[name] = tilestore.convert(slide, folder, shard=shard, overwrite=True).store
     files = {k: sum(len(n) for _, _, n in os.walk(v)) for k, v in stores.items()}

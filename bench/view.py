@@ -59,7 +59,7 @@ def deepzoom_app(generator, level: int):
 def serve_in_thread(app) -> tuple[str, object]:
     import uvicorn
 
-    sock = bind("127.0.0.1", 0)
+    sock = bind("127.0.0.1", "auto")
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

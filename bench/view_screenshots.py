@@ -70,7 +70,7 @@ def main() -> None:
 
     made = stores(args.work)
     server = subprocess.Popen(
-        [sys.executable, "-m", "tilestore.cli", "view", *map(str, made), "--port", "0"],
+        [sys.executable, "-m", "tilestore.cli", "view", *map(str, made), "--port", "auto"],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     try:

@@ -4,15 +4,19 @@ messages put in terms of flags."""
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+
+from tilestore import TilestoreError
 
 out = Console()
 err = Console(stderr=True)
@@ -93,6 +97,24 @@ def text_table(*columns: str) -> Table:
     return result
 
 
+def output_file(path: Path | None, folder: bool = False) -> Path | None:
+    """An output's place made ready before the command's work (its folder made; a folder
+    itself with `folder`), or refused in one line: a run never fails at its last step for a
+    missing or read-only folder."""
+    if path is None:
+        return None
+    where = path if folder else path.parent
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TilestoreError(f"{path}: cannot make the folder {where} ({exc.strerror})") from None
+    if not os.access(where, os.W_OK):
+        raise TilestoreError(f"{path}: the folder {where} is not writable")
+    if not folder and path.is_dir():
+        raise TilestoreError(f"{path}: a folder, not a file to write")
+    return path
+
+
 def human_size(n: float) -> str:
     """Bytes as people read them: 2.5 MB."""
     for unit in ("B", "KB", "MB", "GB", "TB"):
@@ -106,7 +128,8 @@ Flags = dict[str, tuple[str, str | None]]  # parameter -> (its flag, its --no- f
 
 
 def flags_of(*commands: Callable) -> Flags:
-    """The flags of these typer command functions' parameters, as typer names them."""
+    """The flags of these typer command functions' parameters, as typer names them (a
+    generated flag also under the library's name for it: `tilestore.cli.flags`)."""
     flags: Flags = {}
     for command in commands:
         for name, param in inspect.signature(command).parameters.items():
@@ -114,11 +137,12 @@ def flags_of(*commands: Callable) -> Flags:
             if not isinstance(info, typer.models.OptionInfo):
                 continue
             decls = [d for d in (info.param_decls or ()) if d.startswith("--")]
-            flag = decls[0] if decls else "--" + name.replace("_", "-")
-            negative = (
-                None if decls or param.annotation not in (bool, "bool") else f"--no-{flag[2:]}"
-            )
-            flags[name] = (flag, negative)
+            on, _, off = decls[0].partition("/") if decls else ("", "", "")
+            flag = on or "--" + name.replace("_", "-")
+            switch = param.annotation in (bool, "bool") and not decls
+            flags[name] = (flag, off or (f"--no-{flag[2:]}" if switch else None))
+        for library_name, flag_name in getattr(command, "flag_aliases", {}).items():
+            flags.setdefault(library_name, flags[flag_name])
     return flags
 
 

@@ -11,25 +11,27 @@ import typer
 from rich.console import Console
 
 from tilestore import TilestoreError
-from tilestore.cli.console import as_flags, flags_of, out, text_table
+from tilestore.cli.console import as_flags, flags_of, out, output_file, text_table
 from tilestore.cli.console import progress_bar as _progress
-from tilestore.cli.planflags import with_plan_flags
+from tilestore.cli.flags import From, with_flags
 from tilestore.embed import (
-    AUTO_CPU_DECODE_CPUS,
     BATCHES,
     REPEATS,
-    RESERVED_CPUS,
     SLICE_TILES,
-    DecodeOption,
-    FeatureDtype,
+    BatchSizes,
     Options,
-    PrecisionOption,
+    Repeats,
+    Share,
+    SliceTiles,
     Stager,
+    parse_shard,
 )
+from tilestore.options import Workers
 from tilestore.plan import PlanOptions
+from tilestore.reading import ScanMpp
 
 
-@with_plan_flags
+@with_flags
 def embed(
     stores: list[Path] = typer.Argument(
         ...,
@@ -47,11 +49,7 @@ def embed(
         help="--in-place: the folder for the sidecars (default: beside each slide; name one "
         "where the slides are read-only).",
     ),
-    scan_mpp: float | None = typer.Option(
-        None,
-        help="Slide files given: their level-0 um/px, where the file records none (or wrong); "
-        "as convert's --mpp.",
-    ),
+    scan_mpp: ScanMpp = None,
     into: Path = typer.Option(
         Path("stores"),
         help="Folder for the stores of slide files given (an existing store "
@@ -79,79 +77,12 @@ def embed(
     plan: str | None = typer.Option(
         None, help="A stored plan (default: the store's only plan, else a new one)."
     ),
-    batch_size: str = typer.Option(
-        "auto", help="Tiles per batch, or auto (largest that fits and helps)."
-    ),
-    device: str = typer.Option(Options.device, help="auto, cuda, cuda:N or cpu."),
-    decode: DecodeOption = typer.Option(
-        Options.decode,
-        help=f"JPEG decoding: cpu (worker processes), gpu (nvJPEG), both (the processes and "
-        f"the GPU's JPEG engines side by side), or auto: cpu from {AUTO_CPU_DECODE_CPUS} CPUs "
-        "on; below, both where the GPU has JPEG engines (A100, H100), else gpu. The report "
-        "says which ran and why.",
-    ),
-    precision: PrecisionOption = typer.Option(
-        Options.precision, help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp32."
-    ),
-    dtype: FeatureDtype = typer.Option(Options.dtype, help="Stored features: float16 or float32."),
-    compile: bool = typer.Option(
-        Options.compile, "--compile", help="torch.compile the model (slow start, faster run)."
-    ),
-    readers: int = typer.Option(Options.readers, help="Threads reading chunk rows ahead."),
-    decoders: int | None = typer.Option(
-        Options.decoders,
-        help="CPU JPEG decoders: threads, or worker processes on CUDA (default: the job's "
-        f"CPUs - {RESERVED_CPUS}).",
-    ),
     report: Path | None = typer.Option(None, help="Write the run report as JSON here."),
-    overwrite: bool = typer.Option(
-        Options.overwrite, help="Recompute embeddings this model already made."
-    ),
-    hf_token: str | None = typer.Option(
-        Options.hf_token, help="Hugging Face token (default: HF_TOKEN or the stored login)."
-    ),
-    channels: str | None = typer.Option(
-        None,
-        help="Multiplex stores: three channels (names or indices, e.g. DAPI,CD8,PanCK) given "
-        "to the model as R, G, B, each over its display window.",
-    ),
-    compile_cache: str = typer.Option(
-        "auto",
-        help="--compile: where compiled graphs are kept between runs (auto: the user "
-        "cache; a shared folder serves a SLURM array; off).",
-    ),
     dry_run: bool = typer.Option(
         False,
         "--dry-run",
         help="Say what would be embedded and about how long it would take "
         "(model loaded, stores planned, a short calibration); write nothing.",
-    ),
-    max_tiles: int | None = typer.Option(
-        None,
-        help="A trial: embed only each slide's first N plan tiles (whole batches); a "
-        "later run without it finishes the slides.",
-    ),
-    tokens: int | None = typer.Option(
-        None,
-        help="Also store each tile's patch tokens (embeddings/<model>/tokens), average-pooled "
-        "to an N x N grid; 0: the model's own grid (ViT/16 at 224 px: 14 x 14).",
-    ),
-    quality: bool = typer.Option(
-        Options.quality,
-        help="Also measure each tile's quality in the same pass (blur, tissue, light, ink) "
-        "and store it beside the features (ds.blur ...): a plan's --max-blur and "
-        "ds.tiles.keep() can then leave blurred tiles out.",
-    ),
-    profile: str | None = typer.Option(
-        None,
-        help="nvtx: NVTX ranges on every stage, for `nsys profile`; torch: a "
-        "torch.profiler trace of --profile-batches batches to --profile-out.",
-    ),
-    profile_out: str = typer.Option(
-        Options.profile_out, help="--profile torch: the trace file (Chrome/Perfetto JSON)."
-    ),
-    profile_batches: int = typer.Option(
-        Options.profile_batches, help="--profile torch: batches recorded."
     ),
     cluster: str | None = typer.Option(
         None, help="Run on Dask: local-cuda (a worker per GPU) or local (CPU processes)."
@@ -159,22 +90,18 @@ def embed(
     scheduler: str | None = typer.Option(
         None, help="Run on an existing Dask cluster at this address (e.g. SLURMCluster's)."
     ),
-    workers: int | None = typer.Option(None, help="--cluster local: worker processes."),
-    slice_tiles: int = typer.Option(
-        SLICE_TILES, help="On Dask: at most this many tiles per task (big slides are split)."
-    ),
-    shard: str | None = typer.Option(
-        None, help="K/N: embed only the K-th (0-based) of N size-balanced shares of the stores."
-    ),
-    plan_options: PlanOptions | None = None,
+    workers: Workers = None,
+    slice_tiles: SliceTiles = SLICE_TILES,
+    shard: Share = None,
+    options: Options = From(Options),
+    plan_options: PlanOptions | None = From(PlanOptions, empty_none=True),
 ) -> None:
     """Embed plan tiles with a foundation model; write embeddings/<model> into each store."""
     if plan and plan_options:
         raise TilestoreError("--plan names a stored plan: plan options cannot change it")
     if sidecars and not in_place:
         raise TilestoreError("--sidecars is where --in-place keeps its sidecars: add --in-place")
-    if batch_size != "auto" and not batch_size.isdigit():
-        raise TilestoreError(f"--batch-size {batch_size}: a number or auto")
+    output_file(report)
     slide_spec = None
     if slide_encoder:
         slide_spec, model, plan_options = _slide_plan(slide_encoder, model, plan_options)
@@ -183,28 +110,7 @@ def embed(
     if model is None:
         raise TilestoreError("--model: which model embeds the tiles? (or --slide-encoder)")
     choice = plan or plan_options
-    options = Options(
-        batch_size=None if batch_size == "auto" else int(batch_size),
-        device=device,
-        decode=decode,
-        precision=precision,
-        dtype=dtype,
-        compile=compile,
-        readers=readers,
-        decoders=decoders,
-        overwrite=overwrite,
-        hf_token=hf_token,
-        channels=tuple(c.strip() for c in channels.split(",")) if channels else None,
-        max_tiles=max_tiles,
-        tokens=tokens,
-        quality=quality,
-        compile_cache=compile_cache,
-        profile=profile,
-        profile_out=profile_out,
-        profile_batches=profile_batches,
-    )
     if shard:
-        from tilestore.embed import parse_shard
         from tilestore.embed import shard as share
 
         k, n = parse_shard(shard)
@@ -471,29 +377,27 @@ def models_pull(
 
 
 @models_app.command("profile")
+@with_flags
 def models_profile(
     name: str = typer.Argument(..., help="Model name, timm:<arch> or local:<dir>."),
-    batches: str = typer.Option(
-        ",".join(map(str, BATCHES)), help="Batch sizes to measure, comma-separated."
-    ),
-    device: str = typer.Option(Options.device, help="auto, cuda, cuda:N or cpu."),
-    precision: PrecisionOption = typer.Option(
-        Options.precision, help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp32."
-    ),
-    repeats: int = typer.Option(REPEATS, help="Timed batches per size."),
+    batches: BatchSizes = BATCHES,
+    options: Options = From(Options, only=("device", "precision", "hf_token")),
+    repeats: Repeats = REPEATS,
     plot: Path | None = typer.Option(None, help="Also plot tiles/s and memory to this PNG."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the numbers here."),
-    hf_token: str | None = typer.Option(None, help="Hugging Face token."),
 ) -> None:
     """Tiles/s and peak GPU memory per batch size (random tiles), to size a GPU request."""
     from tilestore.embed import plot_profile, profile_model
 
-    try:
-        sizes = tuple(int(b) for b in batches.split(","))
-    except ValueError:
-        raise TilestoreError(f"--batches {batches}: whole numbers separated by commas") from None
+    output_file(plot)
+    output_file(json_out)
     profile = profile_model(
-        name, sizes, device=device, precision=precision, repeats=repeats, token=hf_token
+        name,
+        batches,
+        device=options.device,
+        precision=options.precision,
+        repeats=repeats,
+        token=options.hf_token,
     )
     memory = (
         f"; the model alone {profile.model_mb:,.0f} MB of {profile.total_mb:,.0f} MB"

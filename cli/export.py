@@ -3,9 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
+
+from tilestore.analysis import (
+    MAX_CLUSTERS,
+    Clusters,
+    OptionalClusters,
+    OptionalComponents,
+)
+from tilestore.cli.console import output_file
+from tilestore.cli.flags import From, with_flags
+from tilestore.conversion import to_ome_tiff
+from tilestore.embeddings import H5Layout
+from tilestore.options import Opt
+from tilestore.view import TileIndex
 
 export_app = typer.Typer(
     no_args_is_help=True,
@@ -14,8 +28,7 @@ export_app = typer.Typer(
 out = Console()
 
 MODEL = typer.Option(..., "--model", "-m", help="The model the store was embedded with.")
-CLUSTERS = typer.Option(0, help="k-means clusters to compute and attach (0: none).")
-PCS = typer.Option(5, help="Principal components (QuPath measurements; k-means space).")
+PCS = 5  # principal components: QuPath's measurements, the k-means space
 
 
 def _open(stores: list[str], model: str, skip_missing: bool = False):
@@ -24,30 +37,22 @@ def _open(stores: list[str], model: str, skip_missing: bool = False):
     return tilestore.open_embeddings(stores, model, skip_missing=skip_missing)
 
 
-def _clusters(ds, k: int, pcs: int):
-    return ds.tiles.kmeans(k, pcs=pcs or None) if k else None
+def _clusters(ds, k: int | None, pcs: int | None):
+    return ds.tiles.kmeans(k, pcs=pcs) if k else None
 
 
 @export_app.command("ome-tiff")
+@with_flags
 def ome_tiff(
     store: Path = typer.Argument(..., help="A store made by `tilestore convert`."),
     output: Path = typer.Option(..., "-o", "--output", help="The .ome.tiff to write."),
-    compression: str = typer.Option(
-        "deflate", help="Lossless stores: deflate, zstd or lzw (JPEG chunks are copied)."
-    ),
+    options: dict = From(to_ome_tiff, only=("compression",)),
     labels: bool = typer.Option(False, help="Also write the label images (tissue)."),
     overwrite: bool = typer.Option(False, help="Replace an existing file."),
 ) -> None:
     """A tiled, pyramidal OME-TIFF (SubIFDs) for QuPath, OMERO and Bio-Formats."""
-    from tilestore.conversion import to_ome_tiff
-
-    result = to_ome_tiff(
-        store,
-        output,
-        compression=compression,
-        labels=labels,
-        overwrite=overwrite,
-    )
+    output_file(output)
+    result = to_ome_tiff(store, output, labels=labels, overwrite=overwrite, **options)
     for index, level in enumerate(result.levels):
         _, h, w = level["shape"]
         out.print(f"level {index}: {w}x{h}, {level['tiles']} tiles, {level['how']}")
@@ -59,11 +64,12 @@ def ome_tiff(
 
 
 @export_app.command("qupath")
+@with_flags
 def qupath(
     store: Path = typer.Argument(..., help="An embedded store."),
     model: str = MODEL,
-    clusters: int = CLUSTERS,
-    pcs: int = PCS,
+    clusters: OptionalClusters = None,
+    pcs: OptionalComponents = PCS,
     output: Path | None = typer.Option(
         None, "-o", "--output", help="GeoJSON file (default: <slide>.<model>.geojson here)."
     ),
@@ -75,6 +81,7 @@ def qupath(
     from tilestore.analysis import to_qupath
     from tilestore.embeddings import group_name
 
+    output_file(output)
     ds = _open([str(store)], model)
     name = ds.tiles.slides[0]
     target = output or Path(f"{name}.{group_name(model).split('/')[-1]}.geojson")
@@ -88,12 +95,13 @@ def qupath(
 
 
 @export_app.command("anndata")
+@with_flags
 def anndata(
     stores: list[str] = typer.Argument(..., help="Embedded stores, or a quoted glob."),
     model: str = MODEL,
     output: Path = typer.Option(..., "-o", "--output", help="The .h5ad file to write."),
-    clusters: int = CLUSTERS,
-    pcs: int = PCS,
+    clusters: OptionalClusters = None,
+    pcs: OptionalComponents = PCS,
     images: bool = typer.Option(True, help="Store thumbnails for squidpy in uns['spatial']."),
     skip_missing: bool = typer.Option(
         False,
@@ -105,6 +113,7 @@ def anndata(
     """Tiles as an AnnData .h5ad (X = features, obsm['spatial'] = centres) for scanpy/squidpy."""
     from tilestore.analysis import to_anndata
 
+    output_file(output)
     ds = _open(stores, model, skip_missing)
     found = _clusters(ds, clusters, pcs)
     to_anndata(ds, output, obs={"cluster": found} if found is not None else None, images=images)
@@ -114,18 +123,26 @@ def anndata(
 
 
 @export_app.command("map")
+@with_flags
 def map_png(
     store: Path = typer.Argument(..., help="An embedded store."),
     model: str = MODEL,
     output: Path = typer.Option(..., "-o", "--output", help="PNG of the PCA colour map."),
-    clusters: int = typer.Option(
-        0, help="Also write <output>-clusters.png and -gallery.png with k clusters."
-    ),
-    pcs: int = PCS,
+    clusters: Annotated[
+        int | None,
+        Opt(
+            "Also write <output>-clusters.png and -gallery.png with k clusters.",
+            low=2,
+            high=MAX_CLUSTERS,
+            none="none",
+        ),
+    ] = None,
+    pcs: OptionalComponents = PCS,
 ) -> None:
     """PNG maps over the slide thumbnail: first three PCs as colour, optionally clusters."""
     from tilestore.analysis import plot_gallery, plot_map
 
+    output_file(output)
     ds = _open([str(store)], model)
     plot_map(ds, ds.tiles.rgb_map(), path=output, title=f"{ds.tiles.slides[0]}: PC1-3 as RGB")
     written = [output]
@@ -140,6 +157,7 @@ def map_png(
 
 
 @export_app.command("heatmap")
+@with_flags
 def heatmap(
     store: Path = typer.Argument(..., help="An embedded store."),
     model: str = MODEL,
@@ -148,9 +166,9 @@ def heatmap(
         help="A per-tile column (tissue, roi, qc_<artefact>, roi_class...), clusters, "
         "similarity (with --tile or --at), or with --scores the score column to read.",
     ),
-    tile: int | None = typer.Option(None, help="similarity: to this tile of the slide."),
+    tile: TileIndex = None,
     at: str | None = typer.Option(None, help="similarity: to the tile under level-0 X,Y."),
-    k: int = typer.Option(6, help="clusters: how many."),
+    k: Clusters = 6,
     scores: Path | None = typer.Option(
         None,
         help="Your own scores: Parquet or CSV with 'tile' (or 'x', 'y' level-0 px) and "
@@ -181,6 +199,8 @@ def heatmap(
             point = ()
         if len(point) != 2:
             raise typer.BadParameter(f"--at {at}: two numbers, X,Y in level-0 px")
+    output_file(png)
+    output_file(geojson)
     found = heatmap_values(store, model, column, k=k, ref=tile, at=point, scores=scores)
     written = []
     if png:
@@ -194,15 +214,12 @@ def heatmap(
 
 
 @export_app.command("h5")
+@with_flags
 def h5(
     stores: list[str] = typer.Argument(..., help="Embedded stores, or a quoted glob."),
     model: str = MODEL,
     output: Path = typer.Option(..., "-o", "--output", help="Folder for one <slide>.h5 each."),
-    layout: str = typer.Option(
-        "trident",
-        help="trident (TRIDENT's and CLAM's: features, coords in level-0 px) or "
-        "stamp (STAMP's: feats, coords in um).",
-    ),
+    layout: H5Layout = "trident",
     overwrite: bool = typer.Option(False, help="Replace existing files."),
 ) -> None:
     """Tile features as per-slide HDF5 files other tools read: TRIDENT's slide encoders,
@@ -242,6 +259,7 @@ def slides(
     suffix = output.suffix.lower()
     if suffix not in (".parquet", ".csv", ".h5ad"):
         raise typer.BadParameter(f"{output}: write a .parquet, .csv or .h5ad file")
+    output_file(output)
     ds = open_slide_embeddings(stores, model, slide_encoder, skip_missing=skip_missing)
     if suffix == ".h5ad":
         import anndata

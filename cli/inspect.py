@@ -10,6 +10,8 @@ from pathlib import Path
 import typer
 
 from tilestore.cli.console import human_size, out, text_table
+from tilestore.cli.flags import with_flags
+from tilestore.options import Workers
 
 
 def _gpu_jpeg(levels: list[dict]) -> str:
@@ -164,10 +166,11 @@ def _integrity(desc: dict) -> str:
     return f"{text}; verified {verified['at']}: {verified['chunks']} chunks read{how}, {result}"
 
 
+@with_flags
 def verify(
     stores: list[Path] = typer.Argument(..., help="Stores (.ome.zarr) to check."),
     decode: bool = typer.Option(False, "--decode", help="Also decode every chunk (slower)."),
-    workers: int | None = typer.Option(None, help="Threads reading chunks (default: CPUs)."),
+    workers: Workers = None,
 ) -> None:
     """Read every chunk of each store, check its checksum, list every bad one (exit 2 if any)."""
     from tilestore.reading import verify_store

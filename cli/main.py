@@ -13,16 +13,17 @@ from typing import NoReturn
 import typer
 
 from tilestore import TilestoreError
-from tilestore.cli.console import as_flags, flags_of, human_size, out, text_table
+from tilestore.cli.console import as_flags, flags_of, human_size, out, output_file, text_table
 from tilestore.cli.console import progress_bar as _progress
 from tilestore.cli.embed import embed, models_app
 from tilestore.cli.export import export_app
+from tilestore.cli.flags import From, with_flags
 from tilestore.cli.inspect import info, verify
-from tilestore.cli.planflags import with_plan_flags
 from tilestore.cli.qc import qc
 from tilestore.cli.view import view
-from tilestore.conversion import QUALITY, SHARD_CHUNKS, SUBSAMPLING
-from tilestore.masks import TISSUE_MPP
+from tilestore.conversion import convert as run_convert
+from tilestore.masks import compute_tissue
+from tilestore.options import Workers
 from tilestore.plan import PlanOptions
 
 app = typer.Typer(
@@ -34,6 +35,7 @@ app = typer.Typer(
 
 
 @app.command()
+@with_flags
 def convert(
     src: list[Path] = typer.Argument(
         ...,
@@ -43,53 +45,15 @@ def convert(
     output: Path = typer.Option(
         ..., "-o", "--output", help="Directory for <name>.ome.zarr stores."
     ),
-    chunk: int | None = typer.Option(
-        None, help="Chunk side in px (default: source JPEG tile, else 256)."
-    ),
-    codec: str = typer.Option(
-        "auto", help="auto (JPEG for 8-bit RGB brightfield, else zstd), jpeg, zstd."
-    ),
-    quality: int = typer.Option(QUALITY, help="JPEG quality when pixels are encoded."),
-    subsampling: str = typer.Option(SUBSAMPLING, help="JPEG chroma subsampling when encoding."),
-    mpp: float | None = typer.Option(None, help="Level-0 µm/px, overriding the file's value."),
-    keep_associated: bool = typer.Option(
-        False, help="Also store label/macro images (patient data!)."
-    ),
-    overwrite: bool = typer.Option(
-        False, help="Replace an existing store (only once the new one is complete)."
-    ),
-    copy: bool = typer.Option(
-        True, help="Copy matching JPEG tiles verbatim (--no-copy re-encodes)."
-    ),
-    workers: int | None = typer.Option(None, help="Threads for reading, decoding and encoding."),
-    checksums: bool = typer.Option(
-        True, help="End every chunk with its CRC-32C so damage is found when read."
-    ),
-    lossy_ok: bool = typer.Option(
-        False, help="Allow --codec jpeg on pixels that are not 8-bit RGB brightfield."
-    ),
-    name: str | None = typer.Option(
-        None, help="Store name (<name>.ome.zarr) for a single slide, instead of the file's."
-    ),
-    shard: int = typer.Option(
-        SHARD_CHUNKS,
-        help="Chunks per shard side: a slide is a few files, not one per chunk (0: a file per "
-        "chunk, the layout before shards).",
-    ),
-    in_place: bool = typer.Option(
-        False,
-        "--in-place",
-        help="Read TIFF slides where they are instead: make each a sidecar store "
-        "(<slide>.tilestore.zarr) in --output, holding only metadata and coarse levels.",
-    ),
+    options: dict = From(run_convert, exclude=("series", "progress")),
 ) -> None:
     """Convert slides once into chunked OME-Zarr 0.5 stores (or make in-place sidecars)."""
-    from tilestore.conversion import convert as run_convert
     from tilestore.conversion import slides_of
     from tilestore.reading import sidecar_for
 
     failed = 0
     slides = [(path, series) for path in src for series in slides_of(path)]
+    name = options.get("name")
     if name and len(slides) > 1:
         raise TilestoreError(f"--name {name}: names one store, but {len(slides)} slides were given")
     for path, series in slides:
@@ -97,23 +61,10 @@ def convert(
             with _progress(f"{path.name}") as (progress, task):
                 report = run_convert(
                     path,
-                    sidecar_for(path, output) if in_place else output,
-                    in_place=in_place,
+                    sidecar_for(path, output) if options.get("in_place") else output,
                     series=series,
-                    name=name,
-                    chunk=chunk,
-                    codec=codec,
-                    quality=quality,
-                    subsampling=subsampling,
-                    mpp=mpp,
-                    keep_associated=keep_associated,
-                    overwrite=overwrite,
-                    copy=copy,
-                    workers=workers,
-                    checksums=checksums,
-                    shard=shard,
-                    lossy_ok=lossy_ok,
                     progress=lambda n, total: progress.update(task, advance=n, total=total),
+                    **options,
                 )
         except TilestoreError as exc:
             _error(exc)
@@ -145,14 +96,10 @@ def convert(
 
 
 @app.command()
+@with_flags
 def tissue(
     store: Path = typer.Argument(..., help="A store made by `tilestore convert`."),
-    method: str = typer.Option(
-        "auto", help="auto (detects brightfield/fluorescence), otsu, contrast."
-    ),
-    mpp: float = typer.Option(
-        TISSUE_MPP, help="Mask resolution, um/px (read from a low-resolution level)."
-    ),
+    options: dict = From(compute_tissue),
     preview: Path | None = typer.Option(None, help="Also write a PNG of the mask over the slide."),
     channel: str | None = typer.Option(
         None, help="Fluorescence: the nuclear channel, by name or index (default: DAPI/Hoechst)."
@@ -160,11 +107,12 @@ def tissue(
 ) -> None:
     """Compute the tissue mask and store it as the OME-Zarr label image labels/tissue."""
     from tilestore.analysis import save_preview
-    from tilestore.masks import compute_tissue, write_tissue
+    from tilestore.masks import write_tissue
     from tilestore.reading import open_slide
 
+    output_file(preview)
     slide = open_slide(store)
-    mask = compute_tissue(slide, method, mpp, **({"channel": channel} if channel else {}))
+    mask = compute_tissue(slide, **options, **({"channel": channel} if channel else {}))
     write_tissue(slide, mask)
     for note in mask.notes:
         out.print(f"  {note}", highlight=False)
@@ -187,23 +135,24 @@ def tissue(
 
 
 @app.command()
-@with_plan_flags
+@with_flags
 def plan(
     store: Path = typer.Argument(..., help="A store (converted, or a slide's sidecar)."),
     overwrite: bool = typer.Option(False, help="Replace a plan of the same name."),
     preview: Path | None = typer.Option(None, help="Write a PNG: thumbnail, tissue, ROIs, tiles."),
-    plan_options: PlanOptions | None = None,
+    plan_options: PlanOptions = From(PlanOptions),
 ) -> None:
     """Plan the tiles to embed and store the plan in the slide's store."""
     from tilestore.analysis import save_preview
-    from tilestore.embeddings import plan_with_quality
+    from tilestore.embeddings import plan_slide
     from tilestore.masks import read_tissue
     from tilestore.plan import plan_rois, resolve_plan, save_plan
     from tilestore.reading import open_slide
 
+    output_file(preview)
     slide = open_slide(store)
-    options = resolve_plan(plan_options or PlanOptions(), slide)
-    made = plan_with_quality(slide, options)
+    options = resolve_plan(plan_options, slide)
+    made = plan_slide(slide, options)
     save_plan(slide, made, overwrite=overwrite)
     for note in made.notes:
         out.print(f"  {note}", highlight=False)
@@ -225,9 +174,10 @@ def plan(
 
 
 @app.command()
+@with_flags
 def reshard(
     stores: list[Path] = typer.Argument(..., help="Stores (.ome.zarr) made before shards."),
-    workers: int | None = typer.Option(None, help="Threads packing shards (default: CPUs)."),
+    workers: Workers = None,
 ) -> None:
     """Rewrite stores of one file per chunk into shards (a few files per slide), safely:
     nothing is decoded, and the old store is replaced only once the new one is whole."""
@@ -324,19 +274,26 @@ def _main() -> None:
     warnings.showwarning = _warning
     debug = "--debug" in sys.argv[1:]
     try:
-        app()
-    except TilestoreError as exc:
-        if debug:
-            raise
-        _error(exc)
-        sys.exit(2)
-    except KeyboardInterrupt:
+        # click reports its own parse errors in several lines and takes Ctrl-C for itself:
+        # both come here instead, to be said as every other error is
+        code = app(standalone_mode=False)
+    except typer.TyperException as exc:  # typer's click: a usage error, one line
+        ctx = getattr(exc, "ctx", None)
+        where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+        _error(f"{exc.format_message()}{where}")
+        sys.exit(getattr(exc, "exit_code", 2))
+    except (KeyboardInterrupt, typer.Abort):
         print(
             "tilestore: interrupted: what was finished is kept (converted stores, embedded "
             "batches, QC'd slides); the same command carries on from there",
             file=sys.stderr,
         )
         sys.exit(130)
+    except TilestoreError as exc:
+        if debug:
+            raise
+        _error(exc)
+        sys.exit(2)
     except OSError as exc:  # the machine's refusal: a full disk, a permission
         if debug:
             raise
@@ -351,3 +308,4 @@ def _main() -> None:
             "traceback and report it"
         )
         sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)

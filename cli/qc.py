@@ -8,22 +8,18 @@ from pathlib import Path
 import typer
 
 from tilestore import TilestoreError
-from tilestore.cli.console import as_flags, flags_of, out
+from tilestore.cli.console import as_flags, flags_of, out, output_file
 from tilestore.cli.console import progress_bar as _progress
-from tilestore.qc import FLAG_FRACTION, QCOptions
+from tilestore.cli.flags import From, with_flags
+from tilestore.options import Workers
+from tilestore.qc import FLAG_FRACTION, FlagFraction, QCOptions
 
 
+@with_flags
 def qc(
     stores: list[Path] = typer.Argument(..., help="Stores made by `tilestore convert`."),
-    mpp: float = typer.Option(QCOptions.mpp, help="Map resolution, um/px (2-4; never level 0)."),
-    detectors: str = typer.Option(
-        ",".join(QCOptions.detectors),
-        help="Artefacts to look for, comma-separated, in label order.",
-    ),
-    device: str | None = typer.Option(None, help="cuda or cpu (default: the GPU if any)."),
-    flag_fraction: float = typer.Option(
-        FLAG_FRACTION, help="Flag a slide where an artefact covers more of its tissue."
-    ),
+    options: QCOptions = From(QCOptions, only=("mpp", "detectors", "device", "fine_blur")),
+    flag_fraction: FlagFraction = FLAG_FRACTION,
     preview: Path | None = typer.Option(
         None, help="Folder for a PNG per slide: the artefacts over its thumbnail."
     ),
@@ -36,23 +32,14 @@ def qc(
     scheduler: str | None = typer.Option(
         None, help="Run on an existing Dask cluster at this address."
     ),
-    workers: int | None = typer.Option(None, help="--cluster: worker processes (or GPUs)."),
-    fine_blur: str = typer.Option(
-        QCOptions.fine_blur,
-        help="The blur pass at 0.5 um/px: full (every 32 um cell), sparse (one in 3 x 3, then "
-        "around those found), off; auto: full on a GPU, sparse on the CPU.",
-    ),
+    workers: Workers = None,
 ) -> None:
     """Find pen ink, bubbles, folds, dark or washed-out regions, blur and stain outliers;
     store them as labels/qc and a summary in each store; optionally a cohort report."""
     from tilestore.qc import qc_cohort, write_report
 
-    options = QCOptions(
-        mpp=mpp,
-        detectors=tuple(d.strip() for d in detectors.split(",")),
-        device=device,
-        fine_blur=fine_blur,
-    )
+    output_file(preview, folder=True)
+    output_file(report, folder=True)
     if cluster and scheduler:
         raise TilestoreError("--cluster starts a cluster, --scheduler joins one: give one")
     client, threads = None, None

@@ -9,15 +9,18 @@ from pathlib import Path
 import typer
 
 from tilestore.cli.console import out
+from tilestore.cli.flags import with_flags
+from tilestore.view import Port
 
 
+@with_flags
 def view(
     paths: list[Path] = typer.Argument(
         ...,
         help="Stores, or tiled TIFF slides (read in place, their sidecars made in a "
         "temporary folder removed at the end).",
     ),
-    port: int = typer.Option(8000, help="Port to listen on (0: any free one)."),
+    port: Port = 8000,
     host: str = typer.Option(
         "127.0.0.1", help="Address to listen on; the default is this machine only."
     ),

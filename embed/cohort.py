@@ -66,15 +66,6 @@ def _size(store: str) -> int:
     return pixel_count(store)
 
 
-def parse_shard(text: str) -> tuple[int, int]:
-    """'3/10' -> (3, 10)."""
-    try:
-        k, n = (int(p) for p in text.split("/"))
-    except ValueError:
-        raise TilestoreError(f"shard={text!r}: expected 'K/N', e.g. '0/8'") from None
-    return k, n
-
-
 # -- the worker side --------------------------------------------------------------------------
 
 

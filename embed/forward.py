@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -48,9 +49,11 @@ class TokenLayout:
                 "model_grid": list(self.model_grid), "pooling": "mean"}  # fmt: skip
 
 
-def token_layout(loaded: LoadedModel, device: torch.device, grid: int) -> TokenLayout:
-    """The token grid a model makes (one probe tile) and the grid asked for (0: the model's);
-    a grid finer than the model's is refused."""
+def token_layout(
+    loaded: LoadedModel, device: torch.device, grid: int | Literal["model"]
+) -> TokenLayout:
+    """The token grid a model makes (one probe tile) and the grid asked for ("model": the
+    model's own); a grid finer than the model's is refused."""
     size = loaded.transform.input_size
     try:
         with torch.inference_mode():
@@ -58,12 +61,14 @@ def token_layout(loaded: LoadedModel, device: torch.device, grid: int) -> TokenL
     except (ValueError, AttributeError) as exc:
         raise ModelError(f"{loaded.spec.name}: no patch tokens to store ({exc})") from exc
     rows, cols, dim = tokens.shape[1:]
+    if grid == "model":
+        return TokenLayout(rows, dim, (rows, cols))
     if grid > min(rows, cols):
         raise TilestoreError(
             f"tokens={grid}: {loaded.spec.name} makes a {rows} x {cols} token grid; "
-            f"ask for at most {min(rows, cols)} (0: its own grid)"
+            f"ask for at most {min(rows, cols)} ('model': its own grid)"
         )
-    return TokenLayout(grid or rows, dim, (rows, cols))
+    return TokenLayout(grid, dim, (rows, cols))
 
 
 @dataclass(frozen=True)

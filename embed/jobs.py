@@ -18,7 +18,7 @@ import numpy as np
 from tilestore.embed.inputs import Staged
 from tilestore.embed.models import ModelSpec
 from tilestore.embed.report import RunReport
-from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity, plan_with_quality
+from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity, plan_slide
 from tilestore.errors import StoreError, TilestoreError
 from tilestore.plan import (
     PlanOptions,
@@ -183,7 +183,7 @@ def plan_for(
     resolved = resolve_plan(
         plan or PlanOptions(), slide, native_mpp=spec.native_mpp, native_tile=spec.tile
     )
-    made = plan_with_quality(slide, resolved, store_tissue=save)
+    made = plan_slide(slide, resolved, store_tissue=save)
     if made.name in list_plans(slide):  # made before with the same options: reuse it
         stored, uid = load_plan(slide, made.name)
         if np.array_equal(stored.x, made.x) and np.array_equal(stored.y, made.y):

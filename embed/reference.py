@@ -7,6 +7,7 @@ Tests and benchmarks compare the engine's stored features with this.
 from __future__ import annotations
 
 import contextlib
+from typing import Literal
 
 import numpy as np
 import torch
@@ -24,10 +25,10 @@ def reference_features(
     indices=None,
     device: str = "cpu",
     precision: str = "fp32",
-    tokens: int | None = None,
+    tokens: int | Literal["model"] | None = None,
 ) -> np.ndarray:
     """Return (n, dim) float32 features of plan tiles (all, or `indices`); with `tokens`,
-    each row followed by the tile's patch-token grid pooled to tokens x tokens (0: the
+    each row followed by the tile's patch-token grid pooled to tokens x tokens ("model": the
     model's own grid), flattened, as the engine stores them."""
     indices = range(len(plan)) if indices is None else indices
     module = loaded.module.to(device).eval()
@@ -47,7 +48,7 @@ def reference_features(
             row = (
                 loaded.features(x)
                 if tokens is None
-                else loaded.module.features_and_tokens(x, tokens or None)
+                else loaded.module.features_and_tokens(x, None if tokens == "model" else tokens)
             )
             out.append(row.float().cpu().numpy()[0])
     del module

@@ -14,9 +14,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Annotated, Literal, Protocol, get_args
 
 from tilestore.errors import TilestoreError
+from tilestore.options import Declared, Opt
 
 if TYPE_CHECKING:  # torch loads when a device is resolved: the CLI reads these defaults cheaply
     import torch
@@ -54,68 +55,187 @@ RESERVED_CPUS = 2  # left to the threads that read, cut and feed the GPU; the re
 SLICE_TILES = 20_000  # on Dask, at most this many tiles per task: big slides spread over GPUs
 BATCHES = (32, 64, 128, 256, 512, 1024)  # the batch sizes `--batch-size auto` measures
 REPEATS = 5  # timed batches per size, after one untimed
+# The options of a cohort run and of `models profile`, besides a run's `Options`.
+SliceTiles = Annotated[
+    int,
+    Opt("On Dask: at most this many tiles per task (big slides are split).", low=1, high=2**31),
+]
+Share = Annotated[
+    str | None,
+    Opt(
+        "Embed only the K-th (0-based) of N size-balanced shares of the stores (a SLURM "
+        "array: K=$SLURM_ARRAY_TASK_ID).",
+        pattern=r"\d+/[1-9]\d*",
+        shape="K/N, two whole numbers, e.g. 0/8",
+        metavar="K/N",
+    ),
+]
+BatchSizes = Annotated[
+    tuple[int, ...],
+    Opt("Batch sizes to measure, comma-separated.", low=1, high=65_536, metavar="N,N,..."),
+]
+Repeats = Annotated[int, Opt("Timed batches per size.", low=1, high=10_000)]
+MAX_BATCH = 65_536  # tiles: no GPU holds a bigger batch of 224 px tiles and a model
+MAX_THREADS = 1_024  # readers or decoders: more than any node's cores
+MAX_PREFETCH = 256  # batches waiting ahead of the model
 
 
 @dataclass(frozen=True)
-class Options:
-    """How to run an embedding, as the user asks; each `tilestore embed` option is a field.
+class Options(Declared):
+    """How to run an embedding, as the user asks: each `tilestore embed` option is a field,
+    declared once here (type, range, default, help: `tilestore.options`), checked when made.
 
-    batch_size: tiles per batch; None picks the largest that fits and still speeds the model
-        up (on a GPU; 32 on the CPU). device: "auto" (CUDA if there is one), "cpu", "cuda"
-        or "cuda:N". decode: JPEG decoding, "cpu" (worker processes), "gpu" (nvJPEG),
-        "both" (the processes and nvJPEG on the GPU's JPEG engines side by side, each row
-        to one of them: `tilestore.embed.rows.BothRows`) or "auto" (the CPU from
-        `AUTO_CPU_DECODE_CPUS` CPUs on; below, "both" where the GPU has JPEG engines, else
-        "gpu"; the CPU wherever nvJPEG does not start). precision: "bf16" or "fp32" ("auto":
-        bf16 on CUDA, fp32 on the CPU). dtype: of the stored features. compile:
-        torch.compile the model (with its transform; a CUDA graph per batch on a GPU).
-        readers: threads reading chunk rows ahead (GPU decode) or cutting tiles (CPU).
-        decoders: JPEG decoder processes (threads without CUDA); None: the CPUs the job may
-        use less two. prefetch: batches of tiles ready ahead of the model. overwrite:
-        recompute embeddings this model already made. hf_token: Hugging Face token (else
-        HF_TOKEN or the stored login). channels: of a store that is not one RGB picture
-        (multiplex fluorescence), the three channels (names or indices) an RGB model takes as
-        R, G and B, each over its display window (`tilestore.reading.slide.Slide.as_rgb`).
-        profile: "nvtx" marks every stage (read, decode, H2D copy, forward, D2H copy,
-        write, per thread and per decoder process) as an NVTX range for `nsys profile`;
-        "torch" writes a torch.profiler trace of `profile_batches` batches (after two
-        skipped and two warming up) to `profile_out` (Chrome / Perfetto JSON). max_tiles:
-        embed at most this many tiles of each slide (whole batches from the plan's start;
-        a later run without it finishes the slide). compile_cache: with compile, where
-        compiled graphs are kept between processes ("auto": the user's cache folder; a
-        shared folder serves a SLURM array; "off": none), `tilestore.embed.compilecache`.
-        shard_tiles: tiles per file of the features a new embeddings group stores (whole
-        batches; None: `tilestore.embeddings.layout.SHARD_TILES`); a group being resumed
-        keeps its own. tokens: also store each tile's patch tokens (``tokens``: tile, token_y,
-        token_x, token_feature), average-pooled to a tokens x tokens grid; 0: the model's own
-        grid (14 x 14 for a ViT/16 at 224 px: 196 vectors per tile); None: features only.
-        quality: also measure each tile's quality in the same pass (focus, tissue, light,
-        ink: `tilestore.qc.tilewise`) and store it beside the features (``blur``...). Off by
-        default: on an H100 the measures cost a ViT-B run 26% of its tiles/s (eager; a
-        ViT-S's compiled forward as much again; bench/RESULTS.md), far from the 2% they
-        should; they cost a ViT-L or ViT-g a few percent.
+    decode "auto": the CPU from `AUTO_CPU_DECODE_CPUS` CPUs on; below, the processes and
+    nvJPEG on the GPU's JPEG engines side by side ("both"; `tilestore.embed.rows.BothRows`),
+    nvJPEG alone where the GPU has no engines; the CPU wherever nvJPEG does not start.
+    channels: of a store that is not one RGB picture (multiplex fluorescence), each over its
+    display window (`tilestore.reading.slide.Slide.as_rgb`). profile "torch" records
+    `profile_batches` batches after two skipped and two warming up. compile_cache: a shared
+    folder serves a SLURM array (`tilestore.embed.compilecache`). quality: off by default: on an
+    H100 the measures cost a ViT-S 3.6% of its tiles/s, a ViT-B 0.3% (bench/RESULTS.md).
     """
 
-    batch_size: int | None = None
-    device: str = "auto"
-    decode: DecodeOption = "auto"
-    precision: PrecisionOption = "auto"
-    dtype: FeatureDtype = "float16"
-    compile: bool = False
-    readers: int = 4
-    decoders: int | None = None
-    prefetch: int = 4
-    overwrite: bool = False
-    hf_token: str | None = None
-    channels: tuple[str, ...] | None = None
-    profile: ProfileOption | None = None
-    profile_out: str = "tilestore-trace.json"
-    profile_batches: int = 20
-    max_tiles: int | None = None
-    compile_cache: str | None = "auto"
-    shard_tiles: int | None = None
-    tokens: int | None = None
-    quality: bool = False
+    batch_size: Annotated[
+        int | None,
+        Opt(
+            "Tiles per batch.",
+            low=1,
+            high=MAX_BATCH,
+            none=f"auto: the largest that fits and still speeds the model up ({CPU_BATCH} on "
+            "the CPU)",
+            none_word="auto",
+            metavar="N|auto",
+        ),
+    ] = None
+    device: Annotated[
+        str,
+        Opt(
+            "auto (CUDA if there is one), cpu, cuda or cuda:N.",
+            pattern=r"auto|cpu|cuda(:\d+)?",
+            shape="'auto', 'cpu', 'cuda' or 'cuda:N'",
+        ),
+    ] = "auto"
+    decode: Annotated[
+        DecodeOption,
+        Opt(
+            "JPEG decoding: cpu (worker processes), gpu (nvJPEG), both (the processes and the "
+            f"GPU's JPEG engines side by side), or auto: cpu from {AUTO_CPU_DECODE_CPUS} CPUs "
+            "on; below, both where the GPU has JPEG engines (A100, H100), else gpu. The "
+            "report says which ran and why."
+        ),
+    ] = "auto"
+    precision: Annotated[
+        PrecisionOption, Opt("auto (bf16 on CUDA, fp32 on the CPU), bf16 or fp32.")
+    ] = "auto"
+    dtype: Annotated[FeatureDtype, Opt("Stored features: float16 or float32.")] = "float16"
+    compile: Annotated[
+        bool,
+        Opt(
+            "torch.compile the model and its transform (slow start, faster run; a CUDA "
+            "graph per batch)."
+        ),
+    ] = False
+    readers: Annotated[
+        int,
+        Opt(
+            "Threads reading chunk rows ahead (GPU decode) or cutting tiles (CPU).",
+            low=1,
+            high=MAX_THREADS,
+        ),
+    ] = 4
+    decoders: Annotated[
+        int | None,
+        Opt(
+            "CPU JPEG decoders: worker processes on CUDA, threads without.",
+            low=1,
+            high=MAX_THREADS,
+            none=f"auto: the job's CPUs - {RESERVED_CPUS}",
+            none_word="auto",
+            metavar="N|auto",
+        ),
+    ] = None
+    prefetch: Annotated[
+        int, Opt("Batches of tiles ready ahead of the model.", low=1, high=MAX_PREFETCH)
+    ] = 4
+    overwrite: Annotated[bool, Opt("Recompute embeddings this model already made.")] = False
+    hf_token: Annotated[
+        str | None, Opt("Hugging Face token.", none="HF_TOKEN or the stored login")
+    ] = None
+    channels: Annotated[
+        tuple[str, ...] | None,
+        Opt(
+            "Multiplex stores: three channels (names or indices, e.g. DAPI,CD8,PanCK) given "
+            "to the model as R, G, B, each over its display window.",
+            metavar="A,B,C",
+        ),
+    ] = None
+    profile: Annotated[
+        ProfileOption | None,
+        Opt(
+            "nvtx: NVTX ranges on every stage, for `nsys profile`; torch: a torch.profiler "
+            "trace of --profile-batches batches to --profile-out."
+        ),
+    ] = None
+    profile_out: Annotated[
+        str, Opt("--profile torch: the trace file (Chrome/Perfetto JSON).", metavar="FILE")
+    ] = "tilestore-trace.json"
+    profile_batches: Annotated[
+        int, Opt("--profile torch: batches recorded.", low=1, high=100_000)
+    ] = 20
+    max_tiles: Annotated[
+        int | None,
+        Opt(
+            "A trial: embed only each slide's first N plan tiles (whole batches); a later "
+            "run without it finishes the slides.",
+            low=1,
+            none="every tile",
+        ),
+    ] = None
+    compile_cache: Annotated[
+        Literal["auto", "off"] | str | None,
+        Opt(
+            "--compile: where compiled graphs are kept between runs (auto: the user cache; "
+            "a shared folder serves a SLURM array; off: none).",
+            shape="a folder",
+            metavar="DIR|auto|off",
+        ),
+    ] = "auto"
+    shard_tiles: Annotated[
+        int | None,
+        Opt(
+            "Tiles per file of the features a new embeddings group stores (whole batches); a "
+            "group being resumed keeps its own.",
+            low=1,
+            high=2**24,
+            none="the layout's, about 4,096",
+        ),
+    ] = None
+    tokens: Annotated[
+        int | Literal["model"] | None,
+        Opt(
+            "Also store each tile's patch tokens (embeddings/<model>/tokens), average-pooled "
+            "to an N x N grid; 'model': the model's own grid (ViT/16 at 224 px: 14 x 14).",
+            low=1,
+            high=256,
+            none="features only",
+            metavar="N|model",
+        ),
+    ] = None
+    quality: Annotated[
+        bool,
+        Opt(
+            "Also measure each tile's quality in the same pass (blur, tissue, light, ink) "
+            "and store it beside the features (ds.blur ...): a plan's --max-blur and "
+            "ds.tiles.keep() can then leave blurred tiles out."
+        ),
+    ] = False
+    any_scale: Annotated[
+        bool,
+        Opt(
+            "Embed a plan whose um/px or tile differs from the model's native input beyond "
+            "the tolerance, or whose um/px is unknown (refused without it)."
+        ),
+    ] = False
 
 
 @dataclass(frozen=True)
@@ -140,7 +260,7 @@ class Settings:
     max_tiles: int | None = None
     compile_cache: str | None = None  # a folder; None: no cache
     shard_tiles: int | None = None  # None: the layout's
-    tokens: int | None = None  # the token grid's side; 0: the model's; None: no tokens
+    tokens: int | Literal["model"] | None = None  # the token grid's side; None: no tokens
     quality: bool = False  # per-tile quality measures in the pass
     decode_why: str = ""  # why decode is what it is (the report says it)
 
@@ -181,13 +301,10 @@ class Machine(Protocol):
 
 def resolve(options: Options, machine: Machine) -> Settings:
     """Return the run's final settings: every "auto" and None of `options` decided, for the
-    machine `machine` answers for. Bad values raise TilestoreError naming the parameter."""
+    machine `machine` answers for (the options' values were checked when they were made)."""
     device = _device(options.device, machine)
     precision = _precision(options.precision, device)
-    decoders = _at_least("decoders", options.decoders, 1) or max(2, machine.cpus() - RESERVED_CPUS)
-    readers = _at_least("readers", options.readers, 1)
-    prefetch = _at_least("prefetch", options.prefetch, 1)
-    dtype = _choice("dtype", options.dtype, FeatureDtype)
+    decoders = options.decoders or max(2, machine.cpus() - RESERVED_CPUS)
     if device.type == "cuda":
         machine.start_decoders(decoders, options.profile == "nvtx")
     batch = _batch(options.batch_size, device, precision, machine)
@@ -199,20 +316,20 @@ def resolve(options: Options, machine: Machine) -> Settings:
         gpu_decoder=gpu_decoder,
         decode_why=why,
         decoders=decoders,
-        readers=readers,
-        prefetch=prefetch,
+        readers=options.readers,
+        prefetch=options.prefetch,
         batch_size=batch,
-        dtype=dtype,
+        dtype=options.dtype,
         compile=options.compile,
         overwrite=options.overwrite,
         channels=tuple(map(str, options.channels)) if options.channels else None,
-        profile=_choice("profile", options.profile, ProfileOption) if options.profile else None,
+        profile=options.profile,
         profile_out=options.profile_out,
-        profile_batches=_at_least("profile_batches", options.profile_batches, 1),
-        max_tiles=_at_least("max_tiles", options.max_tiles, 1),
+        profile_batches=options.profile_batches,
+        max_tiles=options.max_tiles,
         compile_cache=_compile_cache(options.compile_cache),
-        shard_tiles=_at_least("shard_tiles", options.shard_tiles, 1),
-        tokens=_at_least("tokens", options.tokens, 0),
+        shard_tiles=options.shard_tiles,
+        tokens=options.tokens,
         quality=options.quality,
     )
 
@@ -233,6 +350,17 @@ class _ThisMachine:
         import torch
 
         return torch.cuda.current_device() if torch.cuda.is_available() else None
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'3/10' -> (3, 10): the K-th of N shares of a cohort (K in 0..N-1)."""
+    try:
+        k, n = (int(p) for p in text.split("/"))
+    except ValueError:
+        raise TilestoreError(f"shard={text!r}: expected 'K/N', e.g. '0/8'") from None
+    if not (n >= 1 and 0 <= k < n):
+        raise TilestoreError(f"shard='{k}/{n}': K must be in 0..N-1 (e.g. $SLURM_ARRAY_TASK_ID)")
+    return k, n
 
 
 def user_cache() -> Path:
@@ -321,7 +449,7 @@ def _decode(
 
 def _batch(option: int | None, device: torch.device, precision: Precision, machine) -> int:
     if option is not None:
-        return _at_least("batch_size", option, 1)
+        return option
     if device.type != "cuda":
         return CPU_BATCH
     return machine.best_batch(device, precision)
@@ -333,10 +461,4 @@ def _choice(name: str, value: str, allowed) -> str:
         raise TilestoreError(
             f"{name}={value!r}: choose {', '.join(map(repr, choices[:-1]))} or {choices[-1]!r}"
         )
-    return value
-
-
-def _at_least(name: str, value: int | None, least: int) -> int | None:
-    if value is not None and (not isinstance(value, int) or value < least):
-        raise TilestoreError(f"{name}={value!r}: must be a whole number of at least {least}")
     return value

@@ -36,7 +36,7 @@ FLOORS = (
     ("tilestore.reading",),
     ("tilestore.sources",),
     ("tilestore.format",),
-    ("tilestore.errors", "tilestore.cpus", "tilestore.faces"),
+    ("tilestore.errors", "tilestore.cpus", "tilestore.faces", "tilestore.options"),
 )
 # conversion writes stores: only the job (embed) and the command start it, never a reader,
 # a plan, QC or analysis
@@ -51,6 +51,7 @@ FACES = (
     "tilestore.embeddings",
     "tilestore.format",
     "tilestore.masks",
+    "tilestore.options",
     "tilestore.plan",
     "tilestore.qc",
     "tilestore.reading",

@@ -33,7 +33,7 @@ __getattr__, __dir__, __all__ = lazy_face(
             "open_in_place",
             "reshard",
         ),
-        "tilestore.embeddings": ("open_embeddings",),
+        "tilestore.embeddings": ("open_embeddings", "plan_slide"),
         "tilestore.errors": (
             "AnnotationError",
             "PlanError",
@@ -42,14 +42,14 @@ __getattr__, __dir__, __all__ = lazy_face(
             "TilestoreError",
             "TilestoreWarning",
         ),
-        "tilestore.plan": ("PlanOptions", "load_plan", "plan_slide", "resolve_plan", "save_plan"),
+        "tilestore.plan": ("PlanOptions", "load_plan", "resolve_plan", "save_plan"),
         "tilestore.reading": ("Level", "Slide", "open_slide"),
     },
 )
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
     from tilestore.conversion import ConversionReport, convert, describe, open_in_place
-    from tilestore.embeddings import open_embeddings
+    from tilestore.embeddings import open_embeddings, plan_slide
     from tilestore.errors import (
         AnnotationError,
         PlanError,
@@ -58,5 +58,5 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         TilestoreError,
         TilestoreWarning,
     )
-    from tilestore.plan import PlanOptions, load_plan, plan_slide, resolve_plan, save_plan
+    from tilestore.plan import PlanOptions, load_plan, resolve_plan, save_plan
     from tilestore.reading import Level, Slide, open_slide

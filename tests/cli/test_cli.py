@@ -149,7 +149,7 @@ def _without_pixel_size(svs, target):
 def test_plan_and_embed_treat_a_slide_without_pixel_size_alike(tmp_path, slide_path, slide):
     """One rule everywhere: no recorded pixel size means no tiles at any mpp (asked for or
     the default), refused in one line that says how to give one or to ask for level-0
-    pixels; asked for explicitly (--mpp 0), plan and embed both tile level 0."""
+    pixels; asked for explicitly (--mpp level0), plan and embed both tile level 0."""
     src = (
         _without_pixel_size(slide_path(CMU), tmp_path / "stripped.tif")
         if slide == "stripped"
@@ -165,15 +165,15 @@ def test_plan_and_embed_treat_a_slide_without_pixel_size_alike(tmp_path, slide_p
         want = (
             f"pixel size unknown, so its tiles cannot be read at {shown} um/px; give the "
             "slide's pixel size (convert again with --mpp <um/px>), or plan in level-0 pixels "
-            "explicitly (--mpp 0)"
+            "explicitly (--mpp level0)"
         )
         assert planned.returncode == 2
         assert planned.stderr.strip() == f"tilestore: error: {store.name}: {want}"
         assert embedded.returncode == 2  # the efficientnet's native mpp is None: 0.5 too
         assert embedded.stderr.splitlines()[-1] == f"tilestore: error: {store}: {want}"
     assert not (store / "plans").exists() and not (store / "embeddings").exists()
-    planned = tilestore("plan", store, "--mpp", "0", "--min-tissue", "0")
-    embedded = tilestore(*embed, "--mpp", "0", "--min-tissue", "0", "--max-tiles", "8")
+    planned = tilestore("plan", store, "--mpp", "level0", "--min-tissue", "0")
+    embedded = tilestore(*embed, "--mpp", "level0", "--min-tissue", "0", "--max-tiles", "8")
     assert planned.returncode == 0 and "level0-224px" in planned.stdout
     assert embedded.returncode == 0, embedded.stderr
 

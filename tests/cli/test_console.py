@@ -8,9 +8,10 @@ from tilestore.cli.main import _flags, convert, plan
 
 
 def test_flags_are_the_ones_typer_makes():
-    flags = flags_of(convert, embed)
+    flags = flags_of(convert, embed, plan)
     assert flags["overwrite"] == ("--overwrite", "--no-overwrite")
-    assert flags["compile"] == ("--compile", None)  # declared as --compile alone
+    assert flags["compile"] == ("--compile", "--no-compile")  # generated: a switch
+    assert flags["max_min"] == flags["contrast_min"] == ("--contrast-min", None)  # nested
     assert flags["batch_size"] == ("--batch-size", None)
     assert flags["output"] == ("--output", None)  # declared "-o", "--output"
     assert "stores" not in flags  # an argument, not an option
@@ -23,8 +24,8 @@ def test_settings_become_flags():
         ("copy=False re-encodes", "--no-copy re-encodes"),
         ("decode='nvdec': choose 'auto' or 'cpu'", "--decode nvdec: choose 'auto' or 'cpu'"),
         (
-            "convert again with mpp=<um/px>, or plan in level-0 pixels (mpp=0)",
-            "convert again with --mpp <um/px>, or plan in level-0 pixels (--mpp 0)",
+            "convert again with mpp=<um/px>, or plan in level-0 pixels (mpp='level0')",
+            "convert again with --mpp <um/px>, or plan in level-0 pixels (--mpp level0)",
         ),
         ("kept with min_tissue=0.5, min_roi=0.3", "kept with --min-tissue 0.5, --min-roi 0.3"),
         ("(readers=, decoders=)", "(--readers, --decoders)"),

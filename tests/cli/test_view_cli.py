@@ -23,7 +23,7 @@ from tests.conftest import CMU
 def running(*args, env=None):
     """`tilestore view ARGS --port 0` started; yields (url, process); Ctrl-C at the end."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "tilestore.cli", "view", *map(str, args), "--port", "0"],
+        [sys.executable, "-m", "tilestore.cli", "view", *map(str, args), "--port", "auto"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

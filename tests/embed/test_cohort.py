@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from tests.conftest import CMU, IHC
 from tests.corpus import rewrite_chunk
-from tilestore.embed.cohort import embed_cohort, parse_shard, shard, slice_blocks, summary_lines
+from tilestore.embed.cohort import embed_cohort, shard, slice_blocks, summary_lines
 from tilestore.embed.engine import embed
-from tilestore.embed.settings import Options
+from tilestore.embed.settings import Options, parse_shard
 from tilestore.embeddings import group_name
 from tilestore.errors import TilestoreError
 from tilestore.plan import PlanOptions

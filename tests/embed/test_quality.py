@@ -116,7 +116,7 @@ def test_a_run_with_other_quality_does_not_resume_the_group(store, lite):
 
 
 def test_a_later_plan_and_the_accessor_leave_blurred_tiles_out(painted, lite, tmp_path):
-    from tilestore.embeddings import plan_with_quality
+    from tilestore.embeddings import plan_slide
     from tilestore.errors import PlanError
 
     path = shutil.copytree(painted[0], tmp_path / "blurred.ome.zarr")
@@ -130,11 +130,11 @@ def test_a_later_plan_and_the_accessor_leave_blurred_tiles_out(painted, lite, tm
         ds.tiles.keep(blurry=1)
 
     slide = open_slide(path)
-    made = plan_with_quality(slide, replace(PLAN, max_blur=0.7))
+    made = plan_slide(slide, replace(PLAN, max_blur=0.7))
     assert len(made) == sharp.sizes["tile"] and made.params["max_blur"] == 0.7
     assert any("tiles dropped" in n for n in made.notes) and made.name.endswith("-blur0.7")
     with pytest.raises(PlanError, match=r"no per-tile measures of 'uni'"):
-        plan_with_quality(slide, replace(PLAN, max_blur=0.7, quality_from="uni"))
+        plan_slide(slide, replace(PLAN, max_blur=0.7, quality_from="uni"))
 
 
 def test_a_larger_footprint_is_measured_as_the_model_sees_it(cmu_pixels):

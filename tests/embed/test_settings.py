@@ -87,12 +87,12 @@ def test_nvjpeg_asked_for_and_missing_is_an_error():
 def test_bad_options_are_one_line_errors_naming_the_parameter():
     machine = Machine(cuda=0)
     cases = {
-        "decode": ("nvdec", r"^decode='nvdec': choose 'auto', 'cpu', 'gpu' or 'both'$"),
-        "precision": ("fp16", r"^precision='fp16': choose 'auto', 'bf16' or 'fp32'$"),
-        "dtype": ("int8", r"^dtype='int8': choose 'float16' or 'float32'$"),
-        "device": ("tpu", r"^device='tpu': choose 'auto', 'cpu', 'cuda' or 'cuda:N'$"),
-        "batch_size": (0, r"^batch_size=0: must be a whole number of at least 1$"),
-        "readers": (-1, r"^readers=-1: must be a whole number of at least 1$"),
+        "decode": ("nvdec", r"^decode='nvdec': must be one of 'auto', 'cpu', 'gpu', 'both'$"),
+        "precision": ("fp16", r"^precision='fp16': must be one of 'auto', 'bf16', 'fp32'$"),
+        "dtype": ("int8", r"^dtype='int8': must be one of 'float16', 'float32'$"),
+        "device": ("tpu", r"^device='tpu': must be 'auto', 'cpu', 'cuda' or 'cuda:N'$"),
+        "batch_size": (0, r"^batch_size=0: must be a whole number from 1 to 65536, or 'auto'$"),
+        "readers": (-1, r"^readers=-1: must be a whole number from 1 to 1024$"),
     }
     for field, (value, message) in cases.items():
         with pytest.raises(TilestoreError, match=message):

@@ -32,7 +32,7 @@ def _group(path):
     return zarr.open_group(path / "embeddings" / TINY.replace(":", "-"), mode="r")
 
 
-@pytest.mark.parametrize(("grid", "side"), [(2, 2), (0, 14)])
+@pytest.mark.parametrize(("grid", "side"), [(2, 2), ("model", 14)])
 def test_tokens_are_the_models_grid_pooled_as_asked(store, tiny, grid, side):
     path = store()
     embed([path], tiny, plan=PLAN, options=replace(FP32, tokens=grid))
@@ -51,7 +51,7 @@ def test_tokens_are_the_models_grid_pooled_as_asked(store, tiny, grid, side):
     got = tokens.get_orthogonal_selection((picks, slice(None), slice(None), slice(None)))
     np.testing.assert_allclose(got.reshape(3, -1), want[:, 192:], atol=1e-4, rtol=1e-4)
     if grid == 2:  # a 2 x 2 grid is the mean of each 7 x 7 quarter of the model's
-        full = reference_features(slide, plan, tiny, indices=picks[:1], tokens=0)[0, 192:]
+        full = reference_features(slide, plan, tiny, indices=picks[:1], tokens="model")[0, 192:]
         full = full.reshape(14, 14, 192)
         np.testing.assert_allclose(
             got[0, 0, 1], full[:7, 7:].mean(axis=(0, 1)), atol=1e-4, rtol=1e-4

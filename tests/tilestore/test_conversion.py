@@ -299,7 +299,7 @@ def test_bad_input_leaves_no_store(tmp_path, slide_path, bad):
 
 def test_unknown_codec_and_bad_chunk(tmp_path, slide_path):
     with pytest.raises(
-        TilestoreError, match=r"^codec='webp': choose one of 'auto', 'jpeg', 'zstd'$"
+        TilestoreError, match=r"^codec='webp': must be one of 'auto', 'jpeg', 'zstd'$"
     ):
         convert(slide_path(IHC), tmp_path, codec="webp")
     with pytest.raises(TilestoreError, match="multiple of 16"):

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from tilestore.errors import PlanError
+from tilestore.options import OptionError
 from tilestore.plan import (
     DEFAULT_MPP,
     DEFAULT_TILE,
@@ -34,7 +35,7 @@ def test_defaults_come_from_one_table():
         (PlanOptions(), (None, 256), (DEFAULT_MPP, 256)),  # a model without a native mpp
         (PlanOptions(), (1.0, 256), (1.0, 256)),  # the model's own
         (PlanOptions(mpp=0.25, tile=512), (1.0, 256), (0.25, 512)),  # asked beats native
-        (PlanOptions(mpp=0), (1.0, 256), (None, 256)),  # level-0 pixels, asked for
+        (PlanOptions(mpp="level0"), (1.0, 256), (None, 256)),  # level-0 pixels, asked for
     ],
 )
 def test_a_models_native_mpp_and_tile_fill_what_was_not_asked(options, native, want):
@@ -46,10 +47,10 @@ def test_stride_and_filter_defaults():
     assert resolve_plan(PlanOptions(tile=100, stride=50), SCANNED).stride == 50
     filtered = resolve_plan(PlanOptions(filter="contrast"), SCANNED)
     assert filtered.min_tissue == 0 and filtered.name.endswith("-contrast")
-    with pytest.raises(PlanError, match="unknown filter 'sharpness'"):
-        resolve_plan(PlanOptions(filter="sharpness"), SCANNED)
-    with pytest.raises(PlanError, match="at least 1 px"):
-        resolve_plan(PlanOptions(stride=-1), SCANNED)
+    with pytest.raises(OptionError, match="filter='sharpness': must be 'contrast'"):
+        PlanOptions(filter="sharpness")
+    with pytest.raises(OptionError, match="stride=-1: must be a whole number of px from 1"):
+        PlanOptions(stride=-1)
 
 
 @pytest.mark.parametrize("native", [None, 0.5, 1.0])
@@ -61,11 +62,11 @@ def test_a_slide_without_pixel_size_is_refused_at_any_mpp(mpp, native):
         resolve_plan(PlanOptions(mpp=mpp), UNKNOWN, native_mpp=native)
     message = str(refused.value)
     assert message.startswith("unknown: pixel size unknown, so its tiles cannot be read at ")
-    assert "mpp=<um/px>" in message and "mpp=0" in message
+    assert "mpp=<um/px>" in message and "mpp='level0'" in message
 
 
 def test_level_0_pixels_are_asked_for_explicitly():
-    plan = resolve_plan(PlanOptions(mpp=0), UNKNOWN, native_mpp=0.5)
+    plan = resolve_plan(PlanOptions(mpp="level0"), UNKNOWN, native_mpp=0.5)
     assert isinstance(plan, ResolvedPlan) and plan.mpp is None and plan.name == "level0-224px"
 
 

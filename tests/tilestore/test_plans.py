@@ -197,11 +197,11 @@ def test_roi_mpp_rescales_to_level_0(copy_of, tmp_path, cmu_roi):
 
 def test_unknown_mpp_and_empty_plans_are_clear(copy_of):
     slide = open_slide(copy_of(KIDNEY))
-    with pytest.raises(PlanError, match=r"pixel size unknown.*\(mpp=0\)"):
+    with pytest.raises(PlanError, match=r"pixel size unknown.*\(mpp='level0'\)"):
         plan_slide(slide)
     with pytest.raises(PlanError, match=r"no tile of the .* grid kept.*tissue covers 0\.\d%"):
-        plan_slide(slide, PlanOptions(mpp=0, tile=224))
-    small = plan_slide(slide, PlanOptions(mpp=0, tile=32, min_tissue=0.5))
+        plan_slide(slide, PlanOptions(mpp="level0", tile=224))
+    small = plan_slide(slide, PlanOptions(mpp="level0", tile=32, min_tissue=0.5))
     assert small.spec.mpp is None and len(small) > 0
 
 

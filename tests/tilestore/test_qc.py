@@ -192,12 +192,14 @@ def test_contrast_filter_keeps_exactly_the_tutorial_tiles(stores, cmu_pixels_mod
             ):
                 expected.add((x, y))
     slide = tilestore.open_slide(store)
-    plan = plan_slide(slide, PlanOptions(mpp=0, tile=256, filter="contrast"))
+    plan = plan_slide(slide, PlanOptions(mpp="level0", tile=256, filter="contrast"))
     assert set(zip(plan.x.tolist(), plan.y.tolist(), strict=True)) == expected
     assert 0 < len(expected) < (image.shape[0] // 256) * (image.shape[1] // 256)
     stricter = plan_slide(
         slide,
-        PlanOptions(mpp=0, tile=256, filter="contrast", contrast=ContrastRule(max_median=200)),
+        PlanOptions(
+            mpp="level0", tile=256, filter="contrast", contrast=ContrastRule(max_median=200)
+        ),
     )
     assert set(zip(stricter.x.tolist(), stricter.y.tolist(), strict=True)) < expected
 

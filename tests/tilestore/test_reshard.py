@@ -32,7 +32,7 @@ BATCH = 4
 def _old_store(store):
     """CMU-1-Small-Region converted one file per chunk, with a plan and an unfinished
     embeddings group laid out as before shards (features a file per batch, done per flag)."""
-    path = store(CMU, shard=0)
+    path = store(CMU, shard="off")
     slide = open_slide(path)
     plan = plan_slide(slide, PlanOptions(mpp=1.0, tile=224, min_tissue=0.0))
     uid = save_plan(slide, plan)

@@ -168,9 +168,9 @@ def test_a_failed_write_leaves_neither_the_shard_nor_a_partial_file(tmp_path, mo
 
 
 def test_a_store_of_one_file_per_chunk_still_reads_and_verifies(stores):
-    """Stores made before shards (or with shard=0) hold a file per chunk: read as before,
+    """Stores made before shards (or with shard="off") hold a file per chunk: read as before,
     the same pixels as the sharded store's."""
-    old, new = stores(CMU, shard=0), stores(CMU)
+    old, new = stores(CMU, shard="off"), stores(CMU)
     assert zarr.open_array(old / "0", mode="r").shards is None
     assert sum(len(names) for _, _, names in os.walk(old)) > 170  # 130 + 35 + 12 chunks
     for level in range(3):

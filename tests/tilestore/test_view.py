@@ -294,7 +294,7 @@ def test_the_listening_socket_says_it_is_tcp():
 
     from tilestore.view import bind
 
-    sock = bind("127.0.0.1", 0)
+    sock = bind("127.0.0.1", "auto")
     try:
         assert sock.proto == socket.IPPROTO_TCP
         with pytest.raises(

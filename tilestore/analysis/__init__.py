@@ -14,6 +14,13 @@ __getattr__, __dir__, __all__ = lazy_face(
     {
         "tilestore.analysis.accessor": ("AnalysisError",),
         "tilestore.analysis.export": ("to_anndata", "to_qupath"),
+        "tilestore.analysis.options": (
+            "MAX_CLUSTERS",
+            "Clusters",
+            "Components",
+            "OptionalClusters",
+            "OptionalComponents",
+        ),
         "tilestore.analysis.plots": ("plot_gallery", "plot_hits", "plot_map"),
         "tilestore.analysis.preview": ("render_preview", "save_preview", "thumbnail"),
     },

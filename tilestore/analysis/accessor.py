@@ -19,7 +19,9 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
+from tilestore.analysis.options import Clusters, Components, OptionalComponents
 from tilestore.errors import TilestoreError
+from tilestore.options import checked
 
 SAMPLE = 100_000  # tiles a fit sees at most: ample for PCA/k-means of foundation features
 
@@ -131,7 +133,8 @@ class TilesAccessor:
 
     # -- decompositions ---------------------------------------------------------------
 
-    def pca(self, n: int = 3, *, sample: int = SAMPLE, seed: int = 0) -> xr.DataArray:
+    @checked
+    def pca(self, n: Components = 3, *, sample: int = SAMPLE, seed: int = 0) -> xr.DataArray:
         """Return the first `n` principal component scores of every tile, (tile, component).
 
         Fitted (scikit-learn PCA, components' signs made deterministic) on all tiles, or
@@ -167,11 +170,12 @@ class TilesAccessor:
         )
         return scored, _project(fit_on, components.T, offset)
 
+    @checked
     def kmeans(
         self,
-        k: int,
+        k: Clusters,
         *,
-        pcs: int | None = None,
+        pcs: OptionalComponents = None,
         sample: int = SAMPLE,
         seed: int = 0,
     ) -> xr.DataArray:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Annotated, Literal, get_args
 
 import numpy as np
 import zarr
@@ -39,11 +40,15 @@ from tilestore.format.store import (
     store_name,
     tree_size,
 )
+from tilestore.options import Opt, Workers, checked
 from tilestore.reading.inplace import TiffTiles, fingerprint
+from tilestore.reading.resolution import ScanMpp
 from tilestore.reading.source_chunks import chunk_source
 from tilestore.sources import Fact, Source, SourceLevel, dicom_series, open_source
 
-CODECS = ("auto", "jpeg", "zstd")
+Codec = Literal["auto", "jpeg", "zstd"]
+CODECS = get_args(Codec)
+Subsampling = Literal["4:4:4", "4:2:2", "4:4:0", "4:2:0", "4:1:1"]  # codecs.SAMPLING_NAMES
 SMALLEST_LEVEL = 1024  # build 2x levels until the longer side is at most this
 # JPEG settings where pixels are (re-)encoded: above 40 dB PSNR on real H&E and IHC
 QUALITY = 95
@@ -99,50 +104,90 @@ class _Encoding:
     decoded: frozenset[int] = frozenset()  # of those, the ones decoded at each read (no JPEG)
 
 
+@checked
 def convert(
     src: str | os.PathLike,
     dst: str | os.PathLike,
     *,
-    chunk: int | None = None,
-    codec: str = "auto",
-    quality: int = QUALITY,
-    subsampling: str = SUBSAMPLING,
-    mpp: float | None = None,
-    keep_associated: bool = False,
-    overwrite: bool = False,
-    copy: bool = True,
-    workers: int | None = None,
-    checksums: bool = True,
-    lossy_ok: bool = False,
+    chunk: Annotated[
+        int | None,
+        Opt(
+            "Chunk side.",
+            unit="px",
+            low=64,
+            high=4096,
+            multiple=16,
+            none="the source's JPEG tile where tiles are copied, else 256",
+        ),
+    ] = None,
+    codec: Annotated[
+        Codec,
+        Opt("auto (JPEG for 8-bit RGB brightfield, else zstd), jpeg or zstd."),
+    ] = "auto",
+    quality: Annotated[
+        int, Opt("JPEG quality where pixels are (re-)encoded.", low=1, high=100)
+    ] = QUALITY,
+    subsampling: Annotated[
+        Subsampling, Opt("JPEG chroma subsampling where pixels are (re-)encoded.")
+    ] = SUBSAMPLING,
+    mpp: ScanMpp = None,
+    keep_associated: Annotated[
+        bool, Opt("Also store label/macro images (labels carry patient data).")
+    ] = False,
+    overwrite: Annotated[
+        bool, Opt("Replace an existing store (only once the new one is complete).")
+    ] = False,
+    copy: Annotated[
+        bool, Opt("Copy matching JPEG tiles verbatim (no: decode and encode them).")
+    ] = True,
+    workers: Workers = None,
+    checksums: Annotated[
+        bool, Opt("End every chunk with its CRC-32C so damage is found when read.")
+    ] = True,
+    lossy_ok: Annotated[
+        bool, Opt("Allow codec jpeg on pixels that are not 8-bit RGB brightfield.")
+    ] = False,
     series: str | None = None,
-    name: str | None = None,
+    name: Annotated[
+        str | None,
+        Opt("Store name (<name>.ome.zarr) for a single slide.", none="the file's"),
+    ] = None,
     progress: Callable[[int, int], None] | None = None,
-    in_place: bool = False,
-    shard: int = SHARD_CHUNKS,
+    in_place: Annotated[
+        bool,
+        Opt(
+            "Read TIFF slides where they are instead: make each a sidecar store "
+            "(<slide>.tilestore.zarr) holding only metadata and coarse levels.",
+            flag="in_place",
+        ),
+    ] = False,
+    shard: Annotated[
+        int | Literal["off"],
+        Opt(
+            "Chunks per shard side: a slide is a few files, not one per chunk ('off': a "
+            "file per chunk, the layout before shards).",
+            low=1,
+            high=256,
+            metavar="N|off",
+        ),
+    ] = SHARD_CHUNKS,
 ) -> ConversionReport:
     """Convert the slide `src` into ``<dst>/<name>.ome.zarr`` (or `dst` itself if it ends in .zarr).
 
-    chunk: chunk side in px; None takes the source's JPEG tile size when tiles can
-        be copied, else 256. codec: "auto" (JPEG for 8-bit RGB brightfield, zstd
-        otherwise), "jpeg" or "zstd". quality/subsampling: JPEG settings used when
-        pixels are (re-)encoded; 95 and 4:4:4 keep real H&E and IHC above 40 dB PSNR.
-    mpp: µm per level-0 pixel, overriding (or supplying) the file's value.
-    keep_associated: also store label/macro/thumbnail images (labels carry patient data).
-    copy: copy matching JPEG tiles verbatim (False forces decode + encode).
-    lossy_ok: allow codec="jpeg" on pixels that are not 8-bit RGB brightfield (fluorescence,
-        one page per marker): without it such a request is refused, since JPEG quantises
-        quantitative signal.
-    checksums: end every chunk with its CRC-32C, so damage is found when it is read (off
-        only to measure what they cost, or for readers without zarr's crc32c codec).
+    Each option is declared above (type, range, default; `tilestore.options`) and checked at
+    the call. chunk: None takes the source's JPEG tile size when tiles can be copied, else
+    256. quality/subsampling: 95 and 4:4:4 keep real H&E and IHC above 40 dB PSNR.
+    lossy_ok: without it codec="jpeg" on fluorescence or one page per marker is refused,
+    since JPEG quantises quantitative signal. checksums: off only to measure what they cost,
+    or for readers without zarr's crc32c codec.
     series: the DICOM SeriesInstanceUID to convert where `src` is a folder holding several
         (`tilestore.sources.dicom_series` lists them); its store is named <folder>-<uid>.
-    name: the store's name (<name>.ome.zarr) instead of one from `src`.
     progress: called as progress(chunks_done_now, chunks_total), from worker threads.
     in_place: make a sidecar store at `dst` (`tilestore.conversion.sidecar`): the source levels stay
         in the slide file and are read from it (JPEG tiles as chunks where they can be, else
         decoded at each read); only the metadata and the built levels are written.
     shard: chunks per shard side (`tilestore.format.shards`): a slide is a few hundred files,
-        not one per chunk; 0 writes one file per chunk, as stores before shards were.
+        not one per chunk; "off" writes one file per chunk, as stores before shards were.
     """
     started = time.perf_counter()
     with open_source(src, series) as source:
@@ -161,7 +206,7 @@ def convert(
             255 if source.brightfield_rgb else 0,
             workers or usable_cpus(),
             checksums,
-            max(0, shard),
+            0 if shard == "off" else shard,
         )
         if in_place:
             jpeg_levels = _jpeg_levels(source, encoding)
@@ -498,9 +543,7 @@ def choose_codec(source: Source, codec: str = "auto", lossy_ok: bool = False) ->
 
 
 def _choose_chunk(source: Source, chunk: int | None, copy: bool) -> int:
-    if chunk is not None:
-        if chunk % 16 or not 64 <= chunk <= 4096:
-            raise TilestoreError(f"chunk={chunk}: must be a multiple of 16 between 64 and 4096")
+    if chunk is not None:  # its range is declared (`convert`'s chunk)
         return chunk
     tiles = source.levels[0].jpeg_tiles() if copy else None
     if tiles and tiles.tile_shape[0] == tiles.tile_shape[1] and 128 <= tiles.tile_shape[0] <= 1024:

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 
@@ -46,6 +47,7 @@ from tilestore.format.shards import (
     write_atomic,
 )
 from tilestore.format.store import open_store
+from tilestore.options import Opt, Workers, checked
 
 META = "zarr.json"
 CRC = "crc32c"
@@ -63,11 +65,12 @@ class ReshardReport:
     seconds: float = 0.0
 
 
+@checked
 def reshard(
     store: str | os.PathLike,
     *,
-    per_side: int = SHARD_CHUNKS,
-    workers: int | None = None,
+    per_side: Annotated[int, Opt("Chunks per shard side.", low=1, high=256)] = SHARD_CHUNKS,
+    workers: Workers = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> ReshardReport:
     """Rewrite a complete store's arrays of one file per chunk into shards, in place.

@@ -17,12 +17,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
 import tifffile
 
 from tilestore.errors import StoreError
 from tilestore.format.codecs import chroma_sampling, coded_color_space, encode_chunk
+from tilestore.options import Opt, checked
 from tilestore.reading.opening import open_slide
 from tilestore.reading.slide import Slide
 
@@ -41,11 +43,15 @@ class TiffExport:
     bytes: int = 0
 
 
+@checked
 def to_ome_tiff(
     store: str | os.PathLike,
     path: str | os.PathLike,
     *,
-    compression: str = "deflate",
+    compression: Annotated[
+        Literal["deflate", "zstd", "lzw"],
+        Opt("Lossless stores: deflate, zstd or lzw (JPEG chunks are copied)."),
+    ] = "deflate",
     labels: bool = False,
     overwrite: bool = False,
 ) -> TiffExport:
@@ -57,8 +63,6 @@ def to_ome_tiff(
     """
     started = time.perf_counter()
     path = Path(path)
-    if compression not in LOSSLESS:
-        raise StoreError(f"compression={compression!r}: choose {', '.join(LOSSLESS)}")
     if path.exists() and not overwrite:
         raise StoreError(f"{path}: already exists; pass overwrite=True to replace it")
     slide = open_slide(store)

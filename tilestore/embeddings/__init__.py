@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tilestore.embeddings.layout import COORDS, GROUP, group_name
+from tilestore.embeddings.layout import COORDS, GROUP, H5Layout, group_name
 from tilestore.embeddings.write import (
     AlreadyComplete,
     EmbeddingError,
@@ -30,7 +30,7 @@ __getattr__, __dir__, _read = lazy_face(
         "tilestore.embeddings.groups": ("NotEmbedded", "expand_stores", "list_embeddings"),
         "tilestore.embeddings.h5": ("LAYOUTS", "to_h5"),
         "tilestore.embeddings.read": ("open_embeddings",),
-        "tilestore.embeddings.quality": ("plan_with_quality", "without_blurred"),
+        "tilestore.embeddings.quality": ("plan_slide", "without_blurred"),
         "tilestore.embeddings.slides": (
             "StaleSlideEmbedding",
             "TileFeatures",
@@ -47,6 +47,7 @@ __all__ = sorted(
         *_read,
         "COORDS",
         "GROUP",
+        "H5Layout",
         "AlreadyComplete",
         "EmbeddingError",
         "EmbeddingWriter",
@@ -58,7 +59,7 @@ __all__ = sorted(
 if TYPE_CHECKING:
     from tilestore.embeddings.groups import NotEmbedded, expand_stores, list_embeddings
     from tilestore.embeddings.h5 import LAYOUTS, to_h5
-    from tilestore.embeddings.quality import plan_with_quality, without_blurred
+    from tilestore.embeddings.quality import plan_slide, without_blurred
     from tilestore.embeddings.read import open_embeddings
     from tilestore.embeddings.slides import (
         StaleSlideEmbedding,

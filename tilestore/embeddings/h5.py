@@ -26,12 +26,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 import h5py
 import numpy as np
 
+from tilestore.embeddings.layout import H5Layout
 from tilestore.embeddings.slides import TileFeatures, read_tile_features
 from tilestore.errors import TilestoreError
+from tilestore.options import checked
 
 
 @dataclass(frozen=True)
@@ -51,22 +54,21 @@ def magnification(mpp: float) -> int:
     return round(10.0 / mpp)
 
 
-LAYOUTS = ("trident", "stamp")
+LAYOUTS = get_args(get_args(H5Layout)[0])
 
 
+@checked
 def to_h5(
     store: str | os.PathLike,
     model: str,
     folder: str | os.PathLike,
     *,
-    layout: str = "trident",
+    layout: H5Layout = "trident",
     overwrite: bool = False,
 ) -> H5Export:
     """Write a store's tile embeddings of `model` as ``<folder>/<slide>.h5`` in TRIDENT's
     (and CLAM's) layout or STAMP's. The file is written under a hidden name and renamed
     into place whole; an existing file is kept unless overwrite."""
-    if layout not in LAYOUTS:
-        raise TilestoreError(f"layout {layout!r}: one of {', '.join(LAYOUTS)}")
     tiles = read_tile_features(store, model)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

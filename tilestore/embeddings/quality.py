@@ -16,24 +16,29 @@ import numpy as np
 from tilestore.embeddings.layout import GROUP, group_name
 from tilestore.errors import PlanError
 from tilestore.format.store import stored
+from tilestore.plan import plans
 from tilestore.plan.grid import TilePlan
 from tilestore.plan.options import PlanOptions, ResolvedPlan, resolve_plan
-from tilestore.plan.plans import plan_slide
 from tilestore.reading.slide import Slide
 
 
-def plan_with_quality(
+def plan_slide(
     slide: Slide, options: PlanOptions | ResolvedPlan = PlanOptions(), **resolve
 ) -> TilePlan:
-    """`plan_slide`, then, where the options give max_blur, without the tiles measured
-    blurrier (`without_blurred`). resolve: `resolve_plan`'s model defaults; store_tissue
-    goes to `plan_slide`."""
+    """A slide's plan (`tilestore.plan.plan_slide`) with every option applied, max_blur's
+    filter too: where the options give it, without the tiles an earlier embedding pass
+    measured blurrier (`without_blurred`). This is `tilestore.plan_slide`. resolve:
+    `resolve_plan`'s model defaults; store_tissue goes to the plan layer's."""
     store_tissue = resolve.pop("store_tissue", True)
     resolved = resolve_plan(options, slide, **resolve)
-    plan = plan_slide(slide, resolved, store_tissue=store_tissue)
-    if resolved.max_blur is None:
-        return plan
-    return without_blurred(slide, plan, resolved.max_blur, resolved.quality_from)
+    return plans.plan_slide(
+        slide,
+        resolved,
+        store_tissue=store_tissue,
+        measured=lambda plan: without_blurred(
+            slide, plan, resolved.max_blur, resolved.quality_from
+        ),
+    )
 
 
 def without_blurred(

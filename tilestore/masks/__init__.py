@@ -13,8 +13,8 @@ __getattr__, __dir__, __all__ = lazy_face(
     {
         "tilestore.masks.contrast": ("ContrastRule", "passes"),
         "tilestore.masks.holes": ("fill_holes",),
+        "tilestore.masks.options": ("TISSUE_MPP", "TissueMethod", "TissueMpp"),
         "tilestore.masks.tissue": (
-            "TISSUE_MPP",
             "TissueMask",
             "compute_tissue",
             "read_tissue",

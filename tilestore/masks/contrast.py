@@ -11,18 +11,28 @@ keeps).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
 
+from tilestore.options import Declared, Opt
+
+
+def _level(help: str, flag: str) -> Opt:
+    return Opt(help, low=0, high=256, flag=flag)
+
 
 @dataclass(frozen=True)
-class ContrastRule:
-    """Keep a tile if min < max_min, max >= min_max, p5 < max_p5 and median < max_median."""
+class ContrastRule(Declared):
+    """Keep a tile if min < max_min, max >= min_max, p5 < max_p5 and median < max_median
+    (8-bit values; 256 never excludes)."""
 
-    max_min: int = 135
-    min_max: int = 255
-    max_p5: int = 162
-    max_median: int = 225
+    max_min: Annotated[int, _level("--filter contrast: min below this.", "contrast_min")] = 135
+    min_max: Annotated[int, _level("--filter contrast: max at least this.", "contrast_max")] = 255
+    max_p5: Annotated[int, _level("--filter contrast: p5 below this.", "contrast_p5")] = 162
+    max_median: Annotated[
+        int, _level("--filter contrast: median below this.", "contrast_median")
+    ] = 225
 
 
 def passes(values: np.ndarray, rule: ContrastRule) -> np.ndarray:

@@ -20,10 +20,11 @@ import numpy as np
 from tilestore.errors import TilestoreError
 from tilestore.format.omezarr import NUCLEAR
 from tilestore.masks.contrast import ContrastRule, passes
+from tilestore.masks.options import TISSUE_MPP, TissueMethod, TissueMpp
+from tilestore.options import checked
 from tilestore.reading.labels import read_label, write_label
 from tilestore.reading.slide import Slide, resize
 
-TISSUE_MPP = 8.0
 UNKNOWN_MPP_SIDE = 2048  # without a pixel size: mask at most this long (8 um/px nominally)
 
 
@@ -74,8 +75,9 @@ class TissueMask:
         return float(self.mask.mean()) if self.mask.size else 0.0
 
 
+@checked
 def compute_tissue(
-    slide: Slide, method: str = "auto", mpp: float = TISSUE_MPP, **params: Any
+    slide: Slide, method: TissueMethod = "auto", mpp: TissueMpp = TISSUE_MPP, **params: Any
 ) -> TissueMask:
     """Return the tissue mask of a slide at about `mpp` um/px, read from the coarsest level
     fine enough (level 0 only when the slide is already small)."""

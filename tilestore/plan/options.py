@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from tilestore.errors import PlanError
 from tilestore.masks.contrast import ContrastRule
-from tilestore.reading.resolution import MPP_TOLERANCE
+from tilestore.masks.options import TissueMethod
+from tilestore.options import Declared, Opt
+from tilestore.qc.classes import ARTEFACTS
+from tilestore.reading.resolution import MAX_MPP, MPP_TOLERANCE
 
 if TYPE_CHECKING:
     from tilestore.reading.slide import Slide
@@ -21,52 +24,118 @@ DEFAULT_MPP = 0.5  # um/px of a plan's tiles when none is asked for (the common 
 DEFAULT_TILE = 224  # px
 MIN_TISSUE = 0.5  # tissue fraction a tile needs when no filter is asked for
 FILTERS = ("contrast",)
+MIN_TILE, MAX_TILE = 8, 16384  # px: a tile smaller holds no tissue pattern, larger no model's
+
+
+LEVEL0 = "level0"  # mpp's named value: plan in level-0 pixels (a slide without a pixel size)
+Filter = Literal["contrast"]  # FILTERS
+
+
+def _fraction(help: str, none: str = "") -> Opt:
+    return Opt(help, low=0, high=1, none=none)
 
 
 @dataclass(frozen=True)
-class PlanOptions:
-    """How to plan a slide's tiles: `tilestore plan` and `embed`'s plan options map onto these.
+class PlanOptions(Declared):
+    """How to plan a slide's tiles: `tilestore plan` and `embed`'s plan options map onto these,
+    each declared once here (type, unit, range, default, help; `tilestore.options`): a value
+    out of range is refused when the options are made.
 
-    mpp: um/px of the tiles; None takes the default (`DEFAULT_MPP`, or in `embed` the
-        model's native mpp), 0 plans in level-0 pixels (slides without a pixel size).
-    tile: tile side in px at mpp; None takes `DEFAULT_TILE` (in `embed`, the model's).
-    stride: px between tile starts (None: tile). min_tissue: keep tiles with at least this
-    tissue fraction (0: no tissue mask needed). tissue_method: how a missing tissue mask is
-    made (`tilestore.masks.tissue`). roi: an annotation file (QuPath GeoJSON, Aperio or ASAP XML)
-    in level-0 pixels, or drawn at roi_mpp um/px; roi_class: only ROIs of this class;
-    min_roi: keep tiles with at least this ROI overlap. tolerance: a level within this
-    fraction of mpp is read as is. name: the stored plan's name (None: from the options).
-    max_artefact: drop tiles whose QC artefacts (labels/qc, made by `tilestore qc`) cover
-    more than this share of them; exclude: the artefacts that count (None: all).
-    filter: "contrast" keeps only tiles whose own pixels pass `contrast` (the tutorials'
-    rule, `tilestore.masks.contrast`); with a filter, min_tissue defaults to 0 (the filter is
-    the tissue test), else to MIN_TISSUE.
-    upsample: plan at an mpp finer than the slide's finest level (its tiles read as smaller
-    windows and enlarged); without it such a plan is refused, since a model would be fed
-    pixels that were never scanned.
-    max_blur: drop tiles whose per-tile blur (measured in an earlier embedding pass and
-    stored with its embeddings: `tilestore.qc.tilewise`) is above this; quality_from: the
-    model whose measures count (None: the store's only embeddings that have them).
+    The quality filter (max_blur) reads an earlier embedding pass's measures: a plan with it
+    is made by `tilestore.plan_slide` (`tilestore.embeddings.plan_slide`), which applies it.
     """
 
-    mpp: float | None = None
-    tile: int | None = None
-    stride: int | None = None
-    min_tissue: float | None = None
-    tissue_method: str = "auto"
-    roi: str | os.PathLike | None = None
-    roi_class: str | None = None
-    min_roi: float = 0.5
-    roi_mpp: float | None = None
-    tolerance: float = MPP_TOLERANCE
-    name: str | None = None
-    max_artefact: float | None = None
-    exclude: tuple[str, ...] | None = None
-    filter: str | None = None
-    contrast: ContrastRule = ContrastRule()  # noqa: RUF009 (frozen: safe to share)
-    upsample: bool = False
-    max_blur: float | None = None
-    quality_from: str | None = None
+    mpp: Annotated[
+        float | Literal["level0"] | None,
+        Opt(
+            "Tile resolution; 'level0' plans in level-0 pixels, for a slide without a "
+            "recorded pixel size.",
+            unit="um/px",
+            low=0,
+            above=True,
+            high=MAX_MPP,
+            none=f"{DEFAULT_MPP:g}; in embed the model's own",
+            metavar="UM/PX|level0",
+        ),
+    ] = None
+    tile: Annotated[
+        int | None,
+        Opt(
+            "Tile side at the plan's resolution.",
+            unit="px",
+            low=MIN_TILE,
+            high=MAX_TILE,
+            none=f"{DEFAULT_TILE}; in embed the model's",
+            metavar="PX",
+        ),
+    ] = None
+    stride: Annotated[
+        int | None,
+        Opt("Pixels between tile starts.", unit="px", low=1, high=MAX_TILE, none="the tile"),
+    ] = None
+    min_tissue: Annotated[
+        float | None,
+        _fraction(
+            "Keep tiles with at least this tissue fraction.", f"{MIN_TISSUE:g}; 0 with --filter"
+        ),
+    ] = None
+    tissue_method: TissueMethod = "auto"  # how a missing tissue mask is made
+    roi: Annotated[
+        str | os.PathLike | None,
+        Opt("ROI annotations: QuPath GeoJSON, Aperio or ASAP XML.", metavar="FILE"),
+    ] = None
+    roi_class: Annotated[str | None, Opt("Use only ROIs of this class.")] = None
+    min_roi: Annotated[float, _fraction("Keep tiles with at least this ROI overlap.")] = 0.5
+    roi_mpp: Annotated[
+        float | None,
+        Opt(
+            "um/px the ROI coordinates were drawn at.",
+            unit="um/px",
+            low=0,
+            above=True,
+            high=MAX_MPP,
+            none="level-0 px",
+        ),
+    ] = None
+    tolerance: Annotated[
+        float,
+        Opt("Use a level as is if its um/px is this close (a fraction).", low=0, high=0.5),
+    ] = MPP_TOLERANCE
+    name: Annotated[str | None, Opt("Plan name.", none="from the options, e.g. 0.5mpp-224px")] = (
+        None
+    )
+    max_artefact: Annotated[
+        float | None,
+        _fraction("Drop tiles more than this share artefact (needs `tilestore qc` first)."),
+    ] = None
+    exclude: Annotated[
+        tuple[str, ...] | None,
+        Opt("The artefacts --max-artefact counts, comma-separated.", none="all"),
+    ] = None
+    filter: Annotated[
+        Filter | None, Opt("contrast: keep tiles whose own pixels pass the tutorial rule.")
+    ] = None
+    contrast: Annotated[ContrastRule, Opt("The rule of filter='contrast'.")] = ContrastRule()  # noqa: RUF009 (frozen: safe to share)
+    upsample: Annotated[
+        bool,
+        Opt(
+            "Plan at an mpp finer than the slide's finest level, enlarging its pixels "
+            "(refused without it)."
+        ),
+    ] = False
+    max_blur: Annotated[
+        float | None,
+        Opt(
+            "Drop tiles whose blur, measured in an earlier embedding pass (embed --quality), "
+            "is above this (ds.blur: sharp tissue 0.4-0.7, the limit the measures count "
+            "against 0.74).",
+            low=0,
+            high=1,
+        ),
+    ] = None
+    quality_from: Annotated[
+        str | None, Opt("max_blur: the model whose measures count.", none="the store's only")
+    ] = None
 
     @property
     def effective_min_tissue(self) -> float:
@@ -79,7 +148,7 @@ class PlanOptions:
 @dataclass(frozen=True)
 class ResolvedPlan:
     """A plan's options with every default decided (`resolve_plan`): what a plan is made with
-    and what its record says. mpp None means level-0 pixels, asked for explicitly (mpp=0)."""
+    and what its record says. mpp None means level-0 pixels, asked for explicitly (mpp='level0')."""
 
     mpp: float | None
     tile: int
@@ -110,18 +179,21 @@ def resolve_plan(
 ) -> ResolvedPlan:
     """Decide every default of `options` for `slide`: the mpp and tile unset take the model's
     native ones where a model is known (`native_mpp`, `native_tile`), else `DEFAULT_MPP` and
-    `DEFAULT_TILE`; mpp=0 plans in level-0 pixels. A slide whose pixel size is unknown is
+    `DEFAULT_TILE`; mpp='level0' plans in level-0 pixels. A slide whose pixel size is unknown is
     refused for any mpp (the same rule for every command): the tiles' magnification would
     be unknown, and a model is magnification-specific."""
     if isinstance(options, ResolvedPlan):
         return options
-    mpp = (native_mpp or DEFAULT_MPP) if options.mpp is None else options.mpp or None
-    tile = options.tile or native_tile or DEFAULT_TILE
+    if options.mpp == LEVEL0:
+        mpp = None
+    else:
+        mpp = options.mpp if options.mpp is not None else native_mpp or DEFAULT_MPP
+    tile = options.tile if options.tile is not None else native_tile or DEFAULT_TILE
     if mpp is not None and slide.mpp is None:
         raise PlanError(
             f"{slide.name}: pixel size unknown, so its tiles cannot be read at {mpp:g} um/px; "
             "give the slide's pixel size (convert again with mpp=<um/px>), or plan in "
-            "level-0 pixels explicitly (mpp=0)"
+            "level-0 pixels explicitly (mpp='level0')"
         )
     finest = slide.mpp[0] if slide.mpp is not None else None
     if mpp is not None and finest > mpp * (1 + options.tolerance) and not options.upsample:
@@ -131,10 +203,7 @@ def resolve_plan(
             f"scanned; plan at mpp={finest:.4g} or coarser, or pass upsample=True to enlarge "
             "them anyway"
         )
-    if options.filter is not None and options.filter not in FILTERS:
-        raise PlanError(f"unknown filter {options.filter!r}; choose {', '.join(FILTERS)}")
-    if tile < 1 or (options.stride is not None and options.stride < 1):
-        raise PlanError(f"tile={tile}, stride={options.stride}: must be at least 1 px")
+    _check_names(options)
     stride = options.stride or tile
     return ResolvedPlan(
         mpp=mpp,
@@ -156,6 +225,20 @@ def resolve_plan(
         max_blur=options.max_blur,
         quality_from=options.quality_from,
     )
+
+
+def _check_names(options: PlanOptions) -> None:
+    """Names a plan is stored or filtered by: a plan's name is a group in the store (no
+    folders, nothing hidden), the artefacts excluded are QC's."""
+    name = options.name
+    if name is not None and (not name.strip() or "/" in name or name.startswith((".", "__"))):
+        raise PlanError(
+            f"name={name!r}: a plan's name is a group of the store: not empty, no '/', not "
+            "starting with '.' or '__'"
+        )
+    unknown = [e for e in options.exclude or () if e not in ARTEFACTS]
+    if unknown:
+        raise PlanError(f"exclude={unknown[0]!r}: not an artefact; choose {', '.join(ARTEFACTS)}")
 
 
 def default_name(mpp: float | None, tile: int, stride: int, options: PlanOptions) -> str:

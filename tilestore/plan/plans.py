@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import asdict, replace
 
 import numpy as np
@@ -64,15 +65,24 @@ def plan_slide(
     options: PlanOptions | ResolvedPlan = PlanOptions(),
     *,
     store_tissue: bool = True,
+    measured: Callable[[TilePlan], TilePlan] | None = None,
 ) -> TilePlan:
     """Return the plan of `tile`-px tiles at `mpp` over the slide's tissue (and ROI), as the
     options say once resolved (`resolve_plan`; pass a `ResolvedPlan` for a model's defaults).
 
     The tissue mask is the store's labels/tissue; if there is none it is computed with
     `options.tissue_method` and stored (unless store_tissue=False: a dry run writes
-    nothing).
+    nothing). measured: the filter that leaves out tiles an earlier embedding pass measured
+    blurrier than max_blur; the store's embeddings hold those measures, so it is passed in
+    from above (`tilestore.embeddings.plan_slide`, which `tilestore.plan_slide` is): a plan
+    asked for max_blur without it is refused, never made unfiltered under a filter's name.
     """
     options = resolve_plan(options, slide)
+    if options.max_blur is not None and measured is None:
+        raise PlanError(
+            f"max_blur={options.max_blur:g}: the blur filter reads the store's embeddings' "
+            "measures: plan with tilestore.plan_slide (tilestore.embeddings.plan_slide)"
+        )
     notes: list[str] = []
     level = slide.level_for_mpp(options.mpp, options.tolerance) if options.mpp else 0
     lv = slide.levels[level]
@@ -125,6 +135,8 @@ def plan_slide(
         keep = contrast_keep(slide, plan, options.contrast)
         notes.append(f"contrast filter kept {int(keep.sum())} of {len(plan)} tiles")
         plan = plan.subset(keep)
+    if measured is not None and options.max_blur is not None and len(plan):
+        plan = measured(plan)
     if not len(plan):
         why = []
         if tissue is not None:

@@ -25,8 +25,8 @@ __getattr__, __dir__, __all__ = lazy_face(
         "tilestore.qc.classes": ("ARTEFACTS",),
         "tilestore.qc.detectors": ("DETECTORS", "StainStats"),
         "tilestore.qc.maps": ("QCMaps", "compute_qc"),
-        "tilestore.qc.options": ("QCOptions",),
-        "tilestore.qc.store": ("FLAG_FRACTION", "StoredQC", "read_qc", "read_summary", "write_qc"),
+        "tilestore.qc.options": ("FLAG_FRACTION", "FlagFraction", "QCOptions"),
+        "tilestore.qc.store": ("StoredQC", "read_qc", "read_summary", "write_qc"),
         "tilestore.qc.cohort": ("SlideQC", "qc_cohort", "qc_store"),
         "tilestore.qc.report": ("write_report",),
     },
@@ -37,6 +37,6 @@ if TYPE_CHECKING:
     from tilestore.qc.cohort import SlideQC, qc_cohort, qc_store
     from tilestore.qc.detectors import DETECTORS, StainStats
     from tilestore.qc.maps import QCMaps, compute_qc
-    from tilestore.qc.options import QCOptions
+    from tilestore.qc.options import FLAG_FRACTION, FlagFraction, QCOptions
     from tilestore.qc.report import write_report
-    from tilestore.qc.store import FLAG_FRACTION, StoredQC, read_qc, read_summary, write_qc
+    from tilestore.qc.store import StoredQC, read_qc, read_summary, write_qc

@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from tilestore.errors import NotJudged, TilestoreError
+from tilestore.options import checked
 from tilestore.qc.maps import QCMaps, compute_qc
-from tilestore.qc.options import QCOptions
+from tilestore.qc.options import FlagFraction, QCOptions
 from tilestore.qc.store import FLAG_FRACTION, write_qc
 
 THUMB = 320  # px, longer side of the report's pictures
@@ -131,11 +132,12 @@ def _jpeg(image) -> bytes:
     return buffer.getvalue()
 
 
+@checked
 def qc_cohort(
     stores: Sequence[str | os.PathLike],
     options: QCOptions | None = None,
     *,
-    flag_fraction: float = FLAG_FRACTION,
+    flag_fraction: FlagFraction = FLAG_FRACTION,
     preview: str | os.PathLike | None = None,
     client=None,
     threads: int | None = None,

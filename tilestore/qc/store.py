@@ -16,6 +16,7 @@ import numpy as np
 
 from tilestore.errors import StoreError
 from tilestore.qc.classes import ARTEFACTS
+from tilestore.qc.options import FLAG_FRACTION
 from tilestore.reading.labels import read_label, write_label
 from tilestore.reading.slide import Slide
 
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from tilestore.qc.maps import QCMaps
 
 NAME = "qc"
-FLAG_FRACTION = 0.05  # a slide is flagged for an artefact over this share of its tissue
 
 
 @dataclass(frozen=True)

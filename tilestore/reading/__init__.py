@@ -17,7 +17,7 @@ __getattr__, __dir__, __all__ = lazy_face(
         "tilestore.reading.inplace": ("open_sidecar", "sidecar_for"),
         "tilestore.reading.opening": ("open_slide",),
         "tilestore.reading.labels": ("read_label", "write_label"),
-        "tilestore.reading.resolution": ("MPP_TOLERANCE",),
+        "tilestore.reading.resolution": ("MAX_MPP", "MPP_TOLERANCE", "ScanMpp"),
         "tilestore.reading.slide": ("Level", "Slide", "resize"),
         "tilestore.reading.verify": ("verify_store",),
     },

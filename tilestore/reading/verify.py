@@ -31,6 +31,7 @@ from tilestore.format.codecs import has_checksums
 from tilestore.format.integrity import Location, read_chunks, unseal
 from tilestore.format.shards import ShardIndex
 from tilestore.format.store import ATTRS_KEY, open_for_writing, open_store
+from tilestore.options import Workers, checked
 from tilestore.reading.inplace import is_sidecar, open_sidecar
 
 
@@ -62,11 +63,12 @@ class Verification:
         }
 
 
+@checked
 def verify_store(
     path: str | os.PathLike,
     *,
     decode: bool = False,
-    workers: int | None = None,
+    workers: Workers = None,
     record: bool = True,
 ) -> Verification:
     """Read every chunk of a complete store and check it; return what was found.

@@ -15,6 +15,7 @@ __getattr__, __dir__, __all__ = lazy_face(
     __name__,
     {
         "tilestore.view.catalog": ("Catalog", "ViewError"),
+        "tilestore.view.options": ("Port", "TileIndex"),
         "tilestore.view.heatmap": (
             "Heatmap",
             "heatmap_values",

@@ -16,9 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
+from tilestore.analysis.options import Clusters
+from tilestore.options import checked
 from tilestore.reading.opening import open_slide
 from tilestore.reading.slide import Slide
 from tilestore.view.catalog import Catalog, ViewError
+from tilestore.view.options import TileIndex
 from tilestore.view.overlays import scale_rgba
 from tilestore.view.values import (
     TileValues,
@@ -43,13 +46,14 @@ class Heatmap:
     name: str
 
 
+@checked
 def heatmap_values(
     store: str | os.PathLike,
     model: str,
     column: str,
     *,
-    k: int = 6,
-    ref: int | None = None,
+    k: Clusters = 6,
+    ref: TileIndex = None,
     at: tuple[float, float] | None = None,
     scores: str | os.PathLike | None = None,
 ) -> Heatmap:

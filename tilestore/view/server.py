@@ -33,7 +33,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from tilestore.errors import TilestoreError
+from tilestore.options import checked
 from tilestore.view.catalog import Catalog, ViewError
+from tilestore.view.options import Port
 from tilestore.view.overlays import (
     Overlay,
     plan_overlay,
@@ -330,9 +332,11 @@ _NOT_FOUND = {"PlanError", "AnalysisError", "NotEmbedded"}
 # -- running it -----------------------------------------------------------------------------
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on (host, port) (port 0: any free one); ViewError in one line
+@checked
+def bind(host: str, port: Port) -> socket.socket:
+    """A listening socket on (host, port) (port "auto": any free one); ViewError in one line
     where the port is taken or the address is not this machine's."""
+    port = 0 if port == "auto" else port
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP named: asyncio turns Nagle's algorithm off only on sockets that say they
     # are TCP; with it on, every request after the first on a kept-alive connection waited

@@ -24,6 +24,7 @@ from tilestore.embed import (
     Share,
     SliceTiles,
     Stager,
+    check_stores,
     parse_shard,
 )
 from tilestore.options import Workers
@@ -104,7 +105,9 @@ def embed(
     output_file(report)
     slide_spec = None
     if slide_encoder:
-        slide_spec, model, plan_options = _slide_plan(slide_encoder, model, plan_options)
+        slide_spec, model, plan_options, options = _slide_plan(
+            slide_encoder, model, plan_options, options
+        )
     elif slide_weights:
         raise TilestoreError("--slide-weights goes with --slide-encoder")
     if model is None:
@@ -121,6 +124,19 @@ def embed(
     if dry_run:
         _dry_run(stores, model, choice, options, into, in_place, sidecars)
         return
+    # what the stores' metadata refuses, before torch is imported and the model loaded
+    checked = check_stores(stores, model, choice, options)
+    refused, stores = bool(checked.refused), checked.kept
+    if not stores or cluster or scheduler:  # else the run's report says them
+        for store, why in checked.skipped:
+            out.print(f"  skipped {store}: {as_flags(why, flags_of(embed))}", highlight=False)
+        for store, why in checked.refused:
+            print(f"tilestore: error: {store}: {as_flags(why, flags_of(embed))}", file=sys.stderr)
+    if not stores:
+        if slide_spec and checked.skipped:
+            done = [store for store, _ in checked.skipped]
+            refused |= _slides(done, slide_spec.name, model, options, slide_weights, exit=False)
+        raise typer.Exit(2 if refused else 0)
     if cluster or scheduler:
         from tilestore.format import is_store
 
@@ -133,8 +149,11 @@ def embed(
         done = _embed_on_dask(
             stores, model, choice, options, cluster, scheduler, workers, slice_tiles, report
         )
+        done += [store for store, _ in checked.skipped]
         if slide_spec:
             _slides(done, slide_spec.name, model, options, slide_weights)
+        if refused:
+            raise typer.Exit(2)
         return
     # slides start converting in a worker process before this one imports torch
     staging = Stager(stores, into, choice, in_place=in_place, sidecars=sidecars, scan_mpp=scan_mpp)
@@ -149,6 +168,7 @@ def embed(
             options=options,
             report_path=report,
             progress=lambda n, total: progress.update(task, advance=n, total=total),
+            checked=checked,
         )
     for line in format_report(result):  # plain print: never wrap a line
         failed = line.startswith(("WARNING", "tilestore: error"))
@@ -164,23 +184,28 @@ def embed(
         raise typer.Exit(2)
 
 
-def _slide_plan(name: str, model: str | None, plan_options: PlanOptions | None):
-    """The slide encoder, the tile model it reads and the plan options that give its tiles:
-    its um/px and tile size, refused with one line where the flags ask for others."""
+def _slide_plan(name: str, model: str | None, plan_options: PlanOptions | None, options):
+    """The slide encoder, the tile model it reads, the plan options that give its tiles (its
+    um/px and tile size, refused with one line where the flags ask for others) and the
+    run's options: tiles an encoder reads at another scale than its tile model's own are
+    what it was trained on, so they are embedded (any_scale) and said so per slide."""
+    from tilestore.embed import get_model, scale_mismatch
     from tilestore.embed.slides import get_slide_encoder, tile_model_for
 
     spec = get_slide_encoder(name)
     model = tile_model_for(spec, model)
     if spec.mpp is None:  # pooling: any tile model, any plan
-        return spec, model, plan_options
+        return spec, model, plan_options, options
     given = plan_options or PlanOptions()
     for flag, asked, needed in (("--mpp", given.mpp, spec.mpp), ("--tile", given.tile, spec.tile)):
         if asked is not None and asked != needed:
             raise TilestoreError(
-                f"{flag} {asked:g}: {spec.name} reads {spec.tile_model} tiles of {spec.tile} px "
+                f"{flag} {asked}: {spec.name} reads {spec.tile_model} tiles of {spec.tile} px "
                 f"at {spec.mpp:g} um/px; leave {flag} out"
             )
-    return spec, model, replace(given, mpp=spec.mpp, tile=spec.tile)
+    if scale_mismatch(spec.mpp, spec.tile, get_model(model)):
+        options = replace(options, any_scale=True)
+    return spec, model, replace(given, mpp=spec.mpp, tile=spec.tile), options
 
 
 def _slides(stores, encoder, model, options, weights, exit: bool = True) -> bool:

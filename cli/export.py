@@ -17,7 +17,7 @@ from tilestore.analysis import (
 from tilestore.cli.console import output_file
 from tilestore.cli.flags import From, with_flags
 from tilestore.conversion import to_ome_tiff
-from tilestore.embeddings import H5Layout
+from tilestore.embeddings import H5Layout, ScaleLabel
 from tilestore.options import Opt
 from tilestore.view import TileIndex
 
@@ -31,10 +31,18 @@ MODEL = typer.Option(..., "--model", "-m", help="The model the store was embedde
 PCS = 5  # principal components: QuPath's measurements, the k-means space
 
 
-def _open(stores: list[str], model: str, skip_missing: bool = False):
+SKIP_MISSING = typer.Option(
+    False,
+    "--skip-missing",
+    help="Leave out, with a warning, stores without this model's finished embeddings "
+    "(stores a quoted glob finds are always left out so).",
+)
+
+
+def _open(stores: list[str], model: str, skip_missing: bool = False, scale: str | None = None):
     import tilestore
 
-    return tilestore.open_embeddings(stores, model, skip_missing=skip_missing)
+    return tilestore.open_embeddings(stores, model, skip_missing=skip_missing, scale=scale)
 
 
 def _clusters(ds, k: int | None, pcs: int | None):
@@ -103,18 +111,14 @@ def anndata(
     clusters: OptionalClusters = None,
     pcs: OptionalComponents = PCS,
     images: bool = typer.Option(True, help="Store thumbnails for squidpy in uns['spatial']."),
-    skip_missing: bool = typer.Option(
-        False,
-        "--skip-missing",
-        help="Leave out, with a warning, stores without this model's finished embeddings "
-        "(stores a quoted glob finds are always left out so).",
-    ),
+    skip_missing: bool = SKIP_MISSING,
+    scale: ScaleLabel = None,
 ) -> None:
     """Tiles as an AnnData .h5ad (X = features, obsm['spatial'] = centres) for scanpy/squidpy."""
     from tilestore.analysis import to_anndata
 
     output_file(output)
-    ds = _open(stores, model, skip_missing)
+    ds = _open(stores, model, skip_missing, scale)
     found = _clusters(ds, clusters, pcs)
     to_anndata(ds, output, obs={"cluster": found} if found is not None else None, images=images)
     out.print(
@@ -221,13 +225,26 @@ def h5(
     output: Path = typer.Option(..., "-o", "--output", help="Folder for one <slide>.h5 each."),
     layout: H5Layout = "trident",
     overwrite: bool = typer.Option(False, help="Replace existing files."),
+    skip_missing: bool = SKIP_MISSING,
+    scale: ScaleLabel = None,
 ) -> None:
     """Tile features as per-slide HDF5 files other tools read: TRIDENT's slide encoders,
-    CLAM and other MIL code (--layout trident), STAMP (--layout stamp)."""
-    from tilestore.embeddings import expand_stores, to_h5
+    CLAM and other MIL code (--layout trident), STAMP (--layout stamp). The stores are
+    checked as one cohort first (made alike, at one scale), every file before the first."""
+    from tilestore.embeddings import cohort_to_h5
 
-    for store, _ in expand_stores(stores):
-        done = to_h5(store, model, output, layout=layout, overwrite=overwrite)
+    output_file(output, folder=True)
+    written = cohort_to_h5(
+        stores,
+        model,
+        output,
+        layout=layout,
+        overwrite=overwrite,
+        skip_missing=skip_missing,
+        scale=scale,
+    )
+    for done in written:
+        store = done.store
         note = (
             f"; {done.misplaced} tiles' coords // {done.patch_size_level0} fall outside their "
             "grid cell (a grid of fractional level-0 steps)"
@@ -239,6 +256,7 @@ def h5(
 
 
 @export_app.command("slides")
+@with_flags
 def slides(
     stores: list[str] = typer.Argument(..., help="Stores with slide embeddings, or a glob."),
     model: str = MODEL,
@@ -251,6 +269,7 @@ def slides(
     skip_missing: bool = typer.Option(
         False, "--skip-missing", help="Leave out stores without this slide embedding."
     ),
+    scale: ScaleLabel = None,
 ) -> None:
     """A cohort's slide embeddings as one table: a row per slide (slide, store, tiles, then
     the features), for classifiers, survival models and retrieval."""
@@ -260,7 +279,7 @@ def slides(
     if suffix not in (".parquet", ".csv", ".h5ad"):
         raise typer.BadParameter(f"{output}: write a .parquet, .csv or .h5ad file")
     output_file(output)
-    ds = open_slide_embeddings(stores, model, slide_encoder, skip_missing=skip_missing)
+    ds = open_slide_embeddings(stores, model, slide_encoder, skip_missing=skip_missing, scale=scale)
     if suffix == ".h5ad":
         import anndata
 

@@ -84,6 +84,7 @@ def with_flags(command: Callable[..., Any]) -> Callable[..., Any]:
     wrapper.__annotations__ = {
         p.name: p.annotation for p in wrapper.__signature__.parameters.values()
     }
+    wrapper.flag_declarations = {f.name: f.declaration for f in generated}  # type: ignore[attr-defined]
     wrapper.flag_aliases = {  # type: ignore[attr-defined]
         f.path[-1]: f.name for f in generated if f.path[-1] != f.name
     }

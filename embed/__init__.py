@@ -33,6 +33,7 @@ __getattr__, __dir__, __all__ = lazy_face(
         "tilestore.embed.engine": ("Embedder", "embed"),
         "tilestore.embed.inputs": ("Stager",),
         "tilestore.embed.jobs": ("Slice",),
+        "tilestore.embed.preflight": ("Preflight", "check_stores", "scale_mismatch"),
         "tilestore.embed.models": (
             "LoadedModel",
             "ModelError",
@@ -88,6 +89,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         load_model,
         pull,
     )
+    from tilestore.embed.preflight import Preflight, check_stores, scale_mismatch
     from tilestore.embed.report import RunReport, format_report
     from tilestore.embed.settings import (
         AUTO_CPU_DECODE_CPUS,

@@ -246,7 +246,8 @@ def embed_cohort(
 
 
 def _prepare(path, spec, plan, identity, options, slice_tiles) -> _Store:
-    ready = prepare(path, spec, plan, identity)  # refused here, before any slice is sent
+    # refused here, before any slice is sent
+    ready = prepare(path, spec, plan, identity, any_scale=options.any_scale)
     tile_plan = ready.plan
     writer = EmbeddingWriter(
         ready.slide, tile_plan, ready.uid, identity, overwrite=options.overwrite

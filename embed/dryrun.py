@@ -15,15 +15,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import zarr
-
 from tilestore.embed.engine import Embedder
 from tilestore.embed.jobs import PlanChoice, prepare
 from tilestore.embed.models import LoadedModel
 from tilestore.embed.settings import Options
 from tilestore.embed.sizing import profile_batches
-from tilestore.embeddings import group_name
+from tilestore.embeddings import standing
 from tilestore.errors import TilestoreError
 from tilestore.format import is_store, store_name
 from tilestore.reading import sidecar_for
@@ -114,7 +111,14 @@ def _row(path, embedder, identity, plan, rate, into, in_place, sidecars) -> DryR
         if not is_store(store):
             return DryRow(str(path), note=f"a slide: would be read in place ({store} made first)")
     try:
-        ready = prepare(store, embedder.loaded.spec, plan, identity, save=False)
+        ready = prepare(
+            store,
+            embedder.loaded.spec,
+            plan,
+            identity,
+            save=False,
+            any_scale=embedder.settings.any_scale,
+        )
         slide, tile_plan = ready.slide, ready.plan
     except TilestoreError as exc:
         return DryRow(str(path), error=str(exc))
@@ -138,27 +142,17 @@ def _row(path, embedder, identity, plan, rate, into, in_place, sidecars) -> DryR
 
 def _done(slide, model: str, plan, uid: str | None, overwrite: bool) -> tuple[int, str]:
     """Tiles an earlier run of this model already embedded from this plan (its done
-    batches), as the run would count them; a group from another plan is the run's error."""
-    total = len(plan)
-    try:
-        group = zarr.open_group(slide.group.store, path=group_name(model), mode="r")
-    except (FileNotFoundError, KeyError, zarr.errors.GroupNotFoundError):
-        return 0, ""
-    attrs = group.attrs.get("tilestore", {})
+    batches), as the run's writer counts them (`standing`); a group from another plan is
+    the run's error."""
     if overwrite:
         return 0, "recomputed (overwrite)"
-    made = attrs.get("plan") or {}
-    if made != {"name": plan.name, "uid": uid}:
-        raise TilestoreError(
-            f"{slide.name}: {group_name(model)} was made from plan {made.get('name')!r}, not "
-            f"this run's {plan.name!r}; pass overwrite=True to replace it"
-        )
-    if attrs.get("complete"):
-        return total, "already complete (skipped unless --overwrite)"
-    batch = int(attrs.get("batch_size", 0)) or 1
-    blocks = np.flatnonzero(group["done"][:] == 1)
-    done = int(sum(min(batch, total - b * batch) for b in blocks))
-    return done, f"resumes: {len(blocks)} batches done" if len(blocks) else ""
+    found = standing(slide, model, plan.name, uid, len(plan))
+    if found.state == "other plan":
+        raise TilestoreError(found.why)
+    if found.state == "complete":
+        return len(plan), "already complete (skipped unless --overwrite)"
+    done = int(sum(min(found.batch_size, len(plan) - b * found.batch_size) for b in found.done))
+    return done, found.why
 
 
 def _device_name(device) -> str:

@@ -28,6 +28,7 @@ from tilestore.embed.inputs import Stager, as_staged
 from tilestore.embed.jobs import Job, PlanChoice, Slice, slice_jobs, store_jobs
 from tilestore.embed.models import LoadedModel, load_model
 from tilestore.embed.nvjpeg import GpuJpeg
+from tilestore.embed.preflight import Preflight, check_stores
 from tilestore.embed.procdecode import ProcessDecoder
 from tilestore.embed.report import RunReport, Sampler
 from tilestore.embed.runner import Runner
@@ -49,6 +50,7 @@ def embed(
     in_place: bool = False,
     sidecars: str | os.PathLike | None = None,
     scan_mpp: float | None = None,
+    checked: Preflight | None = None,
 ) -> RunReport:
     """Embed each store's plan tiles with one model, writing embeddings/<model> into the store.
 
@@ -67,7 +69,15 @@ def embed(
     tile size (`tilestore.embed.jobs.plan_for`). A store already embedded with this model is skipped
     unless options.overwrite; an interrupted one resumes. A store that fails is reported in
     the returned report and the others go on.
+
+    checked: what `tilestore.embed.preflight` found of these stores before (the command
+    checks them before it imports torch); else they are checked here, before the model
+    loads: refused and complete stores go into the report without costing a model load.
     """
+    if checked is None and not isinstance(stores, Stager):
+        name = model.spec.name if isinstance(model, LoadedModel) else model
+        checked = check_stores(list(stores), name, plan, options)
+        stores = checked.kept
     if isinstance(stores, Stager):
         inputs = stores
     else:
@@ -76,7 +86,9 @@ def embed(
         )
     try:
         with Embedder(model, options) as embedder:
-            return embedder.embed(inputs, plan=plan, report_path=report_path, progress=progress)
+            return embedder.embed(
+                inputs, plan=plan, report_path=report_path, progress=progress, checked=checked
+            )
     finally:
         inputs.close()
 
@@ -168,16 +180,26 @@ class Embedder:
         plan: PlanChoice = None,
         report_path: str | os.PathLike | None = None,
         progress: Callable[[int, int], None] | None = None,
+        checked: Preflight | None = None,
     ) -> RunReport:
-        """Embed whole stores, or the slides a Stager converts (see `embed`)."""
+        """Embed whole stores, or the slides a Stager converts (see `embed`); checked: what
+        was refused or skipped of them before (`tilestore.embed.preflight`), for the report."""
         identity = self.writer_identity()
         spec, overwrite, most = self.loaded.spec, self.settings.overwrite, self.settings.max_tiles
         return self._run(
             lambda report: store_jobs(
-                as_staged(stores), spec, plan, identity, overwrite, report, most
+                as_staged(stores),
+                spec,
+                plan,
+                identity,
+                overwrite,
+                report,
+                most,
+                self.settings.any_scale,
             ),
             report_path,
             progress,
+            checked,
         )
 
     def embed_slices(
@@ -195,9 +217,14 @@ class Embedder:
         make_jobs: Callable[[RunReport], Iterator[Job]],
         report_path: str | os.PathLike | None,
         progress: Callable[[int, int], None] | None,
+        checked: Preflight | None = None,
     ) -> RunReport:
         started, wall_started = time.perf_counter(), time.time()
         report = RunReport.start(self.loaded.describe(), self.settings)
+        for store, why in checked.refused if checked else ():
+            report.failed(store, why)
+        for store, why in checked.skipped if checked else ():
+            report.skip(store, why)
         report.setup_s, self._setup_s = self._setup_s, 0.0
         report.setup_parts, self._setup = self._setup, {}
         report.batch_note, report.model_mb = self._batch_note, self.model_mb

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from tilestore.embed.inputs import Staged
 from tilestore.embed.models import ModelSpec
+from tilestore.embed.preflight import refuse_other_scale, rgb_input, scale_mismatch
 from tilestore.embed.report import RunReport
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity, plan_slide
-from tilestore.errors import StoreError, TilestoreError
+from tilestore.errors import TilestoreError
 from tilestore.plan import (
     PlanOptions,
     TilePlan,
@@ -44,6 +45,7 @@ class Job:
     writer: EmbeddingWriter
     todo: np.ndarray  # global plan indices, ascending, whole batches
     left: int = 0  # tiles still to do after this run (a trial, max_tiles, leaves some)
+    reading: dict = field(default_factory=dict)  # how the model reads its tiles (`reading`)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class Prepared:
     pixels: Slide  # as the model reads it (`rgb_input`)
     plan: TilePlan
     uid: str | None  # None only for a plan not stored (save=False)
+    reading: dict  # how the model reads its tiles (`reading`)
 
 
 def prepare(
@@ -79,14 +82,42 @@ def prepare(
     identity: RunIdentity,
     *,
     save: bool = True,
+    any_scale: bool = False,
 ) -> Prepared:
     """Open a store and choose its plan as a run does (the one place the engine, the Dask
     cohort and the dry run do it): refused before any GPU time where the model cannot read
-    its pixels. save=False (a dry run) writes nothing."""
+    its pixels, or where the plan's tiles are not the model's input (another um/px or
+    tile, or an unknown pixel size) unless any_scale. save=False (a dry run) writes
+    nothing."""
     slide = open_slide(store)
     pixels = rgb_input(slide, identity.channels)
     tile_plan, uid = plan_for(slide, spec, plan, save=save)
-    return Prepared(Path(store), slide, pixels, tile_plan, uid)
+    grid = tile_plan.spec
+    if not any_scale:
+        refuse_other_scale(slide, tile_plan.name, grid.effective_mpp, grid.tile, spec)
+    mismatch = scale_mismatch(grid.effective_mpp, grid.tile, spec)
+    return Prepared(
+        Path(store), slide, pixels, tile_plan, uid, reading(tile_plan, pixels.picked, mismatch)
+    )
+
+
+def reading(plan: TilePlan, channels: tuple[str, ...] | None, mismatch: str | None) -> dict:
+    """How a run reads a plan's tiles, for its per-slide line and report: the plan, the um/px
+    and tile size, the level read and its window (the resampling factor), the channels read
+    as R, G, B, whether the magnification is known, and how the tiles differ from the
+    model's input (where any_scale let them)."""
+    grid = plan.spec
+    return {
+        "plan": plan.name,
+        "mpp": grid.effective_mpp,
+        "tile": grid.tile,
+        "level": grid.level,
+        "read_px": grid.read,
+        "resample": round(grid.tile / grid.read, 4),
+        "channels": list(channels) if channels else None,
+        "magnification_known": grid.effective_mpp is not None,
+        **({"not_the_models_input": mismatch} if mismatch else {}),
+    }
 
 
 def store_jobs(
@@ -97,6 +128,7 @@ def store_jobs(
     overwrite: bool,
     report: RunReport,
     max_tiles: int | None = None,
+    any_scale: bool = False,
 ) -> Iterator[Job]:
     """Jobs for whole stores, each prepared when the consumer asks for it. A store already
     complete is reported as skipped, one that fails as failed; the others go on."""
@@ -109,7 +141,7 @@ def store_jobs(
         try:
             if staged.error:
                 raise staged.error
-            ready = prepare(store, spec, plan, identity)
+            ready = prepare(store, spec, plan, identity, any_scale=any_scale)
             # the group is made by the writer thread while the first tiles are read
             writer = EmbeddingWriter(
                 ready.slide, ready.plan, ready.uid, identity, overwrite=overwrite, create=False
@@ -125,7 +157,9 @@ def store_jobs(
         if max_tiles is not None:  # a trial: the plan's first batches only
             blocks = blocks[blocks < -(-max_tiles // batch)]
         tiles = tiles_of(blocks, batch, len(ready.plan))
-        yield Job(Path(store), ready.pixels, ready.plan, writer, tiles, owed - len(tiles))
+        yield Job(
+            Path(store), ready.pixels, ready.plan, writer, tiles, owed - len(tiles), ready.reading
+        )
 
 
 def slice_jobs(slices: list[Slice], identity: RunIdentity) -> Iterator[Job]:
@@ -147,23 +181,6 @@ def tiles_of(blocks: np.ndarray, batch: int, n: int) -> np.ndarray:
     """Plan indices of the tiles in these batches."""
     tiles = (np.asarray(blocks, np.int64)[:, None] * batch + np.arange(batch)).ravel()
     return tiles[tiles < n]
-
-
-def rgb_input(slide: Slide, channels: tuple[str, ...] | None) -> Slide:
-    """The slide as an RGB model reads it (plans, tissue and the writer keep the store itself):
-    the three `channels` the run chose (recorded with the embeddings; an error for a store
-    that is one RGB picture already), else the slide itself where it is one 8-bit colour
-    picture; an error before any GPU time for other pixels (fluorescence markers, 16 bits)
-    with no channels chosen."""
-    if channels:
-        return slide.as_rgb(channels)
-    if not slide.rgb:
-        raise StoreError(
-            f"{slide.name}: holds {slide.describe_channels()}, not an 8-bit RGB picture; "
-            "an RGB model cannot embed it: choose three channels as its R, G, B with "
-            "--channels A,B,C (Options(channels=...))"
-        )
-    return slide
 
 
 def plan_for(

@@ -25,6 +25,7 @@ import psutil
 import torch
 
 from tilestore.embed.nvtx import Nvtx, TorchMarks
+from tilestore.embed.preflight import without_store
 from tilestore.embed.settings import Settings
 from tilestore.format.store import software_versions
 
@@ -216,6 +217,7 @@ class RunReport:
                 "skipped_done": int(len(job.plan) - len(job.todo) - job.left),  # before
                 "left": int(job.left),  # after this run (max_tiles)
                 "decode": decode,  # cpu or gpu, this slide's
+                **({"reading": job.reading} if job.reading else {}),
             }
         )
         self._started[str(job.store)] = time.perf_counter()
@@ -245,14 +247,14 @@ class RunReport:
 
     def failed(self, store, message: str) -> None:
         """A store could not be embedded (or not finished): why, the store named once."""
-        self.failures.append({"store": str(store), "error": _cause(store, message)})
+        self.failures.append({"store": str(store), "error": without_store(store, message)})
         for entry in self.slides:
             if entry["store"] == str(store):
                 entry["failed"] = True
 
     def skip(self, store, message: str) -> None:
         """A store was left alone (complete already): why, the store named once."""
-        self.skipped.append({"store": str(store), "why": _cause(store, message)})
+        self.skipped.append({"store": str(store), "why": without_store(store, message)})
 
     def finish(self, wall: float, sampler: Sampler, stats: Stats) -> None:
         self.wall_s = wall
@@ -344,14 +346,6 @@ def advice(report: RunReport) -> list[str]:
             )
         notes.append(f"the GPU was busy only {busy:.0%} of the loop: {fix}")
     return notes
-
-
-def _cause(store, message: str) -> str:
-    """The message without the store's own name in front: the report names the store."""
-    for name in (str(store), Path(store).name):
-        if message.startswith(f"{name}: "):
-            return message[len(name) + 2 :]
-    return message
 
 
 def _hwm_mb() -> float:
@@ -452,6 +446,8 @@ def format_report(report: RunReport) -> list[str]:
                 else ""
             )
         )
+        if slide.get("reading"):
+            lines.append(f"    {reading_line(slide['reading'])}")
         if slide.get("quality"):
             lines.append(f"    quality: {quality_line(slide['quality'])}")
     for skipped in report.skipped:
@@ -460,6 +456,27 @@ def format_report(report: RunReport) -> list[str]:
         lines.append(f"tilestore: error: {failure['store']}: {failure['error']}")
     lines.extend(f"WARNING: {w}" for w in report.warnings)
     return lines
+
+
+def reading_line(reading: dict[str, Any]) -> str:
+    """How a slide's tiles were read, in one line: the plan, its um/px and tile, the level
+    and window read (the resampling factor), the channels, and what is not the model's."""
+    mpp = reading["mpp"]
+    scale = f"{mpp:.4g} um/px" if mpp is not None else "level-0 pixels, magnification UNKNOWN"
+    window = (
+        "read as is"
+        if reading["read_px"] == reading["tile"]
+        else f"{reading['read_px']} px windows resized x{reading['resample']:.3g}"
+    )
+    channels = reading.get("channels")
+    line = (
+        f"plan {reading['plan']}: {reading['tile']} px tiles at {scale}, from level "
+        f"{reading['level']} ({window}); "
+        + (f"channels {','.join(channels)} as R,G,B" if channels else "RGB")
+    )
+    if reading.get("not_the_models_input"):
+        line += f"; NOT the model's input (any_scale=True): {reading['not_the_models_input']}"
+    return line
 
 
 def quality_line(summary: dict[str, Any]) -> str:

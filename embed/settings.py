@@ -55,10 +55,16 @@ RESERVED_CPUS = 2  # left to the threads that read, cut and feed the GPU; the re
 SLICE_TILES = 20_000  # on Dask, at most this many tiles per task: big slides spread over GPUs
 BATCHES = (32, 64, 128, 256, 512, 1024)  # the batch sizes `--batch-size auto` measures
 REPEATS = 5  # timed batches per size, after one untimed
+MAX_TILES = 10**9  # tiles of one slide: a 100,000 px slide at 0.25 um/px and 224 px has 0.8M
+
 # The options of a cohort run and of `models profile`, besides a run's `Options`.
 SliceTiles = Annotated[
     int,
-    Opt("On Dask: at most this many tiles per task (big slides are split).", low=1, high=2**31),
+    Opt(
+        "On Dask: at most this many tiles per task (big slides are split).",
+        low=1,
+        high=MAX_TILES,
+    ),
 ]
 Share = Annotated[
     str | None,
@@ -188,6 +194,7 @@ class Options(Declared):
             "A trial: embed only each slide's first N plan tiles (whole batches); a later "
             "run without it finishes the slides.",
             low=1,
+            high=MAX_TILES,
             none="every tile",
         ),
     ] = None
@@ -262,6 +269,7 @@ class Settings:
     shard_tiles: int | None = None  # None: the layout's
     tokens: int | Literal["model"] | None = None  # the token grid's side; None: no tokens
     quality: bool = False  # per-tile quality measures in the pass
+    any_scale: bool = False  # plans whose tiles are not the model's input are embedded
     decode_why: str = ""  # why decode is what it is (the report says it)
 
     @property
@@ -331,6 +339,7 @@ def resolve(options: Options, machine: Machine) -> Settings:
         shard_tiles=options.shard_tiles,
         tokens=options.tokens,
         quality=options.quality,
+        any_scale=options.any_scale,
     )
 
 

@@ -319,7 +319,10 @@ def _range(opt: Opt) -> str:
 
 def _in_range(name: str, value: Any, kind: Kind, opt: Opt) -> int | float:
     """A number kept as its kind (a whole float as an int), if finite and in range."""
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float
+        number = math.inf
     whole = kind.number is not int or (math.isfinite(number) and number == int(number))
     low_ok = opt.low is None or (number > opt.low if opt.above else number >= opt.low)
     high_ok = opt.high is None or number <= opt.high

@@ -4,19 +4,25 @@
 >>> loaded = load_model("uni", token=...)  # module, transform, output size, weights origin
 """
 
-from tilestore.embed.models.hub import is_cached, pull
-from tilestore.embed.models.load import LoadedModel, load_model
-from tilestore.embed.models.registry import REGISTRY, get_model, list_models
-from tilestore.embed.models.spec import ModelError, ModelSpec
+from __future__ import annotations
 
-__all__ = [
-    "REGISTRY",
-    "LoadedModel",
-    "ModelError",
-    "ModelSpec",
-    "get_model",
-    "is_cached",
-    "list_models",
-    "load_model",
-    "pull",
-]
+from typing import TYPE_CHECKING
+
+from tilestore.faces import lazy_face
+
+# loaded on first use: the facts (`get_model`) without torch, for the checks before a run
+__getattr__, __dir__, __all__ = lazy_face(
+    __name__,
+    {
+        "tilestore.embed.models.hub": ("is_cached", "pull"),
+        "tilestore.embed.models.load": ("LoadedModel", "load_model"),
+        "tilestore.embed.models.registry": ("REGISTRY", "get_model", "list_models"),
+        "tilestore.embed.models.spec": ("ModelError", "ModelSpec"),
+    },
+)
+
+if TYPE_CHECKING:
+    from tilestore.embed.models.hub import is_cached, pull
+    from tilestore.embed.models.load import LoadedModel, load_model
+    from tilestore.embed.models.registry import REGISTRY, get_model, list_models
+    from tilestore.embed.models.spec import ModelError, ModelSpec

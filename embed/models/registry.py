@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import timm
-
 from tilestore.embed.models.catalogue import ENTRIES
 from tilestore.embed.models.spec import ModelError, ModelSpec
 
@@ -23,6 +21,8 @@ def get_model(name: str) -> ModelSpec:
     if name in REGISTRY:
         return REGISTRY[name]
     if name.startswith("timm:"):
+        import timm  # here: a registered name is looked up without torch (checks before a run)
+
         arch = name.split(":", 1)[1]
         if not timm.is_model(arch):
             raise ModelError(f"{name}: timm has no architecture {arch!r}")

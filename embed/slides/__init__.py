@@ -6,33 +6,47 @@
 >>> tilestore.open_embeddings(stores, "conch-v1.5", slide_encoder="titan")  # (slide, feature)
 """
 
-from tilestore.embed.slides.load import (
-    LoadedSlideEncoder,
-    build,
-    load_slide_encoder,
-    pull_slide_encoder,
-    slide_is_cached,
-)
-from tilestore.embed.slides.registry import (
-    SLIDE_REGISTRY,
-    get_slide_encoder,
-    list_slide_encoders,
-)
-from tilestore.embed.slides.run import SlideReport, embed_slides, tile_model_for
-from tilestore.embed.slides.spec import SlideEncoderError, SlideSpec
+from __future__ import annotations
 
-__all__ = [
-    "SLIDE_REGISTRY",
-    "LoadedSlideEncoder",
-    "SlideEncoderError",
-    "SlideReport",
-    "SlideSpec",
-    "build",
-    "embed_slides",
-    "get_slide_encoder",
-    "list_slide_encoders",
-    "load_slide_encoder",
-    "pull_slide_encoder",
-    "slide_is_cached",
-    "tile_model_for",
-]
+from typing import TYPE_CHECKING
+
+from tilestore.faces import lazy_face
+
+# loaded on first use: the facts (`get_slide_encoder`) without torch, for the command's checks
+__getattr__, __dir__, __all__ = lazy_face(
+    __name__,
+    {
+        "tilestore.embed.slides.load": (
+            "LoadedSlideEncoder",
+            "build",
+            "load_slide_encoder",
+            "pull_slide_encoder",
+            "slide_is_cached",
+        ),
+        "tilestore.embed.slides.registry": (
+            "SLIDE_REGISTRY",
+            "get_slide_encoder",
+            "list_slide_encoders",
+            "tile_model_for",
+        ),
+        "tilestore.embed.slides.run": ("SlideReport", "embed_slides"),
+        "tilestore.embed.slides.spec": ("SlideEncoderError", "SlideSpec"),
+    },
+)
+
+if TYPE_CHECKING:
+    from tilestore.embed.slides.load import (
+        LoadedSlideEncoder,
+        build,
+        load_slide_encoder,
+        pull_slide_encoder,
+        slide_is_cached,
+    )
+    from tilestore.embed.slides.registry import (
+        SLIDE_REGISTRY,
+        get_slide_encoder,
+        list_slide_encoders,
+        tile_model_for,
+    )
+    from tilestore.embed.slides.run import SlideReport, embed_slides
+    from tilestore.embed.slides.spec import SlideEncoderError, SlideSpec

@@ -25,3 +25,17 @@ def get_slide_encoder(name: str) -> SlideSpec:
 
 def list_slide_encoders() -> list[SlideSpec]:
     return list(SLIDE_REGISTRY.values())
+
+
+def tile_model_for(spec: SlideSpec, model: str | None) -> str:
+    """The tile model whose features the encoder reads: its own; `model` must agree."""
+    if spec.tile_model is None:
+        if model is None:
+            raise SlideEncoderError(f"{spec.name} pools any tile model's features: name one")
+        return model
+    if model is not None and model not in spec.tile_models():
+        raise SlideEncoderError(
+            f"{spec.name} reads {spec.tile_model} tile features, not {model}: leave "
+            f"--model out or give --model {spec.tile_model}"
+        )
+    return model or spec.tile_model

@@ -13,7 +13,7 @@ import torch
 
 from tilestore.embed.settings import resolve_device
 from tilestore.embed.slides.load import LoadedSlideEncoder, load_slide_encoder
-from tilestore.embed.slides.registry import get_slide_encoder
+from tilestore.embed.slides.registry import get_slide_encoder, tile_model_for
 from tilestore.embed.slides.spec import SlideEncoderError, SlideSpec
 from tilestore.embeddings.slides import (
     SlideEmbeddingExists,
@@ -68,20 +68,6 @@ class SlideReport:
             else:
                 out.append(f"tilestore: error: {row.why}")
         return out
-
-
-def tile_model_for(spec: SlideSpec, model: str | None) -> str:
-    """The tile model whose features the encoder reads: its own; `model` must agree."""
-    if spec.tile_model is None:
-        if model is None:
-            raise SlideEncoderError(f"{spec.name} pools any tile model's features: name one")
-        return model
-    if model is not None and model not in spec.tile_models():
-        raise SlideEncoderError(
-            f"{spec.name} reads {spec.tile_model} tile features, not {model}: leave "
-            f"--model out or give --model {spec.tile_model}"
-        )
-    return model or spec.tile_model
 
 
 def embed_slides(

@@ -16,11 +16,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tilestore.embeddings.layout import COORDS, GROUP, H5Layout, group_name
+from tilestore.embeddings.recipe import MixedResults, ScaleLabel
 from tilestore.embeddings.write import (
     AlreadyComplete,
     EmbeddingError,
     EmbeddingWriter,
     RunIdentity,
+    Standing,
+    standing,
 )
 from tilestore.faces import lazy_face
 
@@ -28,7 +31,7 @@ __getattr__, __dir__, _read = lazy_face(
     __name__,
     {
         "tilestore.embeddings.groups": ("NotEmbedded", "expand_stores", "list_embeddings"),
-        "tilestore.embeddings.h5": ("LAYOUTS", "to_h5"),
+        "tilestore.embeddings.h5": ("LAYOUTS", "cohort_to_h5", "to_h5"),
         "tilestore.embeddings.read": ("open_embeddings",),
         "tilestore.embeddings.quality": ("plan_slide", "without_blurred"),
         "tilestore.embeddings.slides": (
@@ -48,17 +51,21 @@ __all__ = sorted(
         "COORDS",
         "GROUP",
         "H5Layout",
+        "MixedResults",
+        "ScaleLabel",
         "AlreadyComplete",
         "EmbeddingError",
         "EmbeddingWriter",
         "RunIdentity",
+        "Standing",
         "group_name",
+        "standing",
     ]
 )
 
 if TYPE_CHECKING:
     from tilestore.embeddings.groups import NotEmbedded, expand_stores, list_embeddings
-    from tilestore.embeddings.h5 import LAYOUTS, to_h5
+    from tilestore.embeddings.h5 import LAYOUTS, cohort_to_h5, to_h5
     from tilestore.embeddings.quality import plan_slide, without_blurred
     from tilestore.embeddings.read import open_embeddings
     from tilestore.embeddings.slides import (

@@ -31,7 +31,9 @@ from typing import get_args
 import h5py
 import numpy as np
 
+from tilestore.embeddings.groups import open_finished, read_each, refuse_shared_names, slide_name
 from tilestore.embeddings.layout import H5Layout
+from tilestore.embeddings.recipe import ScaleLabel, combine, recipe
 from tilestore.embeddings.slides import TileFeatures, read_tile_features
 from tilestore.errors import TilestoreError
 from tilestore.options import checked
@@ -39,10 +41,12 @@ from tilestore.options import checked
 
 @dataclass(frozen=True)
 class H5Export:
-    """One slide written: where, how many tiles, and how many tiles' coordinates do not fall
-    in their own grid cell when divided by patch_size_level0 (0 on whole-pixel grids)."""
+    """One slide written: where, from which store, how many tiles, and how many tiles'
+    coordinates do not fall in their own grid cell when divided by patch_size_level0 (0 on
+    whole-pixel grids)."""
 
     path: Path
+    store: str
     tiles: int
     dim: int
     patch_size_level0: int
@@ -74,7 +78,7 @@ def to_h5(
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{tiles.name}.h5"
     if target.exists() and not overwrite:
-        raise TilestoreError(f"{target}: exists; pass --overwrite to replace it")
+        raise TilestoreError(f"{target}: exists; pass overwrite=True to replace it")
     attrs, misplaced = coords_attributes(tiles)
     partial = folder / f".{target.name}.partial.{os.getpid()}"
     try:
@@ -84,8 +88,50 @@ def to_h5(
     finally:
         partial.unlink(missing_ok=True)
     return H5Export(
-        target, tiles.tiles, int(tiles.features.shape[1]), attrs["patch_size_level0"], misplaced
+        target,
+        str(store),
+        tiles.tiles,
+        int(tiles.features.shape[1]),
+        attrs["patch_size_level0"],
+        misplaced,
     )
+
+
+@checked
+def cohort_to_h5(
+    stores,
+    model: str,
+    folder: str | os.PathLike,
+    *,
+    layout: H5Layout = "trident",
+    overwrite: bool = False,
+    skip_missing: bool = False,
+    scale: ScaleLabel = None,
+) -> list[H5Export]:
+    """`to_h5` for each of a cohort's stores (names, a list, or glob patterns), its files
+    made to be read together: the stores' features are checked as one population first
+    (`tilestore.embeddings.recipe.combine`: made alike and at one scale, or the `scale`
+    named), stores without finished embeddings left out with a warning where a glob found
+    them or skip_missing (as every export does: `read_each`), and every file checked free
+    (or overwrite) before the first is written."""
+    found = read_each(
+        stores,
+        lambda store: (store, recipe(open_finished(store, model)[2])),
+        skip_missing,
+        f"no embeddings of {model!r}",
+    )
+    kept = [
+        found[i][0]
+        for i in combine([(str(s), r) for s, r in found], f"{model!r} embeddings", scale)
+    ]
+    names = [slide_name(store) for store in kept]
+    refuse_shared_names(names)
+    taken = [
+        Path(folder) / f"{name}.h5" for name in names if (Path(folder) / f"{name}.h5").exists()
+    ]
+    if taken and not overwrite:
+        raise TilestoreError(f"{taken[0]}: exists; pass overwrite=True to replace it")
+    return [to_h5(store, model, folder, layout=layout, overwrite=overwrite) for store in kept]
 
 
 def _trident(f: h5py.File, tiles: TileFeatures, attrs: dict) -> None:

@@ -31,19 +31,22 @@ from tilestore.embeddings.groups import (
     slide_name,
 )
 from tilestore.embeddings.layout import COORDINATES, COORDS, UNITS, group_name
-from tilestore.embeddings.recipe import differences, recipe
-from tilestore.errors import ChunkError, StoreError
+from tilestore.embeddings.recipe import MixedResults, ScaleLabel, combine, recipe
+from tilestore.errors import ChunkError
 from tilestore.format.store import stored
+from tilestore.options import checked
 
 DASK_CHUNK_BYTES = 32 * 2**20
 
 
+@checked
 def open_embeddings(
     stores: StoreLike | Sequence[StoreLike],
     model: str,
     *,
     skip_missing: bool = False,
     slide_encoder: str | None = None,
+    scale: ScaleLabel = None,
 ) -> xr.Dataset:
     """Return the embeddings of one slide or many as one lazy Dataset on dim ``tile``; with
     `slide_encoder`, their slide embeddings instead, on (``slide``, ``feature``)
@@ -55,6 +58,9 @@ def open_embeddings(
         instead of raising. Stores matched by a glob pattern are always so left out (a
         cohort folder routinely holds stores `embed` has not reached yet); a store named
         on its own is an error unless skip_missing. A damaged group is an error either way.
+    scale: the stores' features must be one population (`tilestore.embeddings.recipe.combine`):
+        made alike, and from tiles at one scale; of stores planned at several, the scale
+        named here (e.g. "0.5mpp-224px") is kept and the others left out with a warning.
 
     ``features`` and every coordinate are dask arrays: nothing is read until computed.
     Coordinates: x, y (level-0 px, top-left), x_um, y_um, row, col, tissue, roi, roi_class
@@ -64,7 +70,9 @@ def open_embeddings(
     if slide_encoder is not None:
         from tilestore.embeddings.slides import open_slide_embeddings
 
-        return open_slide_embeddings(stores, model, slide_encoder, skip_missing=skip_missing)
+        return open_slide_embeddings(
+            stores, model, slide_encoder, skip_missing=skip_missing, scale=scale
+        )
 
     def part(store: StoreLike) -> dict[str, Any]:
         fix = f"embed the store again with overwrite=True (or remove {group_name(model)})"
@@ -72,26 +80,15 @@ def open_embeddings(
             return _slide_part(store, model)
 
     parts = read_each(stores, part, skip_missing, f"no embeddings of {model!r}")
+    kept = combine(
+        [(p["meta"]["store"], p["recipe"]) for p in parts], f"{model!r} embeddings", scale
+    )
+    parts = [parts[i] for i in kept]
     refuse_shared_names([p["meta"]["name"] for p in parts])
-    _same_recipe(parts, model)
+    widths = {p["features"].shape[1] for p in parts}
+    if len(widths) > 1:  # groups from before the width was recorded
+        raise MixedResults(f"{model!r} embeddings of widths {sorted(widths)}: open them apart")
     return _dataset(parts, model)
-
-
-def _same_recipe(parts: list[dict[str, Any]], model: str) -> None:
-    """Refuse a cohort whose slides were embedded under different settings (weights,
-    pooling, projection, precision, input size, transform): their features are not one
-    population, whatever the model's name says."""
-    first = parts[0]
-    for part in parts[1:]:
-        diff = differences(first["recipe"], part["recipe"])
-        if part["features"].shape[1] != first["features"].shape[1]:
-            diff.insert(0, f"width: {first['features'].shape[1]} vs {part['features'].shape[1]}")
-        if diff:
-            raise StoreError(
-                f"{part['meta']['store']}: its {model!r} embeddings were made with other "
-                f"settings than {first['meta']['store']}'s ({'; '.join(diff[:3])}); open "
-                "them separately, or embed again with the same settings"
-            )
 
 
 def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:

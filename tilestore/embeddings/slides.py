@@ -15,7 +15,7 @@ than hand back features of tiles that are no longer there.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +31,12 @@ from tilestore.embeddings.groups import (
     slide_name,
 )
 from tilestore.embeddings.layout import group_name
-from tilestore.embeddings.recipe import differences, recipe
+from tilestore.embeddings.recipe import Recipe, ScaleLabel, combine, recipe
 from tilestore.errors import StoreError
 from tilestore.format import leftovers
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.store import open_for_writing, stored
+from tilestore.options import checked
 
 SLIDES = "slides"  # the subgroup of a tile model's group holding its slide embeddings
 VECTOR = "embedding"  # the array of one slide embedding: (feature,)
@@ -73,7 +74,7 @@ class TileFeatures:
     tile_size: int
     plan: str
     finished: str
-    recipe: dict[str, Any]
+    recipe: Recipe
     model_info: dict[str, Any]
     slide_mpp: tuple[float, float] | None
     slide_shape: tuple[int, int]
@@ -217,19 +218,22 @@ def read_slide_vector(store: StoreLike, model: str, encoder: str) -> dict[str, A
     }
 
 
+@checked
 def open_slide_embeddings(
     stores: StoreLike | Sequence[StoreLike],
     model: str,
     encoder: str,
     *,
     skip_missing: bool = False,
+    scale: ScaleLabel = None,
 ):
     """Return a cohort's slide embeddings as an xarray Dataset on (slide, feature).
 
     ``features`` (slide, feature) float32; coordinates ``slide`` (name), ``store`` and
     ``n_tiles`` (how many tile features each vector was computed from). The stores must agree
-    on the encoder's weights and the tile features' recipe, as `open_embeddings` requires.
-    skip_missing (and stores a glob pattern finds): leave out stores without one."""
+    on the encoder's weights and on the tile features they read, made alike and at one scale
+    (`tilestore.embeddings.recipe.combine`, as `open_embeddings`; scale: the one to keep of
+    several). skip_missing (and stores a glob pattern finds): leave out stores without one."""
     import xarray as xr
 
     found = read_each(
@@ -238,23 +242,15 @@ def open_slide_embeddings(
         skip_missing,
         f"no {encoder!r} slide embeddings of {model!r}",
     )
+    kept = combine(
+        [(f["store"], _with_encoder(f["recipe"], f["record"])) for f in found],
+        f"{encoder!r} slide embeddings",
+        scale,
+    )
+    found = [found[i] for i in kept]
     names = [f["name"] for f in found]
     refuse_shared_names(names)
     first = found[0]
-    for other in found[1:]:
-        diff = differences(first["recipe"], other["recipe"])
-        weights = ("weights", "revision", "precision", "dim")
-        diff += [
-            f"{key}: {first['record'].get(key)} vs {other['record'].get(key)}"
-            for key in weights
-            if first["record"].get(key) != other["record"].get(key)
-        ]
-        if diff:
-            raise StoreError(
-                f"{other['store']}: its {encoder!r} slide embedding was made with other "
-                f"settings than {first['store']}'s ({'; '.join(diff[:3])}); open them "
-                "separately, or compute them again with the same settings"
-            )
     return xr.Dataset(
         {"features": (("slide", "feature"), np.stack([f["vector"] for f in found]))},
         coords={
@@ -264,6 +260,12 @@ def open_slide_embeddings(
         },
         attrs={"model": model, "slide_encoder": encoder, "encoder_info": first["record"]},
     )
+
+
+def _with_encoder(tiles: Recipe, record: dict[str, Any]) -> Recipe:
+    """The recipe of a slide vector: its tile features' and its encoder's weights."""
+    encoder = {f"encoder {k}": record.get(k) for k in ("weights", "revision", "precision", "dim")}
+    return replace(tiles, facts={**tiles.facts, **encoder})
 
 
 def slide_table(ds, *, features: bool = True):

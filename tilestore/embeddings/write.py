@@ -88,6 +88,62 @@ class RunIdentity:
         }
 
 
+@dataclass(frozen=True)
+class Standing:
+    """What a store's embeddings group of a model holds for a plan, read without writing:
+    the one answer the writer, the dry run and the checks before a run agree on.
+
+    state: "new" (no group), "complete" (skipped unless overwrite), "resumes" (batches
+    done), "other plan" (made from another plan: refused unless overwrite); done: batches
+    done; tiles: the group's tiles; why: the refusal or the note, as the writer says it."""
+
+    state: str
+    done: np.ndarray  # indices of the batches done
+    batch_size: int
+    tiles: int
+    why: str = ""
+
+
+def standing(
+    slide: Slide, model: str, plan_name: str, plan_uid: str | None, plan_tiles: int | None
+) -> Standing:
+    """The standing of `model`'s group in the store for a plan (plan_uid None: a plan not
+    stored yet, whose name alone is compared; plan_tiles None: not known yet)."""
+    path = group_name(model)
+    try:
+        group = slide.group[path]
+        attrs = group.attrs.get("tilestore")
+        if not isinstance(attrs, dict) or "done" not in group:
+            return Standing("new", np.empty(0, np.int64), 0, 0)
+        flags, tiles = group["done"][:], int(group["features"].shape[0])
+    except KeyError:
+        return Standing("new", np.empty(0, np.int64), 0, 0)
+    except (ValueError, TypeError, zarr.errors.BaseZarrError) as exc:
+        raise EmbeddingError(
+            f"{slide.name}: {path} is damaged ({type(exc).__name__}: {exc}); "
+            "pass overwrite=True to embed again"
+        ) from exc
+    done, batch = np.flatnonzero(flags == 1), int(attrs.get("batch_size", 0)) or 1
+    made = attrs.get("plan") or {}
+    same = made.get("name") == plan_name and (plan_uid is None or made.get("uid") == plan_uid)
+    if not same:
+        count = f"{plan_tiles} tiles; " if plan_tiles is not None else ""
+        why = (
+            f"{slide.name}: {path} was made from plan {made.get('name')!r} ({tiles} tiles), "
+            f"not this run's {plan_name!r} ({count}a plan of the same name made again counts "
+            "as another); pass overwrite=True to replace it"
+        )
+        return Standing("other plan", done, batch, tiles, why)
+    if attrs.get("complete"):
+        why = (
+            f"{slide.name}: {path} is already complete ({tiles} tiles); pass overwrite=True "
+            "to recompute"
+        )
+        return Standing("complete", done, batch, tiles, why)
+    why = f"resumes: {len(done)} batches done" if len(done) else ""
+    return Standing("resumes", done, batch, tiles, why)
+
+
 class EmbeddingWriter:
     """Creates or resumes embeddings/<model> for one slide and plan, and writes batches."""
 
@@ -116,16 +172,13 @@ class EmbeddingWriter:
             if (store / self.path).is_dir():  # a killed run's files, never renamed
                 clear_unfinished_files(store / self.path)
             existing = self._existing()
-            if existing is not None:
-                if not overwrite and (other := self._other_plan(existing)):
-                    raise EmbeddingError(other)
-                if existing.attrs["tilestore"].get("complete") and not overwrite:
-                    raise AlreadyComplete(
-                        f"{slide.name}: {self.path} is already complete "
-                        f"({existing['features'].shape[0]} tiles); pass overwrite=True to "
-                        "recompute"
-                    )
-                if not overwrite and not self._compatible(existing):
+            if existing is not None and not overwrite:
+                found = standing(slide, identity.model["name"], plan.name, plan_uid, len(plan))
+                if found.state == "other plan":
+                    raise EmbeddingError(found.why)
+                if found.state == "complete":
+                    raise AlreadyComplete(found.why)
+                if not self._compatible(existing):
                     raise EmbeddingError(self._mismatch(existing))
             self._replace = existing is not None and overwrite
             if existing is not None and not overwrite:
@@ -445,19 +498,6 @@ class EmbeddingWriter:
             "complete": False,
         }
         return group
-
-    def _other_plan(self, group) -> str | None:
-        """Why a group made from another plan cannot stand for this run's (None where it was
-        made from this one): its tiles are other tiles, never "already complete"."""
-        made = group.attrs["tilestore"].get("plan") or {}
-        if made == self.identity["plan"]:
-            return None
-        return (
-            f"{self.slide.name}: {self.path} was made from plan {made.get('name')!r} "
-            f"({group['features'].shape[0]} tiles), not this run's {self.plan.name!r} "
-            f"({len(self.plan)} tiles; a plan of the same name made again counts as "
-            "another); pass overwrite=True to replace it"
-        )
 
     def _compatible(self, group) -> bool:
         stored = group.attrs["tilestore"]

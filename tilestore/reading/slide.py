@@ -91,6 +91,11 @@ class Slide:
         three = self.shape[0] == 3 and self.array(0).dtype == np.uint8
         return three and bool(self.attrs.get("rgb", True))
 
+    @property
+    def fluorescence(self) -> bool:
+        """The store records a fluorescence scan (dark background, markers as channels)."""
+        return (self.attrs.get("modality") or {}).get("value") == "fluorescence"
+
     def channel_index(self, channel: str | int) -> int:
         """A channel's index from its name or number; TilestoreError naming the channels."""
         names = [str(n) for n in self.attrs.get("channels", [])]
@@ -107,8 +112,9 @@ class Slide:
         """This store seen as the 8-bit RGB picture an RGB model takes: three of its channels
         (by name or index) as R, G and B, each scaled linearly from its display window
         (OME-Zarr `omero` window start-end, as napari shows it) to 0-255. Only chunk reads
-        change (`chunks`); a store that is already RGB is refused (nothing to choose)."""
-        if self.rgb:
+        change (`chunks`); a brightfield store that is already RGB is refused (nothing to
+        choose); a fluorescence scan stored as RGB is not (its channels are markers)."""
+        if self.rgb and not self.fluorescence:
             raise TilestoreError(f"{self.name}: is already an RGB picture; no channels to choose")
         if len(channels) != 3:
             raise TilestoreError(

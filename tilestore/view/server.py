@@ -318,7 +318,10 @@ def _plain(value: Any) -> Any:
 
 
 async def _error(request: Request, exc: Exception) -> Response:
-    status = 404 if isinstance(exc, ViewError) or type(exc).__name__ in _NOT_FOUND else 500
+    name = type(exc).__name__
+    status = 404 if isinstance(exc, ViewError) or name in _NOT_FOUND else 500
+    if name in _CONFLICT:  # results that must not be combined: said, not "not found"
+        status = 409
     return JSONResponse({"error": str(exc).splitlines()[0]}, status, headers=HEADERS)
 
 
@@ -327,6 +330,7 @@ async def _bad_request(request: Request, exc: Exception) -> Response:
 
 
 _NOT_FOUND = {"PlanError", "AnalysisError", "NotEmbedded"}
+_CONFLICT = {"MixedResults"}
 
 
 # -- running it -----------------------------------------------------------------------------

@@ -1,0 +1,149 @@
+"""What a run can refuse before it loads a model: each store given, from its metadata.
+
+A store whose pixels the model cannot read (not RGB, no channels chosen), whose plan cannot
+be made (no pixel size, coarser than asked), whose tiles are not the model's input (another
+um/px or tile size, unless any_scale), or whose embeddings of this model come from another
+plan is refused here, in one line, before torch is imported and the model loaded (20-95 s
+on a busy machine); a store already complete is skipped here too, so a run with nothing to
+do loads nothing. The run makes the same checks again as it opens each store
+(`tilestore.embed.jobs.prepare`), with the same functions: this is a first look, not a
+second rule. Light: no torch, no pixels read.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tilestore.embed.models import get_model
+from tilestore.embed.models.spec import ModelSpec
+from tilestore.embed.settings import Options
+from tilestore.embeddings import standing
+from tilestore.errors import PlanError, StoreError, TilestoreError
+from tilestore.format import is_store
+from tilestore.plan import PlanOptions, load_plan, resolve_plan, uses_stored_plan
+from tilestore.reading import MPP_TOLERANCE, Slide, open_slide
+
+PlanChoice = str | PlanOptions | None
+
+
+@dataclass
+class Preflight:
+    """The inputs a run keeps, and those refused or skipped with why (in the order given)."""
+
+    kept: list[Path] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (store, why)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # complete already
+
+
+def check_stores(
+    inputs: list[str | os.PathLike], model: str, plan: PlanChoice, options: Options
+) -> Preflight:
+    """Check each store among `inputs` as the run would, from metadata only (slide files
+    are checked once they are stores). model: the name given (a registered model's native
+    input is known without loading it; a timm: or local: model's only once loaded)."""
+    spec = _facts(model)
+    found = Preflight()
+    for given in map(Path, inputs):
+        if not is_store(given):
+            found.kept.append(given)
+            continue
+        try:
+            slide = open_slide(given)
+            rgb_input(slide, options.channels)
+            name, uid, mpp, tile = _plan(slide, plan, spec)
+            if spec is not None and not options.any_scale:
+                refuse_other_scale(slide, name, mpp, tile, spec)
+            held = standing(slide, model, name, uid, None)
+        except TilestoreError as exc:
+            found.refused.append((str(given), without_store(given, str(exc))))
+            continue
+        if held.state == "other plan" and not options.overwrite:
+            found.refused.append((str(given), without_store(given, held.why)))
+        elif held.state == "complete" and not options.overwrite:
+            found.skipped.append((str(given), without_store(given, held.why)))
+        else:
+            found.kept.append(given)
+    return found
+
+
+def without_store(store, message: str) -> str:
+    """The message without the store's own name in front, where a line names the store."""
+    for name in (str(store), Path(store).name):
+        if message.startswith(f"{name}: "):
+            return message[len(name) + 2 :]
+    return message
+
+
+def _facts(model: str) -> ModelSpec | None:
+    """A registered model's facts (its native input), None for one known only once loaded."""
+    if model.startswith(("timm:", "local:")):
+        return None
+    return get_model(model)
+
+
+def _plan(slide: Slide, plan: PlanChoice, spec: ModelSpec | None):
+    """The name, uid (None: made by the run), um/px and tile of the plan a run would use."""
+    if uses_stored_plan(slide, plan):
+        stored, uid = load_plan(slide, plan)
+        return stored.name, uid, stored.spec.effective_mpp, stored.spec.tile
+    native = (spec.native_mpp, spec.tile) if spec is not None else (None, None)
+    resolved = resolve_plan(
+        plan or PlanOptions(), slide, native_mpp=native[0], native_tile=native[1]
+    )
+    return resolved.name, None, resolved.mpp, resolved.tile
+
+
+def rgb_input(slide: Slide, channels: tuple[str, ...] | None) -> Slide:
+    """The slide as an RGB model reads it (plans, tissue and the writer keep the store itself):
+    the three `channels` the run chose (recorded with the embeddings; an error for a store
+    that is one RGB picture already), else the slide itself where it is one 8-bit colour
+    picture of a brightfield slide; an error before any GPU time for other pixels
+    (fluorescence markers, 16 bits, or a fluorescence scan stored as RGB) with no channels
+    chosen: a model trained on stained tissue would read them as something they are not."""
+    if channels:
+        return slide.as_rgb(channels)
+    if not slide.rgb:
+        raise StoreError(
+            f"{slide.name}: holds {slide.describe_channels()}, not an 8-bit RGB picture; "
+            "an RGB model cannot embed it: choose three channels as its R, G, B with "
+            "--channels A,B,C (Options(channels=...))"
+        )
+    if slide.fluorescence:
+        names = ",".join(slide.attrs.get("channels") or ("0", "1", "2"))
+        raise StoreError(
+            f"{slide.name}: a fluorescence scan stored as RGB, not a brightfield stain; a "
+            "model trained on stained tissue would read its markers as colours they are not: "
+            f"name the channels it reads as R, G, B to embed it anyway (channels={names})"
+        )
+    return slide
+
+
+def scale_mismatch(mpp: float | None, tile: int, spec: ModelSpec) -> str | None:
+    """How a plan's tiles differ from what the model was trained on (its native um/px,
+    within `MPP_TOLERANCE`, and tile), None where they do not or the model names neither."""
+    parts = []
+    native = spec.native_mpp
+    if native is not None and mpp is None:
+        parts.append(f"their pixel size is unknown (the model reads {native:g} um/px)")
+    elif native is not None and abs(mpp / native - 1) > MPP_TOLERANCE:
+        parts.append(
+            f"{mpp:.3g} um/px where the model reads {native:g} um/px (the tissue "
+            f"{native / mpp:.3g}x {'larger' if mpp < native else 'smaller'})"
+        )
+    if spec.tile is not None and tile != spec.tile:
+        parts.append(f"{tile} px tiles where the model reads {spec.tile} px")
+    return "; ".join(parts) or None
+
+
+def refuse_other_scale(slide: Slide, plan: str, mpp: float | None, tile: int, spec) -> None:
+    """PlanError where the plan's tiles are not the model's input (see `scale_mismatch`)."""
+    mismatch = scale_mismatch(mpp, tile, spec)
+    if mismatch:
+        at = f"mpp={spec.native_mpp:g}, " if spec.native_mpp else ""
+        raise PlanError(
+            f"{slide.name}: plan {plan!r} does not show the tissue as {spec.name} was trained "
+            f"to see it: {mismatch}; plan at {at}tile={spec.tile}, or pass any_scale=True to "
+            "embed these tiles anyway"
+        )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -293,14 +294,41 @@ def _options(
     """Whole-slide images as OME-Zarr stores, tile plans and foundation-model embeddings."""
 
 
+INTERRUPTED = (
+    "tilestore: interrupted: what was finished is kept (converted stores, embedded "
+    "batches, QC'd slides); the same command carries on from there"
+)
+
+
 def main() -> None:
     """Console entry point: every failure is one line on stderr and exit code 2; a
     traceback only with --debug. A command that ends (well or with its error) ends the
-    process at once (`_leave`)."""
+    process at once (`_leave`).
+
+    Ctrl-C (SIGINT) and SIGTERM (what SLURM sends at a time limit or a preemption, and
+    `kill`'s default) stop a command alike: KeyboardInterrupt in the main thread, so every
+    `finally` runs (worker processes stopped, stores closed), then `INTERRUPTED` and exit
+    128 + the signal (130, 143). The signal is noted here because typer turns the
+    KeyboardInterrupt into a silent exit 130, so `_main` never sees it. A command that
+    ends well all the same (the viewer stops on Ctrl-C) exits as it says."""
+    caught: list[int] = []
+
+    def interrupt(signum: int, frame: object) -> None:
+        caught.append(signum)
+        raise KeyboardInterrupt
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # ignored (a script's `&` job): stays so
+            signal.signal(signum, interrupt)
     try:
         _main()
+        code: int | str | None = 0
     except SystemExit as done:
-        _leave(done.code)
+        code = done.code
+    if caught and code not in (0, None):
+        print(INTERRUPTED, file=sys.stderr)
+        code = 128 + caught[0]
+    _leave(code)
 
 
 def _leave(code: int | str | None) -> NoReturn:
@@ -330,12 +358,7 @@ def _main() -> None:
             raise
         _error(exc)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print(
-            "tilestore: interrupted: what was finished is kept (converted stores, embedded "
-            "batches, QC'd slides); the same command carries on from there",
-            file=sys.stderr,
-        )
+    except KeyboardInterrupt:  # outside typer's command (it exits 130 itself): `main` says it
         sys.exit(130)
     except OSError as exc:  # the machine's refusal: a full disk, a permission
         if debug:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -243,14 +244,41 @@ def _options(
     """Whole-slide images as OME-Zarr stores, tile plans and foundation-model embeddings."""
 
 
+INTERRUPTED = (
+    "tilestore: interrupted: what was finished is kept (converted stores, embedded "
+    "batches, QC'd slides); the same command carries on from there"
+)
+
+
 def main() -> None:
     """Console entry point: every failure is one line on stderr and exit code 2; a
     traceback only with --debug. A command that ends (well or with its error) ends the
-    process at once (`_leave`)."""
+    process at once (`_leave`).
+
+    Ctrl-C (SIGINT) and SIGTERM (what SLURM sends at a time limit or a preemption, and
+    `kill`'s default) stop a command alike: KeyboardInterrupt in the main thread, so every
+    `finally` runs (worker processes stopped, stores closed), then `INTERRUPTED` and exit
+    128 + the signal (130, 143). The signal is noted here because typer turns the
+    KeyboardInterrupt into a silent exit 130, so `_main` never sees it. A command that
+    ends well all the same (the viewer stops on Ctrl-C) exits as it says."""
+    caught: list[int] = []
+
+    def interrupt(signum: int, frame: object) -> None:
+        caught.append(signum)
+        raise KeyboardInterrupt
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # ignored (a script's `&` job): stays so
+            signal.signal(signum, interrupt)
     try:
         _main()
+        code: int | str | None = 0
     except SystemExit as done:
-        _leave(done.code)
+        code = done.code
+    if caught and code not in (0, None):
+        print(INTERRUPTED, file=sys.stderr)
+        code = 128 + caught[0]
+    _leave(code)
 
 
 def _leave(code: int | str | None) -> NoReturn:
@@ -274,20 +302,15 @@ def _main() -> None:
     warnings.showwarning = _warning
     debug = "--debug" in sys.argv[1:]
     try:
-        # click reports its own parse errors in several lines and takes Ctrl-C for itself:
-        # both come here instead, to be said as every other error is
+        # click reports its own parse errors in several lines: they come here instead, to
+        # be said as every other error is (typer still turns Ctrl-C into a quiet 130)
         code = app(standalone_mode=False)
     except typer.TyperException as exc:  # typer's click: a usage error, one line
         ctx = getattr(exc, "ctx", None)
         where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
         _error(f"{exc.format_message()}{where}")
         sys.exit(getattr(exc, "exit_code", 2))
-    except (KeyboardInterrupt, typer.Abort):
-        print(
-            "tilestore: interrupted: what was finished is kept (converted stores, embedded "
-            "batches, QC'd slides); the same command carries on from there",
-            file=sys.stderr,
-        )
+    except (KeyboardInterrupt, typer.Abort):  # the signal's handler in `main` says it
         sys.exit(130)
     except TilestoreError as exc:
         if debug:

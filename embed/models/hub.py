@@ -5,6 +5,10 @@ stored (huggingface_hub's own lookup); we never log in and never write it anywhe
 HF_HOME / HF_HUB_CACHE and HF_HUB_OFFLINE are read when a model is loaded, not when the
 package is imported, so setting them in a notebook or a job script works. Weights are
 read from safetensors, or from a torch file with weights_only=True; never a full pickle.
+
+Before a download, one request with a short timeout and no retries asks whether the Hub
+answers at all: huggingface_hub retries an unreachable Hub for about 25 s a file, then says
+only that a file is missing. Without a network the cache is used, else one line says so.
 """
 
 from __future__ import annotations
@@ -15,12 +19,21 @@ import json
 import logging
 import os
 import pickle
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import safetensors.torch
 import torch
-from huggingface_hub import HfApi, hf_hub_download, try_to_load_from_cache
+from huggingface_hub import (
+    HfApi,
+    constants,
+    get_hf_file_metadata,
+    hf_hub_download,
+    hf_hub_url,
+    try_to_load_from_cache,
+)
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
@@ -34,6 +47,9 @@ from tilestore.embed.models.registry import get_model
 from tilestore.embed.models.spec import ModelError, ModelSpec
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# seconds the one request asking whether the Hub answers may take: a HEAD answered by
+# huggingface.co takes well under a second; a refused or unresolved host fails at once
+PROBE_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
@@ -77,7 +93,16 @@ def fetch(
     config: the config.json's format ("timm", "transformers"), or None where the model's
     family reads none; config_required: False where the registry gives the architecture
     and a repo may publish its weights alone; weights: the weights files to try, in order."""
-    where = dict(token=token, revision=revision, cached_only=cached_only, repo_type=repo_type)
+    local = cached_only or offline()
+    # why the Hub cannot be reached, where it cannot: then only the cache is asked
+    down = None if local else _hub_down(repo, weights[0], token, revision, repo_type)
+    where = dict(
+        token=token,
+        revision=revision,
+        cached_only=local or down is not None,
+        down=down,
+        repo_type=repo_type,
+    )
     config_path = None
     if config:
         with contextlib.suppress(_Missing):  # optional, and absent
@@ -92,8 +117,8 @@ def fetch(
         except _Missing:
             continue
     if found is None:
-        if offline() or cached_only:
-            raise ModelError(_not_cached(name, repo))
+        if local or down is not None:
+            raise ModelError(_not_cached(name, repo, down))
         raise ModelError(f"{name}: {repo} has none of {', '.join(weights)}")
     snapshot = (config_path or found).parent
     while snapshot.parent.name != "snapshots" and snapshot.parent != snapshot:
@@ -205,17 +230,17 @@ def pull(name: str, *, token: str | None = None) -> Checkpoint | None:
     repo = spec.repo
     if offline():
         raise ModelError(f"{name}: HF_HUB_OFFLINE is set; pull on a machine with internet")
+    wanted = (spec.weights_file,) if spec.weights_file else WEIGHT_FILES
+    down = _hub_down(repo, wanted[0], token, None, spec.repo_type)
+    if down is not None:
+        raise ModelError(_no_network(name, down)) from down
     try:
         with _quiet_retries():
             files = set(HfApi().list_repo_files(repo, token=token, repo_type=spec.repo_type))
     except (GatedRepoError, RepositoryNotFoundError, HfHubHTTPError) as exc:
         raise _explain(name, repo, exc) from exc
     except _unreachable() as exc:
-        raise ModelError(
-            f"{name}: cannot reach the Hugging Face Hub for {repo} ({exc}); pull on a machine "
-            "with internet and use the same HF_HOME"
-        ) from exc
-    wanted = (spec.weights_file,) if spec.weights_file else WEIGHT_FILES
+        raise ModelError(_no_network(name, exc)) from exc
     if not files & set(wanted):
         raise ModelError(f"{name}: {repo} has none of {', '.join(wanted)}")
     return fetch_spec(spec, token=token)
@@ -230,6 +255,33 @@ def _unreachable() -> tuple[type[BaseException], ...]:
         with contextlib.suppress(ImportError, AttributeError):
             errors.append(importlib.import_module(client).TransportError)
     return tuple(errors)
+
+
+def _hub_down(
+    repo: str, filename: str, token: str | None, revision: str | None, repo_type: str
+) -> BaseException | None:
+    """Why one HEAD request for a repo's file (PROBE_TIMEOUT, no retries) did not reach the
+    Hub, or None where the Hub answered (any answer: the file's, or a refusal)."""
+    url = hf_hub_url(repo, filename, repo_type=repo_type, revision=revision)
+    try:
+        get_hf_file_metadata(url, token=token, timeout=PROBE_TIMEOUT)
+    except HfHubHTTPError:  # (an OSError: first) the Hub answered; the download says what
+        return None
+    except _unreachable() as exc:
+        return exc
+    return None
+
+
+def _no_network(name: str, cause: BaseException) -> str:
+    """One line for a Hub that cannot be reached: the host, the cause, what to do."""
+    host = urlparse(constants.ENDPOINT).netloc or constants.ENDPOINT
+    text = (str(cause).strip().splitlines() or [""])[0] or type(cause).__name__
+    text = re.sub(r"^\[Errno -?\d+\] ", "", text)[:120]  # the OS's words, without its number
+    return (
+        f"{name}: no network to reach the Hugging Face Hub ({host}: {text}): run "
+        f"`tilestore models pull {name}` where there is one, or set HF_HUB_OFFLINE=1 to use "
+        "the local cache only"
+    )
 
 
 @contextlib.contextmanager
@@ -250,9 +302,19 @@ class _Missing(Exception):
 
 
 def _download(
-    name, repo, filename, *, token, revision, cached_only=False, repo_type="model", optional=False
+    name,
+    repo,
+    filename,
+    *,
+    token,
+    revision,
+    cached_only=False,
+    down=None,
+    repo_type="model",
+    optional=False,
 ) -> Path:
-    """One file of a repo; `_Missing` where a weights file (or an `optional` file) is absent."""
+    """One file of a repo; `_Missing` where a weights file (or an `optional` file) is absent.
+    down: why the Hub cannot be reached, where it cannot (so only the cache is asked)."""
     try:
         return Path(
             hf_hub_download(
@@ -266,9 +328,12 @@ def _download(
             )
         )
     except LocalEntryNotFoundError as exc:  # (a subclass of EntryNotFoundError: first)
+        lost = exc.__cause__  # the connection, lost after the Hub first answered
+        if isinstance(lost, _unreachable()) and not isinstance(lost, HfHubHTTPError):
+            raise ModelError(_no_network(name, lost)) from exc
         if optional or filename != "config.json":  # the caller tries the next one
             raise _Missing(filename) from exc
-        raise ModelError(_not_cached(name, repo)) from exc
+        raise ModelError(_not_cached(name, repo, down)) from exc
     except EntryNotFoundError as exc:
         raise _Missing(filename) from exc
     except (GatedRepoError, RepositoryNotFoundError, HfHubHTTPError) as exc:
@@ -277,11 +342,14 @@ def _download(
         raise ModelError(f"{name}: cannot download {repo}/{filename}: {exc}") from exc
 
 
-def _not_cached(name: str, repo: str) -> str:
-    why = "HF_HUB_OFFLINE is set" if offline() else "and downloading it failed: no connection?"
+def _not_cached(name: str, repo: str, down: BaseException | None = None) -> str:
+    """One line for a model the cache lacks where only the cache may be asked."""
+    if down is not None:
+        return _no_network(name, down)
+    why = "HF_HUB_OFFLINE is set" if offline() else "cached_only=True"
     return (
-        f"{name}: {repo} is not in the Hugging Face cache {cache_dir()} ({why}); run "
-        f"`tilestore models pull {name}` on a machine with internet and use the same HF_HOME"
+        f"{name}: {repo} is not in the local cache {cache_dir()} ({why}): run "
+        f"`tilestore models pull {name}` where there is a network, with the same HF_HOME"
     )
 
 

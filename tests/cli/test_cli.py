@@ -197,7 +197,7 @@ def test_embed_gated_model_offline_is_one_line(tmp_path, slide_path):
     )
     assert env_run.returncode == 2
     lines = env_run.stderr.strip().splitlines()
-    assert len(lines) == 1 and "MahmoodLab/uni is not in the Hugging Face cache" in lines[0]
+    assert len(lines) == 1 and "MahmoodLab/uni is not in the local cache" in lines[0]
 
 
 def test_export_commands(embedded_cohort, tmp_path):

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -111,14 +115,78 @@ def test_registry_entry_checks_the_output_size(hf_cache):
         load_model("uni")
 
 
-def test_missing_from_the_offline_cache(hf_cache):
+def test_missing_from_the_offline_cache(hf_cache, tmp_path):
     hf_cache()
-    with pytest.raises(
-        ModelError,
-        match=r"uni: MahmoodLab/uni is not in the Hugging Face cache "
-        r".*HF_HUB_OFFLINE is set.*tilestore models pull uni",
-    ):
+    with pytest.raises(ModelError) as missing:
         load_model("uni")
+    assert str(missing.value) == (
+        f"uni: MahmoodLab/uni is not in the local cache {tmp_path / 'hf' / 'hub'} "
+        "(HF_HUB_OFFLINE is set): run `tilestore models pull uni` where there is a network, "
+        "with the same HF_HOME"
+    )
+
+
+# Loads a model in a fresh interpreter (huggingface_hub reads HF_ENDPOINT when imported) and
+# prints how long the load itself took and what it raised.
+LOAD = """
+import sys, time
+from tilestore.embed.models import ModelError, ModelSpec, load_model
+name = sys.argv[1]
+spec = ModelSpec("tiny", "hf-hub", name[5:], None, 0.5) if name.startswith("tiny:") else name
+start = time.perf_counter()
+try:
+    said = f"loaded {load_model(spec).revision}"
+except ModelError as exc:
+    said = str(exc)
+print(f"{time.perf_counter() - start:.2f}", said, sep="\t")
+"""
+
+
+def _load_without_hub(name: str, endpoint: str, hf_home) -> tuple[float, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT=endpoint, HF_HOME=str(hf_home), HF_HUB_OFFLINE="0")
+    run = subprocess.run(
+        [sys.executable, "-c", LOAD, name], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    seconds, said = run.stdout.strip().splitlines()[-1].split("\t")
+    return float(seconds), said
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again on leaving: connections are refused
+
+
+def test_without_a_network_the_hub_is_given_up_at_once_in_one_line(hf_cache, tmp_path):
+    """A refused connection (as a machine without network meets the Hub) was retried for
+    about 25 s a file (74 s for uni's three), then told as "MahmoodLab/uni has none of
+    model.safetensors, pytorch_model.bin". A model in the cache still loads from it."""
+    repo, _ = hf_cache()
+    port = _closed_port()
+    seconds, said = _load_without_hub("uni", f"http://127.0.0.1:{port}", tmp_path / "empty")
+    assert said == (
+        f"uni: no network to reach the Hugging Face Hub (127.0.0.1:{port}: Connection "
+        "refused): run `tilestore models pull uni` where there is one, or set "
+        "HF_HUB_OFFLINE=1 to use the local cache only"
+    )
+    assert seconds < 3
+    seconds, said = _load_without_hub(f"tiny:{repo}", f"http://127.0.0.1:{port}", tmp_path / "hf")
+    assert said == f"loaded {TINY_REVISION}" and seconds < 10
+
+
+def test_a_hub_that_never_answers_is_given_up_after_one_short_wait(tmp_path):
+    """A host that takes the connection and never answers (a black-holing firewall, a dead
+    proxy): one request, given up after PROBE_TIMEOUT, not a minute of retries per file."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)  # the kernel completes the connections; nothing ever reads them
+        endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
+        seconds, said = _load_without_hub("uni", endpoint, tmp_path / "empty")
+    assert said.startswith(f"uni: no network to reach the Hugging Face Hub ({endpoint[7:]}: ")
+    assert "timed out" in said and said.endswith("to use the local cache only")
+    assert hub.PROBE_TIMEOUT <= seconds < hub.PROBE_TIMEOUT + 5
 
 
 def test_gated_repo_says_which_page_to_accept(monkeypatch):
@@ -129,6 +197,7 @@ def test_gated_repo_says_which_page_to_accept(monkeypatch):
         url = f"https://huggingface.co/{repo}/resolve/main/{filename}"
         raise GatedRepoError("403 gated", response=Response(403, request=Request("GET", url)))
 
+    monkeypatch.setattr(hub, "get_hf_file_metadata", lambda url, **kw: gated("", ""))
     monkeypatch.setattr(hub, "hf_hub_download", gated)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     with pytest.raises(
@@ -297,8 +366,9 @@ def test_on_a_gpu_weights_land_there_and_give_the_cpu_features(tmp_path, name, h
 
 
 def test_pull_without_a_network_is_one_line(monkeypatch):
-    """No route to the Hub raises the HTTP client's own transport error (not an OSError):
-    pull names the model, the repo and the cause, as a ModelError."""
+    """The network lost after the Hub first answered: the listing raises the HTTP client's
+    own transport error (not an OSError); pull names the model, the host and the cause, as a
+    ModelError."""
     import importlib.util
 
     from huggingface_hub import HfApi
@@ -314,10 +384,12 @@ def test_pull_without_a_network_is_one_line(monkeypatch):
         raise connect_error("[Errno -2] Name or service not known")
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(hub, "get_hf_file_metadata", lambda url, **kw: None)  # it answered
     monkeypatch.setattr(HfApi, "list_repo_files", unreachable)
     with pytest.raises(ModelError) as failed:
         hub.pull("uni")
     assert str(failed.value) == (
-        "uni: cannot reach the Hugging Face Hub for MahmoodLab/uni ([Errno -2] Name or "
-        "service not known); pull on a machine with internet and use the same HF_HOME"
+        "uni: no network to reach the Hugging Face Hub (huggingface.co: Name or service not "
+        "known): run `tilestore models pull uni` where there is one, or set HF_HUB_OFFLINE=1 "
+        "to use the local cache only"
     )

@@ -39,6 +39,9 @@ class FakeHub:
         folder.mkdir(parents=True, exist_ok=True)
         return folder
 
+    def metadata(self, url, **kwargs):
+        """The Hub answers the one request asking whether it is there."""
+
     def list_repo_files(self, repo, token=None, repo_type=None):
         folder = self.root / (repo_type or "model") / repo
         if not folder.is_dir():
@@ -78,6 +81,7 @@ def fake_hub(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setattr(hub, "hf_hub_download", fake.download)
+    monkeypatch.setattr(hub, "get_hf_file_metadata", fake.metadata)
     monkeypatch.setattr(
         HfApi, "list_repo_files", lambda api, repo, **kw: fake.list_repo_files(repo, **kw)
     )

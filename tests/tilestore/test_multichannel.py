@@ -170,3 +170,78 @@ def test_fluorescence_tissue_follows_the_nuclear_channel(tmp_path, ndpi_pixels):
     np.testing.assert_array_equal(by_index.mask, by_name.mask)
     with pytest.raises(TilestoreError, match="no channel 'CD3' \\(channels: Opal 570, DAPI\\)"):
         compute_tissue(slide, mpp=4.0, channel="CD3")
+
+
+@pytest.fixture
+def dimmed(tmp_path, ndpi_pixels):
+    """Stores of the real DAPI scan made a multiplex core: DAPI divided by `dim`, and Cy3 a
+    bright, smooth stain over the same tissue (the DAPI blurred and tripled)."""
+    from scipy import ndimage
+
+    dapi = ndpi_pixels[..., 2]
+    cy3 = np.clip(ndimage.gaussian_filter(dapi.astype(np.float32), 6) * 3, 0, 255)
+
+    def store(dim: int):
+        planes = {"DAPI": ("0,0,255", dapi // dim), "Cy3": ("255,255,0", cy3.astype(np.uint8))}
+        src = tiffs.qptiff(tmp_path / f"dim{dim}.qptiff", planes)
+        return open_slide(convert(src, tmp_path / f"dim{dim}").store)
+
+    return store
+
+
+def test_a_dark_nuclear_channel_falls_back_to_the_brightest_and_says_so(dimmed):
+    from tilestore.masks.tissue import compute_tissue
+
+    slide = dimmed(16)  # DAPI at most 15 of 255: its density never reaches the floor
+    tissue = compute_tissue(slide)
+    cy3 = compute_tissue(slide, channel="Cy3")
+    assert 0.5 < cy3.fraction < 0.95
+    assert tissue.fraction == pytest.approx(cy3.fraction, abs=0.01)  # Cy3 is the brightest
+    assert (
+        f"nuclear channel DAPI found no tissue; used the brightest channel at each pixel: "
+        f"{tissue.fraction:.1%}" in tissue.notes
+    )
+    assert "no tissue found" not in tissue.notes
+    # asked for, a channel is never replaced; the note says which channels do find tissue
+    asked = compute_tissue(slide, channel="DAPI")
+    assert not asked.mask.any() and "no tissue found" in asked.notes
+    assert f"channel DAPI finds no tissue; channels that do: Cy3 {cy3.fraction:.1%}" in asked.notes
+
+
+def test_a_nuclear_channel_too_dim_to_split_tissue_from_glass_is_not_trusted(dimmed):
+    """Dimmed 8 times, DAPI's Otsu threshold falls under the floor and what passes the floor
+    is 3.5% of a core the brightest channel finds 87% of; dimmed 2 times it still keeps
+    nearly all its tissue (80% against 82% at full strength) and is kept."""
+    from tilestore.masks.tissue import compute_tissue
+
+    slide = dimmed(8)
+    dim = compute_tissue(slide, channel="DAPI")
+    assert 0 < dim.fraction < 0.1
+    tissue = compute_tissue(slide)
+    assert tissue.fraction > 0.5
+    (note,) = [n for n in tissue.notes if n.startswith("nuclear channel DAPI")]
+    assert note == (
+        f"nuclear channel DAPI found {dim.fraction:.1%}, too dim to tell tissue from glass "
+        f"(Otsu's threshold on it is under min_intensity=0.04); used the brightest channel "
+        f"at each pixel: {tissue.fraction:.1%}"
+    )
+    half = dimmed(2)
+    kept = compute_tissue(half)
+    np.testing.assert_array_equal(kept.mask, compute_tissue(half, channel="DAPI").mask)
+    assert not any(n.startswith("nuclear channel") for n in kept.notes)
+
+
+def test_an_empty_multiplex_slide_is_still_empty(tmp_path):
+    from tilestore.masks.tissue import compute_tissue
+
+    rng = np.random.default_rng(3)
+    planes = {n: (c, rng.integers(0, 4, (900, 1100)).astype(np.uint8)) for n, c in MARKERS.items()}
+    slide = open_slide(convert(tiffs.qptiff(tmp_path / "e.qptiff", planes), tmp_path / "e").store)
+    tissue = compute_tissue(slide)
+    assert not tissue.mask.any()
+    assert tissue.notes[-2:] == [
+        "nuclear channel DAPI found no tissue, nor did the brightest channel",
+        "no tissue found",
+    ]
+    asked = compute_tissue(slide, channel="CD8")
+    assert "channel CD8 finds no tissue; nor does any other channel" in asked.notes

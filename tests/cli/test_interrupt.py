@@ -1,0 +1,62 @@
+"""Ctrl-C and SIGTERM stop a command with one line saying what is kept, in a log too.
+
+`tilestore embed` runs on the real CMU store with its output in a file (as under SLURM or
+nohup), and gets the signal once it has written a batch. Before, typer turned the
+KeyboardInterrupt into a silent exit 130 and SIGTERM killed the process without a word."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import zarr
+
+from tests.conftest import CMU
+
+INTERRUPTED = (
+    "tilestore: interrupted: what was finished is kept (converted stores, embedded batches, "
+    "QC'd slides); the same command carries on from there"
+)
+
+
+def _done(group) -> int:
+    return int(np.asarray(zarr.open_array(group / "done", mode="r")[:]).sum())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_embed_saying_what_is_kept(tmp_path, stores, signum):
+    store = tmp_path / "cmu.ome.zarr"
+    shutil.copytree(stores(CMU), store)
+    log = tmp_path / "log"
+    command = [sys.executable, "-m", "tilestore.cli", "embed", store, "--model"]
+    command += ["efficientnet-lite0", "--device", "cpu", "--batch-size", "2"]
+    command += ["--min-tissue", "0", "--stride", "56"]  # 1,800 tiles: minutes to run whole
+    with log.open("w") as out:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:  # the first progress line of a log comes 30 s into the run
+        deadline = time.monotonic() + 240
+        while "done in" not in log.read_text() and time.monotonic() < deadline:
+            assert process.poll() is None, log.read_text()
+            time.sleep(0.1)
+        process.send_signal(signum)
+        code = process.wait(timeout=60)
+    finally:
+        process.kill()
+    lines = log.read_text().strip().splitlines()
+    assert code == 128 + signum, lines
+    assert lines[-1] == INTERRUPTED
+    progress = re.match(r"embedding with efficientnet-lite0: ([\d,]+) of ([\d,]+) done", lines[0])
+    tiles, total = (int(n.replace(",", "")) for n in progress.groups())
+    group = store / "embeddings" / "efficientnet-lite0"
+    # the batches done before the signal are kept, for the same command to resume from
+    assert tiles // 2 <= _done(group) < total // 2
+    assert not zarr.open_group(group, mode="r").attrs["tilestore"]["complete"]

@@ -185,17 +185,27 @@ def test_channels_choose_a_multiplex_stores_rgb_input(store, tmp_path, lite):
 def test_many_slides_one_model_and_a_bad_store_does_not_stop_the_others(store, tmp_path, lite):
     cmu, dapi = store(), store(NDPI)
     missing = tmp_path / "missing.ome.zarr"
-    report = embed([cmu, missing, dapi], lite, plan=PlanOptions(mpp=1.0, tile=224), options=FP32)
-    assert [f["store"] for f in report.failures] == [str(missing)]
-    assert "no such store" in report.failures[0]["error"]
-    assert [s["store"] for s in report.slides] == [str(cmu), str(dapi)]
+    plan = PlanOptions(mpp=1.0, tile=224)
+    report = embed([cmu, missing, dapi], lite, plan=plan, options=FP32)
+    assert sorted(f["store"] for f in report.failures) == sorted([str(missing), str(dapi)])
+    errors = {f["store"]: f["error"] for f in report.failures}
+    assert "no such store" in errors[str(missing)]
+    # the DAPI scan is stored as RGB: a stained-tissue model reads it only as asked
+    assert "a fluorescence scan stored as RGB" in errors[str(dapi)]
+    assert "channels=C0,C1,C2" in errors[str(dapi)]
+    assert [s["store"] for s in report.slides] == [str(cmu)]
+    asked = embed([dapi], lite, plan=plan, options=replace(FP32, channels=("C0", "C1", "C2")))
+    assert not asked.failures
+    (slide_line,) = asked.slides
+    assert slide_line["reading"]["channels"] == ["C0", "C1", "C2"]
     dapi_features, group = _features(dapi)  # zstd store: decoded through zarr
     assert group.attrs["tilestore"]["complete"] and not np.isnan(dapi_features).any()
     slide = open_slide(dapi)
     plan, _ = load_plan(slide)
     picks = [0, len(plan) // 2, len(plan) - 1]
+    shown = slide.as_rgb(("C0", "C1", "C2"))  # each channel over its display window
     assert (
-        cosine(dapi_features[picks], reference_features(slide, plan, lite, indices=picks)).min()
+        cosine(dapi_features[picks], reference_features(shown, plan, lite, indices=picks)).min()
         >= 0.9999
     )
 

@@ -37,12 +37,40 @@ def _shared_data_untouched():
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _own_cache(tmp_path_factory):
-    """Batch-size memos and compiled graphs go to a folder of the test session's, never the
-    user's cache."""
+def _own_compiler_caches(tmp_path_factory):
+    """torch.compile's and Triton's caches in a folder of the test session's: what a run on
+    this machine compiled before never decides what a test compiles, or how fast."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TILESTORE_CACHE", str(tmp_path_factory.mktemp("tilestore-cache")))
+        folder = tmp_path_factory.mktemp("compiler-caches")
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(folder / "inductor"))
+        patch.setenv("TRITON_CACHE_DIR", str(folder / "triton"))
         yield
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path_factory, monkeypatch):
+    """Batch-size memos and compiled graphs go to a folder of each test's own, never the
+    user's cache (~/.cache/tilestore) nor one another test wrote: no test depends on the
+    machine's past runs or on the order tests run in."""
+    monkeypatch.setenv("TILESTORE_CACHE", str(tmp_path_factory.mktemp("tilestore-cache")))
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--shuffle",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="Run the tests in an order shuffled with this seed (order dependence shows).",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    seed = config.getoption("--shuffle")
+    if seed is not None:
+        import random
+
+        random.Random(seed).shuffle(items)
 
 
 def real(path: Path) -> Path:

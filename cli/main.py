@@ -27,6 +27,11 @@ from tilestore.masks import compute_tissue
 from tilestore.options import Workers
 from tilestore.plan import PlanOptions
 
+try:  # typer >= 0.20 carries its own click
+    from typer import TyperException as _UsageError
+except ImportError:  # older typer: click's
+    from click import ClickException as _UsageError
+
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
@@ -305,7 +310,7 @@ def _main() -> None:
         # click reports its own parse errors in several lines: they come here instead, to
         # be said as every other error is (typer still turns Ctrl-C into a quiet 130)
         code = app(standalone_mode=False)
-    except typer.TyperException as exc:  # typer's click: a usage error, one line
+    except _UsageError as exc:  # typer's click: a usage error, one line
         ctx = getattr(exc, "ctx", None)
         where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
         _error(f"{exc.format_message()}{where}")

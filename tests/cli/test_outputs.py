@@ -1,0 +1,86 @@
+"""Where outputs go is settled before the work: a missing folder is made, one that cannot be is
+refused in one line before anything is computed; every export over a glob leaves out, with a
+warning, the stores without what it exports; a plan asked for a filter is made with it or
+refused, never made without it under the filter's name."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import tilestore
+from tilestore.errors import PlanError
+from tilestore.plan import PlanOptions
+from tilestore.reading import open_slide
+
+
+def tilestore_cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tilestore.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_a_preview_goes_into_a_new_folder_and_an_impossible_one_is_refused_first(store, tmp_path):
+    path = store()
+    made = tilestore_cli("plan", path, "--tile", "112", "--preview", tmp_path / "new" / "p.png")
+    assert made.returncode == 0, made.stderr
+    assert (tmp_path / "new" / "p.png").stat().st_size > 0
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where a folder would go")
+    refused = tilestore_cli("plan", path, "--tile", "96", "--preview", blocked / "p.png")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        f"tilestore: error: {blocked / 'p.png'}: cannot make the folder {blocked} (File exists)"
+    ]
+    assert not (path / "plans" / "0.5mpp-96px").exists(), "planned before the refusal"
+
+
+def test_export_h5_over_a_glob_leaves_out_the_stores_without_embeddings(
+    embedded_cohort, store, tmp_path
+):
+    import shutil
+
+    cohort = tmp_path / "cohort"
+    for path in embedded_cohort:
+        shutil.copytree(path, cohort / path.name)
+    bare = store(into=cohort)  # a store the run has not reached yet
+    target = tmp_path / "h5"
+    glob = tilestore_cli(
+        "export", "h5", cohort / "*.ome.zarr", "-m", "efficientnet-lite0", "-o", target
+    )
+    assert glob.returncode == 0, glob.stderr
+    assert "skipped" in glob.stderr and str(bare) in glob.stderr
+    assert sorted(p.name for p in target.iterdir()) == [
+        "CMU-1-Small-Region.h5",
+        "skimage_ihc.h5",
+    ]
+    named = tilestore_cli("export", "h5", bare, "-m", "efficientnet-lite0", "-o", tmp_path / "x")
+    assert named.returncode == 2 and "no embeddings/efficientnet-lite0" in named.stderr
+    assert not (tmp_path / "x").exists() or not any((tmp_path / "x").iterdir())
+
+
+def test_export_slides_into_a_new_folder(embedded_cohort, tmp_path):
+    from tilestore.embed.slides import embed_slides
+
+    embed_slides(embedded_cohort, "mean", model="efficientnet-lite0", device="cpu")
+    target = tmp_path / "deep" / "er" / "slides.parquet"
+    run = tilestore_cli("export", "slides", *embedded_cohort, "-m", "efficientnet-lite0",
+                        "-s", "mean", "-o", target)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert target.stat().st_size > 0
+
+
+def test_a_plan_asked_for_max_blur_is_filtered_or_refused_never_named_so_unfiltered(store):
+    slide = open_slide(store())
+    with pytest.raises(PlanError, match=r"max_blur=0.5: the blur filter reads .*plan_slide"):
+        from tilestore.plan import plan_slide
+
+        plan_slide(slide, PlanOptions(max_blur=0.5))
+    with pytest.raises(PlanError, match=r"max_blur needs per-tile measures from an embedding pass; none in this"):
+        tilestore.plan_slide(slide, PlanOptions(max_blur=0.5))
+    assert tilestore.plan_slide is tilestore.embeddings.plan_slide

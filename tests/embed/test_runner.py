@@ -234,7 +234,7 @@ def test_on_a_gpu_a_batch_not_finite_as_stored_fails_its_slide(store, tmp_path, 
     bad, good = store(into=tmp_path / "bad"), store(into=tmp_path / "good")
     options = Options(batch_size=8, decode=decode, precision="bf16", dtype="float16")
     big = lambda x: x * 0 + 1e6  # noqa: E731 - finite in bf16, infinite in float16
-    with poisoned(model.module, 1, [0, 5], big):
+    with poisoned(model.module, 2, [0, 5], big):  # call 0: the warm-up, 2: the 2nd batch
         report = embed([bad, good], model, plan=PLAN, options=options)
     assert report.device.startswith("cuda")
     _failed_alone(bad, good, "timm:vit_tiny_patch16_224", 8, [0, 5], report)

@@ -144,6 +144,12 @@ class Forward:
             measures = self.quality.measure(tiles, self.tables)
         return torch.cat([out.float(), measures], dim=1)  # the measures as computed
 
+    @property
+    def stored_width(self) -> int:
+        """The columns of a row stored in the run's dtype (the features, then the tokens):
+        the quality measures after them are float32, NaN where a measure does not judge."""
+        return self.width - (self.quality.width if self.quality else 0)
+
     def row_dtype(self, stored: torch.dtype) -> torch.dtype:
         """The dtype of the rows the host receives, for features stored as `stored`: float32
         where the measures ride along (not rounded to the features' 3 digits of float16)."""

@@ -2,8 +2,11 @@
 
 The main thread copies a host batch to the GPU on a copy stream while the previous batch
 computes, transforms it there, runs the model (`tilestore.embed.forward`) and starts the copy of the
-features back to pinned memory. A writer thread waits for that copy and writes the batch
-into the store. Only per-batch CUDA events synchronise; nothing waits per tile.
+features back to pinned memory, and behind it one flag: whether every value of the batch
+is finite as stored (reduced on the device, after the cast to the stored dtype). A writer
+thread waits for that copy and writes the batch into the store, or, where the flag says
+no, fails the slide: a non-finite batch is never written nor marked done. Only per-batch
+CUDA events synchronise; nothing waits per tile.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from tilestore.embed import nvtx
@@ -32,6 +36,7 @@ from tilestore.embed.produce import JobEnd, JobFailed, JobStart, Producer
 from tilestore.embed.queues import DONE, drain
 from tilestore.embed.report import RunReport, Stats
 from tilestore.embed.settings import Settings
+from tilestore.embeddings.groups import non_finite_rows
 from tilestore.errors import TilestoreError
 
 
@@ -101,18 +106,23 @@ class Runner:
     ) -> Stats:
         """Embed the jobs' tiles, writing each batch as it is done; return the stage times."""
         settings = self.settings
+        slots = settings.prefetch + 2
         run = _Run(
             stats=Stats(self.marks),
             report=report,
             progress=progress,
             ready=queue.Queue(maxsize=settings.prefetch),
-            written=queue.Queue(maxsize=settings.prefetch + 2),
+            written=queue.Queue(maxsize=slots),
             outputs=SlotPool(
-                settings.prefetch + 2,
+                slots,
                 (settings.batch_size, self.forward.width),
                 pin=settings.cuda,
                 dtype=self.forward.row_dtype(getattr(torch, settings.dtype)),
             ),
+            finite=[
+                torch.ones((), dtype=torch.bool, pin_memory=settings.cuda) for _ in range(slots)
+            ],
+            failed={},
             stop=threading.Event(),
             open_jobs=[],
             copy_stream=torch.cuda.Stream(settings.device) if settings.cuda else None,
@@ -177,6 +187,10 @@ class Runner:
                     run.report.notes.extend(self.notes)
                     self.notes.clear()
                 continue
+            if id(item.job) in run.failed:  # its slide failed at a batch before: not computed
+                if item.pool is not None:
+                    item.pool.release(item.slot)
+                continue
             if run.report.first_batch_s is None:
                 run.report.first_batch_s = round(time.perf_counter() - started, 3)
             self._compute_batch(run, item)
@@ -210,7 +224,10 @@ class Runner:
         slot = run.outputs.acquire()
         out = run.outputs.buffers[slot][: item.count]
         with run.stats.mark("D2H copy"):
-            out.copy_(features.to(out.dtype), non_blocking=cuda)
+            rows = features.to(out.dtype)
+            out.copy_(rows, non_blocking=cuda)
+            # behind the features in the stream: the writer reads it after `done`, no sync here
+            run.finite[slot].copy_(self._finite(rows), non_blocking=cuda)
         if cuda:
             end.record()
             done = torch.cuda.Event()
@@ -221,17 +238,62 @@ class Runner:
                 item.pool.release(item.slot)
         run.written.put((item, slot, done, start, end))
 
+    def _finite(self, rows: torch.Tensor) -> torch.Tensor:
+        """Whether every value of a batch's rows is finite as stored, on their device: the
+        features (and tokens) cast to the stored dtype first, since float16 makes an
+        infinity of what bf16 or fp32 hold past 65504 (a no-op cast where the rows are of
+        that dtype already: no measures ride along)."""
+        stored = rows[:, : self.forward.stored_width].to(getattr(torch, self.settings.dtype))
+        return torch.isfinite(stored).all()
+
+    def _not_finite(self, batch: Batch, rows: torch.Tensor) -> str:
+        """Why a batch is not written: its store, the model, and the tiles whose features are
+        not finite as stored (plan indices, level-0 x, y of the first few, and how many)."""
+        dtype = self.settings.dtype
+        stored = rows[:, : self.forward.stored_width].to(getattr(torch, dtype)).numpy()
+        bad = non_finite_rows(stored)
+        tiles = batch.block * self.settings.batch_size + bad
+        plan = batch.job.plan
+        shown = ", ".join(f"{t} at ({plan.x[t]}, {plan.y[t]})" for t in tiles[:3].tolist())
+        # a NaN is the model's; infinities alone in float16 are most likely values past its
+        # range, finite as computed (the host has only the stored values to tell by)
+        overflow = (
+            "; infinities, no NaN: float16 stores so what passes its range (65504), "
+            "dtype='float32' would keep them"
+            if dtype == "float16" and not np.isnan(stored[bad]).any()
+            else ""
+        )
+        return (
+            f"{batch.job.store}: {self.forward.loaded.spec.name} made NaN or infinite features "
+            f"for {len(tiles)} tile(s) of batch {batch.block} (plan tile, level-0 x, y: "
+            f"{shown}{', ...' if len(tiles) > 3 else ''}){overflow}; that batch and the rest "
+            "of the slide are not written"
+        )
+
+    def _fail(self, run: _Run, job: Job, error: str) -> None:
+        """A slide failed (its data, or a batch not finite): its later batches are dropped,
+        what is done stays done (a later run resumes from it), the report says why."""
+        run.failed[id(job)] = job
+        run.open_jobs.remove(job)
+        left = job.writer.abandon()
+        run.report.failed(job.store, error + (f" ({left})" if left else ""))
+
     def _write(self, run: _Run) -> None:
         """The writer thread: makes and finishes each job's group, writes each batch once
-        its features are on the host, and times the GPU's work and idling between batches."""
+        its features are on the host (or, where they are not finite as stored, fails its
+        slide as a producer's JobFailed does), and times the GPU's work and idling between
+        batches."""
         last_end = None  # the previous batch's end on the GPU: the gap to the next start is idle
         report, outputs, stats = run.report, run.outputs, run.stats
         stats.name_thread("tilestore-writer")
         while (item := run.written.get()) is not DONE:
+            held = None  # the output slot this item holds, until released
             try:
                 if isinstance(item, JobStart):
                     item.job.writer.create()
                     continue
+                if isinstance(item, JobEnd | JobFailed) and id(item.job) in run.failed:
+                    continue  # failed at a batch: released, and reported, then
                 if isinstance(item, JobEnd):
                     job = item.job
                     with stats.span("finish_slide", "finish a slide (last writes, summary)"):
@@ -242,11 +304,9 @@ class Runner:
                     run.open_jobs.remove(job)
                     continue
                 if isinstance(item, JobFailed):
-                    run.open_jobs.remove(item.job)
-                    left = item.job.writer.abandon()
-                    report.failed(item.job.store, f"{item.error}" + (f" ({left})" if left else ""))
+                    self._fail(run, item.job, str(item.error))
                     continue
-                batch, slot, done, start, end = item
+                batch, held, done, start, end = item
                 if done is not None:
                     with stats.span("writer_waits_gpu", "wait for the GPU"):
                         done.synchronize()  # the feature copy (and so the batch) has finished
@@ -254,18 +314,28 @@ class Runner:
                     if last_end is not None:
                         stats.add("gpu_idle", last_end.elapsed_time(start) / 1000)
                     last_end = end
+                rows = outputs.buffers[held][: batch.count]
+                if id(batch.job) in run.failed:  # its slide failed at a batch before
+                    outputs.release(held)
+                    held = None
+                    continue
+                if not run.finite[held]:  # copied before `done`: read without a sync
+                    error = self._not_finite(batch, rows)
+                    outputs.release(held)
+                    held = None
+                    self._fail(run, batch.job, error)
+                    continue
                 with stats.span("write"):
-                    batch.job.writer.write(
-                        batch.block, outputs.buffers[slot][: batch.count].numpy()
-                    )
-                    outputs.release(slot)
+                    batch.job.writer.write(batch.block, rows.numpy())
+                    outputs.release(held)
+                    held = None
                 report.count(batch.job, batch.count)
                 if run.progress:
                     run.progress(batch.count, report.total)
             except BaseException as exc:
                 report.writer_error = exc
-                if not isinstance(item, JobStart | JobEnd | JobFailed):
-                    outputs.release(item[1])
+                if held is not None:
+                    outputs.release(held)
 
 
 @dataclass(frozen=True)
@@ -278,6 +348,8 @@ class _Run:
     ready: queue.Queue  # producer -> GPU loop: JobStart, batches, JobEnd/JobFailed, DONE
     written: queue.Queue  # GPU loop -> writer
     outputs: SlotPool  # feature buffers the GPU copies into and the writer reads
+    finite: list[torch.Tensor]  # per output slot: its batch is finite as stored (pinned)
+    failed: dict[int, Job]  # id -> job the writer failed: its later batches are dropped
     stop: threading.Event
     open_jobs: list[Job]  # opened by the producer and not finished: released at the end
     copy_stream: torch.cuda.Stream | None

@@ -256,6 +256,40 @@ def attrs_edit(name: str, edit: Callable[[dict], None]) -> Callable[[Path, Path]
     return make
 
 
+# -- finished embeddings -------------------------------------------------------------------------
+
+# what a finished embeddings group is damaged with: a NaN, infinities, features' zarr.json
+# edited to fewer rows than the group records
+EMBEDDINGS_DAMAGE = ("nan", "inf", "rows")
+DAMAGED_ROWS = (3, 20)  # the tile rows "nan" and "inf" write into
+
+
+def damage_embeddings(store: Path, model: str, kind: str) -> str:
+    """Damage the finished `model` group of `store` in place as `kind` (EMBEDDINGS_DAMAGE)
+    says, with zarr or by editing one document (nothing else recomputed); return what a
+    reader's refusal says of it."""
+    from tilestore.embeddings import group_name
+
+    group = store / group_name(model)
+    if kind == "rows":
+        shape_edited(group / "features", 3)
+        width = json.loads((group / "features" / "zarr.json").read_text())["shape"][1]
+        return f"features has shape (3, {width}) where the group records"
+    features = zarr.open_array(group / "features", mode="r+")
+    for i, row in enumerate(DAMAGED_ROWS):
+        features[row, 5 + i] = {"nan": float("nan"), "inf": (-1) ** i * float("inf")}[kind]
+    rows = ", ".join(map(str, DAMAGED_ROWS))
+    return f"features holds NaN or infinite values in 2 tile row(s) ({rows})"
+
+
+def shape_edited(array: Path, rows: int) -> None:
+    """An array's zarr.json edited to `rows` rows (its chunks left as they are)."""
+    meta = array / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["shape"][0] = rows
+    meta.write_text(json.dumps(doc))
+
+
 # -- annotations --------------------------------------------------------------------------------
 
 SQUARE = [[100.0, 100.0], [900.0, 100.0], [900.0, 900.0], [100.0, 900.0], [100.0, 100.0]]

@@ -380,3 +380,45 @@ def test_a_sidecar_made_with_another_pixel_size_is_refused_not_reused(tmp_path, 
     sidecar = tmp_path / "side" / "stripped.tif.tilestore.zarr"
     assert f"{sidecar}: made before with 0.499 um/px, not the 0.25 um/px asked" in other.stderr
     assert tilestore(*run, "--scan-mpp", "0.499").returncode == 0  # the same: reused
+
+
+def test_features_past_float16s_range_fail_the_slide_with_exit_2(tmp_path, stores):
+    """A model whose features pass float16's range (a ViT whose last norm is scaled by 1e6):
+    stored as float16 the slide fails in one line naming the tiles and the fix, exit 2,
+    nothing written (it stored infinities and said it was done); --dtype float32 keeps them."""
+    import shutil
+
+    import numpy as np
+    import timm
+    import torch
+    import zarr
+
+    from tests.embed.conftest import write_checkpoint
+
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, depth=1)
+    with torch.no_grad():
+        model.norm.weight.mul_(1e6)
+    folder = tmp_path / "scaled"
+    folder.mkdir()
+    config = {"architecture": "vit_tiny_patch16_224", "model_args": {"depth": 1},
+              "pretrained_cfg": {"input_size": [3, 224, 224], "mean": [0.5] * 3,
+                                 "std": [0.5] * 3, "interpolation": "bilinear"}}  # fmt: skip
+    write_checkpoint(folder, model, config, "model.safetensors")
+    store = tmp_path / stores(CMU).name
+    shutil.copytree(stores(CMU), store)
+    command = ("embed", store, "--model", f"local:{folder}", "--mpp", "1", "--device", "cpu")
+    run = tilestore(*command)
+    assert run.returncode == 2, (run.stdout, run.stderr)
+    (line,) = [x for x in run.stderr.splitlines() if x.startswith("tilestore: error: ")]
+    assert f"{store}: local:{folder} made NaN or infinite features for " in line
+    assert "tile(s) of batch 0 (plan tile, level-0 x, y: 0 at (" in line
+    assert "infinities, no NaN: float16 stores so what passes its range (65504)" in line
+    assert "--dtype float32 would keep them" in line
+    assert "(nothing was written: embeddings/local-" in line
+    assert line.endswith(" removed, the store is as it was)")
+    assert not [p for p in (store / "embeddings").glob("*") if p.is_dir()]
+    kept = tilestore(*command, "--dtype", "float32")
+    assert kept.returncode == 0, kept.stderr
+    (group,) = [p for p in (store / "embeddings").glob("*") if p.is_dir()]
+    features = zarr.open_array(group / "features", mode="r")[:]
+    assert np.isfinite(features).all() and np.abs(features).max() > 65504

@@ -81,6 +81,8 @@ def test_a_plan_asked_for_max_blur_is_filtered_or_refused_never_named_so_unfilte
         from tilestore.plan import plan_slide
 
         plan_slide(slide, PlanOptions(max_blur=0.5))
-    with pytest.raises(PlanError, match=r"max_blur needs per-tile measures from an embedding pass; none in this"):
+    with pytest.raises(
+        PlanError, match=r"max_blur needs per-tile measures from an embedding pass; none in this"
+    ):
         tilestore.plan_slide(slide, PlanOptions(max_blur=0.5))
     assert tilestore.plan_slide is tilestore.embeddings.plan_slide

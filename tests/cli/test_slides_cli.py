@@ -10,7 +10,9 @@ import pytest
 
 import tilestore
 from tests.cli.test_cli import tilestore as run
-from tilestore.embeddings.slides import read_slide_vector
+from tests.corpus import EMBEDDINGS_DAMAGE, damage_embeddings
+from tilestore.embeddings import group_name
+from tilestore.embeddings.slides import read_slide_vector, slide_group_name
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +133,45 @@ def test_export_h5_in_stamps_layout(embedded, tmp_path):
     assert attrs["unit"] == "um" and attrs["feat_type"] == "tile"
     assert attrs["tile_size_px"] == 224 and attrs["tile_size_um"] == pytest.approx(224 * 0.499)
     assert attrs["extractor"] == "efficientnet-lite0"
+
+
+@pytest.mark.parametrize("kind", EMBEDDINGS_DAMAGE)
+def test_damaged_tile_features_are_refused_by_every_command(embedded, tmp_path, kind):
+    """NaN or infinite tile features (and the slide vector a slide encoder made of them
+    before: their mean), or features' zarr.json edited to 3 rows: `export slides`, `export
+    h5` and `embed --slide-encoder mean` each refuse in one line naming the store and the
+    array, exit 2, and write nothing (they wrote a table and a slide vector of NaN, and an
+    .h5 of 3 features beside 45 coordinates)."""
+    import shutil
+
+    import zarr
+
+    path = tmp_path / "stores" / embedded.name
+    shutil.copytree(embedded, path)
+    said = damage_embeddings(path, "efficientnet-lite0", kind)
+    vector = zarr.open_array(path / slide_group_name("efficientnet-lite0", "mean") / "embedding",
+                             mode="r+")  # fmt: skip
+    # `export slides` reads the slide vectors: of damaged shapes it is told by the tile
+    # group, of NaN by the vector the features made
+    said_of_vectors = said
+    if kind != "rows":
+        features = zarr.open_array(path / group_name("efficientnet-lite0") / "features")
+        with np.errstate(invalid="ignore"):
+            vector[:] = features[:].astype(np.float64).mean(0)  # what `mean` made of them
+        said_of_vectors = "slides/mean/embedding holds NaN or infinite values in "
+    before = vector[:]
+    commands = {
+        "export slides": ("export", "slides", path, "-m", "efficientnet-lite0", "-s", "mean",
+                          "-o", tmp_path / "slides.csv"),
+        "export h5": ("export", "h5", path, "-m", "efficientnet-lite0", "-o", tmp_path / "h5"),
+        "embed": ("embed", path, "--model", "efficientnet-lite0", "--slide-encoder", "mean",
+                  "--device", "cpu"),
+    }  # fmt: skip
+    for name, command in commands.items():
+        done = run(*command)
+        assert done.returncode == 2, (name, done.stdout, done.stderr)
+        (line,) = [x for x in done.stderr.splitlines() if x.startswith("tilestore: error: ")]
+        assert f"{path}: embeddings/efficientnet-lite0/" in line, (name, line)
+        assert (said_of_vectors if name == "export slides" else said) in line, (name, line)
+    assert not (tmp_path / "slides.csv").exists() and not list((tmp_path / "h5").glob("*"))
+    np.testing.assert_array_equal(vector[:], before)  # no vector written over it

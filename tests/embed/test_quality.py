@@ -135,6 +135,13 @@ def test_a_later_plan_and_the_accessor_leave_blurred_tiles_out(painted, lite, tm
     assert any("tiles dropped" in n for n in made.notes) and made.name.endswith("-blur0.7")
     with pytest.raises(PlanError, match=r"no per-tile measures of 'uni'"):
         plan_slide(slide, replace(PLAN, max_blur=0.7, quality_from="uni"))
+    # measures whose zarr.json was edited to 3 rows are refused, not matched to other tiles
+    from tests.corpus import shape_edited
+    from tilestore.embeddings.groups import DamagedEmbeddings
+
+    shape_edited(path / "embeddings" / MODEL / "quality", 3)
+    with pytest.raises(DamagedEmbeddings, match=r"/quality has shape \(3, \d+\) where the group"):
+        plan_slide(open_slide(path), replace(PLAN, max_blur=0.7))
 
 
 def test_a_larger_footprint_is_measured_as_the_model_sees_it(cmu_pixels):

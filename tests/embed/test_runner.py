@@ -1,9 +1,14 @@
-"""The GPU loop and the model's forward: the warm-up, compiling once, the model's stream."""
+"""The GPU loop and the model's forward: the warm-up, compiling once, the model's stream,
+and batches that are not finite as stored never written."""
 
 from __future__ import annotations
 
+import contextlib
+
+import numpy as np
 import pytest
 import torch
+import zarr
 from torch._dynamo.utils import counters
 
 from tests.embed.conftest import settings
@@ -13,8 +18,11 @@ from tilestore.embed.models import load_model
 from tilestore.embed.report import Stats
 from tilestore.embed.runner import Runner
 from tilestore.embed.settings import Options
+from tilestore.embeddings import NotEmbedded, group_name, open_embeddings
 from tilestore.plan import PlanOptions, load_plan
 from tilestore.reading.opening import open_slide
+
+PLAN = PlanOptions(mpp=0.5, tile=224)
 
 
 @pytest.fixture(scope="module")
@@ -118,3 +126,116 @@ def test_on_a_gpu_the_model_runs_on_a_stream_of_its_own(store, monkeypatch):
     report = embed([store()], model, plan=PlanOptions(mpp=0.5, tile=224), options=options)
     assert report.tiles > 16 and not report.failures
     assert len(streams) == 1 and torch.cuda.default_stream().cuda_stream not in streams
+
+
+# -- features that are not finite as stored -----------------------------------------------
+
+
+@contextlib.contextmanager
+def poisoned(module: torch.nn.Module, batch: int, rows: list[int], change):
+    """The model's output of its `batch`-th call (0: the first) with `rows` changed."""
+    calls = []
+
+    def hook(mod, args, out):
+        calls.append(len(out))
+        if len(calls) == batch + 1:
+            out = out.clone()
+            out[rows] = change(out[rows])
+            return out
+        return None
+
+    handle = module.register_forward_hook(hook)
+    try:
+        yield calls
+    finally:
+        handle.remove()
+
+
+def _group(path, model):
+    return zarr.open_group(path / group_name(model), mode="r")
+
+
+def _failed_alone(bad, good, model, batch, rows, report):
+    """What a run that met a non-finite batch of `bad` (batch 1, `rows`) leaves: `bad` failed
+    in one line naming the tiles and what is kept, its batch 0 done and kept, nothing after
+    it written, `good` finished."""
+    plan, _ = load_plan(open_slide(bad))
+    assert [f["store"] for f in report.failures] == [str(bad)]
+    error = report.failures[0]["error"]
+    tiles = [batch + r for r in rows]
+    named = ", ".join(f"{t} at ({plan.x[t]}, {plan.y[t]})" for t in tiles)
+    assert f"{model} made NaN or infinite features for {len(rows)} tile(s) of batch 1" in error
+    assert named in error and "\n" not in error
+    blocks = -(-len(plan) // batch)
+    assert error.endswith(
+        f"(1 of {blocks} batches of {group_name(model)} are written and kept: rerun the same "
+        "command to resume)"
+    )
+    assert [s["store"] for s in report.slides if s.get("failed")] == [str(bad)]
+    group = _group(bad, model)
+    assert not group.attrs["tilestore"]["complete"]
+    assert group["done"][:].tolist() == [1] + [0] * (blocks - 1)
+    with pytest.raises(NotEmbedded, match="is unfinished"):
+        open_embeddings(bad, model)
+    assert _group(good, model).attrs["tilestore"]["complete"]
+    assert np.isfinite(_group(good, model)["features"][:]).all()
+    return plan
+
+
+def test_a_batch_of_nan_features_fails_its_slide_and_the_run_goes_on(store, lite, tmp_path):
+    """NaN in two tiles of the second batch: that batch is not written nor marked done, the
+    slide's later batches are dropped, the next slide is embedded; rerun, only the batches
+    not done are computed and the group is finished, finite."""
+    bad, good = store(into=tmp_path / "bad"), store(into=tmp_path / "good")
+    options = Options(batch_size=8, device="cpu", precision="fp32", dtype="float32")
+    with poisoned(lite.module, 1, [3, 6], lambda x: x * np.nan) as calls:
+        report = embed([bad, good], lite, plan=PLAN, options=options)
+    plan = _failed_alone(bad, good, "efficientnet-lite0", 8, [3, 6], report)
+    assert "dtype='float32'" not in report.failures[0]["error"]  # NaN: not float16's range
+    # the slide's batches after the bad one are not computed, once the writer has seen it
+    assert len(calls) < 2 * (-(-len(plan) // 8))
+    again = embed([bad], lite, plan=PLAN, options=options)
+    assert not again.failures and again.tiles == len(plan) - 8
+    features = _group(bad, "efficientnet-lite0")["features"][:]
+    assert np.isfinite(features).all() and _group(bad, "efficientnet-lite0")["done"][:].all()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_features_are_judged_as_stored_float16_overflows(store, lite, tmp_path, dtype):
+    """fp32 features past 65504 are finite as computed and infinite in float16: refused
+    where float16 stores them (saying that dtype='float32' would keep them), stored in
+    float32."""
+    path = store()
+    options = Options(batch_size=8, device="cpu", precision="fp32", dtype=dtype)
+    with poisoned(lite.module, 0, [2], lambda x: x * 1e9 + 1e6):
+        report = embed([path], lite, plan=PLAN, options=options)
+    if dtype == "float32":
+        assert not report.failures and _group(path, "efficientnet-lite0")["done"][:].all()
+        assert np.isfinite(_group(path, "efficientnet-lite0")["features"][:]).all()
+        return
+    (failure,) = report.failures
+    error, (plan, _) = failure["error"], load_plan(open_slide(path))
+    assert f"batch 0 (plan tile, level-0 x, y: 2 at ({plan.x[2]}, {plan.y[2]}))" in error
+    assert "infinities, no NaN: float16 stores so what passes its range (65504)" in error
+    assert "dtype='float32' would keep them" in error
+    assert error.endswith(
+        "(nothing was written: embeddings/efficientnet-lite0 removed, the store is as it was)"
+    )
+    assert not (path / "embeddings" / "efficientnet-lite0").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("decode", ["cpu", "gpu"])
+def test_on_a_gpu_a_batch_not_finite_as_stored_fails_its_slide(store, tmp_path, decode):
+    """The flag is reduced on the GPU and copied behind the features; bf16 values past
+    float16's range count as the infinities float16 stores."""
+    model = load_model("timm:vit_tiny_patch16_224")
+    bad, good = store(into=tmp_path / "bad"), store(into=tmp_path / "good")
+    options = Options(batch_size=8, decode=decode, precision="bf16", dtype="float16")
+    big = lambda x: x * 0 + 1e6  # noqa: E731 - finite in bf16, infinite in float16
+    with poisoned(model.module, 2, [0, 5], big):  # call 0: the warm-up, 2: the 2nd batch
+        report = embed([bad, good], model, plan=PLAN, options=options)
+    assert report.device.startswith("cuda")
+    _failed_alone(bad, good, "timm:vit_tiny_patch16_224", 8, [0, 5], report)
+    assert "dtype='float32' would keep them" in report.failures[0]["error"]

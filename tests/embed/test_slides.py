@@ -318,6 +318,58 @@ def test_a_damaged_slide_vector_is_one_store_error_and_verify_finds_it(featured)
     assert not verify_store(path).ok
 
 
+def test_a_slide_vector_that_is_not_finite_is_never_written(featured, monkeypatch):
+    """Whatever an encoder makes of finite tile features, a vector with an infinity is
+    refused before anything is written, naming the store; one damaged after it was written
+    is refused when read, and computed again."""
+    import zarr
+
+    from tilestore.embed.slides.load import LoadedSlideEncoder
+    from tilestore.embeddings.groups import DamagedEmbeddings
+
+    path, features = featured
+    encode = LoadedSlideEncoder.encode
+
+    def overflowing(self, tiles, device, precision):
+        vector = encode(self, tiles, device, precision)
+        vector[7] = np.inf
+        return vector
+
+    with monkeypatch.context() as patch:
+        patch.setattr(LoadedSlideEncoder, "encode", overflowing)
+        (row,) = embed_slides([path], "mean", model="conch-v1.5", device="cpu").rows
+    assert row.status == "failed" and row.why == (
+        f"{path}: mean made a slide embedding with NaN or infinite values from "
+        f"{len(features)} finite tile features of conch-v1.5; "
+        "embeddings/conch-v1.5/slides/mean is not written"
+    )
+    target = Path(path) / slide_group_name("conch-v1.5", "mean")
+    assert not target.exists() and not list(target.parent.glob(".*"))
+    assert embed_slides([path], "mean", model="conch-v1.5", device="cpu").rows[0].status == "done"
+    zarr.open_array(target / "embedding", mode="r+")[[3, 9]] = np.nan
+    damaged = r"mean/embedding holds NaN or infinite values in 2 value\(s\) \(3, 9\), which no "
+    with pytest.raises(DamagedEmbeddings, match=damaged + r"run writes: it is damaged; compute it"):
+        read_slide_vector(path, "conch-v1.5", "mean")
+    assert embed_slides([path], "mean", model="conch-v1.5", device="cpu").rows[0].status == "done"
+    vector = read_slide_vector(path, "conch-v1.5", "mean")["vector"]
+    np.testing.assert_allclose(vector, features.mean(0), rtol=1e-5, atol=1e-6)
+
+
+def test_tile_features_that_are_not_finite_are_not_stored(store):
+    """Features made elsewhere are stored only finite: readers take a NaN for damage."""
+    from tilestore.embeddings import EmbeddingError
+
+    path = store()
+    slide = open_slide(path)
+    plan = plan_slide(slide, PlanOptions(mpp=0.5, tile=512, min_tissue=0.0, name="p512"))
+    save_plan(slide, plan)
+    features = np.ones((len(plan), 8), np.float32)
+    features[[1, 4], 2] = [np.nan, -np.inf]
+    with pytest.raises(EmbeddingError, match=r"NaN or infinite values in 2 row\(s\) \(1, 4\)"):
+        write_features(path, {"name": "conch-v1.5"}, features, plan="p512")
+    assert not (Path(path) / "embeddings" / "conch-v1.5").exists()
+
+
 @pytest.mark.parametrize(
     ("encoder", "plan", "why"),
     [

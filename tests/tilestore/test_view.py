@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 from urllib.parse import quote
 
 import numpy as np
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from PIL import Image
 from starlette.testclient import TestClient
 
+from tests.corpus import EMBEDDINGS_DAMAGE, damage_embeddings
 from tilestore.format.jpeg import marker_facts, read_header
 from tilestore.plan import load_plan
 from tilestore.reading.opening import open_slide
@@ -250,6 +252,28 @@ def test_a_linked_chunk_in_the_store_is_refused_not_served(store, tmp_path):
     got = client.get("/tiles/0/0/0/0")
     assert got.status_code == 500 and b"secret" not in got.content
     assert "chunk" in got.json()["error"] or "link" in got.json()["error"]
+
+
+@pytest.mark.parametrize("kind", EMBEDDINGS_DAMAGE)
+def test_damaged_embeddings_are_a_json_error_naming_the_cause_not_a_404(
+    embedded_cohort, tmp_path, kind
+):
+    """NaN or infinite features, or features' zarr.json edited to fewer rows than the group
+    records: the PCA, the clusters and a similarity search say so, 500 (the embeddings are
+    there, and damaged), where they answered scikit-learn's "Input X contains NaN." or
+    xarray's "conflicting sizes" (400)."""
+    path = tmp_path / embedded_cohort[0].name
+    shutil.copytree(embedded_cohort[0], path)
+    said = damage_embeddings(path, MODEL, kind)
+    client = TestClient(make_app(Catalog([open_slide(path)], [str(path)], [str(path)])))
+    for url in (f"/api/overlay/0?kind=tiles&model={MODEL}&column=pca",
+                f"/api/overlay/0?kind=tiles&model={MODEL}&column=clusters&k=4",
+                f"/api/similar/0?model={MODEL}&tile=0"):  # fmt: skip
+        got = client.get(url)
+        assert got.status_code == 500, (url, got.status_code, got.text)
+        error = got.json()["error"]
+        assert error.startswith(f"{path}: embeddings/{MODEL}/") and said in error, error
+    assert client.get("/api/slides").status_code == 200  # the slide is still shown
 
 
 def test_a_catalog_needs_a_slide():

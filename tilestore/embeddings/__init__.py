@@ -30,7 +30,12 @@ from tilestore.faces import lazy_face
 __getattr__, __dir__, _read = lazy_face(
     __name__,
     {
-        "tilestore.embeddings.groups": ("NotEmbedded", "expand_stores", "list_embeddings"),
+        "tilestore.embeddings.groups": (
+            "DamagedEmbeddings",
+            "NotEmbedded",
+            "expand_stores",
+            "list_embeddings",
+        ),
         "tilestore.embeddings.h5": ("LAYOUTS", "cohort_to_h5", "to_h5"),
         "tilestore.embeddings.read": ("open_embeddings",),
         "tilestore.embeddings.quality": ("plan_slide", "without_blurred"),
@@ -64,7 +69,12 @@ __all__ = sorted(
 )
 
 if TYPE_CHECKING:
-    from tilestore.embeddings.groups import NotEmbedded, expand_stores, list_embeddings
+    from tilestore.embeddings.groups import (
+        DamagedEmbeddings,
+        NotEmbedded,
+        expand_stores,
+        list_embeddings,
+    )
     from tilestore.embeddings.h5 import LAYOUTS, cohort_to_h5, to_h5
     from tilestore.embeddings.quality import plan_slide, without_blurred
     from tilestore.embeddings.read import open_embeddings

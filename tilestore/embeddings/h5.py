@@ -116,7 +116,7 @@ def cohort_to_h5(
     (or overwrite) before the first is written."""
     found = read_each(
         stores,
-        lambda store: (store, recipe(open_finished(store, model)[2])),
+        lambda store: (store, recipe(open_finished(store, model).meta)),
         skip_missing,
         f"no embeddings of {model!r}",
     )

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from tilestore.embeddings.groups import check_shapes, embed_again
 from tilestore.embeddings.layout import GROUP, group_name
 from tilestore.errors import PlanError
 from tilestore.format.store import stored
@@ -44,13 +45,13 @@ def plan_slide(
 def without_blurred(
     slide: Slide, plan: TilePlan, max_blur: float, model: str | None = None
 ) -> TilePlan:
-    """The plan without the tiles whose stored blur is above `max_blur`."""
+    """The plan without the tiles whose stored blur is above `max_blur` (DamagedEmbeddings
+    where the group's shapes disagree: `check_shapes`)."""
     group = _measured(slide, model)
     where = f"{GROUP}/{group}"
-    with stored(
-        slide.name, where, f"embed the store again with overwrite=True (or remove {where})"
-    ):
+    with stored(slide.name, where, embed_again(where)):
         found = slide.group[where]
+        check_shapes(slide.name, where, found.attrs.get("tilestore", {}), dict(found.arrays()))
         measures = list(found["quality"].attrs["measures"])
         blur = found["quality"][:, measures.index("blur")]
         xs, ys = found["x"][:], found["y"][:]

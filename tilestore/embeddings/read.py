@@ -25,6 +25,7 @@ from zarr.abc.store import Store
 from tilestore.analysis import accessor as accessor  # registers the ds.tiles accessor
 from tilestore.embeddings.groups import (
     StoreLike,
+    check_rows,
     open_finished,
     read_each,
     refuse_shared_names,
@@ -92,10 +93,11 @@ def open_embeddings(
 
 
 def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
-    """One slide's arrays (dask) and grid facts; StoreError if it has no finished group."""
-    group, path, meta = open_finished(store, model)
-    with stored(store, path, f"embed the store again with overwrite=True (or remove {path})"):
-        members = dict(group.arrays())  # one round of concurrent metadata reads, not eleven
+    """One slide's arrays (dask) and grid facts; StoreError if it has no finished group (its
+    shapes checked at open, its features' and tokens' values as they are read)."""
+    found = open_finished(store, model)
+    path, meta, members = found.path, found.meta, found.arrays
+    with stored(store, path, found.fix):
         token = f"{Path(str(store)).resolve() if not isinstance(store, Store) else id(store)}"
         token = f"{token}-{path}-{meta.get('finished', '')}"
         features = members["features"]
@@ -105,7 +107,7 @@ def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
         rows = batch * max(1, DASK_CHUNK_BYTES // (batch * dim * features.dtype.itemsize))
         arrays = {
             key: da.from_array(
-                _Checked(members[key], f"{store}: {path}/{key}"),
+                _Checked(members[key], f"{store}: {path}/{key}", found.fix, key == "features"),
                 chunks=(rows, dim)[: members[key].ndim],
                 name=f"{key}-{token}",
                 meta=np.empty((0,) * members[key].ndim, members[key].dtype),  # no read to guess it
@@ -117,7 +119,7 @@ def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
             quality = members["quality"]
             measures = [str(m) for m in quality.attrs.get("measures", [])]
             table = da.from_array(
-                _Checked(quality, f"{store}: {path}/quality"),
+                _Checked(quality, f"{store}: {path}/quality", found.fix),
                 chunks=(rows, len(measures)),
                 name=f"quality-{token}",
                 meta=np.empty((0, 0), quality.dtype),
@@ -126,7 +128,7 @@ def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
         if "tokens" in members:  # the patch-token grids, a tile per row as the features
             tokens = members["tokens"]
             arrays["tokens"] = da.from_array(
-                _Checked(tokens, f"{store}: {path}/tokens"),
+                _Checked(tokens, f"{store}: {path}/tokens", found.fix, finite=True),
                 chunks=tokens.chunks,
                 name=f"tokens-{token}",
                 meta=np.empty((0,) * tokens.ndim, tokens.dtype),
@@ -166,17 +168,23 @@ def _qc_keys(meta: dict[str, Any]) -> list[str]:
 
 class _Checked:
     """A zarr array as dask reads it, its damage (a checksum failing) a ChunkError naming
-    the store and array rather than zarr's bare ValueError."""
+    the store and array rather than zarr's bare ValueError; with `finite` (features, tokens),
+    a NaN or an infinity in the rows read is DamagedEmbeddings naming them (`check_rows`)."""
 
-    def __init__(self, array: zarr.Array, where: str) -> None:
-        self.array, self.where = array, where
+    def __init__(self, array: zarr.Array, where: str, fix: str, finite: bool = False) -> None:
+        self.array, self.where, self.fix, self.finite = array, where, fix, finite
         self.shape, self.dtype, self.ndim = array.shape, array.dtype, array.ndim
 
     def __getitem__(self, key):
         try:
-            return self.array[key]
+            values = self.array[key]
         except (ValueError, RuntimeError) as exc:
             raise ChunkError(f"{self.where}: damaged chunk: {exc}") from exc
+        if self.finite:  # dask asks for a tuple of slices: the first says the first row
+            rows = key[0] if isinstance(key, tuple) and key else key
+            first = rows.start or 0 if isinstance(rows, slice) else 0
+            check_rows(values, self.where, self.fix, first)
+        return values
 
 
 def _dataset(parts: list[dict[str, Any]], model: str) -> xr.Dataset:

@@ -22,8 +22,13 @@ from typing import Any
 import numpy as np
 
 from tilestore.embeddings.groups import (
+    DamagedEmbeddings,
     NotEmbedded,
     StoreLike,
+    all_finite,
+    check_rows,
+    check_shapes,
+    embed_again,
     open_finished,
     open_group,
     read_each,
@@ -32,6 +37,7 @@ from tilestore.embeddings.groups import (
 )
 from tilestore.embeddings.layout import group_name
 from tilestore.embeddings.recipe import Recipe, ScaleLabel, combine, recipe
+from tilestore.embeddings.write import EmbeddingError
 from tilestore.errors import StoreError
 from tilestore.format import leftovers
 from tilestore.format.codecs import zstd_codecs
@@ -104,13 +110,18 @@ def slide_group_name(model: str, encoder: str) -> str:
 def read_tile_features(store: StoreLike, model: str) -> TileFeatures:
     """Return a store's finished tile embeddings of `model`, features and coordinates read
     whole (a slide's features are at most a few hundred MB); NotEmbedded where the group is
-    absent or unfinished, StoreError where it is damaged."""
+    absent or unfinished, StoreError where it is damaged (DamagedEmbeddings where its shapes
+    disagree or its features are not finite)."""
     from tilestore.reading.opening import open_slide
 
-    group, path, meta = open_finished(store, model)
-    with stored(store, path, f"embed the store again with overwrite=True (or remove {path})"):
-        features, x, y, row, col = (group[k][:] for k in ("features", "x", "y", "row", "col"))
+    found = open_finished(store, model)
+    path, meta = found.path, found.meta
+    with stored(store, path, found.fix):
+        features, x, y, row, col = (
+            found.arrays[k][:] for k in ("features", "x", "y", "row", "col")
+        )
         slide = open_slide(store)
+    check_rows(features, f"{store}: {path}/features", found.fix)
     grid = meta.get("grid") or {}
     down = grid.get("downsample", (1.0, 1.0))
     read = grid.get("read", meta.get("read_px"))
@@ -150,9 +161,16 @@ def write_slide_vector(
 
     It is made in a hidden group and renamed into place whole, so a reader sees the old
     vector or the new one, never half of one; SlideEmbeddingExists where one is there and
-    not overwrite; StaleSlideEmbedding where the tile group changed while it computed."""
+    not overwrite; StaleSlideEmbedding where the tile group changed while it computed;
+    EmbeddingError, nothing written, where the vector holds a NaN or an infinity."""
     store = Path(tiles.store)
     path = slide_group_name(tiles.model, encoder)
+    values = np.asarray(vector, dtype=np.float32).reshape(-1)
+    if not all_finite(values):
+        raise EmbeddingError(
+            f"{tiles.store}: {encoder} made a slide embedding with NaN or infinite values "
+            f"from {tiles.tiles} finite tile features of {tiles.model}; {path} is not written"
+        )
     target = store / path
     if target.exists() and not overwrite and has_current_vector(tiles.store, tiles.model, encoder):
         raise SlideEmbeddingExists(
@@ -169,7 +187,6 @@ def write_slide_vector(
     leftovers.clear(target)  # what killed writes of this vector left (hidden, never read)
     with leftovers.built_beside(target, "cannot write the slide embedding") as hidden:
         group = root.create_group(str(hidden.relative_to(store)))
-        values = np.asarray(vector, dtype=np.float32).reshape(-1)
         array = group.create_array(
             VECTOR, shape=values.shape, dtype="float32", **zstd_codecs(level=3)
         )  # its CRC-32C: `tilestore verify` checks it as every other array
@@ -190,7 +207,9 @@ def has_current_vector(store: StoreLike, model: str, encoder: str) -> bool:
 
 def read_slide_vector(store: StoreLike, model: str, encoder: str) -> dict[str, Any]:
     """One store's slide embedding: {"name", "store", "vector", "record"}; NotEmbedded where
-    there is none, StaleSlideEmbedding where its tile features were embedded again since."""
+    there is none, StaleSlideEmbedding where its tile features were embedded again since,
+    DamagedEmbeddings where it is not the width recorded or not finite, or where the tile
+    group it was computed from is damaged (`check_shapes`)."""
     path = slide_group_name(model, encoder)
     try:
         group = open_group(store, path)
@@ -202,13 +221,22 @@ def read_slide_vector(store: StoreLike, model: str, encoder: str) -> dict[str, A
     with stored(store, path, fix):
         record = dict(group.attrs["tilestore"])
         vector = group[VECTOR][:]
-        tiles_meta = open_group(store, group_name(model)).attrs.get("tilestore", {})
+        tile_group = open_group(store, group_name(model))
+        tiles_meta = tile_group.attrs.get("tilestore", {})
+        if vector.shape != (record.get("dim", vector.size),):
+            raise DamagedEmbeddings(
+                f"{store}: {path}/{VECTOR} has shape {vector.shape} where its record says "
+                f"({record['dim']},): it is damaged; {fix}"
+            )
+    check_rows(vector.reshape(-1, 1), f"{store}: {path}/{VECTOR}", fix, unit="value")
     if str(tiles_meta.get("finished", "")) != record["tiles"]["finished"]:
         raise StaleSlideEmbedding(
             f"{store}: {path} was computed from tile features replaced since (embedded "
             f"{record['tiles']['finished']}, now {tiles_meta.get('finished')}); run "
             f"`tilestore embed --slide-encoder {encoder} --overwrite` on it"
         )
+    with stored(store, group_name(model), embed_again(group_name(model))):
+        check_shapes(store, group_name(model), tiles_meta, dict(tile_group.arrays()))
     return {
         "name": slide_name(store),
         "store": str(store),

@@ -24,6 +24,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec
 
+from tilestore.embeddings.groups import non_finite_rows
 from tilestore.embeddings.layout import COORDINATES, UNITS, group_name
 from tilestore.errors import TilestoreError
 from tilestore.format.codecs import zstd_codecs
@@ -603,7 +604,8 @@ def write_features(
     group of ``model["name"]``: one row per tile of a stored plan, in the plan's order.
 
     model: what the features are ({"name": ..., and whatever says where they came from}).
-    plan: the stored plan's name (None: the store's only plan). Returns the group's path."""
+    plan: the stored plan's name (None: the store's only plan). Returns the group's path.
+    Features with a NaN or an infinity are refused: readers take those for damage."""
     from tilestore.plan import load_plan
     from tilestore.reading.opening import open_slide
 
@@ -613,6 +615,13 @@ def write_features(
         raise EmbeddingError(
             f"{slide.name}: {features.shape} features for the {len(tile_plan)} tiles of plan "
             f"{tile_plan.name}"
+        )
+    bad = non_finite_rows(features)  # a finished group holds finite features only
+    if len(bad):
+        raise EmbeddingError(
+            f"{slide.name}: the features given hold NaN or infinite values in {len(bad)} "
+            f"row(s) ({', '.join(map(str, bad[:5].tolist()))}{', ...' if len(bad) > 5 else ''}); "
+            "nothing was written"
         )
     dtype = "float16" if features.dtype == np.float16 else "float32"
     model = {**model, "output_dim": int(features.shape[1])}

@@ -318,6 +318,10 @@ def _plain(value: Any) -> Any:
 
 
 async def _error(request: Request, exc: Exception) -> Response:
+    """Our errors as JSON naming the cause: 404 where what was asked for is not there (a
+    slide, plan, model or column; embeddings absent or unfinished), 500 where it is there but
+    cannot be read (a damaged store: a chunk, a document, embeddings whose shapes disagree or
+    that hold NaN), 409 where results that must not meet were asked for together."""
     name = type(exc).__name__
     status = 404 if isinstance(exc, ViewError) or name in _NOT_FOUND else 500
     if name in _CONFLICT:  # results that must not be combined: said, not "not found"

@@ -21,6 +21,7 @@ import numpy as np
 from tilestore.errors import SlideError
 from tilestore.format import jpeg
 from tilestore.sources.base import (
+    MAX_SIDE,
     Channel,
     Fact,
     JpegTiles,
@@ -57,6 +58,8 @@ _COMPRESSION = {
 }
 _RGB = {"RGB", "YBR_FULL_422", "YBR_FULL", "YBR_ICT", "YBR_RCT"}
 DICM_OFFSET = 128  # a DICOM file's 128-byte preamble, then "DICM"
+# a frame's and the whole image's (width, height) attributes
+_SIZES = ("Columns", "Rows", "TotalPixelMatrixColumns", "TotalPixelMatrixRows")
 
 
 def is_dicom_file(head: bytes) -> bool:
@@ -78,13 +81,28 @@ def dicom_series(path: str | os.PathLike) -> dict[str, list[Path]]:
                 if not is_dicom_file(fh.read(DICM_OFFSET + 4)):
                     continue
             ds = pydicom.dcmread(
-                candidate, stop_before_pixels=True, specific_tags=["SeriesInstanceUID"]
+                candidate, stop_before_pixels=True, specific_tags=["SeriesInstanceUID", *_SIZES]
             )
         except (OSError, EOFError, ValueError, pydicom.errors.InvalidDicomError) as exc:
             raise SlideError(f"{candidate}: not a readable DICOM file: {exc}") from exc
+        _check_sizes(candidate, ds)
         uid = str(ds.get("SeriesInstanceUID", "")) or "unknown"
         series.setdefault(uid, []).append(candidate)
     return dict(sorted(series.items()))
+
+
+def _check_sizes(path: Path, ds: object) -> None:
+    """Refuse a file whose frames or whole image declare a side no image has: wsidicom
+    divides by the frame's and allocates by both, trusting whatever the header says."""
+    for what, (columns, rows) in (("frames", _SIZES[:2]), ("an image", _SIZES[2:])):
+        width, height = ds.get(columns), ds.get(rows)
+        if width is None or height is None:
+            continue  # absent (not a tiled image): wsidicom says what it misses
+        if not (1 <= int(width) <= MAX_SIDE and 1 <= int(height) <= MAX_SIDE):
+            raise SlideError(
+                f"{path}: declares {what} of {width}x{height} px ({columns} x {rows}; "
+                f"plausible: 1-{MAX_SIDE} px a side); the header is corrupt"
+            )
 
 
 @dataclass

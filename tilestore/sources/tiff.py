@@ -30,6 +30,7 @@ from tilestore.sources.base import (
     check_size,
     checked_mpp,
 )
+from tilestore.sources.storage import tiff_page_lossless
 
 _UNIT_UM = {2: 25_400.0, 3: 10_000.0}  # TIFF ResolutionUnit: inch, centimeter -> µm
 # What tifffile raises on malformed headers and IFDs.
@@ -216,6 +217,7 @@ class TiffSource(Source):
             compression=getattr(codec, "name", str(codec)).lower(),
             tile_shape=tile,
             rgb=_is_rgb(level),
+            lossless=tiff_page_lossless(path, page),
             series=series,
             level=index,
             path=path,

@@ -91,6 +91,10 @@ def _levels(group: zarr.Group, attrs: dict, mpp: dict | None) -> list[dict]:
                 "codecs": codecs,
                 "write": level["write"],
                 "reason": level["reason"],
+                # JPEG encoded at conversion: PSNR on a sample of its chunks (stores made
+                # before this was measured say None)
+                "lossy": level.get("lossy"),
+                "psnr": level.get("psnr"),
             }
         )
     return levels
@@ -123,6 +127,7 @@ def _describe_slide(path: Path, verify: bool) -> dict[str, Any]:
                     "shape": [level.channels, *level.shape],
                     "dtype": str(level.dtype),
                     "compression": level.compression,
+                    "lossless": Fact.to_json(level.lossless),  # as the file stores it
                     "tile": list(level.tile_shape) if level.tile_shape else None,
                     "copyable": tiles is not None,
                     "why_not": None if tiles else level.describe_copy(),

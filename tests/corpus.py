@@ -275,6 +275,21 @@ def corrupt_json(part: str) -> Callable[[Path, Path], Path]:
     return make
 
 
+def array_json(part: str, name: str, edit: Callable[[dict], None]) -> Callable[[Path, Path], Path]:
+    """A store whose zarr.json at `part` is JSON, edited (a key dropped, a value changed)."""
+
+    def make(folder: Path, store: Path) -> Path:
+        target = store_copy(folder, store, f"meta-{name}")
+        meta = target / part / "zarr.json"
+        doc = json.loads(meta.read_text())
+        edit(doc)
+        meta.write_text(json.dumps(doc))
+        return target
+
+    make.__name__ = f"meta_{name}"
+    return make
+
+
 def attrs_edit(name: str, edit: Callable[[dict], None]) -> Callable[[Path, Path], Path]:
     """A store whose root tilestore attributes were edited (keys dropped, values changed)."""
 

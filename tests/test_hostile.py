@@ -258,9 +258,71 @@ def test_damaged_store_metadata_is_a_store_error(tmp_path, stores, embedder, mak
     assert re_match(rf".*{cause}", report.failures[0]["error"])
 
 
+RESHARD = [
+    (C.corrupt_json("1"), r"1/zarr.json is damaged \(JSONDecodeError: "),
+    (C.corrupt_json("plans/default"), r"plans/default/zarr.json is damaged \(JSONDecodeError: "),
+    (C.array_json("1", "no-codecs", lambda d: d.pop("codecs")), r"1/zarr.json is damaged "),
+    (C.array_json("0", "shape-text", lambda d: d.update(shape="big")), r"0/zarr.json is damaged "),
+    (
+        C.attrs_edit("source-text", lambda a: a.update(source="x")),
+        r"zarr.json \(its tilestore attributes\) is damaged \(AttributeError: ",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def file_per_chunk(stores):
+    """CMU-1-Small-Region in one file per chunk (the layout before shards) with a plan."""
+    from tilestore.plan import plan_slide, save_plan
+
+    store = stores(CMU, shard=0)
+    slide = open_slide(store)
+    if "plans" not in slide.group:
+        save_plan(slide, plan_slide(slide, PlanOptions(mpp=1.0, tile=224, name="default")))
+    return store
+
+
+@pytest.mark.parametrize(("make", "cause"), RESHARD, ids=lambda v: getattr(v, "__name__", ""))
+def test_reshard_of_a_damaged_document_is_one_store_error_and_changes_nothing(
+    tmp_path, file_per_chunk, make, cause
+):
+    """Was `internal error (JSONDecodeError)`: every array's zarr.json is read (and checked as
+    zarr reads it) before anything is written, inside the one place a damaged stored document
+    becomes a StoreError (`tilestore.format.store.stored`)."""
+    from tilestore.conversion import reshard
+
+    store = make(tmp_path, file_per_chunk)
+    before = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
+    with pytest.raises(
+        StoreError, match=rf"^{re.escape(str(store))}: {cause}.*nothing was changed"
+    ):
+        reshard(store)
+    assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [store.name]  # nothing beside it
+    run = _cli("reshard", store)
+    assert run.returncode == 2
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith(f"tilestore: error: {store}: ") and "internal error" not in line
+
+
 def test_info_on_a_damaged_level_is_a_store_error(tmp_path, stores):
     store = C.corrupt_json("0")(tmp_path, stores(CMU))
     with pytest.raises(StoreError, match=r"store metadata is damaged"):
+        describe(store)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        C.attrs_edit("source-text", lambda a: a.update(source="x")),
+        C.attrs_edit("size-text", lambda a: a["source"].update(size="big")),
+    ],
+    ids=lambda v: v.__name__,
+)
+def test_info_on_damaged_source_attributes_is_a_store_error(tmp_path, stores, make):
+    """Was an AttributeError or TypeError: the source's facts were read outside `stored`."""
+    store = make(tmp_path, stores(CMU))
+    with pytest.raises(StoreError, match=r"store metadata is damaged \((Attribute|Type)Error"):
         describe(store)
 
 

@@ -36,10 +36,11 @@ def describe(path: str | os.PathLike, *, verify: bool = False) -> dict[str, Any]
 def _describe_store(path: Path) -> dict[str, Any]:
     group, attrs = open_group(path, complete=False)  # info says whether it is complete
     size = tree_size(path)
-    source_size = attrs.get("source", {}).get("size")
     mpp = attrs.get("mpp")
     with stored(path, "store metadata", "convert the slide again"):
         levels = _levels(group, attrs, mpp)
+        source_size = (attrs.get("source") or {}).get("size")
+        ratio = round(size / source_size, 3) if source_size else None
     _gpu_jpeg(path, levels)
     return {
         "path": str(path),
@@ -58,7 +59,7 @@ def _describe_store(path: Path) -> dict[str, Any]:
         "tissue": _tissue(group),
         "plans": _plans(group),
         "size_bytes": size,
-        "size_vs_source": round(size / source_size, 3) if source_size else None,
+        "size_vs_source": ratio,
         "software": attrs.get("software"),
     }
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))  # the test suite's writers of tool-made files
 
 from tests.tilestore import tiffs, vendors  # noqa: E402
 from tilestore.conversion.converter import convert  # noqa: E402
-from tilestore.reading.slide import open_slide  # noqa: E402
+from tilestore.reading.opening import open_slide  # noqa: E402
 from tilestore.sources import open_source  # noqa: E402
 
 DATA = Path(os.environ.get("TILESTORE_DATA", REPO.parent / "shared" / "data")) / "slides"

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import typer
+from rich.markup import escape
 
 from tilestore import TilestoreError
 from tilestore.cli.console import as_flags, flags_of, human_size, out, output_file, text_table
@@ -77,8 +78,7 @@ def convert(
             failed += 1
             continue
         out.print(
-            f"[bold]{report.store}[/bold]  codec {report.codec} ({report.codec_reason}), "
-            f"chunks {report.chunk} px",
+            f"[bold]{report.store}[/bold]  {escape(report.summary())}, chunks {report.chunk} px",
             highlight=False,
         )
         table = text_table("level", "w x h", "scale", "path", "why", "chunks", "s")

@@ -84,6 +84,40 @@ def tag(name: str, value: int) -> Callable[[Path, Path], Path]:
     return make
 
 
+def geometry(kind: str, name: str, value: int, page: int = 0) -> Callable[[Path, Path], Path]:
+    """A TIFF whose page `page` declares an impossible `name` (TileWidth 0, RowsPerStrip 0,
+    ImageWidth 0): the real SVS ("svs": page 2 is its label), or a small tiled or striped
+    TIFF of its pixels ("tiled", "striped"). tifffile divides by these sizes."""
+
+    def make(folder: Path, svs: Path) -> Path:
+        src = svs
+        if kind != "svs":
+            src = folder / f"{kind}.tif"
+            pixels = tifffile.imread(svs)[:700, :900]
+            layout = {"tile": (240, 240)} if kind == "tiled" else {"rowsperstrip": 64}
+            tifffile.imwrite(src, pixels, photometric="rgb", compression="zlib", **layout)
+        return patch_tag(src, folder / f"{kind}-{name}-{value}.tif", name, value, page)
+
+    make.__name__ = f"{kind}_{name}_{value}"
+    return make
+
+
+def dicom_attribute(name: str, value: int) -> Callable[[Path, Path], Path]:
+    """The real DICOM file with one attribute changed (Columns 0: frames 0 px wide)."""
+
+    def make(folder: Path, dcm: Path) -> Path:
+        import pydicom
+
+        ds = pydicom.dcmread(dcm)
+        setattr(ds, name, value)
+        path = folder / f"{name}-{value}.dcm"
+        ds.save_as(path)
+        return path
+
+    make.__name__ = f"dicom_{name}_{value}"
+    return make
+
+
 def _tile_bytes(svs: Path, index: int) -> tuple[int, int]:
     with tifffile.TiffFile(svs) as tif:
         page = tif.pages.first
@@ -238,6 +272,21 @@ def corrupt_json(part: str) -> Callable[[Path, Path], Path]:
         return target
 
     make.__name__ = f"json_{part or 'root'}"
+    return make
+
+
+def array_json(part: str, name: str, edit: Callable[[dict], None]) -> Callable[[Path, Path], Path]:
+    """A store whose zarr.json at `part` is JSON, edited (a key dropped, a value changed)."""
+
+    def make(folder: Path, store: Path) -> Path:
+        target = store_copy(folder, store, f"meta-{name}")
+        meta = target / part / "zarr.json"
+        doc = json.loads(meta.read_text())
+        edit(doc)
+        meta.write_text(json.dumps(doc))
+        return target
+
+    make.__name__ = f"meta_{name}"
     return make
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ from tests import corpus as C
 from tests.conftest import CMU, IHC
 from tilestore.conversion.converter import convert
 from tilestore.conversion.info import describe
+from tilestore.conversion.sidecar import open_in_place
 from tilestore.embed import Embedder, Options
 from tilestore.embed.models import ModelError, load_model
 from tilestore.errors import (
@@ -34,6 +36,7 @@ from tilestore.reading.opening import open_slide
 from tilestore.reading.verify import verify_store
 
 JPG = "stardist_histo.jpg"
+DCM = "camelyon_lymphnode_jpeg.dcm"
 
 # -- slide files: convert and info -------------------------------------------------------------
 
@@ -47,10 +50,11 @@ SLIDES = [
     (C.fifo, r"not a regular file \(a pipe, socket or device\)"),
     (C.dangling, r"cannot read: No such file or directory"),
     (C.tiff_magic_garbage, r"truncated or corrupt: invalid offset to first page"),
-    (C.tag("TileWidth", 0), r"level 0 declares 0x240 px tiles \(plausible: 1-16384"),
-    (C.tag("TileLength", 65520), r"level 0 declares 240x65520 px tiles"),
-    (C.tag("TileWidth", 65520), r"level 0 declares 65520x240 px tiles"),
-    (C.tag("ImageWidth", 0), r"declared image size 2967x0x3 is not plausible"),
+    # checked on every page before tifffile sees them (its series detection divides by them)
+    (C.tag("TileWidth", 0), r"page 0 declares 0x240 px tiles \(plausible: 1-16384"),
+    (C.tag("TileLength", 65520), r"page 0 declares 240x65520 px tiles"),
+    (C.tag("TileWidth", 65520), r"page 0 declares 65520x240 px tiles"),
+    (C.tag("ImageWidth", 0), r"page 0 declares an image of 0x2967 px \(plausible: 1-500000"),
     (C.tag("ImageLength", 65535), r"holds 130 tiles or strips where .* need 2740"),
     (C.tile_damage("zeroed"), r"level 0 tile \(4, 0\) is damaged"),
     (C.tile_damage("no-soi"), r"level 0 tile \(4, 0\) is damaged"),
@@ -87,6 +91,42 @@ def test_an_image_declaring_65500_px_a_side_is_refused_before_decoding(
     src = make(tmp_path, slide_path(real))
     with pytest.raises(SlideError, match=r"declares 65500x65500x3 \(12\.0 GiB decoded\) in a "):
         describe(src)
+
+
+# A header declaring a size no image has (0 px tiles, strips of 0 rows, an image 0 px wide, a
+# DICOM frame 0 px wide), in a level or an associated image: tifffile and wsidicom divide by
+# these, and every command that opens a slide met a ZeroDivisionError ("internal error").
+GEOMETRY = [
+    (C.geometry("tiled", "TileWidth", 0), CMU, r"page 0 declares 0x240 px tiles"),
+    (C.geometry("tiled", "ImageWidth", 0), CMU, r"page 0 declares an image of 0x700 px"),
+    (C.geometry("striped", "RowsPerStrip", 0), CMU, r"page 0 declares strips of 0 rows"),
+    (C.geometry("svs", "RowsPerStrip", 0, page=2), CMU, r"page 2 declares strips of 0 rows"),
+    (C.dicom_attribute("Columns", 0), DCM, r"declares frames of 0x256 px \(Columns x Rows"),
+]
+OPENS = {
+    "convert": lambda src, out: convert(src, out),
+    "convert keep_associated": lambda src, out: convert(src, out, keep_associated=True),
+    "open_in_place": lambda src, out: open_in_place(src, out),
+    "info": lambda src, out: describe(src),
+    "info verify": lambda src, out: describe(src, verify=True),
+}
+
+
+@pytest.mark.parametrize("command", OPENS)
+@pytest.mark.parametrize(
+    ("make", "real", "cause"), GEOMETRY, ids=lambda v: getattr(v, "__name__", "")
+)
+def test_a_size_no_image_has_is_refused_by_every_command_that_opens_a_slide(
+    tmp_path, slide_path, make, real, cause, command
+):
+    src = make(tmp_path, slide_path(real))
+    out, before = tmp_path / "out", set(tmp_path.iterdir())
+    with pytest.raises(
+        SlideError, match=rf"^{re.escape(str(src))}: {cause}.* the header is corrupt$"
+    ):
+        OPENS[command](src, out)
+    assert set(tmp_path.iterdir()) - before <= {out}  # no sidecar beside the slide
+    assert not out.exists() or not list(out.iterdir())  # no store, no sidecar, no partial
 
 
 def test_a_linked_slide_converts_as_its_target(tmp_path, slide_path, stores):
@@ -218,9 +258,71 @@ def test_damaged_store_metadata_is_a_store_error(tmp_path, stores, embedder, mak
     assert re_match(rf".*{cause}", report.failures[0]["error"])
 
 
+RESHARD = [
+    (C.corrupt_json("1"), r"1/zarr.json is damaged \(JSONDecodeError: "),
+    (C.corrupt_json("plans/default"), r"plans/default/zarr.json is damaged \(JSONDecodeError: "),
+    (C.array_json("1", "no-codecs", lambda d: d.pop("codecs")), r"1/zarr.json is damaged "),
+    (C.array_json("0", "shape-text", lambda d: d.update(shape="big")), r"0/zarr.json is damaged "),
+    (
+        C.attrs_edit("source-text", lambda a: a.update(source="x")),
+        r"zarr.json \(its tilestore attributes\) is damaged \(AttributeError: ",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def file_per_chunk(stores, tmp_path_factory):
+    """CMU-1-Small-Region in one file per chunk (the layout before shards) with a plan: a
+    copy of the session's store, which other tests read as it was made."""
+    from tilestore.plan import plan_slide, save_plan
+
+    store = C.store_copy(tmp_path_factory.mktemp("reshard"), stores(CMU, shard=0), "cmu")
+    slide = open_slide(store)
+    save_plan(slide, plan_slide(slide, PlanOptions(mpp=1.0, tile=224, name="default")))
+    return store
+
+
+@pytest.mark.parametrize(("make", "cause"), RESHARD, ids=lambda v: getattr(v, "__name__", ""))
+def test_reshard_of_a_damaged_document_is_one_store_error_and_changes_nothing(
+    tmp_path, file_per_chunk, make, cause
+):
+    """Was `internal error (JSONDecodeError)`: every array's zarr.json is read (and checked as
+    zarr reads it) before anything is written, inside the one place a damaged stored document
+    becomes a StoreError (`tilestore.format.store.stored`)."""
+    from tilestore.conversion import reshard
+
+    store = make(tmp_path, file_per_chunk)
+    before = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
+    with pytest.raises(
+        StoreError, match=rf"^{re.escape(str(store))}: {cause}.*nothing was changed"
+    ):
+        reshard(store)
+    assert {p: p.read_bytes() for p in store.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [store.name]  # nothing beside it
+    run = _cli("reshard", store)
+    assert run.returncode == 2
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith(f"tilestore: error: {store}: ") and "internal error" not in line
+
+
 def test_info_on_a_damaged_level_is_a_store_error(tmp_path, stores):
     store = C.corrupt_json("0")(tmp_path, stores(CMU))
     with pytest.raises(StoreError, match=r"store metadata is damaged"):
+        describe(store)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        C.attrs_edit("source-text", lambda a: a.update(source="x")),
+        C.attrs_edit("size-text", lambda a: a["source"].update(size="big")),
+    ],
+    ids=lambda v: v.__name__,
+)
+def test_info_on_damaged_source_attributes_is_a_store_error(tmp_path, stores, make):
+    """Was an AttributeError or TypeError: the source's facts were read outside `stored`."""
+    store = make(tmp_path, stores(CMU))
+    with pytest.raises(StoreError, match=r"store metadata is damaged \((Attribute|Type)Error"):
         describe(store)
 
 
@@ -447,6 +549,35 @@ def test_the_command_prints_one_line_and_exits_2(tmp_path, slide_path, stores):
         assert cause in lines[0], lines[0]
     run = _cli("--debug", "info", C.corrupt_json("0")(tmp_path / "d", stores(CMU)))
     assert "Traceback" in run.stderr  # with --debug, the traceback for a bug report
+
+
+@pytest.mark.parametrize(
+    ("make", "cause"),
+    [
+        (C.geometry("tiled", "TileWidth", 0), "page 0 declares 0x240 px tiles"),
+        (C.geometry("striped", "RowsPerStrip", 0), "page 0 declares strips of 0 rows"),
+    ],
+    ids=["tile-0", "strips-0"],
+)
+def test_a_size_no_image_has_is_one_line_from_every_command(tmp_path, slide_path, make, cause):
+    """Was `tilestore: error: internal error (ZeroDivisionError)` (strips of 0 rows: info
+    --verify and convert; an image 0 px wide: every command)."""
+    src = make(tmp_path, slide_path(CMU))
+    out = tmp_path / "out"
+    for args in (
+        ("convert", src, "-o", out),
+        ("convert", src, "-o", out, "--in-place"),
+        ("info", src),
+        ("info", src, "--verify"),
+    ):
+        run = _cli(*args)
+        assert run.returncode == 2, (args, run.stderr)
+        assert run.stderr.strip().splitlines() == [
+            f"tilestore: error: {src}: {cause} (plausible: "
+            + run.stderr.split("(plausible: ", 1)[1].strip()
+        ]
+        assert run.stderr.strip().endswith("; the header is corrupt")
+    assert not out.exists() or not list(out.iterdir())
 
 
 def test_info_verify_on_a_damaged_slide_exits_2(tmp_path, slide_path):

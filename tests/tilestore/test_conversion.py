@@ -72,6 +72,80 @@ def test_svs_gets_built_levels_down_to_1024(stores, cmu_pixels):
     # Downsampled pixels carry more detail each, so the same JPEG quality loses a
     # little more than on level 0 (which is copied exactly).
     assert psnr(_level(store, 1), expected) > 38
+    # what the store says it lost: level 0 nothing (copied), the built ones their PSNR,
+    # measured on every one of their few chunks (35 and 12: under the sample's 64)
+    assert [(lv["lossy"], lv["sampled"]) for lv in levels] == [(False, 0), (True, 35), (True, 12)]
+    assert levels[1]["psnr"] == pytest.approx(psnr(_level(store, 1), expected), abs=0.01)
+
+
+def test_the_jpeg_svs_keeps_copying_its_tiles_and_says_what_the_built_levels_lost(
+    tmp_path, slide_path
+):
+    report = convert(slide_path(CMU), tmp_path)
+    assert report.codec == "jpeg" and report.codec_reason == (
+        "8-bit RGB brightfield stored lossy: TIFF Compression 7 (JPEG)"
+    )
+    level1 = report.levels[1]
+    assert report.summary() == (
+        f"codec jpeg q95 ({report.codec_reason}): level 0 copied; LOSSY, level 1 PSNR "
+        f"{level1.psnr:.1f} dB (35 chunks sampled)"
+    )
+    codec = _attrs(report.store)["tilestore"]["codec"]
+    assert codec == {"name": "jpeg", "reason": report.codec_reason, "quality": 95, "lossy": True}
+
+
+def test_a_sidecar_says_its_slide_levels_are_read_in_place_and_its_built_ones_lossy(
+    tmp_path, slide_path
+):
+    report = convert(slide_path(CMU), tmp_path / "cmu.tilestore.zarr", in_place=True)
+    assert report.summary() == (
+        f"codec jpeg q95 ({report.codec_reason}): level 0 read in place; LOSSY, level 1 PSNR "
+        f"{report.levels[1].psnr:.1f} dB (35 chunks sampled)"
+    )
+
+
+@pytest.mark.parametrize("compression", ["zlib", "lzw"])
+def test_a_lossless_tiff_stays_lossless(tmp_path, cmu_pixels, compression):
+    """Brightfield RGB, once JPEG by default: a slide stored losslessly is stored losslessly,
+    its pixels as tifffile decodes them, and the report says so."""
+    src = tiffs.tiled(tmp_path / "s.tif", cmu_pixels[:1500, :1300], compression, tile=(240, 240))
+    with pytest.warns(TilestoreWarning, match="no pixel size"):
+        report = convert(src, tmp_path / "out")
+    name = {"zlib": "8 (deflate)", "lzw": "5 (LZW)"}[compression]
+    assert report.codec == "zstd"
+    assert report.codec_reason == f"stored losslessly, kept lossless: TIFF Compression {name}"
+    assert report.summary() == f"codec zstd ({report.codec_reason}): lossless"
+    assert [lv.write for lv in report.levels] == ["lossless", "lossless"] and not report.lossy
+    np.testing.assert_array_equal(_level(report.store), tifffile.imread(src))
+    source = _attrs(report.store)["tilestore"]["source"]
+    assert source["lossless"] == {"value": True, "origin": f"TIFF Compression {name}"}
+
+
+def test_jpeg_asked_for_on_a_lossless_tiff_says_lossy_and_its_psnr(tmp_path, cmu_pixels):
+    src = tiffs.tiled(tmp_path / "s.tif", cmu_pixels[:2200, :2200], "zlib", tile=(256, 256))
+    with pytest.warns(TilestoreWarning, match="no pixel size"):
+        report = convert(src, tmp_path / "out", codec="jpeg", quality=90)
+    level0 = report.levels[0]
+    assert level0.write == "re-encode" and level0.lossy and level0.sampled == 64  # of 81
+    assert level0.psnr == pytest.approx(psnr(_level(report.store), tifffile.imread(src)), abs=0.5)
+    assert report.summary() == (
+        f"codec jpeg q90 (asked for): LOSSY, level 0 PSNR {level0.psnr:.1f} dB (64 chunks sampled)"
+    )
+    stored = _attrs(report.store)["tilestore"]
+    assert stored["codec"]["lossy"] is True
+    assert stored["levels"][0]["psnr"] == level0.psnr and stored["levels"][0]["sampled"] == 64
+
+
+def test_a_slide_whose_storage_is_not_known_is_kept_lossless(tmp_path, cmu_pixels):
+    """JPEG XL in a TIFF may be either, and neither the tag nor the stream's header says."""
+    src = tiffs.tiled(tmp_path / "s.tif", cmu_pixels[:700, :900], "jpegxl")
+    with pytest.warns(TilestoreWarning, match="no pixel size"):
+        report = convert(src, tmp_path / "out")
+    assert report.codec == "zstd"
+    assert report.codec_reason.startswith(
+        "not known to be stored lossy, kept lossless (the safe default): TIFF Compression 50002"
+    )
+    np.testing.assert_array_equal(_level(report.store), tifffile.imread(src))
 
 
 def test_mpp_and_scales(stores):
@@ -103,7 +177,9 @@ def test_ndpi_keeps_its_four_levels_losslessly(stores, slide_path):
 
 
 @pytest.mark.parametrize("name", [KIDNEY, IHC])
-def test_reencode_path_psnr_at_least_40_db(stores, slide_path, name):
+def test_lossless_files_stay_lossless_and_jpeg_asked_for_keeps_40_db(stores, slide_path, name):
+    """An uncompressed TIFF and a PNG (JPEG by default before: lossy, unasked) are stored
+    exactly; JPEG asked for re-encodes them above 40 dB."""
     source = slide_path(name)
     reference = (
         np.asarray(Image.open(source).convert("RGB"))
@@ -111,6 +187,9 @@ def test_reencode_path_psnr_at_least_40_db(stores, slide_path, name):
         else tifffile.imread(source)
     )
     store = stores(name)
+    assert _attrs(store)["tilestore"]["levels"][0]["write"] == "lossless"
+    np.testing.assert_array_equal(_level(store), reference)
+    store = stores(name, codec="jpeg")
     assert _attrs(store)["tilestore"]["levels"][0]["write"] == "re-encode"
     assert psnr(_level(store), reference) >= 40
 
@@ -154,19 +233,29 @@ def test_ome_pyramid_levels_are_all_copied(tmp_path, cmu_pixels):
     report = convert(src, tmp_path / "out")
     assert report.store.name == "p.ome.zarr"
     assert [lv.write for lv in report.levels] == ["copy", "copy", "copy"]
+    assert report.summary() == f"codec jpeg ({report.codec_reason}): copied"  # no q: none encoded
     with tifffile.TiffFile(src) as tif:
         for index, level in enumerate(tif.series[0].levels):
             np.testing.assert_array_equal(_level(report.store, index), level.asarray())
     OmeImage.from_zarr(zarr.open_group(report.store, mode="r"))
 
 
-def test_jpeg2000_tiles_are_reencoded(tmp_path, cmu_pixels):
-    src = tiffs.tiled(tmp_path / "j2k.tif", cmu_pixels[:700, :900], "jpeg2000")
+def test_jpeg2000_tiles_stay_lossless_if_reversible_else_are_reencoded(tmp_path, cmu_pixels):
+    """tifffile's JPEG 2000 is reversible (5-3) by default: stored exactly, where it was
+    re-encoded as JPEG before; irreversible (9-7) tiles are lossy already: JPEG, as before."""
+    pixels = cmu_pixels[:700, :900]
+    reversible = tiffs.tiled(tmp_path / "j2k.tif", pixels, "jpeg2000")
+    irreversible = tiffs.tiled(
+        tmp_path / "j2k97.tif", pixels, "jpeg2000", compressionargs={"reversible": False}
+    )
     with pytest.warns(TilestoreWarning, match="no pixel size"):
-        report = convert(src, tmp_path / "out")
-    assert report.levels[0].write == "re-encode"
-    assert "JPEG2000" in report.levels[0].reason.upper()
-    assert psnr(_level(report.store), tifffile.imread(src)) >= 40
+        exact = convert(reversible, tmp_path / "out")
+        lossy = convert(irreversible, tmp_path / "out")
+    assert exact.levels[0].write == "lossless" and "reversible 5-3" in exact.codec_reason
+    np.testing.assert_array_equal(_level(exact.store), tifffile.imread(reversible))
+    assert lossy.levels[0].write == "re-encode" and "irreversible 9-7" in lossy.codec_reason
+    assert "JPEG2000" in lossy.levels[0].reason.upper()
+    assert psnr(_level(lossy.store), tifffile.imread(irreversible)) >= 40
 
 
 def test_uint16_fluorescence_is_lossless_with_channel_names(tmp_path):
@@ -203,12 +292,12 @@ def test_blocks_never_hold_a_whole_level(tmp_path, slide_path, monkeypatch):
     seen = []
     original = levels_module.write_blocks
 
-    def spy(array, read, progress):
+    def spy(array, read, progress, loss=None):
         def recording(y0, y1, x0, x1):
             seen.append((array.shape[1:], array.shards[1:], (y1 - y0, x1 - x0)))
             return read(y0, y1, x0, x1)
 
-        return original(array, recording, progress)
+        return original(array, recording, progress, loss)
 
     monkeypatch.setattr("tilestore.conversion.converter.write_blocks", spy)
     convert(slide_path(NDPI), tmp_path, chunk=64)
@@ -263,11 +352,11 @@ def test_interrupted_conversion_leaves_nothing(tmp_path, slide_path, monkeypatch
     original = levels_module.write_blocks
     calls = []
 
-    def interrupt_second_level(array, read, progress):
+    def interrupt_second_level(array, read, progress, loss=None):
         calls.append(array.path)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return original(array, read, progress)
+        return original(array, read, progress, loss)
 
     monkeypatch.setattr("tilestore.conversion.converter.write_blocks", interrupt_second_level)
     with pytest.raises(KeyboardInterrupt):

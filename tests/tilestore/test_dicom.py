@@ -95,8 +95,19 @@ def test_label_and_overview_only_when_asked_for(pyramid, tmp_path):
     assert open_slide(report.store).attrs["associated"] == ["label", "macro"]
 
 
-@pytest.mark.parametrize("kind", ["jpeg2000", "uncompressed"])
-def test_frames_other_than_jpeg_baseline_are_decoded_and_re_encoded(kind, tmp_path, slide_path):
+@pytest.mark.parametrize(
+    ("kind", "syntax"),
+    [
+        ("jpeg2000", "1.2.840.10008.1.2.4.90 (JPEG 2000 lossless)"),
+        ("uncompressed", "1.2.840.10008.1.2.1 (uncompressed (explicit VR))"),
+    ],
+)
+def test_lossless_frames_stay_lossless_and_jpeg_asked_for_says_its_loss(
+    kind, syntax, tmp_path, slide_path
+):
+    """A J2K-lossless (or uncompressed) series converts to wsidicom's pixels exactly; it was
+    JPEG by default before (40.5 dB, and said "re-encode", never "lossy"). JPEG asked for
+    is re-encoded, and the report says LOSSY with its PSNR."""
     from wsidicom.codec import Jpeg2kSettings, NumpySettings
 
     encoding = Jpeg2kSettings(levels=[0]) if kind == "jpeg2000" else NumpySettings()
@@ -110,11 +121,45 @@ def test_frames_other_than_jpeg_baseline_are_decoded_and_re_encoded(kind, tmp_pa
         include_thumbnail=False,
     )
     report = convert(folder, tmp_path / "out")
-    assert report.levels[0].write == "re-encode"
-    assert "not JPEG baseline" in report.levels[0].reason
-    assert psnr(_stored(report.store, 0), _reference(folder, 0)) >= 40
-    lossless = convert(folder, tmp_path / "lossless", codec="zstd")
-    np.testing.assert_array_equal(_stored(lossless.store, 0), _reference(folder, 0))
+    assert report.codec == "zstd" and not report.lossy
+    assert (
+        report.codec_reason == f"stored losslessly, kept lossless: DICOM transfer syntax {syntax}"
+    )
+    assert report.levels[0].write == "lossless"
+    np.testing.assert_array_equal(_stored(report.store, 0), _reference(folder, 0))
+    lossy = convert(folder, tmp_path / "jpeg", codec="jpeg")
+    level0 = lossy.levels[0]
+    assert level0.write == "re-encode" and "not JPEG baseline" in level0.reason
+    assert level0.lossy and level0.sampled == 64  # of CMU's 9 x 12 chunks of 256 px
+    assert level0.psnr == pytest.approx(psnr(_stored(lossy.store, 0), _reference(folder, 0)), abs=1)
+    assert level0.psnr >= 40
+    assert lossy.summary().startswith(
+        f"codec jpeg q95 (asked for): LOSSY, level 0 PSNR {level0.psnr:.1f} dB (64 chunks sampled)"
+    )
+
+
+def test_jpeg_2000_frames_of_the_lossy_or_lossless_syntax_are_judged_by_their_cod(
+    tmp_path, slide_path
+):
+    """Transfer syntax .91 may hold either: its first frame's COD marker says which."""
+    from wsidicom.codec import Jpeg2kSettings
+
+    folder = _dicomize(
+        slide_path(CMU),
+        tmp_path / "lossy",
+        encoding=Jpeg2kSettings(levels=[60]),
+        force_transcoding=True,
+        include_label=False,
+        include_overview=False,
+        include_thumbnail=False,
+    )
+    with open_source(folder) as source:
+        fact = source.levels[0].lossless
+    assert fact.value is False
+    assert fact.origin == (
+        "DICOM transfer syntax 1.2.840.10008.1.2.4.91 (JPEG 2000, lossless or lossy): "
+        "irreversible 9-7 wavelet (COD marker of the first tile)"
+    )
 
 
 def test_a_folder_of_two_series_makes_a_store_of_each(pyramid, tmp_path):

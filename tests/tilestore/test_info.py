@@ -17,6 +17,8 @@ def test_store_description(stores):
     assert desc["kind"] == "store" and desc["complete"]
     assert desc["source"]["name"] == CMU and len(desc["source"]["sha256"]) == 64
     assert [lv["write"] for lv in desc["levels"]] == ["copy", "re-encode", "re-encode"]
+    assert [lv["lossy"] for lv in desc["levels"]] == [False, True, True]
+    assert desc["levels"][0]["psnr"] is None and desc["levels"][1]["psnr"] > 38
     assert desc["levels"][0]["codecs"] == ["transpose", "imagecodecs_jpeg", "crc32c"]
     assert desc["levels"][0]["chunks"] == [3, 240, 240]
     assert desc["levels"][0]["shards"] == [3, 240 * 13, 240 * 10]  # the whole level: 13 x 10
@@ -41,7 +43,10 @@ def test_slide_description(slide_path):
     assert desc["kind"] == "slide" and desc["format"] == "ndpi"
     assert len(desc["levels"]) == 4 and not desc["levels"][0]["copyable"]
     assert desc["modality"]["value"] == "fluorescence"
-    assert describe(slide_path(CMU))["levels"][0]["copyable"]
+    cmu = describe(slide_path(CMU))
+    assert cmu["levels"][0]["copyable"]
+    assert cmu["levels"][0]["lossless"] == {"value": False, "origin": "TIFF Compression 7 (JPEG)"}
+    assert cmu["codec"]["reason"] == "8-bit RGB brightfield stored lossy: TIFF Compression 7 (JPEG)"
 
 
 def test_plain_directory_is_refused(tmp_path):

@@ -166,7 +166,7 @@ def test_unsupported_compression(tmp_path, small_tiff):
 
 def test_absurd_declared_size(tmp_path, small_tiff):
     path = tiffs.patch_tag(small_tiff, tmp_path / "huge.tif", "ImageWidth", 3_000_000)
-    with pytest.raises(SlideError, match=r"huge\.tif: declared image size .* not plausible"):
+    with pytest.raises(SlideError, match=r"huge\.tif: page 0 declares an image of 3000000x512 px"):
         open_source(path)
 
 

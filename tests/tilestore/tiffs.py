@@ -49,11 +49,11 @@ def tiled(path: Path, image: np.ndarray, compression: str, tile=(256, 256), **kw
     return path
 
 
-def patch_tag(src: Path, dst: Path, tag: str, value: int) -> Path:
-    """Copy a TIFF with one numeric tag of its first page overwritten in place."""
+def patch_tag(src: Path, dst: Path, tag: str, value: int, page: int = 0) -> Path:
+    """Copy a TIFF with one numeric tag of one of its pages overwritten in place."""
     data = bytearray(src.read_bytes())
     with tifffile.TiffFile(src) as tif:
-        t = tif.pages.first.tags[tag]
+        t = tif.pages[page].tags[tag]
         fmt = "<H" if t.dtype == 3 else "<I"
         struct.pack_into(fmt, data, t.valueoffset, value)
     dst.write_bytes(bytes(data))

@@ -25,6 +25,7 @@ from zarr.codecs import BytesCodec
 from zarr.storage import LocalStore
 
 from tilestore.conversion.levels import copy_tiles, downsample2, write_blocks
+from tilestore.conversion.loss import Loss
 from tilestore.cpus import usable_cpus
 from tilestore.errors import ChunkError, SlideError, StoreError, TilestoreError, TilestoreWarning
 from tilestore.format import leftovers, omezarr
@@ -63,11 +64,26 @@ class LevelReport:
     shape: tuple[int, ...]
     downsample: tuple[float, float]
     origin: str  # "source level 0" or "built from level 1"
-    write: str  # "copy", "re-encode" or "lossless"
+    write: str  # "copy", "re-encode", "lossless" or "in place"
     reason: str
     chunks: int = 0
     reencoded: int = 0  # copy path: tiles that had to be re-encoded
+    # JPEG encoded here from pixels (a level re-encoded or built, a copy's odd tiles), not
+    # copied as the slide has it: what it lost, as the PSNR (dB) of `sampled` chunks read
+    # back against the pixels they were encoded from (`tilestore.conversion.loss`); None
+    # where none was measured (a copy's odd tiles) or the sample came back exact
+    lossy: bool = False
+    psnr: float | None = None
+    sampled: int = 0
     seconds: float = 0.0
+
+    def loss(self) -> str:
+        """What this level lost, in words: 'level 1 PSNR 44.2 dB (35 chunks sampled)'."""
+        if self.psnr is not None:
+            return f"level {self.path} PSNR {self.psnr:.1f} dB ({self.sampled} chunks sampled)"
+        if self.sampled:
+            return f"level {self.path} exact on its {self.sampled} chunks sampled"
+        return f"level {self.path}: {self.reencoded} tiles re-encoded (not measured)"
 
 
 @dataclass
@@ -79,11 +95,31 @@ class ConversionReport:
     codec: str
     codec_reason: str
     chunk: int
+    quality: int | None = None  # JPEG's, where pixels are encoded
     levels: list[LevelReport] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
     source_bytes: int = 0
     store_bytes: int = 0
+
+    @property
+    def lossy(self) -> bool:
+        """Whether any level holds JPEG encoded here (not copied as the slide had it)."""
+        return any(level.lossy for level in self.levels)
+
+    def summary(self) -> str:
+        """The codec, why, and what it lost, in one line: 'codec jpeg q95 (asked for): LOSSY,
+        level 0 PSNR 40.5 dB (64 chunks sampled)'; the finest lossy level is named (each
+        level's is in `levels`)."""
+        kept = {"copy": "copied", "in place": "read in place", "lossless": "lossless"}
+        lossy = [level for level in self.levels if level.lossy]
+        codec = f"codec {self.codec}" + (f" q{self.quality}" if lossy and self.quality else "")
+        if not lossy:
+            said = sorted({kept.get(level.write, level.write) for level in self.levels})
+            return f"{codec} ({self.codec_reason}): {', '.join(said)}"
+        first = self.levels[0]
+        as_is = "" if first.lossy else f"level 0 {kept.get(first.write, first.write)}; "
+        return f"{codec} ({self.codec_reason}): {as_is}LOSSY, {lossy[0].loss()}"
 
 
 @dataclass(frozen=True)
@@ -122,7 +158,7 @@ def convert(
     ] = None,
     codec: Annotated[
         Codec,
-        Opt("auto (JPEG for 8-bit RGB brightfield, else zstd), jpeg or zstd."),
+        Opt("auto (JPEG for 8-bit RGB brightfield stored lossy, else zstd), jpeg or zstd."),
     ] = "auto",
     quality: Annotated[
         int, Opt("JPEG quality where pixels are (re-)encoded.", low=1, high=100)
@@ -176,10 +212,13 @@ def convert(
 
     Each option is declared above (type, range, default; `tilestore.options`) and checked at
     the call. chunk: None takes the source's JPEG tile size when tiles can be copied, else
-    256. quality/subsampling: 95 and 4:4:4 keep real H&E and IHC above 40 dB PSNR.
-    lossy_ok: without it codec="jpeg" on fluorescence or one page per marker is refused,
-    since JPEG quantises quantitative signal. checksums: off only to measure what they cost,
-    or for readers without zarr's crc32c codec.
+    256. codec "auto": JPEG for 8-bit RGB brightfield the slide stores lossy, its JPEG
+    tiles copied; zstd otherwise: a lossless source stays lossless (`choose_codec`). Each
+    level JPEG is encoded into says what it lost (PSNR on a sample of its chunks) in the
+    report and the store's attributes. quality/subsampling: 95 and 4:4:4 keep real H&E and
+    IHC above 40 dB PSNR. lossy_ok: without it codec="jpeg" on fluorescence or one page per
+    marker is refused, since JPEG quantises quantitative signal. checksums: off only to
+    measure what they cost, or for readers without zarr's crc32c codec.
     series: the DICOM SeriesInstanceUID to convert where `src` is a folder holding several
         (`tilestore.sources.dicom_series` lists them); its store is named <folder>-<uid>.
     progress: called as progress(chunks_done_now, chunks_total), from worker threads.
@@ -214,7 +253,13 @@ def convert(
             encoding = replace(encoding, in_place=everything, decoded=everything - jpeg_levels)
         mpp_fact, mpp_warnings = _resolve_mpp(source, mpp)
         report = ConversionReport(
-            Path(src), target, codec_name, reason, encoding.chunk, warnings=mpp_warnings
+            Path(src),
+            target,
+            codec_name,
+            reason,
+            encoding.chunk,
+            quality if codec_name == "jpeg" else None,
+            warnings=mpp_warnings,
         )
         with (
             ThreadPoolExecutor(1) as hasher,
@@ -395,7 +440,7 @@ def _write_levels(
 
             level.write = "lossless" if enc.codec == "zstd" else "re-encode"
             level.reason = f"2x2 box average of level {index - 1}"
-            level.chunks = write_blocks(array, read_half, advance)
+            level.chunks = _write_blocks(array, read_half, advance, level, enc)
         level.seconds = time.perf_counter() - started
         report.levels.append(level)
 
@@ -427,6 +472,7 @@ def _write_source_level(
         )
         if report.reencoded:
             report.reason += f"; {report.reencoded} odd tiles re-encoded"
+            report.lossy = True
         return
     if not jpeg:
         report.write, report.reason = "lossless", "zstd"
@@ -437,7 +483,23 @@ def _write_source_level(
         report.reason = f"source tiles {tiles.tile_shape} differ from chunks {array.chunks[1:]}"
     else:
         report.write, report.reason = "re-encode", level.describe_copy()
-    report.chunks = write_blocks(array, level.read, advance)
+    report.chunks = _write_blocks(array, level.read, advance, report, enc)
+
+
+def _write_blocks(
+    array: zarr.Array,
+    read: Callable[[int, int, int, int], np.ndarray],
+    advance: Callable[[int], None],
+    report: LevelReport,
+    enc: _Encoding,
+) -> int:
+    """Write a level through zarr's encoder (`write_blocks`); a JPEG level's loss is measured
+    on a sample of its chunks as they are written, and said in its report."""
+    loss = Loss.sample(array) if enc.codec == "jpeg" else None
+    chunks = write_blocks(array, read, advance, loss)
+    if loss is not None:
+        report.lossy, report.psnr, report.sampled = True, loss.psnr, loss.sampled
+    return chunks
 
 
 def _write_attrs(
@@ -478,6 +540,8 @@ def _write_attrs(
             "files": len(source.files),
             **({"series": info.series} if info.series else {}),
             "sha256": sha256,
+            # how the slide stores level 0: lossless, lossy or not said, and where it says so
+            "lossless": Fact.to_json(first.lossless),
             **_in_place_facts(source, enc),
         },
         "mpp": mpp,
@@ -486,7 +550,12 @@ def _write_attrs(
         "background": enc.background,
         "channels": labels,
         "rgb": first.rgb,  # one colour picture's R, G, B (not independent channels)
-        "codec": {"name": enc.codec, "reason": enc.reason},
+        "codec": {
+            "name": enc.codec,
+            "reason": enc.reason,
+            "quality": report.quality,
+            "lossy": report.lossy,  # each level's loss: its lossy, psnr and sampled
+        },
         # what a reader may rely on: every chunk written, each with its CRC-32C
         "integrity": {"every_chunk": True, "checksum": checksum},
         "levels": [{k: v for k, v in asdict(lv).items() if k != "seconds"} for lv in report.levels],
@@ -513,8 +582,14 @@ def _level_plan(source: Source) -> list[tuple[tuple[int, int], tuple[float, floa
 
 
 def choose_codec(source: Source, codec: str = "auto", lossy_ok: bool = False) -> tuple[str, str]:
-    """The codec a conversion writes and why: JPEG only for 8-bit RGB brightfield unless
-    asked for (and, for anything else, allowed with `lossy_ok`); zstd otherwise."""
+    """The codec a conversion writes and why.
+
+    Asked for: zstd always; JPEG for 8-bit pixels, and for anything but RGB brightfield only
+    with `lossy_ok`. "auto": JPEG only for 8-bit RGB brightfield whose level 0 the slide
+    stores lossy (its JPEG tiles are then copied as they are, and only the levels built are
+    encoded); zstd for everything else. A slide stored losslessly stays lossless, and so does
+    one whose file does not say how it is stored: JPEG from it would be a loss the slide
+    never had, made unasked (`SourceLevel.lossless` says what the file says)."""
     level = source.levels[0]
     if codec not in CODECS:
         raise TilestoreError(f"codec={codec!r}: choose one of {', '.join(map(repr, CODECS))}")
@@ -531,15 +606,23 @@ def choose_codec(source: Source, codec: str = "auto", lossy_ok: bool = False) ->
                 "are not 8-bit RGB brightfield; store them losslessly (codec='auto') or pass "
                 "lossy_ok=True"
             )
-        return "jpeg", "requested" + ("" if source.brightfield_rgb else ", lossy_ok")
+        return "jpeg", "asked for" + ("" if source.brightfield_rgb else ", lossy_ok")
     if codec == "zstd":
-        return "zstd", "requested"
-    if source.brightfield_rgb:
-        return "jpeg", "8-bit RGB brightfield"
-    modality = source.info.modality
-    if modality is not None and modality.value == "fluorescence":
-        return "zstd", f"fluorescence ({modality.origin})"
-    return "zstd", f"{source.describe_pixels()}, not 8-bit RGB brightfield"
+        return "zstd", "asked for"
+    if not source.brightfield_rgb:
+        modality = source.info.modality
+        if modality is not None and modality.value == "fluorescence":
+            return "zstd", f"fluorescence ({modality.origin})"
+        return "zstd", f"{source.describe_pixels()}, not 8-bit RGB brightfield"
+    stored = level.lossless
+    if stored.value is False:
+        return "jpeg", f"8-bit RGB brightfield stored lossy: {stored.origin}"
+    if stored.value:
+        return "zstd", f"stored losslessly, kept lossless: {stored.origin}"
+    return (
+        "zstd",
+        f"not known to be stored lossy, kept lossless (the safe default): {stored.origin}",
+    )
 
 
 def _choose_chunk(source: Source, chunk: int | None, copy: bool) -> int:

@@ -36,10 +36,11 @@ def describe(path: str | os.PathLike, *, verify: bool = False) -> dict[str, Any]
 def _describe_store(path: Path) -> dict[str, Any]:
     group, attrs = open_group(path, complete=False)  # info says whether it is complete
     size = tree_size(path)
-    source_size = attrs.get("source", {}).get("size")
     mpp = attrs.get("mpp")
     with stored(path, "store metadata", "convert the slide again"):
         levels = _levels(group, attrs, mpp)
+        source_size = (attrs.get("source") or {}).get("size")
+        ratio = round(size / source_size, 3) if source_size else None
     _gpu_jpeg(path, levels)
     return {
         "path": str(path),
@@ -58,7 +59,7 @@ def _describe_store(path: Path) -> dict[str, Any]:
         "tissue": _tissue(group),
         "plans": _plans(group),
         "size_bytes": size,
-        "size_vs_source": round(size / source_size, 3) if source_size else None,
+        "size_vs_source": ratio,
         "software": attrs.get("software"),
     }
 
@@ -91,6 +92,10 @@ def _levels(group: zarr.Group, attrs: dict, mpp: dict | None) -> list[dict]:
                 "codecs": codecs,
                 "write": level["write"],
                 "reason": level["reason"],
+                # JPEG encoded at conversion: PSNR on a sample of its chunks (stores made
+                # before this was measured say None)
+                "lossy": level.get("lossy"),
+                "psnr": level.get("psnr"),
             }
         )
     return levels
@@ -123,6 +128,7 @@ def _describe_slide(path: Path, verify: bool) -> dict[str, Any]:
                     "shape": [level.channels, *level.shape],
                     "dtype": str(level.dtype),
                     "compression": level.compression,
+                    "lossless": Fact.to_json(level.lossless),  # as the file stores it
                     "tile": list(level.tile_shape) if level.tile_shape else None,
                     "copyable": tiles is not None,
                     "why_not": None if tiles else level.describe_copy(),

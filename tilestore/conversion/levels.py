@@ -17,6 +17,7 @@ import google_crc32c
 import numpy as np
 import zarr
 
+from tilestore.conversion.loss import Loss
 from tilestore.format.codecs import has_checksums
 from tilestore.format.integrity import seal
 from tilestore.format.shards import chunks_per_shard, index_checked, pack_parts, write_atomic
@@ -44,9 +45,11 @@ def write_blocks(
     array: zarr.Array,
     read: Callable[[int, int, int, int], np.ndarray],
     progress: Progress,
+    loss: Loss | None = None,
 ) -> int:
     """Fill a (c, y, x) array block by block from read(y0, y1, x0, x1) -> (h, w, c); return
-    the chunks written.
+    the chunks written. With `loss`, its sampled chunks are read back as each block is
+    written and compared with the block's pixels (a lossy codec's PSNR).
 
     A block is one shard (so zarr writes each shard whole, once, and renames it into place),
     or in an array of one file per chunk one row of chunks. The next block is read (decoded)
@@ -67,6 +70,8 @@ def write_blocks(
             if i + 1 < len(blocks):
                 pending = prefetch.submit(read, *blocks[i + 1])
             array[:, y0:y1, x0:x1] = np.moveaxis(pixels, -1, 0)
+            if loss is not None:
+                loss.measure(array, y0, x0, pixels)
             progress(-(-(y1 - y0) // chunk_h) * -(-(x1 - x0) // chunk_w))
     return -(-height // chunk_h) * -(-width // chunk_w)
 

@@ -33,12 +33,13 @@ from pathlib import Path
 from typing import Annotated
 
 import numpy as np
+import zarr
 
 from tilestore.cpus import usable_cpus
 from tilestore.errors import StoreError, TilestoreWarning
 from tilestore.format import leftovers
 from tilestore.format.codecs import COLOR_SPACE_NAMES, IMAGECODECS_JPEG, SAMPLING_NAMES
-from tilestore.format.integrity import read_file
+from tilestore.format.integrity import read_file, read_range
 from tilestore.format.shards import (
     SHARD_CHUNKS,
     batches_per_shard,
@@ -46,11 +47,12 @@ from tilestore.format.shards import (
     shard_shape,
     write_atomic,
 )
-from tilestore.format.store import open_store
+from tilestore.format.store import open_store, stored
 from tilestore.options import Opt, Workers, checked
 
 META = "zarr.json"
 CRC = "crc32c"
+_UNTOUCHED = "nothing was changed; restore it from a copy, or convert the slide again"
 
 
 @dataclass
@@ -88,7 +90,8 @@ def reshard(
         raise StoreError(
             f"{target}: an embedding run holds {locks[0].name}; reshard once it has finished"
         )
-    in_place = {str(i) for i in (attrs.get("source") or {}).get("in_place", [])}
+    with stored(target, f"{META} (its tilestore attributes)", _UNTOUCHED):
+        in_place = {str(i) for i in (attrs.get("source") or {}).get("in_place", [])}
     arrays = _arrays(target)
     todo = {
         path: shard
@@ -119,12 +122,18 @@ def reshard(
 
 
 def _arrays(root: Path) -> dict[str, dict]:
-    """Every array below `root` by path (posix, relative), with its zarr.json."""
+    """Every array below `root` by path (posix, relative), with its zarr.json, read before
+    anything is written: a document that is not JSON, or not an array's metadata as zarr
+    reads it, is one StoreError naming it, and the store is left as it was."""
     found = {}
     for meta in sorted(root.rglob(META)):
-        doc = json.loads(meta.read_text())
-        if doc.get("node_type") == "array":
-            found[meta.parent.relative_to(root).as_posix()] = doc
+        rel = meta.parent.relative_to(root).as_posix()
+        with stored(root, META if rel == "." else f"{rel}/{META}", _UNTOUCHED):
+            # as chunks are read: a link, a folder or a FIFO named zarr.json is refused
+            doc = json.loads(read_range(meta, 0, None, f"{root}: {rel}", required=True, what=META))
+            if doc.get("node_type") == "array":
+                zarr.open_array(meta.parent, mode="r", zarr_format=3)  # zarr's own checks
+                found[rel] = doc
     return found
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import struct
 from pathlib import Path
 
 import tifffile
@@ -30,7 +29,7 @@ from tilestore.sources.ometiff import OmeTiffSource
 from tilestore.sources.openslide_reader import TIFF_VENDORS, OpenSlideSource, detect
 from tilestore.sources.qptiff import QptiffSource
 from tilestore.sources.svs import SvsSource
-from tilestore.sources.tiff import TiffSource
+from tilestore.sources.tiff import TIFF_ERRORS, TiffSource, check_pages
 
 TIFF_READERS: tuple[type[TiffSource], ...] = (
     SvsSource,
@@ -40,16 +39,6 @@ TIFF_READERS: tuple[type[TiffSource], ...] = (
     TiffSource,
 )
 _TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
-# What tifffile raises on malformed headers and IFDs.
-_TIFF_ERRORS = (
-    tifffile.TiffFileError,
-    ValueError,
-    OSError,
-    KeyError,
-    IndexError,
-    EOFError,
-    struct.error,
-)
 
 __all__ = [
     "Channel",
@@ -126,11 +115,15 @@ def _open_tiff(path: Path) -> Source:
     with _TiffLog() as log:
         try:
             tif = tifffile.TiffFile(path)
-        except _TIFF_ERRORS as exc:
+        except TIFF_ERRORS as exc:
             raise SlideError(f"{path}: not a readable TIFF (truncated or corrupt): {exc}") from exc
         try:
+            check_pages(path, tif.pages)  # tifffile's series detection divides by their sizes
             series = tif.series
-        except _TIFF_ERRORS as exc:
+        except SlideError:
+            tif.close()
+            raise
+        except TIFF_ERRORS as exc:
             tif.close()
             raise SlideError(f"{path}: corrupt TIFF structure: {exc}") from exc
     broken = [m for m in log.messages if "offset" in m]
@@ -144,7 +137,7 @@ def _open_tiff(path: Path) -> Source:
     except SlideError:
         tif.close()
         raise
-    except _TIFF_ERRORS as exc:
+    except TIFF_ERRORS as exc:
         tif.close()
         raise SlideError(f"{path}: corrupt TIFF structure: {exc}") from exc
 

@@ -42,6 +42,9 @@ class Fact:
         return None if fact is None else {"value": fact.value, "origin": fact.origin}
 
 
+UNKNOWN = Fact(None, "the reader does not say")
+
+
 @dataclass(frozen=True)
 class Channel:
     """One channel as the file names it: its name and display colour (hex RRGGBB), if any."""
@@ -100,6 +103,9 @@ class SourceLevel(ABC):
     # the samples are the R, G and B of one colour picture (TIFF photometric RGB or YCbCr,
     # DICOM RGB or YBR, a PNG), not independent channels such as one page per marker
     rgb: bool = False
+    # whether the file stores these pixels losslessly (True), quantised (False) or does not
+    # say (None), and where that was read (`tilestore.sources.storage`)
+    lossless: Fact = UNKNOWN
 
     @abstractmethod
     def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
@@ -143,7 +149,7 @@ class Source(ABC):
     @property
     def brightfield_rgb(self) -> bool:
         """True for one 8-bit RGB colour picture not declared as fluorescence: the only kind of
-        slide that may get lossy (JPEG) chunks unasked."""
+        slide that may get lossy (JPEG) chunks unasked, and only where it is stored lossy."""
         level = self.levels[0]
         fluorescence = self.info.modality is not None and self.info.modality.value == "fluorescence"
         return level.rgb and level.channels == 3 and level.dtype == np.uint8 and not fluorescence

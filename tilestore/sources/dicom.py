@@ -21,6 +21,7 @@ import numpy as np
 from tilestore.errors import SlideError
 from tilestore.format import jpeg
 from tilestore.sources.base import (
+    MAX_SIDE,
     Channel,
     Fact,
     JpegTiles,
@@ -30,6 +31,7 @@ from tilestore.sources.base import (
     check_size,
     checked_mpp,
 )
+from tilestore.sources.storage import dicom_lossless
 
 JPEG_BASELINE = "1.2.840.10008.1.2.4.50"
 # photometric interpretation -> what the samples in a JPEG frame are
@@ -57,6 +59,8 @@ _COMPRESSION = {
 }
 _RGB = {"RGB", "YBR_FULL_422", "YBR_FULL", "YBR_ICT", "YBR_RCT"}
 DICM_OFFSET = 128  # a DICOM file's 128-byte preamble, then "DICM"
+# a frame's and the whole image's (width, height) attributes
+_SIZES = ("Columns", "Rows", "TotalPixelMatrixColumns", "TotalPixelMatrixRows")
 
 
 def is_dicom_file(head: bytes) -> bool:
@@ -78,13 +82,28 @@ def dicom_series(path: str | os.PathLike) -> dict[str, list[Path]]:
                 if not is_dicom_file(fh.read(DICM_OFFSET + 4)):
                     continue
             ds = pydicom.dcmread(
-                candidate, stop_before_pixels=True, specific_tags=["SeriesInstanceUID"]
+                candidate, stop_before_pixels=True, specific_tags=["SeriesInstanceUID", *_SIZES]
             )
         except (OSError, EOFError, ValueError, pydicom.errors.InvalidDicomError) as exc:
             raise SlideError(f"{candidate}: not a readable DICOM file: {exc}") from exc
+        _check_sizes(candidate, ds)
         uid = str(ds.get("SeriesInstanceUID", "")) or "unknown"
         series.setdefault(uid, []).append(candidate)
     return dict(sorted(series.items()))
+
+
+def _check_sizes(path: Path, ds: object) -> None:
+    """Refuse a file whose frames or whole image declare a side no image has: wsidicom
+    divides by the frame's and allocates by both, trusting whatever the header says."""
+    for what, (columns, rows) in (("frames", _SIZES[:2]), ("an image", _SIZES[2:])):
+        width, height = ds.get(columns), ds.get(rows)
+        if width is None or height is None:
+            continue  # absent (not a tiled image): wsidicom says what it misses
+        if not (1 <= int(width) <= MAX_SIDE and 1 <= int(height) <= MAX_SIDE):
+            raise SlideError(
+                f"{path}: declares {what} of {width}x{height} px ({columns} x {rows}; "
+                f"plausible: 1-{MAX_SIDE} px a side); the header is corrupt"
+            )
 
 
 @dataclass
@@ -133,9 +152,7 @@ class DicomLevel(SourceLevel):
         image_data = self.handle.default_instance.image_data
         (path,) = self.paths
         frame = self._frames(image_data, path)
-        rows, cols = image_data.tiled_size.height, image_data.tiled_size.width
-        # the first frame there is (a TILED_SPARSE level may lack the top-left one)
-        first = next((f for t in range(rows * cols) if (f := frame(*divmod(t, cols)))), None)
+        first = _first(frame, image_data.tiled_size)
         if first is None:
             return None
         try:
@@ -159,6 +176,15 @@ class DicomLevel(SourceLevel):
             header.sampling,
             read_tile,
         )
+
+    def first_frame(self) -> bytes | None:
+        """The level's first encoded frame (of its first optical path), None where it has
+        none; the files it was read through are closed again."""
+        image_data = self.handle.default_instance.image_data
+        try:
+            return _first(self._frames(image_data, self.paths[0]), image_data.tiled_size)
+        finally:
+            self.close()
 
     def _frames(self, image_data: object, path: str) -> Callable[[int, int], bytes | None]:
         """(row, col) -> the tile's encoded frame, None where the level has none. Frames are
@@ -219,6 +245,13 @@ class DicomLevel(SourceLevel):
         for fd in getattr(self, "_fds", []):
             os.close(fd)
         self._fds = []
+
+
+def _first(frame: Callable[[int, int], bytes | None], tiled: object) -> bytes | None:
+    """The first frame there is, in row-major order (a TILED_SPARSE level may lack the
+    top-left one)."""
+    rows, cols = tiled.height, tiled.width
+    return next((f for t in range(rows * cols) if (f := frame(*divmod(t, cols)))), None)
 
 
 def _full_frame_numbers(index: object, z: float, path: str) -> Callable[[int, int], int] | None:
@@ -286,24 +319,25 @@ class DicomSource(Source):
             height, width = level.size.height, level.size.width
             check_size(path, (height, width))
             bits = int(image_data.bits)
-            levels.append(
-                DicomLevel(
-                    shape=(height, width),
-                    channels=channels,
-                    dtype=np.dtype(np.uint8 if bits <= 8 else np.uint16),
-                    compression=_COMPRESSION.get(str(image_data.transfer_syntax), "dicom"),
-                    tile_shape=(level.tile_size.height, level.tile_size.width),
-                    rgb=photometric in _RGB and samples == 3 and len(paths) == 1,
-                    wsi=wsi,
-                    handle=level,
-                    level=level.level,
-                    paths=paths,
-                    z=planes[0],
-                    photometric=photometric,
-                    transfer_syntax=str(image_data.transfer_syntax),
-                    where=f"{path}: level {len(levels)}",
-                )
+            syntax = str(image_data.transfer_syntax)
+            made = DicomLevel(
+                shape=(height, width),
+                channels=channels,
+                dtype=np.dtype(np.uint8 if bits <= 8 else np.uint16),
+                compression=_COMPRESSION.get(syntax, "dicom"),
+                tile_shape=(level.tile_size.height, level.tile_size.width),
+                rgb=photometric in _RGB and samples == 3 and len(paths) == 1,
+                wsi=wsi,
+                handle=level,
+                level=level.level,
+                paths=paths,
+                z=planes[0],
+                photometric=photometric,
+                transfer_syntax=syntax,
+                where=f"{path}: level {len(levels)}",
             )
+            made.lossless = dicom_lossless(syntax, made.first_frame)
+            levels.append(made)
         mpp = base.mpp  # µm/px, from PixelSpacing in the shared functional groups
         mpp_fact, warning = (
             checked_mpp(mpp.width, mpp.height, "DICOM PixelSpacing") if mpp else (None, None)

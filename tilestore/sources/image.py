@@ -10,7 +10,14 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from tilestore.errors import SlideError
-from tilestore.sources.base import Source, SourceInfo, SourceLevel, check_whole, checked_mpp
+from tilestore.sources.base import (
+    Fact,
+    Source,
+    SourceInfo,
+    SourceLevel,
+    check_whole,
+    checked_mpp,
+)
 
 Image.MAX_IMAGE_PIXELS = None  # we apply our own plausibility limit (check_size)
 
@@ -55,6 +62,7 @@ class ImageSource(Source):
             compression=fmt,
             tile_shape=None,
             rgb=True,
+            lossless=Fact(fmt == "png", f"{fmt.upper()} file"),
             pixels=pixels,
         )
         info = SourceInfo(format=fmt, mpp=mpp, warnings=(warning,) if warning else ())

@@ -16,10 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import tifffile
 
 from tilestore.cpus import usable_cpus
 from tilestore.errors import SlideError
 from tilestore.sources.base import Fact, Source, SourceInfo, SourceLevel, check_size, checked_mpp
+from tilestore.sources.storage import openslide_lossless, tiff_page_lossless
+from tilestore.sources.tiff import TIFF_ERRORS
 
 # TIFF variants whose layout our TIFF reader does not know (Leica collections of images,
 # Ventana's overlapping tiles, Philips' padded levels and sparse tiles, Trestle's sidecars):
@@ -107,6 +110,7 @@ class OpenSlideSource(Source):
         check_size(path, (h0, w0))
         levels, skipped = [], []
         workers = usable_cpus()
+        lossless = _lossless(path, vendor, props)
         for index, ((w, h), ds) in enumerate(
             zip(slide.level_dimensions, slide.level_downsamples, strict=True)
         ):
@@ -124,6 +128,7 @@ class OpenSlideSource(Source):
                     compression="openslide",
                     tile_shape=_tile_shape(props, index),
                     rgb=True,
+                    lossless=lossless,
                     slide=slide,
                     index=index,
                     downsample=whole,
@@ -164,6 +169,20 @@ class OpenSlideSource(Source):
 
     def close(self) -> None:
         self._slide.close()
+
+
+def _lossless(path: Path, vendor: str, props: object) -> Fact:
+    """How the slide's pixels are stored: for the TIFFs, their largest page's Compression tag
+    (OpenSlide's level 0); for the others, what OpenSlide's properties say."""
+    if vendor not in TIFF_VENDORS:
+        return openslide_lossless(props, vendor)
+    try:
+        with tifffile.TiffFile(path) as tif:
+            page = max(tif.pages, key=lambda p: p.imagewidth * p.imagelength)
+            fact = tiff_page_lossless(path, page)
+    except TIFF_ERRORS as exc:
+        return Fact(None, f"its TIFF tags cannot be read ({exc})")
+    return Fact(fact.value, f"{fact.origin}, of its largest page")
 
 
 def _companions(path: Path, vendor: str) -> list[Path]:

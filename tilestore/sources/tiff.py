@@ -8,6 +8,8 @@ their metadata is spelled; pixel access is shared.
 from __future__ import annotations
 
 import os
+import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import zarr
 from tilestore.errors import SlideError
 from tilestore.format import jpeg
 from tilestore.sources.base import (
+    MAX_SIDE,
     MAX_TILE,
     Fact,
     JpegTiles,
@@ -27,8 +30,19 @@ from tilestore.sources.base import (
     check_size,
     checked_mpp,
 )
+from tilestore.sources.storage import tiff_page_lossless
 
 _UNIT_UM = {2: 25_400.0, 3: 10_000.0}  # TIFF ResolutionUnit: inch, centimeter -> µm
+# What tifffile raises on malformed headers and IFDs.
+TIFF_ERRORS = (
+    tifffile.TiffFileError,
+    ValueError,
+    OSError,
+    KeyError,
+    IndexError,
+    EOFError,
+    struct.error,
+)
 
 
 @dataclass
@@ -203,6 +217,7 @@ class TiffSource(Source):
             compression=getattr(codec, "name", str(codec)).lower(),
             tile_shape=tile,
             rgb=_is_rgb(level),
+            lossless=tiff_page_lossless(path, page),
             series=series,
             level=index,
             path=path,
@@ -247,25 +262,47 @@ def resolution_mpp(page: tifffile.TiffPage) -> tuple[Fact | None, str | None]:
     return checked_mpp(scale / to_px[0], scale / to_px[1], f"TIFF XResolution/YResolution ({name})")
 
 
+def page_fault(page: tifffile.TiffPage) -> str | None:
+    """What a TIFF page declares that no image has, None where its geometry is plausible:
+    tifffile divides by these sizes (its series detection by the image's, its decoder by the
+    tile's or strip's) and allocates by them, trusting whatever the header says."""
+    height, width = page.imagelength, page.imagewidth
+    if not (1 <= height <= MAX_SIDE and 1 <= width <= MAX_SIDE):
+        return f"declares an image of {width}x{height} px (plausible: 1-{MAX_SIDE} px a side)"
+    if "TileWidth" in page.tags or "TileLength" in page.tags:
+        th, tw = page.tilelength, page.tilewidth
+        if not (1 <= th <= MAX_TILE and 1 <= tw <= MAX_TILE):
+            return f"declares {tw}x{th} px tiles (plausible: 1-{MAX_TILE} px a side)"
+    elif page.rowsperstrip < 1:  # an absent RowsPerStrip is the image's height, as it says
+        return f"declares strips of {page.rowsperstrip} rows (plausible: 1 or more)"
+    return None
+
+
+def check_pages(path: Path, pages: Iterable[tifffile.TiffPage]) -> None:
+    """Refuse a file one of whose top-level `pages` (levels, label, macro, thumbnail alike)
+    declares what no image has (`page_fault`), naming it: before tifffile is asked anything
+    about them."""
+    for index, page in enumerate(pages):
+        fault = page_fault(page)
+        if fault:
+            raise SlideError(f"{path}: page {index} {fault}; the header is corrupt")
+
+
 def _check_layout(path: Path, index: int, pages: list) -> None:
-    """Refuse tile or strip sizes no slide has, and a data index that does not cover the
-    declared image: decoding either would read garbage, divide by zero or allocate without
-    bound."""
+    """Refuse a level whose tile or strip sizes no slide has, or whose data index does not
+    cover its declared image: decoding either would read garbage, divide by zero or allocate
+    without bound. Its pages are the top-level pages `check_pages` saw at the door, or the
+    SubIFDs of a pyramid, seen first here."""
     for frame in pages:
         page = frame.keyframe  # geometry lives in the keyframe; the data index in each frame
-        if page.tilewidth or page.tilelength or page.is_tiled:
+        fault = page_fault(page)
+        if fault:
+            raise SlideError(f"{path}: level {index} {fault}; the header is corrupt")
+        if page.is_tiled:
             th, tw = page.tilelength, page.tilewidth
-            if not (1 <= th <= MAX_TILE and 1 <= tw <= MAX_TILE):
-                raise SlideError(
-                    f"{path}: level {index} declares {tw}x{th} px tiles (plausible: 1-{MAX_TILE} "
-                    "px a side); the header is corrupt"
-                )
             blocks = -(-page.imagelength // th) * -(-page.imagewidth // tw)
         else:
-            rows = page.rowsperstrip or page.imagelength
-            if rows < 1:
-                raise SlideError(f"{path}: level {index} declares strips of {rows} rows")
-            blocks = -(-page.imagelength // min(rows, page.imagelength))
+            blocks = -(-page.imagelength // min(page.rowsperstrip, page.imagelength))
         planes = page.samplesperpixel if page.planarconfig == 2 else 1
         if len(frame.dataoffsets) != blocks * planes:
             raise SlideError(

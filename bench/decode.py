@@ -27,7 +27,7 @@ from tilestore.cpus import usable_cpus
 from tilestore.embed.nvjpeg import open_decoder
 from tilestore.embed.procdecode import ProcessDecoder
 from tilestore.embed.rows import NvjpegRows, ProcessRows
-from tilestore.embed.settings import Settings
+from tilestore.embed.settings import Options, Settings
 from tilestore.plan import load_plan
 from tilestore.plan.tiles import chunk_schedule
 from tilestore.reading.opening import open_slide
@@ -50,12 +50,8 @@ def feed(store: Path, path: str, workers: int, device: torch.device) -> dict:
         decode=path,
         gpu_decoder=None,
         decoders=workers,
-        readers=4,
-        prefetch=4,
         batch_size=1024,
-        dtype="float16",
-        compile=False,
-        overwrite=False,
+        options=Options(readers=4, prefetch=4, dtype="float16"),
     )
     try:
         if procs is not None:

@@ -247,30 +247,26 @@ class Options(Declared):
 
 @dataclass(frozen=True)
 class Settings:
-    """The run's final settings, resolved once from `Options` and the machine."""
+    """The run's final settings: the options as asked, and what `resolve` decided from them
+    and the machine. An option `resolve` does not decide is read through from `options`
+    (``settings.readers`` is ``settings.options.readers``): nothing is copied field by field,
+    so an option added to `Options` reaches every reader of the settings at once."""
 
     device: torch.device  # with its index on CUDA
     precision: Precision
     decode: Decode  # "gpu" or "both" only where an nvJPEG decoder started
     gpu_decoder: str | None  # that decoder's name (decode gpu or both), for the record
     decoders: int
-    readers: int
-    prefetch: int
     batch_size: int
-    dtype: FeatureDtype
-    compile: bool
-    overwrite: bool
-    channels: tuple[str, ...] | None = None
-    profile: ProfileOption | None = None
-    profile_out: str = "tilestore-trace.json"
-    profile_batches: int = 20
-    max_tiles: int | None = None
+    options: Options = Options()
     compile_cache: str | None = None  # a folder; None: no cache
-    shard_tiles: int | None = None  # None: the layout's
-    tokens: int | Literal["model"] | None = None  # the token grid's side; None: no tokens
-    quality: bool = False  # per-tile quality measures in the pass
-    any_scale: bool = False  # plans whose tiles are not the model's input are embedded
     decode_why: str = ""  # why decode is what it is (the report says it)
+
+    def __getattr__(self, name: str):
+        """The options `resolve` passed on as asked: readers, prefetch, dtype, compile..."""
+        if name.startswith("__") or name == "options":  # copy and pickle ask before init
+            raise AttributeError(name)
+        return getattr(self.options, name)
 
     @property
     def cuda(self) -> bool:
@@ -322,24 +318,11 @@ def resolve(options: Options, machine: Machine) -> Settings:
         precision=precision,
         decode=decode,
         gpu_decoder=gpu_decoder,
-        decode_why=why,
         decoders=decoders,
-        readers=options.readers,
-        prefetch=options.prefetch,
         batch_size=batch,
-        dtype=options.dtype,
-        compile=options.compile,
-        overwrite=options.overwrite,
-        channels=tuple(map(str, options.channels)) if options.channels else None,
-        profile=options.profile,
-        profile_out=options.profile_out,
-        profile_batches=options.profile_batches,
-        max_tiles=options.max_tiles,
+        options=options,
         compile_cache=_compile_cache(options.compile_cache),
-        shard_tiles=options.shard_tiles,
-        tokens=options.tokens,
-        quality=options.quality,
-        any_scale=options.any_scale,
+        decode_why=why,
     )
 
 

@@ -4,14 +4,14 @@ built offline."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 import safetensors.torch
 import timm
 import torch
 
-from tilestore.embed.settings import Settings
+from tilestore.embed.settings import Options, Settings
 
 BASE = Settings(
     device=torch.device("cpu"),
@@ -19,21 +19,21 @@ BASE = Settings(
     decode="cpu",
     gpu_decoder=None,
     decoders=2,
-    readers=2,
-    prefetch=4,
     batch_size=64,
-    dtype="float32",
-    compile=False,
-    overwrite=False,
+    options=Options(readers=2, prefetch=4, dtype="float32"),
 )
+DECIDED = {f.name for f in fields(Settings)}
 
 
 def settings(device: torch.device | str = "cpu", **changes) -> Settings:
-    """Final run settings for a test: `BASE` on `device` (CUDA with its index) with changes."""
+    """Final run settings for a test: `BASE` on `device` (CUDA with its index) with changes,
+    each to what `resolve` decides or to the options as asked, as it names."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    return replace(BASE, device=device, **changes)
+    decided = {k: v for k, v in changes.items() if k in DECIDED}
+    asked = replace(BASE.options, **{k: v for k, v in changes.items() if k not in DECIDED})
+    return replace(BASE, device=device, options=asked, **decided)
 
 
 class Machine:

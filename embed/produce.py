@@ -17,15 +17,15 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Literal
 
 import numpy as np
 import torch
 
 from tilestore.embed.assemble import Batch, BatchBuilder, CpuAssembler, cut_row
 from tilestore.embed.buffers import SlotPool
+from tilestore.embed.decodeplan import DecodePath, DecodePlan, decode_plan
 from tilestore.embed.jobs import Job
-from tilestore.embed.nvjpeg import GpuDecodeFailed, GpuJpeg, gpu_decode_agrees, gpu_decodes
+from tilestore.embed.nvjpeg import GpuDecodeFailed, GpuJpeg, gpu_decodes
 from tilestore.embed.procdecode import ProcessDecoder
 from tilestore.embed.queues import DONE, Stopped, put
 from tilestore.embed.report import RunReport, Stats
@@ -106,8 +106,9 @@ class Producer:
     def _job(self, job: Job, report: RunReport, decoders, cutters, ready, stop) -> None:
         settings, plan, batch = self.settings, job.plan, self.settings.batch_size
         reader = job.slide.chunks(plan.spec.level)
-        path = decode_path(settings, reader, self._nvjpeg_for(job, reader, report), self.processes)
-        report.begin(job, DECODED_ON[path])
+        decoding = self._decode_plan(job, reader, report)
+        report.begin(job, decoding)
+        path = decoding.path
         sub = plan.subset(job.todo)
         steps = chunk_schedule(sub)
         emit = lambda b: put(ready, b, stop)  # noqa: E731 - a callback, named for reading
@@ -129,7 +130,7 @@ class Producer:
                 )
                 rest = job.todo[~np.isin(job.todo // batch, list(emitted))]
                 rest_plan, rest_job = plan.subset(rest), replace(job, todo=rest)
-                cpu = decode_path(settings, reader, False, self.processes)
+                cpu = decode_plan(settings, reader, self.processes is not None, None).path
                 rest_steps = chunk_schedule(rest_plan)
                 self._on_device(rest_job, reader, rest_plan, rest_steps, emit, stop, decoders, cpu)
         elif path != "cut":  # decoder processes or threads, tiles cut on the GPU
@@ -152,28 +153,22 @@ class Producer:
             assembler.run(job, sub, job.todo, steps, batch, len(plan), emit, stop)
         self.stats.add("produce", time.perf_counter() - t0)
 
-    def _nvjpeg_for(self, job: Job, reader, report: RunReport) -> bool:
-        """Whether nvJPEG may decode this slide: the run decodes on the GPU, nvJPEG has not
-        failed in it, the chunks suit it, and its pixels of a sample of the plan's chunks
-        agree with libjpeg's (a warning says why not where they do not)."""
-        settings, plan = self.settings, job.plan
-        if self.gpu_jpeg is None or self.nvjpeg_failed:
-            return False
-        if not gpu_decodes(settings.decode, reader):
-            return False
-        sample = [tuple(rc) for rc in plan.needed_chunks()[:3].tolist()]
+    def _decode_plan(self, job: Job, reader, report: RunReport) -> DecodePlan:
+        """This slide's decoding (`decode_plan`), nvJPEG's pixels checked on a sample of the
+        plan's chunks; a GPU decoder that fails on them is not used again in this run, and a
+        slide the GPU was to decode but does not is said in a warning."""
+        settings, processes = self.settings, self.processes is not None
+        gpu = None if self.nvjpeg_failed else self.gpu_jpeg
+        sample = [tuple(rc) for rc in job.plan.needed_chunks()[:3].tolist()]
         try:
-            difference = gpu_decode_agrees(self.gpu_jpeg, reader, sample, settings.device)
-            why = (
-                f"nvJPEG decodes this store's JPEG chunks differently from libjpeg (mean "
-                f"|difference| {difference:.1f} levels)"
-            )
+            plan = decode_plan(settings, reader, processes, gpu, sample)
         except GpuDecodeFailed as exc:
-            difference, why = float("inf"), str(exc)
             self.nvjpeg_failed = exc.decoder_fault
-        if difference > 2.0:  # nvJPEG was chosen for this run: say why this slide is not
-            report.warnings.append(f"{job.store}: {why}: decoded on the CPU")
-        return difference <= 2.0
+            plan = decode_plan(settings, reader, processes, None)
+            plan = DecodePlan(plan.path, f"{plan.why}: {exc}")
+        if gpu is not None and gpu_decodes(settings.decode, reader) and not plan.on_gpu:
+            report.warnings.append(f"{job.store}: decoded on the CPU: {plan.why}")
+        return plan
 
     def _on_device(self, job, reader, sub, steps, emit, stop, decoders, path: DecodePath) -> None:
         """Grid rows' chunks are decoded ahead (`tilestore.embed.rows`, the row source of
@@ -203,34 +198,6 @@ class Producer:
                 dropped = (cache.pop(tuple(rc), None) for rc in step.drop.tolist())
                 source.retire([chunk for chunk in dropped if chunk is not None])
             source.retire(list(cache.values()))
-
-
-# decode="both" hands rows to the decoder processes only for chunks this small (Aperio's
-# 240 px tiles, DICOM's 256 px frames): there the engines' cost is per image and the
-# processes add to them; a row of larger chunks takes a few processes seconds, and the
-# engines decode those chunks fast (H100, 4 CPUs, 1,024 px YCbCr chunks: ViT-S 0.69 of its
-# ceiling with the engines alone, 0.33 with the processes beside; ViT-B 0.85 and 0.82;
-# bench/RESULTS.md, "decode paths by CPU count").
-BOTH_MAX_CHUNK_PIXELS = 256 * 256
-DecodePath = Literal["nvjpeg", "both", "processes", "threads", "cut"]
-# where each path decodes, as the report says per slide
-DECODED_ON = {"nvjpeg": "gpu", "both": "both", "processes": "cpu", "threads": "cpu", "cut": "cpu"}
-
-
-def decode_path(settings: Settings, reader, nvjpeg: bool, processes) -> DecodePath:
-    """How a slide's tiles are made, decided here only: its JPEG chunks decoded into grid
-    rows by nvJPEG (where `nvjpeg` says it may), by nvJPEG and the decoder processes side by
-    side (decode="both", chunk files on disk, chunks of at most `BOTH_MAX_CHUNK_PIXELS`),
-    by the processes alone, or by CPU threads,
-    and cut on the GPU; or, without CUDA or for a zstd level, cut on CPU threads into
-    batches."""
-    if not (settings.cuda and reader.is_jpeg):
-        return "cut"
-    on_disk = processes is not None and reader.locations([]) is not None
-    if nvjpeg:
-        small = reader.chunk_h * reader.chunk_w <= BOTH_MAX_CHUNK_PIXELS
-        return "both" if settings.decode == "both" and on_disk and small else "nvjpeg"
-    return "processes" if on_disk else "threads"
 
 
 def _ahead(

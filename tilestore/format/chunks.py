@@ -7,9 +7,10 @@ Local stores are read as files; any other zarr store through its own API, one ba
 per request (that is also how tests count exactly which chunks a read touched).
 
 Every chunk read is checked (`tilestore.format.integrity`): its CRC-32C where the array records
-one, and its presence where the store promises every chunk was written. A chunk that is
-missing, damaged or does not decode is a ChunkError naming the store, level and chunk, never
-the fill value.
+one, its presence where the store promises every chunk was written, and its place where the
+store records positions (`tilestore.format.positions`: the CRC-32C it ends with is the one
+recorded for its position). A chunk that is missing, damaged, out of place or does not
+decode is a ChunkError naming the store, level and chunk, never the fill value.
 """
 
 from __future__ import annotations
@@ -37,7 +38,14 @@ from tilestore.format.codecs import (
     is_jpeg,
     whole_streams,
 )
-from tilestore.format.integrity import UNWRITTEN, Location, read_chunks, tied, unseal
+from tilestore.format.integrity import (
+    UNWRITTEN,
+    Location,
+    read_chunks,
+    read_ends,
+    tied,
+    unseal,
+)
 from tilestore.format.jpeg import as_declared, gpu_refusal
 from tilestore.format.positions import Positions
 from tilestore.format.shards import (
@@ -333,9 +341,8 @@ class ChunkReader:
     def _zarr_read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         """Pixels (c, y, x) through zarr, which checks each chunk's CRC-32C; a chunk missing
         where every chunk was written is a ChunkError (zarr would give the fill value). Where
-        the store records positions, each chunk of every plane is first read and tied to its
-        place here (zarr reads its bytes again to decode them; zarr cannot say which chunk
-        it read from where)."""
+        the store records positions, each chunk of every plane is first tied to its place
+        (`_tie`: zarr cannot say which chunk it read from where)."""
         ch, cw = self.chunk_h, self.chunk_w
         coords = [
             (r, c)
@@ -344,7 +351,7 @@ class ChunkReader:
         ]
         if self._positions is not None:
             planes = range(-(-self.array.shape[0] // self.array.chunks[0]))
-            self._stored([(p, r, c) for p in planes for r, c in coords])
+            self._tie([(p, r, c) for p in planes for r, c in coords])
         elif self.every_chunk:
             for coord in coords:
                 if not self._exists(coord):
@@ -358,6 +365,24 @@ class ChunkReader:
                 else f"{self.where} chunks {coords[0]}-{coords[-1]}"
             )
             raise ChunkError(f"{where}: cannot decode: {exc}") from exc
+
+    def _tie(self, coords: Sequence[tuple[int, int, int]]) -> None:
+        """Each chunk's place checked by its last 4 bytes alone (`read_ends`: zarr reads it
+        whole, its CRC-32C checked, to decode it); a chunk whose 4 bytes are not the ones
+        recorded is read whole, to name its damage or its misplacement. In stores other than
+        local files each chunk is read whole."""
+        if self._root is None:
+            self._stored(coords)
+            return
+        expect = self._expected(coords)
+        names = [self._name(coord) for coord in coords]
+        located = self._locate(coords, expect)
+        ends = read_ends(located, names, required=self.every_chunk)
+        for coord, end, crc in zip(coords, ends, expect, strict=True):
+            if end is None:
+                self._checked(None, coord, crc)  # absent: where one was written, missing
+            elif int.from_bytes(end, "little") != crc:
+                self._stored([coord])
 
     def _exists(self, coord: tuple[int, int]) -> bool:
         at = (0, *coord)

@@ -177,18 +177,45 @@ def _read(
     return out
 
 
-def read_trailers(path: str | os.PathLike, ends: Sequence[int], where: str) -> list[int]:
-    """The CRC-32C each chunk of a shard file ends with, given where each chunk ends (one
-    4-byte read each, not the chunks): what `tilestore.format.positions` records of chunks
-    written by zarr. Checked as `read_range` checks the file."""
-    fd = _open(path, where, "shard")
+def read_ends(
+    locations: Sequence[Location | None], names: Sequence[str], *, required: bool
+) -> list[bytes | None]:
+    """The last 4 bytes of each chunk (its CRC-32C; None where a location is None, or its
+    file is absent and not `required`), one 4-byte read each, a shard opened once for all
+    its chunks, each file checked as `read_file` checks it: what ties a chunk that zarr then
+    reads whole to decode, and what `tilestore.format.positions` records of what zarr wrote."""
+    out: list[bytes | None] = [None] * len(locations)
+    shards: dict[str, int] = {}
     try:
-        out = []
-        for end in ends:
-            data = os.pread(fd, TRAILER, end - TRAILER)
-            if len(data) < TRAILER:
-                raise ChunkError(f"{where}: shard runs past the end of its file (truncated)")
-            out.append(int.from_bytes(data, "little"))
-        return out
+        for i, at in enumerate(locations):
+            if at is None:
+                continue
+            if at.length is not None:  # a byte range of a shard
+                if at.path not in shards:
+                    shards[at.path] = _open_required(at.path, names[i], "shard")
+                start = at.offset + max(0, at.length - TRAILER)
+                out[i] = os.pread(shards[at.path], min(TRAILER, at.length), start)
+                continue
+            try:
+                fd = _open(at.path, names[i], "chunk")
+            except FileNotFoundError:
+                if required:
+                    raise ChunkError(
+                        f"{names[i]}: chunk is missing (deleted or never written)"
+                    ) from None
+                continue
+            try:
+                out[i] = os.pread(fd, TRAILER, max(0, os.fstat(fd).st_size - TRAILER))
+            finally:
+                os.close(fd)
     finally:
-        os.close(fd)
+        for fd in shards.values():
+            os.close(fd)
+    return out
+
+
+def _open_required(path: str | os.PathLike, where: str, what: str) -> int:
+    try:
+        return _open(path, where, what)
+    except FileNotFoundError:
+        raise ChunkError(f"{where}: {what} is missing (deleted or never written)") from None

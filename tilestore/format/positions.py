@@ -37,7 +37,7 @@ from zarr.core.sync import sync
 
 from tilestore.errors import ChunkError
 from tilestore.format.codecs import zstd_codecs
-from tilestore.format.integrity import TRAILER, UNWRITTEN, read_file, read_trailers
+from tilestore.format.integrity import TRAILER, UNWRITTEN, Location, read_ends
 from tilestore.format.shards import (
     ABSENT,
     ShardIndex,
@@ -121,23 +121,24 @@ def record(array: zarr.Array, table: np.ndarray) -> None:
 
 def read_back(array: zarr.Array, where: str) -> np.ndarray:
     """The CRC-32C each chunk of `array` ends with, by position, as its files hold them now:
-    each shard's index (checked) and each chunk's last 4 bytes, or each chunk file's. What
-    zarr just wrote (the block path, labels), or a store made before (`reshard`). `where`
-    names the array in messages."""
+    each shard's index (checked), then 4 bytes a chunk (`integrity.read_ends`), or each chunk
+    file's last 4. What zarr just wrote (the block path, labels), or a store made before
+    (`reshard`). `where` names the array in messages."""
     grid = grid_of(array)
     table = np.full(grid, UNWRITTEN, np.uint64)
     per = chunks_per_shard(array)
     root = getattr(array.store_path.store, "root", None)
     if per is None:
-        for coord in np.ndindex(*grid):
-            key = f"{array.path}/{array.metadata.encode_chunk_key(coord)}"
-            name = f"{where} chunk {coord}"
-            if root is not None:
-                data = read_file(Path(root) / key, name, required=False)
-            else:
-                data = _get(array, key)
-            if data is not None:
-                table[coord] = _trailer(data, name)
+        coords = list(np.ndindex(*grid))
+        names = [f"{where} chunk {coord}" for coord in coords]
+        keys = [f"{array.path}/{array.metadata.encode_chunk_key(c)}" for c in coords]
+        if root is not None:
+            ends = read_ends([Location(str(Path(root) / k)) for k in keys], names, required=False)
+        else:
+            ends = [None if (d := _get(array, k)) is None else d[-TRAILER:] for k in keys]
+        for coord, end, name in zip(coords, ends, names, strict=True):
+            if end is not None:
+                table[coord] = _trailer(end, name)
         return table
     shards = ShardIndex(array, Path(root) / array.path, where) if root is not None else None
     for shard in np.ndindex(*(-(-g // p) for g, p in zip(grid, per, strict=True))):
@@ -160,9 +161,12 @@ def _shard_crcs(shards: ShardIndex, shard: tuple[int, ...], where: str) -> np.nd
     index = shards.index(shard)
     if index is None:
         return None
-    ends, present = _ends(index, where)
+    present = index[:, 0] != ABSENT
+    path = str(shards.folder / shards.key(shard))
+    located = [Location(path, o, n) for o, n in index[present].tolist()]
+    ends = read_ends(located, [where] * len(located), required=True)
     out = np.full(len(index), UNWRITTEN, np.uint64)
-    out[present] = read_trailers(shards.folder / shards.key(shard), ends, where)
+    out[present] = [_trailer(end, where) for end in ends]
     return out
 
 
@@ -176,24 +180,16 @@ def _stored_shard_crcs(
     crc = index_checked(array)
     index = parse_index(data, chunks, where, crc)
     check_ranges(index, where, len(data) - index_bytes(chunks, crc))
-    ends, present = _ends(index, where)
+    present = index[:, 0] != ABSENT
     out = np.full(len(index), UNWRITTEN, np.uint64)
-    out[present] = [int.from_bytes(data[end - TRAILER : end], "little") for end in ends]
+    out[present] = [_trailer(data[o : o + n], where) for o, n in index[present].tolist()]
     return out
 
 
-def _ends(index: np.ndarray, where: str) -> tuple[list[int], np.ndarray]:
-    """Where each chunk present in a shard's index ends, and which are present."""
-    present = index[:, 0] != ABSENT
-    lengths = index[present, 1]
-    if np.any(lengths < TRAILER):
-        raise ChunkError(f"{where}: holds a chunk shorter than its CRC-32C (truncated or empty)")
-    return (index[present, 0] + lengths).tolist(), present
-
-
 def _trailer(data: bytes, where: str) -> int:
+    """The CRC-32C a chunk (or its last bytes) ends with; ChunkError if it is too short."""
     if len(data) < TRAILER:
-        raise ChunkError(f"{where}: chunk is {len(data)} bytes long (truncated or empty)")
+        raise ChunkError(f"{where}: a chunk of {len(data)} bytes, shorter than its CRC-32C")
     return int.from_bytes(data[-TRAILER:], "little")
 
 

@@ -156,6 +156,10 @@ def _integrity(desc: dict) -> str:
         text = "no checksums (a store from before they were kept): `tilestore verify --decode`"
     elif integrity.get("checksum"):
         text = f"every chunk written, each with its {integrity['checksum'].upper()}"
+        if integrity.get("positions"):
+            text += ", tied to its position (crc32c/<level>)"
+        else:
+            text += ", not tied to its position (made before position checks: `tilestore reshard`)"
     else:
         text = "every chunk written, no checksums"
     verified = desc.get("verified")
@@ -189,6 +193,12 @@ def verify(
         )
         if result.unchecked:
             out.print(f"  without checksums: {', '.join(result.unchecked)}", highlight=False)
+        if result.untied:
+            out.print(
+                f"  not tied to their positions (made before position checks: `tilestore "
+                f"reshard` or converting again adds them): levels {', '.join(result.untied)}",
+                highlight=False,
+            )
         for line in result.bad:
             print(f"tilestore: error: {line}", file=sys.stderr)
         bad += len(result.bad)

@@ -186,7 +186,8 @@ def reshard(
     workers: Workers = None,
 ) -> None:
     """Rewrite stores of one file per chunk into shards (a few files per slide), safely:
-    nothing is decoded, and the old store is replaced only once the new one is whole."""
+    nothing is decoded, and the old store is replaced only once the new one is whole. A
+    store made before position checks gets them (its chunks' CRC-32C by position)."""
     from tilestore.conversion import reshard as run_reshard
 
     failed = 0
@@ -205,8 +206,10 @@ def reshard(
         what = (
             f"{report.arrays} arrays into shards, {report.kept} kept"
             if report.arrays
-            else "already in shards, left as it was"
+            else "already in shards" + ("" if report.positions else ", left as it was")
         )
+        if report.positions:
+            what += f"; chunk positions recorded for {report.positions} levels"
         out.print(
             f"{store}: {what}; {report.files_before:,} -> {report.files_after:,} files "
             f"in {report.seconds:.1f} s",

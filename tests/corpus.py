@@ -18,6 +18,8 @@ import tifffile
 import zarr
 
 from tests.tilestore.tiffs import patch_tag
+from tilestore.format import positions
+from tilestore.format.integrity import UNWRITTEN
 from tilestore.format.shards import ABSENT, chunks_per_shard, index_checked, pack, parse_index
 
 # -- slide files ------------------------------------------------------------------------------
@@ -206,7 +208,9 @@ def rewrite_chunk(
     col: int = 3,
 ) -> None:
     """Replace the stored bytes of chunk (row, col) with change(its bytes) (None: absent),
-    in its shard (its index rewritten to match) or its own file."""
+    in its shard (its index rewritten to match) or its own file; the level's positions, where
+    the store records them, say so too: the store reads as if written with these bytes
+    (damaged before it was written, or by a tool that keeps positions in step)."""
     array = zarr.open_array(store / level, mode="r")
     path = chunk_file(store, level, row, col)
     if array.shards is None:
@@ -214,14 +218,18 @@ def rewrite_chunk(
         path.unlink()
         if new is not None:
             path.write_bytes(new)
-        return
-    per = chunks_per_shard(array)[1:]
-    data = path.read_bytes()
-    index = parse_index(data, per[0] * per[1], str(path), index_checked(array))
-    chunks = [None if o == ABSENT else data[int(o) : int(o) + int(n)] for o, n in index]
-    inner = (row % per[0]) * per[1] + col % per[1]
-    chunks[inner] = change(chunks[inner])
-    path.write_bytes(pack(chunks, index_checked(array)))
+    else:
+        per = chunks_per_shard(array)[1:]
+        data = path.read_bytes()
+        index = parse_index(data, per[0] * per[1], str(path), index_checked(array))
+        chunks = [None if o == ABSENT else data[int(o) : int(o) + int(n)] for o, n in index]
+        inner = (row % per[0]) * per[1] + col % per[1]
+        chunks[inner] = new = change(chunks[inner])
+        path.write_bytes(pack(chunks, index_checked(array)))
+    recorded = store / positions.path_of(level)
+    if (recorded / "zarr.json").exists() and (new is None or len(new) >= 4):
+        table = zarr.open_array(recorded, mode="r+")
+        table[0, row, col] = UNWRITTEN if new is None else int.from_bytes(new[-4:], "little")
 
 
 def damage_chunk(kind: str, row: int = 2, col: int = 3) -> Callable[[Path, Path], Path]:

@@ -28,7 +28,7 @@ from tilestore.conversion.levels import copy_tiles, downsample2, write_blocks
 from tilestore.conversion.loss import Loss
 from tilestore.cpus import usable_cpus
 from tilestore.errors import ChunkError, SlideError, StoreError, TilestoreError, TilestoreWarning
-from tilestore.format import leftovers, omezarr
+from tilestore.format import leftovers, omezarr, positions
 from tilestore.format.chunks import ChunkReader
 from tilestore.format.codecs import jpeg_codecs, zstd_codecs
 from tilestore.format.shards import SHARD_CHUNKS, shard_shape, sharded
@@ -529,6 +529,8 @@ def _write_attrs(
     checksum = "crc32c" if enc.checksums else None
     if checksum and enc.in_place:
         checksum += ", built levels only"  # a slide's own tiles carry none
+    # recorded as the levels were written (`tilestore.conversion.levels`)
+    tied = {"positions": positions.declaration(bool(enc.in_place))} if enc.checksums else {}
     # The complete flag goes last: a store without it was interrupted.
     root.attrs[ATTRS_KEY] = {
         "store_format": STORE_FORMAT,
@@ -556,8 +558,9 @@ def _write_attrs(
             "quality": report.quality,
             "lossy": report.lossy,  # each level's loss: its lossy, psnr and sampled
         },
-        # what a reader may rely on: every chunk written, each with its CRC-32C
-        "integrity": {"every_chunk": True, "checksum": checksum},
+        # what a reader may rely on: every chunk written, each with its CRC-32C, each
+        # CRC-32C recorded by the chunk's position
+        "integrity": {"every_chunk": True, "checksum": checksum, **tied},
         "levels": [{k: v for k, v in asdict(lv).items() if k != "seconds"} for lv in report.levels],
         "associated": associated,
         "software": software_versions("tifffile", "imagecodecs"),

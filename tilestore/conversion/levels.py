@@ -18,8 +18,9 @@ import numpy as np
 import zarr
 
 from tilestore.conversion.loss import Loss
+from tilestore.format import positions
 from tilestore.format.codecs import has_checksums
-from tilestore.format.integrity import seal
+from tilestore.format.integrity import UNWRITTEN, seal
 from tilestore.format.shards import chunks_per_shard, index_checked, pack_parts, write_atomic
 from tilestore.reading.source_chunks import TileSource
 from tilestore.sources import JpegTiles, SourceLevel
@@ -50,6 +51,8 @@ def write_blocks(
     """Fill a (c, y, x) array block by block from read(y0, y1, x0, x1) -> (h, w, c); return
     the chunks written. With `loss`, its sampled chunks are read back as each block is
     written and compared with the block's pixels (a lossy codec's PSNR).
+    With the array's checksums, its positions are recorded from what zarr wrote
+    (`tilestore.format.positions.read_back`: shard indexes and 4 bytes a chunk).
 
     A block is one shard (so zarr writes each shard whole, once, and renames it into place),
     or in an array of one file per chunk one row of chunks. The next block is read (decoded)
@@ -73,6 +76,8 @@ def write_blocks(
             if loss is not None:
                 loss.measure(array, y0, x0, pixels)
             progress(-(-(y1 - y0) // chunk_h) * -(-(x1 - x0) // chunk_w))
+    if has_checksums(array):
+        positions.record(array, positions.read_back(array, str(array.store_path)))
     return -(-height // chunk_h) * -(-width // chunk_w)
 
 
@@ -89,7 +94,8 @@ def copy_tiles(
 ) -> tuple[int, int]:
     """Write each source JPEG tile as its chunk's bytes (`TileSource`); return (chunks
     copied, re-encoded). Every chunk is written, background ones too; with the array's
-    checksums, each with its CRC-32C. In a sharded array each shard is packed and written
+    checksums, each with its CRC-32C, and the level's positions recorded from them
+    (`tilestore.format.positions`). In a sharded array each shard is packed and written
     whole (`tilestore.format.shards`), else each chunk is a file."""
     rows, cols = tiles.grid
     base = root / array.path
@@ -99,6 +105,7 @@ def copy_tiles(
     chunk = source.chunk
     key = array.metadata.encode_chunk_key
     per = None if array.shards is None else chunks_per_shard(array)[1:]
+    crcs = np.full((rows, cols), UNWRITTEN, np.uint64)  # each chunk's, by position
 
     def one(row: int, col: int, counts: list[int]) -> bytes | None:
         """The chunk's bytes as stored; counts[0] or [1] +1 as it was copied or re-encoded."""
@@ -114,7 +121,9 @@ def copy_tiles(
             path = base / key((0, row, col))
             if col == 0:
                 path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(one(row, col, counts))
+            data = one(row, col, counts)
+            path.write_bytes(data)
+            crcs[row, col] = positions.crcs_of([data])[0]
         progress(cols)
         return counts
 
@@ -143,6 +152,9 @@ def copy_tiles(
                     counts[0] += 1
                     inner.append(copied(own))
         write_atomic(base / key((0, *shard)), pack_parts(inner, index_checked(array)))
+        block = crcs[shard[0] * per_r : (shard[0] + 1) * per_r, first:end]
+        packed = positions.crcs_of(inner).reshape(per_r, per_c)
+        block[...] = packed[: block.shape[0], : block.shape[1]]  # the level's, not beyond
         progress(sum(counts))
         return counts
 
@@ -152,4 +164,6 @@ def copy_tiles(
         else:
             grid = [(r, c) for r in range(-(-rows // per[0])) for c in range(-(-cols // per[1]))]
             counts = list(pool.map(copy_shard, grid))
+    if checksums:
+        positions.record(array, crcs[None])
     return sum(c for c, _ in counts), sum(r for _, r in counts)

@@ -15,6 +15,12 @@ The new store is built beside the old one (a hidden partial folder, as `convert`
 and renamed into place; the old one is renamed aside first and deleted last, so a kill at
 any point leaves the old store or the new one, never neither (`tilestore.format.leftovers`
 puts it back). A store an embedding run is writing (its lock is held) is refused.
+
+A store made before positions were recorded (`tilestore.format.positions`) gets them: each
+image and label level's chunks' CRC-32C by position, as its chunks are then (`tilestore
+verify` first: a chunk already out of place stays so, now recorded there), and the
+``integrity`` attribute saying so, written last. A store in shards already gets them in
+place: nothing else changes, and until the attribute is written it reads as it did.
 """
 
 from __future__ import annotations
@@ -37,8 +43,13 @@ import zarr
 
 from tilestore.cpus import usable_cpus
 from tilestore.errors import StoreError, TilestoreWarning
-from tilestore.format import leftovers
-from tilestore.format.codecs import COLOR_SPACE_NAMES, IMAGECODECS_JPEG, SAMPLING_NAMES
+from tilestore.format import leftovers, positions
+from tilestore.format.codecs import (
+    COLOR_SPACE_NAMES,
+    IMAGECODECS_JPEG,
+    SAMPLING_NAMES,
+    has_checksums,
+)
 from tilestore.format.integrity import read_file, read_range
 from tilestore.format.shards import (
     SHARD_CHUNKS,
@@ -47,7 +58,7 @@ from tilestore.format.shards import (
     shard_shape,
     write_atomic,
 )
-from tilestore.format.store import open_store, stored
+from tilestore.format.store import ATTRS_KEY, open_for_writing, open_store, stored
 from tilestore.options import Opt, Workers, checked
 
 META = "zarr.json"
@@ -64,6 +75,7 @@ class ReshardReport:
     kept: int = 0  # arrays copied as they were (already sharded, read in place, not chunked)
     files_before: int = 0
     files_after: int = 0
+    positions: int = 0  # levels whose chunks' positions were recorded (made before them)
     seconds: float = 0.0
 
 
@@ -78,8 +90,9 @@ def reshard(
     """Rewrite a complete store's arrays of one file per chunk into shards, in place.
 
     per_side: inner chunks per shard side of image and label levels. A store with nothing
-    to reshard is left untouched. StoreError where the store is not a complete tilestore
-    store, or an embedding run holds one of its groups."""
+    to reshard is left untouched but for the positions of a store made before them.
+    StoreError where the store is not a complete tilestore store, or an embedding run holds
+    one of its groups."""
     started = time.perf_counter()
     target = Path(store)
     _, attrs = open_store(target)
@@ -100,8 +113,10 @@ def reshard(
     }
     report = ReshardReport(target, files_before=_files(target))
     older = {path for path, meta in arrays.items() if path not in todo and _older_jpeg(meta)}
+    untied = [p for p in arrays if positions.is_level(p, attrs) and not positions.declared(attrs)]
     if not todo and not older:
-        report.kept, report.files_after = len(arrays), report.files_before
+        report.positions = _record_positions(target, untied)
+        report.kept, report.files_after = len(arrays), _files(target)
         report.seconds = time.perf_counter() - started
         return report
     with leftovers.built_beside(target, "cannot reshard") as tmp:
@@ -115,10 +130,29 @@ def reshard(
         for path in older:  # in shards already: only the codec's name and settings
             doc = {**arrays[path], "codecs": _redeclared(arrays[path]["codecs"])}
             (tmp / path / META).write_text(json.dumps(doc, indent=2))
+        report.positions = _record_positions(tmp, untied)
     report.arrays, report.kept = len(todo) + len(older), len(arrays) - len(todo) - len(older)
     report.files_after = _files(target)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _record_positions(root: Path, levels: list[str]) -> int:
+    """Record the positions of the store at `root`'s `levels` whose chunks carry their
+    CRC-32C, as their chunks are now, then say so in its ``integrity`` attribute; return
+    how many were recorded."""
+    if not levels:
+        return 0
+    group = open_for_writing(root)
+    tied = [group[path] for path in levels if has_checksums(group[path])]
+    for array in tied:
+        positions.record(array, positions.read_back(array, f"{root}: {array.path}"))
+    if tied:
+        attrs = dict(group.attrs[ATTRS_KEY])
+        said = positions.declaration(bool((attrs.get("source") or {}).get("in_place")))
+        attrs["integrity"] = {**(attrs.get("integrity") or {}), "positions": said}
+        group.attrs[ATTRS_KEY] = attrs
+    return len(tied)
 
 
 def _arrays(root: Path) -> dict[str, dict]:

@@ -1,7 +1,8 @@
 """The store format: OME-Zarr 0.5 metadata (`omezarr`), the chunk codecs (`codecs`, our JPEG
 codec registered with zarr), JPEG headers (`jpeg`), chunk integrity (`integrity`: CRC-32C,
-safe whole-file reads), whole-chunk access (`chunks`), the store on disk (`store`: open,
-recognise, name) and the names of work in progress (`leftovers`).
+safe whole-file reads; `positions`: each chunk's CRC-32C recorded by its place), shards
+(`shards`), whole-chunk access (`chunks`), the store on disk (`store`: open, recognise,
+name) and the names of work in progress (`leftovers`).
 
 The bottom floor: imports only `tilestore.errors` and `tilestore.cpus`.
 """
@@ -16,6 +17,7 @@ __getattr__, __dir__, __all__ = lazy_face(
         "tilestore.format.chunks": ("ChannelPick", "ChunkReader"),
         "tilestore.format.codecs": ("JpegCodec", "has_checksums", "jpeg_codecs", "zstd_codecs"),
         "tilestore.format.integrity": ("read_file", "seal", "unseal"),
+        "tilestore.format.positions": ("Positions",),
         "tilestore.format.store": (
             "ATTRS_KEY",
             "STORE_SUFFIX",

@@ -7,9 +7,10 @@ Local stores are read as files; any other zarr store through its own API, one ba
 per request (that is also how tests count exactly which chunks a read touched).
 
 Every chunk read is checked (`tilestore.format.integrity`): its CRC-32C where the array records
-one, and its presence where the store promises every chunk was written. A chunk that is
-missing, damaged or does not decode is a ChunkError naming the store, level and chunk, never
-the fill value.
+one, its presence where the store promises every chunk was written, and its place where the
+store records positions (`tilestore.format.positions`: the CRC-32C it ends with is the one
+recorded for its position). A chunk that is missing, damaged, out of place or does not
+decode is a ChunkError naming the store, level and chunk, never the fill value.
 """
 
 from __future__ import annotations
@@ -37,8 +38,16 @@ from tilestore.format.codecs import (
     is_jpeg,
     whole_streams,
 )
-from tilestore.format.integrity import Location, read_chunks, unseal
+from tilestore.format.integrity import (
+    UNWRITTEN,
+    Location,
+    read_chunks,
+    read_ends,
+    tied,
+    unseal,
+)
 from tilestore.format.jpeg import as_declared, gpu_refusal
+from tilestore.format.positions import Positions
 from tilestore.format.shards import (
     ABSENT,
     ShardIndex,
@@ -56,11 +65,17 @@ class ChunkReader:
 
     name: the store's name, for messages. every_chunk: the store was written with every
     chunk present (a chunk missing is damage); stores from before that promise read a
-    missing chunk as the background.
+    missing chunk as the background. positions: the store records each chunk's CRC-32C by
+    position (`tilestore.format.positions`): each chunk read is tied to its place.
     """
 
     def __init__(
-        self, array: zarr.Array, background: int, name: str = "", every_chunk: bool = False
+        self,
+        array: zarr.Array,
+        background: int,
+        name: str = "",
+        every_chunk: bool = False,
+        positions: bool = False,
     ) -> None:
         self.array = array
         self.background = background
@@ -90,9 +105,9 @@ class ChunkReader:
         plain = getattr(encoding, "separator", None) == "/" and type(encoding).__name__ == (
             "DefaultChunkKeyEncoding"
         )
-        # Local files under the default key encoding: c/0/<row>/<col>, read without zarr;
-        # in a sharded level, byte ranges of c/0/<shard row>/<shard col>
-        self._files = f"{self._root / array.path}/c/0" if self._root and plain else None
+        # Local files under the default key encoding: c/<plane>/<row>/<col>, read without
+        # zarr; in a sharded level, byte ranges of c/<plane>/<shard row>/<shard col>
+        self._files = f"{self._root / array.path}/c" if self._root and plain else None
         self.per_shard = chunks_per_shard(array)  # (c, y, x) inner chunks per shard
         self._remote_indexes: dict[str, np.ndarray | None] = {}  # other stores' shards
         self._shards = (
@@ -100,25 +115,58 @@ class ChunkReader:
             if self.per_shard is not None and self._root is not None
             else None
         )
+        # the CRC-32C recorded for each chunk's position (none for a slide's own tiles)
+        self._positions = (
+            Positions(array, self.where)
+            if positions and self.checksum and self._slide_tiles is None
+            else None
+        )
 
-    def key(self, row: int, col: int) -> str:
-        """Return the store key of chunk (row, col): of its shard, in a sharded level."""
+    def _key(self, coord: tuple[int, int, int]) -> str:
+        """The store key of chunk (plane, row, col): of its shard, in a sharded level."""
         if self.per_shard is not None:
-            row, col = row // self.per_shard[1], col // self.per_shard[2]
-        return f"{self.array.path}/{self.array.metadata.encode_chunk_key((0, row, col))}"
+            coord = tuple(i // p for i, p in zip(coord, self.per_shard, strict=True))
+        return f"{self.array.path}/{self.array.metadata.encode_chunk_key(coord)}"
 
     def chunk_name(self, coord: tuple[int, int]) -> str:
         """The chunk as messages name it: store, level and (row, col)."""
         return f"{self.where} chunk ({coord[0]}, {coord[1]})"
 
+    def _name(self, coord: tuple[int, int, int]) -> str:
+        """`chunk_name` of chunk (plane, row, col): (row, col) for plane 0, as always."""
+        return self.chunk_name(coord[1:]) if coord[0] == 0 else f"{self.where} chunk {coord}"
+
     def locations(self, coords: Sequence[tuple[int, int]]) -> list[Location | None] | None:
         """Where each chunk's bytes are in a local store: its file, or its byte range of a
-        shard (None for a chunk absent from its shard); None for other stores."""
-        if self._shards is not None:
-            return self._shards.locate([(0, r, c) for r, c in coords])
-        if self._files is None:
+        shard (None for a chunk absent from its shard), with the CRC-32C recorded for its
+        position where the store records them; None for other stores."""
+        if self._root is None or (self._shards is None and self._files is None):
             return None
-        return [Location(f"{self._files}/{r}/{c}") for r, c in coords]
+        coords3 = [(0, r, c) for r, c in coords]
+        return self._locate(coords3, self._expected(coords3))
+
+    def _locate(
+        self, coords: Sequence[tuple[int, int, int]], expect: Sequence[int | None]
+    ) -> list[Location | None]:
+        if self._shards is not None:
+            return self._shards.locate(coords, expect)
+        if self._files is not None:
+            files = self._files
+            return [
+                Location(f"{files}/{p}/{r}/{c}", 0, None, e)
+                for (p, r, c), e in zip(coords, expect, strict=True)
+            ]
+        root = self._root
+        return [
+            Location(str(root / self._key(coord)), 0, None, e)
+            for coord, e in zip(coords, expect, strict=True)
+        ]
+
+    def _expected(self, coords: Sequence[tuple[int, int, int]]) -> list[int | None]:
+        """The CRC-32C recorded for each chunk's position (None each: the store has none)."""
+        if self._positions is None:
+            return [None] * len(coords)
+        return self._positions.expected(coords)
 
     def gpu_refusal(self, sample: int = 3) -> str | None:
         """Why a GPU's JPEG decoder cannot take this level's chunks (not JPEG, not colour,
@@ -149,29 +197,42 @@ class ChunkReader:
         return self.fetch([coord])[0]
 
     def fetch(self, coords: Sequence[tuple[int, int]]) -> list[bytes | None]:
-        """Return each chunk's encoded bytes, checked (CRC-32C stripped), None where a chunk
-        was never written in a store that allows that; ChunkError where one is damaged."""
-        if self._slide_tiles is not None:
-            found = [self._slide_tiles.chunk(r, c)[0] for r, c in coords]
-        elif self._root is not None:
-            located = self.locations(coords) or [
-                Location(str(self._root / self.key(r, c))) for r, c in coords
+        """Return each chunk's encoded bytes, checked (CRC-32C stripped, tied to its position
+        where the store records positions), None where a chunk was never written in a store
+        that allows that; ChunkError where one is damaged or out of place."""
+        if self._slide_tiles is not None:  # the slide's own tiles: no checksums to check
+            return [
+                self._checked(self._slide_tiles.chunk(r, c)[0], (0, r, c), None) for r, c in coords
             ]
-            names = [self.chunk_name(coord) for coord in coords]
-            found = read_chunks(located, names, required=self.every_chunk)
-        elif self.per_shard is not None:
-            found = self._fetch_inner(coords)
+        return self._stored([(0, r, c) for r, c in coords])
+
+    def _stored(self, coords: Sequence[tuple[int, int, int]]) -> list[bytes | None]:
+        """`fetch` of chunks (plane, row, col) stored in the store."""
+        expect = self._expected(coords)
+        names = [self._name(coord) for coord in coords]
+        if self._root is not None:  # each tied to its position as it is read
+            found = read_chunks(self._locate(coords, expect), names, required=self.every_chunk)
         else:
-            keys = [self.key(r, c) for r, c in coords]
-            proto = default_buffer_prototype()
+            found = self._fetch_inner(coords) if self.per_shard else self._fetch_whole(coords)
+            for data, crc, name in zip(found, expect, names, strict=True):
+                if data is not None and crc is not None:
+                    tied(data, crc, name)
+        return [
+            self._checked(data, coord, crc)
+            for data, coord, crc in zip(found, coords, expect, strict=True)
+        ]
 
-            async def get_all():
-                return await asyncio.gather(*(self._store.get(k, proto) for k in keys))
+    def _fetch_whole(self, coords: Sequence[tuple[int, int, int]]) -> list[bytes | None]:
+        """Chunks of a level of one object per chunk in a store other than local files."""
+        keys = [self._key(coord) for coord in coords]
+        proto = default_buffer_prototype()
 
-            found = [None if b is None else b.to_bytes() for b in sync(get_all())]
-        return [self._checked(data, coord) for data, coord in zip(found, coords, strict=True)]
+        async def get_all():
+            return await asyncio.gather(*(self._store.get(k, proto) for k in keys))
 
-    def _fetch_inner(self, coords: Sequence[tuple[int, int]]) -> list[bytes | None]:
+        return [None if b is None else b.to_bytes() for b in sync(get_all())]
+
+    def _fetch_inner(self, coords: Sequence[tuple[int, int, int]]) -> list[bytes | None]:
         """Inner chunks of a sharded level in a store other than local files, through the
         store's byte ranges: each shard's index (read once), then each chunk."""
         proto = default_buffer_prototype()
@@ -189,13 +250,13 @@ class ChunkReader:
 
         return sync(get_all())
 
-    def _remote_ranges(self, coords: Sequence[tuple[int, int]]) -> list:
+    def _remote_ranges(self, coords: Sequence[tuple[int, int, int]]) -> list:
         """(shard key, offset, length) of each chunk in a store other than local files (None:
         absent), the shards' indexes read once and kept."""
         proto = default_buffer_prototype()
         chunks, crc = math.prod(self.per_shard), index_checked(self.array)
         indexes = self._remote_indexes
-        keys = [self.key(r, c) for r, c in coords]
+        keys = [self._key(coord) for coord in coords]
         missing = sorted(set(keys) - indexes.keys())
 
         async def tails():
@@ -211,7 +272,7 @@ class ChunkReader:
             )
         if not coords:
             return []
-        _, inner = split(np.array([(0, r, c) for r, c in coords]), self.per_shard)
+        _, inner = split(np.array(coords), self.per_shard)
         out = []
         for key, entry in zip(keys, inner.tolist(), strict=True):
             index = indexes[key]
@@ -221,12 +282,16 @@ class ChunkReader:
                 out.append((key, int(index[entry, 0]), int(index[entry, 1])))
         return out
 
-    def _checked(self, data: bytes | None, coord: tuple[int, int]) -> bytes | None:
+    def _checked(
+        self, data: bytes | None, coord: tuple[int, int, int], expect: int | None
+    ) -> bytes | None:
+        """A chunk's data, its CRC-32C checked; None where it was never written, which is
+        damage where the store promises every chunk or records one at its position."""
         if data is None:
-            if self.every_chunk:
-                raise ChunkError(f"{self.chunk_name(coord)}: chunk is missing")
+            if self.every_chunk or (expect is not None and expect != UNWRITTEN):
+                raise ChunkError(f"{self._name(coord)}: chunk is missing")
             return None
-        return unseal(data, self.chunk_name(coord)) if self.checksum else data
+        return unseal(data, self._name(coord)) if self.checksum else data
 
     def decode(self, data: bytes | None, coord: tuple[int, int] | None = None) -> np.ndarray:
         """Return a JPEG chunk's pixels as (chunk_h, chunk_w, c); background if absent."""
@@ -275,14 +340,19 @@ class ChunkReader:
 
     def _zarr_read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         """Pixels (c, y, x) through zarr, which checks each chunk's CRC-32C; a chunk missing
-        where every chunk was written is a ChunkError (zarr would give the fill value)."""
+        where every chunk was written is a ChunkError (zarr would give the fill value). Where
+        the store records positions, each chunk of every plane is first tied to its place
+        (`_tie`: zarr cannot say which chunk it read from where)."""
         ch, cw = self.chunk_h, self.chunk_w
         coords = [
             (r, c)
             for r in range(y0 // ch, (min(y1, self.array.shape[1]) - 1) // ch + 1)
             for c in range(x0 // cw, (min(x1, self.array.shape[2]) - 1) // cw + 1)
         ]
-        if self.every_chunk:
+        if self._positions is not None:
+            planes = range(-(-self.array.shape[0] // self.array.chunks[0]))
+            self._tie([(p, r, c) for p in planes for r, c in coords])
+        elif self.every_chunk:
             for coord in coords:
                 if not self._exists(coord):
                     raise ChunkError(f"{self.chunk_name(coord)}: chunk is missing")
@@ -296,14 +366,33 @@ class ChunkReader:
             )
             raise ChunkError(f"{where}: cannot decode: {exc}") from exc
 
+    def _tie(self, coords: Sequence[tuple[int, int, int]]) -> None:
+        """Each chunk's place checked by its last 4 bytes alone (`read_ends`: zarr reads it
+        whole, its CRC-32C checked, to decode it); a chunk whose 4 bytes are not the ones
+        recorded is read whole, to name its damage or its misplacement. In stores other than
+        local files each chunk is read whole."""
+        if self._root is None:
+            self._stored(coords)
+            return
+        expect = self._expected(coords)
+        names = [self._name(coord) for coord in coords]
+        located = self._locate(coords, expect)
+        ends = read_ends(located, names, required=self.every_chunk)
+        for coord, end, crc in zip(coords, ends, expect, strict=True):
+            if end is None:
+                self._checked(None, coord, crc)  # absent: where one was written, missing
+            elif int.from_bytes(end, "little") != crc:
+                self._stored([coord])
+
     def _exists(self, coord: tuple[int, int]) -> bool:
+        at = (0, *coord)
         if self._shards is not None:
-            return self._shards.locate([(0, *coord)])[0] is not None
+            return self._shards.locate([at])[0] is not None
         if self.per_shard is not None:
-            return self._remote_ranges([coord])[0] is not None
+            return self._remote_ranges([at])[0] is not None
         if self._root is not None:
-            return (self._root / self.key(*coord)).exists()
-        return sync(self._store.exists(self.key(*coord)))
+            return (self._root / self._key(at)).exists()
+        return sync(self._store.exists(self._key(at)))
 
     def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         """Return pixels [y0:y1, x0:x1] (inside the level) as (h, w, c)."""

@@ -11,6 +11,10 @@ value.
 A chunk file is opened without following a symbolic link (a link to another chunk would read
 valid pixels in the wrong place) and without blocking (a FIFO would hang the read forever), and
 must be a regular file. Standard library and google_crc32c only: each decoder worker imports it.
+
+A chunk's CRC-32C proves its bytes whole, not that they are this position's: a `Location` may
+carry the CRC-32C recorded for its position (`tilestore.format.positions`), and `read_chunks`
+compares the chunk's last 4 bytes with it (`tied`): no hashing beyond the chunk's own check.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import google_crc32c
 from tilestore.errors import ChunkError
 
 TRAILER = 4  # bytes of CRC-32C after each chunk's data
+UNWRITTEN = 2**64 - 1  # recorded for a position where no chunk was written (as a shard index says)
 _FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
@@ -46,13 +51,30 @@ def unseal(data: bytes, where: str) -> bytes:
     return body
 
 
+def tied(data: bytes, expect: int, where: str) -> None:
+    """Nothing where `data` ends in `expect`, the CRC-32C recorded for its position; else a
+    ChunkError naming `where`: the chunk is damaged (its own CRC-32C fails), stored where none
+    was written, or another position's (moved, swapped, an index rewritten)."""
+    if len(data) >= TRAILER and int.from_bytes(data[-TRAILER:], "little") == expect:
+        return
+    unseal(data, where)  # damage is named as such: only a whole chunk is someone else's
+    if expect == UNWRITTEN:
+        raise ChunkError(f"{where}: a chunk is stored where none was written (moved here?)")
+    raise ChunkError(
+        f"{where}: chunk is not the one written here (its CRC-32C is not the one recorded for "
+        "this position: moved, swapped or its shard index rewritten)"
+    )
+
+
 class Location(NamedTuple):
     """Where one chunk's bytes are: a file (one chunk per file: `length` None), or a byte
-    range of a shard (`tilestore.format.shards`)."""
+    range of a shard (`tilestore.format.shards`); `expect`: the CRC-32C recorded for its
+    position, checked as it is read (None: the store records none)."""
 
     path: str
     offset: int = 0
     length: int | None = None
+    expect: int | None = None
 
 
 def read_file(path: str | os.PathLike, where: str, *, required: bool) -> bytes | None:
@@ -77,20 +99,12 @@ def read_range(
     checks; a file shorter than the range is a ChunkError (a truncated shard). `what` the
     file holds, for messages: "chunk" or "shard"."""
     try:
-        fd = os.open(path, _FLAGS)
+        fd = _open(path, where, what)
     except FileNotFoundError:
         if required:
             raise ChunkError(f"{where}: {what} is missing (deleted or never written)") from None
         return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ChunkError(f"{where}: {what} is a symbolic link, not a file") from None
-        raise ChunkError(f"{where}: cannot read {what}: {exc.strerror}") from None
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file"
-            raise ChunkError(f"{where}: {what} is {kind}")
         if length is None:
             with os.fdopen(fd, "rb", closefd=False) as fh:
                 fh.seek(offset)
@@ -103,12 +117,42 @@ def read_range(
         os.close(fd)
 
 
+def _open(path: str | os.PathLike, where: str, what: str) -> int:
+    """A descriptor of the regular file at `path`, not followed if a link and opened without
+    blocking; ChunkError naming `where` if it is anything else (FileNotFoundError if absent)."""
+    try:
+        fd = os.open(path, _FLAGS)
+    except FileNotFoundError:
+        raise  # absent: the caller says whether that is damage
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ChunkError(f"{where}: {what} is a symbolic link, not a file") from None
+        raise ChunkError(f"{where}: cannot read {what}: {exc.strerror}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+        raise ChunkError(f"{where}: {what} is {kind}")
+    return fd
+
+
 def read_chunks(
     locations: Sequence[Location | None], names: Sequence[str], *, required: bool
 ) -> list[bytes | None]:
     """Each chunk's bytes (None where a location is None, or its file is absent and not
-    `required`); chunks lying one after another in one shard are read in one call (a grid
-    row of a shard is one range)."""
+    `required`), each tied to its position where its location carries the CRC-32C recorded
+    for it; chunks lying one after another in one shard are read in one call (a grid row of
+    a shard is one range)."""
+    out = _read(locations, names, required)
+    for at, data, name in zip(locations, out, names, strict=True):
+        if data is not None and at.expect is not None:
+            tied(data, at.expect, name)
+    return out
+
+
+def _read(
+    locations: Sequence[Location | None], names: Sequence[str], required: bool
+) -> list[bytes | None]:
     out: list[bytes | None] = [None] * len(locations)
     i = 0
     while i < len(locations):
@@ -131,3 +175,47 @@ def read_chunks(
             out[k] = data[start : start + locations[k].length]
         i = j
     return out
+
+
+def read_ends(
+    locations: Sequence[Location | None], names: Sequence[str], *, required: bool
+) -> list[bytes | None]:
+    """The last 4 bytes of each chunk (its CRC-32C; None where a location is None, or its
+    file is absent and not `required`), one 4-byte read each, a shard opened once for all
+    its chunks, each file checked as `read_file` checks it: what ties a chunk that zarr then
+    reads whole to decode, and what `tilestore.format.positions` records of what zarr wrote."""
+    out: list[bytes | None] = [None] * len(locations)
+    shards: dict[str, int] = {}
+    try:
+        for i, at in enumerate(locations):
+            if at is None:
+                continue
+            if at.length is not None:  # a byte range of a shard
+                if at.path not in shards:
+                    shards[at.path] = _open_required(at.path, names[i], "shard")
+                start = at.offset + max(0, at.length - TRAILER)
+                out[i] = os.pread(shards[at.path], min(TRAILER, at.length), start)
+                continue
+            try:
+                fd = _open(at.path, names[i], "chunk")
+            except FileNotFoundError:
+                if required:
+                    raise ChunkError(
+                        f"{names[i]}: chunk is missing (deleted or never written)"
+                    ) from None
+                continue
+            try:
+                out[i] = os.pread(fd, TRAILER, max(0, os.fstat(fd).st_size - TRAILER))
+            finally:
+                os.close(fd)
+    finally:
+        for fd in shards.values():
+            os.close(fd)
+    return out
+
+
+def _open_required(path: str | os.PathLike, where: str, what: str) -> int:
+    try:
+        return _open(path, where, what)
+    except FileNotFoundError:
+        raise ChunkError(f"{where}: {what} is missing (deleted or never written)") from None

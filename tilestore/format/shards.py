@@ -240,14 +240,17 @@ class ShardIndex:
             self._indexes[shard] = check_ranges(index, where, size - length)
         return self._indexes[shard]
 
-    def locate(self, coords: Sequence[tuple[int, ...]]) -> list[Location | None]:
-        """Each chunk's byte range (None: absent from its shard, or no shard): each shard's
-        index read once, then plain lookups (a region read asks for a few chunks, the engine
-        for a grid row: array operations cost more than they save at those sizes)."""
+    def locate(
+        self, coords: Sequence[tuple[int, ...]], expect: Sequence[int | None] | None = None
+    ) -> list[Location | None]:
+        """Each chunk's byte range (None: absent from its shard, or no shard), carrying the
+        CRC-32C recorded for its position where `expect` gives them: each shard's index read
+        once, then plain lookups (a region read asks for a few chunks, the engine for a grid
+        row: array operations cost more than they save at those sizes)."""
         per, strides = self.per, self._strides
         out: list[Location | None] = []
         last, index, path = None, None, ""
-        for coord in coords:
+        for i, coord in enumerate(coords):
             shard = tuple(int(c) // p for c, p in zip(coord, per, strict=True))
             if shard != last:
                 last, index = shard, self.index(shard)
@@ -257,7 +260,11 @@ class ShardIndex:
                 continue
             at = sum((int(c) % p) * s for c, p, s in zip(coord, per, strides, strict=True))
             offset = index.item(at, 0)
-            out.append(None if offset == ABSENT_INT else Location(path, offset, index.item(at, 1)))
+            if offset == ABSENT_INT:
+                out.append(None)
+            else:
+                crc = None if expect is None else expect[i]
+                out.append(Location(path, offset, index.item(at, 1), crc))
         return out
 
     def _path(self, shard: tuple[int, ...]) -> str:

@@ -2,7 +2,9 @@
 
 A label image has one level per image level (viewers such as napari expect them to line
 up), coarser levels by nearest sampling; its classes and colours are in the label
-metadata, so a viewer shows names, and tilestore's own facts sit beside them.
+metadata, so a viewer shows names, and tilestore's own facts sit beside them. In a store
+that records positions, each label level's are recorded as it is written, and level 0 is
+read tied to them (`tilestore.format.positions`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from tilestore.format import omezarr
+from tilestore.format import omezarr, positions
+from tilestore.format.chunks import ChunkReader
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.shards import SHARD_CHUNKS, shard_shape, sharded
 from tilestore.format.store import stored
@@ -41,10 +44,11 @@ def write_label(
         del labels[name]
     group = labels.create_group(name)
     paths, downsamples = [], []
+    tied = positions.declared(slide.attrs)
     for index in range(len(slide.levels)):
         factor = 2**index
         data = label[::factor, ::factor][None]
-        group.create_array(
+        array = group.create_array(
             str(index),
             data=data,
             dimension_names=("c", "y", "x"),
@@ -52,6 +56,8 @@ def write_label(
                 zstd_codecs(), CHUNKS, shard_shape(CHUNKS, data.shape, SHARD_CHUNKS, 2**20), True
             ),
         )
+        if tied:  # from what zarr wrote: its shards' indexes, 4 bytes a chunk
+            positions.record(array, positions.read_back(array, f"{slide.name}: {array.path}"))
         paths.append(str(index))
         downsamples.append((downsample[0] * factor, downsample[1] * factor))
     group.attrs["ome"] = {
@@ -77,7 +83,11 @@ def read_label(
     fix = f"compute it again (it is replaced when written), or remove labels/{name}"
     with stored(slide.name, f"labels/{name}", fix):
         group = slide.group[f"labels/{name}"]
-        return parse(group["0"][0], dict(group.attrs["tilestore"]))
+        level = group["0"]
+        # read as image levels are: each chunk checked, tied to its position where recorded
+        reader = ChunkReader(level, 0, slide.name, positions=positions.declared(slide.attrs))
+        pixels = reader.read(0, level.shape[1], 0, level.shape[2])[..., 0]
+        return parse(pixels, dict(group.attrs["tilestore"]))
 
 
 def children(slide: Slide, path: str) -> set[str]:

@@ -19,6 +19,7 @@ import zarr
 from PIL import Image
 from zarr.abc.store import Store
 
+from tilestore.format import positions
 from tilestore.format.chunks import ChannelPick, ChunkReader
 
 if TYPE_CHECKING:
@@ -70,7 +71,10 @@ class Slide:
             ) from exc
         self.background: int = attrs.get("background", 0)
         every_chunk = bool((attrs.get("integrity") or {}).get("every_chunk"))
-        self._readers = [ChunkReader(a, self.background, name, every_chunk) for a in self._arrays]
+        tied = positions.declared(attrs)
+        self._readers = [
+            ChunkReader(a, self.background, name, every_chunk, tied) for a in self._arrays
+        ]
 
     def __repr__(self) -> str:
         mpp = f"{self.mpp[0]:.4g} µm/px" if self.mpp else "mpp unknown"

@@ -3,7 +3,11 @@
 `verify_store` walks every array of a store (image levels, labels, plans, embeddings) on a
 thread pool and lists every bad chunk with its cause, rather than stopping at the first:
 missing where the store promises every chunk, a link or anything but a regular file, too
-short, or its checksum not matching its bytes. With ``decode=True`` each chunk is also
+short, or its checksum not matching its bytes; and, in image and label levels of a store
+that records positions (`tilestore.format.positions`), a chunk that is not the one written
+at its position (moved, swapped, a shard index rewritten), or stored where none was. A store
+made before positions were recorded is checked as before, and its levels are listed as not
+tied to their positions (`tilestore reshard` adds them). With ``decode=True`` each chunk is also
 decoded, which finds data that was damaged before it was written (a source tile copied as
 it was). A sidecar's levels read in place are checked in the slide: the sidecar opened
 (the slide's fingerprint) and every tile read and decoded, as reading would (the slide's
@@ -26,9 +30,10 @@ import zarr
 
 from tilestore.cpus import usable_cpus
 from tilestore.errors import ChunkError, SlideError, StoreError
+from tilestore.format import positions
 from tilestore.format.chunks import ChunkReader
 from tilestore.format.codecs import has_checksums
-from tilestore.format.integrity import Location, read_chunks, unseal
+from tilestore.format.integrity import UNWRITTEN, Location, read_chunks, unseal
 from tilestore.format.shards import ShardIndex
 from tilestore.format.store import ATTRS_KEY, open_for_writing, open_store
 from tilestore.options import Workers, checked
@@ -43,6 +48,7 @@ class Verification:
     chunks: int = 0  # chunks read
     arrays: int = 0
     unchecked: list[str] = field(default_factory=list)  # arrays without checksums
+    untied: list[str] = field(default_factory=list)  # levels whose positions are not recorded
     bad: list[str] = field(default_factory=list)  # one line per bad chunk
     decoded: bool = False
     seconds: float = 0.0
@@ -60,6 +66,7 @@ class Verification:
             "first_bad": self.bad[:5],
             "decoded": self.decoded,
             "unchecked_arrays": self.unchecked,
+            "untied_levels": self.untied,
         }
 
 
@@ -80,12 +87,15 @@ def verify_store(
     path = Path(path)
     group, attrs = open_store(path)
     every_chunk = bool((attrs.get("integrity") or {}).get("every_chunk"))
+    tied = positions.declared(attrs)
     images = {lv["path"] for lv in attrs.get("levels", [])}
     in_place = {str(i) for i in (attrs.get("source") or {}).get("in_place", [])}
     slide = open_sidecar(None, store=path) if is_sidecar(attrs) else None
     result = Verification(path, decoded=decode)
     with ThreadPoolExecutor(workers or usable_cpus()) as pool:
         for name, array in _arrays(group):
+            if positions.is_record(name):  # read (zarr checks its CRC-32C) with its level's
+                continue
             result.arrays += 1
             coords = _coords(array)
             if slide is not None and name in in_place:  # its tiles are in the slide
@@ -95,14 +105,22 @@ def verify_store(
                     result.unchecked.append(name)
                 required = every_chunk and name in images
                 label = f"level {name}" if name in images else name
-                shards = (
-                    ShardIndex(array, path / name, f"{path}: {label}") if array.shards else None
-                )
+                where = f"{path}: {label}"
+                table = None
+                if positions.is_level(name, attrs) and has_checksums(array):
+                    if not tied:
+                        result.untied.append(name)
+                    else:  # positions missing or damaged: one line; chunks checked without
+                        try:
+                            table = positions.Positions(array, where).table()
+                        except ChunkError as exc:
+                            result.bad.append(str(exc))
+                shards = ShardIndex(array, path / name, where) if array.shards else None
                 if shards is not None:  # a damaged shard is one line, not one per chunk
                     faults = _shard_faults(shards, array)
                     result.bad += faults.values()
                     coords = [c for c in coords if shards.shard_of(c) not in faults]
-                check = _checker(path, name, label, array, required, decode, shards)
+                check = _checker(path, name, label, array, required, decode, shards, table)
             for bad in pool.map(check, coords):
                 result.chunks += 1
                 if bad:
@@ -171,21 +189,28 @@ def _checker(
     required: bool,
     decode: bool,
     shards: ShardIndex | None,
+    table: np.ndarray | None,
 ):
+    """The check of one chunk of an array: a line saying what is wrong with it, or None.
+    `table`: the CRC-32C recorded for each chunk's position (None: not recorded)."""
     checksum = has_checksums(array)
     jpeg = array.ndim == 3 and ChunkReader(array, 0).is_jpeg  # an image level
 
     def check(coord: tuple[int, ...]) -> str | None:
         where = f"{store}: {label} chunk {coord}"
+        expect = None if table is None else table.item(coord)
         try:
             if shards is None:
-                at = Location(str(store / name / array.metadata.encode_chunk_key(coord)))
+                key = array.metadata.encode_chunk_key(coord)
+                at = Location(str(store / name / key), 0, None, expect)
             else:  # its shard's index read (and its CRC-32C checked), then its range
-                at = shards.locate([coord])[0]
-            (data,) = read_chunks([at], [where], required=required)
+                at = shards.locate([coord], [expect])[0]
+            (data,) = read_chunks([at], [where], required=required)  # tied to its position
             if data is None:
                 if required:
                     raise ChunkError(f"{where}: chunk is missing (absent from its shard)")
+                if expect is not None and expect != UNWRITTEN:
+                    raise ChunkError(f"{where}: chunk is missing (one was written here)")
                 return None
             body = unseal(data, where) if checksum else data
             if decode:

@@ -1,0 +1,256 @@
+"""Chunk positions: the CRC-32C each chunk of a level ends with, recorded by where it belongs.
+
+A chunk's CRC-32C (`tilestore.format.integrity`) proves its bytes whole, not that they are
+this position's: a shard index with two entries swapped (its own CRC-32C recomputed), or two
+chunk files renamed into each other's place, reads whole chunks in the wrong places, and
+every check passes. So a store records, for each image and label level whose chunks carry
+their CRC-32C, the CRC-32C each chunk ends with, by chunk position: the level's positions,
+a uint64 zarr array ``crc32c/<level>`` beside the level, shaped as its chunk grid,
+`UNWRITTEN` (2^64 - 1, as a shard index marks an absent chunk) where no chunk was written;
+one small file. A read compares each chunk's last 4 bytes with its position's entry
+(`Location.expect`, `integrity.tied`): no hashing beyond the chunk's own check. A chunk
+absent where one was written, or stored where none was, is damage too. The store's
+``integrity`` attribute says ``positions`` where it keeps them (`declared`), so a reader
+knows to expect them: positions missing or damaged there are one ChunkError naming them.
+Stores made before read and verify as they did; `tilestore reshard` adds them.
+
+Written where chunks are written: the copy path from the CRC-32C it packs with each chunk
+(`crcs_of`), the block path and label levels by reading back what zarr wrote (`read_back`:
+each shard's index, then each chunk's last 4 bytes, one small read each), `reshard` for a
+store made before (the positions its chunks have then: `tilestore verify` first). Levels a
+sidecar reads in place are the slide's tiles, not ours: none are recorded; the slide's
+fingerprint, checked at every open, ties them (`tilestore.reading.inplace`). zarr readers
+(ome-zarr-py, napari) see one more small array beside the levels, which the multiscales
+metadata does not name, and ignore it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import zarr
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+
+from tilestore.errors import ChunkError
+from tilestore.format.codecs import zstd_codecs
+from tilestore.format.integrity import TRAILER, UNWRITTEN, Location, read_ends
+from tilestore.format.shards import (
+    ABSENT,
+    ShardIndex,
+    check_ranges,
+    chunks_per_shard,
+    index_bytes,
+    index_checked,
+    parse_index,
+)
+from tilestore.format.store import DAMAGED
+
+GROUP = "crc32c"  # beside each level: crc32c/<level>
+
+
+def declaration(in_place: bool = False) -> str:
+    """What a store's ``integrity`` attribute says (as ``positions``) where it records them;
+    `in_place`: a sidecar, whose levels read in place from the slide have none."""
+    said = f"{GROUP}/<level> beside each level: the CRC-32C each chunk ends with, by position"
+    return said + (", built levels only" if in_place else "")
+
+
+def declared(attrs: dict) -> bool:
+    """Whether a store's ``tilestore`` attributes say its levels' positions are recorded."""
+    return bool((attrs.get("integrity") or {}).get("positions"))
+
+
+def is_level(path: str, attrs: dict) -> bool:
+    """Whether the array at `path` of a store (whose ``tilestore`` attributes are `attrs`) is
+    a level whose positions the store records: an image level (not one a sidecar reads in
+    place from its slide) or a label level (``labels/<label>/<level>``, as
+    `tilestore.reading.labels.write_label` writes them)."""
+    images = {lv["path"] for lv in attrs.get("levels", [])}
+    in_place = {str(i) for i in (attrs.get("source") or {}).get("in_place", [])}
+    parts = path.split("/")
+    label = len(parts) == 3 and parts[0] == "labels" and parts[2].isdigit()
+    return label or (path in images and path not in in_place)
+
+
+def is_record(path: str) -> bool:
+    """Whether the array at `path` is a level's positions (``.../crc32c/<level>``)."""
+    parts = path.split("/")
+    return len(parts) >= 2 and parts[-2] == GROUP
+
+
+def path_of(array_path: str) -> str:
+    """Where the positions of the array at `array_path` are: ``crc32c/<name>`` beside it."""
+    parent, _, name = array_path.rpartition("/")
+    return f"{parent}/{GROUP}/{name}" if parent else f"{GROUP}/{name}"
+
+
+def grid_of(array: zarr.Array) -> tuple[int, ...]:
+    """The chunk grid of an array (chunks along each axis)."""
+    return tuple(-(-s // c) for s, c in zip(array.shape, array.chunks, strict=True))
+
+
+def crcs_of(chunks: Sequence[bytes | tuple[bytes, ...] | None]) -> np.ndarray:
+    """The CRC-32C each of `chunks` ends with (as `shards.pack_parts` takes them: bytes, or
+    parts whose last holds it; None: `UNWRITTEN`), as uint64."""
+    out = np.full(len(chunks), UNWRITTEN, np.uint64)
+    for i, chunk in enumerate(chunks):
+        if chunk is not None:
+            tail = chunk if isinstance(chunk, bytes) else chunk[-1]
+            out[i] = int.from_bytes(tail[-TRAILER:], "little")
+    return out
+
+
+def record(array: zarr.Array, table: np.ndarray) -> None:
+    """Write `table` (the CRC-32C of each chunk of `array` by position, as `read_back` or
+    `crcs_of` give it, shaped as its chunk grid) as the array's positions, replacing any."""
+    zarr.create_array(
+        array.store_path.store,
+        name=path_of(array.path),
+        data=np.asarray(table, np.uint64).reshape(grid_of(array)),
+        chunks=grid_of(array),  # one file: a level's chunk grid is small
+        fill_value=UNWRITTEN,
+        overwrite=True,
+        attributes={"tilestore": {"crc32c_of": array.path, "unwritten": UNWRITTEN}},
+        **zstd_codecs(),
+    )
+
+
+def read_back(array: zarr.Array, where: str) -> np.ndarray:
+    """The CRC-32C each chunk of `array` ends with, by position, as its files hold them now:
+    each shard's index (checked), then 4 bytes a chunk (`integrity.read_ends`), or each chunk
+    file's last 4. What zarr just wrote (the block path, labels), or a store made before
+    (`reshard`). `where` names the array in messages."""
+    grid = grid_of(array)
+    table = np.full(grid, UNWRITTEN, np.uint64)
+    per = chunks_per_shard(array)
+    root = getattr(array.store_path.store, "root", None)
+    if per is None:
+        coords = list(np.ndindex(*grid))
+        names = [f"{where} chunk {coord}" for coord in coords]
+        keys = [f"{array.path}/{array.metadata.encode_chunk_key(c)}" for c in coords]
+        if root is not None:
+            ends = read_ends([Location(str(Path(root) / k)) for k in keys], names, required=False)
+        else:
+            ends = [None if (d := _get(array, k)) is None else d[-TRAILER:] for k in keys]
+        for coord, end, name in zip(coords, ends, names, strict=True):
+            if end is not None:
+                table[coord] = _trailer(end, name)
+        return table
+    shards = ShardIndex(array, Path(root) / array.path, where) if root is not None else None
+    for shard in np.ndindex(*(-(-g // p) for g, p in zip(grid, per, strict=True))):
+        name = f"{where} shard {shard}"
+        if shards is not None:
+            crcs = _shard_crcs(shards, shard, name)
+        else:
+            crcs = _stored_shard_crcs(array, shard, math.prod(per), name)
+        if crcs is not None:
+            block = tuple(
+                slice(s * p, min((s + 1) * p, g)) for s, p, g in zip(shard, per, grid, strict=True)
+            )
+            table[block] = crcs.reshape(per)[tuple(slice(0, b.stop - b.start) for b in block)]
+    return table
+
+
+def _shard_crcs(shards: ShardIndex, shard: tuple[int, ...], where: str) -> np.ndarray | None:
+    """The CRC-32C each inner chunk of a local shard ends with (C order, `UNWRITTEN` where
+    absent): its index, then 4 bytes of each chunk; None where the shard is not there."""
+    index = shards.index(shard)
+    if index is None:
+        return None
+    present = index[:, 0] != ABSENT
+    path = str(shards.folder / shards.key(shard))
+    located = [Location(path, o, n) for o, n in index[present].tolist()]
+    ends = read_ends(located, [where] * len(located), required=True)
+    out = np.full(len(index), UNWRITTEN, np.uint64)
+    out[present] = [_trailer(end, where) for end in ends]
+    return out
+
+
+def _stored_shard_crcs(
+    array: zarr.Array, shard: tuple[int, ...], chunks: int, where: str
+) -> np.ndarray | None:
+    """`_shard_crcs` of a shard in another zarr store, read whole."""
+    data = _get(array, f"{array.path}/{array.metadata.encode_chunk_key(shard)}")
+    if data is None:
+        return None
+    crc = index_checked(array)
+    index = parse_index(data, chunks, where, crc)
+    check_ranges(index, where, len(data) - index_bytes(chunks, crc))
+    present = index[:, 0] != ABSENT
+    out = np.full(len(index), UNWRITTEN, np.uint64)
+    out[present] = [_trailer(data[o : o + n], where) for o, n in index[present].tolist()]
+    return out
+
+
+def _trailer(data: bytes, where: str) -> int:
+    """The CRC-32C a chunk (or its last bytes) ends with; ChunkError if it is too short."""
+    if len(data) < TRAILER:
+        raise ChunkError(f"{where}: a chunk of {len(data)} bytes, shorter than its CRC-32C")
+    return int.from_bytes(data[-TRAILER:], "little")
+
+
+def _get(array: zarr.Array, key: str) -> bytes | None:
+    found = sync(array.store_path.store.get(key, default_buffer_prototype()))
+    return None if found is None else found.to_bytes()
+
+
+class Positions:
+    """The CRC-32C recorded for each chunk of one array, by position, read on first use (one
+    small file); a store that declares positions but lacks them, or whose record is damaged,
+    is a ChunkError naming the array (`where`) and the record."""
+
+    def __init__(self, array: zarr.Array, where: str) -> None:
+        self.array = array
+        self.where = where
+        self.grid = grid_of(array)
+        self._table: np.ndarray | None = None
+
+    def table(self) -> np.ndarray:
+        """The recorded CRC-32C of every chunk, shaped as the array's chunk grid."""
+        if self._table is None:
+            self._table = self._load()
+        return self._table
+
+    def expected(self, coords: Sequence[tuple[int, ...]]) -> list[int]:
+        """The recorded CRC-32C of each chunk (`UNWRITTEN` where none was written, or the
+        coordinates lie beyond the array)."""
+        table, out = self.table(), []
+        for coord in coords:  # a few chunks a region, a grid row for the engine: plain lookups
+            try:
+                out.append(table.item(coord) if min(coord) >= 0 else UNWRITTEN)
+            except IndexError:
+                out.append(UNWRITTEN)
+        return out
+
+    def _load(self) -> np.ndarray:
+        path = path_of(self.array.path)
+        fix = "convert the slide again (a label: compute it again)"
+        try:
+            manifest = zarr.open_array(
+                self.array.store_path.store, path=path, mode="r", zarr_format=3
+            )
+        except (FileNotFoundError, zarr.errors.NodeNotFoundError):
+            raise ChunkError(
+                f"{self.where}: its chunk positions ({path}) are missing, though the store "
+                f"says it records them; {fix}"
+            ) from None
+        except (*DAMAGED, OSError) as exc:
+            raise self._damaged(path, exc, fix) from exc
+        try:
+            table = manifest[...]
+        except (*DAMAGED, OSError) as exc:
+            raise self._damaged(path, exc, fix) from exc
+        if table.dtype != np.uint64 or table.shape != self.grid:
+            what = f"{table.dtype} {table.shape}, not uint64 {self.grid}"
+            raise self._damaged(path, ValueError(what), fix)
+        return table
+
+    def _damaged(self, path: str, exc: BaseException, fix: str) -> ChunkError:
+        return ChunkError(
+            f"{self.where}: its chunk positions ({path}) are damaged "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())}); {fix}"
+        )

@@ -107,7 +107,7 @@ class Producer:
         settings, plan, batch = self.settings, job.plan, self.settings.batch_size
         reader = job.slide.chunks(plan.spec.level)
         decoding = self._decode_plan(job, reader, report)
-        report.begin(job, decoding)
+        report.begin(job, decoding.record())
         path = decoding.path
         sub = plan.subset(job.todo)
         steps = chunk_schedule(sub)

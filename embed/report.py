@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 import torch
@@ -28,9 +28,6 @@ from tilestore.embed.nvtx import Nvtx, TorchMarks
 from tilestore.embed.preflight import without_store
 from tilestore.embed.settings import Settings
 from tilestore.format.store import software_versions
-
-if TYPE_CHECKING:
-    from tilestore.embed.decodeplan import DecodePlan
 
 # `Stats.span` as the stages take it: span(stage, mark=None) -> a context manager
 Span = Callable[..., contextlib.AbstractContextManager]
@@ -209,9 +206,9 @@ class RunReport:
     def tiles_per_s(self) -> float:
         return self.tiles / self.wall_s if self.wall_s else 0.0
 
-    def begin(self, job, decoding: DecodePlan) -> None:
-        """A job's tiles start streaming, decoded as `decoding` says (its record: where, the
-        row source and why)."""
+    def begin(self, job, decoding: dict[str, str]) -> None:
+        """A job's tiles start streaming, decoded as `decoding` says (a `DecodePlan`'s record:
+        where, the row source and why)."""
         self.total += len(job.todo)
         self.slides.append(
             {
@@ -220,7 +217,7 @@ class RunReport:
                 "tiles": len(job.todo),
                 "skipped_done": int(len(job.plan) - len(job.todo) - job.left),  # before
                 "left": int(job.left),  # after this run (max_tiles)
-                **decoding.record(),  # cpu, gpu or both, this slide's; its path; why
+                **decoding,  # cpu, gpu or both, this slide's; its path; why
                 **({"reading": job.reading} if job.reading else {}),
             }
         )

@@ -74,7 +74,14 @@ def run(
     others = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     hidden = {HERE.parent, *trees.values()}
     others = [p for p in others if Path(p).resolve() not in hidden]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), *others])}
+    # each tree compiles into its own caches: neither loads graphs the other compiled
+    caches = Path(os.environ.get("TMPDIR", "/tmp")) / "compare-caches" / tree.name
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tree), *others]),
+        "TILESTORE_CACHE": str(caches / "tilestore"),
+        "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+    }
     args = [str(store), arch, str(batch), decode, "1" if compiled else "0"]
     done = subprocess.run(
         [sys.executable, "-c", CHILD, *args],

@@ -57,6 +57,7 @@ print(json.dumps({
     "first_batch_s": report.first_batch_s,
     "waiting_s": report.explained.get("waiting for tiles (read/decode bound)"),
     "gpu_util_mean": report.gpu_util_mean,
+    "failures": report.failures,
 }))
 """
 
@@ -93,7 +94,10 @@ def run(
     )
     if done.returncode:
         raise RuntimeError(f"{tree}: run failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if result.get("failures"):  # a tree that cannot embed the store measures nothing
+        raise RuntimeError(f"{tree}: {result['failures']}")
+    return result
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ Measures, in one run on one machine:
   - store size vs source size; peak RSS of each conversion (each runs in its own process);
   - random 256x256 level-0 region reads/s: our store (Slide.read_region) vs tifffile's zarr
     view of the source (the efficient way to read regions from a TIFF with tifffile);
-  - export of the copied store as a pyramidal OME-TIFF (`tilestore.conversion.tiffout`): time, peak
+  - export of the copied store as a pyramidal OME-TIFF (`tilestore.exports.ometiff`): time, peak
     RSS, and the JPEG decodes it made (the copy path makes none);
   - DICOM arm (--dicom): the same slide as a multi-level DICOM series (wsidicomizer, JPEG
     baseline frames of 256 px), converted with its frames copied vs decoded and re-encoded.
@@ -67,7 +67,7 @@ EXPORT = (
     + """
 import imagecodecs
 from tilestore.format import chunks
-from tilestore.conversion.tiffout import to_ome_tiff
+from tilestore.exports.ometiff import to_ome_tiff
 
 decodes = []
 original = imagecodecs.jpeg8_decode

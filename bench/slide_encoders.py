@@ -95,8 +95,8 @@ def store_features(store: Path, model: str, mpp: float, tile: int, dim: int) -> 
 
 def reference(args) -> list[dict]:
     from tilestore.embed.slides import embed_slides, get_slide_encoder, list_slide_encoders
-    from tilestore.embeddings.h5 import to_h5
     from tilestore.embeddings.slides import read_slide_vector
+    from tilestore.exports.h5 import to_h5
 
     sources = args.work / "sources"
     for mirror, (name, folders) in SOURCES.items():

@@ -1,9 +1,13 @@
-"""`tilestore export ...`: a store as OME-TIFF; embeddings out to QuPath, AnnData, PNG maps."""
+"""`tilestore export ...`: one subcommand per export of the library's registry
+(`tilestore.exports.EXPORTS`), its help taken from there and its writer called as named
+there; the command parses the flags, opens what the writer reads and prints what it wrote."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -16,16 +20,47 @@ from tilestore.analysis import (
 )
 from tilestore.cli.console import output_file
 from tilestore.cli.flags import From, with_flags
-from tilestore.conversion import to_ome_tiff
-from tilestore.embeddings import H5Layout, ScaleLabel
+from tilestore.embeddings import ScaleLabel
+from tilestore.exports import EXPORTS, H5Layout, get_export, to_ome_tiff
 from tilestore.options import Opt
 from tilestore.view import TileIndex
 
-export_app = typer.Typer(
-    no_args_is_help=True,
-    help="A store as pyramidal OME-TIFF; embeddings as QuPath GeoJSON, AnnData .h5ad, PNG maps.",
-)
+
+def _group_help() -> str:
+    """The group's help: what the exports read, each with the exports that read it."""
+    reads: dict[str, list[str]] = {}
+    for export in EXPORTS:
+        reads.setdefault(export.reads, []).append(export.name)
+    return (
+        "Out to other tools' files: "
+        + "; ".join(f"{what} ({', '.join(names)})" for what, names in reads.items())
+        + "."
+    )
+
+
+export_app = typer.Typer(no_args_is_help=True, help=_group_help())
 out = Console()
+
+
+def _export(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a command as the export `name`: its flags generated (`with_flags`), its help
+    the registry's line followed by the command's docstring (how to use it), and the
+    registry's line, with what it reads and writes, in the group's list."""
+    export = get_export(name)
+
+    def register(command: Callable[..., Any]) -> Callable[..., Any]:
+        # each paragraph on one line: typer keeps a docstring's line breaks after the first
+        paragraphs = (inspect.getdoc(command) or "").split("\n\n")
+        text = "\n\n".join([export.help, *(" ".join(p.split()) for p in paragraphs if p)])
+        return export_app.command(name, help=text, short_help=export.summary)(with_flags(command))
+
+    return register
+
+
+def _writer(name: str) -> Callable[..., Any]:
+    """The function the registry names as the writer of export `name`."""
+    return get_export(name).load()
+
 
 MODEL = typer.Option(..., "--model", "-m", help="The model the store was embedded with.")
 PCS = 5  # principal components: QuPath's measurements, the k-means space
@@ -49,8 +84,7 @@ def _clusters(ds, k: int | None, pcs: int | None):
     return ds.tiles.kmeans(k, pcs=pcs) if k else None
 
 
-@export_app.command("ome-tiff")
-@with_flags
+@_export("ome-tiff")
 def ome_tiff(
     store: Path = typer.Argument(..., help="A store made by `tilestore convert`."),
     output: Path = typer.Option(..., "-o", "--output", help="The .ome.tiff to write."),
@@ -58,9 +92,8 @@ def ome_tiff(
     labels: bool = typer.Option(False, help="Also write the label images (tissue)."),
     overwrite: bool = typer.Option(False, help="Replace an existing file."),
 ) -> None:
-    """A tiled, pyramidal OME-TIFF (SubIFDs) for QuPath, OMERO and Bio-Formats."""
     output_file(output)
-    result = to_ome_tiff(store, output, labels=labels, overwrite=overwrite, **options)
+    result = _writer("ome-tiff")(store, output, labels=labels, overwrite=overwrite, **options)
     for index, level in enumerate(result.levels):
         _, h, w = level["shape"]
         out.print(f"level {index}: {w}x{h}, {level['tiles']} tiles, {level['how']}")
@@ -71,8 +104,7 @@ def ome_tiff(
     )
 
 
-@export_app.command("qupath")
-@with_flags
+@_export("qupath")
 def qupath(
     store: Path = typer.Argument(..., help="An embedded store."),
     model: str = MODEL,
@@ -82,18 +114,14 @@ def qupath(
         None, "-o", "--output", help="GeoJSON file (default: <slide>.<model>.geojson here)."
     ),
 ) -> None:
-    """Tiles as QuPath tile objects: classified by cluster, PCs as measurements.
-
-    In QuPath: File > Import objects from file, over the ORIGINAL slide (same pixels).
-    """
-    from tilestore.analysis import to_qupath
+    """In QuPath: File > Import objects from file, over the ORIGINAL slide (same pixels)."""
     from tilestore.embeddings import group_name
 
     output_file(output)
     ds = _open([str(store)], model)
     name = ds.tiles.slides[0]
     target = output or Path(f"{name}.{group_name(model).split('/')[-1]}.geojson")
-    to_qupath(
+    _writer("qupath")(
         ds,
         target,
         clusters=_clusters(ds, clusters, pcs),
@@ -102,8 +130,7 @@ def qupath(
     out.print(f"{name}: {ds.sizes['tile']} tiles -> {target}", highlight=False)
 
 
-@export_app.command("anndata")
-@with_flags
+@_export("anndata")
 def anndata(
     stores: list[str] = typer.Argument(..., help="Embedded stores, or a quoted glob."),
     model: str = MODEL,
@@ -114,20 +141,17 @@ def anndata(
     skip_missing: bool = SKIP_MISSING,
     scale: ScaleLabel = None,
 ) -> None:
-    """Tiles as an AnnData .h5ad (X = features, obsm['spatial'] = centres) for scanpy/squidpy."""
-    from tilestore.analysis import to_anndata
-
     output_file(output)
     ds = _open(stores, model, skip_missing, scale)
     found = _clusters(ds, clusters, pcs)
-    to_anndata(ds, output, obs={"cluster": found} if found is not None else None, images=images)
+    obs = {"cluster": found} if found is not None else None
+    _writer("anndata")(ds, output, obs=obs, images=images)
     out.print(
         f"{len(ds.tiles.slides)} slide(s), {ds.sizes['tile']} tiles -> {output}", highlight=False
     )
 
 
-@export_app.command("map")
-@with_flags
+@_export("map")
 def map_png(
     store: Path = typer.Argument(..., help="An embedded store."),
     model: str = MODEL,
@@ -143,25 +167,13 @@ def map_png(
     ] = None,
     pcs: OptionalComponents = PCS,
 ) -> None:
-    """PNG maps over the slide thumbnail: first three PCs as colour, optionally clusters."""
-    from tilestore.analysis import plot_gallery, plot_map
-
     output_file(output)
     ds = _open([str(store)], model)
-    plot_map(ds, ds.tiles.rgb_map(), path=output, title=f"{ds.tiles.slides[0]}: PC1-3 as RGB")
-    written = [output]
-    if clusters:
-        found = _clusters(ds, clusters, pcs)
-        stem = output.with_suffix("")
-        for kind, plot in (("clusters", plot_map), ("gallery", plot_gallery)):
-            target = Path(f"{stem}-{kind}.png")
-            plot(ds, found, path=target)
-            written.append(target)
+    written = _writer("map")(ds, output, clusters=_clusters(ds, clusters, pcs))
     out.print(" ".join(map(str, written)), highlight=False)
 
 
-@export_app.command("heatmap")
-@with_flags
+@_export("heatmap")
 def heatmap(
     store: Path = typer.Argument(..., help="An embedded store."),
     model: str = MODEL,
@@ -186,8 +198,7 @@ def heatmap(
         False, "--label", help="Write it into the store as an OME-Zarr label image."
     ),
 ) -> None:
-    """A heatmap of per-tile values for other tools: PNG, QuPath GeoJSON, OME-Zarr label."""
-    from tilestore.view import heatmap_values, write_geojson, write_labels, write_png
+    from tilestore.exports import heatmap_values
 
     if not (png or geojson or label):
         raise typer.BadParameter("give at least one of --png, --geojson, --label")
@@ -206,19 +217,12 @@ def heatmap(
     output_file(png)
     output_file(geojson)
     found = heatmap_values(store, model, column, k=k, ref=tile, at=point, scores=scores)
-    written = []
-    if png:
-        written.append(str(write_png(found, png)))
-    if geojson:
-        written.append(str(write_geojson(found, geojson)))
-    if label:
-        written.append(f"{store}/labels/{write_labels(found)}")
+    written = _writer("heatmap")(found, png=png, geojson=geojson, label=label)
     out.print(f"{found.values.label}: {len(found.values.rows)} tiles -> " + ", ".join(written),
               highlight=False)  # fmt: skip
 
 
-@export_app.command("h5")
-@with_flags
+@_export("h5")
 def h5(
     stores: list[str] = typer.Argument(..., help="Embedded stores, or a quoted glob."),
     model: str = MODEL,
@@ -228,13 +232,11 @@ def h5(
     skip_missing: bool = SKIP_MISSING,
     scale: ScaleLabel = None,
 ) -> None:
-    """Tile features as per-slide HDF5 files other tools read: TRIDENT's slide encoders,
-    CLAM and other MIL code (--layout trident), STAMP (--layout stamp). The stores are
-    checked as one cohort first (made alike, at one scale), every file before the first."""
-    from tilestore.embeddings import cohort_to_h5
-
+    """TRIDENT's slide encoders, CLAM and other MIL code read --layout trident, STAMP
+    --layout stamp. The stores are checked as one cohort first (made alike, at one scale),
+    every file before the first."""
     output_file(output, folder=True)
-    written = cohort_to_h5(
+    written = _writer("h5")(
         stores,
         model,
         output,
@@ -255,8 +257,7 @@ def h5(
         out.print(line, highlight=False, soft_wrap=True)
 
 
-@export_app.command("slides")
-@with_flags
+@_export("slides")
 def slides(
     stores: list[str] = typer.Argument(..., help="Stores with slide embeddings, or a glob."),
     model: str = MODEL,
@@ -271,27 +272,13 @@ def slides(
     ),
     scale: ScaleLabel = None,
 ) -> None:
-    """A cohort's slide embeddings as one table: a row per slide (slide, store, tiles, then
-    the features), for classifiers, survival models and retrieval."""
-    from tilestore.embeddings import open_slide_embeddings, slide_table
+    """Columns: slide, store, tiles (how many tile features each vector was made from), then
+    the features f0, f1, ... (in .h5ad: X, the rest as obs)."""
+    from tilestore.embeddings import open_slide_embeddings
+    from tilestore.exports import table_format
 
-    suffix = output.suffix.lower()
-    if suffix not in (".parquet", ".csv", ".h5ad"):
-        raise typer.BadParameter(f"{output}: write a .parquet, .csv or .h5ad file")
+    table_format(output)  # a file type it does not write: refused before any store is read
     output_file(output)
     ds = open_slide_embeddings(stores, model, slide_encoder, skip_missing=skip_missing, scale=scale)
-    if suffix == ".h5ad":
-        import anndata
-
-        table = slide_table(ds, features=False)
-        adata = anndata.AnnData(
-            X=ds.features.values,
-            obs=table.set_index("slide"),
-            uns={"slide_encoder": slide_encoder, "model": model},
-        )
-        adata.write_h5ad(output)
-    elif suffix == ".csv":
-        slide_table(ds).to_csv(output, index=False)
-    else:
-        slide_table(ds).to_parquet(output, index=False)
+    _writer("slides")(ds, output)
     out.print(f"{ds.sizes['slide']} slide(s) x {ds.sizes['feature']} -> {output}", highlight=False)

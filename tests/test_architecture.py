@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOORS = (
     ("tilestore.cli",),
     ("tilestore.embed",),
+    ("tilestore.exports",),
     ("tilestore.view",),
     ("tilestore.embeddings",),
     ("tilestore.plan",),
@@ -39,7 +40,8 @@ FLOORS = (
     ("tilestore.errors", "tilestore.cpus", "tilestore.faces", "tilestore.options"),
 )
 # conversion writes stores: only the job (embed) and the command start it, never a reader,
-# a plan, QC or analysis
+# a plan, QC, analysis, the viewer or an export (an OME-TIFF reads a store, it is not its
+# write path)
 MAY_CONVERT = ("tilestore.cli", "tilestore.embed", "tilestore.conversion")
 FACES = (
     "tilestore",
@@ -49,6 +51,7 @@ FACES = (
     "tilestore.embed.models",
     "tilestore.embed.slides",
     "tilestore.embeddings",
+    "tilestore.exports",
     "tilestore.format",
     "tilestore.masks",
     "tilestore.options",
@@ -144,7 +147,14 @@ def test_no_module_imports_itself_back(graph):
 
 
 def test_reading_never_reaches_conversion(graph):
-    for package in ("tilestore.reading", "tilestore.plan", "tilestore.qc", "tilestore.analysis"):
+    for package in (
+        "tilestore.reading",
+        "tilestore.plan",
+        "tilestore.qc",
+        "tilestore.analysis",
+        "tilestore.view",
+        "tilestore.exports",
+    ):
         assert not graph.chain_exists(
             importer=package, imported="tilestore.conversion", as_packages=True
         ), graph.find_shortest_chains(importer=package, imported="tilestore.conversion")
@@ -227,6 +237,10 @@ def test_the_command_imports_only_public_faces():
         # (dask, xarray, pandas) and computing masks (scipy) are loaded only when asked
         ("tilestore.embed.engine", ("dask", "xarray", "pandas", "scipy")),
         ("tilestore.cli.embed", ("dask", "xarray", "pandas", "scipy")),
+        # the exports' list and face: the command reads them at start, their writers load
+        # when one is called
+        ("tilestore.exports", ("zarr", "xarray", "h5py", "tifffile", "matplotlib")),
+        ("tilestore.exports.registry", ("zarr", "xarray", "h5py", "tifffile", "matplotlib")),
     ],
 )
 def test_light_modules_stay_light(module, not_loaded):

@@ -13,8 +13,9 @@ Members load on first use, so importing a light module (``tilestore.errors``) do
 import zarr, dask or xarray.
 
 The floors, each importing only those below it (tests/test_architecture.py checks them):
-``tilestore.cli`` > ``tilestore.embed`` > ``embeddings`` > ``plan`` > ``qc`` > ``masks`` >
-``analysis`` > ``convert`` > ``reading`` > ``sources`` > ``format``; ARCHITECTURE.md draws them.
+``tilestore.cli`` > ``tilestore.embed`` > ``exports`` > ``view`` > ``embeddings`` > ``plan`` >
+``qc`` > ``masks`` > ``analysis`` > ``conversion`` > ``reading`` > ``sources`` > ``format``;
+ARCHITECTURE.md draws them.
 """
 
 from __future__ import annotations

@@ -36,5 +36,9 @@ class PlanError(TilestoreError):
     """A tile plan that cannot be made or found."""
 
 
+class ExportError(TilestoreError):
+    """An export that cannot be written as asked (e.g. a file type it does not write)."""
+
+
 class TilestoreWarning(UserWarning):
     """Something was done that the user should know about (missing mpp, repaired polygons)."""

@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 import tilestore
 from tests.conftest import CMU
 from tilestore.embed import Options, embed
-from tilestore.embeddings import MixedResults, cohort_to_h5, open_slide_embeddings
+from tilestore.embeddings import MixedResults, open_slide_embeddings
 from tilestore.embeddings.recipe import Scale, combine, parse_scale, recipe
 from tilestore.embeddings.write import write_features
 from tilestore.errors import TilestoreWarning
+from tilestore.exports import cohort_to_h5
 from tilestore.plan import PlanOptions, save_plan
 from tilestore.reading import open_slide
 

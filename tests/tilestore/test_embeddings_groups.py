@@ -13,8 +13,9 @@ import pytest
 import zarr
 
 from tests.corpus import DAMAGED_ROWS, damage_embeddings, shape_edited
-from tilestore.embeddings import group_name, open_embeddings, read_tile_features, to_h5
+from tilestore.embeddings import group_name, open_embeddings, read_tile_features
 from tilestore.embeddings.groups import DamagedEmbeddings, check_rows, non_finite_rows
+from tilestore.exports import to_h5
 
 LITE = "efficientnet-lite0"
 FIX = f"embed the store again with overwrite=True (or remove {group_name(LITE)})"

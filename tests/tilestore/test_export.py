@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import shapely
 
-from tilestore.analysis.export import to_anndata, to_qupath
+from tilestore.exports import to_anndata, to_qupath
 from tilestore.plan.annotations import load_annotations
 
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tilestore.embeddings.h5 import coords_attributes, magnification
 from tilestore.embeddings.slides import TileFeatures
 from tilestore.errors import TilestoreError
+from tilestore.exports.h5 import coords_attributes, magnification
 
 
 def _tiles(step: float, cols: np.ndarray, rows: np.ndarray, mpp=(0.25, 0.25)) -> TileFeatures:

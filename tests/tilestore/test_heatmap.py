@@ -11,8 +11,14 @@ import pytest
 import zarr
 from PIL import Image
 
+from tilestore.exports.heatmap import (
+    heatmap_values,
+    write_geojson,
+    write_heatmap,
+    write_labels,
+    write_png,
+)
 from tilestore.view.catalog import ViewError
-from tilestore.view.heatmap import heatmap_values, write_geojson, write_labels, write_png
 
 MODEL = "efficientnet-lite0"
 
@@ -118,3 +124,14 @@ def test_pca_colours_have_no_values_to_export(cmu, tmp_path):
     assert write_png(heat, tmp_path / "pca.png").exists()
     with pytest.raises(ViewError, match="colours, not values"):
         write_labels(heat)
+
+
+def test_write_heatmap_writes_the_forms_asked_for_in_order(cmu, tmp_path):
+    heat = heatmap_values(cmu, MODEL, "clusters", k=3)
+    written = write_heatmap(heat, png=tmp_path / "c.png", label=True)
+    assert written == [str(tmp_path / "c.png"), f"{cmu}/labels/heatmap-{heat.name}"]
+    assert (tmp_path / "c.png").stat().st_size > 0 and (
+        cmu / "labels" / f"heatmap-{heat.name}"
+    ).is_dir()
+    assert not (tmp_path / "c.geojson").exists()
+    assert write_heatmap(heat, geojson=tmp_path / "c.geojson") == [str(tmp_path / "c.geojson")]

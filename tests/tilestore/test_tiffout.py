@@ -16,8 +16,8 @@ from tests.conftest import NDPI
 from tests.corpus import rewrite_chunk
 from tests.tilestore import tiffs
 from tilestore.conversion.converter import convert
-from tilestore.conversion.tiffout import to_ome_tiff
 from tilestore.errors import ChunkError, StoreError
+from tilestore.exports.ometiff import to_ome_tiff
 from tilestore.format.chunks import ChunkReader
 from tilestore.masks.tissue import compute_tissue, write_tissue
 from tilestore.reading.opening import open_slide

@@ -1,6 +1,6 @@
 """Looking at results: the `ds.tiles` accessor of embeddings (`accessor`: PCA, k-means,
-nearest tiles), figures (`plots`), pictures of a slide with its overlays (`preview`) and
-exports for other tools (`export`: QuPath GeoJSON, AnnData).
+nearest tiles), figures (`plots`) and pictures of a slide with its overlays (`preview`).
+Files for other tools: `tilestore.exports`.
 
 May import: `tilestore.reading`, `tilestore.format`.
 """
@@ -13,7 +13,6 @@ __getattr__, __dir__, __all__ = lazy_face(
     __name__,
     {
         "tilestore.analysis.accessor": ("AnalysisError",),
-        "tilestore.analysis.export": ("to_anndata", "to_qupath"),
         "tilestore.analysis.options": (
             "MAX_CLUSTERS",
             "Clusters",

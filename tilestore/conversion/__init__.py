@@ -1,8 +1,7 @@
-"""Into and out of the store: `convert` (a slide file, once, into an OME-Zarr store),
-`open_in_place` (a TIFF slide read where it is, through a sidecar made the first time),
-`describe` (what a file or store holds, and what conversion would do with it) and
-`to_ome_tiff` (a store out as a pyramidal OME-TIFF) and `reshard` (a store made before
-shards rewritten into them).
+"""Into the store: `convert` (a slide file, once, into an OME-Zarr store), `open_in_place` (a
+TIFF slide read where it is, through a sidecar made the first time), `describe` (what a file
+or store holds, and what conversion would do with it) and `reshard` (a store made before
+shards rewritten into them). Out of it: `tilestore.exports`.
 
 May import: `tilestore.reading`, `tilestore.sources`, `tilestore.format`.
 """
@@ -26,6 +25,5 @@ __getattr__, __dir__, __all__ = lazy_face(
         "tilestore.conversion.info": ("describe", "pixel_count"),
         "tilestore.conversion.resharding": ("ReshardReport", "reshard"),
         "tilestore.conversion.sidecar": ("open_in_place",),
-        "tilestore.conversion.tiffout": ("to_ome_tiff",),
     },
 )

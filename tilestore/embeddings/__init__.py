@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tilestore.embeddings.layout import COORDS, GROUP, H5Layout, group_name
+from tilestore.embeddings.layout import COORDS, GROUP, group_name
 from tilestore.embeddings.recipe import MixedResults, ScaleLabel
 from tilestore.embeddings.write import (
     AlreadyComplete,
@@ -36,7 +36,6 @@ __getattr__, __dir__, _read = lazy_face(
             "expand_stores",
             "list_embeddings",
         ),
-        "tilestore.embeddings.h5": ("LAYOUTS", "cohort_to_h5", "to_h5"),
         "tilestore.embeddings.read": ("open_embeddings",),
         "tilestore.embeddings.quality": ("plan_slide", "without_blurred"),
         "tilestore.embeddings.slides": (
@@ -45,7 +44,6 @@ __getattr__, __dir__, _read = lazy_face(
             "open_slide_embeddings",
             "read_slide_vector",
             "read_tile_features",
-            "slide_table",
             "write_slide_vector",
         ),
     },
@@ -55,7 +53,6 @@ __all__ = sorted(
         *_read,
         "COORDS",
         "GROUP",
-        "H5Layout",
         "MixedResults",
         "ScaleLabel",
         "AlreadyComplete",
@@ -75,7 +72,6 @@ if TYPE_CHECKING:
         expand_stores,
         list_embeddings,
     )
-    from tilestore.embeddings.h5 import LAYOUTS, cohort_to_h5, to_h5
     from tilestore.embeddings.quality import plan_slide, without_blurred
     from tilestore.embeddings.read import open_embeddings
     from tilestore.embeddings.slides import (
@@ -84,6 +80,5 @@ if TYPE_CHECKING:
         open_slide_embeddings,
         read_slide_vector,
         read_tile_features,
-        slide_table,
         write_slide_vector,
     )

@@ -16,19 +16,6 @@ group is ``complete``. `tilestore.embeddings.write` makes groups,
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
-
-from tilestore.options import Opt
-
-# the per-slide HDF5 files `tilestore.embeddings.h5` writes: whose layout
-H5Layout = Annotated[
-    Literal["trident", "stamp"],
-    Opt(
-        "trident (TRIDENT's and CLAM's: features, coords in level-0 px) or stamp (STAMP's: "
-        "feats, coords in um)."
-    ),
-]
-
 GROUP = "embeddings"
 COORDS = ("x", "y", "x_um", "y_um", "row", "col", "tissue", "roi", "roi_class")
 UNITS = {"x": "level-0 pixel", "y": "level-0 pixel", "x_um": "micrometer", "y_um": "micrometer"}

@@ -294,21 +294,3 @@ def _with_encoder(tiles: Recipe, record: dict[str, Any]) -> Recipe:
     """The recipe of a slide vector: its tile features' and its encoder's weights."""
     encoder = {f"encoder {k}": record.get(k) for k in ("weights", "revision", "precision", "dim")}
     return replace(tiles, facts={**tiles.facts, **encoder})
-
-
-def slide_table(ds, *, features: bool = True):
-    """A pandas DataFrame of slide embeddings (`open_slide_embeddings`): slide, store, tiles
-    and, with `features`, a column f0, f1, ... per feature."""
-    import pandas as pd
-
-    table = pd.DataFrame(
-        {
-            "slide": ds.slide.values,
-            "store": ds.store.values,
-            "tiles": ds["n_tiles"].values.astype(np.int64),
-        }
-    )
-    if not features:
-        return table
-    values = pd.DataFrame(ds.features.values, columns=[f"f{i}" for i in range(ds.sizes["feature"])])
-    return pd.concat([table, values], axis=1)

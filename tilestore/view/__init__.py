@@ -1,6 +1,7 @@
 """Looking at a store in a browser: a local, read-only viewer (`server`: the slides'
 own chunks as tiles, `overlays` of tissue, QC, plans and per-tile `values` of embeddings,
-a similarity search) and the heatmaps it draws, written out for other tools (`heatmap`).
+a similarity search). The heatmaps it draws, written out for other tools:
+`tilestore.exports.heatmap`.
 
 May import: `tilestore.embeddings`, `tilestore.plan`, `tilestore.qc`, `tilestore.masks`,
 `tilestore.analysis`, `tilestore.reading`, `tilestore.format`; never `tilestore.conversion`
@@ -16,13 +17,6 @@ __getattr__, __dir__, __all__ = lazy_face(
     {
         "tilestore.view.catalog": ("Catalog", "ViewError"),
         "tilestore.view.options": ("Port", "TileIndex"),
-        "tilestore.view.heatmap": (
-            "Heatmap",
-            "heatmap_values",
-            "write_geojson",
-            "write_labels",
-            "write_png",
-        ),
         "tilestore.view.server": ("bind", "make_app", "serve"),
         "tilestore.view.values": ("read_scores", "tile_values"),
     },

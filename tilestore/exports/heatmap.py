@@ -5,6 +5,7 @@ slide) and as QuPath GeoJSON tiles with the value as a measurement.
 
 >>> values = heatmap_values("A.ome.zarr", "uni", "similarity", ref=1234)
 >>> write_png(values, "A-similar.png"); write_labels(values); write_geojson(values, "A.geojson")
+>>> write_heatmap(values, png="A-similar.png", label=True)   # those asked for, in that order
 """
 
 from __future__ import annotations
@@ -38,12 +39,13 @@ LEVELS = 254  # a scalar heatmap's label values 1-254 (0: no tile)
 @dataclass(frozen=True)
 class Heatmap:
     """One slide's per-tile values, ready to write: the values, the slide, the model's
-    embeddings of it (`ds`, one slide) and a name for what they are."""
+    embeddings of it (`ds`, one slide), a name for what they are and the store, as given."""
 
     values: TileValues
     slide: Slide
     ds: object  # the slide's embeddings Dataset
     name: str
+    store: str
 
 
 @checked
@@ -79,7 +81,7 @@ def heatmap_values(
             column, column
         )
     ds = catalog.embedded(model).ds
-    return Heatmap(values, slide, ds, f"{_safe(model)}-{_safe(name)}")
+    return Heatmap(values, slide, ds, f"{_safe(model)}-{_safe(name)}", str(store))
 
 
 def _safe(text: str) -> str:
@@ -181,7 +183,7 @@ def write_geojson(heatmap: Heatmap, path: str | os.PathLike) -> Path:
     as their classification."""
     import xarray as xr
 
-    from tilestore.analysis.export import to_qupath
+    from tilestore.exports.qupath import to_qupath
 
     values = heatmap.values
     n = len(values.rows)
@@ -196,3 +198,23 @@ def write_geojson(heatmap: Heatmap, path: str | os.PathLike) -> Path:
         labels = xr.DataArray(values.classes.astype(np.int64), dims=("tile",))
         return to_qupath(heatmap.ds, path, clusters=labels, class_names=list(values.names))
     raise ViewError(f"{values.label}: colours, not values, for {n} tiles: no GeoJSON of them")
+
+
+def write_heatmap(
+    heatmap: Heatmap,
+    *,
+    png: str | os.PathLike | None = None,
+    geojson: str | os.PathLike | None = None,
+    label: bool = False,
+) -> list[str]:
+    """Write `heatmap` in each form asked: a PNG over the slide at `png`, QuPath GeoJSON at
+    `geojson`, and with `label` an OME-Zarr label image in its store; return what was
+    written, in that order (the label as ``<store>/labels/<name>``)."""
+    written = []
+    if png:
+        written.append(str(write_png(heatmap, png)))
+    if geojson:
+        written.append(str(write_geojson(heatmap, geojson)))
+    if label:
+        written.append(f"{heatmap.store}/labels/{write_labels(heatmap)}")
+    return written

@@ -26,16 +26,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import get_args
 
 import h5py
 import numpy as np
 
 from tilestore.embeddings.groups import open_finished, read_each, refuse_shared_names, slide_name
-from tilestore.embeddings.layout import H5Layout
 from tilestore.embeddings.recipe import ScaleLabel, combine, recipe
 from tilestore.embeddings.slides import TileFeatures, read_tile_features
 from tilestore.errors import TilestoreError
+from tilestore.exports.options import H5Layout
 from tilestore.options import checked
 
 
@@ -56,9 +55,6 @@ class H5Export:
 def magnification(mpp: float) -> int:
     """The nominal objective magnification of a pixel size: 10 / mpp, rounded."""
     return round(10.0 / mpp)
-
-
-LAYOUTS = get_args(get_args(H5Layout)[0])
 
 
 @checked

@@ -1,0 +1,102 @@
+"""Which exports there are: one `Export` of plain facts each (what it reads, what it writes,
+the function that writes it, one line of help), in the order `tilestore export --help`
+lists them. The command takes each subcommand's help from here and calls the writer named
+here; a new export is a module of its own, a line here and its command.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tilestore.exports.slidetable import SUFFIXES
+
+# what an export reads: a store's pixels (its image levels), the tile embeddings of a model,
+# a cohort's slide embeddings, or per-tile values (a column, clusters, similarity, scores)
+Reads = Literal["a store's pixels", "tile embeddings", "slide embeddings", "per-tile values"]
+
+
+@dataclass(frozen=True)
+class Export:
+    """One export: its name (the subcommand `tilestore export <name>`), what it reads, what
+    it writes (file suffixes; a folder of files, or the store itself, said in words), the
+    member of `tilestore.exports` that writes it, and one line of help."""
+
+    name: str
+    reads: Reads
+    writes: tuple[str, ...]
+    writer: str
+    help: str
+
+    def load(self) -> Callable[..., Any]:
+        """The function that writes this export (its module loaded now, not before)."""
+        return getattr(importlib.import_module("tilestore.exports"), self.writer)
+
+    @property
+    def summary(self) -> str:
+        """Its help, and what it reads and writes: the line the command's list shows."""
+        return f"{self.help} Reads {self.reads}; writes {', '.join(self.writes)}."
+
+
+EXPORTS = (
+    Export(
+        "ome-tiff",
+        "a store's pixels",
+        (".ome.tiff",),
+        "to_ome_tiff",
+        "A tiled, pyramidal OME-TIFF (SubIFDs) for QuPath, OMERO and Bio-Formats.",
+    ),
+    Export(
+        "qupath",
+        "tile embeddings",
+        (".geojson",),
+        "to_qupath",
+        "Tiles as QuPath tile objects: classified by cluster, PCs as measurements.",
+    ),
+    Export(
+        "anndata",
+        "tile embeddings",
+        (".h5ad",),
+        "to_anndata",
+        "Tiles as an AnnData .h5ad (X = features, obsm['spatial'] = centres) for scanpy/squidpy.",
+    ),
+    Export(
+        "map",
+        "tile embeddings",
+        (".png",),
+        "write_maps",
+        "PNG maps over the slide thumbnail: first three PCs as colour, optionally clusters.",
+    ),
+    Export(
+        "heatmap",
+        "per-tile values",
+        (".png", ".geojson", "a label image in the store"),
+        "write_heatmap",
+        "A heatmap of per-tile values for other tools: PNG, QuPath GeoJSON, OME-Zarr label.",
+    ),
+    Export(
+        "h5",
+        "tile embeddings",
+        ("a folder of <slide>.h5",),
+        "cohort_to_h5",
+        "Tile features as per-slide HDF5 files for TRIDENT, CLAM and other MIL code, or STAMP.",
+    ),
+    Export(
+        "slides",
+        "slide embeddings",
+        SUFFIXES,
+        "write_slide_table",
+        "A cohort's slide embeddings as one table, a row per slide, for classifiers, "
+        "survival models and retrieval.",
+    ),
+)
+
+
+def get_export(name: str) -> Export:
+    """The export called `name` (a KeyError names those there are: a bug, not a user's)."""
+    for export in EXPORTS:
+        if export.name == name:
+            return export
+    raise KeyError(f"no export {name!r}; there are {', '.join(e.name for e in EXPORTS)}")

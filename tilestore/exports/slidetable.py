@@ -1,0 +1,72 @@
+"""A cohort's slide embeddings out as one table, a row per slide (slide, store, tiles, then
+the features), for classifiers, survival models and retrieval: Parquet, CSV, or AnnData
+.h5ad (X the features, obs the rest). The file's suffix says which (`WRITERS`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from tilestore.errors import ExportError
+
+
+def slide_table(ds, *, features: bool = True):
+    """A pandas DataFrame of slide embeddings (`open_slide_embeddings`): slide, store, tiles
+    and, with `features`, a column f0, f1, ... per feature."""
+    import pandas as pd
+
+    table = pd.DataFrame(
+        {
+            "slide": ds.slide.values,
+            "store": ds.store.values,
+            "tiles": ds["n_tiles"].values.astype(np.int64),
+        }
+    )
+    if not features:
+        return table
+    values = pd.DataFrame(ds.features.values, columns=[f"f{i}" for i in range(ds.sizes["feature"])])
+    return pd.concat([table, values], axis=1)
+
+
+def _parquet(ds, path: Path) -> None:
+    slide_table(ds).to_parquet(path, index=False)
+
+
+def _csv(ds, path: Path) -> None:
+    slide_table(ds).to_csv(path, index=False)
+
+
+def _h5ad(ds, path: Path) -> None:
+    import anndata
+
+    adata = anndata.AnnData(
+        X=ds.features.values,
+        obs=slide_table(ds, features=False).set_index("slide"),
+        uns={"slide_encoder": ds.attrs["slide_encoder"], "model": ds.attrs["model"]},
+    )
+    adata.write_h5ad(path)
+
+
+# a slide table's file suffix -> what writes it
+WRITERS: dict[str, Callable[..., None]] = {".parquet": _parquet, ".csv": _csv, ".h5ad": _h5ad}
+SUFFIXES = tuple(WRITERS)
+
+
+def table_format(path: str | os.PathLike) -> str:
+    """The suffix of a slide table's file (which says how it is written), or ExportError."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in WRITERS:
+        raise ExportError(f"{path}: write a {', '.join(SUFFIXES[:-1])} or {SUFFIXES[-1]} file")
+    return suffix
+
+
+def write_slide_table(ds, path: str | os.PathLike) -> Path:
+    """Write slide embeddings (`open_slide_embeddings`) as the table its suffix says
+    (.parquet, .csv, .h5ad); return the path."""
+    path = Path(path)
+    WRITERS[table_format(path)](ds, path)
+    return path

@@ -200,12 +200,18 @@ def _slide_plan(name: str, model: str | None, plan_options: PlanOptions | None, 
     for flag, asked, needed in (("--mpp", given.mpp, spec.mpp), ("--tile", given.tile, spec.tile)):
         if asked is not None and asked != needed:
             raise TilestoreError(
-                f"{flag} {asked}: {spec.name} reads {spec.tile_model} tiles of {spec.tile} px "
+                f"{flag} {_shown(asked)}: {spec.name} reads {spec.tile_model} tiles of "
+                f"{spec.tile} px "
                 f"at {spec.mpp:g} um/px; leave {flag} out"
             )
     if scale_mismatch(spec.mpp, spec.tile, get_model(model)):
         options = replace(options, any_scale=True)
     return spec, model, replace(given, mpp=spec.mpp, tile=spec.tile), options
+
+
+def _shown(value) -> str:
+    """A flag's value as the user typed it: 1 for 1.0, level0 as is."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _slides(stores, encoder, model, options, weights, exit: bool = True) -> bool:

@@ -128,8 +128,8 @@ def embed(
     checked = check_stores(stores, model, choice, options)
     refused, stores = bool(checked.refused), checked.kept
     if not stores or cluster or scheduler:  # else the run's report says them
-        for store, why in checked.skipped:
-            out.print(f"  skipped {store}: {as_flags(why, flags_of(embed))}", highlight=False)
+        for store, why in checked.skipped:  # plain print: never wrap a line
+            print(f"  skipped {store}: {as_flags(why, flags_of(embed))}")
         for store, why in checked.refused:
             print(f"tilestore: error: {store}: {as_flags(why, flags_of(embed))}", file=sys.stderr)
     if not stores:

@@ -136,7 +136,8 @@ def _row(path, embedder, identity, plan, rate, into, in_place, sidecars) -> DryR
     seconds = todo / rate if rate else None
     notes = [note] if note else list(tile_plan.notes)
     decoding = _decoding(embedder, ready.pixels.chunks(tile_plan.spec.level), tile_plan)
-    notes.append(f"decoded {decoding.where} ({decoding.why})")
+    if embedder.settings.decode != "cpu" and not decoding.on_gpu:  # not as the run says
+        notes.append(f"decoded {decoding.where} ({decoding.why})")
     return DryRow(str(path), total, done, todo, seconds, "; ".join(notes))
 
 
@@ -157,7 +158,8 @@ def _done(slide, model: str, plan, uid: str | None, overwrite: bool) -> tuple[in
     the run's error."""
     if overwrite:
         return 0, "recomputed (overwrite)"
-    found = standing(slide, model, plan.name, uid, len(plan))
+    # a plan the dry run made afresh (uid None: not stored) is other tiles than any group's
+    found = standing(slide, model, plan.name, uid or "(made afresh)", len(plan))
     if found.state == "other plan":
         raise TilestoreError(found.why)
     if found.state == "complete":

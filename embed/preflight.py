@@ -42,7 +42,9 @@ def check_stores(
 ) -> Preflight:
     """Check each store among `inputs` as the run would, from metadata only (slide files
     are checked once they are stores). model: the name given (a registered model's native
-    input is known without loading it; a timm: or local: model's only once loaded)."""
+    input is known without loading it; a timm: or local: model's only once loaded). A store
+    is skipped as complete only for a stored plan (named, or its only one): a plan to be
+    made may be other tiles under the same name, which only the run can tell."""
     spec = _facts(model)
     found = Preflight()
     for given in map(Path, inputs):
@@ -61,7 +63,9 @@ def check_stores(
             continue
         if held.state == "other plan" and not options.overwrite:
             found.refused.append((str(given), without_store(given, held.why)))
-        elif held.state == "complete" and not options.overwrite:
+        elif held.state == "complete" and uid is not None and not options.overwrite:
+            # complete for this very plan (its uid: a stored plan); a plan still to be made
+            # may come out other tiles under the same name, which only the run can tell
             found.skipped.append((str(given), without_store(given, held.why)))
         else:
             found.kept.append(given)

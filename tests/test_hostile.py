@@ -276,7 +276,7 @@ def file_per_chunk(stores, tmp_path_factory):
     copy of the session's store, which other tests read as it was made."""
     from tilestore.plan import plan_slide, save_plan
 
-    store = C.store_copy(tmp_path_factory.mktemp("reshard"), stores(CMU, shard=0), "cmu")
+    store = C.store_copy(tmp_path_factory.mktemp("reshard"), stores(CMU, shard="off"), "cmu")
     slide = open_slide(store)
     save_plan(slide, plan_slide(slide, PlanOptions(mpp=1.0, tile=224, name="default")))
     return store

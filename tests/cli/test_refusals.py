@@ -245,16 +245,8 @@ def test_what_a_store_refuses_is_said_before_the_model_loads(refused_stores):
 
 
 def test_a_run_with_nothing_to_do_loads_nothing(refused_stores):
-    argv = [
-        "embed",
-        refused_stores["complete"],
-        "--model",
-        MODEL,
-        "--mpp",
-        "1",
-        "--min-tissue",
-        "0.9",
-    ]
+    """Complete for the store's plan (named, or its only one): skipped, no model loaded."""
+    argv = ["embed", refused_stores["complete"], "--model", MODEL, "--plan", "1mpp-224px"]
     (result,) = run_in_one_process([argv])
     assert result["rc"] == 0, result["err"]
     assert "already complete" in result["out"] and not result["torch"]

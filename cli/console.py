@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from tilestore import TilestoreError
+from tilestore import OutputError
 
 out = Console()
 err = Console(stderr=True)
@@ -107,11 +107,11 @@ def output_file(path: Path | None, folder: bool = False) -> Path | None:
     try:
         where.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise TilestoreError(f"{path}: cannot make the folder {where} ({exc.strerror})") from None
+        raise OutputError(f"{path}: cannot make the folder {where} ({exc.strerror})") from None
     if not os.access(where, os.W_OK):
-        raise TilestoreError(f"{path}: the folder {where} is not writable")
+        raise OutputError(f"{path}: the folder {where} is not writable")
     if not folder and path.is_dir():
-        raise TilestoreError(f"{path}: a folder, not a file to write")
+        raise OutputError(f"{path}: a folder, not a file to write")
     return path
 
 

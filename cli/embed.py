@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from tilestore import TilestoreError
+from tilestore import OptionError
 from tilestore.cli.console import as_flags, flags_of, out, output_file, text_table
 from tilestore.cli.console import progress_bar as _progress
 from tilestore.cli.flags import From, with_flags
@@ -99,9 +99,9 @@ def embed(
 ) -> None:
     """Embed plan tiles with a foundation model; write embeddings/<model> into each store."""
     if plan and plan_options:
-        raise TilestoreError("--plan names a stored plan: plan options cannot change it")
+        raise OptionError("--plan names a stored plan: plan options cannot change it")
     if sidecars and not in_place:
-        raise TilestoreError("--sidecars is where --in-place keeps its sidecars: add --in-place")
+        raise OptionError("--sidecars is where --in-place keeps its sidecars: add --in-place")
     output_file(report)
     slide_spec = None
     if slide_encoder:
@@ -109,9 +109,9 @@ def embed(
             slide_encoder, model, plan_options, options
         )
     elif slide_weights:
-        raise TilestoreError("--slide-weights goes with --slide-encoder")
+        raise OptionError("--slide-weights goes with --slide-encoder")
     if model is None:
-        raise TilestoreError("--model: which model embeds the tiles? (or --slide-encoder)")
+        raise OptionError("--model: which model embeds the tiles? (or --slide-encoder)")
     choice = plan or plan_options
     if shard:
         from tilestore.embed import shard as share
@@ -142,7 +142,7 @@ def embed(
 
         slides = [str(s) for s in stores if s.exists() and not is_store(s)]
         if slides:
-            raise TilestoreError(
+            raise OptionError(
                 f"{slides[0]}: a slide file, not a store: convert slides first (tilestore "
                 "convert) to embed them on Dask, or run without --cluster/--scheduler"
             )
@@ -199,7 +199,7 @@ def _slide_plan(name: str, model: str | None, plan_options: PlanOptions | None, 
     given = plan_options or PlanOptions()
     for flag, asked, needed in (("--mpp", given.mpp, spec.mpp), ("--tile", given.tile, spec.tile)):
         if asked is not None and asked != needed:
-            raise TilestoreError(
+            raise OptionError(
                 f"{flag} {_shown(asked)}: {spec.name} reads {spec.tile_model} tiles of "
                 f"{spec.tile} px "
                 f"at {spec.mpp:g} um/px; leave {flag} out"
@@ -289,7 +289,7 @@ def _embed_on_dask(
     from tilestore.embed import cpu_share, embed_cohort, local_cluster, summary_lines
 
     if cluster and scheduler:
-        raise TilestoreError("--cluster starts a cluster, --scheduler joins one: give one")
+        raise OptionError("--cluster starts a cluster, --scheduler joins one: give one")
     client = Client(scheduler) if scheduler else local_cluster(cluster, workers)
     # workers of a local cluster share this machine's cores; a scheduler's have their own
     share = cpu_share(len(client.nthreads())) if cluster else None

@@ -14,7 +14,7 @@ from typing import NoReturn
 import typer
 from rich.markup import escape
 
-from tilestore import TilestoreError
+from tilestore import OptionError, TilestoreError
 from tilestore.cli.console import as_flags, flags_of, human_size, out, output_file, text_table
 from tilestore.cli.console import progress_bar as _progress
 from tilestore.cli.embed import embed, models_app
@@ -62,7 +62,7 @@ def convert(
     slides = [(path, series) for path in src for series in slides_of(path)]
     name = options.get("name")
     if name and len(slides) > 1:
-        raise TilestoreError(f"--name {name}: names one store, but {len(slides)} slides were given")
+        raise OptionError(f"--name {name}: names one store, but {len(slides)} slides were given")
     for path, series in slides:
         try:
             with _progress(f"{path.name}") as (progress, task):

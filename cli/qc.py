@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from tilestore import TilestoreError
+from tilestore import OptionError
 from tilestore.cli.console import as_flags, flags_of, out, output_file
 from tilestore.cli.console import progress_bar as _progress
 from tilestore.cli.flags import From, with_flags
@@ -41,7 +41,7 @@ def qc(
     output_file(preview, folder=True)
     output_file(report, folder=True)
     if cluster and scheduler:
-        raise TilestoreError("--cluster starts a cluster, --scheduler joins one: give one")
+        raise OptionError("--cluster starts a cluster, --scheduler joins one: give one")
     client, threads = None, None
     if cluster or scheduler:
         from distributed import Client

@@ -35,7 +35,7 @@ from tilestore.embed.models import get_model
 from tilestore.embed.report import quality_line
 from tilestore.embed.settings import SLICE_TILES, Options
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity
-from tilestore.errors import StoreError, TilestoreError
+from tilestore.errors import DeviceError, OptionError, StoreError, TilestoreError
 
 PLUGIN = "tilestore-embedder"
 
@@ -47,7 +47,7 @@ def shard(stores: Sequence[str | os.PathLike], k: int, n: int) -> list[str]:
     by size (largest first, then by name) go one by one to the share with the least work.
     """
     if not (n >= 1 and 0 <= k < n):
-        raise TilestoreError(f"shard='{k}/{n}': K must be in 0..N-1 (e.g. $SLURM_ARRAY_TASK_ID)")
+        raise OptionError(f"shard='{k}/{n}': K must be in 0..N-1 (e.g. $SLURM_ARRAY_TASK_ID)")
     names = sorted({str(s) for s in stores})
     sizes = {s: _size(s) for s in names}
     load = np.zeros(n)
@@ -351,7 +351,7 @@ def local_cluster(kind: str, workers: int | None = None):
         try:
             from dask_cuda import LocalCUDACluster
         except ImportError:
-            raise TilestoreError(
+            raise DeviceError(
                 "cluster='local-cuda' needs dask-cuda: pip install 'tilestore[cuda]'"
             ) from None
         import torch
@@ -361,7 +361,7 @@ def local_cluster(kind: str, workers: int | None = None):
             visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
         )
         if not devices or devices == [""]:
-            raise TilestoreError("cluster='local-cuda': no GPU is visible")
+            raise DeviceError("cluster='local-cuda': no GPU is visible")
         cluster = LocalCUDACluster(
             CUDA_VISIBLE_DEVICES=",".join(devices[: workers or len(devices)]),
             threads_per_worker=1,
@@ -375,7 +375,7 @@ def local_cluster(kind: str, workers: int | None = None):
             processes=True,
         )
     else:
-        raise TilestoreError(f"cluster={kind!r}: choose 'local-cuda' or 'local'")
+        raise OptionError(f"cluster={kind!r}: choose 'local-cuda' or 'local'")
     return Client(cluster)
 
 

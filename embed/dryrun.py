@@ -23,7 +23,7 @@ from tilestore.embed.nvjpeg import GpuDecodeFailed
 from tilestore.embed.settings import Options
 from tilestore.embed.sizing import profile_batches
 from tilestore.embeddings import standing
-from tilestore.errors import TilestoreError
+from tilestore.errors import EmbeddingError, TilestoreError
 from tilestore.format import is_store, store_name
 from tilestore.reading import sidecar_for
 
@@ -161,7 +161,7 @@ def _done(slide, model: str, plan, uid: str | None, overwrite: bool) -> tuple[in
     # a plan the dry run made afresh (uid None: not stored) is other tiles than any group's
     found = standing(slide, model, plan.name, uid or "(made afresh)", len(plan))
     if found.state == "other plan":
-        raise TilestoreError(found.why)
+        raise EmbeddingError(found.why)
     if found.state == "complete":
         return len(plan), "already complete (skipped unless --overwrite)"
     done = int(sum(min(found.batch_size, len(plan) - b * found.batch_size) for b in found.done))

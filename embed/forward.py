@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from tilestore.embed.graphs import GraphedForward
 from tilestore.embed.models import LoadedModel, ModelError
 from tilestore.embed.settings import Precision
-from tilestore.errors import TilestoreError
+from tilestore.errors import OptionError
 from tilestore.qc.tilewise import MEASURES, TileParams, TileTables, tile_measures
 
 
@@ -64,7 +64,7 @@ def token_layout(
     if grid == "model":
         return TokenLayout(rows, dim, (rows, cols))
     if grid > min(rows, cols):
-        raise TilestoreError(
+        raise OptionError(
             f"tokens={grid}: {loaded.spec.name} makes a {rows} x {cols} token grid; "
             f"ask for at most {min(rows, cols)} ('model': its own grid)"
         )

@@ -260,12 +260,12 @@ def _check_reusable(target: Path, slide: Path, scan_mpp: float | None) -> None:
 
     opened = open_slide(target)  # StoreError if incomplete
     check_mpp(opened, scan_mpp, target)
-    source = opened.attrs.get("source", {})
+    source = opened.record.source
     size = slide.stat().st_size if slide.is_file() else None
-    if source.get("name") != slide.name or (size is not None and source.get("size") != size):
+    if source.name != slide.name or (size is not None and source.size != size):
         raise StoreError(
-            f"{target}: already holds another slide ({source.get('name')}, "
-            f"{source.get('size')} bytes), not {slide.name}; move it or choose another "
+            f"{target}: already holds another slide ({source.name}, "
+            f"{source.size} bytes), not {slide.name}; move it or choose another "
             "--into folder"
         )
 

@@ -115,7 +115,7 @@ def rgb_input(slide: Slide, channels: tuple[str, ...] | None) -> Slide:
             "--channels A,B,C (Options(channels=...))"
         )
     if slide.fluorescence:
-        names = ",".join(slide.attrs.get("channels") or ("0", "1", "2"))
+        names = ",".join(slide.record.channels or ("0", "1", "2"))
         raise StoreError(
             f"{slide.name}: a fluorescence scan stored as RGB, not a brightfield stain; a "
             "model trained on stained tissue would read its markers as colours they are not: "

@@ -37,7 +37,7 @@ from tilestore.embed.queues import DONE, drain
 from tilestore.embed.report import RunReport, Stats
 from tilestore.embed.settings import Settings
 from tilestore.embeddings.groups import non_finite_rows
-from tilestore.errors import TilestoreError
+from tilestore.errors import DeviceError
 
 
 class Runner:
@@ -64,7 +64,7 @@ class Runner:
         if settings.profile == "nvtx":
             self.marks = nvtx.load()
             if self.marks is None:
-                raise TilestoreError(
+                raise DeviceError(
                     "--profile nvtx: no NVTX library found (it comes with CUDA builds of "
                     "torch, as the nvidia-nvtx package)"
                 )

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal, Protocol, get_args
 
-from tilestore.errors import TilestoreError
+from tilestore.errors import DeviceError, OptionError
 from tilestore.options import Declared, Opt
 
 if TYPE_CHECKING:  # torch loads when a device is resolved: the CLI reads these defaults cheaply
@@ -349,9 +349,9 @@ def parse_shard(text: str) -> tuple[int, int]:
     try:
         k, n = (int(p) for p in text.split("/"))
     except ValueError:
-        raise TilestoreError(f"shard={text!r}: expected 'K/N', e.g. '0/8'") from None
+        raise OptionError(f"shard={text!r}: expected 'K/N', e.g. '0/8'") from None
     if not (n >= 1 and 0 <= k < n):
-        raise TilestoreError(f"shard='{k}/{n}': K must be in 0..N-1 (e.g. $SLURM_ARRAY_TASK_ID)")
+        raise OptionError(f"shard='{k}/{n}': K must be in 0..N-1 (e.g. $SLURM_ARRAY_TASK_ID)")
     return k, n
 
 
@@ -383,11 +383,11 @@ def _device(name: str, machine: Machine) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise TilestoreError(f"device={name!r}: choose 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
+        raise OptionError(f"device={name!r}: choose 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
     if device.type not in ("cpu", "cuda"):
-        raise TilestoreError(f"device={name!r}: choose 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        raise OptionError(f"device={name!r}: choose 'auto', 'cpu', 'cuda' or 'cuda:N'")
     if device.type == "cuda" and cuda is None:
-        raise TilestoreError(f"device={name!r}: no CUDA device is visible (CUDA_VISIBLE_DEVICES?)")
+        raise DeviceError(f"device={name!r}: no CUDA device is visible (CUDA_VISIBLE_DEVICES?)")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", cuda)
     return device
@@ -411,7 +411,7 @@ def _decode(
     option = _choice("decode", option, DecodeOption)
     cuda = device.type == "cuda"
     if option in ("gpu", "both") and not cuda:
-        raise TilestoreError(f"decode={option!r} needs a CUDA device")
+        raise DeviceError(f"decode={option!r} needs a CUDA device")
     if option == "cpu":
         return "cpu", None, "asked for"
     if option == "auto" and not cuda:
@@ -450,7 +450,7 @@ def _batch(option: int | None, device: torch.device, precision: Precision, machi
 def _choice(name: str, value: str, allowed) -> str:
     choices = get_args(allowed)
     if value not in choices:
-        raise TilestoreError(
+        raise OptionError(
             f"{name}={value!r}: choose {', '.join(map(repr, choices[:-1]))} or {choices[-1]!r}"
         )
     return value

@@ -25,7 +25,7 @@ import torch
 from tilestore.embed.forward import Forward
 from tilestore.embed.models import LoadedModel
 from tilestore.embed.settings import BATCHES, REPEATS, Precision, resolve_device, user_cache
-from tilestore.errors import TilestoreError
+from tilestore.errors import OptionError
 
 WITHIN = 0.03  # batches within 3% of the best tiles/s are equally fast: the smallest wins
 
@@ -76,7 +76,7 @@ def profile_model(
     from tilestore.embed.models import load_model
 
     if not batches or min(batches) < 1:
-        raise TilestoreError(f"batches={','.join(map(str, batches))}: sizes of at least 1")
+        raise OptionError(f"batches={','.join(map(str, batches))}: sizes of at least 1")
     dev, chosen = resolve_device(device, precision)
     loaded = place(load_model(name, token=token, device=dev), dev)
     return profile_batches(loaded, dev, chosen, batches, repeats)

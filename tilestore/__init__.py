@@ -37,6 +37,13 @@ __getattr__, __dir__, __all__ = lazy_face(
         "tilestore.embeddings": ("open_embeddings", "plan_slide"),
         "tilestore.errors": (
             "AnnotationError",
+            "ChunkError",
+            "DeviceError",
+            "MixedResults",
+            "ModelError",
+            "NotEmbedded",
+            "OptionError",
+            "OutputError",
             "PlanError",
             "SlideError",
             "StoreError",
@@ -53,6 +60,13 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from tilestore.embeddings import open_embeddings, plan_slide
     from tilestore.errors import (
         AnnotationError,
+        ChunkError,
+        DeviceError,
+        MixedResults,
+        ModelError,
+        NotEmbedded,
+        OptionError,
+        OutputError,
         PlanError,
         SlideError,
         StoreError,

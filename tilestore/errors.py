@@ -1,7 +1,30 @@
-"""The exceptions and warnings tilestore raises for problems a user can act on.
+"""The exceptions and warnings tilestore raises for problems a user can act on, all of them:
+one hierarchy, in one place.
 
-Every message names the file, the cause and, where there is one, the fix. The
-CLI prints them as one line and exits with code 2; anything else is a bug.
+Every message names the file, the option or the value, the cause and, where there is one,
+the fix. The CLI prints them as one line and exits with code 2; anything else is a bug.
+(Exceptions that never reach a user, a GPU decoder's failure the run recovers from, are
+the code's own business, beside it.)
+
+    TilestoreError
+        OptionError       an option's value it does not allow, or options that contradict
+        SlideError        a slide file that cannot be read
+        StoreError        a store missing, incomplete, damaged or unwritable
+            ChunkError        a chunk missing, damaged or out of its place
+            NotEmbedded       a store without a model's finished embeddings
+            DamagedEmbeddings     embeddings whose arrays disagree or hold NaN
+            MixedResults      results of several stores made differently, asked together
+            StaleSlideEmbedding   a slide vector of tile features replaced since
+            SlideEmbeddingExists  a slide vector computed already
+        EmbeddingError    an embeddings group that cannot be written (AlreadyComplete)
+        PlanError         a plan that cannot be made or found
+        AnnotationError   an annotation file that cannot be used
+        ModelError        a model that cannot be found, fetched or run (SlideEncoderError)
+        DeviceError       a device the run needs and does not have (CUDA, NVTX, dask-cuda)
+        OutputError       an output that cannot be written where asked
+        NotJudged         a slide QC's detectors are not made for
+        ViewError, AnalysisError, ExportError   what the viewer, an analysis or an export
+                          cannot do with what was asked
 """
 
 from __future__ import annotations
@@ -38,6 +61,65 @@ class PlanError(TilestoreError):
 
 class ExportError(TilestoreError):
     """An export that cannot be written as asked (e.g. a file type it does not write)."""
+
+
+class OptionError(TilestoreError, ValueError):
+    """An option's value outside what it allows (`tilestore.options`), or options that
+    contradict each other: refused before anything is done."""
+
+
+class MixedResults(StoreError):
+    """Results computed from different things, refused where they would be combined."""
+
+
+class NotEmbedded(StoreError):
+    """A store without this model's finished embeddings (absent or unfinished)."""
+
+
+class DamagedEmbeddings(StoreError):
+    """A finished embeddings group that cannot be what its run wrote: its arrays' shapes
+    disagree with its record, or it holds non-finite features (no run writes them)."""
+
+
+class StaleSlideEmbedding(StoreError):
+    """A slide embedding computed from tile features that have been replaced since."""
+
+
+class SlideEmbeddingExists(StoreError):
+    """The store holds this encoder's slide embedding already (skipped unless overwrite)."""
+
+
+class EmbeddingError(TilestoreError):
+    """An embeddings group that cannot be written: done already, locked, or incompatible."""
+
+
+class AlreadyComplete(EmbeddingError):
+    """The store holds this model's finished embeddings: skipped unless overwrite=True."""
+
+
+class ModelError(TilestoreError):
+    """A model that cannot be found, fetched, built or run."""
+
+
+class SlideEncoderError(ModelError):
+    """A slide encoder that cannot be used on these tile features."""
+
+
+class DeviceError(TilestoreError):
+    """A device or library a run needs and this machine does not have (CUDA, NVTX,
+    dask-cuda)."""
+
+
+class OutputError(TilestoreError):
+    """An output that cannot be written where it was asked (a folder, a file there)."""
+
+
+class ViewError(TilestoreError):
+    """A viewer request for something the served stores do not hold."""
+
+
+class AnalysisError(TilestoreError):
+    """An analysis request that does not fit the data (no such slide, k too large...)."""
 
 
 class TilestoreWarning(UserWarning):

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from tilestore.errors import TilestoreError
+from tilestore.errors import OptionError
 
 __all__ = [
     "REQUIRED",
@@ -49,10 +49,6 @@ __all__ = [
     "declarations",
     "parse",
 ]
-
-
-class OptionError(TilestoreError, ValueError):
-    """An option's value outside what it allows: refused before anything is done."""
 
 
 @dataclass(frozen=True)

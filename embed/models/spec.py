@@ -5,13 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tilestore.errors import TilestoreError
 from tilestore.plan.options import DEFAULT_TILE
-
-
-class ModelError(TilestoreError):
-    """A model that is unknown, gated, missing from the offline cache or unloadable."""
-
 
 # How a model's features are drawn from its final token sequence (`tilestore.embed.models.encoder`).
 POOLINGS = {

@@ -22,7 +22,7 @@ from tilestore.embeddings.slides import (
     slide_group_name,
     write_slide_vector,
 )
-from tilestore.errors import TilestoreError
+from tilestore.errors import OptionError, TilestoreError
 
 
 @dataclass
@@ -149,7 +149,7 @@ def _encode(loaded: LoadedSlideEncoder, tiles, device, precision: str, overwrite
 
 def _precision(spec: SlideSpec, option: str, device: torch.device) -> str:
     if option not in ("auto", "fp32", "bf16", "fp16"):
-        raise TilestoreError(f"precision={option!r}: choose auto, fp32, bf16 or fp16")
+        raise OptionError(f"precision={option!r}: choose auto, fp32, bf16 or fp16")
     if option == "auto":
         return spec.precision if device.type == "cuda" else "fp32"
     return option

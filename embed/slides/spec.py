@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tilestore.embed.models.spec import ModelError
 from tilestore.embeddings.slides import TileFeatures
 
 MPP_TOLERANCE = 0.1  # a plan's um/px this close (relative) to the encoder's reads as the same
@@ -17,11 +16,6 @@ COORDS = {
     "grid": "each tile's cell in a grid of touching tiles (stride = tile): positions or "
     "distances between cells",
 }
-
-
-class SlideEncoderError(ModelError):
-    """A slide encoder that is unknown, unloadable, or given tile features it was not made
-    for."""
 
 
 @dataclass(frozen=True)

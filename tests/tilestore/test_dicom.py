@@ -70,9 +70,9 @@ def test_a_multi_level_series_keeps_its_pyramid(pyramid, tmp_path):
     np.testing.assert_array_equal(_stored(report.store, 0), _reference(pyramid, 0))
     for index in range(1, 5):  # wsidicomizer writes short frames at the right edge: re-encoded
         assert psnr(_stored(report.store, index), _reference(pyramid, index)) >= 40
-    attrs = open_slide(report.store).attrs
-    assert attrs["associated"] == [] and attrs["source"]["files"] == 8
-    assert attrs["source"]["series"] == source.info.series
+    record = open_slide(report.store).record
+    assert record.get("associated") == [] and record.source.facts["files"] == 8
+    assert record.source.facts["series"] == source.info.series
 
 
 def test_frames_are_read_at_their_offsets_not_one_by_one_through_wsidicom(
@@ -92,7 +92,7 @@ def test_frames_are_read_at_their_offsets_not_one_by_one_through_wsidicom(
 
 def test_label_and_overview_only_when_asked_for(pyramid, tmp_path):
     report = convert(pyramid, tmp_path, keep_associated=True)
-    assert open_slide(report.store).attrs["associated"] == ["label", "macro"]
+    assert open_slide(report.store).record.get("associated") == ["label", "macro"]
 
 
 @pytest.mark.parametrize(

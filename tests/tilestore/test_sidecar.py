@@ -58,7 +58,7 @@ def test_read_in_place_equals_the_converted_store(ome_tiff, tmp_path):
         )
     sidecar = sidecar_for(ome_tiff)
     assert not (sidecar / "0" / "c").exists()  # level 0 stays in the slide
-    assert slide.attrs["levels"][0]["write"] == "in place"
+    assert slide.record.levels[0].facts["write"] == "in place"
     assert ome_tiff.read_bytes() == before  # the slide is never written
 
 
@@ -171,7 +171,7 @@ def test_slides_without_jpeg_tiles_are_decoded_in_place_exactly(slide_path, tmp_
     )
     for path in (ndpi, striped):
         slide = open_in_place(path)
-        assert slide.attrs["levels"][0]["reason"] == "decoded from the slide at each read"
+        assert slide.record.levels[0].facts["reason"] == "decoded from the slide at each read"
         with open_source(path) as source:  # the slide's reader, decoding every level whole
             for index, level in enumerate(source.levels):
                 h, w = level.shape

@@ -12,7 +12,7 @@ from tilestore.faces import lazy_face
 __getattr__, __dir__, __all__ = lazy_face(
     __name__,
     {
-        "tilestore.analysis.accessor": ("AnalysisError",),
+        "tilestore.analysis.accessor": ("AnalysisError", "TilesAccessor", "register_accessor"),
         "tilestore.analysis.options": (
             "MAX_CLUSTERS",
             "Clusters",

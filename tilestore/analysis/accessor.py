@@ -20,17 +20,20 @@ import numpy as np
 import xarray as xr
 
 from tilestore.analysis.options import Clusters, Components, OptionalComponents
-from tilestore.errors import TilestoreError
+from tilestore.errors import AnalysisError
 from tilestore.options import checked
 
 SAMPLE = 100_000  # tiles a fit sees at most: ample for PCA/k-means of foundation features
 
 
-class AnalysisError(TilestoreError):
-    """An analysis request that does not fit the data (no such slide, k too large...)."""
+def register_accessor() -> None:
+    """Make `ds.tiles` this accessor on every xarray Dataset (once; a second call does
+    nothing). `tilestore.embeddings.open_embeddings` calls it for the datasets it returns;
+    call it for a Dataset opened otherwise (xarray.open_zarr of an embeddings group)."""
+    if getattr(xr.Dataset, "tiles", None) is not TilesAccessor:
+        xr.register_dataset_accessor("tiles")(TilesAccessor)
 
 
-@xr.register_dataset_accessor("tiles")
 class TilesAccessor:
     """Tile-level analysis of an embeddings Dataset (see module docstring)."""
 

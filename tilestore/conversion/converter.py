@@ -27,19 +27,27 @@ from zarr.storage import LocalStore
 from tilestore.conversion.levels import copy_tiles, downsample2, write_blocks
 from tilestore.conversion.loss import Loss
 from tilestore.cpus import usable_cpus
-from tilestore.errors import ChunkError, SlideError, StoreError, TilestoreError, TilestoreWarning
+from tilestore.errors import (
+    ChunkError,
+    OptionError,
+    SlideError,
+    StoreError,
+    TilestoreError,
+    TilestoreWarning,
+)
 from tilestore.format import leftovers, omezarr, positions
 from tilestore.format.chunks import ChunkReader
 from tilestore.format.codecs import jpeg_codecs, zstd_codecs
+from tilestore.format.record import Integrity, LevelRecord, Mpp, SourceRecord, StoreRecord
 from tilestore.format.shards import SHARD_CHUNKS, shard_shape, sharded
 from tilestore.format.store import (
-    ATTRS_KEY,
     STORE_FORMAT,
     STORE_SUFFIX,
     is_store,
     software_versions,
     store_name,
     tree_size,
+    write_record,
 )
 from tilestore.options import Opt, Workers, checked
 from tilestore.reading.inplace import TiffTiles, fingerprint
@@ -531,42 +539,46 @@ def _write_attrs(
         checksum += ", built levels only"  # a slide's own tiles carry none
     # recorded as the levels were written (`tilestore.conversion.levels`)
     tied = {"positions": positions.declaration(bool(enc.in_place))} if enc.checksums else {}
-    # The complete flag goes last: a store without it was interrupted.
-    root.attrs[ATTRS_KEY] = {
-        "store_format": STORE_FORMAT,
-        "source": {
-            "name": source.path.name,
-            "format": info.format,
-            "vendor": info.vendor,
-            "size": sum(f.stat().st_size for f in source.files),
-            "files": len(source.files),
-            **({"series": info.series} if info.series else {}),
-            "sha256": sha256,
-            # how the slide stores level 0: lossless, lossy or not said, and where it says so
-            "lossless": Fact.to_json(first.lossless),
-            **_in_place_facts(source, enc),
-        },
-        "mpp": mpp,
-        "objective_power": Fact.to_json(info.objective_power),
-        "modality": Fact.to_json(info.modality),
-        "background": enc.background,
-        "channels": labels,
-        "rgb": first.rgb,  # one colour picture's R, G, B (not independent channels)
-        "codec": {
-            "name": enc.codec,
-            "reason": enc.reason,
-            "quality": report.quality,
-            "lossy": report.lossy,  # each level's loss: its lossy, psnr and sampled
-        },
+    facts = {
+        "name": source.path.name,
+        "format": info.format,
+        "vendor": info.vendor,
+        "size": sum(f.stat().st_size for f in source.files),
+        "files": len(source.files),
+        **({"series": info.series} if info.series else {}),
+        "sha256": sha256,
+        # how the slide stores level 0: lossless, lossy or not said, and where it says so
+        "lossless": Fact.to_json(first.lossless),
+        **_in_place_facts(source, enc),
+    }
+    levels = [{k: v for k, v in asdict(lv).items() if k != "seconds"} for lv in report.levels]
+    record = StoreRecord(
+        levels=tuple(LevelRecord(lv["path"], tuple(lv["downsample"]), lv) for lv in levels),
+        complete=True,  # written last (`StoreRecord.to_attrs`): without it, interrupted
+        mpp=Mpp(mpp["x"], mpp["y"], mpp.get("origin")) if mpp else None,
+        channels=tuple(labels),
+        rgb=first.rgb,  # one colour picture's R, G, B (not independent channels)
+        modality=Fact.to_json(info.modality),
+        background=enc.background,
         # what a reader may rely on: every chunk written, each with its CRC-32C, each
         # CRC-32C recorded by the chunk's position
-        "integrity": {"every_chunk": True, "checksum": checksum, **tied},
-        "levels": [{k: v for k, v in asdict(lv).items() if k != "seconds"} for lv in report.levels],
-        "associated": associated,
-        "software": software_versions("tifffile", "imagecodecs"),
-        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "complete": True,
-    }
+        integrity=Integrity(True, checksum, tied.get("positions")),
+        source=SourceRecord.of(facts),
+        others={
+            "store_format": STORE_FORMAT,
+            "objective_power": Fact.to_json(info.objective_power),
+            "codec": {
+                "name": enc.codec,
+                "reason": enc.reason,
+                "quality": report.quality,
+                "lossy": report.lossy,  # each level's loss: its lossy, psnr and sampled
+            },
+            "associated": associated,
+            "software": software_versions("tifffile", "imagecodecs"),
+            "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        },
+    )
+    write_record(root, record)
 
 
 def _level_plan(source: Source) -> list[tuple[tuple[int, int], tuple[float, float], str]]:
@@ -595,16 +607,16 @@ def choose_codec(source: Source, codec: str = "auto", lossy_ok: bool = False) ->
     never had, made unasked (`SourceLevel.lossless` says what the file says)."""
     level = source.levels[0]
     if codec not in CODECS:
-        raise TilestoreError(f"codec={codec!r}: choose one of {', '.join(map(repr, CODECS))}")
+        raise OptionError(f"codec={codec!r}: choose one of {', '.join(map(repr, CODECS))}")
     jpeg_ok = level.dtype == np.uint8 and level.channels in (1, 3)
     if codec == "jpeg":
         if not jpeg_ok:
-            raise TilestoreError(
+            raise OptionError(
                 f"{source.path}: codec='jpeg' needs 8-bit RGB or grayscale, not "
                 f"{source.describe_pixels()}; use codec='zstd'"
             )
         if not source.brightfield_rgb and not lossy_ok:
-            raise TilestoreError(
+            raise OptionError(
                 f"{source.path}: codec='jpeg' would quantise {source.describe_pixels()}, which "
                 "are not 8-bit RGB brightfield; store them losslessly (codec='auto') or pass "
                 "lossy_ok=True"
@@ -644,7 +656,7 @@ def _codec_args(source: Source, index: int, enc: _Encoding) -> dict:
     if enc.codec == "zstd":
         return zstd_codecs(checksums=enc.checksums)
     if source.levels[0].channels == 1:
-        raise TilestoreError(f"{source.path}: grayscale JPEG stores are not supported; use zstd")
+        raise OptionError(f"{source.path}: grayscale JPEG stores are not supported; use zstd")
     tiles = source.levels[index].jpeg_tiles() if enc.copy and index < len(source.levels) else None
     crc = enc.checksums and index not in enc.in_place  # the slide's tiles carry no CRC
     if tiles is not None and tiles.color_space == "rgb":

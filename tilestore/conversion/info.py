@@ -11,6 +11,7 @@ import zarr
 
 from tilestore.conversion.converter import choose_codec
 from tilestore.errors import SlideError, StoreError, TilestoreError
+from tilestore.format.record import StoreRecord
 from tilestore.format.store import is_store, open_group, stored, tree_size
 from tilestore.reading import open_slide
 from tilestore.sources import Fact, dicom_series, open_source
@@ -34,33 +35,36 @@ def describe(path: str | os.PathLike, *, verify: bool = False) -> dict[str, Any]
 
 
 def _describe_store(path: Path) -> dict[str, Any]:
-    group, attrs = open_group(path, complete=False)  # info says whether it is complete
+    group, record = open_group(path, complete=False)  # info says whether it is complete
     size = tree_size(path)
-    mpp = attrs.get("mpp")
+    mpp = None if record.mpp is None else asdict(record.mpp)
     with stored(path, "store metadata", "convert the slide again"):
-        levels = _levels(group, attrs, mpp)
-        source_size = (attrs.get("source") or {}).get("size")
-        ratio = round(size / source_size, 3) if source_size else None
+        levels = _levels(group, record, mpp)
+        ratio = round(size / record.source.size, 3) if record.source.size else None
     _gpu_jpeg(path, levels)
+    integrity = record.integrity
     return {
         "path": str(path),
         "kind": "store",
-        "complete": bool(attrs.get("complete")),
-        "source": attrs.get("source"),
+        "complete": record.complete,
+        "source": dict(record.source.facts),
         "mpp": mpp,
-        "objective_power": attrs.get("objective_power"),
-        "modality": attrs.get("modality"),
+        "objective_power": record.get("objective_power"),
+        "modality": record.modality,
         "channels": _channels(group),
-        "codec": attrs.get("codec"),
-        "integrity": attrs.get("integrity"),  # None: written before chunks had checksums
-        "verified": attrs.get("verified"),
+        "codec": record.get("codec"),
+        # None: written before chunks had checksums
+        "integrity": {k: v for k, v in asdict(integrity).items() if v is not None}
+        if integrity.every_chunk
+        else None,
+        "verified": record.verified,
         "levels": levels,
-        "associated": attrs.get("associated", []),
+        "associated": record.get("associated", []),
         "tissue": _tissue(group),
         "plans": _plans(group),
         "size_bytes": size,
         "size_vs_source": ratio,
-        "software": attrs.get("software"),
+        "software": record.get("software"),
     }
 
 
@@ -73,11 +77,12 @@ def _channels(group: zarr.Group) -> list[dict]:
     ]
 
 
-def _levels(group: zarr.Group, attrs: dict, mpp: dict | None) -> list[dict]:
+def _levels(group: zarr.Group, record: StoreRecord, mpp: dict | None) -> list[dict]:
     levels = []
-    for level in attrs["levels"]:
-        array = group[level["path"]]
-        dy, dx = level["downsample"]
+    for stored_level in record.levels:
+        level = stored_level.facts
+        array = group[stored_level.path]
+        dy, dx = stored_level.downsample
         codecs = [
             c.to_dict()["name"] for c in (*array.filters, array.serializer, *array.compressors)
         ]

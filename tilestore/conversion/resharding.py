@@ -34,7 +34,7 @@ import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -58,7 +58,7 @@ from tilestore.format.shards import (
     shard_shape,
     write_atomic,
 )
-from tilestore.format.store import ATTRS_KEY, open_for_writing, open_store, stored
+from tilestore.format.store import open_for_writing, open_group, open_store, stored, write_record
 from tilestore.options import Opt, Workers, checked
 
 META = "zarr.json"
@@ -95,7 +95,7 @@ def reshard(
     one of its groups."""
     started = time.perf_counter()
     target = Path(store)
-    _, attrs = open_store(target)
+    _, record = open_store(target)
     for note in leftovers.clear(target):
         warnings.warn(note, TilestoreWarning, stacklevel=2)
     locks = sorted(target.parent.glob(f".{target.name}.*.lock"))
@@ -103,8 +103,7 @@ def reshard(
         raise StoreError(
             f"{target}: an embedding run holds {locks[0].name}; reshard once it has finished"
         )
-    with stored(target, f"{META} (its tilestore attributes)", _UNTOUCHED):
-        in_place = {str(i) for i in (attrs.get("source") or {}).get("in_place", [])}
+    in_place = {str(i) for i in record.source.in_place}
     arrays = _arrays(target)
     todo = {
         path: shard
@@ -113,7 +112,7 @@ def reshard(
     }
     report = ReshardReport(target, files_before=_files(target))
     older = {path for path, meta in arrays.items() if path not in todo and _older_jpeg(meta)}
-    untied = [p for p in arrays if positions.is_level(p, attrs) and not positions.declared(attrs)]
+    untied = [p for p in arrays if positions.is_level(p, record) and not positions.declared(record)]
     if not todo and not older:
         report.positions = _record_positions(target, untied)
         report.kept, report.files_after = len(arrays), _files(target)
@@ -148,10 +147,9 @@ def _record_positions(root: Path, levels: list[str]) -> int:
     for array in tied:
         positions.record(array, positions.read_back(array, f"{root}: {array.path}"))
     if tied:
-        attrs = dict(group.attrs[ATTRS_KEY])
-        said = positions.declaration(bool((attrs.get("source") or {}).get("in_place")))
-        attrs["integrity"] = {**(attrs.get("integrity") or {}), "positions": said}
-        group.attrs[ATTRS_KEY] = attrs
+        _, record = open_group(group.store)
+        said = positions.declaration(bool(record.source.in_place))
+        write_record(group, record.replace(integrity=replace(record.integrity, positions=said)))
     return len(tied)
 
 

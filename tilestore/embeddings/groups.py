@@ -22,8 +22,9 @@ import zarr
 from zarr.abc.store import Store
 
 from tilestore.embeddings.layout import COORDS, GROUP, group_name
-from tilestore.errors import StoreError, TilestoreWarning
+from tilestore.errors import DamagedEmbeddings, NotEmbedded, StoreError, TilestoreWarning
 from tilestore.format.store import DAMAGED, STORE_SUFFIX, stored
+from tilestore.format.store import open_group as open_store_group
 
 StoreLike = str | os.PathLike | Store
 T = TypeVar("T")
@@ -37,16 +38,6 @@ def list_embeddings(store: StoreLike) -> list[str]:
             return sorted(name for name, _ in root[GROUP].groups())
         except KeyError:
             return []
-
-
-class NotEmbedded(StoreError):
-    """A store without this model's finished embeddings (absent or unfinished)."""
-
-
-class DamagedEmbeddings(StoreError):
-    """A finished embeddings group that is there but cannot be read as it is: its arrays'
-    shapes disagree with each other or with its record, or it holds NaN or infinite values
-    (`check_shapes`, `check_rows`)."""
 
 
 def expand_stores(stores) -> list[tuple[StoreLike, bool]]:
@@ -240,7 +231,7 @@ def open_group(store: StoreLike, path: str) -> zarr.Group:
 
 def slide_name(store: StoreLike) -> str:
     if isinstance(store, Store):
-        source = (open_group(store, "").attrs.get("tilestore") or {}).get("source", {})
-        return Path(source.get("name") or str(store)).stem
+        _, record = open_store_group(store, complete=False)
+        return Path(record.source.name or str(store)).stem
     name = Path(store).name
     return name[: -len(STORE_SUFFIX)] if name.endswith(STORE_SUFFIX) else name

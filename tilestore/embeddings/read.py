@@ -3,7 +3,8 @@
 `open_embeddings` stacks the ``embeddings/<model>`` groups (`tilestore.embeddings.layout`)
 of one slide or a cohort along ``tile`` as dask arrays, so opening a thousand slides reads
 their metadata only; features are read when a computation asks for them. The Dataset has
-the ``ds.tiles`` accessor (`tilestore.analysis.accessor`, registered when this module is imported).
+the ``ds.tiles`` accessor (`tilestore.analysis.register_accessor`: called as the Dataset is
+returned, never as a side effect of an import).
 
 >>> ds = tilestore.open_embeddings("stores/*.ome.zarr", "uni")
 >>> ds.features           # (tile, feature), dask
@@ -22,7 +23,7 @@ import xarray as xr
 import zarr
 from zarr.abc.store import Store
 
-from tilestore.analysis import accessor as accessor  # registers the ds.tiles accessor
+from tilestore.analysis import register_accessor
 from tilestore.embeddings.groups import (
     StoreLike,
     check_rows,
@@ -86,6 +87,7 @@ def open_embeddings(
     )
     parts = [parts[i] for i in kept]
     refuse_shared_names([p["meta"]["name"] for p in parts])
+    register_accessor()  # ds.tiles on what is returned
     widths = {p["features"].shape[1] for p in parts}
     if len(widths) > 1:  # groups from before the width was recorded
         raise MixedResults(f"{model!r} embeddings of widths {sorted(widths)}: open them apart")

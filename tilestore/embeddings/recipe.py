@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from tilestore.errors import StoreError, TilestoreWarning
+from tilestore.errors import MixedResults, TilestoreWarning
 from tilestore.options import Opt
 from tilestore.reading.resolution import MPP_TOLERANCE
 
@@ -50,10 +50,6 @@ MODEL_FACTS = (
     "input_size",
     "transform_sha",
 )
-
-
-class MixedResults(StoreError):
-    """Results computed from different things, refused where they would be combined."""
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from tilestore.embeddings.groups import (
 from tilestore.embeddings.layout import group_name
 from tilestore.embeddings.recipe import Recipe, ScaleLabel, combine, recipe
 from tilestore.embeddings.write import EmbeddingError
-from tilestore.errors import StoreError
+from tilestore.errors import SlideEmbeddingExists, StaleSlideEmbedding, StoreError
 from tilestore.format import leftovers
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.store import open_for_writing, stored
@@ -46,14 +46,6 @@ from tilestore.options import checked
 
 SLIDES = "slides"  # the subgroup of a tile model's group holding its slide embeddings
 VECTOR = "embedding"  # the array of one slide embedding: (feature,)
-
-
-class StaleSlideEmbedding(StoreError):
-    """A slide embedding computed from tile features that have been replaced since."""
-
-
-class SlideEmbeddingExists(StoreError):
-    """The store holds this encoder's slide embedding already (skipped unless overwrite)."""
 
 
 @dataclass(frozen=True)

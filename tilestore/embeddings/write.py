@@ -26,7 +26,7 @@ from zarr.codecs import Crc32cCodec
 
 from tilestore.embeddings.groups import non_finite_rows
 from tilestore.embeddings.layout import COORDINATES, UNITS, group_name
-from tilestore.errors import TilestoreError
+from tilestore.errors import AlreadyComplete, EmbeddingError
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.leftovers import clear_unfinished_files
 from tilestore.format.shards import SHARD_TILES, batches_per_shard, column, sharded
@@ -40,14 +40,6 @@ from tilestore.reading.slide import Slide
 TOKENS_WAITING = 512 * 2**20
 QUALITY_TOLERANCE = 0.1  # a plan's um/px this near the run's: its tiles measured as they are
 TOKENS_CHUNK = 4 * 2**20
-
-
-class EmbeddingError(TilestoreError):
-    """An embeddings group that cannot be written: done already, locked, or incompatible."""
-
-
-class AlreadyComplete(EmbeddingError):
-    """The store holds this model's finished embeddings: skipped unless overwrite=True."""
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ import numpy as np
 from tilestore.embeddings.groups import open_finished, read_each, refuse_shared_names, slide_name
 from tilestore.embeddings.recipe import ScaleLabel, combine, recipe
 from tilestore.embeddings.slides import TileFeatures, read_tile_features
-from tilestore.errors import TilestoreError
+from tilestore.errors import OutputError, StoreError
 from tilestore.exports.options import H5Layout
 from tilestore.options import checked
 
@@ -74,7 +74,7 @@ def to_h5(
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{tiles.name}.h5"
     if target.exists() and not overwrite:
-        raise TilestoreError(f"{target}: exists; pass overwrite=True to replace it")
+        raise OutputError(f"{target}: exists; pass overwrite=True to replace it")
     attrs, misplaced = coords_attributes(tiles)
     partial = folder / f".{target.name}.partial.{os.getpid()}"
     try:
@@ -126,7 +126,7 @@ def cohort_to_h5(
         Path(folder) / f"{name}.h5" for name in names if (Path(folder) / f"{name}.h5").exists()
     ]
     if taken and not overwrite:
-        raise TilestoreError(f"{taken[0]}: exists; pass overwrite=True to replace it")
+        raise OutputError(f"{taken[0]}: exists; pass overwrite=True to replace it")
     return [to_h5(store, model, folder, layout=layout, overwrite=overwrite) for store in kept]
 
 
@@ -157,7 +157,7 @@ def coords_attributes(tiles: TileFeatures) -> tuple[dict, int]:
     """TRIDENT's and CLAM's attributes of ``coords`` for a slide's tiles, and how many tiles
     ``coords // patch_size_level0`` would put in another grid cell than their own."""
     if tiles.slide_mpp is None or not tiles.mpp:
-        raise TilestoreError(
+        raise StoreError(
             f"{tiles.store}: the pixel size is unknown; TRIDENT's layout needs magnifications "
             "(convert the slide again with --mpp)"
         )

@@ -84,7 +84,7 @@ def to_ome_tiff(
 
 def _write_pyramid(tif, slide: Slide, codec: str, result) -> None:
     rgb = slide.rgb
-    names = [str(n) for n in slide.attrs.get("channels", [])]
+    names = list(slide.record.channels)
     for index, level in enumerate(slide.levels):
         reader = slide.chunks(index)
         c, h, w = level.shape

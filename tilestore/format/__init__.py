@@ -18,8 +18,8 @@ __getattr__, __dir__, __all__ = lazy_face(
         "tilestore.format.codecs": ("JpegCodec", "has_checksums", "jpeg_codecs", "zstd_codecs"),
         "tilestore.format.integrity": ("read_file", "seal", "unseal"),
         "tilestore.format.positions": ("Positions",),
+        "tilestore.format.record": ("ATTRS_KEY", "StoreRecord"),
         "tilestore.format.store": (
-            "ATTRS_KEY",
             "STORE_SUFFIX",
             "open_for_writing",
             "is_store",
@@ -27,6 +27,7 @@ __getattr__, __dir__, __all__ = lazy_face(
             "software_versions",
             "store_name",
             "tree_size",
+            "write_record",
         ),
     },
 )

@@ -38,6 +38,7 @@ from zarr.core.sync import sync
 from tilestore.errors import ChunkError
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.integrity import TRAILER, UNWRITTEN, Location, read_ends
+from tilestore.format.record import StoreRecord
 from tilestore.format.shards import (
     ABSENT,
     ShardIndex,
@@ -59,18 +60,18 @@ def declaration(in_place: bool = False) -> str:
     return said + (", built levels only" if in_place else "")
 
 
-def declared(attrs: dict) -> bool:
-    """Whether a store's ``tilestore`` attributes say its levels' positions are recorded."""
-    return bool((attrs.get("integrity") or {}).get("positions"))
+def declared(record: StoreRecord) -> bool:
+    """Whether a store's record says its levels' positions are recorded."""
+    return bool(record.integrity.positions)
 
 
-def is_level(path: str, attrs: dict) -> bool:
-    """Whether the array at `path` of a store (whose ``tilestore`` attributes are `attrs`) is
-    a level whose positions the store records: an image level (not one a sidecar reads in
-    place from its slide) or a label level (``labels/<label>/<level>``, as
+def is_level(path: str, record: StoreRecord) -> bool:
+    """Whether the array at `path` of a store (whose record is `record`) is a level whose
+    positions the store records: an image level (not one a sidecar reads in place from its
+    slide) or a label level (``labels/<label>/<level>``, as
     `tilestore.reading.labels.write_label` writes them)."""
-    images = {lv["path"] for lv in attrs.get("levels", [])}
-    in_place = {str(i) for i in (attrs.get("source") or {}).get("in_place", [])}
+    images = {lv.path for lv in record.levels}
+    in_place = {str(i) for i in record.source.in_place}
     parts = path.split("/")
     label = len(parts) == 3 and parts[0] == "labels" and parts[2].isdigit()
     return label or (path in images and path not in in_place)

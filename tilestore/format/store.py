@@ -15,15 +15,14 @@ import os
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
 
 import zarr
 from zarr.abc.store import Store
 
 from tilestore.errors import StoreError
+from tilestore.format.record import ATTRS_KEY, StoreRecord
 from tilestore.format.shards import write_atomic
 
-ATTRS_KEY = "tilestore"
 STORE_FORMAT = 1
 STORE_SUFFIX = ".ome.zarr"
 
@@ -53,8 +52,8 @@ def store_name(source: str | os.PathLike) -> str:
     return Path(name).stem + STORE_SUFFIX
 
 
-def open_store(path: str | os.PathLike, mode: str = "r") -> tuple[zarr.Group, dict[str, Any]]:
-    """Open a complete store at a path; return its root group and its ``tilestore`` attributes."""
+def open_store(path: str | os.PathLike, mode: str = "r") -> tuple[zarr.Group, StoreRecord]:
+    """Open a complete store at a path; return its root group and its record of itself."""
     path = Path(path)
     if not path.exists():
         raise StoreError(f"{path}: no such store")
@@ -66,10 +65,11 @@ def open_store(path: str | os.PathLike, mode: str = "r") -> tuple[zarr.Group, di
 
 def open_group(
     where: str | os.PathLike | Store, *, mode: str = "r", complete: bool = True
-) -> tuple[zarr.Group, dict[str, Any]]:
-    """A store's root group (at a path, or any zarr v3 store object) and its ``tilestore``
-    attributes: the one place a group is opened and recognised as ours. StoreError where it
-    cannot be opened, was not made by tilestore, or (complete=True) is unfinished."""
+) -> tuple[zarr.Group, StoreRecord]:
+    """A store's root group (at a path, or any zarr v3 store object) and its record of
+    itself (`StoreRecord`, checked): the one place a group is opened and recognised as ours.
+    StoreError where it cannot be opened, was not made by tilestore, its record is damaged,
+    or (complete=True) it is unfinished."""
     try:
         group = zarr.open_group(where, mode=mode, zarr_format=3, use_consolidated=False)
     except (FileNotFoundError, OSError, *DAMAGED) as exc:
@@ -77,12 +77,18 @@ def open_group(
     attrs = group.attrs.get(ATTRS_KEY)
     if not isinstance(attrs, dict):
         raise StoreError(f"{where}: zarr group without tilestore metadata (not made by tilestore)")
-    if complete and not attrs.get("complete"):
+    record = StoreRecord.parse(attrs, where)
+    if complete and not record.complete:
         raise StoreError(
             f"{where}: incomplete store (conversion was interrupted); convert again with "
             "overwrite=True"
         )
-    return group, attrs
+    return group, record
+
+
+def write_record(group: zarr.Group, record: StoreRecord) -> None:
+    """Write a store's record of itself (its root group open for writing)."""
+    group.attrs[ATTRS_KEY] = record.to_attrs()
 
 
 # how a stored document (a zarr.json: its JSON, its zarr metadata, its attributes' types)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tilestore.errors import TilestoreError
+from tilestore.errors import OptionError, StoreError
 from tilestore.format.omezarr import NUCLEAR
 from tilestore.masks.contrast import ContrastRule, passes
 from tilestore.masks.options import TISSUE_MPP, TissueMethod, TissueMpp
@@ -83,8 +83,6 @@ def compute_tissue(
 ) -> TissueMask:
     """Return the tissue mask of a slide at about `mpp` um/px, read from the coarsest level
     fine enough (level 0 only when the slide is already small)."""
-    if method not in ("auto", *METHODS):
-        raise TilestoreError(f"unknown tissue method {method!r}; choose auto, {', '.join(METHODS)}")
     notes: list[str] = []
     image, level, downsample, mask_mpp = _low_resolution(slide, mpp, notes)
     polarity = _polarity(slide, image, notes)
@@ -95,7 +93,7 @@ def compute_tissue(
     try:
         chosen = param_type(**params)
     except TypeError as exc:
-        raise TilestoreError(f"tissue method {name}: {exc}") from exc
+        raise OptionError(f"tissue method {name}: {exc}") from exc
     mask = build(slide, image, polarity, mask_mpp or TISSUE_MPP, chosen, notes)
     if not mask.any():
         notes.append("no tissue found")
@@ -131,7 +129,7 @@ def _low_resolution(slide: Slide, mpp: float, notes: list[str]):
         mask_mpp = None
     lv = slide.levels[level]
     if level == 0 and max(lv.height, lv.width) > 4 * UNKNOWN_MPP_SIDE:
-        raise TilestoreError(
+        raise StoreError(
             f"{slide.name}: no pyramid level near {mpp} um/px; convert again so levels are built"
         )
     image = slide.read_region(0, 0, lv.width, lv.height, level=level)
@@ -145,9 +143,9 @@ def _low_resolution(slide: Slide, mpp: float, notes: list[str]):
 
 def _polarity(slide: Slide, image: np.ndarray, notes: list[str]) -> str:
     """Return "dark" (tissue bright on dark: fluorescence) or "bright" (brightfield)."""
-    modality = slide.attrs.get("modality")
-    if modality and modality.get("value") == "fluorescence":
-        notes.append(f"fluorescence declared ({modality['origin']}): tissue bright on dark")
+    if slide.fluorescence:
+        origin = (slide.record.modality or {}).get("origin")
+        notes.append(f"fluorescence declared ({origin}): tissue bright on dark")
         return "dark"
     gray = _channel_max(image)
     peak = float(np.iinfo(gray.dtype).max) if gray.dtype.kind in "ui" else 1.0
@@ -204,7 +202,7 @@ def _fluorescence(
     or index, never overridden), else in the one named for a nuclear stain (DAPI, Hoechst)
     unless it finds no tissue or is too dim to be credible (`CREDIBLE_SHARE`), else in each
     pixel's brightest channel. Each choice but the last is said in the notes."""
-    names = [str(n) for n in slide.attrs.get("channels", [])]
+    names = list(slide.record.channels)
     if p.channel is not None:
         index = slide.channel_index(p.channel)
         notes.append(f"nuclear signal: channel {_label(names, index)} (asked for)")
@@ -362,7 +360,7 @@ def _contrast(
 ) -> np.ndarray:
     """Evaluate the rule on blocks of block_um, on pixels read at stats_mpp, band by band."""
     if slide.mpp is None:
-        raise TilestoreError(f"{slide.name}: the contrast method needs a known pixel size")
+        raise StoreError(f"{slide.name}: the contrast method needs a known pixel size")
     if polarity == "dark":
         notes.append(
             "contrast: the rule was made for brightfield; on a dark background it "

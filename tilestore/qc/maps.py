@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tilestore.errors import NotJudged, TilestoreError
+from tilestore.errors import NotJudged, OptionError, StoreError
 from tilestore.masks.tissue import TissueMask, compute_tissue, read_tissue
 from tilestore.qc.detectors import DETECTORS, StainStats
 from tilestore.qc.fine import fine_blur
@@ -67,8 +67,7 @@ def compute_qc(
     import torch
 
     start = time.perf_counter()
-    modality = (slide.attrs.get("modality") or {}).get("value")
-    if modality == "fluorescence":
+    if slide.fluorescence:
         raise NotJudged(
             f"{slide.name}: QC detectors are made for brightfield; this slide is fluorescence"
         )
@@ -138,7 +137,7 @@ def _judgeable(slide: Slide, options: QCOptions, notes: list[str]) -> QCOptions:
     left = tuple(n for n in options.detectors if not DETECTORS[n].needs_pixel_size)
     dropped = [n for n in options.detectors if n not in left]
     if not left:
-        raise TilestoreError(
+        raise StoreError(
             f"{slide.name}: {', '.join(dropped)} need the slide's pixel size, which it does "
             "not record; convert it again with its mpp"
         )
@@ -170,12 +169,12 @@ def _params(options: QCOptions) -> dict[str, dict[str, Any]]:
     out = {}
     for name in options.params:
         if name not in options.detectors:
-            raise TilestoreError(f"QC parameters given for {name!r}, which is not being run")
+            raise OptionError(f"QC parameters given for {name!r}, which is not being run")
     for name in options.detectors:
         try:
             record = DETECTORS[name].params(**options.params.get(name, {}))
         except TypeError as exc:
-            raise TilestoreError(f"QC detector {name}: {exc}") from exc
+            raise OptionError(f"QC detector {name}: {exc}") from exc
         out[name] = asdict(record)
     return out
 
@@ -221,7 +220,7 @@ def _grid(slide: Slide, mpp: float, notes: list[str]) -> _Grid:
     if abs(lv.downsample[1] / want - 1) <= MPP_TOLERANCE:
         return _Grid(level, (lv.height, lv.width), lv.downsample, mpp0 * lv.downsample[1], True)
     if level == 0 and max(h0, w0) / want > 4 * 4096 and max(h0, w0) > 8 * 4096:
-        raise TilestoreError(
+        raise StoreError(
             f"{slide.name}: no pyramid level near {mpp} um/px; convert again so levels are built"
         )
     shape = (max(1, round(h0 / want)), max(1, round(w0 / want)))

@@ -117,11 +117,6 @@ def sidecar_for(slide: str | os.PathLike, sidecars: str | os.PathLike | None = N
     return (Path(sidecars) if sidecars is not None else slide.parent) / (slide.name + SUFFIX)
 
 
-def is_sidecar(attrs: dict) -> bool:
-    """Whether a store's tilestore attributes are a sidecar's (levels read from a slide)."""
-    return "fingerprint" in (attrs.get("source") or {})
-
-
 def open_sidecar(
     slide: str | os.PathLike | None,
     sidecars: str | os.PathLike | None = None,
@@ -138,11 +133,11 @@ def open_sidecar(
             f"{slide}: no sidecar at {target}; read it in place with "
             "tilestore.open_in_place (which makes one) or convert it"
         )
-    group, attrs = open_store(target)
-    recorded = attrs.get("source", {})
-    if not is_sidecar(attrs):
+    group, record = open_store(target)
+    recorded = record.source
+    if not recorded.sidecar:
         raise StoreError(f"{target}: a converted store, not a slide's sidecar")
-    slide = Path(slide) if slide is not None else Path(recorded.get("path", ""))
+    slide = Path(slide) if slide is not None else Path(recorded.path or "")
     if not slide.is_file():
         raise StoreError(
             f"{target}: reads its levels from {slide}, which is not there (moved?); give the "
@@ -150,14 +145,14 @@ def open_sidecar(
         )
     source = open_source(slide)
     try:
-        levels = [int(i) for i in recorded.get("in_place", [])]
-        if fingerprint(source, levels) != recorded["fingerprint"]:
+        levels = list(recorded.in_place)
+        if fingerprint(source, levels) != recorded.fingerprint:
             raise StoreError(
                 f"{slide}: not the slide its sidecar {target} was made from "
-                f"({recorded.get('path')}, {recorded.get('size')} bytes): it has changed "
+                f"({recorded.path}, {recorded.size} bytes): it has changed "
                 "since; remove the sidecar to make it again"
             )
-        background, decoded = attrs.get("background", 255), frozenset(recorded["decoded"])
+        background, decoded = record.background, frozenset(recorded.decoded)
         sources = {
             str(i): chunk_source(source, i, group[str(i)], background, decoded) for i in levels
         }

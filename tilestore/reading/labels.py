@@ -44,7 +44,7 @@ def write_label(
         del labels[name]
     group = labels.create_group(name)
     paths, downsamples = [], []
-    tied = positions.declared(slide.attrs)
+    tied = positions.declared(slide.record)
     for index in range(len(slide.levels)):
         factor = 2**index
         data = label[::factor, ::factor][None]
@@ -85,7 +85,7 @@ def read_label(
         group = slide.group[f"labels/{name}"]
         level = group["0"]
         # read as image levels are: each chunk checked, tied to its position where recorded
-        reader = ChunkReader(level, 0, slide.name, positions=positions.declared(slide.attrs))
+        reader = ChunkReader(level, 0, slide.name, positions=positions.declared(slide.record))
         pixels = reader.read(0, level.shape[1], 0, level.shape[2])[..., 0]
         return parse(pixels, dict(group.attrs["tilestore"]))
 

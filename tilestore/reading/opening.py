@@ -10,7 +10,7 @@ from zarr.abc.store import Store
 
 from tilestore.errors import StoreError
 from tilestore.format.store import open_store
-from tilestore.reading.inplace import is_sidecar, open_sidecar
+from tilestore.reading.inplace import open_sidecar
 from tilestore.reading.slide import Slide, slide_of
 
 
@@ -24,7 +24,7 @@ def open_slide(path: str | os.PathLike | Store) -> Slide:
             f"{path}: a slide file, not a store: convert it (tilestore.convert) or read it in "
             "place (tilestore.open_in_place)"
         )
-    group, attrs = open_store(path)
-    if is_sidecar(attrs):  # its source levels are in the slide, not in the store
+    group, record = open_store(path)
+    if record.source.sidecar:  # its source levels are in the slide, not in the store
         return open_sidecar(None, store=path)
-    return Slide(group, attrs, Path(path).name)
+    return Slide(group, record, Path(path).name)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import zarr
@@ -21,11 +21,12 @@ from zarr.abc.store import Store
 
 from tilestore.format import positions
 from tilestore.format.chunks import ChannelPick, ChunkReader
+from tilestore.format.record import StoreRecord
 
 if TYPE_CHECKING:
     import dask.array as da
     import xarray as xr
-from tilestore.errors import StoreError, TilestoreError
+from tilestore.errors import OptionError, StoreError
 from tilestore.format.store import DAMAGED, open_for_writing, open_group
 from tilestore.reading.resolution import MPP_TOLERANCE
 
@@ -52,26 +53,26 @@ class Level:
 class Slide:
     """An open store: its levels, pixel size and lazy readers."""
 
-    def __init__(self, group: zarr.Group, attrs: dict[str, Any], name: str) -> None:
+    def __init__(self, group: zarr.Group, record: StoreRecord, name: str) -> None:
         self.group = group
-        self.attrs = attrs
+        self.record = record  # what the store says about itself (`tilestore.format.record`)
         self.name = name
         try:
-            self._arrays = [group[lv["path"]] for lv in attrs["levels"]]
+            self._arrays = [group[lv.path] for lv in record.levels]
             self.levels = tuple(
-                Level(i, lv["path"], tuple(a.shape), tuple(lv["downsample"]), tuple(a.chunks))
-                for i, (lv, a) in enumerate(zip(attrs["levels"], self._arrays, strict=True))
+                Level(i, lv.path, tuple(a.shape), lv.downsample, tuple(a.chunks))
+                for i, (lv, a) in enumerate(zip(record.levels, self._arrays, strict=True))
             )
-            mpp = attrs.get("mpp")
-            self.mpp: tuple[float, float] | None = (mpp["x"], mpp["y"]) if mpp else None
-        except DAMAGED as exc:  # a level's zarr.json that is not JSON, a level or attribute missing
+        except DAMAGED as exc:  # a level's zarr.json that is not JSON, a level missing
             raise StoreError(
                 f"{name}: store metadata is damaged ({type(exc).__name__}: {exc}); convert "
                 "the slide again"
             ) from exc
-        self.background: int = attrs.get("background", 0)
-        every_chunk = bool((attrs.get("integrity") or {}).get("every_chunk"))
-        tied = positions.declared(attrs)
+        mpp = record.mpp
+        self.mpp: tuple[float, float] | None = (mpp.x, mpp.y) if mpp else None
+        self.background: int = record.background
+        every_chunk = record.integrity.every_chunk
+        tied = positions.declared(record)
         self._readers = [
             ChunkReader(a, self.background, name, every_chunk, tied) for a in self._arrays
         ]
@@ -93,22 +94,22 @@ class Slide:
         if self.picked:  # an `as_rgb` view
             return True
         three = self.shape[0] == 3 and self.array(0).dtype == np.uint8
-        return three and bool(self.attrs.get("rgb", True))
+        return three and self.record.rgb
 
     @property
     def fluorescence(self) -> bool:
         """The store records a fluorescence scan (dark background, markers as channels)."""
-        return (self.attrs.get("modality") or {}).get("value") == "fluorescence"
+        return self.record.fluorescence
 
     def channel_index(self, channel: str | int) -> int:
         """A channel's index from its name or number; TilestoreError naming the channels."""
-        names = [str(n) for n in self.attrs.get("channels", [])]
+        names = list(self.record.channels)
         text = str(channel)
         if text in names:
             return names.index(text)
         if text.isdigit() and int(text) < self.shape[0]:
             return int(text)
-        raise TilestoreError(
+        raise OptionError(
             f"{self.name}: no channel {text!r} (channels: {', '.join(names) or 'unnamed'})"
         )
 
@@ -119,9 +120,9 @@ class Slide:
         change (`chunks`); a brightfield store that is already RGB is refused (nothing to
         choose); a fluorescence scan stored as RGB is not (its channels are markers)."""
         if self.rgb and not self.fluorescence:
-            raise TilestoreError(f"{self.name}: is already an RGB picture; no channels to choose")
+            raise OptionError(f"{self.name}: is already an RGB picture; no channels to choose")
         if len(channels) != 3:
-            raise TilestoreError(
+            raise OptionError(
                 f"{self.name}: an RGB model takes 3 channels, {len(channels)} given "
                 f"({', '.join(map(str, channels))})"
             )
@@ -136,7 +137,7 @@ class Slide:
         view = copy.copy(self)
         view._readers = [ChannelPick(r, indices, windows) for r in self._readers]
         view.picked = tuple(
-            (self.attrs.get("channels") or [str(i) for i in range(self.shape[0])])[i]
+            (self.record.channels or tuple(str(i) for i in range(self.shape[0])))[i]
             for i in indices
         )
         return view
@@ -146,7 +147,7 @@ class Slide:
 
     def describe_channels(self) -> str:
         """'3 channels (DAPI, CD8, PanCK) of uint8', for messages."""
-        names = ", ".join(map(str, self.attrs.get("channels", [])))
+        names = ", ".join(self.record.channels)
         return f"{self.shape[0]} channel(s) ({names}) of {self.array(0).dtype}"
 
     def array(self, level: int = 0) -> zarr.Array:
@@ -168,9 +169,7 @@ class Slide:
     def level_mpp(self, level: int) -> tuple[float, float]:
         """Return (x, y) µm per pixel of a level."""
         if self.mpp is None:
-            raise TilestoreError(
-                f"{self.name}: pixel size unknown (convert again with mpp=<um/px>)"
-            )
+            raise StoreError(f"{self.name}: pixel size unknown (convert again with mpp=<um/px>)")
         dy, dx = self.levels[level].downsample
         return self.mpp[0] * dx, self.mpp[1] * dy
 
@@ -274,7 +273,7 @@ class Slide:
         (dy, dx), (py, px) = lv.downsample, (self.mpp[1], self.mpp[0]) if self.mpp else (1, 1)
         unit = "micrometer" if self.mpp else "level-0 pixel"
         coords = {
-            "c": self.attrs["channels"],
+            "c": list(self.record.channels),
             "y": ("y", (np.arange(lv.height) * dy + (dy - 1) / 2) * py, {"units": unit}),
             "x": ("x", (np.arange(lv.width) * dx + (dx - 1) / 2) * px, {"units": unit}),
         }
@@ -314,8 +313,8 @@ class _Level:
 
 def slide_of(store: Store, name: str | None = None) -> Slide:
     """The `Slide` of a complete store given as a zarr v3 store object."""
-    group, attrs = open_group(store)
-    return Slide(group, attrs, name or str(store))
+    group, record = open_group(store)
+    return Slide(group, record, name or str(store))
 
 
 def resize(image: np.ndarray, w: int, h: int) -> np.ndarray:

@@ -35,9 +35,9 @@ from tilestore.format.chunks import ChunkReader
 from tilestore.format.codecs import has_checksums
 from tilestore.format.integrity import UNWRITTEN, Location, read_chunks, unseal
 from tilestore.format.shards import ShardIndex
-from tilestore.format.store import ATTRS_KEY, open_for_writing, open_store
+from tilestore.format.store import open_for_writing, open_group, open_store, write_record
 from tilestore.options import Workers, checked
-from tilestore.reading.inplace import is_sidecar, open_sidecar
+from tilestore.reading.inplace import open_sidecar
 
 
 @dataclass
@@ -85,12 +85,12 @@ def verify_store(
     """
     started = time.perf_counter()
     path = Path(path)
-    group, attrs = open_store(path)
-    every_chunk = bool((attrs.get("integrity") or {}).get("every_chunk"))
-    tied = positions.declared(attrs)
-    images = {lv["path"] for lv in attrs.get("levels", [])}
-    in_place = {str(i) for i in (attrs.get("source") or {}).get("in_place", [])}
-    slide = open_sidecar(None, store=path) if is_sidecar(attrs) else None
+    group, stored = open_store(path)
+    every_chunk = stored.integrity.every_chunk
+    tied = positions.declared(stored)
+    images = {lv.path for lv in stored.levels}
+    in_place = {str(i) for i in stored.source.in_place}
+    slide = open_sidecar(None, store=path) if stored.source.sidecar else None
     result = Verification(path, decoded=decode)
     with ThreadPoolExecutor(workers or usable_cpus()) as pool:
         for name, array in _arrays(group):
@@ -107,7 +107,7 @@ def verify_store(
                 label = f"level {name}" if name in images else name
                 where = f"{path}: {label}"
                 table = None
-                if positions.is_level(name, attrs) and has_checksums(array):
+                if positions.is_level(name, stored) and has_checksums(array):
                     if not tied:
                         result.untied.append(name)
                     else:  # positions missing or damaged: one line; chunks checked without
@@ -230,6 +230,5 @@ def _checker(
 
 def _record(path: Path, result: Verification) -> None:
     root = open_for_writing(path)
-    attrs = dict(root.attrs[ATTRS_KEY])
-    attrs["verified"] = result.record()
-    root.attrs[ATTRS_KEY] = attrs
+    _, stored = open_group(root.store)
+    write_record(root, stored.replace(verified=result.record()))

@@ -16,12 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from tilestore.errors import TilestoreError
+from tilestore.errors import ViewError
 from tilestore.reading.slide import Slide
-
-
-class ViewError(TilestoreError):
-    """A request the viewer cannot answer: an unknown slide, level, tile, plan or model."""
 
 
 @dataclass

@@ -179,7 +179,7 @@ def describe(catalog: Catalog, sid: int) -> dict[str, Any]:
     served = catalog.get(sid)
     slide = served.slide
     labels = _labels(slide)
-    source = slide.attrs.get("source") or {}
+    source = slide.record.source.facts
     return {
         "id": sid,
         "name": slide.name,
@@ -200,9 +200,10 @@ def describe(catalog: Catalog, sid: int) -> dict[str, Any]:
         "facts": {
             "format": source.get("format"),
             "vendor": source.get("vendor"),
-            "objective": source.get("objective_power") or source.get("magnification"),
-            "in place": bool(source.get("in_place")),
-            "qc": slide.attrs.get("qc") or slide.group.attrs.get("qc"),
+            "objective": (slide.record.get("objective_power") or {}).get("value")
+            or source.get("magnification"),
+            "in place": bool(slide.record.source.in_place),
+            "qc": slide.group.attrs.get("qc"),  # QC's own summary (`tilestore.qc.store`)
         },
         "layers": {
             "tissue": "tissue" in labels,

@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tilestore.embed import Options
+from tilestore.errors import OptionError
 from tilestore.masks import ContrastRule
-from tilestore.options import Declaration, OptionError, declarations
+from tilestore.options import Declaration, declarations
 from tilestore.plan import PlanOptions
 from tilestore.qc import QCOptions
 

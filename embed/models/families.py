@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from tilestore.embed.models import zoo
-from tilestore.embed.models.spec import ModelError, ModelSpec
+from tilestore.embed.models.spec import ModelSpec
+from tilestore.errors import ModelError
 
 State = dict[str, torch.Tensor]
 

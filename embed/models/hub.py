@@ -44,7 +44,8 @@ from huggingface_hub.errors import (
 from safetensors import SafetensorError
 
 from tilestore.embed.models.registry import get_model
-from tilestore.embed.models.spec import ModelError, ModelSpec
+from tilestore.embed.models.spec import ModelSpec
+from tilestore.errors import ModelError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # seconds the one request asking whether the Hub answers may take: a HEAD answered by

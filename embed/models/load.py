@@ -23,8 +23,9 @@ from tilestore.embed.models.encoder import Encoder
 from tilestore.embed.models.families import family
 from tilestore.embed.models.preprocess import Transform
 from tilestore.embed.models.registry import get_model
-from tilestore.embed.models.spec import ModelError, ModelSpec
+from tilestore.embed.models.spec import ModelSpec
 from tilestore.embeddings.recipe import transform_hash
+from tilestore.errors import ModelError
 
 
 @dataclass

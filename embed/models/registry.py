@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tilestore.embed.models.catalogue import ENTRIES
-from tilestore.embed.models.spec import ModelError, ModelSpec
+from tilestore.embed.models.spec import ModelSpec
+from tilestore.errors import ModelError
 
 REGISTRY: dict[str, ModelSpec] = {spec.name: spec for spec in ENTRIES}
 

@@ -23,7 +23,7 @@ from timm.models.swin_transformer import SwinTransformer
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
-from tilestore.embed.models.spec import ModelError
+from tilestore.errors import ModelError
 
 State = dict[str, torch.Tensor]
 

@@ -30,7 +30,8 @@ __getattr__, __dir__, __all__ = lazy_face(
             "tile_model_for",
         ),
         "tilestore.embed.slides.run": ("SlideReport", "embed_slides"),
-        "tilestore.embed.slides.spec": ("SlideEncoderError", "SlideSpec"),
+        "tilestore.embed.slides.spec": ("SlideSpec",),
+        "tilestore.errors": ("SlideEncoderError",),
     },
 )
 
@@ -49,4 +50,5 @@ if TYPE_CHECKING:
         tile_model_for,
     )
     from tilestore.embed.slides.run import SlideReport, embed_slides
-    from tilestore.embed.slides.spec import SlideEncoderError, SlideSpec
+    from tilestore.embed.slides.spec import SlideSpec
+    from tilestore.errors import SlideEncoderError

@@ -19,8 +19,9 @@ from torch import nn
 from tilestore.embed.models import hub
 from tilestore.embed.slides.nets import BUILDERS
 from tilestore.embed.slides.registry import get_slide_encoder
-from tilestore.embed.slides.spec import SlideEncoderError, SlideSpec
+from tilestore.embed.slides.spec import SlideSpec
 from tilestore.embeddings.slides import TileFeatures
+from tilestore.errors import SlideEncoderError
 
 AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 

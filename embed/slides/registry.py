@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tilestore.embed.slides.catalogue import ENTRIES
-from tilestore.embed.slides.spec import SlideEncoderError, SlideSpec
+from tilestore.embed.slides.spec import SlideSpec
+from tilestore.errors import SlideEncoderError
 
 SLIDE_REGISTRY: dict[str, SlideSpec] = {spec.name: spec for spec in ENTRIES}
 

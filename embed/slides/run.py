@@ -14,7 +14,7 @@ import torch
 from tilestore.embed.settings import resolve_device
 from tilestore.embed.slides.load import LoadedSlideEncoder, load_slide_encoder
 from tilestore.embed.slides.registry import get_slide_encoder, tile_model_for
-from tilestore.embed.slides.spec import SlideEncoderError, SlideSpec
+from tilestore.embed.slides.spec import SlideSpec
 from tilestore.embeddings.slides import (
     SlideEmbeddingExists,
     has_current_vector,
@@ -22,7 +22,7 @@ from tilestore.embeddings.slides import (
     slide_group_name,
     write_slide_vector,
 )
-from tilestore.errors import OptionError, TilestoreError
+from tilestore.errors import OptionError, SlideEncoderError, TilestoreError
 
 
 @dataclass

@@ -22,7 +22,8 @@ import pytest
 
 from tests.conftest import CMU, KIDNEY, NDPI, REPO
 from tilestore.cli.main import app
-from tilestore.options import Declaration, OptionError
+from tilestore.errors import OptionError
+from tilestore.options import Declaration
 
 MODEL = "efficientnet-lite0"
 

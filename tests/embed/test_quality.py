@@ -137,7 +137,7 @@ def test_a_later_plan_and_the_accessor_leave_blurred_tiles_out(painted, lite, tm
         plan_slide(slide, replace(PLAN, max_blur=0.7, quality_from="uni"))
     # measures whose zarr.json was edited to 3 rows are refused, not matched to other tiles
     from tests.corpus import shape_edited
-    from tilestore.embeddings.groups import DamagedEmbeddings
+    from tilestore.errors import DamagedEmbeddings
 
     shape_edited(path / "embeddings" / MODEL / "quality", 3)
     with pytest.raises(DamagedEmbeddings, match=r"/quality has shape \(3, \d+\) where the group"):

@@ -325,7 +325,7 @@ def test_a_slide_vector_that_is_not_finite_is_never_written(featured, monkeypatc
     import zarr
 
     from tilestore.embed.slides.load import LoadedSlideEncoder
-    from tilestore.embeddings.groups import DamagedEmbeddings
+    from tilestore.errors import DamagedEmbeddings
 
     path, features = featured
     encode = LoadedSlideEncoder.encode

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tilestore
-from tilestore.analysis.accessor import AnalysisError
+from tilestore.errors import AnalysisError
 
 STRIDE = 224.0
 

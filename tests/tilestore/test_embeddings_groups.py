@@ -14,7 +14,8 @@ import zarr
 
 from tests.corpus import DAMAGED_ROWS, damage_embeddings, shape_edited
 from tilestore.embeddings import group_name, open_embeddings, read_tile_features
-from tilestore.embeddings.groups import DamagedEmbeddings, check_rows, non_finite_rows
+from tilestore.embeddings.groups import check_rows, non_finite_rows
+from tilestore.errors import DamagedEmbeddings
 from tilestore.exports import to_h5
 
 LITE = "efficientnet-lite0"

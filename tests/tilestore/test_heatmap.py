@@ -11,6 +11,7 @@ import pytest
 import zarr
 from PIL import Image
 
+from tilestore.errors import ViewError
 from tilestore.exports.heatmap import (
     heatmap_values,
     write_geojson,
@@ -18,7 +19,6 @@ from tilestore.exports.heatmap import (
     write_labels,
     write_png,
 )
-from tilestore.view.catalog import ViewError
 
 MODEL = "efficientnet-lite0"
 

@@ -7,8 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tilestore.errors import PlanError
-from tilestore.options import OptionError
+from tilestore.errors import OptionError, PlanError
 from tilestore.plan import (
     DEFAULT_MPP,
     DEFAULT_TILE,

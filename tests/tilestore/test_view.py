@@ -18,11 +18,11 @@ from PIL import Image
 from starlette.testclient import TestClient
 
 from tests.corpus import EMBEDDINGS_DAMAGE, damage_embeddings
+from tilestore.errors import ViewError
 from tilestore.format.jpeg import marker_facts, read_header
 from tilestore.plan import load_plan
 from tilestore.reading.opening import open_slide
 from tilestore.view import Catalog, make_app
-from tilestore.view.catalog import ViewError
 from tilestore.view.overlays import REASONS, plan_reasons
 from tilestore.view.tiles import as_browser_reads, tile
 from tilestore.view.values import nearest, similarity, tile_at

@@ -18,8 +18,8 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
-from tilestore.analysis.accessor import AnalysisError
 from tilestore.analysis.preview import thumbnail
+from tilestore.errors import AnalysisError
 from tilestore.reading.opening import open_slide
 from tilestore.reading.slide import resize
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tilestore.embeddings.layout import COORDS, GROUP, group_name
-from tilestore.embeddings.recipe import MixedResults, ScaleLabel
+from tilestore.embeddings.recipe import ScaleLabel
 from tilestore.embeddings.write import (
     AlreadyComplete,
     EmbeddingError,
@@ -25,21 +25,17 @@ from tilestore.embeddings.write import (
     Standing,
     standing,
 )
+from tilestore.errors import MixedResults
 from tilestore.faces import lazy_face
 
 __getattr__, __dir__, _read = lazy_face(
     __name__,
     {
-        "tilestore.embeddings.groups": (
-            "DamagedEmbeddings",
-            "NotEmbedded",
-            "expand_stores",
-            "list_embeddings",
-        ),
+        "tilestore.embeddings.groups": ("expand_stores", "list_embeddings"),
+        "tilestore.errors": ("DamagedEmbeddings", "NotEmbedded", "StaleSlideEmbedding"),
         "tilestore.embeddings.read": ("open_embeddings",),
         "tilestore.embeddings.quality": ("plan_slide", "without_blurred"),
         "tilestore.embeddings.slides": (
-            "StaleSlideEmbedding",
             "TileFeatures",
             "open_slide_embeddings",
             "read_slide_vector",
@@ -66,19 +62,14 @@ __all__ = sorted(
 )
 
 if TYPE_CHECKING:
-    from tilestore.embeddings.groups import (
-        DamagedEmbeddings,
-        NotEmbedded,
-        expand_stores,
-        list_embeddings,
-    )
+    from tilestore.embeddings.groups import expand_stores, list_embeddings
     from tilestore.embeddings.quality import plan_slide, without_blurred
     from tilestore.embeddings.read import open_embeddings
     from tilestore.embeddings.slides import (
-        StaleSlideEmbedding,
         TileFeatures,
         open_slide_embeddings,
         read_slide_vector,
         read_tile_features,
         write_slide_vector,
     )
+    from tilestore.errors import DamagedEmbeddings, NotEmbedded, StaleSlideEmbedding

@@ -33,8 +33,8 @@ from tilestore.embeddings.groups import (
     slide_name,
 )
 from tilestore.embeddings.layout import COORDINATES, COORDS, UNITS, group_name
-from tilestore.embeddings.recipe import MixedResults, ScaleLabel, combine, recipe
-from tilestore.errors import ChunkError
+from tilestore.embeddings.recipe import ScaleLabel, combine, recipe
+from tilestore.errors import ChunkError, MixedResults
 from tilestore.format.store import stored
 from tilestore.options import checked
 

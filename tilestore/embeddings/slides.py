@@ -37,8 +37,7 @@ from tilestore.embeddings.groups import (
 )
 from tilestore.embeddings.layout import group_name
 from tilestore.embeddings.recipe import Recipe, ScaleLabel, combine, recipe
-from tilestore.embeddings.write import EmbeddingError
-from tilestore.errors import SlideEmbeddingExists, StaleSlideEmbedding, StoreError
+from tilestore.errors import EmbeddingError, SlideEmbeddingExists, StaleSlideEmbedding, StoreError
 from tilestore.format import leftovers
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.store import open_for_writing, stored

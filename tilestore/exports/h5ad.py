@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from tilestore.analysis.accessor import AnalysisError
 from tilestore.analysis.preview import thumbnail
+from tilestore.errors import AnalysisError
 from tilestore.exports.files import write_whole
 from tilestore.reading.opening import open_slide
 

@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from tilestore.analysis.options import Clusters
+from tilestore.errors import ViewError
 from tilestore.options import checked
 from tilestore.reading.opening import open_slide
 from tilestore.reading.slide import Slide
-from tilestore.view.catalog import Catalog, ViewError
+from tilestore.view.catalog import Catalog
 from tilestore.view.options import TileIndex
 from tilestore.view.overlays import scale_rgba
 from tilestore.view.values import (

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
-from tilestore.options import Declared, Opt, OptionError
+from tilestore.errors import OptionError
+from tilestore.options import Declared, Opt
 from tilestore.qc.classes import ARTEFACTS
 
 FineBlur = Literal["auto", "full", "sparse", "off"]

@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from tilestore.errors import ViewError
 from tilestore.masks.tissue import read_tissue
 from tilestore.plan.grid import TilePlan, tissue_fractions
 from tilestore.qc.classes import ARTEFACTS
 from tilestore.qc.store import read_qc
 from tilestore.reading.slide import Slide
-from tilestore.view.catalog import ViewError
 
 MAX_SIDE = 4096  # px: a grid overlay's cells are repeated up to this side (16 at most)
 TISSUE_RGBA = (0, 200, 80, 150)

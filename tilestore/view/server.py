@@ -32,9 +32,9 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from tilestore.errors import TilestoreError
+from tilestore.errors import TilestoreError, ViewError
 from tilestore.options import checked
-from tilestore.view.catalog import Catalog, ViewError
+from tilestore.view.catalog import Catalog
 from tilestore.view.options import Port
 from tilestore.view.overlays import (
     Overlay,

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from tilestore.errors import ViewError
 from tilestore.format.jpeg import complete_stream, marker_facts
 from tilestore.reading.slide import Slide
-from tilestore.view.catalog import ViewError
 
 QUALITY = 90  # JPEG quality of tiles encoded here (display only)
 

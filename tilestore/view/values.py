@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from tilestore.view.catalog import Catalog, ViewError
+from tilestore.errors import ViewError
+from tilestore.view.catalog import Catalog
 from tilestore.view.overlays import (
     Grid,
     Overlay,

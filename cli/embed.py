@@ -103,10 +103,12 @@ def embed(
     if sidecars and not in_place:
         raise OptionError("--sidecars is where --in-place keeps its sidecars: add --in-place")
     output_file(report)
+    if options.profile == "torch":
+        output_file(Path(options.profile_out))
     slide_spec = None
     if slide_encoder:
         slide_spec, model, plan_options, options = _slide_plan(
-            slide_encoder, model, plan_options, options
+            slide_encoder, model, plan_options, options, plan
         )
     elif slide_weights:
         raise OptionError("--slide-weights goes with --slide-encoder")
@@ -184,7 +186,9 @@ def embed(
         raise typer.Exit(2)
 
 
-def _slide_plan(name: str, model: str | None, plan_options: PlanOptions | None, options):
+def _slide_plan(
+    name: str, model: str | None, plan_options: PlanOptions | None, options, plan: str | None
+):
     """The slide encoder, the tile model it reads, the plan options that give its tiles (its
     um/px and tile size, refused with one line where the flags ask for others) and the
     run's options: tiles an encoder reads at another scale than its tile model's own are
@@ -196,6 +200,11 @@ def _slide_plan(name: str, model: str | None, plan_options: PlanOptions | None, 
     model = tile_model_for(spec, model)
     if spec.mpp is None:  # pooling: any tile model, any plan
         return spec, model, plan_options, options
+    if plan:  # a stored plan's tiles may be at any scale: the encoder's own are planned
+        raise OptionError(
+            f"--plan {plan}: {spec.name} reads {spec.tile_model} tiles of {spec.tile} px at "
+            f"{spec.mpp:g} um/px, planned for it; leave --plan out"
+        )
     given = plan_options or PlanOptions()
     for flag, asked, needed in (("--mpp", given.mpp, spec.mpp), ("--tile", given.tile, spec.tile)):
         if asked is not None and asked != needed:

@@ -234,7 +234,7 @@ def h5(
 ) -> None:
     """TRIDENT's slide encoders, CLAM and other MIL code read --layout trident, STAMP
     --layout stamp. The stores are checked as one cohort first (made alike, at one scale),
-    every file before the first."""
+    every file's place before the first is written; the files are all written or none."""
     output_file(output, folder=True)
     written = _writer("h5")(
         stores,

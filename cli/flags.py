@@ -8,7 +8,7 @@ range, unit and default from that one declaration:
   with the record made from the flags given (``empty_none``: None where none was);
 - ``From(convert, exclude=...)`` does the same for a library function's declared
   parameters, and the command is called with a dict of the flags given;
-- a parameter annotated ``Annotated[<type>, Opt(...)]`` (e.g. `tilestore.cpus.Workers`) is one
+- a parameter annotated ``Annotated[<type>, Opt(...)]`` (e.g. `tilestore.options.Workers`) is one
   flag, and the command is called with its checked value.
 
 Every such flag is read as text and parsed by its declaration (`Declaration.parse`), so a
@@ -180,7 +180,7 @@ def _parameter(flag: _Flag) -> inspect.Parameter:
 def help_text(declaration: Declaration) -> str:
     """A flag's help: what it does, what it allows, its default."""
     text, kind = declaration.opt.help, declaration.kind
-    if kind.number is not None or kind.items is not None or declaration.opt.shape:
+    if kind.number is not None or kind.items is int:  # words and shapes: in the help already
         text += f" {_capital(declaration.allowed())}."
     default = declaration.shown_default()
     if default is not None and not (declaration.kind.switch and declaration.default is False):

@@ -33,9 +33,10 @@ from tilestore.embed.engine import Embedder
 from tilestore.embed.jobs import PlanChoice, Slice, prepare, tiles_of
 from tilestore.embed.models import get_model
 from tilestore.embed.report import quality_line
-from tilestore.embed.settings import SLICE_TILES, Options
+from tilestore.embed.settings import SLICE_TILES, Options, SliceTiles
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity
 from tilestore.errors import DeviceError, OptionError, StoreError, TilestoreError
+from tilestore.options import checked
 
 PLUGIN = "tilestore-embedder"
 
@@ -170,6 +171,7 @@ class _Store:
     failed: bool = False
 
 
+@checked
 def embed_cohort(
     stores: Sequence[str | os.PathLike],
     model: str,
@@ -177,7 +179,7 @@ def embed_cohort(
     *,
     plan: PlanChoice = None,
     options: Options = Options(),
-    slice_tiles: int = SLICE_TILES,
+    slice_tiles: SliceTiles = SLICE_TILES,
     cpus_per_worker: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> CohortReport:

@@ -35,9 +35,12 @@ from tilestore.embed.runner import Runner
 from tilestore.embed.settings import Options, Precision, Settings, resolve
 from tilestore.embed.sizing import choose_batch, remembered_rate
 from tilestore.embeddings import RunIdentity
+from tilestore.options import checked as checked_options
 from tilestore.plan.options import DEFAULT_MPP
+from tilestore.reading.resolution import ScanMpp
 
 
+@checked_options
 def embed(
     stores: list[str | os.PathLike] | Stager,
     model: str | LoadedModel,
@@ -49,7 +52,7 @@ def embed(
     convert_into: str | os.PathLike | None = None,
     in_place: bool = False,
     sidecars: str | os.PathLike | None = None,
-    scan_mpp: float | None = None,
+    scan_mpp: ScanMpp = None,
     checked: Preflight | None = None,
 ) -> RunReport:
     """Embed each store's plan tiles with one model, writing embeddings/<model> into the store.

@@ -55,6 +55,15 @@ RESERVED_CPUS = 2  # left to the threads that read, cut and feed the GPU; the re
 SLICE_TILES = 20_000  # on Dask, at most this many tiles per task: big slides spread over GPUs
 BATCHES = (32, 64, 128, 256, 512, 1024)  # the batch sizes `--batch-size auto` measures
 REPEATS = 5  # timed batches per size, after one untimed
+Device = Annotated[
+    str,
+    Opt(
+        "auto (CUDA if there is one), cpu, cuda or cuda:N.",
+        pattern=r"auto|cpu|cuda(:\d+)?",
+        shape="'auto', 'cpu', 'cuda' or 'cuda:N'",
+        metavar="auto|cpu|cuda|cuda:N",
+    ),
+]
 MAX_TILES = 10**9  # tiles of one slide: a 100,000 px slide at 0.25 um/px and 224 px has 0.8M
 
 # The options of a cohort run and of `models profile`, besides a run's `Options`.
@@ -113,14 +122,7 @@ class Options(Declared):
             metavar="N|auto",
         ),
     ] = None
-    device: Annotated[
-        str,
-        Opt(
-            "auto (CUDA if there is one), cpu, cuda or cuda:N.",
-            pattern=r"auto|cpu|cuda(:\d+)?",
-            shape="'auto', 'cpu', 'cuda' or 'cuda:N'",
-        ),
-    ] = "auto"
+    device: Device = "auto"
     decode: Annotated[
         DecodeOption,
         Opt(
@@ -183,7 +185,8 @@ class Options(Declared):
         ),
     ] = None
     profile_out: Annotated[
-        str, Opt("--profile torch: the trace file (Chrome/Perfetto JSON).", metavar="FILE")
+        str | os.PathLike,
+        Opt("--profile torch: the trace file (Chrome/Perfetto JSON).", metavar="FILE"),
     ] = "tilestore-trace.json"
     profile_batches: Annotated[
         int, Opt("--profile torch: batches recorded.", low=1, high=100_000)
@@ -199,7 +202,7 @@ class Options(Declared):
         ),
     ] = None
     compile_cache: Annotated[
-        Literal["auto", "off"] | str | None,
+        Literal["auto", "off"] | str | os.PathLike | None,
         Opt(
             "--compile: where compiled graphs are kept between runs (auto: the user cache; "
             "a shared folder serves a SLURM array; off: none).",
@@ -243,6 +246,14 @@ class Options(Declared):
             "the tolerance, or whose um/px is unknown (refused without it)."
         ),
     ] = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.channels is not None and len(self.channels) != 3:
+            raise OptionError(
+                f"channels={','.join(self.channels)!r}: an RGB model takes three channels, "
+                "as its R, G and B"
+            )
 
 
 @dataclass(frozen=True)

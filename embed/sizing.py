@@ -24,8 +24,17 @@ import torch
 
 from tilestore.embed.forward import Forward
 from tilestore.embed.models import LoadedModel
-from tilestore.embed.settings import BATCHES, REPEATS, Precision, resolve_device, user_cache
+from tilestore.embed.settings import (
+    BATCHES,
+    REPEATS,
+    BatchSizes,
+    Precision,
+    Repeats,
+    resolve_device,
+    user_cache,
+)
 from tilestore.errors import OptionError
+from tilestore.options import checked
 
 WITHIN = 0.03  # batches within 3% of the best tiles/s are equally fast: the smallest wins
 
@@ -60,13 +69,14 @@ class Profile:
         return min(r.batch for r in fitted if r.tiles_per_s >= (1 - WITHIN) * best)
 
 
+@checked
 def profile_model(
     name: str,
-    batches: tuple[int, ...] = BATCHES,
+    batches: BatchSizes = BATCHES,
     *,
     device: str = "auto",
     precision: str = "auto",
-    repeats: int = REPEATS,
+    repeats: Repeats = REPEATS,
     token: str | None = None,
 ) -> Profile:
     """Load a model (a registered name, timm:<arch> or local:<dir>) onto `device` ("auto":

@@ -216,16 +216,20 @@ def checked(function: Callable[..., Any]) -> Callable[..., Any]:
 
 def check(name: str, value: Any, kind: Kind, opt: Opt) -> Any:
     """`value` as kept (see `Declaration.check`), or OptionError naming `name`."""
-    if value is None or (opt.none_word is not None and value == opt.none_word):
+    if value is None or (isinstance(value, str) and value == opt.none_word):
         if kind.optional:
             return None
-    elif isinstance(value, bool):
+    elif isinstance(value, bool) or _is_numpy_bool(value):
         if kind.switch:
-            return value
+            return bool(value)
     elif isinstance(value, str):
-        if value in kind.words or kind.path:
+        if value in kind.words:
             return value
-        if kind.text and (opt.pattern is None or re.fullmatch(opt.pattern, value)):
+        if (
+            value.strip()
+            and (kind.path or kind.text)
+            and (opt.pattern is None or re.fullmatch(opt.pattern, value))
+        ):
             return value
     elif isinstance(value, os.PathLike):
         if kind.path:
@@ -286,7 +290,7 @@ def allowed(kind: Kind, opt: Opt) -> str:
     if kind.path:
         parts.append("a path")
     elif kind.text:
-        parts.append(opt.shape or "text")
+        parts.append(opt.shape or "text, not empty")
     if kind.items is str:
         parts.append("names separated by commas")
     if kind.items is int:
@@ -331,10 +335,17 @@ def _in_range(name: str, value: Any, kind: Kind, opt: Opt) -> int | float:
 
 
 def _is_number(value: Any) -> bool:
-    """int, float and numpy's scalars (a value read from an array), not bool."""
+    """int, float and numpy's scalars (a value read from an array), not a bool of either."""
+    if isinstance(value, bool) or _is_numpy_bool(value):
+        return False
     if isinstance(value, int | float):
         return True
     return type(value).__module__ == "numpy" and hasattr(value, "dtype") and value.ndim == 0
+
+
+def _is_numpy_bool(value: Any) -> bool:
+    kind = getattr(getattr(value, "dtype", None), "kind", "")
+    return type(value).__module__ == "numpy" and kind == "b"
 
 
 def _union(annotation: Any) -> tuple[Any, ...]:
@@ -344,7 +355,10 @@ def _union(annotation: Any) -> tuple[Any, ...]:
 
 
 def _g(number: float | None) -> str:
-    return "" if number is None else f"{number:g}"
+    """A range's end as people read it: 8, 0.5, 1,000,000,000 (never 1e+09)."""
+    if number is None:
+        return ""
+    return f"{int(number):,}" if float(number).is_integer() else f"{number:g}"
 
 
 def _shown(value: Any) -> str:
@@ -353,6 +367,8 @@ def _shown(value: Any) -> str:
         kind = getattr(value, "dtype", None)
         floating = isinstance(value, float) or (kind is not None and kind.kind == "f")
         return f"{float(value):g}" if floating else str(int(value))
+    if _is_numpy_bool(value):
+        return str(bool(value))
     return repr(value)
 
 

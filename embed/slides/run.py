@@ -7,11 +7,11 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
 
-from tilestore.embed.settings import resolve_device
+from tilestore.embed.settings import Device, resolve_device
 from tilestore.embed.slides.load import LoadedSlideEncoder, load_slide_encoder
 from tilestore.embed.slides.registry import get_slide_encoder, tile_model_for
 from tilestore.embed.slides.spec import SlideSpec
@@ -22,7 +22,8 @@ from tilestore.embeddings.slides import (
     slide_group_name,
     write_slide_vector,
 )
-from tilestore.errors import OptionError, SlideEncoderError, TilestoreError
+from tilestore.errors import SlideEncoderError, TilestoreError
+from tilestore.options import Opt, checked
 
 
 @dataclass
@@ -70,13 +71,20 @@ class SlideReport:
         return out
 
 
+SlidePrecision = Annotated[
+    Literal["auto", "fp32", "bf16", "fp16"],
+    Opt("auto (the authors' precision on CUDA, fp32 on the CPU), fp32, bf16 or fp16."),
+]
+
+
+@checked
 def embed_slides(
     stores: Sequence[str | os.PathLike],
     encoder: str,
     *,
     model: str | None = None,
-    device: str = "auto",
-    precision: str = "auto",
+    device: Device = "auto",
+    precision: SlidePrecision = "auto",
     overwrite: bool = False,
     token: str | None = None,
     weights: str | os.PathLike | None = None,
@@ -148,8 +156,6 @@ def _encode(loaded: LoadedSlideEncoder, tiles, device, precision: str, overwrite
 
 
 def _precision(spec: SlideSpec, option: str, device: torch.device) -> str:
-    if option not in ("auto", "fp32", "bf16", "fp16"):
-        raise OptionError(f"precision={option!r}: choose auto, fp32, bf16 or fp16")
     if option == "auto":
         return spec.precision if device.type == "cuda" else "fp32"
     return option

@@ -12,6 +12,7 @@ way the console entry point runs it, which then also says whether torch was ever
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import subprocess
@@ -109,22 +110,38 @@ def numeric_flags():
 
 
 def bad_values(declaration: Declaration, draw: random.Random) -> list[str]:
-    """Text a user could type that the declaration refuses: 0, negative, NaN, infinities,
-    huge, just outside the range, a fraction where a whole number belongs, a word, and a
-    few numbers drawn at random beyond each end."""
+    """Text a user could type that the declared range excludes: 0, negative, NaN,
+    infinities, huge, just outside the range, a fraction where a whole number belongs, a
+    word, and a few numbers drawn at random beyond each end. Judged here from the range as
+    declared (`_outside`), not by the parser under test."""
     opt = declaration.opt
     candidates = ["0", "-1", "-0.5", "nan", "inf", "-inf", "1e30", str(10**20), "2.5", "many"]
     if opt.low is not None:
         candidates += [repr(opt.low - 1e-6), repr(opt.low - draw.uniform(1, 1e6))]
     if opt.high is not None:
         candidates += [repr(opt.high + 1), repr(opt.high * draw.uniform(1.5, 1e6))]
-    bad = []
-    for text in dict.fromkeys(candidates):
-        try:
-            declaration.parse(text)
-        except OptionError:
-            bad.append(text)
-    return bad
+    return [text for text in dict.fromkeys(candidates) if _outside(declaration, text)]
+
+
+def _outside(declaration: Declaration, text: str) -> bool:
+    """Whether the declaration's range excludes this text, worked out from the range."""
+    kind, opt = declaration.kind, declaration.opt
+    if text in kind.words or text == opt.none_word:
+        return False
+    try:
+        number = float(text)
+    except ValueError:
+        return True  # a word where a number belongs
+    if not math.isfinite(number):
+        return True
+    counted = kind.number is int or kind.items is int  # whole numbers only, typed as such
+    if counted and (number != int(number) or "." in text or "e" in text.lower()):
+        return True
+    if opt.low is not None and (number <= opt.low if opt.above else number < opt.low):
+        return True
+    if opt.high is not None and number > opt.high:
+        return True
+    return opt.multiple is not None and number % opt.multiple != 0
 
 
 class Inputs:
@@ -192,7 +209,7 @@ def test_the_slowest_refusal_is_a_parse_not_work(tmp_path, store, slide_path):
     argv = [*NEEDS["embed"](inputs, tmp_path), "--tile", "0"]
     results = run_in_one_process([["embed", *argv]] * 5)
     assert all(r["rc"] == 2 for r in results)
-    assert min(r["s"] for r in results) < 1.0
+    assert max(r["s"] for r in results[1:]) < 1.0  # the first pays the command's imports
 
 
 # -- store refusals before the model loads ---------------------------------------------------

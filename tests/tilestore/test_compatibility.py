@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tilestore
-from tests.conftest import CMU
+from tests.conftest import CMU, SLIDES
 from tilestore.embed import Options, embed
 from tilestore.embeddings import MixedResults, open_slide_embeddings
 from tilestore.embeddings.recipe import Scale, combine, parse_scale, recipe
@@ -26,6 +26,7 @@ from tilestore.plan import PlanOptions, save_plan
 from tilestore.reading import open_slide
 
 MODEL = {"name": "m", "output_dim": 8, "repo": "test/m"}
+SLIDE = SLIDES / CMU
 
 plans = st.builds(
     PlanOptions,
@@ -76,7 +77,7 @@ def test_stores_of_random_plans_meet_only_at_one_scale(planned, tmp_path_factory
         assert len(ds.attrs["slides"]) == len(paths)
         assert len(cohort_to_h5(paths, "m", folder / "h5")) == len(paths)
     else:
-        with pytest.raises(MixedResults, match=r"another scale.*name the one to keep"):
+        with pytest.raises(MixedResults, match=r"more than one scale.*name the one to keep"):
             tilestore.open_embeddings(paths, "m")
         with pytest.raises(MixedResults):
             cohort_to_h5(paths, "m", folder / "h5")
@@ -114,7 +115,8 @@ def test_the_refusal_lists_each_scale_and_its_stores(planned, tmp_path):
     with pytest.raises(MixedResults) as refused:
         tilestore.open_embeddings(paths, "m")
     message = str(refused.value)
-    assert "0.5mpp-128px: 2 store(s)" in message and "2mpp-32px: 1 store(s)" in message
+    # the pixels' own um/px: CMU's level 0 (0.499) read as is for 0.5
+    assert "0.499mpp-128px: 2 store(s)" in message and "2mpp-32px: 1 store(s)" in message
     assert "\n" not in message
     with pytest.raises(MixedResults, match=r"scale='1mpp-64px': none of these"):
         tilestore.open_embeddings(paths, "m", scale="1mpp-64px")
@@ -122,11 +124,50 @@ def test_the_refusal_lists_each_scale_and_its_stores(planned, tmp_path):
 
 def test_pixel_sizes_within_the_tolerance_are_one_scale():
     assert Scale(0.499, 224, 224).matches(Scale(0.5015, 224, 224))
+    assert Scale(0.49, 224, 224).matches(Scale(0.51, 224, 224))  # two reads as is of 0.5
+    assert Scale(0.51, 224, 224).matches(Scale(0.49, 224, 224))  # either way round
     assert not Scale(0.5, 224, 224).matches(Scale(0.25, 224, 224))
+    assert not Scale(0.3, 64, 64).matches(Scale(0.25, 64, 64))
     assert not Scale(None, 224, 224).matches(Scale(0.5, 224, 224))
     assert Scale(None, 224, 224).matches(Scale(None, 224, 224))
     assert not Scale(0.5, 224, 224).matches(Scale(0.5, 224, 112))
     assert Scale(None, 256, 128).label == "level0-256px-s128"
+
+
+def test_level0_plans_of_slides_at_different_pixel_sizes_are_not_one_scale(
+    planned, tmp_path, stores
+):
+    """level0 names how a plan reads, not a scale: a slide's level-0 pixels are at its own
+    pixel size, and two slides' are one scale only where those agree."""
+    coarse = tmp_path / "coarse.ome.zarr"
+    tilestore.convert(SLIDE, coarse, mpp=1.0)  # the same slide told it is 1.0 um/px
+    fine = _store_with(planned, tmp_path, 0, PlanOptions(mpp="level0", tile=64, min_tissue=0))
+    slide = open_slide(coarse)
+    plan = tilestore.plan_slide(slide, PlanOptions(mpp="level0", tile=64, min_tissue=0))
+    save_plan(slide, plan)
+    write_features(coarse, MODEL, np.ones((len(plan), 8), np.float32), plan=plan.name)
+    with pytest.raises(MixedResults, match=r"0.499-1mpp-64px: 2 store"):
+        tilestore.open_embeddings([fine, coarse], "m")
+
+
+def test_the_scale_is_the_pixels_read_not_the_um_px_asked(planned, tmp_path):
+    """A tolerance of 0.25 reads CMU-1's 0.499 um/px level as is for 0.6: those tiles are at
+    0.499, not at 0.6, and are not one scale with tiles read at 0.6."""
+    loose = _store_with(
+        planned, tmp_path, 0, PlanOptions(mpp=0.6, tile=64, tolerance=0.25, min_tissue=0)
+    )
+    exact = _store_with(planned, tmp_path, 1, PlanOptions(mpp=0.6, tile=64, min_tissue=0))
+    with pytest.raises(MixedResults, match=r"0.499-0.6mpp-64px: 2 store"):
+        tilestore.open_embeddings([loose, exact], "m")
+
+
+def test_the_answer_does_not_depend_on_the_stores_order(planned, tmp_path):
+    meta = {"model": MODEL, "precision": "fp32", "mpp": 0.5, "tile_size": 224, "grid": {}}
+    old = {"model": MODEL}  # a group from before precision and scale were recorded
+    other = {**meta, "precision": "bf16", "mpp": 2.0, "tile_size": 32}
+    for order in ([old, meta, other], [meta, old, other], [meta, other, old]):
+        with pytest.raises(MixedResults):
+            combine([(f"s{i}", recipe(m)) for i, m in enumerate(order)], "m")
 
 
 def test_combine_keeps_the_order_and_refuses_before_anything(tmp_path):
@@ -148,7 +189,7 @@ def test_slide_vectors_of_tiles_at_different_scales_are_refused(embedded_cohort,
                     overwrite=True, any_scale=True)  # fmt: skip
     embed([b], "efficientnet-lite0", plan=PlanOptions(tile=112), options=again)
     embed_slides([a, b], "mean", model="efficientnet-lite0", device="cpu")
-    with pytest.raises(MixedResults, match=r"another scale"):
+    with pytest.raises(MixedResults, match=r"more than one scale"):
         open_slide_embeddings([a, b], "efficientnet-lite0", "mean")
     with pytest.warns(TilestoreWarning, match=r"left out 1 store\(s\).*a\.ome\.zarr"):
         kept = open_slide_embeddings([a, b], "efficientnet-lite0", "mean", scale="0.5mpp-112px")

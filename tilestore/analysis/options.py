@@ -26,7 +26,7 @@ Components = Annotated[
 OptionalComponents = Annotated[
     int | None,
     Opt(
-        "Principal components (QuPath measurements; the k-means space).",
+        "Principal components: the k-means space (and QuPath's measurements).",
         low=1,
         high=MAX_COMPONENTS,
         none="none: the features themselves",

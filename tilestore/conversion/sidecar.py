@@ -15,15 +15,18 @@ import os
 
 from tilestore.conversion.converter import check_mpp, convert
 from tilestore.format.store import is_store
+from tilestore.options import checked
 from tilestore.reading import Slide
 from tilestore.reading.inplace import open_sidecar, sidecar_for
+from tilestore.reading.resolution import ScanMpp
 
 
+@checked
 def open_in_place(
     slide: str | os.PathLike,
     sidecars: str | os.PathLike | None = None,
     *,
-    mpp: float | None = None,
+    mpp: ScanMpp = None,
 ) -> Slide:
     """A TIFF slide (SVS, OME-TIFF, generic tiled TIFF, NDPI) read where it is, as a `Slide`:
     its sidecar in `sidecars` (None: beside the slide), made the first time; mpp: its

@@ -52,10 +52,18 @@ MODEL_FACTS = (
 )
 
 
+# Two groups whose tiles were read at pixel sizes this close show the tissue at one scale: a
+# plan reads a level as it is within MPP_TOLERANCE of the um/px asked, so two plans of one
+# um/px may read pixels up to twice that apart (0.49 and 0.51 for 0.5); resampled ones land
+# within 0.2% of it.
+SCALE_TOLERANCE = 2 * MPP_TOLERANCE
+
+
 @dataclass(frozen=True)
 class Scale:
-    """The scale a group's tiles show the tissue at: um/px as read (None: level-0 pixels of
-    a slide whose pixel size is unknown), tile side and stride in px at that um/px."""
+    """The scale a group's tiles show the tissue at: um/px as read (the pixels' own, not the
+    um/px asked; None: level-0 pixels of a slide whose pixel size is unknown), tile side and
+    stride in px at that um/px."""
 
     mpp: float | None
     tile: int
@@ -68,14 +76,18 @@ class Scale:
         stride = f"-s{self.stride}" if self.stride != self.tile else ""
         return f"{mpp}-{self.tile}px{stride}"
 
-    def matches(self, other: Scale, tolerance: float = MPP_TOLERANCE) -> bool:
-        """Equal tiles and strides at pixel sizes within `tolerance` of each other (two
-        scanners' 0.499 and 0.5015 um/px are one scale; an unknown one matches none)."""
-        if (self.tile, self.stride) != (other.tile, other.stride):
+    @property
+    def grid(self) -> tuple[int, int, bool]:
+        """What must be equal for two scales to be one: tile, stride, pixel size known."""
+        return self.tile, self.stride, self.mpp is not None
+
+    def matches(self, other: Scale, tolerance: float = SCALE_TOLERANCE) -> bool:
+        """Equal tiles and strides at pixel sizes within `tolerance` of each other, either
+        way round (two scanners' 0.499 and 0.5015 um/px are one scale; an unknown pixel
+        size matches only another unknown one)."""
+        if self.grid != other.grid:
             return False
-        if self.mpp is None or other.mpp is None:
-            return self.mpp is None and other.mpp is None
-        return abs(self.mpp / other.mpp - 1) <= tolerance
+        return self.mpp is None or _apart(self.mpp, other.mpp) <= tolerance
 
     def named(self, label: str) -> bool:
         """Whether `label` (as the user gives it) names this scale."""
@@ -83,6 +95,11 @@ class Scale:
             return self.matches(parse_scale(label))
         except ValueError:
             return False
+
+
+def _apart(a: float, b: float) -> float:
+    """How far apart two pixel sizes are, the same either way round: larger/smaller - 1."""
+    return max(a, b) / min(a, b) - 1
 
 
 def parse_scale(label: str) -> Scale:
@@ -104,17 +121,6 @@ class Recipe:
     facts: dict[str, Any]
     channels: tuple[str, ...] | None
     scale: Scale | None  # None: a group from before scales were recorded
-
-    def differences(self, other: Recipe) -> list[str]:
-        """``fact: a vs b`` for each fact both hold and disagree on (the scale aside)."""
-        diff = [
-            f"{k}: {self.facts[k]} vs {other.facts[k]}"
-            for k in self.facts
-            if k in other.facts and self.facts[k] != other.facts[k]
-        ]
-        if self.channels != other.channels:
-            diff.append(f"channels: {_channels(self.channels)} vs {_channels(other.channels)}")
-        return diff
 
 
 def transform_hash(described: dict[str, Any]) -> str:
@@ -142,28 +148,35 @@ def recipe(meta: dict[str, Any]) -> Recipe:
 
 
 def scale_of(meta: dict[str, Any]) -> Scale | None:
-    """The scale of a group's tiles from its attributes (its grid: tile, stride, the um/px
-    asked for, which the pixels read are within the tolerance of; None where the slide's
-    pixel size is unknown); None where the group records no grid."""
+    """The scale of a group's tiles from its attributes: tile and stride, and the um/px the
+    pixels were read at (the plan's effective um/px: a level read as is may be off the um/px
+    asked by up to the plan's tolerance; level-0 pixels of a slide with a pixel size are at
+    its pixel size; None only where the slide's is unknown); None where no grid is recorded."""
     grid = meta.get("grid") or {}
     tile = meta.get("tile_size") or grid.get("tile")
     if tile is None:
         return None
-    mpp = grid.get("mpp", meta.get("mpp")) if meta.get("mpp") is not None else None
-    return Scale(mpp, int(tile), int(grid.get("stride") or tile))
+    mpp = meta.get("mpp", grid.get("effective_mpp"))
+    return Scale(None if mpp is None else float(mpp), int(tile), int(grid.get("stride") or tile))
 
 
 def combine(found: Sequence[tuple[str, Recipe]], what: str, scale: str | None = None) -> list[int]:
     """Which of these results may be put together: the indices kept, in order.
 
     found: (store, recipe) of each result; what: what they are, for messages ("'uni'
-    embeddings"). Recipes that differ are refused (`MixedResults` naming both stores and
-    the facts); so are scales that differ, unless `scale` names the one to keep (its label:
-    "0.5mpp-224px"): the others are then left out with a warning. A refusal lists the
-    scales found and the stores at each, so the user can name one.
+    embeddings"). Recipes that differ in a fact (each store's facts against every fact the
+    stores before it recorded) are refused (`MixedResults` naming the stores and the facts);
+    so are scales that are not one (tiles and strides equal, pixel sizes within
+    `SCALE_TOLERANCE` from the smallest to the largest, groups from before scales were
+    recorded on their own), unless `scale` names the one to keep (its label:
+    "0.5mpp-224px"): the others are then left out with a warning. The answer does not
+    depend on the stores' order; a refusal lists the scales found and the stores at each.
     """
     if scale is not None:
-        kept = [i for i, (_, r) in enumerate(found) if r.scale is not None and r.scale.named(scale)]
+        named = parse_scale(scale)
+        kept = [
+            i for i, (_, r) in enumerate(found) if r.scale is not None and r.scale.matches(named)
+        ]
         if not kept:
             raise MixedResults(
                 f"scale={scale!r}: none of these {what} is at that scale ({_groups(found)})"
@@ -178,46 +191,75 @@ def combine(found: Sequence[tuple[str, Recipe]], what: str, scale: str | None = 
             )
     else:
         kept = list(range(len(found)))
-    first_store, first = found[kept[0]]
-    for i in kept[1:]:
-        store, other = found[i]
-        diff = first.differences(other)
-        if diff:
-            raise MixedResults(
-                f"{store}: its {what} were made with other settings than {first_store}'s "
-                f"({'; '.join(diff[:3])}); open them separately, or embed again with the same "
-                "settings"
-            )
-        if scale is None and not _same_scale(first.scale, other.scale):
-            raise MixedResults(
-                f"{store}: its {what} come from tiles at another scale than {first_store}'s "
-                f"({_groups(found)}): features of different scales are not one population; "
-                "name the one to keep with scale=<label>, or plan and embed them alike"
-            )
+    _one_recipe([found[i] for i in kept], what)
+    if scale is None and not _one_scale([found[i][1].scale for i in kept]):
+        raise MixedResults(
+            f"these {what} come from tiles at more than one scale ({_groups(found)}): "
+            "features of different scales are not one population; name the one to keep "
+            "with scale=<label>, or plan and embed them alike"
+        )
     return kept
 
 
-def _same_scale(a: Scale | None, b: Scale | None) -> bool:
-    if a is None or b is None:  # a group from before scales were recorded: not judged
+def _one_recipe(found: Sequence[tuple[str, Recipe]], what: str) -> None:
+    """MixedResults where a store's facts differ from those any store before it recorded
+    (so a store that lacks a fact, made before it was recorded, hides nothing)."""
+    seen: dict[str, tuple[Any, str]] = {}
+    channels: tuple[tuple[str, ...] | None, str] | None = None
+    for store, r in found:
+        diff = [
+            f"{k}: {seen[k][0]} ({seen[k][1]}) vs {v}" for k, v in r.facts.items()
+            if k in seen and seen[k][0] != v
+        ]  # fmt: skip
+        if channels is not None and channels[0] != r.channels:
+            diff.append(
+                f"channels: {_channels(channels[0])} ({channels[1]}) vs {_channels(r.channels)}"
+            )
+        if diff:
+            raise MixedResults(
+                f"{store}: its {what} were made with other settings than the stores before it "
+                f"({'; '.join(diff[:3])}); open them separately, or embed again with the same "
+                "settings"
+            )
+        for k, v in r.facts.items():
+            seen.setdefault(k, (v, store))
+        channels = channels or (r.channels, store)
+
+
+def _one_scale(scales: Sequence[Scale | None]) -> bool:
+    """Whether these scales are one: all recorded or none, one tile and stride, pixel sizes
+    within the tolerance from the smallest to the largest."""
+    if not scales or all(s is None for s in scales):
         return True
-    return a.matches(b)
+    if any(s is None for s in scales) or len({s.grid for s in scales}) > 1:
+        return False
+    known = [s.mpp for s in scales if s.mpp is not None]
+    return not known or _apart(min(known), max(known)) <= SCALE_TOLERANCE
 
 
 def _groups(found: Sequence[tuple[str, Recipe]]) -> str:
-    """The scales found, each with its stores: "0.5mpp-224px: 2 stores (a, b); ..."."""
-    groups: list[tuple[Scale | None, list[str]]] = []
+    """The scales found, each with its stores: "0.5mpp-224px: 2 store(s) (a, b); ..."."""
+    groups: dict[tuple | None, list[tuple[str, Scale | None]]] = {}
     for store, r in found:
-        for scale, stores in groups:
-            if _same_scale(scale, r.scale) and (scale is None) == (r.scale is None):
-                stores.append(store)
-                break
+        groups.setdefault(None if r.scale is None else r.scale.grid, []).append((store, r.scale))
+    parts = []
+    for grid, members in groups.items():
+        stores = [Path(s).name for s, _ in members]
+        if grid is None:
+            label = "scale not recorded"
         else:
-            groups.append((r.scale, [store]))
-    return "; ".join(
-        f"{scale.label if scale else 'scale not recorded'}: {len(stores)} store(s) "
-        f"({', '.join(Path(s).name for s in stores[:2])}{' ...' if len(stores) > 2 else ''})"
-        for scale, stores in groups
-    )
+            mpps = sorted({sc.mpp for _, sc in members if sc.mpp is not None})
+            first = members[0][1]
+            label = (
+                first.label
+                if len(mpps) <= 1
+                else (f"{mpps[0]:.3g}-{mpps[-1]:.3g}mpp-{first.label.split('-', 1)[1]}")
+            )
+        parts.append(
+            f"{label}: {len(stores)} store(s) ({', '.join(stores[:2])}"
+            f"{' ...' if len(stores) > 2 else ''})"
+        )
+    return "; ".join(parts)
 
 
 def _channels(channels: tuple[str, ...] | None) -> str:

@@ -109,7 +109,8 @@ def cohort_to_h5(
     (`tilestore.embeddings.recipe.combine`: made alike and at one scale, or the `scale`
     named), stores without finished embeddings left out with a warning where a glob found
     them or skip_missing (as every export does: `read_each`), and every file checked free
-    (or overwrite) before the first is written."""
+    (or overwrite) before the first is written; a store whose features turn out damaged as
+    they are read stops the export, and the files this call made are removed."""
     found = read_each(
         stores,
         lambda store: (store, recipe(open_finished(store, model).meta)),
@@ -127,7 +128,16 @@ def cohort_to_h5(
     ]
     if taken and not overwrite:
         raise OutputError(f"{taken[0]}: exists; pass overwrite=True to replace it")
-    return [to_h5(store, model, folder, layout=layout, overwrite=overwrite) for store in kept]
+    written: list[H5Export] = []
+    try:
+        for store in kept:
+            written.append(to_h5(store, model, folder, layout=layout, overwrite=overwrite))
+    except BaseException:  # a store's features found damaged as they are read: the cohort's
+        for done in written:  # files are all or none, never a part that looks whole
+            if done.path not in taken:
+                done.path.unlink(missing_ok=True)
+        raise
+    return written
 
 
 def _trident(f: h5py.File, tiles: TileFeatures, attrs: dict) -> None:

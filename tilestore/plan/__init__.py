@@ -27,6 +27,7 @@ __getattr__, __dir__, __all__ = lazy_face(
         "tilestore.plan.plans": (
             "list_plans",
             "load_plan",
+            "plan_grid",
             "plan_rois",
             "plan_slide",
             "plan_tissue",

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from tilestore.errors import PlanError
+from tilestore.errors import OptionError, PlanError
 from tilestore.masks.contrast import ContrastRule
 from tilestore.masks.options import TissueMethod
 from tilestore.options import Declared, Opt
@@ -137,6 +137,10 @@ class PlanOptions(Declared):
         str | None, Opt("max_blur: the model whose measures count.", none="the store's only")
     ] = None
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_names(self)
+
     @property
     def effective_min_tissue(self) -> float:
         """min_tissue, or its default: 0 with a filter (the filter is the tissue test)."""
@@ -203,7 +207,6 @@ def resolve_plan(
             f"scanned; plan at mpp={finest:.4g} or coarser, or pass upsample=True to enlarge "
             "them anyway"
         )
-    _check_names(options)
     stride = options.stride or tile
     return ResolvedPlan(
         mpp=mpp,
@@ -232,13 +235,13 @@ def _check_names(options: PlanOptions) -> None:
     folders, nothing hidden), the artefacts excluded are QC's."""
     name = options.name
     if name is not None and (not name.strip() or "/" in name or name.startswith((".", "__"))):
-        raise PlanError(
+        raise OptionError(
             f"name={name!r}: a plan's name is a group of the store: not empty, no '/', not "
             "starting with '.' or '__'"
         )
     unknown = [e for e in options.exclude or () if e not in ARTEFACTS]
     if unknown:
-        raise PlanError(f"exclude={unknown[0]!r}: not an artefact; choose {', '.join(ARTEFACTS)}")
+        raise OptionError(f"exclude={unknown[0]!r}: not an artefact; choose {', '.join(ARTEFACTS)}")
 
 
 def default_name(mpp: float | None, tile: int, stride: int, options: PlanOptions) -> str:

@@ -60,6 +60,26 @@ def uses_stored_plan(slide: Slide, plan: str | PlanOptions | None) -> bool:
     return isinstance(plan, str) or (plan is None and len(list_plans(slide)) == 1)
 
 
+def plan_grid(slide: Slide, options: ResolvedPlan, notes: list[str] | None = None) -> GridSpec:
+    """Where a plan of these options reads its tiles on this slide: the level, the window
+    and stride in its pixels, and the um/px the pixels read are at (`effective_mpp`). From
+    the store's metadata alone: what a run checks before it loads a model, and what the plan
+    is made on."""
+    level = slide.level_for_mpp(options.mpp, options.tolerance) if options.mpp else 0
+    lv = slide.levels[level]
+    return grid_spec(
+        level,
+        lv.downsample,
+        (lv.height, lv.width),
+        slide.level_mpp(level)[0] if slide.mpp else None,
+        options.mpp,
+        options.tile,
+        options.stride,
+        tolerance=options.tolerance,
+        notes=notes,
+    )
+
+
 def plan_slide(
     slide: Slide,
     options: PlanOptions | ResolvedPlan = PlanOptions(),
@@ -84,19 +104,8 @@ def plan_slide(
             "measures: plan with tilestore.plan_slide (tilestore.embeddings.plan_slide)"
         )
     notes: list[str] = []
-    level = slide.level_for_mpp(options.mpp, options.tolerance) if options.mpp else 0
-    lv = slide.levels[level]
-    spec = grid_spec(
-        level,
-        lv.downsample,
-        (lv.height, lv.width),
-        slide.level_mpp(level)[0] if slide.mpp else None,
-        options.mpp,
-        options.tile,
-        options.stride,
-        tolerance=options.tolerance,
-        notes=notes,
-    )
+    spec = plan_grid(slide, options, notes)
+    lv = slide.levels[spec.level]
     tissue, note = plan_tissue(slide, options, store=store_tissue)
     notes.extend([note] if note else [])
     rois = plan_rois(slide, options, notes) if options.roi else None

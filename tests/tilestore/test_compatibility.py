@@ -100,7 +100,7 @@ def test_a_cohort_of_another_recipe_is_refused_whatever_its_scale(planned, tmp_p
     attrs = dict(group.attrs["tilestore"])
     attrs["model"] = {**attrs["model"], "repo": "test/other"}
     group.attrs["tilestore"] = attrs
-    with pytest.raises(MixedResults, match=r"other settings.*repo: test/m vs test/other"):
+    with pytest.raises(MixedResults, match=r"other settings.*repo: test/m \(s0.ome.zarr\) vs"):
         tilestore.open_embeddings([a, b], "m")
     with pytest.raises(MixedResults, match=r"other settings"):
         tilestore.open_embeddings([a, b], "m", scale="1mpp-64px")
@@ -175,7 +175,7 @@ def test_combine_keeps_the_order_and_refuses_before_anything(tmp_path):
     same = [("a", recipe(meta)), ("b", recipe(meta))]
     assert combine(same, "m") == [0, 1]
     other = {**meta, "channels": ["DAPI", "CD8", "PanCK"]}
-    with pytest.raises(MixedResults, match=r"channels: RGB vs DAPI,CD8,PanCK"):
+    with pytest.raises(MixedResults, match=r"channels: RGB \(a\) vs DAPI,CD8,PanCK"):
         combine([("a", recipe(meta)), ("b", recipe(other))], "m")
 
 

@@ -53,10 +53,10 @@ MODEL_FACTS = (
 
 
 # Two groups whose tiles were read at pixel sizes this close show the tissue at one scale: a
-# plan reads a level as it is within MPP_TOLERANCE of the um/px asked, so two plans of one
-# um/px may read pixels up to twice that apart (0.49 and 0.51 for 0.5); resampled ones land
-# within 0.2% of it.
-SCALE_TOLERANCE = 2 * MPP_TOLERANCE
+# plan reads a level as it is where mpp / level_mpp is within MPP_TOLERANCE of 1, so two
+# plans of one um/px may read levels (1 + t) / (1 - t) apart (0.49 and 0.51 for 0.5, 4.1%);
+# resampled ones land within 0.2% of what was asked.
+SCALE_TOLERANCE = (1 + MPP_TOLERANCE) / (1 - MPP_TOLERANCE) - 1
 
 
 @dataclass(frozen=True)
@@ -208,13 +208,12 @@ def _one_recipe(found: Sequence[tuple[str, Recipe]], what: str) -> None:
     channels: tuple[tuple[str, ...] | None, str] | None = None
     for store, r in found:
         diff = [
-            f"{k}: {seen[k][0]} ({seen[k][1]}) vs {v}" for k, v in r.facts.items()
+            f"{k}: {seen[k][0]} ({Path(seen[k][1]).name}) vs {v}" for k, v in r.facts.items()
             if k in seen and seen[k][0] != v
         ]  # fmt: skip
         if channels is not None and channels[0] != r.channels:
-            diff.append(
-                f"channels: {_channels(channels[0])} ({channels[1]}) vs {_channels(r.channels)}"
-            )
+            was, where = _channels(channels[0]), Path(channels[1]).name
+            diff.append(f"channels: {was} ({where}) vs {_channels(r.channels)}")
         if diff:
             raise MixedResults(
                 f"{store}: its {what} were made with other settings than the stores before it "

@@ -237,7 +237,11 @@ def re_match(pattern: str, text: str) -> bool:
 STORE_META = [
     (C.corrupt_json(""), StoreError, r"cannot open store: "),
     (C.corrupt_json("0"), StoreError, r"store metadata is damaged \(JSONDecodeError"),
-    (C.attrs_edit("no-levels", lambda a: a.pop("levels")), StoreError, r"metadata is damaged"),
+    (
+        C.attrs_edit("no-levels", lambda a: a.pop("levels")),
+        StoreError,
+        r"tilestore attributes are damaged \(KeyError: 'levels'",
+    ),
     (C.attrs_edit("no-complete", lambda a: a.pop("complete")), StoreError, r"incomplete store"),
     (
         C.attrs_edit("complete-false", lambda a: a.update(complete=False)),
@@ -265,7 +269,7 @@ RESHARD = [
     (C.array_json("0", "shape-text", lambda d: d.update(shape="big")), r"0/zarr.json is damaged "),
     (
         C.attrs_edit("source-text", lambda a: a.update(source="x")),
-        r"zarr.json \(its tilestore attributes\) is damaged \(AttributeError: ",
+        r"its tilestore attributes are damaged \(TypeError: ",
     ),
 ]
 
@@ -322,7 +326,7 @@ def test_info_on_a_damaged_level_is_a_store_error(tmp_path, stores):
 def test_info_on_damaged_source_attributes_is_a_store_error(tmp_path, stores, make):
     """Was an AttributeError or TypeError: the source's facts were read outside `stored`."""
     store = make(tmp_path, stores(CMU))
-    with pytest.raises(StoreError, match=r"store metadata is damaged \((Attribute|Type)Error"):
+    with pytest.raises(StoreError, match=r"tilestore attributes are damaged \((Type|Value)Error"):
         describe(store)
 
 

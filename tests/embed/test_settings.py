@@ -91,8 +91,8 @@ def test_bad_options_are_one_line_errors_naming_the_parameter():
         "precision": ("fp16", r"^precision='fp16': must be one of 'auto', 'bf16', 'fp32'$"),
         "dtype": ("int8", r"^dtype='int8': must be one of 'float16', 'float32'$"),
         "device": ("tpu", r"^device='tpu': must be 'auto', 'cpu', 'cuda' or 'cuda:N'$"),
-        "batch_size": (0, r"^batch_size=0: must be a whole number from 1 to 65536, or 'auto'$"),
-        "readers": (-1, r"^readers=-1: must be a whole number from 1 to 1024$"),
+        "batch_size": (0, r"^batch_size=0: must be a whole number from 1 to 65,536, or 'auto'$"),
+        "readers": (-1, r"^readers=-1: must be a whole number from 1 to 1,024$"),
     }
     for field, (value, message) in cases.items():
         with pytest.raises(TilestoreError, match=message):

@@ -165,7 +165,7 @@ def test_plan_carries_artefact_shares_and_drops_tiles(painted, tmp_path):
     assert len(kept) < len(full)
     only_pen = plan_slide(slide, PlanOptions(mpp=0.5, tile=112, max_artefact=0.1, exclude=("pen",)))
     assert len(only_pen) == len(full)  # no pen on this slide: nothing dropped
-    with pytest.raises(TilestoreError, match="exclude=.wet.: not an artefact; choose pen"):
+    with pytest.raises(TilestoreError, match=r"exclude=.wet.: not an artefact; choose pen"):
         plan_slide(slide, PlanOptions(mpp=0.5, tile=112, max_artefact=0.1, exclude=("wet",)))
     save_plan(slide, kept)
     loaded, _ = load_plan(tilestore.open_slide(store), kept.name)

@@ -95,7 +95,10 @@ def reshard(
     one of its groups."""
     started = time.perf_counter()
     target = Path(store)
-    _, record = open_store(target)
+    try:
+        _, record = open_store(target)
+    except StoreError as exc:  # its record damaged: said as every other document of it
+        raise StoreError(f"{exc}; {_UNTOUCHED}") from exc
     for note in leftovers.clear(target):
         warnings.warn(note, TilestoreWarning, stacklevel=2)
     locks = sorted(target.parent.glob(f".{target.name}.*.lock"))

@@ -130,7 +130,7 @@ class StoreRecord:
                         (float(lv["downsample"][0]), float(lv["downsample"][1])),
                         dict(lv),
                     )
-                    for lv in _list(attrs.get("levels", []), "levels")
+                    for lv in _list(attrs["levels"], "levels")
                 ),
                 complete=bool(attrs.get("complete", False)),
                 mpp=_mpp(attrs.get("mpp")),
@@ -143,7 +143,7 @@ class StoreRecord:
                 verified=_dict(attrs.get("verified"), "verified"),
                 others={k: v for k, v in attrs.items() if k not in named},
             )
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
+        except (KeyError, IndexError, TypeError, ValueError) as exc:  # incl. levels absent
             raise StoreError(
                 f"{where}: its tilestore attributes are damaged ({type(exc).__name__}: {exc}); "
                 "convert the slide again"

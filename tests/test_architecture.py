@@ -273,3 +273,42 @@ def test_no_code_of_the_project_imports_the_old_top_level_names():
         str(p.relative_to(ROOT)) for p, texts in sources.items() if any(map(old.search, texts))
     }
     assert found <= {"bench/compare.py"}  # it runs base trees from before, as they import
+
+
+def _classes_and_raises():
+    """(file, class name, base names) of every class, and (file, line) of every bare
+    `raise TilestoreError(...)`, in the package's code."""
+    classes, bare = [], []
+    for folder in ("tilestore", "embed", "cli"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef):
+                    bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
+                    classes.append((str(path.relative_to(ROOT)), node.name, bases))
+                elif (
+                    isinstance(node, ast.Raise)
+                    and isinstance(node.exc, ast.Call)
+                    and getattr(node.exc.func, "id", None) == "TilestoreError"
+                ):
+                    bare.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return classes, bare
+
+
+def test_the_error_hierarchy_lives_in_one_module():
+    """Every exception a user may see is a TilestoreError declared in `tilestore.errors`,
+    and each problem is raised as the kind it is, never a bare TilestoreError."""
+    import tilestore.errors as errors
+
+    ours = {
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type) and issubclass(value, errors.TilestoreError)
+    }
+    classes, bare = _classes_and_raises()
+    elsewhere = [
+        f"{file}: {name}"
+        for file, name, bases in classes
+        if file != "tilestore/errors.py" and set(bases) & (ours | {"TilestoreError"})
+    ]
+    assert elsewhere == [] and bare == []

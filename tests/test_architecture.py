@@ -312,3 +312,16 @@ def test_the_error_hierarchy_lives_in_one_module():
         if file != "tilestore/errors.py" and set(bases) & (ours | {"TilestoreError"})
     ]
     assert elsewhere == [] and bare == []
+
+
+def test_ds_tiles_is_registered_by_a_call_never_by_an_import():
+    """Importing the readers registers nothing on xarray; `register_accessor()` (which
+    `open_embeddings` calls for what it returns) does, once, for any Dataset."""
+    code = (
+        "import xarray as xr, tilestore.embeddings, tilestore.embeddings.read, tilestore.analysis\n"
+        "before = hasattr(xr.Dataset(), 'tiles')\n"
+        "tilestore.analysis.register_accessor(); tilestore.analysis.register_accessor()\n"
+        "print(before, type(xr.Dataset().tiles).__name__)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.split() == ["False", "TilesAccessor"], run.stderr

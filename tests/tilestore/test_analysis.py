@@ -10,13 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tilestore
+from tilestore.analysis import register_accessor
 from tilestore.errors import AnalysisError
 
 STRIDE = 224.0
 
 
 def cohort(features_per_slide: list[np.ndarray], cells: list[np.ndarray] | None = None):
-    """An embeddings-shaped Dataset: slides stacked on tile, dask-backed, on a 224 px grid."""
+    """An embeddings-shaped Dataset: slides stacked on tile, dask-backed, on a 224 px grid;
+    made here, not by `open_embeddings`, so `ds.tiles` is registered as for any such Dataset."""
+    register_accessor()
     names, rows, cols = [], [], []
     for i, f in enumerate(features_per_slide):
         n = len(f)

@@ -176,6 +176,7 @@ def test_plan_and_embed_treat_a_slide_without_pixel_size_alike(tmp_path, slide_p
     embedded = tilestore(*embed, "--mpp", "level0", "--min-tissue", "0", "--max-tiles", "8")
     assert planned.returncode == 0 and "level0-224px" in planned.stdout
     assert embedded.returncode == 0, embedded.stderr
+    assert "224 px tiles at level-0 pixels, magnification UNKNOWN" in embedded.stdout
 
 
 def test_embed_gated_model_offline_is_one_line(tmp_path, slide_path):

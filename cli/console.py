@@ -6,8 +6,6 @@ from __future__ import annotations
 import inspect
 import os
 import re
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tilestore import OutputError
+from tilestore.progress import LogLines
 
 out = Console()
 err = Console(stderr=True)
@@ -52,41 +51,6 @@ class progress_bar:
         self.progress.stop()
         if self.lines is not None and exc[0] is None:
             self.lines.finish()
-
-
-class LogLines:
-    """Progress as lines for a log: `update` takes what a rich Progress takes."""
-
-    def __init__(self, label: str, every: float, clock=time.monotonic) -> None:
-        self.label, self.every, self.clock = label, every, clock
-        self.done, self.total = 0, None
-        self.started = self.last = clock()
-
-    def update(self, task: int, advance: int = 0, total: int | None = None) -> None:
-        self.done += advance
-        self.total = total if total is not None else self.total
-        if self.clock() - self.last >= self.every:
-            self._line()
-
-    def finish(self) -> None:
-        """The closing line, where the job was long enough to have had one before (a short
-        one's result lines say all)."""
-        if self.done and self.last > self.started:
-            self._line()
-
-    def _line(self) -> None:
-        self.last = now = self.clock()
-        seconds = now - self.started
-        rate = self.done / seconds if seconds > 0 else 0.0
-        of = f" of {self.total:,}" if self.total else ""
-        left = ""
-        if self.total and rate and self.done < self.total:
-            left = f", about {(self.total - self.done) / rate:,.0f} s left"
-        print(
-            f"{self.label}: {self.done:,}{of} done in {seconds:,.0f} s ({rate:,.1f}/s){left}",
-            file=sys.stderr,
-            flush=True,
-        )
 
 
 def text_table(*columns: str) -> Table:

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from tilestore import OptionError
-from tilestore.cli.console import as_flags, flags_of, out, output_file, text_table
+from tilestore.cli.console import as_flags, err, flags_of, out, output_file, text_table
 from tilestore.cli.console import progress_bar as _progress
 from tilestore.cli.flags import From, with_flags
 from tilestore.embed import (
@@ -25,6 +25,7 @@ from tilestore.embed import (
     SliceTiles,
     Stager,
     check_stores,
+    exit_code,
     parse_shard,
 )
 from tilestore.options import Workers
@@ -177,13 +178,14 @@ def embed(
         print(as_flags(line, flags_of(embed)), file=sys.stderr if failed else sys.stdout)
     if report:
         out.print(f"report: {report}")
-    failed = bool(result.failures)
-    if slide_spec:
-        done = [s["store"] for s in result.slides if not s.get("failed")]
-        done += [s["store"] for s in result.skipped]
-        failed |= _slides(done, slide_spec.name, model, options, slide_weights, exit=False)
-    if failed:
-        raise typer.Exit(2)
+    done = [s["store"] for s in result.slides if not s.get("failed")]
+    done += [s["store"] for s in result.skipped]
+    failed = len(result.failures)
+    if slide_spec and _slides(done, slide_spec.name, model, options, slide_weights, exit=False):
+        failed += 1
+    code = exit_code(len(done), failed, refused=len(checked.refused))
+    if code:
+        raise typer.Exit(code)
 
 
 def _slide_plan(
@@ -303,6 +305,11 @@ def _embed_on_dask(
     # workers of a local cluster share this machine's cores; a scheduler's have their own
     share = cpu_share(len(client.nthreads())) if cluster else None
     with client, _progress(f"embedding with {model} on Dask") as (progress, task):
+        bar = (
+            (lambda n, total: progress.update(task, advance=n, total=total))
+            if err.is_terminal
+            else None
+        )
         result = embed_cohort(
             stores,
             model,
@@ -311,18 +318,18 @@ def _embed_on_dask(
             options=options,
             slice_tiles=slice_tiles,
             cpus_per_worker=share,
-            progress=lambda n, total: progress.update(task, advance=n, total=total),
+            progress=bar,  # else the cohort's own lines: tiles, rate, time left, workers alive
         )
         if cluster:
             client.cluster.close()
     for line in summary_lines(result):
-        failed = line.startswith("tilestore: error")
+        failed = line.startswith(("tilestore: error", "WARNING"))
         print(as_flags(line, flags_of(embed)), file=sys.stderr if failed else sys.stdout)
     if report:
         Path(report).write_text(json.dumps(result.to_json(), indent=2))
         out.print(f"report: {report}")
-    if result.failures:
-        raise typer.Exit(2)
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
     return [s["store"] for s in result.slides] + list(result.skipped_complete)
 
 

@@ -33,6 +33,7 @@ __getattr__, __dir__, __all__ = lazy_face(
         "tilestore.embed.engine": ("Embedder", "embed"),
         "tilestore.embed.inputs": ("Stager",),
         "tilestore.embed.jobs": ("Slice",),
+        "tilestore.embed.outcome": ("exit_code",),
         "tilestore.embed.preflight": ("Preflight", "check_stores", "scale_mismatch"),
         "tilestore.embed.models": (
             "LoadedModel",
@@ -89,6 +90,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         load_model,
         pull,
     )
+    from tilestore.embed.outcome import exit_code
     from tilestore.embed.preflight import Preflight, check_stores, scale_mismatch
     from tilestore.embed.report import RunReport, format_report
     from tilestore.embed.settings import (

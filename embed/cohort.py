@@ -31,12 +31,15 @@ from tilestore.conversion import pixel_count
 from tilestore.cpus import usable_cpus
 from tilestore.embed.engine import Embedder
 from tilestore.embed.jobs import PlanChoice, Slice, prepare, tiles_of
+from tilestore.embed.membership import Membership
 from tilestore.embed.models import get_model
+from tilestore.embed.outcome import exit_code
 from tilestore.embed.report import quality_line
 from tilestore.embed.settings import SLICE_TILES, Options, SliceTiles
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity
 from tilestore.errors import DeviceError, OptionError, StoreError, TilestoreError
 from tilestore.options import checked
+from tilestore.progress import LogLines, to_stderr
 
 PLUGIN = "tilestore-embedder"
 
@@ -138,10 +141,23 @@ class CohortReport:
     per_worker: dict[str, dict[str, Any]] = field(default_factory=dict)
     failures: list[dict[str, str]] = field(default_factory=list)
     skipped_complete: list[str] = field(default_factory=list)
+    workers_at_end: int = 0
+    lost: list[dict[str, Any]] = field(default_factory=list)  # workers lost, what they ran
+    joined: list[dict[str, Any]] = field(default_factory=list)  # workers that came later
 
     @property
     def tiles_per_s(self) -> float:
         return self.tiles / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def ran_short(self) -> bool:
+        """Workers were lost and fewer than at the start were left at the end."""
+        return bool(self.lost) and self.workers_at_end < self.workers
+
+    @property
+    def exit_code(self) -> int:
+        """The process's exit status for this run (`tilestore.embed.outcome`)."""
+        return exit_code(len(self.slides) + len(self.skipped_complete), len(self.failures))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -155,6 +171,10 @@ class CohortReport:
             "per_worker": self.per_worker,
             "failures": self.failures,
             "skipped_complete": self.skipped_complete,
+            "workers_at_end": self.workers_at_end,
+            "lost": self.lost,
+            "joined": self.joined,
+            "exit_code": self.exit_code,
         }
 
 
@@ -182,24 +202,51 @@ def embed_cohort(
     slice_tiles: SliceTiles = SLICE_TILES,
     cpus_per_worker: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    replace_lost: bool = True,
+    say: Callable[[str], None] | None = to_stderr,
 ) -> CohortReport:
     """Embed every store on the workers of a Dask `client`; return the cohort report.
 
     plan: as `tilestore.embed.engine.embed` takes it. slice_tiles: at most this many tiles per task
     (big slides spread over workers). cpus_per_worker: the CPUs each worker may use for
     decoding (None: each worker's own affinity; `cpu_share` for workers sharing a machine).
+    progress: called with (tiles, total) as slices finish; None: a line every 30 s through
+    `say` (tiles done, rate, time left, workers alive). replace_lost: ask the client's
+    cluster (dask-jobqueue's SLURMCluster...) for a new worker in place of each one lost.
+    say: where the run's lines go (stderr; None: nowhere): progress, workers lost and joined.
+    The report's `exit_code` is what the process should exit with.
     """
     started = time.perf_counter()
     client.register_plugin(EmbedderPlugin(model, options, cpus_per_worker), name=PLUGIN)
-    workers = len(client.scheduler_info()["workers"])
-    identity = client.submit(worker_identity, pure=False).result()
-    report = CohortReport(model, workers, setup_s=time.perf_counter() - started)
+    members = Membership(client, replace=replace_lost, say=say)
+    try:
+        identity = client.submit(worker_identity, pure=False).result()
+        report = CohortReport(model, len(members.at_start), setup_s=time.perf_counter() - started)
+        lines = None
+        if progress is None and say is not None:
+            progress = lines = LogLines(f"{model} on Dask", status=members.status, write=say)
+        owner = _run(stores, model, client, plan, options, slice_tiles, identity, progress, report)
+        if lines is not None:
+            lines.finish()
+    finally:
+        members.stop()
+    report.workers_at_end = len(members.alive)
+    report.lost = [_lost(e, owner) for e in members.lost]
+    report.joined = [{"name": e.name, "address": e.address, "after_s": e.after_s}
+                     for e in members.joined]  # fmt: skip
+    report.wall_s = time.perf_counter() - started
+    return report
+
+
+def _run(stores, model, client, plan, options, slice_tiles, identity, progress, report):
+    """Prepare and submit store by store (the first workers start at once), then follow the
+    slices as they finish; return which store each task key belongs to."""
     spec = get_model(model)
     order = sorted((str(s) for s in stores), key=lambda s: (-_size(s), s))
-    owner: dict[str, _Store] = {}  # task key -> its store
+    owner: dict[str, tuple[_Store, Slice]] = {}  # task key -> its store and slice
     futures = as_completed()
     total = 0
-    for path in order:  # prepare and submit store by store: the first GPUs start at once
+    for path in order:
         try:
             state = _prepare(path, spec, plan, identity, options, slice_tiles)
         except AlreadyComplete:
@@ -215,10 +262,10 @@ def embed_cohort(
         for piece in state.slices:
             future = client.submit(run_slice, piece, pure=False)
             state.futures.append(future)
-            owner[future.key] = state
+            owner[str(future.key)] = (state, piece)
             futures.add(future)
     for future in futures:
-        state = owner[future.key]
+        state, _ = owner[str(future.key)]
         try:
             result = future.result()
         except Exception as exc:  # a task's own error (corrupt data...) or a worker lost
@@ -243,8 +290,19 @@ def embed_cohort(
                 _give_up(state, report)
             else:
                 _finish(state, report)
-    report.wall_s = time.perf_counter() - started
-    return report
+    return owner
+
+
+def _lost(event, owner) -> dict[str, Any]:
+    """A lost worker for the report: the slices it was running (run again elsewhere)."""
+    slices = [owner[key][1] for key in event.running if key in owner]
+    return {
+        "name": event.name,
+        "address": event.address,
+        "after_s": event.after_s,
+        "redone": [{"store": p.store, "start": p.start, "tiles": p.tiles} for p in slices],
+        "replacement": event.replacement,
+    }
 
 
 def _prepare(path, spec, plan, identity, options, slice_tiles) -> _Store:
@@ -402,6 +460,22 @@ def summary_lines(report: CohortReport) -> list[str]:
     for address, w in report.per_worker.items():
         util = f", GPU util {np.mean(w['gpu_util']):.0f}%" if w["gpu_util"] else ""
         lines.append(f"  worker {address} ({w['device']}): {w['tiles']} tiles{util}")
+    for w in report.lost:
+        redone = ", ".join(f"{Path(r['store']).name} from batch {r['start']}" for r in w["redone"])
+        lines.append(
+            f"  worker {w['name']} ({w['address']}) lost after {w['after_s']:g} s"
+            + (f"; run again on others: {redone}" if redone else "")
+            + f"; replacement: {w['replacement'] or 'not asked'}"
+        )
+    lines.extend(
+        f"  worker {w['name']} ({w['address']}) joined after {w['after_s']:g} s"
+        for w in report.joined
+    )
+    if report.ran_short:
+        lines.append(
+            f"WARNING: the cohort ran short: {len(report.lost)} worker(s) lost, "
+            f"{report.workers_at_end} of {report.workers} left at the end"
+        )
     lines.extend(f"  skipped (complete): {Path(p).name}" for p in report.skipped_complete)
     lines.extend(f"tilestore: error: {f['store']}: {f['error']}" for f in report.failures)
     return lines

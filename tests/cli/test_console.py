@@ -43,7 +43,7 @@ def test_every_command_is_covered():
 def test_progress_in_a_log_is_a_line_every_interval_and_at_the_end(capsys):
     """Where stderr is not a terminal (a SLURM log), progress is lines: one each `every`
     seconds with the rate and time left, and one at the end."""
-    from tilestore.cli.console import LogLines
+    from tilestore.progress import LogLines
 
     now = [0.0]
     lines = LogLines("embedding with uni", 30.0, clock=lambda: now[0])

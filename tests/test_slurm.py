@@ -1,0 +1,234 @@
+"""The README's HPC recipes under a real SLURM (Debian's slurm-wlm, one node, started by
+`tests/slurm.py`): the `--shard K/N` job array and the dask-jobqueue `SLURMCluster` script,
+each taken from the README as written with only the CPU adaptations (no GPU, a small array,
+efficientnet-lite0), and the faults a cluster produces: a worker job cancelled mid-slide,
+a preempted (requeued) array task, a node's disk full while writing.
+
+Skipped, with the reason, where slurm-wlm is not installed or the tests do not run as root
+(slurmd starts jobs as their user). `.ci/run` installs slurm-wlm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from tests.conftest import CMU, IHC, REPO
+from tests.slurm import Slurm, Unavailable
+from tilestore.embeddings import group_name
+
+LITE = "efficientnet-lite0"
+# the flags that make a CPU run of the README's commands: one thread of torch per task, small
+# batches (many of them, so a signal or a cancel lands mid-slide), float32 features
+CPU_FLAGS = "--device cpu --batch-size 8 --precision fp32 --dtype float32 --shard-tiles 16"
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    try:
+        cluster = Slurm.start(tmp_path_factory.mktemp("slurm"))
+    except Unavailable as why:
+        pytest.skip(f"no SLURM here: {why}")
+    # the jobs run this interpreter's tilestore (sbatch passes the environment on)
+    cluster.env["PATH"] = f"{Path(sys.executable).parent}:{cluster.env['PATH']}"
+    cluster.env["PYTHONPATH"] = str(REPO)
+    cluster.env["OMP_NUM_THREADS"] = "1"  # as Dask's nanny sets it: the reference's float sums
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def cohort_root(tmp_path_factory, stores):
+    """Four small real stores (two of CMU-1-Small-Region, two of the IHC image at 0.5 um/px)
+    and their features from one `tilestore embed` process: what every run must equal."""
+    root = tmp_path_factory.mktemp("cohort")
+    _copy_stores(stores, root / "stores")
+    reference = root / "reference"
+    shutil.copytree(root / "stores", reference)
+    _tilestore("embed", *sorted(reference.glob("*.ome.zarr")), "--model", LITE,
+               *CPU_FLAGS.split(), env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    return root
+
+
+def _copy_stores(stores, folder: Path, copies: str = "ab") -> list[Path]:
+    folder.mkdir(parents=True)
+    for name, kwargs in ((CMU, {}), (IHC, {"mpp": 0.5})):
+        for copy in copies:
+            shutil.copytree(stores(name, **kwargs), folder / f"{copy}-{name}.ome.zarr")
+    return sorted(folder.glob("*.ome.zarr"))
+
+
+def _tilestore(*argv, **kwargs) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "tilestore.cli", *map(str, argv)],
+                          capture_output=True, text=True, timeout=600, **kwargs)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+def _features(store: Path) -> tuple[np.ndarray, dict]:
+    group = zarr.open_group(store / group_name(LITE), mode="r")
+    return group["features"][:], dict(group.attrs["tilestore"])
+
+
+def _assert_equal_to_reference(folder: Path, reference: Path) -> None:
+    for store in sorted(folder.glob("*.ome.zarr")):
+        got, attrs = _features(store)
+        expected, _ = _features(reference / f"a-{store.name.split('-', 1)[1]}")
+        assert attrs["complete"], f"{store.name} is not complete"
+        np.testing.assert_array_equal(got, expected, err_msg=store.name)
+
+
+def _done_batches(paths: list[Path]) -> int:
+    total = 0
+    for store in paths:
+        try:
+            total += int(zarr.open_array(store / group_name(LITE) / "done", mode="r")[:].sum())
+        except (FileNotFoundError, KeyError, zarr.errors.BaseZarrError):
+            continue
+    return total
+
+
+def _readme_block(marker: str, language: str) -> str:
+    """The README's code block of this language that contains `marker`."""
+    blocks = re.findall(rf"```{language}\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    (block,) = [b for b in blocks if marker in b]
+    return block
+
+
+def _adapted(text: str, changes: dict[str, str]) -> str:
+    """The README's text with the CPU adaptations, each of which must still apply: a README
+    that drifts from what these tests run fails them."""
+    for old, new in changes.items():
+        assert old in text, f"the README's recipe no longer says {old!r}"
+        text = text.replace(old, new)
+    return text
+
+
+def _log(slurm: Slurm, folder: Path) -> str:
+    """Every job log in the folder and the daemons' tails, for a failure's message."""
+    logs = [f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(folder.glob("*.out"))]
+    logs += [f"--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(slurm.folder.glob("*.log"))]
+    return "\n".join(logs)
+
+
+# -- the README's array script --------------------------------------------------------------
+
+
+def array_script(tasks: int, extra: str = "") -> str:
+    return _adapted(
+        _readme_block("#SBATCH", "bash"),
+        {
+            "--gres=gpu:1 --cpus-per-task=16": f"--cpus-per-task=1{extra}",
+            "--array=0-19": f"--array=0-{tasks - 1}",
+            '/20"': f'/{tasks}"',
+            "--model uni": f"--model {LITE} {CPU_FLAGS}",
+            # torch.compile on a CPU costs minutes a task; one compile per array is
+            # tested in tests/embed/test_compilecache.py
+            " --compile \\\n    --compile-cache /shared/tilestore-compile": " \\\n   ",
+            "$HOME/.cache/tilestore": "$PWD/cache",
+        },
+    )
+
+
+def test_readme_array_embeds_every_store_once(slurm, cohort_root, tmp_path):
+    folder = tmp_path / "array"
+    folder.mkdir()
+    shutil.copytree(cohort_root / "stores", folder / "stores")
+    script = folder / "embed.sbatch"
+    script.write_text(array_script(2))
+    job = slurm.sbatch(script, cwd=folder)
+    slurm.wait(job, timeout=600)
+    assert slurm.exit_codes(job) == {f"{job}_0": "COMPLETED 0:0", f"{job}_1": "COMPLETED 0:0"}, (
+        _log(slurm, folder)
+    )
+    shares = [json.loads((folder / f"run-{k}.json").read_text()) for k in range(2)]
+    embedded = [Path(s["store"]).name for share in shares for s in share["slides"]]
+    every = sorted(p.name for p in (folder / "stores").glob("*.ome.zarr"))
+    assert sorted(embedded) == every  # each store in exactly one task, none left out
+    assert all(share["slides"] for share in shares)  # both tasks had work
+    _assert_equal_to_reference(folder / "stores", cohort_root / "reference")
+
+
+# -- the README's Dask script -----------------------------------------------------------------
+
+
+def dask_script(jobs: int) -> str:
+    venv = f"export PATH={Path(sys.executable).parent}:$PATH; export PYTHONPATH={REPO}"
+    return _adapted(
+        _readme_block("SLURMCluster(", "python"),
+        {
+            'queue="gpu"': 'queue="debug"',
+            "job_cpu=16": "job_cpu=1",
+            'memory="64GB"': 'memory="3GB"',
+            'job_extra_directives=["--gres=gpu:1"]': "job_extra_directives=[]",
+            "source ~/venvs/tilestore/bin/activate": venv,
+            "cluster.scale(jobs=8)": f"cluster.scale(jobs={jobs})",
+            '"uni"': f'"{LITE}"',
+            "Options(compile=True)": "Options(device='cpu', batch_size=8, precision='fp32', "
+            "dtype='float32', shard_tiles=16), slice_tiles=16",
+            # a look at what the README claims of its workers: not daemons
+            "    report = embed_cohort(": "    print('daemonic workers:', sorted(set(client.run("
+            "lambda: __import__('multiprocessing').current_process().daemon).values())))\n"
+            "    report = embed_cohort(",
+        },
+    )
+
+
+def _run_script(folder: Path, slurm: Slurm, **kwargs):
+    return subprocess.Popen(
+        "python embed_cohort.py stores/*.ome.zarr", shell=True, cwd=folder, env=slurm.env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs,
+    )  # fmt: skip
+
+
+def test_readme_dask_script_embeds_every_store_once(slurm, cohort_root, tmp_path):
+    folder = tmp_path / "dask"
+    folder.mkdir()
+    shutil.copytree(cohort_root / "stores", folder / "stores")
+    (folder / "embed_cohort.py").write_text(dask_script(2))
+    run = _run_script(folder, slurm)
+    stdout, stderr = run.communicate(timeout=600)
+    assert run.returncode == 0, stderr[-3000:] + _log(slurm, folder)
+    assert "daemonic workers: [False]" in stdout  # the prologue's setting reached them
+    assert "efficientnet-lite0: 94 tiles on 2 worker(s)" in stdout
+    assert "lost" not in stdout + stderr
+    _assert_equal_to_reference(folder / "stores", cohort_root / "reference")
+    assert not list(folder.rglob("*.dirlock"))  # Dask's scratch went to the node's TMPDIR
+
+
+def test_a_cancelled_worker_job_is_named_replaced_and_its_work_redone(
+    slurm, cohort_root, stores, tmp_path
+):
+    folder = tmp_path / "cancel"
+    paths = _copy_stores(stores, folder / "stores", copies="abcdef")
+    (folder / "embed_cohort.py").write_text(dask_script(2))
+    run = _run_script(folder, slurm)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and (
+        _done_batches(paths) < 4 or len(slurm.jobs("dask-worker", "RUNNING")) < 2
+    ):
+        assert run.poll() is None, run.communicate()[1][-3000:]
+        time.sleep(0.2)
+    victim = slurm.jobs("dask-worker", "RUNNING")[0]
+    slurm.run("scancel", str(victim))
+    stdout, stderr = run.communicate(timeout=600)
+    assert run.returncode == 0, stderr[-3000:] + _log(slurm, folder)
+    lost = [line for line in stdout.splitlines() if " lost after " in line]
+    assert len(lost) == 1, stdout
+    assert "replacement: a new worker asked of the cluster" in lost[0]
+    assert " joined after " in stdout, stdout  # the replacement came and worked
+    assert "ran short" not in stdout + stderr
+    assert " lost after " in stderr  # said when it happened, not only at the end
+    _assert_equal_to_reference(folder / "stores", cohort_root / "reference")

@@ -62,6 +62,7 @@ FACES = (
     "tilestore.masks",
     "tilestore.options",
     "tilestore.plan",
+    "tilestore.progress",
     "tilestore.qc",
     "tilestore.reading",
     "tilestore.sources",

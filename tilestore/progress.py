@@ -9,6 +9,8 @@ import sys
 import time
 from collections.abc import Callable
 
+__all__ = ["LogLines", "to_stderr"]
+
 
 def to_stderr(line: str) -> None:
     """A line on stderr, now (a log file is block-buffered)."""

@@ -253,7 +253,7 @@ def _options(
 
 
 INTERRUPTED = (
-    "tilestore: interrupted: what was finished is kept (converted stores, embedded "
+    "tilestore: interrupted ({signal}): what was finished is kept (converted stores, embedded "
     "batches, QC'd slides); the same command carries on from there"
 )
 
@@ -284,7 +284,7 @@ def main() -> None:
     except SystemExit as done:
         code = done.code
     if caught and code not in (0, None):
-        print(INTERRUPTED, file=sys.stderr)
+        print(INTERRUPTED.format(signal=signal.Signals(caught[0]).name), file=sys.stderr)
         code = 128 + caught[0]
     _leave(code)
 

@@ -100,6 +100,19 @@ def _done_batches(paths: list[Path]) -> int:
     return total
 
 
+def _done_tiles(paths: list[Path], batch: int = 8) -> int:
+    """The tiles of the batches marked done (a store's last batch may be short)."""
+    total = 0
+    for store in paths:
+        try:
+            group = zarr.open_group(store / group_name(LITE), mode="r")
+        except (FileNotFoundError, KeyError, zarr.errors.BaseZarrError):
+            continue
+        tiles = group["features"].shape[0]
+        total += sum(min(batch, tiles - b * batch) for b in np.flatnonzero(group["done"][:]))
+    return total
+
+
 def _readme_block(marker: str, language: str) -> str:
     """The README's code block of this language that contains `marker`."""
     blocks = re.findall(rf"```{language}\n(.*?)```", (REPO / "README.md").read_text(), re.S)
@@ -231,4 +244,44 @@ def test_a_cancelled_worker_job_is_named_replaced_and_its_work_redone(
     assert " joined after " in stdout, stdout  # the replacement came and worked
     assert "ran short" not in stdout + stderr
     assert " lost after " in stderr  # said when it happened, not only at the end
+    _assert_equal_to_reference(folder / "stores", cohort_root / "reference")
+
+
+# -- a preempted array task ---------------------------------------------------------------------
+
+
+def test_a_requeued_array_task_stops_at_a_batch_and_resumes_with_nothing_lost(
+    slurm, cohort_root, stores, tmp_path
+):
+    """SLURM preempts or requeues a task with SIGTERM, then SIGKILL after KillWait (30 s
+    here); with --requeue the task runs again from its script."""
+    folder = tmp_path / "requeue"
+    paths = _copy_stores(stores, folder / "stores", copies="abcd")
+    script = folder / "embed.sbatch"
+    script.write_text(array_script(1, extra=" --requeue --open-mode=append"))
+    job = slurm.sbatch(script, cwd=folder)
+    task, log = f"{job}_0", folder / f"slurm-{job}_0.out"
+    deadline = time.monotonic() + 300
+    while _done_batches(paths) < 2:
+        assert time.monotonic() < deadline and slurm.states(job), _log(slurm, folder)
+        time.sleep(0.1)
+    signalled = time.monotonic()
+    slurm.run("scontrol", "requeue", task)
+    while "interrupted (SIGTERM)" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() - signalled < 30, _log(slurm, folder)  # within KillWait
+        time.sleep(0.1)
+    kept = _done_tiles(paths)
+    slurm.wait(job, timeout=600)
+    assert slurm.exit_codes(job) == {task: "COMPLETED 0:0"}, _log(slurm, folder)
+    restarts = slurm.run("scontrol", "-o", "show", "job", task).stdout
+    assert "Restarts=1" in restarts
+    text = log.read_text()
+    assert text.count("interrupted (SIGTERM)") == 1
+    assert re.search(r"\(\d+ done before\)", text), text  # the requeued run resumed
+    resumed = json.loads((folder / "run-0.json").read_text())  # the second run's
+    before = sum(s["skipped_done"] for s in resumed["slides"])
+    before += sum(_features(Path(s["store"]))[0].shape[0] for s in resumed["skipped"])
+    assert before == kept > 0  # every tile the first run finished was kept ...
+    redone = sum(s["tiles"] for s in resumed["slides"])
+    assert before + redone == sum(_features(p)[0].shape[0] for p in paths)  # ... none twice
     _assert_equal_to_reference(folder / "stores", cohort_root / "reference")

@@ -21,7 +21,8 @@ import zarr
 from tests.conftest import CMU
 
 INTERRUPTED = (
-    "tilestore: interrupted: what was finished is kept (converted stores, embedded batches, "
+    "tilestore: interrupted ({signal}): what was finished is kept (converted stores, embedded "
+    "batches, "
     "QC'd slides); the same command carries on from there"
 )
 
@@ -53,7 +54,7 @@ def test_a_signal_stops_embed_saying_what_is_kept(tmp_path, stores, signum):
         process.kill()
     lines = log.read_text().strip().splitlines()
     assert code == 128 + signum, lines
-    assert lines[-1] == INTERRUPTED
+    assert lines[-1] == INTERRUPTED.format(signal=signal.Signals(signum).name)
     progress = re.match(r"embedding with efficientnet-lite0: ([\d,]+) of ([\d,]+) done", lines[0])
     tiles, total = (int(n.replace(",", "")) for n in progress.groups())
     group = store / "embeddings" / "efficientnet-lite0"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from tilestore.cli.console import human_size, out, text_table
+from tilestore.cli.console import as_flags, human_size, out, text_table
 from tilestore.cli.flags import with_flags
 from tilestore.options import Workers
 
@@ -175,7 +175,7 @@ def _embeddings(groups: list[dict]) -> list[str]:
         if vectors:
             line += f"; slide vectors: {', '.join(vectors)}"
         if group["note"]:
-            line += f" ({group['note']})"
+            line += f" ({as_flags(group['note'], {'overwrite': ('--overwrite', None)})})"
         lines.append(line)
     return lines
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import typer
 
-from tilestore.cli.console import flags_of, out, output_file, text_table
+from tilestore.cli.console import as_flags, flags_of, output_file
 from tilestore.cli.embed import embed
 from tilestore.embeddings import (
     STATES,
@@ -76,11 +76,15 @@ def _row(store: str, group: GroupStatus, encoder: str | None) -> dict[str, Any]:
 
 
 def _print(found, counts, encoder, commands, todo, left: int) -> None:
-    table = text_table("store", "state", "tiles", "slide vector", "note")
+    rows = [("store", "state", "tiles", "slide vector", "note")]
     for store, group in found:
         tiles = f"{group.tiles_done:,}/{group.tiles:,}" if group.tiles else "-"
-        table.add_row(store, group.state, tiles, _vector(group, encoder), group.note)
-    out.print(table)
+        note = as_flags(group.note, flags_of(embed))
+        rows.append((store, group.state, tiles, _vector(group, encoder), note))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:  # plain lines, never folded: a cohort's paths are long, logs are grepped
+        cells = [cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True)]
+        print("  ".join([*cells, row[4]]).rstrip())
     said = ", ".join(f"{n} {state}" for state, n in counts.items())
     if encoder:
         missing = sum(1 for _, g in found if g.state == "complete" and not g.has_vector(encoder))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from tilestore.cli.console import human_size, out, text_table
+from tilestore.cli.console import as_flags, human_size, out, text_table
 from tilestore.cli.flags import with_flags
 from tilestore.options import Workers
 
@@ -32,10 +32,14 @@ def info(
         False, "--verify", help="Slide files: also decode a sample of each level's tiles."
     ),
 ) -> None:
-    """Describe a store or a slide: levels, mpp, chunking, codec, size, completeness."""
+    """Describe a store or a slide: levels, mpp, chunking, codec, size, completeness, and
+    each model's embeddings (how far, slide vectors)."""
     from tilestore.conversion import describe
+    from tilestore.embeddings import embeddings_status
 
     desc = describe(path, verify=verify)
+    if desc["kind"] == "store":
+        desc["embeddings"] = [g.to_json() for g in embeddings_status(path).groups]
     if as_json:
         print(json.dumps(desc, indent=2))
         damaged = desc["kind"] == "slide" and desc["verified"]
@@ -120,6 +124,9 @@ def info(
                 "yes" if lv["copyable"] else f"no: {lv['why_not']}",
             )
     out.print(table)
+    if desc["kind"] == "store":
+        for line in _embeddings(desc["embeddings"]):
+            out.print(line, highlight=False)
     if desc["kind"] == "slide" and desc["verified"]:
         bad = [b for lv in desc["levels"] for b in lv["checked"]["bad"]]
         tried = sum(lv["checked"]["tiles"] for lv in desc["levels"])
@@ -147,6 +154,30 @@ def _print_channels(channels: list[dict]) -> None:
         color = f" #{channel['color']}" if channel.get("color") else ""
         parts.append(f"{channel['name']}{color}{shown}")
     out.print(f"channels: {'; '.join(parts)}", highlight=False)
+
+
+def _embeddings(groups: list[dict]) -> list[str]:
+    """A line per model's embeddings group: its state, tiles, plan, features, slide vectors."""
+    if not groups:
+        return ["embeddings: none (`tilestore embed`)"]
+    lines = []
+    for group in groups:
+        line = f"embeddings {group['model']}: {group['state']}"
+        if group["tiles"]:
+            line += f", {group['tiles_done']:,} of {group['tiles']:,} tiles"
+            line += f" of plan {group['plan']}, {group['dtype']} x {group['dim']}"
+        if group["finished"]:
+            line += f", finished {group['finished']}"
+        vectors = [
+            v["encoder"] + ("" if v["state"] == "current" else f" ({v['state']})")
+            for v in group["slide_vectors"]
+        ]
+        if vectors:
+            line += f"; slide vectors: {', '.join(vectors)}"
+        if group["note"]:
+            line += f" ({as_flags(group['note'], {'overwrite': ('--overwrite', None)})})"
+        lines.append(line)
+    return lines
 
 
 def _integrity(desc: dict) -> str:

@@ -22,6 +22,7 @@ from tilestore.cli.export import export_app
 from tilestore.cli.flags import From, with_flags
 from tilestore.cli.inspect import info, verify
 from tilestore.cli.qc import qc
+from tilestore.cli.status import status
 from tilestore.cli.view import view
 from tilestore.conversion import convert as run_convert
 from tilestore.masks import compute_tissue
@@ -222,6 +223,7 @@ def reshard(
 app.command()(embed)
 app.command()(info)
 app.command()(verify)
+app.command()(status)
 app.command()(qc)
 app.command()(view)
 app.add_typer(models_app, name="models")

@@ -1,6 +1,7 @@
 """Embeddings in stores: the format (`layout`), its writer and its reader, in one place.
 
 >>> ds = tilestore.open_embeddings("stores/*.ome.zarr", "uni")   # read: lazy xarray
+>>> embeddings_status("a.ome.zarr").groups  # what is there, how far: read only
 >>> writer = EmbeddingWriter(slide, plan, uid, model, batch_size=512, dtype="float16",
 ...                          settings={...})                      # write: batch by batch
 
@@ -35,6 +36,15 @@ __getattr__, __dir__, _read = lazy_face(
         "tilestore.errors": ("DamagedEmbeddings", "NotEmbedded", "StaleSlideEmbedding"),
         "tilestore.embeddings.read": ("open_embeddings",),
         "tilestore.embeddings.quality": ("plan_slide", "without_blurred"),
+        "tilestore.embeddings.status": (
+            "STATES",
+            "Finish",
+            "GroupStatus",
+            "StoreStatus",
+            "embeddings_status",
+            "finishing_runs",
+            "only_model",
+        ),
         "tilestore.embeddings.slides": (
             "TileFeatures",
             "open_slide_embeddings",
@@ -71,5 +81,14 @@ if TYPE_CHECKING:
         read_slide_vector,
         read_tile_features,
         write_slide_vector,
+    )
+    from tilestore.embeddings.status import (
+        STATES,
+        Finish,
+        GroupStatus,
+        StoreStatus,
+        embeddings_status,
+        finishing_runs,
+        only_model,
     )
     from tilestore.errors import DamagedEmbeddings, NotEmbedded, StaleSlideEmbedding

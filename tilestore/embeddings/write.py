@@ -157,8 +157,7 @@ class EmbeddingWriter:
         """
         self._setup(slide, plan, plan_uid, identity)
         store = _directory(slide)
-        # Beside the store, not in it: zarr would list it, and overwrite=True deletes the group.
-        self.lock_path = store.parent / f".{store.name}.{self.path.split('/')[-1]}.lock"
+        self.lock_path = lock_file(store, self.path)
         # The lock first, then the group: another run may be making it right now.
         self._take_lock()
         try:
@@ -514,8 +513,8 @@ class EmbeddingWriter:
             try:
                 fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             except FileExistsError:
-                holder = _read_lock(lock)
-                if _stale(holder):
+                holder = read_lock(lock)
+                if stale_lock(holder):
                     lock.unlink(missing_ok=True)
                     continue
                 raise EmbeddingError(
@@ -542,14 +541,21 @@ def _directory(slide: Slide) -> Path:
     return Path(root)
 
 
-def _read_lock(path: Path) -> dict:
+def lock_file(store: Path, path: str) -> Path:
+    """The lock a run writing the group `path` of the store at `store` holds: beside the
+    store, not in it (zarr would list it, and overwrite=True deletes the group)."""
+    return store.parent / f".{store.name}.{path.split('/')[-1]}.lock"
+
+
+def read_lock(path: Path) -> dict:
+    """What a lock says of its holder (host, pid, since); {} where it cannot be read."""
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
 
 
-def _stale(holder: dict) -> bool:
+def stale_lock(holder: dict) -> bool:
     """A lock from this host whose process is gone (a crash or a kill) can be taken over."""
     if holder.get("host") != socket.gethostname() or not holder.get("pid"):
         return False

@@ -1,0 +1,130 @@
+"""`tilestore status`: how far a cohort's embeddings of one model are (a SLURM array's result,
+say), and the `tilestore embed` command that finishes the rest. Read only: it writes
+nothing in the stores and takes no lock.
+
+Exit codes: 0 every store complete; 1 work left (partial, running or not started); 2 bad
+input, or a store damaged or of another plan (a run cannot finish those without
+--overwrite)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from tilestore.cli.console import as_flags, flags_of, output_file
+from tilestore.cli.embed import embed
+from tilestore.embeddings import (
+    STATES,
+    Finish,
+    GroupStatus,
+    embeddings_status,
+    finishing_runs,
+    only_model,
+)
+
+
+def status(
+    stores: list[Path] = typer.Argument(..., help="Stores (.ome.zarr) of a cohort."),
+    model: str | None = typer.Option(
+        None, help="The model whose embeddings are asked for (default: the stores' only one)."
+    ),
+    plan: str | None = typer.Option(
+        None, help="The plan they must be of (default: whichever each was made from)."
+    ),
+    slide_encoder: str | None = typer.Option(
+        None, "--slide-encoder", help="Also a slide vector of this encoder in each store."
+    ),
+    todo: Path | None = typer.Option(
+        None, help="Write the stores left to this file, one a line, for the command printed."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Say how far each store's embeddings are (complete, partial, running, damaged, not
+    started) and print the `tilestore embed` command that finishes the rest; exit 0 when
+    every store is complete, 1 with work left, 2 for a store damaged or of another plan."""
+    output_file(todo)
+    if model is None:
+        model = only_model([embeddings_status(store) for store in stores])
+    found = [(str(s), embeddings_status(s, model, plan).groups[0]) for s in stores]
+    runs = finishing_runs(found, model, plan, slide_encoder)
+    left = [store for run in runs for store in run.stores]
+    if todo:
+        todo.write_text("".join(f"{store}\n" for store in left))
+    commands = [_command(run, todo if len(runs) == 1 else None) for run in runs]
+    counts = {state: sum(g.state == state for _, g in found) for state in STATES}
+    if as_json:
+        rows = [_row(store, group, slide_encoder) for store, group in found]
+        print(json.dumps({"model": model, "plan": plan, "slide_encoder": slide_encoder,
+                          "stores": rows, "counts": counts, "left": left,
+                          "commands": commands}, indent=2))  # fmt: skip
+    else:
+        _print(found, counts, slide_encoder, commands, todo, len(left))
+    if any(g.blocked for _, g in found):
+        raise typer.Exit(2)
+    if left or counts["running"]:
+        raise typer.Exit(1)
+
+
+def _row(store: str, group: GroupStatus, encoder: str | None) -> dict[str, Any]:
+    vector = group.has_vector(encoder) if encoder else None
+    return {"store": store, **group.to_json(), "slide_vector": vector,
+            "left": group.left(encoder)}  # fmt: skip
+
+
+def _print(found, counts, encoder, commands, todo, left: int) -> None:
+    rows = [("store", "state", "tiles", "slide vector", "note")]
+    for store, group in found:
+        tiles = f"{group.tiles_done:,}/{group.tiles:,}" if group.tiles else "-"
+        note = as_flags(group.note, flags_of(embed))
+        rows.append((store, group.state, tiles, _vector(group, encoder), note))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:  # plain lines, never folded: a cohort's paths are long, logs are grepped
+        cells = [cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True)]
+        print("  ".join([*cells, row[4]]).rstrip())
+    said = ", ".join(f"{n} {state}" for state, n in counts.items())
+    if encoder:
+        missing = sum(1 for _, g in found if g.state == "complete" and not g.has_vector(encoder))
+        said += f"; {missing} complete without a current {encoder} slide vector"
+    print(f"{len(found)} stores: {said}")  # plain print: the sum is one line
+    if counts["running"]:
+        print(
+            f"{counts['running']} running: they finish on their own; ask again later (a "
+            "dead job's lock, on another host: delete it as its note says)"
+        )
+    if commands:
+        into = f" (listed in {todo})" if todo else ""
+        print(f"to finish the {left} store{'s' * (left != 1)} left{into}:")
+        for command in commands:  # plain print: a command is never wrapped
+            print(f"  {command}")
+        if left > 20 and not todo:
+            print(f"  (or --todo FILE: the {left} stores in a file, for embed $(cat FILE))")
+    if todo:
+        print(f"stores left: {todo}")
+
+
+def _vector(group: GroupStatus, encoder: str | None) -> str:
+    """yes/no for the encoder asked; else the encoders whose vectors the group holds."""
+    if encoder:
+        return "yes" if group.has_vector(encoder) else "no"
+    shown = [v.encoder + ("" if v.state == "current" else f" ({v.state})")
+             for v in group.slide_vectors]  # fmt: skip
+    return ", ".join(shown) or "-"
+
+
+def _command(run: Finish, todo: Path | None) -> str:
+    """The `tilestore embed` command line of a run, its stores from `todo` where given."""
+    flags = flags_of(embed)
+    words = ["tilestore", "embed"]
+    words += [f"$(cat {shlex.quote(str(todo))})"] if todo else map(shlex.quote, run.stores)
+    for name, value in run.options.items():
+        flag = flags[name][0]
+        if value is True:
+            words.append(flag)
+        else:
+            shown = ",".join(value) if isinstance(value, tuple) else str(value)
+            words += [flag, shlex.quote(shown)]
+    return " ".join(words)

@@ -1,0 +1,126 @@
+"""`tilestore status` over a cohort and `tilestore info`'s embeddings: the rows, the sum, the
+exit codes (0 all complete, 1 work left, 2 bad input or a damaged store) and the command
+printed, which, run as printed, finishes the cohort."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from tests.cli.test_cli import tilestore
+from tests.conftest import IHC
+from tests.tilestore.test_embeddings_status import LITE, interrupt
+from tilestore.embeddings import group_name
+from tilestore.embeddings.write import write_features
+
+RUN = "--batch-size 16 --dtype float32 --precision fp32"  # what embedded_cohort's runs record
+
+
+def _cohort(embedded_cohort, stores, folder: Path) -> list[Path]:
+    """complete (a), interrupted (b), not embedded (skimage_ihc: its store as converted)."""
+    folder.mkdir()
+    done, half = folder / "a.ome.zarr", folder / "b.ome.zarr"
+    shutil.copytree(embedded_cohort[0], done)
+    shutil.copytree(embedded_cohort[0], half)
+    interrupt(half)
+    bare = folder / "skimage_ihc.ome.zarr"
+    shutil.copytree(stores(IHC, mpp=0.5), bare)
+    return [done, half, bare]
+
+
+def test_status_rows_sum_and_the_printed_commands_finish_the_cohort(
+    embedded_cohort, stores, tmp_path
+):
+    done, half, bare = _cohort(embedded_cohort, stores, tmp_path / "cohort")
+    run = tilestore("status", done, half, bare, "--model", LITE)
+    assert run.returncode == 1, run.stderr
+    rows = [line.split(None, 2)[:2] for line in run.stdout.splitlines()[1:4]]  # never folded
+    assert rows == [[str(done), "complete"], [str(half), "partial"], [str(bare), "not"]]
+    assert "3 stores: 1 complete, 1 partial, 0 running, 0 damaged, 0 other plan, 1 not started" in (
+        run.stdout
+    )
+    commands = [line.strip() for line in run.stdout.splitlines() if line.startswith("  ")]
+    assert commands == [
+        f"tilestore embed {half} --model {LITE} {RUN} --plan classes",
+        f"tilestore embed {bare} --model {LITE} --dtype float32 --precision fp32",
+    ]
+    as_json = json.loads(tilestore("status", done, half, bare, "--model", LITE, "--json").stdout)
+    assert as_json["commands"] == commands and as_json["left"] == [str(half), str(bare)]
+    states = [(row["store"], row["state"], row["left"]) for row in as_json["stores"]]
+    assert states == [
+        (str(done), "complete", False),
+        (str(half), "partial", True),
+        (str(bare), "not started", True),
+    ]
+    for command in commands:  # as a user pastes it (this interpreter's `tilestore`)
+        line = command.replace("tilestore", f"{sys.executable} -m tilestore.cli", 1)
+        ran = subprocess.run(line + " --device cpu", shell=True, capture_output=True, text=True,
+                             timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+    after = tilestore("status", done, half, bare, "--model", LITE)
+    assert after.returncode == 0, after.stdout + after.stderr
+    assert "3 stores: 3 complete," in after.stdout and "to finish" not in after.stdout
+
+
+def test_the_stores_left_go_to_a_file_the_command_reads(embedded_cohort, stores, tmp_path):
+    done, half, _ = _cohort(embedded_cohort, stores, tmp_path / "cohort")
+    todo = tmp_path / "lists" / "left.txt"
+    run = tilestore("status", done, half, "--todo", todo)  # the model: the stores' only one
+    assert run.returncode == 1, run.stderr
+    assert todo.read_text() == f"{half}\n"
+    assert f"tilestore embed $(cat {todo}) --model {LITE} {RUN} --plan classes" in run.stdout
+
+
+def test_a_damaged_store_or_another_plan_exits_2(embedded_cohort, stores, tmp_path):
+    done, half, _ = _cohort(embedded_cohort, stores, tmp_path / "cohort")
+    meta = half / group_name(LITE) / "zarr.json"
+    meta.write_text("{ not json")
+    run = tilestore("status", done, half, "--model", LITE)
+    assert run.returncode == 2 and "1 damaged" in run.stdout and "damaged" in run.stdout
+    other = tilestore("status", done, "--model", LITE, "--plan", "other")
+    assert other.returncode == 2 and "0 complete" in other.stdout and "1 other plan" in other.stdout
+    assert "made from plan 'classes', not 'other'; pass --overwrite to replace it" in other.stdout
+
+
+def test_bad_input_is_one_line_and_exit_2(embedded_cohort, stores, tmp_path):
+    done, half, bare = _cohort(embedded_cohort, stores, tmp_path / "cohort")
+    run = tilestore("status", done, tmp_path / "nope.ome.zarr", "--model", LITE)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.strip().splitlines() == [
+        f"tilestore: error: {tmp_path / 'nope.ome.zarr'}: not a store (no zarr.json); give "
+        "stores made by `tilestore convert`"
+    ]
+    tiles = zarr.open_group(done / group_name(LITE), mode="r")["x"].shape[0]
+    write_features(half, {"name": "other"}, np.ones((tiles, 4), np.float32), plan="classes")
+    mixed = tilestore("status", done, half, bare)
+    assert mixed.returncode == 2
+    assert mixed.stderr.strip().splitlines() == [
+        f"tilestore: error: which model? embeddings found: {LITE} (2 stores), other (1 store); "
+        "1 of 3 stores hold none; name one with --model <name>"
+    ]
+
+
+def test_info_says_each_models_embeddings(embedded_cohort, tmp_path):
+    from tilestore.embed.slides import embed_slides
+
+    store = tmp_path / "a.ome.zarr"
+    shutil.copytree(embedded_cohort[0], store)
+    embed_slides([store], "mean", model=LITE, device="cpu")
+    described = json.loads(tilestore("info", store, "--json").stdout)
+    (group,) = described["embeddings"]
+    assert group["model"] == LITE and group["state"] == "complete" and group["plan"] == "classes"
+    assert group["tiles"] == group["tiles_done"] > 0 and group["dim"] == 1280
+    assert group["slide_vectors"] == [{"encoder": "mean", "dim": 1280, "state": "current"}]
+    assert group["run"] == {"batch_size": 16, "dtype": "float32", "precision": "fp32"}
+    table = " ".join(tilestore("info", store).stdout.split())
+    assert f"embeddings {LITE}: complete, {group['tiles']} of {group['tiles']} tiles of plan " in (
+        table
+    )
+    assert "slide vectors: mean" in table

@@ -1,0 +1,379 @@
+"""What a store's embeddings are, read without writing: each group's state, its tiles done
+of planned, its slide vectors, and the runs that would finish a cohort.
+
+A group's state, as the writer (`tilestore.embeddings.write`) leaves it:
+
+- complete: every batch written and the group marked so (`EmbeddingWriter.finish`);
+- partial: made, not finished, and no live lock: a run was killed, failed or stopped at
+  max_tiles; its done batches stay and the same run resumes them (the writer records no
+  failure in the store: the run's report says why it stopped);
+- running: a live lock beside the store (`write.lock_file`): a run holds it now;
+- damaged: its record or arrays unreadable, or its arrays' shapes not those it records
+  (`groups.check_shapes`, every reader's check), or marked complete with batches not done;
+- other plan: made from another plan than the one asked (a run refuses it unless
+  overwrite=True);
+- not started: no group (or one a killed run left before its record: made again).
+
+Only metadata and the small ``done`` flags are read: no pixels, no features, no lock taken.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import zarr
+
+from tilestore.embeddings.groups import (
+    check_shapes,
+    embed_again,
+    list_embeddings,
+    open_group,
+    slide_name,
+)
+from tilestore.embeddings.layout import GROUP, group_name
+from tilestore.embeddings.slides import SLIDES, VECTOR
+from tilestore.embeddings.write import lock_file, read_lock, stale_lock
+from tilestore.errors import OptionError, StoreError
+from tilestore.format.store import is_store, stored
+from tilestore.format.store import open_group as open_store_group
+
+STATES = ("complete", "partial", "running", "damaged", "other plan", "not started")
+TROUBLE = ("damaged", "other plan")  # a run cannot finish these without overwrite=True
+WAITING = ("partial", "not started")  # a run finishes these
+
+
+@dataclass(frozen=True)
+class Lock:
+    """The live lock of a run writing the group: where it runs and since when (age: seconds,
+    None where its time cannot be read)."""
+
+    host: str | None
+    pid: int | None
+    since: str | None
+    age_s: float | None
+
+
+@dataclass(frozen=True)
+class SlideVector:
+    """A slide embedding under the group (``slides/<encoder>``): its encoder, width, and
+    whether it was computed from the tile features the group holds now (current), from
+    ones replaced since (stale), or cannot be read (damaged)."""
+
+    encoder: str
+    dim: int | None
+    state: str
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    """One model's embeddings group in a store, as `STATES` says (see the module).
+
+    tiles: the plan's tiles (0 where there is no group); tiles_done: those in done batches;
+    run: what a run must repeat to resume the group, as `embed`'s parameters (batch_size,
+    dtype, precision, compile, channels, tokens, quality; {} where there is no group);
+    note: what to do or what was found, one line."""
+
+    model: str
+    path: str
+    state: str
+    plan: str | None = None
+    tiles: int = 0
+    tiles_done: int = 0
+    batches: int = 0
+    batches_done: int = 0
+    dtype: str | None = None
+    dim: int | None = None
+    started: str | None = None
+    finished: str | None = None
+    lock: Lock | None = None
+    slide_vectors: tuple[SlideVector, ...] = ()
+    run: dict[str, Any] | None = None
+    note: str = ""
+
+    def has_vector(self, encoder: str) -> bool:
+        """Whether a current slide vector of `encoder` is stored."""
+        return any(
+            v.state == "current" and _stored_name(v.encoder) == _stored_name(encoder)
+            for v in self.slide_vectors
+        )
+
+    def left(self, slide_encoder: str | None = None) -> bool:
+        """Whether a run has work here: tiles to embed, or (with a slide encoder) a complete
+        group without that encoder's current vector."""
+        if self.state in WAITING:
+            return True
+        return (
+            self.state == "complete"
+            and slide_encoder is not None
+            and (not self.has_vector(slide_encoder))
+        )
+
+    @property
+    def blocked(self) -> bool:
+        """Whether a run is refused here without overwrite=True (damaged, other plan)."""
+        return self.state in TROUBLE
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class StoreStatus:
+    """A store's embeddings groups (every one, or the one asked for)."""
+
+    store: str
+    name: str
+    groups: tuple[GroupStatus, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "store": self.store,
+            "name": self.name,
+            "groups": [g.to_json() for g in self.groups],
+        }
+
+
+def embeddings_status(
+    store: str | os.PathLike, model: str | None = None, plan: str | None = None
+) -> StoreStatus:
+    """Return what the store's embeddings are, writing nothing and taking no lock.
+
+    model: the group of this model only (state "not started" where there is none); None:
+    every group the store holds. plan: a group made from another plan is "other plan"
+    (a plan of this name stored again since counts as another, as the writer judges).
+    StoreError where `store` is not a tilestore store."""
+    if not is_store(store):
+        raise StoreError(
+            f"{store}: not a store (no zarr.json); give stores made by `tilestore convert`"
+        )
+    open_store_group(store, complete=False)  # ours, its record readable
+    if model is None:
+        paths = [f"{GROUP}/{name}" for name in list_embeddings(store)]
+    else:
+        paths = [group_name(model)]
+    groups = tuple(_group_status(Path(store), path, model, plan) for path in paths)
+    return StoreStatus(str(store), slide_name(store), groups)
+
+
+def _group_status(store: Path, path: str, model: str | None, plan: str | None) -> GroupStatus:
+    name = model or path.split("/", 1)[1]
+    lock = _live_lock(store, path)
+    try:
+        group = open_group(store, path)
+    except KeyError:
+        if lock is not None:
+            return GroupStatus(name, path, "running", lock=lock, note=_running(lock))
+        return GroupStatus(name, path, "not started", run={}, note=f"no {path}")
+    except StoreError as exc:
+        return GroupStatus(name, path, "damaged", note=str(exc))
+    try:
+        with stored(store, path, embed_again(path)):
+            return _read_group(store, path, name, group, plan, lock)
+    except StoreError as exc:  # DamagedEmbeddings among them
+        return GroupStatus(name, path, "damaged", lock=lock, note=str(exc))
+
+
+def _read_group(
+    store: Path, path: str, name: str, group: zarr.Group, plan: str | None, lock: Lock | None
+) -> GroupStatus:
+    meta = group.attrs.get("tilestore")
+    arrays = dict(group.arrays())
+    if not isinstance(meta, dict) or "done" not in arrays:  # killed while made: made again
+        state = "running" if lock else "not started"
+        note = _running(lock) if lock else f"{path} was left half made by a killed run"
+        return GroupStatus(name, path, state, lock=lock, run={}, note=note)
+    name = str((meta.get("model") or {}).get("name") or name)
+    check_shapes(store, path, meta, arrays)
+    flags = arrays["done"][:]
+    tiles, batch = int(meta.get("tiles", arrays["features"].shape[0])), int(meta["batch_size"])
+    batches, done = len(flags), int((flags == 1).sum())
+    tiles_done = done * batch - (batch * batches - tiles if batches and flags[-1] == 1 else 0)
+    made = meta.get("plan") or {}
+    common = {
+        "plan": made.get("name"),
+        "tiles": tiles,
+        "tiles_done": tiles_done,
+        "batches": batches,
+        "batches_done": done,
+        "dtype": str(arrays["features"].dtype),
+        "dim": int(arrays["features"].shape[1]),
+        "started": meta.get("started"),
+        "finished": meta.get("finished"),
+        "lock": lock,
+        "slide_vectors": _slide_vectors(store, path, group, meta),
+        "run": resume_options(meta),
+    }
+    if meta.get("complete") and done < batches:
+        note = (
+            f"{store}: {path} is marked complete with {done} of {batches} batches done: it is "
+            f"damaged; {embed_again(path)}"
+        )
+        return GroupStatus(name, path, "damaged", **common, note=note)
+    if lock is not None:
+        return GroupStatus(name, path, "running", **common, note=_running(lock))
+    other = _other_plan(store, made, plan)
+    if other:
+        return GroupStatus(name, path, "other plan", **common, note=other)
+    if meta.get("complete"):
+        return GroupStatus(name, path, "complete", **common)
+    note = f"{done} of {batches} batches done: the same run resumes it"
+    return GroupStatus(name, path, "partial", **common, note=note)
+
+
+def resume_options(meta: dict[str, Any]) -> dict[str, Any]:
+    """What a run must repeat to resume a group (its record: `RunIdentity.record`), as
+    `embed`'s parameters: batch_size, dtype, precision, compile, and channels, tokens
+    (the grid's side) and quality where the group has them."""
+    options: dict[str, Any] = {k: meta[k] for k in ("batch_size", "dtype") if k in meta}
+    if meta.get("precision") in ("bf16", "fp32"):  # "given": features written by another tool
+        options["precision"] = meta["precision"]
+    if meta.get("compile"):
+        options["compile"] = True
+    if meta.get("channels"):
+        options["channels"] = tuple(meta["channels"])
+    if meta.get("tokens"):
+        options["tokens"] = int(meta["tokens"]["grid"][0])
+    if meta.get("quality"):
+        options["quality"] = True
+    return options
+
+
+def _other_plan(store: Path, made: dict[str, Any], plan: str | None) -> str:
+    """Why a group is not of the plan asked ("" where it is, or none was asked): another
+    name, or the plan of that name stored again since (another uid)."""
+    if plan is None:
+        return ""
+    if made.get("name") == plan:
+        try:
+            stored_plan = open_group(store, f"plans/{plan}").attrs.get("tilestore", {})
+        except KeyError:  # the plan is not stored: its name alone is compared
+            return ""
+        if stored_plan.get("uid") in (None, made.get("uid")):
+            return ""
+        return f"made from an earlier plan {plan!r}, stored again since; pass overwrite=True"
+    return f"made from plan {made.get('name')!r}, not {plan!r}; pass overwrite=True to replace it"
+
+
+def _slide_vectors(
+    store: Path, path: str, group: zarr.Group, meta: dict[str, Any]
+) -> tuple[SlideVector, ...]:
+    """The group's slide vectors, their records and array shapes read (not their values)."""
+    try:
+        slides = group[SLIDES]
+    except KeyError:
+        return ()
+    found = []
+    for folder, vector in sorted(slides.groups()):
+        if folder.startswith("."):  # a killed write's leftover, never read
+            continue
+        try:
+            with stored(store, f"{path}/{SLIDES}/{folder}", "compute it again"):
+                record = vector.attrs["tilestore"]
+                dim = int(record["dim"])
+                shape = vector[VECTOR].shape
+                made_from = str(record["tiles"]["finished"])
+        except StoreError:
+            found.append(SlideVector(folder, None, "damaged"))
+            continue
+        current = made_from == str(meta.get("finished", ""))
+        state = "damaged" if shape != (dim,) else "current" if current else "stale"
+        found.append(SlideVector(str(record.get("encoder") or folder), dim, state))
+    return tuple(found)
+
+
+def _live_lock(store: Path, path: str) -> Lock | None:
+    """The lock of a run writing the group now; None where there is none or its process is
+    gone on this host (the next run takes such a lock over)."""
+    lock = lock_file(Path(os.path.abspath(store)), path)
+    if not lock.exists():
+        return None
+    holder = read_lock(lock)
+    if stale_lock(holder):
+        return None
+    since = holder.get("since")
+    try:
+        age = (dt.datetime.now(dt.UTC) - dt.datetime.fromisoformat(since)).total_seconds()
+    except (TypeError, ValueError):
+        age = None
+    pid = holder.get("pid")
+    return Lock(holder.get("host"), int(pid) if pid else None, since, age)
+
+
+def _running(lock: Lock) -> str:
+    age = f" for {lock.age_s / 60:.0f} min" if lock.age_s is not None else ""
+    return f"written by pid {lock.pid} on {lock.host}{age}"
+
+
+def _stored_name(name: str) -> str:
+    return name.replace(":", "-").replace("/", "_")
+
+
+@dataclass(frozen=True)
+class Finish:
+    """One `embed` run that finishes part of a cohort: the stores (as given) and its
+    options as `embed`'s parameters (model, plan, slide_encoder and what a resume repeats)."""
+
+    stores: tuple[str, ...]
+    options: dict[str, Any]
+
+
+def finishing_runs(
+    found: Sequence[tuple[str, GroupStatus]],
+    model: str,
+    plan: str | None = None,
+    slide_encoder: str | None = None,
+) -> list[Finish]:
+    """The `embed` runs that finish a cohort's stores left (`GroupStatus.left`), each
+    (store, its group's status) in `found`: a partial group with the options it was made
+    with (its plan among them: a resume must repeat them, else it is refused); a group not
+    started with those the cohort's other groups agree on (batch size aside), so the
+    cohort stays one recipe to read (`tilestore.embeddings.recipe`); runs of equal options
+    merged, in the order of the stores. Running, damaged and other-plan groups are left
+    out: a run would be refused on them. With a slide encoder no plan is named: the
+    encoder plans the tiles it reads."""
+    shared = _shared(g.run for _, g in found if g.state in ("complete", "partial"))
+    runs: dict[tuple, list[str]] = {}
+    for store, status in found:
+        if not status.left(slide_encoder):
+            continue
+        options: dict[str, Any] = {"model": model}
+        if status.state == "partial":
+            options.update(status.run or {}, plan=status.plan)
+        elif status.state == "not started":
+            options.update(shared, **({"plan": plan} if plan else {}))
+        if slide_encoder:
+            options.pop("plan", None)
+            options["slide_encoder"] = slide_encoder
+        runs.setdefault(tuple(options.items()), []).append(store)
+    return [Finish(tuple(stores), dict(key)) for key, stores in runs.items()]
+
+
+def _shared(runs) -> dict[str, Any]:
+    """The options every run agrees on, batch size aside ({} where none was made or they
+    differ: a new group then takes the run's defaults)."""
+    made = [{k: v for k, v in (run or {}).items() if k != "batch_size"} for run in runs]
+    if not made or any(m != made[0] for m in made):
+        return {}
+    return made[0]
+
+
+def only_model(found: Sequence[StoreStatus]) -> str:
+    """The model of a cohort whose every store holds one embeddings group, of one model;
+    else OptionError naming the models found (and how many stores hold each)."""
+    held: dict[str, int] = {}
+    for status in found:
+        for group in status.groups:
+            held[group.model] = held.get(group.model, 0) + 1
+    if len(held) == 1 and all(len(s.groups) == 1 for s in found):
+        return next(iter(held))
+    bare = sum(1 for s in found if not s.groups)
+    models = ", ".join(f"{m} ({n} store{'s' * (n != 1)})" for m, n in sorted(held.items()))
+    without = f"; {bare} of {len(found)} stores hold none" if bare else ""
+    raise OptionError(
+        f"which model? embeddings found: {models or 'none'}{without}; name one with model=<name>"
+    )

@@ -285,3 +285,67 @@ def test_a_requeued_array_task_stops_at_a_batch_and_resumes_with_nothing_lost(
     redone = sum(s["tiles"] for s in resumed["slides"])
     assert before + redone == sum(_features(p)[0].shape[0] for p in paths)  # ... none twice
     _assert_equal_to_reference(folder / "stores", cohort_root / "reference")
+
+
+# -- a node's disk full -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs of its own (a node's small local disk), unmounted after the test."""
+    folder = tmp_path / "local"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(folder)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def _fill(folder: Path, leave_kb: int) -> Path:
+    """Fill the file system of `folder` but `leave_kb` KB."""
+    free = shutil.disk_usage(folder).free // 1024
+    filler = folder / "filler"
+    filler.write_bytes(b"\0" * (max(0, free - leave_kb) * 1024))
+    return filler
+
+
+def _files(store: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(store)): p.read_bytes() for p in store.rglob("*") if p.is_file()}
+
+
+def test_a_full_disk_fails_the_task_in_one_line_and_the_rerun_finishes(
+    slurm, cohort_root, stores, small_disk, tmp_path
+):
+    folder = tmp_path / "full"
+    folder.mkdir()
+    shutil.copytree(stores(CMU), small_disk / "stores" / f"a-{CMU}.ome.zarr")
+    (folder / "stores").symlink_to(small_disk / "stores")
+    store = small_disk / "stores" / f"a-{CMU}.ome.zarr"
+    # the plan and the first shard fit, the second does not
+    _tilestore("plan", store, "--mpp", "0.5", "--tile", "224")  # as embed would make it
+    before = _files(store)
+    filler = _fill(small_disk, leave_kb=150)
+    script = folder / "embed.sbatch"
+    script.write_text(array_script(1).replace(CPU_FLAGS, f"{CPU_FLAGS} --plan 0.5mpp-224px"))
+    job = slurm.sbatch(script, cwd=folder)
+    slurm.wait(job, timeout=300)
+    assert slurm.exit_codes(job) == {f"{job}_0": "FAILED 2:0"}, _log(slurm, folder)
+    log = (folder / f"slurm-{job}_0.out").read_text()
+    errors = [line for line in log.splitlines() if "error" in line]
+    assert errors == [
+        f"tilestore: error: a-{CMU}.ome.zarr: writing embeddings/{LITE} (its shard 1): "
+        "No space left on device; free space (or raise the quota), then run the same "
+        "command: what was written before is kept"
+    ]
+    after = _files(store)
+    assert {k: after[k] for k in before} == before  # nothing the store had was touched
+    done = _done_tiles([store])
+    assert done > 0
+    filler.unlink()
+    job = slurm.sbatch(script, cwd=folder)
+    slurm.wait(job, timeout=300)
+    assert slurm.exit_codes(job) == {f"{job}_0": "COMPLETED 0:0"}, _log(slurm, folder)
+    assert f"({done} done before)" in (folder / f"slurm-{job}_0.out").read_text()
+    _assert_equal_to_reference(folder / "stores", cohort_root / "reference")

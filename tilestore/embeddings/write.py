@@ -30,7 +30,7 @@ from tilestore.errors import AlreadyComplete, EmbeddingError
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.leftovers import clear_unfinished_files
 from tilestore.format.shards import SHARD_TILES, batches_per_shard, column, sharded
-from tilestore.format.store import software_versions
+from tilestore.format.store import software_versions, writing
 from tilestore.plan.grid import TilePlan
 from tilestore.reading.slide import Slide
 
@@ -184,9 +184,10 @@ class EmbeddingWriter:
     def create(self) -> None:
         """Make the group (replacing an old one under overwrite=True), unless it is open."""
         if self.group is None:
-            if self._replace:
-                del self.root[self.path]
-            self._open(self._create())
+            with writing(self.slide.name, self.path):
+                if self._replace:
+                    del self.root[self.path]
+                self._open(self._create())
             self._made = True
 
     def _open(self, group) -> None:
@@ -249,12 +250,14 @@ class EmbeddingWriter:
         shard = block // self.per_shard
         first, last = self._shard(shard)
         if all(self._stored[b] or b in self._pending for b in range(first, last)):
-            self._flush(shard)
+            with writing(self.slide.name, f"{self.path} (its shard {shard})"):
+                self._flush(shard)
 
     def flush(self) -> None:
         """Write every shard with batches waiting (a run's end, a trial's last shard)."""
         for shard in sorted({b // self.per_shard for b in self._pending}):
-            self._flush(shard)
+            with writing(self.slide.name, f"{self.path} (its shard {shard})"):
+                self._flush(shard)
 
     def _shard(self, shard: int) -> tuple[int, int]:
         """The batches [first, last) of a shard."""
@@ -338,7 +341,8 @@ class EmbeddingWriter:
                 attrs.update(complete=True, finished=_now(), run=summary)
                 if self.quality is not None:
                     attrs["quality_summary"] = self.quality_summary()
-                self.group.attrs["tilestore"] = attrs
+                with writing(self.slide.name, f"{self.path}'s record"):
+                    self.group.attrs["tilestore"] = attrs
         finally:
             self._release_lock()
 

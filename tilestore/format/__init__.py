@@ -28,6 +28,7 @@ __getattr__, __dir__, __all__ = lazy_face(
             "store_name",
             "tree_size",
             "write_record",
+            "writing",
         ),
     },
 )

@@ -10,6 +10,7 @@ data live beside the image: ``labels/tissue``, ``plans/<name>``,
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from collections.abc import Iterator
@@ -107,6 +108,28 @@ def stored(where: object, what: str, fix: str) -> Iterator[None]:
         raise StoreError(
             f"{where}: {what} is damaged ({type(exc).__name__}: {exc}); {fix}"
         ) from exc
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+@contextlib.contextmanager
+def writing(where: object, what: str) -> Iterator[None]:
+    """Write `what` into the store at `where` inside this: an OSError (a full disk, a quota,
+    a read-only folder) is one StoreError naming the store, what was being written and
+    why, never the bare "No space left on device". Writes are whole files renamed into
+    place, so what was written before is as it was."""
+    try:
+        yield
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        fix = (
+            "free space (or raise the quota), then run the same command: what was written "
+            "before is kept"
+            if exc.errno in FULL
+            else "what was written before is kept"
+        )
+        raise StoreError(f"{where}: writing {what}: {why}; {fix}") from exc
 
 
 def tree_size(path: str | os.PathLike) -> int:

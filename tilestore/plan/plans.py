@@ -9,6 +9,7 @@ were made from.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import os
@@ -20,7 +21,7 @@ import numpy as np
 from tilestore.errors import PlanError
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.shards import column
-from tilestore.format.store import stored
+from tilestore.format.store import stored, writing
 from tilestore.masks.tissue import TissueMask, compute_tissue, read_tissue, write_tissue
 from tilestore.plan.annotations import Annotations, load_annotations
 from tilestore.plan.filters import contrast_keep
@@ -236,6 +237,8 @@ def save_plan(slide: Slide, plan: TilePlan, *, overwrite: bool = False) -> str:
     """Store the plan as plans/<name>; return its uid."""
     root = slide.writable_group()
     plans = root.require_group(PLANS)
+    if plan.name in plans and not _complete(plans[plan.name]):
+        del plans[plan.name]  # a save that failed or was killed part way: never a plan
     if plan.name in plans:
         if not overwrite:
             raise PlanError(
@@ -261,27 +264,40 @@ def save_plan(slide: Slide, plan: TilePlan, *, overwrite: bool = False) -> str:
         b"".join(np.ascontiguousarray(v).tobytes() for v in columns.values())
         + repr(asdict(plan.spec)).encode()
     ).hexdigest()[:16]
-    group = plans.create_group(plan.name)
-    for key, values in columns.items():
-        group.create_array(
-            key,
-            data=np.ascontiguousarray(values),
-            dimension_names=("tile",),
-            **column(zstd_codecs(), len(plan)),
-        )
-    group.attrs["tilestore"] = {
-        "uid": uid,
-        "spec": asdict(plan.spec),
-        "classes": plan.classes,
-        "qc_classes": list(plan.qc),
-        "chunk_shape": list(plan.chunk_shape),
-        "params": plan.params,
-        "notes": plan.notes,
-        "tiles": len(plan),
-        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "complete": True,
-    }
+    try:
+        with writing(slide.name, f"plan {plan.name!r}"):
+            group = plans.create_group(plan.name)
+            for key, values in columns.items():
+                group.create_array(
+                    key,
+                    data=np.ascontiguousarray(values),
+                    dimension_names=("tile",),
+                    **column(zstd_codecs(), len(plan)),
+                )
+            group.attrs["tilestore"] = {
+                "uid": uid,
+                "spec": asdict(plan.spec),
+                "classes": plan.classes,
+                "qc_classes": list(plan.qc),
+                "chunk_shape": list(plan.chunk_shape),
+                "params": plan.params,
+                "notes": plan.notes,
+                "tiles": len(plan),
+                "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "complete": True,
+            }
+    except BaseException:
+        with contextlib.suppress(Exception):  # nothing half-made left to look like a plan
+            del plans[plan.name]
+        raise
     return uid
+
+
+def _complete(group) -> bool:
+    try:
+        return bool(group.attrs.get("tilestore", {}).get("complete"))
+    except Exception:  # a damaged record is no plan either
+        return False
 
 
 def list_plans(slide: Slide) -> list[str]:

@@ -16,6 +16,7 @@ on; rerunning the command skips every complete store.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -84,10 +85,12 @@ class EmbedderPlugin(WorkerPlugin):
         self.model, self.options, self.cpus = model, options, cpus
         self.embedder = None
 
-    def setup(self, worker) -> None:
-        self.embedder = Embedder(self.model, self.options, cpus=self.cpus)
+    async def setup(self, worker) -> None:
         # one slice at a time per model, even on a worker with several threads
         self.lock = threading.Lock()
+        # loaded beside the worker's event loop, not on it: a model load of 20 s would
+        # leave the worker deaf to the scheduler ("Event loop was unresponsive")
+        self.embedder = await asyncio.to_thread(Embedder, self.model, self.options, cpus=self.cpus)
 
     def teardown(self, worker) -> None:
         if self.embedder is not None:

@@ -177,7 +177,7 @@ SlurmdUser=root
 SlurmctldPort={ctld_port}
 SlurmdPort={d_port}
 AuthType=auth/munge
-AuthInfo=socket={munge_socket}
+AuthInfo=socket={munge_socket},cred_expire=10
 CredType=cred/munge
 StateSaveLocation={folder / "state"}
 SlurmdSpoolDir={folder / "spool"}

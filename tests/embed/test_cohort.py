@@ -187,6 +187,7 @@ def test_a_corrupt_slide_is_reported_and_the_cohort_goes_on(cohort, client):
     assert "level 0 chunk (" in failure["error"] and "chunk is corrupt" in failure["error"]
     assert failure["error"].endswith("removed, the store is as it was)")
     assert [s["store"] for s in report.slides] == [str(ihc)]
+    assert report.exit_code == 3  # some failed, the others complete: as the CLI exits
     assert features(ihc)[1].attrs["tilestore"]["complete"]
     assert not (cmu / "embeddings" / LITE).exists()  # nothing was written: as before the run
     lock = cmu.parent / f".{cmu.name}.{LITE}.lock"

@@ -1,0 +1,50 @@
+"""One exit-status rule for every way a cohort runs (`tilestore.embed.outcome`)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+import zarr
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.conftest import CMU, IHC
+from tests.corpus import rewrite_chunk
+from tilestore.embed.outcome import DONE, FAILED, SOME_FAILED, exit_code
+from tilestore.embeddings import group_name
+from tilestore.reading.opening import open_slide
+
+
+@given(st.integers(0, 50), st.integers(0, 50), st.integers(0, 50))
+def test_the_rule(done, failed, refused):
+    code = exit_code(done, failed, refused)
+    if failed + refused == 0:
+        assert code == DONE  # nothing failed (an empty share included)
+    elif done == 0:
+        assert code == FAILED  # nothing done: as a refused command
+    else:
+        assert code == SOME_FAILED
+
+
+@pytest.mark.slow
+def test_one_corrupt_store_of_two_exits_3_and_names_it(tmp_path, stores):
+    good, bad = tmp_path / "good.ome.zarr", tmp_path / "bad.ome.zarr"
+    shutil.copytree(stores(IHC, mpp=0.5), good)
+    shutil.copytree(stores(CMU), bad)
+    reader = open_slide(bad).chunks(0)
+    for row in range(reader.grid[0]):
+        for col in range(reader.grid[1]):
+            rewrite_chunk(bad, lambda _: b"\xff\xd8 not a jpeg", row=row, col=col)
+    run = subprocess.run(
+        [sys.executable, "-m", "tilestore.cli", "embed", good, bad, "--model",
+         "efficientnet-lite0", "--device", "cpu", "--batch-size", "8"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == SOME_FAILED, run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("tilestore: error")]
+    assert len(errors) == 1 and errors[0].startswith(f"tilestore: error: {bad}")
+    group = zarr.open_group(good / group_name("efficientnet-lite0"), mode="r")
+    assert group.attrs["tilestore"]["complete"]

@@ -98,7 +98,12 @@ def embed(
     options: Options = From(Options),
     plan_options: PlanOptions | None = From(PlanOptions, empty_none=True),
 ) -> None:
-    """Embed plan tiles with a foundation model; write embeddings/<model> into each store."""
+    """Embed plan tiles with a foundation model; write embeddings/<model> into each store.
+
+    Exit status:
+    0: every store is complete (embedded now or before).
+    3: some stores failed (each named on stderr), the others are complete: rerun to redo those.
+    2: nothing was done: every store failed or was refused, or the command itself was."""
     if plan and plan_options:
         raise OptionError("--plan names a stored plan: plan options cannot change it")
     if sidecars and not in_place:

@@ -148,6 +148,16 @@ class Slurm:
         shown = self.run("squeue", "-h", "-n", name, "-t", state, "-o", "%i", check=False).stdout
         return sorted(int(line) for line in shown.split())
 
+    def job_ids(self, name: str) -> set[int]:
+        """Every job of this name SLURM still remembers (MinJobAge: 10 minutes), in any state."""
+        shown = self.run("scontrol", "-o", "show", "job", check=False).stdout
+        return {
+            int(fields["JobId"])
+            for line in shown.splitlines()
+            for fields in [dict(f.split("=", 1) for f in line.split() if "=" in f)]
+            if fields.get("JobName") == name
+        }
+
     def wait(self, job: int, timeout: float) -> None:
         """Until no task of the job is pending, running or being requeued."""
         deadline = time.monotonic() + timeout

@@ -58,3 +58,23 @@ def test_progress_in_a_log_is_a_line_every_interval_and_at_the_end(capsys):
         "embedding with uni: 900 of 1,000 done in 90 s (10.0/s), about 10 s left",
         "embedding with uni: 1,000 of 1,000 done in 100 s (10.0/s)",
     ]
+
+
+def test_a_cohorts_progress_lines_say_the_workers_alive():
+    """`embed_cohort` without a progress callback logs through LogLines with the workers'
+    state on each line (`Membership.status`); the lines go where `write` says."""
+    from tilestore.progress import LogLines
+
+    now, said, alive = [0.0], [], ["2 worker(s) alive"]
+    lines = LogLines("uni on Dask", 30.0, clock=lambda: now[0], status=lambda: alive[0],
+                     write=said.append)  # fmt: skip
+    now[0] = 30.0
+    lines(300, 1000)  # as the cohort's progress(tiles, total) callback
+    alive[0] = "1 worker(s) alive, 1 lost"
+    now[0] = 60.0
+    lines(300, 1000)
+    assert said == [
+        "uni on Dask: 300 of 1,000 done in 30 s (10.0/s), about 70 s left; 2 worker(s) alive",
+        "uni on Dask: 600 of 1,000 done in 60 s (10.0/s), about 40 s left; "
+        "1 worker(s) alive, 1 lost",
+    ]

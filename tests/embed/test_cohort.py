@@ -165,6 +165,10 @@ def test_a_killed_worker_loses_nothing(cohort, client):
     assert remaining > 0, "the run ended before the kill"
     report = result["report"]
     assert not report.failures
+    # the loss is reported; a LocalCluster's nanny restarts its worker, nothing is asked
+    ((lost),) = report.lost
+    assert lost["replacement"] == "its nanny restarts it" and lost["address"] == busy[0]
+    assert report.workers_at_end == 2 and not report.ran_short
     for a, b in zip(reference, paths, strict=True):
         fa, _ = features(a)
         fb, group = features(b)

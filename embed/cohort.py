@@ -16,9 +16,7 @@ on; rerunning the command skips every complete store.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,23 +24,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from distributed import WorkerPlugin, as_completed, get_worker
+from distributed import as_completed
 
 from tilestore.conversion import pixel_count
 from tilestore.cpus import usable_cpus
-from tilestore.embed.engine import Embedder
+from tilestore.embed.daskworker import PLUGIN, EmbedderPlugin, run_slice, worker_identity
 from tilestore.embed.jobs import PlanChoice, Slice, prepare, tiles_of
 from tilestore.embed.membership import Membership
 from tilestore.embed.models import get_model
 from tilestore.embed.outcome import exit_code
 from tilestore.embed.report import quality_line
 from tilestore.embed.settings import SLICE_TILES, Options, SliceTiles
-from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity
-from tilestore.errors import DeviceError, OptionError, StoreError, TilestoreError
+from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
+from tilestore.errors import DeviceError, OptionError, TilestoreError
 from tilestore.options import checked
 from tilestore.progress import LogLines, to_stderr
-
-PLUGIN = "tilestore-embedder"
 
 
 def shard(stores: Sequence[str | os.PathLike], k: int, n: int) -> list[str]:
@@ -69,63 +65,6 @@ def _size(store: str) -> int:
     """Level-0 pixels of a store or slide file (a cheap proxy for its work), read without
     writing anything; 0 if it cannot be opened."""
     return pixel_count(store)
-
-
-# -- the worker side --------------------------------------------------------------------------
-
-
-class EmbedderPlugin(WorkerPlugin):
-    """A Dask worker plugin: loads the model once per worker and keeps it for every task.
-
-    cpus: the CPUs each worker may use (None: its own affinity)."""
-
-    name = PLUGIN
-
-    def __init__(self, model: str, options: Options, cpus: int | None = None) -> None:
-        self.model, self.options, self.cpus = model, options, cpus
-        self.embedder = None
-
-    async def setup(self, worker) -> None:
-        # one slice at a time per model, even on a worker with several threads
-        self.lock = threading.Lock()
-        # loaded beside the worker's event loop, not on it: a model load of 20 s would
-        # leave the worker deaf to the scheduler ("Event loop was unresponsive")
-        self.embedder = await asyncio.to_thread(Embedder, self.model, self.options, cpus=self.cpus)
-
-    def teardown(self, worker) -> None:
-        if self.embedder is not None:
-            self.embedder.close()
-
-
-def _embedder():
-    return get_worker().plugins[PLUGIN].embedder
-
-
-def worker_identity() -> RunIdentity:
-    """What the coordinator needs to create groups the workers can write into."""
-    return _embedder().writer_identity()
-
-
-def run_slice(piece: Slice) -> dict[str, Any]:
-    """A Dask task: embed one slice on this worker's model; return what happened."""
-    plugin = get_worker().plugins[PLUGIN]
-    started = time.perf_counter()
-    with plugin.lock:
-        report = plugin.embedder.embed_slices([piece])
-    if report.failures:  # the slide's data failed: the coordinator drops its other slices
-        raise StoreError(f"{piece.store}: {report.failures[0]['error']}")
-    return {
-        "store": piece.store,
-        "start": piece.start,
-        "tiles": report.tiles,
-        "seconds": round(time.perf_counter() - started, 3),
-        "worker": get_worker().address,
-        "device": report.device_name,
-        "gpu_util_mean": report.gpu_util_mean,
-        "gpu_busy_fraction": report.gpu_busy_fraction,
-        "peak_gpu_allocated_mb": report.peak_gpu_allocated_mb,
-        "decoders": plugin.embedder.settings.decoders,
-    }
 
 
 # -- the coordinator ----------------------------------------------------------------------------

@@ -219,6 +219,9 @@ def test_readme_dask_script_embeds_every_store_once(slurm, cohort_root, tmp_path
     assert "lost" not in stdout + stderr
     _assert_equal_to_reference(folder / "stores", cohort_root / "reference")
     assert not list(folder.rglob("*.dirlock"))  # Dask's scratch went to the node's TMPDIR
+    workers = "".join(p.read_text() for p in folder.glob("slurm-*.out"))
+    assert "Starting Worker plugin tilestore-embedder" in workers
+    assert "Event loop was unresponsive" not in workers  # the model loads beside the loop
 
 
 def test_a_cancelled_worker_job_is_named_replaced_and_its_work_redone(

@@ -1,0 +1,84 @@
+"""The Dask worker's side of a cohort (`tilestore.embed.cohort`): the plugin that loads the
+model once per worker, and the tasks it runs.
+
+Light to import: a worker unpickles the plugin, and so imports this module, on its event
+loop, which must keep answering the scheduler; torch and the engine are imported when the
+plugin sets up, beside the loop (a ViT's imports and load took 7-21 s there before).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from distributed import WorkerPlugin, get_worker
+
+from tilestore.embed.settings import Options
+from tilestore.errors import StoreError
+
+if TYPE_CHECKING:
+    from tilestore.embed.jobs import Slice
+    from tilestore.embeddings import RunIdentity
+
+PLUGIN = "tilestore-embedder"
+
+
+class EmbedderPlugin(WorkerPlugin):
+    """A Dask worker plugin: loads the model once per worker and keeps it for every task.
+
+    cpus: the CPUs each worker may use (None: its own affinity)."""
+
+    name = PLUGIN
+
+    def __init__(self, model: str, options: Options, cpus: int | None = None) -> None:
+        self.model, self.options, self.cpus = model, options, cpus
+        self.embedder = None
+
+    async def setup(self, worker) -> None:
+        # one slice at a time per model, even on a worker with several threads
+        self.lock = threading.Lock()
+        # imported and loaded beside the worker's event loop, not on it: else the worker
+        # stops answering the scheduler while it loads ("Event loop was unresponsive")
+        self.embedder = await asyncio.to_thread(self._load)
+
+    def _load(self):
+        from tilestore.embed.engine import Embedder
+
+        return Embedder(self.model, self.options, cpus=self.cpus)
+
+    def teardown(self, worker) -> None:
+        if self.embedder is not None:
+            self.embedder.close()
+
+
+def _embedder():
+    return get_worker().plugins[PLUGIN].embedder
+
+
+def worker_identity() -> RunIdentity:
+    """What the coordinator needs to create groups the workers can write into."""
+    return _embedder().writer_identity()
+
+
+def run_slice(piece: Slice) -> dict[str, Any]:
+    """A Dask task: embed one slice on this worker's model; return what happened."""
+    plugin = get_worker().plugins[PLUGIN]
+    started = time.perf_counter()
+    with plugin.lock:
+        report = plugin.embedder.embed_slices([piece])
+    if report.failures:  # the slide's data failed: the coordinator drops its other slices
+        raise StoreError(f"{piece.store}: {report.failures[0]['error']}")
+    return {
+        "store": piece.store,
+        "start": piece.start,
+        "tiles": report.tiles,
+        "seconds": round(time.perf_counter() - started, 3),
+        "worker": get_worker().address,
+        "device": report.device_name,
+        "gpu_util_mean": report.gpu_util_mean,
+        "gpu_busy_fraction": report.gpu_busy_fraction,
+        "peak_gpu_allocated_mb": report.peak_gpu_allocated_mb,
+        "decoders": plugin.embedder.settings.decoders,
+    }

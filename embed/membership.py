@@ -53,6 +53,7 @@ class Membership:
         self.alive = dict(self.at_start)
         self._running: dict[str, list[str]] = {}
         self._stop = threading.Event()
+        self._unreachable = False
         self._thread = threading.Thread(target=self._follow, name="tilestore-workers", daemon=True)
         self._thread.start()
 
@@ -60,15 +61,21 @@ class Membership:
         """Stop following (the cohort is done); take a last look."""
         self._stop.set()
         self._thread.join(timeout=10)
-        self.look()
+        self._look_or_say()
 
     def _follow(self) -> None:
         while not self._stop.wait(self.every):
-            try:
-                self.look()
-            except Exception:  # the scheduler going away at the end: the last look says it
-                if self._stop.is_set():
-                    return
+            self._look_or_say()
+
+    def _look_or_say(self) -> None:
+        try:
+            self.look()
+        except (OSError, TimeoutError, RuntimeError) as exc:  # the scheduler unreachable
+            if not self._unreachable:
+                self._unreachable = True  # said once, not every second
+                self._say(f"cannot ask the scheduler for its workers ({exc}); trying on")
+        else:
+            self._unreachable = False
 
     def look(self) -> None:
         """Compare the scheduler's workers with the last look: losses, joins, replacements."""

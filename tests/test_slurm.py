@@ -213,6 +213,7 @@ def test_readme_dask_script_embeds_every_store_once(slurm, cohort_root, tmp_path
     (folder / "embed_cohort.py").write_text(dask_script(2))
     run = _run_script(folder, slurm)
     stdout, stderr = run.communicate(timeout=600)
+    print(stdout, stderr)
     assert run.returncode == 0, stderr[-3000:] + _log(slurm, folder)
     assert "daemonic workers: [False]" in stdout  # the prologue's setting reached them
     assert "efficientnet-lite0: 94 tiles on 2 worker(s)" in stdout

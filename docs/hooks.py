@@ -210,7 +210,10 @@ def exit_codes_embed() -> str:
     stated = {outcome.DONE, outcome.FAILED, outcome.SOME_FAILED}
     if {code for code, _ in codes} != stated:  # the docstring and the constants disagree
         raise ValueError(f"embed/outcome.py's docstring lists {codes}, its constants {stated}")
-    rows = ["| exit | `tilestore embed`, an array task, `embed_cohort`'s `exit_code` |", "|---|---|"]
+    rows = [
+        "| exit | `tilestore embed`, an array task, `embed_cohort`'s `exit_code` |",
+        "|---|---|",
+    ]
     return "\n".join(rows + [f"| {code} | {_cell(text)} |" for code, text in codes])
 
 
@@ -245,8 +248,7 @@ def record_fields(module: str) -> str:
                 default = ast.get_source_segment(source, item.value) if item.value else "-"
                 kind = ast.get_source_segment(source, item.annotation)
                 parts.append(
-                    f"| `{item.target.id}` | `{_code(kind)}` | `{_code(default)}` "
-                    f"| {_cell(note)} |"
+                    f"| `{item.target.id}` | `{_code(kind)}` | `{_code(default)}` | {_cell(note)} |"
                 )
         parts.append("")
     return "\n".join(parts)

@@ -30,8 +30,8 @@ def to_anndata(
 ) -> Path:
     """Write the tiles as an AnnData .h5ad: X = features, obs = tile table; return the path.
 
-    obsm["spatial"] holds each tile's centre in level-0 pixels; with `images`,
-    uns["spatial"][slide] holds a thumbnail and the scale factors squidpy expects
+    `obsm["spatial"]` holds each tile's centre in level-0 pixels; with `images`,
+    `uns["spatial"][slide]` holds a thumbnail and the scale factors squidpy expects
     (``sq.pl.spatial_scatter(adata, library_key="slide", library_id=...)``). obs: extra
     per-tile columns, e.g. {"cluster": ds.tiles.kmeans(8)}.
     """

@@ -68,6 +68,10 @@ class LogLines:
         if self.clock() - self.last >= self.every:
             self._line()
 
+    def say(self, line: str) -> None:
+        """A line of what the job does, at once."""
+        print(line, file=sys.stderr, flush=True)
+
     def finish(self) -> None:
         """The closing line, where the job was long enough to have had one before (a short
         one's result lines say all)."""
@@ -87,6 +91,15 @@ class LogLines:
             file=sys.stderr,
             flush=True,
         )
+
+
+def said_by(progress: Progress | LogLines) -> Callable[[str], None]:
+    """Where the library's lines of what it does (compiling, waiting for a compile) go as
+    it works: above a live progress bar, or straight into the log (flushed: a SLURM log
+    shows them as they happen, not at exit)."""
+    if isinstance(progress, LogLines):
+        return progress.say
+    return lambda line: progress.console.print(line, highlight=False, markup=False)
 
 
 def text_table(*columns: str) -> Table:

@@ -37,7 +37,13 @@ FLOORS = (
     ("tilestore.reading",),
     ("tilestore.sources",),
     ("tilestore.format",),
-    ("tilestore.errors", "tilestore.cpus", "tilestore.faces", "tilestore.options"),
+    (
+        "tilestore.errors",
+        "tilestore.cpus",
+        "tilestore.faces",
+        "tilestore.locks",
+        "tilestore.options",
+    ),
 )
 # conversion writes stores: only the job (embed) and the command start it, never a reader,
 # a plan, QC, analysis, the viewer or an export (an OME-TIFF reads a store, it is not its

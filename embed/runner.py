@@ -116,8 +116,8 @@ class Runner:
         """The model's first call on the run's shape, said where it compiles."""
         tiles = torch.zeros((batch, read, read, 3), dtype=torch.uint8, device=self.settings.device)
         compiles = self.settings.compile and (cache is None or not cache.loaded)
-        name = self.forward.loaded.spec.name
         if compiles:
+            name = self.forward.loaded.spec.name
             say(
                 f"compiling {name} for batch {batch} of {read} px tiles (torch.compile; "
                 "10-130 s the first time) ..."

@@ -58,3 +58,21 @@ def test_progress_in_a_log_is_a_line_every_interval_and_at_the_end(capsys):
         "embedding with uni: 900 of 1,000 done in 90 s (10.0/s), about 10 s left",
         "embedding with uni: 1,000 of 1,000 done in 100 s (10.0/s)",
     ]
+
+
+def test_what_a_run_says_as_it_works_goes_to_the_log_at_once_or_above_the_bar(capsys):
+    """A compile is minutes without a batch: its lines reach a SLURM log as they are said
+    (not at exit), and on a terminal print above the live bar instead of through it."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from tilestore.cli.console import LogLines, said_by
+
+    said_by(LogLines("embedding with uni", 30.0))("compiling uni for batch 512 ...")
+    assert capsys.readouterr().err == "compiling uni for batch 512 ...\n"
+    terminal = Console(record=True, force_terminal=True, width=200)
+    with Progress(console=terminal) as bar:
+        said_by(bar)("waiting for node12:4711 compiling /shared/uni-1.bin [for 40 s]")
+    assert (
+        "waiting for node12:4711 compiling /shared/uni-1.bin [for 40 s]" in terminal.export_text()
+    )

@@ -219,3 +219,12 @@ def test_an_entry_written_just_before_the_lock_was_taken_is_loaded(tmp_path, art
         note = cache.claim()
     assert note.startswith("compile cache: waited 0 s, then loaded") and cache.loaded
     assert not cache.holding and not cache.lock.exists()
+
+
+def test_models_compile_without_a_cache_is_refused_before_the_model_loads(monkeypatch):
+    from tilestore.embed import Options, compile_ahead, compileahead
+    from tilestore.errors import OptionError
+
+    monkeypatch.setattr(compileahead, "Embedder", None)  # the model is never loaded
+    with pytest.raises(OptionError, match=r"compile_cache='off': there is no cache to fill"):
+        compile_ahead("timm:test_vit", Options(compile_cache="off"))

@@ -1,8 +1,9 @@
 """One compile per SLURM array: N concurrent `tilestore embed --compile` tasks, started at
 once as an array's tasks are, with one fresh shared compile cache (one compiles, the others
 wait and load its entry) against N that each compile (a compile cache of their own each,
-as before the lock). Each task has its own Inductor cache and tilestore cache (a node's),
-and its own copy of the store.
+as before the lock), and N that find the entry made beforehand (`tilestore models
+compile`: here, the shared arm's entry copied). Each task has its own Inductor cache and
+tilestore cache (a node's), and its own copy of the store.
 
     python bench/compile_once.py [--tasks 4] [--reps 1] [--model timm:vit_tiny_patch16_224]
 
@@ -15,10 +16,12 @@ import argparse
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -40,25 +43,35 @@ def main() -> None:
     (store,) = (args.work / "source").glob("*.ome.zarr")
     rows = []
     for rep in range(args.reps):
-        for arm in ("each its own cache", "one shared cache"):
+        for arm in ARMS:
             rows.append(_arm(arm, rep, store, args))
     print(f"{args.tasks} concurrent tasks, {args.model}, {_machine()}")
-    print("| arm | rep | wall s (all tasks) | task wall s (min-max) | compiled | waited | CPU s |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| arm | rep | wall s (all tasks) | task wall s (min-max) | warm-up s (min-max) "
+        "| compiled | waited | CPU s |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
+        walls, warm = r["task_wall_s"], r["warm_up_s"]
         print(
-            f"| {r['arm']} | {r['rep']} | {r['wall_s']:.1f} | {min(r['task_wall_s']):.1f}-"
-            f"{max(r['task_wall_s']):.1f} | {r['compiled']} | {r['waited']} | {r['cpu_s']:.0f} |"
+            f"| {r['arm']} | {r['rep']} | {r['wall_s']:.1f} | {min(walls):.1f}-{max(walls):.1f} "
+            f"| {min(warm):.1f}-{max(warm):.1f} | {r['compiled']} | {r['waited']} "
+            f"| {r['cpu_s']:.0f} |"
         )
     out = HERE / "results" / "compile-once.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"machine": _machine(), "model": args.model, "rows": rows}, indent=2))
 
 
+ARMS = ("each its own cache", "one shared cache", "entry made beforehand")
+
+
 def _arm(arm: str, rep: int, store: Path, args) -> dict:
     """Start the tasks at once; their walls, the whole's, the CPU of all, who compiled."""
-    folder = args.work / f"{rep}-{'shared' if 'shared' in arm else 'own'}"
+    folder = args.work / f"{rep}-{ARMS.index(arm)}"
     shared = folder / "compile-cache"
+    if arm == ARMS[2]:  # the entry the shared arm's task compiled
+        shutil.copytree(args.work / f"{rep}-1" / "compile-cache", shared)
     tasks = []
     cpu_before = _children_cpu()
     started = time.perf_counter()
@@ -66,7 +79,7 @@ def _arm(arm: str, rep: int, store: Path, args) -> dict:
         node = folder / f"task{k}"
         copy = node / store.name
         shutil.copytree(store, copy)
-        cache = shared if "shared" in arm else node / "compile-cache"
+        cache = node / "compile-cache" if arm == ARMS[0] else shared
         env = {
             **os.environ,
             "TORCHINDUCTOR_CACHE_DIR": str(node / "inductor"),
@@ -79,23 +92,39 @@ def _arm(arm: str, rep: int, store: Path, args) -> dict:
         ]
         log = open(node / "task.err", "w")  # noqa: SIM115 (the child's, closed at exit)
         tasks.append((_start(command, env, node / "task.out", log), time.perf_counter(), node))
-    walls = []
-    for process, began, _ in tasks:
-        if process.wait() != 0:
-            raise SystemExit(f"a task failed: see {folder}")
-        walls.append(time.perf_counter() - began)
-    wall = time.perf_counter() - started
+    ended: dict[int, float] = {}
+    watchers = [threading.Thread(target=_watch, args=(process, ended)) for process, _, _ in tasks]
+    for watcher in watchers:
+        watcher.start()
+    for watcher in watchers:
+        watcher.join()
+    if any(process.returncode for process, _, _ in tasks):
+        raise SystemExit(f"a task failed: see {folder}")
+    walls = [ended[process.pid] - began for process, began, _ in tasks]
+    wall = max(ended.values()) - started
     logs = [(node / "task.err").read_text() for _, _, node in tasks]
+    reports = [(node / "task.out").read_text() for _, _, node in tasks]
     return {
         "arm": arm,
         "rep": rep,
         "wall_s": round(wall, 2),
         "task_wall_s": [round(w, 2) for w in walls],
+        "warm_up_s": [float(WARM_UP.search(report).group(1)) for report in reports],
         "compiled": sum(f"compiling {args.model}" in log for log in logs),
         "waited": sum("waiting for " in log for log in logs),
         "cpu_s": round(_children_cpu() - cpu_before, 1),
         "entries": len(list(folder.rglob("*.bin"))),
     }
+
+
+WARM_UP = re.compile(r"model warm-up \(CUDA set-up, compilation\) ([0-9.]+) s")
+
+
+def _watch(process: subprocess.Popen, ended: dict[int, float]) -> None:
+    """The moment the task ends (each watched on its own: waited in turn, a task that ends
+    early would be timed when the one before it ends)."""
+    process.wait()
+    ended[process.pid] = time.perf_counter()
 
 
 def _start(command, env, out: Path, err) -> subprocess.Popen:

@@ -53,6 +53,15 @@ class progress_bar:
             self.lines.finish()
 
 
+def said_by(progress: Progress | LogLines) -> Callable[[str], None]:
+    """Where the library's lines of what it does (compiling, waiting for a compile) go as
+    it works: above a live progress bar, or straight into the log (flushed: a SLURM log
+    shows them as they happen, not at exit)."""
+    if isinstance(progress, LogLines):
+        return progress.say
+    return lambda line: progress.console.print(line, highlight=False, markup=False)
+
+
 def text_table(*columns: str) -> Table:
     """A borderless table of these columns, folding long cells."""
     result = Table(box=None, pad_edge=False)

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from tilestore import OptionError
-from tilestore.cli.console import as_flags, err, flags_of, out, output_file, text_table
+from tilestore.cli.console import as_flags, err, flags_of, out, output_file, said_by, text_table
 from tilestore.cli.console import progress_bar as _progress
 from tilestore.cli.flags import From, with_flags
 from tilestore.embed import (
@@ -177,6 +177,7 @@ def embed(
             report_path=report,
             progress=lambda n, total: progress.update(task, advance=n, total=total),
             checked=checked,
+            say=said_by(progress),
         )
     for line in format_report(result):  # plain print: never wrap a line
         failed = line.startswith(("WARNING", "tilestore: error"))
@@ -426,6 +427,52 @@ def models_pull(
         f"{name}: {checkpoint.repo} revision {checkpoint.revision} -> {checkpoint.weights}",
         highlight=False,
     )
+
+
+@models_app.command("compile")
+@with_flags
+def models_compile(
+    name: str = typer.Argument(..., help="Model name, timm:<arch> or local:<dir>."),
+    like: Path | None = typer.Option(
+        None,
+        help="A store of the cohort: its plan gives the tiles' read size (default: the "
+        "model's tile; a 40x slide read at 0.5 um/px without such a level reads larger "
+        "windows, another compiled shape).",
+    ),
+    plan: str | None = typer.Option(None, help="--like: which stored plan (as `embed --plan`)."),
+    options: Options = From(
+        Options,
+        only=(
+            "batch_size",
+            "device",
+            "precision",
+            "compile_cache",
+            "tokens",
+            "quality",
+            "any_scale",
+            "hf_token",
+        ),
+    ),
+) -> None:
+    """Compile a model into the compile cache ahead of a SLURM array (`embed --compile
+    --compile-cache DIR` with the same model, batch size, device and precision), so that no
+    task of the array compiles."""
+    from tilestore.embed import compile_ahead
+
+    result = compile_ahead(name, options, like=like, plan=plan, say=_say)
+    what = f"{result.model}, batch {result.batch} of {result.read} px tiles on {result.device}"
+    for note in result.notes:
+        print(note, file=sys.stderr)
+    # plain print: the entry's path whole on one line, for scripts and logs
+    if not result.compiled:
+        print(f"{what}: in the compile cache already: {result.entry} ({result.seconds:.1f} s)")
+        return
+    print(f"{what}: compiled in {result.seconds:.1f} s -> {result.entry}")
+
+
+def _say(line: str) -> None:
+    """A line the library says as it works, on stderr at once (a SLURM log too)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 @models_app.command("profile")

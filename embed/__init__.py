@@ -29,6 +29,7 @@ __getattr__, __dir__, __all__ = lazy_face(
             "shard",
             "summary_lines",
         ),
+        "tilestore.embed.compileahead": ("Compiled", "compile_ahead"),
         "tilestore.embed.dryrun": ("dry_run",),
         "tilestore.embed.engine": ("Embedder", "embed"),
         "tilestore.embed.inputs": ("Stager",),
@@ -77,6 +78,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         shard,
         summary_lines,
     )
+    from tilestore.embed.compileahead import Compiled, compile_ahead
     from tilestore.embed.dryrun import dry_run
     from tilestore.embed.engine import Embedder, embed
     from tilestore.embed.inputs import Stager

@@ -9,6 +9,12 @@ compiling (`load_cache_artifacts`), so Inductor finds its work done. The folder 
 the user's cache; on a cluster, a shared file system (`--compile-cache DIR`) serves every
 node. Each file has a JSON sidecar with its key and the artifacts' SHA-256: an entry whose
 key or bytes do not match, or that torch refuses, is ignored with a note and replaced.
+
+One compile per array: the first process to find no entry takes a lock beside it
+(`<entry>.lock`, `tilestore.locks`), compiles, saves and releases it; the others say once
+that they wait for it, then load what it saved. A holder that died (this host: its pid
+gone; another host: its lock older than `Waiting.stale_after`) is taken over by one
+waiter; a wait past `Waiting.limit` compiles anyway, with a note.
 """
 
 from __future__ import annotations
@@ -18,10 +24,15 @@ import datetime as dt
 import hashlib
 import json
 import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from tilestore import locks
 
 
 def cache_key(model: dict[str, Any], batch: int, read: int, precision: str, device) -> dict:
@@ -46,15 +57,105 @@ def cache_key(model: dict[str, Any], batch: int, read: int, precision: str, devi
     }
 
 
-class CompileCache:
-    """The cache entry for one key in `folder`."""
+@dataclass(frozen=True)
+class Waiting:
+    """How a process waits for another compiling the same entry.
 
-    def __init__(self, folder: Path, key: dict) -> None:
+    stale_after: a lock older than this is taken for its holder's, dead (another host's
+    pid cannot be asked); a compile takes 10-130 s, so ten minutes is generous. limit: a
+    waiter gives up after this and compiles itself. clock and sleep: stood in for in
+    tests."""
+
+    stale_after: float = 600.0
+    limit: float = 1200.0
+    poll: float = 1.0
+    clock: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
+
+
+class CompileCache:
+    """The cache entry for one key in `folder`, and the lock of whoever compiles it."""
+
+    def __init__(self, folder: Path, key: dict, waiting: Waiting | None = None) -> None:
         self.key = key
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
         self.path = Path(folder) / f"{key['model']['name'].replace('/', '-')}-{digest}.bin"
         self.sidecar = self.path.with_suffix(".json")
+        self.lock = self.path.with_name(self.path.name + ".lock")
+        self.waiting = waiting or Waiting()
         self.loaded = False
+        self.holding = False  # this process holds the lock: it compiles, saves, releases
+
+    def claim(self, say: Callable[[str], None] | None = None) -> str:
+        """Load the entry, or make this process the one that compiles it: where another
+        holds the lock, wait (saying so once, through `say`) until its entry is written or
+        its holder is gone. Say what happened, for the report; `release` after saving."""
+        seen = self._written()
+        note = self.load()
+        if self.loaded:
+            return note
+        wait = self.waiting
+        started, told, taken_over = wait.clock(), None, None
+        while True:
+            if self._written() not in (seen, None):  # written since: load it
+                seen = self._written()
+                if self._load_new():
+                    return self._waited(told, started)
+            if locks.take(self.lock, wait.clock):
+                self.holding = True
+                if self._written() not in (seen, None) and self._load_new():
+                    return self._waited(told, started)
+                return _compiles_here(note, self.lock, taken_over)
+            holder = locks.read(self.lock)
+            if holder is None:  # released meanwhile: look again
+                continue
+            now = wait.clock()
+            why = locks.gone(holder, now, wait.stale_after)
+            if why is not None:
+                locks.clear(self.lock, holder)
+                taken_over = f"{holder.name}'s lock taken over ({why})"
+                continue
+            if now - started > wait.limit:
+                return (
+                    f"compile cache: waited {now - started:.0f} s for {holder.name} compiling "
+                    f"{self.path}; compiled here anyway (past the wait limit, "
+                    f"{wait.limit:.0f} s)"
+                )
+            if told is None:
+                told = holder
+                age = holder.age(now)
+                since = f" (for {age:.0f} s so far)" if age is not None else ""
+                if say is not None:
+                    say(f"waiting for {holder.name} compiling {self.path}{since}")
+            wait.sleep(wait.poll)
+
+    def release(self) -> None:
+        """Give the lock back (after saving, or after the compile failed)."""
+        if self.holding:
+            locks.release(self.lock)
+            self.holding = False
+
+    def _load_new(self) -> bool:
+        """Load an entry another process has just written; the lock, if held, is not
+        needed then."""
+        self.load()
+        if self.loaded:
+            self.release()
+        return self.loaded
+
+    def _written(self) -> tuple | None:
+        """The entry's files' times and sizes (None: not both there): a change means a
+        process wrote it."""
+        try:
+            stats = self.path.stat(), self.sidecar.stat()
+        except FileNotFoundError:
+            return None
+        return tuple((s.st_mtime_ns, s.st_size) for s in stats)
+
+    def _waited(self, holder: locks.Holder | None, started: float) -> str:
+        waited = self.waiting.clock() - started
+        by = f" for {holder.name}" if holder is not None else ""
+        return f"compile cache: waited {waited:.0f} s{by}, then loaded {self.path}"
 
     def load(self) -> str:
         """Load the entry's artifacts into torch's caches (before compiling); say what
@@ -103,3 +204,10 @@ class CompileCache:
                 os.replace(tmp, target)
             return f"compile cache: saved {self.path} ({len(data) / 2**20:.1f} MB)"
         return f"compile cache: could not write {self.path}"
+
+
+def _compiles_here(note: str, lock: Path, taken_over: str | None) -> str:
+    """The note of the process that compiles: why (no entry, a bad one) and its lock."""
+    if taken_over is None:
+        return f"{note}; compiled here (others wait on {lock})"
+    return f"{note}; compiled here, {taken_over}"

@@ -17,6 +17,7 @@ from distributed import WorkerPlugin, get_worker
 
 from tilestore.embed.settings import Options
 from tilestore.errors import StoreError
+from tilestore.progress import to_stderr
 
 if TYPE_CHECKING:
     from tilestore.embed.jobs import Slice
@@ -67,7 +68,8 @@ def run_slice(piece: Slice) -> dict[str, Any]:
     plugin = get_worker().plugins[PLUGIN]
     started = time.perf_counter()
     with plugin.lock:
-        report = plugin.embedder.embed_slices([piece])
+        # the worker's log (a SLURM job's output) says when it compiles or waits for a compile
+        report = plugin.embedder.embed_slices([piece], say=to_stderr)
     if report.failures:  # the slide's data failed: the coordinator drops its other slices
         raise StoreError(f"{piece.store}: {report.failures[0]['error']}")
     return {

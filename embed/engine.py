@@ -30,7 +30,7 @@ from tilestore.embed.models import LoadedModel, load_model
 from tilestore.embed.nvjpeg import GpuJpeg
 from tilestore.embed.preflight import Preflight, check_stores
 from tilestore.embed.procdecode import ProcessDecoder
-from tilestore.embed.report import RunReport, Sampler
+from tilestore.embed.report import RunReport, Sampler, Stats
 from tilestore.embed.runner import Runner
 from tilestore.embed.settings import Options, Precision, Settings, resolve
 from tilestore.embed.sizing import choose_batch, remembered_rate
@@ -54,6 +54,7 @@ def embed(
     sidecars: str | os.PathLike | None = None,
     scan_mpp: ScanMpp = None,
     checked: Preflight | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> RunReport:
     """Embed each store's plan tiles with one model, writing embeddings/<model> into the store.
 
@@ -76,6 +77,10 @@ def embed(
     checked: what `tilestore.embed.preflight` found of these stores before (the command
     checks them before it imports torch); else they are checked here, before the model
     loads: refused and complete stores go into the report without costing a model load.
+
+    progress: called with (tiles done, total) as batches are written. say: called with a
+    line for each step before the first batch that may take long (compiling, or waiting
+    for another process compiling the same graphs), as it happens.
     """
     if checked is None and not isinstance(stores, Stager):
         name = model.spec.name if isinstance(model, LoadedModel) else model
@@ -90,7 +95,12 @@ def embed(
     try:
         with Embedder(model, options) as embedder:
             return embedder.embed(
-                inputs, plan=plan, report_path=report_path, progress=progress, checked=checked
+                inputs,
+                plan=plan,
+                report_path=report_path,
+                progress=progress,
+                checked=checked,
+                say=say,
             )
     finally:
         inputs.close()
@@ -161,6 +171,14 @@ class Embedder:
             quality=self.quality.record() if self.quality else None,
         )
 
+    def warm_up(self, read: int, say: Callable[[str], None] | None = None) -> list[str]:
+        """Run the model once on tiles read as `read` px windows, at the run's batch size,
+        as a run does for its first slide (with compile: compiled, through the compile
+        cache); the notes it made. A later run on such tiles starts warm."""
+        self.runner._warm_up(Stats(), self.settings.batch_size, read, say)
+        notes, self.runner.notes = self.runner.notes, []
+        return notes
+
     def __enter__(self) -> Embedder:
         return self
 
@@ -184,6 +202,7 @@ class Embedder:
         report_path: str | os.PathLike | None = None,
         progress: Callable[[int, int], None] | None = None,
         checked: Preflight | None = None,
+        say: Callable[[str], None] | None = None,
     ) -> RunReport:
         """Embed whole stores, or the slides a Stager converts (see `embed`); checked: what
         was refused or skipped of them before (`tilestore.embed.preflight`), for the report."""
@@ -203,6 +222,7 @@ class Embedder:
             report_path,
             progress,
             checked,
+            say,
         )
 
     def embed_slices(
@@ -210,10 +230,12 @@ class Embedder:
         slices: list[Slice],
         *,
         progress: Callable[[int, int], None] | None = None,
+        say: Callable[[str], None] | None = None,
     ) -> RunReport:
-        """Embed the batches of each slice still to do, into groups made beforehand."""
+        """Embed the batches of each slice still to do, into groups made beforehand. say:
+        called with a line as the run does something worth a log line (compiling)."""
         identity = self.writer_identity()
-        return self._run(lambda report: slice_jobs(slices, identity), None, progress)
+        return self._run(lambda report: slice_jobs(slices, identity), None, progress, say=say)
 
     def _run(
         self,
@@ -221,6 +243,7 @@ class Embedder:
         report_path: str | os.PathLike | None,
         progress: Callable[[int, int], None] | None,
         checked: Preflight | None = None,
+        say: Callable[[str], None] | None = None,
     ) -> RunReport:
         started, wall_started = time.perf_counter(), time.time()
         report = RunReport.start(self.loaded.describe(), self.settings)
@@ -234,7 +257,7 @@ class Embedder:
         if self.settings.cuda:  # the run's peak, not the batch search's
             torch.cuda.reset_peak_memory_stats(self.settings.device)
         with Sampler(self.settings.device) as sampler:
-            stats = self.runner.run(make_jobs(report), report, progress)
+            stats = self.runner.run(make_jobs(report), report, progress, say)
         report.finish(time.perf_counter() - started + report.setup_s, sampler, stats)
         if self.settings.profile == "torch":
             trace = Path(self.settings.profile_out)

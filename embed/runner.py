@@ -26,7 +26,7 @@ import torch
 from tilestore.embed import nvtx
 from tilestore.embed.assemble import Batch
 from tilestore.embed.buffers import SlotPool
-from tilestore.embed.compilecache import CompileCache, cache_key
+from tilestore.embed.compilecache import CompileCache, Waiting, cache_key
 from tilestore.embed.forward import Forward
 from tilestore.embed.jobs import Job
 from tilestore.embed.models import ModelError
@@ -57,6 +57,8 @@ class Runner:
         self.forward, self.settings = forward, settings
         self.processes, self.gpu_jpeg = processes, gpu_jpeg
         self.warm = False  # the model has run once at the run's batch size
+        self.waiting = Waiting()  # how a warm-up waits for another process compiling
+        self.compiled_s: float | None = None  # seconds the warm-up compiled (None: it did not)
         self.notes: list[str] = []  # what the warm-up did with the compile cache
         self.marks: nvtx.Nvtx | nvtx.TorchMarks | None = None  # named ranges, when profiling
         if settings.profile == "torch":
@@ -69,32 +71,65 @@ class Runner:
                     "torch, as the nvidia-nvtx package)"
                 )
 
-    def _warm_up(self, stats: Stats, batch: int, read: int) -> None:
+    def _warm_up(
+        self, stats: Stats, batch: int, read: int, say: Callable[[str], None] | None = None
+    ) -> None:
         """Run the model once on a batch shaped as the first slide's tiles (batch, read,
         read, 3) while the producer fills the pipeline: the first batch's set-up (CUDA
         kernel choice, lazy module loads, or compilation, which takes the transform and so
         the tile size too) then overlaps the first reads and decodes instead of following
         them. Done when the first slide with work is ready, so a run whose stores all fail
-        compiles nothing."""
-        settings = self.settings
-        cache = None
-        if settings.compile and settings.compile_cache:
-            key = cache_key(
-                self.forward.loaded.describe(), batch, read, settings.precision, settings.device
-            )
-            cache = CompileCache(Path(settings.compile_cache), key)
-            self.notes.append(cache.load())
-        with stats.span("warm_up", "warm-up (CUDA set-up, compilation)"):
-            if settings.cuda or cache is not None:
-                device = settings.device
-                tiles = torch.zeros((batch, read, read, 3), dtype=torch.uint8, device=device)
-                with _compile_workers(cache, self.notes):
-                    self.forward(tiles, batch)
+        compiles nothing. With the compile cache, the graphs are loaded, or compiled by
+        this process alone while others of the array wait (`CompileCache.claim`); `say`
+        hears each step as it happens (a compile is silent for up to minutes)."""
+        settings, tell = self.settings, say or _nothing_said
+        cache = self.compile_cache(batch, read)
         if cache is not None:
-            saved = cache.save()
-            if saved:
-                self.notes.append(saved)
+            self.notes.append(cache.claim(tell))
+        try:
+            with stats.span("warm_up", "warm-up (CUDA set-up, compilation)"):
+                if settings.cuda or cache is not None:
+                    self._first_call(batch, read, cache, tell)
+            if cache is not None:
+                saved = cache.save()
+                if saved:
+                    self.notes.append(saved)
+        finally:
+            if cache is not None:
+                cache.release()
         self.warm = True
+
+    def compile_cache(self, batch: int, read: int) -> CompileCache | None:
+        """The compile cache entry for the model on (batch, read, read, 3) tiles; None
+        where the run does not compile or keeps no cache."""
+        settings = self.settings
+        if not (settings.compile and settings.compile_cache):
+            return None
+        key = cache_key(
+            self.forward.loaded.describe(), batch, read, settings.precision, settings.device
+        )
+        return CompileCache(Path(settings.compile_cache), key, self.waiting)
+
+    def _first_call(
+        self, batch: int, read: int, cache: CompileCache | None, say: Callable[[str], None]
+    ) -> None:
+        """The model's first call on the run's shape, said where it compiles."""
+        tiles = torch.zeros((batch, read, read, 3), dtype=torch.uint8, device=self.settings.device)
+        compiles = self.settings.compile and (cache is None or not cache.loaded)
+        if compiles:
+            name = self.forward.loaded.spec.name
+            say(
+                f"compiling {name} for batch {batch} of {read} px tiles (torch.compile; "
+                "10-130 s the first time) ..."
+            )
+        elif cache is not None:
+            say(f"loaded compiled graphs from {cache.path}")
+        started = time.perf_counter()
+        with _compile_workers(cache, self.notes):
+            self.forward(tiles, batch)
+        if compiles:
+            self.compiled_s = time.perf_counter() - started
+            say(f"compiled {name} in {self.compiled_s:.1f} s")
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -103,14 +138,18 @@ class Runner:
         jobs: Iterator[Job],
         report: RunReport,
         progress: Callable[[int, int], None] | None = None,
+        say: Callable[[str], None] | None = None,
     ) -> Stats:
-        """Embed the jobs' tiles, writing each batch as it is done; return the stage times."""
+        """Embed the jobs' tiles, writing each batch as it is done; return the stage times.
+        say: told what the run does before its first batch (compiling, waiting for a
+        compile), as it happens."""
         settings = self.settings
         slots = settings.prefetch + 2
         run = _Run(
             stats=Stats(self.marks),
             report=report,
             progress=progress,
+            say=say,
             ready=queue.Queue(maxsize=settings.prefetch),
             written=queue.Queue(maxsize=slots),
             outputs=SlotPool(
@@ -183,7 +222,8 @@ class Runner:
                 run.written.put(item)
                 if isinstance(item, JobStart) and len(item.job.todo) and not self.warm:
                     # while the pipeline fills
-                    self._warm_up(run.stats, self.settings.batch_size, item.job.plan.spec.read)
+                    read = item.job.plan.spec.read
+                    self._warm_up(run.stats, self.settings.batch_size, read, run.say)
                     run.report.notes.extend(self.notes)
                     self.notes.clear()
                 continue
@@ -345,6 +385,7 @@ class _Run:
     stats: Stats
     report: RunReport
     progress: Callable[[int, int], None] | None
+    say: Callable[[str], None] | None
     ready: queue.Queue  # producer -> GPU loop: JobStart, batches, JobEnd/JobFailed, DONE
     written: queue.Queue  # GPU loop -> writer
     outputs: SlotPool  # feature buffers the GPU copies into and the writer reads
@@ -356,6 +397,10 @@ class _Run:
 
 
 def _nothing() -> None:
+    pass
+
+
+def _nothing_said(line: str) -> None:
     pass
 
 

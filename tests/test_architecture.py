@@ -41,6 +41,7 @@ FLOORS = (
         "tilestore.errors",
         "tilestore.cpus",
         "tilestore.faces",
+        "tilestore.locks",
         "tilestore.options",
         "tilestore.progress",
     ),

@@ -41,6 +41,10 @@ class LogLines:
         if self.clock() - self.last >= self.every:
             self._line()
 
+    def say(self, line: str) -> None:
+        """A line of what the job does (compiling, waiting for a compile), at once."""
+        self.write(line)
+
     def __call__(self, advance: int, total: int | None) -> None:
         """As a `progress(n, total)` callback of the library's runs."""
         self.update(advance=advance, total=total)

@@ -78,3 +78,22 @@ def test_a_cohorts_progress_lines_say_the_workers_alive():
         "uni on Dask: 600 of 1,000 done in 60 s (10.0/s), about 40 s left; "
         "1 worker(s) alive, 1 lost",
     ]
+
+
+def test_what_a_run_says_as_it_works_goes_to_the_log_at_once_or_above_the_bar(capsys):
+    """A compile is minutes without a batch: its lines reach a SLURM log as they are said
+    (not at exit), and on a terminal print above the live bar instead of through it."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from tilestore.cli.console import said_by
+    from tilestore.progress import LogLines
+
+    said_by(LogLines("embedding with uni", 30.0))("compiling uni for batch 512 ...")
+    assert capsys.readouterr().err == "compiling uni for batch 512 ...\n"
+    terminal = Console(record=True, force_terminal=True, width=200)
+    with Progress(console=terminal) as bar:
+        said_by(bar)("waiting for node12:4711 compiling /shared/uni-1.bin [for 40 s]")
+    assert (
+        "waiting for node12:4711 compiling /shared/uni-1.bin [for 40 s]" in terminal.export_text()
+    )

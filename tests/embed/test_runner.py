@@ -4,6 +4,7 @@ and batches that are not finite as stored never written."""
 from __future__ import annotations
 
 import contextlib
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -37,9 +38,9 @@ def test_the_warm_up_batch_is_shaped_as_the_slides_tiles(store, lite, monkeypatc
     warmed, computed = [], []
     original_warm_up, original_compute = Runner._warm_up, Forward.__call__
 
-    def warm_up(self, stats, batch, read):
+    def warm_up(self, stats, batch, read, say=None):
         warmed.append((batch, read))
-        original_warm_up(self, stats, batch, read)
+        original_warm_up(self, stats, batch, read, say)
 
     def compute(self, tiles, count, eager=False):
         computed.append(tuple(tiles.shape[1:]))
@@ -90,7 +91,9 @@ def test_compile_workers_start_only_where_there_is_compiling_to_do(tmp_path, mon
     monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda data: None)
     threads = []
 
-    class Model:  # what the cache key asks of a loaded model
+    class Model:  # what the cache key and the warm-up's lines ask of a loaded model
+        spec = SimpleNamespace(name="timm:vit_tiny")
+
         def describe(self):
             return {"name": "timm:vit_tiny", "weights": "w"}
 

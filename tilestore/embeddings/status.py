@@ -19,8 +19,8 @@ Only metadata and the small ``done`` flags are read: no pixels, no features, no 
 
 from __future__ import annotations
 
-import datetime as dt
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +28,7 @@ from typing import Any
 
 import zarr
 
+from tilestore import locks
 from tilestore.embeddings.groups import (
     check_shapes,
     embed_again,
@@ -37,7 +38,7 @@ from tilestore.embeddings.groups import (
 )
 from tilestore.embeddings.layout import GROUP, group_name
 from tilestore.embeddings.slides import SLIDES, VECTOR
-from tilestore.embeddings.write import lock_file, read_lock, stale_lock
+from tilestore.embeddings.write import lock_file
 from tilestore.errors import OptionError, StoreError
 from tilestore.format.store import is_store, stored
 from tilestore.format.store import open_group as open_store_group
@@ -292,16 +293,11 @@ def _live_lock(store: Path, path: str) -> Lock | None:
     lock = lock_file(Path(os.path.abspath(store)), path)
     if not lock.exists():
         return None
-    holder = read_lock(lock)
-    if stale_lock(holder):
+    holder = locks.read(lock)
+    now = time.time()
+    if holder is None or locks.gone(holder, now):  # released meanwhile, or its process gone
         return None
-    since = holder.get("since")
-    try:
-        age = (dt.datetime.now(dt.UTC) - dt.datetime.fromisoformat(since)).total_seconds()
-    except (TypeError, ValueError):
-        age = None
-    pid = holder.get("pid")
-    return Lock(holder.get("host"), int(pid) if pid else None, since, age)
+    return Lock(holder.host, holder.pid, holder.since, holder.age(now))
 
 
 def _running(lock: Lock) -> str:

@@ -13,9 +13,8 @@ time; a Dask cohort gives each worker whole shards (`tilestore.embed.cohort`).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
-import socket
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec
 
+from tilestore import locks
 from tilestore.embeddings.groups import non_finite_rows
 from tilestore.embeddings.layout import COORDINATES, UNITS, group_name
 from tilestore.errors import AlreadyComplete, EmbeddingError
@@ -511,30 +511,26 @@ class EmbeddingWriter:
 
     def _take_lock(self) -> None:
         lock = self.lock_path
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "since": _now()}
         for _ in range(2):
-            try:
-                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                holder = read_lock(lock)
-                if stale_lock(holder):
-                    lock.unlink(missing_ok=True)
-                    continue
-                raise EmbeddingError(
-                    f"{self.slide.name}: {self.path} is being written by pid {holder.get('pid')} "
-                    f"on {holder.get('host')} since {holder.get('since')}; if that job is dead, "
-                    f"delete {lock}"
-                ) from None
-            with os.fdopen(fd, "w") as fh:
-                json.dump(me, fh)
-            self._lock = lock
-            return
+            if locks.take(lock):
+                self._lock = lock
+                return
+            holder = locks.read(lock)
+            if holder is None:  # released meanwhile
+                continue
+            if locks.gone(holder, time.time()):  # this host's, its process gone
+                locks.clear(lock, holder)
+                continue
+            raise EmbeddingError(
+                f"{self.slide.name}: {self.path} is being written by pid {holder.pid} "
+                f"on {holder.host} since {holder.since}; if that job is dead, "
+                f"delete {lock}"
+            )
         raise EmbeddingError(f"{self.slide.name}: cannot take the lock {lock}")
 
     def _release_lock(self) -> None:
         if self._lock is not None:
-            self._lock.unlink(missing_ok=True)
+            locks.release(self._lock)
             self._lock = None
 
 
@@ -549,27 +545,6 @@ def lock_file(store: Path, path: str) -> Path:
     """The lock a run writing the group `path` of the store at `store` holds: beside the
     store, not in it (zarr would list it, and overwrite=True deletes the group)."""
     return store.parent / f".{store.name}.{path.split('/')[-1]}.lock"
-
-
-def read_lock(path: Path) -> dict:
-    """What a lock says of its holder (host, pid, since); {} where it cannot be read."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-
-
-def stale_lock(holder: dict) -> bool:
-    """A lock from this host whose process is gone (a crash or a kill) can be taken over."""
-    if holder.get("host") != socket.gethostname() or not holder.get("pid"):
-        return False
-    try:
-        os.kill(int(holder["pid"]), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 def _quality_scale(plan: TilePlan, quality: dict[str, Any] | None) -> str | None:

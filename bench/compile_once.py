@@ -6,6 +6,7 @@ compile`: here, the shared arm's entry copied). Each task has its own Inductor c
 tilestore cache (a node's), and its own copy of the store.
 
     python bench/compile_once.py [--tasks 4] [--reps 1] [--model timm:vit_tiny_patch16_224]
+        [--device cuda --batch-size 256 --precision bf16]
 
 Prints a markdown table; writes bench/results/compile-once.json.
 """
@@ -34,6 +35,9 @@ def main() -> None:
     parser.add_argument("--model", default="timm:vit_tiny_patch16_224")
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda: the tasks share the GPU")
+    parser.add_argument("--batch-size", default="8")
+    parser.add_argument("--precision", default="fp32")
     parser.add_argument("--slide", type=Path, default=SLIDE)
     parser.add_argument("--work", type=Path, default=Path("/tmp/compile-once"))
     args = parser.parse_args()
@@ -87,7 +91,8 @@ def _arm(arm: str, rep: int, store: Path, args) -> dict:
         }
         command = [
             *("embed", copy, "--model", args.model, "--compile", "--compile-cache", cache),
-            *("--batch-size", "8", "--device", "cpu", "--precision", "fp32"),
+            *("--batch-size", args.batch_size, "--device", args.device),
+            *("--precision", args.precision),
             *("--mpp", "0.5", "--tile", "224", "--max-tiles", "16"),
         ]
         log = open(node / "task.err", "w")  # noqa: SIM115 (the child's, closed at exit)

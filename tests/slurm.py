@@ -11,6 +11,7 @@ once (pytest-xdist workers each start their own).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -18,6 +19,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+LITE = "efficientnet-lite0"
+# the flags that make a CPU run of the README's commands: small batches (many of them, so a
+# signal or a cancel lands mid-slide), float32 features
+CPU_FLAGS = "--device cpu --batch-size 8 --precision fp32 --dtype float32 --shard-tiles 16"
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "sacct")
 
@@ -176,6 +182,51 @@ class Slurm:
             name = f"{fields['ArrayJobId']}_{task}" if task else fields.get("JobId", "?")
             result[name] = f"{fields.get('JobState')} {fields.get('ExitCode')}"
         return result
+
+
+# -- the README's recipes, adapted to CPUs --------------------------------------------------
+
+
+def readme_block(marker: str, language: str) -> str:
+    """The README's code block of this language that contains `marker`."""
+    blocks = re.findall(rf"```{language}\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    (block,) = [b for b in blocks if marker in b]
+    return block
+
+
+def adapted(text: str, changes: dict[str, str]) -> str:
+    """The README's text with the CPU adaptations, each of which must still apply: a README
+    that drifts from what these tests run fails them."""
+    for old, new in changes.items():
+        assert old in text, f"the README's recipe no longer says {old!r}"
+        text = text.replace(old, new)
+    return text
+
+
+def array_script(tasks: int, extra: str = "", compile_cache: str | None = None) -> str:
+    """The README's array script for `tasks` tasks on CPUs (extra: more #SBATCH options).
+    compile_cache: keep its --compile, with this shared cache (each task an Inductor cache
+    of its own, as on its own node); None: drop it (minutes a task on a CPU)."""
+    compiled = (
+        f" --compile \\\n    --compile-cache {compile_cache}" if compile_cache else " \\\n   "
+    )
+    script = adapted(
+        readme_block("#SBATCH", "bash"),
+        {
+            "--gres=gpu:1 --cpus-per-task=16": f"--cpus-per-task=1{extra}",
+            "--array=0-19": f"--array=0-{tasks - 1}",
+            '/20"': f'/{tasks}"',
+            "--model uni": f"--model {LITE} {CPU_FLAGS}",
+            " --compile \\\n    --compile-cache /shared/tilestore-compile": compiled,
+            "$HOME/.cache/tilestore": "$PWD/cache",
+        },
+    )
+    if compile_cache:  # a node's own Inductor cache: only the shared entry is shared
+        script = script.replace(
+            "\ntilestore embed",
+            "\nexport TORCHINDUCTOR_CACHE_DIR=$PWD/inductor-$SLURM_ARRAY_TASK_ID\ntilestore embed",
+        )
+    return script
 
 
 def _config(folder, node, cpus, memory_mb, munge_socket, ctld_port, d_port) -> str:

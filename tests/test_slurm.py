@@ -24,13 +24,8 @@ import pytest
 import zarr
 
 from tests.conftest import CMU, IHC, REPO
-from tests.slurm import Slurm, Unavailable
+from tests.slurm import CPU_FLAGS, LITE, Slurm, Unavailable, adapted, array_script, readme_block
 from tilestore.embeddings import group_name
-
-LITE = "efficientnet-lite0"
-# the flags that make a CPU run of the README's commands: one thread of torch per task, small
-# batches (many of them, so a signal or a cancel lands mid-slide), float32 features
-CPU_FLAGS = "--device cpu --batch-size 8 --precision fp32 --dtype float32 --shard-tiles 16"
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -113,22 +108,6 @@ def _done_tiles(paths: list[Path], batch: int = 8) -> int:
     return total
 
 
-def _readme_block(marker: str, language: str) -> str:
-    """The README's code block of this language that contains `marker`."""
-    blocks = re.findall(rf"```{language}\n(.*?)```", (REPO / "README.md").read_text(), re.S)
-    (block,) = [b for b in blocks if marker in b]
-    return block
-
-
-def _adapted(text: str, changes: dict[str, str]) -> str:
-    """The README's text with the CPU adaptations, each of which must still apply: a README
-    that drifts from what these tests run fails them."""
-    for old, new in changes.items():
-        assert old in text, f"the README's recipe no longer says {old!r}"
-        text = text.replace(old, new)
-    return text
-
-
 def _log(slurm: Slurm, folder: Path) -> str:
     """Every job log in the folder and the daemons' tails, for a failure's message."""
     logs = [f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(folder.glob("*.out"))]
@@ -137,22 +116,6 @@ def _log(slurm: Slurm, folder: Path) -> str:
 
 
 # -- the README's array script --------------------------------------------------------------
-
-
-def array_script(tasks: int, extra: str = "") -> str:
-    return _adapted(
-        _readme_block("#SBATCH", "bash"),
-        {
-            "--gres=gpu:1 --cpus-per-task=16": f"--cpus-per-task=1{extra}",
-            "--array=0-19": f"--array=0-{tasks - 1}",
-            '/20"': f'/{tasks}"',
-            "--model uni": f"--model {LITE} {CPU_FLAGS}",
-            # torch.compile on a CPU costs minutes a task; one compile per array is
-            # tested in tests/embed/test_compilecache.py
-            " --compile \\\n    --compile-cache /shared/tilestore-compile": " \\\n   ",
-            "$HOME/.cache/tilestore": "$PWD/cache",
-        },
-    )
 
 
 def test_readme_array_embeds_every_store_once(slurm, cohort_root, tmp_path):
@@ -179,8 +142,8 @@ def test_readme_array_embeds_every_store_once(slurm, cohort_root, tmp_path):
 
 def dask_script(jobs: int) -> str:
     venv = f"export PATH={Path(sys.executable).parent}:$PATH; export PYTHONPATH={REPO}"
-    return _adapted(
-        _readme_block("SLURMCluster(", "python"),
+    return adapted(
+        readme_block("SLURMCluster(", "python"),
         {
             'queue="gpu"': 'queue="debug"',
             "job_cpu=16": "job_cpu=1",

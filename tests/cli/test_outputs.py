@@ -5,6 +5,7 @@ refused, never made without it under the filter's name."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
@@ -67,9 +68,11 @@ def test_export_h5_over_a_glob_leaves_out_the_stores_without_embeddings(
 def test_export_slides_into_a_new_folder(embedded_cohort, tmp_path):
     from tilestore.embed.slides import embed_slides
 
-    embed_slides(embedded_cohort, "mean", model="efficientnet-lite0", device="cpu")
+    # copies: the session's embedded stores are every test's, and stay as they were made
+    stores = [shutil.copytree(p, tmp_path / "stores" / p.name) for p in embedded_cohort]
+    embed_slides(stores, "mean", model="efficientnet-lite0", device="cpu")
     target = tmp_path / "deep" / "er" / "slides.parquet"
-    run = tilestore_cli("export", "slides", *embedded_cohort, "-m", "efficientnet-lite0",
+    run = tilestore_cli("export", "slides", *stores, "-m", "efficientnet-lite0",
                         "-s", "mean", "-o", target)  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert target.stat().st_size > 0

@@ -39,6 +39,7 @@ NEEDS = {
     "qc": lambda s, o: [s.store],
     "view": lambda s, o: [s.store],
     "models profile": lambda s, o: [MODEL, "--device", "cpu"],
+    "models compile": lambda s, o: [MODEL, "--device", "cpu", "--compile-cache", o / "cc"],
     "export ome-tiff": lambda s, o: [s.store, "-o", o / "x.ome.tiff"],
     "export qupath": lambda s, o: [s.store, "-m", MODEL, "-o", o / "x.geojson"],
     "export anndata": lambda s, o: [s.store, "-m", MODEL, "-o", o / "x.h5ad"],
@@ -272,14 +273,14 @@ def test_a_run_with_nothing_to_do_loads_nothing(refused_stores):
 
 def test_the_refused_and_the_runnable_go_their_ways(refused_stores, store):
     """One refused store does not stop the others: they are embedded, the refusal is in
-    the run's report and the exit code is 2."""
+    the run's report and the exit code is 3 (some done, some not: `embed.outcome`)."""
     good = store()
     run = subprocess.run(
         [sys.executable, "-m", "tilestore.cli", "embed", str(refused_stores["ndpi"]), str(good),
          "--model", MODEL, "--device", "cpu", "--max-tiles", "8"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-    assert run.returncode == 2
+    assert run.returncode == 3
     assert "a fluorescence scan stored as RGB" in run.stderr
     assert f"{good}: 32 tiles" in run.stdout  # whole batches of 32 on the CPU
     assert "plan 0.5mpp-224px: 224 px tiles at 0.499 um/px, from level 0 (read as is); RGB" in (

@@ -274,7 +274,8 @@ def test_home_search_api_and_how_to_render_in_a_browser(browser, served, tmp_pat
     page.locator("label.md-search__icon, .md-search__input").first.click()
     page.locator("input.md-search__input").fill("preemption")
     results = page.locator(".md-search-result__item")
-    results.first.wait_for()
+    # the web worker builds the index of every page first: minutes on a busy 2-core CI box
+    results.first.wait_for(timeout=240_000)
     assert results.count() >= 1
     page.screenshot(path=str(tmp_path / "search.png"))
 

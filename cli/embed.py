@@ -134,17 +134,17 @@ def embed(
         return
     # what the stores' metadata refuses, before torch is imported and the model loaded
     checked = check_stores(stores, model, choice, options)
-    refused, stores = bool(checked.refused), checked.kept
+    stores = checked.kept
     if not stores or cluster or scheduler:  # else the run's report says them
         for store, why in checked.skipped:  # plain print: never wrap a line
             print(f"  skipped {store}: {as_flags(why, flags_of(embed))}")
         for store, why in checked.refused:
             print(f"tilestore: error: {store}: {as_flags(why, flags_of(embed))}", file=sys.stderr)
     if not stores:
-        if slide_spec and checked.skipped:
-            done = [store for store, _ in checked.skipped]
-            refused |= _slides(done, slide_spec.name, model, options, slide_weights, exit=False)
-        raise typer.Exit(2 if refused else 0)
+        done = [str(store) for store, _ in checked.skipped]
+        raise typer.Exit(
+            _outcome(done, len(checked.refused), slide_spec, model, options, slide_weights)
+        )
     if cluster or scheduler:
         from tilestore.format import is_store
 
@@ -154,15 +154,35 @@ def embed(
                 f"{slides[0]}: a slide file, not a store: convert slides first (tilestore "
                 "convert) to embed them on Dask, or run without --cluster/--scheduler"
             )
-        done = _embed_on_dask(
+        result = _embed_on_dask(
             stores, model, choice, options, cluster, scheduler, workers, slice_tiles, report
         )
+        done = [s["store"] for s in result.slides] + list(result.skipped_complete)
         done += [store for store, _ in checked.skipped]
-        if slide_spec:
-            _slides(done, slide_spec.name, model, options, slide_weights)
-        if refused:
-            raise typer.Exit(2)
-        return
+        failed = len(result.failures) + len(checked.refused)  # refused: said above
+    else:
+        result = _embed_here(stores, model, choice, options, into, in_place, sidecars,
+                             scan_mpp, report, checked)  # fmt: skip
+        done = [s["store"] for s in result.slides if not s.get("failed")]
+        done += [s["store"] for s in result.skipped]
+        failed = len(result.failures)  # the refused among them, as the run's report says
+    code = _outcome([str(d) for d in done], failed, slide_spec, model, options, slide_weights)
+    if code:
+        raise typer.Exit(code)
+
+
+def _outcome(done: list[str], failed: int, slide_spec, model, options, weights) -> int:
+    """The exit status (`tilestore.embed.outcome`), once the slide encoder, if asked, has
+    run over the stores done: a store whose slide vector failed is failed, not done."""
+    if slide_spec:
+        lost = _slides(done, slide_spec.name, model, options, weights)
+        done, failed = [d for d in done if d not in lost], failed + len(lost)
+    return exit_code(len(done), failed)
+
+
+def _embed_here(stores, model, choice, options, into, in_place, sidecars, scan_mpp, report,
+                checked):  # fmt: skip
+    """The run in this process (slide files converted or read in place on the way)."""
     # slides start converting in a worker process before this one imports torch
     staging = Stager(stores, into, choice, in_place=in_place, sidecars=sidecars, scan_mpp=scan_mpp)
     from tilestore.embed import embed as run_embed
@@ -184,14 +204,7 @@ def embed(
         print(as_flags(line, flags_of(embed)), file=sys.stderr if failed else sys.stdout)
     if report:
         out.print(f"report: {report}")
-    done = [s["store"] for s in result.slides if not s.get("failed")]
-    done += [s["store"] for s in result.skipped]
-    failed = len(result.failures)
-    if slide_spec and _slides(done, slide_spec.name, model, options, slide_weights, exit=False):
-        failed += 1
-    code = exit_code(len(done), failed, refused=len(checked.refused))
-    if code:
-        raise typer.Exit(code)
+    return result
 
 
 def _slide_plan(
@@ -231,13 +244,13 @@ def _shown(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _slides(stores, encoder, model, options, weights, exit: bool = True) -> bool:
-    """The slide encoder over the stores whose tiles are embedded; True where one failed
-    (with exit, raise typer.Exit(2) then)."""
+def _slides(stores, encoder, model, options, weights) -> set[str]:
+    """The slide encoder over the stores whose tiles are embedded (none: nothing done);
+    return the stores it failed on (not complete: their slide vector was asked for)."""
     from tilestore.embed.slides import embed_slides
 
     if not stores:
-        return False
+        return set()
     with _progress(f"slide embeddings with {encoder}") as (progress, task):
         result = embed_slides(
             stores,
@@ -252,9 +265,7 @@ def _slides(stores, encoder, model, options, weights, exit: bool = True) -> bool
     for line in result.lines():
         failed = line.startswith("tilestore: error")
         print(as_flags(line, flags_of(embed)), file=sys.stderr if failed else sys.stdout)
-    if result.failures and exit:
-        raise typer.Exit(2)
-    return bool(result.failures)
+    return {row.store for row in result.failures}
 
 
 def _dry_run(stores, model, plan, options, into, in_place, sidecars) -> None:
@@ -334,9 +345,7 @@ def _embed_on_dask(
     if report:
         Path(report).write_text(json.dumps(result.to_json(), indent=2))
         out.print(f"report: {report}")
-    if result.exit_code:
-        raise typer.Exit(result.exit_code)
-    return [s["store"] for s in result.slides] + list(result.skipped_complete)
+    return result
 
 
 models_app = typer.Typer(no_args_is_help=True, help="Tile encoders: list them, fill the cache.")

@@ -17,9 +17,9 @@ from __future__ import annotations
 DONE, FAILED, SOME_FAILED = 0, 2, 3
 
 
-def exit_code(done: int, failed: int, refused: int = 0) -> int:
-    """The exit status of a run: `done` stores complete, `failed` that failed while being
-    embedded, `refused` that were refused before (their input)."""
-    if not failed and not refused:
+def exit_code(done: int, failed: int) -> int:
+    """The exit status of a run: `done` stores complete, `failed` that failed or were
+    refused (with a slide encoder asked for, a store whose slide vector failed is failed)."""
+    if not failed:
         return DONE
     return SOME_FAILED if done else FAILED

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import zarr
 
 from tests.conftest import CMU, KIDNEY, NDPI, REPO
 from tilestore.cli.main import app
@@ -286,6 +287,21 @@ def test_the_refused_and_the_runnable_go_their_ways(refused_stores, store):
     assert "plan 0.5mpp-224px: 224 px tiles at 0.499 um/px, from level 0 (read as is); RGB" in (
         run.stdout
     )
+
+
+def test_on_dask_the_refused_and_the_runnable_exit_alike(refused_stores, store):
+    """The same rule on a Dask cluster: the refused store named, the other embedded, 3."""
+    good = store()
+    run = subprocess.run(
+        [sys.executable, "-m", "tilestore.cli", "embed", str(refused_stores["ndpi"]), str(good),
+         "--model", MODEL, "--device", "cpu", "--cluster", "local", "--workers", "1"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 3, run.stderr
+    assert "a fluorescence scan stored as RGB" in run.stderr
+    assert f"{good.name}: " in run.stdout and "tiles on 1 worker(s)" in run.stdout
+    group = zarr.open_group(good / "embeddings" / MODEL, mode="r")
+    assert group.attrs["tilestore"]["complete"]
 
 
 # where 0 is a quantity: fractions, thresholds, and heatmap's tile number (the first tile)

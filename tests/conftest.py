@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -23,6 +25,8 @@ NDPI = "stritt_test3-DAPI-2-387.ndpi"
 KIDNEY = "kidney-48-5.tif"
 IHC = "skimage_ihc.png"
 MONUSEG = "TCGA-A7-A13E-01Z-00-DX1"
+
+pytest_plugins = ["tests.browser"]  # the `browser` fixture: headless Chromium
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -71,6 +75,17 @@ def pytest_collection_modifyitems(config, items):
         import random
 
         random.Random(seed).shuffle(items)
+
+
+def run_cli(*args, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
+    """`tilestore ARGS` as a user runs it: a process of its own, its output as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "tilestore.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kwargs,
+    )
 
 
 def real(path: Path) -> Path:

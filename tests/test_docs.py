@@ -247,18 +247,6 @@ def served(site):
     server.shutdown()
 
 
-@pytest.fixture(scope="module")
-def browser():
-    sync = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    from tests.cli.test_view_browser import ARGS, chromium
-
-    executable = chromium()
-    with sync.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=executable, args=ARGS)
-        yield launched
-        launched.close()
-
-
 def test_home_search_api_and_how_to_render_in_a_browser(browser, served, tmp_path):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.set_default_timeout(60_000)

@@ -8,8 +8,6 @@ from __future__ import annotations
 import importlib
 import json
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,6 +16,7 @@ import timm
 
 from tests import corpus as C
 from tests.conftest import CMU, IHC
+from tests.conftest import run_cli as _cli
 from tilestore.conversion.converter import convert
 from tilestore.conversion.info import describe
 from tilestore.conversion.sidecar import open_in_place
@@ -518,15 +517,6 @@ def test_a_store_renamed_aside_by_a_killed_replacement_is_put_back(tmp_path, sli
 
 
 # -- the command: one line, exit code 2 ----------------------------------------------------------
-
-
-def _cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tilestore.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 NAN_ROI = C.geojson("nan", C.polygon_geojson(_pts("[1, 1]", "[NaN, 1]", "[9, 9]", "[1, 1]")))

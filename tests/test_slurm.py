@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import zarr
 
-from tests.conftest import CMU, IHC, REPO
+from tests.conftest import CMU, IHC, REPO, run_cli
 from tests.slurm import CPU_FLAGS, LITE, Slurm, Unavailable, adapted, array_script, readme_block
 from tilestore.embeddings import group_name
 
@@ -66,8 +66,7 @@ def _copy_stores(stores, folder: Path, copies: str = "ab") -> list[Path]:
 
 
 def _tilestore(*argv, **kwargs) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "tilestore.cli", *map(str, argv)],
-                          capture_output=True, text=True, timeout=600, **kwargs)  # fmt: skip
+    done = run_cli(*argv, **kwargs)
     assert done.returncode == 0, done.stderr[-2000:]
     return done
 

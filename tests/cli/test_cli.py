@@ -9,15 +9,7 @@ import sys
 import pytest
 
 from tests.conftest import CMU, KIDNEY
-
-
-def tilestore(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tilestore.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+from tests.conftest import run_cli as tilestore
 
 
 def test_convert_then_info(tmp_path, slide_path):

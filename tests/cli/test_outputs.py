@@ -6,24 +6,14 @@ refused, never made without it under the filter's name."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 import tilestore
+from tests.conftest import run_cli as tilestore_cli
 from tilestore.errors import PlanError
 from tilestore.plan import PlanOptions
 from tilestore.reading import open_slide
-
-
-def tilestore_cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tilestore.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def test_a_preview_goes_into_a_new_folder_and_an_impossible_one_is_refused_first(store, tmp_path):

@@ -9,44 +9,14 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
-import pytest
 from PIL import Image
 
 from tests.cli.test_view_cli import running
 
 MODEL = "efficientnet-lite0"
-ARGS = [  # headless, as root, nothing fetched from outside
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-def chromium() -> str:
-    found = os.environ.get("TILESTORE_CHROMIUM") or next(
-        filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None
-    )
-    if not found:
-        pytest.skip("no Chromium here (apt-get install chromium; or set TILESTORE_CHROMIUM)")
-    return found
-
-
-@pytest.fixture(scope="module")
-def browser():
-    sync = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    executable = chromium()
-    with sync.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=executable, args=ARGS)
-        yield launched
-        launched.close()
 
 
 def shot(page, name: str) -> None:

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 
 import pytest
 import zarr
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.conftest import CMU, IHC
+from tests.conftest import CMU, IHC, run_cli
 from tests.corpus import rewrite_chunk
 from tilestore.embed.outcome import DONE, FAILED, SOME_FAILED, exit_code
 from tilestore.embeddings import group_name
@@ -38,11 +36,8 @@ def test_one_corrupt_store_of_two_exits_3_and_names_it(tmp_path, stores):
     for row in range(reader.grid[0]):
         for col in range(reader.grid[1]):
             rewrite_chunk(bad, lambda _: b"\xff\xd8 not a jpeg", row=row, col=col)
-    run = subprocess.run(
-        [sys.executable, "-m", "tilestore.cli", "embed", good, bad, "--model",
-         "efficientnet-lite0", "--device", "cpu", "--batch-size", "8"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    run = run_cli("embed", good, bad, "--model", "efficientnet-lite0", "--device", "cpu",
+                  "--batch-size", "8")  # fmt: skip
     assert run.returncode == SOME_FAILED, run.stderr
     errors = [line for line in run.stderr.splitlines() if line.startswith("tilestore: error")]
     assert len(errors) == 1 and errors[0].startswith(f"tilestore: error: {bad}")

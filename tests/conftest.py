@@ -88,6 +88,27 @@ def run_cli(*args, timeout: float = 600, **kwargs) -> subprocess.CompletedProces
     )
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs of its own (a node's small local disk), unmounted after the test."""
+    folder = tmp_path / "local"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(folder)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def fill(folder: Path, leave_kb: int) -> Path:
+    """Fill the file system of `folder` but `leave_kb` KB."""
+    free = shutil.disk_usage(folder).free // 1024
+    filler = folder / "filler"
+    filler.write_bytes(b"\0" * (max(0, free - leave_kb) * 1024))
+    return filler
+
+
 def real(path: Path) -> Path:
     """Return a file from ../shared/data, skipping the test if the data folder is absent."""
     if not path.exists():

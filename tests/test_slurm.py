@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import zarr
 
-from tests.conftest import CMU, IHC, REPO, run_cli
+from tests.conftest import CMU, IHC, REPO, fill, run_cli
 from tests.slurm import CPU_FLAGS, LITE, Slurm, Unavailable, adapted, array_script, readme_block
 from tilestore.embeddings import group_name
 
@@ -264,27 +264,6 @@ def test_a_requeued_array_task_stops_at_a_batch_and_resumes_with_nothing_lost(
 # -- a node's disk full -----------------------------------------------------------------------
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A tmpfs of its own (a node's small local disk), unmounted after the test."""
-    folder = tmp_path / "local"
-    folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(folder)],
-                             capture_output=True, text=True)  # fmt: skip
-    if mounted.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    yield folder
-    subprocess.run(["umount", "-l", str(folder)], check=False)
-
-
-def _fill(folder: Path, leave_kb: int) -> Path:
-    """Fill the file system of `folder` but `leave_kb` KB."""
-    free = shutil.disk_usage(folder).free // 1024
-    filler = folder / "filler"
-    filler.write_bytes(b"\0" * (max(0, free - leave_kb) * 1024))
-    return filler
-
-
 def _files(store: Path) -> dict[str, bytes]:
     return {str(p.relative_to(store)): p.read_bytes() for p in store.rglob("*") if p.is_file()}
 
@@ -300,7 +279,7 @@ def test_a_full_disk_fails_the_task_in_one_line_and_the_rerun_finishes(
     # the plan and the first shard fit, the second does not
     _tilestore("plan", store, "--mpp", "0.5", "--tile", "224")  # as embed would make it
     before = _files(store)
-    filler = _fill(small_disk, leave_kb=150)
+    filler = fill(small_disk, leave_kb=150)
     script = folder / "embed.sbatch"
     script.write_text(array_script(1).replace(CPU_FLAGS, f"{CPU_FLAGS} --plan 0.5mpp-224px"))
     job = slurm.sbatch(script, cwd=folder)

@@ -29,6 +29,7 @@ __getattr__, __dir__, __all__ = lazy_face(
             "tree_size",
             "write_record",
             "writing",
+            "written_whole",
         ),
     },
 )

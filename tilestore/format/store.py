@@ -132,6 +132,20 @@ def writing(where: object, what: str) -> Iterator[None]:
         raise StoreError(f"{where}: writing {what}: {why}; {fix}") from exc
 
 
+@contextlib.contextmanager
+def written_whole(parent: zarr.Group, name: str, where: object, what: str) -> Iterator[None]:
+    """Make the group `parent[name]` inside this: on any failure (a full disk, a kill's
+    KeyboardInterrupt) what was made of it is removed, so nothing half-made is left to look
+    like one, and an OSError is one line (`writing`)."""
+    try:
+        with writing(where, what):
+            yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            del parent[name]
+        raise
+
+
 def tree_size(path: str | os.PathLike) -> int:
     """Return the bytes of all files below path (os.scandir: a store has many small files)."""
     total = 0

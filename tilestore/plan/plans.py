@@ -9,7 +9,6 @@ were made from.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import hashlib
 import os
@@ -21,7 +20,7 @@ import numpy as np
 from tilestore.errors import PlanError
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.shards import column
-from tilestore.format.store import stored, writing
+from tilestore.format.store import stored, written_whole
 from tilestore.masks.tissue import TissueMask, compute_tissue, read_tissue, write_tissue
 from tilestore.plan.annotations import Annotations, load_annotations
 from tilestore.plan.filters import contrast_keep
@@ -264,32 +263,27 @@ def save_plan(slide: Slide, plan: TilePlan, *, overwrite: bool = False) -> str:
         b"".join(np.ascontiguousarray(v).tobytes() for v in columns.values())
         + repr(asdict(plan.spec)).encode()
     ).hexdigest()[:16]
-    try:
-        with writing(slide.name, f"plan {plan.name!r}"):
-            group = plans.create_group(plan.name)
-            for key, values in columns.items():
-                group.create_array(
-                    key,
-                    data=np.ascontiguousarray(values),
-                    dimension_names=("tile",),
-                    **column(zstd_codecs(), len(plan)),
-                )
-            group.attrs["tilestore"] = {
-                "uid": uid,
-                "spec": asdict(plan.spec),
-                "classes": plan.classes,
-                "qc_classes": list(plan.qc),
-                "chunk_shape": list(plan.chunk_shape),
-                "params": plan.params,
-                "notes": plan.notes,
-                "tiles": len(plan),
-                "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                "complete": True,
-            }
-    except BaseException:
-        with contextlib.suppress(Exception):  # nothing half-made left to look like a plan
-            del plans[plan.name]
-        raise
+    with written_whole(plans, plan.name, slide.name, f"plan {plan.name!r}"):
+        group = plans.create_group(plan.name)
+        for key, values in columns.items():
+            group.create_array(
+                key,
+                data=np.ascontiguousarray(values),
+                dimension_names=("tile",),
+                **column(zstd_codecs(), len(plan)),
+            )
+        group.attrs["tilestore"] = {
+            "uid": uid,
+            "spec": asdict(plan.spec),
+            "classes": plan.classes,
+            "qc_classes": list(plan.qc),
+            "chunk_shape": list(plan.chunk_shape),
+            "params": plan.params,
+            "notes": plan.notes,
+            "tiles": len(plan),
+            "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "complete": True,
+        }
     return uid
 
 

@@ -18,7 +18,7 @@ from tilestore.format import omezarr, positions
 from tilestore.format.chunks import ChunkReader
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.shards import SHARD_CHUNKS, shard_shape, sharded
-from tilestore.format.store import stored
+from tilestore.format.store import stored, written_whole
 from tilestore.reading.slide import Slide
 
 T = TypeVar("T")
@@ -39,37 +39,43 @@ def write_label(
     root = slide.writable_group()
     labels = root.require_group("labels")
     names = [n for n in labels.attrs.get("ome", {}).get("labels", []) if n != name]
-    labels.attrs["ome"] = {"version": omezarr.OME_VERSION, "labels": [*names, name]}
-    if name in labels:
+    if name in labels:  # the old one goes first, and its name from the list
         del labels[name]
-    group = labels.create_group(name)
-    paths, downsamples = [], []
-    tied = positions.declared(slide.record)
-    for index in range(len(slide.levels)):
-        factor = 2**index
-        data = label[::factor, ::factor][None]
-        array = group.create_array(
-            str(index),
-            data=data,
-            dimension_names=("c", "y", "x"),
-            **sharded(
-                zstd_codecs(), CHUNKS, shard_shape(CHUNKS, data.shape, SHARD_CHUNKS, 2**20), True
-            ),
-        )
-        if tied:  # from what zarr wrote: its shards' indexes, 4 bytes a chunk
-            positions.record(array, positions.read_back(array, f"{slide.name}: {array.path}"))
-        paths.append(str(index))
-        downsamples.append((downsample[0] * factor, downsample[1] * factor))
-    group.attrs["ome"] = {
-        "version": omezarr.OME_VERSION,
-        "image-label": {
-            "colors": [{"label-value": v, "rgba": list(c)} for v, (_, c) in enumerate(classes)],
-            "properties": [{"label-value": v, "name": n} for v, (n, _) in enumerate(classes)],
-            "source": {"image": "../../"},
-        },
-        "multiscales": omezarr.multiscales(name, paths, downsamples, slide.mpp, method=method),
-    }
-    group.attrs["tilestore"] = facts
+        labels.attrs["ome"] = {"version": omezarr.OME_VERSION, "labels": names}
+    with written_whole(labels, name, slide.name, f"labels/{name}"):
+        group = labels.create_group(name)
+        paths, downsamples = [], []
+        tied = positions.declared(slide.record)
+        for index in range(len(slide.levels)):
+            factor = 2**index
+            data = label[::factor, ::factor][None]
+            array = group.create_array(
+                str(index),
+                data=data,
+                dimension_names=("c", "y", "x"),
+                **sharded(
+                    zstd_codecs(),
+                    CHUNKS,
+                    shard_shape(CHUNKS, data.shape, SHARD_CHUNKS, 2**20),
+                    True,
+                ),
+            )
+            if tied:  # from what zarr wrote: its shards' indexes, 4 bytes a chunk
+                positions.record(array, positions.read_back(array, f"{slide.name}: {array.path}"))
+            paths.append(str(index))
+            downsamples.append((downsample[0] * factor, downsample[1] * factor))
+        group.attrs["ome"] = {
+            "version": omezarr.OME_VERSION,
+            "image-label": {
+                "colors": [{"label-value": v, "rgba": list(c)} for v, (_, c) in enumerate(classes)],
+                "properties": [{"label-value": v, "name": n} for v, (n, _) in enumerate(classes)],
+                "source": {"image": "../../"},
+            },
+            "multiscales": omezarr.multiscales(name, paths, downsamples, slide.mpp, method=method),
+        }
+        group.attrs["tilestore"] = facts
+    # listed once whole: a label a failure removed is never listed
+    labels.attrs["ome"] = {"version": omezarr.OME_VERSION, "labels": [*names, name]}
 
 
 def read_label(

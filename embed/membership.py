@@ -84,8 +84,8 @@ class Membership:
         for address in sorted(set(self.alive) - set(now)):
             name = self.alive.pop(address)
             event = WorkerEvent(name, address, self._after(), self._running.get(address, []))
+            self.lost.append(event)  # kept whatever asking for a replacement does
             event.replacement = self._replace(name) if self.replace else None
-            self.lost.append(event)
             self._say(self.line_lost(event))
         for address in sorted(set(now) - set(self.alive)):
             self.alive[address] = now[address]
@@ -107,7 +107,8 @@ class Membership:
         spec = getattr(cluster, "worker_spec", None)
         if spec is None:
             return "none: the client has no cluster object to ask (a scheduler address)"
-        key = next((k for k in spec if name == str(k) or name.startswith(f"{k}-")), None)
+        planned = list(spec)  # a copy: the cluster's own thread may change the plan meanwhile
+        key = next((k for k in planned if name == str(k) or name.startswith(f"{k}-")), None)
         if key is None:
             return "none: the cluster no longer plans this worker (scaled down)"
         from distributed import Nanny

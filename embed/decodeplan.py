@@ -39,7 +39,8 @@ class DecodePlan:
     """A slide's decoding: the row source, where it decodes and why.
 
     path: nvjpeg (the GPU's decoder), both (it and the decoder processes side by side),
-    processes (decoder processes: chunks read from files), threads (CPU threads: chunks
+    processes (decoder processes: chunks read from files, or a slide's tiles read in place
+    by byte range), threads (CPU threads: chunks
     not in files of their own), cut (no decoding on the way to the GPU: no CUDA, or a
     level that is not JPEG, cut into batches on CPU threads)."""
 
@@ -85,7 +86,9 @@ def decode_plan(
     on_disk = processes and reader.locations([]) is not None
     cpu = DecodePlan(
         "processes" if on_disk else "threads",
-        "decoder processes" if on_disk else "CPU threads (its chunks are not files)",
+        ("decoder processes" + (", the slide's own tiles by byte range" if reader.frame else ""))
+        if on_disk
+        else "CPU threads (its chunks are not files)",
     )
     if not gpu_decodes(settings.decode, reader):
         return _because(cpu, f"decode {settings.decode}")

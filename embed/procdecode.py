@@ -31,7 +31,7 @@ from tilestore.embed import workers as workers_
 from tilestore.embed.queues import Stopped
 from tilestore.errors import ChunkError
 from tilestore.format.integrity import Location, read_chunks, unseal
-from tilestore.format.jpeg import as_declared
+from tilestore.format.jpeg import TileFrame, as_declared
 
 
 def decode_chunks(
@@ -46,10 +46,19 @@ def decode_chunks(
     required: bool = False,
     where: str = "",
     colorspace: str | None = None,
-) -> int:
+    frame: dict | None = None,
+) -> tuple[int, list[int]]:
     """Decode chunk i (at `locations[i]`: [path, offset, length], length None for a whole
     file; None where absent) into row offset + i of the shared block /dev/shm/<shm>; return
-    the count. `coords[i]` is the chunk's (row, col), for messages.
+    the count and the chunks left to the caller. `coords[i]` is the chunk's (row, col), for
+    messages.
+
+    With `frame` (`TileFrame.as_json`: a level read in place), each location is a tile's
+    whole stream in the slide file, spliced into its chunk as the level's reader splices it;
+    a tile that is absent, not a JPEG stream or not of the level's frame is left undecoded
+    and its index (in this request) returned, for the caller to make through the level's
+    reader (a background chunk, or a re-encoded tile), so every chunk is what the reader
+    gives.
 
     Each chunk is read and checked as `tilestore.format.chunks.ChunkReader` does (`where`
     names the store and level, `checksum` and `required` say what it promises; `colorspace`
@@ -63,7 +72,9 @@ def decode_chunks(
     import imagecodecs
 
     if not locations:
-        return 0
+        return 0, []
+    spliced = TileFrame.from_json(frame).spliced if frame is not None else None
+    left: list[int] = []
     names = [f"{where} chunk ({row}, {col})" for row, col in coords]
     found = read_chunks(
         [None if at is None else Location(*at) for at in locations], names, required=required
@@ -80,6 +91,11 @@ def decode_chunks(
             (len(locations), *shape), np.uint8, buffer=buf, offset=offset * size - start
         )
         for i, (data, name) in enumerate(zip(found, names, strict=True)):
+            if spliced is not None:
+                data = spliced(data)
+                if data is None:
+                    left.append(i)
+                    continue
             if data is None:
                 if required:  # absent from its shard, where every chunk was written
                     raise ChunkError(f"{name}: chunk is missing")
@@ -92,15 +108,16 @@ def decode_chunks(
             except (imagecodecs.Jpeg8Error, ValueError) as exc:
                 raise ChunkError(f"{name}: cannot decode: {exc}") from exc
         del out
-    return len(locations)
+    return len(locations), left
 
 
 def _answer(request: dict, marks) -> str:
-    """One row decoded: its count, or "!" and why not (a damaged chunk: "!chunk\t...")."""
+    """One row decoded: its count (then a tab and the indices of the chunks left to the
+    caller, if any), or "!" and why not (a damaged chunk: "!chunk\t...")."""
     if marks is not None:
         marks.push("decode (process)")
     try:
-        count = decode_chunks(
+        count, left = decode_chunks(
             request["locations"],
             request["coords"],
             request["shm"],
@@ -111,8 +128,9 @@ def _answer(request: dict, marks) -> str:
             required=request["required"],
             where=request["where"],
             colorspace=request.get("colorspace"),
+            frame=request.get("frame"),
         )
-        return str(count)
+        return f"{count}\t{','.join(map(str, left))}" if left else str(count)
     except ChunkError as exc:  # the store's damage: the engine raises it as it is
         return f"!chunk\t{' '.join(str(exc).split())}"
     except (OSError, ValueError, RuntimeError) as exc:  # reported; the engine raises it
@@ -225,11 +243,13 @@ class ProcessDecoder:
         required: bool = False,
         where: str = "",
         colorspace: str | None = None,
+        frame: TileFrame | None = None,
     ) -> tuple[int, list[Future]]:
-        """Start decoding into a free block; return (block index, futures of the counts).
+        """Start decoding into a free block; return (block index, futures of the chunks
+        each request left undecoded: their rows in the block, for the caller to make).
 
         locations, coords: where each chunk is (`ChunkReader.locations`) and its (row, col);
-        checksum, required, where, colorspace: how the chunks are checked and decoded
+        checksum, required, where, colorspace, frame: how the chunks are checked and decoded
         (`decode_chunks`).
 
         parts > 1 splits the chunks among that many requests, which idle workers take in
@@ -247,6 +267,7 @@ class ProcessDecoder:
                     raise Stopped from None
         bounds = np.linspace(0, len(locations), max(1, min(parts, len(locations))) + 1)
         bounds = bounds.astype(int)
+        framed = None if frame is None else frame.as_json()
         requests = [
             json.dumps(
                 {
@@ -260,13 +281,17 @@ class ProcessDecoder:
                     "required": required,
                     "where": where,
                     "colorspace": colorspace,
+                    "frame": None if frame is None else framed,
                 }
             )
             for start, stop_ in itertools.pairwise(bounds)
         ]
-        return block, [self._dispatch.submit(self._ask, request) for request in requests]
+        return block, [
+            self._dispatch.submit(self._ask, request, int(start))
+            for request, start in zip(requests, bounds, strict=False)
+        ]
 
-    def _ask(self, request: str) -> int:
+    def _ask(self, request: str, offset: int) -> list[int]:
         worker = self._idle.get()
         try:
             worker.stdin.write(request + "\n")
@@ -280,7 +305,8 @@ class ProcessDecoder:
             raise ChunkError(answer.split("\t", 1)[1].strip())
         if answer.startswith("!"):
             raise RuntimeError(f"decoding worker: {answer[1:].strip()}")
-        return int(answer)
+        _, _, left = answer.strip().partition("\t")
+        return [offset + int(i) for i in left.split(",")] if left else []
 
     def view(self, block: int, count: int, shape: tuple[int, ...]) -> np.ndarray:
         return np.ndarray((count, *shape), np.uint8, buffer=self.blocks[block].buf)

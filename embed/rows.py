@@ -3,8 +3,9 @@
 Four sources, one interface (`RowSource`): the producer asks for step i's new chunks with
 `take(i)` and gets them as CUDA tensors, while the rows after it are read and decoded:
 
-- `ProcessRows`: worker processes decode a row's chunk files into shared memory, page-locked
-  once the first batch is out, so a row goes to the GPU by DMA (local stores);
+- `ProcessRows`: worker processes decode a row's chunk files (or, read in place, the slide's
+  own tiles, by byte range) into shared memory, page-locked once the first batch is out, so
+  a row goes to the GPU by DMA (local stores, slides read in place);
 - `ThreadRows`: reader threads fetch and decoder threads decode (any store);
 - `NvjpegRows`: reader threads fetch the encoded bytes and nvJPEG decodes several rows per
   call on a thread of its own (`tilestore.embed.nvjpeg.RowDecoder`);
@@ -170,13 +171,16 @@ class ProcessRows(RowSource):
             required=reader.every_chunk,
             where=reader.where,
             colorspace=reader.jpeg_colorspace,
+            frame=reader.frame,
         )
 
     def _result(self, index, coords, pending) -> list[torch.Tensor]:
         block, parts = pending
-        for part in parts:
-            part.result()
-        rows = torch.from_numpy(self.procs.view(block, len(coords), self.shape))
+        left = [i for part in parts for i in part.result()]
+        view = self.procs.view(block, len(coords), self.shape)
+        for i in left:  # a slide's tile not to be spliced: made by the level's reader
+            self.reader.decode_into(self.reader.fetch_one(coords[i]), view[i], coords[i])
+        rows = torch.from_numpy(view)
         on_device = rows.to(self.device, non_blocking=True)  # pinned: DMA
         copied = torch.cuda.Event()
         copied.record()

@@ -17,6 +17,7 @@ def _reader(jpeg: bool, files: bool, chunk: int = 240, refusal: str | None = Non
         is_jpeg=jpeg,
         channels=3,
         locations=lambda chunks: [] if files else None,
+        frame=None,  # a store's own chunks (a slide read in place: its tiles' frame)
         chunk_h=chunk,
         chunk_w=chunk,
         gpu_refusal=lambda: refusal,
@@ -64,3 +65,18 @@ def test_the_record_is_the_reports_words():
         "decode_path": "processes",
         "decode_why": "decoder processes (decode cpu)",
     }
+
+
+def test_a_slide_read_in_place_goes_to_the_decoder_processes(tmp_path):
+    """Read in place, an SVS's JPEG tiles are byte ranges of its file: the decoder processes
+    take them (not threads in the process that launches the GPU's work), and the report
+    says so; without decoder processes, threads."""
+    from tests.conftest import CMU, SLIDES
+    from tilestore.conversion import open_in_place
+
+    reader = open_in_place(SLIDES / CMU, sidecars=tmp_path).chunks(0)
+    settings = SimpleNamespace(cuda=True, decode="cpu")
+    plan = decode_plan(settings, reader, True, None)
+    assert plan.path == "processes"
+    assert "the slide's own tiles by byte range" in plan.why
+    assert decode_plan(settings, reader, False, None).path == "threads"

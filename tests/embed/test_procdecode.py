@@ -34,9 +34,9 @@ def decoder():
     pool.close()
 
 
-def _wait(parts) -> int:
-    """Wait for a submitted row's parts; return how many chunks they decoded."""
-    return sum(part.result(timeout=60) for part in parts)
+def _wait(parts) -> list[int]:
+    """Wait for a submitted row's parts; return the chunks they left to the caller."""
+    return [i for part in parts for i in part.result(timeout=60)]
 
 
 @pytest.mark.parametrize("parts", [1, 3])
@@ -49,7 +49,7 @@ def test_workers_decode_rows_like_libjpeg(stores, decoder, parts):
         reader.locations(coords), coords, shape, reader.background, threading.Event(), parts
     )
     assert len(done) == parts  # each part a request of its own, into its rows of the block
-    assert _wait(done) == len(coords)
+    assert _wait(done) == []  # every chunk decoded, the absent one as the background
     got = decoder.view(block, len(coords), shape)
     want = np.stack([reader.decode(reader.fetch_one(c)) for c in coords[:-1]])
     np.testing.assert_array_equal(got[:-1], want)
@@ -93,7 +93,7 @@ def test_a_part_writes_its_rows_of_the_block_and_nothing_else(tmp_path, height, 
     try:
         view = np.ndarray((rows, *shape), np.uint8, buffer=block.buf)
         view[:] = 7
-        assert decode_chunks(locations, coords, block.name, shape, 255, offset) == count
+        assert decode_chunks(locations, coords, block.name, shape, 255, offset) == (count, [])
         for i in range(count - 1):
             want = imagecodecs.jpeg8_decode(imagecodecs.jpeg8_encode(images[i], level=95))
             np.testing.assert_array_equal(view[offset + i], want)
@@ -271,6 +271,84 @@ def test_our_readers_decode_as_the_level_declares_not_as_the_markers_guess(
         rows_ = np.ndarray((len(coords), *shape), np.uint8, buffer=block.buf)
         want = np.stack([reader.decode(reader.fetch_one(c)) for c in coords])
         assert np.array_equal(rows_, want)
+        del rows_
+    finally:
+        block.close()
+        block.unlink()
+
+
+@pytest.fixture
+def holed_in_place(tmp_path):
+    """CMU-1-Small-Region.svs read in place, its tile (1, 2) made absent (byte count 0), as
+    a scanner leaves tiles it never scanned."""
+    import tifffile
+
+    from tests.conftest import SLIDES
+    from tilestore.conversion import open_in_place
+
+    path = tmp_path / "holed.svs"
+    shutil.copy(SLIDES / CMU, path)
+    with tifffile.TiffFile(path, mode="r+b") as tif:
+        page = tif.pages[0]
+        counts = list(page.databytecounts)
+        counts[1 * page.chunked[1] + 2] = 0  # chunked: (tiles down, across, 1)
+        page.tags["TileByteCounts"].overwrite(counts)
+    return open_in_place(path, sidecars=tmp_path / "sidecars").chunks(0)
+
+
+def test_a_slides_own_tiles_decode_in_the_processes_as_its_reader_makes_them(
+    holed_in_place, decoder
+):
+    """Read in place, the decoder processes read each tile by its byte range of the slide
+    file and splice it as the level's reader does: every chunk the same pixels, bit for bit;
+    the absent tile left to the reader (its background chunk), which makes it as it makes it
+    for every other path."""
+    reader = holed_in_place
+    assert reader.frame is not None and reader.frame.prefix  # Aperio: tables, Adobe marker
+    cols = reader.grid[1]
+    coords = [(r, c) for r in range(3) for c in range(cols)]
+    shape = (reader.chunk_h, reader.chunk_w, reader.channels)
+    decoder.reserve(3, len(coords) * int(np.prod(shape)))
+    locations = reader.locations(coords)
+    assert locations[coords.index((1, 2))] is None
+    block, done = decoder.submit(
+        locations, coords, shape, reader.background, threading.Event(), 2, frame=reader.frame
+    )
+    assert _wait(done) == [coords.index((1, 2))]
+    got = decoder.view(block, len(coords), shape)
+    for i, coord in enumerate(coords):
+        if coord != (1, 2):
+            np.testing.assert_array_equal(got[i], reader.decode(reader.fetch_one(coord)))
+    decoder.release(block)
+
+
+def test_tiles_not_of_the_levels_frame_are_left_undecoded(holed_in_place):
+    """A tile that is not of the level's frame (another size here), or whose stream does not
+    start as a JPEG stream, is never decoded as it is: its index comes back, untouched in
+    the block, for the reader to re-encode or to name."""
+    import dataclasses
+
+    reader = holed_in_place
+    coords = [(0, 0), (0, 1), (0, 2)]
+    shape = (reader.chunk_h, reader.chunk_w, reader.channels)
+    located = [list(at) for at in reader.locations(coords)]
+    located[2][1] += 1  # a range that does not start at the tile's SOI
+    block = SharedMemory(create=True, size=len(coords) * math.prod(shape))
+    try:
+        rows_ = np.ndarray((len(coords), *shape), np.uint8, buffer=block.buf)
+        rows_[:] = 7
+        framed = reader.frame.as_json()
+        count, left = decode_chunks(
+            located, coords, block.name, shape, 255, frame=framed,
+            colorspace=reader.jpeg_colorspace,
+        )  # fmt: skip
+        assert (count, left) == (3, [2])
+        assert np.array_equal(rows_[0], reader.decode(reader.fetch_one((0, 0))))
+        assert (rows_[2] == 7).all()
+        other = dataclasses.replace(reader.frame, shape=(reader.chunk_h // 2, reader.chunk_w))
+        assert decode_chunks(
+            located[:2], coords[:2], block.name, shape, 255, frame=other.as_json()
+        ) == (2, [0, 1])
         del rows_
     finally:
         block.close()

@@ -84,6 +84,48 @@ def test_process_rows(stores):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_process_rows_of_a_slide_read_in_place_are_its_readers_pixels(tmp_path):
+    """Read in place, the decoder processes take the slide's own tiles by byte range; a
+    tile they leave (absent here) is made by the level's reader: every chunk on the GPU is
+    bit for bit the reader's (what the thread path decodes)."""
+    import shutil
+
+    import tifffile
+
+    from tests.conftest import SLIDES
+    from tilestore.conversion import open_in_place
+
+    path = tmp_path / "holed.svs"
+    shutil.copy(SLIDES / CMU, path)
+    with tifffile.TiffFile(path, mode="r+b") as tif:
+        counts = list(tif.pages[0].databytecounts)
+        counts[1 * tif.pages[0].chunked[1] + 2] = 0  # tile (1, 2) never scanned
+        tif.pages[0].tags["TileByteCounts"].overwrite(counts)
+    slide = open_in_place(path, sidecars=tmp_path / "sidecars")
+    plan = plan_slide(slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.0))
+    reader, steps = slide.chunks(plan.spec.level), chunk_schedule(plan)
+    assert reader.locations([(1, 2)]) == [None]
+    device = torch.device("cuda", torch.cuda.current_device())
+    procs = ProcessDecoder(2)
+    try:
+        source = ProcessRows(
+            steps, settings(device, batch_size=64), no_span, reader, procs, threading.Event()
+        )
+        seen = []
+        with source:
+            for index in range(len(steps)):
+                coords, chunks = source.take(index)
+                for coord, chunk in zip(coords, chunks, strict=True):
+                    want = reader.decode(reader.fetch_one(coord))
+                    np.testing.assert_array_equal(chunk.cpu().numpy(), want)
+                seen += coords
+        assert (1, 2) in seen
+    finally:
+        procs.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_process_rows_hold_at_most_their_byte_budget_in_small_parts(stores, monkeypatch):
     reader, steps = _steps(stores)
     row = max(len(s.load) for s in steps) * reader.chunk_h * reader.chunk_w * reader.channels

@@ -46,7 +46,7 @@ from tilestore.format.integrity import (
     tied,
     unseal,
 )
-from tilestore.format.jpeg import as_declared, gpu_refusal
+from tilestore.format.jpeg import TileFrame, as_declared, gpu_refusal
 from tilestore.format.positions import Positions
 from tilestore.format.shards import (
     ABSENT,
@@ -128,6 +128,13 @@ class ChunkReader:
             coord = tuple(i // p for i, p in zip(coord, self.per_shard, strict=True))
         return f"{self.array.path}/{self.array.metadata.encode_chunk_key(coord)}"
 
+    @property
+    def frame(self) -> TileFrame | None:
+        """For a level read in place from its slide's JPEG tiles: what a tile located by
+        `locations` must be, spliced, to be its chunk (`TileFrame`); None for a store's own
+        chunks, which are their streams as they are."""
+        return getattr(self._slide_tiles, "frame", None)
+
     def chunk_name(self, coord: tuple[int, int]) -> str:
         """The chunk as messages name it: store, level and (row, col)."""
         return f"{self.where} chunk ({coord[0]}, {coord[1]})"
@@ -139,7 +146,12 @@ class ChunkReader:
     def locations(self, coords: Sequence[tuple[int, int]]) -> list[Location | None] | None:
         """Where each chunk's bytes are in a local store: its file, or its byte range of a
         shard (None for a chunk absent from its shard), with the CRC-32C recorded for its
-        position where the store records them; None for other stores."""
+        position where the store records them; for a level read in place, each tile's whole
+        stream in the slide file (spliced into its chunk as `frame` says); None for other
+        stores."""
+        if self._slide_tiles is not None:  # a slide's own tiles: ranges of the slide file
+            locate = getattr(self._slide_tiles, "locations", None)
+            return None if locate is None else locate(coords)
         if self._root is None or (self._shards is None and self._files is None):
             return None
         coords3 = [(0, r, c) for r, c in coords]

@@ -203,3 +203,63 @@ def complete_stream(tile: bytes, tables: bytes | None, *, mark_rgb: bool) -> byt
         parts.append(body)
     parts.append(tile[2:])
     return b"".join(parts)
+
+
+@dataclass(frozen=True)
+class TileFrame:
+    """What each tile of a level must be to become its chunk as it is: the level's shared
+    prefix (SOI, its tables, the Adobe marker: `JpegTiles.prefix`) spliced in front of the
+    tile's own segments, and a frame of the level's tile size, sampling and colour
+    (`fits`). A tile that is not is re-encoded from its pixels (`TileSource`), never decoded
+    as another frame. Made where a level's tiles are read, and sent as it is (`as_json`) to
+    the decoder processes that read the tiles from the slide file by byte range."""
+
+    prefix: bytes
+    shape: tuple[int, int]
+    sampling: tuple[tuple[int, int], ...]
+    color_space: str
+    jfif: bool = False  # what the prefix says (`marker_facts`)
+    adobe: int | None = None
+
+    def spliced(self, tile: bytes | None) -> bytes | None:
+        """The tile (its whole stream as the file stores it) as its chunk: the prefix, then
+        its own segments; None where it is absent, not a JPEG stream, or not of this frame."""
+        if tile is None or tile[:2] != SOI:
+            return None
+        stream = self.prefix + tile[2:]
+        try:
+            return stream if self.fits(stream) else None
+        except ValueError:  # damaged markers: re-encoded, or named, by its reader
+            return None
+
+    def fits(self, stream: bytes, own: bool = False) -> bool:
+        """Whether a spliced stream (or, own, a tile's own segments) is of this frame."""
+        start = 0 if own else len(self.prefix)
+        head = read_header(stream, start=start, jfif=self.jfif, adobe=self.adobe, own=own)
+        return (
+            head.baseline
+            and (head.height, head.width) == tuple(self.shape)
+            and tuple(map(tuple, head.sampling)) == tuple(map(tuple, self.sampling))
+            and head.color_space == self.color_space
+        )
+
+    def as_json(self) -> dict:
+        return {
+            "prefix": self.prefix.hex(),
+            "shape": list(self.shape),
+            "sampling": [list(s) for s in self.sampling],
+            "color_space": self.color_space,
+            "jfif": self.jfif,
+            "adobe": self.adobe,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> TileFrame:
+        return cls(
+            bytes.fromhex(data["prefix"]),
+            tuple(data["shape"]),
+            tuple(tuple(s) for s in data["sampling"]),
+            data["color_space"],
+            data["jfif"],
+            data["adobe"],
+        )

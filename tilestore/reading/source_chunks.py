@@ -4,14 +4,15 @@ decoded under each chunk (`DecodedChunks`); `chunk_source` picks one of the two.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import zarr
 
 from tilestore.errors import SlideError
-from tilestore.format import jpeg
 from tilestore.format.codecs import encode_chunk
+from tilestore.format.integrity import Location
 from tilestore.sources import JpegTiles, Source, SourceLevel
 
 
@@ -39,20 +40,24 @@ class TileSource:
     ) -> None:
         self.tiles, self.level, self.codec, self.where = tiles, level, codec, where
         self.background = background
+        self.frame = tiles.frame  # what a tile must be to be its chunk as it is
         self._blank: bytes | None = None
 
     def _expected(self, data: bytes, own: bool = False) -> bool:
-        tiles = self.tiles
-        jfif, adobe = tiles.shared
-        start = 0 if own else tiles.own_start
-        head = jpeg.read_header(data, start=start, jfif=jfif, adobe=adobe, own=own)
-        th, tw = tiles.tile_shape
-        return (
-            head.baseline
-            and (head.height, head.width) == (th, tw)
-            and head.sampling == tiles.subsampling
-            and head.color_space == tiles.color_space
-        )
+        return self.frame.fits(data, own=own)
+
+    def locations(self, coords: Sequence[tuple[int, int]]) -> list[Location | None] | None:
+        """Where each tile's whole stream is in the slide file (None: absent), for the decoder
+        processes, which splice and check each as `chunk` does (`TileFrame.spliced`) and
+        leave the others to it; None where the tiles are not byte ranges of a file."""
+        locate = self.tiles.locate
+        if locate is None:
+            return None
+        out = []
+        for row, col in coords:
+            at = locate(row, col)
+            out.append(None if at is None else Location(*at))
+        return out
 
     def _reencode(self, row: int, col: int) -> bytes:
         (th, tw), (height, width) = self.tiles.tile_shape, self.level.shape

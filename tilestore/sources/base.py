@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tilestore.format.jpeg import TileFrame
+
 # No scanner makes a side this long; a header that says so is corrupt or hostile.
 MAX_SIDE = 500_000
 # Nor tiles this large (slides use 240-4,096 px): a tile is decoded whole, in memory.
@@ -84,11 +86,22 @@ class JpegTiles:
     # (row, first col, end col) -> each tile's own bytes after its SOI (None: absent, or
     # not a JPEG stream: `read` says why), contiguous tiles in one read; None: not offered
     read_own: Callable[[int, int, int], list[bytes | None]] | None = None
+    # (row, col) -> (file, offset, length) of the tile's whole stream as the file stores it
+    # (None: absent), for the decoder processes that read tiles by byte range; None: the
+    # tiles are not byte ranges of a file (DICOM frames through wsidicom)
+    locate: Callable[[int, int], tuple[str, int, int] | None] | None = None
 
     @property
     def own_start(self) -> int:
         """Where each stream's own segments begin (after the shared prefix)."""
         return len(self.prefix)
+
+    @property
+    def frame(self) -> TileFrame:
+        """What each tile must be to be its chunk as it is (`tilestore.format.jpeg.TileFrame`)."""
+        return TileFrame(
+            self.prefix, self.tile_shape, self.subsampling, self.color_space, *self.shared
+        )
 
 
 @dataclass

@@ -159,10 +159,18 @@ class TiffLevel(SourceLevel):
                 index = last + 1
             return out
 
+        path = str(self.path)
+
+        def locate(row: int, col: int) -> tuple[str, int, int] | None:
+            index = row * nx + col
+            return (path, starts[index], sizes[index]) if sizes[index] else None
+
         grid = (-(-page.imagelength // th), nx)
         prefix = jpeg.complete_stream(jpeg.SOI, tables, mark_rgb=mark_rgb)  # what each gets
         facts = jpeg.marker_facts(prefix + jpeg.EOI)
-        return JpegTiles((th, tw), grid, color_space, sampling, read_tile, prefix, facts, read_own)
+        return JpegTiles(
+            (th, tw), grid, color_space, sampling, read_tile, prefix, facts, read_own, locate
+        )
 
     def close(self) -> None:
         for fd in getattr(self, "_fds", []):

@@ -1,0 +1,170 @@
+"""One slide file to embeddings, the whole job against the model's own time (GPU machine).
+
+For each architecture (timm, random weights: the cost is the architecture's), each arm is a
+fresh `tilestore embed SLIDE --model timm:ARCH --into DIR --report R` process timed from
+outside, as a user runs it:
+  convert   - the slide converted into a store on the way in (the copy path), tissue, plan,
+              embed; a second run ("again") has the batch-size memo the first left, as a
+              SLURM array's later tasks do;
+  in place  - `--in-place --sidecars DIR`: the slide's own tiles read through a sidecar.
+Then the model alone: the same count of tiles through the same `Forward` (batch size,
+precision and compile setting as the run's report says), uint8 tiles already on the GPU,
+timed after a warm-up. The ratio whole job / model alone is what the slide costs beyond
+its model; each arm's report gives where the rest went (set-up parts, first batch, stages).
+
+As a pip-installed environment runs: bytecode cached (the lent machines set
+PYTHONDONTWRITEBYTECODE; the timed processes run without it, after one untimed run that
+compiles the bytecode).
+
+    python bench/whole_job.py --size 100000 --archs vit_large_patch16_224,vit_small_patch16_224
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+
+ARMS = {
+    "convert": [],
+    "store there": [],
+    "in place": ["--in-place", "--sidecars", "{work}/sidecars"],
+}
+
+
+def run_arm(arch: str, slide: Path, work: Path, env: dict, arm: str) -> dict:
+    """One fresh `tilestore embed` process; its wall and its report."""
+    stem = f"{arch}-{arm.replace(' ', '-')}"
+    into, report = work / stem, work / f"{stem}.json"
+    if arm != "store there":
+        shutil.rmtree(into, ignore_errors=True)
+    else:  # the store "convert" made is there (not converted again), its features are not
+        into = work / f"{arch}-convert"
+        shutil.rmtree(into / "embeddings", ignore_errors=True)
+        for group in into.glob("*/embeddings"):
+            shutil.rmtree(group)
+    shutil.rmtree(work / "sidecars", ignore_errors=True)
+    (work / "sidecars").mkdir()
+    extra = [a.format(work=work) for a in ARMS[arm]]
+    cmd = [sys.executable, "-m", "tilestore.cli", "embed", str(slide), "--model",
+           f"timm:{arch}", "--into", str(into), "--report", str(report), *extra]  # fmt: skip
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    (work / f"{stem}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return {"arm": arm, "wall_s": round(wall, 2), "report": json.loads(report.read_text())}
+
+
+def model_alone(arch: str, tiles: int, batch: int, precision: str, compile_: bool) -> float:
+    """Seconds for `tiles` tiles through the run's Forward, tiles already on the GPU."""
+    import torch
+
+    from tilestore.embed.forward import Forward, place
+    from tilestore.embed.models import load_model
+
+    device = torch.device("cuda")
+    loaded = place(load_model(f"timm:{arch}", device=device), device)
+    forward = Forward(loaded, device, precision, compile=compile_)
+    size = loaded.transform.resize
+    x = torch.randint(0, 255, (batch, size, size, 3), dtype=torch.uint8, device=device)
+    for _ in range(5):
+        forward(x, batch)
+    torch.cuda.synchronize()
+    full, rest = divmod(tiles, batch)
+    started = time.perf_counter()
+    for _ in range(full):
+        forward(x, batch)
+    if rest:
+        forward(x[:rest], rest)
+    torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
+def stage_table(report: dict) -> list[str]:
+    """The report's own account: set-up parts, first batch, explained loop, stages."""
+    lines = [f"    set-up {report['setup_s']:.2f} s: " + ", ".join(
+        f"{k} {v:.2f}" for k, v in report.get("setup_parts", {}).items())]  # fmt: skip
+    if report.get("first_batch_s") is not None:
+        lines.append(f"    first batch ready {report['first_batch_s']:.2f} s into the loop")
+    lines.append("    " + ", ".join(f"{k} {v}" for k, v in report.get("explained", {}).items()))
+    lines.append("    stages: " + ", ".join(f"{k} {v}" for k, v in report["stages"].items()))
+    for slide in report.get("slides", []):
+        if "reading" in slide:
+            lines.append(f"    reading: {slide['reading']}")
+        if "decode_why" in slide:
+            lines.append(f"    decode: {slide.get('decode')} ({slide['decode_why']})")
+    for c in report.get("converted", []):
+        lines.append(f"    converted: {json.dumps(c)[:300]}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--slide", type=Path, help="default: bench/data/large-SIZE.svs")
+    parser.add_argument("--size", type=int, default=100_000)
+    parser.add_argument("--archs", default="vit_large_patch16_224,vit_small_patch16_224")
+    parser.add_argument("--arms", default="convert,store there,in place")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/whole_job"))
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "whole_job.json")
+    args = parser.parse_args()
+    slide = args.slide or HERE / "data" / f"large-{args.size}.svs"
+    if not slide.exists():
+        from bench.make_slide import make_large_svs
+
+        slide.parent.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        make_large_svs(slide, args.size)
+        print(f"made {slide} in {time.perf_counter() - started:.1f} s", flush=True)
+    shutil.rmtree(args.work, ignore_errors=True)
+    args.work.mkdir(parents=True)
+    linked = args.work / slide.name  # outputs and sidecars stay in the work folder
+    linked.symlink_to(slide.resolve())
+    env = {**os.environ, "TILESTORE_CACHE": str(args.work / "cache"), "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    # bytecode compiled once, as an installed package has it (untimed)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "tilestore"),
+                    *sys.path[1:2]], env=env, capture_output=True)  # fmt: skip
+    subprocess.run([sys.executable, "-c", "import tilestore.cli.main, tilestore.embed.engine, "
+                    "timm, torch"], env=env, cwd=REPO, capture_output=True)  # fmt: skip
+
+    rows = []
+    for arch in args.archs.split(","):
+        for arm in args.arms.split(","):
+            got = run_arm(arch, linked, args.work, env, arm)
+            r = got["report"]
+            alone = model_alone(arch, r["tiles"], r["batch_size"], r["precision"], r["compile"])
+            row = {
+                "arch": arch, "arm": arm, "tiles": r["tiles"], "wall_s": got["wall_s"],
+                "model_alone_s": round(alone, 2), "ratio": round(got["wall_s"] / alone, 2),
+                "batch": r["batch_size"], "precision": r["precision"],
+                "gpu_busy": r.get("gpu_busy_fraction"), "setup_s": r["setup_s"],
+                "first_batch_s": r.get("first_batch_s"), "report": r,
+            }  # fmt: skip
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "report"}), flush=True)
+            print("\n".join(stage_table(r)), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"slide": str(slide), "size": args.size, "rows": rows}))
+    print(f"\n{slide.name}, whole job (fresh process) against the model alone")
+    print("| model | arm | tiles | whole job s | model alone s | ratio | set-up s | first batch s "
+          "| GPU busy |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['arch']} | {r['arm']} | {r['tiles']:,} | {r['wall_s']} | "
+              f"{r['model_alone_s']} | {r['ratio']} | {r['setup_s']} | {r['first_batch_s']} | "
+              f"{r['gpu_busy']} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,9 +1,11 @@
 """Cohort benchmark (a multi-GPU machine): `embed_cohort` on 1 GPU, then on every GPU.
 
 A cohort of `--slides` stores (copies of one large store built from real CMU-1 tissue, each
-with the same 0.5 um/px 224 px plan) is embedded with a timm architecture (random weights
-cost what the foundation models cost: vit_large_patch16_224 = UNI) through dask-cuda's
-LocalCUDACluster, first with one worker on GPU 0, then one worker per GPU, on fresh copies.
+with the same 0.5 um/px 224 px plan; with `--sizes`, stores of those sizes in turn: a real
+cohort's mix, whose largest slides are split into slices, the largest first) is embedded
+with a timm architecture (random weights cost what the foundation models cost:
+vit_large_patch16_224 = UNI) through dask-cuda's LocalCUDACluster, first with one worker on
+GPU 0, then one worker per GPU, on fresh copies.
 Prints cohort tiles/s for each, the ratio, per-worker tiles and NVML GPU utilisation, and
 writes JSON.
 
@@ -52,13 +54,16 @@ def _link_chunks(source: str, target: str) -> None:
         shutil.copy2(source, target)
 
 
-def run(store: Path, work: Path, gpus: int, slides: int, arch: str, options: Options) -> dict:
+def run(
+    stores: list[Path], work: Path, gpus: int, slides: int, arch: str, options: Options
+) -> dict:
+    """The cohort of `slides` stores, taking the given stores in turn (mixed sizes)."""
     folder = work / f"gpus{gpus}"
     shutil.rmtree(folder, ignore_errors=True)
     cohort = []
     for i in range(slides):
         target = folder / f"slide{i:02d}.ome.zarr"
-        shutil.copytree(store, target, copy_function=_link_chunks)
+        shutil.copytree(stores[i % len(stores)], target, copy_function=_link_chunks)
         cohort.append(target)
     client = local_cluster("local-cuda", gpus)
     try:
@@ -83,6 +88,11 @@ def main() -> None:
     parser.add_argument("--arch", default="vit_large_patch16_224")
     parser.add_argument("--slides", type=int, default=8)
     parser.add_argument("--size", type=int, default=40_000)
+    parser.add_argument(
+        "--sizes",
+        help="a mixed cohort: slide sides in px, comma-separated, taken in turn (e.g. "
+        "15000,25000,40000,60000,100000); default: every slide --size",
+    )
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--work", type=Path, default=Path("/tmp/tilestore-cohort"))
     parser.add_argument("--out", type=Path, default=HERE / "results" / "embed_cohort.json")
@@ -93,13 +103,16 @@ def main() -> None:
         sys.exit(f"needs 2 or more GPUs, found {gpus}")
     args.work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    store = build(args.work, args.size)
-    tiles = tilestore.open_slide(store).group["plans/bench/x"].shape[0]
-    print(f"store ready in {time.perf_counter() - t0:.0f} s: {tiles} tiles per slide")
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else [args.size]
+    stores = [build(args.work, size) for size in sizes]
+    per_store = [tilestore.open_slide(s).group["plans/bench/x"].shape[0] for s in stores]
+    tiles = [per_store[i % len(stores)] for i in range(args.slides)]
+    print(f"stores ready in {time.perf_counter() - t0:.0f} s: tiles per slide {tiles}")
     options = Options(batch_size=args.batch_size, device="cuda", decode="cpu")
     results = {
         "arch": args.arch,
         "slides": args.slides,
+        "sizes": sizes,
         "tiles_per_slide": tiles,
         "gpu": torch.cuda.get_device_name(0),
         "cores": os.cpu_count(),
@@ -107,7 +120,7 @@ def main() -> None:
     }
     for n in (1, gpus):
         print(f"\n{n} GPU(s)...", flush=True)
-        results["runs"][n] = run(store, args.work, n, args.slides, args.arch, options)
+        results["runs"][n] = run(stores, args.work, n, args.slides, args.arch, options)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=2))
     one, many = results["runs"][1], results["runs"][gpus]
@@ -115,7 +128,9 @@ def main() -> None:
     results["steady_speedup"] = round(many["steady_tiles_per_s"] / one["steady_tiles_per_s"], 3)
     args.out.write_text(json.dumps(results, indent=2))
 
-    print(f"\n{args.arch}, {args.slides} slides x {tiles} tiles, {results['gpu']}")
+    print(
+        f"\n{args.arch}, {args.slides} slides of {sizes} px ({sum(tiles)} tiles), {results['gpu']}"
+    )
     print(f"{'GPUs':>4} {'tiles':>8} {'wall s':>7} {'setup s':>7} {'tiles/s':>8} {'steady':>8}")
     for n, r in results["runs"].items():
         print(

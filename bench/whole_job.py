@@ -4,8 +4,9 @@ For each architecture (timm, random weights: the cost is the architecture's), ea
 fresh `tilestore embed SLIDE --model timm:ARCH --into DIR --report R` process timed from
 outside, as a user runs it:
   convert   - the slide converted into a store on the way in (the copy path), tissue, plan,
-              embed; a second run ("again") has the batch-size memo the first left, as a
-              SLURM array's later tasks do;
+              embed (the first run: no batch-size memo);
+  store there - again, the store "convert" made already there (not converted again), with
+              the batch-size memo the first left, as a SLURM array's later tasks have it;
   in place  - `--in-place --sidecars DIR`: the slide's own tiles read through a sidecar.
 Then the model alone: the same count of tiles through the same `Forward` (batch size,
 precision and compile setting as the run's report says), uint8 tiles already on the GPU,
@@ -17,6 +18,7 @@ PYTHONDONTWRITEBYTECODE; the timed processes run without it, after one untimed r
 compiles the bytecode).
 
     python bench/whole_job.py --size 100000 --archs vit_large_patch16_224,vit_small_patch16_224
+    python bench/whole_job.py --cohort 15000,25000,100000 --archs vit_large_patch16_224
 """
 
 from __future__ import annotations
@@ -91,6 +93,45 @@ def model_alone(arch: str, tiles: int, batch: int, precision: str, compile_: boo
     return time.perf_counter() - started
 
 
+def cohort(arch: str, sizes: list[int], work: Path, env: dict) -> dict:
+    """Slide files of these sizes in one `tilestore embed ... --into` process: its wall
+    against the sum of each slide's model-alone time plus the time to its first batch (the
+    first slide's preparation, the process's start and the model's load)."""
+    from bench.make_slide import make_large_svs
+
+    slides = []
+    for size in sizes:
+        made = HERE / "data" / f"large-{size}.svs"
+        make_large_svs(made, size)
+        slides.append(work / "cohort" / made.name)
+        slides[-1].parent.mkdir(exist_ok=True)
+        if not slides[-1].exists():
+            slides[-1].symlink_to(made.resolve())
+    into, report_path = work / f"cohort-{arch}", work / f"cohort-{arch}.json"
+    shutil.rmtree(into, ignore_errors=True)
+    cmd = [sys.executable, "-m", "tilestore.cli", "embed", *map(str, slides), "--model",
+           f"timm:{arch}", "--into", str(into), "--report", str(report_path)]  # fmt: skip
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    (work / f"cohort-{arch}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    if proc.returncode:
+        raise SystemExit(f"cohort failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    r = json.loads(report_path.read_text())
+    alone = [
+        model_alone(arch, s["tiles"], r["batch_size"], r["precision"], r["compile"])
+        for s in r["slides"]
+    ]
+    first = r["setup_parts"].get("before the engine (process start, imports)", 0.0)
+    first += r["setup_s"] + (r.get("first_batch_s") or 0.0)
+    bound = sum(alone) + first
+    return {
+        "arch": arch, "sizes": sizes, "tiles": r["tiles"], "wall_s": round(wall, 2),
+        "model_alone_s": round(sum(alone), 2), "to_first_batch_s": round(first, 2),
+        "ratio": round(wall / bound, 3), "gpu_busy": r.get("gpu_busy_fraction"), "report": r,
+    }  # fmt: skip
+
+
 def stage_table(report: dict) -> list[str]:
     """The report's own account: set-up parts, first batch, explained loop, stages."""
     lines = [f"    set-up {report['setup_s']:.2f} s: " + ", ".join(
@@ -115,6 +156,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100_000)
     parser.add_argument("--archs", default="vit_large_patch16_224,vit_small_patch16_224")
     parser.add_argument("--arms", default="convert,store there,in place")
+    parser.add_argument(
+        "--cohort", help="slide sides (px, comma-separated): one --into run of those slides"
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/whole_job"))
     parser.add_argument("--out", type=Path, default=HERE / "results" / "whole_job.json")
     args = parser.parse_args()
@@ -138,6 +182,20 @@ def main() -> None:
     subprocess.run([sys.executable, "-c", "import tilestore.cli.main, tilestore.embed.engine, "
                     "timm, torch"], env=env, cwd=REPO, capture_output=True)  # fmt: skip
 
+    if args.cohort:
+        sizes = [int(v) for v in args.cohort.split(",")]
+        got = [cohort(arch, sizes, args.work, env) for arch in args.archs.split(",")]
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(got))
+        print(f"\n{len(sizes)} slide files of {sizes} px through --into, one process")
+        print("| model | tiles | wall s | sum of model alone s | to first batch s | "
+              "wall / (model alone + first) | GPU busy |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|")
+        for c in got:
+            print(f"| {c['arch']} | {c['tiles']:,} | {c['wall_s']} | {c['model_alone_s']} | "
+                  f"{c['to_first_batch_s']} | {c['ratio']} | {c['gpu_busy']} |")  # fmt: skip
+            print("\n".join(stage_table(c["report"])))
+        return
     rows = []
     for arch in args.archs.split(","):
         for arm in args.arms.split(","):

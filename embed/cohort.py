@@ -350,12 +350,6 @@ def local_cluster(kind: str, workers: int | None = None):
 
     dask.config.set({"distributed.worker.daemon": False})
     if kind == "local-cuda":
-        try:
-            from dask_cuda import LocalCUDACluster
-        except ImportError:
-            raise DeviceError(
-                "cluster='local-cuda' needs dask-cuda: pip install 'tilestore[cuda]'"
-            ) from None
         import torch
 
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -364,10 +358,15 @@ def local_cluster(kind: str, workers: int | None = None):
         )
         if not devices or devices == [""]:
             raise DeviceError("cluster='local-cuda': no GPU is visible")
-        cluster = LocalCUDACluster(
-            CUDA_VISIBLE_DEVICES=",".join(devices[: workers or len(devices)]),
-            threads_per_worker=1,
-        )
+        devices = devices[: workers or len(devices)]
+        try:
+            from dask_cuda import LocalCUDACluster
+        except ImportError:  # one nanny per GPU, each seeing only its own
+            from distributed import SpecCluster
+
+            cluster = SpecCluster(gpu_workers(devices), scheduler=SCHEDULER)
+        else:
+            cluster = LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(devices), threads_per_worker=1)
     elif kind == "local":
         from distributed import LocalCluster
 
@@ -379,6 +378,31 @@ def local_cluster(kind: str, workers: int | None = None):
     else:
         raise OptionError(f"cluster={kind!r}: choose 'local-cuda' or 'local'")
     return Client(cluster)
+
+
+# the scheduler of a local cluster made without dask-cuda: in this machine, no dashboard port
+SCHEDULER = {
+    "cls": "distributed.Scheduler",
+    "options": {"dashboard_address": ":0", "host": "127.0.0.1"},
+}
+
+
+def gpu_workers(devices: list[str]) -> dict[str, dict]:
+    """A SpecCluster's workers, one nanny per GPU (`devices`: CUDA_VISIBLE_DEVICES entries),
+    each worker process seeing only its GPU as cuda:0 (what dask-cuda's LocalCUDACluster
+    does, without its dependencies: multi-GPU cohorts need only distributed)."""
+    return {
+        f"gpu-{device}": {
+            "cls": "distributed.Nanny",
+            "options": {
+                "nthreads": 1,
+                "host": "127.0.0.1",
+                "env": {"CUDA_VISIBLE_DEVICES": device},
+                "name": f"gpu-{device}",
+            },
+        }
+        for device in devices
+    }
 
 
 def cpu_share(workers: int) -> int:

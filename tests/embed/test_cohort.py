@@ -196,3 +196,23 @@ def test_a_corrupt_slide_is_reported_and_the_cohort_goes_on(cohort, client):
     assert not (cmu / "embeddings" / LITE).exists()  # nothing was written: as before the run
     lock = cmu.parent / f".{cmu.name}.{LITE}.lock"
     assert not lock.exists()  # released: a rerun may try again
+
+
+def test_a_local_gpu_cluster_without_dask_cuda_gives_each_worker_its_own_gpu():
+    """Where dask-cuda is not installed, `local_cluster("local-cuda")` starts one nanny per
+    GPU, each worker seeing only its own device (as cuda:0): what LocalCUDACluster does."""
+    import dask
+    from distributed import Client, SpecCluster
+
+    from tilestore.embed.cohort import SCHEDULER, gpu_workers
+
+    with dask.config.set({"distributed.worker.daemon": False}):
+        cluster = SpecCluster(gpu_workers(["0", "3"]), scheduler=SCHEDULER)
+        try:
+            with Client(cluster) as client:
+                seen = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
+                names = {w["name"] for w in client.scheduler_info()["workers"].values()}
+        finally:
+            cluster.close()
+    assert sorted(seen.values()) == ["0", "3"]
+    assert names == {"gpu-0", "gpu-3"}

@@ -264,13 +264,19 @@ def _prepare(path, spec, plan, identity, options, slice_tiles) -> _Store:
 
 
 def slice_blocks(todo: np.ndarray, per_shard: int, per_slice: int) -> list[np.ndarray]:
-    """The batches to do cut into slices of about `per_slice` batches, at shard boundaries:
-    a shard is rewritten whole, so two workers writing one shard would lose one's batches."""
+    """The batches to do cut into as few slices of at most about `per_slice` batches as can
+    be, of even sizes, at shard boundaries: a shard is rewritten whole, so two workers writing
+    one shard would lose one's batches. Even: a slide of 2.1 slices' worth is three slices of
+    0.7, not two full ones and a tenth, so the slices a cohort submits largest slide first
+    come largest first, and no GPU is left with a full slice while the others run out
+    (4 H100s, 10 slides of 15k-100k px: the workers' shares were 48,728 to 61,440 tiles)."""
     shards = np.split(todo, np.flatnonzero(np.diff(todo // per_shard)) + 1) if len(todo) else []
-    slices, current = [], []
+    count = -(-len(todo) // per_slice)  # slices needed
+    slices, current, taken = [], [], 0
     for blocks in shards:
         current.append(blocks)
-        if sum(map(len, current)) >= per_slice:
+        taken += len(blocks)
+        if taken * count >= len(todo) * (len(slices) + 1):  # this slice's even share reached
             slices.append(np.concatenate(current))
             current = []
     if current:

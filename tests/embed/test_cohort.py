@@ -113,9 +113,13 @@ def test_slices_are_whole_shards_of_the_batches_to_do(done, per_shard, per_slice
     for i, blocks in enumerate(slices):
         for shard_of in set((blocks // per_shard).tolist()):
             assert owners.setdefault(shard_of, i) == i  # no shard in two slices
-        # a slice is as large as asked, but for the last, or where one shard is larger
-        if i < len(slices) - 1:
-            assert len(blocks) >= per_slice
+    # as few slices as the size asked allows, each its even share (give or take a shard)
+    count = -(-len(todo) // per_slice)
+    assert len(slices) <= count
+    sizes = [len(blocks) for blocks in slices]
+    assert all(size < len(todo) / max(count, 1) + per_shard for size in sizes)
+    if per_shard == 1 and sizes:  # no shard to round to: even to a batch
+        assert max(sizes) - min(sizes) <= 1
 
 
 # -- on a LocalCluster ---------------------------------------------------------------------

@@ -162,5 +162,33 @@ SATURATION = st.floats(0, 1, width=32)
     st.integers(1, 6),
 )
 def test_median_3x3_equals_scipys_rank_filter(image, band):
-    with patch.object(tissue, "MEDIAN_BAND", band):
+    with patch.object(tissue, "BAND", band):  # bands on threads: each its rows, none twice
         assert np.array_equal(tissue.median_filter(image, 3), ndimage.median_filter(image, size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    arrays(bool, st.tuples(st.integers(1, 30), st.integers(1, 30))),
+    st.integers(1, 5),
+)
+def test_closing_by_a_disk_equals_scipys(mask, radius):
+    """Shifted ORs then ANDs (`close_disk`) close a mask exactly as scipy's binary_closing
+    with skimage's disk does, the border included (nothing from beyond it; beyond it erodes)."""
+    from skimage import morphology
+
+    from tilestore.masks.holes import close_disk
+
+    want = ndimage.binary_closing(mask, structure=morphology.disk(radius))
+    assert np.array_equal(close_disk(mask, radius), want)
+
+
+def test_the_brightfield_mask_is_the_same_computed_in_bands_on_threads(stores, monkeypatch):
+    """The saturation and its median computed band by band on threads: the very mask one
+    band on one thread gives (every band written once, none overlapping)."""
+    slide = open_slide(stores(CMU))
+    monkeypatch.setattr(tissue, "usable_cpus", lambda: 1)
+    monkeypatch.setattr(tissue, "BAND", 10_000)
+    whole = compute_tissue(slide, "otsu").mask
+    monkeypatch.setattr(tissue, "usable_cpus", lambda: 4)
+    monkeypatch.setattr(tissue, "BAND", 7)
+    assert whole.any() and np.array_equal(compute_tissue(slide, "otsu").mask, whole)

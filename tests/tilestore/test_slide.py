@@ -78,6 +78,18 @@ def test_region_reads_touch_exactly_the_chunks_they_need(stores, levels, level, 
     assert set(touched) == _expected_chunks(level, x0, y0, w, h, 240, H, W)
 
 
+@pytest.mark.parametrize("cpus", [1, 3, 16])
+def test_a_whole_level_read_on_threads_is_zarrs_pixels(slide, levels, monkeypatch, cpus):
+    """A read of many chunks decodes them on threads (a tissue mask's level): each chunk
+    into its own part of the region, the region equal to zarr's decode of the level."""
+    from tilestore.format import chunks
+
+    monkeypatch.setattr(chunks, "usable_cpus", lambda: cpus)
+    height, width = levels[0].shape[:2]
+    got = slide.read_region(0, 0, width, height, level=0)
+    assert np.array_equal(got, levels[0])
+
+
 def test_read_at_a_level_mpp_is_that_level(slide):
     a = slide.read_region(480, 720, 200, 150, mpp=2 * 0.499)
     b = slide.read_region(480, 720, 200, 150, level=1)

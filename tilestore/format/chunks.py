@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 
 import imagecodecs
@@ -30,6 +30,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
+from tilestore.cpus import usable_cpus
 from tilestore.errors import ChunkError
 from tilestore.format.codecs import (
     COLOR_SPACE_NAMES,
@@ -58,6 +59,10 @@ from tilestore.format.shards import (
     parse_index,
     split,
 )
+
+# `ChunkReader.read` decodes on threads, one per this many chunks (up to the CPUs): a
+# region of a few chunks (the viewer's tiles) stays on the caller's thread
+PARALLEL_CHUNKS = 8
 
 
 class ChunkReader:
@@ -417,13 +422,27 @@ class ChunkReader:
             for c in range(x0 // cw, (x1 - 1) // cw + 1)
         ]
         out = np.empty((y1 - y0, x1 - x0, self.channels), np.uint8)
-        for (r, c), data in zip(coords, self.fetch(coords), strict=True):
-            chunk = self.decode(data, (r, c))
+
+        def place(coord: tuple[int, int], data: bytes | None) -> None:
+            r, c = coord
+            chunk = self.decode(data, coord)
             ty0, tx0 = max(y0, r * ch), max(x0, c * cw)
             ty1, tx1 = min(y1, (r + 1) * ch), min(x1, (c + 1) * cw)
             out[ty0 - y0 : ty1 - y0, tx0 - x0 : tx1 - x0] = chunk[
                 ty0 - r * ch : ty1 - r * ch, tx0 - c * cw : tx1 - c * cw
             ]
+
+        found = self.fetch(coords)
+        workers = min(usable_cpus(), len(coords) // PARALLEL_CHUNKS)
+        if workers <= 1:
+            for coord, data in zip(coords, found, strict=True):
+                place(coord, data)
+            return out
+        # a whole level (a tissue mask's, a preview's): decoded on threads, which libjpeg
+        # runs without the GIL, each chunk into its own part of `out`
+        with ThreadPoolExecutor(workers, thread_name_prefix="tilestore-read") as pool:
+            for _ in pool.map(place, coords, found):  # raises a chunk's error
+                pass
         return out
 
 

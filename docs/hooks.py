@@ -27,6 +27,10 @@ from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from docs.griffe_folders import escape_placeholders  # noqa: E402  (the one rule for both)
+
 MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
 
 
@@ -49,7 +53,8 @@ def api_path(face: str) -> str:
 
 
 def as_markdown(docstring: str) -> str:
-    """A docstring as markdown: its `>>>` lines (and their `...` continuations) fenced."""
+    """A docstring as markdown: its `>>>` lines (and their `...` continuations) fenced, its
+    `<name>` placeholders shown (not taken as HTML tags)."""
     lines, out, fenced = inspect.cleandoc(docstring).splitlines(), [], False
     for line in lines:
         example = line.startswith((">>>", "..."))
@@ -59,7 +64,7 @@ def as_markdown(docstring: str) -> str:
         out.append(line)
     if fenced:
         out.append("```")
-    return "\n".join(out)
+    return escape_placeholders("\n".join(out))
 
 
 def api_page(face: str) -> str:
@@ -130,7 +135,7 @@ def cli_page() -> str:
         level = "#" * min(len(words) + 1, 4)
         usage = " ".join([*words, *command.collect_usage_pieces(ctx)])
         parts += ["", f"{level} `{' '.join(words)}` {{ #{cli_anchor(words)} }}", ""]
-        parts += [inspect.cleandoc(command.help or ""), "", "```text", usage, "```"]
+        parts += [as_markdown(command.help or ""), "", "```text", usage, "```"]
         records = [p.get_help_record(ctx) for p in command.params]
         records = [r for r in records if r]
         if records:

@@ -122,6 +122,38 @@ def test_every_command_and_flag_is_documented(site):
     print(f"{len(commands)} commands, {len(flags)} distinct flags documented")
 
 
+# the HTML elements a page of this site is made of: any other tag is text a browser hides,
+# such as a docstring's `embeddings/<model>` taken for a tag
+_NAMES = (
+    "a abbr article aside b blockquote body br button caption clipboard-copy code col "
+    "colgroup dd del details div dl dt em figcaption figure footer form h1 h2 h3 h4 h5 h6 "
+    "head header hr html i img input kbd label li link main mark meta nav noscript ol p path "
+    "pre rect script section small span strong style sub summary sup svg table tbody td "
+    "tfoot th thead title tr u ul"
+)
+ELEMENTS = frozenset(_NAMES.split())
+
+
+class _Tags(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+
+
+def test_no_text_is_taken_for_an_html_tag(site):
+    """`<model>`, `<name>`, `<arch>` in docstrings and command help are shown, not hidden."""
+    unknown = {}
+    for page in sorted(site.rglob("*.html")):
+        parser = _Tags()
+        parser.feed(page.read_text())
+        if parser.tags - ELEMENTS:
+            unknown[str(page.relative_to(site))] = sorted(parser.tags - ELEMENTS)
+    assert unknown == {}
+
+
 # --- links -------------------------------------------------------------------------------
 
 

@@ -6,7 +6,9 @@
   arguments and flags with their help, as click formats them for `--help`;
 - the model catalogue, the exit codes and the store record's fields: tables put where a
   hand-written page says `<!-- generated: NAME -->` (`SECTIONS`);
-- `performance/results.md`: bench/RESULTS.md as it is (kept as the source);
+- `performance/results.md`: bench/RESULTS.md as it is (kept as the source), and
+  `architecture.md`: ARCHITECTURE.md as it is;
+- `figures/<name>`: bench/figures, the benchmarks' and the viewer's pictures, as they are;
 
 Imports only light modules (the faces load members lazily, the registries are plain data,
 the CLI imports no torch): the build reads the package's sources through griffe.
@@ -282,13 +284,20 @@ def pages() -> dict[str, str]:
     made["reference/api/index.md"] = api_index()
     made["reference/cli.md"] = cli_page()
     made["performance/results.md"] = (ROOT / "bench" / "RESULTS.md").read_text()
+    made["architecture.md"] = (ROOT / "ARCHITECTURE.md").read_text()
     return made
+
+
+def figures() -> dict[str, bytes]:
+    """{figures/<name>: its bytes} of bench/figures (the pages show them where they are)."""
+    folder = ROOT / "bench" / "figures"
+    return {f"figures/{p.name}": p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
 @event_priority(100)  # before the plugins' on_files see the files
 def on_files(files: Files, config) -> Files:
-    for path, text in pages().items():
-        files.append(File.generated(config, path, content=text))
+    for path, content in {**pages(), **figures()}.items():
+        files.append(File.generated(config, path, content=content))
     return files
 
 

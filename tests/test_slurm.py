@@ -117,7 +117,7 @@ def _log(slurm: Slurm, folder: Path) -> str:
 # -- the recipes' array script -------------------------------------------------------------
 
 
-def test_readme_array_embeds_every_store_once(slurm, cohort_root, tmp_path):
+def test_the_array_recipe_embeds_every_store_once(slurm, cohort_root, tmp_path):
     folder = tmp_path / "array"
     folder.mkdir()
     shutil.copytree(cohort_root / "stores", folder / "stores")
@@ -168,7 +168,7 @@ def _run_script(folder: Path, slurm: Slurm, **kwargs):
     )  # fmt: skip
 
 
-def test_readme_dask_script_embeds_every_store_once(slurm, cohort_root, tmp_path):
+def test_the_dask_recipe_embeds_every_store_once(slurm, cohort_root, tmp_path):
     folder = tmp_path / "dask"
     folder.mkdir()
     shutil.copytree(cohort_root / "stores", folder / "stores")

@@ -333,6 +333,7 @@ def test_home_search_api_how_to_and_tutorial_render_in_a_browser(browser, served
     screenshot = page.locator('img[src$="view-pca.jpg"]')
     screenshot.scroll_into_view_if_needed()
     page.wait_for_function("[...document.images].every(i => i.complete && i.naturalWidth > 0)")
+    page.wait_for_timeout(500)  # the header's title, faded to the page's as it scrolls
     page.screenshot(path=str(tmp_path / "tutorial.png"))
 
     assert errors == []

@@ -21,7 +21,7 @@ vit_large_patch16_224 = UNI), in one process:
   paths    - (--runs paths) the engine on the copied store with each decode path (cpu, gpu:
              nvJPEG on the JPEG engines, both) at each of --cpus CPU counts (the process
              limited as `taskset -a` does), one slide and a cohort of three, each run's
-             features against the CPU-decoded run's (README "Few CPUs per GPU").
+             features against the CPU-decoded run's (docs/how-to/few-cpus-per-gpu.md).
 Also: the engine's features vs the one-tile-at-a-time reference loop (cosine), peak GPU
 memory, how soon the first batch was ready, and which stage limits.
 

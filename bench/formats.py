@@ -1,5 +1,6 @@
-"""The README's format table: each input kind converted with the defaults, level 0 compared
-with the reference reader of its format (tifffile, wsidicom, OpenSlide, Pillow).
+"""The format table (docs/guide/convert.md): each input kind converted with the defaults,
+level 0 compared with the reference reader of its format (tifffile, wsidicom, OpenSlide,
+Pillow).
 
 Real files come from ../shared/data (TILESTORE_DATA); the others are made from them by
 tools: wsidicomizer (DICOM series of JPEG baseline, JPEG 2000 and uncompressed frames from

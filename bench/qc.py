@@ -1,6 +1,6 @@
 """QC: accuracy on artefacts painted on real H&E, speed on a 100k px slide, a Dask cohort.
 
-    python bench/qc.py accuracy              # the README's confusion table
+    python bench/qc.py accuracy              # the confusion table (docs/guide/qc.md)
     python bench/qc.py blur                  # blur 0.75-4 um at 0.25 and 0.5 um/px: maps, tiles
     python bench/qc.py speed --size 100000   # a 100k x 100k px slide, CPU (and CUDA if any)
     python bench/qc.py cohort --slides 50    # 50 stores, one process vs a local Dask cluster

@@ -1,7 +1,7 @@
-"""The README's SLURM array with `--compile`, under a real one-node SLURM (slurm-wlm started
-as `tests/slurm.py` starts it; root): N tasks, one store each, sharing one compile cache as
-the README says (one task compiles, the others wait for it and load its entry), against N
-tasks with a compile cache each (every task compiles, as before the cache had a lock).
+"""The SLURM array of docs/how-to/cohort-slurm.md with `--compile`, under a real one-node SLURM
+(slurm-wlm started as `tests/slurm.py` starts it; root): N tasks, one store each, sharing one
+compile cache as the page says (one task compiles, the others wait for it and load its entry),
+against N tasks with a compile cache each (every task compiles, as before the cache had a lock).
 Each task has an Inductor cache of its own, as it would on its own node. CPU only:
 efficientnet-lite0 on copies of CMU-1-Small-Region.
 
@@ -32,7 +32,7 @@ from tests.slurm import Slurm, array_script  # noqa: E402
 
 SLIDE = HERE.parent.parent / "shared" / "data" / "slides" / "CMU-1-Small-Region.svs"
 ARMS = {
-    "one shared compile cache (the README)": "$PWD/compile-cache",
+    "one shared compile cache (the recipe)": "$PWD/compile-cache",
     "a compile cache per task (no lock to share)": "$PWD/compile-cache-$SLURM_ARRAY_TASK_ID",
 }
 

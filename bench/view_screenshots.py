@@ -1,4 +1,4 @@
-"""The README's screenshots of `tilestore view`, made as a person would see them: real stores
+"""The screenshots of `tilestore view`, made as a person would see them: real stores
 embedded with EfficientNet-Lite0 (real ImageNet weights, on the CPU), opened in the viewer
 and photographed in headless Chromium (Playwright driving the system's browser).
 

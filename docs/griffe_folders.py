@@ -7,11 +7,15 @@
 - `LazyFaces`: a face made by `tilestore.faces.lazy_face(__name__, {module: names})` gets
   each name as an alias of where it is defined, and `__all__` from the same table, as the
   face's `__getattr__` and `__all__` have them at run time.
+- `Placeholders`: a docstring's `<name>` (`embeddings/<model>`, `timm:<arch>`) shown as
+  written: Markdown passes `<word>` through as an HTML tag, which a browser hides. Code
+  spans and fenced blocks are left as they are (Markdown escapes those itself).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -66,3 +70,20 @@ def _lazy_table(tree: ast.Module) -> dict[str, list[str]] | None:
             table = ast.literal_eval(call.args[1])
             return {module: list(names) for module, names in table.items()}
     return None
+
+
+# a code span (`...`, ``...``) or a fenced block, kept whole; else a `<` that opens a tag
+_CODE_OR_TAG = re.compile(r"(?P<code>```.*?```|(?P<ticks>`+).*?(?P=ticks))|<(?=[A-Za-z/!?])", re.S)
+
+
+def escape_placeholders(text: str) -> str:
+    """Markdown text with every `<` that would open an HTML tag, outside code, as `&lt;`."""
+    return _CODE_OR_TAG.sub(lambda m: m["code"] or "&lt;", text)
+
+
+class Placeholders(griffe.Extension):
+    """Escapes each docstring's would-be HTML tags once griffe has read it."""
+
+    def on_object(self, *, obj: griffe.Object, **kwargs) -> None:
+        if obj.docstring is not None:
+            obj.docstring.value = escape_placeholders(obj.docstring.value)

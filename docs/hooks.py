@@ -6,7 +6,9 @@
   arguments and flags with their help, as click formats them for `--help`;
 - the model catalogue, the exit codes and the store record's fields: tables put where a
   hand-written page says `<!-- generated: NAME -->` (`SECTIONS`);
-- `performance/results.md`: bench/RESULTS.md as it is (kept as the source);
+- `performance/results.md`: bench/RESULTS.md as it is (kept as the source), and
+  `architecture.md`: ARCHITECTURE.md as it is;
+- `figures/<name>`: bench/figures, the benchmarks' and the viewer's pictures, as they are;
 
 Imports only light modules (the faces load members lazily, the registries are plain data,
 the CLI imports no torch): the build reads the package's sources through griffe.
@@ -27,6 +29,10 @@ from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from docs.griffe_folders import escape_placeholders  # noqa: E402  (the one rule for both)
+
 MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
 
 
@@ -49,7 +55,8 @@ def api_path(face: str) -> str:
 
 
 def as_markdown(docstring: str) -> str:
-    """A docstring as markdown: its `>>>` lines (and their `...` continuations) fenced."""
+    """A docstring as markdown: its `>>>` lines (and their `...` continuations) fenced, its
+    `<name>` placeholders shown (not taken as HTML tags)."""
     lines, out, fenced = inspect.cleandoc(docstring).splitlines(), [], False
     for line in lines:
         example = line.startswith((">>>", "..."))
@@ -59,7 +66,7 @@ def as_markdown(docstring: str) -> str:
         out.append(line)
     if fenced:
         out.append("```")
-    return "\n".join(out)
+    return escape_placeholders("\n".join(out))
 
 
 def api_page(face: str) -> str:
@@ -130,7 +137,7 @@ def cli_page() -> str:
         level = "#" * min(len(words) + 1, 4)
         usage = " ".join([*words, *command.collect_usage_pieces(ctx)])
         parts += ["", f"{level} `{' '.join(words)}` {{ #{cli_anchor(words)} }}", ""]
-        parts += [inspect.cleandoc(command.help or ""), "", "```text", usage, "```"]
+        parts += [as_markdown(command.help or ""), "", "```text", usage, "```"]
         records = [p.get_help_record(ctx) for p in command.params]
         records = [r for r in records if r]
         if records:
@@ -277,13 +284,20 @@ def pages() -> dict[str, str]:
     made["reference/api/index.md"] = api_index()
     made["reference/cli.md"] = cli_page()
     made["performance/results.md"] = (ROOT / "bench" / "RESULTS.md").read_text()
+    made["architecture.md"] = (ROOT / "ARCHITECTURE.md").read_text()
     return made
+
+
+def figures() -> dict[str, bytes]:
+    """{figures/<name>: its bytes} of bench/figures (the pages show them where they are)."""
+    folder = ROOT / "bench" / "figures"
+    return {f"figures/{p.name}": p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
 @event_priority(100)  # before the plugins' on_files see the files
 def on_files(files: Files, config) -> Files:
-    for path, text in pages().items():
-        files.append(File.generated(config, path, content=text))
+    for path, content in {**pages(), **figures()}.items():
+        files.append(File.generated(config, path, content=content))
     return files
 
 

@@ -44,7 +44,7 @@ Precision = Literal["bf16", "fp32"]
 #                    |   16 | 0.88 / 0.96 | 0.73 / 0.74   | 0.75 / 0.88
 #   ViT-L (3,668/s)  |    4 | 0.89 / 0.97 | 0.79 / 0.86   | 0.80 / 0.86
 # The engines decode these chunks at 29,000/s alone but a few thousand beside a model:
-# nvJPEG's per-image work waits for the model's (README, "Decoding on the GPU").
+# nvJPEG's per-image work waits for the model's (docs/how-to/few-cpus-per-gpu.md).
 AUTO_CPU_DECODE_CPUS = 8
 # Tiles/s one decoder process feeds (240 px chunks, 224 px tiles), less 10%: on an H100 2
 # processes fed 6,200-7,200 tiles/s, 6 fed 16,200-18,400 (bench/RESULTS.md). A model alone

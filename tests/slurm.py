@@ -21,7 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LITE = "efficientnet-lite0"
-# the flags that make a CPU run of the README's commands: small batches (many of them, so a
+# the flags that make a CPU run of the recipes' commands: small batches (many of them, so a
 # signal or a cancel lands mid-slide), float32 features
 CPU_FLAGS = "--device cpu --batch-size 8 --precision fp32 --dtype float32 --shard-tiles 16"
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -184,34 +184,37 @@ class Slurm:
         return result
 
 
-# -- the README's recipes, adapted to CPUs --------------------------------------------------
+# -- the recipes (docs/how-to/cohort-slurm.md), adapted to CPUs -----------------------------------
 
 
-def readme_block(marker: str, language: str) -> str:
-    """The README's code block of this language that contains `marker`."""
-    blocks = re.findall(rf"```{language}\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+RECIPES = REPO / "docs" / "how-to" / "cohort-slurm.md"  # the page users copy them from
+
+
+def recipe_block(marker: str, language: str) -> str:
+    """The recipes page's code block of this language that contains `marker`."""
+    blocks = re.findall(rf"```{language}\n(.*?)```", RECIPES.read_text(), re.S)
     (block,) = [b for b in blocks if marker in b]
     return block
 
 
 def adapted(text: str, changes: dict[str, str]) -> str:
-    """The README's text with the CPU adaptations, each of which must still apply: a README
+    """The recipe's text with the CPU adaptations, each of which must still apply: a recipe
     that drifts from what these tests run fails them."""
     for old, new in changes.items():
-        assert old in text, f"the README's recipe no longer says {old!r}"
+        assert old in text, f"the recipe ({RECIPES.name}) no longer says {old!r}"
         text = text.replace(old, new)
     return text
 
 
 def array_script(tasks: int, extra: str = "", compile_cache: str | None = None) -> str:
-    """The README's array script for `tasks` tasks on CPUs (extra: more #SBATCH options).
+    """The recipes' array script for `tasks` tasks on CPUs (extra: more #SBATCH options).
     compile_cache: keep its --compile, with this shared cache (each task an Inductor cache
     of its own, as on its own node); None: drop it (minutes a task on a CPU)."""
     compiled = (
         f" --compile \\\n    --compile-cache {compile_cache}" if compile_cache else " \\\n   "
     )
     script = adapted(
-        readme_block("#SBATCH", "bash"),
+        recipe_block("#SBATCH", "bash"),
         {
             "--gres=gpu:1 --cpus-per-task=16": f"--cpus-per-task=1{extra}",
             "--array=0-19": f"--array=0-{tasks - 1}",

@@ -122,6 +122,38 @@ def test_every_command_and_flag_is_documented(site):
     print(f"{len(commands)} commands, {len(flags)} distinct flags documented")
 
 
+# the HTML elements a page of this site is made of: any other tag is text a browser hides,
+# such as a docstring's `embeddings/<model>` taken for a tag
+_NAMES = (
+    "a abbr article aside b blockquote body br button caption clipboard-copy code col "
+    "colgroup dd del details div dl dt em figcaption figure footer form h1 h2 h3 h4 h5 h6 "
+    "head header hr html i img input kbd label li link main mark meta nav noscript ol p path "
+    "pre rect script section small span strong style sub summary sup svg table tbody td "
+    "tfoot th thead title tr u ul"
+)
+ELEMENTS = frozenset(_NAMES.split())
+
+
+class _Tags(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+
+
+def test_no_text_is_taken_for_an_html_tag(site):
+    """`<model>`, `<name>`, `<arch>` in docstrings and command help are shown, not hidden."""
+    unknown = {}
+    for page in sorted(site.rglob("*.html")):
+        parser = _Tags()
+        parser.feed(page.read_text())
+        if parser.tags - ELEMENTS:
+            unknown[str(page.relative_to(site))] = sorted(parser.tags - ELEMENTS)
+    assert unknown == {}
+
+
 # --- links -------------------------------------------------------------------------------
 
 
@@ -216,20 +248,29 @@ def test_runnable_examples_run(page, tmp_path, stores):
         )
         if expected:  # a refusal is one line naming the cause, never a traceback
             assert "tilestore: error:" in done.stderr and "Traceback" not in done.stderr
-    pictures = os.environ.get("TILESTORE_DOCS_PICTURES")
-    if pictures and page.name == "first-slide.md":
-        _write_pictures(tmp_path / "out", Path(pictures))
+    if os.environ.get("TILESTORE_DOCS_PICTURES"):
+        _write_pictures(page, tmp_path)
 
 
-def _write_pictures(out: Path, folder: Path) -> None:
-    """The first slide's pictures as getting-started/outputs.md shows them: JPEG, 900 px."""
+# {page: {a picture its commands make, in its folder: where the pages show it, under docs/}}
+PICTURES = {
+    "getting-started/first-slide.md": {
+        f"out/{name}.png": f"getting-started/img/{name}.jpg"
+        for name in ("plan", "map", "map-clusters", "map-gallery")
+    },
+    "tutorials/qc-cohort.md": {"qc/previews/inked.qc.png": "tutorials/img/qc-inked.jpg"},
+}
+
+
+def _write_pictures(page: Path, folder: Path) -> None:
+    """The pictures a page's commands made, as the pages show them: JPEG, 900 px wide."""
     from PIL import Image
 
-    folder.mkdir(parents=True, exist_ok=True)
-    for png in ("plan", "map", "map-clusters", "map-gallery"):
-        image = Image.open(out / f"{png}.png").convert("RGB")
+    for made, shown in PICTURES.get(str(page.relative_to(DOCS)), {}).items():
+        image = Image.open(folder / made).convert("RGB")
         image.thumbnail((900, 4000))
-        image.save(folder / f"{png}.jpg", quality=85)
+        (DOCS / shown).parent.mkdir(parents=True, exist_ok=True)
+        image.save(DOCS / shown, quality=85)
 
 
 # --- in a browser --------------------------------------------------------------------------
@@ -247,7 +288,7 @@ def served(site):
     server.shutdown()
 
 
-def test_home_search_api_and_how_to_render_in_a_browser(browser, served, tmp_path):
+def test_home_search_api_how_to_and_tutorial_render_in_a_browser(browser, served, tmp_path):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.set_default_timeout(60_000)
     errors, outside = [], []
@@ -287,7 +328,21 @@ def test_home_search_api_and_how_to_render_in_a_browser(browser, served, tmp_pat
     assert page.locator("pre code").count() >= 3
     page.screenshot(path=str(tmp_path / "how-to.png"))
 
+    page.goto(f"{served}/tutorials/viewer/")
+    assert page.locator("h1").first.inner_text().rstrip("¶") == "The viewer"
+    screenshot = page.locator('img[src$="view-pca.jpg"]')
+    screenshot.scroll_into_view_if_needed()
+    page.wait_for_function("[...document.images].every(i => i.complete && i.naturalWidth > 0)")
+    page.wait_for_timeout(500)  # the header's title, faded to the page's as it scrolls
+    page.screenshot(path=str(tmp_path / "tutorial.png"))
+
     assert errors == []
     assert outside == []  # nothing fetched from elsewhere: the site works offline
-    for shot in ("home", "search", "api", "how-to"):
+    shots = ("home", "search", "api", "how-to", "tutorial")
+    for shot in shots:
         assert (tmp_path / f"{shot}.png").stat().st_size > 10_000
+    if os.environ.get("TILESTORE_DOCS_SHOTS"):  # a folder to keep them in
+        folder = Path(os.environ["TILESTORE_DOCS_SHOTS"])
+        folder.mkdir(parents=True, exist_ok=True)
+        for shot in shots:
+            shutil.copy(tmp_path / f"{shot}.png", folder / f"{shot}.png")

@@ -1,7 +1,7 @@
-"""The README's HPC recipes under a real SLURM (Debian's slurm-wlm, one node, started by
-`tests/slurm.py`): the `--shard K/N` job array and the dask-jobqueue `SLURMCluster` script,
-each taken from the README as written with only the CPU adaptations (no GPU, a small array,
-efficientnet-lite0), and the faults a cluster produces: a worker job cancelled mid-slide,
+"""The HPC recipes of docs/how-to/cohort-slurm.md under a real SLURM (Debian's slurm-wlm, one node,
+started by `tests/slurm.py`): the `--shard K/N` job array and the dask-jobqueue `SLURMCluster`
+script, each taken from that page as written with only the CPU adaptations (no GPU, a small
+array, efficientnet-lite0), and the faults a cluster produces: a worker job cancelled mid-slide,
 a preempted (requeued) array task, a node's disk full while writing.
 
 Skipped, with the reason, where slurm-wlm is not installed or the tests do not run as root
@@ -24,7 +24,7 @@ import pytest
 import zarr
 
 from tests.conftest import CMU, IHC, REPO, fill, run_cli
-from tests.slurm import CPU_FLAGS, LITE, Slurm, Unavailable, adapted, array_script, readme_block
+from tests.slurm import CPU_FLAGS, LITE, Slurm, Unavailable, adapted, array_script, recipe_block
 from tilestore.embeddings import group_name
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -114,10 +114,10 @@ def _log(slurm: Slurm, folder: Path) -> str:
     return "\n".join(logs)
 
 
-# -- the README's array script --------------------------------------------------------------
+# -- the recipes' array script -------------------------------------------------------------
 
 
-def test_readme_array_embeds_every_store_once(slurm, cohort_root, tmp_path):
+def test_the_array_recipe_embeds_every_store_once(slurm, cohort_root, tmp_path):
     folder = tmp_path / "array"
     folder.mkdir()
     shutil.copytree(cohort_root / "stores", folder / "stores")
@@ -136,13 +136,13 @@ def test_readme_array_embeds_every_store_once(slurm, cohort_root, tmp_path):
     _assert_equal_to_reference(folder / "stores", cohort_root / "reference")
 
 
-# -- the README's Dask script -----------------------------------------------------------------
+# -- the recipes' Dask script ----------------------------------------------------------------
 
 
 def dask_script(jobs: int) -> str:
     venv = f"export PATH={Path(sys.executable).parent}:$PATH; export PYTHONPATH={REPO}"
     return adapted(
-        readme_block("SLURMCluster(", "python"),
+        recipe_block("SLURMCluster(", "python"),
         {
             'queue="gpu"': 'queue="debug"',
             "job_cpu=16": "job_cpu=1",
@@ -153,7 +153,7 @@ def dask_script(jobs: int) -> str:
             '"uni"': f'"{LITE}"',
             "Options(compile=True)": "Options(device='cpu', batch_size=8, precision='fp32', "
             "dtype='float32', shard_tiles=16), slice_tiles=16",
-            # a look at what the README claims of its workers: not daemons
+            # a look at what the recipe claims of its workers: not daemons
             "    report = embed_cohort(": "    print('daemonic workers:', sorted(set(client.run("
             "lambda: __import__('multiprocessing').current_process().daemon).values())))\n"
             "    report = embed_cohort(",
@@ -168,7 +168,7 @@ def _run_script(folder: Path, slurm: Slurm, **kwargs):
     )  # fmt: skip
 
 
-def test_readme_dask_script_embeds_every_store_once(slurm, cohort_root, tmp_path):
+def test_the_dask_recipe_embeds_every_store_once(slurm, cohort_root, tmp_path):
     folder = tmp_path / "dask"
     folder.mkdir()
     shutil.copytree(cohort_root / "stores", folder / "stores")

@@ -3,7 +3,7 @@ system's browser, driven by Playwright): the slide's tiles load and draw, an ove
 on and off with its legend, and a click on a tile gives its similarity map and the most
 similar tiles. Skipped, saying why, where Playwright or a Chromium is missing (`.ci/run`
 installs Debian's `chromium`). With TILESTORE_SCREENSHOTS=<folder> it also writes the
-README's screenshots there."""
+screenshots the docs show (docs/tutorials/viewer.md, docs/guide/viewer.md) there."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def test_plain_xarray_opens_the_embeddings(store, lite):
     path = store()
     embed([path], lite, plan=PlanOptions(mpp=1.0, tile=224), options=FP32)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # as the README shows it
+        warnings.simplefilter("error")  # as the docs show it (guide/embed.md)
         ds = xr.open_zarr(path, group=f"embeddings/{LITE}", consolidated=False)
     assert ds["features"].dims == ("tile", "feature")
     assert {"x", "y", "x_um", "y_um", "row", "col"} <= set(ds.coords)

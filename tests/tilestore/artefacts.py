@@ -6,7 +6,7 @@ multiplies the light by the ink's transmittance (Beer-Lambert: ink adds optical 
 it does not paint over); a fold is a second layer of the same tissue (its optical density
 doubled); an air bubble is a thin dark grey ring whose inside is pale and soft; a dark
 region is under-exposed light. `truth` is where the artefact was painted.
-`bench/qc.py` measures the same cases for the README's confusion table.
+`bench/qc.py` measures the same cases for the confusion table in docs/guide/qc.md.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def darkened(image: np.ndarray) -> Case:
 
 
 def cases(image: np.ndarray) -> list[Case]:
-    """Every case the README's table lists."""
+    """Every case the QC table (docs/guide/qc.md) lists."""
     return [
         *(blurred(image, s) for s in (2, 4, 8)),
         *(inked(image, ink) for ink in INKS),

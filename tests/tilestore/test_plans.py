@@ -96,7 +96,7 @@ def test_saved_plan_round_trips_and_opens_in_xarray(copy_of):
     np.testing.assert_array_equal(again.x, plan.x)
     np.testing.assert_array_equal(again.chunk_rows, plan.chunk_rows)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # plain xarray opens it cleanly, as the README shows
+        warnings.simplefilter("error")  # plain xarray opens it cleanly, as docs/guide shows
         ds = xr.open_zarr(store, group="plans/1mpp-128px-s64", consolidated=False)
     assert set(ds.data_vars) >= {"x", "y", "row", "col", "tissue", "roi", "roi_class"}
     assert ds.sizes["tile"] == len(plan)

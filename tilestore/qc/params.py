@@ -71,7 +71,7 @@ class FoldParams:
     more than min_eosin_z robust spreads above the slide's median: dense nuclei (much
     haematoxylin, little eosin) are not folds. Gaps up to close_um are closed; regions
     narrower than min_width_um are dropped. A fold over epidermis, which is already as
-    dark as a fold, is found only in part (README's QC table).
+    dark as a fold, is found only in part (the QC table, docs/guide/qc.md).
     """
 
     smooth_um: float = 24.0

@@ -167,4 +167,23 @@ ENTRIES: tuple[SlideSpec, ...] = (
         card=HF + "MahmoodLab/abmil.base.uni_v2.pc108-24k",
         reference="trident:feather_uni_v2 (mahmoodlab/MIL-Lab ABMIL forward_features)",
     ),
+    SlideSpec(
+        "moozy",
+        "lunit-vits8",
+        0.5,
+        224,
+        "grid",
+        768,
+        "moozy",
+        {"in_dim": 384},
+        repo="AtlasAnalyticsLab/MOOZY",
+        weights_file="moozy.pt",
+        licence="CC-BY-NC-SA-4.0",
+        precision="fp32",
+        card=HF + "AtlasAnalyticsLab/MOOZY",
+        reference="authors: AtlasAnalyticsLab/MOOZY stage-2 model (load_stage2_inference_model)",
+        note="also a patient's vector of its slides' (`tilestore patients`); the authors cap "
+        "a slide's tiles by GPU memory (12,000 at 16 GB), this reads them all",
+        patients=True,
+    ),
 )

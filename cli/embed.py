@@ -441,8 +441,9 @@ def models_list() -> None:
     from tilestore.embed.slides import list_slide_encoders, slide_is_cached
 
     slides = text_table(
-        "slide encoder", "reads", "um/px", "tile", "dim", "weights", "licence", "gated", "cached"
-    )
+        "slide encoder", "reads", "um/px", "tile", "dim", "patients", "weights", "licence",
+        "gated", "precision", "cached",
+    )  # fmt: skip
     for spec in list_slide_encoders():
         slides.add_row(
             spec.name,
@@ -450,15 +451,18 @@ def models_list() -> None:
             str(spec.mpp or "-"),
             str(spec.tile or "-"),
             str(spec.output_dim or "the tiles'"),
+            "yes" if spec.patients else "no",
             spec.repo or ("none" if spec.source == "none" else f"{spec.weights_file} (a file)"),
             spec.licence or "-",
             "yes" if spec.gated else "no",
+            spec.precision if spec.source != "none" else "-",
             "-" if spec.source == "file" else "yes" if slide_is_cached(spec) else "no",
         )
     wide.print(slides)
     out.print(
         f"{len(list_slide_encoders())} slide encoders: `tilestore embed --slide-encoder NAME` "
-        "embeds the tiles it reads if they are not, then the slide",
+        "embeds the tiles it reads if they are not, then the slide; `tilestore patients` "
+        "makes a vector per patient with those whose patients column says yes",
         highlight=False,
     )
 

@@ -258,8 +258,9 @@ def moozy(src: Path, trident: Path, h5: Path, weights: Path) -> np.ndarray:
         )
         batch = collate_stage2_batch([build_case_sample(slides=[sample, negated])])
         patient = model(batch)["cls"]
-    out = Path(os.environ["SLIDE_REFERENCE_OUT"])
-    np.save(out.with_name(out.stem + "-patient.npy"), patient.float().cpu().numpy().reshape(-1))
+    if "SLIDE_REFERENCE_OUT" in os.environ:  # not in --synthetic (speed) runs
+        out = Path(os.environ["SLIDE_REFERENCE_OUT"])
+        np.save(out.with_name(f"{out.stem}-patient.npy"), patient.float().cpu().numpy().ravel())
     return cls.float().cpu().numpy().reshape(-1)
 
 
@@ -317,7 +318,9 @@ def synthetic(
     import h5py
 
     side = int(np.ceil(np.sqrt(tiles)))
-    dim = {"titan": 768, "gigapath": 1536, "gigapath-cls": 1536, "prism": 2560}[encoder]
+    dim = {"titan": 768, "gigapath": 1536, "gigapath-cls": 1536, "prism": 2560, "moozy": 384}[
+        encoder
+    ]
     step = 512
     h5 = weights.parent / f"synthetic-{encoder}-{tiles}.h5"
     cols, rows = np.arange(tiles) % side, np.arange(tiles) // side
@@ -325,6 +328,7 @@ def synthetic(
         f["features"] = np.random.default_rng(0).standard_normal((tiles, dim), dtype=np.float32)
         f["coords"] = np.stack([cols * step, rows * step], 1).astype(np.int64)
         f["coords"].attrs["patch_size_level0"] = step
+        f["coords"].attrs["patch_size"] = step  # MOOZY's reader asks for both
     cuda = RUN["device"].startswith("cuda")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if cuda:  # the card's own limit; its peak allocation is what is reported

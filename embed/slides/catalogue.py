@@ -2,6 +2,10 @@
 code (each entry's ``card``); ``reference`` names what `bench/slide_encoders.py` checks ours
 against. Tile model, um/px and tile size are what each was trained on (TRIDENT's table of
 slide encoders says the same).
+
+Not here: PRISM2 and CARE, whose architectures are published only as remote code inside
+gated Hugging Face repositories (paige-ai/Prism2, Zipper-1/CARE), in no public repository
+(bench/RESULTS.md, issue 50, says where it was looked for).
 """
 
 from __future__ import annotations

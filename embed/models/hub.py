@@ -219,8 +219,15 @@ def _leaves(tree: dict, prefix: str):
     for key, value in tree.items():
         if isinstance(value, dict):
             yield from _leaves(value, f"{prefix}{key}.")
-        elif not isinstance(value, (int, float, str, bool, type(None), list, tuple)):
+        elif not _plain(value):
             yield f"{prefix}{key}", value
+
+
+def _plain(value) -> bool:
+    """A config's value: a number, text, a flag, None, or a list of those."""
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return isinstance(value, (int, float, str, bool, type(None)))
 
 
 def is_cached(spec: ModelSpec) -> bool:

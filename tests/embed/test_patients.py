@@ -29,7 +29,7 @@ from tilestore.embed.slides.nets.moozy import Moozy
 from tilestore.embed.slides.nets.titan import alibi_slopes
 from tilestore.embeddings.slides import read_slide_vector
 from tilestore.embeddings.write import write_features
-from tilestore.errors import MixedResults
+from tilestore.errors import MixedResults, ModelError
 from tilestore.plan import PlanOptions, plan_slide, save_plan
 from tilestore.reading.opening import open_slide
 
@@ -151,6 +151,11 @@ def test_moozys_checkpoint_of_two_modules_and_configs_loads_strictly(tmp_path):
     loaded = load_slide_encoder("moozy", weights=path).module
     for key, value in loaded.state_dict().items():
         torch.testing.assert_close(value, state[key])
+    payload["heads"] = [torch.zeros(2)]  # tensors that are not a state dict: refused
+    torch.save(payload, path)
+    with pytest.raises(ModelError, match=r"moozy.pt is not a plain state dict of tensors"):
+        load_slide_encoder("moozy", weights=path)
+    del payload["heads"]
     slide["blocks.3.pos_bias.slopes"] = slopes * 2  # learned slopes: not this architecture
     torch.save(payload, path)
     with pytest.raises(SlideEncoderError, match=r"blocks\.3\.pos_bias\.slopes holds ALiBi slopes"):

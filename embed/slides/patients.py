@@ -34,7 +34,7 @@ from tilestore.embed.slides.registry import get_slide_encoder, list_slide_encode
 from tilestore.embed.slides.run import precision_for
 from tilestore.embed.slides.spec import SlidePrecision
 from tilestore.embeddings.slides import open_slide_embeddings
-from tilestore.errors import PatientTableError, SlideEncoderError
+from tilestore.errors import OutputError, PatientTableError, SlideEncoderError
 from tilestore.exports.slidetable import table_format, write_slide_table
 from tilestore.options import checked
 
@@ -154,7 +154,7 @@ def embed_patients(
     output = Path(output)
     table_format(output)
     if output.exists() and not overwrite:
-        raise PatientTableError(f"{output} exists: pass overwrite=True to replace it")
+        raise OutputError(f"{output} exists: pass overwrite=True to replace it")
     checked_table = read_patient_table(table)
     tile_model = tile_model_for(spec, model)
     ds = open_slide_embeddings(stores, tile_model, spec.name)

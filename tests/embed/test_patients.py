@@ -29,7 +29,7 @@ from tilestore.embed.slides.nets.moozy import Moozy
 from tilestore.embed.slides.nets.titan import alibi_slopes
 from tilestore.embeddings.slides import read_slide_vector
 from tilestore.embeddings.write import write_features
-from tilestore.errors import MixedResults, ModelError
+from tilestore.errors import MixedResults, ModelError, OutputError
 from tilestore.plan import PlanOptions, plan_slide, save_plan
 from tilestore.reading.opening import open_slide
 
@@ -207,7 +207,7 @@ def test_a_patients_vector_is_the_case_transformer_over_its_slides_vectors(cohor
         with torch.no_grad():
             want = module.patient(torch.from_numpy(np.stack([vectors[s] for s in slides])))
         np.testing.assert_allclose(features[row], want.numpy(), rtol=1e-5, atol=1e-5)
-    with pytest.raises(PatientTableError, match="exists: pass overwrite=True"):
+    with pytest.raises(OutputError, match="exists: pass overwrite=True"):
         embed_patients(cohort, table, out, encoder="random:moozy", device="cpu")
 
 

@@ -48,6 +48,7 @@ SOURCES = {
     "mahmoodlab+MADELEINE": ("MADELEINE", ["madeleine"]),
     "mahmoodlab+MIL-Lab": ("MIL-Lab", ["src"]),  # FEATHER's ABMIL
     "hms-dbmi+CHIEF": ("CHIEF", ["models", "utils"]),
+    "AtlasAnalyticsLab+MOOZY": ("MOOZY", ["moozy"]),  # MOOZY's slide and case modules
 }
 ANY_TILE_MODEL = ("conch-v1.5", 0.5, 512)  # what the pooling encoders are checked on
 
@@ -100,6 +101,8 @@ def reference(args) -> list[dict]:
 
     sources = args.work / "sources"
     for mirror, (name, folders) in SOURCES.items():
+        if not (args.mirrors / mirror).exists():  # its encoders' rows say what is missing
+            continue
         if not (sources / name).exists():
             (sources / name).mkdir(parents=True)
             repo = str(args.mirrors / mirror / "repo")
@@ -114,14 +117,16 @@ def reference(args) -> list[dict]:
         tiles = store_features(args.store, model, mpp, tile, dim)
         h5 = to_h5(args.store, model, args.work / "h5" / model, overwrite=True)
         torch_file = "gigapath" in name or name in ("madeleine", "chief")  # as published
-        weights = args.work / "weights" / f"{name}.{'pth' if torch_file else 'safetensors'}"
+        suffix = "pt" if spec.arch == "moozy" else "pth" if torch_file else "safetensors"
+        weights = args.work / "weights" / f"{name}.{suffix}"
+        precision = _reference_precision(spec, args)
         weights.parent.mkdir(parents=True, exist_ok=True)
         out = args.work / "vectors" / f"{name}.npy"
         out.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         cmd = [args.python, str(HERE / "slide_references.py"), name, str(h5.path), str(weights),
                str(out), "--sources", str(sources), "--trident", str(args.trident),
-               "--device", args.device]  # fmt: skip
+               "--device", args.device, "--precision", precision]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True)
         ref_s = time.perf_counter() - started
         if done.returncode:
@@ -136,7 +141,7 @@ def reference(args) -> list[dict]:
             name,
             model=None if spec.tile_model else model,
             device=args.device,
-            precision="fp32",
+            precision=precision,
             overwrite=True,
             weights=given,
         )
@@ -157,25 +162,67 @@ def reference(args) -> list[dict]:
                 "cosine": cosine,
                 "max_abs_diff": float(np.abs(ours - theirs).max()),
                 "dim": int(ours.size),
+                "precision": precision,
+                "device": args.device,
                 "ours_s": round(ours_s, 2),
                 "reference_s": round(ref_s, 2),
             }
         )
         print(json.dumps(rows[-1]), flush=True)
+        if spec.patients:
+            rows.append(_patient_row(rows[-1], spec, args, weights, model, ours, out))
+            print(json.dumps(rows[-1]), flush=True)
     if args.keys:
         known = json.loads(args.keys.read_text()) if args.keys.exists() else {}
         args.keys.write_text(json.dumps({**known, **keys}, indent=1, sort_keys=True) + "\n")
     print()
-    print("| encoder | tile model | tiles | reference | cosine | max abs diff | dim |")
-    print("|---|---|---|---|---|---|---|")
+    print("| encoder | tile model | tiles | reference | device, precision | cosine | max abs diff "
+          "| dim |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
     for r in rows:
         if "error" in r:
             failed = f"failed: {r['error']}"
-            print(f"| {r['encoder']} | {r['tile_model']} | {r['tiles']:,} | {failed} | | | |")
+            print(f"| {r['encoder']} | {r['tile_model']} | {r['tiles']:,} | {failed} | | | | |")
             continue
         print(f"| {r['encoder']} | {r['tile_model']} | {r['tiles']:,} | {r['reference']} | "
-              f"{r['cosine']:.7f} | {r['max_abs_diff']:.2e} | {r['dim']} |")  # fmt: skip
+              f"{r['device']}, {r['precision']} | {r['cosine']:.7f} | {r['max_abs_diff']:.2e} | "
+              f"{r['dim']} |")  # fmt: skip
     return rows
+
+
+def _reference_precision(spec, args) -> str:
+    """fp32 (--precision auto or fp32), the authors' (--precision authors), or as named."""
+    if args.precision in ("auto", "fp32"):
+        return "fp32"
+    return spec.precision if args.precision == "authors" else args.precision
+
+
+def _patient_row(row: dict, spec, args, weights: Path, model: str, ours, out: Path) -> dict:
+    """The patient check of an encoder that makes patient vectors (MOOZY): a case of two
+    slides, the store's and the store's with its tile features negated, through our
+    encoder and patient model against the authors' `run_case_encoding` (written by the
+    reference beside its slide vector)."""
+    from dataclasses import replace
+
+    import torch
+
+    from tilestore.embed.slides import load_slide_encoder
+    from tilestore.embed.slides.load import AUTOCAST
+    from tilestore.embeddings.slides import read_tile_features
+
+    device = torch.device(args.device)
+    loaded = load_slide_encoder(spec, weights=weights, device=device)
+    tiles = read_tile_features(args.store, model)
+    negated = loaded.encode(replace(tiles, features=-np.asarray(tiles.features)), device,
+                            row["precision"])  # fmt: skip
+    dtype = AUTOCAST.get(row["precision"])
+    with torch.inference_mode(), torch.autocast(device.type, dtype=dtype, enabled=bool(dtype)):
+        slides = torch.from_numpy(np.stack([ours, negated])).to(device)
+        mine = loaded.module.patient(slides).float().cpu().numpy()
+    theirs = np.load(out.with_name(out.stem + "-patient.npy"))
+    cosine = float(mine @ theirs / (np.linalg.norm(mine) * np.linalg.norm(theirs)))
+    return {**row, "encoder": f"{spec.name} (patient of 2 slides)", "cosine": cosine,
+            "max_abs_diff": float(np.abs(mine - theirs).max()), "dim": int(mine.size),
+            "reference": "authors: MOOZY run_case_encoding (its case transformer)"}  # fmt: skip
 
 
 def _layout(path: Path) -> dict[str, list[int]]:
@@ -305,7 +352,12 @@ def main() -> None:
     parser.add_argument("--mirrors", type=Path, default=Path("/work/.mirror"))
     parser.add_argument("--tiles", default="30000")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--precision", default="auto")
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        help="speed: auto (the authors' on CUDA), fp32, bf16, fp16; reference: fp32 (auto), "
+        "authors (each encoder's authors' precision, for a GPU), bf16, fp16",
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument(
         "--reference", action="store_true", help="speed: also the authors' code (CPU)"

@@ -214,6 +214,56 @@ def chief(src: Path, trident: Path, h5: Path, weights: Path) -> np.ndarray:
     return trident_vector(trident, "CHIEFSlideEncoder", model, h5)
 
 
+def moozy(src: Path, trident: Path, h5: Path, weights: Path) -> np.ndarray:
+    """MOOZY's own pipeline (TRIDENT does not register it): its modules built as the released
+    checkpoint's configs say, random weights saved as moozy.pt is laid out (both state dicts
+    and their configs), loaded back by its `load_stage2_inference_model`; the slide read from
+    the H5 by its `load_stage2_slide_sample` (its grid rebuilt from the coordinates) and
+    encoded as its stage-2 model encodes each slide of a case. Also writes, beside OUT, the
+    vector of a case of two slides (this one, and it with its features negated) as its
+    `run_case_encoding` computes it: the patient check."""
+    sys.path.insert(0, str(src / "MOOZY"))
+    from moozy.data.stage2 import build_case_sample, collate_stage2_batch, load_stage2_slide_sample
+    from moozy.models.case_transformer import CaseAggregator
+    from moozy.models.factory import load_stage2_inference_model
+    from moozy.models.moozy_slide_encoder import MOOZYSlideEncoder
+    from moozy.models.serialization import (
+        extract_case_transformer_config,
+        extract_slide_encoder_config,
+    )
+
+    slide = MOOZYSlideEncoder(feat_dim=384, d_model=768, n_heads=12, n_layers=6,
+                              dim_feedforward=3072, num_registers=4, dropout=0.1, qk_norm=False,
+                              layerscale_init=0.0, learnable_alibi=False)  # fmt: skip
+    case = CaseAggregator(d_model=768, num_layers=3, num_heads=12, dim_feedforward=3072,
+                          dropout=0.1, layerscale_init=1e-5)  # fmt: skip
+    payload = {
+        "teacher_slide_encoder": randomise(slide.eval()),
+        "slide_encoder_config": extract_slide_encoder_config(slide),
+        "case_transformer": randomise(case.eval()),
+        "case_transformer_config": extract_case_transformer_config(case),
+    }
+    torch.save(payload, weights)
+    device, dtype = RUN["device"], RUN["precision"]
+    model = load_stage2_inference_model(str(weights), device=torch.device(device))
+    sample = load_stage2_slide_sample(h5.stem, str(h5), include_geometry_meta=True)
+    negated = {**sample, "x": -sample["x"]}  # empty cells stay zero: still not tiles
+    autocast = torch.autocast(device.split(":")[0], dtype=dtype, enabled=dtype != torch.float32)
+    with torch.no_grad(), autocast:
+        cls, _, _ = model.slide_encoder(
+            sample["x"][None].to(device),
+            invalid_mask=sample["invalid"][None].to(device),
+            coords_xy=sample["coords"][None].to(device),
+            patch_sizes=sample["patch_size"][None].to(device),
+        )
+        batch = collate_stage2_batch([build_case_sample(slides=[sample, negated])])
+        patient = model(batch)["cls"]
+    if "SLIDE_REFERENCE_OUT" in os.environ:  # not in --synthetic (speed) runs
+        out = Path(os.environ["SLIDE_REFERENCE_OUT"])
+        np.save(out.with_name(f"{out.stem}-patient.npy"), patient.float().cpu().numpy().ravel())
+    return cls.float().cpu().numpy().reshape(-1)
+
+
 def mean(src: Path, trident: Path, h5: Path, weights: Path) -> np.ndarray:
     sys.path.insert(0, str(trident))
     from trident.slide_encoder_models.load import MeanSlideEncoder
@@ -242,6 +292,7 @@ REFERENCES = {
     "feather": lambda *a: feather(*a, in_dim=768),
     "feather-uni2": lambda *a: feather(*a, in_dim=1536),
     "chief": chief,
+    "moozy": moozy,
     "mean": mean,
     "max": maximum,
 }
@@ -267,7 +318,9 @@ def synthetic(
     import h5py
 
     side = int(np.ceil(np.sqrt(tiles)))
-    dim = {"titan": 768, "gigapath": 1536, "gigapath-cls": 1536, "prism": 2560}[encoder]
+    dim = {"titan": 768, "gigapath": 1536, "gigapath-cls": 1536, "prism": 2560, "moozy": 384}[
+        encoder
+    ]
     step = 512
     h5 = weights.parent / f"synthetic-{encoder}-{tiles}.h5"
     cols, rows = np.arange(tiles) % side, np.arange(tiles) // side
@@ -275,6 +328,7 @@ def synthetic(
         f["features"] = np.random.default_rng(0).standard_normal((tiles, dim), dtype=np.float32)
         f["coords"] = np.stack([cols * step, rows * step], 1).astype(np.int64)
         f["coords"].attrs["patch_size_level0"] = step
+        f["coords"].attrs["patch_size"] = step  # MOOZY's reader asks for both
     cuda = RUN["device"].startswith("cuda")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if cuda:  # the card's own limit; its peak allocation is what is reported
@@ -321,6 +375,7 @@ def main() -> None:
                               args.weights, args.limit_gb)  # fmt: skip
         print(json.dumps(found))
         return
+    os.environ["SLIDE_REFERENCE_OUT"] = str(args.out)  # where a patient check writes beside
     with torch.no_grad():
         vector = REFERENCES[args.encoder](args.sources, args.trident, args.h5, args.weights)
     np.save(args.out, np.asarray(vector, dtype=np.float32))

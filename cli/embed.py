@@ -1,4 +1,5 @@
-"""`tilestore embed` (one process, or a Dask cluster) and `tilestore models`."""
+"""`tilestore embed` (one process, or a Dask cluster), `tilestore patients` and
+`tilestore models`."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from tilestore.embed import (
     exit_code,
     parse_shard,
 )
+from tilestore.embed.slides import SlidePrecision
 from tilestore.options import Workers
 from tilestore.plan import PlanOptions
 from tilestore.reading import ScanMpp
@@ -348,6 +350,62 @@ def _embed_on_dask(
     return result
 
 
+@with_flags
+def patients(
+    stores: list[str] = typer.Argument(
+        ..., help="Stores with the encoder's slide embeddings, or a quoted glob."
+    ),
+    table: Path = typer.Option(
+        ...,
+        "--table",
+        "-t",
+        help="A .csv or .tsv with the columns slide and patient (a slide: its store's name "
+        "without .ome.zarr, as `tilestore export slides` writes it).",
+    ),
+    output: Path = typer.Option(
+        ..., "-o", "--output", help="A .parquet, .csv or .h5ad (AnnData) file: a row per patient."
+    ),
+    slide_encoder: str = typer.Option(
+        "moozy", "--slide-encoder", "-s", help="A slide encoder that makes patient vectors."
+    ),
+    model: str | None = typer.Option(
+        None, "--model", "-m", help="The tile model its slide vectors read (default: its own)."
+    ),
+    slide_weights: Path | None = typer.Option(
+        None, "--slide-weights", help="A local copy of the encoder's weights file."
+    ),
+    precision: SlidePrecision = "auto",
+    overwrite: bool = typer.Option(False, help="Replace an existing output file."),
+    options: Options = From(Options, only=("device", "hf_token")),
+) -> None:
+    """A vector per patient from its slides' vectors, by the encoder's own patient model
+    (MOOZY's case transformer), written as a table: patient, slides, n_slides, f0, f1, ...
+
+    The slide vectors come first: `tilestore embed STORES --slide-encoder moozy`. The table
+    is checked before anything is computed: a missing column, a slide in two patients, a
+    slide no store given holds or a store no row names is one error naming the row."""
+    from tilestore.embed.slides import embed_patients
+
+    output_file(output)
+    found = embed_patients(
+        stores,
+        table,
+        output,
+        encoder=slide_encoder,
+        model=model,
+        device=options.device,
+        precision=precision,
+        token=options.hf_token,
+        weights=slide_weights,
+        overwrite=overwrite,
+    )
+    out.print(
+        f"{found.patients} patient(s) from {found.slides} slide(s), {found.encoder} "
+        f"({found.device}, {found.precision}) -> {found.output}",
+        highlight=False,
+    )
+
+
 models_app = typer.Typer(no_args_is_help=True, help="Tile encoders: list them, fill the cache.")
 
 
@@ -383,8 +441,9 @@ def models_list() -> None:
     from tilestore.embed.slides import list_slide_encoders, slide_is_cached
 
     slides = text_table(
-        "slide encoder", "reads", "um/px", "tile", "dim", "weights", "licence", "gated", "cached"
-    )
+        "slide encoder", "reads", "um/px", "tile", "dim", "patients", "weights", "licence",
+        "gated", "precision", "cached",
+    )  # fmt: skip
     for spec in list_slide_encoders():
         slides.add_row(
             spec.name,
@@ -392,15 +451,18 @@ def models_list() -> None:
             str(spec.mpp or "-"),
             str(spec.tile or "-"),
             str(spec.output_dim or "the tiles'"),
+            "yes" if spec.patients else "no",
             spec.repo or ("none" if spec.source == "none" else f"{spec.weights_file} (a file)"),
             spec.licence or "-",
             "yes" if spec.gated else "no",
+            spec.precision if spec.source != "none" else "-",
             "-" if spec.source == "file" else "yes" if slide_is_cached(spec) else "no",
         )
     wide.print(slides)
     out.print(
         f"{len(list_slide_encoders())} slide encoders: `tilestore embed --slide-encoder NAME` "
-        "embeds the tiles it reads if they are not, then the slide",
+        "embeds the tiles it reads if they are not, then the slide; `tilestore patients` "
+        "makes a vector per patient with those whose patients column says yes",
         highlight=False,
     )
 

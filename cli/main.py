@@ -17,7 +17,7 @@ from rich.markup import escape
 from tilestore import OptionError, TilestoreError
 from tilestore.cli.console import as_flags, flags_of, human_size, out, output_file, text_table
 from tilestore.cli.console import progress_bar as _progress
-from tilestore.cli.embed import embed, models_app
+from tilestore.cli.embed import embed, models_app, patients
 from tilestore.cli.export import export_app
 from tilestore.cli.flags import From, with_flags
 from tilestore.cli.inspect import info, verify
@@ -221,6 +221,7 @@ def reshard(
 
 
 app.command()(embed)
+app.command()(patients)
 app.command()(info)
 app.command()(verify)
 app.command()(status)

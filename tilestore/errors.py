@@ -19,6 +19,7 @@ the code's own business, beside it.)
         EmbeddingError    an embeddings group that cannot be written (AlreadyComplete)
         PlanError         a plan that cannot be made or found
         AnnotationError   an annotation file that cannot be used
+        PatientTableError a table of slides and patients that cannot be used
         ModelError        a model that cannot be found, fetched or run (SlideEncoderError)
         DeviceError       a device the run needs and does not have (CUDA, NVTX, dask-cuda)
         OutputError       an output that cannot be written where asked
@@ -103,6 +104,11 @@ class ModelError(TilestoreError):
 
 class SlideEncoderError(ModelError):
     """A slide encoder that cannot be used on these tile features."""
+
+
+class PatientTableError(TilestoreError):
+    """A table of slides and their patients that cannot be used (a column missing, a slide
+    in two patients, a slide no store holds...)."""
 
 
 class DeviceError(TilestoreError):

@@ -200,9 +200,34 @@ def load_weights(
     for wrapper in ("state_dict", "model"):  # {"model": state}: CTransPath's, CHIEF's
         if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
             state = state[wrapper]
+    state = _flattened(state)
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ModelError(f"{name}: {path} is not a plain state dict of tensors")
     return state
+
+
+def _flattened(state):
+    """A checkpoint of several modules ({"encoder": {name: tensor}, "config": {...}}: MOOZY's)
+    as one state dict, "encoder.name"; its plain values (numbers, text, flags: a config) left
+    out. Anything else is kept as found, for the check that follows."""
+    if not isinstance(state, dict) or not any(isinstance(v, dict) for v in state.values()):
+        return state
+    return dict(_leaves(state, ""))
+
+
+def _leaves(tree: dict, prefix: str):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}.")
+        elif not _plain(value):
+            yield f"{prefix}{key}", value
+
+
+def _plain(value) -> bool:
+    """A config's value: a number, text, a flag, None, or a list of those."""
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return isinstance(value, (int, float, str, bool, type(None)))
 
 
 def is_cached(spec: ModelSpec) -> bool:

@@ -4,6 +4,7 @@
 >>> report = embed_slides(stores, "titan")     # reads embeddings/conch-v1.5, writes
 ...                                            # embeddings/conch-v1.5/slides/titan
 >>> tilestore.open_embeddings(stores, "conch-v1.5", slide_encoder="titan")  # (slide, feature)
+>>> embed_patients(stores, "patients.csv", "patients.parquet")  # MOOZY: a row per patient
 """
 
 from __future__ import annotations
@@ -29,9 +30,15 @@ __getattr__, __dir__, __all__ = lazy_face(
             "list_slide_encoders",
             "tile_model_for",
         ),
+        "tilestore.embed.slides.patients": (
+            "PatientReport",
+            "PatientTable",
+            "embed_patients",
+            "read_patient_table",
+        ),
         "tilestore.embed.slides.run": ("SlideReport", "embed_slides"),
-        "tilestore.embed.slides.spec": ("SlideSpec",),
-        "tilestore.errors": ("SlideEncoderError",),
+        "tilestore.embed.slides.spec": ("SlidePrecision", "SlideSpec"),
+        "tilestore.errors": ("PatientTableError", "SlideEncoderError"),
     },
 )
 
@@ -43,6 +50,12 @@ if TYPE_CHECKING:
         pull_slide_encoder,
         slide_is_cached,
     )
+    from tilestore.embed.slides.patients import (
+        PatientReport,
+        PatientTable,
+        embed_patients,
+        read_patient_table,
+    )
     from tilestore.embed.slides.registry import (
         SLIDE_REGISTRY,
         get_slide_encoder,
@@ -50,5 +63,5 @@ if TYPE_CHECKING:
         tile_model_for,
     )
     from tilestore.embed.slides.run import SlideReport, embed_slides
-    from tilestore.embed.slides.spec import SlideSpec
-    from tilestore.errors import SlideEncoderError
+    from tilestore.embed.slides.spec import SlidePrecision, SlideSpec
+    from tilestore.errors import PatientTableError, SlideEncoderError

@@ -2,6 +2,10 @@
 code (each entry's ``card``); ``reference`` names what `bench/slide_encoders.py` checks ours
 against. Tile model, um/px and tile size are what each was trained on (TRIDENT's table of
 slide encoders says the same).
+
+Not here: PRISM2 and CARE, whose architectures are published only as remote code inside
+gated Hugging Face repositories (paige-ai/Prism2, Zipper-1/CARE), in no public repository
+(bench/RESULTS.md, issue 50, says where it was looked for).
 """
 
 from __future__ import annotations
@@ -166,5 +170,24 @@ ENTRIES: tuple[SlideSpec, ...] = (
         licence=NC_ND,
         card=HF + "MahmoodLab/abmil.base.uni_v2.pc108-24k",
         reference="trident:feather_uni_v2 (mahmoodlab/MIL-Lab ABMIL forward_features)",
+    ),
+    SlideSpec(
+        "moozy",
+        "lunit-vits8",
+        0.5,
+        224,
+        "grid",
+        768,
+        "moozy",
+        {"in_dim": 384},
+        repo="AtlasAnalyticsLab/MOOZY",
+        weights_file="moozy.pt",
+        licence="CC-BY-NC-SA-4.0",
+        precision="fp32",
+        card=HF + "AtlasAnalyticsLab/MOOZY",
+        reference="authors: AtlasAnalyticsLab/MOOZY stage-2 model (load_stage2_inference_model)",
+        note="also a patient's vector of its slides' (`tilestore patients`); the authors cap "
+        "a slide's tiles by GPU memory (12,000 at 16 GB), this reads them all",
+        patients=True,
     ),
 )

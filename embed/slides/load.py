@@ -203,6 +203,27 @@ def _layer_order(key: str) -> tuple[int, str]:
     return (int(found.group(1)) if found else -1, key)
 
 
+def _moozy(state: dict) -> dict:
+    """MOOZY's checkpoint (its slide encoder and case transformer, flattened by
+    `hub.load_weights`) as it is, less the ALiBi slopes it saves under each block's name:
+    ours are computed, and a checkpoint whose slopes are not those (learned ones) is
+    refused rather than run with other slopes."""
+    from tilestore.embed.slides.nets.titan import alibi_slopes
+
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if key.endswith("pos_bias.slopes"):
+            expected = -torch.tensor(alibi_slopes(value.numel()), dtype=value.dtype)
+            if not torch.allclose(value.reshape(-1).cpu(), expected, atol=1e-6):
+                raise SlideEncoderError(
+                    f"moozy: {key} holds ALiBi slopes other than the fixed ones "
+                    "(a checkpoint with learned slopes); this architecture computes them"
+                )
+        elif key.startswith(("teacher_slide_encoder.", "case_transformer.")):
+            out[key] = value
+    return out
+
+
 CONVERT: dict[str, Callable[[dict], dict]] = {
     "feather": _renamed([(r"model\.(patch_embed|global_attn)\.(.*)", r"\1.\2")]),
     "madeleine": _renamed(
@@ -222,6 +243,7 @@ CONVERT: dict[str, Callable[[dict], dict]] = {
         ]
     ),
     "prism": _prism,
+    "moozy": _moozy,
     "longnet": _renamed(
         [(r"(patch_embed|cls_token|encoder\.layers|norm)(.*)", r"\1\2")],
         drop=("encoder.layer_norm",),

@@ -7,14 +7,14 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import torch
 
 from tilestore.embed.settings import Device, resolve_device
 from tilestore.embed.slides.load import LoadedSlideEncoder, load_slide_encoder
 from tilestore.embed.slides.registry import get_slide_encoder, tile_model_for
-from tilestore.embed.slides.spec import SlideSpec
+from tilestore.embed.slides.spec import SlidePrecision, SlideSpec
 from tilestore.embeddings.slides import (
     SlideEmbeddingExists,
     has_current_vector,
@@ -23,7 +23,7 @@ from tilestore.embeddings.slides import (
     write_slide_vector,
 )
 from tilestore.errors import SlideEncoderError, TilestoreError
-from tilestore.options import Opt, checked
+from tilestore.options import checked
 
 
 @dataclass
@@ -71,12 +71,6 @@ class SlideReport:
         return out
 
 
-SlidePrecision = Annotated[
-    Literal["auto", "fp32", "bf16", "fp16"],
-    Opt("auto (the authors' precision on CUDA, fp32 on the CPU), fp32, bf16 or fp16."),
-]
-
-
 @checked
 def embed_slides(
     stores: Sequence[str | os.PathLike],
@@ -100,7 +94,7 @@ def embed_slides(
     spec = get_slide_encoder(encoder)
     tile_model = tile_model_for(spec, model)
     dev, _ = resolve_device(device, "fp32")
-    run_precision = _precision(spec, precision, dev)
+    run_precision = precision_for(spec, precision, dev)
     report = SlideReport(spec.name, tile_model, str(dev), run_precision)
     loaded: LoadedSlideEncoder | None = None
     for store in stores:
@@ -155,7 +149,8 @@ def _encode(loaded: LoadedSlideEncoder, tiles, device, precision: str, overwrite
     return SlideRow(tiles.store, "done", tiles.tiles, round(seconds, 4), peak)
 
 
-def _precision(spec: SlideSpec, option: str, device: torch.device) -> str:
+def precision_for(spec: SlideSpec, option: str, device: torch.device) -> str:
+    """The precision a run computes in: "auto" is the authors' on CUDA, fp32 on the CPU."""
     if option == "auto":
         return spec.precision if device.type == "cuda" else "fp32"
     return option

@@ -4,11 +4,18 @@ and the check that a store's tile features are what it was trained on."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from tilestore.embeddings.slides import TileFeatures
+from tilestore.options import Opt
 
 MPP_TOLERANCE = 0.1  # a plan's um/px this close (relative) to the encoder's reads as the same
+
+# The precision a slide encoder (and a patient model) computes in.
+SlidePrecision = Annotated[
+    Literal["auto", "fp32", "bf16", "fp16"],
+    Opt("auto (the authors' precision on CUDA, fp32 on the CPU), fp32, bf16 or fp16."),
+]
 
 # How an encoder uses where the tiles are (`SlideSpec.coords`).
 COORDS = {
@@ -27,7 +34,9 @@ class SlideSpec:
     coords: a key of COORDS; output_dim: None for the tile features' own width (pooling);
     arch: the builder (`tilestore.embed.slides.nets.BUILDERS`) and kwargs its settings;
     source: "hf-hub" (repo, weights_file), "file" (the user downloads weights_file from
-    `card` and names it) or "none" (no weights); precision: what the authors run it in."""
+    `card` and names it) or "none" (no weights); precision: what the authors run it in;
+    patients: its module also makes a patient's vector of that patient's slide vectors
+    (`tilestore.embed.slides.patients`)."""
 
     name: str
     tile_model: str | None
@@ -46,6 +55,7 @@ class SlideSpec:
     card: str = ""
     reference: str = ""  # what `bench/slide_encoders.py` checks ours against
     note: str = ""
+    patients: bool = False
 
     def __post_init__(self) -> None:
         if self.coords not in COORDS:

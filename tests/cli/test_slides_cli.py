@@ -118,6 +118,12 @@ def test_models_list_shows_the_slide_encoders(tmp_path):
     assert done.returncode == 0
     assert "slide encoder" in done.stdout and "titan" in done.stdout
     assert "MahmoodLab/TITAN" in done.stdout and "CHIEF_pretraining.pth (a file)" in done.stdout
+    # each one's facts, its authors' precision, whether it makes patient vectors, cached
+    row = next(line.split() for line in done.stdout.splitlines() if line.startswith("moozy "))
+    assert row == ["moozy", "lunit-vits8", "0.5", "224", "768", "yes", "AtlasAnalyticsLab/MOOZY",
+                   "CC-BY-NC-SA-4.0", "no", "fp32", "no"]  # fmt: skip
+    titan = next(line.split() for line in done.stdout.splitlines() if line.startswith("titan "))
+    assert titan[5] == "no" and titan[-2:] == ["fp16", "no"]
 
 
 def test_export_h5_in_stamps_layout(embedded, tmp_path):

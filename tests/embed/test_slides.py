@@ -48,7 +48,8 @@ KEYS = json.loads((Path(__file__).parent / "slide_encoder_keys.json").read_text(
 
 def test_the_peers_slide_encoders_are_registered_with_their_facts():
     names = {s.name for s in SPECS}
-    assert {"titan", "prism", "gigapath", "chief", "madeleine", "feather", "mean", "max"} <= names
+    names_wanted = {"titan", "prism", "gigapath", "chief", "madeleine", "feather", "moozy"}
+    assert names_wanted | {"mean", "max"} <= names
     titan = get_slide_encoder("titan")
     assert (titan.tile_model, titan.mpp, titan.tile, titan.coords) == (
         "conch-v1.5",
@@ -58,6 +59,7 @@ def test_the_peers_slide_encoders_are_registered_with_their_facts():
     )
     assert get_slide_encoder("prism").tile_model == "virchow"  # its CLS + mean, 2560-d
     assert get_slide_encoder("chief").mpp == 1.0 and get_slide_encoder("madeleine").mpp == 1.0
+    assert get_slide_encoder("moozy").tile_model == "lunit-vits8"  # its ViT-S/8, 384-d
     for spec in SPECS:
         assert spec.licence and spec.reference, spec.name
     with pytest.raises(SlideEncoderError, match="unknown slide encoder 'nope'"):
@@ -83,6 +85,8 @@ def test_the_authors_checkpoint_layout_loads_strictly_into_ours(name, tmp_path):
 
     spec = get_slide_encoder(name)
     state = {k: torch.full(shape, 0.5) for k, shape in KEYS[name].items()}
+    for key in [k for k in state if k.endswith("pos_bias.slopes")]:  # MOOZY's saved buffers
+        state[key] = -torch.tensor(alibi_slopes(state[key].numel())).view(state[key].shape)
     path = tmp_path / "weights.safetensors"
     safetensors.torch.save_file(state, path)
     loaded = load_slide_encoder(spec, weights=path)

@@ -1,6 +1,8 @@
 """A cohort's slide embeddings out as one table, a row per slide (slide, store, tiles, then
 the features), for classifiers, survival models and retrieval: Parquet, CSV, or AnnData
-.h5ad (X the features, obs the rest). The file's suffix says which (`WRITERS`).
+.h5ad (X the features, obs the rest). The file's suffix says which (`WRITERS`). Patient
+embeddings (`tilestore patients`) go out the same way, a row per patient (patient, slides,
+n_slides, then the features; `write_patient_table`).
 """
 
 from __future__ import annotations
@@ -16,16 +18,26 @@ from tilestore.errors import ExportError
 
 def slide_table(ds, *, features: bool = True):
     """A pandas DataFrame of slide embeddings (`open_slide_embeddings`): slide, store, tiles
-    and, with `features`, a column f0, f1, ... per feature."""
+    and, with `features`, a column f0, f1, ... per feature; of patient embeddings (a
+    Dataset on patient, feature): patient, slides (their names, ";" between), n_slides."""
     import pandas as pd
 
-    table = pd.DataFrame(
-        {
-            "slide": ds.slide.values,
-            "store": ds.store.values,
-            "tiles": ds["n_tiles"].values.astype(np.int64),
-        }
-    )
+    if "patient" in ds.dims:
+        table = pd.DataFrame(
+            {
+                "patient": ds.patient.values,
+                "slides": ds["slides"].values,
+                "n_slides": ds["n_slides"].values.astype(np.int64),
+            }
+        )
+    else:
+        table = pd.DataFrame(
+            {
+                "slide": ds.slide.values,
+                "store": ds.store.values,
+                "tiles": ds["n_tiles"].values.astype(np.int64),
+            }
+        )
     if not features:
         return table
     values = pd.DataFrame(ds.features.values, columns=[f"f{i}" for i in range(ds.sizes["feature"])])
@@ -43,10 +55,11 @@ def _csv(ds, path: Path) -> None:
 def _h5ad(ds, path: Path) -> None:
     import anndata
 
+    rows = slide_table(ds, features=False)
     adata = anndata.AnnData(
         X=ds.features.values,
-        obs=slide_table(ds, features=False).set_index("slide"),
-        uns={"slide_encoder": ds.attrs["slide_encoder"], "model": ds.attrs["model"]},
+        obs=rows.set_index(rows.columns[0]),
+        uns={k: v for k, v in ds.attrs.items() if isinstance(v, str)},
     )
     adata.write_h5ad(path)
 

@@ -136,7 +136,7 @@ def randomize(module: torch.nn.Module, seed: int) -> None:
                 tensor.copy_(value.to(tensor.dtype))
 
 
-def real_tiles(size: int, count: int = TILES) -> np.ndarray:
+def real_tiles(size: int, count: int | None = None) -> np.ndarray:
     """`count` tiles of `size` px from CMU-1-Small-Region (level 0, tissue-rich places)."""
     import tifffile
 
@@ -145,6 +145,7 @@ def real_tiles(size: int, count: int = TILES) -> np.ndarray:
     image = tifffile.imread(path, key=0)
     rng = np.random.default_rng(size)
     h, w = image.shape[:2]
+    count = count or int(os.environ.get("BENCH_TILES", TILES))
     out = []
     while len(out) < count:
         y, x = rng.integers(0, h - size), rng.integers(0, w - size)
@@ -664,12 +665,16 @@ def main() -> None:
     parser.add_argument(
         "--device", default=None, help="cuda (default) or cpu; overrides BENCH_DEVICE"
     )
+    parser.add_argument(
+        "--tiles", type=int, default=TILES, help="tiles per encoder (fewer: a CPU smoke run)"
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/encoders-bench"))
     parser.add_argument("--json", type=Path, default=HERE / "results" / "encoders.json")
     args = parser.parse_args()
     if args.device:  # this process and the reference's
         global DEVICE
         DEVICE = os.environ["BENCH_DEVICE"] = args.device
+    os.environ["BENCH_TILES"] = str(args.tiles)
     if args.worker:
         return worker()
     if args.profile:
@@ -703,7 +708,7 @@ def main() -> None:
         if reference:
             reference.close()
     kind = "fp32" if args.precision == "fp32" else "each model's registered precision"
-    print(f"\n{device}, {kind}, TF32 off; {TILES} tiles of CMU-1-Small-Region per encoder")
+    print(f"\n{device}, {kind}, TF32 off; {args.tiles} tiles of CMU-1-Small-Region per encoder")
     print(
         "| encoder | family | pooling | dim | precision | reference | tiles at input size: "
         "cosine min / max abs diff | tiles at plan size |"

@@ -20,6 +20,15 @@ References, each a local copy, run in a separate process with the versions they 
                    from HistAI/hibou (`build_model`, DINOv2's layout; TRIDENT loads Hibou-L
                    from the Hub with transformers' remote code), with TRIDENT's transform.
   transformers     `CLIPModel.get_image_features` (PLIP), in this process.
+  authors (iSight) the construction of zhihuanglab/iSight's `CLAM_ViT` (transformers'
+                   `CLIPModel` from their training checkpoint's `model_state_dict`, its vision
+                   tower's `hidden_states[-1]`, `visual_token_projection`, the mean over every
+                   token), in this process.
+GenBio-PathFM's reference is TRIDENT's `genbio-pathfm` (its copy of the authors' code);
+PathOrchestra, mSTAR, Digepath and Prost40M are timm `hf-hub:` models (the peers' loaders).
+
+`--precision authors` runs both sides under autocast in each model's registered precision
+(fp16, bf16) instead of fp32; `--device cpu` (or BENCH_DEVICE=cpu) runs without a GPU.
 
 TRIDENT's package `__init__` imports its slide readers and its whole pipeline; the reference
 process imports only its encoders (`trident.patch_encoder_models`, with `trident.IO` and
@@ -71,12 +80,17 @@ TRIDENT = {
     "chief-ctranspath": ("ctranspath", {}),
     "conch-v1": ("conch_v1", {}),
     "conch-v1.5": ("conch_v15", {}),
+    "genbio-pathfm": ("genbio-pathfm", {}),
 }
-TIMM_HUB = ("lunit-vits16", "lunit-bt", "lunit-mocov2", "lunit-swav")
+TIMM_HUB = ("lunit-vits16", "lunit-bt", "lunit-mocov2", "lunit-swav", "pathorchestra", "mstar",
+            "digepath", "prost40m")  # fmt: skip
 # TRIDENT loads these from the Hub (H0-mini: only from there; Lunit: its local-checkpoint
 # path takes timm's ImageNet defaults instead of the port's config): a local cache stands in
 HUB_CACHE = ("h0-mini", "lunit-vits8")
-OTHER = {"plip": "transformers CLIPModel.get_image_features"}
+OTHER = {
+    "plip": "transformers CLIPModel.get_image_features",
+    "isight": "authors: CLIPModel hidden_states[-1] + visual_token_projection, token mean",
+}
 # ours -> the authors' code (kind, architecture), where TRIDENT has no offline loader
 AUTHORS = {"hibou-b": ("hibou", "vit_base"), "hibou-l": ("hibou", "vit_large")}
 # the registered encoders with no reference that runs offline, and why
@@ -85,6 +99,8 @@ NO_REFERENCE: dict[str, str] = {}
 MADE_BY_REFERENCE = {"chief-ctranspath": "ctranspath", "openmidnight": "dinov2"}
 TILES = 16
 DEVICE = os.environ.get("BENCH_DEVICE", "cuda")  # cpu: a smoke run without a GPU
+# the autocast dtype of each registered precision (`--precision authors`); None: fp32
+AUTOCAST = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 H0_REVISION = "0" * 40
 
 
@@ -99,8 +115,10 @@ def randomize(module: torch.nn.Module, seed: int) -> None:
                 sub.named_buffers(recurse=False)
             ):
                 full = f"{mname}.{pname}"
-                if not tensor.is_floating_point() or "attn_mask" in full or "position_ids" in full:
-                    continue
+                if not tensor.is_floating_point() or any(
+                    buffer in full for buffer in ("attn_mask", "position_ids", "rope_embed.periods")
+                ):
+                    continue  # computed at build, or a model's constants (rotary periods)
                 noise = torch.randn(tensor.shape, generator=generator)
                 if "running_var" in pname:
                     value = torch.rand(tensor.shape, generator=generator) + 0.5
@@ -118,7 +136,7 @@ def randomize(module: torch.nn.Module, seed: int) -> None:
                 tensor.copy_(value.to(tensor.dtype))
 
 
-def real_tiles(size: int, count: int = TILES) -> np.ndarray:
+def real_tiles(size: int, count: int | None = None) -> np.ndarray:
     """`count` tiles of `size` px from CMU-1-Small-Region (level 0, tissue-rich places)."""
     import tifffile
 
@@ -127,6 +145,7 @@ def real_tiles(size: int, count: int = TILES) -> np.ndarray:
     image = tifffile.imread(path, key=0)
     rng = np.random.default_rng(size)
     h, w = image.shape[:2]
+    count = count or int(os.environ.get("BENCH_TILES", TILES))
     out = []
     while len(out) < count:
         y, x = rng.integers(0, h - size), rng.integers(0, w - size)
@@ -254,11 +273,21 @@ def _reference_features(job: dict) -> dict:
     for key, path in job["tiles"].items():
         tiles = np.load(path)
         x = torch.stack([encoder.eval_transforms(Image.fromarray(t)) for t in tiles]).to(DEVICE)
-        with torch.inference_mode():
+        with torch.inference_mode(), _autocast(job.get("precision", "fp32")):
             features = encoder(x).float().cpu().numpy()
         np.save(path.replace(".npy", ".ref.npy"), features)
         out[key] = path.replace(".npy", ".ref.npy")
     return out
+
+
+def _autocast(precision: str):
+    """Autocast in a registered precision (fp16, bf16) on the bench's device; fp32: none."""
+    import contextlib
+
+    dtype = AUTOCAST[precision]
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(DEVICE).type, dtype=dtype)
 
 
 # -- this process --------------------------------------------------------------------------
@@ -344,7 +373,9 @@ def _timm_hub_config(spec) -> dict:
     }
 
 
-def ours(spec, tiles: dict[str, str], folder: Path | None) -> dict[str, np.ndarray]:
+def ours(
+    spec, tiles: dict[str, str], folder: Path | None, precision: str = "fp32"
+) -> dict[str, np.ndarray]:
     from dataclasses import replace
 
     from tilestore.embed.models import load_model
@@ -355,7 +386,9 @@ def ours(spec, tiles: dict[str, str], folder: Path | None) -> dict[str, np.ndarr
     for key, path in tiles.items():
         x = torch.from_numpy(np.load(path)).to(DEVICE)
         with torch.inference_mode():
-            out[key] = loaded.features(loaded.transform(x)).float().cpu().numpy()
+            x = loaded.transform(x)  # in float32, outside autocast, as the engine runs it
+            with _autocast(precision):
+                out[key] = loaded.features(x).float().cpu().numpy()
     del loaded
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
@@ -390,13 +423,16 @@ def run_one(name: str, args, reference: Reference | None, work: Path) -> dict:
     if spec.tile != size:
         tiles["at_tile"] = str(folder / "tile.npy")
         np.save(tiles["at_tile"], real_tiles(spec.tile))
+    precision = spec.precision if args.precision == "authors" else "fp32"
     row = {"encoder": name, "family": spec.family, "pooling": spec.pooling,
-           "dim": spec.output_dim, "input": size, "tile": spec.tile}  # fmt: skip
+           "dim": spec.output_dim, "input": size, "tile": spec.tile,
+           "precision": precision}  # fmt: skip
     started = time.perf_counter()
     if name in TRIDENT:
         trident_name, kwargs = TRIDENT[name]
         row["reference"] = f"TRIDENT {trident_name}" + (f" {kwargs}" if kwargs else "")
-        job = {"do": "embed", "reference": trident_name, "kwargs": kwargs, "tiles": tiles}
+        job = {"do": "embed", "reference": trident_name, "kwargs": kwargs, "tiles": tiles,
+               "precision": precision}  # fmt: skip
         if name in MADE_BY_REFERENCE:
             kind = MADE_BY_REFERENCE[name]
             made = reference.ask(
@@ -407,7 +443,7 @@ def run_one(name: str, args, reference: Reference | None, work: Path) -> dict:
                 return {**row, "error": "making the checkpoint: " + made["error"]}
             job["weights"] = made["path"]
             job["dinov2"] = str(args.dinov2) if name == "openmidnight" else None
-            mine = ours(spec, tiles, folder)
+            mine = ours(spec, tiles, folder, precision)
         elif name in HUB_CACHE:
             from tilestore.embed.models.families import build
 
@@ -421,10 +457,10 @@ def run_one(name: str, args, reference: Reference | None, work: Path) -> dict:
                 backbone.state_dict(),
             )
             del backbone
-            mine = ours(spec, tiles, None)
+            mine = ours(spec, tiles, None, precision)
         else:
             job["weights"] = str(_our_checkpoint(spec, folder, seed))
-            mine = ours(spec, tiles, folder)
+            mine = ours(spec, tiles, folder, precision)
         theirs = reference.ask(job)
         if "error" in theirs:
             return {**row, "error": theirs["error"]}
@@ -437,10 +473,10 @@ def run_one(name: str, args, reference: Reference | None, work: Path) -> dict:
         )
         if "error" in made:
             return {**row, "error": "making the checkpoint: " + made["error"]}
-        mine = ours(spec, tiles, folder)
+        mine = ours(spec, tiles, folder, precision)
         theirs = reference.ask(
             {"do": "embed", "reference": f"{kind}:{arch}", "kwargs": {}, "tiles": tiles,
-             "weights": made["path"]}
+             "weights": made["path"], "precision": precision}
         )  # fmt: skip
         if "error" in theirs:
             return {**row, "error": theirs["error"]}
@@ -459,7 +495,7 @@ def run_one(name: str, args, reference: Reference | None, work: Path) -> dict:
             Path(os.environ["HF_HOME"]), spec.repo, _timm_hub_config(spec), backbone.state_dict()
         )
         del backbone
-        mine = ours(spec, tiles, None)
+        mine = ours(spec, tiles, None, precision)
         model = (
             timm.create_model(f"hf-hub:{spec.repo}", pretrained=True, num_classes=0)
             .to(DEVICE)
@@ -469,8 +505,11 @@ def run_one(name: str, args, reference: Reference | None, work: Path) -> dict:
         theirs = {}
         for key, path in tiles.items():
             x = torch.stack([transform(Image.fromarray(t)) for t in np.load(path)]).to(DEVICE)
-            with torch.inference_mode():
+            with torch.inference_mode(), _autocast(precision):
                 theirs[key] = model(x).float().cpu().numpy()
+    elif name == "isight":
+        row["reference"] = OTHER[name]
+        mine, theirs = _isight(spec, tiles, folder, seed, precision)
     elif name in OTHER:
         import transformers
 
@@ -481,7 +520,7 @@ def run_one(name: str, args, reference: Reference | None, work: Path) -> dict:
         clip = transformers.CLIPModel(config)
         randomize(clip, seed)
         clip.save_pretrained(folder)
-        mine = ours(spec, tiles, folder)
+        mine = ours(spec, tiles, folder, precision)
         clip = clip.to(DEVICE).eval()
         processor_mean = torch.tensor(spec.data["mean"]).view(1, 3, 1, 1).to(DEVICE)
         processor_std = torch.tensor(spec.data["std"]).view(1, 3, 1, 1).to(DEVICE)
@@ -490,7 +529,7 @@ def run_one(name: str, args, reference: Reference | None, work: Path) -> dict:
             if key != "at_input":
                 continue  # CLIP's processor resizes with PIL; the model alone is the check
             x = torch.from_numpy(np.load(path)).to(DEVICE).permute(0, 3, 1, 2).float() / 255
-            with torch.inference_mode():
+            with torch.inference_mode(), _autocast(precision):
                 image = clip.get_image_features(pixel_values=(x - processor_mean) / processor_std)
                 theirs[key] = getattr(image, "pooler_output", image).float().cpu().numpy()
     else:
@@ -504,6 +543,46 @@ def run_one(name: str, args, reference: Reference | None, work: Path) -> dict:
         row[key] = compare(a, b)
     shutil.rmtree(folder, ignore_errors=True)
     return row
+
+
+def _isight(spec, tiles: dict[str, str], folder: Path, seed: int, precision: str):
+    """iSight's release made here (a training checkpoint: ``model_state_dict`` of the
+    authors' CLAM_ViT, random), read by ours; the authors' construction embeds the same
+    tiles: openai/clip-vit-large-patch14-336's CLIPModel (text tower too) loaded strictly
+    from the ``patch_encoder.`` keys, ``vision_model(..., output_hidden_states=True)
+    .hidden_states[-1]``, their ``visual_token_projection``, the mean over every token.
+    CLIP's processor resizes with PIL: at the 336 px input its resize and crop are the
+    identity, so the model alone is compared, normalised as the processor does."""
+    import transformers
+
+    from tilestore.embed.models.zoo import ISIGHT_CLIP
+
+    vision = {k: v for k, v in ISIGHT_CLIP.items() if k != "projection_dim"}
+    text = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+            "num_attention_heads": 12, "max_position_embeddings": 77}  # fmt: skip
+    config = transformers.CLIPConfig(
+        vision_config=vision, text_config=text, projection_dim=ISIGHT_CLIP["projection_dim"]
+    )
+    clip = transformers.CLIPModel(config)
+    projection = torch.nn.Linear(vision["hidden_size"], vision["hidden_size"])
+    randomize(clip, seed)
+    randomize(projection, seed + 1)
+    state = {f"patch_encoder.{k}": v for k, v in clip.state_dict().items()}
+    state |= {f"visual_token_projection.{k}": v for k, v in projection.state_dict().items()}
+    state |= {"classifiers.0.weight": torch.zeros(4, vision["hidden_size"])}  # a task head
+    torch.save({"epoch": 0, "model_state_dict": state}, folder / Path(spec.weights_file).name)
+    del state
+    mine = ours(spec, tiles, folder, precision)
+    clip, projection = clip.to(DEVICE).eval(), projection.to(DEVICE).eval()
+    mean = torch.tensor(spec.data["mean"], device=DEVICE).view(1, 3, 1, 1)
+    std = torch.tensor(spec.data["std"], device=DEVICE).view(1, 3, 1, 1)
+    theirs = {}
+    for key, path in tiles.items():
+        x = torch.from_numpy(np.load(path)).to(DEVICE).permute(0, 3, 1, 2).float() / 255
+        with torch.inference_mode(), _autocast(precision):
+            out = clip.vision_model((x - mean) / std, output_hidden_states=True)
+            theirs[key] = projection(out.hidden_states[-1]).mean(dim=1).float().cpu().numpy()
+    return mine, theirs
 
 
 def profile(names: list[str], batches: tuple[int, ...], repeats: int, out: Path) -> None:
@@ -577,9 +656,25 @@ def main() -> None:
     )
     parser.add_argument("--batches", default="64,128,256,512,1024")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "authors"),
+        default="fp32",
+        help="fp32 (TF32 off), or autocast in each model's registered precision (fp16, bf16)",
+    )
+    parser.add_argument(
+        "--device", default=None, help="cuda (default) or cpu; overrides BENCH_DEVICE"
+    )
+    parser.add_argument(
+        "--tiles", type=int, default=TILES, help="tiles per encoder (fewer: a CPU smoke run)"
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/encoders-bench"))
     parser.add_argument("--json", type=Path, default=HERE / "results" / "encoders.json")
     args = parser.parse_args()
+    if args.device:  # this process and the reference's
+        global DEVICE
+        DEVICE = os.environ["BENCH_DEVICE"] = args.device
+    os.environ["BENCH_TILES"] = str(args.tiles)
     if args.worker:
         return worker()
     if args.profile:
@@ -612,12 +707,13 @@ def main() -> None:
     finally:
         if reference:
             reference.close()
-    print(f"\n{device}, fp32, TF32 off; {TILES} tiles of CMU-1-Small-Region per encoder")
+    kind = "fp32" if args.precision == "fp32" else "each model's registered precision"
+    print(f"\n{device}, {kind}, TF32 off; {args.tiles} tiles of CMU-1-Small-Region per encoder")
     print(
-        "| encoder | family | pooling | dim | reference | tiles at input size: cosine min / "
-        "max abs diff | tiles at plan size |"
+        "| encoder | family | pooling | dim | precision | reference | tiles at input size: "
+        "cosine min / max abs diff | tiles at plan size |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(_md(row))
     print(f"json: {args.json}")
@@ -634,7 +730,10 @@ def _cell(cmp: dict | None) -> str:
 
 
 def _md(row: dict) -> str:
-    head = f"| {row['encoder']} | {row['family']} | {row['pooling']} | {row['dim']} |"
+    head = (
+        f"| {row['encoder']} | {row['family']} | {row['pooling']} | {row['dim']} "
+        f"| {row.get('precision', 'fp32')} |"
+    )
     if "error" in row:
         return f"{head} {row.get('reference', '')} | error: {row['error']} | |"
     if "why" in row:

@@ -14,6 +14,7 @@ KAIKO = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 LUNIT = ((0.70322989, 0.53606487, 0.66096631), (0.21716536, 0.26081574, 0.20723464))
 HIBOU = ((0.7068, 0.5755, 0.722), (0.195, 0.2316, 0.1816))
 OPENAI_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
+GENBIO = ((0.697, 0.575, 0.728), (0.188, 0.240, 0.187))
 
 NC_ND = "CC-BY-NC-ND-4.0"
 HF = "https://huggingface.co/"
@@ -69,6 +70,18 @@ def _lunit(name: str, arch: str, dim: int, pooling: str, reference: str = "") ->
         name, "hf-hub", repo, dim, 0.5, arch=Arch("timm", arch, kwargs),
         data=_data(LUNIT), pooling=pooling,
         licence="lunit-non-commercial", card=HF + repo, reference=reference,
+    )  # fmt: skip
+
+
+def _vitl16(name: str, repo: str, **facts) -> ModelSpec:
+    """A ViT-L/16 with layer scale published for timm (UNI's architecture): the class token
+    after the final norm, what ``timm.create_model("hf-hub:<repo>", init_values=1e-5,
+    num_classes=0)`` gives, as each card loads it; ImageNet's mean and std, as each card's
+    transform normalises."""
+    kwargs = {"img_size": 224, "patch_size": 16, "init_values": 1e-5, "dynamic_img_size": True}
+    return ModelSpec(
+        name, "hf-hub", repo, 1024, 0.5, arch=Arch("timm", "vit_large_patch16_224", kwargs),
+        data=_data(IMAGENET), pooling="cls", gated=True, card=HF + repo, **facts,
     )  # fmt: skip
 
 
@@ -495,6 +508,91 @@ ENTRIES: tuple[ModelSpec, ...] = (
         licence="non-commercial",
         card=HF + "vinid/plip",
         reference="transformers CLIPModel.get_image_features",
+    ),
+    # PathOrchestra's card: timm, Resize(224) and ImageNet's normalisation, run as loaded
+    # (fp32); LazySlide registers it the same way.
+    _vitl16(
+        "pathorchestra",
+        "AI4Pathology/PathOrchestra",
+        licence=NC_ND,
+        reference="timm create_model(hf-hub:AI4Pathology/PathOrchestra) (LazySlide's loader)",
+    ),
+    # mSTAR's card (Wangyh/mSTAR): timm, Resize(224), ImageNet's normalisation (the card's
+    # transform, over whatever its config.json's pretrained_cfg says). Tiles of 256 px at 20x
+    # resized to 224, as its paper trains (slide2vec's note); fp32, as slide2vec runs it.
+    _vitl16(
+        "mstar",
+        "Wangyh/mSTAR",
+        tile=256,
+        licence=NC_ND,
+        reference="timm create_model(hf-hub:Wangyh/mSTAR) (slide2vec's, STAMP's loader)",
+    ),
+    # Digepath (xtxx/Digepath): TRIDENT's open PR #236 loads it with timm (init_values=1e-5),
+    # reads 256 px tiles at 20x resized to 224, ImageNet's normalisation, in fp16.
+    _vitl16(
+        "digepath",
+        "xtxx/Digepath",
+        tile=256,
+        precision="fp16",
+        licence="CC-BY-NC-4.0",
+        reference="timm create_model(hf-hub:xtxx/Digepath) (TRIDENT PR #236's loader)",
+    ),
+    # Prost40M (prostate, ViT-S/14): its repo's payload_manifest.json names how timm builds
+    # it (vit_small_patch16_224 with patch_size=14, img_size=224, num_classes=0); the mean,
+    # std, interpolation and crop are its config.json's pretrained_cfg, read as timm and
+    # slide2vec read them (not given here). fp32, as slide2vec runs it.
+    ModelSpec(
+        "prost40m",
+        "hf-hub",
+        "waticlems/Prost40M",
+        384,
+        0.5,
+        arch=Arch("timm", "vit_small_patch16_224", {"img_size": 224, "patch_size": 14}),
+        data={"input_size": (3, 224, 224)},
+        pooling="cls",
+        licence="Apache-2.0",
+        card=HF + "waticlems/Prost40M",
+        reference="timm create_model(hf-hub:waticlems/Prost40M) (slide2vec's loader)",
+    ),
+    # GenBio-PathFM: each colour channel encoded alone, the three class tokens concatenated
+    # (4,608-d), as its authors' forward does (`tilestore.embed.models.genbio`). Weights:
+    # model.pth, the layout TRIDENT loads; 224 px at 20x, bf16 in TRIDENT. The card resizes
+    # bicubically (TRIDENT: bilinear; the same on tiles of 224 px).
+    ModelSpec(
+        "genbio-pathfm",
+        "hf-hub",
+        "genbio-ai/genbio-pathfm",
+        4608,
+        0.5,
+        weights_file="model.pth",
+        arch=Arch("genbio", "vit_giant_patch16_per_channel"),
+        data=_data(GENBIO, interpolation="bicubic"),
+        pooling="cls",
+        precision="bf16",
+        licence="GenBio AI Community License",
+        card=HF + "genbio-ai/genbio-pathfm",
+        reference="trident:genbio-pathfm",
+    ),
+    # iSight (IHC): CLIP ViT-L/14-336 fine-tuned on HPA10M; a tile's vector is the mean of
+    # all 577 projected tokens, the class token included, which is what the authors' pooled
+    # vector is for an image of one tile (slide2vec's "token_mean"). The released file is a
+    # training checkpoint (model_state_dict of their CLAM_ViT); their forward runs under CUDA
+    # autocast (fp16). HPA's um/px is not stated by the card: none is assumed here.
+    ModelSpec(
+        "isight",
+        "hf-hub",
+        "nirschl-lab/iSight",
+        1024,
+        None,
+        tile=336,
+        weights_file="checkpoints/iSight_model_checkpoint.pth",
+        arch=Arch("isight", "clip_vit_large_patch14_336"),
+        data=_data(OPENAI_CLIP, size=336, interpolation="bicubic"),
+        pooling="token-mean",
+        precision="fp16",
+        licence="not stated",
+        card=HF + "nirschl-lab/iSight",
+        reference="authors: CLIPModel + visual_token_projection (zhihuanglab/iSight)",
     ),
     ModelSpec(
         "efficientnet-lite0",

@@ -25,6 +25,10 @@ def _mean(backbone, tokens):
     return tokens[:, getattr(backbone, "num_prefix_tokens", 0) :].mean(dim=1)
 
 
+def _token_mean(backbone, tokens):
+    return tokens.mean(dim=1)
+
+
 def _cls_mean(backbone, tokens):
     return torch.cat([_cls(backbone, tokens), _mean(backbone, tokens)], dim=-1)
 
@@ -34,7 +38,13 @@ def _attention(backbone, tokens):
 
 
 # pooling name (`tilestore.embed.models.spec.POOLINGS`) -> features from the token sequence
-POOL = {"cls": _cls, "mean": _mean, "cls+mean": _cls_mean, "attn-pool": _attention}
+POOL = {
+    "cls": _cls,
+    "mean": _mean,
+    "token-mean": _token_mean,
+    "cls+mean": _cls_mean,
+    "attn-pool": _attention,
+}
 
 
 class Encoder(nn.Module):

@@ -12,6 +12,8 @@ the backbone's key names; loading is then strict (`tilestore.embed.models.load`)
   there is no checkpoint).
 - ``ctranspath``: timm's Swin-T with CTransPath's convolutional stem (`tilestore.embed.models.zoo`).
 - ``conch``: a timm ViT trunk with CONCH's attentional pooler (`tilestore.embed.models.zoo`).
+- ``isight``: transformers' CLIP vision tower and iSight's token map (`tilestore.embed.models.zoo`).
+- ``genbio``: GenBio-PathFM's per-channel rotary ViT (`tilestore.embed.models.genbio`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import timm
 import torch
 from torch import nn
 
-from tilestore.embed.models import zoo
+from tilestore.embed.models import genbio, zoo
 from tilestore.embed.models.spec import ModelSpec
 from tilestore.errors import ModelError
 
@@ -271,11 +273,25 @@ def _conch_convert(spec: ModelSpec, state: State, backbone: nn.Module) -> State:
     return zoo.conch_state(spec.arch.name, state, backbone)
 
 
+def _build_isight(spec: ModelSpec, config: dict | None) -> nn.Module:
+    return zoo.ISight(**spec.arch.kwargs)
+
+
+def _isight_convert(spec: ModelSpec, state: State, backbone: nn.Module) -> State:
+    return zoo.isight_state(state)
+
+
+def _build_genbio(spec: ModelSpec, config: dict | None) -> nn.Module:
+    return genbio.genbio_pathfm(**spec.arch.kwargs)
+
+
 FAMILIES: dict[str, Family] = {
     "timm": Family(_build_timm, _timm_convert, "timm"),
     "transformers": Family(_build_transformers, config="transformers", load=_load_transformers),
     "ctranspath": Family(_build_ctranspath, _ctranspath_convert),
     "conch": Family(_build_conch, _conch_convert),
+    "isight": Family(_build_isight, _isight_convert),
+    "genbio": Family(_build_genbio),
 }
 
 

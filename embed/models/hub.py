@@ -197,7 +197,9 @@ def load_weights(
             f"{name}: cannot read weights {path} safely ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0][:200]}); only tensors are accepted"
         ) from exc
-    for wrapper in ("state_dict", "model"):  # {"model": state}: CTransPath's, CHIEF's
+    # {"model": state}: CTransPath's, CHIEF's; {"model_state_dict": state, "optimizer...": ...}:
+    # a training checkpoint (iSight's)
+    for wrapper in ("model_state_dict", "state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
             state = state[wrapper]
     state = _flattened(state)

@@ -12,6 +12,7 @@ POOLINGS = {
     "cls": "the class token",
     "cls+mean": "the class token and the mean of the patch tokens, concatenated",
     "mean": "the mean of the patch tokens",
+    "token-mean": "the mean of every token, the class token with the patches (iSight's)",
     "attn-pool": "the model's attentional pooler (learned queries attending to the tokens)",
     "model": "the module's own output (timm's pooled features)",
 }

@@ -10,6 +10,11 @@ blocks so that the authors' published state dicts load into them strictly.
   published for 224 px (14 x 14) and the authors' forward interpolates it to the 448 px
   input at every call; here that interpolation is done once, when the weights are loaded,
   with the same call (bicubic, the same scale factor), so the numbers are the same.
+- iSight (IHC): transformers' CLIP ViT-L/14 vision tower at 336 px, fine-tuned, then the
+  linear map its authors apply to every final token (``visual_token_projection``; their
+  ``CLAM_ViT``, zhihuanglab/iSight ``model/patch_encoder_with_clam.py``). The tokens are the
+  tower's last hidden states, before its post-norm (``hidden_states[-1]``): its post-norm and
+  CLIP's projection were not trained by them.
 """
 
 from __future__ import annotations
@@ -79,6 +84,45 @@ def ctranspath(img_size: int = 224) -> nn.Module:
         embed_layer=ConvStem,
         num_classes=0,
     )
+
+
+# -- iSight -----------------------------------------------------------------------------------
+
+# openai/clip-vit-large-patch14-336's vision tower, the base its authors fine-tuned
+ISIGHT_CLIP = {
+    "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
+    "num_attention_heads": 16, "image_size": 336, "patch_size": 14,
+    "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5, "projection_dim": 768,
+}  # fmt: skip
+
+
+class ISight(nn.Module):
+    """iSight's tile tokens: CLIP's final hidden states, each through the authors' linear
+    map. Attribute names are theirs (``patch_encoder``: a CLIP whose vision tower is kept)."""
+
+    def __init__(self, **overrides: object):
+        super().__init__()
+        from transformers import CLIPVisionConfig, CLIPVisionModel
+
+        config = CLIPVisionConfig(**{**ISIGHT_CLIP, **overrides})
+        config._attn_implementation = "sdpa"
+        tower = CLIPVisionModel(config)  # transformers 5 flattened it; 4 nests vision_model
+        self.patch_encoder = nn.Module()
+        self.patch_encoder.vision_model = getattr(tower, "vision_model", tower)
+        self.visual_token_projection = nn.Linear(config.hidden_size, config.hidden_size)
+        self.num_prefix_tokens = 1
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.patch_encoder.vision_model(pixel_values=x).last_hidden_state
+        return self.visual_token_projection(hidden)
+
+
+def isight_state(state: State) -> State:
+    """The vision tower and the token map out of the authors' whole ``CLAM_ViT`` state
+    (``model_state_dict``: CLIP's text tower, the attention pooler and the task heads too);
+    CLIP's position ids, a buffer older transformers saved, are computed here."""
+    keep = ("patch_encoder.vision_model.", "visual_token_projection.")
+    return {k: v for k, v in state.items() if k.startswith(keep) and not k.endswith("position_ids")}
 
 
 # -- CONCH ----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ KAIKO = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 LUNIT = ((0.70322989, 0.53606487, 0.66096631), (0.21716536, 0.26081574, 0.20723464))
 HIBOU = ((0.7068, 0.5755, 0.722), (0.195, 0.2316, 0.1816))
 OPENAI_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
+SIGLIP = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 
 NC_ND = "CC-BY-NC-ND-4.0"
 HF = "https://huggingface.co/"
@@ -452,6 +453,7 @@ ENTRIES: tuple[ModelSpec, ...] = (
         licence=NC_ND,
         card=HF + "MahmoodLab/conch",
         reference="trident:conch_v1",
+        text="conch",
     ),
     ModelSpec(
         "conch-v1.5",
@@ -469,6 +471,8 @@ ENTRIES: tuple[ModelSpec, ...] = (
         licence=NC_ND,
         card=HF + "MahmoodLab/conchv1_5",
         reference="trident:conch_v15",
+        # no text tower: MahmoodLab/conchv1_5 publishes the vision tower alone (TITAN's text
+        # tower is aligned with TITAN's slide embeddings, not with these tile features)
     ),
     ModelSpec(
         "plip",
@@ -495,6 +499,38 @@ ENTRIES: tuple[ModelSpec, ...] = (
         licence="non-commercial",
         card=HF + "vinid/plip",
         reference="transformers CLIPModel.get_image_features",
+        text="clip",
+    ),
+    # MedSigLIP: SigLIP-400M (so400m, patch 14) at 448 px, its image embedding the vision
+    # head's attentional pooling (SiglipModel.get_image_features; LazySlide takes the same
+    # pooler_output). The card gives no um/px: it was trained on many modalities. Its
+    # processor resizes to 448 x 448 (bicubic, SigLIP's default) and normalises to [-1, 1].
+    ModelSpec(
+        "medsiglip",
+        "hf-hub",
+        "google/medsiglip-448",
+        1152,
+        None,
+        tile=448,
+        arch=Arch(
+            "transformers",
+            "SiglipVisionModel",
+            {
+                "hidden_size": 1152,
+                "intermediate_size": 4304,
+                "num_hidden_layers": 27,
+                "num_attention_heads": 16,
+                "image_size": 448,
+                "patch_size": 14,
+            },
+        ),
+        data=_data(SIGLIP, size=448, interpolation="bicubic"),
+        pooling="attn-pool",
+        gated=True,
+        licence="Health AI Developer Foundations terms of use",
+        card=HF + "google/medsiglip-448",
+        reference="transformers SiglipModel.get_image_features",
+        text="siglip",
     ),
     ModelSpec(
         "efficientnet-lite0",

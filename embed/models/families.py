@@ -8,8 +8,8 @@ the backbone's key names; loading is then strict (`tilestore.embed.models.load`)
 
 - ``timm``: a timm architecture with the model card's arguments.
 - ``transformers``: a Hugging Face class that needs no remote code (ViT, DINOv2, CLIP's
-  vision tower), configured by the checkpoint's config.json (the spec's copy of it where
-  there is no checkpoint).
+  and SigLIP's vision towers), configured by the checkpoint's config.json (the spec's copy
+  of it where there is no checkpoint).
 - ``ctranspath``: timm's Swin-T with CTransPath's convolutional stem (`tilestore.embed.models.zoo`).
 - ``conch``: a timm ViT trunk with CONCH's attentional pooler (`tilestore.embed.models.zoo`).
 """
@@ -175,7 +175,10 @@ _HF_CLASSES = {
     "ViTModel": ("ViTConfig", ("vit.",)),
     "Dinov2Model": ("Dinov2Config", ("dinov2.",)),
     "CLIPVisionModelWithProjection": ("CLIPVisionConfig", ()),
+    "SiglipVisionModel": ("SiglipVisionConfig", ()),
 }
+# classes whose tokens have no class token in front (SigLIP pools with its own head)
+_HF_NO_PREFIX = ("SiglipVisionModel",)
 
 
 class HFTokens(nn.Module):
@@ -194,6 +197,11 @@ class HFTokens(nn.Module):
         """CLIP's image embedding of its class token: the post-norm, then the projection."""
         return self.model.visual_projection(self.model.vision_model.post_layernorm(cls))
 
+    def pool(self, tokens: torch.Tensor) -> torch.Tensor:
+        """SigLIP's image embedding: its attentional head (one learned probe) over the
+        post-normed tokens, which are its last hidden state."""
+        return getattr(self.model, "vision_model", self.model).head(tokens)
+
 
 def _hf_config(spec: ModelSpec, config: dict | None):
     try:
@@ -204,11 +212,13 @@ def _hf_config(spec: ModelSpec, config: dict | None):
     settings = dict(config or spec.arch.kwargs)
     if class_name.startswith("CLIP") and "vision_config" in settings:  # a whole CLIPModel's
         settings = {**settings["vision_config"], "projection_dim": settings["projection_dim"]}
+    elif "vision_config" in settings:  # a whole SiglipModel's
+        settings = dict(settings["vision_config"])
     for key in ("architectures", "auto_map", "transformers_version", "torch_dtype", "dtype"):
         settings.pop(key, None)
     hf_config = getattr(transformers, _HF_CLASSES[class_name][0])(**settings)
     kwargs = {"add_pooling_layer": False} if class_name == "ViTModel" else {}
-    prefix = 1 + int(settings.get("num_register_tokens", 0))
+    prefix = 0 if class_name in _HF_NO_PREFIX else 1 + int(settings.get("num_register_tokens", 0))
     return getattr(transformers, class_name), hf_config, kwargs, prefix
 
 
@@ -220,7 +230,7 @@ def _build_transformers(spec: ModelSpec, config: dict | None) -> nn.Module:
 
 # keys a checkpoint may hold that the vision model does not use: ViT's pooler (the class
 # token is taken), a whole CLIP's text tower and temperature
-_HF_UNUSED = ("pooler.", "text_model.", "text_projection.", "logit_scale")
+_HF_UNUSED = ("pooler.", "text_model.", "text_projection.", "logit_scale", "logit_bias")
 
 
 def _load_transformers(spec: ModelSpec, folder, weights, config: dict | None) -> nn.Module:

@@ -48,6 +48,16 @@ from tilestore.embed.models.spec import ModelSpec
 from tilestore.errors import ModelError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# a transformers tokenizer's files (each optional: a repo has those of its tokenizer's kind),
+# fetched beside the weights of a model with a text tower
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "spiece.model",
+)
 # seconds the one request asking whether the Hub answers may take: a HEAD answered by
 # huggingface.co takes well under a second; a refused or unresolved host fails at once
 PROBE_TIMEOUT = 5.0
@@ -144,6 +154,30 @@ def fetch_spec(spec: ModelSpec, *, token: str | None = None, cached_only: bool =
         weights=(spec.weights_file,) if spec.weights_file else WEIGHT_FILES,
         repo_type=spec.repo_type,
     )
+
+
+def fetch_tokenizer(spec: ModelSpec, *, token: str | None = None) -> list[Path]:
+    """The tokenizer files a model's repo has (`TOKENIZER_FILES`), from the cache or (online)
+    downloaded into it beside its weights; those it lacks are left out."""
+    local = offline()
+    down = None if local else _hub_down(spec.repo, "config.json", token, None, spec.repo_type)
+    found = []
+    for filename in TOKENIZER_FILES:
+        with contextlib.suppress(_Missing):
+            found.append(
+                _download(
+                    spec.name,
+                    spec.repo,
+                    filename,
+                    token=token,
+                    revision=None,
+                    cached_only=local or down is not None,
+                    down=down,
+                    repo_type=spec.repo_type,
+                    optional=True,
+                )
+            )
+    return found
 
 
 def local(name: str, folder: str | os.PathLike, spec: ModelSpec | None = None) -> Checkpoint:
@@ -244,7 +278,10 @@ def pull(name: str, *, token: str | None = None) -> Checkpoint | None:
         raise ModelError(_no_network(name, exc)) from exc
     if not files & set(wanted):
         raise ModelError(f"{name}: {repo} has none of {', '.join(wanted)}")
-    return fetch_spec(spec, token=token)
+    checkpoint = fetch_spec(spec, token=token)
+    if spec.text in ("clip", "siglip"):  # zero-shot reads its tokenizer from the same repo
+        fetch_tokenizer(spec, token=token)
+    return checkpoint
 
 
 def _unreachable() -> tuple[type[BaseException], ...]:

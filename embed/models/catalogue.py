@@ -73,6 +73,23 @@ def _lunit(name: str, arch: str, dim: int, pooling: str, reference: str = "") ->
     )  # fmt: skip
 
 
+def _quiltnet(name: str, arch: str) -> ModelSpec:
+    """Quilt-1M's CLIP (wisdomik/QuiltNet-*): open_clip's CLIP, its architecture as the
+    repo's open_clip_config.json gives it (open_clip's own for `arch` without one), the
+    image embedding ``encode_image`` (what LazySlide stores), OpenAI CLIP's transform
+    (bicubic resize and centre crop to 224). The -PMB variant, whose text tower is
+    PubMedBERT built from the Hub, is not registered."""
+    repo = f"wisdomik/{name.replace('quiltnet', 'QuiltNet').replace('-b', '-B-')}"
+    return ModelSpec(
+        name, "hf-hub", repo, 512, None,
+        weights_file="open_clip_pytorch_model.bin",
+        arch=Arch("open_clip", arch),
+        data=_data(OPENAI_CLIP, interpolation="bicubic"),
+        licence="MIT", card=HF + repo, text="open_clip",
+        reference=f"open_clip create_model_from_pretrained(hf-hub:{repo})",
+    )  # fmt: skip
+
+
 SWIGLU = {"mlp_layer": "SwiGLUPacked", "act_layer": "silu"}
 
 ENTRIES: tuple[ModelSpec, ...] = (
@@ -532,6 +549,8 @@ ENTRIES: tuple[ModelSpec, ...] = (
         reference="transformers SiglipModel.get_image_features",
         text="siglip",
     ),
+    _quiltnet("quiltnet-b32", "ViT-B-32"),
+    _quiltnet("quiltnet-b16", "ViT-B-16"),
     ModelSpec(
         "efficientnet-lite0",
         "package",

@@ -12,6 +12,10 @@ the backbone's key names; loading is then strict (`tilestore.embed.models.load`)
   of it where there is no checkpoint).
 - ``ctranspath``: timm's Swin-T with CTransPath's convolutional stem (`tilestore.embed.models.zoo`).
 - ``conch``: a timm ViT trunk with CONCH's attentional pooler (`tilestore.embed.models.zoo`).
+- ``open_clip``: open_clip's CLIP image tower (QuiltNet), configured by the checkpoint's
+  open_clip_config.json (``model_cfg``, as open_clip's own Hub loading reads it), else
+  open_clip's built-in config of the spec's architecture; its output is CLIP's image
+  embedding (``encode_image``).
 """
 
 from __future__ import annotations
@@ -281,11 +285,55 @@ def _conch_convert(spec: ModelSpec, state: State, backbone: nn.Module) -> State:
     return zoo.conch_state(spec.arch.name, state, backbone)
 
 
+def open_clip_config(spec: ModelSpec, config: dict | None) -> dict:
+    """The model_cfg an open_clip CLIP is built from: the checkpoint's, else open_clip's own
+    for the spec's architecture, with the spec's arguments over it."""
+    try:
+        import open_clip
+    except ImportError as exc:
+        raise ModelError(
+            f"{spec.name}: needs open_clip: pip install 'tilestore[openclip]'"
+        ) from exc
+    found = (config or {}).get("model_cfg") or open_clip.get_model_config(spec.arch.name)
+    if not found:
+        raise ModelError(f"{spec.name}: open_clip has no architecture {spec.arch.name!r}")
+    found = {**found, **spec.arch.kwargs}
+    if "hf_model_name" in found.get("text_cfg", {}):
+        raise ModelError(
+            f"{spec.name}: a text tower from the Hub ({found['text_cfg']['hf_model_name']}) "
+            "is built by downloading its config; not supported offline"
+        )
+    return found
+
+
+class OpenClipImage(nn.Module):
+    """open_clip's CLIP image tower as a backbone: ``forward`` is its image embedding."""
+
+    def __init__(self, visual: nn.Module):
+        super().__init__()
+        self.visual = visual
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.visual(x)
+
+
+def _build_open_clip(spec: ModelSpec, config: dict | None) -> nn.Module:
+    import open_clip
+
+    return OpenClipImage(open_clip.model.CLIP(**open_clip_config(spec, config)).visual)
+
+
+def _open_clip_convert(spec: ModelSpec, state: State, backbone: nn.Module) -> State:
+    """The whole CLIP checkpoint's image tower (``visual.*``), as our module names it."""
+    return {k: v for k, v in state.items() if k.startswith("visual.")}
+
+
 FAMILIES: dict[str, Family] = {
     "timm": Family(_build_timm, _timm_convert, "timm"),
     "transformers": Family(_build_transformers, config="transformers", load=_load_transformers),
     "ctranspath": Family(_build_ctranspath, _ctranspath_convert),
     "conch": Family(_build_conch, _conch_convert),
+    "open_clip": Family(_build_open_clip, _open_clip_convert, "open_clip"),
 }
 
 

@@ -48,6 +48,8 @@ from tilestore.embed.models.spec import ModelSpec
 from tilestore.errors import ModelError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# a config's file by its format, where it is not config.json (open_clip's Hub repos)
+CONFIG_FILES = {"open_clip": "open_clip_config.json"}
 # a transformers tokenizer's files (each optional: a repo has those of its tokenizer's kind),
 # fetched beside the weights of a model with a text tower
 TOKENIZER_FILES = (
@@ -118,8 +120,9 @@ def fetch(
     if config:
         with contextlib.suppress(_Missing):  # optional, and absent
             config_path = _download(
-                name, repo, "config.json", **where, optional=not config_required
-            )
+                name, repo, CONFIG_FILES.get(config, "config.json"), **where,
+                optional=not config_required,
+            )  # fmt: skip
     found = None
     for filename in weights:
         try:
@@ -190,11 +193,12 @@ def local(name: str, folder: str | os.PathLike, spec: ModelSpec | None = None) -
     if spec and spec.arch and not spec.arch.config:
         config = None
     required = config == "transformers" or spec is None or spec.arch is None
-    if not (folder / "config.json").is_file():
+    config_file = folder / CONFIG_FILES.get(config, "config.json")
+    if not config_file.is_file():
         config = config if required else None
-    if config and not (folder / "config.json").is_file():
+    if config and not config_file.is_file():
         raise ModelError(
-            f"{name}: {folder} has no config.json"
+            f"{name}: {folder} has no {config_file.name}"
             + (
                 " (timm format: architecture, model_args, pretrained_cfg)"
                 if config == "timm"
@@ -204,7 +208,7 @@ def local(name: str, folder: str | os.PathLike, spec: ModelSpec | None = None) -
     named = (Path(spec.weights_file).name,) if spec and spec.weights_file else ()
     for filename in (*named, *WEIGHT_FILES, "model.pth", "pytorch_model.pth"):
         if (folder / filename).is_file():
-            read = _read_config(name, folder / "config.json", config) if config else {}
+            read = _read_config(name, config_file, config) if config else {}
             return Checkpoint(read, folder / filename, str(folder), None)
     raise ModelError(f"{name}: {folder} has no {' or '.join((*named, *WEIGHT_FILES))}")
 

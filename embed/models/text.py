@@ -227,9 +227,39 @@ def _conch(spec, checkpoint, device, tokenizer_file) -> TextTower:
                      checkpoint.revision, str(checkpoint.weights), "contrast")  # fmt: skip
 
 
+def _open_clip(spec, checkpoint, device, tokenizer_file) -> TextTower:
+    import open_clip
+
+    from tilestore.embed.models.families import open_clip_config
+
+    config = open_clip_config(spec, checkpoint.config)
+    with device:
+        model = open_clip.model.CLIP(**config).eval()
+    state = hub.load_weights(spec.name, checkpoint.weights, device)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0][:300]
+        raise ModelError(
+            f"{spec.name}: the checkpoint does not fit open_clip's CLIP ({first})"
+        ) from exc
+    # open_clip's own tokenizer (its BPE vocabulary ships in the package)
+    tokenizer = open_clip.tokenizer.SimpleTokenizer(
+        context_length=config["text_cfg"].get("context_length", 77)
+    )
+
+    def encode(texts: list[str]) -> torch.Tensor:
+        return model.encode_text(tokenizer(texts).to(device))
+
+    scale = float(model.logit_scale.exp())
+    return TextTower(spec, encode, scale, 0.0, None, checkpoint.revision, str(checkpoint.weights),
+                     None)  # fmt: skip
+
+
 # a spec's `text` -> (spec, checkpoint, device, tokenizer file) -> its text tower
 TOWERS: dict[str, Callable[..., TextTower]] = {
     "clip": _clip,
     "siglip": _siglip,
     "conch": _conch,
+    "open_clip": _open_clip,
 }

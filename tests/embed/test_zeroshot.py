@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tilestore import open_slide
 from tilestore.embed.models import ModelError, get_model, load_model
@@ -102,8 +103,9 @@ def test_a_model_without_a_text_tower_is_refused_before_anything_loads(tmp_path)
 
 
 def test_the_image_text_models_say_which_text_tower_they_take():
-    towers = {s.name: s.text for s in (get_model(n) for n in ("plip", "conch-v1", "medsiglip"))}
-    assert towers == {"plip": "clip", "conch-v1": "conch", "medsiglip": "siglip"}
+    want = {"plip": "clip", "conch-v1": "conch", "medsiglip": "siglip",
+            "quiltnet-b32": "open_clip", "quiltnet-b16": "open_clip"}  # fmt: skip
+    assert {name: get_model(name).text for name in want} == want
     assert get_model("conch-v1.5").text is None  # its text half is not published
 
 
@@ -370,4 +372,50 @@ def test_conch_zero_shot_equals_the_authors_coca_on_real_tiles(store, tmp_path):
         _prompts(tmp_path)))  # fmt: skip
     torch.testing.assert_close(ours, theirs.T, atol=1e-6, rtol=1e-5)
     got = read_tile_scores(path, "conch-v1", "tissue")["probabilities"]
+    np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+# -- QuiltNet: open_clip's CLIP, its own loading as the reference --------------------------------
+
+TINY_CLIP = {
+    "embed_dim": 24,
+    "vision_cfg": {"image_size": 224, "layers": 2, "width": 32, "patch_size": 32, "head_width": 8},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 4, "layers": 2},
+}
+
+
+def test_quiltnet_zero_shot_equals_open_clips_own_loading_on_real_tiles(store, tmp_path):
+    """A small CLIP in QuiltNet's layout (open_clip_pytorch_model.bin and the repo's
+    open_clip_config.json): open_clip's create_model(pretrained=FILE) and tokenizer give the
+    reference image embeddings and logits; ours stores the same features and scores."""
+    open_clip = pytest.importorskip("open_clip")
+    folder = tmp_path / "quiltnet"
+    folder.mkdir()
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "tiny-quilt.json").write_text(json.dumps(TINY_CLIP))
+    (folder / "open_clip_config.json").write_text(json.dumps({"model_cfg": TINY_CLIP}))
+    made = open_clip.model.CLIP(**TINY_CLIP).eval()
+    _randomize(made, 4)
+    torch.save(made.state_dict(), folder / "open_clip_pytorch_model.bin")
+    open_clip.add_model_config(configs)
+    theirs = open_clip.create_model(
+        "tiny-quilt", pretrained=str(folder / "open_clip_pytorch_model.bin")
+    )
+    theirs = theirs.eval()
+    path = store()
+    tiles, loaded = _embedded(
+        path, "quiltnet-b32", folder, PlanOptions(mpp="level0", tile=224), 224
+    )
+    classify([path], "quiltnet-b32", _prompts(tmp_path, {"classnames": ONE}, name="one.json"),
+             ZeroShotOptions(weights=folder, device="cpu"))  # fmt: skip
+    tokenizer = open_clip.get_tokenizer("tiny-quilt")
+    with torch.inference_mode():
+        pixels = loaded.transform(torch.from_numpy(tiles))
+        image = theirs.encode_image(pixels)
+        torch.testing.assert_close(loaded.features(pixels), image, atol=1e-5, rtol=1e-5)
+        text = theirs.encode_text(tokenizer(["tumor", "fibrous stroma", "normal tissue"]))
+        cosine = F.normalize(image, dim=-1) @ F.normalize(text, dim=-1).T
+        want = _reference_probabilities(theirs.logit_scale.exp() * cosine)
+    got = read_tile_scores(path, "quiltnet-b32", "one")["probabilities"]
     np.testing.assert_allclose(got, want, atol=2e-5)

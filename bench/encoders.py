@@ -90,6 +90,9 @@ HUB_CACHE = ("h0-mini", "lunit-vits8")
 OTHER = {
     "plip": "transformers CLIPModel.get_image_features",
     "isight": "authors: CLIPModel hidden_states[-1] + visual_token_projection, token mean",
+    "medsiglip": "transformers SiglipModel.get_image_features",
+    "quiltnet-b32": "open_clip create_model(pretrained=FILE).encode_image",
+    "quiltnet-b16": "open_clip create_model(pretrained=FILE).encode_image",
 }
 # ours -> the authors' code (kind, architecture), where TRIDENT has no offline loader
 AUTHORS = {"hibou-b": ("hibou", "vit_base"), "hibou-l": ("hibou", "vit_large")}
@@ -373,6 +376,187 @@ def _timm_hub_config(spec) -> dict:
     }
 
 
+# -- image-text checkpoints: the authors' whole model, random, in its published layout ---------
+
+# MedSigLIP's text tower (SigLIP-400M's), as its config.json gives it
+SIGLIP_TEXT = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27,
+               "num_attention_heads": 16, "vocab_size": 32000, "max_position_embeddings": 64,
+               "pad_token_id": 1, "eos_token_id": 1, "bos_token_id": 2}  # fmt: skip
+WORDS = ["an", "the", "of", "a", "image", "photomicrograph", "showing", "h&e", "stained",
+         "histopathological", "tumor", "carcinoma", "invasive", "adenocarcinoma", "stroma",
+         "fibrous", "normal", "benign", "tissue", "lymphocytes", "necrosis", ".", ","]  # fmt: skip
+
+
+class Whole:
+    """A reference image-text model: `image(pixels)` its image embedding as its library
+    gives it, `texts(list)` its text embeddings, `scale`/`bias` its logit constants."""
+
+    def __init__(self, image, texts, scale: float, bias=0.0, model=None, tokenizer=None):
+        self.image, self.texts, self.scale, self.bias, self.model = image, texts, scale, bias, model
+        self.tokenizer = tokenizer
+
+
+def _word_tokenizer(folder: Path, bos: str, eos: str, pad: str) -> None:
+    """A word-level tokenizer saved where transformers reads one (the real ones are not
+    on this machine; both sides read this one)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {t: i for i, t in enumerate(dict.fromkeys([pad, eos, bos, "<unk>", *WORDS]))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A {eos}", special_tokens=[(bos, vocab[bos]), (eos, vocab[eos])]
+    )
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, unk_token="<unk>"
+    ).save_pretrained(folder)
+
+
+def image_text_checkpoint(spec, folder: Path, seed: int, conch: Path | None = None) -> Whole:
+    """The model's whole checkpoint (image and text towers) made by its reference library,
+    random, saved in the layout its authors publish into `folder`; the reference model."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if spec.text in ("clip", "siglip"):
+        import transformers
+
+        vision = {k: v for k, v in spec.arch.kwargs.items() if k != "projection_dim"}
+        if spec.text == "clip":
+            config = transformers.CLIPConfig(
+                vision_config=vision, projection_dim=spec.arch.kwargs["projection_dim"],
+                text_config={"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})  # fmt: skip
+            model = transformers.CLIPModel(config)
+            tokens = dict(padding=True)
+            _word_tokenizer(folder, "<|startoftext|>", "<|endoftext|>", "<pad>")
+        else:
+            config = transformers.SiglipConfig(vision_config=vision, text_config=SIGLIP_TEXT)
+            model = transformers.SiglipModel(config)
+            tokens = dict(padding="max_length", max_length=64)
+            _word_tokenizer(folder, "<s>", "</s>", "<pad>")
+        randomize(model, seed)
+        model.save_pretrained(folder)
+        model = model.to(DEVICE).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+
+        def texts(batch):
+            ids = tokenizer(batch, return_tensors="pt", truncation=True, **tokens).to(DEVICE)
+            if spec.text == "siglip":
+                ids = {"input_ids": ids["input_ids"]}
+            out = model.get_text_features(**ids)
+            return getattr(out, "pooler_output", out)
+
+        def image(pixels):
+            out = model.get_image_features(pixel_values=pixels)
+            return getattr(out, "pooler_output", out)
+
+        bias = float(model.logit_bias) if spec.text == "siglip" else 0.0
+        return Whole(image, texts, float(model.logit_scale.exp()), bias, model)
+    if spec.text == "open_clip":
+        import open_clip
+
+        made = open_clip.model.CLIP(**open_clip.get_model_config(spec.arch.name))
+        randomize(made, seed)
+        weights = folder / spec.weights_file
+        torch.save(made.state_dict(), weights)
+        model = open_clip.create_model(spec.arch.name, pretrained=str(weights)).to(DEVICE).eval()
+        tokenizer = open_clip.get_tokenizer(spec.arch.name)
+        return Whole(model.encode_image, lambda b: model.encode_text(tokenizer(b).to(DEVICE)),
+                     float(model.logit_scale.exp()), model=model)  # fmt: skip
+    if spec.text == "conch":
+        if conch is not None and str(conch) not in sys.path:
+            sys.path.insert(0, str(conch))
+        from conch.open_clip_custom.coca_model import CoCa
+        from conch.open_clip_custom.custom_tokenizer import get_tokenizer, tokenize
+
+        root = Path(sys.modules["conch.open_clip_custom.coca_model"].__file__).parent
+        config = json.loads((root / "model_configs" / "conch_ViT-B-16.json").read_text())
+        config.pop("custom_text")
+        model = CoCa(**config)
+        randomize(model, seed)
+        torch.save(model.state_dict(), folder / "pytorch_model.bin")
+        model = model.to(DEVICE).eval()
+        tokenizer = get_tokenizer()
+        if not hasattr(tokenizer, "batch_encode_plus"):  # transformers 5 dropped the name
+            tokenizer.batch_encode_plus = tokenizer.__call__
+        return Whole(
+            lambda x: model.encode_image(x, normalize=False, proj_contrast=False),
+            lambda b: model.encode_text(tokenize(tokenizer, b).to(DEVICE), normalize=False),
+            float(model.logit_scale.exp()), model=model, tokenizer=tokenizer,
+        )  # fmt: skip
+    raise ValueError(f"{spec.name}: no text tower")
+
+
+# CONCH's prompts for CRC tissue classes, in the form of its prompts/ files
+ZERO_SHOT_PROMPTS = {
+    "classnames": {
+        "tumor": ["tumor", "carcinoma", "invasive adenocarcinoma"],
+        "stroma": ["stroma", "fibrous stroma"],
+        "normal": ["normal tissue", "benign tissue"],
+        "lymphocytes": ["lymphocytes"],
+        "necrosis": ["necrosis"],
+    },
+    "templates": ["CLASSNAME .", "an image of CLASSNAME .",
+                  "a photomicrograph showing CLASSNAME .", "an h&e stained image of CLASSNAME .",
+                  "a histopathological image of CLASSNAME ."],
+}  # fmt: skip
+
+
+def zero_shot_one(name: str, args, work: Path) -> dict:
+    """Ours (the stored features' path: our image tower, `load_text_tower`,
+    `class_embeddings`, `tile_probabilities`) against the reference's own zero-shot on real
+    tiles: CONCH's `zero_shot_classifier` and `encode_image` with its projection; CLIP's,
+    SigLIP's and open_clip's text and image embeddings ensembled as CONCH's function does."""
+    import torch.nn.functional as F
+
+    from tilestore.embed.models import get_model
+    from tilestore.embed.models.text import load_text_tower
+    from tilestore.embed.prompts import Prompts
+    from tilestore.embed.zeroshot import class_embeddings, tile_probabilities
+
+    spec = get_model(name)
+    folder = work / f"zs-{name}"
+    shutil.rmtree(folder, ignore_errors=True)
+    whole = image_text_checkpoint(spec, folder, abs(hash(name)) % 2**31, args.conch)
+    size = spec.data["input_size"][-1]
+    tiles = real_tiles(size, args.tiles)
+    np.save(folder / "input.npy", tiles)
+    features = torch.from_numpy(ours(spec, {"t": str(folder / "input.npy")}, folder)["t"])
+    prompts = Prompts("bench", {k: tuple(v) for k, v in ZERO_SHOT_PROMPTS["classnames"].items()},
+                      tuple(ZERO_SHOT_PROMPTS["templates"]))  # fmt: skip
+    tower = load_text_tower(spec, weights=folder, device=DEVICE)
+    classes = class_embeddings(tower, prompts)
+    mine = tile_probabilities(tower, classes, features.to(DEVICE), spec.text != "conch")[0]
+    mean = torch.tensor(spec.data["mean"]).view(1, 3, 1, 1).to(DEVICE)
+    std = torch.tensor(spec.data["std"]).view(1, 3, 1, 1).to(DEVICE)
+    x = (torch.from_numpy(tiles).to(DEVICE).permute(0, 3, 1, 2).float() / 255 - mean) / std
+    with torch.inference_mode():
+        if spec.text == "conch":
+            from conch.downstream.zeroshot_path import zero_shot_classifier
+
+            names = list(ZERO_SHOT_PROMPTS["classnames"].values())
+            theirs_classes = zero_shot_classifier(whole.model, names,
+                                                  ZERO_SHOT_PROMPTS["templates"],
+                                                  whole.tokenizer, DEVICE).T  # fmt: skip
+            image = whole.model.encode_image(x, normalize=True, proj_contrast=True)
+        else:
+            rows = [F.normalize(F.normalize(whole.texts(prompts.texts(c)), dim=-1).mean(0), dim=0)
+                    for c in prompts.names]  # fmt: skip
+            theirs_classes = torch.stack(rows)
+            image = F.normalize(whole.image(x), dim=-1)
+        logits = whole.scale * image @ theirs_classes.T + whole.bias
+        theirs = torch.softmax(logits, dim=-1)
+    shutil.rmtree(folder, ignore_errors=True)
+    a, b = mine.float().cpu().numpy(), theirs.float().cpu().numpy()
+    return {
+        "encoder": name, "text": spec.text, "tiles": len(tiles), "classes": len(prompts.names),
+        "prompts": sum(len(prompts.texts(c)) for c in prompts.names),
+        "class_embeddings": compare(classes.float().cpu().numpy(),
+                                    theirs_classes.float().cpu().numpy()),
+        "max_abs_prob_diff": float(np.abs(a - b).max()),
+        "same_top_class": float((a.argmax(1) == b.argmax(1)).mean()),
+    }  # fmt: skip
+
+
 def ours(
     spec, tiles: dict[str, str], folder: Path | None, precision: str = "fp32"
 ) -> dict[str, np.ndarray]:
@@ -419,10 +603,10 @@ def run_one(name: str, args, reference: Reference | None, work: Path) -> dict:
     # tiles at the input size (the transforms' resize is the identity: the model alone is
     # compared) and, where it differs, at the tile size our plan reads for it
     tiles = {"at_input": str(folder / "input.npy")}
-    np.save(tiles["at_input"], real_tiles(size))
+    np.save(tiles["at_input"], real_tiles(size, args.tiles))
     if spec.tile != size:
         tiles["at_tile"] = str(folder / "tile.npy")
-        np.save(tiles["at_tile"], real_tiles(spec.tile))
+        np.save(tiles["at_tile"], real_tiles(spec.tile, args.tiles))
     precision = spec.precision if args.precision == "authors" else "fp32"
     row = {"encoder": name, "family": spec.family, "pooling": spec.pooling,
            "dim": spec.output_dim, "input": size, "tile": spec.tile,
@@ -511,27 +695,20 @@ def run_one(name: str, args, reference: Reference | None, work: Path) -> dict:
         row["reference"] = OTHER[name]
         mine, theirs = _isight(spec, tiles, folder, seed, precision)
     elif name in OTHER:
-        import transformers
-
         row["reference"] = OTHER[name]
-        vision = {k: v for k, v in spec.arch.kwargs.items() if k != "projection_dim"}
-        projection = spec.arch.kwargs["projection_dim"]
-        config = transformers.CLIPConfig(vision_config=vision, projection_dim=projection)
-        clip = transformers.CLIPModel(config)
-        randomize(clip, seed)
-        clip.save_pretrained(folder)
+        whole = image_text_checkpoint(spec, folder, seed)
         mine = ours(spec, tiles, folder, precision)
-        clip = clip.to(DEVICE).eval()
         processor_mean = torch.tensor(spec.data["mean"]).view(1, 3, 1, 1).to(DEVICE)
         processor_std = torch.tensor(spec.data["std"]).view(1, 3, 1, 1).to(DEVICE)
         theirs = {}
         for key, path in tiles.items():
             if key != "at_input":
-                continue  # CLIP's processor resizes with PIL; the model alone is the check
+                continue  # the processors resize with PIL; the model alone is the check
             x = torch.from_numpy(np.load(path)).to(DEVICE).permute(0, 3, 1, 2).float() / 255
             with torch.inference_mode(), _autocast(precision):
-                image = clip.get_image_features(pixel_values=(x - processor_mean) / processor_std)
-                theirs[key] = getattr(image, "pooler_output", image).float().cpu().numpy()
+                theirs[key] = (
+                    whole.image((x - processor_mean) / processor_std).float().cpu().numpy()
+                )
     else:
         return {**row, "reference": "none", "why": NO_REFERENCE.get(name, "no offline reference")}
     row["seconds"] = round(time.perf_counter() - started, 1)
@@ -654,6 +831,13 @@ def main() -> None:
         help="instead of the reference check: `models profile` of these registered encoders "
         "(comma-separated), random weights, bf16",
     )
+    parser.add_argument(
+        "--zero-shot",
+        default="",
+        help="instead of the image check: zero-shot of these image-text encoders "
+        "(comma-separated; conch-v1 needs --conch), ours against the reference's, CONCH-style "
+        "prompts on CMU-1 tiles, random weights",
+    )
     parser.add_argument("--batches", default="64,128,256,512,1024")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
@@ -680,6 +864,8 @@ def main() -> None:
     if args.profile:
         batches = tuple(int(b) for b in args.batches.split(","))
         return profile(args.profile.split(","), batches, args.repeats, args.json)
+    if args.zero_shot:
+        return zero_shot(args)
     # the local Hugging Face cache, set before huggingface_hub is imported (it reads them once)
     hf_home = args.work / "hf"
     shutil.rmtree(args.work, ignore_errors=True)
@@ -717,6 +903,43 @@ def main() -> None:
     for row in rows:
         print(_md(row))
     print(f"json: {args.json}")
+
+
+def zero_shot(args) -> None:
+    """The zero-shot table: per encoder, its class embeddings (cosine, max |diff|) and
+    tile probabilities (max |diff|, same top class) against the reference's."""
+    args.work.mkdir(parents=True, exist_ok=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    rows = []
+    for name in args.zero_shot.split(","):
+        try:
+            row = zero_shot_one(name, args, args.work)
+        except Exception as exc:  # reported in the table, the others go on
+            row = {"encoder": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
+        rows.append(row)
+        print(_line(row), flush=True)
+    device = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "CPU"
+    out = args.json.with_name("zeroshot.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=2)
+    )
+    print(
+        f"\n{device}, fp32, TF32 off; CMU-1-Small-Region tiles, CONCH-style prompts, random weights"
+    )
+    print("| encoder | text tower | tiles | classes (prompts) | class embeddings: cosine min / "
+          "max abs diff | tile probabilities: max abs diff | same top class |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['encoder']} | error: {r['error']} | | | | | |")
+            continue
+        print(f"| {r['encoder']} | {r['text']} | {r['tiles']} | {r['classes']} ({r['prompts']}) "
+              f"| {_cell(r['class_embeddings'])} | {r['max_abs_prob_diff']:.1e} "
+              f"| {r['same_top_class']:.0%} |")  # fmt: skip
+    print(f"json: {out}")
 
 
 def _line(row: dict) -> str:

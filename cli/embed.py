@@ -412,12 +412,14 @@ models_app = typer.Typer(no_args_is_help=True, help="Tile encoders: list them, f
 @models_app.command("list")
 def models_list() -> None:
     """The registered encoders: output size, the resolution and tile they expect, how their
-    features are pooled, licence, gating, and whether their weights are in the cache."""
+    features are pooled, licence, gating, whether their weights are in the cache, and the
+    text tower `tilestore classify` scores their tiles with (zero-shot)."""
     from tilestore.embed import is_cached, list_models
 
     table = text_table(
-        "name", "weights", "dim", "um/px", "tile", "pooling", "licence", "gated", "cached"
-    )
+        "name", "weights", "dim", "um/px", "tile", "pooling", "licence", "gated", "cached",
+        "zero-shot",
+    )  # fmt: skip
     for spec in list_models():
         table.add_row(
             spec.name,
@@ -429,10 +431,17 @@ def models_list() -> None:
             spec.licence or "-",
             "yes" if spec.gated else "no",
             "yes" if is_cached(spec) else "no",
+            spec.text or "-",
         )
     # piped or logged, every hub id whole on one line (a terminal folds them to its width)
     wide = out if out.is_terminal else Console(width=240)
     wide.print(table)
+    zero_shot = [s.name for s in list_models() if s.text]
+    out.print(
+        f"{len(zero_shot)} with a zero-shot text tower ({', '.join(zero_shot)}): "
+        "`tilestore classify STORE --model NAME --prompts FILE`",
+        highlight=False,
+    )
     out.print(
         f"{len(list_models())} encoders; also: timm:<architecture> (random weights unless "
         "cached), local:<folder>, random:<name> (a registered architecture, random weights)",

@@ -15,6 +15,7 @@ import typer
 from rich.markup import escape
 
 from tilestore import OptionError, TilestoreError
+from tilestore.cli.classify import classify
 from tilestore.cli.console import as_flags, flags_of, human_size, out, output_file, text_table
 from tilestore.cli.console import progress_bar as _progress
 from tilestore.cli.embed import embed, models_app, patients
@@ -227,6 +228,7 @@ app.command()(verify)
 app.command()(status)
 app.command()(qc)
 app.command()(view)
+app.command()(classify)
 app.add_typer(models_app, name="models")
 app.add_typer(export_app, name="export")
 

@@ -162,8 +162,8 @@ def models_table() -> str:
 
     rows = [
         "| name | weights (hub id) | dim | input px | um/px | tile px | pooling | precision "
-        "| licence | gated | checked against |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| licence | gated | checked against | zero-shot |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for spec in list_models():
         size = spec.data.get("input_size", (None, spec.tile, spec.tile))[1:]
@@ -172,7 +172,7 @@ def models_table() -> str:
             f"| `{spec.name}` | {hub} | {_num(spec.output_dim)} | {'x'.join(map(str, size))} "
             f"| {_num(spec.native_mpp)} | {spec.tile} | {spec.pooling} | {spec.precision} "
             f"| {_cell(spec.licence or '-')} | {'yes' if spec.gated else 'no'} "
-            f"| {_cell(spec.reference or '-')} |"
+            f"| {_cell(spec.reference or '-')} | {spec.text or '-'} |"
         )
     return "\n".join(rows)
 

@@ -36,6 +36,7 @@ __getattr__, __dir__, __all__ = lazy_face(
         "tilestore.embed.jobs": ("Slice",),
         "tilestore.embed.outcome": ("exit_code",),
         "tilestore.embed.preflight": ("Preflight", "check_stores", "scale_mismatch"),
+        "tilestore.embed.prompts": ("Prompts", "read_prompts"),
         "tilestore.embed.models": (
             "LoadedModel",
             "ModelError",
@@ -66,6 +67,7 @@ __getattr__, __dir__, __all__ = lazy_face(
         ),
         "tilestore.embed.sizing": ("plot_profile", "profile_model"),
         "tilestore.embed.slides": ("embed_slides", "get_slide_encoder", "list_slide_encoders"),
+        "tilestore.embed.zeroshot": ("Classified", "ZeroShotOptions", "classify"),
     },
 )
 
@@ -94,6 +96,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     )
     from tilestore.embed.outcome import exit_code
     from tilestore.embed.preflight import Preflight, check_stores, scale_mismatch
+    from tilestore.embed.prompts import Prompts, read_prompts
     from tilestore.embed.report import RunReport, format_report
     from tilestore.embed.settings import (
         AUTO_CPU_DECODE_CPUS,
@@ -115,3 +118,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     )
     from tilestore.embed.sizing import plot_profile, profile_model
     from tilestore.embed.slides import embed_slides, get_slide_encoder, list_slide_encoders
+    from tilestore.embed.zeroshot import Classified, ZeroShotOptions, classify

@@ -15,6 +15,7 @@ LUNIT = ((0.70322989, 0.53606487, 0.66096631), (0.21716536, 0.26081574, 0.207234
 HIBOU = ((0.7068, 0.5755, 0.722), (0.195, 0.2316, 0.1816))
 OPENAI_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
 GENBIO = ((0.697, 0.575, 0.728), (0.188, 0.240, 0.187))
+SIGLIP = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 
 NC_ND = "CC-BY-NC-ND-4.0"
 HF = "https://huggingface.co/"
@@ -82,6 +83,23 @@ def _vitl16(name: str, repo: str, **facts) -> ModelSpec:
     return ModelSpec(
         name, "hf-hub", repo, 1024, 0.5, arch=Arch("timm", "vit_large_patch16_224", kwargs),
         data=_data(IMAGENET), pooling="cls", gated=True, card=HF + repo, **facts,
+    )  # fmt: skip
+
+
+def _quiltnet(name: str, arch: str) -> ModelSpec:
+    """Quilt-1M's CLIP (wisdomik/QuiltNet-*): open_clip's CLIP, its architecture as the
+    repo's open_clip_config.json gives it (open_clip's own for `arch` without one), the
+    image embedding ``encode_image`` (what LazySlide stores), OpenAI CLIP's transform
+    (bicubic resize and centre crop to 224). The -PMB variant, whose text tower is
+    PubMedBERT built from the Hub, is not registered."""
+    repo = f"wisdomik/{name.replace('quiltnet', 'QuiltNet').replace('-b', '-B-')}"
+    return ModelSpec(
+        name, "hf-hub", repo, 512, None,
+        weights_file="open_clip_pytorch_model.bin",
+        arch=Arch("open_clip", arch),
+        data=_data(OPENAI_CLIP, interpolation="bicubic"),
+        licence="MIT", card=HF + repo, text="open_clip",
+        reference=f"open_clip create_model_from_pretrained(hf-hub:{repo})",
     )  # fmt: skip
 
 
@@ -465,6 +483,7 @@ ENTRIES: tuple[ModelSpec, ...] = (
         licence=NC_ND,
         card=HF + "MahmoodLab/conch",
         reference="trident:conch_v1",
+        text="conch",
     ),
     ModelSpec(
         "conch-v1.5",
@@ -482,6 +501,8 @@ ENTRIES: tuple[ModelSpec, ...] = (
         licence=NC_ND,
         card=HF + "MahmoodLab/conchv1_5",
         reference="trident:conch_v15",
+        # no text tower: MahmoodLab/conchv1_5 publishes the vision tower alone (TITAN's text
+        # tower is aligned with TITAN's slide embeddings, not with these tile features)
     ),
     ModelSpec(
         "plip",
@@ -508,6 +529,7 @@ ENTRIES: tuple[ModelSpec, ...] = (
         licence="non-commercial",
         card=HF + "vinid/plip",
         reference="transformers CLIPModel.get_image_features",
+        text="clip",
     ),
     # PathOrchestra's card: timm, Resize(224) and ImageNet's normalisation, run as loaded
     # (fp32); LazySlide registers it the same way.
@@ -594,6 +616,39 @@ ENTRIES: tuple[ModelSpec, ...] = (
         card=HF + "nirschl-lab/iSight",
         reference="authors: CLIPModel + visual_token_projection (zhihuanglab/iSight)",
     ),
+    # MedSigLIP: SigLIP-400M (so400m, patch 14) at 448 px, its image embedding the vision
+    # head's attentional pooling (SiglipModel.get_image_features; LazySlide takes the same
+    # pooler_output). The card gives no um/px: it was trained on many modalities. Its
+    # processor resizes to 448 x 448 (bicubic, SigLIP's default) and normalises to [-1, 1].
+    ModelSpec(
+        "medsiglip",
+        "hf-hub",
+        "google/medsiglip-448",
+        1152,
+        None,
+        tile=448,
+        arch=Arch(
+            "transformers",
+            "SiglipVisionModel",
+            {
+                "hidden_size": 1152,
+                "intermediate_size": 4304,
+                "num_hidden_layers": 27,
+                "num_attention_heads": 16,
+                "image_size": 448,
+                "patch_size": 14,
+            },
+        ),
+        data=_data(SIGLIP, size=448, interpolation="bicubic"),
+        pooling="attn-pool",
+        gated=True,
+        licence="Health AI Developer Foundations terms of use",
+        card=HF + "google/medsiglip-448",
+        reference="transformers SiglipModel.get_image_features",
+        text="siglip",
+    ),
+    _quiltnet("quiltnet-b32", "ViT-B-32"),
+    _quiltnet("quiltnet-b16", "ViT-B-16"),
     ModelSpec(
         "efficientnet-lite0",
         "package",

@@ -8,12 +8,16 @@ the backbone's key names; loading is then strict (`tilestore.embed.models.load`)
 
 - ``timm``: a timm architecture with the model card's arguments.
 - ``transformers``: a Hugging Face class that needs no remote code (ViT, DINOv2, CLIP's
-  vision tower), configured by the checkpoint's config.json (the spec's copy of it where
-  there is no checkpoint).
+  and SigLIP's vision towers), configured by the checkpoint's config.json (the spec's copy
+  of it where there is no checkpoint).
 - ``ctranspath``: timm's Swin-T with CTransPath's convolutional stem (`tilestore.embed.models.zoo`).
 - ``conch``: a timm ViT trunk with CONCH's attentional pooler (`tilestore.embed.models.zoo`).
 - ``isight``: transformers' CLIP vision tower and iSight's token map (`tilestore.embed.models.zoo`).
 - ``genbio``: GenBio-PathFM's per-channel rotary ViT (`tilestore.embed.models.genbio`).
+- ``open_clip``: open_clip's CLIP image tower (QuiltNet), configured by the checkpoint's
+  open_clip_config.json (``model_cfg``, as open_clip's own Hub loading reads it), else
+  open_clip's built-in config of the spec's architecture; its output is CLIP's image
+  embedding (``encode_image``).
 """
 
 from __future__ import annotations
@@ -177,7 +181,10 @@ _HF_CLASSES = {
     "ViTModel": ("ViTConfig", ("vit.",)),
     "Dinov2Model": ("Dinov2Config", ("dinov2.",)),
     "CLIPVisionModelWithProjection": ("CLIPVisionConfig", ()),
+    "SiglipVisionModel": ("SiglipVisionConfig", ()),
 }
+# classes whose tokens have no class token in front (SigLIP pools with its own head)
+_HF_NO_PREFIX = ("SiglipVisionModel",)
 
 
 class HFTokens(nn.Module):
@@ -196,6 +203,11 @@ class HFTokens(nn.Module):
         """CLIP's image embedding of its class token: the post-norm, then the projection."""
         return self.model.visual_projection(self.model.vision_model.post_layernorm(cls))
 
+    def pool(self, tokens: torch.Tensor) -> torch.Tensor:
+        """SigLIP's image embedding: its attentional head (one learned probe) over the
+        post-normed tokens, which are its last hidden state."""
+        return getattr(self.model, "vision_model", self.model).head(tokens)
+
 
 def _hf_config(spec: ModelSpec, config: dict | None):
     try:
@@ -206,11 +218,13 @@ def _hf_config(spec: ModelSpec, config: dict | None):
     settings = dict(config or spec.arch.kwargs)
     if class_name.startswith("CLIP") and "vision_config" in settings:  # a whole CLIPModel's
         settings = {**settings["vision_config"], "projection_dim": settings["projection_dim"]}
+    elif "vision_config" in settings:  # a whole SiglipModel's
+        settings = dict(settings["vision_config"])
     for key in ("architectures", "auto_map", "transformers_version", "torch_dtype", "dtype"):
         settings.pop(key, None)
     hf_config = getattr(transformers, _HF_CLASSES[class_name][0])(**settings)
     kwargs = {"add_pooling_layer": False} if class_name == "ViTModel" else {}
-    prefix = 1 + int(settings.get("num_register_tokens", 0))
+    prefix = 0 if class_name in _HF_NO_PREFIX else 1 + int(settings.get("num_register_tokens", 0))
     return getattr(transformers, class_name), hf_config, kwargs, prefix
 
 
@@ -222,7 +236,7 @@ def _build_transformers(spec: ModelSpec, config: dict | None) -> nn.Module:
 
 # keys a checkpoint may hold that the vision model does not use: ViT's pooler (the class
 # token is taken), a whole CLIP's text tower and temperature
-_HF_UNUSED = ("pooler.", "text_model.", "text_projection.", "logit_scale")
+_HF_UNUSED = ("pooler.", "text_model.", "text_projection.", "logit_scale", "logit_bias")
 
 
 def _load_transformers(spec: ModelSpec, folder, weights, config: dict | None) -> nn.Module:
@@ -283,6 +297,47 @@ def _isight_convert(spec: ModelSpec, state: State, backbone: nn.Module) -> State
 
 def _build_genbio(spec: ModelSpec, config: dict | None) -> nn.Module:
     return genbio.genbio_pathfm(**spec.arch.kwargs)
+def open_clip_config(spec: ModelSpec, config: dict | None) -> dict:
+    """The model_cfg an open_clip CLIP is built from: the checkpoint's, else open_clip's own
+    for the spec's architecture, with the spec's arguments over it."""
+    try:
+        import open_clip
+    except ImportError as exc:
+        raise ModelError(
+            f"{spec.name}: needs open_clip: pip install 'tilestore[openclip]'"
+        ) from exc
+    found = (config or {}).get("model_cfg") or open_clip.get_model_config(spec.arch.name)
+    if not found:
+        raise ModelError(f"{spec.name}: open_clip has no architecture {spec.arch.name!r}")
+    found = {**found, **spec.arch.kwargs}
+    if "hf_model_name" in found.get("text_cfg", {}):
+        raise ModelError(
+            f"{spec.name}: a text tower from the Hub ({found['text_cfg']['hf_model_name']}) "
+            "is built by downloading its config; not supported offline"
+        )
+    return found
+
+
+class OpenClipImage(nn.Module):
+    """open_clip's CLIP image tower as a backbone: ``forward`` is its image embedding."""
+
+    def __init__(self, visual: nn.Module):
+        super().__init__()
+        self.visual = visual
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.visual(x)
+
+
+def _build_open_clip(spec: ModelSpec, config: dict | None) -> nn.Module:
+    import open_clip
+
+    return OpenClipImage(open_clip.model.CLIP(**open_clip_config(spec, config)).visual)
+
+
+def _open_clip_convert(spec: ModelSpec, state: State, backbone: nn.Module) -> State:
+    """The whole CLIP checkpoint's image tower (``visual.*``), as our module names it."""
+    return {k: v for k, v in state.items() if k.startswith("visual.")}
 
 
 FAMILIES: dict[str, Family] = {
@@ -292,6 +347,7 @@ FAMILIES: dict[str, Family] = {
     "conch": Family(_build_conch, _conch_convert),
     "isight": Family(_build_isight, _isight_convert),
     "genbio": Family(_build_genbio),
+    "open_clip": Family(_build_open_clip, _open_clip_convert, "open_clip"),
 }
 
 

@@ -48,6 +48,18 @@ from tilestore.embed.models.spec import ModelSpec
 from tilestore.errors import ModelError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# a config's file by its format, where it is not config.json (open_clip's Hub repos)
+CONFIG_FILES = {"open_clip": "open_clip_config.json"}
+# a transformers tokenizer's files (each optional: a repo has those of its tokenizer's kind),
+# fetched beside the weights of a model with a text tower
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "spiece.model",
+)
 # seconds the one request asking whether the Hub answers may take: a HEAD answered by
 # huggingface.co takes well under a second; a refused or unresolved host fails at once
 PROBE_TIMEOUT = 5.0
@@ -108,8 +120,9 @@ def fetch(
     if config:
         with contextlib.suppress(_Missing):  # optional, and absent
             config_path = _download(
-                name, repo, "config.json", **where, optional=not config_required
-            )
+                name, repo, CONFIG_FILES.get(config, "config.json"), **where,
+                optional=not config_required,
+            )  # fmt: skip
     found = None
     for filename in weights:
         try:
@@ -146,6 +159,30 @@ def fetch_spec(spec: ModelSpec, *, token: str | None = None, cached_only: bool =
     )
 
 
+def fetch_tokenizer(spec: ModelSpec, *, token: str | None = None) -> list[Path]:
+    """The tokenizer files a model's repo has (`TOKENIZER_FILES`), from the cache or (online)
+    downloaded into it beside its weights; those it lacks are left out."""
+    local = offline()
+    down = None if local else _hub_down(spec.repo, "config.json", token, None, spec.repo_type)
+    found = []
+    for filename in TOKENIZER_FILES:
+        with contextlib.suppress(_Missing):
+            found.append(
+                _download(
+                    spec.name,
+                    spec.repo,
+                    filename,
+                    token=token,
+                    revision=None,
+                    cached_only=local or down is not None,
+                    down=down,
+                    repo_type=spec.repo_type,
+                    optional=True,
+                )
+            )
+    return found
+
+
 def local(name: str, folder: str | os.PathLike, spec: ModelSpec | None = None) -> Checkpoint:
     """Return the checkpoint in a local folder: a config.json where the model's family reads
     one (timm's, for ``local:<dir>``) and its weights file."""
@@ -156,11 +193,12 @@ def local(name: str, folder: str | os.PathLike, spec: ModelSpec | None = None) -
     if spec and spec.arch and not spec.arch.config:
         config = None
     required = config == "transformers" or spec is None or spec.arch is None
-    if not (folder / "config.json").is_file():
+    config_file = folder / CONFIG_FILES.get(config, "config.json")
+    if not config_file.is_file():
         config = config if required else None
-    if config and not (folder / "config.json").is_file():
+    if config and not config_file.is_file():
         raise ModelError(
-            f"{name}: {folder} has no config.json"
+            f"{name}: {folder} has no {config_file.name}"
             + (
                 " (timm format: architecture, model_args, pretrained_cfg)"
                 if config == "timm"
@@ -170,7 +208,7 @@ def local(name: str, folder: str | os.PathLike, spec: ModelSpec | None = None) -
     named = (Path(spec.weights_file).name,) if spec and spec.weights_file else ()
     for filename in (*named, *WEIGHT_FILES, "model.pth", "pytorch_model.pth"):
         if (folder / filename).is_file():
-            read = _read_config(name, folder / "config.json", config) if config else {}
+            read = _read_config(name, config_file, config) if config else {}
             return Checkpoint(read, folder / filename, str(folder), None)
     raise ModelError(f"{name}: {folder} has no {' or '.join((*named, *WEIGHT_FILES))}")
 
@@ -271,7 +309,10 @@ def pull(name: str, *, token: str | None = None) -> Checkpoint | None:
         raise ModelError(_no_network(name, exc)) from exc
     if not files & set(wanted):
         raise ModelError(f"{name}: {repo} has none of {', '.join(wanted)}")
-    return fetch_spec(spec, token=token)
+    checkpoint = fetch_spec(spec, token=token)
+    if spec.text in ("clip", "siglip"):  # zero-shot reads its tokenizer from the same repo
+        fetch_tokenizer(spec, token=token)
+    return checkpoint
 
 
 def _unreachable() -> tuple[type[BaseException], ...]:

@@ -17,6 +17,15 @@ POOLINGS = {
     "model": "the module's own output (timm's pooled features)",
 }
 
+# The text towers zero-shot classification builds from a checkpoint's own text half
+# (`tilestore.embed.models.text`), and what each is.
+TEXT_TOWERS = {
+    "clip": "transformers' CLIPModel: its text model and projection, CLIP's tokenizer",
+    "siglip": "transformers' SiglipModel: its text model, SigLIP's tokenizer, a logit bias",
+    "conch": "CONCH's CoCa text transformer (a class token appended), its byte-level BPE",
+    "open_clip": "open_clip's text tower of the same model, its tokenizer",
+}
+
 
 @dataclass(frozen=True)
 class Arch:
@@ -57,12 +66,17 @@ class ModelSpec:
     precision: str = "fp32"  # what the authors run it in (their code / card)
     licence: str = ""
     reference: str = ""  # the implementation ours is checked against (bench/encoders.py)
+    # the text tower zero-shot classification builds from the same checkpoint (a key of
+    # TEXT_TOWERS); None: an image encoder alone, or one whose text half is not published
+    text: str | None = None
 
     def __post_init__(self) -> None:
         if self.pooling not in POOLINGS:
             raise ValueError(
                 f"{self.name}: pooling {self.pooling!r} is not one of {list(POOLINGS)}"
             )
+        if self.text is not None and self.text not in TEXT_TOWERS:
+            raise ValueError(f"{self.name}: text {self.text!r} is not one of {list(TEXT_TOWERS)}")
 
     @property
     def family(self) -> str:

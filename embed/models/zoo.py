@@ -246,3 +246,71 @@ def _authors_pos_embed(table: torch.Tensor, trunk: VisionTransformer) -> torch.T
     if grid.shape[-2:] != (rows, cols):
         raise ModelError(f"CONCH v1.5: position table came out {tuple(grid.shape[-2:])}")
     return torch.cat([table[:, :1], grid.permute(0, 2, 3, 1).reshape(1, rows * cols, dim)], 1)
+
+
+# -- CONCH's text tower -------------------------------------------------------------------------
+
+
+class _TextBlock(nn.Module):
+    """One pre-norm block of CONCH's text transformer (torch's attention, sequence first)."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(width)
+        self.attn = nn.MultiheadAttention(width, heads)
+        self.ln_2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential()
+        self.mlp.add_module("c_fc", nn.Linear(width, width * 4))
+        self.mlp.add_module("gelu", nn.GELU())
+        self.mlp.add_module("c_proj", nn.Linear(width * 4, width))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.ln_1(x)
+        x = x + self.attn(h, h, h, need_weights=False, attn_mask=mask)[0]
+        return x + self.mlp(self.ln_2(x))
+
+
+class _TextBlocks(nn.Module):
+    def __init__(self, width: int, heads: int, layers: int):
+        super().__init__()
+        self.resblocks = nn.ModuleList(_TextBlock(width, heads) for _ in range(layers))
+
+
+class ConchText(nn.Module):
+    """CONCH v1's text encoder (its CoCa ``text`` tower): token and position embeddings, a
+    class embedding appended after the tokens, causal attention in which the class token
+    sees the tokens that are not padding, then the class token's final norm and the
+    projection. Takes the 127 token ids CONCH's ``tokenize`` gives before its placeholder
+    (``encode_text`` drops that last one); returns the (n, 512) text embedding, unnormalised."""
+
+    def __init__(self, vocab: int = 32007, context: int = 128, width: int = 768, heads: int = 12,
+                 layers: int = 12, dim: int = 512, pad_id: int = 0):  # fmt: skip
+        super().__init__()
+        self.heads, self.pad_id = heads, pad_id
+        self.token_embedding = nn.Embedding(vocab, width)
+        self.positional_embedding = nn.Parameter(torch.zeros(context, width))
+        self.cls_emb = nn.Parameter(torch.zeros(width))
+        self.transformer = _TextBlocks(width, heads, layers)
+        self.ln_final = nn.LayerNorm(width)
+        self.text_projection = nn.Parameter(torch.zeros(width, dim))
+        causal = torch.full((context, context), float("-inf")).triu_(1)
+        self.register_buffer("attn_mask", causal, persistent=False)
+
+    def _mask(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The causal mask plus the class token's: as CoCa builds it, the class row's key j
+        is open where token j - 1 is not padding (and key 0 always), one mask per head."""
+        n, length = ids.shape[0], ids.shape[1] + 1
+        seen = F.pad((ids != self.pad_id).unsqueeze(1), (1, 0, length - 1, 0), value=True)
+        extra = torch.zeros(seen.shape, dtype=dtype, device=ids.device)
+        extra.masked_fill_(~seen, float("-inf"))
+        mask = self.attn_mask[None, :length, :length].to(dtype) + extra
+        return mask.repeat_interleave(self.heads, 0).reshape(n * self.heads, length, length)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.token_embedding(ids)
+        x = torch.cat([x, self.cls_emb.view(1, 1, -1).expand(x.shape[0], 1, -1)], dim=1)
+        mask = self._mask(ids, x.dtype)
+        x = (x + self.positional_embedding[: x.shape[1]]).permute(1, 0, 2)
+        for block in self.transformer.resblocks:
+            x = block(x, mask)
+        return self.ln_final(x[-1]) @ self.text_projection

@@ -34,6 +34,7 @@ from tilestore.embeddings.groups import (
 )
 from tilestore.embeddings.layout import COORDINATES, COORDS, UNITS, group_name
 from tilestore.embeddings.recipe import ScaleLabel, combine, recipe
+from tilestore.embeddings.scores import ZEROSHOT, score_sets
 from tilestore.errors import ChunkError, MixedResults
 from tilestore.format.store import stored
 from tilestore.options import checked
@@ -127,6 +128,23 @@ def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
                 meta=np.empty((0, 0), quality.dtype),
             )
             arrays.update({name: table[:, i] for i, name in enumerate(measures)})
+        labels: list[str] = []
+        for name, (array, classes) in score_sets(found.group, f"{store}: {path}").items():
+            # zero-shot scores (`tilestore.embeddings.scores`): a column per class, and the
+            # most probable class's name
+            table = da.from_array(
+                _Checked(array, f"{store}: {path}/{ZEROSHOT}/{name}", found.fix),
+                chunks=(rows, len(classes)),
+                name=f"{ZEROSHOT}-{name}-{token}",
+                meta=np.empty((0, 0), array.dtype),
+            )
+            arrays.update({f"{name}:{c}": table[:, i] for i, c in enumerate(classes)})
+            measures += [f"{name}:{c}" for c in classes]
+            lut = np.array(classes)
+            arrays[name] = table.map_blocks(
+                _most_probable, lut=lut, drop_axis=1, dtype=lut.dtype, meta=np.empty(0, lut.dtype)
+            )
+            labels.append(name)
         if "tokens" in members:  # the patch-token grids, a tile per row as the features
             tokens = members["tokens"]
             arrays["tokens"] = da.from_array(
@@ -143,6 +161,7 @@ def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
         **arrays,
         "classes": list(meta.get("classes", [""])),
         "qc": _qc_keys(meta) + measures,  # optional per-tile columns (NaN where absent)
+        "labels": labels,  # optional per-tile class names ("" where absent)
         "meta": {
             "name": name,
             "store": str(store),
@@ -241,6 +260,25 @@ def _dataset(parts: list[dict[str, Any]], model: str) -> xr.Dataset:
                 ]
             ),
         )
+    # zero-shot classes by name: "" for the slides not scored with that set
+    for key in sorted({k for p in parts for k in p["labels"]}):
+        width = max(p[key].dtype.itemsize // 4 for p in parts if key in p)
+        coords[key] = (
+            "tile",
+            da.concatenate(
+                [
+                    p[key].astype(f"U{width}")
+                    if key in p
+                    else da.full(
+                        p["features"].shape[0],
+                        "",
+                        dtype=f"U{width}",
+                        chunks=(p["features"].chunks[0],),
+                    )
+                    for p in parts
+                ]
+            ),
+        )
     features = da.concatenate([p["features"] for p in parts])
     ds = xr.Dataset({"features": (("tile", "feature"), features)}, coords=coords)
     # the patch-token grids, where every slide stored them on one grid (`embed(tokens=...)`)
@@ -260,3 +298,7 @@ def _dataset(parts: list[dict[str, Any]], model: str) -> xr.Dataset:
 
 def _lookup(block: np.ndarray, lut: np.ndarray) -> np.ndarray:
     return lut[block]
+
+
+def _most_probable(block: np.ndarray, lut: np.ndarray) -> np.ndarray:
+    return lut[block.argmax(axis=1)]

@@ -1,0 +1,265 @@
+"""Text towers for zero-shot classification: the text half of an image-text checkpoint, its
+tokenizer, and how the image features stored beside it meet the text (`TextTower`).
+
+Each is built from the same checkpoint as the image features (the spec's `text` names the
+kind, `tilestore.embed.models.spec.TEXT_TOWERS`), offline: files in the Hugging Face cache
+or a local folder, tensors read safely (`tilestore.embed.models.hub.load_weights`), no
+remote code.
+
+- ``clip``: transformers' CLIPModel (PLIP): ``get_text_features``; the stored image
+  features are CLIP's projected embedding already.
+- ``siglip``: transformers' SiglipModel (MedSigLIP): ``get_text_features`` of text padded
+  to its 64 tokens, as its processor pads it; logits carry SigLIP's bias.
+- ``conch``: CONCH v1's CoCa text transformer (`tilestore.embed.models.zoo.ConchText`), its
+  byte-level BPE tokenizer (not on the Hub: from the ``conch`` package or a file given);
+  the stored features are the pooled embedding before the contrastive projection, which is
+  applied here, as CONCH's MI-Zero code (``visual.forward_project``) applies it to them.
+- ``open_clip``: open_clip's model of the same architecture (QuiltNet), its tokenizer.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from tilestore.embed.models import hub
+from tilestore.embed.models.spec import ModelSpec
+from tilestore.errors import ModelError
+
+# CONCH's tokenizer file, as its package ships it
+CONCH_TOKENIZER = "conch_byte_level_bpe_uncased.json"
+CONCH_TOKENS = 127  # CONCH's context (128) less the class token it appends
+
+
+@dataclass
+class TextTower:
+    """A checkpoint's text encoder and the constants its zero-shot logits take.
+
+    encode: texts -> (n, d) text embeddings (unnormalised); logit_scale: the checkpoint's
+    temperature, exponentiated; logit_bias: SigLIP's (0 elsewhere); head: what turns the
+    stored image features into the joint space where they are stored before it (CONCH's
+    contrastive projection), None where they are stored in it; stored_joint: the projection
+    (`ModelSpec.projection`) stored features record where they are in the joint space."""
+
+    spec: ModelSpec
+    encode: Callable[[list[str]], torch.Tensor]
+    logit_scale: float
+    logit_bias: float
+    head: Callable[[torch.Tensor], torch.Tensor] | None
+    revision: str | None
+    weights: str
+    stored_joint: str | None
+
+    def embed(self, texts: list[str]) -> torch.Tensor:
+        """(n, d) unit text embeddings."""
+        with torch.inference_mode():
+            return F.normalize(self.encode(list(texts)).float(), dim=-1)
+
+    def joint(self, features: torch.Tensor, projected: bool) -> torch.Tensor:
+        """Stored image features as unit vectors of the joint space: through `head` where
+        they were stored before it (`projected` False)."""
+        with torch.inference_mode():
+            features = features.float()
+            if not projected:
+                if self.head is None:
+                    raise ModelError(f"{self.spec.name}: no projection into the text's space")
+                features = self.head(features)
+            return F.normalize(features, dim=-1)
+
+
+def load_text_tower(
+    spec: ModelSpec,
+    *,
+    weights: str | os.PathLike | None = None,
+    tokenizer: str | os.PathLike | None = None,
+    token: str | None = None,
+    device: torch.device | str = "cpu",
+) -> TextTower:
+    """The text tower of `spec`'s checkpoint: from the folder `weights` (the authors' layout,
+    as `tilestore models pull` caches it), else the Hub's cache (downloaded where online).
+    tokenizer: a tokenizer file where the checkpoint has none (CONCH's)."""
+    if spec.text is None:
+        raise ModelError(f"{spec.name}: has no text tower; zero-shot takes {_zero_shot_names()}")
+    if weights is not None:
+        checkpoint = hub.local(spec.name, weights, spec)
+    else:
+        checkpoint = hub.fetch_spec(spec, token=token)
+        if spec.text in ("clip", "siglip"):
+            hub.fetch_tokenizer(spec, token=token)
+    tower = TOWERS[spec.text](spec, checkpoint, torch.device(device), tokenizer)
+    return tower
+
+
+def _zero_shot_names() -> str:
+    from tilestore.embed.models.registry import list_models
+
+    return ", ".join(s.name for s in list_models() if s.text)
+
+
+def _transformers(spec: ModelSpec, class_name: str, folder: Path):
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ModelError(f"{spec.name}: needs transformers: pip install 'tilestore[hf]'") from exc
+    # transformers makes a tokenizer of the config's kind without any vocabulary where the
+    # folder has no tokenizer files: every text would be unknown tokens
+    if not any((folder / f).is_file() for f in ("tokenizer.json", "vocab.json", "spiece.model")):
+        raise ModelError(
+            f"{spec.name}: no tokenizer beside its weights in {folder} (tokenizer.json, "
+            f"vocab.json + merges.txt, or spiece.model): `tilestore models pull {spec.name}` "
+            "fetches it, or copy the repo's tokenizer files there"
+        )
+    try:
+        model = getattr(transformers, class_name).from_pretrained(
+            folder, local_files_only=True, dtype=torch.float32
+        )
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelError(
+            f"{spec.name}: cannot load its text tower from {folder} "
+            f"({str(exc).splitlines()[0][:200]})"
+        ) from exc
+    return model.eval(), tokenizer
+
+
+def _features(output) -> torch.Tensor:
+    """transformers' get_*_features: a tensor, or (version 5) an output with the pooled one."""
+    return getattr(output, "pooler_output", output)
+
+
+def _clip(spec, checkpoint, device, tokenizer_file) -> TextTower:
+    model, tokenizer = _transformers(spec, "CLIPModel", checkpoint.weights.parent)
+    model = model.to(device)
+    length = model.config.text_config.max_position_embeddings
+
+    def encode(texts: list[str]) -> torch.Tensor:
+        ids = tokenizer(texts, padding=True, truncation=True, max_length=length,
+                        return_tensors="pt").to(device)  # fmt: skip
+        return _features(model.get_text_features(**ids))
+
+    scale = float(model.logit_scale.exp())
+    return TextTower(spec, encode, scale, 0.0, None, checkpoint.revision, str(checkpoint.weights),
+                     "clip")  # fmt: skip
+
+
+def _siglip(spec, checkpoint, device, tokenizer_file) -> TextTower:
+    model, tokenizer = _transformers(spec, "SiglipModel", checkpoint.weights.parent)
+    model = model.to(device)
+    length = model.config.text_config.max_position_embeddings
+
+    def encode(texts: list[str]) -> torch.Tensor:
+        # SigLIP pools its last position: text is padded to the full context, as trained
+        ids = tokenizer(texts, padding="max_length", truncation=True, max_length=length,
+                        return_tensors="pt").to(device)  # fmt: skip
+        return _features(model.get_text_features(input_ids=ids["input_ids"]))
+
+    scale, bias = float(model.logit_scale.exp()), float(model.logit_bias)
+    return TextTower(spec, encode, scale, bias, None, checkpoint.revision, str(checkpoint.weights),
+                     None)  # fmt: skip
+
+
+def conch_tokenizer_file(folder: Path, given: str | os.PathLike | None) -> Path:
+    """CONCH's tokenizer: the file given, else one beside the weights, else the installed
+    ``conch`` package's (found, not imported)."""
+    if given is not None:
+        if not Path(given).is_file():
+            raise ModelError(f"tokenizer={str(given)!r}: no such file")
+        return Path(given)
+    for candidate in (folder / CONCH_TOKENIZER, folder / "tokenizer.json"):
+        if candidate.is_file():
+            return candidate
+    found = importlib.util.find_spec("conch")
+    if found is not None and found.submodule_search_locations:
+        for place in found.submodule_search_locations:
+            candidate = Path(place) / "open_clip_custom" / "tokenizers" / CONCH_TOKENIZER
+            if candidate.is_file():
+                return candidate
+    raise ModelError(
+        f"conch-v1: its tokenizer {CONCH_TOKENIZER} is not with the weights ({folder}) nor in "
+        "an installed conch package; give it with tokenizer= (it is in github.com/mahmoodlab/"
+        "CONCH, conch/open_clip_custom/tokenizers/)"
+    )
+
+
+def _conch(spec, checkpoint, device, tokenizer_file) -> TextTower:
+    from transformers import PreTrainedTokenizerFast
+
+    from tilestore.embed.models.zoo import ConchText
+
+    state = hub.load_weights(spec.name, checkpoint.weights, device)
+    text = {k.removeprefix("text."): v for k, v in state.items() if k.startswith("text.")}
+    missing = [k for k in ("visual.proj_contrast", "logit_scale") if k not in state]
+    if missing or not text:
+        raise ModelError(
+            f"{spec.name}: {checkpoint.weights} holds no text tower "
+            f"({', '.join(missing) or 'text.*'} missing): zero-shot needs the whole CoCa "
+            "checkpoint (pytorch_model.bin)"
+        )
+    with torch.device("meta"):
+        model = ConchText()
+    try:
+        model.load_state_dict(text, strict=True, assign=True)
+    except RuntimeError as exc:
+        raise ModelError(f"{spec.name}: the text tower's weights do not fit ({exc})") from exc
+    model.attn_mask = torch.full_like(model.attn_mask, float("-inf"), device=device).triu_(1)
+    model = model.eval()
+    path = conch_tokenizer_file(checkpoint.weights.parent, tokenizer_file)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token="<start_of_text>",
+                                        eos_token="<end_of_text>", pad_token="<pad>")  # fmt: skip
+    projection = state["visual.proj_contrast"].float()
+
+    def encode(texts: list[str]) -> torch.Tensor:
+        # CONCH's tokenize: 127 ids padded to the full length (its placeholder for the
+        # class token, which encode_text drops again, is not added)
+        ids = tokenizer(texts, max_length=CONCH_TOKENS, add_special_tokens=True,
+                        return_token_type_ids=False, truncation=True, padding="max_length",
+                        return_tensors="pt")["input_ids"]  # fmt: skip
+        return model(ids.to(device))
+
+    scale = float(state["logit_scale"].float().exp())
+    return TextTower(spec, encode, scale, 0.0, lambda f: f @ projection.to(f.device),
+                     checkpoint.revision, str(checkpoint.weights), "contrast")  # fmt: skip
+
+
+def _open_clip(spec, checkpoint, device, tokenizer_file) -> TextTower:
+    import open_clip
+
+    from tilestore.embed.models.families import open_clip_config
+
+    config = open_clip_config(spec, checkpoint.config)
+    with device:
+        model = open_clip.model.CLIP(**config).eval()
+    state = hub.load_weights(spec.name, checkpoint.weights, device)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0][:300]
+        raise ModelError(
+            f"{spec.name}: the checkpoint does not fit open_clip's CLIP ({first})"
+        ) from exc
+    # open_clip's own tokenizer (its BPE vocabulary ships in the package)
+    tokenizer = open_clip.tokenizer.SimpleTokenizer(
+        context_length=config["text_cfg"].get("context_length", 77)
+    )
+
+    def encode(texts: list[str]) -> torch.Tensor:
+        return model.encode_text(tokenizer(texts).to(device))
+
+    scale = float(model.logit_scale.exp())
+    return TextTower(spec, encode, scale, 0.0, None, checkpoint.revision, str(checkpoint.weights),
+                     None)  # fmt: skip
+
+
+# a spec's `text` -> (spec, checkpoint, device, tokenizer file) -> its text tower
+TOWERS: dict[str, Callable[..., TextTower]] = {
+    "clip": _clip,
+    "siglip": _siglip,
+    "conch": _conch,
+    "open_clip": _open_clip,
+}

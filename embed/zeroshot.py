@@ -1,0 +1,205 @@
+"""Zero-shot classification of stored tiles: an image-text model's text tower embeds the
+classes' prompts, and each tile's stored features are scored against them (`classify`).
+
+Per tile, as the authors' code scores an image (CONCH's ``zero_shot_classifier`` and
+MI-Zero; CLIP's and SigLIP's logits): the class embedding is the mean of its prompts' unit
+text embeddings, made unit; the tile's stored features are taken into the joint space where
+they are stored before it (CONCH v1's contrastive projection, ``visual.forward_project``)
+and made unit; logits are ``logit_scale * cosine (+ SigLIP's logit_bias)``, the checkpoint's
+own constants; the probabilities their softmax over the classes. Per slide: the mean of its
+tiles' probabilities (MI-Zero's top-K pooling of tile logits is the CONCH authors' slide
+rule for their benchmarks; the mean is what a heatmap's tiles add up to, and is recorded as
+the rule used).
+
+The features are used exactly as stored: a group whose pooling is not the image embedding
+the text tower was trained against, made with random weights, or with another revision of
+the checkpoint, is refused in one line rather than scored.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from tilestore.embed.prompts import Prompts, read_prompts
+from tilestore.embed.settings import Device
+from tilestore.errors import EmbeddingError, ModelError
+from tilestore.options import Declared, Opt
+
+ROWS = 2**16  # tiles scored at a time (their features in fp32: 512-d, 128 MB)
+SLIDE_RULE = "mean of the tile probabilities"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+@dataclass(frozen=True)
+class ZeroShotOptions(Declared):
+    """How to classify stored tiles, each option declared once here (`tilestore.options`)."""
+
+    name: Annotated[
+        str | None,
+        Opt(
+            "The score set's name in the store (its columns: NAME:<class>, and NAME, the most "
+            "probable class); a set of that name is replaced.",
+            pattern=r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}",
+            shape="letters, digits, _ - . (at most 64)",
+            none="the prompts file's name",
+        ),
+    ] = None
+    weights: Annotated[
+        Path | None,
+        Opt(
+            "A folder holding the model's checkpoint in its authors' layout (the text tower "
+            "is read from it).",
+            none="the Hugging Face cache",
+        ),
+    ] = None
+    tokenizer: Annotated[
+        Path | None,
+        Opt(
+            "The tokenizer file where the checkpoint has none (CONCH v1's "
+            "conch_byte_level_bpe_uncased.json).",
+            none="beside the weights, or an installed conch package's",
+        ),
+    ] = None
+    device: Device = "auto"
+    hf_token: Annotated[
+        str | None, Opt("Hugging Face token.", none="HF_TOKEN or the stored login")
+    ] = None
+
+
+@dataclass(frozen=True)
+class Classified:
+    """One store's scores: where they were written and the slide's score per class."""
+
+    store: str
+    path: str
+    tiles: int
+    classes: tuple[str, ...]
+    slide: dict[str, float]
+
+    @property
+    def top(self) -> str:
+        return max(self.slide, key=self.slide.get)
+
+
+def classify(
+    stores: list[str | os.PathLike],
+    model: str,
+    prompts: str | os.PathLike | Prompts,
+    options: ZeroShotOptions = ZeroShotOptions(),
+) -> list[Classified]:
+    """Score every stored tile of `model` in each store against the classes of `prompts`
+    (a file, `tilestore.embed.prompts`), write the probabilities beside the features
+    (`tilestore.embeddings.scores`: columns the viewer shows as heatmaps) and return each
+    store's slide score. The prompts and the model are checked before anything loads."""
+    from tilestore.embed.models import get_model
+
+    prompts = prompts if isinstance(prompts, Prompts) else read_prompts(prompts)
+    spec = get_model(model)
+    if spec.text is None:
+        from tilestore.embed.models.text import _zero_shot_names
+
+        raise ModelError(f"model={model!r} has no text tower; zero-shot takes {_zero_shot_names()}")
+    name = options.name or Path(prompts.path).stem
+    if not _NAME.fullmatch(name):
+        raise EmbeddingError(f"prompts={prompts.path!r}: name the set with name= ({name!r} is "
+                             "not letters, digits, _ - .)")  # fmt: skip
+    import torch
+
+    from tilestore.embed.models.text import load_text_tower
+    from tilestore.embed.settings import resolve_device
+
+    device, _ = resolve_device(options.device, "fp32")
+    tower = load_text_tower(spec, weights=options.weights, tokenizer=options.tokenizer,
+                            token=options.hf_token, device=device)  # fmt: skip
+    classes = class_embeddings(tower, prompts)
+    return [_one(str(s), model, name, prompts, tower, classes, torch) for s in stores]
+
+
+def class_embeddings(tower, prompts: Prompts):
+    """(classes, d) unit class embeddings: each the mean of its prompts' unit embeddings,
+    made unit (CONCH's prompt ensembling over names and templates)."""
+    import torch
+    import torch.nn.functional as F
+
+    rows = [tower.embed(prompts.texts(c)).mean(dim=0) for c in prompts.names]
+    return F.normalize(torch.stack(rows), dim=-1)
+
+
+def tile_probabilities(tower, classes, features, projected: bool):
+    """(tiles, classes) softmax probabilities of stored `features` (a tensor) and the
+    logits they come from."""
+    import torch
+
+    joint = tower.joint(features, projected)
+    logits = tower.logit_scale * joint @ classes.T + tower.logit_bias
+    return torch.softmax(logits, dim=-1), logits
+
+
+def _one(store, model, name, prompts, tower, classes, torch) -> Classified:
+    from tilestore.embeddings.scores import write_tile_scores
+    from tilestore.embeddings.slides import read_tile_features
+
+    tiles = read_tile_features(store, model)
+    projected = _refusal(store, model, tiles.model_info, tower)
+    device = classes.device
+    parts = []
+    for start in range(0, tiles.tiles, ROWS):
+        block = torch.from_numpy(tiles.features[start : start + ROWS]).to(device)
+        if block.shape[1] != classes.shape[1] and (projected or tower.head is None):
+            raise EmbeddingError(
+                f"{store}: {model}'s stored features are {block.shape[1]}-d, its text "
+                f"embeddings {classes.shape[1]}-d; embed the store again with {model}"
+            )
+        parts.append(tile_probabilities(tower, classes, block, projected)[0].cpu())
+    probabilities = torch.cat(parts).numpy()
+    slide = dict(zip(prompts.names, probabilities.mean(axis=0).astype(float).tolist(), strict=True))
+    record: dict[str, Any] = {
+        "classes": prompts.names,
+        "prompts": {"file": prompts.path, "classnames": {k: list(v) for k, v in
+                    prompts.classes.items()}, "templates": list(prompts.templates)},
+        "text_tower": tower.spec.text,
+        "weights": tower.weights,
+        "revision": tower.revision,
+        "logit_scale": tower.logit_scale,
+        "logit_bias": tower.logit_bias,
+        "projected_here": not projected,
+        "slide": slide,
+        "slide_rule": SLIDE_RULE,
+    }  # fmt: skip
+    source = {**tiles.source(), "finished": tiles.finished}
+    path = write_tile_scores(store, model, name, probabilities, record, source)
+    return Classified(store, path, tiles.tiles, tuple(prompts.names), slide)
+
+
+def _refusal(store: str, model: str, stored: dict[str, Any], tower) -> bool:
+    """Whether the stored features are in the joint space already (else the tower's head
+    takes them there); EmbeddingError, one line, where they are not what its zero-shot
+    reads."""
+    spec = tower.spec
+    pooling, projection = stored.get("pooling"), stored.get("projection")
+    fix = f"embed the store again with model={model!r} (overwrite=True)"
+    if pooling != spec.pooling:
+        raise EmbeddingError(
+            f"{store}: {model}'s features are pooled {pooling!r}; its zero-shot reads the "
+            f"image embedding ({spec.pooling!r} pooling); {fix}"
+        )
+    if stored.get("weights") == "random" or stored.get("source") == "random":
+        raise EmbeddingError(f"{store}: {model}'s features were made with random weights; {fix}")
+    made, now = stored.get("revision"), tower.revision
+    if made and now and made != now:
+        raise EmbeddingError(
+            f"{store}: {model}'s features were made with revision {made}, its text tower is "
+            f"revision {now}: the two halves of one checkpoint are needed; {fix}"
+        )
+    if projection == tower.stored_joint:
+        return True
+    if projection is None and tower.head is not None:
+        return False
+    raise EmbeddingError(
+        f"{store}: {model}'s features are stored with projection {projection!r}, its zero-shot "
+        f"reads them with {tower.stored_joint!r}; {fix}"
+    )

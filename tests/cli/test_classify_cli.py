@@ -1,0 +1,62 @@
+"""`tilestore classify`: the prompts and the model refused at the door in one line, the
+scores written and each slide's score printed; `models list` says which models do it."""
+
+from __future__ import annotations
+
+import json
+
+from tests.cli.test_cli import tilestore as run
+from tests.embed.test_zeroshot import PROMPTS, _embedded, _plip
+from tilestore.plan import PlanOptions
+
+
+def _file(tmp_path, content, name="tissue.json"):
+    path = tmp_path / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+def test_a_bad_prompts_file_is_refused_before_any_store_is_read(tmp_path):
+    bad = _file(tmp_path, {"classnames": {"tumor": ["a tumor"]}})
+    done = run("classify", tmp_path / "absent.ome.zarr", "--model", "plip", "--prompts", bad)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"tilestore: error: --prompts {bad}: 'classnames' must map at least two classes "
+        "to their names"
+    )
+
+
+def test_a_model_without_a_text_tower_is_one_line(tmp_path):
+    done = run("classify", tmp_path / "a.ome.zarr", "--model", "uni", "--prompts",
+               _file(tmp_path, PROMPTS))  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert done.stderr.startswith("tilestore: error: --model uni has no text tower")
+
+
+def test_a_set_name_that_is_not_a_column_name_is_refused(tmp_path):
+    done = run("classify", tmp_path / "a.ome.zarr", "--model", "plip", "--prompts",
+               _file(tmp_path, PROMPTS), "--name", "two words")  # fmt: skip
+    assert done.returncode == 2 and "--name" in done.stderr and "two words" in done.stderr
+
+
+def test_classify_writes_the_scores_and_prints_each_slides(store, tmp_path):
+    folder = tmp_path / "plip"
+    _plip(folder)
+    path = store()
+    _embedded(path, "plip", folder, PlanOptions(mpp="level0", tile=224), 224)
+    done = run("classify", path, "--model", "plip", "--prompts", _file(tmp_path, PROMPTS),
+               "--weights", folder, "--device", "cpu", "--name", "demo")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip()
+    assert line.startswith(f"{path}: embeddings/plip/zeroshot/demo (") and "; top " in line
+    assert "slide: tumor 0." in line
+
+
+def test_models_list_says_which_text_tower_scores_zero_shot():
+    done = run("models", "list")
+    assert done.returncode == 0
+    want = {"plip": "clip", "conch-v1": "conch", "medsiglip": "siglip", "quiltnet-b32":
+            "open_clip", "quiltnet-b16": "open_clip", "uni": "-", "conch-v1.5": "-"}  # fmt: skip
+    rows = {line.split()[0]: line.split()[-1] for line in done.stdout.splitlines() if line.split()}
+    assert {name: rows.get(name) for name in want} == want
+    assert "5 with a zero-shot text tower (" in done.stdout

@@ -1,0 +1,421 @@
+"""Zero-shot classification of stored tiles: the prompts file checked at the door, each
+image-text model's text tower built from its checkpoint and equal to its reference (random
+weights in the authors' layout), the scores written beside the features and read back as
+the per-tile columns the viewer shows."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tilestore import open_slide
+from tilestore.embed.models import ModelError, get_model, load_model
+from tilestore.embed.prompts import read_prompts
+from tilestore.embed.zeroshot import ZeroShotOptions, class_embeddings, classify
+from tilestore.embeddings import open_embeddings
+from tilestore.embeddings.scores import read_tile_scores
+from tilestore.embeddings.write import write_features
+from tilestore.errors import EmbeddingError, OptionError, StoreError
+from tilestore.plan import PlanOptions, plan_slide, save_plan
+
+transformers = pytest.importorskip("transformers")
+
+WORDS = ["an", "h&e", "image", "of", "tumor", "stroma", "normal", "tissue", "carcinoma",
+         "fibrous", "benign", "lymphocytes", "necrosis", ".", ",", "a", "photomicrograph",
+         "showing"]  # fmt: skip
+PROMPTS = {
+    "classnames": {
+        "tumor": ["tumor", "carcinoma"],
+        "stroma": ["stroma", "fibrous stroma"],
+        "normal": ["normal tissue", "benign tissue"],
+    },
+    "templates": ["an h&e image of CLASSNAME .", "a photomicrograph showing CLASSNAME ."],
+}
+
+ONE = {"tumor": ["tumor"], "stroma": ["fibrous stroma"], "normal": ["normal tissue"]}
+
+
+def _prompts(tmp_path, data=PROMPTS, name="tissue.json") -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+# -- the prompts file ---------------------------------------------------------------------------
+
+
+def test_a_prompts_file_in_conchs_own_form_is_read_with_its_classes_in_order(tmp_path):
+    prompts = read_prompts(_prompts(tmp_path, {"0": PROMPTS}))
+    assert prompts.names == ["tumor", "stroma", "normal"]
+    assert prompts.texts("tumor")[:2] == [
+        "an h&e image of tumor .",
+        "a photomicrograph showing tumor .",
+    ]
+    assert len(prompts.texts("stroma")) == 4  # every name in every template
+
+
+def test_a_yaml_prompts_file_without_templates_takes_each_name_as_a_prompt(tmp_path):
+    path = _prompts(tmp_path, "classnames:\n  tumor: [a tumor]\n  normal: normal tissue\n",
+                    name="p.yaml")  # fmt: skip
+    prompts = read_prompts(path)
+    assert prompts.texts("tumor") == ["a tumor"] and prompts.texts("normal") == ["normal tissue"]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "said"),
+    [
+        ("p.txt", "tumor: [a]", "a .json, .yaml or .yml file"),
+        ("p.json", "{not json", "not JSON"),
+        ("p.yaml", "classnames: [a, b", "not YAML"),
+        ("p.json", json.dumps({"classes": {}}), "needs a mapping with 'classnames'"),
+        ("p.json", json.dumps({**PROMPTS, "extra": 1}), "unknown key(s) 'extra'"),
+        ("p.json", json.dumps({"classnames": {"tumor": ["a"]}}), "at least two classes"),
+        ("p.json", json.dumps({"classnames": {"a b": ["x"], "c": ["y"]}}), "is not a column name"),
+        ("p.json", json.dumps({"classnames": {"a": [], "c": ["y"]}}), "class 'a' has no names"),
+        ("p.json", json.dumps({"classnames": {"a": [3], "c": ["y"]}}), "a name that is not text"),
+        ("p.json", json.dumps({**PROMPTS, "templates": ["no placeholder"]}),
+         "does not hold CLASSNAME"),
+    ],
+)  # fmt: skip
+def test_a_bad_prompts_file_is_one_line_naming_it(tmp_path, name, content, said):
+    path = _prompts(tmp_path, content, name=name)
+    with pytest.raises(OptionError, match=rf"^prompts='{path}': .*") as caught:
+        read_prompts(path)
+    assert said in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_missing_prompts_file_is_one_line(tmp_path):
+    with pytest.raises(OptionError, match=r"prompts='.*nothing.json': cannot read it"):
+        read_prompts(tmp_path / "nothing.json")
+
+
+def test_a_model_without_a_text_tower_is_refused_before_anything_loads(tmp_path):
+    with pytest.raises(ModelError, match=r"model='uni' has no text tower; zero-shot takes .*plip"):
+        classify([tmp_path / "never-read.ome.zarr"], "uni", _prompts(tmp_path))
+
+
+def test_the_image_text_models_say_which_text_tower_they_take():
+    want = {"plip": "clip", "conch-v1": "conch", "medsiglip": "siglip",
+            "quiltnet-b32": "open_clip", "quiltnet-b16": "open_clip"}  # fmt: skip
+    assert {name: get_model(name).text for name in want} == want
+    assert get_model("conch-v1.5").text is None  # its text half is not published
+
+
+# -- checkpoints in the authors' layout, random weights -------------------------------------------
+
+
+def _word_tokenizer(folder: Path, bos: str, eos: str, pad: str) -> None:
+    """A small word-level tokenizer saved the way transformers reads one from a folder."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {t: i for i, t in enumerate([pad, bos, eos, "<unk>", *dict.fromkeys(WORDS)])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A {eos}", special_tokens=[(bos, vocab[bos]), (eos, vocab[eos])]
+    )
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, unk_token="<unk>"
+    )
+    fast.save_pretrained(folder)
+
+
+def _randomize(model: torch.nn.Module, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            noise = 0.05 * torch.randn(tensor.shape, generator=generator)
+            tensor.copy_(noise + (1.0 if name.endswith("norm.weight") or ".ln" in name else 0.0))
+
+
+def _plip(folder: Path) -> transformers.CLIPModel:
+    config = transformers.CLIPConfig(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                       "num_attention_heads": 4, "image_size": 224, "patch_size": 32},
+        text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                     "num_attention_heads": 4, "vocab_size": 64, "max_position_embeddings": 32,
+                     "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0},
+        projection_dim=24,
+    )  # fmt: skip
+    model = transformers.CLIPModel(config).eval()
+    _randomize(model, 1)
+    model.logit_scale.data.fill_(np.log(30.0))
+    model.save_pretrained(folder)
+    _word_tokenizer(folder, "<|startoftext|>", "<|endoftext|>", "<pad>")
+    return model
+
+
+def _siglip(folder: Path) -> transformers.SiglipModel:
+    config = transformers.SiglipConfig(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                       "num_attention_heads": 4, "image_size": 448, "patch_size": 56},
+        text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                     "num_attention_heads": 4, "vocab_size": 64, "max_position_embeddings": 16,
+                     "pad_token_id": 0, "eos_token_id": 2, "bos_token_id": 1},
+    )  # fmt: skip
+    model = transformers.SiglipModel(config).eval()
+    _randomize(model, 2)
+    model.logit_scale.data.fill_(np.log(10.0))
+    model.logit_bias.data.fill_(-3.0)
+    model.save_pretrained(folder)
+    _word_tokenizer(folder, "<s>", "</s>", "<pad>")
+    return model
+
+
+def _embedded(store_path, name: str, folder: Path, plan: PlanOptions, crop: int):
+    """The store planned with `plan` and its tiles' features stored, made by `name` loaded
+    from `folder` (our loader, the authors' layout) from real tiles: the level-0 `crop` px
+    at each tile's corner. Returns (those tiles, the loaded model)."""
+    slide = open_slide(store_path)
+    made = plan_slide(slide, replace(plan, min_tissue=0.0, name="p"))
+    save_plan(slide, made)
+    pixels = np.moveaxis(slide.array(0)[:], 0, -1)
+    tiles = np.stack(
+        [pixels[y : y + crop, x : x + crop] for x, y in zip(made.x, made.y, strict=True)]
+    )
+    spec = replace(get_model(name), source="local", repo=str(folder), output_dim=None)
+    loaded = load_model(spec)
+    with torch.inference_mode():
+        features = loaded.features(loaded.transform(torch.from_numpy(tiles))).numpy()
+    record = {**loaded.describe(), "name": name}
+    write_features(store_path, record, features, plan="p")
+    return tiles, loaded
+
+
+def _reference_probabilities(logits: torch.Tensor) -> np.ndarray:
+    return torch.softmax(logits, dim=-1).numpy()
+
+
+@pytest.fixture
+def plip_store(store, tmp_path):
+    folder = tmp_path / "plip"
+    clip = _plip(folder)
+    path = store()
+    tiles, loaded = _embedded(path, "plip", folder, PlanOptions(mpp="level0", tile=224), 224)
+    return path, folder, clip, tiles, loaded
+
+
+def test_plip_zero_shot_equals_transformers_clip_logits_on_real_tiles(plip_store, tmp_path):
+    """One prompt per class: the class embedding is CLIP's text embedding, and the scores
+    are CLIPModel's own logits_per_image, softmaxed, for the same real tiles."""
+    path, folder, clip, tiles, loaded = plip_store
+    one = {"classnames": ONE}
+    prompts = _prompts(tmp_path, one, name="one.json")
+    (done,) = classify([path], "plip", prompts, ZeroShotOptions(weights=folder, device="cpu"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = tokenizer(["tumor", "fibrous stroma", "normal tissue"], padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        pixels = loaded.transform(torch.from_numpy(tiles))
+        want = _reference_probabilities(clip(**ids, pixel_values=pixels).logits_per_image)
+    got = read_tile_scores(path, "plip", "one")
+    np.testing.assert_allclose(got["probabilities"], want, atol=2e-5)
+    assert got["record"]["slide_rule"] == "mean of the tile probabilities"
+    np.testing.assert_allclose(list(done.slide.values()), want.mean(axis=0), atol=2e-5)
+    assert done.path == "embeddings/plip/zeroshot/one" and done.tiles == len(tiles)
+
+
+def test_the_scores_are_per_tile_columns_of_the_embeddings_and_the_viewers(plip_store, tmp_path):
+    path, folder, *_ = plip_store
+    classify([path], "plip", _prompts(tmp_path), ZeroShotOptions(weights=folder, device="cpu"))
+    ds = open_embeddings(path, "plip")
+    probabilities = np.stack([ds[f"tissue:{c}"].values for c in ("tumor", "stroma", "normal")], 1)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
+    names = np.array(["tumor", "stroma", "normal"])[probabilities.argmax(axis=1)]
+    assert (ds["tissue"].values == names).all()
+    from tilestore.view import Catalog
+    from tilestore.view.values import columns, tile_values
+
+    catalog = Catalog([open_slide(path)], [str(path)], [str(path)])
+    assert {"tissue", "tissue:tumor", "tissue:stroma", "tissue:normal"} <= set(
+        columns(catalog, "plip")
+    )
+    heat = tile_values(catalog, "plip", 0, "tissue:tumor")
+    np.testing.assert_allclose(heat.scalar, probabilities[:, 0], atol=1e-6)
+    assert tile_values(catalog, "plip", 0, "tissue").names  # the classes, as a class overlay
+
+
+def test_features_pooled_otherwise_or_from_random_weights_are_refused(plip_store, tmp_path):
+    path, folder, _, _, loaded = plip_store
+    features = open_embeddings(path, "plip").features.values
+    options = ZeroShotOptions(weights=folder, device="cpu")
+    for change, said in [({"pooling": "mean"}, "pooled 'mean'"),
+                         ({"weights": "random"}, "random weights"),
+                         ({"projection": None}, "with projection None")]:  # fmt: skip
+        record = {**loaded.describe(), "name": "plip", **change}
+        write_features(path, record, features, plan="p", overwrite=True)
+        with pytest.raises(EmbeddingError, match=said):
+            classify([path], "plip", _prompts(tmp_path), options)
+
+
+def test_features_of_another_revision_of_the_checkpoint_are_refused():
+    """The revision is compared where both are known (the Hub's cache records it; a folder
+    given does not)."""
+    from types import SimpleNamespace
+
+    from tilestore.embed.zeroshot import _refusal
+
+    tower = SimpleNamespace(
+        spec=get_model("plip"), revision="b" * 40, head=None, stored_joint="clip"
+    )
+    stored = {"pooling": "cls", "projection": "clip", "weights": "/w", "revision": "a" * 40}
+    with pytest.raises(
+        EmbeddingError, match=r"made with revision a{40}, its text tower is revision"
+    ):
+        _refusal("s.ome.zarr", "plip", stored, tower)
+    assert _refusal("s.ome.zarr", "plip", {**stored, "revision": None}, tower) is True
+
+
+def test_features_of_another_width_are_refused(plip_store, tmp_path):
+    path, folder, _, _, loaded = plip_store
+    features = open_embeddings(path, "plip").features.values[:, :20]
+    write_features(path, {**loaded.describe(), "name": "plip", "output_dim": 20}, features,
+                   plan="p", overwrite=True)  # fmt: skip
+    with pytest.raises(EmbeddingError, match=r"20-d, its text embeddings 24-d"):
+        classify([path], "plip", _prompts(tmp_path), ZeroShotOptions(weights=folder, device="cpu"))
+
+
+def test_a_store_without_the_models_features_is_refused(store, tmp_path):
+    folder = tmp_path / "plip"
+    _plip(folder)
+    with pytest.raises(StoreError, match=r"no embeddings/plip"):
+        classify(
+            [store()], "plip", _prompts(tmp_path), ZeroShotOptions(weights=folder, device="cpu")
+        )
+
+
+def test_a_checkpoint_without_its_tokenizer_is_one_line(plip_store, tmp_path):
+    path, folder, *_ = plip_store
+    for tokenizer_file in folder.glob("tokenizer*"):
+        tokenizer_file.unlink()
+    with pytest.raises(ModelError, match=r"plip: no tokenizer beside its weights in "):
+        classify([path], "plip", _prompts(tmp_path), ZeroShotOptions(weights=folder, device="cpu"))
+
+
+def test_medsiglip_zero_shot_equals_transformers_siglip_logits_on_real_tiles(store, tmp_path):
+    """SigLIP's text padded to its context, its bias in the logits: the scores are
+    SiglipModel's logits_per_image softmaxed over the classes (as MedSigLIP's card does)."""
+    folder = tmp_path / "medsiglip"
+    siglip = _siglip(folder)
+    path = store()
+    tiles, loaded = _embedded(path, "medsiglip", folder, PlanOptions(mpp="level0", tile=448), 448)
+    one = {"classnames": ONE}
+    classify([path], "medsiglip", _prompts(tmp_path, one, name="one.json"),
+             ZeroShotOptions(weights=folder, device="cpu"))  # fmt: skip
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = tokenizer(["tumor", "fibrous stroma", "normal tissue"], padding="max_length",
+                    max_length=16, return_tensors="pt")  # fmt: skip
+    with torch.inference_mode():
+        pixels = loaded.transform(torch.from_numpy(tiles))
+        out = siglip(input_ids=ids["input_ids"], pixel_values=pixels)
+        want = _reference_probabilities(out.logits_per_image)
+        image = siglip.get_image_features(pixel_values=pixels)
+        image = getattr(image, "pooler_output", image)
+        np.testing.assert_allclose(loaded.features(pixels), image, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(read_tile_scores(path, "medsiglip", "one")["probabilities"], want,
+                               atol=2e-5)  # fmt: skip
+
+
+# -- CONCH v1: checked against the authors' own package, where it is at hand ----------------------
+
+
+def _conch_package():
+    """CONCH's package (github.com/mahmoodlab/CONCH): installed, or a copy named by
+    TILESTORE_CONCH; the test skips without it."""
+    if os.environ.get("TILESTORE_CONCH"):
+        sys.path.insert(0, os.environ["TILESTORE_CONCH"])
+    coca = pytest.importorskip("conch.open_clip_custom.coca_model")
+    custom = pytest.importorskip("conch.open_clip_custom.custom_tokenizer")
+    return coca, custom
+
+
+def test_conch_zero_shot_equals_the_authors_coca_on_real_tiles(store, tmp_path):
+    """CONCH's CoCa with random weights saved whole (pytorch_model.bin, as the Hub has it):
+    our text tower, class embeddings (its prompt ensembling over names and templates) and
+    tile scores (the stored pooled features projected, as its MI-Zero code does) equal its
+    own ``zero_shot_classifier`` and ``encode_image`` on real tiles."""
+    coca, custom = _conch_package()
+    from conch.downstream.zeroshot_path import zero_shot_classifier
+
+    config = json.loads(
+        (Path(coca.__file__).parent / "model_configs" / "conch_ViT-B-16.json").read_text()
+    )
+    config.pop("custom_text")
+    config["multimodal_cfg"]["layers"] = 0  # no captioning decoder: zero-shot never reads it
+    model = coca.CoCa(**config).eval()
+    _randomize(model, 3)
+    folder = tmp_path / "conch"
+    folder.mkdir()
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    path = store()
+    tiles, loaded = _embedded(path, "conch-v1", folder, PlanOptions(mpp=2.0, tile=448), 448)
+    classify([path], "conch-v1", _prompts(tmp_path), ZeroShotOptions(weights=folder, device="cpu"))
+    tokenizer = custom.get_tokenizer()
+    if not hasattr(tokenizer, "batch_encode_plus"):  # transformers 5 dropped the name
+        tokenizer.batch_encode_plus = tokenizer.__call__
+    names = [PROMPTS["classnames"][c] for c in ("tumor", "stroma", "normal")]
+    with torch.inference_mode():
+        theirs = zero_shot_classifier(model, names, PROMPTS["templates"], tokenizer, "cpu")
+        pixels = loaded.transform(torch.from_numpy(tiles))
+        image = model.encode_image(pixels, normalize=True, proj_contrast=True)
+        want = _reference_probabilities(model.logit_scale.exp() * image @ theirs)
+    from tilestore.embed.models.text import load_text_tower
+
+    ours = class_embeddings(load_text_tower(get_model("conch-v1"), weights=folder), read_prompts(
+        _prompts(tmp_path)))  # fmt: skip
+    torch.testing.assert_close(ours, theirs.T, atol=1e-6, rtol=1e-5)
+    got = read_tile_scores(path, "conch-v1", "tissue")["probabilities"]
+    np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+# -- QuiltNet: open_clip's CLIP, its own loading as the reference --------------------------------
+
+TINY_CLIP = {
+    "embed_dim": 24,
+    "vision_cfg": {"image_size": 224, "layers": 2, "width": 32, "patch_size": 32, "head_width": 8},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 4, "layers": 2},
+}
+
+
+def test_quiltnet_zero_shot_equals_open_clips_own_loading_on_real_tiles(store, tmp_path):
+    """A small CLIP in QuiltNet's layout (open_clip_pytorch_model.bin and the repo's
+    open_clip_config.json): open_clip's create_model(pretrained=FILE) and tokenizer give the
+    reference image embeddings and logits; ours stores the same features and scores."""
+    open_clip = pytest.importorskip("open_clip")
+    folder = tmp_path / "quiltnet"
+    folder.mkdir()
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "tiny-quilt.json").write_text(json.dumps(TINY_CLIP))
+    (folder / "open_clip_config.json").write_text(json.dumps({"model_cfg": TINY_CLIP}))
+    made = open_clip.model.CLIP(**TINY_CLIP).eval()
+    _randomize(made, 4)
+    torch.save(made.state_dict(), folder / "open_clip_pytorch_model.bin")
+    open_clip.add_model_config(configs)
+    theirs = open_clip.create_model(
+        "tiny-quilt", pretrained=str(folder / "open_clip_pytorch_model.bin")
+    )
+    theirs = theirs.eval()
+    path = store()
+    tiles, loaded = _embedded(
+        path, "quiltnet-b32", folder, PlanOptions(mpp="level0", tile=224), 224
+    )
+    classify([path], "quiltnet-b32", _prompts(tmp_path, {"classnames": ONE}, name="one.json"),
+             ZeroShotOptions(weights=folder, device="cpu"))  # fmt: skip
+    tokenizer = open_clip.get_tokenizer("tiny-quilt")
+    with torch.inference_mode():
+        pixels = loaded.transform(torch.from_numpy(tiles))
+        image = theirs.encode_image(pixels)
+        torch.testing.assert_close(loaded.features(pixels), image, atol=1e-5, rtol=1e-5)
+        text = theirs.encode_text(tokenizer(["tumor", "fibrous stroma", "normal tissue"]))
+        cosine = F.normalize(image, dim=-1) @ F.normalize(text, dim=-1).T
+        want = _reference_probabilities(theirs.logit_scale.exp() * cosine)
+    got = read_tile_scores(path, "quiltnet-b32", "one")["probabilities"]
+    np.testing.assert_allclose(got, want, atol=2e-5)

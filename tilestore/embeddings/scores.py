@@ -1,0 +1,108 @@
+"""Per-tile class scores in stores: zero-shot probabilities computed from a model's stored
+tile features, written beside them at ``embeddings/<model>/zeroshot/<set>``.
+
+A set is one array, ``probabilities`` (tile, class) float32, a row per tile of the features
+in their order, and its record (``tilestore`` attributes): the classes, the prompts, the
+text tower's weights, the slide's score per class and the rule that made it, and the tile
+group it read (its ``finished`` time, as a slide vector records it). Readers
+(`tilestore.embeddings.read.open_embeddings`, so the viewer and the exports) show each set
+as per-tile columns: ``<set>:<class>`` the class's probability, ``<set>`` the most probable
+class's name; a set whose tile group was embedded again since is left out, with a warning.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from tilestore.embeddings.groups import all_finite
+from tilestore.embeddings.layout import group_name
+from tilestore.errors import EmbeddingError, StaleSlideEmbedding
+from tilestore.format import leftovers
+from tilestore.format.codecs import zstd_codecs
+from tilestore.format.store import open_for_writing
+
+ZEROSHOT = "zeroshot"  # the subgroup of a model's group holding its score sets
+PROBABILITIES = "probabilities"  # a set's array: (tile, class)
+
+
+def scores_group_name(model: str, name: str) -> str:
+    """embeddings/<model>/zeroshot/<name>."""
+    return f"{group_name(model)}/{ZEROSHOT}/{name}"
+
+
+def write_tile_scores(
+    store: str | Path,
+    model: str,
+    name: str,
+    probabilities: np.ndarray,
+    record: dict[str, Any],
+    tiles: dict[str, Any],
+) -> str:
+    """Write one set of per-tile class probabilities beside `model`'s features (replacing
+    a set of that name); return its path in the store.
+
+    record: what made them (its ``classes`` name the columns); tiles: the tile group read
+    (``finished``, ``tiles``), refused as stale where the group was embedded again meanwhile.
+    Made in a hidden group and renamed into place whole."""
+    store = Path(store)
+    values = np.asarray(probabilities, dtype=np.float32)
+    classes = list(record["classes"])
+    if values.shape != (int(tiles["tiles"]), len(classes)) or not all_finite(values):
+        raise EmbeddingError(
+            f"{store}: {values.shape} scores for {tiles['tiles']} tiles and {len(classes)} "
+            "classes, or values that are not finite; nothing written"
+        )
+    current = zarr.open_group(store, path=group_name(model), mode="r", zarr_format=3)
+    if str(current.attrs.get("tilestore", {}).get("finished", "")) != str(tiles["finished"]):
+        raise StaleSlideEmbedding(
+            f"{store}: {group_name(model)} was embedded again while the scores were computed; "
+            "run it again"
+        )
+    path = scores_group_name(model, name)
+    target = store / path
+    root = open_for_writing(store)
+    root.require_group(f"{group_name(model)}/{ZEROSHOT}")
+    leftovers.clear(target)
+    with leftovers.built_beside(target, "cannot write the scores") as hidden:
+        group = root.create_group(str(hidden.relative_to(store)))
+        rows = max(1, min(len(values), 2**16))
+        array = group.create_array(PROBABILITIES, shape=values.shape, dtype="float32",
+                                   chunks=(rows, len(classes)), **zstd_codecs(level=3))  # fmt: skip
+        array[:] = values
+        group.attrs["tilestore"] = {**record, "tiles": dict(tiles)}
+    return path
+
+
+def score_sets(group: zarr.Group, where: str) -> dict[str, tuple[zarr.Array, list[str]]]:
+    """A finished embeddings group's current score sets: {set: (probabilities, classes)};
+    a set made from the group's earlier features (embedded again since) left out, with a
+    warning naming it."""
+    if ZEROSHOT not in group:
+        return {}
+    finished = str(group.attrs.get("tilestore", {}).get("finished", ""))
+    found = {}
+    for name, sub in sorted(group[ZEROSHOT].groups()):
+        if name.startswith("."):  # a write in progress, or one a kill left (never read)
+            continue
+        record = sub.attrs.get("tilestore", {})
+        if str(record.get("tiles", {}).get("finished", "")) != finished:
+            warnings.warn(
+                f"{where}/{ZEROSHOT}/{name} was scored from features embedded again since: "
+                "left out (classify the store again)",
+                stacklevel=3,
+            )
+            continue
+        found[name] = (sub[PROBABILITIES], [str(c) for c in record.get("classes", [])])
+    return found
+
+
+def read_tile_scores(store: str | Path, model: str, name: str) -> dict[str, Any]:
+    """One set as written: {"probabilities": (tile, class), "record": its record}."""
+    group = zarr.open_group(Path(store), path=scores_group_name(model, name), mode="r",
+                            zarr_format=3)  # fmt: skip
+    return {"probabilities": group[PROBABILITIES][:], "record": dict(group.attrs["tilestore"])}

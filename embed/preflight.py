@@ -112,8 +112,8 @@ def rgb_input(slide: Slide, channels: tuple[str, ...] | None) -> Slide:
     if not slide.rgb:
         raise StoreError(
             f"{slide.name}: holds {slide.describe_channels()}, not an 8-bit RGB picture; "
-            "an RGB model cannot embed it: choose three channels as its R, G, B with "
-            "--channels A,B,C (Options(channels=...))"
+            "an RGB model cannot embed it: choose three channels as its R, G, B "
+            "(channels=A,B,C)"
         )
     if slide.fluorescence:
         names = ",".join(slide.record.channels or ("0", "1", "2"))

@@ -30,6 +30,8 @@ def test_settings_become_flags():
         ("kept with min_tissue=0.5, min_roi=0.3", "kept with --min-tissue 0.5, --min-roi 0.3"),
         ("(readers=, decoders=)", "(--readers, --decoders)"),
         ("pid=123 on host", "pid=123 on host"),  # not a flag: left alone
+        # a list as the library names it (multiplex refusals): the flag and the whole list
+        ("as its R, G, B (channels=A,B,C)", "as its R, G, B (--channels A,B,C)"),
     ]
     for message, shown in cases:
         assert as_flags(message, flags) == shown

@@ -131,7 +131,7 @@ def test_a_multiplex_store_is_refused_before_an_rgb_model_sees_it(store, tmp_pat
     assert "3 channel(s) (DAPI, CD8, PanCK) of uint8, not an 8-bit RGB picture" in failure["error"]
     assert not (qptiff / "embeddings").exists()
     assert [s["store"] for s in report.slides] == [str(cmu)]
-    assert "choose three channels as its R, G, B with --channels A,B,C" in failure["error"]
+    assert "choose three channels as its R, G, B (channels=A,B,C)" in failure["error"]
 
 
 class _Windowed:

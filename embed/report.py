@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 import torch
 
+from tilestore.cpus import usable_cpus
 from tilestore.embed.nvtx import Nvtx, TorchMarks
 from tilestore.embed.preflight import without_store
 from tilestore.embed.settings import Settings
@@ -374,7 +375,11 @@ def _decode(report: RunReport) -> str:
 
 
 def _cpu_name() -> str:
-    return f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
+    """The CPU the run had: the cores it may run on (its affinity: a SLURM job's share, taskset)
+    of the machine's, and torch's threads."""
+    usable, machine = usable_cpus(), os.cpu_count()
+    cores = f"{usable} cores" if usable == machine else f"{usable} of {machine} cores"
+    return f"CPU ({cores}, {torch.get_num_threads()} torch threads)"
 
 
 def format_report(report: RunReport) -> list[str]:

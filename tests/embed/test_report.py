@@ -149,3 +149,17 @@ def test_a_report_that_cannot_be_put_in_place_leaves_nothing(tmp_path, monkeypat
     with pytest.raises(OSError, match="read-only"):
         _report().save(tmp_path / "run.json")
     assert list(tmp_path.iterdir()) == []  # neither the report nor its partial copy
+
+
+def test_a_cpu_run_names_the_cores_it_may_run_on_not_the_machines(monkeypatch):
+    """Under taskset or a SLURM job's share, the report says how many of the machine's cores
+    the run had (it said the machine's count, however few the job was given)."""
+    import os
+
+    from tilestore.embed import report
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(report, "usable_cpus", lambda: 2)
+    assert report._cpu_name().startswith("CPU (2 of 64 cores, ")
+    monkeypatch.setattr(report, "usable_cpus", lambda: 64)
+    assert report._cpu_name().startswith("CPU (64 cores, ")

@@ -57,15 +57,21 @@ def run_arm(arch: str, slide: Path, work: Path, env: dict, arm: str) -> dict:
     shutil.rmtree(work / "sidecars", ignore_errors=True)
     (work / "sidecars").mkdir()
     extra = [a.format(work=work) for a in ARMS[arm]]
-    cmd = [sys.executable, "-m", "tilestore.cli", "embed", str(slide), "--model",
+    wall = embed_process([slide], arch, into, report, env, work / f"{stem}.log", *extra)
+    return {"arm": arm, "wall_s": round(wall, 2), "report": json.loads(report.read_text())}
+
+
+def embed_process(slides, arch: str, into: Path, report: Path, env: dict, log: Path, *extra):
+    """Wall seconds of one fresh `tilestore embed SLIDES --into` process (its output in log)."""
+    cmd = [sys.executable, "-m", "tilestore.cli", "embed", *map(str, slides), "--model",
            f"timm:{arch}", "--into", str(into), "--report", str(report), *extra]  # fmt: skip
     started = time.perf_counter()
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
     wall = time.perf_counter() - started
-    (work / f"{stem}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    log.write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return {"arm": arm, "wall_s": round(wall, 2), "report": json.loads(report.read_text())}
+    return wall
 
 
 def model_alone(arch: str, tiles: int, batch: int, precision: str, compile_: bool) -> float:
@@ -109,14 +115,7 @@ def cohort(arch: str, sizes: list[int], work: Path, env: dict) -> dict:
             slides[-1].symlink_to(made.resolve())
     into, report_path = work / f"cohort-{arch}", work / f"cohort-{arch}.json"
     shutil.rmtree(into, ignore_errors=True)
-    cmd = [sys.executable, "-m", "tilestore.cli", "embed", *map(str, slides), "--model",
-           f"timm:{arch}", "--into", str(into), "--report", str(report_path)]  # fmt: skip
-    started = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
-    wall = time.perf_counter() - started
-    (work / f"cohort-{arch}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    if proc.returncode:
-        raise SystemExit(f"cohort failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    wall = embed_process(slides, arch, into, report_path, env, work / f"cohort-{arch}.log")
     r = json.loads(report_path.read_text())
     alone = [
         model_alone(arch, s["tiles"], r["batch_size"], r["precision"], r["compile"])

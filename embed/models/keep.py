@@ -6,10 +6,11 @@ Linear to the joint space) and an L2 normalisation: their ``KEEPModel.encode_ima
 
 The Hub's checkpoint is the whole ``KEEPModel`` state: ``visual.*`` (timm's ViT),
 ``visual_head.*``, ``text.*`` (a BERT, `tilestore.embed.models.text`) and ``logit_scale``.
-Its remote code renames timm's LayerScale parameter ``gamma`` to ``weight`` (transformers
-renamed any ``gamma`` in a checkpoint's keys on loading), so its layer scales are
-``visual.blocks.N.ls1.weight``; the authors' own files for their local code keep timm's
-``gamma``. Both load here.
+Its remote code renames timm's LayerScale parameter ``gamma`` to ``weight`` (transformers,
+loading a checkpoint, renamed keys holding ``gamma``: huggingface/transformers#35615), so its
+layer scales are ``visual.blocks.N.ls1.weight`` (STAMP's loader and raw2features' read them
+so); a state saved from timm's own modules, as the authors' local quick start loads one,
+keeps ``gamma``. Both load here.
 """
 
 from __future__ import annotations

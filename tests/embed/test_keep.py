@@ -129,6 +129,7 @@ def test_keep_is_the_authors_encode_image_on_real_tiles(tmp_path, cmu_pixels, la
     torch.testing.assert_close(ours, want, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(ours.norm(dim=-1), torch.ones(len(ours)))
     assert torch.nn.functional.cosine_similarity(ours, want).min() > 1 - 1e-6
+    assert tuple(loaded.module.tokens(pixels).shape) == (6, 14, 14, 64)  # the ViT's patches
 
 
 def test_keep_with_a_layer_scale_missing_is_refused_in_one_line(tmp_path):
@@ -163,3 +164,15 @@ def test_keep_zero_shot_equals_the_authors_scores_on_real_tiles(store, tmp_path)
     got = read_tile_scores(path, "keep", "one")["probabilities"]
     np.testing.assert_allclose(got, want, atol=2e-5)
     assert got.shape == (len(tiles), 3)
+
+
+def test_keep_text_tower_without_its_text_config_is_refused_in_one_line(tmp_path):
+    from tilestore.embed.models.text import load_text_tower
+
+    folder = tmp_path / "keep"
+    _keep_checkpoint(folder)
+    config = json.loads((folder / "config.json").read_text())
+    del config["text_config"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match=r"^keep: no config.json with a text_config beside"):
+        load_text_tower(get_model("keep"), weights=folder)

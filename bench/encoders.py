@@ -24,6 +24,9 @@ References, each a local copy, run in a separate process with the versions they 
                    `CLIPModel` from their training checkpoint's `model_state_dict`, its vision
                    tower's `hidden_states[-1]`, `visual_token_projection`, the mean over every
                    token), in this process.
+  authors (KEEP)   the construction of MAGIC-AI4Med/KEEP's `KEEPModel` (timm's ViT-L/16 with
+                   their arguments, `visual_head`, a BERT), saved as the Hub holds it (layer
+                   scales named `weight`), its `encode_image` / `encode_text`, in this process.
 GenBio-PathFM's reference is TRIDENT's `genbio-pathfm` (its copy of the authors' code);
 PathOrchestra, mSTAR, Digepath and Prost40M are timm `hf-hub:` models (the peers' loaders).
 
@@ -43,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -93,6 +97,7 @@ OTHER = {
     "medsiglip": "transformers SiglipModel.get_image_features",
     "quiltnet-b32": "open_clip create_model(pretrained=FILE).encode_image",
     "quiltnet-b16": "open_clip create_model(pretrained=FILE).encode_image",
+    "keep": "authors: KEEPModel.encode_image (timm ViT-L/16 + visual_head, normalised)",
 }
 # ours -> the authors' code (kind, architecture), where TRIDENT has no offline loader
 AUTHORS = {"hibou-b": ("hibou", "vit_base"), "hibou-l": ("hibou", "vit_large")}
@@ -483,7 +488,65 @@ def image_text_checkpoint(spec, folder: Path, seed: int, conch: Path | None = No
             lambda b: model.encode_text(tokenize(tokenizer, b).to(DEVICE), normalize=False),
             float(model.logit_scale.exp()), model=model, tokenizer=tokenizer,
         )  # fmt: skip
+    if spec.text == "keep":
+        return _keep_whole(folder, seed)
     raise ValueError(f"{spec.name}: no text tower")
+
+
+def _keep_whole(folder: Path, seed: int) -> Whole:
+    """KEEP's release made here as the Hub holds it: the authors' KEEPModel (MAGIC-AI4Med/
+    KEEP quick_start/keep_inference.py: timm's vit_large_patch16_224 with their arguments,
+    visual_head, BertModel of the config's text_config, BERT-base's size as PubMedBERT's),
+    random, its state in model.safetensors with the layer scales named ``weight`` as the
+    Hub's remote code names them, config.json, a BERT vocabulary; its encode_image and
+    encode_text (256 tokens, lower-cased) are the reference."""
+    import safetensors.torch
+    import timm
+    import torch.nn.functional as F
+    import transformers
+
+    class KEEPModel(torch.nn.Module):
+        def __init__(self, text_config: dict, projection_dim: int = 768):
+            super().__init__()
+            self.visual = timm.create_model(
+                "vit_large_patch16_224", pretrained=False, img_size=224, patch_size=16,
+                init_values=1e-5, num_classes=0, dynamic_img_size=True,
+            )  # fmt: skip
+            self.visual_head = torch.nn.Sequential(
+                torch.nn.Linear(self.visual.num_features, projection_dim),
+                torch.nn.GELU(),
+                torch.nn.Linear(projection_dim, projection_dim),
+            )
+            self.text = transformers.BertModel(transformers.BertConfig(**text_config))
+            self.logit_scale = torch.nn.Parameter(torch.ones([]) * np.log(1 / 0.04))
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "h", "&", "e", *WORDS]
+    text_config = {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12,
+                   "num_attention_heads": 12, "intermediate_size": 3072,
+                   "max_position_embeddings": 512}  # fmt: skip
+    model = KEEPModel(text_config)
+    randomize(model, seed)
+    state = {re.sub(r"\.(ls[12])\.gamma$", r".\1.weight", k): v.contiguous()
+             for k, v in model.state_dict().items()}  # fmt: skip
+    safetensors.torch.save_file(state, folder / "model.safetensors")
+    config = {"model_type": "keep", "architectures": ["KEEPModel"], "projection_dim": 768,
+              "text_config": text_config}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
+    tokenizer = transformers.BertTokenizer(str(folder / "vocab.txt"), do_lower_case=True)
+    tokenizer.save_pretrained(folder)
+    model = model.to(DEVICE).eval()
+
+    def image(pixels):
+        return F.normalize(model.visual_head(model.visual(pixels)), dim=-1)
+
+    def texts(batch):
+        ids = tokenizer(batch, max_length=256, padding="max_length", truncation=True,
+                        return_tensors="pt").to(DEVICE)  # fmt: skip
+        return F.normalize(model.text(**ids).pooler_output, dim=-1)
+
+    scale = float(model.logit_scale.detach().exp())
+    return Whole(image, texts, scale, model=model, tokenizer=tokenizer)
 
 
 # CONCH's prompts for CRC tissue classes, in the form of its prompts/ files

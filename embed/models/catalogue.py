@@ -649,6 +649,30 @@ ENTRIES: tuple[ModelSpec, ...] = (
     ),
     _quiltnet("quiltnet-b32", "ViT-B-32"),
     _quiltnet("quiltnet-b16", "ViT-B-16"),
+    # KEEP (MAGIC-AI4Med/KEEP, quick_start/keep_inference.py; the Hub's modeling_keep.py):
+    # timm's ViT-L/16 (layer scale 1e-5), its class token through the authors' visual_head
+    # and L2-normalised: encode_image, 768-d. Their transform: bicubic resize to 224 and a
+    # 224 centre crop, ImageNet's normalisation; run in fp32. Neither um/px nor magnification
+    # is stated by the authors: none is assumed. STAMP registers the same image tower.
+    ModelSpec(
+        "keep",
+        "hf-hub",
+        "Astaxanthin/KEEP",
+        768,
+        None,
+        arch=Arch(
+            "keep",
+            "vit_large_patch16_224",
+            {"img_size": 224, "patch_size": 16, "init_values": 1e-5, "dynamic_img_size": True},
+        ),
+        data=_data(IMAGENET, interpolation="bicubic"),
+        pooling="cls",
+        projection="keep",
+        licence="MIT",
+        card=HF + "Astaxanthin/KEEP",
+        reference="authors: KEEPModel.encode_image (MAGIC-AI4Med/KEEP quick_start)",
+        text="keep",
+    ),
     ModelSpec(
         "efficientnet-lite0",
         "package",

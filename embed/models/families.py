@@ -14,6 +14,8 @@ the backbone's key names; loading is then strict (`tilestore.embed.models.load`)
 - ``conch``: a timm ViT trunk with CONCH's attentional pooler (`tilestore.embed.models.zoo`).
 - ``isight``: transformers' CLIP vision tower and iSight's token map (`tilestore.embed.models.zoo`).
 - ``genbio``: GenBio-PathFM's per-channel rotary ViT (`tilestore.embed.models.genbio`).
+- ``keep``: KEEP's image tower, timm's ViT-L/16 and the authors' projection head
+  (`tilestore.embed.models.keep`), its config.json (KEEP's own) read for the head's width.
 - ``open_clip``: open_clip's CLIP image tower (QuiltNet), configured by the checkpoint's
   open_clip_config.json (``model_cfg``, as open_clip's own Hub loading reads it), else
   open_clip's built-in config of the spec's architecture; its output is CLIP's image
@@ -31,7 +33,7 @@ import timm
 import torch
 from torch import nn
 
-from tilestore.embed.models import genbio, zoo
+from tilestore.embed.models import genbio, keep, zoo
 from tilestore.embed.models.spec import ModelSpec
 from tilestore.errors import ModelError
 
@@ -297,6 +299,19 @@ def _isight_convert(spec: ModelSpec, state: State, backbone: nn.Module) -> State
 
 def _build_genbio(spec: ModelSpec, config: dict | None) -> nn.Module:
     return genbio.genbio_pathfm(**spec.arch.kwargs)
+
+
+def _build_keep(spec: ModelSpec, config: dict | None) -> nn.Module:
+    """KEEP's image tower; the joint space's width is its config.json's ``projection_dim``
+    (the authors' head reads it there), the ViT's arguments are those their code hardcodes."""
+    width = (config or {}).get("projection_dim", keep.PROJECTION_DIM)
+    return keep.KeepImage(spec.arch.name, width, **spec.arch.kwargs)
+
+
+def _keep_convert(spec: ModelSpec, state: State, backbone: nn.Module) -> State:
+    return keep.keep_state(state)
+
+
 def open_clip_config(spec: ModelSpec, config: dict | None) -> dict:
     """The model_cfg an open_clip CLIP is built from: the checkpoint's, else open_clip's own
     for the spec's architecture, with the spec's arguments over it."""
@@ -347,6 +362,7 @@ FAMILIES: dict[str, Family] = {
     "conch": Family(_build_conch, _conch_convert),
     "isight": Family(_build_isight, _isight_convert),
     "genbio": Family(_build_genbio),
+    "keep": Family(_build_keep, _keep_convert, "keep"),
     "open_clip": Family(_build_open_clip, _open_clip_convert, "open_clip"),
 }
 

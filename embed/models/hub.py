@@ -44,7 +44,7 @@ from huggingface_hub.errors import (
 from safetensors import SafetensorError
 
 from tilestore.embed.models.registry import get_model
-from tilestore.embed.models.spec import ModelSpec
+from tilestore.embed.models.spec import TOKENIZER_IN_REPO, ModelSpec
 from tilestore.errors import ModelError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -59,6 +59,7 @@ TOKENIZER_FILES = (
     "vocab.json",
     "merges.txt",
     "spiece.model",
+    "vocab.txt",
 )
 # seconds the one request asking whether the Hub answers may take: a HEAD answered by
 # huggingface.co takes well under a second; a refused or unresolved host fails at once
@@ -310,7 +311,7 @@ def pull(name: str, *, token: str | None = None) -> Checkpoint | None:
     if not files & set(wanted):
         raise ModelError(f"{name}: {repo} has none of {', '.join(wanted)}")
     checkpoint = fetch_spec(spec, token=token)
-    if spec.text in ("clip", "siglip"):  # zero-shot reads its tokenizer from the same repo
+    if spec.text in TOKENIZER_IN_REPO:  # zero-shot reads its tokenizer from the same repo
         fetch_tokenizer(spec, token=token)
     return checkpoint
 

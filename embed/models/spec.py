@@ -24,7 +24,11 @@ TEXT_TOWERS = {
     "siglip": "transformers' SiglipModel: its text model, SigLIP's tokenizer, a logit bias",
     "conch": "CONCH's CoCa text transformer (a class token appended), its byte-level BPE",
     "open_clip": "open_clip's text tower of the same model, its tokenizer",
+    "keep": "KEEP's BERT (transformers' BertModel of its config.json's text_config), its "
+    "pooled output, its WordPiece tokenizer",
 }
+# the text towers whose tokenizer files are in the checkpoint's own repo (fetched beside it)
+TOKENIZER_IN_REPO = frozenset({"clip", "siglip", "keep"})
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,8 @@ class ModelSpec:
     # the weights file in the repo, where it is not model.safetensors / pytorch_model.bin
     weights_file: str | None = None
     repo_type: str = "model"  # "dataset" for weights published in a dataset repo
-    # a projection after pooling: "clip" (CLIP's post-norm + projection), "contrast" (CONCH's)
+    # a projection after pooling: "clip" (CLIP's post-norm + projection), "contrast" (CONCH's),
+    # "keep" (KEEP's head, Linear-GELU-Linear, then an L2 normalisation)
     projection: str | None = None
     precision: str = "fp32"  # what the authors run it in (their code / card)
     licence: str = ""

@@ -15,6 +15,11 @@ remote code.
   the stored features are the pooled embedding before the contrastive projection, which is
   applied here, as CONCH's MI-Zero code (``visual.forward_project``) applies it to them.
 - ``open_clip``: open_clip's model of the same architecture (QuiltNet), its tokenizer.
+- ``keep``: KEEP's BERT, transformers' BertModel built from its config.json's
+  ``text_config`` (what the authors' ``KEEPModel`` builds; no remote code), its pooled output
+  (``encode_text``), text padded to 256 tokens as their ``zero_shot_classifier`` pads it, its
+  WordPiece vocabulary lower-cased as their loader asks; the stored image features are
+  KEEP's projected, unit embedding already.
 """
 
 from __future__ import annotations
@@ -29,12 +34,15 @@ import torch
 import torch.nn.functional as F
 
 from tilestore.embed.models import hub
-from tilestore.embed.models.spec import ModelSpec
+from tilestore.embed.models.spec import TOKENIZER_IN_REPO, ModelSpec
 from tilestore.errors import ModelError
 
 # CONCH's tokenizer file, as its package ships it
 CONCH_TOKENIZER = "conch_byte_level_bpe_uncased.json"
 CONCH_TOKENS = 127  # CONCH's context (128) less the class token it appends
+KEEP_TOKENS = 256  # KEEP's text length (their zero_shot_classifier's max_length, padded to it)
+# a transformers tokenizer's vocabulary, one of which a folder needs (BPE, SentencePiece, BERT)
+VOCABULARIES = ("tokenizer.json", "vocab.json", "spiece.model", "vocab.txt")
 
 
 @dataclass
@@ -90,7 +98,7 @@ def load_text_tower(
         checkpoint = hub.local(spec.name, weights, spec)
     else:
         checkpoint = hub.fetch_spec(spec, token=token)
-        if spec.text in ("clip", "siglip"):
+        if spec.text in TOKENIZER_IN_REPO:
             hub.fetch_tokenizer(spec, token=token)
     tower = TOWERS[spec.text](spec, checkpoint, torch.device(device), tokenizer)
     return tower
@@ -107,14 +115,7 @@ def _transformers(spec: ModelSpec, class_name: str, folder: Path):
         import transformers
     except ImportError as exc:
         raise ModelError(f"{spec.name}: needs transformers: pip install 'tilestore[hf]'") from exc
-    # transformers makes a tokenizer of the config's kind without any vocabulary where the
-    # folder has no tokenizer files: every text would be unknown tokens
-    if not any((folder / f).is_file() for f in ("tokenizer.json", "vocab.json", "spiece.model")):
-        raise ModelError(
-            f"{spec.name}: no tokenizer beside its weights in {folder} (tokenizer.json, "
-            f"vocab.json + merges.txt, or spiece.model): `tilestore models pull {spec.name}` "
-            "fetches it, or copy the repo's tokenizer files there"
-        )
+    _vocabulary(spec, folder)
     try:
         model = getattr(transformers, class_name).from_pretrained(
             folder, local_files_only=True, dtype=torch.float32
@@ -126,6 +127,17 @@ def _transformers(spec: ModelSpec, class_name: str, folder: Path):
             f"({str(exc).splitlines()[0][:200]})"
         ) from exc
     return model.eval(), tokenizer
+
+
+def _vocabulary(spec: ModelSpec, folder: Path) -> None:
+    """One line where a folder has no tokenizer vocabulary: transformers makes a tokenizer of
+    the config's kind without one, and every text would be unknown tokens."""
+    if not any((folder / f).is_file() for f in VOCABULARIES):
+        raise ModelError(
+            f"{spec.name}: no tokenizer beside its weights in {folder} (tokenizer.json, "
+            f"vocab.json + merges.txt, spiece.model or vocab.txt): `tilestore models pull "
+            f"{spec.name}` fetches it, or copy the repo's tokenizer files there"
+        )
 
 
 def _features(output) -> torch.Tensor:
@@ -256,10 +268,60 @@ def _open_clip(spec, checkpoint, device, tokenizer_file) -> TextTower:
                      None)  # fmt: skip
 
 
+def _keep(spec, checkpoint, device, tokenizer_file) -> TextTower:
+    import transformers
+
+    folder = checkpoint.weights.parent
+    settings = (checkpoint.config or {}).get("text_config")
+    if not isinstance(settings, dict):
+        raise ModelError(
+            f"{spec.name}: no config.json with a text_config beside its weights in {folder}: "
+            f"`tilestore models pull {spec.name}` fetches it, or copy the repo's there"
+        )
+    state = hub.load_weights(spec.name, checkpoint.weights, device)
+    # position ids: a buffer older transformers saved, computed by BertModel itself
+    text = {k.removeprefix("text."): v for k, v in state.items()
+            if k.startswith("text.") and not k.endswith("position_ids")}  # fmt: skip
+    if not text or "logit_scale" not in state:
+        raise ModelError(
+            f"{spec.name}: {checkpoint.weights} holds no text tower ({'text.*' if not text else ''}"
+            f"{' logit_scale' if 'logit_scale' not in state else ''} missing): zero-shot needs "
+            "the whole KEEP checkpoint (model.safetensors)"
+        )
+    with device:
+        model = transformers.BertModel(transformers.BertConfig(**settings))
+    try:
+        model.load_state_dict(text, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0][:300]
+        raise ModelError(f"{spec.name}: the text tower's weights do not fit ({first})") from exc
+    model = model.eval()
+    _vocabulary(spec, folder)
+    try:
+        tokenizer = transformers.BertTokenizerFast.from_pretrained(
+            folder, local_files_only=True, do_lower_case=True
+        )
+    except (OSError, ValueError) as exc:
+        raise ModelError(
+            f"{spec.name}: cannot load its tokenizer from {folder} "
+            f"({str(exc).splitlines()[0][:200]})"
+        ) from exc
+
+    def encode(texts: list[str]) -> torch.Tensor:
+        ids = tokenizer(texts, max_length=KEEP_TOKENS, padding="max_length", truncation=True,
+                        return_tensors="pt").to(device)  # fmt: skip
+        return model(**ids).pooler_output
+
+    scale = float(state["logit_scale"].float().exp())
+    return TextTower(spec, encode, scale, 0.0, None, checkpoint.revision, str(checkpoint.weights),
+                     "keep")  # fmt: skip
+
+
 # a spec's `text` -> (spec, checkpoint, device, tokenizer file) -> its text tower
 TOWERS: dict[str, Callable[..., TextTower]] = {
     "clip": _clip,
     "siglip": _siglip,
     "conch": _conch,
     "open_clip": _open_clip,
+    "keep": _keep,
 }

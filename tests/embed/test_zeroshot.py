@@ -104,7 +104,7 @@ def test_a_model_without_a_text_tower_is_refused_before_anything_loads(tmp_path)
 
 def test_the_image_text_models_say_which_text_tower_they_take():
     want = {"plip": "clip", "conch-v1": "conch", "medsiglip": "siglip",
-            "quiltnet-b32": "open_clip", "quiltnet-b16": "open_clip"}  # fmt: skip
+            "quiltnet-b32": "open_clip", "quiltnet-b16": "open_clip", "keep": "keep"}  # fmt: skip
     assert {name: get_model(name).text for name in want} == want
     assert get_model("conch-v1.5").text is None  # its text half is not published
 
@@ -170,10 +170,11 @@ def _siglip(folder: Path) -> transformers.SiglipModel:
     return model
 
 
-def _embedded(store_path, name: str, folder: Path, plan: PlanOptions, crop: int):
+def _embedded(store_path, name: str, folder: Path, plan: PlanOptions, crop: int, spec=None):
     """The store planned with `plan` and its tiles' features stored, made by `name` loaded
     from `folder` (our loader, the authors' layout) from real tiles: the level-0 `crop` px
-    at each tile's corner. Returns (those tiles, the loaded model)."""
+    at each tile's corner. Returns (those tiles, the loaded model). spec: the registered
+    entry, changed (a smaller architecture), with `folder` as its repo."""
     slide = open_slide(store_path)
     made = plan_slide(slide, replace(plan, min_tissue=0.0, name="p"))
     save_plan(slide, made)
@@ -181,7 +182,7 @@ def _embedded(store_path, name: str, folder: Path, plan: PlanOptions, crop: int)
     tiles = np.stack(
         [pixels[y : y + crop, x : x + crop] for x, y in zip(made.x, made.y, strict=True)]
     )
-    spec = replace(get_model(name), source="local", repo=str(folder), output_dim=None)
+    spec = spec or replace(get_model(name), source="local", repo=str(folder), output_dim=None)
     loaded = load_model(spec)
     with torch.inference_mode():
         features = loaded.features(loaded.transform(torch.from_numpy(tiles))).numpy()

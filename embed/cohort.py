@@ -396,7 +396,12 @@ SCHEDULER = {
 def gpu_workers(devices: list[str]) -> dict[str, dict]:
     """A SpecCluster's workers, one nanny per GPU (`devices`: CUDA_VISIBLE_DEVICES entries),
     each worker process seeing only its GPU as cuda:0 (what dask-cuda's LocalCUDACluster
-    does, without its dependencies: multi-GPU cohorts need only distributed)."""
+    does, without its dependencies: multi-GPU cohorts need only distributed), each with an
+    even share of the machine's memory (a one-thread nanny's default is RAM/cores: 8 GiB on
+    a 64-core host, under a worker's torch, CUDA context and pinned row blocks)."""
+    from distributed.system import MEMORY_LIMIT
+
+    share = MEMORY_LIMIT // max(len(devices), 1)
     return {
         f"gpu-{device}": {
             "cls": "distributed.Nanny",
@@ -405,6 +410,7 @@ def gpu_workers(devices: list[str]) -> dict[str, dict]:
                 "host": "127.0.0.1",
                 "env": {"CUDA_VISIBLE_DEVICES": device},
                 "name": f"gpu-{device}",
+                "memory_limit": share,
             },
         }
         for device in devices

@@ -76,9 +76,16 @@ def decode_chunks(
     spliced = TileFrame.from_json(frame).spliced if frame is not None else None
     left: list[int] = []
     names = [f"{where} chunk ({row}, {col})" for row, col in coords]
-    found = read_chunks(
-        [None if at is None else Location(*at) for at in locations], names, required=required
-    )
+    located = [None if at is None else Location(*at) for at in locations]
+    try:
+        found = read_chunks(located, names, required=required)
+    except ChunkError:
+        if frame is None:
+            raise
+        # a slide's tile that cannot be read as its range says (past the end of a truncated
+        # file): every chunk of the request is left to the level's reader, which reads each
+        # as it does on every path, and names the damage where there is one
+        return 0, list(range(len(locations)))
     size = int(np.prod(shape))
     start = offset * size // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
     length = (offset + len(locations)) * size - start

@@ -215,8 +215,13 @@ def test_a_local_gpu_cluster_without_dask_cuda_gives_each_worker_its_own_gpu():
         try:
             with Client(cluster) as client:
                 seen = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
-                names = {w["name"] for w in client.scheduler_info()["workers"].values()}
+                workers = client.scheduler_info()["workers"].values()
+                names = {w["name"] for w in workers}
+                limits = {w["memory_limit"] for w in workers}
         finally:
             cluster.close()
     assert sorted(seen.values()) == ["0", "3"]
     assert names == {"gpu-0", "gpu-3"}
+    from distributed.system import MEMORY_LIMIT
+
+    assert limits == {MEMORY_LIMIT // 2}  # the machine's memory shared by the GPUs' workers

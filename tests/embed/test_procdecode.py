@@ -279,7 +279,7 @@ def test_our_readers_decode_as_the_level_declares_not_as_the_markers_guess(
 
 @pytest.fixture
 def holed_in_place(tmp_path):
-    """CMU-1-Small-Region.svs read in place, its tile (1, 2) made absent (byte count 0), as
+    """CMU-1-Small-Region.svs read in place, its tile (2, 2) made absent (byte count 0), as
     a scanner leaves tiles it never scanned."""
     import tifffile
 
@@ -291,7 +291,7 @@ def holed_in_place(tmp_path):
     with tifffile.TiffFile(path, mode="r+b") as tif:
         page = tif.pages[0]
         counts = list(page.databytecounts)
-        counts[1 * page.chunked[1] + 2] = 0  # chunked: (tiles down, across, 1)
+        counts[2 * page.chunked[1] + 2] = 0  # chunked: (tiles down, across, 1)
         page.tags["TileByteCounts"].overwrite(counts)
     return open_in_place(path, sidecars=tmp_path / "sidecars").chunks(0)
 
@@ -310,14 +310,15 @@ def test_a_slides_own_tiles_decode_in_the_processes_as_its_reader_makes_them(
     shape = (reader.chunk_h, reader.chunk_w, reader.channels)
     decoder.reserve(3, len(coords) * int(np.prod(shape)))
     locations = reader.locations(coords)
-    assert locations[coords.index((1, 2))] is None
+    hole = coords.index((2, 2))
+    assert locations[hole] is None and hole >= len(coords) // 2  # in the second request
     block, done = decoder.submit(
         locations, coords, shape, reader.background, threading.Event(), 2, frame=reader.frame
     )
-    assert _wait(done) == [coords.index((1, 2))]
+    assert _wait(done) == [hole]  # its row in the block, not in its request
     got = decoder.view(block, len(coords), shape)
     for i, coord in enumerate(coords):
-        if coord != (1, 2):
+        if coord != (2, 2):
             np.testing.assert_array_equal(got[i], reader.decode(reader.fetch_one(coord)))
     decoder.release(block)
 
@@ -350,6 +351,61 @@ def test_tiles_not_of_the_levels_frame_are_left_undecoded(holed_in_place):
             located[:2], coords[:2], block.name, shape, 255, frame=other.as_json()
         ) == (2, [0, 1])
         del rows_
+    finally:
+        block.close()
+        block.unlink()
+
+
+def test_a_slide_opened_through_a_link_decodes_in_the_processes(tmp_path, decoder):
+    """The tiles' ranges name the slide file itself, not the link it was opened by (the
+    processes' reads refuse links, as they do a store's chunk files)."""
+    from tests.conftest import SLIDES
+    from tilestore.conversion import open_in_place
+
+    link = tmp_path / "linked.svs"
+    link.symlink_to(SLIDES / CMU)
+    reader = open_in_place(link, sidecars=tmp_path / "sidecars").chunks(0)
+    coords = [(1, c) for c in range(reader.grid[1])]
+    shape = (reader.chunk_h, reader.chunk_w, reader.channels)
+    decoder.reserve(3, len(coords) * int(np.prod(shape)))
+    block, done = decoder.submit(
+        reader.locations(coords), coords, shape, reader.background, threading.Event(),
+        frame=reader.frame,
+    )  # fmt: skip
+    assert _wait(done) == []
+    got = decoder.view(block, len(coords), shape)
+    for i, coord in enumerate(coords):
+        np.testing.assert_array_equal(got[i], reader.decode(reader.fetch_one(coord)))
+    decoder.release(block)
+
+
+def test_a_damaged_frame_header_is_left_to_the_reader_not_a_dead_process():
+    """A tile whose frame header is cut short is not of the level's frame (a ValueError
+    inside, as every damaged marker is), so it is left to the reader: no struct error
+    escaping a decoder process, which would die naming nothing."""
+    frame = jpeg.TileFrame(jpeg.SOI, (8, 8), ((1, 1),) * 3, "ycbcr")
+    assert frame.spliced(jpeg.SOI + b"\xff\xc0\x00\x04\x08\x01") is None
+    assert frame.spliced(jpeg.SOI + b"\xff\xc0\x00\x0b\x08\x00\x08\x00\x08\x03\x01") is None
+    with pytest.raises(ValueError, match="corrupt JPEG"):
+        jpeg.read_header(jpeg.SOI + b"\xff\xc0\x00\x30\x08")  # a length past the end
+
+
+def test_tiles_past_the_end_of_a_truncated_slide_are_left_to_the_reader(holed_in_place, tmp_path):
+    """A slide file cut short: tiles whose ranges run past its end are read by the level's
+    reader (the processes give the whole request back), not a ChunkError for the good tiles
+    read in one range with them."""
+    reader = holed_in_place
+    coords = [(0, 0), (0, 1), (0, 2)]
+    located = [list(at) for at in reader.locations(coords)]
+    located[2][2] += 10**9  # the last tile's range now runs past the end of the file
+    shape = (reader.chunk_h, reader.chunk_w, reader.channels)
+    block = SharedMemory(create=True, size=len(coords) * math.prod(shape))
+    try:
+        got = decode_chunks(
+            located, coords, block.name, shape, 255, frame=reader.frame.as_json(),
+            required=True, colorspace=reader.jpeg_colorspace,
+        )  # fmt: skip
+        assert got == (0, [0, 1, 2])
     finally:
         block.close()
         block.unlink()

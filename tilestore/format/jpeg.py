@@ -110,6 +110,8 @@ def segments(data: bytes | memoryview, pos: int = 0):
         if marker == 0xD9:
             return
         (length,) = struct.unpack_from(">H", data, pos + 2)
+        if length < 2 or pos + 2 + length > n:
+            raise ValueError(f"corrupt JPEG segment at byte {pos}: length {length}")
         yield marker, data[pos + 4 : pos + 2 + length]
         if marker == 0xDA:
             return
@@ -134,6 +136,8 @@ def read_header(
         for marker, payload in found:
             if marker in _SOF_MARKERS:
                 baseline = marker in (0xC0, 0xC1)
+                if len(payload) < 6 or len(payload) < 6 + 3 * payload[5]:
+                    raise ValueError("corrupt JPEG frame header (too short)")
                 _, height, width, count = struct.unpack_from(">BHHB", payload)
                 comps = tuple(
                     (payload[6 + 3 * i], payload[7 + 3 * i] >> 4, payload[7 + 3 * i] & 15)

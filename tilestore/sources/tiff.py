@@ -159,7 +159,7 @@ class TiffLevel(SourceLevel):
                 index = last + 1
             return out
 
-        path = str(self.path)
+        path = os.path.realpath(self.path)  # the file itself: its readers refuse links
 
         def locate(row: int, col: int) -> tuple[str, int, int] | None:
             index = row * nx + col

@@ -116,7 +116,37 @@ def classify(
     tower = load_text_tower(spec, weights=options.weights, tokenizer=options.tokenizer,
                             token=options.hf_token, device=device)  # fmt: skip
     classes = class_embeddings(tower, prompts)
-    return [_one(str(s), model, name, prompts, tower, classes, torch) for s in stores]
+    # every store's features checked (their metadata and width) before any store's scores
+    # are written: a cohort with one store embedded otherwise is refused whole, not half done
+    checked = [(str(s), _checked(str(s), model, tower, classes, torch)) for s in stores]
+    return [
+        _one(store, model, name, prompts, tower, classes, projected, torch)
+        for store, projected in checked
+    ]
+
+
+def _checked(store: str, model: str, tower, classes, torch) -> bool:
+    """`_refusal` from the group's metadata, and its features' width against what the text
+    tower's joint space takes (one probe row through the tower's head where it projects),
+    without reading the features: whether they are in the joint space already."""
+    from tilestore.embeddings.groups import open_finished
+
+    found = open_finished(store, model)
+    projected = _refusal(store, model, dict(found.meta.get("model") or {}), tower)
+    width = found.arrays["features"].shape[1]
+    wrong = f"{store}: {model}'s stored features are {width}-d"
+    if projected or tower.head is None:
+        if width != classes.shape[1]:
+            raise EmbeddingError(f"{wrong}, its text embeddings {classes.shape[1]}-d; "
+                                 f"embed the store again with {model}")  # fmt: skip
+        return projected
+    probe = torch.zeros(1, width, device=classes.device)
+    try:
+        tower.joint(probe, projected)
+    except RuntimeError as exc:  # a head of another width (torch's own message is pages)
+        raise EmbeddingError(f"{wrong}, not what {model}'s projection takes; embed the "
+                             f"store again with {model}") from exc  # fmt: skip
+    return projected
 
 
 def class_embeddings(tower, prompts: Prompts):
@@ -139,21 +169,16 @@ def tile_probabilities(tower, classes, features, projected: bool):
     return torch.softmax(logits, dim=-1), logits
 
 
-def _one(store, model, name, prompts, tower, classes, torch) -> Classified:
+def _one(store, model, name, prompts, tower, classes, projected, torch) -> Classified:
+    """One store checked already (`_checked`): its probabilities computed and written."""
     from tilestore.embeddings.scores import write_tile_scores
     from tilestore.embeddings.slides import read_tile_features
 
     tiles = read_tile_features(store, model)
-    projected = _refusal(store, model, tiles.model_info, tower)
     device = classes.device
     parts = []
     for start in range(0, tiles.tiles, ROWS):
         block = torch.from_numpy(tiles.features[start : start + ROWS]).to(device)
-        if block.shape[1] != classes.shape[1] and (projected or tower.head is None):
-            raise EmbeddingError(
-                f"{store}: {model}'s stored features are {block.shape[1]}-d, its text "
-                f"embeddings {classes.shape[1]}-d; embed the store again with {model}"
-            )
         parts.append(tile_probabilities(tower, classes, block, projected)[0].cpu())
     probabilities = torch.cat(parts).numpy()
     slide = dict(zip(prompts.names, probabilities.mean(axis=0).astype(float).tolist(), strict=True))

@@ -283,6 +283,17 @@ def test_features_of_another_width_are_refused(plip_store, tmp_path):
         classify([path], "plip", _prompts(tmp_path), ZeroShotOptions(weights=folder, device="cpu"))
 
 
+def test_a_cohort_with_one_store_refused_writes_no_store_s_scores(plip_store, store, tmp_path):
+    """Every store is checked before any is scored: a cohort whose second store holds no
+    features of the model is refused whole, and the first store is left without scores
+    (it was scored, then the second refused)."""
+    path, folder, *_ = plip_store
+    options = ZeroShotOptions(weights=folder, device="cpu")
+    with pytest.raises(StoreError, match=r"no embeddings/plip"):
+        classify([path, store(into=tmp_path / "other")], "plip", _prompts(tmp_path), options)
+    assert not any((Path(path) / "embeddings" / "plip").rglob("zeroshot"))
+
+
 def test_a_store_without_the_models_features_is_refused(store, tmp_path):
     folder = tmp_path / "plip"
     _plip(folder)

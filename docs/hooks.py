@@ -9,6 +9,7 @@
 - `performance/results.md`: bench/RESULTS.md as it is (kept as the source), and
   `architecture.md`: ARCHITECTURE.md as it is;
 - `figures/<name>`: bench/figures, the benchmarks' and the viewer's pictures, as they are;
+- the tutorial notebooks, executed (`docs/notebooks.py`): the site shows their outputs;
 
 Imports only light modules (the faces load members lazily, the registries are plain data,
 the CLI imports no torch): the build reads the package's sources through griffe.
@@ -22,6 +23,7 @@ import importlib
 import inspect
 import re
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from mkdocs.structure.files import File, Files
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from docs import notebooks  # noqa: E402
 from docs.griffe_folders import escape_placeholders  # noqa: E402  (the one rule for both)
 
 MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
@@ -294,11 +297,35 @@ def figures() -> dict[str, bytes]:
     return {f"figures/{p.name}": p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
+def executed(files: Files, config) -> Files:
+    """The notebooks among `files` replaced by their executed copies, in a folder of the
+    system's temporary files that `on_post_build` removes (a file of a folder, not a generated
+    one: mkdocs-jupyter reads a notebook from its `abs_src_path`)."""
+    sources = [f for f in files if f.src_uri.endswith(".ipynb")]
+    if not sources or not notebooks.enabled():
+        return files
+    data = notebooks.data_folder()
+    folder = tempfile.TemporaryDirectory(prefix="tilestore-docs-notebooks-")
+    config["tilestore_notebooks"] = folder
+    shown = Path(folder.name) / "notebooks"
+    for source in sources:
+        work = Path(folder.name) / "runs" / Path(source.src_uri).stem
+        notebooks.execute(Path(source.abs_src_path), work, shown / source.src_uri, data)
+        files.remove(source)
+        files.append(File(source.src_uri, str(shown), config.site_dir, config.use_directory_urls))
+    return files
+
+
 @event_priority(100)  # before the plugins' on_files see the files
 def on_files(files: Files, config) -> Files:
     for path, content in {**pages(), **figures()}.items():
         files.append(File.generated(config, path, content=content))
-    return files
+    return executed(files, config)
+
+
+def on_post_build(config) -> None:
+    if folder := config.get("tilestore_notebooks"):
+        folder.cleanup()
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:

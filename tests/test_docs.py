@@ -22,7 +22,8 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from tests.conftest import CMU, REPO, SLIDES, real
+from tests.conftest import CMU, DATA, REPO, SLIDES, real
+from tests.shown import check_bash, check_python, shown_blocks
 from tests.test_architecture import FACES
 
 DOCS = REPO / "docs"
@@ -34,26 +35,35 @@ RUNNABLE = re.compile(
 )
 
 
+# the tests that read the built site run on one xdist worker (`--dist loadgroup`), so the
+# site, with its notebooks executed, is built once per run, not once per worker
+ON_THE_SITE = pytest.mark.xdist_group("site")
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     """The site built once for this module's tests, strict, as a user builds it."""
     if not MKDOCS.exists():
         pytest.skip(f"mkdocs is not installed beside {sys.executable} (pip install -e '.[docs]')")
     out = tmp_path_factory.mktemp("site")
+    # the tutorial notebooks run in the build against the sample data, where it is here
+    execute = "1" if (DATA / "slides").is_dir() else "0"
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "TILESTORE_DOCS_EXECUTE": execute}
     start = time.perf_counter()
     done = subprocess.run(
         [str(MKDOCS), "build", "--strict", "--site-dir", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        env={**env, "TILESTORE_DATA": str(DATA.resolve())},
     )
     seconds = time.perf_counter() - start
     assert done.returncode == 0, done.stderr[-4000:]
-    print(f"mkdocs build --strict: {seconds:.1f} s")
+    print(f"mkdocs build --strict: {seconds:.1f} s (the notebooks executed: {execute})")
     return out
 
 
+@ON_THE_SITE
 def test_the_site_builds_in_strict_mode_with_every_section(site):
     for page in (
         "index.html",
@@ -76,6 +86,7 @@ def _ids(html: str) -> set[str]:
     return set(re.findall(r'\bid="([^"]+)"', html))
 
 
+@ON_THE_SITE
 def test_every_public_name_of_every_face_is_documented(site):
     missing, counted = [], 0
     for face in FACES:
@@ -102,6 +113,7 @@ def _commands() -> list[list[str]]:
     return list(walk(typer.main.get_command(app), ["tilestore"]))
 
 
+@ON_THE_SITE
 def test_every_command_and_flag_is_documented(site):
     import typer.main
 
@@ -130,6 +142,8 @@ _NAMES = (
     "head header hr html i img input kbd label li link main mark meta nav noscript ol p path "
     "pre rect script section small span strong style sub summary sup svg table tbody td "
     "tfoot th thead title tr u ul"
+    # and the SVG of the notebooks' outputs (xarray's icons, dask's chunk pictures)
+    " defs g line polygon symbol text use"
 )
 ELEMENTS = frozenset(_NAMES.split())
 
@@ -143,6 +157,7 @@ class _Tags(HTMLParser):
         self.tags.add(tag)
 
 
+@ON_THE_SITE
 def test_no_text_is_taken_for_an_html_tag(site):
     """`<model>`, `<name>`, `<arch>` in docstrings and command help are shown, not hidden."""
     unknown = {}
@@ -173,6 +188,7 @@ class _Links(HTMLParser):
                 self.links.append(value)
 
 
+@ON_THE_SITE
 def test_no_dead_internal_link_or_anchor(site):
     ids: dict[Path, set[str]] = {}
 
@@ -208,6 +224,84 @@ def test_no_dead_internal_link_or_anchor(site):
                 dead.append(f"{page.relative_to(site)}: {link} (no such anchor)")
     assert dead == []
     print(f"{checked} internal links checked")
+
+
+# --- blocks shown, not run ---------------------------------------------------------------
+
+SHOWN = sorted(p for p in DOCS.rglob("*.md") if shown_blocks(p.read_text()))
+
+
+@pytest.mark.parametrize("page", SHOWN, ids=[str(p.relative_to(DOCS)) for p in SHOWN])
+def test_blocks_shown_not_run_name_commands_flags_and_calls_that_exist(page):
+    """A GPU's, a cluster's or a user's commands, checked against the CLI's parser and the
+    API's signatures (tests/shown.py): they cannot name a flag, a value or a parameter that
+    is not there."""
+    checked = []
+    for lang, body in shown_blocks(page.read_text()):
+        checked += check_bash(body) if lang == "bash" else check_python(body)
+    print(f"{page.relative_to(DOCS)}: {len(checked)} commands and calls checked")
+
+
+@pytest.mark.parametrize(
+    "lang, body, cause",
+    [
+        ("bash", "tilestore embed s.ome.zarr --model uni --no-such", "No such option"),
+        ("bash", "srun tilestore embed s --model uni --decode fast", "decode='fast'"),
+        ("bash", "tilestore embed s --model uni --batch-size many", "batch_size='many'"),
+        ("bash", 'tilestore embed s --shard "${SLURM_ARRAY_TASK_ID}of4"', "shard='0of4'"),
+        ("bash", "tilestore models lst", r"no subcommand \['lst'\]"),
+        ("bash", "python bench/convert.py --sizes 4", "no flag --sizes"),
+        ("python", "from tilestore.embed import Options\nOptions(batchsize=8)", "batchsize"),
+        ("python", "import tilestore\ntilestore.open_embedding('x', 'uni')", "no open_embedding"),
+        ("python", "from tilestore.embed import Embedders", "no Embedders"),
+    ],
+)
+def test_a_shown_block_that_names_what_is_not_there_fails(lang, body, cause):
+    with pytest.raises(AssertionError, match=cause):
+        check_bash(body) if lang == "bash" else check_python(body)
+
+
+# --- the tutorial notebooks ---------------------------------------------------------------
+
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+
+
+def _draws(source: str) -> bool:
+    last = source.strip().splitlines()[-1] if source.strip() else ""
+    return last.startswith(("plot_map(", "plot_gallery(", "plot_hits(", "render_preview("))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebooks_are_kept_without_outputs_and_shown_on_the_site(path):
+    import nbformat
+
+    notebook = nbformat.read(path, as_version=4)
+    assert not any(c.get("outputs") for c in notebook.cells if c.cell_type == "code"), (
+        f"{path.name}: commit notebooks without outputs (the docs build runs them)"
+    )
+    assert (DOCS / "tutorials" / path.name).resolve() == path.resolve()
+    assert any(_draws(c.source) for c in notebook.cells if c.cell_type == "code")
+
+
+@ON_THE_SITE
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_the_site_shows_each_notebook_run_with_each_figure_where_it_is_drawn(site, path):
+    """The build ran it top to bottom (a cell that raises fails the build, docs/notebooks.py),
+    against the sample data, with the package as installed; each cell that draws shows its
+    figure inline, under that cell, as a reader sees it in Jupyter."""
+    import nbformat
+
+    real(SLIDES)
+    html = (site / "tutorials" / path.stem / "index.html").read_text()
+    cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    starts = [html.index(f'id="cell-id={c.id}"') for c in cells]
+    shown = [html[a:b] for a, b in zip(starts, [*starts[1:], len(html)], strict=True)]
+    assert sum("jp-OutputArea-output" in part for part in shown) >= len(cells) // 2
+    for cell, part in zip(cells, shown, strict=True):
+        if _draws(cell.source):
+            last = cell.source.strip().splitlines()[-1]
+            assert "data:image/png" in part, f"{path.name}: no figure under: {last}"
 
 
 # --- runnable examples -------------------------------------------------------------------
@@ -304,6 +398,7 @@ def served(site):
     server.shutdown()
 
 
+@ON_THE_SITE
 def test_home_search_api_how_to_and_tutorial_render_in_a_browser(browser, served, tmp_path):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.set_default_timeout(60_000)

@@ -49,6 +49,9 @@ SOURCES = {
     "mahmoodlab+MIL-Lab": ("MIL-Lab", ["src"]),  # FEATHER's ABMIL
     "hms-dbmi+CHIEF": ("CHIEF", ["models", "utils"]),
     "AtlasAnalyticsLab+MOOZY": ("MOOZY", ["moozy"]),  # MOOZY's slide and case modules
+    "KatherLab+COBRA": ("COBRA", ["cobra"]),
+    "state-spaces+mamba": ("mamba", ["mamba_ssm"]),  # COBRA's Mamba2, its references
+    "Dao-AILab+causal-conv1d": ("causal-conv1d", ["causal_conv1d"]),  # its reference conv
 }
 ANY_TILE_MODEL = ("conch-v1.5", 0.5, 512)  # what the pooling encoders are checked on
 
@@ -63,11 +66,16 @@ def _seed(text: str) -> int:
 
 
 def tile_setup(spec) -> tuple[str, float, int, int]:
-    """(tile model, um/px, tile px, feature width) an encoder is checked on."""
+    """(tile model, um/px, tile px, feature width) an encoder is checked on: its own, or
+    its tile model's where it reads any scale (COBRA)."""
     from tilestore.embed.models import get_model
 
-    model, mpp, tile = (spec.tile_model, spec.mpp, spec.tile) if spec.tile_model else ANY_TILE_MODEL
-    return model, mpp, tile, get_model(model).output_dim
+    if not spec.tile_model:
+        model, mpp, tile = ANY_TILE_MODEL
+        return model, mpp, tile, get_model(model).output_dim
+    facts = get_model(spec.tile_model)
+    mpp, tile = spec.mpp or facts.native_mpp, spec.tile or facts.tile
+    return spec.tile_model, mpp, tile, facts.output_dim
 
 
 def store_features(store: Path, model: str, mpp: float, tile: int, dim: int) -> int:
@@ -117,7 +125,8 @@ def reference(args) -> list[dict]:
         tiles = store_features(args.store, model, mpp, tile, dim)
         h5 = to_h5(args.store, model, args.work / "h5" / model, overwrite=True)
         torch_file = "gigapath" in name or name in ("madeleine", "chief")  # as published
-        suffix = "pt" if spec.arch == "moozy" else "pth" if torch_file else "safetensors"
+        suffix = {"moozy": "pt", "cobra": "pth.tar"}.get(spec.arch)
+        suffix = suffix or ("pth" if torch_file else "safetensors")
         weights = args.work / "weights" / f"{name}.{suffix}"
         precision = _reference_precision(spec, args)
         weights.parent.mkdir(parents=True, exist_ok=True)
@@ -171,6 +180,15 @@ def reference(args) -> list[dict]:
         print(json.dumps(rows[-1]), flush=True)
         if spec.patients:
             rows.append(_patient_row(rows[-1], spec, args, weights, model, ours, out))
+            print(json.dumps(rows[-1]), flush=True)
+        chunked = out.with_name(f"{out.stem}-chunked.npy")
+        if spec.arch == "cobra" and chunked.exists():  # the unfused Mamba2 path, likewise
+            theirs = np.load(chunked)
+            cosine = float(ours @ theirs / (np.linalg.norm(ours) * np.linalg.norm(theirs)))
+            unfused = f"{spec.reference}; unfused: ssd_chunk_scan_combined_ref"
+            rows.append({**rows[-1], "encoder": f"{name} (Mamba2 unfused)", "cosine": cosine,
+                         "max_abs_diff": float(np.abs(ours - theirs).max()),
+                         "reference": unfused})  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
     if args.keys:
         known = json.loads(args.keys.read_text()) if args.keys.exists() else {}

@@ -264,6 +264,169 @@ def moozy(src: Path, trident: Path, h5: Path, weights: Path) -> np.ndarray:
     return cls.float().cpu().numpy().reshape(-1)
 
 
+def _reference_functions(path: Path, names: tuple[str, ...], namespace: dict) -> dict:
+    """The named top-level functions of a source file, defined alone in `namespace` (their
+    file's imports, CUDA or Triton, not run): mamba_ssm's and causal-conv1d's pure-PyTorch
+    references beside their kernels."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    found = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in names]
+    assert {node.name for node in found} == set(names), (path, names)
+    exec(compile(ast.Module(body=found, type_ignores=[]), str(path), "exec"), namespace)
+    return namespace
+
+
+def mamba_stand_in(root: Path) -> None:
+    """mamba_ssm as COBRA imports it (``from mamba_ssm import Mamba2``): its own
+    modules/mamba2.py, with its kernels replaced by its own reference implementations
+    (mamba_ssm's CUDA and Triton kernels build on neither this CPU nor an offline GPU):
+
+    - the fused path Mamba2 takes by default (use_mem_eff_path), ``mamba_split_conv1d_scan_
+      combined``: its ``mamba_split_conv1d_scan_ref``, in which causal-conv1d's
+      ``causal_conv1d_fn`` is causal-conv1d's ``causal_conv1d_ref``, the scan
+      (``selective_scan_fn``) mamba_ssm's sequential ``selective_scan_ref`` and the gated
+      norm (``rmsnorm_fn``) its ``rms_norm_ref``;
+    - Mamba2's unfused path (use_mem_eff_path off: the layer's own conv1d and SiLU),
+      ``mamba_chunk_scan_combined`` is its chunked ``ssd_chunk_scan_combined_ref``
+      (chunk_state_ref, state_passing_ref, chunk_scan_ref), the sequence zero-padded at its
+      end to whole chunks (which that reference asks for; a causal scan's earlier outputs do
+      not see it) and cut back;
+    - ``RMSNormGated``: its RMSNorm module's forward through ``rms_norm_ref``;
+    - the tensor-parallel layers and collectives it imports, unused without a process
+      group, are None; selective_state_update and causal_conv1d are absent (as Mamba2's own
+      try/except allows)."""
+    import importlib.util
+
+    import torch.nn.functional as F
+    from einops import rearrange, repeat
+
+    conv = root.parent / "causal-conv1d" / "causal_conv1d" / "causal_conv1d_interface.py"
+    base = {"torch": torch, "F": F, "rearrange": rearrange, "repeat": repeat}
+    ops = root / "mamba_ssm" / "ops"
+    refs = dict(base)
+    _reference_functions(ops / "triton/layernorm_gated.py", ("rms_norm_ref",), refs)
+    _reference_functions(ops / "selective_scan_interface.py", ("selective_scan_ref",), refs)
+    _reference_functions(conv, ("causal_conv1d_ref",), refs)
+    _reference_functions(ops / "triton/ssd_chunk_state.py", ("chunk_state_ref",), refs)
+    _reference_functions(ops / "triton/ssd_state_passing.py", ("state_passing_ref",), refs)
+    _reference_functions(ops / "triton/ssd_chunk_scan.py", ("chunk_scan_ref",), refs)
+    refs["causal_conv1d_fn"] = refs["causal_conv1d_ref"]
+    refs["selective_scan_fn"] = refs["selective_scan_ref"]
+    refs["rmsnorm_fn"] = lambda x, weight, bias, z=None, eps=1e-6, group_size=None, \
+        norm_before_gate=True: refs["rms_norm_ref"](x, weight, bias, z=z, eps=eps,
+                                                    group_size=group_size,
+                                                    norm_before_gate=norm_before_gate)  # fmt: skip
+    _reference_functions(
+        ops / "triton/ssd_combined.py",
+        ("ssd_chunk_scan_combined_ref", "ssd_selective_scan", "mamba_split_conv1d_scan_ref"),
+        refs,
+    )
+    sys.modules["mamba_ssm.ops.selective_scan_interface"] = types.SimpleNamespace(
+        selective_scan_fn=refs["selective_scan_ref"]
+    )  # where ssd_selective_scan imports selective_scan_fn from
+
+    def chunk_scan(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, dt_softplus=False,
+                   **unused):  # fmt: skip
+        assert not unused.get("return_final_states") and unused.get("seq_idx") is None
+        seqlen = x.shape[1]
+        pad = -seqlen % chunk_size
+        x, dt, B, C = (F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) for t in (x, dt, B, C))
+        scan = refs["ssd_chunk_scan_combined_ref"]
+        out = scan(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus)
+        return out[:, :seqlen]
+
+    def split_scan(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, seq_idx=None,
+                   **kwargs):  # fmt: skip
+        assert seq_idx is None
+        return refs["mamba_split_conv1d_scan_ref"](zxbcdt, conv1d_weight, conv1d_bias, dt_bias,
+                                                   A, D, chunk_size, **kwargs)  # fmt: skip
+
+    class RMSNormGated(nn.Module):  # mamba_ssm's RMSNorm module, its forward the reference
+        def __init__(self, hidden_size, eps=1e-5, group_size=None, norm_before_gate=True,
+                     device=None, dtype=None):  # fmt: skip
+            super().__init__()
+            self.eps, self.group_size, self.norm_before_gate = eps, group_size, norm_before_gate
+            self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+            self.register_parameter("bias", None)
+
+        def forward(self, x, z=None):
+            return refs["rms_norm_ref"](x, self.weight, self.bias, z=z, eps=self.eps,
+                                        group_size=self.group_size,
+                                        norm_before_gate=self.norm_before_gate)  # fmt: skip
+
+    def package(name: str, **attrs) -> types.ModuleType:
+        module = types.ModuleType(name)
+        module.__path__ = []  # a package: its submodules are those registered here
+        module.__dict__.update(attrs)
+        sys.modules[name] = module
+        return module
+
+    for name in ("mamba_ssm", "mamba_ssm.ops", "mamba_ssm.ops.triton", "mamba_ssm.modules",
+                 "mamba_ssm.distributed"):  # fmt: skip
+        package(name)
+    package("mamba_ssm.ops.triton.layernorm_gated", RMSNorm=RMSNormGated)
+    package("mamba_ssm.ops.triton.ssd_combined", mamba_chunk_scan_combined=chunk_scan,
+            mamba_split_conv1d_scan_combined=split_scan)  # fmt: skip
+    package("mamba_ssm.distributed.tensor_parallel", ColumnParallelLinear=None,
+            RowParallelLinear=None)  # fmt: skip
+    package("mamba_ssm.distributed.distributed_utils", all_reduce=None, reduce_scatter=None)
+    path = root / "mamba_ssm" / "modules" / "mamba2.py"
+    spec = importlib.util.spec_from_file_location("mamba_ssm.modules.mamba2", path)
+    mamba2 = importlib.util.module_from_spec(spec)
+    sys.modules["mamba_ssm.modules.mamba2"] = mamba2
+    spec.loader.exec_module(mamba2)
+    sys.modules["mamba_ssm"].Mamba2 = mamba2.Mamba2
+
+
+def cobra(src: Path, trident: Path, h5: Path, weights: Path) -> np.ndarray:
+    """COBRA II as the authors load and run it: their MoCo model (cobra/ssl/model.py, the
+    settings of get_cobraII and their example config, l_dim 256) with the random weights
+    its own initialisation draws (seeded), saved
+    as their pretraining saves it (``{"epoch", "state_dict"}``, DDP's ``module.`` before
+    each name), loaded back by their ``get_cobraII`` (its momentum encoder) and run as
+    STAMP's COBRA encoder runs it (``model(feats[None])``). Virchow2's features as STAMP
+    makes them: the class token, the first 1280 of the H5's 2560. mamba_ssm stands in as
+    `mamba_stand_in` says: the vector is Mamba2's default (fused) path's; beside OUT,
+    ``-chunked.npy`` is its unfused path's (the chunked SSD reference). TRIDENT does not
+    register COBRA."""
+    mamba_stand_in(src / "mamba")
+    sys.path.insert(0, str(src / "COBRA"))
+    from cobra.ssl.model import MoCo
+    from cobra.utils.load_cobra import get_cobraII
+
+    cuda = nn.Module.cuda
+    nn.Module.cuda = lambda self, *a, **k: self  # MoCo puts its predictor on a GPU
+    torch.manual_seed(SEED)  # their own initialisation: N(0, 0.02) weights leave the
+    try:  # attention all but uniform, and the Mamba layer's part in it small
+        moco = MoCo(768, 256, input_dims=[512, 1024, 1280, 1536], num_heads=4,
+                    nr_mamba_layers=1, dropout=0.2, att_dim=256, d_state=128)  # fmt: skip
+    finally:
+        nn.Module.cuda = cuda
+    state = {f"module.{k}": v for k, v in moco.eval().state_dict().items()}
+    torch.save({"epoch": 2000, "state_dict": state}, weights)
+    model = get_cobraII(download_weights=False, checkpoint_path=str(weights)).eval()
+    import h5py
+
+    with h5py.File(h5) as f:
+        feats = torch.from_numpy(f["features"][:]).float()
+    if feats.shape[1] == 2560:
+        feats = feats[:, :1280]
+    device, dtype = RUN["device"], RUN["precision"]
+    autocast = torch.autocast(device.split(":")[0], dtype=dtype, enabled=dtype != torch.float32)
+    with torch.inference_mode(), autocast:
+        out = model.to(device)(feats[None].to(device))
+        for layer in model.modules():
+            if type(layer).__name__ == "Mamba2":
+                layer.use_mem_eff_path = False
+        chunked = model(feats[None].to(device))
+    if "SLIDE_REFERENCE_OUT" in os.environ:
+        target = Path(os.environ["SLIDE_REFERENCE_OUT"])
+        unfused = chunked.float().cpu().numpy().ravel()
+        np.save(target.with_name(f"{target.stem}-chunked.npy"), unfused)
+    return out.float().cpu().numpy().reshape(-1)
+
+
 def mean(src: Path, trident: Path, h5: Path, weights: Path) -> np.ndarray:
     sys.path.insert(0, str(trident))
     from trident.slide_encoder_models.load import MeanSlideEncoder
@@ -293,6 +456,10 @@ REFERENCES = {
     "feather-uni2": lambda *a: feather(*a, in_dim=1536),
     "chief": chief,
     "moozy": moozy,
+    "cobra": cobra,
+    "cobra-conch": cobra,
+    "cobra-uni": cobra,
+    "cobra-h-optimus-0": cobra,
     "mean": mean,
     "max": maximum,
 }

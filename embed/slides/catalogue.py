@@ -37,6 +37,48 @@ GIGAPATH = SlideSpec(
     "pipeline's last layer, class token",
 )
 
+# COBRA II (get_cobraII in KatherLab/COBRA's cobra/utils/load_cobra.py: its settings and
+# file); it weighs the tiles of any of four tile models and returns their weighted mean, so
+# its vector is that tile model's width. Their default tile model is Virchow2 (their
+# extract_feats and example config) as STAMP embeds it: the class token alone, the first
+# 1280 of tilestore's 2560 features. No um/px or tile size is checked: the authors
+# pretrained on tiles at several magnifications (the paper's figure 1) and their scripts
+# record 224 um (extract_feats) or 112 um (heatmaps) per 224 px tile.
+COBRA = SlideSpec(
+    "cobra",
+    "virchow2",
+    None,
+    None,
+    "none",
+    1280,
+    "cobra",
+    {"in_dim": 2560, "width": 1280},
+    repo="KatherLab/COBRA",
+    weights_file="cobraII.pth.tar",
+    gated=True,
+    licence="GPL-3.0 (gated: non-commercial use)",
+    precision="fp32",
+    card=HF + "KatherLab/COBRA",
+    reference="authors: KatherLab/COBRA Cobra (get_cobraII), mamba_ssm Mamba2 on its reference "
+    "scan",
+    note="COBRA II; Virchow2's class token (the first 1280 features), as STAMP embeds it; "
+    "the slide vector is the tiles' attention-weighted mean, in the tile model's space",
+)
+
+
+def _cobra(name: str, tile_model: str, width: int) -> SlideSpec:
+    """COBRA II on another of the tile models it has a head for (its vector: their width)."""
+    return replace(
+        COBRA,
+        name=name,
+        tile_model=tile_model,
+        output_dim=width,
+        kwargs={"in_dim": width},
+        note="COBRA II; the slide vector is the tiles' attention-weighted mean, in the tile "
+        "model's space",
+    )
+
+
 ENTRIES: tuple[SlideSpec, ...] = (
     SlideSpec(
         "mean",
@@ -190,4 +232,8 @@ ENTRIES: tuple[SlideSpec, ...] = (
         "a slide's tiles by GPU memory (12,000 at 16 GB), this reads them all",
         patients=True,
     ),
+    COBRA,
+    _cobra("cobra-conch", "conch-v1", 512),
+    _cobra("cobra-uni", "uni", 1024),
+    _cobra("cobra-h-optimus-0", "h-optimus-0", 1536),
 )

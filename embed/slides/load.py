@@ -224,6 +224,18 @@ def _moozy(state: dict) -> dict:
     return out
 
 
+def _cobra(state: dict) -> dict:
+    """COBRA's training checkpoint (its MoCo model's state dict, under DDP's ``module.``):
+    the momentum encoder, as the authors' ``get_cobraII`` takes it, less its contrastive
+    projection and the LayerNorm its Mamba encoder builds and never uses; a checkpoint of
+    the bare model (no momentum encoder) as it is, less that LayerNorm."""
+    inner = re.compile(r"(?:.*\.)?momentum_enc\.(.*)")
+    found = {m.group(1): v for k, v in state.items() if (m := inner.fullmatch(k))}
+    return {
+        k: v for k, v in (found or state).items() if not k.startswith(("proj.", "mamba_enc.norm."))
+    }
+
+
 CONVERT: dict[str, Callable[[dict], dict]] = {
     "feather": _renamed([(r"model\.(patch_embed|global_attn)\.(.*)", r"\1.\2")]),
     "madeleine": _renamed(
@@ -244,6 +256,7 @@ CONVERT: dict[str, Callable[[dict], dict]] = {
     ),
     "prism": _prism,
     "moozy": _moozy,
+    "cobra": _cobra,
     "longnet": _renamed(
         [(r"(patch_embed|cls_token|encoder\.layers|norm)(.*)", r"\1\2")],
         drop=("encoder.layer_norm",),

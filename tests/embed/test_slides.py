@@ -29,6 +29,7 @@ from tilestore.embed.slides import (
 from tilestore.embed.slides.load import CONVERT
 from tilestore.embed.slides.nets.attention import attention_with_lse, chunked_attention
 from tilestore.embed.slides.nets.longnet import LongNetSlide, segment_lengths, sincos
+from tilestore.embed.slides.nets.mamba import ssd_scan
 from tilestore.embed.slides.nets.titan import Titan, alibi_slopes
 from tilestore.embeddings import NotEmbedded
 from tilestore.embeddings.slides import (
@@ -64,6 +65,77 @@ def test_the_peers_slide_encoders_are_registered_with_their_facts():
         assert spec.licence and spec.reference, spec.name
     with pytest.raises(SlideEncoderError, match="unknown slide encoder 'nope'"):
         get_slide_encoder("nope")
+
+
+def test_cobra_is_registered_with_its_facts():
+    """COBRA II (KatherLab/COBRA get_cobraII): any of the four tile models it has a head
+    for, its vector their weighted mean (their width); Virchow2 read as STAMP embeds it, its
+    class token (the first 1280 of tilestore's 2560 features); no um/px or tile checked."""
+    facts = {
+        s.name: (s.tile_model, s.output_dim, s.kwargs.get("in_dim"), s.kwargs.get("width"))
+        for s in SPECS
+        if s.arch == "cobra"
+    }
+    assert facts == {
+        "cobra": ("virchow2", 1280, 2560, 1280),
+        "cobra-conch": ("conch-v1", 512, 512, None),
+        "cobra-uni": ("uni", 1024, 1024, None),
+        "cobra-h-optimus-0": ("h-optimus-0", 1536, 1536, None),
+    }
+    cobra = get_slide_encoder("cobra")
+    assert (cobra.mpp, cobra.tile, cobra.coords, cobra.precision) == (None, None, "none", "fp32")
+    assert (cobra.repo, cobra.weights_file, cobra.gated) == (
+        "KatherLab/COBRA",
+        "cobraII.pth.tar",
+        True,
+    )
+
+
+def _sequential_scan(x, dt, a, b, c):
+    """The SSM's recurrence one tile at a time: h = exp(dt a) h + dt x b^T, y = h c."""
+    heads = x.shape[1]
+    b, c = (t.repeat_interleave(heads // t.shape[1], dim=1) for t in (b, c))
+    state = torch.zeros(heads, x.shape[2], b.shape[2], dtype=x.dtype)
+    out = []
+    for t in range(len(x)):
+        decay = torch.exp(dt[t] * a)[:, None, None]
+        state = state * decay + (dt[t, :, None] * x[t])[:, :, None] * b[t][:, None, :]
+        out.append((state * c[t][:, None, :]).sum(-1))
+    return torch.stack(out)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(1, 70),
+    groups=st.sampled_from([1, 2]),
+    chunk=st.sampled_from([1, 7, 16, 128]),
+)
+def test_the_chunked_ssd_scan_equals_the_recurrence_one_tile_at_a_time(n, groups, chunk):
+    g = torch.Generator().manual_seed(n * 31 + chunk)
+    x = torch.randn(n, 4, 3, generator=g, dtype=torch.float64)
+    dt = torch.rand(n, 4, generator=g, dtype=torch.float64)
+    a = -2 * torch.rand(4, generator=g, dtype=torch.float64)
+    b, c = (torch.randn(n, groups, 5, generator=g, dtype=torch.float64) for _ in range(2))
+    torch.testing.assert_close(ssd_scan(x, dt, a, b, c, chunk), _sequential_scan(x, dt, a, b, c))
+
+
+def test_cobra_loads_a_bare_model_checkpoint_and_refuses_other_features(tmp_path):
+    """A state dict of the model alone (no training wrapper, as get_cobraII also accepts)
+    loads strictly; a width COBRA has no head for is refused when built."""
+    import safetensors.torch
+
+    layout = {k.removeprefix("module.momentum_enc."): s for k, s in KEYS["cobra"].items()}
+    state = {
+        k: torch.full(shape, 0.25)
+        for k, shape in layout.items()
+        if "base_enc" not in k and "predictor" not in k
+    }
+    path = tmp_path / "w.safetensors"
+    safetensors.torch.save_file(state, path)
+    module = load_slide_encoder("cobra-uni", weights=path).module
+    assert all(bool((v == 0.25).all()) for v in module.state_dict().values())
+    with pytest.raises(ValueError, match="COBRA has no head for 768-d features"):
+        build(replace(get_slide_encoder("cobra"), kwargs={"in_dim": 768}))
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)

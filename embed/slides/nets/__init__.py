@@ -8,6 +8,7 @@ encoder that defines a patient's vector (MOOZY) has ``patient(slide_vectors) -> 
 from __future__ import annotations
 
 from tilestore.embed.slides.nets.abmil import Chief, Feather, Madeleine
+from tilestore.embed.slides.nets.cobra import Cobra
 from tilestore.embed.slides.nets.longnet import LongNetSlide
 from tilestore.embed.slides.nets.moozy import Moozy
 from tilestore.embed.slides.nets.perceiver import Prism
@@ -24,6 +25,7 @@ BUILDERS = {
     "prism": Prism,
     "longnet": LongNetSlide,
     "moozy": Moozy,
+    "cobra": Cobra,
 }
 
 __all__ = ["BUILDERS"]

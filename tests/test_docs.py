@@ -447,9 +447,17 @@ def test_home_search_api_how_to_and_tutorial_render_in_a_browser(browser, served
     page.wait_for_timeout(500)  # the header's title, faded to the page's as it scrolls
     page.screenshot(path=str(tmp_path / "tutorial.png"))
 
+    page.goto(f"{served}/tutorials/01_single_slide_roi_pca/")  # a notebook, as the build ran it
+    figures = page.locator('img[src^="data:image/png"]')
+    assert figures.count() >= 5
+    figures.nth(2).scroll_into_view_if_needed()
+    page.wait_for_function("[...document.images].every(i => i.complete && i.naturalWidth > 0)")
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(tmp_path / "notebook.png"))
+
     assert errors == []
     assert outside == []  # nothing fetched from elsewhere: the site works offline
-    shots = ("home", "search", "api", "how-to", "tutorial")
+    shots = ("home", "search", "api", "how-to", "tutorial", "notebook")
     for shot in shots:
         assert (tmp_path / f"{shot}.png").stat().st_size > 10_000
     if os.environ.get("TILESTORE_DOCS_SHOTS"):  # a folder to keep them in

@@ -190,8 +190,14 @@ def feather(src: Path, trident: Path, h5: Path, weights: Path, in_dim: int) -> n
 
     state = {f"model.{k}": v.contiguous() for k, v in randomise(model).items()}
     safetensors.torch.save_file(state, weights)
-    name = "FeatherSlideEncoder" if in_dim == 768 else "FeatherUni2SlideEncoder"
-    return trident_vector(trident, name, model, h5)
+    return trident_vector(trident, FEATHER_WRAPPERS[in_dim], model, h5)
+
+
+# TRIDENT's FEATHER wrapper by tile feature width; it has none for the UNI (v1) checkpoint:
+# its conch_v15 one stands in (the wrappers differ only in the Hub repo they load; their
+# forward is the same `model.forward_features`)
+FEATHER_WRAPPERS = {768: "FeatherSlideEncoder", 1536: "FeatherUni2SlideEncoder",
+                    1024: "FeatherSlideEncoder"}  # fmt: skip
 
 
 def chief(src: Path, trident: Path, h5: Path, weights: Path) -> np.ndarray:
@@ -454,6 +460,7 @@ REFERENCES = {
     "madeleine": madeleine,
     "feather": lambda *a: feather(*a, in_dim=768),
     "feather-uni2": lambda *a: feather(*a, in_dim=1536),
+    "feather-uni": lambda *a: feather(*a, in_dim=1024),
     "chief": chief,
     "moozy": moozy,
     "cobra": cobra,

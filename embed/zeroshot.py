@@ -12,8 +12,10 @@ rule for their benchmarks; the mean is what a heatmap's tiles add up to, and is 
 the rule used).
 
 The features are used exactly as stored: a group whose pooling is not the image embedding
-the text tower was trained against, made with random weights, or with another revision of
-the checkpoint, is refused in one line rather than scored.
+the text tower was trained against, made with random weights, or not recorded as made from
+the very weights file the text tower is read from (the sha256 of its bytes, which
+`LoadedModel.describe` records with the features), is refused in one line rather than
+scored.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Annotated, Any
 
 from tilestore.embed.prompts import Prompts, read_prompts
 from tilestore.embed.settings import Device
-from tilestore.errors import EmbeddingError, ModelError
+from tilestore.errors import EmbeddingError, ModelError, OtherWeights
 from tilestore.options import Declared, Opt
 
 ROWS = 2**16  # tiles scored at a time (their features in fp32: 512-d, 128 MB)
@@ -189,6 +191,7 @@ def _one(store, model, name, prompts, tower, classes, projected, torch) -> Class
         "text_tower": tower.spec.text,
         "weights": tower.weights,
         "revision": tower.revision,
+        "weights_sha256": tower.weights_sha256,
         "logit_scale": tower.logit_scale,
         "logit_bias": tower.logit_bias,
         "projected_here": not projected,
@@ -214,12 +217,7 @@ def _refusal(store: str, model: str, stored: dict[str, Any], tower) -> bool:
         )
     if stored.get("weights") == "random" or stored.get("source") == "random":
         raise EmbeddingError(f"{store}: {model}'s features were made with random weights; {fix}")
-    made, now = stored.get("revision"), tower.revision
-    if made and now and made != now:
-        raise EmbeddingError(
-            f"{store}: {model}'s features were made with revision {made}, its text tower is "
-            f"revision {now}: the two halves of one checkpoint are needed; {fix}"
-        )
+    _same_weights(store, model, stored.get("weights_sha256"), tower, fix)
     if projection == tower.stored_joint:
         return True
     if projection is None and tower.head is not None:
@@ -228,3 +226,24 @@ def _refusal(store: str, model: str, stored: dict[str, Any], tower) -> bool:
         f"{store}: {model}'s features are stored with projection {projection!r}, its zero-shot "
         f"reads them with {tower.stored_joint!r}; {fix}"
     )
+
+
+def _same_weights(store: str, model: str, made: str | None, tower, fix: str) -> None:
+    """OtherWeights, one line, unless the features record the sha256 of the weights file the
+    text tower was read from: a revision or a path says nothing of a file given or copied,
+    and a text tower of other weights scores the features without any error."""
+    now = tower.weights_sha256
+    if made is None:
+        raise OtherWeights(
+            f"{store}: {model}'s features do not record which weights made them (no "
+            f"weights_sha256: embedded before it was recorded, or elsewhere), so they cannot "
+            f"be matched to the text tower's ({tower.weights}, sha256 {now}); {fix}, with the "
+            "checkpoint the text tower is read from"
+        )
+    if made != now:
+        raise OtherWeights(
+            f"{store}: {model}'s features were made with weights of sha256 {made}, its text "
+            f"tower is read from {tower.weights}, sha256 {now}: the two halves of one "
+            f"checkpoint are needed; {fix} from that checkpoint, or read the text tower "
+            "from the weights the features were made with (weights=<folder>)"
+        )

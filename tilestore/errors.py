@@ -17,6 +17,7 @@ the code's own business, beside it.)
             StaleSlideEmbedding   a slide vector of tile features replaced since
             SlideEmbeddingExists  a slide vector computed already
         EmbeddingError    an embeddings group that cannot be written (AlreadyComplete)
+            OtherWeights      stored features and a model's other half not of one checkpoint
         PlanError         a plan that cannot be made or found
         AnnotationError   an annotation file that cannot be used
         PatientTableError a table of slides and patients that cannot be used
@@ -96,6 +97,12 @@ class EmbeddingError(TilestoreError):
 
 class AlreadyComplete(EmbeddingError):
     """The store holds this model's finished embeddings: skipped unless overwrite=True."""
+
+
+class OtherWeights(EmbeddingError):
+    """Stored features that are not known to come from the weights a model's other half was
+    read from (zero-shot's text tower): scoring them together would be a silent wrong
+    answer."""
 
 
 class ModelError(TilestoreError):

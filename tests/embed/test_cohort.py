@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import CMU, IHC
 from tests.corpus import rewrite_chunk
-from tilestore.embed.cohort import embed_cohort, shard, slice_blocks, summary_lines
+from tilestore.embed.cohort import _Feed, embed_cohort, shard, slice_blocks, summary_lines
 from tilestore.embed.engine import embed
 from tilestore.embed.settings import Options, parse_shard
 from tilestore.embeddings import group_name
@@ -123,6 +123,52 @@ def test_slices_are_whole_shards_of_the_batches_to_do(done, per_shard, per_slice
 
 
 # -- on a LocalCluster ---------------------------------------------------------------------
+
+
+class _Threads:
+    """A client whose workers' threads a test sets."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+
+    def nthreads(self) -> dict[str, int]:
+        return {f"w{i}": 1 for i in range(self.threads)}
+
+
+class _Done:
+    def __init__(self) -> None:
+        self.over = False
+
+    def done(self) -> bool:
+        return self.over
+
+
+@settings(max_examples=60, deadline=None)
+@given(threads=st.integers(0, 6), slices=st.integers(0, 40), finish=st.lists(st.integers(0, 9)))
+def test_slices_go_out_in_order_two_per_thread_then_one_at_the_tail(threads, slices, finish):
+    """The feed never has more out than its rule allows (two per worker thread while more
+    than two per thread wait, then one: the last slices go to the first worker free), hands
+    them out in the order given (largest slides first), and loses none."""
+    feed, client = _Feed(_Threads(threads)), _Threads(threads)
+    feed.client = client
+    feed.waiting.extend(range(slices))
+    sent, steps = [], iter(finish)
+    while feed.waiting or feed.running:
+        room = max(threads, 1) * (2 if len(feed.waiting) > 2 * max(threads, 1) else 1)
+        before = len(sent)
+        for piece in feed.take():
+            sent.append(piece)
+            feed.running.add(future := _Done())
+            future.piece = piece
+        assert len(feed.running) <= 2 * max(threads, 1)
+        if len(sent) > before:  # what it sent, it sent within the rule of that moment
+            assert len(feed.running) <= room
+        assert feed.running, "nothing out while slices wait: the cohort would stall"
+        for future in sorted(feed.running, key=lambda f: f.piece)[: next(steps, 0) + 1]:
+            future.over = True
+        assert all(f.over for f in feed.finished(timeout=0))
+        assert not any(f.over for f in feed.running)
+    assert sent == list(range(slices))
 
 
 def test_cluster_run_equals_one_process(cohort, client):

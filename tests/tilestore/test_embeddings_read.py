@@ -172,6 +172,11 @@ def _edit_record(store, edit):
         ("pooling", "cls+mean", r"pooling: model \(CMU-1-Small-Region.ome.zarr\) vs cls\+mean"),
         ("transform_sha", "0123456789abcdef", r"transform_sha: "),
         ("revision", "abc", r"revision: 0.1.0 \(CMU-1-Small-Region.ome.zarr\) vs abc"),
+        (
+            "weights_sha256",
+            "0" * 64,
+            r"weights_sha256: [0-9a-f]{64} \(CMU-1-Small-Region.ome.zarr\) vs 0{64}",
+        ),
     ],
 )
 def test_a_cohort_embedded_under_other_settings_is_refused(

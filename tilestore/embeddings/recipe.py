@@ -43,6 +43,7 @@ MODEL_FACTS = (
     "name",
     "repo",
     "revision",
+    "weights_sha256",  # the weights file itself: two local files of one name are not one model
     "architecture",
     "pooling",
     "projection",

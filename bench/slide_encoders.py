@@ -75,6 +75,8 @@ def tile_setup(spec) -> tuple[str, float, int, int]:
         return model, mpp, tile, get_model(model).output_dim
     facts = get_model(spec.tile_model)
     mpp, tile = spec.mpp or facts.native_mpp, spec.tile or facts.tile
+    if spec.arch == "cobra":  # any scale: a quarter of the tiles, as the reference's
+        tile *= 2  # sequential scan holds channels x tiles x state floats (10,801: > 23 GB)
     return spec.tile_model, mpp, tile, facts.output_dim
 
 
@@ -139,8 +141,10 @@ def reference(args) -> list[dict]:
         done = subprocess.run(cmd, capture_output=True, text=True)
         ref_s = time.perf_counter() - started
         if done.returncode:
+            said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+            why = said[-1][:300] if said else f"exit {done.returncode}, nothing said"
             rows.append({"encoder": name, "tile_model": model, "tiles": tiles,
-                         "error": done.stderr.strip().splitlines()[-1][:300]})  # fmt: skip
+                         "error": why})  # fmt: skip
             print(f"{name}: reference failed: {rows[-1]['error']}", flush=True)
             continue
         started = time.perf_counter()

@@ -21,6 +21,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -252,7 +253,7 @@ class _Feed:
     one-thread worker a second task ahead (worker-saturation 1.1: a slice on a GPU still
     busy while another ran out; 4 H100s, a mixed cohort: 3.67x one GPU). While more than two
     per worker thread wait, two per thread are out (each worker's next one ready on it, no
-    round trip between slices); then one per thread."""
+    round trip between slices); then one per free thread."""
 
     def __init__(self, client) -> None:
         self.client = client
@@ -261,10 +262,19 @@ class _Feed:
 
     def take(self) -> Iterator[tuple[_Store, Slice]]:
         """The slices to submit now: up to the workers' capacity."""
-        threads = max(sum(self.client.nthreads().values()), 1)  # none yet: one, waiting
-        per_thread = 2 if len(self.waiting) > 2 * threads else 1
-        while self.waiting and len(self.running) < threads * per_thread:
+        threads = self.client.nthreads()
+        total = max(sum(threads.values()), 1)  # none yet: one, waiting for them
+        many = len(self.waiting) > 2 * total  # else a thread each, past those queued
+        room = 2 * total if many else total + self._queued(threads)
+        while self.waiting and len(self.running) < room:
             yield self.waiting.popleft()
+
+    def _queued(self, threads: dict[str, int]) -> int:
+        """The slices handed to a worker beyond its threads (in the two-per-thread phase),
+        waiting there, not running: while they wait, another worker may be free. A slice
+        just submitted, not yet on a worker, counts as running: this errs on sending less."""
+        processing = self.client.processing()
+        return sum(max(0, len(keys) - threads.get(w, 0)) for w, keys in processing.items())
 
     def finished(self, timeout: float) -> list:
         """The running futures that finished (waiting up to `timeout` s for the first)."""
@@ -275,6 +285,8 @@ class _Feed:
                 wait(list(self.running), timeout=timeout, return_when="FIRST_COMPLETED")
             except TimeoutError:
                 return []
+            except CancelledError:  # a slide's slices cancelled when one failed: done too
+                pass
         done = [f for f in self.running if f.done()]
         self.running.difference_update(done)
         return done

@@ -134,6 +134,9 @@ class _Threads:
     def nthreads(self) -> dict[str, int]:
         return {f"w{i}": 1 for i in range(self.threads)}
 
+    def processing(self) -> dict[str, list[str]]:
+        return {}
+
 
 class _Done:
     def __init__(self) -> None:
@@ -169,6 +172,33 @@ def test_slices_go_out_in_order_two_per_thread_then_one_at_the_tail(threads, sli
         assert all(f.over for f in feed.finished(timeout=0))
         assert not any(f.over for f in feed.running)
     assert sent == list(range(slices))
+
+
+def test_at_the_tail_a_free_worker_gets_a_slice_while_another_has_one_queued():
+    """Four one-thread workers: A runs one and has one queued from the two-per-thread phase,
+    B and C run one, D none. Four are out, but D is free: the next slice goes out."""
+    client = _Threads(4)
+    client.processing = lambda: {"w0": ["a", "a2"], "w1": ["b"], "w2": ["c"], "w3": []}
+    feed = _Feed(client)
+    feed.running.update({"a", "a2", "b", "c"})
+    feed.waiting.extend(["d", "e", "f"])
+    sent = []
+    for piece in feed.take():  # as _run hands them out
+        sent.append(piece)
+        feed.running.add(piece)
+    assert sent == ["d"]
+
+
+def test_the_feed_returns_cancelled_slices_as_finished(client):
+    """A failed slide's other slices are cancelled: waiting on them is not an error (Dask's
+    wait raises for a cancelled future), they come back finished, the others keep running."""
+    feed = _Feed(client)
+    slow, gone = (client.submit(time.sleep, 30, pure=False) for _ in range(2))
+    client.cancel([gone])
+    feed.running.update({slow, gone})
+    assert feed.finished(timeout=5.0) == [gone]
+    assert feed.running == {slow}
+    client.cancel([slow])
 
 
 def test_cluster_run_equals_one_process(cohort, client):
@@ -228,14 +258,18 @@ def test_a_killed_worker_loses_nothing(cohort, client):
         os.kill(pid, 0)
 
 
-def test_a_corrupt_slide_is_reported_and_the_cohort_goes_on(cohort, client):
+@pytest.mark.parametrize("slice_tiles", [20_000, 8], ids=["one slice", "many slices"])
+def test_a_corrupt_slide_is_reported_and_the_cohort_goes_on(cohort, client, slice_tiles):
+    """Its other slices (many: cancelled when the first fails) are dropped, the cohort goes on."""
     paths = cohort("corrupt")
     cmu, ihc = paths
     reader = open_slide(cmu).chunks(0)
     for row in range(reader.grid[0]):
         for col in range(reader.grid[1]):
             rewrite_chunk(cmu, lambda _: b"\xff\xd8 not a jpeg", row=row, col=col)
-    report = embed_cohort(paths, LITE, client, plan=PLAN, options=OPTIONS)
+    report = embed_cohort(
+        paths, LITE, client, plan=PLAN, options=OPTIONS, slice_tiles=slice_tiles
+    )
     (failure,) = report.failures
     assert failure["store"] == str(cmu)
     assert "level 0 chunk (" in failure["error"] and "chunk is corrupt" in failure["error"]

@@ -115,6 +115,35 @@ def test_a_run_with_other_quality_does_not_resume_the_group(store, lite):
     assert report.failures and "quality" in report.failures[0]["error"]
 
 
+def _edit_model(path, edit) -> None:
+    import zarr
+
+    from tilestore.embeddings import group_name
+
+    group = zarr.open_group(path / group_name(MODEL), mode="r+")
+    meta = dict(group.attrs["tilestore"])
+    meta["model"] = edit(dict(meta["model"]))
+    group.attrs["tilestore"] = meta
+
+
+def test_a_group_begun_before_the_weights_were_recorded_resumes(store, lite):
+    """A run before the weights' sha256 was recorded: its unfinished group resumes as the
+    refusal's advice says (same options), compared on the facts it has."""
+    path = store()
+    embed([path], lite, plan=PLAN, options=replace(FP32, max_tiles=16))
+    _edit_model(path, lambda m: {k: v for k, v in m.items() if k != "weights_sha256"})
+    report = embed([path], lite, plan=PLAN, options=FP32)
+    assert not report.failures and group(path).attrs["tilestore"]["complete"]
+
+
+def test_a_group_begun_with_other_weights_is_not_resumed(store, lite):
+    path = store()
+    embed([path], lite, plan=PLAN, options=replace(FP32, max_tiles=16))
+    _edit_model(path, lambda m: {**m, "weights_sha256": "0" * 64})
+    report = embed([path], lite, plan=PLAN, options=FP32)
+    assert report.failures and "other settings (model)" in report.failures[0]["error"]
+
+
 def test_a_later_plan_and_the_accessor_leave_blurred_tiles_out(painted, lite, tmp_path):
     from tilestore.embeddings import plan_slide
     from tilestore.errors import PlanError

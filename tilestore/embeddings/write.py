@@ -496,12 +496,24 @@ class EmbeddingWriter:
         return group
 
     def _compatible(self, group) -> bool:
+        return not self._differing(group)
+
+    def _differing(self, group) -> list[str]:
+        """The identity's fields the group records otherwise. A group begun before the
+        weights' sha256 was recorded is compared without it (as `recipe` compares groups:
+        on the facts they have), so it resumes."""
         stored = group.attrs["tilestore"]
-        return all(stored.get(k) == v for k, v in self.identity.items())
+        diff = []
+        for key, value in self.identity.items():
+            was = stored.get(key)
+            if key == "model" and isinstance(value, dict) and "weights_sha256" not in (was or {}):
+                value = {k: v for k, v in value.items() if k != "weights_sha256"}
+            if was != value:
+                diff.append(key)
+        return diff
 
     def _mismatch(self, group) -> str:
-        stored = group.attrs["tilestore"]
-        diff = [k for k, v in self.identity.items() if stored.get(k) != v]
+        diff = self._differing(group)
         return (
             f"{self.slide.name}: an unfinished {self.path} was made with other settings "
             f"({', '.join(diff)}); rerun with the same options to resume, or overwrite=True"

@@ -91,16 +91,28 @@ _LFS_BLOB = re.compile(r"[0-9a-f]{64}")
 def weights_sha256(path: Path) -> str:
     """The sha256 of a weights file's bytes: what says which weights were loaded, wherever
     they were loaded from (a revision is known only in the Hub's cache, a path only on one
-    machine). A file in the Hub's cache is named by it already (its blob); any other is read
-    (about 1 s a GB)."""
-    blob = path.resolve()
-    if blob.parent.name == "blobs" and _LFS_BLOB.fullmatch(blob.name):
-        return blob.name
+    machine). A file in the Hub's cache is named by it already (its blob); any other is read,
+    at each load (about 1 s a GB: a folder of weights, `local:`)."""
+    if (name := _blob_name(path)) is not None:
+        return name
     try:
         with open(path, "rb") as file:
             return hashlib.file_digest(file, "sha256").hexdigest()
     except OSError as exc:
         raise ModelError(f"cannot read weights {path} ({exc.strerror or exc})") from exc
+
+
+def _blob_name(path: Path, hops: int = 8) -> str | None:
+    """The sha256 a Hub cache's blob is named by, following the snapshot's links one at a
+    time: huggingface_hub's shared Xet store links a repo's blob on to a file named by its
+    own hash, so where the last link lands says nothing."""
+    for _ in range(hops):
+        if path.parent.name == "blobs" and _LFS_BLOB.fullmatch(path.name):
+            return path.name
+        if not path.is_symlink():
+            return None
+        path = path.parent / os.readlink(path)  # an absolute link replaces the parent
+    return None
 
 
 def cache_dir() -> Path:

@@ -505,3 +505,31 @@ def test_quiltnet_zero_shot_equals_open_clips_own_loading_on_real_tiles(store, t
         want = _reference_probabilities(theirs.logit_scale.exp() * cosine)
     got = read_tile_scores(path, "quiltnet-b32", "one")["probabilities"]
     np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+def test_a_hub_blob_is_named_by_its_sha256_through_the_shared_store_links(tmp_path, monkeypatch):
+    """huggingface_hub's shared Xet store links a repo's blob on to a file named by its own
+    hash: the sha256 is the repo's blob's name, found without reading the file; a file
+    outside the cache is read."""
+    import hashlib
+
+    from tilestore.embed.models.hub import weights_sha256
+
+    data = b"weights" * 1000
+    sha = hashlib.sha256(data).hexdigest()
+    stored = tmp_path / "xet" / "ab" / ("c" * 40)
+    stored.parent.mkdir(parents=True)
+    stored.write_bytes(data)
+    entry = tmp_path / "hub" / "models--org--m"
+    (entry / "blobs").mkdir(parents=True)
+    (entry / "blobs" / sha).symlink_to(stored)  # absolute, as the shared store links it
+    snapshot = entry / "snapshots" / ("1" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "model.safetensors").symlink_to(os.path.relpath(entry / "blobs" / sha, snapshot))
+    plain = tmp_path / "model.safetensors"
+    plain.write_bytes(data)
+    read = []
+    digest = hashlib.file_digest
+    monkeypatch.setattr(hashlib, "file_digest", lambda f, n: read.append(f.name) or digest(f, n))
+    assert weights_sha256(snapshot / "model.safetensors") == sha and read == []
+    assert weights_sha256(plain) == sha and read == [str(plain)]

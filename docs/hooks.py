@@ -21,7 +21,9 @@ import ast
 import dataclasses
 import importlib
 import inspect
+import os
 import re
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -305,7 +307,7 @@ def executed(files: Files, config) -> Files:
     if not sources or not notebooks.enabled():
         return files
     data = notebooks.data_folder()
-    folder = tempfile.TemporaryDirectory(prefix="tilestore-docs-notebooks-")
+    folder = tempfile.TemporaryDirectory(prefix=f"tilestore-docs-notebooks-{os.getpid()}-")
     config["tilestore_notebooks"] = folder
     shown = Path(folder.name) / "notebooks"
     for source in sources:
@@ -326,6 +328,13 @@ def on_files(files: Files, config) -> Files:
 def on_post_build(config) -> None:
     if folder := config.get("tilestore_notebooks"):
         folder.cleanup()
+
+
+def on_build_error(error) -> None:
+    """A failed build leaves no executed notebooks behind either (this process's: the
+    folder's finaliser would, at exit, with a warning)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"tilestore-docs-notebooks-{os.getpid()}-*"):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:

@@ -23,6 +23,7 @@ import importlib
 import inspect
 import re
 import shlex
+import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -174,11 +175,18 @@ def check_python(body: str) -> list[str]:
 
 
 def shown_blocks(text: str) -> list[tuple[str, str]]:
-    """(language, body) of each fenced bash or python block not marked to run."""
-    found = re.finditer(r"^```(bash|python)\n(.*?)\n```$", text, re.MULTILINE | re.DOTALL)
-    return [(m[1], m[2]) for m in found if not _marked(text[: m.start()])]
+    """(language, body) of each fenced bash or python block not marked to run, indented ones
+    (in a list item) too, their indent taken off."""
+    found = re.finditer(
+        r"^(?P<indent>[ \t]*)```(?P<lang>bash|python)\n(?P<body>.*?)\n(?P=indent)```$",
+        text,
+        re.MULTILINE | re.DOTALL,
+    )
+    return [
+        (m["lang"], textwrap.dedent(m["body"])) for m in found if not _marked(text[: m.start()])
+    ]
 
 
 def _marked(before: str) -> bool:
     lines = before.rstrip("\n").splitlines()
-    return bool(lines) and lines[-1].startswith("<!-- run")
+    return bool(lines) and lines[-1].strip().startswith("<!-- run")

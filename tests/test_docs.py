@@ -242,6 +242,17 @@ def test_blocks_shown_not_run_name_commands_flags_and_calls_that_exist(page):
     print(f"{page.relative_to(DOCS)}: {len(checked)} commands and calls checked")
 
 
+def test_every_bash_or_python_block_is_run_or_checked():
+    """None escapes both: a block is marked to run (and matched by RUNNABLE) or checked."""
+    escaped = {}
+    for page in sorted(DOCS.rglob("*.md")):
+        text = page.read_text()
+        fences = len(re.findall(r"^[ \t]*```(?:bash|python)$", text, re.MULTILINE))
+        if fences != len(shown_blocks(text)) + len(_runnable(page)):
+            escaped[str(page.relative_to(DOCS))] = fences
+    assert escaped == {}
+
+
 @pytest.mark.parametrize(
     "lang, body, cause",
     [

@@ -43,7 +43,10 @@ GIGAPATH = SlideSpec(
 # extract_feats and example config) as STAMP embeds it: the class token alone, the first
 # 1280 of tilestore's 2560 features. No um/px or tile size is checked: the authors
 # pretrained on tiles at several magnifications (the paper's figure 1) and their scripts
-# record 224 um (extract_feats) or 112 um (heatmaps) per 224 px tile.
+# record 224 um (extract_feats) or 112 um (heatmaps) per 224 px tile. Its Mamba reads the
+# tiles in order: ours in raster order (row by row), the order tile extractors (CLAM,
+# TRIDENT, STAMP) write an H5 and COBRA's extract_feats reads one tile model's H5 in (it
+# reorders only when two tile models' H5 files are matched).
 COBRA = SlideSpec(
     "cobra",
     "virchow2",

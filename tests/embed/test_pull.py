@@ -17,7 +17,7 @@ import torch
 
 from tests.embed.conftest import REVISION, FakeHub
 from tilestore.embed.models import ModelError, hub, list_models, load_model
-from tilestore.embed.models.families import build
+from tilestore.embed.models.families import build, open_clip_config, open_clip_text_repos
 
 HUB_SPECS = [s for s in list_models() if s.source == "hf-hub"]
 
@@ -29,7 +29,17 @@ def _publish(fake: FakeHub, spec, weights: bytes = b"not read by pull") -> Path:
     (folder / name).write_bytes(weights)
     if spec.family == "transformers" or spec.arch is None:
         (folder / "config.json").write_text(json.dumps({"model_type": "x"}))
+    for repo in _text_repos(spec):
+        (fake.repo(repo) / "config.json").write_text(json.dumps({"model_type": "bert"}))
+        (fake.repo(repo) / "vocab.txt").write_text("[PAD]\n[UNK]\n")
     return folder
+
+
+def _text_repos(spec) -> tuple[str, ...]:
+    """The Hugging Face repos an open_clip text tower is built from (BiomedCLIP's BERT)."""
+    if spec.text != "open_clip":
+        return ()
+    return open_clip_text_repos(open_clip_config(spec, None))
 
 
 @pytest.mark.parametrize("spec", HUB_SPECS, ids=lambda s: s.name)
@@ -42,6 +52,8 @@ def test_pull_fetches_what_the_spec_names_into_the_cache(fake_hub, spec, monkeyp
     assert checkpoint.revision == REVISION and checkpoint.repo == spec.repo
     assert checkpoint.weights.as_posix().endswith(f"snapshots/{REVISION}/{weights}")
     assert checkpoint.weights.read_bytes() == b"not read by pull"
+    for repo in _text_repos(spec):  # BiomedCLIP's BERT: its config and vocabulary too
+        assert {("model", repo, "config.json"), ("model", repo, "vocab.txt")} <= set(fake_hub.asked)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the compute node: found without the network
     assert hub.is_cached(spec)
     assert hub.fetch_spec(spec).weights == checkpoint.weights

@@ -97,6 +97,7 @@ OTHER = {
     "medsiglip": "transformers SiglipModel.get_image_features",
     "quiltnet-b32": "open_clip create_model(pretrained=FILE).encode_image",
     "quiltnet-b16": "open_clip create_model(pretrained=FILE).encode_image",
+    "biomedclip": "open_clip create_model_and_transforms(hf-hub:...).encode_image",
     "keep": "authors: KEEPModel.encode_image (timm ViT-L/16 + visual_head, normalised)",
 }
 # ours -> the authors' code (kind, architecture), where TRIDENT has no offline loader
@@ -459,6 +460,8 @@ def image_text_checkpoint(spec, folder: Path, seed: int, conch: Path | None = No
     if spec.text == "open_clip":
         import open_clip
 
+        if open_clip.get_model_config(spec.arch.name) is None:  # BiomedCLIP: its own config
+            return _open_clip_hub_whole(spec, folder, seed)
         made = open_clip.model.CLIP(**open_clip.get_model_config(spec.arch.name))
         randomize(made, seed)
         weights = folder / spec.weights_file
@@ -491,6 +494,72 @@ def image_text_checkpoint(spec, folder: Path, seed: int, conch: Path | None = No
     if spec.text == "keep":
         return _keep_whole(folder, seed)
     raise ValueError(f"{spec.name}: no text tower")
+
+
+# BiomedBERT-base-uncased-abstract's config.json: BERT-base (its vocabulary is not here)
+BERT_BASE = {"model_type": "bert", "architectures": ["BertForMaskedLM"], "vocab_size": 30522,
+             "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+             "intermediate_size": 3072, "hidden_act": "gelu", "max_position_embeddings": 512,
+             "type_vocab_size": 2, "layer_norm_eps": 1e-12, "pad_token_id": 0}  # fmt: skip
+
+
+def _snapshot(cache: Path, repo: str) -> Path:
+    """A repo's snapshot folder in a Hugging Face cache as huggingface_hub lays it out."""
+    entry = cache / f"models--{repo.replace('/', '--')}"
+    snapshot = entry / "snapshots" / H0_REVISION
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (entry / "refs").mkdir(exist_ok=True)
+    (entry / "refs" / "main").write_text(H0_REVISION)
+    return snapshot
+
+
+def _open_clip_hub_whole(spec, folder: Path, seed: int) -> Whole:
+    """An open_clip model whose text tower is a Hugging Face model (BiomedCLIP), its two Hub
+    repos made in a local Hugging Face cache: the BERT's (BERT-base's config, a
+    word vocabulary) and the CLIP's (the registry's model_cfg as its open_clip_config.json,
+    open_clip's CustomTextCLIP of it with random weights in open_clip_pytorch_model.bin, the
+    position ids transformers saved before 4.31 with them, a logit scale of ln 100), the
+    CLIP's files in `folder` too. The reference: open_clip's create_model_and_transforms
+    and get_tokenizer of ``hf-hub:<repo>``, offline from that cache (ours reads it too)."""
+    import huggingface_hub
+    import open_clip
+
+    from tilestore.embed.models.families import open_clip_config, open_clip_text_repos
+
+    config = open_clip_config(spec, None)
+    # the image check's cache (main sets HF_HOME), else one of this run's (ours reads it per call)
+    home = os.environ.get("HF_HOME")
+    cache = Path(home) / "hub" if home else folder / "hf"
+    os.environ.update(HF_HUB_OFFLINE="1", **({} if home else {"HF_HUB_CACHE": str(cache)}))
+    huggingface_hub.constants.HF_HUB_CACHE = str(cache)  # open_clip's and transformers' reads
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "h", "&", "e", *WORDS]
+    for repo in open_clip_text_repos(config):
+        snapshot = _snapshot(cache, repo)
+        (snapshot / "config.json").write_text(json.dumps(BERT_BASE))
+        (snapshot / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
+    bert = _snapshot(cache, config["text_cfg"]["hf_model_name"])
+    text = {**config["text_cfg"], "hf_model_pretrained": False, "hf_model_name": str(bert)}
+    made = open_clip.model.CustomTextCLIP(**{**config, "text_cfg": text})
+    randomize(made, seed)
+    with torch.no_grad():
+        made.logit_scale.fill_(float(np.log(100)))
+    state = made.state_dict()
+    state["text.transformer.embeddings.position_ids"] = torch.arange(512)[None]
+    torch.save(state, folder / spec.weights_file)
+    del made, state
+    preprocess = {"mean": list(spec.data["mean"]), "std": list(spec.data["std"])}
+    (folder / "open_clip_config.json").write_text(
+        json.dumps({"model_cfg": config, "preprocess_cfg": preprocess})
+    )
+    snapshot = _snapshot(cache, spec.repo)
+    for name in (spec.weights_file, "open_clip_config.json"):
+        (snapshot / name).symlink_to(folder / name)
+    model, _, _ = open_clip.create_model_and_transforms(f"hf-hub:{spec.repo}", cache_dir=str(cache))
+    model = model.to(DEVICE).eval()
+    tokenizer = open_clip.get_tokenizer(f"hf-hub:{spec.repo}", cache_dir=str(cache))
+    return Whole(model.encode_image, lambda b: model.encode_text(tokenizer(b).to(DEVICE)),
+                 float(model.logit_scale.detach().exp()), model=model)  # fmt: skip
 
 
 def _keep_whole(folder: Path, seed: int) -> Whole:

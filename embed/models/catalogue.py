@@ -103,6 +103,37 @@ def _quiltnet(name: str, arch: str) -> ModelSpec:
     )  # fmt: skip
 
 
+# BiomedCLIP's open_clip_config.json's model_cfg (the repo's; what builds it without one)
+BIOMEDCLIP = {
+    "embed_dim": 512,
+    "vision_cfg": {"timm_model_name": "vit_base_patch16_224", "timm_model_pretrained": False,
+                   "timm_pool": "", "timm_proj": "linear", "image_size": 224},
+    "text_cfg": {"hf_model_name": "microsoft/BiomedNLP-BiomedBERT-base-uncased-abstract",
+                 "hf_tokenizer_name": "microsoft/BiomedNLP-BiomedBERT-base-uncased-abstract",
+                 "hf_proj_type": "mlp", "hf_pooler_type": "cls_last_hidden_state_pooler",
+                 "context_length": 256},
+}  # fmt: skip
+
+
+def _biomedclip() -> ModelSpec:
+    """Microsoft's BiomedCLIP (PMC-15M's figure-caption pairs): open_clip's CustomTextCLIP as
+    the repo's open_clip_config.json gives it: timm's ViT-B/16, its class token after the
+    final norm through a linear projection to 512-d (``encode_image``, what LazySlide
+    stores); the text tower PubMedBERT (BiomedBERT-base-uncased-abstract, a second repo's
+    config and tokenizer, 256 tokens). The config's preprocess_cfg: OpenAI CLIP's mean and
+    std; open_clip's transform: bicubic resize and centre crop to 224; fp32 as its card
+    runs it. PMC's figures come at no fixed um/px: none is assumed."""
+    repo = "microsoft/BiomedCLIP-PubMedBERT_256-vit_base_patch16_224"
+    return ModelSpec(
+        "biomedclip", "hf-hub", repo, 512, None,
+        weights_file="open_clip_pytorch_model.bin",
+        arch=Arch("open_clip", "BiomedCLIP-PubMedBERT_256-vit_base_patch16_224", BIOMEDCLIP),
+        data=_data(OPENAI_CLIP, interpolation="bicubic"),
+        licence="MIT", card=HF + repo, text="open_clip",
+        reference=f"open_clip create_model_and_transforms(hf-hub:{repo})",
+    )  # fmt: skip
+
+
 SWIGLU = {"mlp_layer": "SwiGLUPacked", "act_layer": "silu"}
 
 ENTRIES: tuple[ModelSpec, ...] = (
@@ -649,6 +680,7 @@ ENTRIES: tuple[ModelSpec, ...] = (
     ),
     _quiltnet("quiltnet-b32", "ViT-B-32"),
     _quiltnet("quiltnet-b16", "ViT-B-16"),
+    _biomedclip(),
     # KEEP (MAGIC-AI4Med/KEEP, quick_start/keep_inference.py; the Hub's modeling_keep.py):
     # timm's ViT-L/16 (layer scale 1e-5), its class token through the authors' visual_head
     # and L2-normalised: encode_image, 768-d. Their transform: bicubic resize to 224 and a

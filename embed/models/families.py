@@ -16,10 +16,13 @@ the backbone's key names; loading is then strict (`tilestore.embed.models.load`)
 - ``genbio``: GenBio-PathFM's per-channel rotary ViT (`tilestore.embed.models.genbio`).
 - ``keep``: KEEP's image tower, timm's ViT-L/16 and the authors' projection head
   (`tilestore.embed.models.keep`), its config.json (KEEP's own) read for the head's width.
-- ``open_clip``: open_clip's CLIP image tower (QuiltNet), configured by the checkpoint's
-  open_clip_config.json (``model_cfg``, as open_clip's own Hub loading reads it), else
-  open_clip's built-in config of the spec's architecture; its output is CLIP's image
-  embedding (``encode_image``).
+- ``open_clip``: open_clip's CLIP image tower (QuiltNet, BiomedCLIP), configured by the
+  checkpoint's open_clip_config.json (``model_cfg``, as open_clip's own Hub loading reads
+  it), else the registry's copy of it, else open_clip's built-in config of the spec's
+  architecture; its output is CLIP's image embedding (``encode_image``). The image tower
+  alone is built: a text tower that is a Hugging Face model (BiomedCLIP's BERT) needs a
+  second repo's config, which zero-shot fetches (`tilestore.embed.models.text`) and
+  embedding does not.
 """
 
 from __future__ import annotations
@@ -313,24 +316,37 @@ def _keep_convert(spec: ModelSpec, state: State, backbone: nn.Module) -> State:
 
 
 def open_clip_config(spec: ModelSpec, config: dict | None) -> dict:
-    """The model_cfg an open_clip CLIP is built from: the checkpoint's, else open_clip's own
-    for the spec's architecture, with the spec's arguments over it."""
+    """The model_cfg an open_clip CLIP is built from: the checkpoint's (its
+    open_clip_config.json's), else the registry's copy of it (the spec's arguments, where
+    open_clip has no config of that name: BiomedCLIP's), else open_clip's own for the
+    spec's architecture."""
     try:
         import open_clip
     except ImportError as exc:
         raise ModelError(
             f"{spec.name}: needs open_clip: pip install 'tilestore[openclip]'"
         ) from exc
-    found = (config or {}).get("model_cfg") or open_clip.get_model_config(spec.arch.name)
+    found = (
+        (config or {}).get("model_cfg")
+        or spec.arch.kwargs
+        or open_clip.get_model_config(spec.arch.name)
+    )
     if not found:
-        raise ModelError(f"{spec.name}: open_clip has no architecture {spec.arch.name!r}")
-    found = {**found, **spec.arch.kwargs}
-    if "hf_model_name" in found.get("text_cfg", {}):
         raise ModelError(
-            f"{spec.name}: a text tower from the Hub ({found['text_cfg']['hf_model_name']}) "
-            "is built by downloading its config; not supported offline"
+            f"{spec.name}: no open_clip_config.json with a model_cfg beside its weights, and "
+            f"open_clip has no architecture {spec.arch.name!r}: `tilestore models pull "
+            f"{spec.name}` fetches the repo's"
         )
-    return found
+    return dict(found)
+
+
+def open_clip_text_repos(config: dict) -> tuple[str, ...]:
+    """The Hub repos an open_clip text tower that is a Hugging Face model is built from (its
+    config's ``hf_model_name``, its tokenizer's ``hf_tokenizer_name``: BiomedCLIP's BERT);
+    none for open_clip's own text transformer."""
+    text = config.get("text_cfg", {})
+    names = (text.get("hf_model_name"), text.get("hf_tokenizer_name"))
+    return tuple(dict.fromkeys(n for n in names if n))
 
 
 class OpenClipImage(nn.Module):
@@ -345,9 +361,15 @@ class OpenClipImage(nn.Module):
 
 
 def _build_open_clip(spec: ModelSpec, config: dict | None) -> nn.Module:
+    """The image tower as open_clip's CLIP and CustomTextCLIP build theirs (``visual``),
+    without their text tower."""
     import open_clip
 
-    return OpenClipImage(open_clip.model.CLIP(**open_clip_config(spec, config)).visual)
+    found = open_clip_config(spec, config)
+    visual = open_clip.model._build_vision_tower(
+        found["embed_dim"], found["vision_cfg"], found.get("quick_gelu", False)
+    )
+    return OpenClipImage(visual)
 
 
 def _open_clip_convert(spec: ModelSpec, state: State, backbone: nn.Module) -> State:

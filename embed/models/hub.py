@@ -223,6 +223,26 @@ def fetch_tokenizer(spec: ModelSpec, *, token: str | None = None) -> list[Path]:
     return found
 
 
+def fetch_text_model(name: str, repo: str, *, token: str | None = None) -> Path:
+    """The folder of a second repo that a model's text tower is built from (BiomedCLIP's
+    BERT, named by its open_clip_config.json): its config.json and tokenizer files, from the
+    cache or (online) downloaded into it. Offline without them: one line naming the repo
+    and `tilestore models pull <name>`."""
+    local = offline()
+    down = None if local else _hub_down(repo, "config.json", token, None, "model")
+    where = dict(token=token, revision=None, cached_only=local or down is not None, down=down)
+    try:
+        config = _download(name, repo, "config.json", **where)
+    except _Missing as exc:
+        raise ModelError(
+            f"{name}: {repo} has no config.json, which its text tower is built from"
+        ) from exc
+    for filename in TOKENIZER_FILES:
+        with contextlib.suppress(_Missing):
+            _download(name, repo, filename, **where, optional=True)
+    return config.parent
+
+
 def local(name: str, folder: str | os.PathLike, spec: ModelSpec | None = None) -> Checkpoint:
     """Return the checkpoint in a local folder: a config.json where the model's family reads
     one (timm's, for ``local:<dir>``) and its weights file."""
@@ -329,7 +349,9 @@ def is_cached(spec: ModelSpec) -> bool:
 
 def pull(name: str, *, token: str | None = None) -> Checkpoint | None:
     """Download a registered model's config and weights into the cache (for offline compute
-    nodes); None for a model whose weights come from elsewhere (a package, timm, a folder)."""
+    nodes), with what its text tower reads: its repo's tokenizer, or the repos its
+    open_clip_config.json names (BiomedCLIP's BERT); None for a model whose weights come
+    from elsewhere (a package, timm, a folder)."""
     spec = get_model(name)
     if spec.source != "hf-hub":
         return None
@@ -352,6 +374,11 @@ def pull(name: str, *, token: str | None = None) -> Checkpoint | None:
     checkpoint = fetch_spec(spec, token=token)
     if spec.text in TOKENIZER_IN_REPO:  # zero-shot reads its tokenizer from the same repo
         fetch_tokenizer(spec, token=token)
+    if spec.text == "open_clip":  # a text tower that is a Hugging Face model: its repos
+        from tilestore.embed.models.families import open_clip_config, open_clip_text_repos
+
+        for text_repo in open_clip_text_repos(open_clip_config(spec, checkpoint.config)):
+            fetch_text_model(name, text_repo, token=token)
     return checkpoint
 
 

@@ -23,7 +23,8 @@ TEXT_TOWERS = {
     "clip": "transformers' CLIPModel: its text model and projection, CLIP's tokenizer",
     "siglip": "transformers' SiglipModel: its text model, SigLIP's tokenizer, a logit bias",
     "conch": "CONCH's CoCa text transformer (a class token appended), its byte-level BPE",
-    "open_clip": "open_clip's text tower of the same model, its tokenizer",
+    "open_clip": "open_clip's text tower of the same model, its tokenizer (a Hugging Face "
+    "BERT built from the repo its open_clip_config.json names, for BiomedCLIP)",
     "keep": "KEEP's BERT (transformers' BertModel of its config.json's text_config), its "
     "pooled output, its WordPiece tokenizer",
 }

@@ -14,7 +14,12 @@ remote code.
   byte-level BPE tokenizer (not on the Hub: from the ``conch`` package or a file given);
   the stored features are the pooled embedding before the contrastive projection, which is
   applied here, as CONCH's MI-Zero code (``visual.forward_project``) applies it to them.
-- ``open_clip``: open_clip's model of the same architecture (QuiltNet), its tokenizer.
+- ``open_clip``: open_clip's model of the same architecture (QuiltNet), its tokenizer; where
+  its text tower is a Hugging Face model (BiomedCLIP's PubMedBERT), open_clip's
+  CustomTextCLIP built as open_clip builds it for a checkpoint: the BERT from the config of
+  the repo its open_clip_config.json names (cached by `tilestore models pull`, read from
+  the cache's folder, never a download at build), its weights from the checkpoint, that
+  repo's tokenizer through open_clip's HFTokenizer (text padded to its 256 tokens).
 - ``keep``: KEEP's BERT, transformers' BertModel built from its config.json's
   ``text_config`` (what the authors' ``KEEPModel`` builds; no remote code), its pooled output
   (``encode_text``), text padded to 256 tokens as their ``zero_shot_classifier`` pads it, its
@@ -258,26 +263,67 @@ def _open_clip(spec, checkpoint, device, tokenizer_file) -> TextTower:
     from tilestore.embed.models.families import open_clip_config
 
     config = open_clip_config(spec, checkpoint.config)
-    with device:
-        model = open_clip.model.CLIP(**config).eval()
+    text = config.get("text_cfg", {})
+    if text.get("hf_model_name"):
+        model, tokenizer = _open_clip_hf(spec, config, device)
+    else:
+        with device:
+            model = open_clip.model.CLIP(**config).eval()
+        # open_clip's own tokenizer (its BPE vocabulary ships in the package)
+        tokenizer = open_clip.tokenizer.SimpleTokenizer(
+            context_length=text.get("context_length", 77)
+        )
     state = hub.load_weights(spec.name, checkpoint.weights, device)
+    # a buffer transformers saved before 4.31 and computes itself since (open_clip drops it)
+    state.pop("text.transformer.embeddings.position_ids", None)
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         first = str(exc).splitlines()[0][:300]
         raise ModelError(
-            f"{spec.name}: the checkpoint does not fit open_clip's CLIP ({first})"
+            f"{spec.name}: the checkpoint does not fit open_clip's {type(model).__name__} ({first})"
         ) from exc
-    # open_clip's own tokenizer (its BPE vocabulary ships in the package)
-    tokenizer = open_clip.tokenizer.SimpleTokenizer(
-        context_length=config["text_cfg"].get("context_length", 77)
-    )
+    model = model.eval()
 
     def encode(texts: list[str]) -> torch.Tensor:
         return model.encode_text(tokenizer(texts).to(device))
 
-    scale = float(model.logit_scale.exp())
+    scale = float(model.logit_scale.detach().exp())
     return TextTower(spec, encode, scale, 0.0, None, checkpoint, None)
+
+
+def _open_clip_hf(spec: ModelSpec, config: dict, device: torch.device):
+    """open_clip's CustomTextCLIP whose text tower is a Hugging Face model, and its tokenizer,
+    as open_clip's create_model and get_tokenizer make them for a checkpoint (the BERT built
+    from its config alone: its weights are the checkpoint's), each repo read from the
+    folder the cache holds it in."""
+    import open_clip
+
+    from tilestore.embed.models.families import open_clip_text_repos
+
+    text = config["text_cfg"]
+    folders = {r: hub.fetch_text_model(spec.name, r) for r in open_clip_text_repos(config)}
+    built = {**config, "text_cfg": {**text, "hf_model_name": str(folders[text["hf_model_name"]]),
+                                    "hf_model_pretrained": False}}  # fmt: skip
+    built.pop("custom_text", None)  # open_clip's flag for this class, not an argument of it
+    length = text.get("context_length", 77)
+    try:
+        with device:
+            model = open_clip.model.CustomTextCLIP(**built)
+        if not text.get("hf_tokenizer_name"):  # open_clip's choice, where none is named
+            return model, open_clip.tokenizer.SimpleTokenizer(context_length=length)
+        folder = folders[text["hf_tokenizer_name"]]
+        _vocabulary(spec, folder)
+        tokenizer = open_clip.tokenizer.HFTokenizer(
+            str(folder), context_length=length, tokenizer_mode=text.get("tokenizer_mode"),
+            **text.get("tokenizer_kwargs", {}),
+        )  # fmt: skip
+    except (OSError, ValueError) as exc:
+        raise ModelError(
+            f"{spec.name}: cannot build its text tower from {', '.join(map(str, folders.values()))}"
+            f" ({str(exc).splitlines()[0][:200]})"
+        ) from exc
+    return model, tokenizer
 
 
 def _keep(spec, checkpoint, device, tokenizer_file) -> TextTower:

@@ -1,16 +1,23 @@
 """Fixtures for the embedder: run settings, a machine of known answers, a Hugging Face cache
-built offline."""
+built offline, a stand-in Hub that `models pull` downloads from."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
 from dataclasses import fields, replace
+from pathlib import Path
 
 import pytest
 import safetensors.torch
 import timm
 import torch
+from huggingface_hub import HfApi
+from huggingface_hub import hf_hub_download as real_download
 
+from tilestore.embed.models import hub
 from tilestore.embed.settings import Options, Settings
 
 BASE = Settings(
@@ -135,3 +142,69 @@ def lite():
     from tilestore.embed.models import load_model
 
     return load_model("efficientnet-lite0")
+
+
+# -- a stand-in for the Hugging Face Hub (`tilestore models pull`) --------------------------------
+
+REVISION = "fedcba9876543210fedcba9876543210fedcba98"
+
+
+class FakeHub:
+    """Repos as folders; downloads written into the cache as huggingface_hub writes them."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.asked: list[tuple[str, str, str]] = []
+
+    def repo(self, repo: str, repo_type: str = "model") -> Path:
+        folder = self.root / repo_type / repo
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def metadata(self, url, **kwargs):
+        """The Hub answers the one request asking whether it is there."""
+
+    def list_repo_files(self, repo, token=None, repo_type=None):
+        folder = self.root / (repo_type or "model") / repo
+        if not folder.is_dir():
+            from huggingface_hub.errors import RepositoryNotFoundError
+
+            raise RepositoryNotFoundError(f"404 {repo}", response=None)
+        return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+    def download(self, repo, filename, *, revision=None, token=None, cache_dir=None,
+                 repo_type="model", local_files_only=False):  # fmt: skip
+        if local_files_only:
+            return real_download(repo, filename, revision=revision, cache_dir=cache_dir,
+                                 repo_type=repo_type, local_files_only=True)  # fmt: skip
+        from huggingface_hub.errors import EntryNotFoundError
+
+        self.asked.append((repo_type or "model", repo, filename))
+        source = self.root / (repo_type or "model") / repo / filename
+        if not source.is_file():
+            raise EntryNotFoundError(f"404 {repo}/{filename}")
+        entry = Path(cache_dir) / f"{repo_type or 'model'}s--{repo.replace('/', '--')}"
+        blob = entry / "blobs" / hashlib.sha256(source.read_bytes()).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, blob)
+        link = entry / "snapshots" / REVISION / filename
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.unlink(missing_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+        (entry / "refs").mkdir(exist_ok=True)
+        (entry / "refs" / "main").write_text(REVISION)
+        return str(link)
+
+
+@pytest.fixture
+def fake_hub(tmp_path, monkeypatch):
+    fake = FakeHub(tmp_path / "remote")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(hub, "hf_hub_download", fake.download)
+    monkeypatch.setattr(hub, "get_hf_file_metadata", fake.metadata)
+    monkeypatch.setattr(
+        HfApi, "list_repo_files", lambda api, repo, **kw: fake.list_repo_files(repo, **kw)
+    )
+    return fake

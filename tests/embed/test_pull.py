@@ -9,83 +9,17 @@ snapshot, refs/main); every offline read goes through huggingface_hub itself."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from huggingface_hub import HfApi
-from huggingface_hub import hf_hub_download as real_download
 
+from tests.embed.conftest import REVISION, FakeHub
 from tilestore.embed.models import ModelError, hub, list_models, load_model
-from tilestore.embed.models.families import build
+from tilestore.embed.models.families import build, open_clip_config, open_clip_text_repos
 
-REVISION = "fedcba9876543210fedcba9876543210fedcba98"
 HUB_SPECS = [s for s in list_models() if s.source == "hf-hub"]
-
-
-class FakeHub:
-    """Repos as folders; downloads written into the cache as huggingface_hub writes them."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.asked: list[tuple[str, str, str]] = []
-
-    def repo(self, repo: str, repo_type: str = "model") -> Path:
-        folder = self.root / repo_type / repo
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
-
-    def metadata(self, url, **kwargs):
-        """The Hub answers the one request asking whether it is there."""
-
-    def list_repo_files(self, repo, token=None, repo_type=None):
-        folder = self.root / (repo_type or "model") / repo
-        if not folder.is_dir():
-            from huggingface_hub.errors import RepositoryNotFoundError
-
-            raise RepositoryNotFoundError(f"404 {repo}", response=None)
-        return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
-
-    def download(self, repo, filename, *, revision=None, token=None, cache_dir=None,
-                 repo_type="model", local_files_only=False):  # fmt: skip
-        if local_files_only:
-            return real_download(repo, filename, revision=revision, cache_dir=cache_dir,
-                                 repo_type=repo_type, local_files_only=True)  # fmt: skip
-        from huggingface_hub.errors import EntryNotFoundError
-
-        self.asked.append((repo_type or "model", repo, filename))
-        source = self.root / (repo_type or "model") / repo / filename
-        if not source.is_file():
-            raise EntryNotFoundError(f"404 {repo}/{filename}")
-        entry = Path(cache_dir) / f"{repo_type or 'model'}s--{repo.replace('/', '--')}"
-        blob = entry / "blobs" / hashlib.sha256(source.read_bytes()).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, blob)
-        link = entry / "snapshots" / REVISION / filename
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.unlink(missing_ok=True)
-        link.symlink_to(os.path.relpath(blob, link.parent))
-        (entry / "refs").mkdir(exist_ok=True)
-        (entry / "refs" / "main").write_text(REVISION)
-        return str(link)
-
-
-@pytest.fixture
-def fake_hub(tmp_path, monkeypatch):
-    fake = FakeHub(tmp_path / "remote")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setattr(hub, "hf_hub_download", fake.download)
-    monkeypatch.setattr(hub, "get_hf_file_metadata", fake.metadata)
-    monkeypatch.setattr(
-        HfApi, "list_repo_files", lambda api, repo, **kw: fake.list_repo_files(repo, **kw)
-    )
-    return fake
 
 
 def _publish(fake: FakeHub, spec, weights: bytes = b"not read by pull") -> Path:
@@ -95,7 +29,17 @@ def _publish(fake: FakeHub, spec, weights: bytes = b"not read by pull") -> Path:
     (folder / name).write_bytes(weights)
     if spec.family == "transformers" or spec.arch is None:
         (folder / "config.json").write_text(json.dumps({"model_type": "x"}))
+    for repo in _text_repos(spec):
+        (fake.repo(repo) / "config.json").write_text(json.dumps({"model_type": "bert"}))
+        (fake.repo(repo) / "vocab.txt").write_text("[PAD]\n[UNK]\n")
     return folder
+
+
+def _text_repos(spec) -> tuple[str, ...]:
+    """The Hugging Face repos an open_clip text tower is built from (BiomedCLIP's BERT)."""
+    if spec.text != "open_clip":
+        return ()
+    return open_clip_text_repos(open_clip_config(spec, None))
 
 
 @pytest.mark.parametrize("spec", HUB_SPECS, ids=lambda s: s.name)
@@ -108,6 +52,8 @@ def test_pull_fetches_what_the_spec_names_into_the_cache(fake_hub, spec, monkeyp
     assert checkpoint.revision == REVISION and checkpoint.repo == spec.repo
     assert checkpoint.weights.as_posix().endswith(f"snapshots/{REVISION}/{weights}")
     assert checkpoint.weights.read_bytes() == b"not read by pull"
+    for repo in _text_repos(spec):  # BiomedCLIP's BERT: its config and vocabulary too
+        assert {("model", repo, "config.json"), ("model", repo, "vocab.txt")} <= set(fake_hub.asked)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the compute node: found without the network
     assert hub.is_cached(spec)
     assert hub.fetch_spec(spec).weights == checkpoint.weights

@@ -35,12 +35,13 @@ RUNNABLE = re.compile(
 )
 
 
-# the tests that read the built site run on one xdist worker (`--dist loadgroup`), so the
-# site, with its notebooks executed, is built once per run, not once per worker
+# the tests that read the built site run on one xdist worker (`--dist loadgroup`), and the
+# site is the session's (a module's fixture is torn down whenever the worker runs another
+# module's test between two of these): with its notebooks executed, it is built once a run
 ON_THE_SITE = pytest.mark.xdist_group("site")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def site(tmp_path_factory) -> Path:
     """The site built once for this module's tests, strict, as a user builds it."""
     if not MKDOCS.exists():

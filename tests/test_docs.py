@@ -35,18 +35,26 @@ RUNNABLE = re.compile(
 )
 
 
-# the tests that read the built site run on one xdist worker (`--dist loadgroup`), and the
-# site is the session's (a module's fixture is torn down whenever the worker runs another
-# module's test between two of these): with its notebooks executed, it is built once a run
-ON_THE_SITE = pytest.mark.xdist_group("site")
-
-
 @pytest.fixture(scope="session")
 def site(tmp_path_factory) -> Path:
-    """The site built once for this module's tests, strict, as a user builds it."""
+    """The site built once a run, strict, as a user builds it: by the first of xdist's
+    workers to ask, the others waiting for it on a lock in the run's shared folder (the
+    build runs the tutorial notebooks: a minute or two)."""
+    from filelock import FileLock
+
     if not MKDOCS.exists():
         pytest.skip(f"mkdocs is not installed beside {sys.executable} (pip install -e '.[docs]')")
-    out = tmp_path_factory.mktemp("site")
+    shared = tmp_path_factory.getbasetemp()  # this run's: under xdist, its workers' parent
+    shared = shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
+    out, built = shared / "site", shared / "site.built"
+    with FileLock(str(shared / "site.lock")):
+        if not built.exists():
+            _build(out)
+            built.touch()
+    return out
+
+
+def _build(out: Path) -> None:
     # the tutorial notebooks run in the build against the sample data, where it is here
     execute = "1" if (DATA / "slides").is_dir() else "0"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "TILESTORE_DOCS_EXECUTE": execute}
@@ -61,10 +69,8 @@ def site(tmp_path_factory) -> Path:
     seconds = time.perf_counter() - start
     assert done.returncode == 0, done.stderr[-4000:]
     print(f"mkdocs build --strict: {seconds:.1f} s (the notebooks executed: {execute})")
-    return out
 
 
-@ON_THE_SITE
 def test_the_site_builds_in_strict_mode_with_every_section(site):
     for page in (
         "index.html",
@@ -87,7 +93,6 @@ def _ids(html: str) -> set[str]:
     return set(re.findall(r'\bid="([^"]+)"', html))
 
 
-@ON_THE_SITE
 def test_every_public_name_of_every_face_is_documented(site):
     missing, counted = [], 0
     for face in FACES:
@@ -114,7 +119,6 @@ def _commands() -> list[list[str]]:
     return list(walk(typer.main.get_command(app), ["tilestore"]))
 
 
-@ON_THE_SITE
 def test_every_command_and_flag_is_documented(site):
     import typer.main
 
@@ -158,7 +162,6 @@ class _Tags(HTMLParser):
         self.tags.add(tag)
 
 
-@ON_THE_SITE
 def test_no_text_is_taken_for_an_html_tag(site):
     """`<model>`, `<name>`, `<arch>` in docstrings and command help are shown, not hidden."""
     unknown = {}
@@ -189,7 +192,6 @@ class _Links(HTMLParser):
                 self.links.append(value)
 
 
-@ON_THE_SITE
 def test_no_dead_internal_link_or_anchor(site):
     ids: dict[Path, set[str]] = {}
 
@@ -295,7 +297,6 @@ def test_notebooks_are_kept_without_outputs_and_shown_on_the_site(path):
     assert any(_draws(c.source) for c in notebook.cells if c.cell_type == "code")
 
 
-@ON_THE_SITE
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_the_site_shows_each_notebook_run_with_each_figure_where_it_is_drawn(site, path):
@@ -410,7 +411,6 @@ def served(site):
     server.shutdown()
 
 
-@ON_THE_SITE
 def test_home_search_api_how_to_and_tutorial_render_in_a_browser(browser, served, tmp_path):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.set_default_timeout(60_000)

@@ -119,6 +119,11 @@ def musk(**kwargs: object) -> MuskImage:
     return MuskImage(**kwargs)
 
 
+def _renamed(rest: str, table: dict[str, str], prefix: str, key: str) -> str:
+    """`prefix` and the table's name for the start of `rest`; `key` where none matches."""
+    return next((prefix + v + rest[len(k) :] for k, v in table.items() if rest.startswith(k)), key)
+
+
 def musk_state(state: State) -> State:
     """The authors' whole MUSK state (``beit3.*``, the heads, ``logit_scale``; their
     loader strips no prefix) as our module names it: the vision experts (``.A.``) renamed
@@ -139,18 +144,11 @@ def musk_state(state: State) -> State:
             if part:
                 qkv.setdefault(f"vit.blocks.{index}.attn.qkv.{part[2]}", {})[part[1]] = value
                 continue
-            new = next(
-                (f"vit.blocks.{index}.{v}{rest[len(k):]}" for k, v in _LAYER.items()
-                 if rest.startswith(k)),
-                key,
-            )  # fmt: skip
-            out[new] = value
+            out[_renamed(rest, _LAYER, f"vit.blocks.{index}.", key)] = value
         else:
-            out[
-                next((f"vit.{v}{key[len(k) :]}" for k, v in _TOP.items() if key.startswith(k)), key)
-            ] = value
+            out[_renamed(key, _TOP, "vit.", key)] = value
     for key, parts in qkv.items():
         if set(parts) != {"q", "k", "v"}:
-            raise ModelError(f"{key}: the checkpoint has {sorted(parts)} of q, k, v")
+            raise ModelError(f"MUSK's checkpoint has {sorted(parts)} of q, k, v for {key}")
         out[key] = torch.cat([parts["q"], parts["k"], parts["v"]])
     return out

@@ -336,10 +336,21 @@ def test_musk_is_the_authors_multiscale_class_tokens_on_real_tiles(tmp_path, cmu
         assert tuple(loaded.module.tokens(x).shape) == (3, 24, 24, 64)
 
 
-def test_musk_checkpoint_with_a_tensor_it_does_not_know_is_refused(tmp_path):
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("beit3.encoder.relative_position.weight", r"unexpected \['beit3.encoder.relative_posi"),
+        ("-beit3.encoder.layers.1.self_attn.k_proj.A.bias", r"\['q', 'v'\] of q, k, v for"),
+        ("-beit3.encoder.layers.0.ffn.A.ffn_layernorm.weight", r"missing \['vit.blocks.0.mlp.norm"),
+    ],
+)
+def test_musk_checkpoint_with_a_tensor_too_many_or_too_few_is_refused(tmp_path, change, message):
     theirs = _musk_checkpoint(tmp_path / "musk")
-    theirs["beit3.encoder.relative_position.weight"] = torch.zeros(32, 4)
+    if change.startswith("-"):
+        del theirs[change[1:]]
+    else:
+        theirs[change] = torch.zeros(32, 4)
     safetensors.torch.save_file(theirs, tmp_path / "musk" / "model.safetensors")
     spec = _local(_small(get_model("musk"), **MUSK_SMALL), tmp_path / "musk")
-    with pytest.raises(ModelError, match=r"unexpected \['beit3.encoder.relative_position"):
+    with pytest.raises(ModelError, match=message):
         load_model(spec)

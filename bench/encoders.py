@@ -18,7 +18,11 @@ References, each a local copy, run in a separate process with the versions they 
                    transform, from a local Hugging Face cache (how LazySlide loads Lunit's).
   authors          the authors' own code where TRIDENT has none that runs offline: Hibou
                    from HistAI/hibou (`build_model`, DINOv2's layout; TRIDENT loads Hibou-L
-                   from the Hub with transformers' remote code), with TRIDENT's transform.
+                   from the Hub with transformers' remote code), with TRIDENT's transform;
+                   MUSK from lilab-stanford/MUSK (`--musk`: its `musk` package and its copy of
+                   torchscale; fairscale and einops on the reference's path): their
+                   `musk_large_patch16_384`, their `load_model_and_may_interpolate` of the
+                   safetensors file, their README's call (ms_aug=True) and transform.
   transformers     `CLIPModel.get_image_features` (PLIP), in this process.
   authors (iSight) the construction of zhihuanglab/iSight's `CLAM_ViT` (transformers'
                    `CLIPModel` from their training checkpoint's `model_state_dict`, its vision
@@ -38,7 +42,8 @@ process imports only its encoders (`trident.patch_encoder_models`, with `trident
 the model code they import), its package entry made without running that `__init__`.
 
     python bench/encoders.py --trident .peers/TRIDENT --conch .peers/CONCH \
-        --dinov2 .peers/dinov2 --hibou .peers/hibou --reference-path /tmp/refsite:/tmp/site
+        --dinov2 .peers/dinov2 --hibou .peers/hibou --musk .peers/MUSK \
+        --reference-path /tmp/refsite:/tmp/site
 """
 
 from __future__ import annotations
@@ -101,7 +106,11 @@ OTHER = {
     "keep": "authors: KEEPModel.encode_image (timm ViT-L/16 + visual_head, normalised)",
 }
 # ours -> the authors' code (kind, architecture), where TRIDENT has no offline loader
-AUTHORS = {"hibou-b": ("hibou", "vit_base"), "hibou-l": ("hibou", "vit_large")}
+AUTHORS = {
+    "hibou-b": ("hibou", "vit_base"),
+    "hibou-l": ("hibou", "vit_large"),
+    "musk": ("musk", "musk_large_patch16_384"),
+}
 # the registered encoders with no reference that runs offline, and why
 NO_REFERENCE: dict[str, str] = {}
 # published layouts made by the reference's own constructor (ours converts them)
@@ -236,21 +245,34 @@ def _make_reference_checkpoint(job: dict) -> dict:
         randomize(model, job["seed"])
         path = folder / "model.pth"
         torch.save(model.state_dict(), path)
+    elif job["kind"] == "musk":  # the Hub's model.safetensors: the whole MUSK state
+        import safetensors.torch
+        import timm
+        from musk import modeling  # noqa: F401  (registers musk_large_patch16_384 with timm)
+
+        model = timm.create_model(job["arch"])
+        randomize(model, job["seed"])
+        path = folder / "model.safetensors"
+        safetensors.torch.save_file(
+            {k: v.contiguous() for k, v in model.state_dict().items()}, path
+        )
     else:
         raise ValueError(job["kind"])
     return {"path": str(path)}
 
 
 def _authors_encoder(job: dict):
-    """The authors' model and TRIDENT's transform for it (as `encoder_factory` gives)."""
-    from torchvision.transforms import InterpolationMode
-    from trident.patch_encoder_models.utils.constants import get_constants
-    from trident.patch_encoder_models.utils.transform_utils import get_eval_transforms
-
+    """The authors' model and TRIDENT's transform for it (as `encoder_factory` gives); MUSK
+    with its README's."""
     kind, arch = job["reference"].split(":")
+    if kind == "musk":
+        return _musk_encoder(job["weights"], arch)
     if kind != "hibou":
         raise ValueError(kind)
     from hibou import build_model
+    from torchvision.transforms import InterpolationMode
+    from trident.patch_encoder_models.utils.constants import get_constants
+    from trident.patch_encoder_models.utils.transform_utils import get_eval_transforms
 
     model = build_model(job["weights"], arch=arch).eval()
     mean, std = get_constants("hibou")
@@ -259,6 +281,32 @@ def _authors_encoder(job: dict):
         max_size=None, antialias=True,
     )  # fmt: skip
     return model
+
+
+def _musk_encoder(weights: str, arch: str):
+    """MUSK as its README runs it for linear probes and MIL: their model, their loader of the
+    checkpoint, ``model(image=x, with_head=False, out_norm=False, ms_aug=True,
+    return_global=True)[0]``, their transform (bicubic resize to 384, centre crop, 0.5s)."""
+    import timm
+    import torchvision.transforms as T
+    from musk import modeling, utils  # noqa: F401  (registers musk_large_patch16_384)
+
+    class Musk(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = timm.create_model(arch)
+            utils.load_model_and_may_interpolate(weights, self.model, "model|module", "")
+            self.eval_transforms = T.Compose([
+                T.Resize(384, interpolation=3, antialias=True), T.CenterCrop((384, 384)),
+                T.ToTensor(), T.Normalize(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
+            ])  # fmt: skip
+
+        def forward(self, x):
+            return self.model(
+                image=x, with_head=False, out_norm=False, ms_aug=True, return_global=True
+            )[0]
+
+    return Musk().eval()
 
 
 def _reference_features(job: dict) -> dict:
@@ -955,6 +1003,7 @@ def main() -> None:
     parser.add_argument("--conch", type=Path)
     parser.add_argument("--dinov2", type=Path)
     parser.add_argument("--hibou", type=Path, help="a copy of HistAI/hibou")
+    parser.add_argument("--musk", type=Path, help="a copy of lilab-stanford/MUSK")
     parser.add_argument("--reference-path", default="", help="PYTHONPATH of the reference process")
     parser.add_argument("--models", default="", help="comma-separated; default: all")
     parser.add_argument(
@@ -1009,8 +1058,8 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     names = args.models.split(",") if args.models else [s.name for s in list_models() if s.arch]
-    sources = [p for p in (args.trident, args.conch, args.hibou) if p]
-    reference = Reference(args.reference_path, sources, env) if args.trident else None
+    sources = [p for p in (args.trident, args.conch, args.hibou, args.musk) if p]
+    reference = Reference(args.reference_path, sources, env) if sources else None
     rows = []
     device = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "CPU"
     args.json.parent.mkdir(parents=True, exist_ok=True)

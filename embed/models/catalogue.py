@@ -16,6 +16,7 @@ HIBOU = ((0.7068, 0.5755, 0.722), (0.195, 0.2316, 0.1816))
 OPENAI_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
 GENBIO = ((0.697, 0.575, 0.728), (0.188, 0.240, 0.187))
 SIGLIP = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+INCEPTION = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))  # timm's IMAGENET_INCEPTION_MEAN / _STD
 
 NC_ND = "CC-BY-NC-ND-4.0"
 HF = "https://huggingface.co/"
@@ -704,6 +705,33 @@ ENTRIES: tuple[ModelSpec, ...] = (
         card=HF + "Astaxanthin/KEEP",
         reference="authors: KEEPModel.encode_image (MAGIC-AI4Med/KEEP quick_start)",
         text="keep",
+    ),
+    # MUSK (lilab-stanford/MUSK, its README; `tilestore.embed.models.musk`): the image path of
+    # its BEiT-3 multiway transformer, read as the README runs it for linear probes and MIL
+    # (ms_aug=True, no head, no normalisation): the class token of the 384 px tile and the
+    # mean class token of the tile upsampled to 768 and cut in four, 2,048-d. TRIDENT's
+    # `musk` leaves ms_aug off: its 1,024 features are the first half of these. Bicubic
+    # resize to 384 and a 384 centre crop, Inception's mean and std (0.5); fp16 in the README
+    # and TRIDENT. The authors pretrained on mixed magnifications and state no um/px (TRIDENT
+    # reads 20x): none is assumed. Image features only: the text tower (XLM-R tokens through
+    # the language experts) is not built, so no zero-shot; the checkpoint's language
+    # experts, text embedding, heads and temperature are dropped when it loads.
+    ModelSpec(
+        "musk",
+        "hf-hub",
+        "xiangjx/musk",
+        2048,
+        None,
+        tile=384,
+        arch=Arch("musk", "musk_large_patch16_384", {"scales": (1, 2)}),
+        data=_data(INCEPTION, size=384, interpolation="bicubic"),
+        pooling="multiscale",
+        gated=True,
+        precision="fp16",
+        licence=NC_ND,
+        card=HF + "xiangjx/musk",
+        reference="authors: MUSK(image, ms_aug=True, with_head=False, out_norm=False) "
+        "(lilab-stanford/MUSK)",
     ),
     ModelSpec(
         "efficientnet-lite0",

@@ -33,6 +33,10 @@ def _cls_mean(backbone, tokens):
     return torch.cat([_cls(backbone, tokens), _mean(backbone, tokens)], dim=-1)
 
 
+def _prefix(backbone, tokens):
+    return tokens[:, : backbone.num_prefix_tokens].flatten(1)
+
+
 def _attention(backbone, tokens):
     return backbone.pool(tokens)
 
@@ -44,6 +48,7 @@ POOL = {
     "token-mean": _token_mean,
     "cls+mean": _cls_mean,
     "attn-pool": _attention,
+    "multiscale": _prefix,
 }
 
 

@@ -16,6 +16,8 @@ the backbone's key names; loading is then strict (`tilestore.embed.models.load`)
 - ``genbio``: GenBio-PathFM's per-channel rotary ViT (`tilestore.embed.models.genbio`).
 - ``keep``: KEEP's image tower, timm's ViT-L/16 and the authors' projection head
   (`tilestore.embed.models.keep`), its config.json (KEEP's own) read for the head's width.
+- ``musk``: MUSK's vision path, timm's ViT-L/16 with sub-LayerNorms, read at several scales
+  (`tilestore.embed.models.musk`); the whole image-text checkpoint's image half.
 - ``open_clip``: open_clip's CLIP image tower (QuiltNet, BiomedCLIP), configured by the
   checkpoint's open_clip_config.json (``model_cfg``, as open_clip's own Hub loading reads
   it), else the registry's copy of it, else open_clip's built-in config of the spec's
@@ -36,7 +38,7 @@ import timm
 import torch
 from torch import nn
 
-from tilestore.embed.models import genbio, keep, zoo
+from tilestore.embed.models import genbio, keep, musk, zoo
 from tilestore.embed.models.spec import ModelSpec
 from tilestore.errors import ModelError
 
@@ -315,6 +317,14 @@ def _keep_convert(spec: ModelSpec, state: State, backbone: nn.Module) -> State:
     return keep.keep_state(state)
 
 
+def _build_musk(spec: ModelSpec, config: dict | None) -> nn.Module:
+    return musk.musk(**spec.arch.kwargs)
+
+
+def _musk_convert(spec: ModelSpec, state: State, backbone: nn.Module) -> State:
+    return musk.musk_state(state)
+
+
 def open_clip_config(spec: ModelSpec, config: dict | None) -> dict:
     """The model_cfg an open_clip CLIP is built from: the checkpoint's (its
     open_clip_config.json's), else the registry's copy of it (the spec's arguments, where
@@ -386,6 +396,7 @@ FAMILIES: dict[str, Family] = {
     "genbio": Family(_build_genbio),
     "keep": Family(_build_keep, _keep_convert, "keep"),
     "open_clip": Family(_build_open_clip, _open_clip_convert, "open_clip"),
+    "musk": Family(_build_musk, _musk_convert),
 }
 
 

@@ -14,6 +14,8 @@ POOLINGS = {
     "mean": "the mean of the patch tokens",
     "token-mean": "the mean of every token, the class token with the patches (iSight's)",
     "attn-pool": "the model's attentional pooler (learned queries attending to the tokens)",
+    "multiscale": "the class token of each scale the model reads the tile at, concatenated "
+    "(its prefix tokens: MUSK's ms_aug)",
     "model": "the module's own output (timm's pooled features)",
 }
 

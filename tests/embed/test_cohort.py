@@ -267,9 +267,7 @@ def test_a_corrupt_slide_is_reported_and_the_cohort_goes_on(cohort, client, slic
     for row in range(reader.grid[0]):
         for col in range(reader.grid[1]):
             rewrite_chunk(cmu, lambda _: b"\xff\xd8 not a jpeg", row=row, col=col)
-    report = embed_cohort(
-        paths, LITE, client, plan=PLAN, options=OPTIONS, slice_tiles=slice_tiles
-    )
+    report = embed_cohort(paths, LITE, client, plan=PLAN, options=OPTIONS, slice_tiles=slice_tiles)
     (failure,) = report.failures
     assert failure["store"] == str(cmu)
     assert "level 0 chunk (" in failure["error"] and "chunk is corrupt" in failure["error"]

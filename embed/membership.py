@@ -95,7 +95,11 @@ class Membership:
         self._running = {a: list(keys) for a, keys in running.items()}
 
     def _workers(self) -> dict[str, str]:
-        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        """The scheduler's workers, asked of it: not `client.scheduler_info()`, which returns
+        the client's cache, and the client's own refresh writes that cache every 2 s
+        without workers; a look that read it then took every worker for lost, and had
+        healthy ones cancelled as dead (seen under the one-node SLURM, 15 of 300 reads)."""
+        info = self.client.sync(self.client.scheduler.identity, n_workers=-1)["workers"]
         return {address: str(w.get("name", address)) for address, w in info.items()}
 
     def _after(self) -> float:
@@ -149,11 +153,18 @@ class Membership:
 
 def _respec(cluster, key) -> None:
     """Drop a dead worker's entry from a SpecCluster's plan and scale back to as many
-    entries as before: the cluster starts a new one (a new SLURM job)."""
+    entries as before, the new one under a name the cluster does not hold: the dead job is
+    closed and a new worker (a new SLURM job) started.
+
+    SpecCluster names a new entry by the lowest number free in its plan, the dead job's own
+    name: the cluster then took the entry for the dead job's object, still among its
+    workers, and submitted nothing (found under the one-node SLURM). So the numbering skips
+    every name the cluster holds."""
     from distributed.deploy.spec import SpecCluster
 
     planned = len(cluster.worker_spec)
     cluster.worker_spec.pop(key, None)
-    SpecCluster.scale(
-        cluster, planned
-    )  # entries (jobs), not workers: jobqueue's scale counts workers
+    held = set(cluster.worker_spec) | set(cluster.workers)
+    while cluster._new_worker_name(cluster._i) in held:  # SpecCluster's own counter
+        cluster._i += 1
+    SpecCluster.scale(cluster, planned)  # entries (jobs), not workers: jobqueue's counts workers

@@ -207,7 +207,7 @@ def test_a_cancelled_worker_job_is_named_replaced_and_its_work_redone(
     print(stdout, stderr)  # shown where the test fails, and with -s
     assert run.returncode == 0, stderr[-3000:] + _log(slurm, folder)
     lost = [line for line in stdout.splitlines() if " lost after " in line]
-    assert len(lost) == 1, stdout
+    assert len(lost) == 1, stdout + _log(slurm, folder)
     assert "replacement: a new worker asked of the cluster" in lost[0]
     # SLURM got a new worker job (dask-jobqueue alone never submits one for a dead job)
     workers = slurm.job_ids("dask-worker") - earlier

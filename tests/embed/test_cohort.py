@@ -293,7 +293,9 @@ def test_a_local_gpu_cluster_without_dask_cuda_gives_each_worker_its_own_gpu():
         try:
             with Client(cluster) as client:
                 seen = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
-                workers = client.scheduler_info()["workers"].values()
+                # asked of the scheduler: the client's cached info is at times without workers
+                info = client.sync(client.scheduler.identity, n_workers=-1)
+                workers = info["workers"].values()
                 names = {w["name"] for w in workers}
                 limits = {w["memory_limit"] for w in workers}
         finally:

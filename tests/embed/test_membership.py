@@ -4,8 +4,12 @@ SpecCluster's plan, never of a nanny's worker or a cluster the client has none o
 
 from __future__ import annotations
 
-from distributed import Nanny
-from distributed.deploy.spec import SpecCluster
+import time
+
+import dask
+from distributed import Client as DaskClient
+from distributed import LocalCluster, Nanny, Scheduler
+from distributed.deploy.spec import ProcessInterface, SpecCluster
 
 from tilestore.embed.membership import Membership, _respec
 
@@ -26,10 +30,10 @@ class Cluster:
         self.workers = {n: worker.__new__(worker) for n in names}
         self.loop = Loop()
         self.status = "running"
-        self.scaled = []
+        self._i = 0
 
-    def new_worker_spec(self):
-        return {f"job-{len(self.worker_spec) + len(self.scaled)}": {"cls": "W"}}
+    def _new_worker_name(self, worker_number):
+        return f"job-{worker_number}"
 
 
 class Client:
@@ -37,10 +41,15 @@ class Client:
         self.workers, self.running, self.cluster = dict(workers), {}, cluster
         self.down = False
 
-    def scheduler_info(self, n_workers=-1):
+        self.scheduler = self
+
+    def identity(self, n_workers=0):
         if self.down:
             raise OSError("connection refused")
         return {"workers": {a: {"name": n} for a, n in self.workers.items()}}
+
+    def sync(self, method, **kwargs):
+        return method(**kwargs)
 
     def processing(self):
         return self.running
@@ -118,9 +127,65 @@ def test_a_scheduler_out_of_reach_is_said_once():
     members.stop()
 
 
-def test_respec_drops_the_dead_entry_and_scales_back(monkeypatch):
-    cluster = Cluster(["job-0", "job-1", "job-2"])
-    scaled = []
-    monkeypatch.setattr(SpecCluster, "scale", lambda self, n: scaled.append(n))
-    _respec(cluster, "job-1")
-    assert sorted(cluster.worker_spec) == ["job-0", "job-2"] and scaled == [3]
+class Job(ProcessInterface):
+    """A worker job that starts nothing: the cluster's record of what it submitted."""
+
+    def __init__(self, scheduler=None, name=None, submitted=None):
+        super().__init__()
+        self.name, self.submitted = name, submitted
+
+    async def start(self):
+        self.submitted.append(self.name)
+        await super().start()
+
+
+class Jobs(SpecCluster):
+    """Names its jobs as dask-jobqueue does (`SLURMCluster-0`, ...)."""
+
+    def _new_worker_name(self, worker_number):
+        return f"job-{worker_number}"
+
+
+def _until(condition, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+def test_a_lost_job_is_replaced_by_a_new_job_on_a_real_spec_cluster():
+    """The replacement must not take the dead job's name: the cluster would take the entry
+    for the dead job's object, still among its workers, and submit nothing (found under the
+    one-node SLURM); under a new name the dead job is closed and a new one submitted."""
+    submitted = []
+    scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0", "host": "127.0.0.1"}}
+    worker = {"cls": Job, "options": {"submitted": submitted}}
+    with Jobs(workers={}, scheduler=scheduler, worker=worker) as cluster:
+        cluster.scale(2)
+        assert _until(lambda: len(submitted) == 2 and len(cluster.workers) == 2), submitted
+        dead = cluster.workers["job-1"]
+        closed = []
+        dead.close = lambda: closed.append("job-1") or ProcessInterface.close(dead)
+        cluster.loop.add_callback(_respec, cluster, "job-1")  # as Membership asks it
+        assert _until(lambda: len(submitted) == 3), submitted
+        assert sorted(submitted[:2]) == ["job-0", "job-1"] and submitted[2] == "job-2"
+        assert sorted(cluster.worker_spec) == ["job-0", "job-2"]
+        assert _until(lambda: "job-1" not in cluster.workers) and closed == ["job-1"]  # scancel
+        cluster.loop.add_callback(_respec, cluster, "job-0")
+        assert _until(lambda: len(submitted) == 4), submitted
+        assert sorted(cluster.worker_spec) == ["job-2", "job-3"]  # never a name still held
+
+
+def test_no_worker_is_taken_for_lost_while_the_client_refreshes_its_cache():
+    """The client's periodic refresh writes its scheduler-info cache without workers (every
+    2 s; every 5 ms here): the looks must never read it (they took every worker for lost:
+    15 of 300 reads of the cache were short here)."""
+    refresh = {"distributed.client.scheduler-info-interval": "5ms"}
+    with dask.config.set(refresh), LocalCluster(
+        n_workers=2, processes=False, threads_per_worker=1, dashboard_address=":0"
+    ) as cluster, DaskClient(cluster) as client:  # fmt: skip
+        members = Membership(client, replace=False, every=3600)
+        for _ in range(300):
+            members.look()
+        members.stop()
+    assert not members.lost and len(members.alive) == 2

@@ -467,10 +467,14 @@ def _word_tokenizer(folder: Path, bos: str, eos: str, pad: str) -> None:
     ).save_pretrained(folder)
 
 
-def image_text_checkpoint(spec, folder: Path, seed: int, conch: Path | None = None) -> Whole:
+def image_text_checkpoint(
+    spec, folder: Path, seed: int, conch: Path | None = None, musk: Path | None = None
+) -> Whole:
     """The model's whole checkpoint (image and text towers) made by its reference library,
     random, saved in the layout its authors publish into `folder`; the reference model."""
     folder.mkdir(parents=True, exist_ok=True)
+    if spec.text == "musk":
+        return _musk_whole(folder, seed, musk)
     if spec.text in ("clip", "siglip"):
         import transformers
 
@@ -542,6 +546,52 @@ def image_text_checkpoint(spec, folder: Path, seed: int, conch: Path | None = No
     if spec.text == "keep":
         return _keep_whole(folder, seed)
     raise ValueError(f"{spec.name}: no text tower")
+
+
+def _musk_whole(folder: Path, seed: int, source: Path | None) -> Whole:
+    """MUSK as its README runs zero-shot, from a copy of lilab-stanford/MUSK (`source`): their
+    ``musk_large_patch16_384`` (timm), random, its whole state saved as the Hub's
+    model.safetensors, their tokenizer.spm beside it (ours reads it there); the image
+    ``model(image=x, with_head=True, out_norm=True)[0]`` (ms_aug off), the text their
+    ``xlm_tokenizer`` (100 tokens) and ``model(text_description=ids, padding_mask=mask,
+    with_head=True, out_norm=True)[1]``. Their tokenizer, ``XLMRobertaTokenizer`` of their
+    file, is read by transformers' own reading of it (transformers 5 takes the file under
+    XLM-R's name, through protobuf; transformers 4's slow class took the path)."""
+    import safetensors.torch
+    import timm
+    import transformers
+
+    if source is None:
+        raise SystemExit("musk: give --musk (a copy of github.com/lilab-stanford/MUSK)")
+    if str(source) not in sys.path:
+        sys.path.insert(0, str(source))
+    from musk import modeling, utils  # noqa: F401  (registers musk_large_patch16_384)
+
+    model = timm.create_model("musk_large_patch16_384")
+    randomize(model, seed)
+    with torch.no_grad():
+        model.logit_scale.fill_(float(np.log(1 / 0.07)))
+    safetensors.torch.save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()}, folder / "model.safetensors"
+    )
+    spm = source / "musk" / "models" / "tokenizer.spm"
+    shutil.copy(spm, folder / "tokenizer.spm")
+    xlm = folder / "xlm-r"
+    xlm.mkdir()
+    shutil.copy(spm, xlm / "sentencepiece.bpe.model")
+    tokenizer = transformers.XLMRobertaTokenizer.from_pretrained(xlm)
+    model = model.to(DEVICE).eval()
+
+    def texts(batch):
+        pairs = [utils.xlm_tokenizer(t, tokenizer, max_len=100) for t in batch]
+        ids = torch.tensor([p[0] for p in pairs], device=DEVICE)
+        mask = torch.tensor([p[1] for p in pairs], device=DEVICE)
+        return model(text_description=ids, padding_mask=mask, with_head=True, out_norm=True)[1]
+
+    def image(pixels):
+        return model(image=pixels, with_head=True, out_norm=True)[0]
+
+    return Whole(image, texts, float(model.logit_scale.exp()), model=model, tokenizer=tokenizer)
 
 
 # BiomedBERT-base-uncased-abstract's config.json: BERT-base (its vocabulary is not here)
@@ -696,7 +746,7 @@ def zero_shot_one(name: str, args, work: Path) -> dict:
     spec = get_model(name)
     folder = work / f"zs-{name}"
     shutil.rmtree(folder, ignore_errors=True)
-    whole = image_text_checkpoint(spec, folder, abs(hash(name)) % 2**31, args.conch)
+    whole = image_text_checkpoint(spec, folder, abs(hash(name)) % 2**31, args.conch, args.musk)
     size = spec.data["input_size"][-1]
     tiles = real_tiles(size, args.tiles)
     np.save(folder / "input.npy", tiles)
@@ -705,7 +755,9 @@ def zero_shot_one(name: str, args, work: Path) -> dict:
                       tuple(ZERO_SHOT_PROMPTS["templates"]))  # fmt: skip
     tower = load_text_tower(spec, weights=folder, device=DEVICE)
     classes = class_embeddings(tower, prompts)
-    mine = tile_probabilities(tower, classes, features.to(DEVICE), spec.text != "conch")[0]
+    # stored in the joint space already, or taken there by the tower's head (CONCH, MUSK)
+    stored_joint = spec.projection == tower.stored_joint
+    mine = tile_probabilities(tower, classes, features.to(DEVICE), stored_joint)[0]
     mean = torch.tensor(spec.data["mean"]).view(1, 3, 1, 1).to(DEVICE)
     std = torch.tensor(spec.data["std"]).view(1, 3, 1, 1).to(DEVICE)
     x = (torch.from_numpy(tiles).to(DEVICE).permute(0, 3, 1, 2).float() / 255 - mean) / std
@@ -1016,7 +1068,8 @@ def main() -> None:
         "--zero-shot",
         default="",
         help="instead of the image check: zero-shot of these image-text encoders "
-        "(comma-separated; conch-v1 needs --conch), ours against the reference's, CONCH-style "
+        "(comma-separated; conch-v1 needs --conch, musk --musk), ours against the reference's, "
+        "CONCH-style "
         "prompts on CMU-1 tiles, random weights",
     )
     parser.add_argument("--batches", default="64,128,256,512,1024")

@@ -62,8 +62,8 @@ class ZeroShotOptions(Declared):
         Path | None,
         Opt(
             "The tokenizer file where the checkpoint has none (CONCH v1's "
-            "conch_byte_level_bpe_uncased.json).",
-            none="beside the weights, or an installed conch package's",
+            "conch_byte_level_bpe_uncased.json, MUSK's tokenizer.spm).",
+            none="beside the weights, or an installed conch or musk package's",
         ),
     ] = None
     device: Device = "auto"

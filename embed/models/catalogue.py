@@ -713,9 +713,11 @@ ENTRIES: tuple[ModelSpec, ...] = (
     # `musk` leaves ms_aug off: its 1,024 features are the first half of these. Bicubic
     # resize to 384 and a 384 centre crop, Inception's mean and std (0.5); fp16 in the README
     # and TRIDENT. The authors pretrained on mixed magnifications and state no um/px (TRIDENT
-    # reads 20x): none is assumed. Image features only: the text tower (XLM-R tokens through
-    # the language experts) is not built, so no zero-shot; the checkpoint's language
-    # experts, text embedding, heads and temperature are dropped when it loads.
+    # reads 20x): none is assumed. The image features leave the checkpoint's language
+    # experts, text embedding, heads and temperature aside; zero-shot reads them
+    # (`tilestore.embed.models.text`, "musk": XLM-R tokens through the language experts,
+    # the tile's class token, the features' first 1,024, through vision_head, as their
+    # README's zero-shot runs the image with ms_aug off).
     ModelSpec(
         "musk",
         "hf-hub",
@@ -732,6 +734,7 @@ ENTRIES: tuple[ModelSpec, ...] = (
         card=HF + "xiangjx/musk",
         reference="authors: MUSK(image, ms_aug=True, with_head=False, out_norm=False) "
         "(lilab-stanford/MUSK)",
+        text="musk",
     ),
     ModelSpec(
         "efficientnet-lite0",

@@ -40,6 +40,7 @@ from torch import nn
 
 from tilestore.embed.models import genbio, keep, musk, zoo
 from tilestore.embed.models.spec import ModelSpec
+from tilestore.embed.models.statekeys import Qkv, renamed
 from tilestore.errors import ModelError
 
 State = dict[str, torch.Tensor]
@@ -122,30 +123,20 @@ def _hf_dinov2_to_dinov2(state: State) -> State:
     (and fails the strict load)."""
     state = {k.removeprefix("dinov2."): v for k, v in state.items()}
     out: State = {}
-    qkv: dict[str, dict[str, torch.Tensor]] = {}
+    qkv = Qkv(("query", "key", "value"), "the checkpoint")
     for key, value in state.items():
         block = re.match(r"^encoder\.layer\.(\d+)\.(.*)$", key)
         if block:
             index, rest = block.groups()
             part = re.match(r"^attention\.attention\.(query|key|value)\.(weight|bias)$", rest)
             if part:
-                qkv.setdefault(f"blocks.{index}.attn.qkv.{part[2]}", {})[part[1]] = value
+                qkv.add(f"blocks.{index}.attn.qkv.{part[2]}", part[1], value)
                 continue
-            new = next(
-                (f"blocks.{index}.{v}{rest[len(k):]}" for k, v in _HF_DINOV2_BLOCK.items()
-                 if rest.startswith(k)),
-                key,
-            )  # fmt: skip
+            new = renamed(rest, _HF_DINOV2_BLOCK, f"blocks.{index}.") or key
         else:
-            new = next(
-                (v + key[len(k) :] for k, v in _HF_DINOV2_TOP.items() if key.startswith(k)), key
-            )
+            new = renamed(key, _HF_DINOV2_TOP) or key
         out[new] = value
-    for key, parts in qkv.items():
-        if set(parts) != {"query", "key", "value"}:
-            raise ModelError(f"{key}: the checkpoint has {sorted(parts)} of query, key, value")
-        out[key] = torch.cat([parts["query"], parts["key"], parts["value"]])
-    return out
+    return out | qkv.stacked()
 
 
 def _from_dinov2(spec: ModelSpec, state: State, backbone: nn.Module) -> State:

@@ -20,21 +20,29 @@ The tile's features are what the authors' README runs for linear probes and MIL,
 the tile upsampled (bicubic) to twice its side and cut into four tiles of the model's size,
 concatenated (2,048-d). Upsampling to the same side is the identity, so the first half is the
 class token of the tile itself: TRIDENT's ``musk`` (``ms_aug`` off by default) is those 1,024.
+
+Zero-shot (`MuskText`, `musk_text_state`) is the README's ``with_head=True, out_norm=True``:
+text as XLM-R SentencePiece ids (their ``xlm_tokenizer``: 100 tokens, padded) through the
+``B`` experts of the same 24 layers (their position table, the padded tokens zeroed and
+never attended to), the final LayerNorm's ``B``, the class token through
+``language_head``; the image is the tile's class token, the first 1,024 of the stored
+features (``ms_aug`` off, as the README runs zero-shot), through ``vision_head``.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from dataclasses import dataclass
 
 import timm
 import torch
 import torch.nn.functional as F
+from timm.models.vision_transformer import Block
 from torch import nn
 
+from tilestore.embed.models.statekeys import Qkv, State, renamed
 from tilestore.errors import ModelError
-
-State = dict[str, torch.Tensor]
 
 # the authors' ``musk_large_patch16_384`` (``_get_large_config``, torchscale's EncoderConfig)
 MUSK_LARGE = {
@@ -54,28 +62,64 @@ SCALES = (1, 2)
 # fairseq's offset: the position of the first token is 2, rows 0 and 1 are never read
 POSITION_OFFSET = 2
 
-# the checkpoint's tensors the image features do not use: the language experts (``.B.``),
+# the text side (``_get_large_config``, torchscale's EncoderConfig, their README)
+TEXT_VOCABULARY, TEXT_POSITIONS = 64010, 1024
+TEXT_TOKENS = 100  # their xlm_tokenizer's max_len, as their README calls it
+HEAD_WIDTH = 64  # BEiT-3's attention heads: 1024 wide in 16
+TOKENIZER = "tokenizer.spm"  # their XLM-R SentencePiece model (musk/models/ in their code)
+
+
+@dataclass(frozen=True)
+class _Path:
+    """One modality's path through the authors' state: its expert in each multiway layer
+    (``A`` vision, ``B`` language), where its tensors go in our module, the tensors it
+    does not use."""
+
+    expert: str
+    prefix: str
+    top: dict[str, str]
+    unused: re.Pattern
+
+
+# per layer: the authors' expert -> timm's Block (the rest of the key after the prefix)
+_LAYER = {
+    "self_attn_layer_norm.{e}.": "norm1.",
+    "self_attn.inner_attn_ln.{e}.": "attn.norm.",
+    "self_attn.out_proj.{e}.": "attn.proj.",
+    "final_layer_norm.{e}.": "norm2.",
+    "ffn.{e}.fc1.": "mlp.fc1.",
+    "ffn.{e}.ffn_layernorm.": "mlp.norm.",
+    "ffn.{e}.fc2.": "mlp.fc2.",
+}
+# the image features: the vision experts onto timm's ViT; not used: the language experts,
 # the token embedding, the text projection and the temperature (text), the image projection
 # (zero-shot only: ``with_head``) and the mask token (masked-image pretraining)
-_UNUSED = re.compile(
-    r"(\.B\.|^beit3\.text_embed\.|^language_head\.|^logit_scale$|^vision_head\.|"
-    r"^beit3\.vision_embed\.mask_token$)"
+IMAGE = _Path(
+    "A",
+    "vit.",
+    {
+        "beit3.vision_embed.cls_token": "cls_token",
+        "beit3.vision_embed.proj.": "patch_embed.proj.",
+        "beit3.encoder.layer_norm.A.": "norm.",
+    },
+    re.compile(
+        r"(\.B\.|^beit3\.text_embed\.|^language_head\.|^logit_scale$|^vision_head\.|"
+        r"^beit3\.vision_embed\.mask_token$)"
+    ),
 )
-# per layer: the authors' vision expert -> timm's Block (the rest of the key after the prefix)
-_LAYER = {
-    "self_attn_layer_norm.A.": "norm1.",
-    "self_attn.inner_attn_ln.A.": "attn.norm.",
-    "self_attn.out_proj.A.": "attn.proj.",
-    "final_layer_norm.A.": "norm2.",
-    "ffn.A.fc1.": "mlp.fc1.",
-    "ffn.A.ffn_layernorm.": "mlp.norm.",
-    "ffn.A.fc2.": "mlp.fc2.",
-}
-_TOP = {
-    "beit3.vision_embed.cls_token": "cls_token",
-    "beit3.vision_embed.proj.": "patch_embed.proj.",
-    "beit3.encoder.layer_norm.A.": "norm.",
-}
+# the text embedding (`MuskText`): the language experts and the text projection; not used:
+# the vision experts, the image embedding, the image projection and the temperature (read
+# apart by the text tower)
+TEXT = _Path(
+    "B",
+    "",
+    {
+        "beit3.text_embed.": "embed.",
+        "beit3.encoder.layer_norm.B.": "norm.",
+        "language_head.": "head.",
+    },
+    re.compile(r"(\.A\.|^beit3\.vision_embed\.|^vision_head\.|^logit_scale$)"),
+)
 
 
 class MuskImage(nn.Module):
@@ -119,36 +163,111 @@ def musk(**kwargs: object) -> MuskImage:
     return MuskImage(**kwargs)
 
 
-def _renamed(rest: str, table: dict[str, str], prefix: str, key: str) -> str:
-    """`prefix` and the table's name for the start of `rest`; `key` where none matches."""
-    return next((prefix + v + rest[len(k) :] for k, v in table.items() if rest.startswith(k)), key)
+class XlmTokenizer:
+    """Their text ids: transformers' XLMRobertaTokenizer (the slow one, sentencepiece) on
+    their SentencePiece model as their ``xlm_tokenizer`` calls it: fairseq's numbering (<s>
+    0, <pad> 1, </s> 2, <unk> 3, a piece's id plus one), <s> ids </s> cut to `length` and
+    padded with <pad>. Written on sentencepiece itself: transformers 5 reads such a model
+    only through protobuf and its converter (the same ids: the tests check it). A text
+    holding one of the special tokens' names is refused: theirs reads it as that token."""
+
+    SPECIAL = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+    BOS, PAD, EOS, UNK = 0, 1, 2, 3
+
+    def __init__(self, path) -> None:
+        import sentencepiece
+
+        self.pieces = sentencepiece.SentencePieceProcessor(model_file=str(path))
+
+    def __call__(self, texts: list[str], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(n, length) ids and the padding (True where padded)."""
+        rows, sizes = [], []
+        for text in texts:
+            special = [s for s in self.SPECIAL if s in text]
+            if special:
+                raise ModelError(
+                    f"musk: the prompt {text!r} holds {special[0]!r}, a special token of "
+                    "MUSK's tokenizer: write it otherwise"
+                )
+            ids = [i + 1 if i else self.UNK for i in self.pieces.encode(text)][: length - 2]
+            ids = [self.BOS, *ids, self.EOS]
+            rows.append(ids + [self.PAD] * (length - len(ids)))
+            sizes.append(len(ids))
+        padding = torch.arange(length)[None] >= torch.tensor(sizes)[:, None]
+        return torch.tensor(rows), padding
+
+
+class MuskText(nn.Module):
+    """MUSK's language path: (n, tokens) ids and their padding (True where padded) ->
+    (n, 1024) text embeddings (``language_head`` of the class token, unnormalised).
+
+    torchscale's text embedding (no scaling), the language position table from its third
+    row (fairseq's offset), the padded tokens zeroed; the same pre-norm sub-LayerNorm layers
+    as the image (timm's Block) with the language experts' weights, the padded keys masked
+    out of the attention; the final LayerNorm."""
+
+    def __init__(self, depth: int = 24, embed_dim: int = 1024, num_heads: int = 16,
+                 vocab: int = TEXT_VOCABULARY, positions: int = TEXT_POSITIONS,
+                 mlp_ratio: float = 4.0) -> None:  # fmt: skip
+        super().__init__()
+        norm = MUSK_LARGE["norm_layer"]
+        self.embed = nn.Embedding(vocab, embed_dim)
+        self.pos_embed = nn.Parameter(torch.zeros(1, positions - POSITION_OFFSET, embed_dim))
+        layer = functools.partial(
+            Block, embed_dim, num_heads, mlp_ratio, qkv_bias=True, scale_attn_norm=True,
+            scale_mlp_norm=True, norm_layer=norm,
+        )  # fmt: skip
+        self.blocks = nn.ModuleList(layer() for _ in range(depth))
+        self.norm = norm(embed_dim)
+        self.head = nn.Linear(embed_dim, embed_dim, bias=False)
+
+    def forward(self, ids: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
+        if ids.shape[1] > self.pos_embed.shape[1]:
+            raise ValueError(f"{ids.shape[1]} tokens: MUSK reads at most {self.pos_embed.shape[1]}")
+        x = self.embed(ids) + self.pos_embed[:, : ids.shape[1]]
+        x = x * (~padding)[..., None].to(x.dtype)
+        attend = ~padding[:, None, None, :]  # (n, heads, queries, keys): True is attended
+        for block in self.blocks:
+            x = block(x, attn_mask=attend)
+        return self.head(self.norm(x)[:, 0])
 
 
 def musk_state(state: State) -> State:
     """The authors' whole MUSK state (``beit3.*``, the heads, ``logit_scale``; their
-    loader strips no prefix) as our module names it: the vision experts (``.A.``) renamed
-    onto timm's ViT under ``vit.``, each layer's query, key and value stacked into ``qkv``,
-    the position table without its two unread rows; the tensors `_UNUSED` names dropped. A
-    key neither names is kept as it is (and fails the strict load)."""
+    loader strips no prefix) as our image module names it: the vision experts (``.A.``)
+    renamed onto timm's ViT under ``vit.`` (`_path_state`); the tensors `IMAGE` does not use
+    dropped."""
+    return _path_state(state, IMAGE)
+
+
+def musk_text_state(state: State) -> State:
+    """The same state as `MuskText` names it: the language experts (``.B.``), the token
+    embedding, the text projection (`_path_state`); the tensors `TEXT` does not use dropped."""
+    return _path_state(state, TEXT)
+
+
+def _path_state(state: State, path: _Path) -> State:
+    """One path's tensors of the authors' state under our names: each layer's expert renamed
+    onto timm's Block, its query, key and value stacked into ``qkv``, its position table
+    without the two unread rows; the tensors `path.unused` names dropped. A key neither
+    names is kept as it is (and fails the strict load)."""
     out: State = {}
-    qkv: dict[str, dict[str, torch.Tensor]] = {}
+    qkv = Qkv(("q", "k", "v"), "MUSK's checkpoint")
+    layers = {k.format(e=path.expert): v for k, v in _LAYER.items()}
+    part_name = re.compile(rf"^self_attn\.([qkv])_proj\.{path.expert}\.(weight|bias)$")
     for key, value in state.items():
-        if _UNUSED.search(key):
+        if path.unused.search(key):
             continue
         layer = re.match(r"^beit3\.encoder\.layers\.(\d+)\.(.*)$", key)
-        if key == "beit3.encoder.embed_positions.A.weight":
-            out["vit.pos_embed"] = value[POSITION_OFFSET:].unsqueeze(0)
+        if key == f"beit3.encoder.embed_positions.{path.expert}.weight":
+            out[f"{path.prefix}pos_embed"] = value[POSITION_OFFSET:].unsqueeze(0)
         elif layer:
             index, rest = layer.groups()
-            part = re.match(r"^self_attn\.([qkv])_proj\.A\.(weight|bias)$", rest)
+            part = part_name.match(rest)
             if part:
-                qkv.setdefault(f"vit.blocks.{index}.attn.qkv.{part[2]}", {})[part[1]] = value
+                qkv.add(f"{path.prefix}blocks.{index}.attn.qkv.{part[2]}", part[1], value)
                 continue
-            out[_renamed(rest, _LAYER, f"vit.blocks.{index}.", key)] = value
+            out[renamed(rest, layers, f"{path.prefix}blocks.{index}.") or key] = value
         else:
-            out[_renamed(key, _TOP, "vit.", key)] = value
-    for key, parts in qkv.items():
-        if set(parts) != {"q", "k", "v"}:
-            raise ModelError(f"MUSK's checkpoint has {sorted(parts)} of q, k, v for {key}")
-        out[key] = torch.cat([parts["q"], parts["k"], parts["v"]])
-    return out
+            out[renamed(key, path.top, path.prefix) or key] = value
+    return out | qkv.stacked()

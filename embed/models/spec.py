@@ -29,6 +29,8 @@ TEXT_TOWERS = {
     "BERT built from the repo its open_clip_config.json names, for BiomedCLIP)",
     "keep": "KEEP's BERT (transformers' BertModel of its config.json's text_config), its "
     "pooled output, its WordPiece tokenizer",
+    "musk": "MUSK's language experts (its BEiT-3's second path), its XLM-R SentencePiece "
+    "tokenizer; the image's class token through its vision_head",
 }
 # the text towers whose tokenizer files are in the checkpoint's own repo (fetched beside it)
 TOKENIZER_IN_REPO = frozenset({"clip", "siglip", "keep"})

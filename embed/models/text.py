@@ -25,6 +25,11 @@ remote code.
   (``encode_text``), text padded to 256 tokens as their ``zero_shot_classifier`` pads it, its
   WordPiece vocabulary lower-cased as their loader asks; the stored image features are
   KEEP's projected, unit embedding already.
+- ``musk``: MUSK's language experts (`tilestore.embed.models.musk.MuskText`), its XLM-R
+  SentencePiece tokenizer (not on the Hub: from the ``musk`` package or a file given), 100
+  tokens padded as their ``xlm_tokenizer`` pads them; the stored image features are the
+  multiscale 2,048, whose first 1,024 (the tile's class token) go through ``vision_head``
+  here, as their zero-shot runs the image (``with_head=True``, ``ms_aug`` off).
 """
 
 from __future__ import annotations
@@ -194,27 +199,39 @@ def _siglip(spec, checkpoint, device, tokenizer_file) -> TextTower:
     return TextTower(spec, encode, scale, bias, None, checkpoint, None)
 
 
-def conch_tokenizer_file(folder: Path, given: str | os.PathLike | None) -> Path:
-    """CONCH's tokenizer: the file given, else one beside the weights, else the installed
-    ``conch`` package's (found, not imported)."""
+def packaged_file(
+    model: str, folder: Path, given: str | os.PathLike | None, names: tuple[str, ...],
+    package: str, inside: str, where: str,
+) -> Path:  # fmt: skip
+    """A file the authors ship in their package, not on the Hub (a tokenizer): the file
+    given, else one of `names` beside the weights, else `inside` the installed `package`
+    (found, not imported); ModelError naming `where` it is published otherwise."""
     if given is not None:
         if not Path(given).is_file():
             raise ModelError(f"tokenizer={str(given)!r}: no such file")
         return Path(given)
-    for candidate in (folder / CONCH_TOKENIZER, folder / "tokenizer.json"):
-        if candidate.is_file():
-            return candidate
-    found = importlib.util.find_spec("conch")
+    for name in names:
+        if (folder / name).is_file():
+            return folder / name
+    found = importlib.util.find_spec(package)
     if found is not None and found.submodule_search_locations:
         for place in found.submodule_search_locations:
-            candidate = Path(place) / "open_clip_custom" / "tokenizers" / CONCH_TOKENIZER
-            if candidate.is_file():
-                return candidate
+            if (Path(place) / inside).is_file():
+                return Path(place) / inside
     raise ModelError(
-        f"conch-v1: its tokenizer {CONCH_TOKENIZER} is not with the weights ({folder}) nor in "
-        "an installed conch package; give it with tokenizer= (it is in github.com/mahmoodlab/"
-        "CONCH, conch/open_clip_custom/tokenizers/)"
+        f"{model}: its tokenizer {names[0]} is not with the weights ({folder}) nor in an "
+        f"installed {package} package; give it with tokenizer= (it is in {where})"
     )
+
+
+def conch_tokenizer_file(folder: Path, given: str | os.PathLike | None) -> Path:
+    """CONCH's tokenizer: the file given, else one beside the weights, else the installed
+    ``conch`` package's."""
+    return packaged_file(
+        "conch-v1", folder, given, (CONCH_TOKENIZER, "tokenizer.json"), "conch",
+        f"open_clip_custom/tokenizers/{CONCH_TOKENIZER}",
+        "github.com/mahmoodlab/CONCH, conch/open_clip_custom/tokenizers/",
+    )  # fmt: skip
 
 
 def _conch(spec, checkpoint, device, tokenizer_file) -> TextTower:
@@ -374,6 +391,60 @@ def _keep(spec, checkpoint, device, tokenizer_file) -> TextTower:
     return TextTower(spec, encode, scale, 0.0, None, checkpoint, "keep")
 
 
+def _musk(spec, checkpoint, device, tokenizer_file) -> TextTower:
+    from tilestore.embed.models import musk
+
+    state = hub.load_weights(spec.name, checkpoint.weights, device)
+    missing = [k for k in ("vision_head.weight", "language_head.weight", "logit_scale",
+                           "beit3.text_embed.weight") if k not in state]  # fmt: skip
+    if missing:
+        raise ModelError(
+            f"{spec.name}: {checkpoint.weights} holds no text tower ({', '.join(missing)} "
+            "missing): zero-shot needs the whole MUSK checkpoint (model.safetensors)"
+        )
+    text = musk.musk_text_state(state)
+    # the sizes the checkpoint holds; heads of BEiT-3's width (64: MUSK-large's 1024 / 16)
+    vocab, dim = text["embed.weight"].shape
+    depth = len({k.split(".")[1] for k in text if k.startswith("blocks.")})
+    with torch.device("meta"):
+        positions = text["pos_embed"].shape[1] + musk.POSITION_OFFSET
+        model = musk.MuskText(depth, dim, max(1, dim // musk.HEAD_WIDTH), vocab, positions)
+    try:
+        model.load_state_dict(text, strict=True, assign=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0][:300]
+        raise ModelError(f"{spec.name}: the text tower's weights do not fit ({first})") from exc
+    model = model.eval()
+    path = packaged_file(
+        spec.name, checkpoint.weights.parent, tokenizer_file, (musk.TOKENIZER,), "musk",
+        f"models/{musk.TOKENIZER}", f"github.com/lilab-stanford/MUSK, musk/models/{musk.TOKENIZER}",
+    )  # fmt: skip
+    try:
+        tokenizer = musk.XlmTokenizer(path)
+    except ImportError as exc:
+        needs = f"{spec.name}: needs sentencepiece: pip install 'tilestore[musk]'"
+        raise ModelError(needs) from exc
+    except (OSError, RuntimeError) as exc:  # not a SentencePiece model
+        raise ModelError(f"{spec.name}: cannot read its tokenizer {path} ({exc})") from exc
+    image_head = state["vision_head.weight"].float()
+    width = image_head.shape[1]
+    stored = width * len(spec.arch.kwargs.get("scales", (1,)))  # a class token per scale
+
+    def encode(texts: list[str]) -> torch.Tensor:
+        ids, padding = tokenizer(texts, musk.TEXT_TOKENS)
+        return model(ids.to(device), padding.to(device))
+
+    def head(features: torch.Tensor) -> torch.Tensor:
+        # the stored features: the tile's class token, then the larger scale's (ms_aug);
+        # zero-shot reads the first (ms_aug off, as their README runs it)
+        if features.shape[1] != stored:
+            raise RuntimeError(f"{features.shape[1]}-d features, these weights' are {stored}")
+        return features[:, :width] @ image_head.to(features.device).T
+
+    scale = float(state["logit_scale"].float().exp())
+    return TextTower(spec, encode, scale, 0.0, head, checkpoint, "vision_head")
+
+
 # a spec's `text` -> (spec, checkpoint, device, tokenizer file) -> its text tower
 TOWERS: dict[str, Callable[..., TextTower]] = {
     "clip": _clip,
@@ -381,4 +452,5 @@ TOWERS: dict[str, Callable[..., TextTower]] = {
     "conch": _conch,
     "open_clip": _open_clip,
     "keep": _keep,
+    "musk": _musk,
 }

@@ -1,25 +1,19 @@
 """The patch encoders of issue 50 (PathOrchestra, mSTAR, Digepath, Prost40M, GenBio-PathFM,
-iSight, MUSK): each built small on random weights saved in the layout its authors publish,
-loaded by our loader offline, and compared with the construction their code uses where it
-runs here (timm's, transformers'; MUSK's forward written out on its own tensor names); the
-full-size reference check is bench/encoders.py's."""
+iSight; MUSK in test_musk.py): each built small on random weights saved in the layout its
+authors publish, loaded by our loader offline, and compared with the construction their code
+uses where it runs here (timm's, transformers'); the full-size reference check is
+bench/encoders.py's."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
-from pathlib import Path
 
-import numpy as np
 import pytest
-import safetensors.torch
 import timm
 import torch
-import torch.nn.functional as F
 
 from tilestore.embed.models import ModelError, get_model, load_model
 from tilestore.embed.models.catalogue import IMAGENET, OPENAI_CLIP, _data
-from tilestore.embed.models.families import build
 
 SMALL_VIT = {"depth": 2, "embed_dim": 64, "num_heads": 4}
 TIMM_HUB = ["pathorchestra", "mstar", "digepath", "prost40m"]
@@ -168,189 +162,3 @@ def test_isight_is_the_mean_of_its_authors_projected_tokens(tmp_path):
         want = projection(hidden).mean(dim=1)
         torch.testing.assert_close(loaded.features(x), want, atol=1e-5, rtol=1e-5)
         assert tuple(loaded.module.tokens(x).shape) == (2, 4, 4, 64)
-
-
-# -- MUSK ------------------------------------------------------------------------------------
-
-MUSK_SMALL = {"depth": 2, "embed_dim": 64, "num_heads": 4}
-# the state lilab-stanford/MUSK's code builds and loads (at 714b666: timm.create_model(
-# "musk_large_patch16_384").state_dict(), what load_model_and_may_interpolate reads from the
-# Hub's model.safetensors with no prefix stripped): names and shapes
-AUTHORS_KEYS = json.loads((Path(__file__).parent / "patch_checkpoint_keys.json").read_text())
-# the timm Block's tensors -> the authors' vision expert's, per layer
-_THEIRS = {
-    "norm1.": "self_attn_layer_norm.A.",
-    "attn.norm.": "self_attn.inner_attn_ln.A.",
-    "attn.proj.": "self_attn.out_proj.A.",
-    "norm2.": "final_layer_norm.A.",
-    "mlp.fc1.": "ffn.A.fc1.",
-    "mlp.norm.": "ffn.A.ffn_layernorm.",
-    "mlp.fc2.": "ffn.A.fc2.",
-}
-
-
-def test_musk_is_registered_with_its_facts():
-    spec = get_model("musk")
-    facts = (spec.source, spec.repo, spec.output_dim, spec.native_mpp, spec.tile, spec.pooling,
-             spec.gated, spec.precision, spec.licence, spec.text, spec.family)  # fmt: skip
-    assert facts == ("hf-hub", "xiangjx/musk", 2048, None, 384, "multiscale", True, "fp16",
-                     "CC-BY-NC-ND-4.0", None, "musk")  # fmt: skip
-    assert spec.arch.kwargs == {"scales": (1, 2)} and spec.weights_file is None
-    half = (0.5, 0.5, 0.5)  # timm's Inception mean and std, as the README normalises
-    assert spec.data == {"input_size": (3, 384, 384), "interpolation": "bicubic",
-                         "crop_pct": 1.0, "mean": half, "std": half}  # fmt: skip
-
-
-def test_musk_authors_whole_checkpoint_loads_strictly_its_image_half_kept():
-    """Every tensor of the authors' MUSK state, as their code names and shapes it, on the
-    meta device: the image half loads strictly into ours; the language experts, the text
-    embedding, both heads, the temperature and the mask token are what is left out."""
-    from tilestore.embed.models.musk import musk_state
-
-    theirs = {k: torch.empty(shape, device="meta") for k, shape in AUTHORS_KEYS["musk"].items()}
-    with torch.device("meta"):
-        backbone = build(get_model("musk"))
-    state = musk_state(theirs)
-    backbone.load_state_dict(state, strict=True, assign=True)
-    assert tuple(state["vit.pos_embed"].shape) == (1, 1 + 24 * 24, 1024)  # rows 2..578
-    assert tuple(state["vit.blocks.23.attn.qkv.weight"].shape) == (3 * 1024, 1024)
-    image = ("beit3.vision_embed.cls_token", "beit3.vision_embed.proj.")
-    used = {k for k in theirs if ".A." in k or k.startswith(image)}
-    left = set(theirs) - used
-    assert len(used) == 24 * 20 + 3 + 3  # per layer 20; positions, final norm; class, patches
-    assert {k for k in left if ".B." not in k} == {
-        "beit3.text_embed.weight", "beit3.vision_embed.mask_token", "language_head.weight",
-        "vision_head.weight", "logit_scale",
-    }  # fmt: skip
-    assert sum(".B." in k for k in left) == 24 * 20 + 3  # the language experts, all of them
-
-
-def _musk_checkpoint(folder: Path, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random weights in the authors' layout, small: our model's tensors under their names
-    (the query, key and value apart, the position table with its two unread rows first),
-    a language expert beside each vision one, the text embedding, the heads, the
-    temperature and the mask token; saved as the Hub's model.safetensors."""
-    from tilestore.embed.models.musk import musk
-
-    generator = torch.Generator().manual_seed(seed)
-    ours = musk(**MUSK_SMALL).state_dict()
-    theirs: dict[str, torch.Tensor] = {}
-    for key, value in ours.items():
-        value = 0.05 * torch.randn(value.shape, generator=generator) + (
-            1.0 if "norm" in key and key.endswith("weight") else 0.0
-        )
-        key = key.removeprefix("vit.")
-        if key.startswith("blocks."):
-            _, index, rest = key.split(".", 2)
-            prefix = f"beit3.encoder.layers.{index}."
-            if rest.startswith("attn.qkv."):
-                for part, chunk in zip("qkv", value.chunk(3), strict=True):
-                    theirs[f"{prefix}self_attn.{part}_proj.A.{rest.split('.')[-1]}"] = chunk
-                continue
-            new = next(
-                prefix + v + rest[len(k) :] for k, v in _THEIRS.items() if rest.startswith(k)
-            )
-        elif key == "pos_embed":
-            new, value = (
-                "beit3.encoder.embed_positions.A.weight",
-                torch.cat([torch.randn(2, value.shape[-1], generator=generator), value[0]]),
-            )
-        else:
-            new = {
-                "cls_token": "beit3.vision_embed.cls_token",
-                "norm.weight": "beit3.encoder.layer_norm.A.weight",
-                "norm.bias": "beit3.encoder.layer_norm.A.bias",
-            }.get(key, "beit3.vision_embed." + key.removeprefix("patch_embed."))
-        theirs[new] = value
-    for key in [k for k in theirs if ".A." in k]:  # the language experts: other numbers
-        theirs[key.replace(".A.", ".B.")] = torch.randn(theirs[key].shape, generator=generator)
-    theirs["beit3.encoder.embed_positions.B.weight"] = torch.randn(1024, 64, generator=generator)
-    theirs |= {"beit3.text_embed.weight": torch.randn(100, 64, generator=generator),
-               "beit3.vision_embed.mask_token": torch.randn(1, 1, 64, generator=generator),
-               "vision_head.weight": torch.randn(64, 64, generator=generator),
-               "language_head.weight": torch.randn(64, 64, generator=generator),
-               "logit_scale": torch.tensor(2.6)}  # fmt: skip
-    folder.mkdir(parents=True)
-    safetensors.torch.save_file({k: v.contiguous() for k, v in theirs.items()},
-                                folder / "model.safetensors")  # fmt: skip
-    return theirs
-
-
-def _authors_class_token(state: dict[str, torch.Tensor], x: torch.Tensor, heads: int):
-    """torchscale's BEiT3 on an image, written out on the authors' tensor names: patches and
-    the class token, positions from row 2, then per layer (the vision experts, ``A``)
-    pre-norm attention with the sub-LayerNorm before its output projection and a GELU
-    feed-forward with the sub-LayerNorm on its hidden units, eps 1e-5; the final LayerNorm's
-    class token (``encoder_out[:, 0]``)."""
-
-    def ln(t, name):
-        return F.layer_norm(t, t.shape[-1:], state[name + ".weight"], state[name + ".bias"], 1e-5)
-
-    def linear(t, name):
-        return F.linear(t, state[name + ".weight"], state[name + ".bias"])
-
-    conv = state["beit3.vision_embed.proj.weight"]
-    t = F.conv2d(x, conv, state["beit3.vision_embed.proj.bias"], stride=conv.shape[-1])
-    t = t.flatten(2).transpose(1, 2)
-    t = torch.cat([state["beit3.vision_embed.cls_token"].expand(len(x), -1, -1), t], dim=1)
-    t = t + state["beit3.encoder.embed_positions.A.weight"][2 : 2 + t.shape[1]]
-    n, length, dim = t.shape
-    for i in range(sum(k.endswith("final_layer_norm.A.weight") for k in state)):
-        p = f"beit3.encoder.layers.{i}."
-        h = ln(t, p + "self_attn_layer_norm.A")
-        q, k, v = (
-            linear(h, f"{p}self_attn.{c}_proj.A").reshape(n, length, heads, -1).transpose(1, 2)
-            for c in "qkv"
-        )
-        weights = torch.softmax((q * (dim // heads) ** -0.5) @ k.transpose(-1, -2), dim=-1)
-        attn = (weights @ v).transpose(1, 2).reshape(n, length, dim)
-        t = t + linear(ln(attn, p + "self_attn.inner_attn_ln.A"), p + "self_attn.out_proj.A")
-        h = F.gelu(linear(ln(t, p + "final_layer_norm.A"), p + "ffn.A.fc1"))
-        t = t + linear(ln(h, p + "ffn.A.ffn_layernorm"), p + "ffn.A.fc2")
-    return ln(t, "beit3.encoder.layer_norm.A")[:, 0]
-
-
-def test_musk_is_the_authors_multiscale_class_tokens_on_real_tiles(tmp_path, cmu_pixels):
-    """Their checkpoint's layout loaded by ours: the features of real CMU-1 tiles are the
-    class token of the tile, then the mean class token of the tile upsampled (bicubic) to
-    768 px and cut into four 384 px tiles (MultiScaleForward with scales [1, 2]), each the
-    authors' BEiT-3 vision path on their own tensor names; the patch tokens are the tile's."""
-    theirs = _musk_checkpoint(tmp_path / "musk")
-    loaded = load_model(_local(_small(get_model("musk"), **MUSK_SMALL), tmp_path / "musk"))
-    assert loaded.output_dim == 2 * 64 and loaded.module.num_prefix_tokens == 2
-    y = cmu_pixels.shape[0] // 2
-    tiles = np.stack([cmu_pixels[y : y + 384, x : x + 384] for x in (0, 384, 768)])
-    with torch.inference_mode():
-        x = loaded.transform(torch.from_numpy(tiles))
-        features = loaded.features(x)
-        big = F.interpolate(x, size=768, mode="bicubic")
-        quarters = [big[..., r : r + 384, c : c + 384] for r in (0, 384) for c in (0, 384)]
-        want = torch.cat(
-            [
-                _authors_class_token(theirs, x, heads=4),
-                torch.stack([_authors_class_token(theirs, q, heads=4) for q in quarters]).mean(0),
-            ],
-            dim=1,
-        )
-        torch.testing.assert_close(features, want, atol=2e-5, rtol=1e-4)
-        assert tuple(loaded.module.tokens(x).shape) == (3, 24, 24, 64)
-
-
-@pytest.mark.parametrize(
-    ("change", "message"),
-    [
-        ("beit3.encoder.relative_position.weight", r"unexpected \['beit3.encoder.relative_posi"),
-        ("-beit3.encoder.layers.1.self_attn.k_proj.A.bias", r"\['q', 'v'\] of q, k, v for"),
-        ("-beit3.encoder.layers.0.ffn.A.ffn_layernorm.weight", r"missing \['vit.blocks.0.mlp.norm"),
-    ],
-)
-def test_musk_checkpoint_with_a_tensor_too_many_or_too_few_is_refused(tmp_path, change, message):
-    theirs = _musk_checkpoint(tmp_path / "musk")
-    if change.startswith("-"):
-        del theirs[change[1:]]
-    else:
-        theirs[change] = torch.zeros(32, 4)
-    safetensors.torch.save_file(theirs, tmp_path / "musk" / "model.safetensors")
-    spec = _local(_small(get_model("musk"), **MUSK_SMALL), tmp_path / "musk")
-    with pytest.raises(ModelError, match=message):
-        load_model(spec)

@@ -108,7 +108,7 @@ def test_a_model_without_a_text_tower_is_refused_before_anything_loads(tmp_path)
 def test_the_image_text_models_say_which_text_tower_they_take():
     want = {"plip": "clip", "conch-v1": "conch", "medsiglip": "siglip",
             "quiltnet-b32": "open_clip", "quiltnet-b16": "open_clip", "biomedclip": "open_clip",
-            "keep": "keep"}  # fmt: skip
+            "keep": "keep", "musk": "musk"}  # fmt: skip
     assert {name: get_model(name).text for name in want} == want
     assert get_model("conch-v1.5").text is None  # its text half is not published
 

@@ -549,13 +549,15 @@ def image_text_checkpoint(
 
 
 def _musk_whole(folder: Path, seed: int, source: Path | None) -> Whole:
-    """MUSK as its README runs zero-shot, from a copy of lilab-stanford/MUSK (`source`): their
+    """MUSK as its zero-shot benchmark runs it, from a copy of lilab-stanford/MUSK (`source`,
+    on sys.path: their `musk` package and their `benchmarks` folder): their
     ``musk_large_patch16_384`` (timm), random, its whole state saved as the Hub's
     model.safetensors, their tokenizer.spm beside it (ours reads it there); the image
     ``model(image=x, with_head=True, out_norm=True)[0]`` (ms_aug off), the text their
     ``xlm_tokenizer`` (100 tokens) and ``model(text_description=ids, padding_mask=mask,
-    with_head=True, out_norm=True)[1]``. Their tokenizer, ``XLMRobertaTokenizer`` of their
-    file, is read by transformers' own reading of it (transformers 5 takes the file under
+    with_head=True, out_norm=True)[1]``; `zero_shot_one` takes their benchmark's
+    ``zero_shot_classifier`` and its logits (x 100). Their tokenizer, ``XLMRobertaTokenizer``
+    of their file, is transformers' own reading of it (transformers 5 takes the file under
     XLM-R's name, through protobuf; transformers 4's slow class took the path)."""
     import safetensors.torch
     import timm
@@ -762,7 +764,16 @@ def zero_shot_one(name: str, args, work: Path) -> dict:
     std = torch.tensor(spec.data["std"]).view(1, 3, 1, 1).to(DEVICE)
     x = (torch.from_numpy(tiles).to(DEVICE).permute(0, 3, 1, 2).float() / 255 - mean) / std
     with torch.inference_mode():
-        if spec.text == "conch":
+        if spec.text == "musk":  # their benchmark's classifier and logits
+            from benchmarks.clip_benchmark.metrics import zeroshot_classification as theirs_zs
+
+            texts = {c: prompts.texts(c) for c in prompts.names}  # their class-specific prompts
+            theirs_classes = theirs_zs.zero_shot_classifier(
+                whole.model, whole.tokenizer, prompts.names, texts, DEVICE, amp=False
+            ).T
+            image = whole.image(x)  # with_head, out_norm: unit
+            whole.scale = 100.0  # their run_classification: logits = 100. * image @ classifier
+        elif spec.text == "conch":
             from conch.downstream.zeroshot_path import zero_shot_classifier
 
             names = list(ZERO_SHOT_PROMPTS["classnames"].values())

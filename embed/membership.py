@@ -4,10 +4,15 @@ running, which Dask runs again elsewhere), those that joined, and replacements a
 A worker lost on a cluster of SLURM jobs (a job cancelled, preempted, out of time) does not
 come back by itself: dask-jobqueue's cluster still counts the dead job in its spec, so
 neither `scale(jobs=N)` nor `adapt()` asks for another. `Membership` watches the scheduler
-from a thread; when a worker goes and its cluster started it as a job (not a nanny, which
-restarts its worker itself), the dead job is dropped from the cluster's spec and the
-cluster scaled back to what it had: SLURM gets a new job. Where the client has no cluster
-object (a scheduler address), nothing can be asked and the report says the cohort ran short.
+from a thread; when a worker goes and its cluster started it as a job, the dead job is
+dropped from the cluster's spec and the cluster scaled back to what it had: SLURM gets a
+new job. Not at once: a job's own nanny (dask-jobqueue starts one in each) restarts a worker
+that died inside a healthy job (a memory limit, a crash), under the same name at a new
+address; so a replacement is asked only if the name is not back within the cluster's
+lost-worker timeout (``distributed.deploy.lost-worker-timeout``, 15 s), SpecCluster's own
+rule for closing a job whose worker is gone. A worker the cluster started as a nanny
+restarts by itself; where the client has no cluster object (a scheduler address), nothing
+can be asked and the report says the cohort ran short.
 """
 
 from __future__ import annotations
@@ -35,13 +40,15 @@ class Membership:
     """The workers of a cohort run, followed every `every` seconds until `stop()`.
 
     client: the cohort's Dask client. replace: ask the client's cluster for a new worker for
-    each one lost. say: where a line about a loss or a join goes (None: nowhere).
+    each one lost and not back within `grace` seconds (None: the cluster's lost-worker
+    timeout). say: where a line about a loss or a join goes (None: nowhere).
     """
 
     client: Any
     replace: bool = True
     say: Callable[[str], None] | None = None
     every: float = 1.0
+    grace: float | None = None
     started: float = field(default_factory=time.perf_counter)
     at_start: dict[str, str] = field(default_factory=dict)  # address -> name
     alive: dict[str, str] = field(default_factory=dict)
@@ -49,9 +56,16 @@ class Membership:
     joined: list[WorkerEvent] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.grace is None:
+            import dask
+
+            timeout = dask.config.get("distributed.deploy.lost-worker-timeout", "15s")
+            self.grace = dask.utils.parse_timedelta(timeout)
         self.at_start = self._workers()
         self.alive = dict(self.at_start)
         self._running: dict[str, list[str]] = {}
+        self._pending: dict[str, tuple[WorkerEvent, float]] = {}  # name -> (loss, when to ask)
+        self._replaced: dict[Any, str] = {}  # a dead job's key -> the worker it was asked for
         self._stop = threading.Event()
         self._unreachable = False
         self._thread = threading.Thread(target=self._follow, name="tilestore-workers", daemon=True)
@@ -62,6 +76,9 @@ class Membership:
         self._stop.set()
         self._thread.join(timeout=10)
         self._look_or_say()
+        for event, _ in self._pending.values():  # the cohort ended before it was asked
+            event.replacement = f"not asked: the cohort ended within {self.grace:g} s of the loss"
+        self._pending.clear()
 
     def _follow(self) -> None:
         while not self._stop.wait(self.every):
@@ -85,7 +102,10 @@ class Membership:
             name = self.alive.pop(address)
             event = WorkerEvent(name, address, self._after(), self._running.get(address, []))
             self.lost.append(event)  # kept whatever asking for a replacement does
-            event.replacement = self._replace(name) if self.replace else None
+            if self.replace:  # asked once it has not come back (a job's nanny restarts it)
+                event.replacement = self._unaskable(name)
+                if event.replacement is None:
+                    self._pending[name] = (event, time.perf_counter() + self.grace)
             self._say(self.line_lost(event))
         for address in sorted(set(now) - set(self.alive)):
             self.alive[address] = now[address]
@@ -93,12 +113,26 @@ class Membership:
             self.joined.append(event)
             self._say(f"worker {event.name} ({address}) joined; {len(self.alive)} alive")
         self._running = {a: list(keys) for a, keys in running.items()}
+        self._settle(set(now.values()))
+
+    def _settle(self, names: set[str]) -> None:
+        """The losses waiting for their name to come back: back (its nanny restarted it in
+        its job), or past the grace: a replacement asked."""
+        for name, (event, due) in list(self._pending.items()):
+            if name in names:
+                event.replacement = "none needed: its nanny restarted it"
+            elif time.perf_counter() >= due:
+                event.replacement = self._replace(name)
+            else:
+                continue
+            del self._pending[name]
+            self._say(f"worker {name} ({event.address}): replacement: {event.replacement}")
 
     def _workers(self) -> dict[str, str]:
-        """The scheduler's workers, asked of it: not `client.scheduler_info()`, which returns
-        the client's cache, and the client's own refresh writes that cache every 2 s
-        without workers; a look that read it then took every worker for lost, and had
-        healthy ones cancelled as dead (seen under the one-node SLURM, 15 of 300 reads)."""
+        """The scheduler's workers, asked of it: not through `client.scheduler_info()`,
+        which races with the client's own refresh of the same cache (every 2 s, without
+        workers); a look that lost the race took every worker for lost, and had healthy ones
+        cancelled as dead (seen under the one-node SLURM; 15 of 300 reads short here)."""
         info = self.client.sync(self.client.scheduler.identity, n_workers=-1)["workers"]
         return {address: str(w.get("name", address)) for address, w in info.items()}
 
@@ -107,13 +141,25 @@ class Membership:
 
     def _replace(self, name: str) -> str:
         """Ask the cluster for a worker in place of `name`; say what was done."""
+        unaskable = self._unaskable(name)
+        if unaskable:
+            return unaskable
+        cluster = self.client.cluster
+        key = self._key(name)
+        cluster.loop.add_callback(_respec, cluster, key)  # the cluster's own thread
+        self._replaced[key] = name
+        return "a new worker asked of the cluster"
+
+    def _unaskable(self, name: str) -> str | None:
+        """Why no worker can be asked in place of `name` (said as its replacement), or None."""
         cluster = getattr(self.client, "cluster", None)
-        spec = getattr(cluster, "worker_spec", None)
-        if spec is None:
+        if getattr(cluster, "worker_spec", None) is None:
             return "none: the client has no cluster object to ask (a scheduler address)"
-        planned = list(spec)  # a copy: the cluster's own thread may change the plan meanwhile
-        key = next((k for k in planned if name == str(k) or name.startswith(f"{k}-")), None)
+        key = self._key(name)
         if key is None:
+            key = next((k for k in self._replaced if name.startswith(f"{k}-")), None)
+            if key is not None:  # another worker process of the same job asked for it
+                return f"the new job asked for {self._replaced[key]} (its job's) stands for it"
             return "none: the cluster no longer plans this worker (scaled down)"
         from distributed import Nanny
 
@@ -121,8 +167,14 @@ class Membership:
             return "its nanny restarts it"
         if str(getattr(cluster, "status", "")).endswith(("closing", "closed")):
             return "none: the cluster is closing"
-        cluster.loop.add_callback(_respec, cluster, key)  # the cluster's own thread
-        return "a new worker asked of the cluster"
+        if not all(hasattr(cluster, a) for a in ("_i", "_new_worker_name", "loop")):
+            return "none: the cluster does not number its workers as SpecCluster does"
+        return None
+
+    def _key(self, name: str):
+        """The cluster's plan entry (a job) that started the worker `name`, or None."""
+        planned = list(self.client.cluster.worker_spec)  # a copy: its thread may change it
+        return next((k for k in planned if name == str(k) or name.startswith(f"{k}-")), None)
 
     def _say(self, line: str) -> None:
         if self.say:
@@ -132,9 +184,15 @@ class Membership:
         tasks = (
             f", {len(event.running)} task(s) it was running go to others" if event.running else ""
         )
+        if event.replacement:
+            replacement = event.replacement
+        elif event.name in self._pending:
+            replacement = f"asked if it is not back within {self.grace:g} s"
+        else:
+            replacement = "not asked"
         return (
             f"worker {event.name} ({event.address}) lost after {event.after_s:g} s{tasks}; "
-            f"replacement: {event.replacement or 'not asked'}; {len(self.alive)} alive"
+            f"replacement: {replacement}; {len(self.alive)} alive"
         )
 
     def status(self) -> str:

@@ -152,13 +152,14 @@ def _checked(store: str, model: str, tower, classes, torch) -> bool:
 
 
 def class_embeddings(tower, prompts: Prompts):
-    """(classes, d) unit class embeddings: each the mean of its prompts' unit embeddings,
-    made unit (CONCH's prompt ensembling over names and templates)."""
+    """(classes, d) class embeddings: each the mean of its prompts' unit embeddings, made
+    unit where the tower's authors do (CONCH's prompt ensembling over names and templates;
+    MUSK's benchmark keeps the mean: `TextTower.unit_classes`)."""
     import torch
     import torch.nn.functional as F
 
-    rows = [tower.embed(prompts.texts(c)).mean(dim=0) for c in prompts.names]
-    return F.normalize(torch.stack(rows), dim=-1)
+    rows = torch.stack([tower.embed(prompts.texts(c)).mean(dim=0) for c in prompts.names])
+    return F.normalize(rows, dim=-1) if tower.unit_classes else rows
 
 
 def tile_probabilities(tower, classes, features, projected: bool):
@@ -194,6 +195,8 @@ def _one(store, model, name, prompts, tower, classes, projected, torch) -> Class
         "weights_sha256": tower.weights_sha256,
         "logit_scale": tower.logit_scale,
         "logit_bias": tower.logit_bias,
+        "class_embedding": "mean of the prompts' unit embeddings"
+        + (", made unit" if tower.unit_classes else ""),
         "projected_here": not projected,
         "slide": slide,
         "slide_rule": SLIDE_RULE,

@@ -161,10 +161,10 @@ def dask_script(jobs: int) -> str:
     )
 
 
-def _run_script(folder: Path, slurm: Slurm, **kwargs):
+def _run_script(folder: Path, slurm: Slurm, **env: str):
     return subprocess.Popen(
-        "python embed_cohort.py stores/*.ome.zarr", shell=True, cwd=folder, env=slurm.env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs,
+        "python embed_cohort.py stores/*.ome.zarr", shell=True, cwd=folder,
+        env={**slurm.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
 
@@ -194,7 +194,10 @@ def test_a_cancelled_worker_job_is_named_replaced_and_its_work_redone(
     paths = _copy_stores(stores, folder / "stores", copies="abcdefgh")
     (folder / "embed_cohort.py").write_text(dask_script(2))
     earlier = slurm.job_ids("dask-worker")  # the other tests'
-    run = _run_script(folder, slurm)
+    # a replacement is asked once the lost worker's name has not come back (its job's nanny
+    # restarting it) within the cluster's lost-worker timeout: 2 s here, not 15, so that it
+    # is asked before the cohort ends
+    run = _run_script(folder, slurm, DASK_DISTRIBUTED__DEPLOY__LOST_WORKER_TIMEOUT="2s")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and (
         _done_batches(paths) < 4 or len(slurm.jobs("dask-worker", "RUNNING")) < 2

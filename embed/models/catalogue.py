@@ -717,7 +717,8 @@ ENTRIES: tuple[ModelSpec, ...] = (
     # experts, text embedding, heads and temperature aside; zero-shot reads them
     # (`tilestore.embed.models.text`, "musk": XLM-R tokens through the language experts,
     # the tile's class token, the features' first 1,024, through vision_head, as their
-    # README's zero-shot runs the image with ms_aug off).
+    # README runs the image for zero-shot with ms_aug off; scored as their zero-shot
+    # benchmark scores MUSK: class means not made unit, logits x 100).
     ModelSpec(
         "musk",
         "hf-hub",

@@ -40,10 +40,8 @@ from torch import nn
 
 from tilestore.embed.models import genbio, keep, musk, zoo
 from tilestore.embed.models.spec import ModelSpec
-from tilestore.embed.models.statekeys import Qkv, renamed
+from tilestore.embed.models.statekeys import Qkv, State, renamed
 from tilestore.errors import ModelError
-
-State = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)

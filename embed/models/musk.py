@@ -226,9 +226,12 @@ class MuskText(nn.Module):
             raise ValueError(f"{ids.shape[1]} tokens: MUSK reads at most {self.pos_embed.shape[1]}")
         x = self.embed(ids) + self.pos_embed[:, : ids.shape[1]]
         x = x * (~padding)[..., None].to(x.dtype)
-        attend = ~padding[:, None, None, :]  # (n, heads, queries, keys): True is attended
+        # added to the attention's scores (n, heads, queries, keys): -inf on a padded key (a
+        # float mask: timm before 1.0.26 added a bool one as 0/1 on its unfused path)
+        masked = torch.zeros(padding.shape, dtype=x.dtype, device=x.device)
+        masked = masked.masked_fill(padding, float("-inf"))[:, None, None, :]
         for block in self.blocks:
-            x = block(x, attn_mask=attend)
+            x = block(x, attn_mask=masked)
         return self.head(self.norm(x)[:, 0])
 
 

@@ -29,12 +29,12 @@ remote code.
   SentencePiece tokenizer (not on the Hub: from the ``musk`` package or a file given), 100
   tokens padded as their ``xlm_tokenizer`` pads them; the stored image features are the
   multiscale 2,048, whose first 1,024 (the tile's class token) go through ``vision_head``
-  here, as their zero-shot runs the image (``with_head=True``, ``ms_aug`` off).
+  here, as their zero-shot runs the image (``with_head=True``, ``ms_aug`` off); scored as
+  their zero-shot benchmark scores (class means not made unit, logits x 100).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,14 +45,12 @@ import torch.nn.functional as F
 
 from tilestore.embed.models import hub
 from tilestore.embed.models.spec import TOKENIZER_IN_REPO, ModelSpec
+from tilestore.embed.models.tokenizers import conch_tokenizer_file, packaged_file, vocabulary
 from tilestore.errors import ModelError
 
-# CONCH's tokenizer file, as its package ships it
-CONCH_TOKENIZER = "conch_byte_level_bpe_uncased.json"
 CONCH_TOKENS = 127  # CONCH's context (128) less the class token it appends
 KEEP_TOKENS = 256  # KEEP's text length (their zero_shot_classifier's max_length, padded to it)
-# a transformers tokenizer's vocabulary, one of which a folder needs (BPE, SentencePiece, BERT)
-VOCABULARIES = ("tokenizer.json", "vocab.json", "spiece.model", "vocab.txt")
+MUSK_ZERO_SHOT_SCALE = 100.0  # the logits' scale of MUSK's zero-shot benchmark
 
 
 @dataclass
@@ -65,7 +63,9 @@ class TextTower:
     contrastive projection), None where they are stored in it; checkpoint: the file it was
     read from, the one the image features must have been made from too; stored_joint: the
     projection (`ModelSpec.projection`) stored features record where they are in the joint
-    space."""
+    space. unit_classes: whether a class's embedding, the mean of its prompts' unit
+    embeddings, is made unit again (CONCH's `zero_shot_classifier`, open_clip's; MUSK's
+    benchmark leaves it as it is)."""
 
     spec: ModelSpec
     encode: Callable[[list[str]], torch.Tensor]
@@ -74,6 +74,7 @@ class TextTower:
     head: Callable[[torch.Tensor], torch.Tensor] | None
     checkpoint: hub.Checkpoint
     stored_joint: str | None
+    unit_classes: bool = True
 
     @property
     def revision(self) -> str | None:
@@ -140,7 +141,7 @@ def _transformers(spec: ModelSpec, class_name: str, folder: Path):
         import transformers
     except ImportError as exc:
         raise ModelError(f"{spec.name}: needs transformers: pip install 'tilestore[hf]'") from exc
-    _vocabulary(spec, folder)
+    vocabulary(spec, folder)
     try:
         model = getattr(transformers, class_name).from_pretrained(
             folder, local_files_only=True, dtype=torch.float32
@@ -154,20 +155,25 @@ def _transformers(spec: ModelSpec, class_name: str, folder: Path):
     return model.eval(), tokenizer
 
 
-def _vocabulary(spec: ModelSpec, folder: Path) -> None:
-    """One line where a folder has no tokenizer vocabulary: transformers makes a tokenizer of
-    the config's kind without one, and every text would be unknown tokens."""
-    if not any((folder / f).is_file() for f in VOCABULARIES):
-        raise ModelError(
-            f"{spec.name}: no tokenizer beside its weights in {folder} (tokenizer.json, "
-            f"vocab.json + merges.txt, spiece.model or vocab.txt): `tilestore models pull "
-            f"{spec.name}` fetches it, or copy the repo's tokenizer files there"
-        )
-
-
 def _features(output) -> torch.Tensor:
     """transformers' get_*_features: a tensor, or (version 5) an output with the pooled one."""
     return getattr(output, "pooler_output", output)
+
+
+def _load_strictly(spec: ModelSpec, model: torch.nn.Module, state: dict, assign=False) -> None:
+    """The text tower's tensors into `model`, every one used and none missing; ModelError,
+    one line naming the first keys (or the tensor of another shape) otherwise."""
+    try:
+        result = model.load_state_dict(state, strict=False, assign=assign)
+    except RuntimeError as exc:  # a tensor of another shape
+        lines = str(exc).splitlines()
+        first = next((line.strip() for line in lines if "size mismatch" in line), lines[0])
+        raise ModelError(f"{spec.name}: the text tower's weights do not fit ({first})") from exc
+    if result.missing_keys or result.unexpected_keys:
+        raise ModelError(
+            f"{spec.name}: the text tower's weights do not fit: missing "
+            f"{result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]}"
+        )
 
 
 def _clip(spec, checkpoint, device, tokenizer_file) -> TextTower:
@@ -199,41 +205,6 @@ def _siglip(spec, checkpoint, device, tokenizer_file) -> TextTower:
     return TextTower(spec, encode, scale, bias, None, checkpoint, None)
 
 
-def packaged_file(
-    model: str, folder: Path, given: str | os.PathLike | None, names: tuple[str, ...],
-    package: str, inside: str, where: str,
-) -> Path:  # fmt: skip
-    """A file the authors ship in their package, not on the Hub (a tokenizer): the file
-    given, else one of `names` beside the weights, else `inside` the installed `package`
-    (found, not imported); ModelError naming `where` it is published otherwise."""
-    if given is not None:
-        if not Path(given).is_file():
-            raise ModelError(f"tokenizer={str(given)!r}: no such file")
-        return Path(given)
-    for name in names:
-        if (folder / name).is_file():
-            return folder / name
-    found = importlib.util.find_spec(package)
-    if found is not None and found.submodule_search_locations:
-        for place in found.submodule_search_locations:
-            if (Path(place) / inside).is_file():
-                return Path(place) / inside
-    raise ModelError(
-        f"{model}: its tokenizer {names[0]} is not with the weights ({folder}) nor in an "
-        f"installed {package} package; give it with tokenizer= (it is in {where})"
-    )
-
-
-def conch_tokenizer_file(folder: Path, given: str | os.PathLike | None) -> Path:
-    """CONCH's tokenizer: the file given, else one beside the weights, else the installed
-    ``conch`` package's."""
-    return packaged_file(
-        "conch-v1", folder, given, (CONCH_TOKENIZER, "tokenizer.json"), "conch",
-        f"open_clip_custom/tokenizers/{CONCH_TOKENIZER}",
-        "github.com/mahmoodlab/CONCH, conch/open_clip_custom/tokenizers/",
-    )  # fmt: skip
-
-
 def _conch(spec, checkpoint, device, tokenizer_file) -> TextTower:
     from transformers import PreTrainedTokenizerFast
 
@@ -250,10 +221,7 @@ def _conch(spec, checkpoint, device, tokenizer_file) -> TextTower:
         )
     with torch.device("meta"):
         model = ConchText()
-    try:
-        model.load_state_dict(text, strict=True, assign=True)
-    except RuntimeError as exc:
-        raise ModelError(f"{spec.name}: the text tower's weights do not fit ({exc})") from exc
+    _load_strictly(spec, model, text, assign=True)
     model.attn_mask = torch.full_like(model.attn_mask, float("-inf"), device=device).triu_(1)
     model = model.eval()
     path = conch_tokenizer_file(checkpoint.weights.parent, tokenizer_file)
@@ -293,13 +261,7 @@ def _open_clip(spec, checkpoint, device, tokenizer_file) -> TextTower:
     state = hub.load_weights(spec.name, checkpoint.weights, device)
     # a buffer transformers saved before 4.31 and computes itself since (open_clip drops it)
     state.pop("text.transformer.embeddings.position_ids", None)
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        first = str(exc).splitlines()[0][:300]
-        raise ModelError(
-            f"{spec.name}: the checkpoint does not fit open_clip's {type(model).__name__} ({first})"
-        ) from exc
+    _load_strictly(spec, model, state)
     model = model.eval()
 
     def encode(texts: list[str]) -> torch.Tensor:
@@ -330,7 +292,7 @@ def _open_clip_hf(spec: ModelSpec, config: dict, device: torch.device):
         if not text.get("hf_tokenizer_name"):  # open_clip's choice, where none is named
             return model, open_clip.tokenizer.SimpleTokenizer(context_length=length)
         folder = folders[text["hf_tokenizer_name"]]
-        _vocabulary(spec, folder)
+        vocabulary(spec, folder)
         tokenizer = open_clip.tokenizer.HFTokenizer(
             str(folder), context_length=length, tokenizer_mode=text.get("tokenizer_mode"),
             **text.get("tokenizer_kwargs", {}),
@@ -365,13 +327,9 @@ def _keep(spec, checkpoint, device, tokenizer_file) -> TextTower:
         )
     with device:
         model = transformers.BertModel(transformers.BertConfig(**settings))
-    try:
-        model.load_state_dict(text, strict=True)
-    except RuntimeError as exc:
-        first = str(exc).splitlines()[0][:300]
-        raise ModelError(f"{spec.name}: the text tower's weights do not fit ({first})") from exc
+    _load_strictly(spec, model, text)
     model = model.eval()
-    _vocabulary(spec, folder)
+    vocabulary(spec, folder)
     try:
         tokenizer = transformers.BertTokenizerFast.from_pretrained(
             folder, local_files_only=True, do_lower_case=True
@@ -395,7 +353,7 @@ def _musk(spec, checkpoint, device, tokenizer_file) -> TextTower:
     from tilestore.embed.models import musk
 
     state = hub.load_weights(spec.name, checkpoint.weights, device)
-    missing = [k for k in ("vision_head.weight", "language_head.weight", "logit_scale",
+    missing = [k for k in ("vision_head.weight", "language_head.weight",
                            "beit3.text_embed.weight") if k not in state]  # fmt: skip
     if missing:
         raise ModelError(
@@ -409,11 +367,7 @@ def _musk(spec, checkpoint, device, tokenizer_file) -> TextTower:
     with torch.device("meta"):
         positions = text["pos_embed"].shape[1] + musk.POSITION_OFFSET
         model = musk.MuskText(depth, dim, max(1, dim // musk.HEAD_WIDTH), vocab, positions)
-    try:
-        model.load_state_dict(text, strict=True, assign=True)
-    except RuntimeError as exc:
-        first = str(exc).splitlines()[0][:300]
-        raise ModelError(f"{spec.name}: the text tower's weights do not fit ({first})") from exc
+    _load_strictly(spec, model, text, assign=True)
     model = model.eval()
     path = packaged_file(
         spec.name, checkpoint.weights.parent, tokenizer_file, (musk.TOKENIZER,), "musk",
@@ -441,8 +395,12 @@ def _musk(spec, checkpoint, device, tokenizer_file) -> TextTower:
             raise RuntimeError(f"{features.shape[1]}-d features, these weights' are {stored}")
         return features[:, :width] @ image_head.to(features.device).T
 
-    scale = float(state["logit_scale"].float().exp())
-    return TextTower(spec, encode, scale, 0.0, head, checkpoint, "vision_head")
+    # their zero-shot benchmark (benchmarks/clip_benchmark/metrics/zeroshot_classification.py):
+    # logits 100 x the image's unit embedding . the class's, the mean of its prompts' unit
+    # embeddings not made unit again (the line that would is commented out for MUSK alone);
+    # the checkpoint's own temperature is not what they score with
+    return TextTower(spec, encode, MUSK_ZERO_SHOT_SCALE, 0.0, head, checkpoint, "vision_head",
+                     unit_classes=False)  # fmt: skip
 
 
 # a spec's `text` -> (spec, checkpoint, device, tokenizer file) -> its text tower

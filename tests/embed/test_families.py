@@ -277,3 +277,29 @@ def test_hibou_hub_layout_equals_transformers_dinov2_with_registers(tmp_path):
     broken = {k: v for k, v in published.items() if "attention.attention.key" not in k}
     with pytest.raises(ModelError, match=r"query, key, value"):
         load_model(_local(spec, _folder(tmp_path / "b", broken, config.to_dict())))
+
+
+def test_transformers_dinov2_without_a_key_projection_is_refused_naming_it(tmp_path):
+    """The Hub layout of a transformers DINOv2 (saved as transformers publishes it) with one
+    layer's key bias gone: one line naming what the layer has and which tensor lacks it."""
+    from dataclasses import replace
+
+    import safetensors.torch
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Dinov2WithRegistersConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, patch_size=14,
+        image_size=224, num_register_tokens=4, use_swiglu_ffn=True,
+    )  # fmt: skip
+    transformers.Dinov2WithRegistersModel(config).save_pretrained(tmp_path / "hibou")
+    weights = tmp_path / "hibou" / "model.safetensors"
+    state = safetensors.torch.load_file(weights)
+    (key,) = [k for k in state if k.endswith("layer.1.attention.attention.key.bias")]
+    del state[key]
+    safetensors.torch.save_file(state, weights)
+    hibou = next(s for s in REGISTERED if s.name == "hibou-b")
+    small = {"embed_dim": 64, "depth": 2, "num_heads": 4, "mlp_ratio": 5.5}
+    spec = replace(hibou, arch=replace(hibou.arch, kwargs={**hibou.arch.kwargs, **small}))
+    with pytest.raises(ModelError, match=r"the checkpoint has \['query', 'value'\] of query, key, "
+                       r"value for blocks\.1\.attn\.qkv\.bias$"):  # fmt: skip
+        load_model(_local(spec, tmp_path / "hibou"))

@@ -1,10 +1,13 @@
-"""Which Dask workers a cohort had (`tilestore.embed.membership`), against a scheduler and a
-cluster played by hand: losses named with what they ran, replacements asked of a
-SpecCluster's plan, never of a nanny's worker or a cluster the client has none of."""
+"""Which Dask workers a cohort had (`tilestore.embed.membership`): against a scheduler and a
+cluster played by hand (losses named with what they ran; replacements asked of a
+SpecCluster's plan once a lost name has not come back, never of a nanny's worker or a
+cluster the client has none of), and against real ones (a LocalCluster whose client
+refreshes its cache, a SpecCluster of jobs, jobs whose nanny restarts their worker)."""
 
 from __future__ import annotations
 
 import time
+from typing import ClassVar
 
 import dask
 from distributed import Client as DaskClient
@@ -59,7 +62,7 @@ def test_a_lost_job_is_named_with_its_tasks_and_replaced(monkeypatch):
     cluster = Cluster(["job-0", "job-1"])
     client = Client({"tcp://a": "job-0", "tcp://b": "job-1"}, cluster)
     said = []
-    members = Membership(client, say=said.append, every=3600)
+    members = Membership(client, say=said.append, every=3600, grace=0.3)
     client.running = {"tcp://a": ["slice-1"], "tcp://b": ["slice-2", "slice-3"]}
     members.look()
     del client.workers["tcp://b"]
@@ -70,9 +73,14 @@ def test_a_lost_job_is_named_with_its_tasks_and_replaced(monkeypatch):
         "tcp://b",
         ["slice-2", "slice-3"],
     )
-    assert event.replacement == "a new worker asked of the cluster"
     assert said[-1].startswith("worker job-1 (tcp://b) lost after ")
     assert "2 task(s) it was running go to others" in said[-1] and said[-1].endswith("1 alive")
+    assert "replacement: asked if it is not back within 0.3 s" in said[-1]
+    assert event.replacement is None and not cluster.loop.calls  # its nanny may restart it
+    time.sleep(0.3)
+    members.look()
+    assert event.replacement == "a new worker asked of the cluster"
+    assert said[-1] == "worker job-1 (tcp://b): replacement: a new worker asked of the cluster"
     ((fn, args),) = cluster.loop.calls  # run on the cluster's own thread
     scaled = []
     monkeypatch.setattr(SpecCluster, "scale", lambda self, n: scaled.append(n))
@@ -89,26 +97,70 @@ def test_a_lost_job_is_named_with_its_tasks_and_replaced(monkeypatch):
 def test_a_nanny_restarts_its_worker_and_nothing_is_asked():
     cluster = Cluster(["0", "1"], worker=Nanny)
     client = Client({"tcp://a": "0", "tcp://b": "1"}, cluster)
-    members = Membership(client, every=3600)
+    members = Membership(client, every=3600, grace=0)
     del client.workers["tcp://a"]
     members.look()
     assert members.lost[0].replacement == "its nanny restarts it" and not cluster.loop.calls
     members.stop()
 
 
+def test_a_job_whose_worker_comes_back_under_its_name_is_left_alone():
+    """A job's own nanny (dask-jobqueue's default) restarts its worker at a new address:
+    the name is back within the grace, so the healthy job is neither dropped nor replaced."""
+    cluster = Cluster(["job-0", "job-1"])
+    client = Client({"tcp://a": "job-0", "tcp://b": "job-1"}, cluster)
+    said = []
+    members = Membership(client, say=said.append, every=3600, grace=3600)
+    del client.workers["tcp://b"]
+    members.look()
+    client.workers["tcp://b2"] = "job-1"  # restarted in the same job
+    members.look()
+    (event,) = members.lost
+    assert event.replacement == "none needed: its nanny restarted it" and not cluster.loop.calls
+    assert said[-2] == "worker job-1 (tcp://b2) joined; 2 alive"
+    assert said[-1] == "worker job-1 (tcp://b): replacement: none needed: its nanny restarted it"
+    assert sorted(cluster.worker_spec) == ["job-0", "job-1"]
+    members.stop()
+
+
+def test_a_loss_the_cohort_outlives_by_less_than_the_grace_says_so():
+    cluster = Cluster(["job-0", "job-1"])
+    client = Client({"tcp://a": "job-0", "tcp://b": "job-1"}, cluster)
+    members = Membership(client, every=3600, grace=3600)
+    del client.workers["tcp://a"]
+    members.look()
+    members.stop()
+    assert (
+        members.lost[0].replacement == ("not asked: the cohort ended within 3600 s of the loss")
+        and not cluster.loop.calls
+    )
+
+
 def test_without_a_cluster_object_nothing_can_be_asked():
     client = Client({"tcp://a": "w0", "tcp://b": "w1"})  # Client("tcp://scheduler:8786")
-    members = Membership(client, every=3600)
+    members = Membership(client, every=3600, grace=0)
     del client.workers["tcp://a"]
     members.look()
     assert members.lost[0].replacement.startswith("none: the client has no cluster object")
     members.stop()
 
 
+def test_a_cluster_that_does_not_number_workers_as_speccluster_is_not_touched():
+    cluster = Cluster(["job-0", "job-1"])
+    del cluster._i  # another cluster class, or a distributed that numbers otherwise
+    client = Client({"tcp://a": "job-0", "tcp://b": "job-1"}, cluster)
+    members = Membership(client, every=3600, grace=0)
+    del client.workers["tcp://b"]
+    members.look()
+    assert members.lost[0].replacement.startswith("none: the cluster does not number")
+    assert not cluster.loop.calls and sorted(cluster.worker_spec) == ["job-0", "job-1"]
+    members.stop()
+
+
 def test_replace_false_asks_nothing():
     cluster = Cluster(["job-0", "job-1"])
     client = Client({"tcp://a": "job-0", "tcp://b": "job-1"}, cluster)
-    members = Membership(client, replace=False, every=3600)
+    members = Membership(client, replace=False, every=3600, grace=0)
     del client.workers["tcp://a"]
     members.look()
     assert members.lost[0].replacement is None and not cluster.loop.calls
@@ -189,3 +241,44 @@ def test_no_worker_is_taken_for_lost_while_the_client_refreshes_its_cache():
             members.look()
         members.stop()
     assert not members.lost and len(members.alive) == 2
+
+
+class NannyJob(ProcessInterface):
+    """A job running a Nanny, as dask-jobqueue's jobs do (nanny=True); `closed` records a
+    job cancelled (scancel)."""
+
+    closed: ClassVar[list[str]] = []
+
+    def __init__(self, scheduler=None, name=None):
+        super().__init__()
+        self.scheduler, self.name = scheduler, name
+
+    async def start(self):
+        self.nanny = await Nanny(self.scheduler, name=self.name, nthreads=1)
+        await super().start()
+
+    async def close(self):
+        NannyJob.closed.append(self.name)
+        await self.nanny.close()
+        await super().close()
+
+
+def test_a_worker_restarted_by_its_jobs_nanny_keeps_its_job():
+    """The worker of a healthy job restarted by the job's nanny (a memory limit, a crash):
+    gone at its address, back under its name; the job is not cancelled, nothing replaces it
+    (it was cancelled and replaced when a loss was acted on at once)."""
+    NannyJob.closed = []
+    scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0", "host": "127.0.0.1"}}
+    with Jobs(workers={}, scheduler=scheduler, worker={"cls": NannyJob}) as cluster, DaskClient(
+        cluster
+    ) as client:  # fmt: skip
+        cluster.scale(2)
+        client.wait_for_workers(2)
+        members = Membership(client, every=0.1, grace=30)
+        address = next(a for a, n in members.alive.items() if n == "job-1")
+        client.restart_workers([address])
+        assert _until(lambda: len(members.lost) == 1 and members.lost[0].replacement)
+        members.stop()
+        assert members.lost[0].replacement == "none needed: its nanny restarted it"
+        assert sorted(cluster.worker_spec) == ["job-0", "job-1"] and NannyJob.closed == []
+        assert sorted(members.alive.values()) == ["job-0", "job-1"]

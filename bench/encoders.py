@@ -593,7 +593,8 @@ def _musk_whole(folder: Path, seed: int, source: Path | None) -> Whole:
     def image(pixels):
         return model(image=pixels, with_head=True, out_norm=True)[0]
 
-    return Whole(image, texts, float(model.logit_scale.exp()), model=model, tokenizer=tokenizer)
+    # their benchmark's run_classification: logits = 100. * image_features @ classifier
+    return Whole(image, texts, 100.0, model=model, tokenizer=tokenizer)
 
 
 # BiomedBERT-base-uncased-abstract's config.json: BERT-base (its vocabulary is not here)
@@ -772,7 +773,6 @@ def zero_shot_one(name: str, args, work: Path) -> dict:
                 whole.model, whole.tokenizer, prompts.names, texts, DEVICE, amp=False
             ).T
             image = whole.image(x)  # with_head, out_norm: unit
-            whole.scale = 100.0  # their run_classification: logits = 100. * image @ classifier
         elif spec.text == "conch":
             from conch.downstream.zeroshot_path import zero_shot_classifier
 

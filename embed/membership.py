@@ -61,6 +61,8 @@ class Membership:
 
             timeout = dask.config.get("distributed.deploy.lost-worker-timeout", "15s")
             self.grace = dask.utils.parse_timedelta(timeout)
+        if not 0 <= self.grace < float("inf"):  # NaN too: a loss would never be acted on
+            raise ValueError(f"grace={self.grace!r}: seconds, 0 or more")
         self.at_start = self._workers()
         self.alive = dict(self.at_start)
         self._running: dict[str, list[str]] = {}
@@ -156,8 +158,9 @@ class Membership:
         if getattr(cluster, "worker_spec", None) is None:
             return "none: the client has no cluster object to ask (a scheduler address)"
         key = self._key(name)
-        if key is None:
-            key = next((k for k in self._replaced if name.startswith(f"{k}-")), None)
+        if key is None or key in self._replaced:  # a dead job's name is never given again
+            key = next((k for k in self._replaced if name == str(k) or name.startswith(f"{k}-")),
+                       None)  # fmt: skip
             if key is not None:  # another worker process of the same job asked for it
                 return f"the new job asked for {self._replaced[key]} (its job's) stands for it"
             return "none: the cluster no longer plans this worker (scaled down)"
@@ -217,12 +220,13 @@ def _respec(cluster, key) -> None:
     SpecCluster names a new entry by the lowest number free in its plan, the dead job's own
     name: the cluster then took the entry for the dead job's object, still among its
     workers, and submitted nothing (found under the one-node SLURM). So the numbering skips
-    every name the cluster holds."""
+    every name the cluster holds, and the dead one's (whose object the cluster may have
+    closed already): a name lost is never a live job's again."""
     from distributed.deploy.spec import SpecCluster
 
     planned = len(cluster.worker_spec)
     cluster.worker_spec.pop(key, None)
-    held = set(cluster.worker_spec) | set(cluster.workers)
+    held = set(cluster.worker_spec) | set(cluster.workers) | {key}  # the dead one's: never again
     while cluster._new_worker_name(cluster._i) in held:  # SpecCluster's own counter
         cluster._i += 1
     SpecCluster.scale(cluster, planned)  # entries (jobs), not workers: jobqueue's counts workers

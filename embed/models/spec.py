@@ -34,6 +34,8 @@ TEXT_TOWERS = {
 }
 # the text towers whose tokenizer files are in the checkpoint's own repo (fetched beside it)
 TOKENIZER_IN_REPO = frozenset({"clip", "siglip", "keep"})
+# the text towers whose tokenizer is a file their authors ship apart (`tokenizer=` gives it)
+TOKENIZER_FILE = frozenset({"conch", "musk"})
 
 
 @dataclass(frozen=True)

@@ -44,9 +44,9 @@ import torch
 import torch.nn.functional as F
 
 from tilestore.embed.models import hub
-from tilestore.embed.models.spec import TOKENIZER_IN_REPO, ModelSpec
+from tilestore.embed.models.spec import TOKENIZER_FILE, TOKENIZER_IN_REPO, ModelSpec
 from tilestore.embed.models.tokenizers import conch_tokenizer_file, packaged_file, vocabulary
-from tilestore.errors import ModelError
+from tilestore.errors import ModelError, OptionError
 
 CONCH_TOKENS = 127  # CONCH's context (128) less the class token it appends
 KEEP_TOKENS = 256  # KEEP's text length (their zero_shot_classifier's max_length, padded to it)
@@ -117,9 +117,15 @@ def load_text_tower(
 ) -> TextTower:
     """The text tower of `spec`'s checkpoint: from the folder `weights` (the authors' layout,
     as `tilestore models pull` caches it), else the Hub's cache (downloaded where online).
-    tokenizer: a tokenizer file where the checkpoint has none (CONCH's)."""
+    tokenizer: a tokenizer file where the checkpoint has none (CONCH's, MUSK's); refused for
+    the others, whose tokenizer comes with their checkpoint."""
     if spec.text is None:
         raise ModelError(f"{spec.name}: has no text tower; zero-shot takes {_zero_shot_names()}")
+    if tokenizer is not None and spec.text not in TOKENIZER_FILE:  # it would not be read
+        raise OptionError(
+            f"tokenizer={str(tokenizer)!r}: {spec.name}'s tokenizer comes with its checkpoint; "
+            f"a tokenizer file is read only by the {', '.join(sorted(TOKENIZER_FILE))} text towers"
+        )
     if weights is not None:
         checkpoint = hub.local(spec.name, weights, spec)
     else:

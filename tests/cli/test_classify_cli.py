@@ -39,6 +39,20 @@ def test_a_set_name_that_is_not_a_column_name_is_refused(tmp_path):
     assert done.returncode == 2 and "--name" in done.stderr and "two words" in done.stderr
 
 
+def test_a_tokenizer_file_for_a_model_whose_tokenizer_is_in_its_repo_is_refused(tmp_path):
+    """PLIP reads its repo's tokenizer: a file given would be ignored and the scores would
+    not be the file's, so it is refused at the door, before any store is read or model
+    loaded (only CONCH v1 and MUSK take one)."""
+    given = _file(tmp_path, "{}", name="my-tokenizer.json")
+    done = run("classify", tmp_path / "absent.ome.zarr", "--model", "plip", "--prompts",
+               _file(tmp_path, PROMPTS), "--tokenizer", given)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.strip() == (
+        f"tilestore: error: --tokenizer {given}: plip's tokenizer comes with its checkpoint; "
+        "a tokenizer file is read only by the conch, musk text towers"
+    )
+
+
 def test_classify_writes_the_scores_and_prints_each_slides(store, tmp_path):
     folder = tmp_path / "plip"
     _plip(folder)

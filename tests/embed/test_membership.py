@@ -10,6 +10,7 @@ import time
 from typing import ClassVar
 
 import dask
+import pytest
 from distributed import Client as DaskClient
 from distributed import LocalCluster, Nanny, Scheduler
 from distributed.deploy.spec import ProcessInterface, SpecCluster
@@ -241,6 +242,29 @@ def test_no_worker_is_taken_for_lost_while_the_client_refreshes_its_cache():
             members.look()
         members.stop()
     assert not members.lost and len(members.alive) == 2
+
+
+def test_a_lost_jobs_name_is_never_given_again_once_the_cluster_closed_it():
+    """The cluster's lost-worker timeout may close the dead job (its object gone from the
+    cluster's workers) before the replacement is asked: the new job still gets a new name,
+    so that a later loss of it is never taken for the dead one's."""
+    submitted = []
+    scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0", "host": "127.0.0.1"}}
+    worker = {"cls": Job, "options": {"submitted": submitted}}
+    with Jobs(workers={}, scheduler=scheduler, worker=worker) as cluster:
+        cluster.scale(2)
+        assert _until(lambda: len(submitted) == 2 and len(cluster.workers) == 2), submitted
+        cluster.workers.pop("job-1")  # closed by the cluster's own timeout
+        cluster.loop.add_callback(_respec, cluster, "job-1")
+        assert _until(lambda: len(submitted) == 3), submitted
+        assert submitted[2] == "job-2" and sorted(cluster.worker_spec) == ["job-0", "job-2"]
+
+
+def test_a_grace_that_is_not_a_number_of_seconds_is_refused():
+    client = Client({"tcp://a": "w0"})
+    for grace in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"^grace=.*: seconds, 0 or more$"):
+            Membership(client, every=3600, grace=grace)
 
 
 class NannyJob(ProcessInterface):

@@ -194,6 +194,28 @@ def test_a_label_level_is_tied_to_its_positions(store):
     assert "(0, 1, 1): a chunk is stored where none was written (moved here?)" in bad[1]
 
 
+def test_a_label_a_killed_writer_left_unlisted_is_absent_and_written_again(store):
+    """A process killed while writing a label (a requeued SLURM task's preparation: seen in
+    CI) leaves its group half made and unlisted, its chunks not matching its positions:
+    read as absent (its resume computes it again, it failed on the damage), then replaced
+    by `write_label`; a listed label damaged the same way is still refused."""
+    path = store()
+    slide = open_slide(path)
+    label = np.zeros((2967, 2220), np.uint8)
+    label[:1024, :2048] = 1
+    write_label(slide, "test", label, (1.0, 1.0), [("none", (0, 0, 0, 0))], {"n": 1}, "nearest")
+    shard = path / "labels" / "test" / "0" / "c" / "0" / "0" / "0"
+    swap_entries(shard, 9, 0, 3)  # (0, 0) written, (1, 0) absent: as a half write leaves it
+    with pytest.raises(ChunkError, match=r"chunk \(0, 0\): chunk is missing"):  # listed: refused
+        read_label(open_slide(path), "test", lambda a, _: a)
+    labels = zarr.open_group(path / "labels", mode="r+")
+    labels.attrs["ome"] = {**labels.attrs["ome"], "labels": []}  # never listed: the kill
+    assert read_label(open_slide(path), "test", lambda a, _: a) is None
+    write_label(open_slide(path), "test", label, (1.0, 1.0), [("none", (0, 0, 0, 0))],
+                {"n": 2}, "nearest")  # fmt: skip
+    assert np.array_equal(read_label(open_slide(path), "test", lambda a, _: a), label)
+
+
 def test_a_store_made_before_positions_reads_verifies_and_gets_them_from_reshard(store):
     """Without positions (and the attribute saying so) a store reads and verifies as before
     and says its levels are not tied; `reshard` records them, as its chunks are then."""

@@ -81,10 +81,12 @@ def write_label(
 def read_label(
     slide: Slide, name: str, parse: Callable[[np.ndarray, dict[str, Any]], T]
 ) -> T | None:
-    """`parse`(level 0 of labels/<name>, its tilestore facts), or None if the store has none;
-    a label damaged in any way (its metadata, its facts, its pixels) is a StoreError
-    naming it."""
-    if f"labels/{name}" not in children(slide, "labels"):
+    """`parse`(level 0 of labels/<name>, its tilestore facts), or None if the store has none
+    whole: absent, or not listed (a label is listed once written whole: one not listed is
+    what a process killed while writing it left, which `write_label` replaces); a listed
+    label damaged in any way (its metadata, its facts, its pixels) is a StoreError naming
+    it."""
+    if f"labels/{name}" not in children(slide, "labels") or name not in _listed(slide):
         return None
     fix = f"compute it again (it is replaced when written), or remove labels/{name}"
     with stored(slide.name, f"labels/{name}", fix):
@@ -94,6 +96,12 @@ def read_label(
         reader = ChunkReader(level, 0, slide.name, positions=positions.declared(slide.record))
         pixels = reader.read(0, level.shape[1], 0, level.shape[2])[..., 0]
         return parse(pixels, dict(group.attrs["tilestore"]))
+
+
+def _listed(slide: Slide) -> list[str]:
+    """The labels the store lists (its labels group's OME ``labels``): those written whole."""
+    with stored(slide.name, "labels", "remove labels and make what it held again"):
+        return list(slide.group["labels"].attrs.get("ome", {}).get("labels", []))
 
 
 def children(slide: Slide, path: str) -> set[str]:

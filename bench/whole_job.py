@@ -146,6 +146,8 @@ def stage_table(report: dict) -> list[str]:
             lines.append(f"    decode: {slide.get('decode')} ({slide['decode_why']})")
     for c in report.get("converted", []):
         lines.append(f"    converted: {json.dumps(c)[:300]}")
+    for p in report.get("prepared", [])[:3]:
+        lines.append(f"    prepared beside the run (s): {json.dumps(p['seconds'])}")
     return lines
 
 

@@ -46,6 +46,9 @@ class Staged:
     converted: dict | None = None  # {slide, store, seconds, levels: "copy"/"re-encode"...}
     error: TilestoreError | None = None
     warnings: tuple[str, ...] = ()  # what making it ready warned of (no pixel size...)
+    # what making it ready took, in seconds: "store" (converted, reused or its sidecar
+    # made or opened), "tissue" (the mask read or computed); None for a store as given
+    seconds: dict[str, float] | None = None
 
 
 def as_staged(stores: Iterable[str | os.PathLike] | Stager) -> Iterable[Staged]:
@@ -156,7 +159,11 @@ class Stager:
             return Staged(path, None, error=error)
         store = Path(reply["store"])
         return Staged(
-            path, store, reply.get("converted"), warnings=tuple(reply.get("warnings", ()))
+            path,
+            store,
+            reply.get("converted"),
+            warnings=tuple(reply.get("warnings", ())),
+            seconds=reply.get("seconds"),
         )
 
     def close(self) -> None:
@@ -213,23 +220,27 @@ def prepare(
     """Make one slide ready (in the worker): its store, converted or reused (into a folder)
     or its sidecar (into None: in place, in `sidecars` or beside it), and the tissue mask its
     plan reads; scan_mpp: the slide's level-0 um/px, over what its file records. Returns
-    (store, converted)."""
+    (store, converted, seconds): seconds is what each step took ("store", "tissue")."""
     from tilestore.conversion import open_in_place
     from tilestore.plan import plan_tissue, uses_stored_plan
     from tilestore.reading import open_slide, sidecar_for
 
     converted = None
+    started = time.perf_counter()
     if into is None:
         opened = open_in_place(slide, sidecars, mpp=scan_mpp)  # made the first time
         store = sidecar_for(slide, sidecars)
     else:
         store, converted = _convert(slide, into, scan_mpp)
         opened = open_slide(store)
+    seconds = {"store": round(time.perf_counter() - started, 3)}
     if tissue and not (only_plan_will_do and uses_stored_plan(opened, None)):
+        started = time.perf_counter()
         _, note = plan_tissue(opened, PlanOptions(tissue_method=tissue))
+        seconds["tissue"] = round(time.perf_counter() - started, 3)
         if note and converted is not None:
             converted["tissue"] = note
-    return store, converted
+    return store, converted, seconds
 
 
 def _convert(slide: Path, into: Path, scan_mpp: float | None) -> tuple[Path, dict]:
@@ -276,7 +287,7 @@ def _answer(request: dict[str, Any]) -> str:
     try:
         with warnings.catch_warnings(record=True) as said:  # for the run's report, not stderr
             warnings.simplefilter("always", TilestoreWarning)
-            store, converted = prepare(
+            store, converted, seconds = prepare(
                 Path(request["slide"]),
                 None if into is None else Path(into),
                 request["tissue"],
@@ -287,6 +298,7 @@ def _answer(request: dict[str, Any]) -> str:
         reply: dict[str, Any] = {
             "store": str(store),
             "converted": converted,
+            "seconds": seconds,
             # convert's mpp is the run's scan_mpp: its advice put in the run's terms
             "warnings": [
                 str(w.message).replace(" mpp=<", " scan_mpp=<")

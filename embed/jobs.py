@@ -137,6 +137,10 @@ def store_jobs(
         store = staged.store or staged.given
         if staged.converted:
             report.converted.append(staged.converted)
+        if staged.seconds is not None:
+            report.prepared.append(
+                {"slide": str(staged.given), "store": str(store), "seconds": staged.seconds}
+            )
         report.warnings.extend(staged.warnings)
         try:
             if staged.error:

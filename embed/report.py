@@ -174,6 +174,8 @@ class RunReport:
     failures: list[dict[str, str]] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)  # complete already
     converted: list[dict[str, Any]] = field(default_factory=list)  # slides given, not stores
+    # each slide file's preparation in the stager: {slide, store, seconds: {store, tissue}}
+    prepared: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # e.g. what the compile cache did
     warnings: list[str] = field(default_factory=list)
     software: dict[str, str] = field(default_factory=dict)
@@ -441,6 +443,12 @@ def format_report(report: RunReport) -> list[str]:
             else f"{done['seconds']:.1f} s, " + "/".join(done["levels"])
         )
         lines.append(f"  converted {done['slide']} -> {done['store']} ({how})")
+    for done in report.prepared:
+        steps = {"store": "its store", "tissue": "its tissue mask"}
+        lines.append(
+            f"  prepared {done['slide']} beside the run: "
+            + ", ".join(f"{steps[k]} {v:.1f} s" for k, v in done["seconds"].items())
+        )
     for slide in report.slides:
         lines.append(
             f"  {slide['store']}: {slide['tiles']} tiles"

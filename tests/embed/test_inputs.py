@@ -39,6 +39,8 @@ def test_a_slide_given_equals_the_four_commands(slide_path, tmp_path, lite):
     report = embed([svs], lite, plan=PLAN, options=FP32, convert_into=tmp_path / "in")
     assert not report.failures
     (done,) = report.converted
+    (prepared,) = report.prepared
+    assert prepared["slide"] == str(svs) and set(prepared["seconds"]) == {"store", "tissue"}
     assert done["levels"] == ["copy", "re-encode"] and done["codec"] == "jpeg"
     made = tmp_path / "in" / "CMU-1-Small-Region.ome.zarr"
     assert report.slides[0]["store"] == str(made)
@@ -97,6 +99,8 @@ def test_the_first_slide_converts_before_it_is_asked_for_and_one_slide_ahead(sli
     assert first.given == paths[0] and first.store == into / "a.ome.zarr"
     assert first.converted["levels"] == ["copy", "re-encode"]
     assert "tissue mask computed" in first.converted["tissue"]  # the default plan reads one
+    # what each step took, for the run's report ("prepared ... beside the run")
+    assert set(first.seconds) == {"store", "tissue"} and all(first.seconds.values())
     assert _appears(into / "b.ome.zarr" / "zarr.json")  # b while a is used
     time.sleep(1.0)
     assert not (into / "c.ome.zarr").exists()  # c waits until b is asked for
@@ -108,6 +112,7 @@ def test_the_mask_made_ahead_is_the_one_the_plan_reads(slide_path, tmp_path):
     (svs,) = _copies(slide_path, tmp_path, "a.svs")
     (staged,) = Stager([svs], tmp_path / "in", PlanOptions(min_tissue=0))
     assert "tissue" not in staged.converted  # a plan of every tile reads no mask
+    assert set(staged.seconds) == {"store"}
     assert read_tissue(open_slide(staged.store)) is None
     (staged,) = Stager([svs], tmp_path / "in", PLAN)  # reused, now with its mask
     assert staged.converted["reused"]
@@ -122,6 +127,7 @@ def test_a_slide_read_in_place_gets_its_sidecar_and_mask_in_the_worker(slide_pat
     (svs,) = _copies(slide_path, tmp_path, "a.svs")
     (staged,) = Stager([svs], None, in_place=True)
     assert staged.store == tmp_path / "a.svs.tilestore.zarr" and staged.converted is None
+    assert set(staged.seconds) == {"store", "tissue"}  # its sidecar made, its mask computed
     assert read_tissue(open_slide(staged.store)) is not None  # stored in the sidecar beside it
 
 

@@ -168,6 +168,22 @@ def test_median_3x3_equals_scipys_rank_filter(image, band):
 
 @settings(max_examples=300, deadline=None)
 @given(
+    arrays(np.float32, st.tuples(st.integers(1, 40), st.integers(1, 40)), elements=SATURATION),
+    st.integers(1, 6),
+    st.floats(0, 0.2),
+)
+def test_otsu_counted_in_bands_equals_skimages_threshold(signal, band, floor):
+    """The histogram counted band by band on threads gives skimage's own threshold_otsu of
+    the whole signal: values on a bin edge and the maximum included (one value: itself)."""
+    from skimage import filters
+
+    want = float(signal.flat[0]) if np.ptp(signal) == 0 else filters.threshold_otsu(signal)
+    with patch.object(tissue, "BAND", band), patch.object(tissue, "usable_cpus", lambda: 3):
+        assert tissue._otsu_threshold(signal, floor) == max(float(want), floor)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
     arrays(bool, st.tuples(st.integers(1, 30), st.integers(1, 30))),
     st.integers(1, 5),
 )

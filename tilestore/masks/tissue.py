@@ -296,6 +296,7 @@ def _clean(mask: np.ndarray, mpp: float, p: OtsuParams) -> np.ndarray:
     return _drop_small(mask, round(p.min_area_um2 / (mpp * mpp)))
 
 
+OTSU_BINS = 256  # skimage's threshold_otsu default
 BAND = 512  # rows a thread computes at a time: small temporaries, every core busy
 
 
@@ -321,11 +322,14 @@ def median_filter(image: np.ndarray, size: int) -> np.ndarray:
         from scipy import ndimage
 
         return ndimage.median_filter(image, size=size)
-    padded = np.pad(image, 1, mode="symmetric")  # scipy's "reflect"
     out = np.empty_like(image)
+    height = image.shape[0]
 
-    def band(rows: slice) -> None:
-        out[rows] = _median3x3(padded[rows.start : rows.stop + 2])
+    def band(rows: slice) -> None:  # the band and a row either side, padded as scipy's "reflect"
+        above, below = rows.start == 0, rows.stop == height
+        inside = image[rows.start - (not above) : rows.stop + (not below)]
+        padded = np.pad(inside, ((int(above), int(below)), (1, 1)), mode="symmetric")
+        out[rows] = _median3x3(padded)
 
     in_bands(image.shape[0], band)
     return out
@@ -359,11 +363,23 @@ def _channel_min(image: np.ndarray) -> np.ndarray:
 
 
 def _otsu_threshold(signal: np.ndarray, floor: float) -> float:
-    if np.ptp(signal) == 0:
-        return max(float(signal.flat[0]), floor)
+    """skimage's `threshold_otsu(signal)`, its 256-bin histogram counted in bands on threads
+    (each value's bin depends on the value and the range alone, so the counts are the same)."""
+    low, high = signal.min(), signal.max()  # the signal's own type, as numpy's edges are
+    if low == high:
+        return max(float(low), floor)
     from skimage import filters
 
-    return max(float(filters.threshold_otsu(signal)), floor)
+    counts, edges = [], []
+
+    def count(rows: slice) -> None:
+        hist, bin_edges = np.histogram(signal[rows], bins=OTSU_BINS, range=(low, high))
+        counts.append(hist)
+        edges.append(bin_edges)
+
+    in_bands(signal.shape[0], count)
+    centers = (edges[0][:-1] + edges[0][1:]) / 2.0  # as skimage's histogram gives them
+    return max(float(filters.threshold_otsu(hist=(sum(counts), centers))), floor)
 
 
 def _drop_small(mask: np.ndarray, min_px: int) -> np.ndarray:

@@ -54,7 +54,7 @@ def convert(
     output: Path = typer.Option(
         ..., "-o", "--output", help="Directory for <name>.ome.zarr stores."
     ),
-    options: dict = From(run_convert, exclude=("series", "progress")),
+    options: dict = From(run_convert, exclude=("series", "progress", "tissue")),
 ) -> None:
     """Convert slides once into chunked OME-Zarr 0.5 stores (or make in-place sidecars)."""
     from tilestore.conversion import slides_of

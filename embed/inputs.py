@@ -227,11 +227,11 @@ def prepare(
 
     converted = None
     started = time.perf_counter()
-    if into is None:
-        opened = open_in_place(slide, sidecars, mpp=scan_mpp)  # made the first time
+    if into is None:  # made the first time, its mask made beside it
+        opened = open_in_place(slide, sidecars, mpp=scan_mpp, tissue=tissue)
         store = sidecar_for(slide, sidecars)
     else:
-        store, converted = _convert(slide, into, scan_mpp)
+        store, converted = _convert(slide, into, scan_mpp, tissue)
         opened = open_slide(store)
     seconds = {"store": round(time.perf_counter() - started, 3)}
     if tissue and not (only_plan_will_do and uses_stored_plan(opened, None)):
@@ -243,7 +243,11 @@ def prepare(
     return store, converted, seconds
 
 
-def _convert(slide: Path, into: Path, scan_mpp: float | None) -> tuple[Path, dict]:
+def _convert(
+    slide: Path, into: Path, scan_mpp: float | None, tissue: str | None
+) -> tuple[Path, dict]:
+    """The slide's store in `into`: one there reused, else converted (with its tissue mask
+    made beside the conversion where a method is given)."""
     from tilestore.conversion.converter import convert
 
     target = into / store_name(slide)
@@ -251,7 +255,7 @@ def _convert(slide: Path, into: Path, scan_mpp: float | None) -> tuple[Path, dic
         _check_reusable(target, slide, scan_mpp)
         return target, {"slide": str(slide), "store": str(target), "reused": True}
     started = time.perf_counter()
-    report = convert(slide, target, mpp=scan_mpp)
+    report = convert(slide, target, mpp=scan_mpp, tissue=tissue)
     paths = sorted({level.write for level in report.levels})
     return report.store, {
         "slide": str(slide),
@@ -259,6 +263,7 @@ def _convert(slide: Path, into: Path, scan_mpp: float | None) -> tuple[Path, dic
         "seconds": round(time.perf_counter() - started, 3),
         "codec": report.codec,
         "levels": paths,
+        **({"tissue": report.tissue} if report.tissue else {}),
     }
 
 

@@ -31,9 +31,10 @@ FLOORS = (
     ("tilestore.embeddings",),
     ("tilestore.plan",),
     ("tilestore.qc",),
+    # conversion makes a store's tissue mask beside its levels (`conversion.beside`)
+    ("tilestore.conversion",),
     ("tilestore.masks",),
     ("tilestore.analysis",),
-    ("tilestore.conversion",),
     ("tilestore.reading",),
     ("tilestore.sources",),
     ("tilestore.format",),

@@ -3,7 +3,8 @@ TIFF slide read where it is, through a sidecar made the first time), `describe` 
 or store holds, and what conversion would do with it) and `reshard` (a store made before
 shards rewritten into them). Out of it: `tilestore.exports`.
 
-May import: `tilestore.reading`, `tilestore.sources`, `tilestore.format`.
+May import: `tilestore.masks` (a tissue mask made beside a conversion), `tilestore.reading`,
+`tilestore.sources`, `tilestore.format`.
 """
 
 from __future__ import annotations

@@ -44,14 +44,17 @@ from tilestore.format.store import (
     STORE_FORMAT,
     STORE_SUFFIX,
     is_store,
+    open_group,
     software_versions,
     store_name,
     tree_size,
     write_record,
 )
+from tilestore.masks.options import TissueMethod
 from tilestore.options import Opt, Workers, checked
 from tilestore.reading.inplace import TiffTiles, fingerprint
 from tilestore.reading.resolution import ScanMpp
+from tilestore.reading.slide import Slide
 from tilestore.reading.source_chunks import chunk_source
 from tilestore.sources import Fact, Source, SourceLevel, dicom_series, open_source
 
@@ -109,6 +112,8 @@ class ConversionReport:
     seconds: float = 0.0
     source_bytes: int = 0
     store_bytes: int = 0
+    # the tissue mask made beside the levels (tissue=...): how, and in how many seconds
+    tissue: str | None = None
 
     @property
     def lossy(self) -> bool:
@@ -215,6 +220,7 @@ def convert(
             metavar="N|off",
         ),
     ] = SHARD_CHUNKS,
+    tissue: TissueMethod | None = None,
 ) -> ConversionReport:
     """Convert the slide `src` into ``<dst>/<name>.ome.zarr`` (or `dst` itself if it ends in .zarr).
 
@@ -235,6 +241,12 @@ def convert(
         decoded at each read); only the metadata and the built levels are written.
     shard: chunks per shard side (`tilestore.format.shards`): a slide is a few hundred files,
         not one per chunk; "off" writes one file per chunk, as stores before shards were.
+    tissue: also make the store's tissue mask with this method (`compute_tissue`), stored as
+        labels/tissue before the store appears: computed on a thread beside the conversion
+        from the level it reads as soon as that is written (the coarse levels are written
+        first), so a slide's mask costs no time after its level 0 is copied. The same mask
+        `compute_tissue` gives on the finished store, bit for bit. One it cannot make (no
+        level near its resolution) is left out, for the plan to make and refuse as before.
     """
     started = time.perf_counter()
     with open_source(src, series) as source:
@@ -283,11 +295,24 @@ def convert(
                 sources[str(index)] = chunk_source(
                     source, index, arrays[index], encoding.background, encoding.decoded
                 )
-            _write_levels(source, arrays, plan, tmp, encoding, report, progress)
-            associated = _write_associated(source, root) if keep_associated else []
-            _write_attrs(
-                root, source, plan, encoding, report, mpp_fact, associated, digest.result()
-            )
+            beside = None
+            if tissue is not None:  # its levels as the store will record them, as written
+                from tilestore.conversion.beside import TissueBeside
+
+                early = _record(source, encoding, mpp_fact, _plan_levels(plan), {}, None)
+                beside = TissueBeside(tissue, Slide(root, early, str(target)))
+            try:
+                written = beside.written if beside else None
+                _write_levels(source, arrays, plan, tmp, encoding, report, progress, written)
+                associated = _write_associated(source, root) if keep_associated else []
+                _write_attrs(
+                    root, source, plan, encoding, report, mpp_fact, associated, digest.result()
+                )
+                if beside is not None:
+                    report.tissue = beside.store(Slide(*open_group(store), str(target)))
+            finally:
+                if beside is not None:
+                    beside.close()
             report.store_bytes = tree_size(tmp)
     for message in report.warnings:
         warnings.warn(f"{src}: {message}", TilestoreWarning, stacklevel=2)
@@ -421,14 +446,18 @@ def _write_levels(
     enc: _Encoding,
     report: ConversionReport,
     progress: Callable[[int, int], None] | None,
+    written: Callable[[int], None] | None = None,
 ) -> None:
+    """Write (or, in place, describe) every level, coarse first (`write_order`); written:
+    told of each level's index once it can be read. The report lists them by index."""
     total = sum(-(-h // enc.chunk) * -(-w // enc.chunk) for (h, w), _, _ in plan)
 
     def advance(n: int) -> None:
         if progress:
             progress(n, total)
 
-    for index, (array, (_, downsample, origin)) in enumerate(zip(arrays, plan, strict=True)):
+    for index in write_order(len(source.levels), len(plan)):
+        array, (_, downsample, origin) = arrays[index], plan[index]
         started = time.perf_counter()
         level = LevelReport(str(index), array.shape, downsample, origin, "", "")
         if index in enc.decoded:
@@ -451,6 +480,18 @@ def _write_levels(
             level.chunks = _write_blocks(array, read_half, advance, level, enc)
         level.seconds = time.perf_counter() - started
         report.levels.append(level)
+        if written:
+            written(index)
+    report.levels.sort(key=lambda level: int(level.path))
+
+
+def write_order(source_levels: int, levels: int) -> list[int]:
+    """The order levels are written in: the slide's coarsest, the levels built from it,
+    then the slide's finer ones, coarse to fine. A tissue mask reads a coarse level, and
+    level 0 is most of the bytes: the mask is made while level 0 is copied (`convert`'s
+    tissue). Each level is written from the slide, or from the one before it (built)."""
+    last = source_levels - 1
+    return [*range(last, levels), *range(last - 1, -1, -1)]
 
 
 def _write_source_level(
@@ -520,11 +561,9 @@ def _write_attrs(
     associated: list[str],
     sha256: str,
 ) -> None:
-    info, first = source.info, source.levels[0]
+    first = source.levels[0]
     rgb = enc.background == 255
-    declared = info.channels if info.channels and len(info.channels) == first.channels else None
-    labels = omezarr.channel_labels(first.channels, rgb, [c.name for c in declared or ()])
-    colors = [c.color for c in declared] if declared else None
+    labels, colors = _channels(source, enc)
     windows = None if rgb else _display_windows(root[str(len(plan) - 1)])
     mpp_xy = (mpp["x"], mpp["y"]) if mpp else None
     root.attrs["ome"] = {
@@ -534,6 +573,56 @@ def _write_attrs(
         ),
         "omero": omezarr.omero(labels, _dtype_max(first.dtype), rgb, colors, windows),
     }
+    levels = [{k: v for k, v in asdict(lv).items() if k != "seconds"} for lv in report.levels]
+    others = {
+        "store_format": STORE_FORMAT,
+        "objective_power": Fact.to_json(source.info.objective_power),
+        "codec": {
+            "name": enc.codec,
+            "reason": enc.reason,
+            "quality": report.quality,
+            "lossy": report.lossy,  # each level's loss: its lossy, psnr and sampled
+        },
+        "associated": associated,
+        "software": software_versions("tifffile", "imagecodecs"),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    record = _record(
+        source,
+        enc,
+        mpp,
+        tuple(LevelRecord(lv["path"], tuple(lv["downsample"]), lv) for lv in levels),
+        others,
+        sha256,
+    )
+    write_record(root, record)
+
+
+def _channels(source: Source, enc: _Encoding) -> tuple[list[str], list | None]:
+    """The channels' names and colours the store declares."""
+    info, first = source.info, source.levels[0]
+    declared = info.channels if info.channels and len(info.channels) == first.channels else None
+    names = [c.name for c in declared or ()]
+    labels = omezarr.channel_labels(first.channels, enc.background == 255, names)
+    return labels, [c.color for c in declared] if declared else None
+
+
+def _plan_levels(plan: list) -> tuple[LevelRecord, ...]:
+    """The levels a store of this plan records, before they are written (no reports yet)."""
+    return tuple(LevelRecord(str(i), downsample, {}) for i, (_, downsample, _) in enumerate(plan))
+
+
+def _record(
+    source: Source,
+    enc: _Encoding,
+    mpp: dict | None,
+    levels: tuple[LevelRecord, ...],
+    others: dict,
+    sha256: str | None,
+) -> StoreRecord:
+    """What the store says of itself: complete once the slide's hash is known (the last
+    thing written); before, the record the tissue mask beside the conversion reads by."""
+    info, first = source.info, source.levels[0]
     checksum = "crc32c" if enc.checksums else None
     if checksum and enc.in_place:
         checksum += ", built levels only"  # a slide's own tiles carry none
@@ -546,15 +635,16 @@ def _write_attrs(
         "size": sum(f.stat().st_size for f in source.files),
         "files": len(source.files),
         **({"series": info.series} if info.series else {}),
-        "sha256": sha256,
+        **({"sha256": sha256} if sha256 else {}),
         # how the slide stores level 0: lossless, lossy or not said, and where it says so
         "lossless": Fact.to_json(first.lossless),
         **_in_place_facts(source, enc),
     }
-    levels = [{k: v for k, v in asdict(lv).items() if k != "seconds"} for lv in report.levels]
-    record = StoreRecord(
-        levels=tuple(LevelRecord(lv["path"], tuple(lv["downsample"]), lv) for lv in levels),
-        complete=True,  # written last (`StoreRecord.to_attrs`): without it, interrupted
+    labels, _ = _channels(source, enc)
+    return StoreRecord(
+        levels=levels,
+        # written last (`StoreRecord.to_attrs`): without it, interrupted
+        complete=sha256 is not None,
         mpp=Mpp(mpp["x"], mpp["y"], mpp.get("origin")) if mpp else None,
         channels=tuple(labels),
         rgb=first.rgb,  # one colour picture's R, G, B (not independent channels)
@@ -564,21 +654,8 @@ def _write_attrs(
         # CRC-32C recorded by the chunk's position
         integrity=Integrity(True, checksum, tied.get("positions")),
         source=SourceRecord.of(facts),
-        others={
-            "store_format": STORE_FORMAT,
-            "objective_power": Fact.to_json(info.objective_power),
-            "codec": {
-                "name": enc.codec,
-                "reason": enc.reason,
-                "quality": report.quality,
-                "lossy": report.lossy,  # each level's loss: its lossy, psnr and sampled
-            },
-            "associated": associated,
-            "software": software_versions("tifffile", "imagecodecs"),
-            "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        },
+        others=others,
     )
-    write_record(root, record)
 
 
 def _level_plan(source: Source) -> list[tuple[tuple[int, int], tuple[float, float], str]]:

@@ -15,6 +15,7 @@ import os
 
 from tilestore.conversion.converter import check_mpp, convert
 from tilestore.format.store import is_store
+from tilestore.masks.options import TissueMethod
 from tilestore.options import checked
 from tilestore.reading import Slide
 from tilestore.reading.inplace import open_sidecar, sidecar_for
@@ -27,14 +28,16 @@ def open_in_place(
     sidecars: str | os.PathLike | None = None,
     *,
     mpp: ScanMpp = None,
+    tissue: TissueMethod | None = None,
 ) -> Slide:
     """A TIFF slide (SVS, OME-TIFF, generic tiled TIFF, NDPI) read where it is, as a `Slide`:
     its sidecar in `sidecars` (None: beside the slide), made the first time; mpp: its
     level-0 um/px where the file records none (or records it wrong), as `convert` takes it,
-    for the sidecar made (one made before with another is refused, never read at it)."""
+    for the sidecar made (one made before with another is refused, never read at it);
+    tissue: the sidecar made is made with its tissue mask (`convert`'s tissue)."""
     target = sidecar_for(slide, sidecars)
     if not is_store(target):
-        convert(slide, target, in_place=True, mpp=mpp)
+        convert(slide, target, in_place=True, mpp=mpp, tissue=tissue)
     opened = open_sidecar(slide, store=target)
     check_mpp(opened, mpp, target)
     return opened

@@ -111,6 +111,25 @@ def compute_tissue(
     )
 
 
+def levels_read(slide: Slide, method: str, mpp: float = TISSUE_MPP) -> frozenset[int]:
+    """The levels `compute_tissue(slide, method, mpp)` reads: the one low-resolution level
+    (otsu, auto), every level for contrast (its statistics at stats_mpp)."""
+    if method == "contrast":
+        return frozenset(range(len(slide.levels)))
+    level = slide.level_for_mpp(mpp) if slide.mpp else _unknown_mpp_level(slide)[0]
+    return frozenset({level})
+
+
+def _unknown_mpp_level(slide: Slide) -> tuple[int, int]:
+    """Without a pixel size: (the level read, its downsample ds) for a mask of 1/ds of
+    level 0, ds the smallest power of two that makes it at most UNKNOWN_MPP_SIDE long."""
+    _, h0, w0 = slide.shape
+    ds = 1
+    while max(h0, w0) / ds > UNKNOWN_MPP_SIDE:
+        ds *= 2
+    return max((lv.index for lv in slide.levels if lv.downsample[1] <= ds), default=0), ds
+
+
 def _low_resolution(slide: Slide, mpp: float, notes: list[str]):
     """Return (image at about mpp, level read, level-0 px per mask px, mask mpp or None)."""
     _, h0, w0 = slide.shape
@@ -119,14 +138,11 @@ def _low_resolution(slide: Slide, mpp: float, notes: list[str]):
         target = (max(1, round(h0 * slide.mpp[1] / mpp)), max(1, round(w0 * slide.mpp[0] / mpp)))
         mask_mpp = mpp
     else:
-        ds = 1
-        while max(h0, w0) / ds > UNKNOWN_MPP_SIDE:
-            ds *= 2
+        level, ds = _unknown_mpp_level(slide)
         notes.append(
             f"pixel size unknown: mask at 1/{ds} of level 0; sizes in um assume "
             f"{TISSUE_MPP:g} um per mask pixel"
         )
-        level = max((lv.index for lv in slide.levels if lv.downsample[1] <= ds), default=0)
         target = (max(1, round(h0 / ds)), max(1, round(w0 / ds)))
         mask_mpp = None
     lv = slide.levels[level]

@@ -1,0 +1,95 @@
+"""The tissue mask made beside a conversion (`convert(..., tissue=...)`): written coarse levels
+first, the mask computed from its level while the finer ones are copied, stored before the
+store appears, and the very mask `compute_tissue` makes of the finished store."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.conftest import CMU, IHC, NDPI
+from tests.tilestore import tiffs
+from tilestore.conversion import beside as beside_module
+from tilestore.conversion import convert, open_in_place
+from tilestore.conversion.converter import write_order
+from tilestore.errors import StoreError, TilestoreWarning
+from tilestore.masks.tissue import compute_tissue, read_tissue
+from tilestore.plan import PlanOptions, plan_tissue
+from tilestore.reading import open_slide
+
+
+@pytest.fixture
+def pyramid(tmp_path, cmu_pixels):
+    """Three levels of real H&E (0.25, 0.5, 1 um/px): the mask reads the slide's level 2."""
+    return tiffs.ome_pyramid(tmp_path / "p.ome.tif", np.ascontiguousarray(cmu_pixels), 0.25)
+
+
+def _same_mask(made, want):
+    """Every field of the stored mask equals the one computed on the finished store."""
+    np.testing.assert_array_equal(made.mask, want.mask)
+    assert {k: v for k, v in asdict(made).items() if k != "mask"} == {
+        k: v for k, v in asdict(want).items() if k != "mask"
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "method"), [(CMU, "otsu"), (CMU, "contrast"), (NDPI, "auto"), ("pyramid", "otsu")]
+)
+def test_the_mask_made_beside_is_the_one_the_finished_store_gives(
+    name, method, slide_path, pyramid, tmp_path
+):
+    source = pyramid if name == "pyramid" else slide_path(name)
+    report = convert(source, tmp_path / "with", tissue=method)
+    assert report.tissue.startswith(
+        f"tissue mask computed ({'otsu' if method == 'auto' else method}"
+    )
+    made = read_tissue(open_slide(report.store))  # there as the store appears
+    plain = open_slide(convert(source, tmp_path / "without").store)
+    assert read_tissue(plain) is None
+    _same_mask(made, compute_tissue(plain, method))
+    assert [lv.path for lv in report.levels] == [str(i) for i in range(len(report.levels))]
+
+
+def test_a_sidecar_is_made_with_its_mask(pyramid, tmp_path):
+    slide = open_in_place(pyramid, tmp_path / "side", tissue="otsu")
+    bare = open_in_place(pyramid, tmp_path / "bare")
+    _same_mask(read_tissue(slide), compute_tissue(bare, "otsu"))
+
+
+def test_the_mask_starts_once_its_level_is_written_before_level_0(pyramid, tmp_path, monkeypatch):
+    calls = []
+    written = beside_module.TissueBeside.written
+
+    def watched(self, level):
+        written(self, level)
+        calls.append((level, self._future is not None))
+
+    monkeypatch.setattr(beside_module.TissueBeside, "written", watched)
+    convert(pyramid, tmp_path / "s", tissue="otsu")
+    # the slide's coarsest level first; the mask is under way before levels 1 and 0
+    assert calls == [(2, True), (1, True), (0, True)]
+
+
+def test_a_mask_that_cannot_be_made_leaves_the_conversion_whole(slide_path, tmp_path):
+    """No pixel size: the contrast rule cannot run. The store is made without a mask, and
+    the plan refuses as it did (no silent mask)."""
+    with pytest.warns(TilestoreWarning) as said:
+        report = convert(slide_path(IHC), tmp_path, tissue="contrast")
+    assert any("no pixel size" in str(w.message) for w in said)
+    slide = open_slide(report.store)
+    assert report.tissue is None and read_tissue(slide) is None
+    with pytest.raises(StoreError, match="needs a known pixel size"):
+        plan_tissue(slide, PlanOptions(tissue_method="contrast"))
+
+
+@given(st.integers(1, 6), st.integers(0, 6))
+def test_every_level_is_written_once_each_after_the_one_it_is_built_from(sources, built):
+    order = write_order(sources, sources + built)
+    assert sorted(order) == list(range(sources + built))
+    assert order[0] == sources - 1  # the slide's coarsest first: what a mask reads
+    for level in range(sources, sources + built):  # built from the level before it
+        assert order.index(level - 1) < order.index(level)

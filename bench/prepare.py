@@ -50,7 +50,7 @@ def main() -> None:
             args.work.mkdir(parents=True)
             started = time.perf_counter()
             proc = subprocess.run(
-                [sys.executable, "-c", ONE, str(args.slide), mode, str(args.work)],
+                [sys.executable, "-c", ONE, str(args.slide.resolve()), mode, str(args.work)],
                 capture_output=True,
                 text=True,
                 check=True,

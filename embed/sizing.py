@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -37,6 +38,10 @@ from tilestore.errors import OptionError
 from tilestore.options import checked
 
 WITHIN = 0.03  # batches within 3% of the best tiles/s are equally fast: the smallest wins
+# a run's search times each size's batches until about this long (at least 2 batches, at most
+# REPEATS): a ViT-L's 1,024-tile batch takes 0.35 s on an H100, so five were 1.75 s of a
+# first run's wait for its first batch, where two measure it as well
+ENOUGH_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -98,9 +103,12 @@ def profile_batches(
     precision: Precision,
     batches: tuple[int, ...] = BATCHES,
     repeats: int = REPEATS,
+    enough_s: float | None = None,
 ) -> Profile:
     """Measure each batch size in turn (eager: compiling every size would leave a graph per
-    size behind); sizes past the first that runs out of memory are not tried."""
+    size behind); sizes past the first that runs out of memory are not tried. Each size is
+    timed over `repeats` batches, or with enough_s over as many as take about that long (at
+    least 2, at most `repeats`), judged by its untimed first batch."""
     forward = Forward(loaded, device, precision, compile=False)
     cuda = device.type == "cuda"
     size = loaded.transform.resize
@@ -110,15 +118,20 @@ def profile_batches(
         tiles = None
         try:
             tiles = torch.randint(0, 255, (batch, size, size, 3), dtype=torch.uint8, device=device)
+            started = time.perf_counter()
             forward(tiles, batch)  # untimed: kernels chosen, memory pools grown
             _sync(device)
+            times = repeats
+            if enough_s is not None:
+                once = max(time.perf_counter() - started, 1e-6)
+                times = min(repeats, max(2, math.ceil(enough_s / once)))
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
             started = time.perf_counter()
-            for _ in range(repeats):
+            for _ in range(times):
                 forward(tiles, batch)
             _sync(device)
-            rate = repeats * batch / (time.perf_counter() - started)
+            rate = times * batch / (time.perf_counter() - started)
             peak = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None
             runs.append(BatchRun(batch, rate, peak))
         except torch.OutOfMemoryError:
@@ -170,7 +183,7 @@ def choose_batch(
     if key in known and isinstance(known[key].get("batch"), int):
         entry = known[key]
         return entry["batch"], f"remembered from a search on {entry.get('when', '?')} ({memo})"
-    profile = profile_batches(loaded, device, precision)
+    profile = profile_batches(loaded, device, precision, enough_s=ENOUGH_S)
     batch = profile.choose()
     rates = ", ".join(
         f"{r.batch}: {r.tiles_per_s:,.0f}" if r.tiles_per_s else f"{r.batch}: out of memory"

@@ -46,12 +46,39 @@ def test_profile_measures_each_size_on_the_cpu(lite):
     assert profile.model == "efficientnet-lite0" and profile.total_mb is None
 
 
+def test_a_runs_search_times_a_slow_size_twice_and_a_quick_one_up_to_repeats(lite, monkeypatch):
+    """enough_s: as many timed batches as take about that long, judged by the untimed one:
+    a size slower than it twice, never fewer; a quick one up to `repeats`."""
+    calls: dict[int, int] = {}
+    clock = iter(range(1000))  # each forward "takes" one second of this clock
+
+    class Counted:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __call__(self, tiles, batch):
+            calls[batch] = calls.get(batch, 0) + 1
+
+    monkeypatch.setattr(sizing, "Forward", Counted)
+    monkeypatch.setattr(sizing.time, "perf_counter", lambda: float(next(clock)))
+    cpu = torch.device("cpu")
+    profile_batches(lite, cpu, "fp32", batches=(2, 4), repeats=5, enough_s=0.5)
+    assert calls == {2: 3, 4: 3}  # 1 untimed + 2 timed: a batch "took" 1 s, over 0.5
+    calls.clear()
+    profile_batches(lite, cpu, "fp32", batches=(2,), repeats=5, enough_s=30)
+    assert calls == {2: 6}  # 1 untimed + repeats: 30 s wanted, 5 at most
+    calls.clear()
+    profile_batches(lite, cpu, "fp32", batches=(2,), repeats=3)
+    assert calls == {2: 4}  # without enough_s: exactly `repeats` (models profile --repeats)
+
+
 def test_a_choice_is_remembered_per_key_and_a_bad_memo_is_searched_again(
     lite, tmp_path, monkeypatch
 ):
     searched = []
 
-    def fake_profile(loaded, device, precision):
+    def fake_profile(loaded, device, precision, enough_s):
+        assert enough_s == sizing.ENOUGH_S  # a run's search: each size timed about this long
         searched.append(precision)
         return _profile((32, 100), (64, 300), (128, 305))
 

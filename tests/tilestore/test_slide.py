@@ -158,6 +158,18 @@ def test_xarray_without_mpp_uses_pixels(stores):
     assert float(da.x[1] - da.x[0]) == 2
 
 
+def test_a_large_rgb_image_resized_a_channel_a_thread_is_pils_rgb_resize(monkeypatch, cmu_pixels):
+    from PIL import Image
+
+    from tilestore.reading import slide as slide_module
+
+    monkeypatch.setattr(slide_module, "THREADED_PX", 1000)  # CMU-1's pixels count as large
+    image = np.ascontiguousarray(cmu_pixels)
+    for w, h in ((1111, 1717), (2001, 2999), (64, 48)):  # down, up, far down
+        want = np.asarray(Image.fromarray(image).resize((w, h), Image.Resampling.BILINEAR))
+        assert np.array_equal(resize(image, w, h), want)
+
+
 def test_resize_matches_for_uint8_and_uint16():
     image = np.random.default_rng(0).integers(0, 255, (40, 60, 3)).astype(np.uint8)
     small = resize(image, 30, 20)

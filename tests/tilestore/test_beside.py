@@ -16,7 +16,7 @@ from tests.tilestore import tiffs
 from tilestore.conversion import beside as beside_module
 from tilestore.conversion import convert, open_in_place
 from tilestore.conversion.converter import write_order
-from tilestore.errors import StoreError, TilestoreWarning
+from tilestore.errors import OptionError, StoreError, TilestoreWarning
 from tilestore.masks.tissue import compute_tissue, read_tissue
 from tilestore.plan import PlanOptions, plan_tissue
 from tilestore.reading import open_slide
@@ -84,6 +84,15 @@ def test_a_mask_that_cannot_be_made_leaves_the_conversion_whole(slide_path, tmp_
     assert report.tissue is None and read_tissue(slide) is None
     with pytest.raises(StoreError, match="needs a known pixel size"):
         plan_tissue(slide, PlanOptions(tissue_method="contrast"))
+
+
+@pytest.mark.parametrize("make", [convert, open_in_place])
+def test_a_tissue_method_that_is_not_one_is_refused_before_any_store(make, pyramid, tmp_path):
+    """A mistyped method is one line naming it, not a store made quietly without its mask
+    (the mask's own refusal is a TilestoreError, which the thread leaves to the plan)."""
+    with pytest.raises(OptionError, match="tissue='otsx'"):
+        make(pyramid, tmp_path / "s", tissue="otsx")
+    assert not any(tmp_path.glob("s*"))
 
 
 @given(st.integers(1, 6), st.integers(0, 6))

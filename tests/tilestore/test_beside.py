@@ -4,6 +4,7 @@ store appears, and the very mask `compute_tissue` makes of the finished store.""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict
 
 import numpy as np
@@ -11,15 +12,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.conftest import CMU, IHC, NDPI
+from tests.conftest import CMU, IHC, KIDNEY, NDPI
 from tests.tilestore import tiffs
 from tilestore.conversion import beside as beside_module
 from tilestore.conversion import convert, open_in_place
 from tilestore.conversion.converter import write_order
 from tilestore.errors import OptionError, StoreError, TilestoreWarning
-from tilestore.masks.tissue import compute_tissue, read_tissue
+from tilestore.masks.tissue import compute_tissue, levels_read, read_tissue
 from tilestore.plan import PlanOptions, plan_tissue
-from tilestore.reading import open_slide
+from tilestore.reading import Slide, open_slide
 
 
 @pytest.fixture
@@ -52,6 +53,29 @@ def test_the_mask_made_beside_is_the_one_the_finished_store_gives(
     assert read_tissue(plain) is None
     _same_mask(made, compute_tissue(plain, method))
     assert [lv.path for lv in report.levels] == [str(i) for i in range(len(report.levels))]
+
+
+@pytest.mark.parametrize(
+    ("name", "method"), [(CMU, "otsu"), (KIDNEY, "otsu"), ("pyramid", "auto"), (CMU, "contrast")]
+)
+def test_the_levels_a_mask_reads_are_those_it_waits_for(
+    name, method, slide_path, pyramid, tmp_path, monkeypatch
+):
+    """What the thread waits for (`levels_read`) holds every level `compute_tissue` reads:
+    with a pixel size and without (KIDNEY has none), a built level and a slide's own."""
+    source = pyramid if name == "pyramid" else slide_path(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TilestoreWarning)  # no pixel size
+        slide = open_slide(convert(source, tmp_path).store)
+    read, level_of = set(), Slide._read_level
+
+    def watched(self, level, *args):
+        read.add(level)
+        return level_of(self, level, *args)
+
+    monkeypatch.setattr(Slide, "_read_level", watched)
+    compute_tissue(slide, method)
+    assert read and read <= levels_read(slide, method)
 
 
 def test_a_sidecar_is_made_with_its_mask(pyramid, tmp_path):

@@ -4,6 +4,7 @@ store appears, and the very mask `compute_tissue` makes of the finished store.""
 
 from __future__ import annotations
 
+import threading
 import warnings
 from dataclasses import asdict
 
@@ -17,7 +18,7 @@ from tests.tilestore import tiffs
 from tilestore.conversion import beside as beside_module
 from tilestore.conversion import convert, open_in_place
 from tilestore.conversion.converter import write_order
-from tilestore.errors import OptionError, StoreError, TilestoreWarning
+from tilestore.errors import OptionError, SlideError, StoreError, TilestoreWarning
 from tilestore.masks.tissue import compute_tissue, levels_read, read_tissue
 from tilestore.plan import PlanOptions, plan_tissue
 from tilestore.reading import Slide, open_slide
@@ -96,6 +97,32 @@ def test_the_mask_starts_once_its_level_is_written_before_level_0(pyramid, tmp_p
     convert(pyramid, tmp_path / "s", tissue="otsu")
     # the slide's coarsest level first; the mask is under way before levels 1 and 0
     assert calls == [(2, True), (1, True), (0, True)]
+
+
+@pytest.mark.parametrize("broken", ["level 0", "mask"])
+def test_a_conversion_or_mask_that_fails_leaves_nothing_and_no_thread(
+    broken, pyramid, tmp_path, monkeypatch
+):
+    """Level 0 failing while the mask is computed, or the mask failing with a bug (not a
+    TilestoreError): the error surfaces, the hidden build folder is gone, the mask's thread
+    has ended before it was removed."""
+    from tilestore.conversion import converter
+
+    if broken == "level 0":
+        level_of = converter._write_source_level
+
+        def failing(level, array, *args):
+            if array.path == "0":
+                raise SlideError("level 0 is damaged")
+            return level_of(level, array, *args)
+
+        monkeypatch.setattr(converter, "_write_source_level", failing)
+    else:
+        monkeypatch.setattr(beside_module, "compute_tissue", lambda *a: 1 / 0)
+    with pytest.raises(SlideError if broken == "level 0" else ZeroDivisionError):
+        convert(pyramid, tmp_path / "out", tissue="otsu")
+    assert not list((tmp_path / "out").iterdir())
+    assert not [t for t in threading.enumerate() if t.name.startswith("tilestore-tissue")]
 
 
 def test_a_mask_that_cannot_be_made_leaves_the_conversion_whole(slide_path, tmp_path):

@@ -108,7 +108,8 @@ def profile_batches(
     """Measure each batch size in turn (eager: compiling every size would leave a graph per
     size behind); sizes past the first that runs out of memory are not tried. Each size is
     timed over `repeats` batches, or with enough_s over as many as take about that long (at
-    least 2, at most `repeats`), judged by its untimed first batch."""
+    least 2, at most `repeats`), judged by the first of them (the untimed batch before, which
+    chooses kernels and grows memory pools, takes several times as long)."""
     forward = Forward(loaded, device, precision, compile=False)
     cuda = device.type == "cuda"
     size = loaded.transform.resize
@@ -118,17 +119,18 @@ def profile_batches(
         tiles = None
         try:
             tiles = torch.randint(0, 255, (batch, size, size, 3), dtype=torch.uint8, device=device)
-            started = time.perf_counter()
             forward(tiles, batch)  # untimed: kernels chosen, memory pools grown
             _sync(device)
-            times = repeats
-            if enough_s is not None:
-                once = max(time.perf_counter() - started, 1e-6)
-                times = min(repeats, max(2, math.ceil(enough_s / once)))
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
             started = time.perf_counter()
-            for _ in range(times):
+            forward(tiles, batch)
+            times = repeats
+            if enough_s is not None:  # judged by this timed batch, not the warm-up's
+                _sync(device)
+                once = max(time.perf_counter() - started, 1e-6)
+                times = min(repeats, max(2, math.ceil(enough_s / once)))
+            for _ in range(times - 1):
                 forward(tiles, batch)
             _sync(device)
             rate = times * batch / (time.perf_counter() - started)

@@ -72,6 +72,28 @@ def test_a_runs_search_times_a_slow_size_twice_and_a_quick_one_up_to_repeats(lit
     assert calls == {2: 4}  # without enough_s: exactly `repeats` (models profile --repeats)
 
 
+def test_a_runs_search_is_judged_by_a_timed_batch_not_the_warm_up(lite, monkeypatch):
+    """The untimed first batch chooses kernels and grows memory pools: ten times a steady
+    batch here. A quick size (0.1 s a batch, 0.5 s wanted) is timed `repeats` times, not
+    twice as its warm-up would say."""
+    calls: list[int] = []
+    now = [0.0]
+
+    class Warming:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __call__(self, tiles, batch):
+            now[0] += 1.0 if not calls else 0.1
+            calls.append(batch)
+
+    monkeypatch.setattr(sizing, "Forward", Warming)
+    monkeypatch.setattr(sizing.time, "perf_counter", lambda: now[0])
+    profile = profile_batches(lite, torch.device("cpu"), "fp32", (2,), repeats=5, enough_s=0.5)
+    assert len(calls) == 1 + 5
+    assert profile.runs[0].tiles_per_s == pytest.approx(2 / 0.1)
+
+
 def test_a_choice_is_remembered_per_key_and_a_bad_memo_is_searched_again(
     lite, tmp_path, monkeypatch
 ):

@@ -4,6 +4,8 @@ store appears, and the very mask `compute_tissue` makes of the finished store.""
 
 from __future__ import annotations
 
+import threading
+import warnings
 from dataclasses import asdict
 
 import numpy as np
@@ -11,15 +13,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.conftest import CMU, IHC, NDPI
+from tests.conftest import CMU, IHC, KIDNEY, NDPI
 from tests.tilestore import tiffs
 from tilestore.conversion import beside as beside_module
 from tilestore.conversion import convert, open_in_place
 from tilestore.conversion.converter import write_order
-from tilestore.errors import StoreError, TilestoreWarning
-from tilestore.masks.tissue import compute_tissue, read_tissue
+from tilestore.errors import OptionError, SlideError, StoreError, TilestoreWarning
+from tilestore.masks.tissue import compute_tissue, levels_read, read_tissue
 from tilestore.plan import PlanOptions, plan_tissue
-from tilestore.reading import open_slide
+from tilestore.reading import Slide, open_slide
 
 
 @pytest.fixture
@@ -54,6 +56,29 @@ def test_the_mask_made_beside_is_the_one_the_finished_store_gives(
     assert [lv.path for lv in report.levels] == [str(i) for i in range(len(report.levels))]
 
 
+@pytest.mark.parametrize(
+    ("name", "method"), [(CMU, "otsu"), (KIDNEY, "otsu"), ("pyramid", "auto"), (CMU, "contrast")]
+)
+def test_the_levels_a_mask_reads_are_those_it_waits_for(
+    name, method, slide_path, pyramid, tmp_path, monkeypatch
+):
+    """What the thread waits for (`levels_read`) holds every level `compute_tissue` reads:
+    with a pixel size and without (KIDNEY has none), a built level and a slide's own."""
+    source = pyramid if name == "pyramid" else slide_path(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TilestoreWarning)  # no pixel size
+        slide = open_slide(convert(source, tmp_path).store)
+    read, level_of = set(), Slide._read_level
+
+    def watched(self, level, *args):
+        read.add(level)
+        return level_of(self, level, *args)
+
+    monkeypatch.setattr(Slide, "_read_level", watched)
+    compute_tissue(slide, method)
+    assert read and read <= levels_read(slide, method)
+
+
 def test_a_sidecar_is_made_with_its_mask(pyramid, tmp_path):
     slide = open_in_place(pyramid, tmp_path / "side", tissue="otsu")
     bare = open_in_place(pyramid, tmp_path / "bare")
@@ -74,6 +99,32 @@ def test_the_mask_starts_once_its_level_is_written_before_level_0(pyramid, tmp_p
     assert calls == [(2, True), (1, True), (0, True)]
 
 
+@pytest.mark.parametrize("broken", ["level 0", "mask"])
+def test_a_conversion_or_mask_that_fails_leaves_nothing_and_no_thread(
+    broken, pyramid, tmp_path, monkeypatch
+):
+    """Level 0 failing while the mask is computed, or the mask failing with a bug (not a
+    TilestoreError): the error surfaces, the hidden build folder is gone, the mask's thread
+    has ended before it was removed."""
+    from tilestore.conversion import converter
+
+    if broken == "level 0":
+        level_of = converter._write_source_level
+
+        def failing(level, array, *args):
+            if array.path == "0":
+                raise SlideError("level 0 is damaged")
+            return level_of(level, array, *args)
+
+        monkeypatch.setattr(converter, "_write_source_level", failing)
+    else:
+        monkeypatch.setattr(beside_module, "compute_tissue", lambda *a: 1 / 0)
+    with pytest.raises(SlideError if broken == "level 0" else ZeroDivisionError):
+        convert(pyramid, tmp_path / "out", tissue="otsu")
+    assert not list((tmp_path / "out").iterdir())
+    assert not [t for t in threading.enumerate() if t.name.startswith("tilestore-tissue")]
+
+
 def test_a_mask_that_cannot_be_made_leaves_the_conversion_whole(slide_path, tmp_path):
     """No pixel size: the contrast rule cannot run. The store is made without a mask, and
     the plan refuses as it did (no silent mask)."""
@@ -84,6 +135,15 @@ def test_a_mask_that_cannot_be_made_leaves_the_conversion_whole(slide_path, tmp_
     assert report.tissue is None and read_tissue(slide) is None
     with pytest.raises(StoreError, match="needs a known pixel size"):
         plan_tissue(slide, PlanOptions(tissue_method="contrast"))
+
+
+@pytest.mark.parametrize("make", [convert, open_in_place])
+def test_a_tissue_method_that_is_not_one_is_refused_before_any_store(make, pyramid, tmp_path):
+    """A mistyped method is one line naming it, not a store made quietly without its mask
+    (the mask's own refusal is a TilestoreError, which the thread leaves to the plan)."""
+    with pytest.raises(OptionError, match="tissue='otsx'"):
+        make(pyramid, tmp_path / "s", tissue="otsx")
+    assert not any(tmp_path.glob("s*"))
 
 
 @given(st.integers(1, 6), st.integers(0, 6))

@@ -44,9 +44,8 @@ class TissueBeside:
         return mask, time.perf_counter() - started
 
     def store(self, finished: Slide) -> str | None:
-        """Wait for the mask and store it in the finished store; what was done, in words."""
-        if self._future is None:  # every level written, so never: computed here then
-            self._future = self._pool.submit(self._compute)
+        """Wait for the mask (started once the last level it reads was written) and store it
+        in the finished store; what was done, in words."""
         mask, seconds = self._future.result()
         if mask is None:
             return None

@@ -50,7 +50,7 @@ from tilestore.format.store import (
     tree_size,
     write_record,
 )
-from tilestore.masks.options import TissueMethod
+from tilestore.masks.options import TissueBesideMethod
 from tilestore.options import Opt, Workers, checked
 from tilestore.reading.inplace import TiffTiles, fingerprint
 from tilestore.reading.resolution import ScanMpp
@@ -220,7 +220,7 @@ def convert(
             metavar="N|off",
         ),
     ] = SHARD_CHUNKS,
-    tissue: TissueMethod | None = None,
+    tissue: TissueBesideMethod = None,
 ) -> ConversionReport:
     """Convert the slide `src` into ``<dst>/<name>.ome.zarr`` (or `dst` itself if it ends in .zarr).
 

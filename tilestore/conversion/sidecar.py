@@ -15,7 +15,7 @@ import os
 
 from tilestore.conversion.converter import check_mpp, convert
 from tilestore.format.store import is_store
-from tilestore.masks.options import TissueMethod
+from tilestore.masks.options import TissueBesideMethod
 from tilestore.options import checked
 from tilestore.reading import Slide
 from tilestore.reading.inplace import open_sidecar, sidecar_for
@@ -28,7 +28,7 @@ def open_in_place(
     sidecars: str | os.PathLike | None = None,
     *,
     mpp: ScanMpp = None,
-    tissue: TissueMethod | None = None,
+    tissue: TissueBesideMethod = None,
 ) -> Slide:
     """A TIFF slide (SVS, OME-TIFF, generic tiled TIFF, NDPI) read where it is, as a `Slide`:
     its sidecar in `sidecars` (None: beside the slide), made the first time; mpp: its

@@ -9,9 +9,13 @@ from tilestore.options import Opt
 
 TISSUE_MPP = 8.0  # um/px of the mask: tissue's outline, not its cells
 
-TissueMethod = Annotated[
-    Literal["auto", "otsu", "contrast"],  # auto: detects brightfield or fluorescence
-    Opt("auto (detects brightfield/fluorescence), otsu or contrast."),
+Methods = Literal["auto", "otsu", "contrast"]  # auto: detects brightfield or fluorescence
+TissueMethod = Annotated[Methods, Opt("auto (detects brightfield/fluorescence), otsu or contrast.")]
+# a store's mask made with its conversion (`convert(tissue=)`): checked at the call like any
+# method, since the mask's own refusals are left to the plan (`conversion.beside`)
+TissueBesideMethod = Annotated[
+    Methods | None,
+    Opt("Also make the store's tissue mask with this method.", none="no mask"),
 ]
 TissueMpp = Annotated[
     float,

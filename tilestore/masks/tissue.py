@@ -116,13 +116,15 @@ def levels_read(slide: Slide, method: str, mpp: float = TISSUE_MPP) -> frozenset
     (otsu, auto), every level for contrast (its statistics at stats_mpp)."""
     if method == "contrast":
         return frozenset(range(len(slide.levels)))
-    level = slide.level_for_mpp(mpp) if slide.mpp else _unknown_mpp_level(slide)[0]
-    return frozenset({level})
+    return frozenset({_level_read(slide, mpp)[0]})
 
 
-def _unknown_mpp_level(slide: Slide) -> tuple[int, int]:
-    """Without a pixel size: (the level read, its downsample ds) for a mask of 1/ds of
-    level 0, ds the smallest power of two that makes it at most UNKNOWN_MPP_SIDE long."""
+def _level_read(slide: Slide, mpp: float) -> tuple[int, int | None]:
+    """(the level a mask at about mpp is read from, None); without a pixel size (that level,
+    ds): the mask is 1/ds of level 0, ds the smallest power of two that makes it at most
+    UNKNOWN_MPP_SIDE long."""
+    if slide.mpp is not None:
+        return slide.level_for_mpp(mpp), None
     _, h0, w0 = slide.shape
     ds = 1
     while max(h0, w0) / ds > UNKNOWN_MPP_SIDE:
@@ -133,12 +135,11 @@ def _unknown_mpp_level(slide: Slide) -> tuple[int, int]:
 def _low_resolution(slide: Slide, mpp: float, notes: list[str]):
     """Return (image at about mpp, level read, level-0 px per mask px, mask mpp or None)."""
     _, h0, w0 = slide.shape
-    if slide.mpp is not None:
-        level = slide.level_for_mpp(mpp)
+    level, ds = _level_read(slide, mpp)
+    if ds is None:
         target = (max(1, round(h0 * slide.mpp[1] / mpp)), max(1, round(w0 * slide.mpp[0] / mpp)))
         mask_mpp = mpp
     else:
-        level, ds = _unknown_mpp_level(slide)
         notes.append(
             f"pixel size unknown: mask at 1/{ds} of level 0; sizes in um assume "
             f"{TISSUE_MPP:g} um per mask pixel"

@@ -96,7 +96,9 @@ def test_vms_damaged_jpeg_fails_conversion_and_leaves_nothing(vms, tmp_path):
             data = data[: len(data) // 2]
         (copy / path.name).write_bytes(data)
     out = tmp_path / "stores"
-    with pytest.raises(SlideError, match=r"slide\.vms \(hamamatsu, through OpenSlide\): level 0"):
+    # the levels are written coarse first: the damage is met at the slide's coarsest level
+    said = r"slide\.vms \(hamamatsu, through OpenSlide\): level \d: cannot decode rows"
+    with pytest.raises(SlideError, match=said):
         convert(copy / "slide.vms", out, codec="zstd")
     assert not list(out.glob("*.ome.zarr"))
 

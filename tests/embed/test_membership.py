@@ -6,6 +6,7 @@ refreshes its cache, a SpecCluster of jobs, jobs whose nanny restarts their work
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import ClassVar
 
@@ -206,16 +207,23 @@ def _until(condition, timeout=30.0):
     return condition()
 
 
-def test_a_lost_job_is_replaced_by_a_new_job_on_a_real_spec_cluster():
-    """The replacement must not take the dead job's name: the cluster would take the entry
-    for the dead job's object, still among its workers, and submit nothing (found under the
-    one-node SLURM); under a new name the dead job is closed and a new one submitted."""
-    submitted = []
+@contextlib.contextmanager
+def _two_jobs():
+    """A real SpecCluster of two jobs, up: (the cluster, the job names submitted, in order)."""
+    submitted: list[str] = []
     scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0", "host": "127.0.0.1"}}
     worker = {"cls": Job, "options": {"submitted": submitted}}
     with Jobs(workers={}, scheduler=scheduler, worker=worker) as cluster:
         cluster.scale(2)
         assert _until(lambda: len(submitted) == 2 and len(cluster.workers) == 2), submitted
+        yield cluster, submitted
+
+
+def test_a_lost_job_is_replaced_by_a_new_job_on_a_real_spec_cluster():
+    """The replacement must not take the dead job's name: the cluster would take the entry
+    for the dead job's object, still among its workers, and submit nothing (found under the
+    one-node SLURM); under a new name the dead job is closed and a new one submitted."""
+    with _two_jobs() as (cluster, submitted):
         dead = cluster.workers["job-1"]
         closed = []
         dead.close = lambda: closed.append("job-1") or ProcessInterface.close(dead)
@@ -248,12 +256,7 @@ def test_a_lost_jobs_name_is_never_given_again_once_the_cluster_closed_it():
     """The cluster's lost-worker timeout may close the dead job (its object gone from the
     cluster's workers) before the replacement is asked: the new job still gets a new name,
     so that a later loss of it is never taken for the dead one's."""
-    submitted = []
-    scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0", "host": "127.0.0.1"}}
-    worker = {"cls": Job, "options": {"submitted": submitted}}
-    with Jobs(workers={}, scheduler=scheduler, worker=worker) as cluster:
-        cluster.scale(2)
-        assert _until(lambda: len(submitted) == 2 and len(cluster.workers) == 2), submitted
+    with _two_jobs() as (cluster, submitted):
         cluster.workers.pop("job-1")  # closed by the cluster's own timeout
         cluster.loop.add_callback(_respec, cluster, "job-1")
         assert _until(lambda: len(submitted) == 3), submitted

@@ -117,6 +117,25 @@ def test_tissue_fraction_is_the_exact_area_fraction(mh, mw, dy, dx, corners, fh,
         assert got[i] == pytest.approx(want, abs=1e-6)
 
 
+@PROPS
+@given(
+    st.integers(3, 300),
+    st.integers(3, 300),
+    st.floats(0.5, 8),
+    st.lists(st.tuples(st.floats(-20, 900), st.floats(-20, 900)), min_size=1, max_size=12),
+    st.floats(1, 90),
+)
+def test_tissue_fraction_of_a_byte_mask_is_its_float_masks_to_the_bit(mh, mw, d, corners, f):
+    """A uint8 mask is summed in int32 (the fast path), a float one in float64: the same
+    fractions, bit for bit."""
+    rng = np.random.default_rng(mh * 1000 + mw)
+    mask = (rng.random((mh, mw)) > 0.4).astype(np.uint8)
+    y0, x0 = (np.array([c[i] for c in corners]) for i in (0, 1))
+    fast = tissue_fractions(mask, (d, d), y0, x0, f, f)
+    exact = tissue_fractions(mask.astype(np.float64), (d, d), y0, x0, f, f)
+    assert fast.tobytes() == exact.tobytes()
+
+
 def test_roi_restricts_the_grid_to_its_bounding_box():
     spec = grid_spec(0, (1.0, 1.0), (2000, 2000), 0.5, 0.5, 100, tolerance=MPP_TOLERANCE)
     roi = rois([shapely.box(520, 730, 910, 1080)], ["Tumor"])

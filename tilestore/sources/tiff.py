@@ -152,10 +152,10 @@ class TiffLevel(SourceLevel):
                     last += 1
                 base = starts[index]
                 data = os.pread(fd, starts[last] + sizes[last] - base, base)
-                for i in range(index, last + 1):
+                for i in range(index, last + 1):  # each tile copied once: after its SOI
                     at = starts[i] - base
-                    tile = data[at : at + sizes[i]]
-                    out.append(tile[2:] if tile[:2] == jpeg.SOI else None)
+                    soi = data[at : at + 2] == jpeg.SOI
+                    out.append(data[at + 2 : at + sizes[i]] if soi else None)
                 index = last + 1
             return out
 

@@ -81,6 +81,29 @@ def test_on_a_gpu_the_warm_up_runs_the_model_on_that_shape(monkeypatch):
     assert shapes == [(8, 448, 448, 3)] and gpu.warm and stats.get("warm_up") > 0
 
 
+@pytest.mark.parametrize(("read", "compile_"), [(224, False), (448, False), (224, True)])
+def test_on_a_gpu_the_warm_up_is_guessed_before_the_first_slide(monkeypatch, read, compile_):
+    """Uncompiled, the model warms up on its own tile side before any slide is ready; the
+    first slide's read warms it up again only where the guess was wrong. Compiled, nothing
+    is guessed (a wrong guess would compile twice): the first slide's read is warmed up."""
+    shapes = []
+    forward = lambda tiles, count: shapes.append(tuple(tiles.shape))  # noqa: E731
+    forward.loaded = SimpleNamespace(spec=SimpleNamespace(tile=224, name="m"))
+    forward.loaded.describe = lambda: {"name": "m"}
+    gpu = Runner(forward, settings("cuda:0", compile=compile_, compile_cache=None), None, None)
+    monkeypatch.setattr(torch, "zeros", lambda shape, **kw: torch.empty(shape, dtype=kw["dtype"]))
+    stats, n = Stats(), gpu.settings.batch_size
+    gpu._guess_warm_up(stats, None)
+    assert shapes == ([] if compile_ else [(n, 224, 224, 3)]) and not gpu.warm
+    gpu._warm_for(stats, read, None)
+    first = [] if compile_ else [(n, 224, 224, 3)]
+    assert shapes == first + ([] if read == 224 and not compile_ else [(n, read, read, 3)])
+    assert gpu.warm and gpu.warm_read == read
+    gpu._guess_warm_up(stats, None)
+    gpu._warm_for(stats, 448, None)  # warm: no other slide warms it up again
+    assert len(shapes) == len(first) + (read != 224 or compile_)
+
+
 @pytest.mark.parametrize("hit", [True, False])
 def test_compile_workers_start_only_where_there_is_compiling_to_do(tmp_path, monkeypatch, hit):
     """A compile cache hit compiles in this process: Inductor's worker pool, started for

@@ -29,5 +29,5 @@ PY
 export PYTHONPATH=/tmp/site:/tmp/this
 export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
 cd /tmp/this
-python3 -c "import torch, zarr, imagecodecs, tilestore.embed; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0), 'zarr', zarr.__version__)"
+python3 -c "import torch, zarr, imagecodecs, tilestore.embed; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.is_available() and torch.cuda.get_device_name(0), 'zarr', zarr.__version__)"
 set +e

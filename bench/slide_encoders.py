@@ -15,10 +15,16 @@ speed: each encoder alone on a synthetic slide of N tiles (random features, a sq
 seconds and peak memory (GPU: torch's peak allocation; CPU: the process's peak RSS above
 what it held before), each in a fresh process.
 
+The authors' code is read from --sources (default .slideref/sources: plain source trees,
+REVISIONS their commits); what the wanted encoders need and it lacks is copied there first
+from the git mirrors in --mirrors. `sources` does only that: made here, the folder travels to
+a GPU machine as it is (bench/device_slides.sh).
+
+    python bench/slide_encoders.py sources --encoders moozy,cobra,feather-uni
     python bench/slide_encoders.py reference --python /work/refvenv/bin/python \
-        --trident .peers/TRIDENT --mirrors /work/.mirror
+        --trident .peers/TRIDENT
     python bench/slide_encoders.py speed --tiles 30000,100000 --device cpu
-    # on a GPU (bench/RESULTS.md: the H100 run, its environment and store)
+    # on a GPU (bench/RESULTS.md: the H100 run; bench/device_slides.sh: its set-up)
     python3 bench/slide_encoders.py reference --device cuda --trident .peers/TRIDENT
     python3 bench/slide_encoders.py speed --device cuda --tiles 30000,100000
 """
@@ -40,18 +46,19 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-# the authors' code the references build from: mirror folder name -> what it is called here
-# (the folders with their code: mirrors may lack the large data files beside it)
+# the authors' code the references build from: mirror folder name -> (its folder in
+# --sources, the repository's folders with their code (mirrors may lack the large data files
+# beside it), the encoders' archs that read it)
 SOURCES = {
-    "DIAGNijmegen+unicorn_baseline": ("unicorn_baseline", ["src"]),  # TITAN's, PRISM's Hub code
-    "prov-gigapath+prov-gigapath": ("prov-gigapath", ["gigapath"]),
-    "mahmoodlab+MADELEINE": ("MADELEINE", ["madeleine"]),
-    "mahmoodlab+MIL-Lab": ("MIL-Lab", ["src"]),  # FEATHER's ABMIL
-    "hms-dbmi+CHIEF": ("CHIEF", ["models", "utils"]),
-    "AtlasAnalyticsLab+MOOZY": ("MOOZY", ["moozy"]),  # MOOZY's slide and case modules
-    "KatherLab+COBRA": ("COBRA", ["cobra"]),
-    "state-spaces+mamba": ("mamba", ["mamba_ssm"]),  # COBRA's Mamba2, its references
-    "Dao-AILab+causal-conv1d": ("causal-conv1d", ["causal_conv1d"]),  # its reference conv
+    "DIAGNijmegen+unicorn_baseline": ("unicorn_baseline", ["src"], ("titan", "prism")),
+    "prov-gigapath+prov-gigapath": ("prov-gigapath", ["gigapath"], ("longnet",)),
+    "mahmoodlab+MADELEINE": ("MADELEINE", ["madeleine"], ("madeleine",)),
+    "mahmoodlab+MIL-Lab": ("MIL-Lab", ["src"], ("feather",)),  # FEATHER's ABMIL
+    "hms-dbmi+CHIEF": ("CHIEF", ["models", "utils"], ("chief",)),
+    "AtlasAnalyticsLab+MOOZY": ("MOOZY", ["moozy"], ("moozy",)),  # its slide and case modules
+    "KatherLab+COBRA": ("COBRA", ["cobra"], ("cobra",)),
+    "state-spaces+mamba": ("mamba", ["mamba_ssm"], ("cobra",)),  # COBRA's Mamba2
+    "Dao-AILab+causal-conv1d": ("causal-conv1d", ["causal_conv1d"], ("cobra",)),  # its conv
 }
 ANY_TILE_MODEL = ("conch-v1.5", 0.5, 512)  # what the pooling encoders are checked on
 
@@ -104,24 +111,44 @@ def store_features(store: Path, model: str, mpp: float, tile: int, dim: int) -> 
     return count
 
 
+def _wanted(args) -> list[str]:
+    from tilestore.embed.slides import list_slide_encoders
+
+    return args.encoders.split(",") if args.encoders else [s.name for s in list_slide_encoders()]
+
+
+def fill_sources(args) -> Path:
+    """--sources, the folder of the authors' code the references read (one plain source tree
+    per SOURCES entry, and REVISIONS: each one's commit), with what the wanted encoders need
+    and it lacks copied from --mirrors' git repositories (those there; a missing one's
+    encoders' rows say what is missing). Made once here, it travels as it is (.slideref)."""
+    from tilestore.embed.slides import get_slide_encoder
+
+    archs = {get_slide_encoder(name).arch for name in _wanted(args)}
+    for mirror, (name, folders, readers) in SOURCES.items():
+        target = args.sources / name
+        if target.exists() or archs.isdisjoint(readers) or not (args.mirrors / mirror).exists():
+            continue
+        repo = str(args.mirrors / mirror / "repo")
+        commit = subprocess.run(["git", "--git-dir", repo, "rev-parse", "HEAD"], check=True,
+                                capture_output=True, text=True).stdout.strip()  # fmt: skip
+        git = ["git", "--git-dir", repo, "archive", commit, *folders]
+        archive = subprocess.run(git, check=True, capture_output=True).stdout
+        target.mkdir(parents=True)
+        subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+        with open(args.sources / "REVISIONS", "a") as revisions:
+            revisions.write(f"{name} {mirror.replace('+', '/')} {commit}\n")
+    return args.sources
+
+
 def reference(args) -> list[dict]:
-    from tilestore.embed.slides import embed_slides, get_slide_encoder, list_slide_encoders
+    from tilestore.embed.slides import embed_slides, get_slide_encoder
     from tilestore.embeddings.slides import read_slide_vector
     from tilestore.exports.h5 import to_h5
 
-    sources = args.work / "sources"
-    for mirror, (name, folders) in SOURCES.items():
-        if not (args.mirrors / mirror).exists():  # its encoders' rows say what is missing
-            continue
-        if not (sources / name).exists():
-            (sources / name).mkdir(parents=True)
-            repo = str(args.mirrors / mirror / "repo")
-            git = ["git", "--git-dir", repo, "archive", "HEAD", *folders]
-            archive = subprocess.run(git, check=True, capture_output=True).stdout
-            subprocess.run(["tar", "-x", "-C", str(sources / name)], input=archive, check=True)
-    wanted = args.encoders.split(",") if args.encoders else [s.name for s in list_slide_encoders()]
+    sources = fill_sources(args)
     rows, keys = [], {}
-    for name in wanted:
+    for name in _wanted(args):
         spec = get_slide_encoder(name)
         model, mpp, tile, dim = tile_setup(spec)
         tiles = store_features(args.store, model, mpp, tile, dim)
@@ -307,17 +334,16 @@ def _precision(name: str, args) -> str:
 
 
 def speed(args) -> list[dict]:
-    from tilestore.embed.slides import list_slide_encoders
-
-    wanted = args.encoders.split(",") if args.encoders else [s.name for s in list_slide_encoders()]
+    if args.reference:
+        fill_sources(args)
     rows = []
     for tiles in (int(t) for t in args.tiles.split(",")):
-        for name in wanted:
+        for name in _wanted(args):
             if args.reference:  # the authors' code on the same N, in the references' process
                 work = args.work / "synthetic"
                 work.mkdir(parents=True, exist_ok=True)
                 cmd = [args.python, str(HERE / "slide_references.py"), name, "-", str(work / "w"),
-                       "-", "--sources", str(args.work / "sources"), "--trident",
+                       "-", "--sources", str(args.sources), "--trident",
                        str(args.trident), "--synthetic", str(tiles), "--limit-gb",
                        str(args.limit_gb), "--device", args.device,
                        "--precision", _precision(name, args)]  # fmt: skip
@@ -364,14 +390,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("mode", choices=("reference", "speed", "measure"))
+    parser.add_argument("mode", choices=("reference", "speed", "measure", "sources"))
     parser.add_argument("--encoders", help="comma-separated (default: all registered)")
     parser.add_argument("--encoder", help="measure: the one encoder")
     parser.add_argument("--store", type=Path, default=HERE / "data/copied/large-40000.ome.zarr")
     parser.add_argument("--work", type=Path, default=Path("/tmp/slide-encoders"))
     parser.add_argument("--python", default=sys.executable, help="the references' interpreter")
     parser.add_argument("--trident", type=Path, default=REPO / ".peers/TRIDENT")
-    parser.add_argument("--mirrors", type=Path, default=Path("/work/.mirror"))
+    parser.add_argument(
+        "--sources",
+        type=Path,
+        default=REPO / ".slideref/sources",
+        help="the authors' code the references read: one plain source tree per SOURCES entry "
+        "(what it lacks of the wanted encoders' is copied from --mirrors first)",
+    )
+    parser.add_argument(
+        "--mirrors",
+        type=Path,
+        default=Path("/work/.mirror"),
+        help="git mirrors (OWNER+NAME/repo) to fill --sources from, where they exist",
+    )
     parser.add_argument("--tiles", default="30000")
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
@@ -400,6 +438,13 @@ def main() -> None:
     if args.mode == "measure":
         args.tiles = int(args.tiles)
         print(json.dumps(measure(args)))
+        return
+    if args.mode == "sources":
+        revisions = fill_sources(args) / "REVISIONS"
+        if not revisions.exists():
+            raise SystemExit(f"--sources {args.sources}: nothing copied (none of the wanted "
+                             f"encoders' code in --mirrors {args.mirrors})")  # fmt: skip
+        print(revisions.read_text(), end="")
         return
     if args.mode == "reference" and not args.store.exists():
         from stores import build

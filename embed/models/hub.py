@@ -273,16 +273,74 @@ def local(name: str, folder: str | os.PathLike, spec: ModelSpec | None = None) -
     raise ModelError(f"{name}: {folder} has no {' or '.join((*named, *WEIGHT_FILES))}")
 
 
+# what a training checkpoint holds beside its tensors that torch's weights_only loader does
+# not take by itself, each only data when rebuilt (no code of the file's choosing runs):
+# numpy's scalars, dtypes and arrays (a loss, a step), a run's argparse options. By the name
+# the pickle gives (numpy 1's and 2's module paths) -> where it is now.
+INERT_GLOBALS = {
+    "numpy.core.multiarray.scalar": ("numpy._core.multiarray", "scalar"),
+    "numpy._core.multiarray.scalar": ("numpy._core.multiarray", "scalar"),
+    "numpy.core.multiarray._reconstruct": ("numpy._core.multiarray", "_reconstruct"),
+    "numpy._core.multiarray._reconstruct": ("numpy._core.multiarray", "_reconstruct"),
+    "numpy.ndarray": ("numpy", "ndarray"),
+    "numpy.dtype": ("numpy", "dtype"),
+    "argparse.Namespace": ("argparse", "Namespace"),
+}
+
+
+def _inert(found: str) -> tuple[object, str] | None:
+    """The object the pickle's global `found` names, where it is inert data, with the name."""
+    where = INERT_GLOBALS.get(found)
+    if where is None:
+        return None
+    return getattr(importlib.import_module(where[0]), where[1]), found
+
+
+def _torch_load(name: str, path: Path, device: torch.device | str):
+    """torch.load with weights_only=True, taking also the inert data a training checkpoint
+    keeps beside its tensors (`INERT_GLOBALS`); anything else a pickle would build is refused
+    by name, before any of it is built."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        try:  # a zip checkpoint's globals, listed without building any
+            found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        except (RuntimeError, ValueError, OSError, pickle.UnpicklingError):
+            raise exc from None  # not torch's zip format (a bare pickle): refused as it is
+        allowed = [_inert(g) for g in found]
+        refused = [g for g, ok in zip(found, allowed, strict=True) if ok is None]
+        if refused:
+            raise ModelError(
+                f"{name}: cannot read weights {path} safely: its pickle would build "
+                f"{', '.join(refused)}; only tensors and plain data are accepted"
+            ) from None
+        if not found:
+            raise
+        if any(g.startswith("numpy") for g in found):  # a dtype's class, met when rebuilt
+            allowed += _numpy_dtype_classes()
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location=device, weights_only=True)
+
+
+def _numpy_dtype_classes() -> list[type]:
+    """numpy 2's dtype classes (numpy.dtypes.Float64DType...): a dtype is rebuilt through
+    its class, which the scan of a pickle's globals does not list."""
+    import numpy.dtypes
+
+    return [c for c in vars(numpy.dtypes).values() if isinstance(c, type)]
+
+
 def load_weights(
     name: str, path: Path, device: torch.device | str = "cpu"
 ) -> dict[str, torch.Tensor]:
     """Read a state dict onto `device`: safetensors (straight into that device's memory, no
     copy of the whole checkpoint in host memory first), or torch.load with
-    weights_only=True (no code runs)."""
+    weights_only=True (no code runs; a training checkpoint's numpy scalars and argparse
+    options are taken as the data they are: `INERT_GLOBALS`)."""
     try:
         if path.suffix == ".safetensors":
             return safetensors.torch.load_file(path, device=str(device))
-        state = torch.load(path, map_location=device, weights_only=True)
+        state = _torch_load(name, path, device)
     except (
         pickle.UnpicklingError,
         SafetensorError,

@@ -393,3 +393,29 @@ def test_pull_without_a_network_is_one_line(monkeypatch):
         "known): run `tilestore models pull uni` where there is one, or set HF_HUB_OFFLINE=1 "
         "to use the local cache only"
     )
+
+
+class _Runs:
+    def __reduce__(self):  # a global that is not data: refused by name, never called
+        return (os.system, ("echo pwned",))
+
+
+def test_a_training_checkpoints_plain_data_is_read_and_code_refused(tmp_path):
+    """A training checkpoint keeps a loss as a numpy scalar, arrays, dtypes and its argparse
+    options beside the state dict: torch's weights_only loader refuses those, so they are
+    taken as the data they are (`hub.INERT_GLOBALS`); a global that would run anything is
+    refused, named, before anything of the file is built."""
+    import argparse
+
+    state = {"visual.proj": torch.arange(6.0).reshape(2, 3)}
+    path = tmp_path / "checkpoint.pt"
+    extras = {"best": np.float64(0.25), "seen": np.arange(3), "dtype": np.dtype("float32"),
+              "args": argparse.Namespace(lr=1e-4, model="coca_ViT-L-14")}  # fmt: skip
+    torch.save({"epoch": 7, "name": "run", "state_dict": state, **extras}, path)
+    with pytest.raises(pickle.UnpicklingError):  # what torch alone does with it
+        torch.load(path, weights_only=True)
+    got = hub.load_weights("m", path)
+    assert got.keys() == state.keys() and torch.equal(got["visual.proj"], state["visual.proj"])
+    torch.save({"state_dict": state, "args": argparse.Namespace(), "hook": _Runs()}, path)
+    with pytest.raises(ModelError, match=r"m: cannot read weights .* would build (posix|nt)\.system"):
+        hub.load_weights("m", path)

@@ -44,7 +44,9 @@ class Runner:
     """Drives the producer, the GPU loop and the writer for one model and its decoders.
 
     Kept across runs (an `Embedder` holds one): the model warms up once, at the first run
-    that has tiles to embed.
+    that has tiles to embed; on a GPU, uncompiled, at its first run, on its own tile side,
+    before any slide is ready (`_guess_warm_up`), and again only for a first slide read at
+    another side.
     """
 
     def __init__(
@@ -79,10 +81,11 @@ class Runner:
         read, 3) while the producer fills the pipeline: the first batch's set-up (CUDA
         kernel choice, lazy module loads, or compilation, which takes the transform and so
         the tile size too) then overlaps the first reads and decodes instead of following
-        them. Done when the first slide with work is ready, so a run whose stores all fail
-        compiles nothing. With the compile cache, the graphs are loaded, or compiled by
-        this process alone while others of the array wait (`CompileCache.claim`); `say`
-        hears each step as it happens (a compile is silent for up to minutes)."""
+        them. Compiled, done when the first slide with work is ready, so a run whose stores
+        all fail compiles nothing (uncompiled on a GPU, a guess runs before: one batch).
+        With the compile cache, the graphs are loaded, or compiled by this process alone
+        while others of the array wait (`CompileCache.claim`); `say` hears each step as it
+        happens (a compile is silent for up to minutes)."""
         settings, tell = self.settings, say or _nothing_said
         cache = self.compile_cache(batch, read)
         if cache is not None:

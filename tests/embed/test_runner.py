@@ -265,3 +265,33 @@ def test_on_a_gpu_a_batch_not_finite_as_stored_fails_its_slide(store, tmp_path, 
     assert report.device.startswith("cuda")
     _failed_alone(bad, good, "timm:vit_tiny_patch16_224", 8, [0, 5], report)
     assert "dtype='float32' would keep them" in report.failures[0]["error"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("plan", [PLAN, PlanOptions(mpp=0.75, tile=224)])
+def test_on_a_gpu_a_run_warms_up_on_the_models_tile_before_its_first_slide(
+    store, monkeypatch, plan
+):
+    """In a run, the guess comes before the first slide's start reaches the loop; the first
+    slide warms the model up again only where its read is not the model's tile (0.75 um/px
+    from the 0.5 um/px level: read larger, resized)."""
+    warmed, started = [], []
+    warm_up, warm_for = Runner._warm_up, Runner._warm_for
+
+    def recorded_warm_up(self, stats, batch, read, say=None):
+        warmed.append((read, bool(started)))
+        warm_up(self, stats, batch, read, say)
+
+    def recorded_warm_for(self, stats, read, say):
+        started.append(read)
+        warm_for(self, stats, read, say)
+
+    monkeypatch.setattr(Runner, "_warm_up", recorded_warm_up)
+    monkeypatch.setattr(Runner, "_warm_for", recorded_warm_for)
+    path = store()
+    embed([path], "timm:vit_tiny_patch16_224", plan=plan, options=Options(batch_size=8))
+    read = load_plan(open_slide(path))[0].spec.read
+    assert warmed[0] == (224, False) and started == [read]
+    assert warmed[1:] == ([] if read == 224 else [(read, True)])
+    assert (read == 224) == (plan is PLAN)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import shapely
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.tilestore.rois import rois
 from tilestore.errors import PlanError
-from tilestore.plan.grid import grid_spec, make_plan, tissue_fractions
+from tilestore.plan.grid import _prefix, grid_spec, make_plan, tissue_fractions
 from tilestore.plan.tiles import chunk_schedule
 from tilestore.reading.resolution import MPP_TOLERANCE
 
@@ -121,19 +121,22 @@ def test_tissue_fraction_is_the_exact_area_fraction(mh, mw, dy, dx, corners, fh,
 @given(
     st.integers(3, 300),
     st.integers(3, 300),
-    st.floats(0.5, 8),
-    st.lists(st.tuples(st.floats(-20, 900), st.floats(-20, 900)), min_size=1, max_size=12),
-    st.floats(1, 90),
+    st.lists(st.floats(-20, 320), min_size=1, max_size=12),
+    st.sampled_from(["bool", "ones", "bytes"]),
 )
-def test_tissue_fraction_of_a_byte_mask_is_its_float_masks_to_the_bit(mh, mw, d, corners, f):
-    """A uint8 mask is summed in int32 (the fast path), a float one in float64: the same
-    fractions, bit for bit."""
+@example(300, 300, [299.5], "bytes")  # a row of bright bytes: beyond 16-bit sums
+def test_prefix_sums_of_a_byte_mask_are_its_float_masks_to_the_bit(mh, mw, at, kind):
+    """A mask of bytes (bool, 0/1, 0-255) is summed in int32 (the fast path), the same values
+    as float64 give, bit for bit, along either axis and at fractional coordinates."""
     rng = np.random.default_rng(mh * 1000 + mw)
-    mask = (rng.random((mh, mw)) > 0.4).astype(np.uint8)
-    y0, x0 = (np.array([c[i] for c in corners]) for i in (0, 1))
-    fast = tissue_fractions(mask, (d, d), y0, x0, f, f)
-    exact = tissue_fractions(mask.astype(np.float64), (d, d), y0, x0, f, f)
-    assert fast.tobytes() == exact.tobytes()
+    mask = {"bool": rng.random((mh, mw)) > 0.4, "ones": (rng.random((mh, mw)) > 0.4) * 1,
+            "bytes": rng.integers(128, 256, (mh, mw))}[kind]  # fmt: skip
+    mask = mask.astype(bool if kind == "bool" else np.uint8)
+    at = np.asarray(at)
+    for axis in (0, 1):
+        fast = _prefix(mask, at, axis)
+        exact = _prefix(mask.astype(np.float64), at, axis)
+        assert fast.dtype == np.float64 and fast.tobytes() == exact.tobytes()
 
 
 def test_roi_restricts_the_grid_to_its_bounding_box():

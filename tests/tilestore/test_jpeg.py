@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import imagecodecs
 import numpy as np
 import pytest
@@ -168,13 +170,14 @@ def _damaged(stream: bytes, damage: int) -> bytes:
         stream[: scan - 7],
         stream[:last],
         stream[: spans[-1][2]] + bytes(reversed(stream[spans[-1][2] :])),
+        b"\x00\x00" + stream[2:],  # no SOI: refused whole, whatever follows
     ][damage]
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(
-        st.tuples(st.integers(0, 13), st.integers(0, 3), st.booleans()), min_size=1, max_size=30
+        st.tuples(st.integers(0, 13), st.integers(0, 4), st.booleans()), min_size=1, max_size=30
     )
 )
 def test_a_frame_answers_each_stream_as_a_fresh_frame_would(calls):
@@ -200,3 +203,5 @@ def test_a_frame_remembers_a_header_and_at_most_a_few():
         frame.fits(imagecodecs.jpeg8_encode(image, level=30 + 3 * i))
     assert len(frame._seen[False]) == jpeg.SEEN_HEADERS
     assert frame == jpeg.TileFrame(jpeg.SOI, (240, 240), ((1, 1),) * 3, "ycbcr")  # not compared
+    other = dataclasses.replace(frame, shape=(120, 240))  # its own answers, not frame's
+    assert not other._seen and not other.fits(_stream(0)) and frame.fits(_stream(0))

@@ -238,8 +238,8 @@ class TileFrame:
     # same for each tile), so a tile is checked by comparing its first bytes, not parsed:
     # parsing each in Python held the GIL for 3.4 of a 100,000 px slide's 5.6 s of copy.
     _seen: dict[bool, tuple[tuple[bytes, bool], ...]] = field(
-        default_factory=dict, compare=False, repr=False
-    )
+        default_factory=dict, init=False, compare=False, repr=False
+    )  # not an argument: a frame made from another (dataclasses.replace) starts its own
 
     def spliced(self, tile: bytes | None) -> bytes | None:
         """The tile (its whole stream as the file stores it) as its chunk: the prefix, then

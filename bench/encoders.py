@@ -103,6 +103,8 @@ OTHER = {
     "quiltnet-b32": "open_clip create_model(pretrained=FILE).encode_image",
     "quiltnet-b16": "open_clip create_model(pretrained=FILE).encode_image",
     "biomedclip": "open_clip create_model_and_transforms(hf-hub:...).encode_image",
+    "omiclip": "authors (Loki load_model): open_clip create_model_from_pretrained"
+    "(coca_ViT-L-14, pretrained=FILE).encode_image",
     "keep": "authors: KEEPModel.encode_image (timm ViT-L/16 + visual_head, normalised)",
 }
 # ours -> the authors' code (kind, architecture), where TRIDENT has no offline loader
@@ -512,13 +514,32 @@ def image_text_checkpoint(
     if spec.text == "open_clip":
         import open_clip
 
+        from tilestore.embed.models.families import is_coca
+
         if open_clip.get_model_config(spec.arch.name) is None:  # BiomedCLIP: its own config
             return _open_clip_hub_whole(spec, folder, seed)
-        made = open_clip.model.CLIP(**open_clip.get_model_config(spec.arch.name))
-        randomize(made, seed)
+        config = open_clip.get_model_config(spec.arch.name)
         weights = folder / spec.weights_file
-        torch.save(made.state_dict(), weights)
-        model = open_clip.create_model(spec.arch.name, pretrained=str(weights)).to(DEVICE).eval()
+        if is_coca(config):  # OmiCLIP: a training run's checkpoint, as Loki's loads it
+            arguments = {k: v for k, v in config.items() if k != "custom_text"}
+            made = open_clip.coca_model.CoCa(**arguments)
+            randomize(made, seed)
+            state = {f"module.{k}": v for k, v in made.state_dict().items()}  # DDP's names
+            run = {"epoch": 30, "name": spec.name, "loss": np.float64(0.5),
+                   "args": argparse.Namespace(model=spec.arch.name)}  # fmt: skip
+            torch.save({**run, "state_dict": state}, weights)
+            model, _ = open_clip.create_model_from_pretrained(
+                spec.arch.name,
+                pretrained=str(weights),
+                weights_only=False,  # LazySlide's
+            )
+            model = model.to(DEVICE).eval()
+        else:
+            made = open_clip.model.CLIP(**config)
+            randomize(made, seed)
+            torch.save(made.state_dict(), weights)
+            model = open_clip.create_model(spec.arch.name, pretrained=str(weights)).to(DEVICE)
+            model = model.eval()
         tokenizer = open_clip.get_tokenizer(spec.arch.name)
         return Whole(model.encode_image, lambda b: model.encode_text(tokenizer(b).to(DEVICE)),
                      float(model.logit_scale.exp()), model=model)  # fmt: skip

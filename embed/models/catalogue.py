@@ -135,6 +135,27 @@ def _biomedclip() -> ModelSpec:
     )  # fmt: skip
 
 
+def _omiclip() -> ModelSpec:
+    """OmiCLIP (Loki, WangGuangyuLab/Loki, gated, BSD-3-Clause): H&E images paired with the
+    spatial transcriptomes under them. Its authors' code (GuangyuWangLab2021/Loki
+    `loki.utils.load_model`) is open_clip's ``create_model_from_pretrained("coca_ViT-L-14",
+    pretrained=checkpoint.pt)``: open_clip's CoCa ViT-L/14, a training run's checkpoint;
+    the image embedding is CoCa's ``encode_image``, the attentional pooler's contrastive
+    query, unit length (Loki's ``encode_image`` normalises it again; LazySlide stores it as
+    CoCa gives it), 768-d. open_clip's transform for it: OpenAI CLIP's mean and std,
+    bicubic resize and 224 centre crop; fp32. Its tiles are Visium spots' images at no
+    stated um/px: none is assumed."""
+    repo = "WangGuangyuLab/Loki"
+    return ModelSpec(
+        "omiclip", "hf-hub", repo, 768, None,
+        weights_file="checkpoint.pt",
+        arch=Arch("open_clip", "coca_ViT-L-14"),
+        data=_data(OPENAI_CLIP, interpolation="bicubic"),
+        gated=True, licence="BSD-3-Clause", card=HF + repo, text="open_clip",
+        reference='open_clip create_model_from_pretrained("coca_ViT-L-14", pretrained=FILE)',
+    )  # fmt: skip
+
+
 SWIGLU = {"mlp_layer": "SwiGLUPacked", "act_layer": "silu"}
 
 ENTRIES: tuple[ModelSpec, ...] = (
@@ -682,6 +703,7 @@ ENTRIES: tuple[ModelSpec, ...] = (
     _quiltnet("quiltnet-b32", "ViT-B-32"),
     _quiltnet("quiltnet-b16", "ViT-B-16"),
     _biomedclip(),
+    _omiclip(),
     # KEEP (MAGIC-AI4Med/KEEP, quick_start/keep_inference.py; the Hub's modeling_keep.py):
     # timm's ViT-L/16 (layer scale 1e-5), its class token through the authors' visual_head
     # and L2-normalised: encode_image, 768-d. Their transform: bicubic resize to 224 and a

@@ -18,10 +18,12 @@ the backbone's key names; loading is then strict (`tilestore.embed.models.load`)
   (`tilestore.embed.models.keep`), its config.json (KEEP's own) read for the head's width.
 - ``musk``: MUSK's vision path, timm's ViT-L/16 with sub-LayerNorms, read at several scales
   (`tilestore.embed.models.musk`); the whole image-text checkpoint's image half.
-- ``open_clip``: open_clip's CLIP image tower (QuiltNet, BiomedCLIP), configured by the
-  checkpoint's open_clip_config.json (``model_cfg``, as open_clip's own Hub loading reads
-  it), else the registry's copy of it, else open_clip's built-in config of the spec's
-  architecture; its output is CLIP's image embedding (``encode_image``). The image tower
+- ``open_clip``: open_clip's CLIP image tower (QuiltNet, BiomedCLIP; OmiCLIP's CoCa),
+  configured by the checkpoint's open_clip_config.json (``model_cfg``, as open_clip's own
+  Hub loading reads it), else the registry's copy of it, else open_clip's built-in config
+  of the spec's architecture; its output is the image embedding ``encode_image`` gives
+  (a CoCa's unit length, as its default); a training run's checkpoint is read as open_clip
+  reads it (the state dict under ``state_dict``, ``module.`` taken off). The image tower
   alone is built: a text tower that is a Hugging Face model (BiomedCLIP's BERT) needs a
   second repo's config, which zero-shot fetches (`tilestore.embed.models.text`) and
   embedding does not.
@@ -349,18 +351,30 @@ def open_clip_text_repos(config: dict) -> tuple[str, ...]:
 
 
 class OpenClipImage(nn.Module):
-    """open_clip's CLIP image tower as a backbone: ``forward`` is its image embedding."""
+    """open_clip's CLIP image tower as a backbone: ``forward`` is its image embedding, as
+    the model's ``encode_image`` gives it by default: a CLIP's as it is; a CoCa's (OmiCLIP)
+    the attentional pooler's contrastive query (its tower also returns the tokens its text
+    decoder reads), made unit length, as CoCa's ``encode_image(normalize=True)``."""
 
-    def __init__(self, visual: nn.Module):
+    def __init__(self, visual: nn.Module, unit: bool = False):
         super().__init__()
-        self.visual = visual
+        self.visual, self.unit = visual, unit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.visual(x)
+        out = self.visual(x)
+        if isinstance(out, tuple):  # (pooled, tokens): a tower with output_tokens
+            out = out[0]
+        return nn.functional.normalize(out, dim=-1) if self.unit else out
+
+
+def is_coca(config: dict) -> bool:
+    """An open_clip config of a CoCa (a text decoder over the image tokens): open_clip
+    builds it as its CoCa class."""
+    return "multimodal_cfg" in config
 
 
 def _build_open_clip(spec: ModelSpec, config: dict | None) -> nn.Module:
-    """The image tower as open_clip's CLIP and CustomTextCLIP build theirs (``visual``),
+    """The image tower as open_clip's CLIP, CustomTextCLIP and CoCa build theirs (``visual``),
     without their text tower."""
     import open_clip
 
@@ -368,12 +382,21 @@ def _build_open_clip(spec: ModelSpec, config: dict | None) -> nn.Module:
     visual = open_clip.model._build_vision_tower(
         found["embed_dim"], found["vision_cfg"], found.get("quick_gelu", False)
     )
-    return OpenClipImage(visual)
+    return OpenClipImage(visual, unit=is_coca(found))
+
+
+def open_clip_state(state: State) -> State:
+    """An open_clip checkpoint's state dict as its model names it: a training run's saved
+    through DistributedDataParallel has every key under ``module.``, which open_clip's
+    ``load_checkpoint`` takes off."""
+    if state and all(k.startswith("module.") for k in state):
+        return {k.removeprefix("module."): v for k, v in state.items()}
+    return state
 
 
 def _open_clip_convert(spec: ModelSpec, state: State, backbone: nn.Module) -> State:
     """The whole CLIP checkpoint's image tower (``visual.*``), as our module names it."""
-    return {k: v for k, v in state.items() if k.startswith("visual.")}
+    return {k: v for k, v in open_clip_state(state).items() if k.startswith("visual.")}
 
 
 FAMILIES: dict[str, Family] = {

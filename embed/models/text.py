@@ -14,7 +14,8 @@ remote code.
   byte-level BPE tokenizer (not on the Hub: from the ``conch`` package or a file given);
   the stored features are the pooled embedding before the contrastive projection, which is
   applied here, as CONCH's MI-Zero code (``visual.forward_project``) applies it to them.
-- ``open_clip``: open_clip's model of the same architecture (QuiltNet), its tokenizer; where
+- ``open_clip``: open_clip's model of the same architecture (QuiltNet; OmiCLIP's CoCa, its
+  text decoder built and loaded too, as open_clip's create_model does), its tokenizer; where
   its text tower is a Hugging Face model (BiomedCLIP's PubMedBERT), open_clip's
   CustomTextCLIP built as open_clip builds it for a checkpoint: the BERT from the config of
   the repo its open_clip_config.json names (cached by `tilestore models pull`, read from
@@ -251,20 +252,26 @@ def _conch(spec, checkpoint, device, tokenizer_file) -> TextTower:
 def _open_clip(spec, checkpoint, device, tokenizer_file) -> TextTower:
     import open_clip
 
-    from tilestore.embed.models.families import open_clip_config
+    from tilestore.embed.models.families import is_coca, open_clip_config, open_clip_state
 
     config = open_clip_config(spec, checkpoint.config)
     text = config.get("text_cfg", {})
     if text.get("hf_model_name"):
         model, tokenizer = _open_clip_hf(spec, config, device)
     else:
+        # a CoCa (OmiCLIP) as open_clip's create_model builds it: its flag for the class off
+        kind, arguments = (
+            (open_clip.coca_model.CoCa, {k: v for k, v in config.items() if k != "custom_text"})
+            if is_coca(config)
+            else (open_clip.model.CLIP, config)
+        )
         with device:
-            model = open_clip.model.CLIP(**config).eval()
+            model = kind(**arguments).eval()
         # open_clip's own tokenizer (its BPE vocabulary ships in the package)
         tokenizer = open_clip.tokenizer.SimpleTokenizer(
             context_length=text.get("context_length", 77)
         )
-    state = hub.load_weights(spec.name, checkpoint.weights, device)
+    state = open_clip_state(hub.load_weights(spec.name, checkpoint.weights, device))
     # a buffer transformers saved before 4.31 and computes itself since (open_clip drops it)
     state.pop("text.transformer.embeddings.position_ids", None)
     _load_strictly(spec, model, state)

@@ -89,8 +89,8 @@ def test_models_list_says_which_text_tower_scores_zero_shot():
     done = run("models", "list")
     assert done.returncode == 0
     want = {"plip": "clip", "conch-v1": "conch", "medsiglip": "siglip", "quiltnet-b32":
-            "open_clip", "quiltnet-b16": "open_clip", "biomedclip": "open_clip", "keep": "keep",
-            "musk": "musk", "uni": "-", "conch-v1.5": "-"}  # fmt: skip
+            "open_clip", "quiltnet-b16": "open_clip", "biomedclip": "open_clip", "omiclip":
+            "open_clip", "keep": "keep", "musk": "musk", "uni": "-", "conch-v1.5": "-"}  # fmt: skip
     rows = {line.split()[0]: line.split()[-1] for line in done.stdout.splitlines() if line.split()}
     assert {name: rows.get(name) for name in want} == want
-    assert "8 with a zero-shot text tower (" in done.stdout
+    assert "9 with a zero-shot text tower (" in done.stdout

@@ -108,7 +108,7 @@ def test_a_model_without_a_text_tower_is_refused_before_anything_loads(tmp_path)
 def test_the_image_text_models_say_which_text_tower_they_take():
     want = {"plip": "clip", "conch-v1": "conch", "medsiglip": "siglip",
             "quiltnet-b32": "open_clip", "quiltnet-b16": "open_clip", "biomedclip": "open_clip",
-            "keep": "keep", "musk": "musk"}  # fmt: skip
+            "omiclip": "open_clip", "keep": "keep", "musk": "musk"}  # fmt: skip
     assert {name: get_model(name).text for name in want} == want
     assert get_model("conch-v1.5").text is None  # its text half is not published
 
@@ -505,6 +505,63 @@ def test_quiltnet_zero_shot_equals_open_clips_own_loading_on_real_tiles(store, t
         cosine = F.normalize(image, dim=-1) @ F.normalize(text, dim=-1).T
         want = _reference_probabilities(theirs.logit_scale.exp() * cosine)
     got = read_tile_scores(path, "quiltnet-b32", "one")["probabilities"]
+    np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+# -- OmiCLIP: open_clip's CoCa from a training run's checkpoint, open_clip's loading the reference
+
+TINY_COCA = {
+    "embed_dim": 24,
+    "vision_cfg": {"image_size": 224, "layers": 2, "width": 32, "patch_size": 32, "head_width": 8,
+                   "attentional_pool": True, "attn_pooler_heads": 4, "output_tokens": True},
+    "text_cfg": {"context_length": 76, "vocab_size": 49408, "width": 32, "heads": 4, "layers": 2,
+                 "embed_cls": True, "output_tokens": True},
+    "multimodal_cfg": {"context_length": 76, "vocab_size": 49408, "width": 32, "heads": 4,
+                       "layers": 1, "attn_pooler_heads": 4},
+    "custom_text": True,
+}  # fmt: skip
+
+
+def test_omiclip_features_and_zero_shot_equal_open_clips_loading_of_its_checkpoint(
+    store, tmp_path
+):
+    """A small CoCa in OmiCLIP's layout: a training run's checkpoint.pt (the state dict under
+    ``state_dict`` with DDP's ``module.``, the run's argparse options and a numpy loss beside
+    it), loaded by open_clip's create_model_from_pretrained as Loki's `load_model` does
+    (LazySlide passes weights_only=False for it): the unit image embedding CoCa's
+    encode_image gives, and its text tower's probabilities, are ours."""
+    import argparse
+
+    open_clip = pytest.importorskip("open_clip")
+    folder, configs = tmp_path / "omiclip", tmp_path / "configs"
+    folder.mkdir()
+    configs.mkdir()
+    (configs / "tiny-coca.json").write_text(json.dumps(TINY_COCA))
+    (folder / "open_clip_config.json").write_text(json.dumps({"model_cfg": TINY_COCA}))
+    made = open_clip.coca_model.CoCa(**{k: v for k, v in TINY_COCA.items() if k != "custom_text"})
+    _randomize(made.eval(), 5)
+    run = {"epoch": 30, "name": "loki", "loss": np.float64(0.7), "args": argparse.Namespace(lr=1e-5)}
+    state = {f"module.{k}": v for k, v in made.state_dict().items()}
+    torch.save({**run, "state_dict": state}, folder / "checkpoint.pt")
+    open_clip.add_model_config(configs)
+    theirs, _ = open_clip.create_model_from_pretrained(
+        "tiny-coca", pretrained=str(folder / "checkpoint.pt"), weights_only=False
+    )
+    theirs = theirs.eval()
+    path = store()
+    tiles, loaded = _embedded(path, "omiclip", folder, PlanOptions(mpp="level0", tile=224), 224)
+    assert loaded.output_dim == 24
+    classify([path], "omiclip", _prompts(tmp_path, {"classnames": ONE}, name="one.json"),
+             ZeroShotOptions(weights=folder, device="cpu"))  # fmt: skip
+    tokenizer = open_clip.get_tokenizer("tiny-coca")
+    with torch.inference_mode():
+        pixels = loaded.transform(torch.from_numpy(tiles))
+        image = theirs.encode_image(pixels)  # CoCa's default: unit length
+        torch.testing.assert_close(loaded.features(pixels), image, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(image.norm(dim=-1), torch.ones(len(tiles)))
+        text = theirs.encode_text(tokenizer(["tumor", "fibrous stroma", "normal tissue"]))
+        want = _reference_probabilities(theirs.logit_scale.exp() * image @ text.T)
+    got = read_tile_scores(path, "omiclip", "one")["probabilities"]
     np.testing.assert_allclose(got, want, atol=2e-5)
 
 

@@ -522,9 +522,7 @@ TINY_COCA = {
 }  # fmt: skip
 
 
-def test_omiclip_features_and_zero_shot_equal_open_clips_loading_of_its_checkpoint(
-    store, tmp_path
-):
+def test_omiclip_features_and_zero_shot_equal_open_clips_loading_of_its_checkpoint(store, tmp_path):
     """A small CoCa in OmiCLIP's layout: a training run's checkpoint.pt (the state dict under
     ``state_dict`` with DDP's ``module.``, the run's argparse options and a numpy loss beside
     it), loaded by open_clip's create_model_from_pretrained as Loki's `load_model` does
@@ -540,7 +538,8 @@ def test_omiclip_features_and_zero_shot_equal_open_clips_loading_of_its_checkpoi
     (folder / "open_clip_config.json").write_text(json.dumps({"model_cfg": TINY_COCA}))
     made = open_clip.coca_model.CoCa(**{k: v for k, v in TINY_COCA.items() if k != "custom_text"})
     _randomize(made.eval(), 5)
-    run = {"epoch": 30, "name": "loki", "loss": np.float64(0.7), "args": argparse.Namespace(lr=1e-5)}
+    run = {"epoch": 30, "name": "loki", "loss": np.float64(0.7),
+           "args": argparse.Namespace(lr=1e-5)}  # fmt: skip
     state = {f"module.{k}": v for k, v in made.state_dict().items()}
     torch.save({**run, "state_dict": state}, folder / "checkpoint.pt")
     open_clip.add_model_config(configs)

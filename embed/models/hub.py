@@ -299,27 +299,23 @@ def _inert(found: str) -> tuple[object, str] | None:
 def _torch_load(name: str, path: Path, device: torch.device | str):
     """torch.load with weights_only=True, taking also the inert data a training checkpoint
     keeps beside its tensors (`INERT_GLOBALS`); anything else a pickle would build is refused
-    by name, before any of it is built."""
+    by name, before any of it is built. The pickle's globals are listed first (its small
+    data.pkl, no tensor read), so a checkpoint is read once."""
     try:
+        found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except (RuntimeError, ValueError, OSError, pickle.UnpicklingError):
+        found = []  # not torch's zip format (a bare pickle): torch's own refusal judges it
+    allowed = [_inert(g) for g in found]
+    refused = [g for g, ok in zip(found, allowed, strict=True) if ok is None]
+    if refused:
+        raise ModelError(
+            f"{name}: cannot read weights {path} safely: its pickle would build "
+            f"{', '.join(refused)}; only tensors and plain data are accepted"
+        )
+    if any(g.startswith("numpy") for g in found):  # a dtype's class, met when rebuilt
+        allowed += _numpy_dtype_classes()
+    with torch.serialization.safe_globals(allowed):
         return torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        try:  # a zip checkpoint's globals, listed without building any
-            found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-        except (RuntimeError, ValueError, OSError, pickle.UnpicklingError):
-            raise exc from None  # not torch's zip format (a bare pickle): refused as it is
-        allowed = [_inert(g) for g in found]
-        refused = [g for g, ok in zip(found, allowed, strict=True) if ok is None]
-        if refused:
-            raise ModelError(
-                f"{name}: cannot read weights {path} safely: its pickle would build "
-                f"{', '.join(refused)}; only tensors and plain data are accepted"
-            ) from None
-        if not found:
-            raise
-        if any(g.startswith("numpy") for g in found):  # a dtype's class, met when rebuilt
-            allowed += _numpy_dtype_classes()
-        with torch.serialization.safe_globals(allowed):
-            return torch.load(path, map_location=device, weights_only=True)
 
 
 def _numpy_dtype_classes() -> list[type]:

@@ -154,7 +154,7 @@ class TiffLevel(SourceLevel):
                 data = os.pread(fd, starts[last] + sizes[last] - base, base)
                 for i in range(index, last + 1):  # each tile copied once: after its SOI
                     at = starts[i] - base
-                    soi = data[at : at + 2] == jpeg.SOI
+                    soi = sizes[i] >= 2 and data[at : at + 2] == jpeg.SOI
                     out.append(data[at + 2 : at + sizes[i]] if soi else None)
                 index = last + 1
             return out

@@ -216,3 +216,14 @@ def test_the_brightfield_mask_is_the_same_computed_in_bands_on_threads(stores, m
     monkeypatch.setattr(tissue, "usable_cpus", lambda: 4)
     monkeypatch.setattr(tissue, "BAND", 7)
     assert whole.any() and np.array_equal(compute_tissue(slide, "otsu").mask, whole)
+
+
+@settings(max_examples=300, deadline=None)
+@given(arrays(bool, st.tuples(st.integers(1, 30), st.integers(1, 30))), st.integers(0, 25))
+def test_dropping_small_fragments_keeps_exactly_those_of_min_px_or_more(mask, min_px):
+    """Each 4-connected fragment is kept whole where it has at least min_px pixels and gone
+    otherwise (sizes counted over the mask's pixels only); nothing outside the mask appears."""
+    labels, count = ndimage.label(mask)
+    sizes = np.asarray(ndimage.sum(mask, labels, range(1, count + 1)))
+    expected = np.isin(labels, 1 + np.flatnonzero(sizes >= min_px)) if min_px > 1 else mask
+    assert np.array_equal(tissue._drop_small(mask, min_px), expected)

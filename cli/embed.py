@@ -28,6 +28,7 @@ from tilestore.embed import (
     check_stores,
     exit_code,
     parse_shard,
+    primed,
 )
 from tilestore.embed.slides import SlidePrecision
 from tilestore.options import Workers
@@ -187,8 +188,10 @@ def _embed_here(stores, model, choice, options, into, in_place, sidecars, scan_m
     """The run in this process (slide files converted or read in place on the way)."""
     # slides start converting in a worker process before this one imports torch
     staging = Stager(stores, into, choice, in_place=in_place, sidecars=sidecars, scan_mpp=scan_mpp)
-    from tilestore.embed import embed as run_embed
-    from tilestore.embed import format_report
+    # and CUDA is set up on a thread while the rest imports (timm, torchvision)
+    with primed(options.device, options.precision):
+        from tilestore.embed import embed as run_embed
+        from tilestore.embed import format_report
 
     with _progress(f"embedding with {model}") as (progress, task):
         result = run_embed(

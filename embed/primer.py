@@ -24,8 +24,11 @@ from tilestore.errors import TilestoreError
 
 @contextlib.contextmanager
 def primed(device: str = "auto", precision: str = "auto") -> Iterator[None]:
-    """Prepare CUDA on a thread while the block runs (imports, the model's loading); the
-    thread is joined when the block ends. On the CPU, or without CUDA, it does nothing."""
+    """Prepare CUDA on a thread while the block runs (imports, the model's loading, the
+    run); the thread is joined when the block ends, not before: where CPUs are busy (a
+    slide converting beside) it may finish after the imports, and the block waits for it
+    only where it reaches CUDA first (torch's own lock on CUDA's set-up). On the CPU, or
+    without CUDA, it does nothing."""
     import torch  # here: the block's imports wait for it anyway; the thread then needs none
 
     thread = threading.Thread(
@@ -61,4 +64,3 @@ def _prime(torch, device: str, precision: str) -> None:
         F.conv2d(image, torch.ones(8, 3, 4, 4, device=where, dtype=dtype), stride=4)
         query = torch.ones(1, 2, 16, 64, device=where, dtype=dtype)
         F.scaled_dot_product_attention(query, query, query)
-        torch.cuda.synchronize(where)

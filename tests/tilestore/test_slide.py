@@ -158,16 +158,48 @@ def test_xarray_without_mpp_uses_pixels(stores):
     assert float(da.x[1] - da.x[0]) == 2
 
 
-def test_a_large_rgb_image_resized_a_channel_a_thread_is_pils_rgb_resize(monkeypatch, cmu_pixels):
+def test_a_large_rgb_image_resized_in_bands_on_threads_is_pils_one_call(monkeypatch, cmu_pixels):
     from PIL import Image
 
     from tilestore.reading import slide as slide_module
 
     monkeypatch.setattr(slide_module, "THREADED_PX", 1000)  # CMU-1's pixels count as large
     image = np.ascontiguousarray(cmu_pixels)
-    for w, h in ((1111, 1717), (2001, 2999), (64, 48)):  # down, up, far down
+    height, width = image.shape[:2]
+    # down, up, far down, one side kept (one pass only), the 100k mask's 0.2% shrink
+    for w, h in ((1111, 1717), (2001, 2999), (64, 48), (width, 999), (777, height),
+                 (width - 5, height - 5)):  # fmt: skip
         want = np.asarray(Image.fromarray(image).resize((w, h), Image.Resampling.BILINEAR))
-        assert np.array_equal(resize(image, w, h), want)
+        assert np.array_equal(resize(image, w, h), want), (w, h)
+        grey = np.ascontiguousarray(image[..., 1:2])
+        one = Image.fromarray(grey[..., 0]).resize((w, h), Image.Resampling.BILINEAR)
+        assert np.array_equal(resize(grey, w, h)[..., 0], np.asarray(one)), (w, h)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(1, 40), st.integers(1, 40), st.integers(1, 60), st.integers(1, 60),
+    st.integers(1, 9), st.sampled_from([1, 3]), st.integers(0, 2**32 - 1),
+)  # fmt: skip
+def test_resizing_in_bands_of_any_size_is_pils_one_call(height, width, h, w, band, channels, seed):
+    """Bands across, then strips down, of any width: PIL's bytes (each pass reads whole rows
+    or whole columns, its weights set by the sizes alone), wherever PIL goes across first;
+    and resize gives PIL's bytes for any sizes."""
+    from unittest.mock import patch
+
+    from PIL import Image
+
+    from tilestore.reading import slide as slide_module
+
+    image = np.random.default_rng(seed).integers(0, 256, (height, width, channels), np.uint8)
+    flat = image[..., 0] if channels == 1 else image
+    want = np.asarray(Image.fromarray(flat).resize((w, h), Image.Resampling.BILINEAR))
+    with patch.object(slide_module, "BAND_PX", band), patch.object(slide_module, "THREADED_PX", 1):
+        got = resize(image, w, h)  # in bands where PIL goes across first, else a channel a thread
+        assert np.array_equal(got.reshape(want.shape), want)
+        if slide_module._across_first(image.shape, w, h):
+            got = slide_module._resize_in_bands(image, w, h)
+            assert np.array_equal(got.reshape(want.shape), want)
 
 
 def test_resize_matches_for_uint8_and_uint16():

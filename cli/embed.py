@@ -28,7 +28,6 @@ from tilestore.embed import (
     check_stores,
     exit_code,
     parse_shard,
-    primed,
 )
 from tilestore.embed.slides import SlidePrecision
 from tilestore.options import Workers
@@ -188,23 +187,20 @@ def _embed_here(stores, model, choice, options, into, in_place, sidecars, scan_m
     """The run in this process (slide files converted or read in place on the way)."""
     # slides start converting in a worker process before this one imports torch
     staging = Stager(stores, into, choice, in_place=in_place, sidecars=sidecars, scan_mpp=scan_mpp)
-    # and CUDA is set up on a thread while the rest imports (timm, torchvision) and the
-    # model loads: the run waits for it only where it reaches CUDA before the thread is done
-    with primed(options.device, options.precision):
-        from tilestore.embed import embed as run_embed
-        from tilestore.embed import format_report
+    from tilestore.embed import embed as run_embed
+    from tilestore.embed import format_report
 
-        with _progress(f"embedding with {model}") as (progress, task):
-            result = run_embed(
-                staging,
-                model,
-                plan=choice,
-                options=options,
-                report_path=report,
-                progress=lambda n, total: progress.update(task, advance=n, total=total),
-                checked=checked,
-                say=said_by(progress),
-            )
+    with _progress(f"embedding with {model}") as (progress, task):
+        result = run_embed(
+            staging,
+            model,
+            plan=choice,
+            options=options,
+            report_path=report,
+            progress=lambda n, total: progress.update(task, advance=n, total=total),
+            checked=checked,
+            say=said_by(progress),
+        )
     for line in format_report(result):  # plain print: never wrap a line
         failed = line.startswith(("WARNING", "tilestore: error"))
         print(as_flags(line, flags_of(embed)), file=sys.stderr if failed else sys.stdout)

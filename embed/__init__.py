@@ -36,7 +36,6 @@ __getattr__, __dir__, __all__ = lazy_face(
         "tilestore.embed.jobs": ("Slice",),
         "tilestore.embed.outcome": ("exit_code",),
         "tilestore.embed.preflight": ("Preflight", "check_stores", "scale_mismatch"),
-        "tilestore.embed.primer": ("primed",),
         "tilestore.embed.prompts": ("Prompts", "read_prompts"),
         "tilestore.embed.models": (
             "LoadedModel",
@@ -97,7 +96,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     )
     from tilestore.embed.outcome import exit_code
     from tilestore.embed.preflight import Preflight, check_stores, scale_mismatch
-    from tilestore.embed.primer import primed
     from tilestore.embed.prompts import Prompts, read_prompts
     from tilestore.embed.report import RunReport, format_report
     from tilestore.embed.settings import (

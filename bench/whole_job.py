@@ -172,6 +172,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/whole_job"))
     parser.add_argument("--out", type=Path, default=HERE / "results" / "whole_job.json")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error(f"--repeat {args.repeat}: at least 1 run of each arm")
     slide = args.slide or HERE / "data" / f"large-{args.size}.svs"
     if not slide.exists():
         from bench.make_slide import make_large_svs
@@ -209,11 +211,9 @@ def main() -> None:
     rows = []
     for arch in args.archs.split(","):
         for arm in args.arms.split(","):
-            runs = sorted(
-                (run_arm(arch, linked, args.work, env, arm) for _ in range(args.repeat)),
-                key=lambda run: run["wall_s"],
-            )
-            got = runs[(len(runs) - 1) // 2]  # the median (the lower of two)
+            runs = [run_arm(arch, linked, args.work, env, arm) for _ in range(args.repeat)]
+            ranked = sorted(runs, key=lambda run: run["wall_s"])
+            got = ranked[(len(ranked) - 1) // 2]  # the median (the lower of two)
             r = got["report"]
             alone = model_alone(arch, r["tiles"], r["batch_size"], r["precision"], r["compile"])
             row = {

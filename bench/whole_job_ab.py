@@ -1,5 +1,5 @@
 """Two trees' whole job on one slide, fresh `tilestore embed` processes interleaved (GPU
-machine): base, new, new, base, ... so that a machine's drift (page cache, clocks, the
+machine): new, base, base, new, ... so that a machine's drift (page cache, clocks, the
 previous run's exit) falls on both alike. Walls of fresh processes move by a second or more
 from run to run; one tree run after the other can differ by more than the change does.
 
@@ -8,8 +8,9 @@ neither tree searches):
   store there   - the slide's store made already (one untimed run first), its features not;
   in place      - `--in-place --sidecars DIR`, the sidecar made again each run;
   convert again - the store removed before each run: converted on the way in.
-The model alone (the same tiles through the same `Forward`, `bench.whole_job.model_alone`)
-is measured first, in the same call, for the ratios.
+Both trees' bytecode is compiled first (untimed, as an installed package has it); the model
+alone (the same tiles through the same `Forward`, `bench.whole_job.model_alone`) is measured
+in the same call, for the ratios; `--tiles` must be the slide's plan tiles.
 
     python bench/whole_job_ab.py SLIDE --arch vit_large_patch16_224 --batch 128 \
         --base /tmp/basethis --new /tmp/this --pairs 2 --out ab.json
@@ -72,7 +73,7 @@ def main() -> None:
     parser.add_argument("--base", type=Path, required=True, help="the base tree (PYTHONPATH)")
     parser.add_argument("--new", type=Path, required=True, help="the new tree (PYTHONPATH)")
     parser.add_argument("--site", default="/tmp/site", help="the wheels' folder, on PYTHONPATH")
-    parser.add_argument("--pairs", type=int, default=2, help="runs of each tree per arm")
+    parser.add_argument("--pairs", type=int, default=2, help="runs of each tree per arm (even)")
     parser.add_argument("--tiles", type=int, default=68_889, help="the plan's tiles")
     parser.add_argument("--work", type=Path, default=Path("/tmp/whole_job_ab"))
     parser.add_argument("--out", type=Path, default=Path("whole_job_ab.json"))
@@ -81,6 +82,8 @@ def main() -> None:
     args.work.mkdir(parents=True)
     env0 = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env0.pop("PYTHONDONTWRITEBYTECODE", None)
+    for tree in (args.base, args.new):  # bytecode compiled, as an installed package has it
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree)], check=True)
     call = f"model_alone({args.arch!r}, {args.tiles}, {args.batch}, 'bf16', False)"
     code = f"from bench.whole_job import model_alone; print({call})"
     alone = float(subprocess.run(

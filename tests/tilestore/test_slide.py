@@ -196,10 +196,24 @@ def test_resizing_in_bands_of_any_size_is_pils_one_call(height, width, h, w, ban
     want = np.asarray(Image.fromarray(flat).resize((w, h), Image.Resampling.BILINEAR))
     with patch.object(slide_module, "BAND_PX", band), patch.object(slide_module, "THREADED_PX", 1):
         got = resize(image, w, h)  # in bands where PIL goes across first, else a channel a thread
+        assert got.shape == (h, w, channels)
         assert np.array_equal(got.reshape(want.shape), want)
         if slide_module._across_first(image.shape, w, h):
             got = slide_module._resize_in_bands(image, w, h)
+            assert got.shape == (h, w, channels)
             assert np.array_equal(got.reshape(want.shape), want)
+
+
+def test_sizes_some_pillow_resamples_down_first_are_not_banded():
+    """Pillow 13 goes down first where the height shrinks by more than twice the width;
+    12.2-12.3 where an image over 100x taller than wide shrinks in height. Those sizes take
+    PIL's own call on any Pillow, whichever is installed here."""
+    from tilestore.reading.slide import _across_first
+
+    assert _across_first((6250, 6250, 3), 6238, 6238)  # the 100k slide's tissue level
+    assert not _across_first((1000, 1000, 3), 990, 900)  # Pillow 13: down shrinks 10x more
+    assert not _across_first((21100, 210, 3), 100, 21000)  # Pillow 12.2-12.3: 100x tall
+    assert _across_first((21100, 211, 3), 100, 21100)  # no shrink in height: across first
 
 
 def test_resize_matches_for_uint8_and_uint16():

@@ -355,11 +355,15 @@ def resize(image: np.ndarray, w: int, h: int) -> np.ndarray:
 
 
 def _across_first(shape: tuple[int, ...], w: int, h: int) -> bool:
-    """Whether PIL resamples across before down: always before Pillow 13; from 13 on, unless
-    the height shrinks by more than twice what the width does (its `ImagingResampleInner`).
-    Where the two agree, so does `_resize_in_bands`, on any Pillow (a test checks)."""
+    """Whether every Pillow resamples across before down for these sizes: Pillow 13 goes
+    down first where the height shrinks by more than twice what the width does (its
+    `ImagingResampleInner`); 12.2 and 12.3 where an image over 100 times taller than wide
+    shrinks in height (`Image.resize`); earlier ones never. Where all agree, so does
+    `_resize_in_bands` (a test checks on the Pillow installed)."""
     height, width = shape[:2]
-    return not (height - h > 0 and height - h > (width - w) * 2)
+    pillow_13 = height - h > 0 and height - h > (width - w) * 2
+    pillow_12_2 = height > 100 * width and h < height
+    return not (pillow_13 or pillow_12_2)
 
 
 def _resize_in_bands(image: np.ndarray, w: int, h: int) -> np.ndarray:

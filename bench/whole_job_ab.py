@@ -9,8 +9,8 @@ neither tree searches):
   in place      - `--in-place --sidecars DIR`, the sidecar made again each run;
   convert again - the store removed before each run: converted on the way in.
 Both trees' bytecode is compiled first (untimed, as an installed package has it); the model
-alone (the same tiles through the same `Forward`, `bench.whole_job.model_alone`) is measured
-in the same call, for the ratios; `--tiles` must be the slide's plan tiles.
+alone (the tiles the first, untimed run embedded, through the same `Forward`,
+`bench.whole_job.model_alone`) is measured in the same call, for the ratios.
 
     python bench/whole_job_ab.py SLIDE --arch vit_large_patch16_224 --batch 128 \
         --base /tmp/basethis --new /tmp/this --pairs 2 --out ab.json
@@ -60,7 +60,7 @@ def run(tree: Path, arm: str, args, work: Path, env0: dict) -> dict:
         "tree": str(tree), "arm": arm, "wall_s": round(wall, 2),
         "before_engine_s": r["setup_parts"][BEFORE], "setup_s": round(r["setup_s"], 2),
         "first_batch_s": r.get("first_batch_s"), "warm_up_s": r["stages"].get("warm_up"),
-        "engine_s": round(r["wall_s"], 2),
+        "engine_s": round(r["wall_s"], 2), "tiles": r["tiles"],
         "stager_s": [p["seconds"] for p in r.get("prepared", [])],
     }  # fmt: skip
 
@@ -73,24 +73,26 @@ def main() -> None:
     parser.add_argument("--base", type=Path, required=True, help="the base tree (PYTHONPATH)")
     parser.add_argument("--new", type=Path, required=True, help="the new tree (PYTHONPATH)")
     parser.add_argument("--site", default="/tmp/site", help="the wheels' folder, on PYTHONPATH")
-    parser.add_argument("--pairs", type=int, default=2, help="runs of each tree per arm (even)")
-    parser.add_argument("--tiles", type=int, default=68_889, help="the plan's tiles")
+    parser.add_argument("--pairs", type=int, default=2, help="runs of each tree per arm")
     parser.add_argument("--work", type=Path, default=Path("/tmp/whole_job_ab"))
     parser.add_argument("--out", type=Path, default=Path("whole_job_ab.json"))
     args = parser.parse_args()
+    for flag, value in (("--batch", args.batch), ("--pairs", args.pairs)):
+        if value < 1:
+            parser.error(f"{flag} {value}: at least 1")
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     env0 = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env0.pop("PYTHONDONTWRITEBYTECODE", None)
     for tree in (args.base, args.new):  # bytecode compiled, as an installed package has it
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree)], check=True)
-    call = f"model_alone({args.arch!r}, {args.tiles}, {args.batch}, 'bf16', False)"
+    first = run(args.new, "store there", args, args.work, env0)  # converts it once, untimed
+    call = f"model_alone({args.arch!r}, {first['tiles']}, {args.batch}, 'bf16', False)"
     code = f"from bench.whole_job import model_alone; print({call})"
     alone = float(subprocess.run(
         [sys.executable, "-c", code], env={**env0, "PYTHONPATH": f"{args.site}:{args.new}"},
         cwd=args.new, capture_output=True, text=True, check=True).stdout.split()[-1])  # fmt: skip
     print(f"model alone: {alone:.2f} s", flush=True)
-    run(args.new, "store there", args, args.work, env0)  # converts the slide once, untimed
     rows = []
     for arm in ARMS:
         for i in range(args.pairs):

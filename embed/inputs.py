@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import tilestore.errors
-from tilestore.embed import workers
+from tilestore import workers
 from tilestore.errors import SlideError, StoreError, TilestoreError, TilestoreWarning
 from tilestore.format.store import is_store, store_name
 from tilestore.plan import PlanOptions

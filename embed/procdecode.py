@@ -7,7 +7,7 @@ host: ~6k tiles/s at most). Worker processes decode a whole grid row of chunk fi
 the GPU in one transfer.
 
 The workers are plain `python -m tilestore.embed.procdecode` processes reading one JSON
-request per line (`tilestore.embed.workers`), importing only numpy and imagecodecs. They map
+request per line (`tilestore.workers`), importing only numpy and imagecodecs. They map
 the block through /dev/shm rather than SharedMemory, whose resource tracker would unlink the
 parent's blocks when a worker exits.
 """
@@ -27,7 +27,7 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 
 from tilestore.embed import nvtx
-from tilestore.embed import workers as workers_
+from tilestore import workers as workers_
 from tilestore.embed.queues import Stopped
 from tilestore.errors import ChunkError
 from tilestore.format.integrity import Location, read_chunks, unseal

@@ -45,6 +45,7 @@ FLOORS = (
         "tilestore.locks",
         "tilestore.options",
         "tilestore.progress",
+        "tilestore.workers",
     ),
 )
 # conversion writes stores: only the job (embed) and the command start it, never a reader,

@@ -38,14 +38,32 @@ def _same_mask(made, want):
     }
 
 
+@pytest.fixture
+def started(monkeypatch):
+    """The mask's processes, as started (`workers.start` watched)."""
+    procs, start = [], beside_module.workers.start
+
+    def watched(module, *args):
+        procs.append(start(module, *args))
+        return procs[-1]
+
+    monkeypatch.setattr(beside_module.workers, "start", watched)
+    return procs
+
+
+@pytest.mark.parametrize("where", ["thread", "process"])
 @pytest.mark.parametrize(
     ("name", "method"), [(CMU, "otsu"), (CMU, "contrast"), (NDPI, "auto"), ("pyramid", "otsu")]
 )
 def test_the_mask_made_beside_is_the_one_the_finished_store_gives(
-    name, method, slide_path, pyramid, tmp_path
+    name, method, where, slide_path, pyramid, tmp_path, monkeypatch, started
 ):
+    """On the thread, or in a process of its own (every mask one, here: `PROCESS_PX` 0)."""
+    monkeypatch.setattr(beside_module, "PROCESS_PX", 0 if where == "process" else 1 << 60)
     source = pyramid if name == "pyramid" else slide_path(name)
     report = convert(source, tmp_path / "with", tissue=method)
+    assert len(started) == (where == "process")
+    assert all(proc.poll() is not None for proc in started)  # ended with the conversion
     assert report.tissue.startswith(
         f"tissue mask computed ({'otsu' if method == 'auto' else method}"
     )
@@ -79,10 +97,52 @@ def test_the_levels_a_mask_reads_are_those_it_waits_for(
     assert read and read <= levels_read(slide, method)
 
 
-def test_a_sidecar_is_made_with_its_mask(pyramid, tmp_path):
+def test_a_sidecar_is_made_with_its_mask(pyramid, tmp_path, monkeypatch, started):
+    """On the thread, however large: in place the sidecar's own work is short."""
+    monkeypatch.setattr(beside_module, "PROCESS_PX", 0)
     slide = open_in_place(pyramid, tmp_path / "side", tissue="otsu")
     bare = open_in_place(pyramid, tmp_path / "bare")
     _same_mask(read_tissue(slide), compute_tissue(bare, "otsu"))
+    assert not started
+
+
+def test_only_a_large_mask_beside_a_copy_gets_a_process(pyramid, tmp_path, monkeypatch, started):
+    """The level the mask reads, against `PROCESS_PX`: at it, a process; one pixel under, none."""
+    plain = open_slide(convert(pyramid, tmp_path / "plain").store)
+    (level,) = levels_read(plain, "otsu")
+    _, h, w = plain.levels[level].shape
+    for px, processes in ((h * w + 1, 0), (h * w, 1)):
+        monkeypatch.setattr(beside_module, "PROCESS_PX", px)
+        convert(pyramid, tmp_path / f"at-{px}", tissue="otsu")
+        assert len(started) == processes
+
+
+def test_a_mask_process_that_dies_leaves_the_mask_to_the_thread(
+    pyramid, tmp_path, monkeypatch, started
+):
+    """Killed before it answers (out of memory, a signal): the same mask, made on the thread."""
+    monkeypatch.setattr(beside_module, "PROCESS_PX", 0)
+    written = beside_module.TissueBeside.written
+
+    def killed_first(self, level):
+        self._proc.kill()
+        self._proc.wait()
+        written(self, level)
+
+    monkeypatch.setattr(beside_module.TissueBeside, "written", killed_first)
+    report = convert(pyramid, tmp_path / "with", tissue="otsu")
+    assert started and started[0].returncode < 0
+    plain = open_slide(convert(pyramid, tmp_path / "without").store)
+    _same_mask(read_tissue(open_slide(report.store)), compute_tissue(plain, "otsu"))
+
+
+def test_a_mask_reply_keeps_every_field(slide_path, tmp_path):
+    """The mask as the process sends it back: its bits and each field, as they were."""
+    mask = compute_tissue(open_slide(convert(slide_path(CMU), tmp_path).store), "otsu")
+    back, seconds = beside_module._unpacked(beside_module._packed(mask, 1.5))
+    _same_mask(back, mask)
+    assert seconds == 1.5 and back.mask.dtype == bool
+    assert beside_module._unpacked(beside_module._packed(None, 0.25)) == (None, 0.25)
 
 
 def test_the_mask_starts_once_its_level_is_written_before_level_0(pyramid, tmp_path, monkeypatch):
@@ -99,16 +159,31 @@ def test_the_mask_starts_once_its_level_is_written_before_level_0(pyramid, tmp_p
     assert calls == [(2, True), (1, True), (0, True)]
 
 
-@pytest.mark.parametrize("broken", ["level 0", "mask"])
+@pytest.mark.parametrize("broken", ["level 0", "mask", "level 0, a process", "mask, a process"])
 def test_a_conversion_or_mask_that_fails_leaves_nothing_and_no_thread(
-    broken, pyramid, tmp_path, monkeypatch
+    broken, pyramid, tmp_path, monkeypatch, started
 ):
     """Level 0 failing while the mask is computed, or the mask failing with a bug (not a
-    TilestoreError): the error surfaces, the hidden build folder is gone, the mask's thread
-    has ended before it was removed."""
+    TilestoreError), on the thread or in a process: the error surfaces, the hidden build
+    folder is gone, the mask's thread and process have ended before it was removed."""
     from tilestore.conversion import converter
 
-    if broken == "level 0":
+    if broken.endswith("a process"):
+        monkeypatch.setattr(beside_module, "PROCESS_PX", 0)
+    if broken == "mask, a process":  # the process cannot open the folder: its traceback
+        written = beside_module.TissueBeside.written
+
+        def misdirected(self, level):
+            self._request["folder"] = str(tmp_path / "not-there")
+            written(self, level)
+
+        monkeypatch.setattr(beside_module.TissueBeside, "written", misdirected)
+        with pytest.raises(RuntimeError, match="tissue mask beside .* failed:\n.*Traceback"):
+            convert(pyramid, tmp_path / "out", tissue="otsu")
+        assert not list((tmp_path / "out").iterdir())
+        assert len(started) == 1 and started[0].poll() is not None
+        return
+    if broken.startswith("level 0"):
         level_of = converter._write_source_level
 
         def failing(level, array, *args):
@@ -119,10 +194,12 @@ def test_a_conversion_or_mask_that_fails_leaves_nothing_and_no_thread(
         monkeypatch.setattr(converter, "_write_source_level", failing)
     else:
         monkeypatch.setattr(beside_module, "compute_tissue", lambda *a: 1 / 0)
-    with pytest.raises(SlideError if broken == "level 0" else ZeroDivisionError):
+    with pytest.raises(SlideError if broken.startswith("level 0") else ZeroDivisionError):
         convert(pyramid, tmp_path / "out", tissue="otsu")
     assert not list((tmp_path / "out").iterdir())
     assert not [t for t in threading.enumerate() if t.name.startswith("tilestore-tissue")]
+    assert len(started) == broken.endswith("a process")
+    assert all(proc.poll() is not None for proc in started)
 
 
 def test_a_mask_that_cannot_be_made_leaves_the_conversion_whole(slide_path, tmp_path):

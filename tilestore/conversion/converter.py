@@ -242,8 +242,9 @@ def convert(
     shard: chunks per shard side (`tilestore.format.shards`): a slide is a few hundred files,
         not one per chunk; "off" writes one file per chunk, as stores before shards were.
     tissue: also make the store's tissue mask with this method (`compute_tissue`), stored as
-        labels/tissue before the store appears: computed on a thread beside the conversion
-        from the level it reads as soon as that is written (the coarse levels are written
+        labels/tissue before the store appears: computed beside the conversion (on a
+        thread, or for a large mask beside a copy in a process: `conversion.beside`) from
+        the level it reads as soon as that is written (the coarse levels are written
         first), so a slide's mask costs no time after its level 0 is copied. The same mask
         `compute_tissue` gives on the finished store, bit for bit. One it cannot make (no
         level near its resolution) is left out, for the plan to make and refuse as before.
@@ -300,7 +301,8 @@ def convert(
                 from tilestore.conversion.beside import TissueBeside
 
                 early = _record(source, encoding, mpp_fact, _plan_levels(plan), {}, None)
-                beside = TissueBeside(tissue, Slide(root, early, str(target)))
+                folder = None if in_place else tmp  # a copy's levels: files another process reads
+                beside = TissueBeside(tissue, Slide(root, early, str(target)), folder)
             try:
                 written = beside.written if beside else None
                 _write_levels(source, arrays, plan, tmp, encoding, report, progress, written)

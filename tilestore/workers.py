@@ -1,5 +1,6 @@
 """Worker processes fed one JSON request a line, for the decoder processes
-(`tilestore.embed.procdecode`) and the slide worker (`tilestore.embed.inputs`).
+(`tilestore.embed.procdecode`), the slide worker (`tilestore.embed.inputs`) and the tissue mask
+made beside a copy (`tilestore.conversion.beside`).
 
 They are plain `python -m <module>` processes: unlike multiprocessing's spawn and
 forkserver, they never import the caller's main module (a user script without a __main__

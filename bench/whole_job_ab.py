@@ -13,7 +13,7 @@ alone (the tiles the first, untimed run embedded, through the same `Forward`,
 `bench.whole_job.model_alone`) is measured in the same call, for the ratios.
 
     python bench/whole_job_ab.py SLIDE --arch vit_large_patch16_224 --batch 128 \
-        --base /tmp/basethis --new /tmp/this --pairs 2 --out ab.json
+        --base /tmp/basethis --new /tmp/this --pairs 2 --out ab.json [--arms "convert again"]
 """
 
 from __future__ import annotations
@@ -74,12 +74,16 @@ def main() -> None:
     parser.add_argument("--new", type=Path, required=True, help="the new tree (PYTHONPATH)")
     parser.add_argument("--site", default="/tmp/site", help="the wheels' folder, on PYTHONPATH")
     parser.add_argument("--pairs", type=int, default=2, help="runs of each tree per arm")
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated, in this order")
     parser.add_argument("--work", type=Path, default=Path("/tmp/whole_job_ab"))
     parser.add_argument("--out", type=Path, default=Path("whole_job_ab.json"))
     args = parser.parse_args()
     for flag, value in (("--batch", args.batch), ("--pairs", args.pairs)):
         if value < 1:
             parser.error(f"{flag} {value}: at least 1")
+    arms = [arm.strip() for arm in args.arms.split(",")]
+    if not arms or any(arm not in ARMS for arm in arms):
+        parser.error(f"--arms {args.arms}: choose among {', '.join(ARMS)}")
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     env0 = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -94,7 +98,7 @@ def main() -> None:
         cwd=args.new, capture_output=True, text=True, check=True).stdout.split()[-1])  # fmt: skip
     print(f"model alone: {alone:.2f} s", flush=True)
     rows = []
-    for arm in ARMS:
+    for arm in arms:
         for i in range(args.pairs):
             for tree in (args.new, args.base) if i % 2 == 0 else (args.base, args.new):
                 rows.append(run(tree, arm, args, args.work, env0))
@@ -103,7 +107,7 @@ def main() -> None:
     print(f"\n{args.slide.name}, {args.arch}, batch {args.batch}; model alone {alone:.2f} s")
     print("| arm | tree | walls s | median ratio | before the engine s (median) |")
     print("|---|---|---|---|---|")
-    for arm in ARMS:
+    for arm in arms:
         for tree in (args.base, args.new):
             mine = [r for r in rows if r["arm"] == arm and r["tree"] == str(tree)]
             walls = [r["wall_s"] for r in mine]

@@ -26,8 +26,8 @@ from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 
-from tilestore.embed import nvtx
 from tilestore import workers as workers_
+from tilestore.embed import nvtx
 from tilestore.embed.queues import Stopped
 from tilestore.errors import ChunkError
 from tilestore.format.integrity import Location, read_chunks, unseal

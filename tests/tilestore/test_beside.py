@@ -178,7 +178,7 @@ def test_a_conversion_or_mask_that_fails_leaves_nothing_and_no_thread(
             written(self, level)
 
         monkeypatch.setattr(beside_module.TissueBeside, "written", misdirected)
-        with pytest.raises(RuntimeError, match="tissue mask beside .* failed:\n.*Traceback"):
+        with pytest.raises(RuntimeError, match=r"tissue mask beside .* failed:\n.*Traceback"):
             convert(pyramid, tmp_path / "out", tissue="otsu")
         assert not list((tmp_path / "out").iterdir())
         assert len(started) == 1 and started[0].poll() is not None

@@ -20,6 +20,7 @@ stay on the thread. A process that dies leaves the mask to the thread, which mak
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import pickle
 import time
@@ -84,11 +85,9 @@ class TissueBeside:
         died (killed, out of memory) leaves it to this thread."""
         proc = self._proc
         assert proc is not None and proc.stdin is not None and proc.stdout is not None
-        try:
+        with contextlib.suppress(BrokenPipeError):  # dead before it was asked: no reply
             proc.stdin.write(json.dumps(self._request) + "\n")
             proc.stdin.flush()
-        except BrokenPipeError:
-            pass  # dead before it was asked: its reply is empty
         line = proc.stdout.readline()
         if self._closing:  # stopped by close(): the conversion failed
             return None, 0.0
@@ -122,10 +121,8 @@ class TissueBeside:
         self._pool.shutdown(wait=True, cancel_futures=True)
         if self._proc is not None:
             for pipe in (self._proc.stdin, self._proc.stdout):
-                try:
+                with contextlib.suppress(BrokenPipeError):  # stdin's last line unread
                     pipe.close()
-                except BrokenPipeError:
-                    pass
 
 
 def _pixels(slide: Slide, levels: set[int]) -> int:
@@ -159,9 +156,7 @@ def _answer(request: dict[str, Any]) -> str:
 
     try:
         name = request["name"]
-        group = zarr.open_group(
-            request["folder"], mode="r", zarr_format=3, use_consolidated=False
-        )
+        group = zarr.open_group(request["folder"], mode="r", zarr_format=3, use_consolidated=False)
         slide = Slide(group, StoreRecord.parse(request["record"], name), name)
         started = time.perf_counter()
         try:

@@ -82,8 +82,8 @@ def main() -> None:
         if value < 1:
             parser.error(f"{flag} {value}: at least 1")
     arms = [arm.strip() for arm in args.arms.split(",")]
-    if not arms or any(arm not in ARMS for arm in arms):
-        parser.error(f"--arms {args.arms}: choose among {', '.join(ARMS)}")
+    if not arms or any(arm not in ARMS for arm in arms) or len(set(arms)) < len(arms):
+        parser.error(f"--arms {args.arms}: choose among {', '.join(ARMS)}, each once")
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     env0 = {**os.environ, "HF_HUB_OFFLINE": "1"}

@@ -19,8 +19,12 @@ from collections.abc import Callable
 from typing import IO, Any
 
 
-def start(module: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Start `python -m module` with line-buffered text pipes to its stdin and stdout."""
+def start(
+    module: str, env: dict[str, str] | None = None, *, session: bool = False
+) -> subprocess.Popen:
+    """Start `python -m module` with line-buffered text pipes to its stdin and stdout;
+    session: in a session of its own, where a Ctrl-C at the terminal does not reach it (the
+    caller, which it does reach, stops it)."""
     return subprocess.Popen(
         [sys.executable, "-m", module],
         stdin=subprocess.PIPE,
@@ -28,6 +32,7 @@ def start(module: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         text=True,
         bufsize=1,
         env=env,
+        start_new_session=session,
     )
 
 
@@ -41,7 +46,7 @@ def serve(
     """The worker's loop: one reply line (`answer`'s, flushed) per JSON request line, after
     "ready" where asked. Without `replies`, they go to a private copy of stdout and stdout
     itself is pointed at stderr. A Ctrl-C that reached the caller's terminal too ends the
-    worker quietly (the caller reports it)."""
+    worker quietly (the caller reports it), as does a caller gone before a reply."""
     if replies is None:
         replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
         os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
@@ -54,3 +59,6 @@ def serve(
             replies.flush()
     except KeyboardInterrupt:
         sys.exit(130)
+    except BrokenPipeError:  # the caller is gone (killed): no one to answer, nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), replies.fileno())
+        sys.exit(1)

@@ -4,7 +4,12 @@ store appears, and the very mask `compute_tissue` makes of the finished store.""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 import threading
+import time
 import warnings
 from dataclasses import asdict
 
@@ -43,8 +48,8 @@ def started(monkeypatch):
     """The mask's processes, as started (`workers.start` watched)."""
     procs, start = [], beside_module.workers.start
 
-    def watched(module, *args):
-        procs.append(start(module, *args))
+    def watched(module, *args, **kwargs):
+        procs.append(start(module, *args, **kwargs))
         return procs[-1]
 
     monkeypatch.setattr(beside_module.workers, "start", watched)
@@ -53,14 +58,33 @@ def started(monkeypatch):
 
 @pytest.mark.parametrize("where", ["thread", "process"])
 @pytest.mark.parametrize(
-    ("name", "method"), [(CMU, "otsu"), (CMU, "contrast"), (NDPI, "auto"), ("pyramid", "otsu")]
+    ("name", "method", "overlaps"),
+    [
+        (CMU, "otsu", False),
+        (CMU, "contrast", False),
+        (NDPI, "auto", True),
+        ("pyramid", "otsu", True),
+    ],
 )
 def test_the_mask_made_beside_is_the_one_the_finished_store_gives(
-    name, method, where, slide_path, pyramid, tmp_path, monkeypatch, started
+    name, method, overlaps, where, slide_path, pyramid, tmp_path, monkeypatch, started
 ):
-    """On the thread, or in a process of its own (every mask one, here: `PROCESS_PX` 0)."""
-    monkeypatch.setattr(beside_module, "PROCESS_PX", 0 if where == "process" else 1 << 60)
+    """On the thread, or in a process of its own (every mask large enough for one, here:
+    `PROCESS_PX` 0) where the level it reads is written before the last one: not CMU's, whose
+    one source level is written first and its built levels after (the mask reads the last),
+    nor a contrast mask, which reads every level. The thread's mask cannot stand in for the
+    process's here: the thread would fail."""
+    if where == "process":
+        monkeypatch.setattr(beside_module, "PROCESS_PX", 0)
+        monkeypatch.setattr(beside_module, "compute_tissue", lambda *a: 1 / 0)
+    else:
+        monkeypatch.setattr(beside_module, "PROCESS_PX", 1 << 60)
     source = pyramid if name == "pyramid" else slide_path(name)
+    if where == "process" and not overlaps:  # on the thread, which fails as told
+        with pytest.raises(ZeroDivisionError):
+            convert(source, tmp_path / "with", tissue=method)
+        assert not started
+        return
     report = convert(source, tmp_path / "with", tissue=method)
     assert len(started) == (where == "process")
     assert all(proc.poll() is not None for proc in started)  # ended with the conversion
@@ -117,23 +141,100 @@ def test_only_a_large_mask_beside_a_copy_gets_a_process(pyramid, tmp_path, monke
         assert len(started) == processes
 
 
+# a mask process's stand-ins: killed while it writes its (long) answer, and one that ignores
+# SIGTERM and never answers
+CUT_SHORT = (
+    'import os, sys; sys.stdin.readline(); sys.stdout.write(\'{"mask": "gAS\');'
+    " sys.stdout.flush(); os._exit(137)"
+)
+STUBBORN = "import signal, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); sys.stdin.read()"
+
+
+def _stand_in(code):
+    """`workers.start` starting this code in place of the mask's process."""
+
+    def start(module, env=None, *, session=False):
+        return subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True, bufsize=1, start_new_session=session,
+        )  # fmt: skip
+
+    return start
+
+
+@pytest.mark.parametrize("dies", ["before it is asked", "while it answers"])
 def test_a_mask_process_that_dies_leaves_the_mask_to_the_thread(
-    pyramid, tmp_path, monkeypatch, started
+    dies, pyramid, tmp_path, monkeypatch, started
 ):
-    """Killed before it answers (out of memory, a signal): the same mask, made on the thread."""
+    """Killed before it answers (out of memory, a signal), or while it writes its answer
+    (half a line): the same mask, made on the thread."""
     monkeypatch.setattr(beside_module, "PROCESS_PX", 0)
-    written = beside_module.TissueBeside.written
+    if dies == "before it is asked":
+        written = beside_module.TissueBeside.written
 
-    def killed_first(self, level):
-        self._proc.kill()
-        self._proc.wait()
-        written(self, level)
+        def killed_first(self, level):
+            self._proc.kill()
+            self._proc.wait()
+            written(self, level)
 
-    monkeypatch.setattr(beside_module.TissueBeside, "written", killed_first)
+        monkeypatch.setattr(beside_module.TissueBeside, "written", killed_first)
+    else:
+        monkeypatch.setattr(beside_module.workers, "start", _stand_in(CUT_SHORT))
     report = convert(pyramid, tmp_path / "with", tissue="otsu")
-    assert started and started[0].returncode < 0
+    if dies == "before it is asked":
+        assert started and started[0].returncode < 0
     plain = open_slide(convert(pyramid, tmp_path / "without").store)
     _same_mask(read_tissue(open_slide(report.store)), compute_tissue(plain, "otsu"))
+
+
+def test_a_mask_process_that_ignores_sigterm_is_stopped(pyramid, tmp_path, monkeypatch):
+    """A process that would never end on SIGTERM (a caller run with it ignored passes that on)
+    and never answers: a conversion that fails ends at once, its process killed."""
+    from tilestore.conversion import converter
+
+    monkeypatch.setattr(beside_module, "PROCESS_PX", 0)
+    procs, start = [], _stand_in(STUBBORN)
+    monkeypatch.setattr(
+        beside_module.workers, "start", lambda *a, **k: procs.append(start(*a, **k)) or procs[-1]
+    )
+    level_of = converter._write_source_level
+
+    def failing(level, array, *args):
+        if array.path == "0":
+            time.sleep(0.5)  # the stand-in has set its handler
+            raise SlideError("level 0 is damaged")
+        return level_of(level, array, *args)
+
+    monkeypatch.setattr(converter, "_write_source_level", failing)
+    began = time.perf_counter()
+    watchdog = threading.Timer(60, lambda: [proc.kill() for proc in procs])  # never a hang
+    watchdog.start()
+    try:
+        with pytest.raises(SlideError):
+            convert(pyramid, tmp_path / "out", tissue="otsu")
+    finally:
+        watchdog.cancel()
+    assert time.perf_counter() - began < 30
+    assert procs and procs[0].returncode == -signal.SIGKILL
+
+
+def test_a_finished_conversion_stops_its_idle_mask_process_under_an_ignored_sigterm(
+    slide_path, tmp_path
+):
+    """Run as a script that ignores SIGTERM (a `&` job's way), so the mask's process does
+    too: the conversion still returns once its mask is stored (the process, idle, killed)."""
+    script = (
+        "import signal, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "from tilestore.conversion import beside, convert\n"
+        "beside.PROCESS_PX = 0\n"
+        "print(convert(sys.argv[1], sys.argv[2], tissue='otsu').tissue)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(slide_path(NDPI)), str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("tissue mask computed (otsu")
 
 
 def test_a_mask_reply_keeps_every_field(slide_path, tmp_path):
@@ -174,7 +275,8 @@ def test_a_conversion_or_mask_that_fails_leaves_nothing_and_no_thread(
         written = beside_module.TissueBeside.written
 
         def misdirected(self, level):
-            self._request["folder"] = str(tmp_path / "not-there")
+            asked = json.loads(self._request)
+            self._request = json.dumps({**asked, "folder": str(tmp_path / "not-there")})
             written(self, level)
 
         monkeypatch.setattr(beside_module.TissueBeside, "written", misdirected)

@@ -13,8 +13,11 @@ its imports are done by the time the level is written). A copy's threads hold th
 each tile they copy and the mask's steps want it too, so beside a 100,000 px slide's copy the
 mask took longer by a third, and the copy with it (bench/RESULTS.md, "A slide costs what its
 model costs, eighth session"); in a process of its own it keeps its own time. A small mask is
-over before a process would have started, and in place the sidecar's work is short: those
-stay on the thread. A process that dies leaves the mask to the thread, which makes it the same.
+over before a process would have started, a mask that reads the last level written has
+nothing left to overlap, and in place the sidecar's work is short: those stay on the thread.
+The process is in a session of its own (a Ctrl-C reaches the conversion, which stops it), is
+killed when the conversion ends, and, dying before its answer is whole, leaves the mask to the
+thread, which makes it the same.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ import base64
 import contextlib
 import json
 import pickle
+import subprocess
 import time
 import traceback
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -38,8 +43,8 @@ from tilestore.masks.tissue import TissueMask, compute_tissue, levels_read, writ
 from tilestore.reading.slide import Slide
 
 # a mask read from a level of at least this many pixels, beside a copy, is made in its own
-# process: a 100,000 px slide's (39 Mpx at 8 um/px) takes ~2.5 s alone; one of 16 Mpx ~1 s,
-# about what the process's start and a third more on the thread come to
+# process: a 100,000 px slide's mask reads a level of 39 Mpx and takes ~2.5 s alone; one of
+# 16 Mpx ~1 s, about what the process's start and a third more on the thread come to
 PROCESS_PX = 1 << 24
 
 
@@ -48,23 +53,29 @@ class TissueBeside:
     the finished store by `store`. A mask that cannot be made (a TilestoreError: no level
     near its resolution...) is not stored: the plan makes it later and says why it cannot.
     folder: where the levels are written as plain files (a copy's build folder), so that
-    another process can read them: a large mask is made in one (`PROCESS_PX`)."""
+    another process can read them; order: the order they are written in (`write_order`).
+    A mask gets a process of its own only where both allow it (`_own_process`)."""
 
-    def __init__(self, method: str, slide: Slide, folder: Path | None = None) -> None:
+    def __init__(
+        self, method: str, slide: Slide, folder: Path | None = None, order: Sequence[int] = ()
+    ) -> None:
         self._method, self._slide = method, slide
         self._waiting = set(levels_read(slide, method))
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tilestore-tissue")
         self._future: Future[tuple[TissueMask | None, float]] | None = None
         self._closing = False
-        self._proc = None
-        if folder is not None and _pixels(slide, self._waiting) >= PROCESS_PX:
-            self._request = {
-                "folder": str(folder),
-                "record": slide.record.to_attrs(),
-                "name": slide.name,
-                "method": method,
-            }
-            self._proc = workers.start("tilestore.conversion.beside")
+        self._proc: subprocess.Popen | None = None
+        self._request: str | None = None  # the process's one request, a JSON line
+        if folder is not None and _own_process(slide, self._waiting, order):
+            self._request = json.dumps(
+                {
+                    "folder": str(folder),
+                    "record": slide.record.to_attrs(),
+                    "name": slide.name,
+                    "method": method,
+                }
+            )
+            self._proc = workers.start("tilestore.conversion.beside", session=True)
 
     def written(self, level: int) -> None:
         """Told by the conversion that a level can be read now."""
@@ -82,16 +93,16 @@ class TissueBeside:
 
     def _in_process(self) -> tuple[TissueMask | None, float]:
         """The mask from the process (asked, then waited for on this thread); a process that
-        died (killed, out of memory) leaves it to this thread."""
+        died before its answer was whole (killed, out of memory) leaves it to this thread."""
         proc = self._proc
         assert proc is not None and proc.stdin is not None and proc.stdout is not None
-        with contextlib.suppress(BrokenPipeError):  # dead before it was asked: no reply
-            proc.stdin.write(json.dumps(self._request) + "\n")
+        with contextlib.suppress(BrokenPipeError):  # dead before it was asked: no answer
+            proc.stdin.write(f"{self._request}\n")
             proc.stdin.flush()
         line = proc.stdout.readline()
         if self._closing:  # stopped by close(): the conversion failed
             return None, 0.0
-        if not line:
+        if not line.endswith("\n"):  # none, or cut short
             return self._compute()
         reply = json.loads(line)
         if "bug" in reply:
@@ -111,18 +122,30 @@ class TissueBeside:
         )
 
     def close(self) -> None:
-        """Wait for a mask still being computed (a conversion that failed), unstored; the
-        process, if any, is stopped where it still works and has ended."""
+        """Wait for a mask still being computed on the thread (a conversion that failed),
+        unstored; the process, if any, is killed (idle, at work or still importing: it
+        writes nothing, and a SIGTERM it may have been given to ignore would keep it) and
+        has ended."""
         self._closing = True
         if self._proc is not None:
             if self._proc.poll() is None:
-                self._proc.terminate()
+                self._proc.kill()
             self._proc.wait()
         self._pool.shutdown(wait=True, cancel_futures=True)
         if self._proc is not None:
             for pipe in (self._proc.stdin, self._proc.stdout):
                 with contextlib.suppress(BrokenPipeError):  # stdin's last line unread
                     pipe.close()
+
+
+def _own_process(slide: Slide, levels: set[int], order: Sequence[int]) -> bool:
+    """Whether a mask reading these levels is made in a process of its own: their largest is
+    at least `PROCESS_PX`, and each is written before the last level written (so that the
+    mask overlaps that one; a mask reading every level, or the last, overlaps nothing)."""
+    if not levels or not order or any(level not in order for level in levels):
+        return False
+    before_last = max(order.index(level) for level in levels) < len(order) - 1
+    return before_last and _pixels(slide, levels) >= PROCESS_PX
 
 
 def _pixels(slide: Slide, levels: set[int]) -> int:
@@ -140,6 +163,7 @@ def _packed(mask: TissueMask | None, seconds: float) -> dict[str, Any]:
 
 
 def _unpacked(reply: dict[str, Any]) -> tuple[TissueMask | None, float]:
+    """The mask and its seconds from a reply (`_packed`'s)."""
     if reply["mask"] is None:
         return None, reply["seconds"]
     bits, shape = pickle.loads(base64.b64decode(reply["mask"]))
@@ -169,4 +193,6 @@ def _answer(request: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
+    from scipy import ndimage  # noqa: F401  (what compute_tissue imports: before it is asked)
+
     workers.serve(_answer)

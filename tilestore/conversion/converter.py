@@ -302,7 +302,8 @@ def convert(
 
                 early = _record(source, encoding, mpp_fact, _plan_levels(plan), {}, None)
                 folder = None if in_place else tmp  # a copy's levels: files another process reads
-                beside = TissueBeside(tissue, Slide(root, early, str(target)), folder)
+                order = write_order(len(source.levels), len(plan))
+                beside = TissueBeside(tissue, Slide(root, early, str(target)), folder, order)
             try:
                 written = beside.written if beside else None
                 _write_levels(source, arrays, plan, tmp, encoding, report, progress, written)

@@ -1,0 +1,55 @@
+"""The worker processes' loop (`tilestore.workers`): a reply a request, libraries' prints kept
+out of the replies, and a caller gone before a reply ends a worker quietly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tilestore import workers
+
+CHATTY = (
+    "import os, sys\n"
+    "from tilestore import workers\n"
+    "def answer(request):\n"
+    "    print('a library talking')  # to stderr, not into the replies\n"
+    "    os.write(1, b'raw bytes too\\n')\n"
+    "    return 'x' * request['size']\n"
+    "workers.serve(answer)\n"
+)
+
+
+def test_a_reply_a_request_and_prints_kept_out_of_the_replies():
+    done = subprocess.run(
+        [sys.executable, "-c", CHATTY], input='{"size": 3}\n{"size": 5}\n',
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0
+    assert done.stdout == "xxx\nxxxxx\n"
+    assert done.stderr.count("a library talking") == 2 and "raw bytes too" in done.stderr
+
+
+def test_a_caller_gone_before_the_reply_ends_the_worker_quietly():
+    """The caller's end of the replies closed (the caller killed): exit 1, nothing said."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHATTY], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    proc.stdout.close()  # gone: the reply meets a broken pipe
+    _, said = proc.communicate('{"size": 1000000}\n', timeout=60)
+    assert proc.returncode == 1
+    assert "Error" not in said and "Traceback" not in said
+    assert said.count("a library talking") == 1
+
+
+def test_a_worker_in_its_own_session_is_not_in_the_callers_process_group():
+    import os
+
+    proc = workers.start("tilestore.workers", session=True)
+    try:
+        assert os.getpgid(proc.pid) != os.getpgid(0)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()

@@ -6,10 +6,16 @@ cohort's mix, whose largest slides are split into slices, the largest first) is 
 with a timm architecture (random weights cost what the foundation models cost:
 vit_large_patch16_224 = UNI) through dask-cuda's LocalCUDACluster, first with one worker on
 GPU 0, then one worker per GPU, on fresh copies.
+With `--inputs stores,slides` each GPU count runs twice: on the stores, then on the slide
+files themselves (hard links of the SVS files the stores were made from), converted on the
+workers into a fresh folder with the same plan's tiles (`embed_cohort(..., into=...)`): the
+slides' wall against the stores' is what preparing on the workers costs.
 Prints cohort tiles/s for each, the ratio, per-worker tiles and NVML GPU utilisation, and
 writes JSON.
 
     python bench/embed_cohort.py --arch vit_large_patch16_224 --slides 8 --size 40000
+    python bench/embed_cohort.py --slides 10 --inputs stores,slides \
+        --sizes 15000,20000,25000,30000,40000,50000,60000,70000,85000,100000
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from tilestore.embed.cohort import cpu_share, embed_cohort, local_cluster
 from tilestore.embed.settings import Options
 from tilestore.plan import PlanOptions, list_plans, plan_slide, save_plan
 
+PLAN = PlanOptions(mpp=0.5, tile=224, name="bench")  # the stores' plan; the slides' too
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -42,7 +50,7 @@ def build(work: Path, size: int) -> Path:
         tilestore.convert(source, work / "source")
     slide = tilestore.open_slide(store)
     if "bench" not in list_plans(slide):
-        save_plan(slide, plan_slide(slide, PlanOptions(mpp=0.5, tile=224, name="bench")))
+        save_plan(slide, plan_slide(slide, PLAN))
     return store
 
 
@@ -55,22 +63,41 @@ def _link_chunks(source: str, target: str) -> None:
 
 
 def run(
-    stores: list[Path], work: Path, gpus: int, slides: int, arch: str, options: Options
+    stores: list[Path],
+    work: Path,
+    gpus: int,
+    slides: int,
+    arch: str,
+    options: Options,
+    inputs: str = "stores",
 ) -> dict:
-    """The cohort of `slides` stores, taking the given stores in turn (mixed sizes)."""
-    folder = work / f"gpus{gpus}"
+    """The cohort of `slides` stores, taking the given stores in turn (mixed sizes); with
+    inputs "slides", their slide files instead, converted on the workers."""
+    folder = work / f"gpus{gpus}-{inputs}"
     shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
     cohort = []
     for i in range(slides):
-        target = folder / f"slide{i:02d}.ome.zarr"
-        shutil.copytree(stores[i % len(stores)], target, copy_function=_link_chunks)
+        store = stores[i % len(stores)]
+        if inputs == "slides":  # the SVS the store was made from (build: work/source/..)
+            target = folder / f"slide{i:02d}.svs"
+            os.link(store.parent.parent / store.name.replace(".ome.zarr", ".svs"), target)
+        else:
+            target = folder / f"slide{i:02d}.ome.zarr"
+            shutil.copytree(store, target, copy_function=_link_chunks)
         cohort.append(target)
     client = local_cluster("local-cuda", gpus)
     try:
         share = cpu_share(len(client.nthreads()))
         t0 = time.perf_counter()
         report = embed_cohort(
-            cohort, f"timm:{arch}", client, plan="bench", options=options, cpus_per_worker=share
+            cohort,
+            f"timm:{arch}",
+            client,
+            plan="bench" if inputs == "stores" else PLAN,
+            options=options,
+            into=folder / "stores" if inputs == "slides" else None,
+            cpus_per_worker=share,
         )
         wall = time.perf_counter() - t0
     finally:
@@ -92,6 +119,12 @@ def main() -> None:
         "--sizes",
         help="a mixed cohort: slide sides in px, comma-separated, taken in turn (e.g. "
         "15000,25000,40000,60000,100000); default: every slide --size",
+    )
+    parser.add_argument(
+        "--inputs",
+        default="stores",
+        help="stores, slides, or stores,slides: what each GPU count embeds (slides: the "
+        "SVS files, converted on the workers)",
     )
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--work", type=Path, default=Path("/tmp/tilestore-cohort"))
@@ -118,32 +151,50 @@ def main() -> None:
         "cores": os.cpu_count(),
         "runs": {},
     }
+    kinds = args.inputs.split(",")
+    if not kinds or set(kinds) - {"stores", "slides"}:
+        sys.exit(f"--inputs {args.inputs}: stores, slides or stores,slides")
     for n in (1, gpus):
-        print(f"\n{n} GPU(s)...", flush=True)
-        results["runs"][n] = run(stores, args.work, n, args.slides, args.arch, options)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2))
-    one, many = results["runs"][1], results["runs"][gpus]
-    results["speedup"] = round(many["tiles_per_s"] / one["tiles_per_s"], 3)
-    results["steady_speedup"] = round(many["steady_tiles_per_s"] / one["steady_tiles_per_s"], 3)
+        for kind in kinds:
+            print(f"\n{n} GPU(s), {kind}...", flush=True)
+            results["runs"][f"{n} {kind}"] = run(
+                stores, args.work, n, args.slides, args.arch, options, kind
+            )
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(results, indent=2))
+    runs = results["runs"]
+    for kind in kinds:
+        one, many = runs[f"1 {kind}"], runs[f"{gpus} {kind}"]
+        results[f"speedup {kind}"] = round(many["tiles_per_s"] / one["tiles_per_s"], 3)
+        results[f"steady_speedup {kind}"] = round(
+            many["steady_tiles_per_s"] / one["steady_tiles_per_s"], 3
+        )
     args.out.write_text(json.dumps(results, indent=2))
 
     print(
         f"\n{args.arch}, {args.slides} slides of {sizes} px ({sum(tiles)} tiles), {results['gpu']}"
     )
-    print(f"{'GPUs':>4} {'tiles':>8} {'wall s':>7} {'setup s':>7} {'tiles/s':>8} {'steady':>8}")
-    for n, r in results["runs"].items():
+    print("| GPUs, inputs | tiles | wall s | setup s | tiles/s | after setup | slides / stores |")
+    print("|---|---|---|---|---|---|---|")
+    for key, r in runs.items():
+        n = key.split()[0]
+        versus = (
+            f"{r['wall_s'] / runs[f'{n} stores']['wall_s']:.3f}"
+            if key.endswith("slides") and f"{n} stores" in runs
+            else "-"
+        )
         print(
-            f"{n:>4} {r['tiles']:>8} {r['wall_s']:>7.1f} {r['setup_s']:>7.1f} "
-            f"{r['tiles_per_s']:>8.0f} {r['steady_tiles_per_s']:>8.0f}"
+            f"| {key} | {r['tiles']} | {r['wall_s']:.1f} | {r['setup_s']:.1f} | "
+            f"{r['tiles_per_s']:.0f} | {r['steady_tiles_per_s']:.0f} | {versus} |"
         )
         for address, w in r["per_worker"].items():
             util = np.mean(w["gpu_util"]) if w["gpu_util"] else float("nan")
-            print(f"       {address}: {w['tiles']} tiles, {w['tasks']} tasks, GPU util {util:.0f}%")
-    print(
-        f"\n{gpus} GPUs / 1 GPU: {results['speedup']:.2f}x end to end, "
-        f"{results['steady_speedup']:.2f}x after setup (model load on each worker)"
-    )
+            print(f"|   {address} | {w['tiles']} | {w['tasks']} tasks | GPU util {util:.0f}% ||||")
+    for kind in kinds:
+        print(
+            f"{kind}: {gpus} GPUs / 1 GPU: {results[f'speedup {kind}']:.2f}x end to end, "
+            f"{results[f'steady_speedup {kind}']:.2f}x after setup (model load on each worker)"
+        )
     print(f"wrote {args.out}")
 
 

@@ -57,7 +57,8 @@ def embed(
     into: Path = typer.Option(
         Path("stores"),
         help="Folder for the stores of slide files given (an existing store "
-        "of the same slide there is reused).",
+        "of the same slide there is reused); on Dask, one every worker reaches, where the "
+        "workers convert them.",
     ),
     model: str | None = typer.Option(
         None,
@@ -151,14 +152,14 @@ def embed(
         from tilestore.format import is_store
 
         slides = [str(s) for s in stores if s.exists() and not is_store(s)]
-        if slides:
+        if slides and in_place:
             raise OptionError(
-                f"{slides[0]}: a slide file, not a store: convert slides first (tilestore "
-                "convert) to embed them on Dask, or run without --cluster/--scheduler"
+                f"{slides[0]}: --in-place is not run on Dask: give --into DIR (a folder every "
+                "worker reaches), where the workers convert the slides"
             )
-        result = _embed_on_dask(
-            stores, model, choice, options, cluster, scheduler, workers, slice_tiles, report
-        )
+        # the workers convert the slides into --into: named alike from wherever they run
+        result = _embed_on_dask(stores, model, choice, options, cluster, scheduler, workers,
+                                slice_tiles, report, into.absolute(), scan_mpp)  # fmt: skip
         done = [s["store"] for s in result.slides] + list(result.skipped_complete)
         done += [store for store, _ in checked.skipped]
         failed = len(result.failures) + len(checked.refused)  # refused: said above
@@ -312,7 +313,7 @@ def _dry_run(stores, model, plan, options, into, in_place, sidecars) -> None:
 
 
 def _embed_on_dask(
-    stores, model, plan, options, cluster, scheduler, workers, slice_tiles, report
+    stores, model, plan, options, cluster, scheduler, workers, slice_tiles, report, into, scan_mpp
 ) -> list[str]:
     from distributed import Client
 
@@ -335,6 +336,8 @@ def _embed_on_dask(
             client,
             plan=plan,
             options=options,
+            into=into,
+            scan_mpp=scan_mpp,
             slice_tiles=slice_tiles,
             cpus_per_worker=share,
             progress=bar,  # else the cohort's own lines: tiles, rate, time left, workers alive

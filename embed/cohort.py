@@ -13,10 +13,18 @@ dies is run again elsewhere, and since a batch is marked done only after its fea
 are written, the rerun redoes exactly the batches the dead worker had not finished.
 A slide that fails for its own reasons (a corrupt chunk) is reported and the cohort goes
 on; rerunning the command skips every complete store.
+
+Slide files (with `into`, a folder every worker reaches) are made ready on the workers:
+each converted, with the tissue mask its plan reads, by a task (`make_ready`) that leaves
+its worker's thread pool, in that worker's slide process, as many at a time as there are
+workers; the coordinator plans each store as it lands and hands out its slices. So every
+worker's next slide is made while the GPUs embed, and the cohort's wall is its model's
+time plus about one slide's preparation, on any number of workers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import deque
@@ -31,12 +39,19 @@ from distributed import wait
 
 from tilestore.conversion import pixel_count
 from tilestore.cpus import usable_cpus
-from tilestore.embed.daskworker import PLUGIN, EmbedderPlugin, run_slice, worker_identity
+from tilestore.embed.daskworker import (
+    PLUGIN,
+    EmbedderPlugin,
+    make_ready,
+    run_slice,
+    worker_identity,
+)
+from tilestore.embed.inputs import Preparation, staged_from
 from tilestore.embed.jobs import PlanChoice, Slice, prepare, tiles_of
 from tilestore.embed.membership import Membership
 from tilestore.embed.models import get_model
 from tilestore.embed.outcome import exit_code
-from tilestore.embed.report import quality_line
+from tilestore.embed.report import preparation_lines, quality_line
 from tilestore.embed.settings import SLICE_TILES, Options, SliceTiles
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
 from tilestore.errors import DeviceError, OptionError, TilestoreError
@@ -89,6 +104,10 @@ class CohortReport:
     workers_at_end: int = 0
     lost: list[dict[str, Any]] = field(default_factory=list)  # workers lost, what they ran
     joined: list[dict[str, Any]] = field(default_factory=list)  # workers that came later
+    # slide files made ready on the workers, as one process's run reports them
+    converted: list[dict[str, Any]] = field(default_factory=list)
+    prepared: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def tiles_per_s(self) -> float:
@@ -119,6 +138,9 @@ class CohortReport:
             "workers_at_end": self.workers_at_end,
             "lost": self.lost,
             "joined": self.joined,
+            "converted": self.converted,
+            "prepared": self.prepared,
+            "warnings": self.warnings,
             "exit_code": self.exit_code,
         }
 
@@ -144,17 +166,24 @@ def embed_cohort(
     *,
     plan: PlanChoice = None,
     options: Options = Options(),
+    into: str | os.PathLike | None = None,
+    scan_mpp: float | None = None,
     slice_tiles: SliceTiles = SLICE_TILES,
     cpus_per_worker: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     replace_lost: bool = True,
     say: Callable[[str], None] | None = to_stderr,
 ) -> CohortReport:
-    """Embed every store on the workers of a Dask `client`; return the cohort report.
+    """Embed every store (or slide file, with `into`) on the workers of a Dask `client`;
+    return the cohort report.
 
-    plan: as `tilestore.embed.engine.embed` takes it. slice_tiles: at most this many tiles per task
-    (big slides spread over workers). cpus_per_worker: the CPUs each worker may use for
-    decoding (None: each worker's own affinity; `cpu_share` for workers sharing a machine).
+    plan: as `tilestore.embed.engine.embed` takes it. into: the folder slide files are
+    converted into, on the workers (every worker must reach it: a shared filesystem), with
+    the tissue mask the plan reads; a store there from an earlier run is reused. scan_mpp:
+    the slides' level-0 um/px, over what their files record. slice_tiles: at most this many
+    tiles per task (big slides spread over workers). cpus_per_worker: the CPUs each worker
+    may use for decoding (None: each worker's own affinity; `cpu_share` for workers sharing
+    a machine).
     progress: called with (tiles, total) as slices finish; None: a line every 30 s through
     `say` (tiles done, rate, time left, workers alive). replace_lost: ask the client's
     cluster (dask-jobqueue's SLURMCluster...) for a new worker in place of each one lost.
@@ -170,7 +199,10 @@ def embed_cohort(
         lines = None
         if progress is None and say is not None:
             progress = lines = LogLines(f"{model} on Dask", status=members.status, write=say)
-        owner = _run(stores, model, client, plan, options, slice_tiles, identity, progress, report)
+        how = Preparation.of(into, plan, scan_mpp=scan_mpp)
+        owner = _run(
+            stores, model, client, plan, options, slice_tiles, identity, progress, report, how
+        )
         if lines is not None:
             lines.finish()
     finally:
@@ -183,15 +215,56 @@ def embed_cohort(
     return report
 
 
-def _run(stores, model, client, plan, options, slice_tiles, identity, progress, report):
-    """Prepare store by store, largest first, handing the slices to the workers as they go
-    (the first workers start at once), then follow them as they finish; return which store
-    each task key belongs to."""
+def _run(stores, model, client, plan, options, slice_tiles, identity, progress, report, how):
+    """Take the inputs largest first: a store is planned here and its slices handed to the
+    workers as they free (the first workers start at once); a slide file is first made
+    ready on a worker (`how`), one per worker at a time, and planned once it lands. Then
+    follow the slices as they finish; return which store each task key belongs to."""
     spec = get_model(model)
-    order = sorted((str(s) for s in stores), key=lambda s: (-_size(s), s))
+    order = deque(sorted((str(s) for s in stores), key=lambda s: (-_size(s), s)))
     owner: dict[str, tuple[_Store, Slice]] = {}  # task key -> its store and slice
+    making: dict = {}  # make_ready future -> the slide file given
     feed = _Feed(client)
     total = 0
+
+    def take(path: str, given: str) -> None:
+        """A store ready: planned, its slices to the feed (or it is reported)."""
+        nonlocal total
+        try:
+            state = _prepare(path, spec, plan, identity, options, slice_tiles)
+        except AlreadyComplete:
+            report.skipped_complete.append(path)
+            return
+        except TilestoreError as exc:
+            report.failures.append({"store": path, "error": _cause(exc, path)})
+            return
+        total += sum(s.tiles for s in state.slices)
+        if not state.slices:
+            _finish(state, report)
+            return
+        feed.waiting.extend((state, piece) for piece in state.slices)
+
+    def landed(future) -> None:
+        """A slide file made ready on a worker: its store taken, or its failure reported."""
+        given = making.pop(future)
+        try:
+            reply = future.result()
+        except Exception as exc:  # the task itself failed (its worker lost too often...)
+            report.failures.append({"store": given, "error": _cause(exc, given)})
+            return
+        died = reply.get("died")
+        staged = staged_from(Path(given), None if died is not None else reply, died or 0)
+        if staged.converted:
+            report.converted.append(staged.converted)
+        if staged.seconds is not None:
+            report.prepared.append(
+                {"slide": given, "store": str(staged.store), "seconds": staged.seconds}
+            )
+        report.warnings.extend(staged.warnings)
+        if staged.error:
+            report.failures.append({"store": given, "error": _cause(staged.error, given)})
+        else:
+            take(str(staged.store), given)
 
     def finished(future) -> None:
         state, _ = owner[str(future.key)]
@@ -223,26 +296,25 @@ def _run(stores, model, client, plan, options, slice_tiles, identity, progress, 
             owner[str(future.key)] = (state, piece)
             feed.running.add(future)
 
-    for path in order:
-        try:
-            state = _prepare(path, spec, plan, identity, options, slice_tiles)
-        except AlreadyComplete:
-            report.skipped_complete.append(path)
-            continue
-        except TilestoreError as exc:
-            report.failures.append({"store": path, "error": _cause(exc, path)})
-            continue
-        total += sum(s.tiles for s in state.slices)
-        if not state.slices:
-            _finish(state, report)
-            continue
-        feed.waiting.extend((state, piece) for piece in state.slices)
+    while order or making or feed.running or feed.waiting:
+        at_once = max(len(client.nthreads()), 1)  # a slide made ready per worker at a time
+        startable = bool(order) and (not how.wants(Path(order[0])) or len(making) < at_once)
+        if startable:
+            path = order.popleft()
+            if how.wants(Path(path)):  # first to run where a worker frees: before slices
+                making[client.submit(make_ready, how.request(Path(path)), pure=False,
+                                     priority=1)] = path  # fmt: skip
+            else:
+                take(path, path)
+        for future in [f for f in making if f.done()]:
+            landed(future)
+        hand_out()
+        # wait (a second at most: workers that join get work) unless an input can start now
+        out = [*feed.running, *making]
+        if out and not startable:
+            with contextlib.suppress(TimeoutError, CancelledError):
+                wait(out, timeout=1.0, return_when="FIRST_COMPLETED")
         for future in feed.finished(timeout=0):
-            finished(future)
-        hand_out()
-    while feed.running or feed.waiting:
-        hand_out()
-        for future in feed.finished(timeout=1.0):  # a second: workers that join get work
             finished(future)
     return owner
 
@@ -520,5 +592,7 @@ def summary_lines(report: CohortReport) -> list[str]:
             f"{report.workers_at_end} of {report.workers} left at the end"
         )
     lines.extend(f"  skipped (complete): {Path(p).name}" for p in report.skipped_complete)
+    lines.extend(preparation_lines(report.converted, report.prepared))
     lines.extend(f"tilestore: error: {f['store']}: {f['error']}" for f in report.failures)
+    lines.extend(f"WARNING: {w}" for w in report.warnings)
     return lines

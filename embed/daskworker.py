@@ -1,5 +1,5 @@
 """The Dask worker's side of a cohort (`tilestore.embed.cohort`): the plugin that loads the
-model once per worker, and the tasks it runs.
+model once per worker, and the tasks it runs: slices, and slide files made ready.
 
 Light to import: a worker unpickles the plugin, and so imports this module, on its event
 loop, which must keep answering the scheduler; torch and the engine are imported when the
@@ -13,7 +13,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from distributed import WorkerPlugin, get_worker
+from distributed import WorkerPlugin, get_worker, secede
 
 from tilestore.embed.settings import Options
 from tilestore.errors import StoreError
@@ -36,10 +36,12 @@ class EmbedderPlugin(WorkerPlugin):
     def __init__(self, model: str, options: Options, cpus: int | None = None) -> None:
         self.model, self.options, self.cpus = model, options, cpus
         self.embedder = None
+        self.slides = None  # the worker's slide process (`SlideWorker`), from its first slide
 
     async def setup(self, worker) -> None:
         # one slice at a time per model, even on a worker with several threads
         self.lock = threading.Lock()
+        self.preparing = threading.Lock()  # one slide at a time in the slide process
         # imported and loaded beside the worker's event loop, not on it: else the worker
         # stops answering the scheduler while it loads ("Event loop was unresponsive")
         self.embedder = await asyncio.to_thread(self._load)
@@ -49,9 +51,27 @@ class EmbedderPlugin(WorkerPlugin):
 
         return Embedder(self.model, self.options, cpus=self.cpus)
 
+    def prepare(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        """One slide made ready in this worker's slide process (started on the first): its
+        reply, or None where the process died on it (a new one takes the next slide)."""
+        from tilestore.embed.inputs import SlideWorker
+
+        with self.preparing:
+            if self.slides is None:
+                self.slides = SlideWorker()
+            self.slides.send(request)
+            reply = self.slides.receive()
+            if reply is None:
+                reply = {"died": self.slides.close()}
+                self.slides = None
+            return reply
+
     def teardown(self, worker) -> None:
         if self.embedder is not None:
             self.embedder.close()
+        with self.preparing:
+            if self.slides is not None:
+                self.slides.close()
 
 
 def _embedder():
@@ -61,6 +81,17 @@ def _embedder():
 def worker_identity() -> RunIdentity:
     """What the coordinator needs to create groups the workers can write into."""
     return _embedder().writer_identity()
+
+
+def make_ready(request: dict[str, Any]) -> dict[str, Any]:
+    """A Dask task: one slide file made ready (converted into the cohort's folder, the tissue
+    mask its plan reads made) in this worker's slide process, a process of its own as in one
+    process's run (`tilestore.embed.inputs`). The task leaves the worker's thread pool
+    first (Dask's secede): the slices handed to this worker run meanwhile, so its next
+    slide is made while its GPU embeds the one before. The process's reply, as
+    `tilestore.embed.inputs.staged_from` reads it ({"died": exit code} where it died)."""
+    secede()
+    return get_worker().plugins[PLUGIN].prepare(request)
 
 
 def run_slice(piece: Slice) -> dict[str, Any]:

@@ -68,13 +68,62 @@ def tissue_wanted(plan: str | PlanOptions | None) -> str | None:
     return options.tissue_method if options.effective_min_tissue > 0 else None
 
 
+@dataclass(frozen=True)
+class Preparation:
+    """How slide files are made ready, decided once for a run (the Stager's worker, and each
+    Dask worker of a cohort, take the same requests): converted into `into`, or with in_place
+    read where they are through a sidecar (in `sidecars`, else beside each slide); scan_mpp
+    over what the file records; the tissue mask their plan reads."""
+
+    into: Path | None = None
+    in_place: bool = False
+    sidecars: str | None = None
+    scan_mpp: float | None = None
+    tissue: str | None = None
+    only_plan_will_do: bool = True  # the plan choice None: a store's one plan needs no mask
+
+    @classmethod
+    def of(
+        cls,
+        into: str | os.PathLike | None,
+        plan: str | PlanOptions | None,
+        *,
+        in_place: bool = False,
+        sidecars: str | os.PathLike | None = None,
+        scan_mpp: float | None = None,
+    ) -> Preparation:
+        return cls(
+            None if into is None or in_place else Path(into),
+            in_place,
+            None if sidecars is None else str(sidecars),
+            scan_mpp,
+            tissue_wanted(plan),
+            plan is None,
+        )
+
+    def wants(self, path: Path) -> bool:
+        """A slide file with somewhere to go; a store, a missing path, or a slide with
+        neither `into` nor in_place is taken as a store (and fails as one where it is not)."""
+        return not is_store(path) and path.exists() and (self.in_place or self.into is not None)
+
+    def request(self, path: Path) -> dict[str, Any]:
+        """The worker's request for one slide (`_answer` reads it)."""
+        return {
+            "slide": str(path),
+            "into": None if self.into is None else str(self.into),
+            "sidecars": self.sidecars,
+            "scan_mpp": self.scan_mpp,
+            "tissue": self.tissue,
+            "only_plan_will_do": self.only_plan_will_do,
+        }
+
+
 class Stager:
-    """Each input in order as a `Staged` store: stores as given; slide files converted into
-    `into`, or with in_place read where they are through a sidecar (in `sidecars`, else
-    beside each slide), with the tissue mask their plan reads, in a worker process, `ahead`
-    slides before they are asked for. The first slides start when the Stager is made, so
-    they overlap the caller's imports and the model's loading. A slide file with neither
-    `into` nor in_place fails as an input that is not a store."""
+    """Each input in order as a `Staged` store: stores as given; slide files made ready as
+    `Preparation` says, in a worker process, `ahead` slides before they are asked for. The
+    first slides start when the Stager is made, so they overlap the caller's imports and the
+    model's loading. A slide file with neither `into` nor in_place fails as an input that is
+    not a store."""
 
     def __init__(
         self,
@@ -88,15 +137,12 @@ class Stager:
         ahead: int = 1,
     ) -> None:
         self._queue = iter(map(Path, inputs))  # as given: messages name them so
-        self._into = None if into is None or in_place else Path(into)
-        self._in_place = in_place
-        self._sidecars = None if sidecars is None else str(sidecars)
-        self._scan_mpp = scan_mpp
-        self._tissue = tissue_wanted(plan)
-        self._only_plan_will_do = plan is None  # a store holding one plan needs no mask
+        self._how = Preparation.of(
+            into, plan, in_place=in_place, sidecars=sidecars, scan_mpp=scan_mpp
+        )
         self._ahead = ahead
         self._pending: list[tuple[Path, bool]] = []  # (input, sent to the worker)
-        self._worker: _Worker | None = None
+        self._worker: SlideWorker | None = None
         self._refill()
 
     def _refill(self) -> None:
@@ -104,25 +150,15 @@ class Stager:
             path = next(self._queue, None)
             if path is None:
                 return
-            # a missing path, or a slide with nowhere to go, fails as a store
-            slide = not is_store(path) and path.exists() and (self._in_place or bool(self._into))
+            slide = self._how.wants(path)
             if slide:
                 self._send(path)
             self._pending.append((path, slide))
 
     def _send(self, path: Path) -> None:
         if self._worker is None:
-            self._worker = _Worker()
-        self._worker.send(
-            {
-                "slide": str(path),
-                "into": None if self._into is None else str(self._into),
-                "sidecars": self._sidecars,
-                "scan_mpp": self._scan_mpp,
-                "tissue": self._tissue,
-                "only_plan_will_do": self._only_plan_will_do,
-            }
-        )
+            self._worker = SlideWorker()
+        self._worker.send(self._how.request(path))
 
     def __iter__(self) -> Iterator[Staged]:
         try:
@@ -142,29 +178,8 @@ class Stager:
             for later, sent in self._pending:
                 if sent:
                     self._send(later)
-            cause = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-            return Staged(
-                path,
-                None,
-                error=SlideError(
-                    f"{path}: the process preparing it died ({cause}): a damaged or "
-                    "unsupported file?"
-                ),
-            )
-        if reply.get("bug"):
-            raise RuntimeError(f"preparing {path} failed in the worker:\n{reply['bug']}")
-        if reply.get("error"):
-            kind, message = reply["error"]
-            error = getattr(tilestore.errors, kind, TilestoreError)(message)
-            return Staged(path, None, error=error)
-        store = Path(reply["store"])
-        return Staged(
-            path,
-            store,
-            reply.get("converted"),
-            warnings=tuple(reply.get("warnings", ())),
-            seconds=reply.get("seconds"),
-        )
+            return staged_from(path, None, code)
+        return staged_from(path, reply)
 
     def close(self) -> None:
         """Stop. A slide still being made ready (the run ended early: an error, an
@@ -178,8 +193,36 @@ class Stager:
             self._worker = None
 
 
-class _Worker:
-    """The `python -m tilestore.embed.inputs` process: one JSON request a line in, one reply out."""
+def staged_from(path: Path, reply: dict[str, Any] | None, code: int = 0) -> Staged:
+    """A worker's reply for the slide `path` as a Staged input; reply None: the worker died
+    on it (`code`: its exit code, negative for a signal). A bug's traceback is raised."""
+    if reply is None:
+        cause = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        return Staged(
+            path,
+            None,
+            error=SlideError(
+                f"{path}: the process preparing it died ({cause}): a damaged or unsupported file?"
+            ),
+        )
+    if reply.get("bug"):
+        raise RuntimeError(f"preparing {path} failed in the worker:\n{reply['bug']}")
+    if reply.get("error"):
+        kind, message = reply["error"]
+        error = getattr(tilestore.errors, kind, TilestoreError)(message)
+        return Staged(path, None, error=error)
+    return Staged(
+        path,
+        Path(reply["store"]),
+        reply.get("converted"),
+        warnings=tuple(reply.get("warnings", ())),
+        seconds=reply.get("seconds"),
+    )
+
+
+class SlideWorker:
+    """The `python -m tilestore.embed.inputs` process: one JSON request a line in, one reply
+    out (a Stager's, or a Dask worker's in a cohort: `tilestore.embed.daskworker`)."""
 
     def __init__(self) -> None:
         self._proc = workers.start("tilestore.embed.inputs")

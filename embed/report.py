@@ -436,19 +436,7 @@ def format_report(report: RunReport) -> list[str]:
     if report.gpu_util_mean is not None:
         memory += f", GPU utilisation {report.gpu_util_mean:.0f}% (NVML mean)"
     lines.append(memory)
-    for done in report.converted:
-        how = (
-            "reused"
-            if done.get("reused")
-            else f"{done['seconds']:.1f} s, " + "/".join(done["levels"])
-        )
-        lines.append(f"  converted {done['slide']} -> {done['store']} ({how})")
-    for done in report.prepared:
-        steps = {"store": "its store", "tissue": "its tissue mask"}
-        lines.append(
-            f"  prepared {done['slide']} beside the run: "
-            + ", ".join(f"{steps[k]} {v:.1f} s" for k, v in done["seconds"].items())
-        )
+    lines.extend(preparation_lines(report.converted, report.prepared))
     for slide in report.slides:
         lines.append(
             f"  {slide['store']}: {slide['tiles']} tiles"
@@ -469,6 +457,26 @@ def format_report(report: RunReport) -> list[str]:
     for failure in report.failures:
         lines.append(f"tilestore: error: {failure['store']}: {failure['error']}")
     lines.extend(f"WARNING: {w}" for w in report.warnings)
+    return lines
+
+
+def preparation_lines(converted: list[dict], prepared: list[dict]) -> list[str]:
+    """How the slide files given were made ready (a run's, a cohort's): each conversion
+    (or store reused), then each one's steps, timed."""
+    lines = []
+    for done in converted:
+        how = (
+            "reused"
+            if done.get("reused")
+            else f"{done['seconds']:.1f} s, " + "/".join(done["levels"])
+        )
+        lines.append(f"  converted {done['slide']} -> {done['store']} ({how})")
+    steps = {"store": "its store", "tissue": "its tissue mask"}
+    for done in prepared:
+        lines.append(
+            f"  prepared {done['slide']} beside the run: "
+            + ", ".join(f"{steps[k]} {v:.1f} s" for k, v in done["seconds"].items())
+        )
     return lines
 
 

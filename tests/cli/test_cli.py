@@ -231,14 +231,15 @@ def test_export_of_a_model_never_run_is_one_line(embedded_cohort, tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
-def test_embed_on_a_local_dask_cluster_and_by_shard(tmp_path, stores):
+def test_embed_on_a_local_dask_cluster_and_by_shard(tmp_path, stores, slide_path):
+    """A store and a slide file on a local cluster: the slide converted by a worker into
+    --into; the report says so. --in-place is refused there, in one line."""
     import shutil
 
     from tests.conftest import IHC
 
-    paths = [tmp_path / "CMU-1-Small-Region.ome.zarr", tmp_path / "skimage_ihc.ome.zarr"]
-    shutil.copytree(stores(CMU), paths[0])
-    shutil.copytree(stores(IHC, mpp=0.5), paths[1])
+    ihc = tmp_path / "skimage_ihc.ome.zarr"
+    shutil.copytree(stores(IHC, mpp=0.5), ihc)
     common = (
         "--model",
         "efficientnet-lite0",
@@ -249,27 +250,41 @@ def test_embed_on_a_local_dask_cluster_and_by_shard(tmp_path, stores):
         "--batch-size",
         "8",
     )
-    first = tilestore("embed", paths[1], *common, "--shard", "1/2")
+    first = tilestore("embed", ihc, *common, "--shard", "1/2")
     assert first.returncode == 0, first.stderr
     assert "shard 1/2: 0 store(s)" in first.stdout  # one store: share 1 of 2 is empty
+    svs, into = slide_path(CMU), tmp_path / "into"
     run = tilestore(
         "embed",
-        *paths,
+        svs,
+        ihc,
         *common,
         "--cluster",
         "local",
         "--workers",
         "2",
+        "--into",
+        into,
         "--report",
         tmp_path / "cohort.json",
     )
     assert run.returncode == 0, run.stderr
     report = json.loads((tmp_path / "cohort.json").read_text())
+    made = into / "CMU-1-Small-Region.ome.zarr"
     assert report["workers"] == 2 and not report["failures"]
-    assert {s["store"] for s in report["slides"]} == set(map(str, paths))
-    assert "tiles on 2 worker(s)" in run.stdout
-    both = tilestore("embed", *paths, *common, "--cluster", "local", "--scheduler", "x:1")
+    assert {s["store"] for s in report["slides"]} == {str(made), str(ihc)}
+    assert [c["slide"] for c in report["converted"]] == [str(svs)]
+    assert "tiles on 2 worker(s)" in run.stdout and f"converted {svs} -> {made}" in run.stdout
+    both = tilestore("embed", ihc, *common, "--cluster", "local", "--scheduler", "x:1")
     assert both.returncode == 2 and "give one" in both.stderr
+    sidecars = tmp_path / "sidecars"
+    in_place = tilestore(
+        "embed", svs, *common, "--cluster", "local", "--in-place", "--sidecars", sidecars
+    )
+    assert in_place.returncode == 2
+    (line,) = in_place.stderr.strip().splitlines()
+    assert f"{svs}: --in-place is not run on Dask: give --into DIR" in line
+    assert not sidecars.exists()
 
 
 def test_no_checksums_writes_the_older_form_that_info_and_verify_name(tmp_path, slide_path):

@@ -1,4 +1,5 @@
-"""Cohorts on Dask: shares for job arrays, a LocalCluster run, a killed worker, a bad slide."""
+"""Cohorts on Dask: shares for job arrays, a LocalCluster run, a killed worker, a bad slide,
+slide files made ready on the workers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import shutil
 import signal
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,10 +18,12 @@ from distributed import Client, LocalCluster
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import CMU, IHC
+from tests.conftest import CMU, IHC, SLIDES, real
 from tests.corpus import rewrite_chunk
 from tilestore.embed.cohort import _Feed, embed_cohort, shard, slice_blocks, summary_lines
+from tilestore.embed.daskworker import PLUGIN, EmbedderPlugin, make_ready
 from tilestore.embed.engine import embed
+from tilestore.embed.inputs import Preparation
 from tilestore.embed.settings import Options, parse_shard
 from tilestore.embeddings import group_name
 from tilestore.errors import TilestoreError
@@ -305,3 +309,70 @@ def test_a_local_gpu_cluster_without_dask_cuda_gives_each_worker_its_own_gpu():
     from distributed.system import MEMORY_LIMIT
 
     assert limits == {MEMORY_LIMIT // 2}  # the machine's memory shared by the GPUs' workers
+
+
+# -- slide files made ready on the workers -------------------------------------------------
+
+
+def test_slide_files_are_converted_on_the_workers_as_one_process_would(cohort, client, tmp_path):
+    """The SVS given is converted into `into` on a worker, with its tissue mask: the same
+    features, bit for bit, as its store converted beforehand, on the same cluster; a rerun
+    reuses the store and skips it as complete."""
+    reference = cohort("reference")
+    embed_cohort(reference, LITE, client, plan=PLAN, options=OPTIONS, slice_tiles=24)
+    svs, ihc = real(SLIDES / CMU), cohort("mixed")[1]
+    into = tmp_path / "into"
+    report = embed_cohort(
+        [svs, ihc], LITE, client, plan=PLAN, options=OPTIONS, into=into, slice_tiles=24
+    )
+    made = into / "CMU-1-Small-Region.ome.zarr"
+    assert not report.failures and {s["store"] for s in report.slides} == {str(made), str(ihc)}
+    ((converted),) = report.converted
+    assert converted["slide"] == str(svs) and converted["store"] == str(made)
+    assert converted["levels"] and converted["seconds"] > 0 and "tissue" in converted
+    ((prepared),) = report.prepared
+    assert set(prepared["seconds"]) == {"store", "tissue"}  # the mask made, then read
+    for a, b in ((reference[0], made), (reference[1], ihc)):
+        fa, ga = features(a)
+        fb, gb = features(b)
+        np.testing.assert_array_equal(fb, fa)
+        np.testing.assert_array_equal(gb["x"][:], ga["x"][:])
+        assert gb.attrs["tilestore"]["complete"]
+    lines = summary_lines(report)
+    assert any(line.startswith(f"  converted {svs} -> {made} (") for line in lines)
+    again = embed_cohort([svs], LITE, client, plan=PLAN, options=OPTIONS, into=into)
+    assert again.converted[0]["reused"] and again.skipped_complete == [str(made)]
+    assert again.tiles == 0 and again.exit_code == 0
+
+
+def test_a_damaged_slide_file_fails_alone_with_its_cause(cohort, client, tmp_path):
+    """A truncated SVS fails in its worker's slide process with the reader's cause; the
+    store beside it is embedded; nothing that looks like a store is left in `into`."""
+    damaged = tmp_path / "damaged.svs"
+    damaged.write_bytes(real(SLIDES / CMU).read_bytes()[:300_000])
+    ihc = cohort("with-damaged")[1]
+    into = tmp_path / "into"
+    report = embed_cohort([damaged, ihc], LITE, client, plan=PLAN, options=OPTIONS, into=into)
+    (failure,) = report.failures
+    assert failure["store"] == str(damaged) and "\n" not in failure["error"]
+    assert "truncated or corrupt" in failure["error"]  # the reader's own cause
+    assert [s["store"] for s in report.slides] == [str(ihc)] and report.exit_code == 3
+    assert not into.exists() or not any(into.iterdir())  # no store, no partial folder
+
+
+def test_a_slide_made_ready_leaves_its_worker_free_for_slices(client, tmp_path):
+    """make_ready leaves the worker's one thread (secede): a task sent to the same worker
+    after it runs while the slide is still being converted."""
+    client.register_plugin(EmbedderPlugin(LITE, OPTIONS), name=PLUGIN)
+    worker = sorted(client.nthreads())[0]
+    how = Preparation.of(tmp_path, PLAN)
+    making = client.submit(
+        make_ready, how.request(real(SLIDES / CMU)), workers=[worker], pure=False
+    )
+    while not client.processing().get(worker):  # the conversion has started there
+        time.sleep(0.01)
+    after = client.submit(time.monotonic, workers=[worker], pure=False)
+    after.result(timeout=60)
+    assert not making.done()  # one thread, and the conversion did not hold it
+    reply = making.result(timeout=120)
+    assert Path(reply["store"]).name == "CMU-1-Small-Region.ome.zarr" and reply["converted"]

@@ -346,7 +346,11 @@ class _Feed:
         waiting there, not running: while they wait, another worker may be free. A slice
         just submitted, not yet on a worker, counts as running: this errs on sending less."""
         processing = self.client.processing()
-        return sum(max(0, len(keys) - threads.get(w, 0)) for w, keys in processing.items())
+        slices = {str(f.key) for f in self.running}  # not the slides being made ready there
+        return sum(
+            max(0, sum(str(k) in slices for k in keys) - threads.get(w, 0))
+            for w, keys in processing.items()
+        )
 
     def finished(self, timeout: float) -> list:
         """The running futures that finished (waiting up to `timeout` s for the first)."""

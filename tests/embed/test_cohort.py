@@ -143,8 +143,9 @@ class _Threads:
 
 
 class _Done:
-    def __init__(self) -> None:
+    def __init__(self, key: str = "run_slice-0") -> None:
         self.over = False
+        self.key = key
 
     def done(self) -> bool:
         return self.over
@@ -184,13 +185,24 @@ def test_at_the_tail_a_free_worker_gets_a_slice_while_another_has_one_queued():
     client = _Threads(4)
     client.processing = lambda: {"w0": ["a", "a2"], "w1": ["b"], "w2": ["c"], "w3": []}
     feed = _Feed(client)
-    feed.running.update({"a", "a2", "b", "c"})
+    feed.running.update(_Done(key) for key in ("a", "a2", "b", "c"))
     feed.waiting.extend(["d", "e", "f"])
     sent = []
     for piece in feed.take():  # as _run hands them out
         sent.append(piece)
-        feed.running.add(piece)
+        feed.running.add(_Done(piece))
     assert sent == ["d"]
+
+
+def test_a_slide_being_made_ready_on_a_worker_is_not_a_queued_slice():
+    """Every worker runs a slice; one also makes a slide ready (a task beside its thread,
+    listed as processing there). No worker is free: nothing more goes out at the tail."""
+    client = _Threads(2)
+    client.processing = lambda: {"w0": ["a", "make_ready-1"], "w1": ["b"]}
+    feed = _Feed(client)
+    feed.running.update(_Done(key) for key in ("a", "b"))
+    feed.waiting.extend(["c", "d"])
+    assert list(feed.take()) == []
 
 
 def test_the_feed_returns_cancelled_slices_as_finished(client):

@@ -16,10 +16,11 @@ on; rerunning the command skips every complete store.
 
 Slide files (with `into`, a folder every worker reaches) are made ready on the workers:
 each converted, with the tissue mask its plan reads, by a task (`make_ready`) that leaves
-its worker's thread pool, in that worker's slide process, as many at a time as there are
-workers; the coordinator plans each store as it lands and hands out its slices. So every
-worker's next slide is made while the GPUs embed, and the cohort's wall is its model's
-time plus about one slide's preparation, on any number of workers.
+its worker's thread pool, in that worker's slide process (`SlidesPlugin`), as many at a
+time as there are workers, the first ones sent before the workers load their model; the
+coordinator plans each store as it lands and hands out its slices. So every worker's next
+slide is made while the GPUs embed, and the cohort's wall is its model's time plus about
+one slide's preparation, on any number of workers.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ from tilestore.conversion import pixel_count
 from tilestore.cpus import usable_cpus
 from tilestore.embed.daskworker import (
     PLUGIN,
+    PREPARER,
     EmbedderPlugin,
+    SlidesPlugin,
     make_ready,
     run_slice,
     worker_identity,
@@ -191,6 +194,11 @@ def embed_cohort(
     The report's `exit_code` is what the process should exit with.
     """
     started = time.perf_counter()
+    order = deque(sorted((str(s) for s in stores), key=lambda s: (-_size(s), s)))
+    making = _Making(client, Preparation.of(into, plan, scan_mpp=scan_mpp), order)
+    if any(making.how.wants(Path(s)) for s in order):
+        client.register_plugin(SlidesPlugin(), name=PREPARER)
+        making.start()  # the first slides are converted while the workers load their model
     client.register_plugin(EmbedderPlugin(model, options, cpus_per_worker), name=PLUGIN)
     members = Membership(client, replace=replace_lost, say=say)
     try:
@@ -199,10 +207,7 @@ def embed_cohort(
         lines = None
         if progress is None and say is not None:
             progress = lines = LogLines(f"{model} on Dask", status=members.status, write=say)
-        how = Preparation.of(into, plan, scan_mpp=scan_mpp)
-        owner = _run(
-            stores, model, client, plan, options, slice_tiles, identity, progress, report, how
-        )
+        owner = _run(making, model, client, plan, options, slice_tiles, identity, progress, report)
         if lines is not None:
             lines.finish()
     finally:
@@ -215,15 +220,14 @@ def embed_cohort(
     return report
 
 
-def _run(stores, model, client, plan, options, slice_tiles, identity, progress, report, how):
-    """Take the inputs largest first: a store is planned here and its slices handed to the
-    workers as they free (the first workers start at once); a slide file is first made
-    ready on a worker (`how`), one per worker at a time, and planned once it lands. Then
+def _run(making, model, client, plan, options, slice_tiles, identity, progress, report):
+    """Take the inputs in `making`'s order (largest first): a store is planned here and its
+    slices handed to the workers as they free (the first workers start at once); a slide
+    file is first made ready on a worker (`_Making`), and planned once it lands. Then
     follow the slices as they finish; return which store each task key belongs to."""
     spec = get_model(model)
-    order = deque(sorted((str(s) for s in stores), key=lambda s: (-_size(s), s)))
+    order, how = making.order, making.how
     owner: dict[str, tuple[_Store, Slice]] = {}  # task key -> its store and slice
-    making: dict = {}  # make_ready future -> the slide file given
     feed = _Feed(client)
     total = 0
 
@@ -246,7 +250,7 @@ def _run(stores, model, client, plan, options, slice_tiles, identity, progress, 
 
     def landed(future) -> None:
         """A slide file made ready on a worker: its store taken, or its failure reported."""
-        given = making.pop(future)
+        given = making.out.pop(future)
         try:
             reply = future.result()
         except Exception as exc:  # the task itself failed (its worker lost too often...)
@@ -296,27 +300,47 @@ def _run(stores, model, client, plan, options, slice_tiles, identity, progress, 
             owner[str(future.key)] = (state, piece)
             feed.running.add(future)
 
-    while order or making or feed.running or feed.waiting:
-        at_once = max(len(client.nthreads()), 1)  # a slide made ready per worker at a time
-        startable = bool(order) and (not how.wants(Path(order[0])) or len(making) < at_once)
+    while order or making.out or feed.running or feed.waiting:
+        startable = bool(order) and (not how.wants(Path(order[0])) or making.room())
         if startable:
             path = order.popleft()
-            if how.wants(Path(path)):  # first to run where a worker frees: before slices
-                making[client.submit(make_ready, how.request(Path(path)), pure=False,
-                                     priority=1)] = path  # fmt: skip
+            if how.wants(Path(path)):
+                making.send(path)
             else:
                 take(path, path)
-        for future in [f for f in making if f.done()]:
+        for future in [f for f in making.out if f.done()]:
             landed(future)
         hand_out()
         # wait (a second at most: workers that join get work) unless an input can start now
-        out = [*feed.running, *making]
+        out = [*feed.running, *making.out]
         if out and not startable:
             with contextlib.suppress(TimeoutError, CancelledError):
                 wait(out, timeout=1.0, return_when="FIRST_COMPLETED")
         for future in feed.finished(timeout=0):
             finished(future)
     return owner
+
+
+class _Making:
+    """The slide files being made ready on the workers (`make_ready`, a task that leaves its
+    worker's thread), in the order of the inputs, one per worker at a time; each sent
+    before the slices waiting (a higher priority), so it starts where a worker frees."""
+
+    def __init__(self, client, how: Preparation, order: deque[str]) -> None:
+        self.client, self.how, self.order = client, how, order
+        self.out: dict = {}  # make_ready future -> the slide file given
+
+    def room(self) -> bool:
+        return len(self.out) < max(len(self.client.nthreads()), 1)
+
+    def send(self, path: str) -> None:
+        request = self.how.request(Path(path))
+        self.out[self.client.submit(make_ready, request, pure=False, priority=1)] = path
+
+    def start(self) -> None:
+        """Send the slide files at the head of the order, while there is room."""
+        while self.order and self.how.wants(Path(self.order[0])) and self.room():
+            self.send(self.order.popleft())
 
 
 class _Feed:

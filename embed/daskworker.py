@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from tilestore.embeddings import RunIdentity
 
 PLUGIN = "tilestore-embedder"
+PREPARER = "tilestore-slides"
 
 
 class EmbedderPlugin(WorkerPlugin):
@@ -36,12 +37,10 @@ class EmbedderPlugin(WorkerPlugin):
     def __init__(self, model: str, options: Options, cpus: int | None = None) -> None:
         self.model, self.options, self.cpus = model, options, cpus
         self.embedder = None
-        self.slides = None  # the worker's slide process (`SlideWorker`), from its first slide
 
     async def setup(self, worker) -> None:
         # one slice at a time per model, even on a worker with several threads
         self.lock = threading.Lock()
-        self.preparing = threading.Lock()  # one slide at a time in the slide process
         # imported and loaded beside the worker's event loop, not on it: else the worker
         # stops answering the scheduler while it loads ("Event loop was unresponsive")
         self.embedder = await asyncio.to_thread(self._load)
@@ -51,9 +50,28 @@ class EmbedderPlugin(WorkerPlugin):
 
         return Embedder(self.model, self.options, cpus=self.cpus)
 
-    def prepare(self, request: dict[str, Any]) -> dict[str, Any] | None:
-        """One slide made ready in this worker's slide process (started on the first): its
-        reply, or None where the process died on it (a new one takes the next slide)."""
+    def teardown(self, worker) -> None:
+        if self.embedder is not None:
+            self.embedder.close()
+
+
+class SlidesPlugin(WorkerPlugin):
+    """A Dask worker plugin: the worker's slide process (`tilestore.embed.inputs.SlideWorker`,
+    started with its first slide), which makes slide files ready one at a time. Apart from
+    the model's plugin, and light: registered first, so the first slides are converted
+    while the workers load their models."""
+
+    name = PREPARER
+
+    def __init__(self) -> None:
+        self.slides = None
+
+    async def setup(self, worker) -> None:
+        self.preparing = threading.Lock()
+
+    def prepare(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One slide made ready in this worker's slide process: its reply, or {"died": its
+        exit code} where the process died on it (a new one takes the next slide)."""
         from tilestore.embed.inputs import SlideWorker
 
         with self.preparing:
@@ -67,11 +85,9 @@ class EmbedderPlugin(WorkerPlugin):
             return reply
 
     def teardown(self, worker) -> None:
-        if self.embedder is not None:
-            self.embedder.close()
-        with self.preparing:
-            if self.slides is not None:
-                self.slides.close()
+        # not under the lock: a slide in hand is stopped (its task's reply says it died)
+        if self.slides is not None:
+            self.slides.close()
 
 
 def _embedder():
@@ -91,7 +107,7 @@ def make_ready(request: dict[str, Any]) -> dict[str, Any]:
     slide is made while its GPU embeds the one before. The process's reply, as
     `tilestore.embed.inputs.staged_from` reads it ({"died": exit code} where it died)."""
     secede()
-    return get_worker().plugins[PLUGIN].prepare(request)
+    return get_worker().plugins[PREPARER].prepare(request)
 
 
 def run_slice(piece: Slice) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from tests.conftest import CMU, IHC, SLIDES, real
 from tests.corpus import rewrite_chunk
 from tilestore.embed.cohort import _Feed, embed_cohort, shard, slice_blocks, summary_lines
-from tilestore.embed.daskworker import PLUGIN, EmbedderPlugin, make_ready
+from tilestore.embed.daskworker import PREPARER, SlidesPlugin, make_ready
 from tilestore.embed.engine import embed
 from tilestore.embed.inputs import Preparation
 from tilestore.embed.settings import Options, parse_shard
@@ -375,7 +375,7 @@ def test_a_damaged_slide_file_fails_alone_with_its_cause(cohort, client, tmp_pat
 def test_a_slide_made_ready_leaves_its_worker_free_for_slices(client, tmp_path):
     """make_ready leaves the worker's one thread (secede): a task sent to the same worker
     after it runs while the slide is still being converted."""
-    client.register_plugin(EmbedderPlugin(LITE, OPTIONS), name=PLUGIN)
+    client.register_plugin(SlidesPlugin(), name=PREPARER)
     worker = sorted(client.nthreads())[0]
     how = Preparation.of(tmp_path, PLAN)
     making = client.submit(

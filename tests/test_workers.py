@@ -53,3 +53,50 @@ def test_a_worker_in_its_own_session_is_not_in_the_callers_process_group():
         proc.wait()
         proc.stdin.close()
         proc.stdout.close()
+
+
+BUSY = (
+    "import time\n"
+    "from tilestore import workers\n"
+    "workers.serve(lambda request: time.sleep(120) or 'done')\n"
+)
+# a caller that starts the busy worker, asks it, says its pid, then waits to be killed
+CALLER = (
+    "import subprocess, sys, time\n"
+    f"worker = subprocess.Popen([sys.executable, '-c', {BUSY!r}], stdin=subprocess.PIPE,\n"
+    "                          stdout=subprocess.PIPE, text=True)\n"
+    "worker.stdin.write('{}\\n'); worker.stdin.flush()\n"
+    "print(worker.pid, flush=True)\n"
+    "time.sleep(300)\n"
+)
+
+
+def test_a_worker_busy_on_a_request_ends_when_its_caller_is_killed():
+    """Killed mid-request, the caller leaves a worker that would answer in 120 s: it ends
+    within seconds instead (a conversion's slide process, its Dask worker killed)."""
+    import os
+    import signal
+    import time
+
+    caller = subprocess.Popen([sys.executable, "-c", CALLER], stdout=subprocess.PIPE, text=True)
+    worker = int(caller.stdout.readline())
+    time.sleep(1.0)  # the worker has its request in hand
+    os.kill(worker, 0)  # alive, busy
+    caller.kill()
+    caller.wait()
+    caller.stdout.close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _running(worker):
+        time.sleep(0.1)
+    if _running(worker):
+        os.kill(worker, signal.SIGKILL)
+        raise AssertionError("the worker outlived its caller by 20 s")
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's exit waits for init to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

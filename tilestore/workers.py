@@ -6,7 +6,8 @@ They are plain `python -m <module>` processes: unlike multiprocessing's spawn an
 forkserver, they never import the caller's main module (a user script without a __main__
 guard would run again in each), and they import only what their module does (never torch).
 A worker answers through a private copy of its stdout, so anything a library prints goes
-to stderr instead of into the replies.
+to stderr instead of into the replies, and ends when its caller is gone, even in the middle
+of a request.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -47,6 +50,9 @@ def serve(
     "ready" where asked. Without `replies`, they go to a private copy of stdout and stdout
     itself is pointed at stderr. A Ctrl-C that reached the caller's terminal too ends the
     worker quietly (the caller reports it), as does a caller gone before a reply."""
+    if requests is None:  # a worker process: it ends with its caller
+        caller = os.getppid()
+        threading.Thread(target=_end_with, args=(caller,), daemon=True).start()
     if replies is None:
         replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
         os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
@@ -62,3 +68,12 @@ def serve(
     except BrokenPipeError:  # the caller is gone (killed): no one to answer, nothing to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), replies.fileno())
         sys.exit(1)
+
+
+def _end_with(caller: int, every: float = 0.5) -> None:
+    """End this worker once its caller is gone (killed: the worker is given to another
+    parent). A worker in the middle of a long request (a conversion) would otherwise finish
+    it unseen, racing the same work started again by the caller's rerun."""
+    while os.getppid() == caller:
+        time.sleep(every)
+    os._exit(1)

@@ -157,9 +157,8 @@ def embed(
                 f"{slides[0]}: --in-place is not run on Dask: give --into DIR (a folder every "
                 "worker reaches), where the workers convert the slides"
             )
-        # the workers convert the slides into --into: named alike from wherever they run
         result = _embed_on_dask(stores, model, choice, options, cluster, scheduler, workers,
-                                slice_tiles, report, into.absolute(), scan_mpp)  # fmt: skip
+                                slice_tiles, report, into, scan_mpp)  # fmt: skip
         done = [s["store"] for s in result.slides] + list(result.skipped_complete)
         done += [store for store, _ in checked.skipped]
         failed = len(result.failures) + len(checked.refused)  # refused: said above

@@ -194,11 +194,13 @@ def embed_cohort(
     The report's `exit_code` is what the process should exit with.
     """
     started = time.perf_counter()
-    order = deque(sorted((str(s) for s in stores), key=lambda s: (-_size(s), s)))
-    making = _Making(client, Preparation.of(into, plan, scan_mpp=scan_mpp), order)
-    if any(making.how.wants(Path(s)) for s in order):
+    # the workers find the folder, wherever they run (the slides' paths: `_Inputs.send`)
+    folder = None if into is None else Path(into).absolute()
+    how = Preparation.of(folder, plan, scan_mpp=scan_mpp, cpus=cpus_per_worker)
+    inputs = _Inputs(client, how, stores)
+    if inputs.slides:
         client.register_plugin(SlidesPlugin(), name=PREPARER)
-        making.start()  # the first slides are converted while the workers load their model
+        inputs.start()  # the first slides are converted while the workers load their model
     client.register_plugin(EmbedderPlugin(model, options, cpus_per_worker), name=PLUGIN)
     members = Membership(client, replace=replace_lost, say=say)
     try:
@@ -207,7 +209,7 @@ def embed_cohort(
         lines = None
         if progress is None and say is not None:
             progress = lines = LogLines(f"{model} on Dask", status=members.status, write=say)
-        owner = _run(making, model, client, plan, options, slice_tiles, identity, progress, report)
+        owner = _run(inputs, model, client, plan, options, slice_tiles, identity, progress, report)
         if lines is not None:
             lines.finish()
     finally:
@@ -220,13 +222,12 @@ def embed_cohort(
     return report
 
 
-def _run(making, model, client, plan, options, slice_tiles, identity, progress, report):
-    """Take the inputs in `making`'s order (largest first): a store is planned here and its
-    slices handed to the workers as they free (the first workers start at once); a slide
-    file is first made ready on a worker (`_Making`), and planned once it lands. Then
-    follow the slices as they finish; return which store each task key belongs to."""
+def _run(inputs, model, client, plan, options, slice_tiles, identity, progress, report):
+    """Take the inputs largest first (`_Inputs`): a store is planned here and its slices
+    handed to the workers as they free (the first workers start at once); a slide file is
+    first made ready on a worker, and planned once it lands. Then follow the slices as they
+    finish; return which store each task key belongs to."""
     spec = get_model(model)
-    order, how = making.order, making.how
     owner: dict[str, tuple[_Store, Slice]] = {}  # task key -> its store and slice
     feed = _Feed(client)
     total = 0
@@ -238,26 +239,30 @@ def _run(making, model, client, plan, options, slice_tiles, identity, progress, 
             state = _prepare(path, spec, plan, identity, options, slice_tiles)
         except AlreadyComplete:
             report.skipped_complete.append(path)
+            inputs.release(path)
             return
         except TilestoreError as exc:
             report.failures.append({"store": path, "error": _cause(exc, path)})
+            inputs.release(path)
             return
         total += sum(s.tiles for s in state.slices)
         if not state.slices:
             _finish(state, report)
+            inputs.release(path)
             return
         feed.waiting.extend((state, piece) for piece in state.slices)
 
     def landed(future) -> None:
         """A slide file made ready on a worker: its store taken, or its failure reported."""
-        given = making.out.pop(future)
+        given = inputs.landed(future)
         try:
             reply = future.result()
-        except Exception as exc:  # the task itself failed (its worker lost too often...)
+            died = reply.get("died")
+            staged = staged_from(Path(given), None if died is not None else reply, died or 0)
+        except Exception as exc:  # the task failed (its worker lost too often), or a bug
             report.failures.append({"store": given, "error": _cause(exc, given)})
+            inputs.release(str(inputs.how.target(Path(given))))
             return
-        died = reply.get("died")
-        staged = staged_from(Path(given), None if died is not None else reply, died or 0)
         if staged.converted:
             report.converted.append(staged.converted)
         if staged.seconds is not None:
@@ -267,6 +272,7 @@ def _run(making, model, client, plan, options, slice_tiles, identity, progress, 
         report.warnings.extend(staged.warnings)
         if staged.error:
             report.failures.append({"store": given, "error": _cause(staged.error, given)})
+            inputs.release(str(inputs.how.target(Path(given))))
         else:
             take(str(staged.store), given)
 
@@ -279,7 +285,8 @@ def _run(making, model, client, plan, options, slice_tiles, identity, progress, 
                 state.failed = True
                 report.failures.append({"store": state.path, "error": _cause(exc, state.path)})
                 client.cancel([f for f in state.futures if f is not future])
-            _one_less(state, report)
+            if _one_less(state, report):
+                inputs.release(state.path)
             return
         state.tiles += result["tiles"]
         state.seconds += result["seconds"]
@@ -288,32 +295,34 @@ def _run(making, model, client, plan, options, slice_tiles, identity, progress, 
         report.tiles += result["tiles"]
         if progress:
             progress(result["tiles"], total)
-        _one_less(state, report)
+        if _one_less(state, report):
+            inputs.release(state.path)
 
     def hand_out() -> None:
         for state, piece in feed.take():
             if state.failed:  # a slice of a slide that failed: never sent
-                _one_less(state, report)
+                if _one_less(state, report):
+                    inputs.release(state.path)
                 continue
             future = client.submit(run_slice, piece, pure=False)
             state.futures.append(future)
             owner[str(future.key)] = (state, piece)
             feed.running.add(future)
 
-    while order or making.out or feed.running or feed.waiting:
-        startable = bool(order) and (not how.wants(Path(order[0])) or making.room())
-        if startable:
-            path = order.popleft()
-            if how.wants(Path(path)):
-                making.send(path)
+    while inputs.waiting or inputs.out or feed.running or feed.waiting:
+        startable = inputs.next()
+        if startable is not None:
+            path, slide = startable
+            if slide:
+                inputs.send(path)
             else:
                 take(path, path)
-        for future in [f for f in making.out if f.done()]:
+        for future in [f for f in inputs.out if f.done()]:
             landed(future)
         hand_out()
-        # wait (a second at most: workers that join get work) unless an input can start now
-        out = [*feed.running, *making.out]
-        if out and not startable:
+        # wait (a second at most: workers that join get work) unless an input started now
+        out = [*feed.running, *inputs.out]
+        if out and startable is None:
             with contextlib.suppress(TimeoutError, CancelledError):
                 wait(out, timeout=1.0, return_when="FIRST_COMPLETED")
         for future in feed.finished(timeout=0):
@@ -321,26 +330,61 @@ def _run(making, model, client, plan, options, slice_tiles, identity, progress, 
     return owner
 
 
-class _Making:
-    """The slide files being made ready on the workers (`make_ready`, a task that leaves its
-    worker's thread), in the order of the inputs, one per worker at a time; each sent
-    before the slices waiting (a higher priority), so it starts where a worker frees."""
+class _Inputs:
+    """The cohort's inputs, each path once, largest first: stores, taken as they come, and
+    slide files made ready on the workers (`make_ready`, a task that leaves its worker's
+    thread), one per worker at a time and one per store made (two files of one name wait
+    their turn: the second, once the first's store is finished, finds it there). A slide
+    waiting lets a store behind it go first. Each slide is sent before the slices waiting
+    (a higher priority), so it starts where a worker frees."""
 
-    def __init__(self, client, how: Preparation, order: deque[str]) -> None:
-        self.client, self.how, self.order = client, how, order
+    def __init__(self, client, how: Preparation, paths: Sequence[str | os.PathLike]) -> None:
+        self.client, self.how = client, how
+        once = {os.path.abspath(p): str(p) for p in paths}.values()  # the same file given twice
+        order = sorted(once, key=lambda s: (-_size(s), s))
+        self.waiting = [(p, how.wants(Path(p))) for p in order]  # (path as given, a slide?)
+        self.slides = sum(slide for _, slide in self.waiting)
         self.out: dict = {}  # make_ready future -> the slide file given
+        self._making: dict[str, Path | None] = {}  # the slide given -> the store it makes
+        self._held: set[Path] = set()  # stores made here, not yet finished (or given up)
 
     def room(self) -> bool:
         return len(self.out) < max(len(self.client.nthreads()), 1)
 
+    def next(self, stores: bool = True) -> tuple[str, bool] | None:
+        """The first input that may start now (taken off the waiting list): a store (if
+        `stores`); a slide where a worker is free to make it and no other makes its store."""
+        room = self.room()
+        for i, (path, slide) in enumerate(self.waiting):
+            target = self.how.target(Path(path)) if slide else None
+            if slide and room and target not in self._making.values() and target not in self._held:
+                return self.waiting.pop(i)
+            if not slide and stores:
+                return self.waiting.pop(i)
+        return None
+
     def send(self, path: str) -> None:
-        request = self.how.request(Path(path))
+        # named absolutely: a worker's working folder is not this one's
+        request = self.how.request(Path(path).absolute())
         self.out[self.client.submit(make_ready, request, pure=False, priority=1)] = path
+        self._making[path] = self.how.target(Path(path))
+
+    def landed(self, future) -> str:
+        """The slide a finished make_ready was for; its store is held until `release`."""
+        path = self.out.pop(future)
+        target = self._making.pop(path)
+        if target is not None:
+            self._held.add(target)
+        return path
+
+    def release(self, store: str) -> None:
+        """A store is done with (finished, failed or skipped): a twin may be sent now."""
+        self._held.discard(Path(store))
 
     def start(self) -> None:
-        """Send the slide files at the head of the order, while there is room."""
-        while self.order and self.how.wants(Path(self.order[0])) and self.room():
-            self.send(self.order.popleft())
+        """Send the first slide files, while there is room (before any store is taken)."""
+        while (first := self.next(stores=False)) is not None:
+            self.send(first[0])
 
 
 class _Feed:
@@ -392,12 +436,13 @@ class _Feed:
         return done
 
 
-def _one_less(state: _Store, report: CohortReport) -> None:
+def _one_less(state: _Store, report: CohortReport) -> bool:
     """One of a store's slices is over (done, failed or never sent): the last one finishes
-    the store, or gives it up where it failed."""
+    the store, or gives it up where it failed; whether it was the last."""
     state.pending -= 1
     if state.pending == 0:
         (_give_up if state.failed else _finish)(state, report)
+    return state.pending == 0
 
 
 def _lost(event, owner) -> dict[str, Any]:
@@ -502,7 +547,10 @@ def _cause(exc: BaseException, store: str) -> str:
     """One line saying why a store failed: our errors as they are (without the store's own
     name), anything else (a worker lost) with its type."""
     if not isinstance(exc, TilestoreError):
-        return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        said = str(exc).strip().splitlines()
+        if any(line.startswith("Traceback (most recent call last)") for line in said):
+            said = [said[0], said[-1]]  # a bug in a worker: what it was doing, and the error
+        return f"{type(exc).__name__}: {' '.join(' '.join(said).split())}"
     message = " ".join(str(exc).split())
     for name in (store, Path(store).name):
         if message.startswith(f"{name}: "):

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from distributed import WorkerPlugin, get_worker, secede
+from distributed import Reschedule, WorkerPlugin, get_worker, secede
 
 from tilestore.embed.settings import Options
 from tilestore.errors import StoreError
@@ -65,29 +65,37 @@ class SlidesPlugin(WorkerPlugin):
 
     def __init__(self) -> None:
         self.slides = None
+        self.closing = False
 
     async def setup(self, worker) -> None:
         self.preparing = threading.Lock()
 
     def prepare(self, request: dict[str, Any]) -> dict[str, Any]:
         """One slide made ready in this worker's slide process: its reply, or {"died": its
-        exit code} where the process died on it (a new one takes the next slide)."""
+        exit code} where the process died on it (a new one takes the next slide). A slide
+        stopped by the plugin's teardown is sent to the scheduler again (Reschedule)."""
         from tilestore.embed.inputs import SlideWorker
 
         with self.preparing:
+            if self.closing:
+                raise Reschedule()
             if self.slides is None:
                 self.slides = SlideWorker()
             self.slides.send(request)
             reply = self.slides.receive()
             if reply is None:
+                if self.closing:  # stopped by teardown, not by the slide: made elsewhere
+                    raise Reschedule()
                 reply = {"died": self.slides.close()}
                 self.slides = None
             return reply
 
     def teardown(self, worker) -> None:
-        # not under the lock: a slide in hand is stopped (its task's reply says it died)
+        # not under the lock (on the worker's event loop: never wait for a conversion); a
+        # slide in hand is stopped, and its task rescheduled
+        self.closing = True
         if self.slides is not None:
-            self.slides.close()
+            self.slides.kill()
 
 
 def _embedder():

@@ -81,6 +81,7 @@ class Preparation:
     scan_mpp: float | None = None
     tissue: str | None = None
     only_plan_will_do: bool = True  # the plan choice None: a store's one plan needs no mask
+    cpus: int | None = None  # a conversion's threads (None: the CPUs the process may use)
 
     @classmethod
     def of(
@@ -91,6 +92,7 @@ class Preparation:
         in_place: bool = False,
         sidecars: str | os.PathLike | None = None,
         scan_mpp: float | None = None,
+        cpus: int | None = None,
     ) -> Preparation:
         return cls(
             None if into is None or in_place else Path(into),
@@ -99,12 +101,17 @@ class Preparation:
             scan_mpp,
             tissue_wanted(plan),
             plan is None,
+            cpus,
         )
 
     def wants(self, path: Path) -> bool:
         """A slide file with somewhere to go; a store, a missing path, or a slide with
         neither `into` nor in_place is taken as a store (and fails as one where it is not)."""
         return not is_store(path) and path.exists() and (self.in_place or self.into is not None)
+
+    def target(self, path: Path) -> Path | None:
+        """The store a slide file is converted into (None: read in place)."""
+        return None if self.into is None else self.into / store_name(path)
 
     def request(self, path: Path) -> dict[str, Any]:
         """The worker's request for one slide (`_answer` reads it)."""
@@ -115,6 +122,7 @@ class Preparation:
             "scan_mpp": self.scan_mpp,
             "tissue": self.tissue,
             "only_plan_will_do": self.only_plan_will_do,
+            "cpus": self.cpus,
         }
 
 
@@ -240,6 +248,11 @@ class SlideWorker:
         self._in_flight -= 1
         return json.loads(line) if line else None
 
+    def kill(self) -> None:
+        """Stop it at once, from another thread than the one waiting for its reply (which
+        then reads the end of its replies)."""
+        self._proc.kill()
+
     def close(self) -> int:
         """Let it exit, stopped first where it still has work in hand; its exit code."""
         assert self._proc.stdin is not None and self._proc.stdout is not None
@@ -259,11 +272,13 @@ def prepare(
     only_plan_will_do: bool,
     sidecars: Path | None = None,
     scan_mpp: float | None = None,
+    cpus: int | None = None,
 ):
     """Make one slide ready (in the worker): its store, converted or reused (into a folder)
     or its sidecar (into None: in place, in `sidecars` or beside it), and the tissue mask its
-    plan reads; scan_mpp: the slide's level-0 um/px, over what its file records. Returns
-    (store, converted, seconds): seconds is what each step took ("store", "tissue")."""
+    plan reads; scan_mpp: the slide's level-0 um/px, over what its file records; cpus: the
+    conversion's threads. Returns (store, converted, seconds): seconds is what each step
+    took ("store", "tissue")."""
     from tilestore.conversion import open_in_place
     from tilestore.plan import plan_tissue, uses_stored_plan
     from tilestore.reading import open_slide, sidecar_for
@@ -274,7 +289,7 @@ def prepare(
         opened = open_in_place(slide, sidecars, mpp=scan_mpp, tissue=tissue)
         store = sidecar_for(slide, sidecars)
     else:
-        store, converted = _convert(slide, into, scan_mpp, tissue)
+        store, converted = _convert(slide, into, scan_mpp, tissue, cpus)
         opened = open_slide(store)
     seconds = {"store": round(time.perf_counter() - started, 3)}
     if tissue and not (only_plan_will_do and uses_stored_plan(opened, None)):
@@ -287,7 +302,7 @@ def prepare(
 
 
 def _convert(
-    slide: Path, into: Path, scan_mpp: float | None, tissue: str | None
+    slide: Path, into: Path, scan_mpp: float | None, tissue: str | None, cpus: int | None = None
 ) -> tuple[Path, dict]:
     """The slide's store in `into`: one there reused, else converted (with its tissue mask
     made beside the conversion where a method is given)."""
@@ -298,7 +313,7 @@ def _convert(
         _check_reusable(target, slide, scan_mpp)
         return target, {"slide": str(slide), "store": str(target), "reused": True}
     started = time.perf_counter()
-    report = convert(slide, target, mpp=scan_mpp, tissue=tissue)
+    report = convert(slide, target, mpp=scan_mpp, tissue=tissue, workers=cpus)
     paths = sorted({level.write for level in report.levels})
     return report.store, {
         "slide": str(slide),
@@ -342,6 +357,7 @@ def _answer(request: dict[str, Any]) -> str:
                 request["only_plan_will_do"],
                 None if sidecars is None else Path(sidecars),
                 request.get("scan_mpp"),
+                request.get("cpus"),
             )
         reply: dict[str, Any] = {
             "store": str(store),

@@ -9,12 +9,11 @@ import shutil
 import signal
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, WorkerPlugin
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -372,19 +371,64 @@ def test_a_damaged_slide_file_fails_alone_with_its_cause(cohort, client, tmp_pat
     assert not into.exists() or not any(into.iterdir())  # no store, no partial folder
 
 
+class _Held(WorkerPlugin):
+    """The slide process's plugin, standing in: its slide is ready once `flag` exists."""
+
+    name = PREPARER
+
+    def __init__(self, flag: str) -> None:
+        self.flag = flag
+
+    def prepare(self, request):
+        while not os.path.exists(self.flag):
+            time.sleep(0.02)
+        return {"store": request["slide"]}
+
+
 def test_a_slide_made_ready_leaves_its_worker_free_for_slices(client, tmp_path):
     """make_ready leaves the worker's one thread (secede): a task sent to the same worker
-    after it runs while the slide is still being converted."""
-    client.register_plugin(SlidesPlugin(), name=PREPARER)
+    after it runs while the slide is still being made (it is held until the task is over;
+    without the secede the task would wait behind it, and the test time out)."""
+    flag = tmp_path / "ready"
+    client.register_plugin(_Held(str(flag)), name=PREPARER)
     worker = sorted(client.nthreads())[0]
     how = Preparation.of(tmp_path, PLAN)
-    making = client.submit(
-        make_ready, how.request(real(SLIDES / CMU)), workers=[worker], pure=False
-    )
-    while not client.processing().get(worker):  # the conversion has started there
-        time.sleep(0.01)
+    request = how.request(real(SLIDES / CMU))
+    making = client.submit(make_ready, request, workers=[worker], pure=False)
     after = client.submit(time.monotonic, workers=[worker], pure=False)
     after.result(timeout=60)
-    assert not making.done()  # one thread, and the conversion did not hold it
-    reply = making.result(timeout=120)
-    assert Path(reply["store"]).name == "CMU-1-Small-Region.ome.zarr" and reply["converted"]
+    assert not making.done()
+    flag.touch()
+    assert making.result(timeout=60) == {"store": str(real(SLIDES / CMU))}
+    client.register_plugin(SlidesPlugin(), name=PREPARER)  # the real one back
+
+
+def test_one_file_given_twice_and_two_files_of_one_name(cohort, client, tmp_path):
+    """The same SVS under two spellings is taken once; another SVS of the same name waits
+    for the first's store to be finished, then finds it there (reused, skipped complete),
+    as one process's run would: never two conversions racing for one store."""
+    svs = real(SLIDES / CMU)
+    twin = tmp_path / "elsewhere" / CMU
+    twin.parent.mkdir()
+    shutil.copyfile(svs, twin)
+    into = tmp_path / "into"
+    relative = os.path.relpath(svs)
+    report = embed_cohort(
+        [svs, relative, twin], LITE, client, plan=PLAN, options=OPTIONS, into=into
+    )
+    made = into / "CMU-1-Small-Region.ome.zarr"
+    assert not report.failures and [s["store"] for s in report.slides] == [str(made)]
+    assert sorted(bool(c.get("reused")) for c in report.converted) == [False, True]
+    assert report.skipped_complete == [str(made)] and report.exit_code == 0
+
+
+def test_a_bug_in_a_worker_is_one_line():
+    from tilestore.embed.cohort import _cause
+
+    bug = RuntimeError(
+        "preparing a.svs failed in the worker:\nTraceback (most recent call last):\n"
+        '  File "x.py", line 1, in f\nValueError: no good'
+    )
+    assert _cause(bug, "a.svs") == (
+        "RuntimeError: preparing a.svs failed in the worker: ValueError: no good"
+    )

@@ -171,7 +171,7 @@ def test_damaged_slides_read_in_place_fail_in_the_worker_with_their_cause(slide_
 
 
 def test_the_worker_answers_errors_by_kind_and_bugs_with_their_traceback(monkeypatch):
-    def prepare(slide, into, tissue, only_plan_will_do, sidecars=None, scan_mpp=None):
+    def prepare(slide, into, tissue, only_plan_will_do, sidecars=None, scan_mpp=None, cpus=None):
         if slide.name == "bad.svs":
             raise StoreError(f"{slide}: cannot write store: disk full")
         raise ValueError("a bug")
@@ -210,3 +210,20 @@ def test_a_run_stopped_early_stops_the_worker(slide_path, tmp_path):
     stager.close()  # a and b sent, neither answered: the worker is stopped, not waited for
     assert proc.poll() is not None
     assert not (tmp_path / "in" / "b.ome.zarr").exists()
+
+
+def test_a_conversion_asked_for_a_share_of_the_cpus_gets_it(monkeypatch, tmp_path, slide_path):
+    """A Dask worker's slide process converts with its worker's CPUs (`Preparation.cpus`),
+    not the whole machine's."""
+    from tilestore.conversion import converter
+
+    asked = {}
+
+    def convert(src, dst, **kwargs):
+        asked.update(kwargs)
+        raise StoreError(f"{dst}: stopped here")
+
+    monkeypatch.setattr(converter, "convert", convert)
+    how = inputs.Preparation.of(tmp_path, None, cpus=3)
+    reply = json.loads(inputs._answer(how.request(slide_path(CMU))))
+    assert reply["error"][0] == "StoreError" and asked["workers"] == 3

@@ -31,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ from tilestore.embed.outcome import exit_code
 from tilestore.embed.report import preparation_lines, quality_line
 from tilestore.embed.settings import SLICE_TILES, Options, SliceTiles
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
-from tilestore.errors import DeviceError, OptionError, TilestoreError
+from tilestore.errors import DeviceError, OptionError, StoreError, TilestoreError
 from tilestore.options import checked
 from tilestore.progress import LogLines, to_stderr
 
@@ -214,6 +214,9 @@ def embed_cohort(
             lines.finish()
     finally:
         members.stop()
+        if inputs.slides:  # a slide still being made (the run stopped early) is stopped
+            with contextlib.suppress(Exception):
+                client.unregister_worker_plugin(PREPARER)
     report.workers_at_end = len(members.alive)
     report.lost = [_lost(e, owner) for e in members.lost]
     report.joined = [{"name": e.name, "address": e.address, "after_s": e.after_s}
@@ -255,24 +258,30 @@ def _run(inputs, model, client, plan, options, slice_tiles, identity, progress, 
     def landed(future) -> None:
         """A slide file made ready on a worker: its store taken, or its failure reported."""
         given = inputs.landed(future)
+        named = os.path.abspath(given)  # as the worker was asked, and says it
         try:
             reply = future.result()
             died = reply.get("died")
-            staged = staged_from(Path(given), None if died is not None else reply, died or 0)
+            staged = staged_from(Path(named), None if died is not None else reply, died or 0)
         except Exception as exc:  # the task failed (its worker lost too often), or a bug
-            report.failures.append({"store": given, "error": _cause(exc, given)})
-            inputs.release(str(inputs.how.target(Path(given))))
+            report.failures.append({"store": given, "error": _cause(exc, named)})
+            inputs.release(inputs.how.target(Path(given)))
             return
+        if staged.store is not None and not staged.store.exists():  # on the worker's disk
+            staged = replace(staged, error=StoreError(
+                f"{staged.store}: made on a worker, not seen here: give --into (into=) a "
+                "folder the workers and this machine share"
+            ))  # fmt: skip
         if staged.converted:
-            report.converted.append(staged.converted)
+            report.converted.append({**staged.converted, "slide": given})
         if staged.seconds is not None:
             report.prepared.append(
                 {"slide": given, "store": str(staged.store), "seconds": staged.seconds}
             )
         report.warnings.extend(staged.warnings)
         if staged.error:
-            report.failures.append({"store": given, "error": _cause(staged.error, given)})
-            inputs.release(str(inputs.how.target(Path(given))))
+            report.failures.append({"store": given, "error": _cause(staged.error, named)})
+            inputs.release(inputs.how.target(Path(given)))
         else:
             take(str(staged.store), given)
 
@@ -333,10 +342,11 @@ def _run(inputs, model, client, plan, options, slice_tiles, identity, progress, 
 class _Inputs:
     """The cohort's inputs, each path once, largest first: stores, taken as they come, and
     slide files made ready on the workers (`make_ready`, a task that leaves its worker's
-    thread), one per worker at a time and one per store made (two files of one name wait
-    their turn: the second, once the first's store is finished, finds it there). A slide
-    waiting lets a store behind it go first. Each slide is sent before the slices waiting
-    (a higher priority), so it starts where a worker frees."""
+    thread), one at a time per worker (sent to one making none) and one per store made (a
+    file whose store is being made or embedded, by a file of the same name or given as a
+    store, waits its turn, then finds the store there). A slide waiting lets a store behind
+    it go first. Each slide is sent before the slices waiting (a higher priority), so it
+    starts where a worker frees."""
 
     def __init__(self, client, how: Preparation, paths: Sequence[str | os.PathLike]) -> None:
         self.client, self.how = client, how
@@ -345,46 +355,61 @@ class _Inputs:
         self.waiting = [(p, how.wants(Path(p))) for p in order]  # (path as given, a slide?)
         self.slides = sum(slide for _, slide in self.waiting)
         self.out: dict = {}  # make_ready future -> the slide file given
-        self._making: dict[str, Path | None] = {}  # the slide given -> the store it makes
-        self._held: set[Path] = set()  # stores made here, not yet finished (or given up)
+        self._making: dict[str, tuple[str | None, str | None]] = {}  # slide -> (store, worker)
+        self._held: set[str] = set()  # stores (absolute) made or taken, not yet done with
 
     def room(self) -> bool:
         return len(self.out) < max(len(self.client.nthreads()), 1)
 
     def next(self, stores: bool = True) -> tuple[str, bool] | None:
         """The first input that may start now (taken off the waiting list): a store (if
-        `stores`); a slide where a worker is free to make it and no other makes its store."""
+        `stores`), held until released; a slide where a worker is free to make it and its
+        store is neither being made nor worked on."""
         room = self.room()
+        made = {store for store, _ in self._making.values()}
         for i, (path, slide) in enumerate(self.waiting):
-            target = self.how.target(Path(path)) if slide else None
-            if slide and room and target not in self._making.values() and target not in self._held:
-                return self.waiting.pop(i)
-            if not slide and stores:
+            if slide and room:
+                target = _absolute(self.how.target(Path(path)))
+                if target not in made and target not in self._held:
+                    return self.waiting.pop(i)
+            elif not slide and stores and _absolute(path) not in self._held:
+                self._held.add(_absolute(path))
                 return self.waiting.pop(i)
         return None
 
     def send(self, path: str) -> None:
+        busy = {worker for _, worker in self._making.values()}
+        free = [w for w in sorted(self.client.nthreads()) if w not in busy]
+        where = free[0] if free else None  # preferred; another if it is gone
         # named absolutely: a worker's working folder is not this one's
-        request = self.how.request(Path(path).absolute())
-        self.out[self.client.submit(make_ready, request, pure=False, priority=1)] = path
-        self._making[path] = self.how.target(Path(path))
+        request = self.how.request(Path(os.path.abspath(path)))
+        future = self.client.submit(
+            make_ready, request, pure=False, priority=1,
+            workers=[where] if where else None, allow_other_workers=True,
+        )  # fmt: skip
+        self.out[future] = path
+        self._making[path] = (_absolute(self.how.target(Path(path))), where)
 
     def landed(self, future) -> str:
         """The slide a finished make_ready was for; its store is held until `release`."""
         path = self.out.pop(future)
-        target = self._making.pop(path)
+        target, _ = self._making.pop(path)
         if target is not None:
             self._held.add(target)
         return path
 
-    def release(self, store: str) -> None:
+    def release(self, store: str | os.PathLike | None) -> None:
         """A store is done with (finished, failed or skipped): a twin may be sent now."""
-        self._held.discard(Path(store))
+        self._held.discard(_absolute(store))
 
     def start(self) -> None:
         """Send the first slide files, while there is room (before any store is taken)."""
         while (first := self.next(stores=False)) is not None:
             self.send(first[0])
+
+
+def _absolute(path: str | os.PathLike | None) -> str | None:
+    return None if path is None else os.path.abspath(path)
 
 
 class _Feed:

@@ -69,6 +69,7 @@ class SlidesPlugin(WorkerPlugin):
 
     async def setup(self, worker) -> None:
         self.preparing = threading.Lock()
+        self.slides, self.closing = None, False
 
     def prepare(self, request: dict[str, Any]) -> dict[str, Any]:
         """One slide made ready in this worker's slide process: its reply, or {"died": its
@@ -84,18 +85,20 @@ class SlidesPlugin(WorkerPlugin):
             self.slides.send(request)
             reply = self.slides.receive()
             if reply is None:
+                code = self.slides.close()
+                self.slides = None
                 if self.closing:  # stopped by teardown, not by the slide: made elsewhere
                     raise Reschedule()
-                reply = {"died": self.slides.close()}
-                self.slides = None
+                reply = {"died": code}
             return reply
 
     def teardown(self, worker) -> None:
         # not under the lock (on the worker's event loop: never wait for a conversion); a
         # slide in hand is stopped, and its task rescheduled
         self.closing = True
-        if self.slides is not None:
-            self.slides.kill()
+        slides = self.slides  # read once: the thread in prepare may drop it meanwhile
+        if slides is not None:
+            slides.kill()
 
 
 def _embedder():

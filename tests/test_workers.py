@@ -62,9 +62,11 @@ BUSY = (
 )
 # a caller that starts the busy worker, asks it, says its pid, then waits to be killed
 CALLER = (
-    "import subprocess, sys, time\n"
+    "import os, subprocess, sys, time\n"
+    "from tilestore import workers\n"
     f"worker = subprocess.Popen([sys.executable, '-c', {BUSY!r}], stdin=subprocess.PIPE,\n"
-    "                          stdout=subprocess.PIPE, text=True)\n"
+    "                          stdout=subprocess.PIPE, text=True,\n"
+    "                          env={**os.environ, workers.CALLER: str(os.getpid())})\n"
     "worker.stdin.write('{}\\n'); worker.stdin.flush()\n"
     "print(worker.pid, flush=True)\n"
     "time.sleep(300)\n"

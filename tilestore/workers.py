@@ -27,16 +27,20 @@ def start(
 ) -> subprocess.Popen:
     """Start `python -m module` with line-buffered text pipes to its stdin and stdout;
     session: in a session of its own, where a Ctrl-C at the terminal does not reach it (the
-    caller, which it does reach, stops it)."""
+    caller, which it does reach, stops it). The worker is told who its caller is (CALLER),
+    to end with it."""
     return subprocess.Popen(
         [sys.executable, "-m", module],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         bufsize=1,
-        env=env,
+        env={**(os.environ if env is None else env), CALLER: str(os.getpid())},
         start_new_session=session,
     )
+
+
+CALLER = "TILESTORE_WORKER_CALLER"  # the environment's pid of the process a worker serves
 
 
 def serve(
@@ -50,9 +54,9 @@ def serve(
     "ready" where asked. Without `replies`, they go to a private copy of stdout and stdout
     itself is pointed at stderr. A Ctrl-C that reached the caller's terminal too ends the
     worker quietly (the caller reports it), as does a caller gone before a reply."""
-    if requests is None:  # a worker process: it ends with its caller
-        caller = os.getppid()
-        threading.Thread(target=_end_with, args=(caller,), daemon=True).start()
+    caller = os.environ.pop(CALLER, None)  # not handed down to its own workers
+    if caller is not None:  # a worker process that `start` made: it ends with its caller
+        threading.Thread(target=_end_with, args=(int(caller),), daemon=True).start()
     if replies is None:
         replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
         os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
@@ -72,8 +76,9 @@ def serve(
 
 def _end_with(caller: int, every: float = 0.5) -> None:
     """End this worker once its caller is gone (killed: the worker is given to another
-    parent). A worker in the middle of a long request (a conversion) would otherwise finish
-    it unseen, racing the same work started again by the caller's rerun."""
+    parent; gone before the worker started: at once). A worker in the middle of a long
+    request (a conversion) would otherwise finish it unseen, racing the same work started
+    again by the caller's rerun."""
     while os.getppid() == caller:
         time.sleep(every)
     os._exit(1)

@@ -363,9 +363,11 @@ def test_a_damaged_slide_file_fails_alone_with_its_cause(cohort, client, tmp_pat
     damaged.write_bytes(real(SLIDES / CMU).read_bytes()[:300_000])
     ihc = cohort("with-damaged")[1]
     into = tmp_path / "into"
-    report = embed_cohort([damaged, ihc], LITE, client, plan=PLAN, options=OPTIONS, into=into)
+    given = os.path.relpath(damaged)  # as a shell's glob gives it: named so, once
+    report = embed_cohort([given, ihc], LITE, client, plan=PLAN, options=OPTIONS, into=into)
     (failure,) = report.failures
-    assert failure["store"] == str(damaged) and "\n" not in failure["error"]
+    assert failure["store"] == given and "\n" not in failure["error"]
+    assert str(damaged) not in failure["error"] and given not in failure["error"]
     assert "truncated or corrupt" in failure["error"]  # the reader's own cause
     assert [s["store"] for s in report.slides] == [str(ihc)] and report.exit_code == 3
     assert not into.exists() or not any(into.iterdir())  # no store, no partial folder
@@ -420,6 +422,9 @@ def test_one_file_given_twice_and_two_files_of_one_name(cohort, client, tmp_path
     assert not report.failures and [s["store"] for s in report.slides] == [str(made)]
     assert sorted(bool(c.get("reused")) for c in report.converted) == [False, True]
     assert report.skipped_complete == [str(made)] and report.exit_code == 0
+    # the slide and its store given together: the store taken, the slide after it, reused
+    both = embed_cohort([svs, made], LITE, client, plan=PLAN, options=OPTIONS, into=into)
+    assert not both.failures and both.exit_code == 0 and both.converted[0]["reused"]
 
 
 def test_a_bug_in_a_worker_is_one_line():

@@ -410,3 +410,26 @@ def test_level_shapes_of_a_large_thin_image(tmp_path):
         (75, 1025),
         (38, 513),
     ]
+
+
+def test_a_store_made_meanwhile_is_kept_not_replaced(tmp_path):
+    """Two conversions of one slide racing (a rerun beside one left running): the one that
+    ends second, not asked to overwrite, keeps the first's store and says so; its own
+    partial folder is removed."""
+    from tilestore.format import leftovers
+
+    target = tmp_path / "a.ome.zarr"
+    with (
+        pytest.raises(StoreError, match=r"a\.ome\.zarr: made by another process while"),
+        leftovers.built_beside(target, "cannot write store", replace=False) as tmp,
+    ):
+        tmp.mkdir()
+        (tmp / "mine").write_text("x")
+        target.mkdir()
+        (target / "theirs").write_text("y")  # embedded into meanwhile
+    assert (target / "theirs").exists() and not (target / "mine").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ome.zarr"]
+    with leftovers.built_beside(target, "cannot write store") as tmp:  # asked to: replaced
+        tmp.mkdir()
+        (tmp / "mine").write_text("x")
+    assert (target / "mine").exists() and not (target / "theirs").exists()

@@ -284,7 +284,7 @@ def convert(
         )
         with (
             ThreadPoolExecutor(1) as hasher,
-            leftovers.built_beside(target, "cannot write store") as tmp,
+            leftovers.built_beside(target, "cannot write store", replace=overwrite) as tmp,
         ):
             digest = hasher.submit(_sha256, source.files)
             sources: dict = {}  # in place: level path -> its tiles, once the arrays exist

@@ -93,12 +93,17 @@ def clear_unfinished_files(folder: Path) -> int:
     return removed
 
 
-def move_into_place(tmp: Path, target: Path) -> None:
+def move_into_place(tmp: Path, target: Path, replace: bool = True) -> None:
     """Rename a store built at `tmp` to `target`; an old store there is renamed aside first
-    and deleted last (`clear` puts it back where a kill came between the two renames)."""
+    and deleted last (`clear` puts it back where a kill came between the two renames).
+    replace=False: one there (another process's, made meanwhile) is kept, this one refused."""
     if not target.exists():
         tmp.rename(target)
         return
+    if not replace:
+        raise StoreError(
+            f"{target}: made by another process while this one was made; that one is kept"
+        )
     old = replaced_name(target)
     target.rename(old)
     tmp.rename(target)
@@ -106,14 +111,15 @@ def move_into_place(tmp: Path, target: Path) -> None:
 
 
 @contextlib.contextmanager
-def built_beside(target: Path, failing: str) -> Iterator[Path]:
+def built_beside(target: Path, failing: str, replace: bool = True) -> Iterator[Path]:
     """Build a store at the partial name this yields; once the block ends, move it into
-    place (`move_into_place`). On any failure the partial folder is removed and `target`
-    is as it was; an OSError becomes a StoreError "<target>: <failing>: <why>"."""
+    place (`move_into_place`; replace=False: never over one made meanwhile). On any failure
+    the partial folder is removed and `target` is as it was; an OSError becomes a
+    StoreError "<target>: <failing>: <why>"."""
     tmp = partial_name(target)
     try:
         yield tmp
-        move_into_place(tmp, target)
+        move_into_place(tmp, target, replace)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):

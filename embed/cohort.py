@@ -19,8 +19,9 @@ each converted, with the tissue mask its plan reads, by a task (`make_ready`) th
 its worker's thread pool, in that worker's slide process (`SlidesPlugin`), as many at a
 time as there are workers, the first ones sent before the workers load their model; the
 coordinator plans each store as it lands and hands out its slices. So every worker's next
-slide is made while the GPUs embed, and the cohort's wall is its model's time plus about
-one slide's preparation, on any number of workers.
+slide is made while its GPU embeds: what makes a cohort cost its model's time plus about
+one slide's preparation in one process (1.02-1.05x on an H100, bench/RESULTS.md), here on
+each worker (bench/embed_cohort.py --inputs stores,slides measures it).
 """
 
 from __future__ import annotations

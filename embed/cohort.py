@@ -61,6 +61,7 @@ from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
 from tilestore.errors import DeviceError, OptionError, StoreError, TilestoreError
 from tilestore.options import checked
 from tilestore.progress import LogLines, to_stderr
+from tilestore.reading.resolution import ScanMpp
 
 
 def shard(stores: Sequence[str | os.PathLike], k: int, n: int) -> list[str]:
@@ -171,7 +172,7 @@ def embed_cohort(
     plan: PlanChoice = None,
     options: Options = Options(),
     into: str | os.PathLike | None = None,
-    scan_mpp: float | None = None,
+    scan_mpp: ScanMpp = None,
     slice_tiles: SliceTiles = SLICE_TILES,
     cpus_per_worker: int | None = None,
     progress: Callable[[int, int], None] | None = None,

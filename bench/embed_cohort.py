@@ -34,6 +34,7 @@ from make_slide import make_large_svs
 
 import tilestore
 from tilestore.embed.cohort import cpu_share, embed_cohort, local_cluster
+from tilestore.embed.models import get_model
 from tilestore.embed.settings import Options
 from tilestore.plan import PlanOptions, list_plans, plan_slide, save_plan
 
@@ -126,6 +127,9 @@ def main() -> None:
         help="stores, slides, or stores,slides: what each GPU count embeds (slides: the "
         "SVS files, converted on the workers)",
     )
+    parser.add_argument(
+        "--counts", help="the GPU counts to run, comma-separated (default: 1 and every GPU)"
+    )
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--work", type=Path, default=Path("/tmp/tilestore-cohort"))
     parser.add_argument("--out", type=Path, default=HERE / "results" / "embed_cohort.json")
@@ -142,6 +146,9 @@ def main() -> None:
     tiles = [per_store[i % len(stores)] for i in range(args.slides)]
     print(f"stores ready in {time.perf_counter() - t0:.0f} s: tiles per slide {tiles}")
     options = Options(batch_size=args.batch_size, device="cuda", decode="cpu")
+    # this process imports timm for a timm: name once, before the first arm's clock (as the
+    # CLI does at its door), so every arm's coordinator starts alike
+    get_model(f"timm:{args.arch}")
     results = {
         "arch": args.arch,
         "slides": args.slides,
@@ -154,7 +161,8 @@ def main() -> None:
     kinds = args.inputs.split(",")
     if not kinds or set(kinds) - {"stores", "slides"}:
         sys.exit(f"--inputs {args.inputs}: stores, slides or stores,slides")
-    for n in (1, gpus):
+    counts = [int(c) for c in args.counts.split(",")] if args.counts else [1, gpus]
+    for n in counts:
         for kind in kinds:
             print(f"\n{n} GPU(s), {kind}...", flush=True)
             results["runs"][f"{n} {kind}"] = run(
@@ -163,7 +171,7 @@ def main() -> None:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(results, indent=2))
     runs = results["runs"]
-    for kind in kinds:
+    for kind in kinds if {1, gpus} <= set(counts) else []:
         one, many = runs[f"1 {kind}"], runs[f"{gpus} {kind}"]
         results[f"speedup {kind}"] = round(many["tiles_per_s"] / one["tiles_per_s"], 3)
         results[f"steady_speedup {kind}"] = round(
@@ -189,8 +197,22 @@ def main() -> None:
         )
         for address, w in r["per_worker"].items():
             util = np.mean(w["gpu_util"]) if w["gpu_util"] else float("nan")
-            print(f"|   {address} | {w['tiles']} | {w['tasks']} tasks | GPU util {util:.0f}% ||||")
-    for kind in kinds:
+            idle = r["idle"].get(address, {})
+            gaps = ", ".join(f"{k} {v:.1f}" for k, v in idle.items())
+            print(
+                f"|   {address} | {w['tiles']} | {w['tasks']} tasks | GPU util {util:.0f}% | "
+                f"idle s: {gaps} |||"
+            )
+    for key, r in runs.items():  # when each store's slices went out, and what it cost here
+        landed = {p["store"]: p["landed_s"] for p in r["prepared"]}
+        print(f"{key}: store ready at s (landed from its worker; planned here in s):")
+        print("   " + "; ".join(
+            f"{Path(s['store']).stem.split('.')[0]} {s['ready_s']:.1f}"
+            + (f" ({landed[s['store']]:.1f}; {s['planned_s']:.2f})" if s["store"] in landed
+               else f" ({s['planned_s']:.2f})")
+            for s in sorted(r["slides"], key=lambda s: s["ready_s"])
+        ))  # fmt: skip
+    for kind in kinds if {1, gpus} <= set(counts) else []:
         print(
             f"{kind}: {gpus} GPUs / 1 GPU: {results[f'speedup {kind}']:.2f}x end to end, "
             f"{results[f'steady_speedup {kind}']:.2f}x after setup (model load on each worker)"

@@ -27,6 +27,7 @@ each worker (bench/embed_cohort.py --inputs stores,slides measures it).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import time
 from collections import deque
@@ -113,6 +114,9 @@ class CohortReport:
     converted: list[dict[str, Any]] = field(default_factory=list)
     prepared: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # each slice done: worker, store, tiles, began_s (since the cohort began), seconds, the
+    # slice's first batch and its wait for tiles: where each GPU was busy, and where not
+    timeline: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def tiles_per_s(self) -> float:
@@ -146,8 +150,25 @@ class CohortReport:
             "converted": self.converted,
             "prepared": self.prepared,
             "warnings": self.warnings,
+            "timeline": self.timeline,
+            "idle": self.idle(),
             "exit_code": self.exit_code,
         }
+
+    def idle(self) -> dict[str, dict[str, float]]:
+        """Per worker, the seconds its slices left it idle after the set-up: before its
+        first slice began, between its slices, after its last ended (until the cohort's end)."""
+        out = {}
+        for worker in sorted({t["worker"] for t in self.timeline}):
+            spans = sorted((t["began_s"], t["began_s"] + t["seconds"])
+                           for t in self.timeline if t["worker"] == worker)  # fmt: skip
+            between = sum(max(b - a, 0.0) for (_, a), (b, _) in itertools.pairwise(spans))
+            out[worker] = {
+                "start": round(max(spans[0][0] - self.setup_s, 0.0), 3),
+                "between": round(between, 3),
+                "end": round(max(self.wall_s - max(end for _, end in spans), 0.0), 3),
+            }
+        return out
 
 
 @dataclass
@@ -161,6 +182,8 @@ class _Store:
     seconds: float = 0.0
     workers: set = field(default_factory=set)
     failed: bool = False
+    ready_s: float = 0.0  # since the cohort began: when its slices went to the feed
+    planned_s: float = 0.0  # the coordinator's time planning it
 
 
 @checked
@@ -195,7 +218,8 @@ def embed_cohort(
     say: where the run's lines go (stderr; None: nowhere): progress, workers lost and joined.
     The report's `exit_code` is what the process should exit with.
     """
-    started = time.perf_counter()
+    started, began = time.perf_counter(), time.time()  # the wall clock: the workers'
+    spec = get_model(model)  # an unknown model refused before the cluster is asked
     # the workers find the folder, wherever they run (the slides' paths: `_Inputs.send`)
     folder = None if into is None else Path(into).absolute()
     how = Preparation.of(folder, plan, scan_mpp=scan_mpp, cpus=cpus_per_worker)
@@ -211,7 +235,9 @@ def embed_cohort(
         lines = None
         if progress is None and say is not None:
             progress = lines = LogLines(f"{model} on Dask", status=members.status, write=say)
-        owner = _run(inputs, model, client, plan, options, slice_tiles, identity, progress, report)
+        owner = _run(
+            inputs, spec, client, plan, options, slice_tiles, identity, progress, report, began
+        )
         if lines is not None:
             lines.finish()
     finally:
@@ -227,19 +253,20 @@ def embed_cohort(
     return report
 
 
-def _run(inputs, model, client, plan, options, slice_tiles, identity, progress, report):
+def _run(inputs, spec, client, plan, options, slice_tiles, identity, progress, report, began):
     """Take the inputs largest first (`_Inputs`): a store is planned here and its slices
     handed to the workers as they free (the first workers start at once); a slide file is
     first made ready on a worker, and planned once it lands. Then follow the slices as they
     finish; return which store each task key belongs to."""
-    spec = get_model(model)
     owner: dict[str, tuple[_Store, Slice]] = {}  # task key -> its store and slice
     feed = _Feed(client)
+    sent: dict[str, float] = {}  # task key -> when it was submitted, since the cohort began
     total = 0
 
     def take(path: str, given: str) -> None:
         """A store ready: planned, its slices to the feed (or it is reported)."""
         nonlocal total
+        clock = time.perf_counter()
         try:
             state = _prepare(path, spec, plan, identity, options, slice_tiles)
         except AlreadyComplete:
@@ -251,6 +278,8 @@ def _run(inputs, model, client, plan, options, slice_tiles, identity, progress, 
             inputs.release(path)
             return
         total += sum(s.tiles for s in state.slices)
+        state.planned_s = time.perf_counter() - clock
+        state.ready_s = time.time() - began
         if not state.slices:
             _finish(state, report)
             inputs.release(path)
@@ -277,9 +306,10 @@ def _run(inputs, model, client, plan, options, slice_tiles, identity, progress, 
         if staged.converted:
             report.converted.append({**staged.converted, "slide": given})
         if staged.seconds is not None:
-            report.prepared.append(
-                {"slide": given, "store": str(staged.store), "seconds": staged.seconds}
-            )
+            report.prepared.append({
+                "slide": given, "store": str(staged.store), "seconds": staged.seconds,
+                "landed_s": round(time.time() - began, 3),  # since the cohort began
+            })  # fmt: skip
         report.warnings.extend(staged.warnings)
         if staged.error:
             report.failures.append({"store": given, "error": _cause(staged.error, named)})
@@ -303,6 +333,12 @@ def _run(inputs, model, client, plan, options, slice_tiles, identity, progress, 
         state.seconds += result["seconds"]
         state.workers.add(result["worker"])
         _per_worker(report, result)
+        report.timeline.append({
+            "worker": result["worker"], "store": state.path, "tiles": result["tiles"],
+            "sent_s": round(sent[str(future.key)], 3),
+            "began_s": round(result["began"] - began, 3), "seconds": result["seconds"],
+            "first_batch_s": result["first_batch_s"], "waiting_s": result["waiting_s"],
+        })  # fmt: skip
         report.tiles += result["tiles"]
         if progress:
             progress(result["tiles"], total)
@@ -318,6 +354,7 @@ def _run(inputs, model, client, plan, options, slice_tiles, identity, progress, 
             future = client.submit(run_slice, piece, pure=False)
             state.futures.append(future)
             owner[str(future.key)] = (state, piece)
+            sent[str(future.key)] = time.time() - began
             feed.running.add(future)
 
     while inputs.waiting or inputs.out or feed.running or feed.waiting:
@@ -537,6 +574,8 @@ def _finish(state: _Store, report: CohortReport) -> None:
             "seconds": round(state.seconds, 3),
             "tiles_per_s": round(state.tiles / state.seconds, 1) if state.seconds else None,
             "workers": sorted(state.workers),
+            "ready_s": round(state.ready_s, 3),
+            "planned_s": round(state.planned_s, 3),
             "complete": complete,
             **({"quality": q} if (q := state.writer.quality_summary()) else {}),
         }

@@ -124,7 +124,7 @@ def make_ready(request: dict[str, Any]) -> dict[str, Any]:
 def run_slice(piece: Slice) -> dict[str, Any]:
     """A Dask task: embed one slice on this worker's model; return what happened."""
     plugin = get_worker().plugins[PLUGIN]
-    started = time.perf_counter()
+    began, started = time.time(), time.perf_counter()  # the wall clock: the cohort's timeline
     with plugin.lock:
         # the worker's log (a SLURM job's output) says when it compiles or waits for a compile
         report = plugin.embedder.embed_slices([piece], say=to_stderr)
@@ -135,6 +135,9 @@ def run_slice(piece: Slice) -> dict[str, Any]:
         "start": piece.start,
         "tiles": report.tiles,
         "seconds": round(time.perf_counter() - started, 3),
+        "began": began,
+        "first_batch_s": report.first_batch_s,
+        "waiting_s": report.explained.get("waiting for tiles (read/decode bound)"),
         "worker": get_worker().address,
         "device": report.device_name,
         "gpu_util_mean": report.gpu_util_mean,

@@ -4,6 +4,7 @@ slide files made ready on the workers."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -233,6 +234,27 @@ def test_cluster_run_equals_one_process(cohort, client):
         assert gb.attrs["tilestore"]["complete"] and gb["done"][:].all()
     lines = summary_lines(report)
     assert lines[0].startswith(f"{LITE}: {report.tiles} tiles on 2 worker(s)")
+    # the timeline: every slice once, on the worker that ran it, after it was sent, within
+    # the cohort's wall; one thread per worker, so a worker's slices never overlap
+    timeline = report.timeline
+    assert sum(t["tiles"] for t in timeline) == report.tiles
+    assert len(timeline) == sum(s["slices"] for s in report.slides)
+    assert {t["worker"] for t in timeline} == set(report.per_worker)
+    for t in timeline:
+        assert 0 <= t["sent_s"] <= t["began_s"] + 0.05  # one host: one clock
+        assert t["began_s"] + t["seconds"] <= report.wall_s
+        assert t["first_batch_s"] is not None and 0 <= t["waiting_s"] <= t["seconds"]
+    idle = report.to_json()["idle"]
+    for worker, gaps in idle.items():
+        spans = sorted((t["began_s"], t["began_s"] + t["seconds"]) for t in timeline
+                       if t["worker"] == worker)  # fmt: skip
+        assert all(a[1] <= b[0] + 1e-3 for a, b in itertools.pairwise(spans))
+        busy = sum(end - start for start, end in spans)
+        # busy and idle fill the wall after the set-up, but for the first slices' start
+        # before the set-up was counted as over
+        after = report.wall_s - report.setup_s
+        assert abs(busy + sum(gaps.values()) - after) <= max(report.setup_s - spans[0][0], 0) + 0.01
+    assert all(s["ready_s"] >= 0 and s["planned_s"] > 0 for s in report.slides)
     again = embed_cohort(spread, LITE, client, plan=PLAN, options=OPTIONS)
     assert again.tiles == 0 and sorted(again.skipped_complete) == sorted(map(str, spread))
 
@@ -445,3 +467,13 @@ def test_a_bad_scan_mpp_is_refused_before_the_cluster_is_asked(bad):
     the call, before any worker loads a model (no client is needed to be refused)."""
     with pytest.raises(TilestoreError, match=r"^scan_mpp=.*: must be a number of um/px above 0"):
         embed_cohort([], LITE, None, scan_mpp=bad)
+
+
+@pytest.mark.parametrize("model", ["timm:no_such_arch", "no-such-model"])
+def test_an_unknown_model_is_refused_before_the_cluster_is_asked(model, tmp_path):
+    """No client is touched (None would fail on first use), no slide is sent to convert."""
+    slide = tmp_path / "a.svs"
+    shutil.copy(real(SLIDES / CMU), slide)
+    with pytest.raises(TilestoreError, match=r"(timm has no architecture|unknown model)"):
+        embed_cohort([slide], model, None, into=tmp_path / "stores", plan=PLAN)
+    assert not (tmp_path / "stores").exists()

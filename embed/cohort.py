@@ -7,8 +7,9 @@ model once (`EmbedderPlugin`) and runs the slices it is handed through the usual
 streaming engine. Slices are cut at shard boundaries, so two workers never write one
 shard. When every slice of a store is done the coordinator marks it complete.
 
-The coordinator hands the slices out as workers free (`_Feed`: the last ones go to the first
-GPU free, none queued behind another on a busy one); Dask runs them: a task on a worker that
+The coordinator hands the slices out as workers free, largest first, each to a worker it
+picks (`_Feed`: the last ones go to the first GPU free, none queued behind another on a busy
+one); Dask runs them: a task on a worker that
 dies is run again elsewhere, and since a batch is marked done only after its features
 are written, the rerun redoes exactly the batches the dead worker had not finished.
 A slide that fails for its own reasons (a corrupt chunk) is reported and the cohort goes
@@ -30,7 +31,7 @@ import contextlib
 import itertools
 import os
 import time
-from collections import deque
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field, replace
@@ -284,7 +285,7 @@ def _run(inputs, spec, client, plan, options, slice_tiles, identity, progress, r
             _finish(state, report)
             inputs.release(path)
             return
-        feed.waiting.extend((state, piece) for piece in state.slices)
+        feed.add(state, state.slices)
 
     def landed(future) -> None:
         """A slide file made ready on a worker: its store taken, or its failure reported."""
@@ -346,16 +347,19 @@ def _run(inputs, spec, client, plan, options, slice_tiles, identity, progress, r
             inputs.release(state.path)
 
     def hand_out() -> None:
-        for state, piece in feed.take():
+        for state, piece, worker in feed.take():
             if state.failed:  # a slice of a slide that failed: never sent
                 if _one_less(state, report):
                     inputs.release(state.path)
                 continue
-            future = client.submit(run_slice, piece, pure=False)
+            future = client.submit(
+                run_slice, piece, pure=False,
+                workers=None if worker is None else [worker], allow_other_workers=True,
+            )  # fmt: skip
             state.futures.append(future)
             owner[str(future.key)] = (state, piece)
             sent[str(future.key)] = time.time() - began
-            feed.running.add(future)
+            feed.running[future] = worker
 
     while inputs.waiting or inputs.out or feed.running or feed.waiting:
         startable = inputs.next()
@@ -452,37 +456,49 @@ def _absolute(path: str | os.PathLike | None) -> str | None:
 
 
 class _Feed:
-    """The slices handed to the workers as they free, so the last ones go to whichever GPU
-    is free first, none waiting behind another on a busy one: Dask's scheduler hands a
-    one-thread worker a second task ahead (worker-saturation 1.1: a slice on a GPU still
-    busy while another ran out; 4 H100s, a mixed cohort: 3.67x one GPU). While more than two
-    per worker thread wait, two per thread are out (each worker's next one ready on it, no
-    round trip between slices); then one per free thread."""
+    """The slices handed out by the coordinator itself, the largest first, each to the worker
+    with the fewest out per thread: two per thread while more than two per thread wait (each
+    worker's next one ready on it, no round trip between slices), then one per thread, so the
+    last ones go to whichever GPU frees first, none queued behind another on a busy one.
+
+    Placed here, not by Dask's scheduler: it hands a one-thread worker a second task ahead
+    (worker-saturation 1.1), and counts a slide being made ready there (a task that left the
+    worker's thread) as work, so it queued a slide's two slices on one worker while another
+    stood free (4 H200s, 10 slide files: that worker idle 1.8 s at the start). Largest first
+    by slice, not by arrival: stores made from slide files land out of size order, and a big
+    slice handed out last is the cohort's tail (the same run: three GPUs idle 1.4-2.7 s at
+    the end)."""
 
     def __init__(self, client) -> None:
         self.client = client
-        self.waiting: deque[tuple[_Store, Slice]] = deque()  # prepared, largest slides first
-        self.running: set = set()  # submitted futures, not yet seen finished
+        self.waiting: list[tuple[_Store, Slice]] = []  # largest slice first, then by arrival
+        self.running: dict = {}  # submitted future -> the worker it went to (None: any)
 
-    def take(self) -> Iterator[tuple[_Store, Slice]]:
-        """The slices to submit now: up to the workers' capacity."""
+    def add(self, state: _Store, pieces: Sequence[Slice]) -> None:
+        """A store's slices, each placed among those waiting by its size."""
+        for piece in pieces:
+            at = next(
+                (i for i, (_, p) in enumerate(self.waiting) if p.tiles < piece.tiles),
+                len(self.waiting),
+            )
+            self.waiting.insert(at, (state, piece))
+
+    def take(self) -> Iterator[tuple[_Store, Slice, str | None]]:
+        """The slices to submit now, each with the worker it goes to (None: no worker yet,
+        one slice, to whichever joins)."""
         threads = self.client.nthreads()
-        total = max(sum(threads.values()), 1)  # none yet: one, waiting for them
-        many = len(self.waiting) > 2 * total  # else a thread each, past those queued
-        room = 2 * total if many else total + self._queued(threads)
-        while self.waiting and len(self.running) < room:
-            yield self.waiting.popleft()
-
-    def _queued(self, threads: dict[str, int]) -> int:
-        """The slices handed to a worker beyond its threads (in the two-per-thread phase),
-        waiting there, not running: while they wait, another worker may be free. A slice
-        just submitted, not yet on a worker, counts as running: this errs on sending less."""
-        processing = self.client.processing()
-        slices = {str(f.key) for f in self.running}  # not the slides being made ready there
-        return sum(
-            max(0, sum(str(k) in slices for k in keys) - threads.get(w, 0))
-            for w, keys in processing.items()
-        )
+        if not threads:
+            if self.waiting and not self.running:
+                yield (*self.waiting.pop(0), None)
+            return
+        per_thread = 2 if len(self.waiting) > 2 * sum(threads.values()) else 1
+        out = Counter(w for w in self.running.values() if w in threads)
+        while self.waiting:
+            worker = min(threads, key=lambda w: (out[w] / max(threads[w], 1), w))
+            if out[worker] >= per_thread * max(threads[worker], 1):
+                return
+            out[worker] += 1
+            yield (*self.waiting.pop(0), worker)
 
     def finished(self, timeout: float) -> list:
         """The running futures that finished (waiting up to `timeout` s for the first)."""
@@ -496,7 +512,8 @@ class _Feed:
             except CancelledError:  # a slide's slices cancelled when one failed: done too
                 pass
         done = [f for f in self.running if f.done()]
-        self.running.difference_update(done)
+        for future in done:
+            del self.running[future]
         return done
 
 

@@ -327,21 +327,36 @@ def _convert(
 
 def _check_reusable(target: Path, slide: Path, scan_mpp: float | None) -> None:
     """A store already at the target may stand for the slide only if it is complete, was
-    made from a file of the same name and size, and with the pixel size asked (scan_mpp);
-    anything else is an error, never reused."""
+    made with the pixel size asked (scan_mpp) and from this very slide: a file of the same
+    name, size and modification time as recorded, or else (a copy, a store made before the
+    time was recorded) the same SHA-256, read from the slide now. Anything else is an error,
+    never reused: another slide under the same name would give its embeddings silently."""
     from tilestore.conversion import check_mpp
     from tilestore.reading import open_slide
+    from tilestore.sources import open_source
 
     opened = open_slide(target)  # StoreError if incomplete
     check_mpp(opened, scan_mpp, target)
-    source = opened.record.source
-    size = slide.stat().st_size if slide.is_file() else None
-    if source.name != slide.name or (size is not None and source.size != size):
+    recorded = opened.record.source
+    with open_source(slide) as source:
+        size = source.size()
+        same = (
+            recorded.name == slide.name
+            and recorded.size == size
+            and (recorded.mtime_ns == source.mtime_ns() or recorded.sha256 == source.sha256())
+        )
+    if same:
+        return
+    if recorded.name == slide.name and recorded.size == size:  # the bytes differ
         raise StoreError(
-            f"{target}: already holds another slide ({source.name}, "
-            f"{source.size} bytes), not {slide.name}; move it or choose another "
+            f"{target}: made from another file of the same name and size ({recorded.name}, "
+            f"{size} bytes; its SHA-256 differs from {slide}'s); move it or choose another "
             "--into folder"
         )
+    raise StoreError(
+        f"{target}: already holds another slide ({recorded.name}, {recorded.size} bytes), "
+        f"not {slide.name}; move it or choose another --into folder"
+    )
 
 
 def _answer(request: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tifffile
 import zarr
 
 from tests.conftest import CMU, NDPI
@@ -24,6 +25,7 @@ from tilestore.errors import SlideError, StoreError
 from tilestore.masks.tissue import compute_tissue, read_tissue
 from tilestore.plan import PlanOptions
 from tilestore.reading.opening import open_slide
+from tilestore.sources.base import Source
 
 LITE = "efficientnet-lite0"
 FP32 = Options(batch_size=8, device="cpu", precision="fp32", dtype="float32")
@@ -68,6 +70,40 @@ def test_a_store_of_another_slide_is_not_taken_for_it(slide_path, tmp_path, lite
     assert second["store"] == str(bad) and "truncated" in second["error"]
     assert not (into / "bad.ome.zarr").exists()  # nothing that looks valid is left
     assert len(report.slides) == 1  # the store given as a store is embedded
+
+
+def test_a_store_is_reused_only_for_the_very_slide_it_was_made_from(
+    slide_path, tmp_path, monkeypatch
+):
+    """The same file: reused on its name, size and time, unread. A copy (another time, the
+    same bytes): reused once its SHA-256 is the one recorded. Another file of the same name
+    and size (one byte of a tile changed): refused in one line, the store kept as it was."""
+    svs = tmp_path / "CMU-1-Small-Region.svs"
+    svs.write_bytes(slide_path(CMU).read_bytes())
+    into = tmp_path / "in"
+    store, converted, _ = inputs.prepare(svs, into, None, True)
+    assert "seconds" in converted  # made
+    reused = {"slide": str(svs), "store": str(store), "reused": True}
+    with monkeypatch.context() as patch:
+        patch.setattr(Source, "sha256", lambda self: pytest.fail("read the whole slide"))
+        assert inputs.prepare(svs, into, None, True)[1] == reused
+    stat = svs.stat()
+    os.utime(svs, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # copied: a new time
+    assert inputs.prepare(svs, into, None, True)[1] == reused
+    with tifffile.TiffFile(svs) as tif:
+        inside = tif.pages[0].dataoffsets[0] + 200  # within level 0's first tile
+    data = bytearray(svs.read_bytes())
+    data[inside] ^= 0xFF
+    svs.write_bytes(data)
+    before = open_slide(store).record
+    with pytest.raises(StoreError) as refused:
+        inputs.prepare(svs, into, None, True)
+    assert str(refused.value) == (
+        f"{store}: made from another file of the same name and size (CMU-1-Small-Region.svs, "
+        f"{len(data)} bytes; its SHA-256 differs from {svs}'s); move it or choose another "
+        "--into folder"
+    )
+    assert open_slide(store).record == before  # kept, complete, untouched
 
 
 def _copies(slide_path, tmp_path, *names):

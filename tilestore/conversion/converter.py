@@ -9,7 +9,6 @@ interrupted or failed conversion never leaves something that looks valid, and
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import os
 import time
 import warnings
@@ -286,7 +285,7 @@ def convert(
             ThreadPoolExecutor(1) as hasher,
             leftovers.built_beside(target, "cannot write store", replace=overwrite) as tmp,
         ):
-            digest = hasher.submit(_sha256, source.files)
+            digest = hasher.submit(source.sha256)
             sources: dict = {}  # in place: level path -> its tiles, once the arrays exist
             store = TiffTiles(LocalStore(tmp), sources) if in_place else tmp
             root = zarr.open_group(store, mode="w-", zarr_format=3)
@@ -635,7 +634,8 @@ def _record(
         "name": source.path.name,
         "format": info.format,
         "vendor": info.vendor,
-        "size": sum(f.stat().st_size for f in source.files),
+        "size": source.size(),
+        "mtime_ns": source.mtime_ns(),  # with the size: the same file, unread (a rerun)
         "files": len(source.files),
         **({"series": info.series} if info.series else {}),
         **({"sha256": sha256} if sha256 else {}),
@@ -784,15 +784,6 @@ def _store_name(src: str | os.PathLike, series: str | None, name: str | None) ->
     if series:
         return f"{Path(src).name}-{series}{STORE_SUFFIX}"
     return Path(src).name + STORE_SUFFIX if Path(src).is_dir() else store_name(src)
-
-
-def _sha256(files: list[Path]) -> str:
-    h = hashlib.sha256()
-    for path in files:
-        with open(path, "rb") as fh:
-            while block := fh.read(8 << 20):
-                h.update(block)
-    return h.hexdigest()
 
 
 def _display_windows(smallest: zarr.Array) -> list[tuple[float, float]]:

@@ -58,6 +58,8 @@ class SourceRecord:
     name: str | None = None
     path: str | None = None
     size: int | None = None
+    mtime_ns: int | None = None  # its files' latest modification time, as converted
+    sha256: str | None = None  # of its files' bytes (a converted store's, once complete)
     fingerprint: str | None = None
     in_place: tuple[int, ...] = ()
     decoded: tuple[int, ...] = ()
@@ -76,6 +78,8 @@ class SourceRecord:
             name=facts.get("name"),
             path=facts.get("path"),
             size=None if facts.get("size") is None else int(facts["size"]),
+            mtime_ns=None if facts.get("mtime_ns") is None else int(facts["mtime_ns"]),
+            sha256=facts.get("sha256"),
             fingerprint=facts.get("fingerprint"),
             in_place=tuple(int(i) for i in facts.get("in_place", ())),
             decoded=tuple(int(i) for i in facts.get("decoded", ())),

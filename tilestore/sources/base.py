@@ -7,6 +7,7 @@ never needs a whole level in memory.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -152,6 +153,24 @@ class Source(ABC):
     def files(self) -> list[Path]:
         """The files the slide is read from (a DICOM series has several)."""
         return [self.path]
+
+    def size(self) -> int:
+        """Its files' bytes, together."""
+        return sum(f.stat().st_size for f in self.files)
+
+    def mtime_ns(self) -> int:
+        """Its files' latest modification time (ns): with the size, what says it is the same
+        file as one recorded, without reading it."""
+        return max(f.stat().st_mtime_ns for f in self.files)
+
+    def sha256(self) -> str:
+        """The SHA-256 of its files' bytes, in order: what a store made from it records."""
+        digest = hashlib.sha256()
+        for path in self.files:
+            with open(path, "rb") as fh:
+                while block := fh.read(8 << 20):
+                    digest.update(block)
+        return digest.hexdigest()
 
     def __enter__(self) -> Source:
         return self

@@ -731,9 +731,17 @@ def summary_lines(report: CohortReport) -> list[str]:
         )
         if s.get("quality"):
             lines.append(f"    quality: {quality_line(s['quality'])}")
+    idle = report.idle()
     for address, w in report.per_worker.items():
         util = f", GPU util {np.mean(w['gpu_util']):.0f}%" if w["gpu_util"] else ""
-        lines.append(f"  worker {address} ({w['device']}): {w['tiles']} tiles{util}")
+        gaps = idle.get(address)
+        waits = (
+            f", idle {gaps['start']:.1f} s at the start, {gaps['between']:.1f} between "
+            f"slices, {gaps['end']:.1f} at the end"
+            if gaps
+            else ""
+        )
+        lines.append(f"  worker {address} ({w['device']}): {w['tiles']} tiles{util}{waits}")
     for w in report.lost:
         redone = ", ".join(f"{Path(r['store']).name} from batch {r['start']}" for r in w["redone"])
         lines.append(

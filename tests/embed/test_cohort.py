@@ -272,6 +272,12 @@ def test_cluster_run_equals_one_process(cohort, client):
         after = report.wall_s - report.setup_s
         assert abs(busy + sum(gaps.values()) - after) <= max(report.setup_s - spans[0][0], 0) + 0.01
     assert all(s["ready_s"] >= 0 and s["planned_s"] > 0 for s in report.slides)
+    for worker, gaps in idle.items():  # each worker's line says where it waited
+        (line,) = [x for x in lines if x.startswith(f"  worker {worker} ")]
+        assert line.endswith(
+            f", idle {gaps['start']:.1f} s at the start, {gaps['between']:.1f} between "
+            f"slices, {gaps['end']:.1f} at the end"
+        )
     again = embed_cohort(spread, LITE, client, plan=PLAN, options=OPTIONS)
     assert again.tiles == 0 and sorted(again.skipped_complete) == sorted(map(str, spread))
 

@@ -28,7 +28,6 @@ each worker (bench/embed_cohort.py --inputs stores,slides measures it).
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import time
 from collections import Counter
@@ -157,17 +156,22 @@ class CohortReport:
         }
 
     def idle(self) -> dict[str, dict[str, float]]:
-        """Per worker, the seconds its slices left it idle after the set-up: before its
-        first slice began, between its slices, after its last ended (until the cohort's end)."""
+        """Per worker that finished a slice, the seconds after the set-up it ran none that
+        finished: before its first began, between them (threads' spans merged), after its
+        last ended until the cohort's end. A failed slice's time counts as idle, and so does
+        time before a worker joined or after it was lost (`joined`, `lost` say when)."""
         out = {}
         for worker in sorted({t["worker"] for t in self.timeline}):
             spans = sorted((t["began_s"], t["began_s"] + t["seconds"])
                            for t in self.timeline if t["worker"] == worker)  # fmt: skip
-            between = sum(max(b - a, 0.0) for (_, a), (b, _) in itertools.pairwise(spans))
+            between, latest = 0.0, spans[0][1]
+            for began, ended in spans[1:]:
+                between += max(began - latest, 0.0)
+                latest = max(latest, ended)
             out[worker] = {
                 "start": round(max(spans[0][0] - self.setup_s, 0.0), 3),
                 "between": round(between, 3),
-                "end": round(max(self.wall_s - max(end for _, end in spans), 0.0), 3),
+                "end": round(max(self.wall_s - latest, 0.0), 3),
             }
         return out
 
@@ -327,6 +331,8 @@ def _run(inputs, spec, client, plan, options, slice_tiles, identity, progress, r
                 state.failed = True
                 report.failures.append({"store": state.path, "error": _cause(exc, state.path)})
                 client.cancel([f for f in state.futures if f is not future])
+                for _ in range(feed.drop(state)):  # those not sent: never sent
+                    _one_less(state, report)
             if _one_less(state, report):
                 inputs.release(state.path)
             return
@@ -348,14 +354,7 @@ def _run(inputs, spec, client, plan, options, slice_tiles, identity, progress, r
 
     def hand_out() -> None:
         for state, piece, worker in feed.take():
-            if state.failed:  # a slice of a slide that failed: never sent
-                if _one_less(state, report):
-                    inputs.release(state.path)
-                continue
-            future = client.submit(
-                run_slice, piece, pure=False,
-                workers=None if worker is None else [worker], allow_other_workers=True,
-            )  # fmt: skip
+            future = _submit(client, run_slice, piece, worker)
             state.futures.append(future)
             owner[str(future.key)] = (state, piece)
             sent[str(future.key)] = time.time() - began
@@ -380,6 +379,13 @@ def _run(inputs, spec, client, plan, options, slice_tiles, identity, progress, r
         for future in feed.finished(timeout=0):
             finished(future)
     return owner
+
+
+def _submit(client, task, argument, worker: str | None, **options):
+    """A task sent to `worker` (preferred: another runs it if that one is gone), or to any
+    where none is named (Dask refuses allow_other_workers without workers)."""
+    where = {} if worker is None else {"workers": [worker], "allow_other_workers": True}
+    return client.submit(task, argument, pure=False, **where, **options)
 
 
 class _Inputs:
@@ -426,10 +432,7 @@ class _Inputs:
         where = free[0] if free else None  # preferred; another if it is gone
         # named absolutely: a worker's working folder is not this one's
         request = self.how.request(Path(os.path.abspath(path)))
-        future = self.client.submit(
-            make_ready, request, pure=False, priority=1,
-            workers=[where] if where else None, allow_other_workers=True,
-        )  # fmt: skip
+        future = _submit(self.client, make_ready, request, where, priority=1)
         self.out[future] = path
         self._making[path] = (_absolute(self.how.target(Path(path))), where)
 
@@ -492,13 +495,34 @@ class _Feed:
                 yield (*self.waiting.pop(0), None)
             return
         per_thread = 2 if len(self.waiting) > 2 * sum(threads.values()) else 1
-        out = Counter(w for w in self.running.values() if w in threads)
+        out = self._out(threads)
         while self.waiting:
             worker = min(threads, key=lambda w: (out[w] / max(threads[w], 1), w))
             if out[worker] >= per_thread * max(threads[worker], 1):
                 return
             out[worker] += 1
             yield (*self.waiting.pop(0), worker)
+
+    def _out(self, threads: dict[str, int]) -> Counter:
+        """The slices out on each worker: where the scheduler has them (a slice stolen by
+        another worker, or run again after its worker was lost), else where they were sent
+        (not yet seen there). Only slices: a slide being made ready there is not one."""
+        sent = {str(f.key): w for f, w in self.running.items()}
+        where = {
+            str(key): worker
+            for worker, keys in self.client.processing().items()
+            for key in keys
+            if str(key) in sent
+        }
+        placed = (where.get(key, worker) for key, worker in sent.items())
+        return Counter(worker for worker in placed if worker in threads)
+
+    def drop(self, state: _Store) -> int:
+        """A failed store's slices still waiting, taken off (never sent); how many."""
+        kept = [(s, p) for s, p in self.waiting if s is not state]
+        dropped = len(self.waiting) - len(kept)
+        self.waiting = kept
+        return dropped
 
     def finished(self, timeout: float) -> list:
         """The running futures that finished (waiting up to `timeout` s for the first)."""

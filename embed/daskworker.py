@@ -123,9 +123,11 @@ def make_ready(request: dict[str, Any]) -> dict[str, Any]:
 
 def run_slice(piece: Slice) -> dict[str, Any]:
     """A Dask task: embed one slice on this worker's model; return what happened."""
+    from tilestore.embed.report import WAITING  # here: this module imports no torch
+
     plugin = get_worker().plugins[PLUGIN]
-    began, started = time.time(), time.perf_counter()  # the wall clock: the cohort's timeline
     with plugin.lock:
+        began, started = time.time(), time.perf_counter()  # the wall clock: the timeline's
         # the worker's log (a SLURM job's output) says when it compiles or waits for a compile
         report = plugin.embedder.embed_slices([piece], say=to_stderr)
     if report.failures:  # the slide's data failed: the coordinator drops its other slices
@@ -137,7 +139,7 @@ def run_slice(piece: Slice) -> dict[str, Any]:
         "seconds": round(time.perf_counter() - started, 3),
         "began": began,
         "first_batch_s": report.first_batch_s,
-        "waiting_s": report.explained.get("waiting for tiles (read/decode bound)"),
+        "waiting_s": report.explained.get(WAITING),
         "worker": get_worker().address,
         "device": report.device_name,
         "gpu_util_mean": report.gpu_util_mean,

@@ -347,16 +347,16 @@ def _check_reusable(target: Path, slide: Path, scan_mpp: float | None) -> None:
         )
     if same:
         return
-    if recorded.name == slide.name and recorded.size == size:  # the bytes differ
-        raise StoreError(
-            f"{target}: made from another file of the same name and size ({recorded.name}, "
-            f"{size} bytes; its SHA-256 differs from {slide}'s); move it or choose another "
-            "--into folder"
+    if recorded.name != slide.name:
+        made = f"already holds another slide ({recorded.name}, {recorded.size} bytes)"
+    elif recorded.size != size:
+        made = f"made from another file of this name ({recorded.size} bytes; {slide}: {size})"
+    else:  # the bytes differ
+        made = (
+            f"made from another file of the same name and size ({recorded.name}, {size} "
+            f"bytes; its SHA-256 differs from {slide}'s)"
         )
-    raise StoreError(
-        f"{target}: already holds another slide ({recorded.name}, {recorded.size} bytes), "
-        f"not {slide.name}; move it or choose another --into folder"
-    )
+    raise StoreError(f"{target}: {made}; move it or choose another --into folder")
 
 
 def _answer(request: dict[str, Any]) -> str:

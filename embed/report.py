@@ -33,6 +33,9 @@ from tilestore.format.store import software_versions
 # `Stats.span` as the stages take it: span(stage, mark=None) -> a context manager
 Span = Callable[..., contextlib.AbstractContextManager]
 
+# the stage of `RunReport.explained` a slow reader or decoder shows as
+WAITING = "waiting for tiles (read/decode bound)"
+
 
 def no_span(stage: str, mark: str | None = None) -> contextlib.AbstractContextManager:
     """A span that times and marks nothing (for stages used outside a run)."""
@@ -279,7 +282,7 @@ class RunReport:
             "GPU computing" if self.device.startswith("cuda") else "model computing": round(
                 compute, 3
             ),
-            "waiting for tiles (read/decode bound)": round(waiting, 3),
+            WAITING: round(waiting, 3),
             "other (launches, writer back-pressure)": round(
                 max(loop - warm - compute - waiting, 0), 3
             ),
@@ -336,7 +339,7 @@ def advice(report: RunReport) -> list[str]:
         notes.append("CUDA is available but the model ran on the CPU: pass device='cuda'")
     busy = report.gpu_busy_fraction
     if busy is not None and busy < 0.5 and report.tiles:
-        waiting = report.explained.get("waiting for tiles (read/decode bound)", 0)
+        waiting = report.explained.get(WAITING, 0)
         if waiting > 0.25 * report.wall_s:
             fix = "the GPU waited for tiles: add readers or decoders (readers=, decoders=)" + (
                 ""

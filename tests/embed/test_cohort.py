@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import operator
 import os
 import shutil
 import signal
@@ -21,7 +22,14 @@ from hypothesis import strategies as st
 
 from tests.conftest import CMU, IHC, SLIDES, real
 from tests.corpus import rewrite_chunk
-from tilestore.embed.cohort import _Feed, embed_cohort, shard, slice_blocks, summary_lines
+from tilestore.embed.cohort import (
+    _Feed,
+    _submit,
+    embed_cohort,
+    shard,
+    slice_blocks,
+    summary_lines,
+)
 from tilestore.embed.daskworker import PREPARER, SlidesPlugin, make_ready
 from tilestore.embed.engine import embed
 from tilestore.embed.inputs import Preparation
@@ -140,11 +148,15 @@ class _Threads:
     def nthreads(self) -> dict[str, int]:
         return {f"w{i}": 1 for i in range(self.threads)}
 
+    def processing(self) -> dict[str, list[str]]:  # the scheduler's view: none seen yet
+        return {}
+
 
 class _Done:
-    def __init__(self, piece=None) -> None:
+    def __init__(self, piece=None, key: str | None = None) -> None:
         self.over = False
         self.piece = piece
+        self.key = key or f"run_slice-{id(self)}"
 
     def done(self) -> bool:
         return self.over
@@ -212,6 +224,41 @@ def test_two_slices_go_to_two_free_workers_whatever_else_runs_there():
     feed = _Feed(_Threads(2))
     feed.add(None, [_slice(16384), _slice(13007)])
     assert [(p.tiles, w) for _, p, w in feed.take()] == [(16384, "w0"), (13007, "w1")]
+
+
+def test_placement_follows_where_the_scheduler_has_a_slice():
+    """A slice sent to w0 that the scheduler shows on w1 (stolen, or run again after a
+    loss) counts for w1; a slide being made ready on w0 counts for nothing: w0 is free."""
+    client = _Threads(2)
+    client.processing = lambda: {"w0": ["make_ready-1"], "w1": ["run_slice-a"]}
+    feed = _Feed(client)
+    feed.running[_Done(_slice(9), "run_slice-a")] = "w0"
+    feed.add(None, [_slice(5)])
+    assert [w for _, _, w in feed.take()] == ["w0"]
+
+
+def test_a_failed_stores_waiting_slices_are_dropped_others_kept():
+    feed, failed, other = _Feed(_Threads(1)), object(), object()
+    feed.add(failed, [_slice(9), _slice(3)])
+    feed.add(other, [_slice(5)])
+    assert feed.drop(failed) == 2
+    assert [(s, p.tiles) for s, p in feed.waiting] == [(other, 5)]
+
+
+def test_a_slice_with_no_worker_yet_goes_to_the_first_that_joins():
+    """No worker: one slice goes out unplaced (Dask refuses allow_other_workers without
+    workers: the cohort stopped), and runs once a worker joins."""
+    with (
+        LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        feed = _Feed(client)
+        feed.add(None, [_slice(5), _slice(4)])
+        ((_, piece, worker),) = feed.take()
+        assert worker is None
+        future = _submit(client, operator.attrgetter("tiles"), piece, worker)
+        cluster.scale(1)
+        assert future.result(timeout=60) == 5
 
 
 def test_a_bigger_slice_landing_later_goes_out_before_smaller_ones_waiting():

@@ -104,6 +104,13 @@ def test_a_store_is_reused_only_for_the_very_slide_it_was_made_from(
         "--into folder"
     )
     assert open_slide(store).record == before  # kept, complete, untouched
+    svs.write_bytes(bytes(data) + b"\0" * 10)  # another size
+    with pytest.raises(StoreError) as refused:
+        inputs.prepare(svs, into, None, True)
+    assert str(refused.value) == (
+        f"{store}: made from another file of this name ({len(data)} bytes; {svs}: "
+        f"{len(data) + 10}); move it or choose another --into folder"
+    )
 
 
 def _copies(slide_path, tmp_path, *names):

@@ -318,7 +318,7 @@ def convert(
             report.store_bytes = tree_size(tmp)
     for message in report.warnings:
         warnings.warn(f"{src}: {message}", TilestoreWarning, stacklevel=2)
-    report.source_bytes = sum(f.stat().st_size for f in source.files)
+    report.source_bytes = source.size()
     report.seconds = time.perf_counter() - started
     return report
 

@@ -156,7 +156,7 @@ def _describe_slide(path: Path, verify: bool) -> dict[str, Any]:
             "modality": Fact.to_json(info.modality),
             "levels": levels,
             "associated": sorted(source.associated),
-            "size_bytes": sum(f.stat().st_size for f in source.files),
+            "size_bytes": source.size(),
             "files": len(source.files),
             "series": info.series,
             "warnings": list(info.warnings),

@@ -99,7 +99,7 @@ class TiffTiles(WrapperStore):
 
 def fingerprint(source: Source, levels: Iterable[int]) -> str:
     """SHA-256 of the slide's size and each given level's shape, tile size and tile index."""
-    digest = hashlib.sha256(str(sum(f.stat().st_size for f in source.files)).encode())
+    digest = hashlib.sha256(str(source.size()).encode())
     for index in sorted(levels):
         level = source.levels[index]
         digest.update(f"{index}:{level.shape}:{level.tile_shape}".encode())

@@ -60,7 +60,7 @@ from tilestore.embed.report import preparation_lines, quality_line
 from tilestore.embed.settings import SLICE_TILES, Options, SliceTiles
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
 from tilestore.errors import DeviceError, OptionError, StoreError, TilestoreError
-from tilestore.options import checked
+from tilestore.options import Workers, checked
 from tilestore.progress import LogLines, to_stderr
 from tilestore.reading.resolution import ScanMpp
 
@@ -202,7 +202,7 @@ def embed_cohort(
     into: str | os.PathLike | None = None,
     scan_mpp: ScanMpp = None,
     slice_tiles: SliceTiles = SLICE_TILES,
-    cpus_per_worker: int | None = None,
+    cpus_per_worker: Workers = None,
     progress: Callable[[int, int], None] | None = None,
     replace_lost: bool = True,
     say: Callable[[str], None] | None = to_stderr,
@@ -215,8 +215,8 @@ def embed_cohort(
     the tissue mask the plan reads; a store there from an earlier run is reused. scan_mpp:
     the slides' level-0 um/px, over what their files record. slice_tiles: at most this many
     tiles per task (big slides spread over workers). cpus_per_worker: the CPUs each worker
-    may use for decoding (None: each worker's own affinity; `cpu_share` for workers sharing
-    a machine).
+    may use for decoding and for converting its slides (None: each worker's own affinity;
+    `cpu_share` for workers sharing a machine).
     progress: called with (tiles, total) as slices finish; None: a line every 30 s through
     `say` (tiles done, rate, time left, workers alive). replace_lost: ask the client's
     cluster (dask-jobqueue's SLURMCluster...) for a new worker in place of each one lost.

@@ -547,3 +547,11 @@ def test_an_unknown_model_is_refused_before_the_cluster_is_asked(model, tmp_path
     with pytest.raises(TilestoreError, match=r"(timm has no architecture|unknown model)"):
         embed_cohort([slide], model, None, into=tmp_path / "stores", plan=PLAN)
     assert not (tmp_path / "stores").exists()
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), 10**9, "x"])
+def test_a_bad_cpus_per_worker_is_refused_before_the_cluster_is_asked(bad):
+    """The same declaration as convert's --workers: refused in one line at the call, before
+    any worker converts a slide or loads a model with it (no client is needed)."""
+    with pytest.raises(TilestoreError, match=r"^cpus_per_worker=\S+: "):
+        embed_cohort([], LITE, None, cpus_per_worker=bad)

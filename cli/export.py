@@ -115,12 +115,12 @@ def qupath(
     ),
 ) -> None:
     """In QuPath: File > Import objects from file, over the ORIGINAL slide (same pixels)."""
-    from tilestore.embeddings import group_name
+    from tilestore.embeddings import model_folder
 
     output_file(output)
     ds = _open([str(store)], model)
     name = ds.tiles.slides[0]
-    target = output or Path(f"{name}.{group_name(model).split('/')[-1]}.geojson")
+    target = output or Path(f"{name}.{model_folder(model).split('/')[-1]}.geojson")
     _writer("qupath")(
         ds,
         target,

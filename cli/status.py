@@ -49,7 +49,7 @@ def status(
     output_file(todo)
     if model is None:
         model = only_model([embeddings_status(store) for store in stores])
-    found = [(str(s), embeddings_status(s, model, plan).groups[0]) for s in stores]
+    found = [(str(s), g) for s in stores for g in embeddings_status(s, model, plan).groups]
     runs = finishing_runs(found, model, plan, slide_encoder)
     left = [store for run in runs for store in run.stores]
     if todo:

@@ -202,7 +202,7 @@ def _one(store, model, name, prompts, tower, classes, projected, torch) -> Class
         "slide_rule": SLIDE_RULE,
     }  # fmt: skip
     source = {**tiles.source(), "finished": tiles.finished}
-    path = write_tile_scores(store, model, name, probabilities, record, source)
+    path = write_tile_scores(store, tiles.path, name, probabilities, record, source)
     return Classified(store, path, tiles.tiles, tuple(prompts.names), slide)
 
 

@@ -228,3 +228,11 @@ def embedded_ds(embedded_cohort):
     import tilestore
 
     return tilestore.open_embeddings(embedded_cohort, "efficientnet-lite0")
+
+
+def group_of(store, model: str, plan: str | None = None) -> str:
+    """The path in `store` of `model`'s embeddings group (of `plan`; None: its only plan's),
+    as the readers find it (`tilestore.embeddings.find_group`): embeddings/<model>/<plan>."""
+    from tilestore.embeddings import find_group
+
+    return find_group(store, model, plan)

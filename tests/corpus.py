@@ -17,6 +17,7 @@ from pathlib import Path
 import tifffile
 import zarr
 
+from tests.conftest import group_of
 from tests.tilestore.tiffs import patch_tag
 from tilestore.format import positions
 from tilestore.format.integrity import UNWRITTEN
@@ -325,9 +326,8 @@ def damage_embeddings(store: Path, model: str, kind: str) -> str:
     """Damage the finished `model` group of `store` in place as `kind` (EMBEDDINGS_DAMAGE)
     says, with zarr or by editing one document (nothing else recomputed); return what a
     reader's refusal says of it."""
-    from tilestore.embeddings import group_name
 
-    group = store / group_name(model)
+    group = store / group_of(store, model)
     if kind == "rows":
         shape_edited(group / "features", 3)
         width = json.loads((group / "features" / "zarr.json").read_text())["shape"][1]

@@ -23,9 +23,8 @@ import numpy as np
 import pytest
 import zarr
 
-from tests.conftest import CMU, IHC, REPO, fill, run_cli
+from tests.conftest import CMU, IHC, REPO, fill, group_of, run_cli
 from tests.slurm import CPU_FLAGS, LITE, Slurm, Unavailable, adapted, array_script, recipe_block
-from tilestore.embeddings import group_name
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -72,7 +71,7 @@ def _tilestore(*argv, **kwargs) -> subprocess.CompletedProcess:
 
 
 def _features(store: Path) -> tuple[np.ndarray, dict]:
-    group = zarr.open_group(store / group_name(LITE), mode="r")
+    group = zarr.open_group(store / group_of(store, LITE), mode="r")
     return group["features"][:], dict(group.attrs["tilestore"])
 
 
@@ -88,7 +87,7 @@ def _done_batches(paths: list[Path]) -> int:
     total = 0
     for store in paths:
         try:
-            total += int(zarr.open_array(store / group_name(LITE) / "done", mode="r")[:].sum())
+            total += int(zarr.open_array(store / group_of(store, LITE) / "done", mode="r")[:].sum())
         except (FileNotFoundError, KeyError, zarr.errors.BaseZarrError):
             continue
     return total
@@ -99,7 +98,7 @@ def _done_tiles(paths: list[Path], batch: int = 8) -> int:
     total = 0
     for store in paths:
         try:
-            group = zarr.open_group(store / group_name(LITE), mode="r")
+            group = zarr.open_group(store / group_of(store, LITE), mode="r")
         except (FileNotFoundError, KeyError, zarr.errors.BaseZarrError):
             continue
         tiles = group["features"].shape[0]

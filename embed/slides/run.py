@@ -15,11 +15,11 @@ from tilestore.embed.settings import Device, resolve_device
 from tilestore.embed.slides.load import LoadedSlideEncoder, load_slide_encoder
 from tilestore.embed.slides.registry import get_slide_encoder, tile_model_for
 from tilestore.embed.slides.spec import SlidePrecision, SlideSpec
+from tilestore.embeddings.groups import plan_groups
 from tilestore.embeddings.slides import (
     SlideEmbeddingExists,
     has_current_vector,
     read_tile_features,
-    slide_group_name,
     write_slide_vector,
 )
 from tilestore.errors import SlideEncoderError, TilestoreError
@@ -36,6 +36,7 @@ class SlideRow:
     seconds: float | None = None
     peak_gpu_mb: float | None = None
     why: str = ""
+    path: str = ""  # where the vector was written in the store
 
 
 @dataclass
@@ -62,7 +63,7 @@ class SlideReport:
                 memory = f", peak GPU {row.peak_gpu_mb:,.0f} MB" if row.peak_gpu_mb else ""
                 out.append(
                     f"{row.store}: {self.encoder} from {row.tiles:,} {self.model} tiles in "
-                    f"{row.seconds:.2f} s{memory} -> {slide_group_name(self.model, self.encoder)}"
+                    f"{row.seconds:.2f} s{memory} -> {row.path}"
                 )
             elif row.status == "skipped":
                 out.append(f"{row.store}: skipped ({row.why})")
@@ -83,9 +84,11 @@ def embed_slides(
     token: str | None = None,
     weights: str | os.PathLike | None = None,
     progress: Callable[[int, int], None] | None = None,
+    plan: str | None = None,
 ) -> SlideReport:
     """Compute and store each store's slide embedding with `encoder` from its stored tile
-    features of the encoder's tile model (`model` for the pooling encoders).
+    features of the encoder's tile model (`model` for the pooling encoders), of `plan`
+    (None: the model's only plan's in each store).
 
     A store whose tile features are not what the encoder reads (model, um/px, tile size,
     grid) is refused with one line, as is one without them; a store with this embedding
@@ -99,10 +102,11 @@ def embed_slides(
     loaded: LoadedSlideEncoder | None = None
     for store in stores:
         try:
-            if not overwrite and has_current_vector(store, tile_model, spec.name):
+            chosen = plan if plan is not None else _plan_read(store, tile_model, spec)
+            if not overwrite and has_current_vector(store, tile_model, spec.name, chosen):
                 report.rows.append(SlideRow(str(store), "skipped", why="done already"))
                 continue
-            tiles = read_tile_features(store, tile_model)
+            tiles = read_tile_features(store, tile_model, chosen)
             why = spec.refusal(tiles)
             if why:
                 raise SlideEncoderError(why)
@@ -132,6 +136,30 @@ def embed_slides(
     return report
 
 
+def _plan_read(store, tile_model: str, spec: SlideSpec) -> str | None:
+    """The plan whose tile features the encoder reads where none is named: the model's only
+    plan's group (None: `read_tile_features` finds it or says why); of several, the one
+    finished group whose tiles the encoder reads (`SlideSpec.refusal`), else an error
+    naming them."""
+    groups = plan_groups(store, tile_model)
+    if len(groups) < 2:
+        return None
+    fits = []
+    for name in sorted(groups):
+        try:
+            tiles = read_tile_features(store, tile_model, name)
+        except TilestoreError:
+            continue
+        if spec.refusal(tiles) is None:
+            fits.append(name)
+    if len(fits) == 1:
+        return fits[0]
+    raise SlideEncoderError(
+        f"{store}: {tile_model!r} embeddings of {len(groups)} plans ({', '.join(sorted(groups))})"
+        f", {len(fits)} of them tiles {spec.name} reads; name the plan (plan=<name>, --plan)"
+    )
+
+
 def _encode(loaded: LoadedSlideEncoder, tiles, device, precision: str, overwrite: bool) -> SlideRow:
     cuda = device.type == "cuda"
     if cuda:
@@ -143,10 +171,10 @@ def _encode(loaded: LoadedSlideEncoder, tiles, device, precision: str, overwrite
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None
-    write_slide_vector(
+    path = write_slide_vector(
         tiles, loaded.spec.name, vector, loaded.describe(precision), overwrite=overwrite
     )
-    return SlideRow(tiles.store, "done", tiles.tiles, round(seconds, 4), peak)
+    return SlideRow(tiles.store, "done", tiles.tiles, round(seconds, 4), peak, path=path)
 
 
 def precision_for(spec: SlideSpec, option: str, device: torch.device) -> str:

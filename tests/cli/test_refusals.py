@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import zarr
 
-from tests.conftest import CMU, KIDNEY, NDPI, REPO
+from tests.conftest import CMU, KIDNEY, NDPI, REPO, group_of
 from tilestore.cli.main import app
 from tilestore.errors import OptionError
 from tilestore.options import Declaration
@@ -300,7 +300,7 @@ def test_on_dask_the_refused_and_the_runnable_exit_alike(refused_stores, store):
     assert run.returncode == 3, run.stderr
     assert "a fluorescence scan stored as RGB" in run.stderr
     assert f"{good.name}: " in run.stdout and "tiles on 1 worker(s)" in run.stdout
-    group = zarr.open_group(good / "embeddings" / MODEL, mode="r")
+    group = zarr.open_group(good / group_of(good, MODEL), mode="r")
     assert group.attrs["tilestore"]["complete"]
 
 

@@ -10,8 +10,8 @@ import pytest
 
 import tilestore
 from tests.cli.test_cli import tilestore as run
+from tests.conftest import group_of
 from tests.corpus import EMBEDDINGS_DAMAGE, damage_embeddings
-from tilestore.embeddings import group_name
 from tilestore.embeddings.slides import read_slide_vector, slide_group_name
 
 
@@ -155,13 +155,13 @@ def test_damaged_tile_features_are_refused_by_every_command(embedded, tmp_path, 
     path = tmp_path / "stores" / embedded.name
     shutil.copytree(embedded, path)
     said = damage_embeddings(path, "efficientnet-lite0", kind)
-    vector = zarr.open_array(path / slide_group_name("efficientnet-lite0", "mean") / "embedding",
-                             mode="r+")  # fmt: skip
+    tiles = group_of(path, "efficientnet-lite0")
+    vector = zarr.open_array(path / slide_group_name(tiles, "mean") / "embedding", mode="r+")
     # `export slides` reads the slide vectors: of damaged shapes it is told by the tile
     # group, of NaN by the vector the features made
     said_of_vectors = said
     if kind != "rows":
-        features = zarr.open_array(path / group_name("efficientnet-lite0") / "features")
+        features = zarr.open_array(path / group_of(path, "efficientnet-lite0") / "features")
         with np.errstate(invalid="ignore"):
             vector[:] = features[:].astype(np.float64).mean(0)  # what `mean` made of them
         said_of_vectors = "slides/mean/embedding holds NaN or infinite values in "

@@ -15,9 +15,8 @@ import numpy as np
 import zarr
 
 from tests.cli.test_cli import tilestore
-from tests.conftest import IHC
+from tests.conftest import IHC, group_of
 from tests.tilestore.test_embeddings_status import LITE, interrupt
-from tilestore.embeddings import group_name
 from tilestore.embeddings.write import write_features
 
 RUN = "--batch-size 16 --dtype float32 --precision fp32"  # what embedded_cohort's runs record
@@ -80,13 +79,23 @@ def test_the_stores_left_go_to_a_file_the_command_reads(embedded_cohort, stores,
 
 def test_a_damaged_store_or_another_plan_exits_2(embedded_cohort, stores, tmp_path):
     done, half, _ = _cohort(embedded_cohort, stores, tmp_path / "cohort")
-    meta = half / group_name(LITE) / "zarr.json"
+    meta = half / group_of(half, LITE) / "zarr.json"
     meta.write_text("{ not json")
     run = tilestore("status", done, half, "--model", LITE)
     assert run.returncode == 2 and "1 damaged" in run.stdout and "damaged" in run.stdout
+    # another plan's group would be made beside this one: not started, work left (exit 1)
     other = tilestore("status", done, "--model", LITE, "--plan", "other")
-    assert other.returncode == 2 and "0 complete" in other.stdout and "1 other plan" in other.stdout
-    assert "made from plan 'classes', not 'other'; pass --overwrite to replace it" in other.stdout
+    assert other.returncode == 1 and "1 not started" in other.stdout
+    assert f"--model {LITE}" in other.stdout and "--plan other" in other.stdout
+    # the plan the embeddings came from replaced (issue 69: "complete 4/4", exit 0): other plan
+    made = tilestore("plan", done, "--mpp", "0.5", "--tile", "224", "--stride", "112",
+                     "--name", "classes", "--overwrite")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    for asked in ([], ["--plan", "classes"]):
+        again = tilestore("status", done, "--model", LITE, *asked)
+        assert again.returncode == 2 and "1 other plan" in again.stdout, again.stdout
+        assert "made from an earlier plan 'classes'" in again.stdout
+        assert "stored again since" in again.stdout and "pass --overwrite to embed" in again.stdout
 
 
 def test_bad_input_is_one_line_and_exit_2(embedded_cohort, stores, tmp_path):
@@ -97,7 +106,7 @@ def test_bad_input_is_one_line_and_exit_2(embedded_cohort, stores, tmp_path):
         f"tilestore: error: {tmp_path / 'nope.ome.zarr'}: not a store (no zarr.json); give "
         "stores made by `tilestore convert`"
     ]
-    tiles = zarr.open_group(done / group_name(LITE), mode="r")["x"].shape[0]
+    tiles = zarr.open_group(done / group_of(done, LITE), mode="r")["x"].shape[0]
     write_features(half, {"name": "other"}, np.ones((tiles, 4), np.float32), plan="classes")
     mixed = tilestore("status", done, half, bare)
     assert mixed.returncode == 2

@@ -20,7 +20,7 @@ from distributed import Client, LocalCluster, WorkerPlugin
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import CMU, IHC, SLIDES, real
+from tests.conftest import CMU, IHC, SLIDES, group_of, real
 from tests.corpus import rewrite_chunk
 from tilestore.embed.cohort import (
     _Feed,
@@ -35,7 +35,6 @@ from tilestore.embed.engine import embed
 from tilestore.embed.inputs import Preparation
 from tilestore.embed.jobs import Slice
 from tilestore.embed.settings import Options, parse_shard
-from tilestore.embeddings import group_name
 from tilestore.errors import TilestoreError
 from tilestore.plan import PlanOptions
 from tilestore.reading.opening import open_slide
@@ -72,7 +71,7 @@ def client():
 
 
 def features(store):
-    group = zarr.open_group(store / group_name(LITE), mode="r")
+    group = zarr.open_group(store / group_of(store, LITE), mode="r")
     return group["features"][:], group
 
 
@@ -80,7 +79,7 @@ def done_batches(paths) -> int:
     total = 0
     for p in paths:
         with contextlib.suppress(KeyError, FileNotFoundError, zarr.errors.BaseZarrError):
-            total += int(zarr.open_group(p / group_name(LITE), mode="r")["done"][:].sum())
+            total += int(zarr.open_group(p / group_of(p, LITE), mode="r")["done"][:].sum())
     return total
 
 
@@ -383,8 +382,7 @@ def test_a_corrupt_slide_is_reported_and_the_cohort_goes_on(cohort, client, slic
     assert report.exit_code == 3  # some failed, the others complete: as the CLI exits
     assert features(ihc)[1].attrs["tilestore"]["complete"]
     assert not (cmu / "embeddings" / LITE).exists()  # nothing was written: as before the run
-    lock = cmu.parent / f".{cmu.name}.{LITE}.lock"
-    assert not lock.exists()  # released: a rerun may try again
+    assert not list(cmu.parent.glob(f".{cmu.name}.*.lock"))  # released: a rerun may try again
 
 
 def test_a_local_gpu_cluster_without_dask_cuda_gives_each_worker_its_own_gpu():

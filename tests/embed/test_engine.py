@@ -15,7 +15,7 @@ import torch
 import xarray as xr
 import zarr
 
-from tests.conftest import NDPI
+from tests.conftest import NDPI, group_of
 from tests.corpus import rewrite_chunk
 from tilestore.embed import engine
 from tilestore.embed.engine import Embedder, embed
@@ -31,7 +31,7 @@ FP32 = Options(batch_size=8, device="cpu", precision="fp32", dtype="float32")
 
 
 def _features(store, model=LITE):
-    group = zarr.open_group(store / "embeddings" / model.replace(":", "-"), mode="r")
+    group = zarr.open_group(store / group_of(store, model.replace)(":", "-"), mode="r")
     return group["features"][:], group
 
 
@@ -75,7 +75,7 @@ def test_plain_xarray_opens_the_embeddings(store, lite):
     embed([path], lite, plan=PlanOptions(mpp=1.0, tile=224), options=FP32)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # as the docs show it (guide/embed.md)
-        ds = xr.open_zarr(path, group=f"embeddings/{LITE}", consolidated=False)
+        ds = xr.open_zarr(path, group=f"embeddings/{LITE}/1mpp-224px", consolidated=False)
     assert ds["features"].dims == ("tile", "feature")
     assert {"x", "y", "x_um", "y_um", "row", "col"} <= set(ds.coords)
     assert ds.sizes["tile"] == 11 and ds["x"].attrs["units"] == "level-0 pixel"
@@ -102,7 +102,7 @@ def test_two_models_share_a_store_and_a_repeat_is_refused(store, lite):
 
 def test_a_running_embedding_is_not_started_twice(store, lite):
     path = store()
-    lock = path.parent / f".{path.name}.{LITE}.lock"
+    lock = path.parent / f".{path.name}.{LITE}.1mpp-224px.lock"  # embeddings/<model>/<plan>
     lock.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": "now"}))
     report = embed([path], lite, plan=PlanOptions(mpp=1.0, tile=224), options=FP32)
     assert f"is being written by pid {os.getpid()}" in report.failures[0]["error"]

@@ -15,7 +15,7 @@ import pytest
 import tifffile
 import zarr
 
-from tests.conftest import CMU, NDPI
+from tests.conftest import CMU, NDPI, group_of
 from tilestore.conversion.converter import convert
 from tilestore.embed import inputs
 from tilestore.embed.engine import embed
@@ -33,7 +33,7 @@ PLAN = PlanOptions(mpp=1.0, tile=224)
 
 
 def _features(store):
-    return zarr.open_group(store / "embeddings" / LITE, mode="r")["features"][:]
+    return zarr.open_group(store / group_of(store, LITE), mode="r")["features"][:]
 
 
 def test_a_slide_given_equals_the_four_commands(slide_path, tmp_path, lite):

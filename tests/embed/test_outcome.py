@@ -9,10 +9,9 @@ import zarr
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.conftest import CMU, IHC, run_cli
+from tests.conftest import CMU, IHC, group_of, run_cli
 from tests.corpus import rewrite_chunk
 from tilestore.embed.outcome import DONE, FAILED, SOME_FAILED, exit_code
-from tilestore.embeddings import group_name
 from tilestore.reading.opening import open_slide
 
 
@@ -41,5 +40,5 @@ def test_one_corrupt_store_of_two_exits_3_and_names_it(tmp_path, stores):
     assert run.returncode == SOME_FAILED, run.stderr
     errors = [line for line in run.stderr.splitlines() if line.startswith("tilestore: error")]
     assert len(errors) == 1 and errors[0].startswith(f"tilestore: error: {bad}")
-    group = zarr.open_group(good / group_name("efficientnet-lite0"), mode="r")
+    group = zarr.open_group(good / group_of(good, "efficientnet-lite0"), mode="r")
     assert group.attrs["tilestore"]["complete"]

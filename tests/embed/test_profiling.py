@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import zarr
 
+from tests.conftest import group_of
 from tilestore.embed import nvtx
 from tilestore.embed.engine import embed
 from tilestore.embed.report import format_report
@@ -23,7 +24,7 @@ PLAN = PlanOptions(mpp=1.0, tile=224)
 
 
 def _group(store):
-    return zarr.open_group(store / "embeddings" / LITE, mode="r")
+    return zarr.open_group(store / group_of(store, LITE), mode="r")
 
 
 def test_a_trial_run_embeds_the_first_batches_and_a_later_run_finishes(store, lite):

@@ -14,6 +14,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import group_of
 from tests.tilestore import artefacts as A
 from tilestore.embed.engine import embed
 from tilestore.embed.settings import Options
@@ -31,7 +32,7 @@ MODEL = "efficientnet-lite0"
 def group(path):
     import zarr
 
-    return zarr.open_group(path / "embeddings" / MODEL, mode="r")
+    return zarr.open_group(path / group_of(path, MODEL), mode="r")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -118,9 +119,7 @@ def test_a_run_with_other_quality_does_not_resume_the_group(store, lite):
 def _edit_model(path, edit) -> None:
     import zarr
 
-    from tilestore.embeddings import group_name
-
-    group = zarr.open_group(path / group_name(MODEL), mode="r+")
+    group = zarr.open_group(path / group_of(path, MODEL), mode="r+")
     meta = dict(group.attrs["tilestore"])
     meta["model"] = edit(dict(meta["model"]))
     group.attrs["tilestore"] = meta
@@ -168,7 +167,7 @@ def test_a_later_plan_and_the_accessor_leave_blurred_tiles_out(painted, lite, tm
     from tests.corpus import shape_edited
     from tilestore.errors import DamagedEmbeddings
 
-    shape_edited(path / "embeddings" / MODEL / "quality", 3)
+    shape_edited(path / group_of(path, MODEL) / "quality", 3)
     with pytest.raises(DamagedEmbeddings, match=r"/quality has shape \(3, \d+\) where the group"):
         plan_slide(open_slide(path), replace(PLAN, max_blur=0.7))
 
@@ -311,7 +310,7 @@ def test_a_group_measured_on_other_colour_cells_is_not_resumed(store, lite):
 
     path = store()
     embed([path], lite, plan=PLAN, options=replace(FP32, max_tiles=16))
-    made = zarr.open_group(path / "embeddings" / MODEL, mode="r+")
+    made = zarr.open_group(path / group_of(path, MODEL), mode="r+")
     attrs = dict(made.attrs["tilestore"])
     assert attrs["quality"]["params"]["colour_cell_um"] == 4.0
     attrs["quality"] = {**attrs["quality"], "params": {**attrs["quality"]["params"],

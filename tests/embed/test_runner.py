@@ -12,6 +12,7 @@ import torch
 import zarr
 from torch._dynamo.utils import counters
 
+from tests.conftest import group_of
 from tests.embed.conftest import settings
 from tilestore.embed.engine import embed
 from tilestore.embed.forward import Forward
@@ -19,7 +20,7 @@ from tilestore.embed.models import load_model
 from tilestore.embed.report import Stats
 from tilestore.embed.runner import Runner
 from tilestore.embed.settings import Options
-from tilestore.embeddings import NotEmbedded, group_name, open_embeddings
+from tilestore.embeddings import NotEmbedded, open_embeddings
 from tilestore.plan import PlanOptions, load_plan
 from tilestore.reading.opening import open_slide
 
@@ -178,7 +179,7 @@ def poisoned(module: torch.nn.Module, batch: int, rows: list[int], change):
 
 
 def _group(path, model):
-    return zarr.open_group(path / group_name(model), mode="r")
+    return zarr.open_group(path / group_of(path, model), mode="r")
 
 
 def _failed_alone(bad, good, model, batch, rows, report):
@@ -194,7 +195,7 @@ def _failed_alone(bad, good, model, batch, rows, report):
     assert named in error and "\n" not in error
     blocks = -(-len(plan) // batch)
     assert error.endswith(
-        f"(1 of {blocks} batches of {group_name(model)} are written and kept: rerun the same "
+        f"(1 of {blocks} batches of {group_of(bad, model)} are written and kept: rerun the same "
         "command to resume)"
     )
     assert [s["store"] for s in report.slides if s.get("failed")] == [str(bad)]

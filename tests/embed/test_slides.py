@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tilestore
+from tests.conftest import group_of
 from tilestore.embed.slides import (
     SlideEncoderError,
     build,
@@ -329,7 +330,7 @@ def test_a_slide_vector_is_stored_beside_its_tiles_and_opened_per_slide(featured
     path, features = featured
     report = embed_slides([path], "random:titan", device="cpu")
     assert report.rows[0].status == "done" and report.rows[0].tiles == len(features)
-    group = Path(path) / slide_group_name("conch-v1.5", "random:titan")
+    group = Path(path) / slide_group_name(group_of(path, "conch-v1.5"), "random:titan")
     assert (group / "zarr.json").is_file() and not list(group.parent.glob(".*"))
     ds = tilestore.open_embeddings([path], "conch-v1.5", slide_encoder="random:titan")
     assert ds.features.shape == (1, 768) and ds["n_tiles"].item() == report.rows[0].tiles
@@ -359,7 +360,7 @@ def test_a_stale_vector_left_by_an_old_tile_group_is_refused(featured):
 
     path, _ = featured
     embed_slides([path], "max", model="conch-v1.5", device="cpu")
-    group = zarr.open_group(path, path="embeddings/conch-v1.5", mode="r+")
+    group = zarr.open_group(path, path=group_of(path, "conch-v1.5"), mode="r+")
     attrs = dict(group.attrs["tilestore"])
     group.attrs["tilestore"] = {**attrs, "finished": "2031-01-01T00:00:00+00:00"}
     with pytest.raises(StaleSlideEmbedding, match="replaced since"):
@@ -375,7 +376,7 @@ def test_what_a_killed_write_left_is_cleared_and_the_old_vector_kept(featured):
 
     path, features = featured
     embed_slides([path], "mean", model="conch-v1.5", device="cpu")
-    target = Path(path) / slide_group_name("conch-v1.5", "mean")
+    target = Path(path) / slide_group_name(group_of(path, "conch-v1.5"), "mean")
     host = "".join(c if c.isalnum() or c in "_-" else "_" for c in socket.gethostname())
     dead = target.parent / f".{target.name}.partial.{host}.{2**22 + 7}.0badc0de"
     shutil.copytree(target, dead)
@@ -394,7 +395,11 @@ def test_a_damaged_slide_vector_is_one_store_error_and_verify_finds_it(featured)
 
     path, _ = featured
     embed_slides([path], "mean", model="conch-v1.5", device="cpu")
-    chunk = next((Path(path) / slide_group_name("conch-v1.5", "mean") / "embedding").rglob("0"))
+    chunk = next(
+        (Path(path) / slide_group_name(group_of(path, "conch-v1.5"), "mean") / "embedding").rglob(
+            "0"
+        )
+    )
     data = bytearray(chunk.read_bytes())
     data[3] ^= 0xFF
     chunk.write_bytes(bytes(data))
@@ -426,9 +431,9 @@ def test_a_slide_vector_that_is_not_finite_is_never_written(featured, monkeypatc
     assert row.status == "failed" and row.why == (
         f"{path}: mean made a slide embedding with NaN or infinite values from "
         f"{len(features)} finite tile features of conch-v1.5; "
-        "embeddings/conch-v1.5/slides/mean is not written"
+        f"{group_of(path, 'conch-v1.5')}/slides/mean is not written"
     )
-    target = Path(path) / slide_group_name("conch-v1.5", "mean")
+    target = Path(path) / slide_group_name(group_of(path, "conch-v1.5"), "mean")
     assert not target.exists() and not list(target.parent.glob(".*"))
     assert embed_slides([path], "mean", model="conch-v1.5", device="cpu").rows[0].status == "done"
     zarr.open_array(target / "embedding", mode="r+")[[3, 9]] = np.nan

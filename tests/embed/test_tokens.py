@@ -9,6 +9,7 @@ import pytest
 import torch
 import zarr
 
+from tests.conftest import group_of
 from tilestore.embed.engine import embed
 from tilestore.embed.models import ModelError, load_model
 from tilestore.embed.reference import reference_features
@@ -29,7 +30,7 @@ def tiny():
 
 
 def _group(path):
-    return zarr.open_group(path / "embeddings" / TINY.replace(":", "-"), mode="r")
+    return zarr.open_group(path / group_of(path, TINY.replace)(":", "-"), mode="r")
 
 
 @pytest.mark.parametrize(("grid", "side"), [(2, 2), ("model", 14)])

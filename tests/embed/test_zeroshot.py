@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 import zarr
 
+from tests.conftest import group_of
 from tilestore import open_slide
 from tilestore.embed.models import ModelError, get_model, load_model
 from tilestore.embed.prompts import read_prompts
@@ -224,7 +225,7 @@ def test_plip_zero_shot_equals_transformers_clip_logits_on_real_tiles(plip_store
     np.testing.assert_allclose(got["probabilities"], want, atol=2e-5)
     assert got["record"]["slide_rule"] == "mean of the tile probabilities"
     np.testing.assert_allclose(list(done.slide.values()), want.mean(axis=0), atol=2e-5)
-    assert done.path == "embeddings/plip/zeroshot/one" and done.tiles == len(tiles)
+    assert done.path == f"{group_of(path, 'plip')}/zeroshot/one" and done.tiles == len(tiles)
 
 
 def test_the_scores_are_per_tile_columns_of_the_embeddings_and_the_viewers(plip_store, tmp_path):
@@ -319,7 +320,7 @@ def test_the_same_weights_are_accepted_under_another_revision_or_path(store, tmp
     _embedded(path, "plip", folder, PlanOptions(mpp="level0", tile=224), 224, spec=spec)
     _hub_cache(cache, "vinid/plip", folder, "b" * 40)  # a later commit, the same weights
     classify([path], "plip", _prompts(tmp_path), ZeroShotOptions(device="cpu"))
-    made = zarr.open_group(path, path="embeddings/plip", mode="r").attrs["tilestore"]["model"]
+    made = zarr.open_group(path, path=group_of(path, "plip"), mode="r").attrs["tilestore"]["model"]
     assert made["revision"] == "a" * 40
     assert made["weights_sha256"] == _sha256(folder / "model.safetensors")
     record = read_tile_scores(path, "plip", "tissue")["record"]

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import zarr
 
+from tests.conftest import group_of
 from tests.corpus import DAMAGED_ROWS, damage_embeddings, shape_edited
 from tilestore.embeddings import group_name, open_embeddings, read_tile_features
 from tilestore.embeddings.groups import check_rows, non_finite_rows
@@ -19,7 +20,8 @@ from tilestore.errors import DamagedEmbeddings
 from tilestore.exports import to_h5
 
 LITE = "efficientnet-lite0"
-FIX = f"embed the store again with overwrite=True (or remove {group_name(LITE)})"
+GROUP = group_name(LITE, "classes")  # the CMU store's ROI plan, embedded by the fixture
+FIX = f"embed the store again with overwrite=True (or remove {GROUP})"
 
 
 @pytest.fixture
@@ -35,7 +37,7 @@ def _refused(call, path, said: str) -> str:
     with pytest.raises(DamagedEmbeddings) as caught:
         call()
     message = str(caught.value)
-    assert message.startswith(f"{path}: {group_name(LITE)}/") and "\n" not in message
+    assert message.startswith(f"{path}: {GROUP}/") and "\n" not in message
     assert said in message and message.endswith(FIX)
     return message
 
@@ -72,7 +74,7 @@ def _tiles_edited(group, tiles):
 def test_shapes_that_disagree_are_refused_at_open(copied, tmp_path, array, edit, said):
     """Features' zarr.json edited to 3 rows (was: a Dataset refused by xarray, an .h5 of 3
     features and all the coordinates), a coordinate, the done flags, the recorded count."""
-    group_path = copied / group_name(LITE)
+    group_path = copied / group_of(copied, LITE)
     n = zarr.open_array(group_path / "features", mode="r").shape[0]
     if edit is None:
         _tiles_edited(zarr.open_group(group_path, mode="r+"), n + 16)
@@ -81,7 +83,7 @@ def test_shapes_that_disagree_are_refused_at_open(copied, tmp_path, array, edit,
         edit(group_path)
     message = _refused(lambda: open_embeddings(copied, LITE), copied, said)
     named = "features" if array == "tiles" else array
-    assert message.startswith(f"{copied}: {group_name(LITE)}/{named} has shape")
+    assert message.startswith(f"{copied}: {GROUP}/{named} has shape")
     _refused(lambda: read_tile_features(copied, LITE), copied, said)
     _refused(lambda: to_h5(copied, LITE, tmp_path / "h5"), copied, said)
     assert not (tmp_path / "h5").exists() or not list((tmp_path / "h5").iterdir())
@@ -112,7 +114,7 @@ def test_check_rows_names_the_rows_from_where_the_values_start():
 
 def test_the_arrays_of_an_intact_group_pass(copied):
     """The checks cost no refusal of what a run wrote (both slides' shapes, every row)."""
-    meta = json.loads((copied / group_name(LITE) / "zarr.json").read_text())
+    meta = json.loads((copied / group_of(copied, LITE) / "zarr.json").read_text())
     ds = open_embeddings(copied, LITE)
     assert ds.sizes["tile"] == meta["attributes"]["tilestore"]["tiles"]
     assert np.isfinite(ds.features.values).all()

@@ -12,6 +12,7 @@ import pytest
 import zarr
 
 import tilestore
+from tests.conftest import group_of
 from tests.counting import CountingStore
 from tilestore.embeddings import group_name, list_embeddings, open_embeddings
 from tilestore.errors import StoreError, TilestoreWarning
@@ -22,7 +23,7 @@ LITE = "efficientnet-lite0"
 
 
 def _group(store):
-    return zarr.open_group(store / group_name(LITE), mode="r")
+    return zarr.open_group(store / group_of(store, LITE), mode="r")
 
 
 def test_one_slide_matches_its_group_and_plan(embedded_cohort):
@@ -66,7 +67,7 @@ def test_a_cohort_by_glob_stacks_slides_in_order(embedded_cohort):
 def test_opening_reads_no_features_until_computed(embedded_cohort):
     counted = [CountingStore.local(s) for s in embedded_cohort]
     ds = open_embeddings(counted, LITE)
-    features = group_name(LITE) + "/features"
+    features = group_name(LITE, "classes") + "/features"
     assert all(not c.log.chunk_keys(features) for c in counted)
     total = float(ds["features"].sum())
     assert np.isfinite(total)
@@ -85,7 +86,7 @@ def test_missing_group_names_what_the_store_has(embedded_cohort):
 def test_unfinished_group_is_refused_or_skipped(embedded_cohort, tmp_path):
     broken = tmp_path / "broken.ome.zarr"
     shutil.copytree(embedded_cohort[1], broken)
-    group = zarr.open_group(broken / group_name(LITE), mode="r+")
+    group = zarr.open_group(broken / group_of(broken, LITE), mode="r+")
     attrs = dict(group.attrs["tilestore"])
     group.attrs["tilestore"] = {**attrs, "complete": False}
     group["done"][0] = 0
@@ -130,7 +131,7 @@ def test_a_cohort_glob_leaves_out_stores_not_embedded_with_a_note(embedded_cohor
     shutil.rmtree(bare / "embeddings")
     half = folder / "half.ome.zarr"
     shutil.copytree(embedded_cohort[0], half)
-    group = zarr.open_group(half / "embeddings" / "efficientnet-lite0", mode="r+")
+    group = zarr.open_group(half / group_of(half, "efficientnet-lite0"), mode="r+")
     attrs = dict(group.attrs["tilestore"])
     attrs["complete"] = False
     group.attrs["tilestore"] = attrs
@@ -159,7 +160,7 @@ def _cohort_copy(embedded_cohort, tmp_path):
 
 
 def _edit_record(store, edit):
-    group = zarr.open_group(store / group_name(LITE), mode="r+")
+    group = zarr.open_group(store / group_of(store, LITE), mode="r+")
     meta = dict(group.attrs["tilestore"])
     edit(meta)
     group.attrs["tilestore"] = meta

@@ -15,19 +15,19 @@ import numpy as np
 import pytest
 import zarr
 
-from tests.conftest import IHC
+from tests.conftest import IHC, group_of
 from tilestore.embeddings import (
     EmbeddingWriter,
     RunIdentity,
     embeddings_status,
     finishing_runs,
-    group_name,
+    model_folder,
     only_model,
 )
 from tilestore.embeddings.status import SlideVector
-from tilestore.embeddings.write import write_features
+from tilestore.embeddings.write import lock_file, write_features
 from tilestore.errors import OptionError, StoreError
-from tilestore.plan import load_plan
+from tilestore.plan import load_plan, save_plan
 from tilestore.reading.opening import open_slide
 
 LITE = "efficientnet-lite0"
@@ -47,7 +47,7 @@ def copy(embedded_cohort, tmp_path):
 
 
 def _group(store: Path) -> zarr.Group:
-    return zarr.open_group(store / group_name(LITE), mode="r+")
+    return zarr.open_group(store / group_of(store, LITE), mode="r+")
 
 
 def interrupt(store: Path, undone: int = 2) -> None:
@@ -113,7 +113,7 @@ def test_a_live_lock_is_running_and_a_dead_ones_is_not(copy, embedded_cohort):
     assert embeddings_status(store, LITE).groups[0].state == "complete"
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip
-    lock = store.parent / f".{store.name}.{LITE}.lock"
+    lock = lock_file(store, group_of(store, LITE))
     lock.write_text(json.dumps({"host": socket.gethostname(), "pid": int(gone.stdout)}))
     assert embeddings_status(store, LITE).groups[0].state == "complete"  # the next run takes it
 
@@ -123,25 +123,39 @@ def test_a_model_without_a_group_is_not_started(copy, store):
     bare = store(IHC, mpp=0.5)
     assert embeddings_status(bare).groups == ()
     group = embeddings_status(bare, LITE).groups[0]
-    assert (group.state, group.tiles, group.note) == ("not started", 0, f"no {group_name(LITE)}")
+    assert (group.state, group.tiles, group.note) == ("not started", 0, f"no {model_folder(LITE)}")
 
 
-def test_a_group_of_another_plan_is_named_so(copy):
-    group = embeddings_status(copy(), LITE, plan="other").groups[0]
-    assert group.state == "other plan" and group.blocked
-    assert group.note == "made from plan 'classes', not 'other'; pass overwrite=True to replace it"
+def test_another_plans_group_stands_beside_and_a_replaced_plan_is_named_so(copy):
+    store = copy()
+    # a group of another plan of the model is made beside the one there: not started, never
+    # "other plan" (one model's groups of several plans live side by side)
+    group = embeddings_status(store, LITE, plan="other").groups[0]
+    assert group.state == "not started" and not group.blocked
     assert embeddings_status(copy("b"), LITE, plan="classes").groups[0].state == "complete"
+    # the plan the group was made from stored again (other tiles under its name): the group no
+    # longer stands for it, whether the plan is named or not (it said complete, exit 0)
+    slide = open_slide(store)
+    plan, uid = load_plan(slide, "classes")
+    new_uid = save_plan(slide, plan.subset(np.arange(len(plan)) % 2 == 0), overwrite=True)
+    for asked in ("classes", None):
+        group = embeddings_status(store, LITE, plan=asked).groups[0]
+        assert group.state == "other plan" and group.blocked
+        assert group.note == (
+            f"made from an earlier plan 'classes' (uid {uid}), stored again since (uid "
+            f"{new_uid}); pass overwrite=True to embed the plan stored now"
+        )
 
 
 def _shape(store: Path) -> None:
-    meta = store / group_name(LITE) / "features" / "zarr.json"
+    meta = store / group_of(store, LITE) / "features" / "zarr.json"
     doc = json.loads(meta.read_text())
     doc["shape"] = [doc["shape"][0] - 1, doc["shape"][1]]
     meta.write_text(json.dumps(doc))
 
 
 def _garbage(store: Path) -> None:
-    (store / group_name(LITE) / "zarr.json").write_text("{ not json")
+    (store / group_of(store, LITE) / "zarr.json").write_text("{ not json")
 
 
 def _done_lost(store: Path) -> None:
@@ -192,7 +206,7 @@ def test_reading_the_status_writes_nothing(copy, store):
     interrupt(stores[1])
     _shape(stores[2])
     folder = stores[0].parent
-    (folder / f".{stores[0].name}.{LITE}.lock").write_text(
+    lock_file(stores[0], group_of(stores[0], LITE)).write_text(
         json.dumps({"host": "elsewhere", "pid": 1, "since": "2020-01-01T00:00:00+00:00"})
     )
     before = _listing(folder)

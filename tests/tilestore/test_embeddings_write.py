@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import zarr
 
+from tests.conftest import group_of
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity
 from tilestore.plan import PlanOptions, plan_slide, save_plan
 from tilestore.reading.opening import open_slide
@@ -29,7 +30,7 @@ def _writer(slide_plan, **kwargs) -> EmbeddingWriter:
 
 
 def _group(slide_plan):
-    return zarr.open_group(slide_plan[3] / "embeddings" / "test-model", mode="r")
+    return zarr.open_group(slide_plan[3] / group_of(slide_plan[3], "test-model"), mode="r")
 
 
 def _fill(writer: EmbeddingWriter, blocks, value: float) -> None:
@@ -94,7 +95,7 @@ def test_features_and_done_are_one_file_per_shard_of_whole_batches(slide_plan):
     assert group["features"].shards == (8, 4) and group["features"].chunks == (4, 4)
     assert group["done"].shards == (2,)
     shards = -(-writer.blocks // 2)
-    folder = slide_plan[3] / "embeddings" / "test-model"
+    folder = slide_plan[3] / group_of(slide_plan[3], "test-model")
     for name in ("features", "done"):
         assert len([p for p in (folder / name / "c").rglob("*") if p.is_file()]) == shards
     for name in ("x", "y", "tissue"):  # each coordinate column is one file
@@ -119,13 +120,13 @@ def test_a_shard_with_done_batches_keeps_them_when_the_rest_is_written(slide_pla
     assert first.abandon().startswith("1 of")  # written at the end: it is kept
     group = _group(slide_plan)
     assert group["done"][:].tolist()[:4] == [0, 0, 1, 0]
-    before = (slide_plan[3] / "embeddings/test-model/features/c/1/0").read_bytes()
+    before = (slide_plan[3] / group_of(slide_plan[3], "test-model") / "features/c/1/0").read_bytes()
     resumed = _sharded(slide_plan, create=False)
     assert 2 not in resumed.todo()
     _fill(resumed, [3], 8.0)  # completes shard 1: read back, batch 2 kept as it was
     group = _group(slide_plan)
     assert (group["features"][8:12] == 7.0).all() and (group["features"][12:16] == 8.0).all()
-    after = (slide_plan[3] / "embeddings/test-model/features/c/1/0").read_bytes()
+    after = (slide_plan[3] / group_of(slide_plan[3], "test-model") / "features/c/1/0").read_bytes()
     assert after != before and group["done"][:4].tolist() == [0, 0, 1, 1]
     _fill(resumed, resumed.todo(), 9.0)
     resumed.finish({})
@@ -163,7 +164,7 @@ def test_files_a_killed_writer_left_unrenamed_are_cleared_on_resume(slide_plan):
     first = _sharded(slide_plan)
     _fill(first, [0, 1], 1.0)
     first.abandon()
-    shard = slide_plan[3] / "embeddings/test-model/features/c/0/0"
+    shard = slide_plan[3] / group_of(slide_plan[3], "test-model") / "features/c/0/0"
     torn = shard.with_suffix(".0123456789abcdef0123456789abcdef.partial")
     torn.write_bytes(shard.read_bytes()[:10])  # what zarr's local store was writing
     resumed = _sharded(slide_plan, create=False)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tilestore.embeddings.layout import COORDS, GROUP, group_name
+from tilestore.embeddings.layout import COORDS, GROUP, group_name, model_folder
 from tilestore.embeddings.recipe import ScaleLabel
 from tilestore.embeddings.write import (
     AlreadyComplete,
@@ -32,7 +32,13 @@ from tilestore.faces import lazy_face
 __getattr__, __dir__, _read = lazy_face(
     __name__,
     {
-        "tilestore.embeddings.groups": ("expand_stores", "list_embeddings"),
+        "tilestore.embeddings.groups": (
+            "expand_stores",
+            "find_group",
+            "list_embeddings",
+            "list_groups",
+            "plan_groups",
+        ),
         "tilestore.errors": ("DamagedEmbeddings", "NotEmbedded", "StaleSlideEmbedding"),
         "tilestore.embeddings.read": ("open_embeddings",),
         "tilestore.embeddings.quality": ("plan_slide", "without_blurred"),
@@ -67,12 +73,19 @@ __all__ = sorted(
         "RunIdentity",
         "Standing",
         "group_name",
+        "model_folder",
         "standing",
     ]
 )
 
 if TYPE_CHECKING:
-    from tilestore.embeddings.groups import expand_stores, list_embeddings
+    from tilestore.embeddings.groups import (
+        expand_stores,
+        find_group,
+        list_embeddings,
+        list_groups,
+        plan_groups,
+    )
     from tilestore.embeddings.quality import plan_slide, without_blurred
     from tilestore.embeddings.read import open_embeddings
     from tilestore.embeddings.slides import (

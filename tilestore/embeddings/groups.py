@@ -21,8 +21,14 @@ import numpy as np
 import zarr
 from zarr.abc.store import Store
 
-from tilestore.embeddings.layout import COORDS, GROUP, group_name
-from tilestore.errors import DamagedEmbeddings, NotEmbedded, StoreError, TilestoreWarning
+from tilestore.embeddings.layout import COORDS, GROUP, RESERVED, group_name, model_folder
+from tilestore.errors import (
+    DamagedEmbeddings,
+    NotEmbedded,
+    OptionError,
+    StoreError,
+    TilestoreWarning,
+)
 from tilestore.format.store import DAMAGED, STORE_SUFFIX, stored
 from tilestore.format.store import open_group as open_store_group
 
@@ -31,13 +37,70 @@ T = TypeVar("T")
 
 
 def list_embeddings(store: StoreLike) -> list[str]:
-    """Names of the embeddings groups in a store (complete or not)."""
+    """Names of the models with embeddings groups in a store (complete or not), as their
+    folders are named (`layout.model_folder`)."""
     root = open_group(store, "")
     with stored(store, GROUP, f"remove {GROUP} and embed the store again"):
         try:
             return sorted(name for name, _ in root[GROUP].groups())
         except KeyError:
             return []
+
+
+def _is_group(group: zarr.Group) -> bool:
+    """Whether a group is an embeddings group (its record or its done flags: a run made it)."""
+    attrs = group.attrs.get("tilestore")
+    return (isinstance(attrs, dict) and "plan" in attrs) or "done" in group
+
+
+def plan_groups(store: StoreLike, model: str) -> dict[str, str]:
+    """{plan name: the group's path} of a model's embeddings groups in a store (complete or
+    not): embeddings/<model>/<plan> each, and a store made before's embeddings/<model>
+    itself, as the group of the plan its record names (`tilestore.embeddings.layout`)."""
+    folder = model_folder(model)
+    try:
+        group = open_group(store, folder)
+    except KeyError:
+        return {}
+    found: dict[str, str] = {}
+    with stored(store, folder, embed_again(folder)):
+        if _is_group(group):  # a store made before: the model's folder is its one group
+            made = (group.attrs.get("tilestore") or {}).get("plan") or {}
+            found[str(made.get("name"))] = folder
+        for name, child in sorted(group.groups()):
+            if name.startswith(".") or name in RESERVED or not _is_group(child):
+                continue
+            found.setdefault(name, f"{folder}/{name}")
+    return found
+
+
+def list_groups(store: StoreLike) -> list[tuple[str, str, str]]:
+    """(model, plan, path) of every embeddings group of a store, models as their folders
+    are named."""
+    return [
+        (model, plan, path)
+        for model in list_embeddings(store)
+        for plan, path in plan_groups(store, model).items()
+    ]
+
+
+def find_group(store: StoreLike, model: str, plan: str | None = None) -> str:
+    """The path of a model's embeddings group in a store: of `plan`, or where the model has
+    groups of one plan only, that one. KeyError where there is none (of that plan);
+    OptionError naming them where several plans' groups are there and none is named."""
+    found = plan_groups(store, model)
+    if plan is not None:
+        if plan not in found:
+            raise KeyError(group_name(model, plan))
+        return found[plan]
+    if not found:
+        raise KeyError(model_folder(model))
+    if len(found) > 1:
+        raise OptionError(
+            f"{store}: {model!r} embeddings of {len(found)} plans ({', '.join(sorted(found))}); "
+            "name one with plan=<name> (--plan)"
+        )
+    return next(iter(found.values()))
 
 
 def expand_stores(stores) -> list[tuple[StoreLike, bool]]:
@@ -107,20 +170,22 @@ def embed_again(path: str) -> str:
     return f"embed the store again with overwrite=True (or remove {path})"
 
 
-def open_finished(store: StoreLike, model: str) -> Finished:
-    """A store's finished embeddings group of `model`, its shapes checked (`check_shapes`).
-    StoreError where the store is absent or the group damaged (DamagedEmbeddings where its
-    shapes disagree); NotEmbedded where the group is absent or unfinished (how far it got)."""
+def open_finished(store: StoreLike, model: str, plan: str | None = None) -> Finished:
+    """A store's finished embeddings group of `model` (of `plan`; None: the model's only
+    plan's, `find_group`), its shapes checked (`check_shapes`). StoreError where the store is
+    absent or the group damaged (DamagedEmbeddings where its shapes disagree); NotEmbedded
+    where the group is absent or unfinished (how far it got); OptionError where the model
+    has several plans' groups and none is named."""
     if not isinstance(store, Store) and not (Path(store) / "zarr.json").exists():
         raise StoreError(f"{store}: no such store")
-    path = group_name(model)
     try:
+        path = find_group(store, model, plan)
         group = open_group(store, path)
-    except KeyError:
-        have = ", ".join(list_embeddings(store)) or "none"
+    except KeyError as exc:
+        have = ", ".join(f"{m} ({p})" for m, p, _ in list_groups(store)) or "none"
         raise NotEmbedded(
-            f"{store}: no {path} (embeddings in this store: {have}); embed the store "
-            f"with model={model!r} first"
+            f"{store}: no {exc.args[0]} (embeddings in this store: {have}); embed the store "
+            f"with model={model!r}{f' and plan={plan!r}' if plan else ''} first"
         ) from None
     with stored(store, path, embed_again(path)):
         meta = group.attrs.get("tilestore", {})

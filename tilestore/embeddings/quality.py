@@ -1,6 +1,6 @@
 """Plans that leave out tiles an earlier embedding pass measured as blurred.
 
-The measures are the store's (`embeddings/<model>/quality`, written beside the features by
+The measures are the store's (`embeddings/<model>/<plan>/quality`, written beside the features by
 `tilestore.embed`); a plan's tiles are matched to the measured ones by their level-0 corner,
 so a plan on the same grid finds each of its tiles. A tile the earlier pass did not measure
 (another grid, or not embedded) is kept and counted in the plan's notes, never dropped
@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from tilestore.embeddings.groups import check_shapes, embed_again
-from tilestore.embeddings.layout import GROUP, group_name
+from tilestore.embeddings.groups import check_shapes, embed_again, list_groups
+from tilestore.embeddings.layout import model_folder
 from tilestore.errors import PlanError
 from tilestore.format.store import stored
 from tilestore.plan import plans
@@ -47,8 +47,8 @@ def without_blurred(
 ) -> TilePlan:
     """The plan without the tiles whose stored blur is above `max_blur` (DamagedEmbeddings
     where the group's shapes disagree: `check_shapes`)."""
-    group = _measured(slide, model)
-    where = f"{GROUP}/{group}"
+    where = _measured(slide, model)
+    group = where.split("/", 1)[1]
     with stored(slide.name, where, embed_again(where)):
         found = slide.group[where]
         check_shapes(slide.name, where, found.attrs.get("tilestore", {}), dict(found.arrays()))
@@ -72,24 +72,25 @@ def without_blurred(
 
 
 def _measured(slide: Slide, model: str | None) -> str:
-    """The embeddings group whose measures count: the model's, or the store's only one."""
-    try:
-        groups = dict(slide.group[GROUP].groups())
-    except KeyError:
-        groups = {}
-    having = sorted(name for name, g in groups.items() if "quality" in g)
+    """The embeddings group whose measures count: the model's, or the store's only one
+    with measures (of one plan: several plans' measures are refused, naming them)."""
+    having = []
+    for name, _, path in list_groups(slide.group.store):
+        with stored(slide.name, path, embed_again(path)):
+            if "quality" in slide.group[path]:
+                having.append((name, path))
     if model is not None:
-        name = group_name(model).split("/")[-1]
-        if name not in having:
+        having = [(n, p) for n, p in having if n == model_folder(model).split("/")[-1]]
+        if not having:
             raise PlanError(
                 f"{slide.name}: no per-tile measures of {model!r} (max_blur needs a store "
                 "embedded with quality measures: tilestore embed, then plan)"
             )
-        return name
     if len(having) != 1:
         raise PlanError(
             f"{slide.name}: max_blur needs per-tile measures from an embedding pass; "
             + ("none in this store (embed it first)" if not having else
-               f"several models have them ({', '.join(having)}): name one with quality_from")
+               f"several groups have them ({', '.join(p for _, p in having)}): name one "
+               "model with quality_from (of one plan)")
         )  # fmt: skip
-    return having[0]
+    return having[0][1]

@@ -1,6 +1,6 @@
 """Reading embeddings: one slide's or a cohort's groups opened as one lazy Dataset.
 
-`open_embeddings` stacks the ``embeddings/<model>`` groups (`tilestore.embeddings.layout`)
+`open_embeddings` stacks the ``embeddings/<model>/<plan>`` groups (`tilestore.embeddings.layout`)
 of one slide or a cohort along ``tile`` as dask arrays, so opening a thousand slides reads
 their metadata only; features are read when a computation asks for them. The Dataset has
 the ``ds.tiles`` accessor (`tilestore.analysis.register_accessor`: called as the Dataset is
@@ -32,7 +32,7 @@ from tilestore.embeddings.groups import (
     refuse_shared_names,
     slide_name,
 )
-from tilestore.embeddings.layout import COORDINATES, COORDS, UNITS, group_name
+from tilestore.embeddings.layout import COORDINATES, COORDS, UNITS
 from tilestore.embeddings.recipe import ScaleLabel, combine, recipe
 from tilestore.embeddings.scores import ZEROSHOT, score_sets
 from tilestore.errors import ChunkError, MixedResults
@@ -50,6 +50,7 @@ def open_embeddings(
     skip_missing: bool = False,
     slide_encoder: str | None = None,
     scale: ScaleLabel = None,
+    plan: str | None = None,
 ) -> xr.Dataset:
     """Return the embeddings of one slide or many as one lazy Dataset on dim ``tile``; with
     `slide_encoder`, their slide embeddings instead, on (``slide``, ``feature``)
@@ -64,6 +65,9 @@ def open_embeddings(
     scale: the stores' features must be one population (`tilestore.embeddings.recipe.combine`):
         made alike, and from tiles at one scale; of stores planned at several, the scale
         named here (e.g. "0.5mpp-224px") is kept and the others left out with a warning.
+    plan: the plan whose tiles' embeddings are read, where a store holds the model's
+        embeddings of several plans (None: each store's only one; several refused, naming
+        them).
 
     ``features`` and every coordinate are dask arrays: nothing is read until computed.
     Coordinates: x, y (level-0 px, top-left), x_um, y_um, row, col, tissue, roi, roi_class
@@ -74,13 +78,11 @@ def open_embeddings(
         from tilestore.embeddings.slides import open_slide_embeddings
 
         return open_slide_embeddings(
-            stores, model, slide_encoder, skip_missing=skip_missing, scale=scale
+            stores, model, slide_encoder, skip_missing=skip_missing, scale=scale, plan=plan
         )
 
     def part(store: StoreLike) -> dict[str, Any]:
-        fix = f"embed the store again with overwrite=True (or remove {group_name(model)})"
-        with stored(store, group_name(model), fix):
-            return _slide_part(store, model)
+        return _slide_part(store, model, plan)
 
     parts = read_each(stores, part, skip_missing, f"no embeddings of {model!r}")
     kept = combine(
@@ -95,10 +97,10 @@ def open_embeddings(
     return _dataset(parts, model)
 
 
-def _slide_part(store: StoreLike, model: str) -> dict[str, Any]:
+def _slide_part(store: StoreLike, model: str, plan: str | None) -> dict[str, Any]:
     """One slide's arrays (dask) and grid facts; StoreError if it has no finished group (its
     shapes checked at open, its features' and tokens' values as they are read)."""
-    found = open_finished(store, model)
+    found = open_finished(store, model, plan)
     path, meta, members = found.path, found.meta, found.arrays
     with stored(store, path, found.fix):
         token = f"{Path(str(store)).resolve() if not isinstance(store, Store) else id(store)}"

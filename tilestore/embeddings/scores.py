@@ -1,5 +1,6 @@
 """Per-tile class scores in stores: zero-shot probabilities computed from a model's stored
-tile features, written beside them at ``embeddings/<model>/zeroshot/<set>``.
+tile features, written beside them at ``<tile group>/zeroshot/<set>`` (the group:
+``embeddings/<model>/<plan>``, `tilestore.embeddings.layout`).
 
 A set is one array, ``probabilities`` (tile, class) float32, a row per tile of the features
 in their order, and its record (``tilestore`` attributes): the classes, the prompts, the
@@ -19,8 +20,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from tilestore.embeddings.groups import all_finite
-from tilestore.embeddings.layout import group_name
+from tilestore.embeddings.groups import all_finite, find_group
 from tilestore.errors import EmbeddingError, StaleSlideEmbedding
 from tilestore.format import leftovers
 from tilestore.format.codecs import zstd_codecs
@@ -30,21 +30,21 @@ ZEROSHOT = "zeroshot"  # the subgroup of a model's group holding its score sets
 PROBABILITIES = "probabilities"  # a set's array: (tile, class)
 
 
-def scores_group_name(model: str, name: str) -> str:
-    """embeddings/<model>/zeroshot/<name>."""
-    return f"{group_name(model)}/{ZEROSHOT}/{name}"
+def scores_group_name(tiles_path: str, name: str) -> str:
+    """<tile group>/zeroshot/<name>."""
+    return f"{tiles_path}/{ZEROSHOT}/{name}"
 
 
 def write_tile_scores(
     store: str | Path,
-    model: str,
+    tiles_path: str,
     name: str,
     probabilities: np.ndarray,
     record: dict[str, Any],
     tiles: dict[str, Any],
 ) -> str:
-    """Write one set of per-tile class probabilities beside `model`'s features (replacing
-    a set of that name); return its path in the store.
+    """Write one set of per-tile class probabilities beside the features of the tile group at
+    `tiles_path` (replacing a set of that name); return its path in the store.
 
     record: what made them (its ``classes`` name the columns); tiles: the tile group read
     (``finished``, ``tiles``), refused as stale where the group was embedded again meanwhile.
@@ -57,16 +57,15 @@ def write_tile_scores(
             f"{store}: {values.shape} scores for {tiles['tiles']} tiles and {len(classes)} "
             "classes, or values that are not finite; nothing written"
         )
-    current = zarr.open_group(store, path=group_name(model), mode="r", zarr_format=3)
+    current = zarr.open_group(store, path=tiles_path, mode="r", zarr_format=3)
     if str(current.attrs.get("tilestore", {}).get("finished", "")) != str(tiles["finished"]):
         raise StaleSlideEmbedding(
-            f"{store}: {group_name(model)} was embedded again while the scores were computed; "
-            "run it again"
+            f"{store}: {tiles_path} was embedded again while the scores were computed; run it again"
         )
-    path = scores_group_name(model, name)
+    path = scores_group_name(tiles_path, name)
     target = store / path
     root = open_for_writing(store)
-    root.require_group(f"{group_name(model)}/{ZEROSHOT}")
+    root.require_group(f"{tiles_path}/{ZEROSHOT}")
     leftovers.clear(target)
     with leftovers.built_beside(target, "cannot write the scores") as hidden:
         group = root.create_group(str(hidden.relative_to(store)))
@@ -101,8 +100,11 @@ def score_sets(group: zarr.Group, where: str) -> dict[str, tuple[zarr.Array, lis
     return found
 
 
-def read_tile_scores(store: str | Path, model: str, name: str) -> dict[str, Any]:
-    """One set as written: {"probabilities": (tile, class), "record": its record}."""
-    group = zarr.open_group(Path(store), path=scores_group_name(model, name), mode="r",
-                            zarr_format=3)  # fmt: skip
+def read_tile_scores(
+    store: str | Path, model: str, name: str, plan: str | None = None
+) -> dict[str, Any]:
+    """One set as written: {"probabilities": (tile, class), "record": its record}; of the
+    model's group of `plan` (None: its only plan's)."""
+    path = scores_group_name(find_group(store, model, plan), name)
+    group = zarr.open_group(Path(store), path=path, mode="r", zarr_format=3)
     return {"probabilities": group[PROBABILITIES][:], "record": dict(group.attrs["tilestore"])}

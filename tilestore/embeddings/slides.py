@@ -29,13 +29,13 @@ from tilestore.embeddings.groups import (
     check_rows,
     check_shapes,
     embed_again,
+    find_group,
     open_finished,
     open_group,
     read_each,
     refuse_shared_names,
     slide_name,
 )
-from tilestore.embeddings.layout import group_name
 from tilestore.embeddings.recipe import Recipe, ScaleLabel, combine, recipe
 from tilestore.errors import EmbeddingError, SlideEmbeddingExists, StaleSlideEmbedding, StoreError
 from tilestore.format import leftovers
@@ -60,6 +60,7 @@ class TileFeatures:
     store: str
     name: str
     model: str
+    path: str  # the group's path in the store (`tilestore.embeddings.layout`)
     features: np.ndarray
     x: np.ndarray
     y: np.ndarray
@@ -93,19 +94,19 @@ class TileFeatures:
         }
 
 
-def slide_group_name(model: str, encoder: str) -> str:
-    """embeddings/<model>/slides/<encoder> (names as `group_name` makes them)."""
-    return f"{group_name(model)}/{SLIDES}/{encoder.replace(':', '-').replace('/', '_')}"
+def slide_group_name(tiles_path: str, encoder: str) -> str:
+    """<tile group>/slides/<encoder>: beside the tile features it was computed from."""
+    return f"{tiles_path}/{SLIDES}/{encoder.replace(':', '-').replace('/', '_')}"
 
 
-def read_tile_features(store: StoreLike, model: str) -> TileFeatures:
-    """Return a store's finished tile embeddings of `model`, features and coordinates read
-    whole (a slide's features are at most a few hundred MB); NotEmbedded where the group is
-    absent or unfinished, StoreError where it is damaged (DamagedEmbeddings where its shapes
-    disagree or its features are not finite)."""
+def read_tile_features(store: StoreLike, model: str, plan: str | None = None) -> TileFeatures:
+    """Return a store's finished tile embeddings of `model` (of `plan`: None, the model's
+    only plan's), features and coordinates read whole (a slide's features are at most a few
+    hundred MB); NotEmbedded where the group is absent or unfinished, StoreError where it is
+    damaged (DamagedEmbeddings where its shapes disagree or its features are not finite)."""
     from tilestore.reading.opening import open_slide
 
-    found = open_finished(store, model)
+    found = open_finished(store, model, plan)
     path, meta = found.path, found.meta
     with stored(store, path, found.fix):
         features, x, y, row, col = (
@@ -121,6 +122,7 @@ def read_tile_features(store: StoreLike, model: str) -> TileFeatures:
         store=str(store),
         name=slide_name(store),
         model=model,
+        path=path,
         features=features,
         x=x.astype(np.int64),
         y=y.astype(np.int64),
@@ -155,7 +157,7 @@ def write_slide_vector(
     not overwrite; StaleSlideEmbedding where the tile group changed while it computed;
     EmbeddingError, nothing written, where the vector holds a NaN or an infinity."""
     store = Path(tiles.store)
-    path = slide_group_name(tiles.model, encoder)
+    path = slide_group_name(tiles.path, encoder)
     values = np.asarray(vector, dtype=np.float32).reshape(-1)
     if not all_finite(values):
         raise EmbeddingError(
@@ -163,18 +165,21 @@ def write_slide_vector(
             f"from {tiles.tiles} finite tile features of {tiles.model}; {path} is not written"
         )
     target = store / path
-    if target.exists() and not overwrite and has_current_vector(tiles.store, tiles.model, encoder):
+    if (
+        target.exists()
+        and not overwrite
+        and has_current_vector(tiles.store, tiles.model, encoder, tiles.plan)
+    ):
         raise SlideEmbeddingExists(
             f"{tiles.name}: {path} exists; pass overwrite=True to compute it again"
         )
-    current = open_group(tiles.store, group_name(tiles.model)).attrs.get("tilestore", {})
+    current = open_group(tiles.store, tiles.path).attrs.get("tilestore", {})
     if str(current.get("finished", "")) != tiles.finished:
         raise StaleSlideEmbedding(
-            f"{tiles.name}: {group_name(tiles.model)} was embedded again while {encoder} "
-            "computed; run it again"
+            f"{tiles.name}: {tiles.path} was embedded again while {encoder} computed; run it again"
         )
     root = open_for_writing(store)
-    root.require_group(f"{group_name(tiles.model)}/{SLIDES}")
+    root.require_group(f"{tiles.path}/{SLIDES}")
     leftovers.clear(target)  # what killed writes of this vector left (hidden, never read)
     with leftovers.built_beside(target, "cannot write the slide embedding") as hidden:
         group = root.create_group(str(hidden.relative_to(store)))
@@ -186,33 +191,38 @@ def write_slide_vector(
     return path
 
 
-def has_current_vector(store: StoreLike, model: str, encoder: str) -> bool:
+def has_current_vector(store: StoreLike, model: str, encoder: str, plan: str | None = None) -> bool:
     """Whether the store holds this encoder's slide vector, computed from the tile features
     it holds now (a damaged or stale one is not current: it is computed again)."""
     try:
-        read_slide_vector(store, model, encoder)
+        read_slide_vector(store, model, encoder, plan)
     except StoreError:  # absent, stale or damaged
         return False
     return True
 
 
-def read_slide_vector(store: StoreLike, model: str, encoder: str) -> dict[str, Any]:
+def read_slide_vector(
+    store: StoreLike, model: str, encoder: str, plan: str | None = None
+) -> dict[str, Any]:
     """One store's slide embedding: {"name", "store", "vector", "record"}; NotEmbedded where
     there is none, StaleSlideEmbedding where its tile features were embedded again since,
     DamagedEmbeddings where it is not the width recorded or not finite, or where the tile
-    group it was computed from is damaged (`check_shapes`)."""
-    path = slide_group_name(model, encoder)
+    group it was computed from is damaged (`check_shapes`). plan: the tile group's (None:
+    the model's only plan's)."""
     try:
+        tiles_path = find_group(store, model, plan)
+        path = slide_group_name(tiles_path, encoder)
         group = open_group(store, path)
-    except KeyError:
+    except KeyError as exc:
         raise NotEmbedded(
-            f"{store}: no {path}; run `tilestore embed --slide-encoder {encoder}` on it first"
+            f"{store}: no {exc.args[0]}/{SLIDES}/{encoder}; run `tilestore embed "
+            f"--slide-encoder {encoder}` on it first"
         ) from None
     fix = f"compute it again (tilestore embed --slide-encoder {encoder} --overwrite)"
     with stored(store, path, fix):
         record = dict(group.attrs["tilestore"])
         vector = group[VECTOR][:]
-        tile_group = open_group(store, group_name(model))
+        tile_group = open_group(store, tiles_path)
         tiles_meta = tile_group.attrs.get("tilestore", {})
         if vector.shape != (record.get("dim", vector.size),):
             raise DamagedEmbeddings(
@@ -226,8 +236,8 @@ def read_slide_vector(store: StoreLike, model: str, encoder: str) -> dict[str, A
             f"{record['tiles']['finished']}, now {tiles_meta.get('finished')}); run "
             f"`tilestore embed --slide-encoder {encoder} --overwrite` on it"
         )
-    with stored(store, group_name(model), embed_again(group_name(model))):
-        check_shapes(store, group_name(model), tiles_meta, dict(tile_group.arrays()))
+    with stored(store, tiles_path, embed_again(tiles_path)):
+        check_shapes(store, tiles_path, tiles_meta, dict(tile_group.arrays()))
     return {
         "name": slide_name(store),
         "store": str(store),
@@ -245,6 +255,7 @@ def open_slide_embeddings(
     *,
     skip_missing: bool = False,
     scale: ScaleLabel = None,
+    plan: str | None = None,
 ):
     """Return a cohort's slide embeddings as an xarray Dataset on (slide, feature).
 
@@ -257,7 +268,7 @@ def open_slide_embeddings(
 
     found = read_each(
         stores,
-        lambda store: read_slide_vector(store, model, encoder),
+        lambda store: read_slide_vector(store, model, encoder, plan),
         skip_missing,
         f"no {encoder!r} slide embeddings of {model!r}",
     )

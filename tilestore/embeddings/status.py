@@ -10,8 +10,8 @@ A group's state, as the writer (`tilestore.embeddings.write`) leaves it:
 - running: a live lock beside the store (`write.lock_file`): a run holds it now;
 - damaged: its record or arrays unreadable, or its arrays' shapes not those it records
   (`groups.check_shapes`, every reader's check), or marked complete with batches not done;
-- other plan: made from another plan than the one asked (a run refuses it unless
-  overwrite=True);
+- other plan: made from an earlier plan of its name, stored again since (its tiles are
+  not the plan's now: a run refuses it unless overwrite=True);
 - not started: no group (or one a killed run left before its record: made again).
 
 Only metadata and the small ``done`` flags are read: no pixels, no features, no lock taken.
@@ -34,9 +34,10 @@ from tilestore.embeddings.groups import (
     embed_again,
     list_embeddings,
     open_group,
+    plan_groups,
     slide_name,
 )
-from tilestore.embeddings.layout import GROUP, group_name
+from tilestore.embeddings.layout import group_name, model_folder
 from tilestore.embeddings.slides import SLIDES, VECTOR
 from tilestore.embeddings.write import lock_file
 from tilestore.errors import OptionError, StoreError
@@ -144,25 +145,42 @@ def embeddings_status(
 ) -> StoreStatus:
     """Return what the store's embeddings are, writing nothing and taking no lock.
 
-    model: the group of this model only (state "not started" where there is none); None:
-    every group the store holds. plan: a group made from another plan is "other plan"
-    (a plan of this name stored again since counts as another, as the writer judges).
+    model: the groups of this model only (state "not started" where there is none); None:
+    every group the store holds. plan: the group of this plan only ("not started" where the
+    model has none of it: other plans' groups live beside it). A group made from an earlier
+    plan of its name, stored again since, is "other plan" whether a plan is named or not:
+    its plan's recorded uid is compared with the stored plan's, as the writer judges.
     StoreError where `store` is not a tilestore store."""
     if not is_store(store):
         raise StoreError(
             f"{store}: not a store (no zarr.json); give stores made by `tilestore convert`"
         )
     open_store_group(store, complete=False)  # ours, its record readable
-    if model is None:
-        paths = [f"{GROUP}/{name}" for name in list_embeddings(store)]
-    else:
-        paths = [group_name(model)]
-    groups = tuple(_group_status(Path(store), path, model, plan) for path in paths)
+    models = list_embeddings(store) if model is None else [model]
+    found = [(name, path) for name in models for path in _paths(store, name, plan, model)]
+    groups = tuple(_group_status(Path(store), path, name, plan) for name, path in found)
     return StoreStatus(str(store), slide_name(store), groups)
 
 
-def _group_status(store: Path, path: str, model: str | None, plan: str | None) -> GroupStatus:
-    name = model or path.split("/", 1)[1]
+def _paths(store, model: str, plan: str | None, asked: str | None) -> list[str]:
+    """The paths of a model's groups to say (of `plan` only, where named): a model asked
+    for that has none, its folder (said "not started"); a folder whose listing is damaged,
+    itself (said "damaged")."""
+    try:
+        groups = plan_groups(store, model)
+    except StoreError:
+        return [model_folder(model)]
+    if plan is not None:
+        groups = {p: path for p, path in groups.items() if p == plan}
+        if asked is not None and not groups:
+            return [group_name(model, plan)]
+    if asked is not None and not groups:
+        return [model_folder(model)]
+    return list(groups.values())
+
+
+def _group_status(store: Path, path: str, model: str, plan: str | None) -> GroupStatus:
+    name = model
     lock = _live_lock(store, path)
     try:
         group = open_group(store, path)
@@ -217,7 +235,7 @@ def _read_group(
         return GroupStatus(name, path, "damaged", **common, note=note)
     if lock is not None:
         return GroupStatus(name, path, "running", **common, note=_running(lock))
-    other = _other_plan(store, made, plan)
+    other = _other_plan(store, made)
     if other:
         return GroupStatus(name, path, "other plan", **common, note=other)
     if meta.get("complete"):
@@ -244,20 +262,21 @@ def resume_options(meta: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def _other_plan(store: Path, made: dict[str, Any], plan: str | None) -> str:
-    """Why a group is not of the plan asked ("" where it is, or none was asked): another
-    name, or the plan of that name stored again since (another uid)."""
-    if plan is None:
+def _other_plan(store: Path, made: dict[str, Any]) -> str:
+    """Why a group no longer stands for its plan ("" where it does): the plan of its name
+    stored again since (another uid: other tiles, or the same made otherwise). A plan no
+    longer stored leaves the group as it is (its tiles' coordinates are its own)."""
+    plan = made.get("name")
+    try:
+        stored_plan = open_group(store, f"plans/{plan}").attrs.get("tilestore", {})
+    except KeyError:
         return ""
-    if made.get("name") == plan:
-        try:
-            stored_plan = open_group(store, f"plans/{plan}").attrs.get("tilestore", {})
-        except KeyError:  # the plan is not stored: its name alone is compared
-            return ""
-        if stored_plan.get("uid") in (None, made.get("uid")):
-            return ""
-        return f"made from an earlier plan {plan!r}, stored again since; pass overwrite=True"
-    return f"made from plan {made.get('name')!r}, not {plan!r}; pass overwrite=True to replace it"
+    if stored_plan.get("uid") in (None, made.get("uid")):
+        return ""
+    return (
+        f"made from an earlier plan {plan!r} (uid {made.get('uid')}), stored again since "
+        f"(uid {stored_plan.get('uid')}); pass overwrite=True to embed the plan stored now"
+    )
 
 
 def _slide_vectors(

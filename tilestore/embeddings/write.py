@@ -1,4 +1,4 @@
-"""Writing embeddings into a store as embeddings/<model>, resumable batch by batch.
+"""Writing embeddings into a store as embeddings/<model>/<plan>, resumable batch by batch.
 
 The group (`tilestore.embeddings.layout`) is made with every coordinate of the plan and an
 empty features array in shards of whole batches. A batch's features wait in memory until
@@ -25,7 +25,7 @@ from zarr.codecs import Crc32cCodec
 
 from tilestore import locks
 from tilestore.embeddings.groups import non_finite_rows
-from tilestore.embeddings.layout import COORDINATES, UNITS, group_name
+from tilestore.embeddings.layout import COORDINATES, UNITS, group_name, model_folder
 from tilestore.errors import AlreadyComplete, EmbeddingError
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.leftovers import clear_unfinished_files
@@ -97,12 +97,27 @@ class Standing:
     why: str = ""
 
 
+def group_path(slide: Slide, model: str, plan_name: str) -> str:
+    """Where `model`'s group of plan `plan_name` is, or is made: embeddings/<model>/<plan>;
+    in a store made before, embeddings/<model> itself where its record names that plan (it
+    is resumed where it is, never moved)."""
+    folder = model_folder(model)
+    try:
+        attrs = slide.group[folder].attrs.get("tilestore")
+    except (KeyError, ValueError, TypeError, zarr.errors.BaseZarrError):
+        attrs = None  # none there (a damaged one is said by `standing`, at the plan's path)
+    if isinstance(attrs, dict) and (attrs.get("plan") or {}).get("name") == plan_name:
+        return folder
+    return group_name(model, plan_name)
+
+
 def standing(
     slide: Slide, model: str, plan_name: str, plan_uid: str | None, plan_tiles: int | None
 ) -> Standing:
-    """The standing of `model`'s group in the store for a plan (plan_uid None: a plan not
-    stored yet, whose name alone is compared; plan_tiles None: not known yet)."""
-    path = group_name(model)
+    """The standing of `model`'s group of plan `plan_name` in the store (plan_uid None: a
+    plan not stored yet, whose name alone is compared; plan_tiles None: not known yet).
+    Another plan's group of the model is no concern: they live side by side."""
+    path = group_path(slide, model, plan_name)
     try:
         group = slide.group[path]
         attrs = group.attrs.get("tilestore")
@@ -120,11 +135,11 @@ def standing(
     made = attrs.get("plan") or {}
     same = made.get("name") == plan_name and (plan_uid is None or made.get("uid") == plan_uid)
     if not same:
-        count = f"{plan_tiles} tiles; " if plan_tiles is not None else ""
+        count = f" ({plan_tiles} tiles)" if plan_tiles is not None else ""
         why = (
-            f"{slide.name}: {path} was made from plan {made.get('name')!r} ({tiles} tiles), "
-            f"not this run's {plan_name!r} ({count}a plan of the same name made again counts "
-            "as another); pass overwrite=True to replace it"
+            f"{slide.name}: {path} was made from an earlier plan {made.get('name')!r} "
+            f"({tiles} tiles), stored again since{count}; pass overwrite=True to embed the "
+            "plan stored now"
         )
         return Standing("other plan", done, batch, tiles, why)
     if attrs.get("complete"):
@@ -221,7 +236,7 @@ class EmbeddingWriter:
 
     def _setup(self, slide, plan, plan_uid, identity: RunIdentity) -> None:
         self.slide, self.plan, self.batch_size = slide, plan, identity.batch_size
-        self.path = group_name(identity.model["name"])
+        self.path = group_path(slide, identity.model["name"], plan.name)
         self.root = slide.writable_group()
         self.run = identity
         # what the group's attributes must equal for this run to resume it
@@ -555,8 +570,10 @@ def _directory(slide: Slide) -> Path:
 
 def lock_file(store: Path, path: str) -> Path:
     """The lock a run writing the group `path` of the store at `store` holds: beside the
-    store, not in it (zarr would list it, and overwrite=True deletes the group)."""
-    return store.parent / f".{store.name}.{path.split('/')[-1]}.lock"
+    store, not in it (zarr would list it, and overwrite=True deletes the group):
+    .<store>.<model>.<plan>.lock (a store made before's embeddings/<model>: .<store>.<model>.lock,
+    as before)."""
+    return store.parent / f".{store.name}.{'.'.join(path.split('/')[1:])}.lock"
 
 
 def _quality_scale(plan: TilePlan, quality: dict[str, Any] | None) -> str | None:

@@ -27,6 +27,10 @@ FILTERS = ("contrast",)
 MIN_TILE, MAX_TILE = 8, 16384  # px: a tile smaller holds no tissue pattern, larger no model's
 
 
+# Names a plan may not take: the subgroups an embeddings group holds beside its arrays (slide
+# vectors, zero-shot scores; a store made before keeps them beside its plans' groups).
+RESERVED_NAMES = ("slides", "zeroshot")
+
 LEVEL0 = "level0"  # mpp's named value: plan in level-0 pixels (a slide without a pixel size)
 Filter = Literal["contrast"]  # FILTERS
 
@@ -234,10 +238,12 @@ def _check_names(options: PlanOptions) -> None:
     """Names a plan is stored or filtered by: a plan's name is a group in the store (no
     folders, nothing hidden), the artefacts excluded are QC's."""
     name = options.name
-    if name is not None and (not name.strip() or "/" in name or name.startswith((".", "__"))):
+    if name is not None and (
+        not name.strip() or "/" in name or name.startswith((".", "__")) or name in RESERVED_NAMES
+    ):
         raise OptionError(
             f"name={name!r}: a plan's name is a group of the store: not empty, no '/', not "
-            "starting with '.' or '__'"
+            f"starting with '.' or '__', not {' or '.join(RESERVED_NAMES)}"
         )
     unknown = [e for e in options.exclude or () if e not in ARTEFACTS]
     if unknown:

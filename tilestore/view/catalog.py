@@ -161,14 +161,13 @@ class Catalog:
 
 
 def finished_groups(slide: Slide) -> list[dict[str, Any]]:
-    """The `tilestore` attributes of a store's finished embeddings groups."""
-    try:
-        groups = slide.group["embeddings"]
-    except KeyError:
-        return []
+    """The `tilestore` attributes of a store's finished embeddings groups (each model's of
+    each plan, `tilestore.embeddings.list_groups`)."""
+    from tilestore.embeddings import list_groups
+
     found = []
-    for _, group in sorted(groups.groups()):
-        facts = group.attrs.get("tilestore") or {}
+    for _, _, path in list_groups(slide.group.store):
+        facts = slide.group[path].attrs.get("tilestore") or {}
         if facts.get("complete") and isinstance(facts.get("model"), dict):
             found.append(facts)
     return found

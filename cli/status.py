@@ -76,20 +76,22 @@ def _row(store: str, group: GroupStatus, encoder: str | None) -> dict[str, Any]:
 
 
 def _print(found, counts, encoder, commands, todo, left: int) -> None:
-    rows = [("store", "state", "tiles", "slide vector", "note")]
+    rows = [("store", "plan", "state", "tiles", "slide vector", "note")]
     for store, group in found:
         tiles = f"{group.tiles_done:,}/{group.tiles:,}" if group.tiles else "-"
         note = as_flags(group.note, flags_of(embed))
-        rows.append((store, group.state, tiles, _vector(group, encoder), note))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        rows.append((store, group.plan or "-", group.state, tiles, _vector(group, encoder), note))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
     for row in rows:  # plain lines, never folded: a cohort's paths are long, logs are grepped
-        cells = [cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True)]
-        print("  ".join([*cells, row[4]]).rstrip())
+        cells = [cell.ljust(width) for cell, width in zip(row[:5], widths, strict=True)]
+        print("  ".join([*cells, row[5]]).rstrip())
     said = ", ".join(f"{n} {state}" for state, n in counts.items())
     if encoder:
         missing = sum(1 for _, g in found if g.state == "complete" and not g.has_vector(encoder))
         said += f"; {missing} complete without a current {encoder} slide vector"
-    print(f"{len(found)} stores: {said}")  # plain print: the sum is one line
+    stores = len({store for store, _ in found})
+    groups = f" ({len(found)} groups: one a plan)" if len(found) != stores else ""
+    print(f"{stores} stores{groups}: {said}")  # plain print: the sum is one line
     if counts["running"]:
         print(
             f"{counts['running']} running: they finish on their own; ask again later (a "

@@ -20,14 +20,17 @@ from tilestore.embed.models import ModelSpec
 from tilestore.embed.preflight import refuse_other_scale, rgb_input, scale_mismatch
 from tilestore.embed.report import RunReport
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity, plan_slide
-from tilestore.errors import TilestoreError
+from tilestore.errors import PlanError, TilestoreError
 from tilestore.plan import (
     PlanOptions,
     TilePlan,
     list_plans,
     load_plan,
+    plan_difference,
+    plan_uid,
     resolve_plan,
     save_plan,
+    stored_record,
     uses_stored_plan,
 )
 from tilestore.reading import Slide, open_slide
@@ -205,9 +208,15 @@ def plan_for(
         plan or PlanOptions(), slide, native_mpp=spec.native_mpp, native_tile=spec.tile
     )
     made = plan_slide(slide, resolved, store_tissue=save)
-    if made.name in list_plans(slide):  # made before with the same options: reuse it
+    if save:  # the same plan stored before is kept; one of its name made otherwise refused
+        return made, save_plan(slide, made)
+    if made.name in list_plans(slide):  # a dry run: what the run's save would say
         stored, uid = load_plan(slide, made.name)
-        if np.array_equal(stored.x, made.x) and np.array_equal(stored.y, made.y):
-            return stored, uid
-        return made, save_plan(slide, made, overwrite=True) if save else None
-    return made, save_plan(slide, made) if save else None
+        if uid != plan_uid(made):
+            raise PlanError(
+                f"{slide.name}: plan {made.name!r} is stored already, made otherwise "
+                f"({plan_difference(stored_record(slide, made.name), made)}); "
+                "pass overwrite=True to replace it, or choose another name"
+            )
+        return stored, uid
+    return made, None

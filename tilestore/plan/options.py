@@ -6,8 +6,10 @@ open. Light: no zarr, no pixels (the CLI reads its flag defaults here).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from tilestore.errors import OptionError, PlanError
@@ -251,19 +253,47 @@ def _check_names(options: PlanOptions) -> None:
 
 
 def default_name(mpp: float | None, tile: int, stride: int, options: PlanOptions) -> str:
-    """A readable plan name: 0.5mpp-224px[-s112][-roi][-class][-contrast][-qc0.1]."""
+    """A readable plan name that says every setting which decides its tiles and is not the
+    default: 0.5mpp-224px[-s112][-t0.9][-<method>][-<roi>[-r0.7][-roi0.25mpp]][-class]
+    [-contrast[-<rule>]][-qc0.1[-ink+fold]][-blur0.4[-from-<model>]][-tol0.1][-up]. Two plans
+    of other settings never share a default name (`tests/tilestore/test_plans.py`, a property
+    test); what a name cannot say (the ROI file's content, the tissue mask read) is compared
+    where a plan of that name is stored already (`tilestore.plan.plans.save_plan`)."""
     parts = [f"{mpp:g}mpp" if mpp is not None else "level0", f"{tile}px"]
     if stride != tile:
         parts.append(f"s{stride}")
+    if options.min_tissue is not None and options.min_tissue != (
+        0.0 if options.filter else MIN_TISSUE
+    ):
+        parts.append(f"t{options.min_tissue:g}")
+    if options.tissue_method != "auto" and options.effective_min_tissue > 0:
+        parts.append(str(options.tissue_method))
     if options.roi:
         parts.append(os.path.splitext(os.path.basename(options.roi))[0])
+        if options.min_roi != PlanOptions.min_roi:
+            parts.append(f"r{options.min_roi:g}")
+        if options.roi_mpp is not None:
+            parts.append(f"roi{options.roi_mpp:g}mpp")
     if options.roi_class:
         parts.append(options.roi_class)
     if options.filter:
         parts.append(options.filter)
+        if options.contrast != ContrastRule():
+            parts.append(_digest(asdict(options.contrast)))
     if options.max_artefact is not None:
         counted = "+".join(options.exclude) if options.exclude else ""
         parts.append(f"qc{options.max_artefact:g}{'-' + counted if counted else ''}")
     if options.max_blur is not None:
         parts.append(f"blur{options.max_blur:g}")
-    return "-".join(p.replace("/", "_").replace(" ", "_") for p in parts)
+        if options.quality_from:
+            parts.append(f"from-{options.quality_from}")
+    if mpp is not None and options.tolerance != MPP_TOLERANCE:
+        parts.append(f"tol{options.tolerance:g}")
+    if options.upsample:
+        parts.append("up")
+    return "-".join(p.replace("/", "_").replace(" ", "_").replace(":", "-") for p in parts)
+
+
+def _digest(value) -> str:
+    """Six hex digits standing for a setting too long to spell in a name."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:6]

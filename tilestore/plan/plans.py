@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import os
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -124,6 +125,7 @@ def plan_slide(
             "min_tissue": options.min_tissue,
             "tissue_method": tissue.method if tissue else None,
             "roi": os.path.basename(roi) if roi else None,
+            "roi_sha256": _sha256(roi) if roi else None,
             "roi_class": options.roi_class,
             "min_roi": options.min_roi if roi else None,
             "roi_mpp": options.roi_mpp,
@@ -233,36 +235,30 @@ def plan_rois(slide: Slide, options: ResolvedPlan, notes: list[str] | None = Non
 
 
 def save_plan(slide: Slide, plan: TilePlan, *, overwrite: bool = False) -> str:
-    """Store the plan as plans/<name>; return its uid."""
+    """Store the plan as plans/<name>; return its uid.
+
+    A plan of that name stored already is never replaced implicitly: the very same plan
+    (its recipe and its tiles) is kept as it is (its uid returned, nothing written); one made
+    otherwise is refused in one line naming how the two differ (`plan_difference`), unless
+    overwrite=True."""
     root = slide.writable_group()
     plans = root.require_group(PLANS)
     if plan.name in plans and not _complete(plans[plan.name]):
         del plans[plan.name]  # a save that failed or was killed part way: never a plan
+    columns = _columns(plan)
+    uid = plan_uid(plan)
     if plan.name in plans:
         if not overwrite:
+            with stored(slide.name, f"plan {plan.name!r}", _remake(plan.name)):
+                meta = dict(plans[plan.name].attrs["tilestore"])
+            if meta.get("uid") == uid and not recipe_difference(recipe_of(meta), plan_recipe(plan)):
+                return uid  # the very same plan: kept as it is
             raise PlanError(
-                f"{slide.name}: plan {plan.name!r} exists; pass overwrite=True or "
-                "choose another name"
+                f"{slide.name}: plan {plan.name!r} is stored already, made otherwise ("
+                f"{plan_difference(meta, plan)}); pass overwrite=True to replace it (embeddings "
+                "of the stored one then no longer stand for it), or choose another name"
             )
         del plans[plan.name]
-    columns = {
-        "x": plan.x,
-        "y": plan.y,
-        "row": plan.row,
-        "col": plan.col,
-        "tissue": plan.tissue,
-        "roi": plan.roi,
-        "roi_class": plan.roi_class,
-        "chunk_row0": plan.chunk_rows[:, 0],
-        "chunk_row1": plan.chunk_rows[:, 1],
-        "chunk_col0": plan.chunk_cols[:, 0],
-        "chunk_col1": plan.chunk_cols[:, 1],
-        **{f"qc_{name}": share for name, share in plan.qc.items()},
-    }
-    uid = hashlib.sha256(
-        b"".join(np.ascontiguousarray(v).tobytes() for v in columns.values())
-        + repr(asdict(plan.spec)).encode()
-    ).hexdigest()[:16]
     with written_whole(plans, plan.name, slide.name, f"plan {plan.name!r}"):
         group = plans.create_group(plan.name)
         for key, values in columns.items():
@@ -279,12 +275,90 @@ def save_plan(slide: Slide, plan: TilePlan, *, overwrite: bool = False) -> str:
             "qc_classes": list(plan.qc),
             "chunk_shape": list(plan.chunk_shape),
             "params": plan.params,
+            "recipe": plan_recipe(plan),
             "notes": plan.notes,
             "tiles": len(plan),
             "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "complete": True,
         }
     return uid
+
+
+def _columns(plan: TilePlan) -> dict[str, np.ndarray]:
+    """The per-tile arrays a stored plan holds."""
+    return {
+        "x": plan.x,
+        "y": plan.y,
+        "row": plan.row,
+        "col": plan.col,
+        "tissue": plan.tissue,
+        "roi": plan.roi,
+        "roi_class": plan.roi_class,
+        "chunk_row0": plan.chunk_rows[:, 0],
+        "chunk_row1": plan.chunk_rows[:, 1],
+        "chunk_col0": plan.chunk_cols[:, 0],
+        "chunk_col1": plan.chunk_cols[:, 1],
+        **{f"qc_{name}": share for name, share in plan.qc.items()},
+    }
+
+
+def plan_uid(plan: TilePlan) -> str:
+    """What a plan is, by content: a digest of its tiles (every column) and its grid; the uid
+    embeddings record, so a plan stored again otherwise is never taken for the one they
+    were made from."""
+    return hashlib.sha256(
+        b"".join(np.ascontiguousarray(v).tobytes() for v in _columns(plan).values())
+        + repr(asdict(plan.spec)).encode()
+    ).hexdigest()[:16]
+
+
+def plan_recipe(plan: TilePlan) -> dict:
+    """Every setting a plan was made with (its grid's um/px, tile and stride, and its
+    params: tissue, ROI file and its SHA-256, filters, QC, tolerance), as stored (JSON)."""
+    spec = plan.spec
+    made = {"mpp": spec.mpp, "tile": spec.tile, "stride": spec.stride, **plan.params}
+    return json.loads(json.dumps(made))
+
+
+def recipe_of(meta: dict) -> dict:
+    """A stored plan's recipe: recorded, or for a plan stored before recipes were, its
+    grid's and params' (without the ROI file's hash, which was not recorded)."""
+    if isinstance(meta.get("recipe"), dict):
+        return meta["recipe"]
+    spec = meta.get("spec") or {}
+    made = {k: spec.get(k) for k in ("mpp", "tile", "stride")}
+    return json.loads(json.dumps({**made, **(meta.get("params") or {})}))
+
+
+def recipe_difference(old: dict, new: dict) -> list[str]:
+    """The settings two recipes both record and give other values (name=old -> new)."""
+    return [
+        f"{key}={old[key]!r} -> {new[key]!r}"
+        for key in sorted(old.keys() & new.keys())
+        if old[key] != new[key]
+    ]
+
+
+def plan_difference(meta: dict, plan: TilePlan) -> str:
+    """How a plan made now differs from the one stored under its name (`meta`, its record):
+    the settings, else its tiles (the same settings over another tissue mask, QC maps or
+    annotations)."""
+    settings = recipe_difference(recipe_of(meta), plan_recipe(plan))
+    if settings:
+        return "stored -> now: " + ", ".join(settings)
+    return (
+        f"the same settings, other tiles: {meta.get('tiles')} stored, {len(plan)} now (its "
+        "tissue mask, QC maps or annotations changed since)"
+    )
+
+
+def _sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes (a ROI file: what a plan's name cannot say)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _complete(group) -> bool:
@@ -303,6 +377,12 @@ def list_plans(slide: Slide) -> list[str]:
             if slide.group[path].attrs.get("tilestore", {}).get("complete"):
                 names.append(name)
     return names
+
+
+def stored_record(slide: Slide, name: str) -> dict:
+    """A stored plan's record (its ``tilestore`` attributes: uid, grid, params, recipe...)."""
+    with stored(slide.name, f"plan {name!r}", _remake(name)):
+        return dict(slide.group[f"{PLANS}/{name}"].attrs["tilestore"])
 
 
 def _remake(name: str) -> str:

@@ -40,12 +40,12 @@ level0 = np.moveaxis(root["0"][:], 0, -1)
 """,
     "xarray.open_zarr, finished embeddings": """
 import xarray as xr
-ds = xr.open_zarr(store, group="embeddings/fake", consolidated=False)
+ds = xr.open_zarr(store, group="embeddings/fake/0.5mpp-224px", consolidated=False)
 got = ds.features.values
 """,
     "xarray.open_zarr, unfinished embeddings": """
 import xarray as xr
-ds = xr.open_zarr(store, group="embeddings/unfinished", consolidated=False)
+ds = xr.open_zarr(store, group="embeddings/unfinished/0.5mpp-224px", consolidated=False)
 got = ds.features.values[: len(features_unfinished)]
 features = features_unfinished
 """,

@@ -69,7 +69,7 @@ def embed(
         None,
         "--slide-encoder",
         help="Then a slide embedding per store from its tile features "
-        "(embeddings/<model>/slides/<encoder>): titan, prism, gigapath, chief, madeleine, "
+        "(embeddings/<model>/<plan>/slides/<encoder>): titan, prism, gigapath, chief, madeleine, "
         "feather, mean, max... The tiles are embedded first where they are not, with the "
         "tile model, um/px and tile size the encoder was trained on.",
     ),
@@ -101,7 +101,7 @@ def embed(
     options: Options = From(Options),
     plan_options: PlanOptions | None = From(PlanOptions, empty_none=True),
 ) -> None:
-    """Embed plan tiles with a foundation model; write embeddings/<model> into each store.
+    """Embed plan tiles with a foundation model; write embeddings/<model>/<plan> into each store.
 
     Exit status:
     0: every store is complete (embedded now or before).

@@ -74,10 +74,26 @@ SKIP_MISSING = typer.Option(
 )
 
 
-def _open(stores: list[str], model: str, skip_missing: bool = False, scale: str | None = None):
+PLAN = typer.Option(
+    None,
+    "--plan",
+    help="The plan whose embeddings are read, where a store holds the model's of several "
+    "(default: each store's only one).",
+)
+
+
+def _open(
+    stores: list[str],
+    model: str,
+    skip_missing: bool = False,
+    scale: str | None = None,
+    plan: str | None = None,
+):
     import tilestore
 
-    return tilestore.open_embeddings(stores, model, skip_missing=skip_missing, scale=scale)
+    return tilestore.open_embeddings(
+        stores, model, skip_missing=skip_missing, scale=scale, plan=plan
+    )
 
 
 def _clusters(ds, k: int | None, pcs: int | None):
@@ -113,12 +129,13 @@ def qupath(
     output: Path | None = typer.Option(
         None, "-o", "--output", help="GeoJSON file (default: <slide>.<model>.geojson here)."
     ),
+    plan: str | None = PLAN,
 ) -> None:
     """In QuPath: File > Import objects from file, over the ORIGINAL slide (same pixels)."""
     from tilestore.embeddings import model_folder
 
     output_file(output)
-    ds = _open([str(store)], model)
+    ds = _open([str(store)], model, plan=plan)
     name = ds.tiles.slides[0]
     target = output or Path(f"{name}.{model_folder(model).split('/')[-1]}.geojson")
     _writer("qupath")(
@@ -140,9 +157,10 @@ def anndata(
     images: bool = typer.Option(True, help="Store thumbnails for squidpy in uns['spatial']."),
     skip_missing: bool = SKIP_MISSING,
     scale: ScaleLabel = None,
+    plan: str | None = PLAN,
 ) -> None:
     output_file(output)
-    ds = _open(stores, model, skip_missing, scale)
+    ds = _open(stores, model, skip_missing, scale, plan)
     found = _clusters(ds, clusters, pcs)
     obs = {"cluster": found} if found is not None else None
     _writer("anndata")(ds, output, obs=obs, images=images)
@@ -166,9 +184,10 @@ def map_png(
         ),
     ] = None,
     pcs: OptionalComponents = PCS,
+    plan: str | None = PLAN,
 ) -> None:
     output_file(output)
-    ds = _open([str(store)], model)
+    ds = _open([str(store)], model, plan=plan)
     written = _writer("map")(ds, output, clusters=_clusters(ds, clusters, pcs))
     out.print(" ".join(map(str, written)), highlight=False)
 
@@ -231,6 +250,7 @@ def h5(
     overwrite: bool = typer.Option(False, help="Replace existing files."),
     skip_missing: bool = SKIP_MISSING,
     scale: ScaleLabel = None,
+    plan: str | None = PLAN,
 ) -> None:
     """TRIDENT's slide encoders, CLAM and other MIL code read --layout trident, STAMP
     --layout stamp. The stores are checked as one cohort first (made alike, at one scale),
@@ -244,6 +264,7 @@ def h5(
         overwrite=overwrite,
         skip_missing=skip_missing,
         scale=scale,
+        plan=plan,
     )
     for done in written:
         store = done.store
@@ -271,6 +292,7 @@ def slides(
         False, "--skip-missing", help="Leave out stores without this slide embedding."
     ),
     scale: ScaleLabel = None,
+    plan: str | None = PLAN,
 ) -> None:
     """Columns: slide, store, tiles (how many tile features each vector was made from), then
     the features f0, f1, ... (in .h5ad: X, the rest as obs)."""
@@ -279,6 +301,8 @@ def slides(
 
     table_format(output)  # a file type it does not write: refused before any store is read
     output_file(output)
-    ds = open_slide_embeddings(stores, model, slide_encoder, skip_missing=skip_missing, scale=scale)
+    ds = open_slide_embeddings(
+        stores, model, slide_encoder, skip_missing=skip_missing, scale=scale, plan=plan
+    )
     _writer("slides")(ds, output)
     out.print(f"{ds.sizes['slide']} slide(s) x {ds.sizes['feature']} -> {output}", highlight=False)

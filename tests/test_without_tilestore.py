@@ -30,7 +30,7 @@ assert importlib.util.find_spec("tilestore") is None, "tilestore is importable h
 store, out = sys.argv[1:3]
 root = zarr.open_group(store, mode="r")
 level0 = np.moveaxis(root["0"][:], 0, -1)
-features = zarr.open_group(store + "/embeddings/unfinished", mode="r")["features"][:]
+features = zarr.open_group(store + "/embeddings/unfinished/1mpp-224px", mode="r")["features"][:]
 np.savez(out, level0=level0, features=features)
 """
 

@@ -65,11 +65,13 @@ def to_h5(
     *,
     layout: H5Layout = "trident",
     overwrite: bool = False,
+    plan: str | None = None,
 ) -> H5Export:
     """Write a store's tile embeddings of `model` as ``<folder>/<slide>.h5`` in TRIDENT's
     (and CLAM's) layout or STAMP's. The file is written under a hidden name and renamed
-    into place whole; an existing file is kept unless overwrite."""
-    tiles = read_tile_features(store, model)
+    into place whole; an existing file is kept unless overwrite. plan: the plan whose
+    embeddings are read, where the store holds the model's of several."""
+    tiles = read_tile_features(store, model, plan)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{tiles.name}.h5"
@@ -103,6 +105,7 @@ def cohort_to_h5(
     overwrite: bool = False,
     skip_missing: bool = False,
     scale: ScaleLabel = None,
+    plan: str | None = None,
 ) -> list[H5Export]:
     """`to_h5` for each of a cohort's stores (names, a list, or glob patterns), its files
     made to be read together: the stores' features are checked as one population first
@@ -113,7 +116,7 @@ def cohort_to_h5(
     they are read stops the export, and the files this call made are removed."""
     found = read_each(
         stores,
-        lambda store: (store, recipe(open_finished(store, model).meta)),
+        lambda store: (store, recipe(open_finished(store, model, plan).meta)),
         skip_missing,
         f"no embeddings of {model!r}",
     )
@@ -131,7 +134,9 @@ def cohort_to_h5(
     written: list[H5Export] = []
     try:
         for store in kept:
-            written.append(to_h5(store, model, folder, layout=layout, overwrite=overwrite))
+            written.append(
+                to_h5(store, model, folder, layout=layout, overwrite=overwrite, plan=plan)
+            )
     except BaseException:  # a store's features found damaged as they are read: the cohort's
         for done in written:  # files are all or none, never a part that looks whole
             if done.path not in taken:

@@ -40,8 +40,12 @@ def test_status_rows_sum_and_the_printed_commands_finish_the_cohort(
     done, half, bare = _cohort(embedded_cohort, stores, tmp_path / "cohort")
     run = tilestore("status", done, half, bare, "--model", LITE)
     assert run.returncode == 1, run.stderr
-    rows = [line.split(None, 2)[:2] for line in run.stdout.splitlines()[1:4]]  # never folded
-    assert rows == [[str(done), "complete"], [str(half), "partial"], [str(bare), "not"]]
+    rows = [line.split(None, 3)[:3] for line in run.stdout.splitlines()[1:4]]  # never folded
+    assert rows == [
+        [str(done), "classes", "complete"],
+        [str(half), "classes", "partial"],
+        [str(bare), "-", "not"],
+    ]
     assert "3 stores: 1 complete, 1 partial, 0 running, 0 damaged, 0 other plan, 1 not started" in (
         run.stdout
     )

@@ -31,7 +31,7 @@ FP32 = Options(batch_size=8, device="cpu", precision="fp32", dtype="float32")
 
 
 def _features(store, model=LITE):
-    group = zarr.open_group(store / group_of(store, model.replace)(":", "-"), mode="r")
+    group = zarr.open_group(store / group_of(store, model), mode="r")
     return group["features"][:], group
 
 

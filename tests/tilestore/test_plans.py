@@ -101,9 +101,12 @@ def test_saved_plan_round_trips_and_opens_in_xarray(copy_of):
     assert set(ds.data_vars) >= {"x", "y", "row", "col", "tissue", "roi", "roi_class"}
     assert ds.sizes["tile"] == len(plan)
     np.testing.assert_array_equal(ds.x.values, plan.x)
-    with pytest.raises(PlanError, match="exists; pass overwrite=True"):
-        save_plan(slide, plan)
-    assert save_plan(slide, plan, overwrite=True) == uid
+    assert save_plan(slide, plan) == uid  # the very same plan: kept as it is, nothing written
+    other = plan.subset(np.arange(len(plan)) > 0)  # its name, other tiles
+    with pytest.raises(PlanError, match="stored already, made otherwise .*pass overwrite=True"):
+        save_plan(slide, other)
+    assert load_plan(slide, plan.name)[1] == uid
+    assert save_plan(slide, other, overwrite=True) != uid
 
 
 def test_roi_plan_classes_and_preview_inputs(copy_of, cmu_roi):
@@ -115,7 +118,7 @@ def test_roi_plan_classes_and_preview_inputs(copy_of, cmu_roi):
     assert plan.roi.min() >= 0.5
     tumour = plan_slide(slide, PlanOptions(roi=cmu_roi, roi_class="Tumor", min_tissue=0.0))
     assert len(tumour) < len(plan) and set(tumour.roi_class.tolist()) == {1}
-    assert tumour.name == "0.5mpp-224px-cmu-roi-Tumor"
+    assert tumour.name == "0.5mpp-224px-t0-cmu-roi-Tumor"  # every setting not the default
 
 
 def test_roi_restricted_read_touches_exactly_the_planned_chunks(copy_of, cmu_roi):

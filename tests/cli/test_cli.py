@@ -156,8 +156,8 @@ def test_plan_and_embed_treat_a_slide_without_pixel_size_alike(tmp_path, slide_p
         embedded = tilestore(*embed, *given)
         want = (
             f"pixel size unknown, so its tiles cannot be read at {shown} um/px; give the "
-            "slide's pixel size (convert again with --mpp <um/px>), or plan in level-0 pixels "
-            "explicitly (--mpp level0)"
+            "slide's pixel size (convert again with --mpp <um/px>, or embed the slide file with "
+            "--scan-mpp <um/px>), or plan in level-0 pixels explicitly (--mpp level0)"
         )
         assert planned.returncode == 2
         assert planned.stderr.strip() == f"tilestore: error: {store.name}: {want}"

@@ -32,7 +32,7 @@ from tilestore.embed import (
 from tilestore.embed.slides import SlidePrecision
 from tilestore.options import Workers
 from tilestore.plan import PlanOptions
-from tilestore.reading import ScanMpp
+from tilestore.reading import OverrideMpp, ScanMpp
 
 
 @with_flags
@@ -54,6 +54,7 @@ def embed(
         "where the slides are read-only).",
     ),
     scan_mpp: ScanMpp = None,
+    override_mpp: OverrideMpp = False,
     into: Path = typer.Option(
         Path("stores"),
         help="Folder for the stores of slide files given (an existing store "
@@ -158,13 +159,13 @@ def embed(
                 "worker reaches), where the workers convert the slides"
             )
         result = _embed_on_dask(stores, model, choice, options, cluster, scheduler, workers,
-                                slice_tiles, report, into, scan_mpp)  # fmt: skip
+                                slice_tiles, report, into, scan_mpp, override_mpp)  # fmt: skip
         done = [s["store"] for s in result.slides] + list(result.skipped_complete)
         done += [store for store, _ in checked.skipped]
         failed = len(result.failures) + len(checked.refused)  # refused: said above
     else:
         result = _embed_here(stores, model, choice, options, into, in_place, sidecars,
-                             scan_mpp, report, checked)  # fmt: skip
+                             scan_mpp, override_mpp, report, checked)  # fmt: skip
         done = [s["store"] for s in result.slides if not s.get("failed")]
         done += [s["store"] for s in result.skipped]
         failed = len(result.failures)  # the refused among them, as the run's report says
@@ -182,11 +183,12 @@ def _outcome(done: list[str], failed: int, slide_spec, model, options, weights) 
     return exit_code(len(done), failed)
 
 
-def _embed_here(stores, model, choice, options, into, in_place, sidecars, scan_mpp, report,
-                checked):  # fmt: skip
+def _embed_here(stores, model, choice, options, into, in_place, sidecars, scan_mpp,
+                override_mpp, report, checked):  # fmt: skip
     """The run in this process (slide files converted or read in place on the way)."""
     # slides start converting in a worker process before this one imports torch
-    staging = Stager(stores, into, choice, in_place=in_place, sidecars=sidecars, scan_mpp=scan_mpp)
+    staging = Stager(stores, into, choice, in_place=in_place, sidecars=sidecars,
+                     scan_mpp=scan_mpp, override_mpp=override_mpp)  # fmt: skip
     from tilestore.embed import embed as run_embed
     from tilestore.embed import format_report
 
@@ -312,7 +314,8 @@ def _dry_run(stores, model, plan, options, into, in_place, sidecars) -> None:
 
 
 def _embed_on_dask(
-    stores, model, plan, options, cluster, scheduler, workers, slice_tiles, report, into, scan_mpp
+    stores, model, plan, options, cluster, scheduler, workers, slice_tiles, report, into, scan_mpp,
+    override_mpp,
 ) -> list[str]:
     from distributed import Client
 
@@ -337,6 +340,7 @@ def _embed_on_dask(
             options=options,
             into=into,
             scan_mpp=scan_mpp,
+            override_mpp=override_mpp,
             slice_tiles=slice_tiles,
             cpus_per_worker=share,
             progress=bar,  # else the cohort's own lines: tiles, rate, time left, workers alive

@@ -56,6 +56,13 @@ def info(
             else f"{mpp['value'][0]:.4g} x {mpp['value'][1]:.4g} µm/px ({mpp['origin']})"
         )
     )
+    if mpp and mpp.get("origin") == "override":  # the user's size over the file's
+        stated = mpp.get("file")
+        mpp_text = f"{mpp['x']:.4g} x {mpp['y']:.4g} µm/px, an OVERRIDE of " + (
+            f"the file's {stated['x']:.4g} x {stated['y']:.4g} µm/px ({stated.get('origin')})"
+            if stated
+            else "none in the file"
+        )
     out.print(f"[bold]{desc['path']}[/bold]  {desc['kind']}", highlight=False)
     out.print(f"mpp: {mpp_text}", highlight=False)
     if desc["kind"] == "store":

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+import warnings
 from pathlib import Path
 
 import typer
 
 from tilestore.cli.console import out
 from tilestore.cli.flags import with_flags
+from tilestore.reading import OverrideMpp, ScanMpp
 from tilestore.view import Port
 
 
@@ -20,6 +22,8 @@ def view(
         help="Stores, or tiled TIFF slides (read in place, their sidecars made in a "
         "temporary folder removed at the end).",
     ),
+    scan_mpp: ScanMpp = None,
+    override_mpp: OverrideMpp = False,
     port: Port = 8000,
     host: str = typer.Option(
         "127.0.0.1", help="Address to listen on; the default is this machine only."
@@ -32,16 +36,26 @@ def view(
 ) -> None:
     """Pan and zoom the slides in a browser with their tissue, QC, plans and embeddings
     (PCA colours, clusters, per-tile columns, similarity to a clicked tile). Ctrl-C stops."""
-    from tilestore import open_slide
+    from tilestore import TilestoreError, open_slide
     from tilestore.conversion import open_in_place
-    from tilestore.reading import sidecar_for
+    from tilestore.reading import in_scan_terms, sidecar_for
     from tilestore.view import Catalog, bind, make_app, serve
 
     with tempfile.TemporaryDirectory(prefix="tilestore-view-") as sidecars:
         slides, stores = [], []
         for path in paths:
             if path.is_file():
-                slide = open_in_place(path, sidecars)
+                # the sidecar's conversion speaks of its mpp: this command's --scan-mpp
+                with warnings.catch_warnings(record=True) as said:
+                    warnings.simplefilter("always")
+                    try:
+                        slide = open_in_place(
+                            path, sidecars, mpp=scan_mpp, override_mpp=override_mpp
+                        )
+                    except TilestoreError as exc:
+                        raise type(exc)(in_scan_terms(str(exc))) from exc
+                for warning in said:
+                    warnings.warn(in_scan_terms(str(warning.message)), warning.category, 1)
                 stores.append(str(sidecar_for(path, sidecars)))
             else:
                 slide = open_slide(path)

@@ -62,7 +62,7 @@ from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
 from tilestore.errors import DeviceError, OptionError, StoreError, TilestoreError
 from tilestore.options import Workers, checked
 from tilestore.progress import LogLines, to_stderr
-from tilestore.reading.resolution import ScanMpp
+from tilestore.reading.resolution import OverrideMpp, ScanMpp
 
 
 def shard(stores: Sequence[str | os.PathLike], k: int, n: int) -> list[str]:
@@ -201,6 +201,7 @@ def embed_cohort(
     options: Options = Options(),
     into: str | os.PathLike | None = None,
     scan_mpp: ScanMpp = None,
+    override_mpp: OverrideMpp = False,
     slice_tiles: SliceTiles = SLICE_TILES,
     cpus_per_worker: Workers = None,
     progress: Callable[[int, int], None] | None = None,
@@ -213,7 +214,8 @@ def embed_cohort(
     plan: as `tilestore.embed.engine.embed` takes it. into: the folder slide files are
     converted into, on the workers (every worker must reach it: a shared filesystem), with
     the tissue mask the plan reads; a store there from an earlier run is reused. scan_mpp:
-    the slides' level-0 um/px, over what their files record. slice_tiles: at most this many
+    the slides' level-0 um/px where their files record none (override_mpp: over what they
+    record, as `convert` takes them). slice_tiles: at most this many
     tiles per task (big slides spread over workers). cpus_per_worker: the CPUs each worker
     may use for decoding and for converting its slides (None: each worker's own affinity;
     `cpu_share` for workers sharing a machine).
@@ -227,7 +229,9 @@ def embed_cohort(
     spec = get_model(model)  # an unknown model refused before the cluster is asked
     # the workers find the folder, wherever they run (the slides' paths: `_Inputs.send`)
     folder = None if into is None else Path(into).absolute()
-    how = Preparation.of(folder, plan, scan_mpp=scan_mpp, cpus=cpus_per_worker)
+    how = Preparation.of(
+        folder, plan, scan_mpp=scan_mpp, cpus=cpus_per_worker, override_mpp=override_mpp
+    )
     inputs = _Inputs(client, how, stores)
     if inputs.slides:
         client.register_plugin(SlidesPlugin(), name=PREPARER)

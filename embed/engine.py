@@ -37,7 +37,7 @@ from tilestore.embed.sizing import choose_batch, remembered_rate
 from tilestore.embeddings import RunIdentity
 from tilestore.options import checked as checked_options
 from tilestore.plan.options import DEFAULT_MPP
-from tilestore.reading.resolution import ScanMpp
+from tilestore.reading.resolution import OverrideMpp, ScanMpp
 
 
 @checked_options
@@ -53,6 +53,7 @@ def embed(
     in_place: bool = False,
     sidecars: str | os.PathLike | None = None,
     scan_mpp: ScanMpp = None,
+    override_mpp: OverrideMpp = False,
     checked: Preflight | None = None,
     say: Callable[[str], None] | None = None,
 ) -> RunReport:
@@ -65,8 +66,8 @@ def embed(
     slide; `tilestore.conversion.open_in_place`). With neither, every input must be a store.
     stores may be a Stager made already (the command makes it before it imports torch, so
     the first slide converts meanwhile); convert_into, in_place and sidecars are then its
-    own. scan_mpp: the level-0 um/px of slide files given, over what their files record
-    (as `convert(mpp=...)`).
+    own. scan_mpp: the level-0 um/px of slide files given where their files record none;
+    with override_mpp, over what they record (as `convert(mpp=..., override_mpp=...)`).
 
     plan: a stored plan's name; `PlanOptions` to make one (its unset mpp and tile are the
     model's); None for the store's only plan, else one made at the model's native mpp and
@@ -90,7 +91,13 @@ def embed(
         inputs = stores
     else:
         inputs = Stager(
-            stores, convert_into, plan, in_place=in_place, sidecars=sidecars, scan_mpp=scan_mpp
+            stores,
+            convert_into,
+            plan,
+            in_place=in_place,
+            sidecars=sidecars,
+            scan_mpp=scan_mpp,
+            override_mpp=override_mpp,
         )
     try:
         with Embedder(model, options) as embedder:

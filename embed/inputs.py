@@ -35,6 +35,7 @@ from tilestore import workers
 from tilestore.errors import SlideError, StoreError, TilestoreError, TilestoreWarning
 from tilestore.format.store import is_store, store_name
 from tilestore.plan import PlanOptions
+from tilestore.reading.resolution import in_scan_terms
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,8 @@ class Preparation:
     """How slide files are made ready, decided once for a run (the Stager's worker, and each
     Dask worker of a cohort, take the same requests): converted into `into`, or with in_place
     read where they are through a sidecar (in `sidecars`, else beside each slide); scan_mpp
-    over what the file records; the tissue mask their plan reads."""
+    where the file records none (override_mpp: over what it records); the tissue mask their
+    plan reads."""
 
     into: Path | None = None
     in_place: bool = False
@@ -82,6 +84,7 @@ class Preparation:
     tissue: str | None = None
     only_plan_will_do: bool = True  # the plan choice None: a store's one plan needs no mask
     cpus: int | None = None  # a conversion's threads (None: the CPUs the process may use)
+    override_mpp: bool = False  # scan_mpp replaces the size a file states (recorded so)
 
     @classmethod
     def of(
@@ -93,6 +96,7 @@ class Preparation:
         sidecars: str | os.PathLike | None = None,
         scan_mpp: float | None = None,
         cpus: int | None = None,
+        override_mpp: bool = False,
     ) -> Preparation:
         return cls(
             None if into is None or in_place else Path(into),
@@ -102,6 +106,7 @@ class Preparation:
             tissue_wanted(plan),
             plan is None,
             cpus,
+            override_mpp,
         )
 
     def wants(self, path: Path) -> bool:
@@ -120,6 +125,7 @@ class Preparation:
             "into": None if self.into is None else str(self.into),
             "sidecars": self.sidecars,
             "scan_mpp": self.scan_mpp,
+            "override_mpp": self.override_mpp,
             "tissue": self.tissue,
             "only_plan_will_do": self.only_plan_will_do,
             "cpus": self.cpus,
@@ -142,11 +148,17 @@ class Stager:
         in_place: bool = False,
         sidecars: str | os.PathLike | None = None,
         scan_mpp: float | None = None,
+        override_mpp: bool = False,
         ahead: int = 1,
     ) -> None:
         self._queue = iter(map(Path, inputs))  # as given: messages name them so
         self._how = Preparation.of(
-            into, plan, in_place=in_place, sidecars=sidecars, scan_mpp=scan_mpp
+            into,
+            plan,
+            in_place=in_place,
+            sidecars=sidecars,
+            scan_mpp=scan_mpp,
+            override_mpp=override_mpp,
         )
         self._ahead = ahead
         self._pending: list[tuple[Path, bool]] = []  # (input, sent to the worker)
@@ -273,11 +285,12 @@ def prepare(
     sidecars: Path | None = None,
     scan_mpp: float | None = None,
     cpus: int | None = None,
+    override_mpp: bool = False,
 ):
     """Make one slide ready (in the worker): its store, converted or reused (into a folder)
     or its sidecar (into None: in place, in `sidecars` or beside it), and the tissue mask its
-    plan reads; scan_mpp: the slide's level-0 um/px, over what its file records; cpus: the
-    conversion's threads. Returns (store, converted, seconds): seconds is what each step
+    plan reads; scan_mpp: the slide's level-0 um/px where its file records none (with
+    override_mpp: over what it records, `convert`'s rule); cpus: the conversion's threads. Returns (store, converted, seconds): seconds is what each step
     took ("store", "tissue")."""
     from tilestore.conversion import open_in_place
     from tilestore.plan import plan_tissue, uses_stored_plan
@@ -286,10 +299,12 @@ def prepare(
     converted = None
     started = time.perf_counter()
     if into is None:  # made the first time, its mask made beside it
-        opened = open_in_place(slide, sidecars, mpp=scan_mpp, tissue=tissue)
+        opened = open_in_place(
+            slide, sidecars, mpp=scan_mpp, override_mpp=override_mpp, tissue=tissue
+        )
         store = sidecar_for(slide, sidecars)
     else:
-        store, converted = _convert(slide, into, scan_mpp, tissue, cpus)
+        store, converted = _convert(slide, into, scan_mpp, tissue, cpus, override_mpp)
         opened = open_slide(store)
     seconds = {"store": round(time.perf_counter() - started, 3)}
     if tissue and not (only_plan_will_do and uses_stored_plan(opened, None)):
@@ -302,7 +317,12 @@ def prepare(
 
 
 def _convert(
-    slide: Path, into: Path, scan_mpp: float | None, tissue: str | None, cpus: int | None = None
+    slide: Path,
+    into: Path,
+    scan_mpp: float | None,
+    tissue: str | None,
+    cpus: int | None = None,
+    override_mpp: bool = False,
 ) -> tuple[Path, dict]:
     """The slide's store in `into`: one there reused, else converted (with its tissue mask
     made beside the conversion where a method is given)."""
@@ -310,10 +330,12 @@ def _convert(
 
     target = into / store_name(slide)
     if is_store(target):
-        _check_reusable(target, slide, scan_mpp)
+        _check_reusable(target, slide, scan_mpp, override_mpp)
         return target, {"slide": str(slide), "store": str(target), "reused": True}
     started = time.perf_counter()
-    report = convert(slide, target, mpp=scan_mpp, tissue=tissue, workers=cpus)
+    report = convert(
+        slide, target, mpp=scan_mpp, override_mpp=override_mpp, tissue=tissue, workers=cpus
+    )
     paths = sorted({level.write for level in report.levels})
     return report.store, {
         "slide": str(slide),
@@ -325,9 +347,12 @@ def _convert(
     }
 
 
-def _check_reusable(target: Path, slide: Path, scan_mpp: float | None) -> None:
+def _check_reusable(
+    target: Path, slide: Path, scan_mpp: float | None, override_mpp: bool = False
+) -> None:
     """A store already at the target may stand for the slide only if it is complete, was
-    made with the pixel size asked (scan_mpp) and from this very slide: a file of the same
+    made with the pixel size asked (scan_mpp, and an override only where override_mpp asks
+    the same: `check_mpp`) and from this very slide: a file of the same
     name, size and modification time as recorded, or else (a copy, a store made before the
     time was recorded) the same SHA-256, read from the slide now. Anything else is an error,
     never reused: another slide under the same name would give its embeddings silently."""
@@ -336,7 +361,7 @@ def _check_reusable(target: Path, slide: Path, scan_mpp: float | None) -> None:
     from tilestore.sources import open_source
 
     opened = open_slide(target)  # StoreError if incomplete
-    check_mpp(opened, scan_mpp, target)
+    check_mpp(opened, scan_mpp, target, override_mpp)
     recorded = opened.record.source
     with open_source(slide) as source:
         size = source.size()
@@ -373,6 +398,7 @@ def _answer(request: dict[str, Any]) -> str:
                 None if sidecars is None else Path(sidecars),
                 request.get("scan_mpp"),
                 request.get("cpus"),
+                request.get("override_mpp", False),
             )
         reply: dict[str, Any] = {
             "store": str(store),
@@ -380,13 +406,13 @@ def _answer(request: dict[str, Any]) -> str:
             "seconds": seconds,
             # convert's mpp is the run's scan_mpp: its advice put in the run's terms
             "warnings": [
-                str(w.message).replace(" mpp=<", " scan_mpp=<")
+                in_scan_terms(str(w.message))
                 for w in said
                 if issubclass(w.category, TilestoreWarning)
             ],
         }
     except TilestoreError as exc:
-        reply = {"error": [type(exc).__name__, str(exc)]}
+        reply = {"error": [type(exc).__name__, in_scan_terms(str(exc))]}
     except Exception:  # a bug: the caller raises it with this traceback
         reply = {"bug": traceback.format_exc()}
     return json.dumps(reply)

@@ -21,6 +21,7 @@ from tilestore.embed.preflight import refuse_other_scale, rgb_input, scale_misma
 from tilestore.embed.report import RunReport
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity, plan_slide
 from tilestore.errors import PlanError, TilestoreError
+from tilestore.format.record import Mpp
 from tilestore.plan import (
     PlanOptions,
     TilePlan,
@@ -33,7 +34,7 @@ from tilestore.plan import (
     stored_record,
     uses_stored_plan,
 )
-from tilestore.reading import Slide, open_slide
+from tilestore.reading import Slide, described, open_slide
 
 PlanChoice = str | PlanOptions | None
 
@@ -100,15 +101,26 @@ def prepare(
         refuse_other_scale(slide, tile_plan.name, grid.effective_mpp, grid.tile, spec)
     mismatch = scale_mismatch(grid.effective_mpp, grid.tile, spec)
     return Prepared(
-        Path(store), slide, pixels, tile_plan, uid, reading(tile_plan, pixels.picked, mismatch)
+        Path(store),
+        slide,
+        pixels,
+        tile_plan,
+        uid,
+        reading(tile_plan, pixels.picked, mismatch, slide.record.mpp),
     )
 
 
-def reading(plan: TilePlan, channels: tuple[str, ...] | None, mismatch: str | None) -> dict:
+def reading(
+    plan: TilePlan,
+    channels: tuple[str, ...] | None,
+    mismatch: str | None,
+    slide_mpp: Mpp | None = None,
+) -> dict:
     """How a run reads a plan's tiles, for its per-slide line and report: the plan, the um/px
     and tile size, the level read and its window (the resampling factor), the channels read
-    as R, G, B, whether the magnification is known, and how the tiles differ from the
-    model's input (where any_scale let them)."""
+    as R, G, B, whether the magnification is known, how the tiles differ from the model's
+    input (where any_scale let them), and the slide's level-0 pixel size where it is the
+    user's override of the file's (`slide_mpp`, the store's record)."""
     grid = plan.spec
     return {
         "plan": plan.name,
@@ -120,6 +132,7 @@ def reading(plan: TilePlan, channels: tuple[str, ...] | None, mismatch: str | No
         "channels": list(channels) if channels else None,
         "magnification_known": grid.effective_mpp is not None,
         **({"not_the_models_input": mismatch} if mismatch else {}),
+        **({"mpp_override": described(slide_mpp)} if slide_mpp and slide_mpp.overridden else {}),
     }
 
 

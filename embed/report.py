@@ -501,6 +501,8 @@ def reading_line(reading: dict[str, Any]) -> str:
     )
     if reading.get("not_the_models_input"):
         line += f"; NOT the model's input (any_scale=True): {reading['not_the_models_input']}"
+    if reading.get("mpp_override"):
+        line += f"; level-0 pixel size {reading['mpp_override']}"
     return line
 
 

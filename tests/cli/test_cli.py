@@ -156,8 +156,8 @@ def test_plan_and_embed_treat_a_slide_without_pixel_size_alike(tmp_path, slide_p
         embedded = tilestore(*embed, *given)
         want = (
             f"pixel size unknown, so its tiles cannot be read at {shown} um/px; give the "
-            "slide's pixel size (convert again with --mpp <um/px>), or plan in level-0 pixels "
-            "explicitly (--mpp level0)"
+            "slide's pixel size (convert again with --mpp <um/px>, or embed the slide file with "
+            "--scan-mpp <um/px>), or plan in level-0 pixels explicitly (--mpp level0)"
         )
         assert planned.returncode == 2
         assert planned.stderr.strip() == f"tilestore: error: {store.name}: {want}"
@@ -388,6 +388,63 @@ def test_a_sidecar_made_with_another_pixel_size_is_refused_not_reused(tmp_path, 
     sidecar = tmp_path / "side" / "stripped.tif.tilestore.zarr"
     assert f"{sidecar}: made before with 0.499 um/px, not the 0.25 um/px asked" in other.stderr
     assert tilestore(*run, "--scan-mpp", "0.499").returncode == 0  # the same: reused
+
+
+def test_convert_mpp_supplies_a_missing_size_and_overrides_only_when_asked(tmp_path, slide_path):
+    """`convert --mpp 0.25` on a slide that states 0.499 um/px replaced it without a word:
+    now refused in one line naming the file, both sizes and --override-mpp, nothing made;
+    with --override-mpp the store records the override and `info` says so."""
+    src = slide_path(CMU)
+    refused = tilestore("convert", src, "-o", tmp_path / "a", "--mpp", "0.25")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.strip() == (
+        f"tilestore: error: {src}: the file states 0.499 um/px (SVS ImageDescription MPP), "
+        "not the 0.25 um/px given (--mpp 0.25), which supplies a missing pixel size only: "
+        "leave it out to use the file's, or add --override-mpp to replace it (recorded as an "
+        "override)"
+    )
+    assert not (tmp_path / "a").exists() or not any((tmp_path / "a").iterdir())
+    made = tilestore("convert", src, "-o", tmp_path / "b", "--mpp", "0.25", "--override-mpp")
+    assert made.returncode == 0, made.stderr
+    info = tilestore("info", tmp_path / "b" / "CMU-1-Small-Region.ome.zarr")
+    assert "mpp: 0.25 x 0.25 µm/px, an OVERRIDE of the file's 0.499 x 0.499 µm/px (SVS " in (
+        " ".join(info.stdout.split())
+    )
+
+
+def test_embed_scan_mpp_never_replaces_a_files_size_silently_nor_reuses_an_override(
+    tmp_path, slide_path
+):
+    """The cohort reproducer: `embed CMU.svs --into d --scan-mpp 0.2527` stored CMU (0.499
+    um/px in its file) as 0.2527, and a rerun without the flag reused it. Now the flag is
+    refused in the run's own terms; with --override-mpp the slide's line says the override;
+    a rerun asking no override (or another) refuses the store, which is kept."""
+    src, into = slide_path(CMU), tmp_path / "cohortA"
+    run = ("embed", src, "--into", into, "--model", "efficientnet-lite0", "--device", "cpu",
+           "--mpp", "1", "--max-tiles", "4")  # fmt: skip
+    refused = tilestore(*run, "--scan-mpp", "0.2527")
+    assert refused.returncode == 2
+    assert (
+        "the file states 0.499 um/px (SVS ImageDescription MPP), not the 0.2527 um/px given "
+        "(--scan-mpp 0.2527)" in refused.stderr
+        and "add --override-mpp to replace it" in refused.stderr
+    )
+    assert not (into / "CMU-1-Small-Region.ome.zarr").exists()
+    made = tilestore(*run, "--scan-mpp", "0.2527", "--override-mpp")
+    assert made.returncode == 0, made.stderr
+    assert (
+        "level-0 pixel size 0.2527 um/px, OVERRIDE of the file's 0.499 um/px "
+        "(SVS ImageDescription MPP)" in " ".join(made.stdout.split())
+    )
+    for other in ((), ("--scan-mpp", "0.3", "--override-mpp")):
+        again = tilestore(*run, *other)
+        assert again.returncode == 2
+        assert "(reused)" not in again.stdout and "already complete" not in again.stdout
+        assert "made before with 0.2527 um/px by override of the file's 0.499 um/px" in (
+            again.stderr
+        )
+    same = tilestore(*run, "--scan-mpp", "0.2527", "--override-mpp")
+    assert same.returncode == 0 and "(reused)" in same.stdout
 
 
 def test_features_past_float16s_range_fail_the_slide_with_exit_2(tmp_path, stores):

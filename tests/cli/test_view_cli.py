@@ -132,3 +132,33 @@ def test_export_heatmap_writes_what_it_is_asked_for(embedded_cohort, tmp_path):
     )  # fmt: skip
     assert unknown.returncode == 2 and unknown.stderr.startswith("tilestore: error: ")
     assert "no per-tile column 'nope'" in unknown.stderr and not (tmp_path / "n.png").exists()
+
+
+def test_a_slide_without_pixel_size_is_told_the_flag_view_takes(slide_path, tmp_path):
+    """View read a slide without a pixel size and said "set it with --mpp", a flag it has
+    not: its note names its own --scan-mpp, which it takes."""
+    import tifffile
+
+    src = tmp_path / "stripped.tif"  # CMU's pixels, no resolution recorded anywhere
+    tifffile.imwrite(src, tifffile.imread(slide_path(CMU)), tile=(240, 240), compression="jpeg")
+    with running(src, env={"TMPDIR": str(tmp_path)}) as (_, process):
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+        said = process.stderr.read()
+    assert "(set it with --scan-mpp <um/px>)" in said and "--mpp <" not in said
+    with running(src, "--scan-mpp", "0.499", env={"TMPDIR": str(tmp_path)}) as (url, process):
+        status, body, _ = get(url + "api/slides")
+        assert status == 200 and b"0.499" in body
+
+
+def test_a_scan_mpp_against_the_files_is_one_line_in_views_flags(slide_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "tilestore.cli", "view", str(slide_path(CMU)), "--scan-mpp",
+         "0.25"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2 and run.stderr.count("\n") == 1
+    assert "the file states 0.499 um/px" in run.stderr and "(--scan-mpp 0.25)" in run.stderr
+    assert "--override-mpp" in run.stderr

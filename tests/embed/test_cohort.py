@@ -529,11 +529,11 @@ def test_a_bug_in_a_worker_is_one_line():
     )
 
 
-@pytest.mark.parametrize("bad", [-1.0, 0.0, float("nan"), 1e9, "x"])
+@pytest.mark.parametrize("bad", [-1.0, 0.0, 1e-7, float("nan"), 352.8, 1e9, "x"])
 def test_a_bad_scan_mpp_is_refused_before_the_cluster_is_asked(bad):
     """The slides' pixel size is the same declaration as the CLI's: refused in one line at
     the call, before any worker loads a model (no client is needed to be refused)."""
-    with pytest.raises(TilestoreError, match=r"^scan_mpp=.*: must be a number of um/px above 0"):
+    with pytest.raises(TilestoreError, match=r"^scan_mpp=.*: must be a number of um/px from 0.01"):
         embed_cohort([], LITE, None, scan_mpp=bad)
 
 

@@ -214,7 +214,8 @@ def test_damaged_slides_read_in_place_fail_in_the_worker_with_their_cause(slide_
 
 
 def test_the_worker_answers_errors_by_kind_and_bugs_with_their_traceback(monkeypatch):
-    def prepare(slide, into, tissue, only_plan_will_do, sidecars=None, scan_mpp=None, cpus=None):
+    def prepare(slide, into, tissue, only_plan_will_do, sidecars=None, scan_mpp=None, cpus=None,
+                override_mpp=False):  # fmt: skip
         if slide.name == "bad.svs":
             raise StoreError(f"{slide}: cannot write store: disk full")
         raise ValueError("a bug")

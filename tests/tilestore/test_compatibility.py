@@ -140,7 +140,7 @@ def test_level0_plans_of_slides_at_different_pixel_sizes_are_not_one_scale(
     """level0 names how a plan reads, not a scale: a slide's level-0 pixels are at its own
     pixel size, and two slides' are one scale only where those agree."""
     coarse = tmp_path / "coarse.ome.zarr"
-    tilestore.convert(SLIDE, coarse, mpp=1.0)  # the same slide told it is 1.0 um/px
+    tilestore.convert(SLIDE, coarse, mpp=1.0, override_mpp=True)  # told it is 1.0 um/px
     fine = _store_with(planned, tmp_path, 0, PlanOptions(mpp="level0", tile=64, min_tissue=0))
     slide = open_slide(coarse)
     plan = tilestore.plan_slide(slide, PlanOptions(mpp="level0", tile=64, min_tissue=0))

@@ -52,7 +52,7 @@ from tilestore.format.store import (
 from tilestore.masks.options import TissueBesideMethod
 from tilestore.options import Opt, Workers, checked
 from tilestore.reading.inplace import TiffTiles, fingerprint
-from tilestore.reading.resolution import ScanMpp
+from tilestore.reading.resolution import OverrideMpp, ScanMpp, check_made, settle_mpp
 from tilestore.reading.slide import Slide
 from tilestore.reading.source_chunks import chunk_source
 from tilestore.sources import Fact, Source, SourceLevel, dicom_series, open_source
@@ -179,6 +179,7 @@ def convert(
         Subsampling, Opt("JPEG chroma subsampling where pixels are (re-)encoded.")
     ] = SUBSAMPLING,
     mpp: ScanMpp = None,
+    override_mpp: OverrideMpp = False,
     keep_associated: Annotated[
         bool, Opt("Also store label/macro images (labels carry patient data).")
     ] = False,
@@ -232,6 +233,10 @@ def convert(
     IHC above 40 dB PSNR. lossy_ok: without it codec="jpeg" on fluorescence or one page per
     marker is refused, since JPEG quantises quantitative signal. checksums: off only to
     measure what they cost, or for readers without zarr's crc32c codec.
+    mpp: the level-0 um/px where the file states none; where it states one, a size that
+        disagrees (beyond `MPP_TOLERANCE`) is refused in one line unless override_mpp, which
+        records the size given as an override, with the file's own
+        (`tilestore.reading.resolution.settle_mpp`); one that agrees is recorded as the file's.
     series: the DICOM SeriesInstanceUID to convert where `src` is a folder holding several
         (`tilestore.sources.dicom_series` lists them); its store is named <folder>-<uid>.
     progress: called as progress(chunks_done_now, chunks_total), from worker threads.
@@ -253,6 +258,7 @@ def convert(
         target = (
             Path(dst) if Path(dst).suffix == ".zarr" else Path(dst) / _store_name(src, series, name)
         )
+        mpp_fact, mpp_warnings = _resolve_mpp(source, mpp, override_mpp)
         _check_target(target, overwrite)
         codec_name, reason = choose_codec(source, codec, lossy_ok)
         encoding = _Encoding(
@@ -271,7 +277,6 @@ def convert(
             jpeg_levels = _jpeg_levels(source, encoding)
             everything = frozenset(range(len(source.levels)))
             encoding = replace(encoding, in_place=everything, decoded=everything - jpeg_levels)
-        mpp_fact, mpp_warnings = _resolve_mpp(source, mpp)
         report = ConversionReport(
             Path(src),
             target,
@@ -323,19 +328,14 @@ def convert(
     return report
 
 
-def check_mpp(slide, mpp: float | None, where: str | os.PathLike) -> None:
-    """Refuse a store made before whose level-0 pixel size is not the `mpp` asked now (a
+def check_mpp(
+    slide, mpp: float | None, where: str | os.PathLike, override: bool = False
+) -> None:
+    """Refuse a store made before whose level-0 pixel size is not what a conversion asked
+    for `mpp` (and `override`) would record (`tilestore.reading.resolution.check_made`): a
     store is reused, never remade quietly, and never read at another resolution than the one
-    asked for); None asks for nothing."""
-    if mpp is None:
-        return
-    recorded = slide.mpp[0] if slide.mpp else None
-    if recorded is None or abs(recorded / mpp - 1) > 1e-6:
-        said = f"{recorded:g} um/px" if recorded else "no pixel size"
-        raise StoreError(
-            f"{where}: made before with {said}, not the {mpp:g} um/px asked for the slide; "
-            "remove it to make it again with that pixel size"
-        )
+    asked for; nothing asked takes a store made without an override as it is."""
+    check_made(slide.record.mpp, mpp, override, where)
 
 
 def slides_of(path: str | os.PathLike) -> list[str | None]:
@@ -398,16 +398,19 @@ def _in_place_facts(source: Source, enc: _Encoding) -> dict:
     }
 
 
-def _resolve_mpp(source: Source, mpp: float | None) -> tuple[dict | None, list[str]]:
-    """Return the mpp fact to store ({x, y, origin} or None) and warnings to give."""
-    if mpp:
-        return {"x": mpp, "y": mpp, "origin": "user (mpp option)"}, []
+def _resolve_mpp(
+    source: Source, mpp: float | None, override: bool
+) -> tuple[Mpp | None, list[str]]:
+    """Return the level-0 pixel size to store (`settle_mpp`: the file's, one given where it
+    states none, or an override) and the warnings to give; OptionError where a size given
+    disagrees with the file's without `override`."""
     found = source.info.mpp
+    stated = None if found is None else Mpp(*found.value, found.origin)
+    settled = settle_mpp(stated, mpp, override, source.path)
     notes = list(source.info.warnings)
-    if found is None:
+    if settled is None:
         notes.append("no pixel size (mpp) in the file; stored mpp: null (set it with mpp=<um/px>)")
-        return None, notes
-    return {"x": found.value[0], "y": found.value[1], "origin": found.origin}, notes
+    return settled, notes
 
 
 def _create_arrays(root: zarr.Group, source: Source, plan: list, enc: _Encoding) -> list:
@@ -559,7 +562,7 @@ def _write_attrs(
     plan: list,
     enc: _Encoding,
     report: ConversionReport,
-    mpp: dict | None,
+    mpp: Mpp | None,
     associated: list[str],
     sha256: str,
 ) -> None:
@@ -567,7 +570,7 @@ def _write_attrs(
     rgb = enc.background == 255
     labels, colors = _channels(source, enc)
     windows = None if rgb else _display_windows(root[str(len(plan) - 1)])
-    mpp_xy = (mpp["x"], mpp["y"]) if mpp else None
+    mpp_xy = (mpp.x, mpp.y) if mpp else None
     root.attrs["ome"] = {
         "version": omezarr.OME_VERSION,
         "multiscales": omezarr.multiscales(
@@ -617,7 +620,7 @@ def _plan_levels(plan: list) -> tuple[LevelRecord, ...]:
 def _record(
     source: Source,
     enc: _Encoding,
-    mpp: dict | None,
+    mpp: Mpp | None,
     levels: tuple[LevelRecord, ...],
     others: dict,
     sha256: str | None,
@@ -648,7 +651,7 @@ def _record(
         levels=levels,
         # written last (`StoreRecord.to_attrs`): without it, interrupted
         complete=sha256 is not None,
-        mpp=Mpp(mpp["x"], mpp["y"], mpp.get("origin")) if mpp else None,
+        mpp=mpp,
         channels=tuple(labels),
         rgb=first.rgb,  # one colour picture's R, G, B (not independent channels)
         modality=Fact.to_json(info.modality),

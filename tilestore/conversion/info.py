@@ -37,7 +37,8 @@ def describe(path: str | os.PathLike, *, verify: bool = False) -> dict[str, Any]
 def _describe_store(path: Path) -> dict[str, Any]:
     group, record = open_group(path, complete=False)  # info says whether it is complete
     size = tree_size(path)
-    mpp = None if record.mpp is None else asdict(record.mpp)
+    # {x, y, origin}, and where the user's size overrides the file's, the file's ("file")
+    mpp = None if record.mpp is None else {"origin": None, **record.mpp.to_attrs()}
     with stored(path, "store metadata", "convert the slide again"):
         levels = _levels(group, record, mpp)
         ratio = round(size / record.source.size, 3) if record.source.size else None

@@ -19,7 +19,7 @@ from tilestore.masks.options import TissueBesideMethod
 from tilestore.options import checked
 from tilestore.reading import Slide
 from tilestore.reading.inplace import open_sidecar, sidecar_for
-from tilestore.reading.resolution import ScanMpp
+from tilestore.reading.resolution import OverrideMpp, ScanMpp
 
 
 @checked
@@ -28,16 +28,18 @@ def open_in_place(
     sidecars: str | os.PathLike | None = None,
     *,
     mpp: ScanMpp = None,
+    override_mpp: OverrideMpp = False,
     tissue: TissueBesideMethod = None,
 ) -> Slide:
     """A TIFF slide (SVS, OME-TIFF, generic tiled TIFF, NDPI) read where it is, as a `Slide`:
     its sidecar in `sidecars` (None: beside the slide), made the first time; mpp: its
-    level-0 um/px where the file records none (or records it wrong), as `convert` takes it,
-    for the sidecar made (one made before with another is refused, never read at it);
+    level-0 um/px where the file records none, override_mpp: over the one it records, as
+    `convert` takes them, for the sidecar made (one made before otherwise is refused, never
+    read at it: `check_mpp`);
     tissue: the sidecar made is made with its tissue mask (`convert`'s tissue)."""
     target = sidecar_for(slide, sidecars)
     if not is_store(target):
-        convert(slide, target, in_place=True, mpp=mpp, tissue=tissue)
+        convert(slide, target, in_place=True, mpp=mpp, override_mpp=override_mpp, tissue=tissue)
     opened = open_sidecar(slide, store=target)
-    check_mpp(opened, mpp, target)
+    check_mpp(opened, mpp, target, override_mpp)
     return opened

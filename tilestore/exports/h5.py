@@ -52,9 +52,13 @@ class H5Export:
     misplaced: int
 
 
-def magnification(mpp: float) -> int:
-    """The nominal objective magnification of a pixel size: 10 / mpp, rounded."""
-    return round(10.0 / mpp)
+def magnification(mpp: float) -> int | float:
+    """The nominal objective magnification of a pixel size, 10 / mpp: a whole number from
+    10x up (0.2456 um/px: 41, 0.499: 20), as TRIDENT writes it; below, two significant
+    digits (4 um/px: 2.5, a 28.97 um/px DICOM: 0.35), never 0: a stored pixel size is at
+    most 100 um/px (`MPP_RANGE`), 0.1x."""
+    value = 10.0 / mpp
+    return round(value) if value >= 9.5 else float(f"{value:.2g}")
 
 
 @checked
@@ -174,7 +178,7 @@ def coords_attributes(tiles: TileFeatures) -> tuple[dict, int]:
     if tiles.slide_mpp is None or not tiles.mpp:
         raise StoreError(
             f"{tiles.store}: the pixel size is unknown; TRIDENT's layout needs magnifications "
-            "(convert the slide again with --mpp)"
+            "(convert the slide again with mpp=<um/px>)"
         )
     step = round(tiles.stride0[1])
     misplaced = 0

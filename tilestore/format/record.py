@@ -20,6 +20,16 @@ from tilestore.errors import StoreError
 
 ATTRS_KEY = "tilestore"  # the root group's attribute holding the record
 
+# Plausible level-0 pixel sizes, um/px, inclusive: the one range for a size a file states
+# (`tilestore.sources.base.checked_mpp`) and a size a user gives (`tilestore.reading.ScanMpp`:
+# `convert --mpp`, `embed --scan-mpp`). Below it no light microscope resolves (a 0.001 um/px
+# slide of 1 cm would be 10^7 px a side; 1e-7 made a 0x0 grid); above it a resolution tag is
+# a screen or print density (72 dpi = 352.8 um/px), not a scan.
+MPP_RANGE = (0.01, 100.0)
+
+# The origin of a level-0 size the user gave over the one the file states (`Mpp.file`).
+OVERRIDE = "override"
+
 
 @dataclass(frozen=True)
 class LevelRecord:
@@ -33,11 +43,27 @@ class LevelRecord:
 
 @dataclass(frozen=True)
 class Mpp:
-    """Level-0 micrometres per pixel and where the value came from."""
+    """Level-0 micrometres per pixel and where the value came from; `file`: where the user
+    replaced the size the file states (origin `OVERRIDE`), the file's own, else None."""
 
     x: float
     y: float
     origin: str | None = None
+    file: Mpp | None = None
+
+    @property
+    def overridden(self) -> bool:
+        """The user's size, given over the file's (`convert(override_mpp=True)`)."""
+        return self.origin == OVERRIDE
+
+    def to_attrs(self) -> dict[str, Any]:
+        """As the store records it: {x, y, origin, file} (origin, file where known)."""
+        return {
+            "x": self.x,
+            "y": self.y,
+            **({"origin": self.origin} if self.origin else {}),
+            **({"file": self.file.to_attrs()} if self.file else {}),
+        }
 
 
 @dataclass(frozen=True)
@@ -160,7 +186,7 @@ class StoreRecord:
         attrs.pop("complete", None)
         attrs.update(
             source=dict(self.source.facts),
-            mpp=None if self.mpp is None else _mpp_attrs(self.mpp),
+            mpp=None if self.mpp is None else self.mpp.to_attrs(),
             modality=None if self.modality is None else dict(self.modality),
             background=self.background,
             channels=list(self.channels),
@@ -199,11 +225,7 @@ def _mpp(value: Any) -> Mpp | None:
     if not value:
         return None
     value = _dict(value, "mpp")
-    return Mpp(float(value["x"]), float(value["y"]), value.get("origin"))
-
-
-def _mpp_attrs(mpp: Mpp) -> dict[str, Any]:
-    return {"x": mpp.x, "y": mpp.y, **({"origin": mpp.origin} if mpp.origin else {})}
+    return Mpp(float(value["x"]), float(value["y"]), value.get("origin"), _mpp(value.get("file")))
 
 
 def _integrity(value: Any) -> Integrity:

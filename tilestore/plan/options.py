@@ -202,8 +202,8 @@ def resolve_plan(
     if mpp is not None and slide.mpp is None:
         raise PlanError(
             f"{slide.name}: pixel size unknown, so its tiles cannot be read at {mpp:g} um/px; "
-            "give the slide's pixel size (convert again with mpp=<um/px>), or plan in "
-            "level-0 pixels explicitly (mpp='level0')"
+            "give the slide's pixel size (convert again with mpp=<um/px>, or embed the slide "
+            "file with scan_mpp=<um/px>), or plan in level-0 pixels explicitly (mpp='level0')"
         )
     finest = slide.mpp[0] if slide.mpp is not None else None
     if mpp is not None and finest > mpp * (1 + options.tolerance) and not options.upsample:

@@ -170,7 +170,10 @@ class Slide:
     def level_mpp(self, level: int) -> tuple[float, float]:
         """Return (x, y) µm per pixel of a level."""
         if self.mpp is None:
-            raise StoreError(f"{self.name}: pixel size unknown (convert again with mpp=<um/px>)")
+            raise StoreError(
+                f"{self.name}: pixel size unknown (convert again with mpp=<um/px>, or embed "
+                "the slide file with scan_mpp=<um/px>)"
+            )
         dy, dx = self.levels[level].downsample
         return self.mpp[0] * dx, self.mpp[1] * dy
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from tilestore.format.jpeg import TileFrame
+from tilestore.format.record import MPP_RANGE
 
 # No scanner makes a side this long; a header that says so is corrupt or hostile.
 MAX_SIDE = 500_000
@@ -27,9 +28,7 @@ MAX_WHOLE_BYTES = 2**31
 # ...and no more than this many times its file's size: deflate packs at most ~1,032:1, and
 # a JPEG of a blank field about 700:1, so a header beyond this is corrupt or a bomb.
 MAX_RATIO = 2_000
-# Plausible microscope pixel sizes, µm/px. Outside this a resolution tag is a
-# screen or print density (72 dpi = 352 µm/px), not a scan resolution.
-MPP_RANGE = (0.01, 100.0)
+# Plausible microscope pixel sizes: `MPP_RANGE`, the one range a size given is held to too.
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,8 @@ def embed(
     checked: Preflight | None = None,
     say: Callable[[str], None] | None = None,
 ) -> RunReport:
-    """Embed each store's plan tiles with one model, writing embeddings/<model>/<plan> into the store.
+    """Embed each store's plan tiles with one model, writing embeddings/<model>/<plan> into the
+    store.
 
     convert_into: a folder where inputs that are slide files rather than stores are
     converted first (`tilestore.embed.inputs.Stager`, in a worker process: the first while

@@ -290,8 +290,8 @@ def prepare(
     """Make one slide ready (in the worker): its store, converted or reused (into a folder)
     or its sidecar (into None: in place, in `sidecars` or beside it), and the tissue mask its
     plan reads; scan_mpp: the slide's level-0 um/px where its file records none (with
-    override_mpp: over what it records, `convert`'s rule); cpus: the conversion's threads. Returns (store, converted, seconds): seconds is what each step
-    took ("store", "tissue")."""
+    override_mpp: over what it records, `convert`'s rule); cpus: the conversion's threads.
+    Returns (store, converted, seconds): seconds is what each step took ("store", "tissue")."""
     from tilestore.conversion import open_in_place
     from tilestore.plan import plan_tissue, uses_stored_plan
     from tilestore.reading import open_slide, sidecar_for

@@ -223,8 +223,9 @@ class Options(Declared):
     tokens: Annotated[
         int | Literal["model"] | None,
         Opt(
-            "Also store each tile's patch tokens (embeddings/<model>/<plan>/tokens), average-pooled "
-            "to an N x N grid; 'model': the model's own grid (ViT/16 at 224 px: 14 x 14).",
+            "Also store each tile's patch tokens (embeddings/<model>/<plan>/tokens), "
+            "average-pooled to an N x N grid; 'model': the model's own grid (ViT/16 at 224 "
+            "px: 14 x 14).",
             low=1,
             high=256,
             none="features only",

@@ -102,7 +102,7 @@ def test_a_store_made_before_stands_only_for_what_is_asked(recorded, given, over
 
 def test_a_sidecar_follows_the_same_rule(tmp_path, slide_path):
     src, sidecars = slide_path(CMU), tmp_path / "side"
-    with pytest.raises(OptionError, match="the file states 0.499 um/px"):
+    with pytest.raises(OptionError, match=r"the file states 0\.499 um/px"):
         open_in_place(src, sidecars, mpp=0.2527)
     assert not list(sidecars.glob("*.zarr"))  # nothing left that looks valid
     slide = open_in_place(src, sidecars, mpp=0.2527, override_mpp=True)
@@ -111,7 +111,7 @@ def test_a_sidecar_follows_the_same_rule(tmp_path, slide_path):
     sidecar = sidecars / f"{CMU}.tilestore.zarr"
     with pytest.raises(StoreError, match=f"{sidecar}: made before with 0.2527 um/px by override"):
         open_in_place(src, sidecars)  # no override asked now
-    with pytest.raises(StoreError, match="not the override to 0.3 um/px asked"):
+    with pytest.raises(StoreError, match=r"not the override to 0\.3 um/px asked"):
         open_in_place(src, sidecars, mpp=0.3, override_mpp=True)
     assert open_slide(sidecar).record.mpp == OVERRIDDEN  # kept
 

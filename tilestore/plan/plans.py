@@ -17,6 +17,7 @@ from dataclasses import asdict, replace
 
 import numpy as np
 
+from tilestore import locks
 from tilestore.errors import PlanError
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.shards import column
@@ -244,6 +245,10 @@ def save_plan(slide: Slide, plan: TilePlan, *, overwrite: bool = False) -> str:
                 f"{slide.name}: plan {plan.name!r} exists; pass overwrite=True or "
                 "choose another name"
             )
+        # a run embedding this store reads its plans: none is replaced under it
+        locks.refuse_while_written(
+            getattr(slide.group.store, "root", None), f"replacing its plan {plan.name!r}"
+        )
         del plans[plan.name]
     columns = {
         "x": plan.x,

@@ -8,6 +8,8 @@ array). A lock whose holder is known to be gone is stale and may be taken over: 
 this host whose pid is dead; with an age limit, one older than it, from any host (another
 host's pid cannot be asked, so its lock is trusted until then; the time is the holder's
 clock, written in the lock, so hosts' clocks must roughly agree, as NTP keeps them).
+Whether a store is being written (`store_writer`) is asked of the locks beside it by every
+command that would replace or change it under a run (`refuse_while_written`).
 """
 
 from __future__ import annotations

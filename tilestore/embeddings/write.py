@@ -48,7 +48,10 @@ class RunIdentity:
     """What an embeddings group records of the run that writes it, decided once by the
     engine (`Embedder.writer_identity`): a run resumes a group only where these are equal.
 
-    model: the model's description (`LoadedModel.describe`: name, weights, output_dim...).
+    model: the model's description (`LoadedModel.describe`: name, weights, output_dim...),
+    with the weights' identity: the sha256 of the weights loaded, for random weights
+    (``random:``) the seed they were drawn with and the sha256 of the draw; a group whose
+    weights are not known (random, no seed: `recipe.weights_unknown`) is never resumed.
     channels: a multiplex store's channels read as R, G, B (None for RGB stores).
     shard_tiles: tiles per features shard of a group this run makes (None: `SHARD_TILES`;
     a group made before keeps its own shards; not compared on resume).

@@ -36,7 +36,7 @@ import tilestore
 from tilestore.embeddings import group_name
 
 HERE = Path(__file__).resolve().parent
-MODEL = "timm:vit_small_patch16_224"
+MODEL = "random:vit_small_patch16_224"
 
 
 def make_cohort(root: Path, slides: int, tiles: int, dim: int, seed: int = 0) -> None:

@@ -12,7 +12,7 @@ parts; warm-up and compilation; the loop):
   slide, 1 command - `tilestore embed SLIDE --into DIR` (convert + tissue + plan + embed in
                      one process) against the four commands in four processes.
 
-    python bench/coldstart.py --model timm:vit_base_patch16_224 --stores 10
+    python bench/coldstart.py --model random:vit_base_patch16_224 --stores 10
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def embed_arm(name, stores, model, work, env, *extra) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="timm:vit_base_patch16_224")
+    parser.add_argument("--model", default="random:vit_base_patch16_224")
     parser.add_argument("--slide", type=Path, default=HERE / "data" / "large-40000.svs")
     parser.add_argument("--size", type=int, default=40_000)
     parser.add_argument("--stores", type=int, default=10, help="stores in the array loop")

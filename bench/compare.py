@@ -40,7 +40,7 @@ except ImportError:  # trees before it: embed was a top-level package
     from embed import Embedder, Options, load_model
 
 store, arch, batch, decode, compiled = sys.argv[1:6]
-loaded = load_model(f"timm:{arch}")
+loaded = load_model(f"random:{arch}")
 batch = None if batch == "auto" else int(batch)
 options = Options(batch_size=batch, decode=decode, compile=compiled == "1", overwrite=True)
 t0 = time.perf_counter()

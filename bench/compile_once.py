@@ -5,7 +5,7 @@ as before the lock), and N that find the entry made beforehand (`tilestore model
 compile`: here, the shared arm's entry copied). Each task has its own Inductor cache and
 tilestore cache (a node's), and its own copy of the store.
 
-    python bench/compile_once.py [--tasks 4] [--reps 1] [--model timm:vit_tiny_patch16_224]
+    python bench/compile_once.py [--tasks 4] [--reps 1] [--model random:vit_tiny_patch16_224]
         [--device cuda --batch-size 256 --precision bf16]
 
 Prints a markdown table; writes bench/results/compile-once.json.
@@ -32,7 +32,7 @@ SLIDE = HERE.parent.parent / "shared" / "data" / "slides" / "CMU-1-Small-Region.
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="timm:vit_tiny_patch16_224")
+    parser.add_argument("--model", default="random:vit_tiny_patch16_224")
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda: the tasks share the GPU")

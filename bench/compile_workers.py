@@ -25,7 +25,7 @@ from bench import coldstart as cs  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="timm:vit_base_patch16_224")
+    parser.add_argument("--model", default="random:vit_base_patch16_224")
     parser.add_argument("--slide", type=Path, default=HERE / "data" / "large-40000.svs")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--env-arms", action="store_true")

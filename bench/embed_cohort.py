@@ -93,7 +93,7 @@ def run(
         t0 = time.perf_counter()
         report = embed_cohort(
             cohort,
-            f"timm:{arch}",
+            f"random:{arch}",
             client,
             plan="bench" if inputs == "stores" else PLAN,
             options=options,
@@ -146,9 +146,9 @@ def main() -> None:
     tiles = [per_store[i % len(stores)] for i in range(args.slides)]
     print(f"stores ready in {time.perf_counter() - t0:.0f} s: tiles per slide {tiles}")
     options = Options(batch_size=args.batch_size, device="cuda", decode="cpu")
-    # this process imports timm for a timm: name once, before the first arm's clock (as the
+    # this process imports timm for a random: name once, before the first arm's clock (as the
     # CLI does at its door), so every arm's coordinator starts alike
-    get_model(f"timm:{args.arch}")
+    get_model(f"random:{args.arch}")
     results = {
         "arch": args.arch,
         "slides": args.slides,

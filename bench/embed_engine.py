@@ -283,9 +283,9 @@ def stored_bytes(store: Path, arch: str, array: str) -> int:
 
 
 def model_name(arch: str) -> str:
-    """A timm architecture as ``timm:<arch>``; ``random:<registered>`` and the like as given
+    """A timm architecture as ``random:<arch>``; ``random:<registered>`` and the like as given
     (a registered encoder's own build, random weights: ViT-H and ViT-g as they are built)."""
-    return arch if ":" in arch else f"timm:{arch}"
+    return arch if ":" in arch else f"random:{arch}"
 
 
 def cli_run(store: Path, arch: str, batch: int, compiled: bool, out: Path) -> dict:

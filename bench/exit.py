@@ -5,7 +5,7 @@ Each run is a fresh process that calls `tilestore.cli.main` for `embed STORE --m
 --overwrite` and writes the time the command returned; the process wall is taken from outside.
 "teardown" stops `_leave` from ending the process (as before it), "os._exit" is the CLI as shipped.
 
-    python bench/exit.py STORE --model timm:vit_base_patch16_224 --reps 3
+    python bench/exit.py STORE --model random:vit_base_patch16_224 --reps 3
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def one(mode: str, store: str, model: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("store")
-    parser.add_argument("--model", default="timm:vit_base_patch16_224")
+    parser.add_argument("--model", default="random:vit_base_patch16_224")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "exit.json")
     args = parser.parse_args()

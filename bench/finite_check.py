@@ -11,7 +11,7 @@ reader - a slide's features as the writer stores them (zarr, shards of whole bat
          all_finite` on them (numpy's isfinite for float32, the bits for float16).
 
     python bench/finite_check.py --models efficientnet-lite0 --batch 32          # the CPU
-    python bench/finite_check.py --models timm:vit_small_patch16_224,timm:vit_large_patch16_224
+    python bench/finite_check.py --models random:vit_small_patch16_224,random:vit_large_patch16_224
 """
 
 from __future__ import annotations

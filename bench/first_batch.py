@@ -6,7 +6,7 @@ As `tilestore embed SLIDE --into DIR` (or `--in-place`) runs it: the Stager made
 asking for the slide; each step's start and end are printed as it happens, up to the first
 batch written, and the process then exits.
 
-    python bench/first_batch.py bench/data/large-100000.svs --model timm:vit_large_patch16_224
+    python bench/first_batch.py bench/data/large-100000.svs --model random:vit_large_patch16_224
     python bench/first_batch.py SLIDE --keep    # the store made by a run before: reused
 
 Each hooked step is printed the first times it runs (`--times`): the steps after the
@@ -59,7 +59,7 @@ def timed(owner, name: str, times: int = 1) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("slide", type=Path)
-    parser.add_argument("--model", default="timm:vit_large_patch16_224")
+    parser.add_argument("--model", default="random:vit_large_patch16_224")
     parser.add_argument("--in-place", action="store_true")
     parser.add_argument("--work", type=Path, default=Path("/tmp/first-batch"))
     parser.add_argument("--keep", action="store_true", help="reuse the store or sidecar there")

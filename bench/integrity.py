@@ -70,7 +70,7 @@ def main() -> None:
     }
     embedder = None
     if cuda:
-        loaded = load_model(f"timm:{args.model}")
+        loaded = load_model(f"random:{args.model}")
         options = Options(batch_size=args.batch, decode="cpu", compile=True, overwrite=True)
         embedder = Embedder(loaded, options)
         embedder.embed([stores["checksums"]], plan="bench")  # compiles; warms the caches

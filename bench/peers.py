@@ -1,7 +1,7 @@
 """One slide, whole job, against a peer (GPU machine): wall per tile, each tool as its README says.
 
 Every arm is a fresh process from the slide file to embeddings on disk, timed from outside:
-  tilestore           - `tilestore embed SLIDE --model timm:ARCH --into DIR` (convert, tissue,
+  tilestore           - `tilestore embed SLIDE --model random:ARCH --into DIR` (convert, tissue,
                         plan, embed in one process); "first" with no batch-size memo and no
                         caches, "again" with the memo the first left (a SLURM array's later
                         tasks); "in place" reads the SVS through a sidecar, no conversion;
@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 class Pair:
     """One architecture as each tool names it."""
 
-    arch: str  # timm architecture (ours: timm:<arch>)
+    arch: str  # timm architecture (ours: random:<arch>)
     trident: str  # TRIDENT's patch encoder of that architecture
     timm_kwargs: dict  # how TRIDENT builds it, so its checkpoint loads strictly
 
@@ -103,7 +103,7 @@ def ours(pair: Pair, slide: Path, work: Path, env: dict, name: str, *extra: str)
         "embed",
         str(slide),
         "--model",
-        f"timm:{pair.arch}",
+        f"random:{pair.arch}",
         "--into",
         str(into),
         "--report",

@@ -154,7 +154,7 @@ def main() -> None:
         print(f"  measures alone, colour cells of {cell:g} um: {ms:.3f} ms graphed", flush=True)
 
     for arch in [m for m in args.models.split(",") if m]:
-        loaded = load_model(f"timm:{arch}", device=device)
+        loaded = load_model(f"random:{arch}", device=device)
         loaded.module.to(memory_format=torch.channels_last)
         torch._dynamo.reset()
         fwd = Forward(loaded, device, "bf16", compile=True)

@@ -8,7 +8,7 @@ the table gives each run's tiles/s and the sharded/unsharded ratio of the median
 `--decode cpu` and a fast model (ViT-S) the CPU decoders limit: reading the chunks (a byte
 range of a shard, or a file) is what differs.
 
-    python bench/shards_engine.py --model timm:vit_small_patch16_224 --decode cpu
+    python bench/shards_engine.py --model random:vit_small_patch16_224 --decode cpu
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="timm:vit_small_patch16_224")
+    parser.add_argument("--model", default="random:vit_small_patch16_224")
     parser.add_argument("--decode", default="cpu")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--size", type=int, default=40_000)

@@ -1,7 +1,7 @@
 """One slide file to embeddings, the whole job against the model's own time (GPU machine).
 
 For each architecture (timm, random weights: the cost is the architecture's), each arm is a
-fresh `tilestore embed SLIDE --model timm:ARCH --into DIR --report R` process timed from
+fresh `tilestore embed SLIDE --model random:ARCH --into DIR --report R` process timed from
 outside, as a user runs it:
   convert   - the slide converted into a store on the way in (the copy path), tissue, plan,
               embed (the first run: no batch-size memo);
@@ -72,7 +72,7 @@ def run_arm(arch: str, slide: Path, work: Path, env: dict, arm: str) -> dict:
 def embed_process(slides, arch: str, into: Path, report: Path, env: dict, log: Path, *extra):
     """Wall seconds of one fresh `tilestore embed SLIDES --into` process (its output in log)."""
     cmd = [sys.executable, "-m", "tilestore.cli", "embed", *map(str, slides), "--model",
-           f"timm:{arch}", "--into", str(into), "--report", str(report), *extra]  # fmt: skip
+           f"random:{arch}", "--into", str(into), "--report", str(report), *extra]  # fmt: skip
     started = time.perf_counter()
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
     wall = time.perf_counter() - started
@@ -90,7 +90,7 @@ def model_alone(arch: str, tiles: int, batch: int, precision: str, compile_: boo
     from tilestore.embed.models import load_model
 
     device = torch.device("cuda")
-    loaded = place(load_model(f"timm:{arch}", device=device), device)
+    loaded = place(load_model(f"random:{arch}", device=device), device)
     forward = Forward(loaded, device, precision, compile=compile_)
     size = loaded.transform.resize
     x = torch.randint(0, 255, (batch, size, size, 3), dtype=torch.uint8, device=device)

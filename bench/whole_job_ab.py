@@ -48,7 +48,7 @@ def run(tree: Path, arm: str, args, work: Path, env0: dict) -> dict:
             shutil.rmtree(group)
     report = work / "report.json"
     cmd = [sys.executable, "-m", "tilestore.cli", "embed", str(args.slide), "--model",
-           f"timm:{args.arch}", "--into", str(into), "--report", str(report), "--batch-size",
+           f"random:{args.arch}", "--into", str(into), "--report", str(report), "--batch-size",
            str(args.batch), *extra]  # fmt: skip
     started = time.perf_counter()
     done = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True)

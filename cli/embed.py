@@ -63,8 +63,8 @@ def embed(
     ),
     model: str | None = typer.Option(
         None,
-        help="Model name (see `tilestore models list`), timm:<arch> or local:<dir>; with "
-        "--slide-encoder, its tile model by default.",
+        help="Model name (see `tilestore models list`), timm:<arch>, local:<dir> or "
+        "random:<name>; with --slide-encoder, its tile model by default.",
     ),
     slide_encoder: str | None = typer.Option(
         None,
@@ -449,8 +449,9 @@ def models_list() -> None:
         highlight=False,
     )
     out.print(
-        f"{len(list_models())} encoders; also: timm:<architecture> (random weights unless "
-        "cached), local:<folder>, random:<name> (a registered architecture, random weights)",
+        f"{len(list_models())} encoders; also: timm:<architecture> (timm's weights, from the "
+        "cache: `tilestore models pull`), local:<folder>, random:<name> (a registered or timm "
+        "architecture, random weights drawn from a fixed seed)",
         highlight=False,
     )
     from tilestore.embed.slides import list_slide_encoders, slide_is_cached
@@ -518,7 +519,7 @@ def models_pull(
 @models_app.command("compile")
 @with_flags
 def models_compile(
-    name: str = typer.Argument(..., help="Model name, timm:<arch> or local:<dir>."),
+    name: str = typer.Argument(..., help="Model name, timm:<arch>, local:<dir> or random:<name>."),
     like: Path | None = typer.Option(
         None,
         help="A store of the cohort: its plan gives the tiles' read size (default: the "
@@ -564,7 +565,7 @@ def _say(line: str) -> None:
 @models_app.command("profile")
 @with_flags
 def models_profile(
-    name: str = typer.Argument(..., help="Model name, timm:<arch> or local:<dir>."),
+    name: str = typer.Argument(..., help="Model name, timm:<arch>, local:<dir> or random:<name>."),
     batches: BatchSizes = BATCHES,
     options: Options = From(Options, only=("device", "precision", "hf_token")),
     repeats: Repeats = REPEATS,

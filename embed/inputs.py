@@ -332,6 +332,12 @@ def _convert(
     if is_store(target):
         _check_reusable(target, slide, scan_mpp, override_mpp)
         return target, {"slide": str(slide), "store": str(target), "reused": True}
+    if target.exists() or target.is_symlink():  # the user's: never replaced, nor offered to be
+        kind = "a folder" if target.is_dir() else "a file"
+        raise StoreError(
+            f"{target}: {kind} that is not a tilestore store is where {slide.name}'s store goes; "
+            "move it or choose another --into folder"
+        )
     started = time.perf_counter()
     report = convert(
         slide, target, mpp=scan_mpp, override_mpp=override_mpp, tissue=tissue, workers=cpus
@@ -352,9 +358,9 @@ def _check_reusable(
 ) -> None:
     """A store already at the target may stand for the slide only if it is complete, was
     made with the pixel size asked (scan_mpp, and an override only where override_mpp asks
-    the same: `check_mpp`) and from this very slide: a file of the same
-    name, size and modification time as recorded, or else (a copy, a store made before the
-    time was recorded) the same SHA-256, read from the slide now. Anything else is an error,
+    the same: `check_mpp`) and from this very slide: a file of the same name and size whose
+    SHA-256, read from the slide now, is the one recorded. The time is never trusted: a copy
+    that kept it (cp -p, rsync -t, tar) may hold other bytes. Anything else is an error,
     never reused: another slide under the same name would give its embeddings silently."""
     from tilestore.conversion import check_mpp
     from tilestore.reading import open_slide
@@ -365,22 +371,25 @@ def _check_reusable(
     recorded = opened.record.source
     with open_source(slide) as source:
         size = source.size()
-        same = (
-            recorded.name == slide.name
-            and recorded.size == size
-            and (recorded.mtime_ns == source.mtime_ns() or recorded.sha256 == source.sha256())
-        )
-    if same:
-        return
-    if recorded.name != slide.name:
-        made = f"already holds another slide ({recorded.name}, {recorded.size} bytes)"
-    elif recorded.size != size:
-        made = f"made from another file of this name ({recorded.size} bytes; {slide}: {size})"
-    else:  # the bytes differ
-        made = (
-            f"made from another file of the same name and size ({recorded.name}, {size} "
-            f"bytes; its SHA-256 differs from {slide}'s)"
-        )
+        if recorded.name != slide.name:
+            made = f"already holds another slide ({recorded.name}, {recorded.size} bytes)"
+        elif recorded.size != size:
+            made = f"made from another file of this name ({recorded.size} bytes; {slide}: {size})"
+        elif recorded.sha256 is None:
+            made = (
+                "made before tilestore recorded a slide's SHA-256, so whether it was made from "
+                f"{slide} cannot be told; give the store itself instead of the slide if it is "
+                "that slide's, else remove it to convert the slide again"
+            )
+            raise StoreError(f"{target}: {made}")
+        elif recorded.sha256 == source.sha256():
+            return
+        else:
+            made = (
+                f"made from another file of the same name and size ({recorded.name}, {size} "
+                f"bytes) whose SHA-256 differs from {slide}'s (its bytes changed, whatever its "
+                "time says)"
+            )
     raise StoreError(f"{target}: {made}; move it or choose another --into folder")
 
 

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tilestore.embed.models import get_model
+from tilestore.embed.models import REGISTRY, get_model
 from tilestore.embed.models.spec import ModelSpec
 from tilestore.embed.settings import Options
 from tilestore.embeddings import standing
@@ -42,7 +42,8 @@ def check_stores(
 ) -> Preflight:
     """Check each store among `inputs` as the run would, from metadata only (slide files
     are checked once they are stores). model: the name given (a registered model's native
-    input is known without loading it; a timm: or local: model's only once loaded). A store
+    input is known without loading it; a timm:, local: or random:<timm architecture>
+    model's only once loaded). A store
     is skipped as complete only for a stored plan (named, or its only one): a plan to be
     made may be other tiles under the same name, which only the run can tell."""
     spec = _facts(model)
@@ -84,6 +85,8 @@ def _facts(model: str) -> ModelSpec | None:
     """A registered model's facts (its native input), None for one known only once loaded."""
     if model.startswith(("timm:", "local:")):
         return None
+    if model.startswith("random:") and model.split(":", 1)[1] not in REGISTRY:
+        return None  # a timm architecture's random weights: known once loaded, as timm:'s
     return get_model(model)
 
 

@@ -389,10 +389,12 @@ def _cpu_name() -> str:
 
 def format_report(report: RunReport) -> list[str]:
     """The report as lines for the terminal."""
+    weights = weights_said(report.model)
     lines = [
         f"{report.tiles} tiles in {report.wall_s:.1f} s = {report.tiles_per_s:.1f} tiles/s "
         f"on {report.device_name} ({report.precision}, batch {report.batch_size}, "
         f"decode {_decode(report)}{', compiled' if report.compile else ''})"
+        + (f"; {weights}" if weights else "")
     ]
     lines.append("wall time: " + ", ".join(f"{k} {v:.2f} s" for k, v in report.explained.items()))
     if report.first_batch_s is not None:
@@ -461,6 +463,21 @@ def format_report(report: RunReport) -> list[str]:
         lines.append(f"tilestore: error: {failure['store']}: {failure['error']}")
     lines.extend(f"WARNING: {w}" for w in report.warnings)
     return lines
+
+
+def weights_said(model: dict[str, Any]) -> str | None:
+    """What the run's line says of its model's weights where they are not a trained model's
+    (random: asked for on purpose, seeded; the sha256 of what was drawn says which), None
+    for a checkpoint's."""
+    if model.get("weights") != "random":
+        return None
+    seed, sha = model.get("weights_seed"), model.get("weights_sha256")
+    if seed is None:
+        return f"{model.get('name')}: RANDOM weights drawn without a seed (weights unknown)"
+    return (
+        f"{model.get('name')}: RANDOM weights (seed {seed}, sha256 {str(sha)[:12]}), not a "
+        "trained model's features"
+    )
 
 
 def preparation_lines(converted: list[dict], prepared: list[dict]) -> list[str]:

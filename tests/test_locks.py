@@ -9,8 +9,14 @@ import os
 import socket
 import subprocess
 import sys
+import warnings
+from pathlib import Path
 
+import pytest
+
+from tests.conftest import CMU, run_cli
 from tilestore import locks
+from tilestore.errors import StoreError, TilestoreWarning
 
 NOW = 1_700_000_000.0
 
@@ -81,3 +87,123 @@ def test_a_stale_lock_taken_over_by_another_meanwhile_is_left_alone(tmp_path):
     locks.clear(path, dead)
     assert path.exists()
     locks.release(path)
+
+
+# A second process holding an embeddings group's lock on a store, as a run does while it
+# writes: the real writer, made and left open until its stdin closes.
+HOLD = """
+import sys
+from tilestore.embeddings.write import EmbeddingWriter, RunIdentity
+from tilestore.plan import load_plan
+from tilestore.reading import open_slide
+
+slide = open_slide(sys.argv[1])
+plan, uid = load_plan(slide, None)
+model = {"name": "held", "weights": "w", "weights_sha256": "0" * 64, "output_dim": 4}
+writer = EmbeddingWriter(slide, plan, uid, RunIdentity(model, 8, "float32", "fp32", False))
+print("holding", flush=True)
+sys.stdin.read()
+writer.abandon()
+"""
+
+
+def _planned(store_path: Path) -> Path:
+    from tilestore.plan import PlanOptions, plan_slide, save_plan
+    from tilestore.reading import open_slide
+
+    slide = open_slide(store_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TilestoreWarning)
+        save_plan(slide, plan_slide(slide, PlanOptions(mpp=0.5, tile=224)))
+    return store_path
+
+
+def _tree(folder: Path) -> list[tuple[str, int, int]]:
+    """Every file of a folder with its size and time: what "untouched" means."""
+    return sorted(
+        (str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
+        for p in folder.rglob("*")
+        if p.is_file()
+    )
+
+
+@pytest.fixture
+def held(store):
+    """A store (CMU, planned) whose embeddings lock a live second process holds, and that
+    process; the lock released at the end."""
+    path = _planned(store())
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        yield path, holder
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+
+
+def test_a_store_being_embedded_is_named_by_its_lock_whatever_the_groups_name(held, tmp_path):
+    path, holder = held
+    found = locks.store_writer(path)
+    assert found is not None
+    lock, who = found
+    assert lock.name.startswith(f".{path.name}.") and lock.parent == path.parent
+    assert (who.pid, who.host) == (holder.pid, socket.gethostname())
+    # a store whose name only begins with this one's is not being written
+    assert locks.store_writer(path.parent / path.name.removesuffix(".zarr")) is None
+    # nor is a store whose lock's holder died (this host, its pid gone)
+    other = tmp_path / "other.ome.zarr"
+    other.mkdir()
+    dead = tmp_path / ".other.ome.zarr.some-model.some-plan.lock"
+    dead.write_text(json.dumps({"host": socket.gethostname(), "pid": _dead_pid(), "since": "x"}))
+    assert locks.store_writer(other) is None
+
+
+def test_convert_overwrite_reshard_plan_and_tissue_refuse_a_store_being_embedded(held, slide_path):
+    """The reproducer: `convert --overwrite` while `embed` wrote the store lost its data and
+    the run reported success. Now each command that would replace or change the store
+    refuses in one line naming the holder, before any work, and the store is untouched."""
+    from tilestore.conversion import convert, reshard
+    from tilestore.masks import compute_tissue, write_tissue
+    from tilestore.plan import PlanOptions, plan_slide, save_plan
+    from tilestore.reading import open_slide
+
+    path, holder = held
+    before = _tree(path)
+    named = rf"a run is writing into it \(pid {holder.pid} on {socket.gethostname()} since "
+    with pytest.raises(StoreError, match=named):
+        convert(slide_path(CMU), path, overwrite=True)
+    with pytest.raises(StoreError, match=named):
+        reshard(path)
+    slide = open_slide(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TilestoreWarning)
+        again = plan_slide(slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.9))
+        mask = compute_tissue(slide)
+    with pytest.raises(StoreError, match=named):
+        save_plan(slide, again, overwrite=True)
+    with pytest.raises(StoreError, match=named):
+        write_tissue(slide, mask)
+    assert _tree(path) == before
+    assert list(path.parent.glob(".*partial*")) == []  # nothing left behind
+    # the command as a user runs it: one line, exit 2
+    done = run_cli("convert", slide_path(CMU), "-o", path, "--overwrite")
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and f"pid {holder.pid}" in done.stderr
+    assert _tree(path) == before
+
+
+def test_once_the_run_has_ended_convert_overwrite_replaces_the_store(held, slide_path):
+    from tilestore.conversion import convert
+
+    path, holder = held
+    holder.stdin.close()
+    holder.wait(timeout=60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TilestoreWarning)
+        assert convert(slide_path(CMU), path, overwrite=True).store == path
+    assert locks.store_writer(path) is None

@@ -8,6 +8,8 @@ array). A lock whose holder is known to be gone is stale and may be taken over: 
 this host whose pid is dead; with an age limit, one older than it, from any host (another
 host's pid cannot be asked, so its lock is trusted until then; the time is the holder's
 clock, written in the lock, so hosts' clocks must roughly agree, as NTP keeps them).
+Whether a store is being written (`store_writer`) is asked of the locks beside it by every
+command that would replace or change it under a run (`refuse_while_written`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from tilestore.errors import StoreError
 
 
 @dataclass(frozen=True)
@@ -111,3 +115,55 @@ def clear(path: Path, holder: Holder) -> None:
 def release(path: Path) -> None:
     """Remove our lock."""
     path.unlink(missing_ok=True)
+
+
+def store_writer(
+    store: str | os.PathLike, clock: Callable[[], float] = time.time
+) -> tuple[Path, Holder] | None:
+    """The live lock of another process writing into the store at `store`, and its holder;
+    None where none does. The one answer to "is this store being written" that every command
+    replacing or changing a store asks (`refuse_while_written`).
+
+    The locks are those beside the store, ``.<store>.*.lock`` (an embeddings group's writer,
+    `tilestore.embeddings.write.lock_file`, whatever the group's name), except those of a
+    store whose name only starts with this one's (``<store>.x``). A lock whose holder is
+    gone (this host's dead pid: `gone`) is not a writer, nor one this process holds (its own
+    run: a plan or mask it saves before its groups)."""
+    target = Path(store)
+    name = target.name
+    others = [
+        p.name for p in target.parent.glob(f"{glob_escape(name)}.*") if p.name != name
+    ]  # sibling stores whose locks the glob below would match too
+    now = clock()
+    for lock in sorted(target.parent.glob(f".{glob_escape(name)}.*.lock")):
+        if any(lock.name.startswith(f".{other}.") for other in others):
+            continue
+        holder = read(lock)
+        if holder is None or gone(holder, now):
+            continue
+        if holder.host == socket.gethostname() and holder.pid == os.getpid():
+            continue
+        return lock, holder
+    return None
+
+
+def refuse_while_written(store: str | os.PathLike | None, doing: str) -> None:
+    """StoreError, one line naming the lock and its holder, where another process is writing
+    into the store (`store_writer`); `doing`: what was refused ("replacing it"). store None:
+    a store that is not a local folder, which no lock guards."""
+    if store is None:
+        return
+    found = store_writer(store)
+    if found is None:
+        return
+    lock, holder = found
+    raise StoreError(
+        f"{store}: a run is writing into it (pid {holder.pid or '?'} on {holder.host or '?'} "
+        f"since {holder.since or '?'}, {lock.name}); {doing} is refused while it runs: wait "
+        f"for it to finish, or if that job is dead, delete {lock}"
+    )
+
+
+def glob_escape(name: str) -> str:
+    """A file name as a glob pattern that matches it alone."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)

@@ -45,7 +45,7 @@ from huggingface_hub.errors import (
 )
 from safetensors import SafetensorError
 
-from tilestore.embed.models.registry import get_model
+from tilestore.embed.models.registry import get_model, timm_weights_repo
 from tilestore.embed.models.spec import TOKENIZER_IN_REPO, ModelSpec
 from tilestore.errors import ModelError
 
@@ -404,9 +404,17 @@ def is_cached(spec: ModelSpec) -> bool:
 def pull(name: str, *, token: str | None = None) -> Checkpoint | None:
     """Download a registered model's config and weights into the cache (for offline compute
     nodes), with what its text tower reads: its repo's tokenizer, or the repos its
-    open_clip_config.json names (BiomedCLIP's BERT); None for a model whose weights come
-    from elsewhere (a package, timm, a folder)."""
+    open_clip_config.json names (BiomedCLIP's BERT); for ``timm:<arch>``, timm's pretrained
+    weights of it; None for a model whose weights come from elsewhere (a package, a folder,
+    random)."""
     spec = get_model(name)
+    if spec.source == "timm":  # timm's own pretrained weights of the architecture
+        repo = timm_weights_repo(spec.repo)
+        if repo is None:
+            raise ModelError(f"{name}: timm publishes no pretrained weights for it")
+        if offline():
+            raise ModelError(f"{name}: HF_HUB_OFFLINE is set; pull on a machine with internet")
+        return fetch(name, repo, token=token)
     if spec.source != "hf-hub":
         return None
     repo = spec.repo

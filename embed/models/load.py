@@ -10,6 +10,7 @@ must match, or loading stops with one line. The pooling the model card names wra
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -21,7 +22,7 @@ from tilestore.embed.models import hub
 from tilestore.embed.models.encoder import Encoder
 from tilestore.embed.models.families import family
 from tilestore.embed.models.preprocess import Transform
-from tilestore.embed.models.registry import get_model
+from tilestore.embed.models.registry import get_model, timm_weights_repo
 from tilestore.embed.models.spec import ModelSpec
 from tilestore.embeddings.recipe import transform_hash
 from tilestore.errors import ModelError
@@ -38,7 +39,9 @@ class LoadedModel:
     output_dim: int
     revision: str | None
     weights: str  # where the weights came from (or "random")
-    weights_sha256: str | None  # which weights: the file's sha256 (None: random)
+    # which weights: the file's sha256; for random weights, that of the tensors drawn
+    weights_sha256: str | None
+    weights_seed: int | None = None  # random weights: the seed they were drawn with
 
     def features(self, batch: torch.Tensor) -> torch.Tensor:
         """Return (n, output_dim) embeddings of a transformed batch (what torch.compile wraps)."""
@@ -55,6 +58,8 @@ class LoadedModel:
             "revision": self.revision,
             "weights": self.weights,
             "weights_sha256": self.weights_sha256,
+            # only where drawn: a group made before keeps resuming with a checkpoint
+            **({"weights_seed": self.weights_seed} if self.weights_seed is not None else {}),
             "architecture": self.spec.arch.name if self.spec.arch else type(backbone).__name__,
             "family": self.spec.family,
             "pooling": self.spec.pooling,
@@ -86,14 +91,29 @@ def load_model(
             f"{spec.name}: the weights give {dim}-d features, the model card "
             f"{spec.output_dim}; wrong checkpoint for this entry?"
         )
-    revision, origin, sha256 = (
-        (checkpoint.revision, str(checkpoint.weights), checkpoint.sha256)
-        if checkpoint
-        else (None, "random", None)
-    )
+    if checkpoint:
+        revision, origin, sha256, seed = (
+            checkpoint.revision, str(checkpoint.weights), checkpoint.sha256, None
+        )  # fmt: skip
+    else:  # drawn on purpose (random:), seeded: known by the seed and by what was drawn
+        revision, origin, sha256, seed = None, "random", drawn_sha256(module), RANDOM_SEED
     return LoadedModel(
-        replace(spec, output_dim=dim), module, transform, dim, revision, origin, sha256
+        replace(spec, output_dim=dim), module, transform, dim, revision, origin, sha256, seed
     )
+
+
+def drawn_sha256(module: torch.nn.Module) -> str:
+    """The sha256 of a module's tensors as drawn (each one's name, dtype, shape and bytes, in
+    the state dict's order): which random weights a run used. A seed alone does not say it:
+    a GPU's random streams are laid out by its count of multiprocessors, so one seed draws
+    other weights on another GPU model, or on the CPU. About 1 s a GB of weights, most of it
+    hashing (measured: see docs/reference/models.md)."""
+    digest = hashlib.sha256()
+    for key, tensor in module.state_dict().items():
+        flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
+        digest.update(f"{key}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(flat.data)
+    return digest.hexdigest()
 
 
 def data_config(spec: ModelSpec, module: torch.nn.Module) -> dict[str, Any]:
@@ -190,25 +210,41 @@ def _package(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded
 
 
 def _timm(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
-    """A timm architecture: its own weights if the HF cache has them, else random (drawn on
-    `device`: a ViT-B's took 1.5-1.9 s on the CPU of the lent H100 machine)."""
+    """A timm architecture with timm's own pretrained weights, from the HF cache; refused
+    without them (they were drawn at random in silence: features of no model, and a second
+    run drew others): random weights are asked for by name, ``random:<arch>``, seeded."""
+    repo = timm_weights_repo(spec.repo)
+    instead = f"or use random:{spec.repo} for random weights (seeded)"
+    if repo is None:
+        raise ModelError(f"{spec.name}: timm publishes no pretrained weights for it; {instead}")
+    try:
+        checkpoint = hub.fetch(spec.name, repo, cached_only=True)
+    except ModelError as exc:
+        raise ModelError(
+            f"{spec.name}: its weights ({repo}) are not in the HF cache; fetch them with "
+            f"`tilestore models pull {spec.name}`, {instead}"
+        ) from exc
     with device:
         module = timm.create_model(spec.repo, pretrained=False, num_classes=0)
-    hub_id = (module.pretrained_cfg or {}).get("hf_hub_id")
-    if hub_id:
-        try:
-            checkpoint = hub.fetch(spec.name, hub_id, cached_only=True)
-        except ModelError:
-            return Encoder(module, "model"), None
-        _load_state(spec, module, hub.load_weights(spec.name, checkpoint.weights, device))
-        return Encoder(module, "model"), checkpoint
-    return Encoder(module, "model"), None
+    _load_state(spec, module, hub.load_weights(spec.name, checkpoint.weights, device))
+    return Encoder(module, "model"), checkpoint
+
+
+# The seed random weights (``random:<name>``) are drawn with: two runs on one kind of
+# device draw the same weights, so a run resumes or meets another's (their sha256 says so).
+RANDOM_SEED = 0
 
 
 def _random(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
-    """A registered architecture with its family's own random initialisation, drawn on
-    `device` (``random:<name>``: sizing and benchmarks; the cost is the architecture's)."""
-    with device:
+    """A registered architecture with its family's own random initialisation, or a timm
+    architecture's, drawn on `device` from `RANDOM_SEED` (``random:<name>``: sizing and
+    benchmarks; the cost is the architecture's). The caller's random state is left as it
+    was."""
+    cuda = []
+    if device.type == "cuda":
+        cuda = [device.index if device.index is not None else torch.cuda.current_device()]
+    with torch.random.fork_rng(devices=cuda), device:
+        torch.manual_seed(RANDOM_SEED)
         backbone = family(spec).build(spec, None)
     return Encoder.of(backbone, spec), None
 

@@ -14,7 +14,7 @@ import time
 
 from tests.conftest import CMU
 
-MODEL = "timm:test_vit"  # timm's smallest ViT, random weights: nothing to download
+MODEL = "random:test_vit"  # timm's smallest ViT, random weights (seeded): nothing to download
 RUN = ("--batch-size", "2", "--device", "cpu", "--precision", "fp32")
 
 

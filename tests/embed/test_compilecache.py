@@ -227,4 +227,4 @@ def test_models_compile_without_a_cache_is_refused_before_the_model_loads(monkey
 
     monkeypatch.setattr(compileahead, "Embedder", None)  # the model is never loaded
     with pytest.raises(OptionError, match=r"compile_cache='off': there is no cache to fill"):
-        compile_ahead("timm:test_vit", Options(compile_cache="off"))
+        compile_ahead("random:test_vit", Options(compile_cache="off"))

@@ -67,7 +67,7 @@ def test_a_dry_run_counts_what_a_run_would_embed_and_writes_nothing(
 def test_a_dry_run_says_which_stores_the_gpu_cannot_decode(store, tmp_path):
     from tilestore.embed.models import load_model
 
-    tiny = load_model("timm:vit_small_patch16_224")  # random weights: no package needed
+    tiny = load_model("random:vit_small_patch16_224")  # random weights: no package needed
     jpeg, zstd = store(into=tmp_path / "j"), store(codec="zstd", into=tmp_path / "z")
     options = Options(batch_size=2, decode="both", dtype="float32")
     result = dry_run([jpeg, zstd], tiny, plan=PLAN, options=options)

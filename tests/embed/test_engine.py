@@ -86,11 +86,11 @@ def test_two_models_share_a_store_and_a_repeat_is_refused(store, lite):
     path = store()
     options = PlanOptions(mpp=1.0, tile=224)
     first = embed([path], lite, plan=options, options=FP32)
-    second = embed([path], "timm:vit_tiny_patch16_224", plan=options, options=FP32)
+    second = embed([path], "random:vit_tiny_patch16_224", plan=options, options=FP32)
     assert not first.failures and not second.failures
     assert sorted(zarr.open_group(path / "embeddings", mode="r").group_keys()) == [
         LITE,
-        "timm-vit_tiny_patch16_224",
+        "random-vit_tiny_patch16_224",
     ]
     again = embed([path], lite, plan=options, options=FP32)
     assert again.tiles == 0
@@ -234,7 +234,7 @@ def test_report_explains_the_wall_time(store, lite, tmp_path):
     assert saved["device"] == "cpu" and saved["decode"] == "cpu"
 
 
-TINY = "timm:vit_small_patch16_224"
+TINY = "random:vit_small_patch16_224"
 
 
 @pytest.fixture(scope="module")
@@ -426,7 +426,7 @@ def test_a_compiled_run_equals_the_reference_loop(store, tmp_path):
     """--compile fuses the transform with the model: one graph for uint8 batches, equal to
     the eager reference (the GPU where there is one). The compiled graphs are kept in the
     compile cache, and the next run loads them, with the same features."""
-    model = load_model("timm:vit_tiny_patch16_224")
+    model = load_model("random:vit_tiny_patch16_224")
     path = store()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cache = tmp_path / "compiled"
@@ -443,7 +443,7 @@ def test_a_compiled_run_equals_the_reference_loop(store, tmp_path):
     assert f"compile cache: loaded {entry}" in " ".join(again.notes), again.notes
     slide = open_slide(path)
     plan, _ = load_plan(slide, "0.5mpp-224px")
-    features, _ = _features(path, "timm:vit_tiny_patch16_224")
+    features, _ = _features(path, "random:vit_tiny_patch16_224")
     reference = reference_features(slide, plan, model, device=device)
     assert cosine(features, reference).min() >= 0.999
 
@@ -454,7 +454,7 @@ def test_a_compiled_cuda_run_replays_one_graph_from_any_thread(store, tmp_path):
     """On a GPU --compile replays a CUDA graph per batch, whose output the next replay
     overwrites: each batch must be copied out first. A Dask worker may call its Embedder
     from different threads, so two slides are embedded from two threads in turn."""
-    model = load_model("timm:vit_tiny_patch16_224")
+    model = load_model("random:vit_tiny_patch16_224")
     paths = [store(into=tmp_path / name) for name in ("a", "b")]
     options = Options(batch_size=16, precision="fp32", dtype="float32", compile=True)
     reports = []
@@ -474,7 +474,7 @@ def test_a_compiled_cuda_run_replays_one_graph_from_any_thread(store, tmp_path):
     assert len(graphs) == 1  # captured at the warm-up, replayed by both threads
     reference = reference_features(slide, plan, model, device="cuda")
     for path in paths:
-        features, _ = _features(path, "timm:vit_tiny_patch16_224")
+        features, _ = _features(path, "random:vit_tiny_patch16_224")
         assert cosine(features, reference).min() >= 0.9999
 
 

@@ -25,7 +25,6 @@ from tilestore.errors import SlideError, StoreError
 from tilestore.masks.tissue import compute_tissue, read_tissue
 from tilestore.plan import PlanOptions
 from tilestore.reading.opening import open_slide
-from tilestore.sources.base import Source
 
 LITE = "efficientnet-lite0"
 FP32 = Options(batch_size=8, device="cpu", precision="fp32", dtype="float32")
@@ -72,21 +71,18 @@ def test_a_store_of_another_slide_is_not_taken_for_it(slide_path, tmp_path, lite
     assert len(report.slides) == 1  # the store given as a store is embedded
 
 
-def test_a_store_is_reused_only_for_the_very_slide_it_was_made_from(
-    slide_path, tmp_path, monkeypatch
-):
-    """The same file: reused on its name, size and time, unread. A copy (another time, the
-    same bytes): reused once its SHA-256 is the one recorded. Another file of the same name
-    and size (one byte of a tile changed): refused in one line, the store kept as it was."""
+def test_a_store_is_reused_only_for_the_very_slide_it_was_made_from(slide_path, tmp_path):
+    """The same file, or a copy (another time, the same bytes): reused once its SHA-256 is
+    the one recorded. Another file of the same name, size and time (one byte of a tile
+    changed, the time put back as `cp -p`, `rsync -t` or `tar` keep it): refused in one
+    line, the store kept as it was; so is one of another size."""
     svs = tmp_path / "CMU-1-Small-Region.svs"
     svs.write_bytes(slide_path(CMU).read_bytes())
     into = tmp_path / "in"
     store, converted, _ = inputs.prepare(svs, into, None, True)
     assert "seconds" in converted  # made
     reused = {"slide": str(svs), "store": str(store), "reused": True}
-    with monkeypatch.context() as patch:
-        patch.setattr(Source, "sha256", lambda self: pytest.fail("read the whole slide"))
-        assert inputs.prepare(svs, into, None, True)[1] == reused
+    assert inputs.prepare(svs, into, None, True)[1] == reused
     stat = svs.stat()
     os.utime(svs, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # copied: a new time
     assert inputs.prepare(svs, into, None, True)[1] == reused
@@ -95,13 +91,15 @@ def test_a_store_is_reused_only_for_the_very_slide_it_was_made_from(
     data = bytearray(svs.read_bytes())
     data[inside] ^= 0xFF
     svs.write_bytes(data)
+    os.utime(svs, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the time recorded: cp -p
     before = open_slide(store).record
+    assert (before.source.size, before.source.mtime_ns) == (len(data), stat.st_mtime_ns)
     with pytest.raises(StoreError) as refused:
         inputs.prepare(svs, into, None, True)
     assert str(refused.value) == (
         f"{store}: made from another file of the same name and size (CMU-1-Small-Region.svs, "
-        f"{len(data)} bytes; its SHA-256 differs from {svs}'s); move it or choose another "
-        "--into folder"
+        f"{len(data)} bytes) whose SHA-256 differs from {svs}'s (its bytes changed, whatever "
+        "its time says); move it or choose another --into folder"
     )
     assert open_slide(store).record == before  # kept, complete, untouched
     svs.write_bytes(bytes(data) + b"\0" * 10)  # another size
@@ -111,6 +109,51 @@ def test_a_store_is_reused_only_for_the_very_slide_it_was_made_from(
         f"{store}: made from another file of this name ({len(data)} bytes; {svs}: "
         f"{len(data) + 10}); move it or choose another --into folder"
     )
+
+
+def test_a_store_made_before_the_slides_hash_was_recorded_is_not_said_to_differ(
+    slide_path, tmp_path
+):
+    """Such a store cannot be told to be the slide's: refused, saying none was recorded and
+    what to do (give the store itself, or remove it), not that a hash "differs"."""
+    svs = tmp_path / "CMU-1-Small-Region.svs"
+    svs.write_bytes(slide_path(CMU).read_bytes())
+    into = tmp_path / "in"
+    store, _, _ = inputs.prepare(svs, into, None, True)
+    root = zarr.open_group(store, mode="r+")
+    attrs = root.attrs["tilestore"]
+    del attrs["source"]["sha256"]  # as a store made before it was recorded
+    root.attrs["tilestore"] = attrs
+    assert open_slide(store).record.source.sha256 is None
+    with pytest.raises(StoreError) as refused:
+        inputs.prepare(svs, into, None, True)
+    assert str(refused.value) == (
+        f"{store}: made before tilestore recorded a slide's SHA-256, so whether it was made "
+        f"from {svs} cannot be told; give the store itself instead of the slide if it is that "
+        "slide's, else remove it to convert the slide again"
+    )
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_something_not_a_store_where_the_store_goes_is_named_and_kept(slide_path, tmp_path, kind):
+    """A file (or a folder) that is not a store at the store's path: moved, never "pass
+    --overwrite" (which then failed the same way)."""
+    into = tmp_path / "in"
+    into.mkdir()
+    there = into / "CMU-1-Small-Region.ome.zarr"
+    if kind == "file":
+        there.write_text("notes")
+    else:
+        there.mkdir()
+        (there / "notes.txt").write_text("notes")
+    with pytest.raises(StoreError) as refused:
+        inputs.prepare(slide_path(CMU), into, None, True)
+    assert str(refused.value) == (
+        f"{there}: a {kind} that is not a tilestore store is where CMU-1-Small-Region.svs's "
+        "store goes; move it or choose another --into folder"
+    )
+    assert "overwrite" not in str(refused.value)
+    assert sorted(p.name for p in into.iterdir()) == [there.name]  # nothing else made
 
 
 def _copies(slide_path, tmp_path, *names):

@@ -8,6 +8,7 @@ import pickle
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from tilestore.embed.models import (
     list_models,
     load_model,
 )
+from tilestore.embed.models.load import RANDOM_SEED, drawn_sha256
 
 
 def test_registry_holds_the_foundation_models_with_their_facts():
@@ -269,10 +271,59 @@ def test_local_folder_errors(tmp_path):
         load_model(f"local:{tmp_path}")
 
 
-def test_timm_architecture_without_cached_weights_is_random(hf_cache):
+TIMM_TINY = "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k"  # timm's weights of the arch
+
+
+def test_a_timm_architecture_without_its_weights_in_the_cache_is_refused(hf_cache):
+    """It ran on random weights drawn without a seed, without a word (a second run drew
+    others: cosine 0.015 between the two runs' features of the same tiles)."""
+    hf_cache()  # an offline cache, without timm's weights of the architecture
+    with pytest.raises(ModelError) as refused:
+        load_model("timm:vit_tiny_patch16_224")
+    assert str(refused.value) == (
+        f"timm:vit_tiny_patch16_224: its weights ({TIMM_TINY}) are not in the HF cache; fetch "
+        "them with `tilestore models pull timm:vit_tiny_patch16_224`, or use "
+        "random:vit_tiny_patch16_224 for random weights (seeded)"
+    )
+    with pytest.raises(ModelError, match=r"timm publishes no pretrained weights for it; or use "
+                       r"random:botnet50ts_256 "):  # fmt: skip
+        load_model("timm:botnet50ts_256")
+
+
+def test_a_timm_architecture_loads_timms_weights_from_the_cache(hf_cache):
+    _, state = hf_cache(repo=TIMM_TINY, model_args={"num_heads": 3})  # the whole ViT-Ti
     loaded = load_model("timm:vit_tiny_patch16_224")
-    assert loaded.weights == "random" and loaded.output_dim == 192
-    assert loaded.transform.resize == 224  # crop_pct 1: a tile is the field of view
+    assert loaded.weights != "random" and loaded.weights_seed is None
+    assert "weights_seed" not in loaded.describe()  # a checkpoint's record, as before
+    assert loaded.weights_sha256 == hub.weights_sha256(Path(loaded.weights))
+    mine = loaded.module.state_dict()
+    assert all(torch.equal(mine[k], v) for k, v in state.items() if k in mine)
+    assert loaded.output_dim == 192 and loaded.transform.resize == 224  # crop_pct 1
+
+
+def test_random_weights_are_asked_for_by_name_seeded_and_recorded():
+    """random:<timm architecture>: timm:<arch>'s architecture and transform, weights drawn
+    from a fixed seed, so two loads give the same weights (the sha256 of the tensors drawn
+    says which), and the caller's random state is left as it was."""
+    torch.manual_seed(7)
+    want = torch.rand(3)
+    torch.manual_seed(7)
+    first = load_model("random:vit_tiny_patch16_224")
+    assert torch.equal(torch.rand(3), want)  # the caller's random stream, untouched
+    second = load_model("random:vit_tiny_patch16_224")
+    assert first.weights == "random" and first.weights_seed == RANDOM_SEED
+    assert first.weights_sha256 == second.weights_sha256 == drawn_sha256(second.module)
+    described = first.describe()
+    assert (described["weights_seed"], described["weights_sha256"]) == (
+        RANDOM_SEED,
+        first.weights_sha256,
+    )
+    x = torch.rand(2, 3, 224, 224)
+    with torch.inference_mode():
+        assert torch.equal(first.features(x), second.features(x))
+    assert first.output_dim == 192 and first.transform.resize == 224  # as timm: reads it
+    with pytest.raises(ModelError, match=r"random:no_such_net: timm has no architecture"):
+        get_model("random:no_such_net")
 
 
 def test_virchow_pooling_concatenates_cls_and_mean_patch_tokens(hf_cache):
@@ -345,7 +396,7 @@ def test_weights_are_read_straight_onto_the_device_they_run_on(tmp_path, monkeyp
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("name", ["local", "timm:vit_tiny_patch16_224", "eva"])
+@pytest.mark.parametrize("name", ["local", "random:vit_tiny_patch16_224", "eva"])
 def test_on_a_gpu_weights_land_there_and_give_the_cpu_features(tmp_path, name, hf_cache):
     if name == "local":
         folder, _ = _checkpoint_folder(tmp_path, "vit_tiny_patch16_224", {"depth": 2})
@@ -355,7 +406,7 @@ def test_on_a_gpu_weights_land_there_and_give_the_cpu_features(tmp_path, name, h
         name = f"local:{folder}"
     gpu = load_model(name, device="cuda")
     assert all(t.is_cuda for t in (*gpu.module.parameters(), *gpu.module.buffers()))
-    if name.startswith("timm:"):
+    if name.startswith("random:"):
         assert gpu.weights == "random"  # drawn on the GPU: nothing to compare with
         return
     cpu = load_model(name)

@@ -92,3 +92,27 @@ def test_pulled_encoders_load_offline_from_the_cache(fake_hub, name, tmp_path, m
     loaded = load_model(name)
     assert loaded.output_dim == spec.output_dim and loaded.revision == REVISION
     assert "/snapshots/" in loaded.weights
+
+
+def test_pull_fetches_timms_weights_of_an_architecture_which_then_load_offline(
+    fake_hub, tmp_path, monkeypatch
+):
+    """timm:<arch> runs only with timm's weights in the cache (refused without them): pull
+    fetches them, as for a registered model."""
+    import safetensors.torch
+    import timm
+
+    repo = "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k"  # timm's weights of the arch
+    net = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0)
+    folder = fake_hub.repo(repo)
+    (folder / "config.json").write_text(json.dumps({"architecture": "vit_tiny_patch16_224"}))
+    state = {k: v.contiguous() for k, v in net.state_dict().items()}
+    safetensors.torch.save_file(state, folder / "model.safetensors")
+    checkpoint = hub.pull("timm:vit_tiny_patch16_224")
+    assert checkpoint.repo == repo and ("model", repo, "model.safetensors") in fake_hub.asked
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    loaded = load_model("timm:vit_tiny_patch16_224")
+    assert loaded.weights == str(checkpoint.weights) and loaded.weights_seed is None
+    assert loaded.weights_sha256 == checkpoint.sha256
+    with pytest.raises(ModelError, match=r"^timm:botnet50ts_256: timm publishes no pretrained"):
+        hub.pull("timm:botnet50ts_256")

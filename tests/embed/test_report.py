@@ -185,3 +185,21 @@ def test_before_the_engine_counts_from_the_process_start():
     wall = time.perf_counter() - started
     before, after = map(float, run.stdout.split())
     assert before >= 0 and before + after <= wall + 0.02  # the start's clock tick (10 ms)
+
+
+def test_the_first_line_says_when_the_weights_are_random():
+    """The run's line is the user's view of its model: random weights (random:, seeded) are
+    said there, with the seed and which draw; a checkpoint's run says nothing of it."""
+    drawn = {"name": "random:vit_tiny_patch16_224", "weights": "random", "weights_seed": 0,
+             "weights_sha256": "1b10fd2e86a30632" + "0" * 48}  # fmt: skip
+    first = format_report(_report(model=drawn))[0]
+    assert first.endswith(
+        "; random:vit_tiny_patch16_224: RANDOM weights (seed 0, sha256 1b10fd2e86a3), not a "
+        "trained model's features"
+    )
+    unseeded = {**drawn, "weights_seed": None}  # as timm:<arch> without its weights drew them
+    assert format_report(_report(model=unseeded))[0].endswith(
+        "; random:vit_tiny_patch16_224: RANDOM weights drawn without a seed (weights unknown)"
+    )
+    trained = {"name": "uni", "weights": "/cache/model.safetensors", "weights_sha256": "a" * 64}
+    assert "RANDOM" not in format_report(_report(model=trained))[0]

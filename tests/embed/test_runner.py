@@ -62,7 +62,7 @@ def test_a_compiled_model_is_compiled_once_for_every_batch():
     """The transform's mean and std are made before the first compiled call: made inside
     it, the second call found them and was compiled again (in a run: the first batch after
     the warm-up)."""
-    model = load_model("timm:vit_tiny_patch16_224")
+    model = load_model("random:vit_tiny_patch16_224")
     compiled = Forward(model, torch.device("cpu"), "fp32", compile=True)
     tiles = torch.randint(0, 255, (2, 224, 224, 3), dtype=torch.uint8)
     before = counters["stats"]["unique_graphs"]
@@ -149,7 +149,7 @@ def test_on_a_gpu_the_model_runs_on_a_stream_of_its_own(store, monkeypatch):
 
     monkeypatch.setattr(Forward, "__call__", compute)
     options = Options(batch_size=16, precision="fp32", dtype="float32")
-    model = load_model("timm:vit_tiny_patch16_224")
+    model = load_model("random:vit_tiny_patch16_224")
     report = embed([store()], model, plan=PlanOptions(mpp=0.5, tile=224), options=options)
     assert report.tiles > 16 and not report.failures
     assert len(streams) == 1 and torch.cuda.default_stream().cuda_stream not in streams
@@ -257,14 +257,14 @@ def test_features_are_judged_as_stored_float16_overflows(store, lite, tmp_path, 
 def test_on_a_gpu_a_batch_not_finite_as_stored_fails_its_slide(store, tmp_path, decode):
     """The flag is reduced on the GPU and copied behind the features; bf16 values past
     float16's range count as the infinities float16 stores."""
-    model = load_model("timm:vit_tiny_patch16_224")
+    model = load_model("random:vit_tiny_patch16_224")
     bad, good = store(into=tmp_path / "bad"), store(into=tmp_path / "good")
     options = Options(batch_size=8, decode=decode, precision="bf16", dtype="float16")
     big = lambda x: x * 0 + 1e6  # noqa: E731 - finite in bf16, infinite in float16
     with poisoned(model.module, 2, [0, 5], big):  # call 0: the warm-up, 2: the 2nd batch
         report = embed([bad, good], model, plan=PLAN, options=options)
     assert report.device.startswith("cuda")
-    _failed_alone(bad, good, "timm:vit_tiny_patch16_224", 8, [0, 5], report)
+    _failed_alone(bad, good, "random:vit_tiny_patch16_224", 8, [0, 5], report)
     assert "dtype='float32' would keep them" in report.failures[0]["error"]
 
 
@@ -291,7 +291,7 @@ def test_on_a_gpu_a_run_warms_up_on_the_models_tile_before_its_first_slide(
     monkeypatch.setattr(Runner, "_warm_up", recorded_warm_up)
     monkeypatch.setattr(Runner, "_warm_for", recorded_warm_for)
     path = store()
-    embed([path], "timm:vit_tiny_patch16_224", plan=plan, options=Options(batch_size=8))
+    embed([path], "random:vit_tiny_patch16_224", plan=plan, options=Options(batch_size=8))
     read = load_plan(open_slide(path))[0].spec.read
     assert warmed[0] == (224, False) and started == [read]
     assert warmed[1:] == ([] if read == 224 else [(read, True)])

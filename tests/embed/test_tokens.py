@@ -19,7 +19,7 @@ from tilestore.errors import TilestoreError
 from tilestore.plan import PlanOptions, load_plan
 from tilestore.reading.opening import open_slide
 
-TINY = "timm:vit_tiny_patch16_224"
+TINY = "random:vit_tiny_patch16_224"
 PLAN = PlanOptions(mpp=1.0, tile=224)
 FP32 = Options(batch_size=8, device="cpu", precision="fp32", dtype="float32")
 

@@ -46,14 +46,16 @@ def planned(tmp_path_factory, stores):
     return base
 
 
-def _store_with(base: Path, folder: Path, index: int, options: PlanOptions) -> Path:
+def _store_with(
+    base: Path, folder: Path, index: int, options: PlanOptions, model: dict = MODEL
+) -> Path:
     path = folder / f"s{index}.ome.zarr"
     shutil.copytree(base, path)
     slide = open_slide(path)
     plan = tilestore.plan_slide(slide, options)
     save_plan(slide, plan)
     features = np.random.default_rng(index).standard_normal((len(plan), 8)).astype(np.float32)
-    write_features(path, MODEL, features, plan=plan.name, batch_size=16)
+    write_features(path, model, features, plan=plan.name, batch_size=16)
     return path
 
 
@@ -177,6 +179,46 @@ def test_combine_keeps_the_order_and_refuses_before_anything(tmp_path):
     other = {**meta, "channels": ["DAPI", "CD8", "PanCK"]}
     with pytest.raises(MixedResults, match=r"channels: RGB \(a\) vs DAPI,CD8,PanCK"):
         combine([("a", recipe(meta)), ("b", recipe(other))], "m")
+
+
+# timm:<arch> without its weights recorded this: random weights drawn without a seed
+UNSEEDED = {**MODEL, "weights": "random", "weights_sha256": None}
+
+
+def test_features_of_unknown_weights_are_never_put_with_another_stores(planned, tmp_path):
+    """Two runs of timm:<arch> without its weights drew other random weights (cosine 0.015
+    between their features of the same tiles), and their stores were combined silently (the
+    weights' sha256 None in both). Now refused, naming the stores; one store alone opens."""
+    options = PlanOptions(mpp=2.0, tile=128, min_tissue=0)
+    a, b = (_store_with(planned, tmp_path, i, options, UNSEEDED) for i in (0, 1))
+    with pytest.raises(MixedResults) as refused:
+        tilestore.open_embeddings([a, b], "m")
+    assert str(refused.value) == (
+        f"{a}: its 'm' embeddings were made with random weights drawn without a seed (2 of 2 "
+        "stores: s0.ome.zarr, s1.ome.zarr), weights no other run has: they cannot be put "
+        "with other stores' features; open it alone, or embed again with pretrained weights "
+        "or random:<architecture> (seeded)"
+    )
+    known = _store_with(planned, tmp_path, 2, options)  # with a store of known weights too
+    with pytest.raises(MixedResults, match=r"s1\.ome\.zarr: its 'm' embeddings .* \(1 of 2"):
+        tilestore.open_embeddings([known, b], "m")
+    assert tilestore.open_embeddings([a], "m").sizes["tile"] > 0  # alone: read as it is
+
+
+def test_seeded_random_weights_meet_only_the_same_draw():
+    """random:<name>: the seed and the sha256 of what was drawn are recorded; two draws
+    alike are one recipe, another draw (another GPU model lays one seed out otherwise) not."""
+    drawn = {**MODEL, "weights": "random", "weights_seed": 0, "weights_sha256": "a" * 64}
+    meta = {"model": drawn, "precision": "fp32", "mpp": 0.5, "tile_size": 224, "grid": {}}
+    assert recipe(meta).unknown_weights is None
+    assert combine([("a", recipe(meta)), ("b", recipe(meta))], "m") == [0, 1]
+    other = {**meta, "model": {**drawn, "weights_sha256": "b" * 64}}
+    with pytest.raises(MixedResults, match=r"weights_sha256: a{64} \(a\) vs b{64}"):
+        combine([("a", recipe(meta)), ("b", recipe(other))], "m")
+    unseeded = {**meta, "model": UNSEEDED}
+    for order in ([meta, unseeded], [unseeded, meta]):  # whatever the order
+        with pytest.raises(MixedResults, match=r"random weights drawn without a seed"):
+            combine([(f"s{i}", recipe(m)) for i, m in enumerate(order)], "m")
 
 
 def test_slide_vectors_of_tiles_at_different_scales_are_refused(embedded_cohort, tmp_path):

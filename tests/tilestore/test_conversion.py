@@ -330,8 +330,11 @@ def test_overwrite_refuses_to_delete_a_non_store(tmp_path, slide_path):
     target = tmp_path / "skimage_ihc.ome.zarr"
     target.mkdir()
     (target / "thesis.docx").write_text("precious")
-    with pytest.raises(StoreError, match="not a zarr store; refusing"):
-        convert(slide_path(IHC), tmp_path, mpp=0.5, overwrite=True)
+    # never "pass overwrite=True" (which then failed the same way): move it
+    for overwrite in (False, True):
+        with pytest.raises(StoreError, match="a folder that is not a tilestore store is in the "
+                           "store's place; move it or choose another output"):  # fmt: skip
+            convert(slide_path(IHC), tmp_path, mpp=0.5, overwrite=overwrite)
     assert (target / "thesis.docx").read_text() == "precious"
 
 

@@ -9,6 +9,7 @@ import zarr
 
 from tests.conftest import group_of
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity
+from tilestore.errors import EmbeddingError
 from tilestore.plan import PlanOptions, plan_slide, save_plan
 from tilestore.reading.opening import open_slide
 
@@ -170,3 +171,46 @@ def test_files_a_killed_writer_left_unrenamed_are_cleared_on_resume(slide_plan):
     resumed = _sharded(slide_plan, create=False)
     assert not torn.exists() and resumed.todo().tolist()[0] == 2
     resumed.abandon()
+
+
+UNSEEDED = {**MODEL, "weights": "random", "weights_sha256": None}  # timm:<arch> without weights
+
+
+def test_a_group_of_unknown_weights_is_never_resumed(slide_plan):
+    """A second run of timm:<arch> without its weights finished the store with other random
+    weights (cosine 0.015 between the two runs' features of the same tiles). Now a group
+    made with random weights drawn without a seed is refused, by any run, in one line."""
+    slide, plan, uid, path = slide_plan
+    first = EmbeddingWriter(slide, plan, uid, RunIdentity(UNSEEDED, 4, "float32", "fp32", False))
+    _fill(first, [0], 1.0)
+    first.abandon()  # killed: batch 0 done
+    seeded = {**MODEL, "weights": "random", "weights_seed": 0, "weights_sha256": "a" * 64}
+    for model in (UNSEEDED, seeded):
+        with pytest.raises(EmbeddingError) as refused:
+            EmbeddingWriter(slide, plan, uid, RunIdentity(model, 4, "float32", "fp32", False))
+        assert str(refused.value) == (
+            f"{slide.name}: an unfinished embeddings/test-model was made with random weights "
+            "drawn without a seed (weights unknown), which no run draws again: "
+            "embeddings/test-model cannot be resumed; pass overwrite=True to embed it again"
+        )
+    assert not list(path.parent.glob(".*.lock"))  # refused: no lock left
+    assert _group(slide_plan)["done"][:].sum() == 1  # kept as it was
+    again = EmbeddingWriter(
+        slide, plan, uid, RunIdentity(seeded, 4, "float32", "fp32", False), overwrite=True
+    )
+    assert again.todo().tolist() == list(range(again.blocks))  # embedded afresh
+    again.abandon()
+
+
+def test_seeded_random_weights_resume_only_the_same_draw(slide_plan):
+    slide, plan, uid, _ = slide_plan
+    drawn = {**MODEL, "weights": "random", "weights_seed": 0, "weights_sha256": "a" * 64}
+    first = EmbeddingWriter(slide, plan, uid, RunIdentity(drawn, 4, "float32", "fp32", False))
+    _fill(first, [0], 1.0)
+    first.abandon()
+    resumed = EmbeddingWriter(slide, plan, uid, RunIdentity(drawn, 4, "float32", "fp32", False))
+    assert 0 not in resumed.todo()
+    resumed.abandon()
+    other = {**drawn, "weights_sha256": "b" * 64}  # the seed drawn on another kind of GPU
+    with pytest.raises(EmbeddingError, match=r"made with other settings \(model\)"):
+        EmbeddingWriter(slide, plan, uid, RunIdentity(other, 4, "float32", "fp32", False))

@@ -23,6 +23,7 @@ import zarr
 from zarr.codecs import BytesCodec
 from zarr.storage import LocalStore
 
+from tilestore import locks
 from tilestore.conversion.levels import copy_tiles, downsample2, write_blocks
 from tilestore.conversion.loss import Loss
 from tilestore.cpus import usable_cpus
@@ -321,6 +322,8 @@ def convert(
                 if beside is not None:
                     beside.close()
             report.store_bytes = tree_size(tmp)
+            if overwrite:  # a run may have begun on the old store meanwhile: it stays
+                locks.refuse_while_written(target, "replacing it (overwrite=True)")
     for message in report.warnings:
         warnings.warn(f"{src}: {message}", TilestoreWarning, stacklevel=2)
     report.source_bytes = source.size()
@@ -767,10 +770,15 @@ def _check_target(target: Path, overwrite: bool) -> None:
     for note in leftovers.clear(target):
         warnings.warn(note, TilestoreWarning, stacklevel=3)
     if target.exists():
+        if not is_store(target):  # never replaced: it may be anything of the user's
+            kind = "a folder" if target.is_dir() else "a file"
+            raise StoreError(
+                f"{target}: {kind} that is not a tilestore store is in the store's place; "
+                "move it or choose another output"
+            )
         if not overwrite:
             raise StoreError(f"{target}: already exists; pass overwrite=True to replace it")
-        if not is_store(target):
-            raise StoreError(f"{target}: exists and is not a zarr store; refusing to replace it")
+        locks.refuse_while_written(target, "replacing it (overwrite=True)")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

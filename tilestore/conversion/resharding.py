@@ -41,6 +41,7 @@ from typing import Annotated
 import numpy as np
 import zarr
 
+from tilestore import locks
 from tilestore.cpus import usable_cpus
 from tilestore.errors import StoreError, TilestoreWarning
 from tilestore.format import leftovers, positions
@@ -99,13 +100,9 @@ def reshard(
         _, record = open_store(target)
     except StoreError as exc:  # its record damaged: said as every other document of it
         raise StoreError(f"{exc}; {_UNTOUCHED}") from exc
+    locks.refuse_while_written(target, "resharding it")
     for note in leftovers.clear(target):
         warnings.warn(note, TilestoreWarning, stacklevel=2)
-    locks = sorted(target.parent.glob(f".{target.name}.*.lock"))
-    if locks:
-        raise StoreError(
-            f"{target}: an embedding run holds {locks[0].name}; reshard once it has finished"
-        )
     in_place = {str(i) for i in record.source.in_place}
     arrays = _arrays(target)
     todo = {
@@ -133,6 +130,7 @@ def reshard(
             doc = {**arrays[path], "codecs": _redeclared(arrays[path]["codecs"])}
             (tmp / path / META).write_text(json.dumps(doc, indent=2))
         report.positions = _record_positions(tmp, untied)
+        locks.refuse_while_written(target, "resharding it")  # one begun meanwhile
     report.arrays, report.kept = len(todo) + len(older), len(arrays) - len(todo) - len(older)
     report.files_after = _files(target)
     report.seconds = time.perf_counter() - started

@@ -44,6 +44,7 @@ MODEL_FACTS = (
     "repo",
     "revision",
     "weights_sha256",  # the weights file itself: two local files of one name are not one model
+    "weights_seed",  # random weights asked for: the seed they were drawn with
     "architecture",
     "pooling",
     "projection",
@@ -122,6 +123,19 @@ class Recipe:
     facts: dict[str, Any]
     channels: tuple[str, ...] | None
     scale: Scale | None  # None: a group from before scales were recorded
+    unknown_weights: str | None = None  # why its weights are not known (`weights_unknown`)
+
+
+def weights_unknown(model: dict[str, Any]) -> str | None:
+    """Why a group's weights cannot be known again, from its record's model (None: they
+    can): random weights drawn without a seed (``timm:<arch>`` without its weights, and
+    ``random:`` before the seed was recorded) are weights no other run draws, so such a
+    group is never resumed (`tilestore.embeddings.write`) nor put with another (`combine`).
+    A group that records no weights at all (features stored by `write_features` with a
+    model named only) is compared on what it records, as before."""
+    if model.get("weights") == "random" and model.get("weights_seed") is None:
+        return "random weights drawn without a seed"
+    return None
 
 
 def transform_hash(described: dict[str, Any]) -> str:
@@ -145,7 +159,7 @@ def recipe(meta: dict[str, Any]) -> Recipe:
     if "precision" in meta:
         facts["precision"] = meta["precision"]
     channels = tuple(meta["channels"]) if meta.get("channels") else None
-    return Recipe(facts, channels, scale_of(meta))
+    return Recipe(facts, channels, scale_of(meta), weights_unknown(model))
 
 
 def scale_of(meta: dict[str, Any]) -> Scale | None:
@@ -192,6 +206,7 @@ def combine(found: Sequence[tuple[str, Recipe]], what: str, scale: str | None = 
             )
     else:
         kept = list(range(len(found)))
+    _known_weights([found[i] for i in kept], what)
     _one_recipe([found[i] for i in kept], what)
     if scale is None and not _one_scale([found[i][1].scale for i in kept]):
         raise MixedResults(
@@ -200,6 +215,25 @@ def combine(found: Sequence[tuple[str, Recipe]], what: str, scale: str | None = 
             "with scale=<label>, or plan and embed them alike"
         )
     return kept
+
+
+def _known_weights(found: Sequence[tuple[str, Recipe]], what: str) -> None:
+    """MixedResults where results of several stores include one whose weights are not
+    known (`weights_unknown`): nothing says they are the others' weights (two runs of
+    ``timm:<arch>`` without its weights drew other weights: cosine 0.015 between their
+    features of the same tiles). One store alone is read as it is."""
+    if len(found) < 2:
+        return
+    unknown = [(store, r.unknown_weights) for store, r in found if r.unknown_weights]
+    if unknown:
+        names = ", ".join(Path(store).name for store, _ in unknown[:3])
+        more = " ..." if len(unknown) > 3 else ""
+        raise MixedResults(
+            f"{unknown[0][0]}: its {what} were made with {unknown[0][1]} ({len(unknown)} of "
+            f"{len(found)} stores: {names}{more}), weights no other run has: they cannot be "
+            "put with other stores' features; open it alone, or embed again with pretrained "
+            "weights or random:<architecture> (seeded)"
+        )
 
 
 def _one_recipe(found: Sequence[tuple[str, Recipe]], what: str) -> None:

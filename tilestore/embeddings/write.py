@@ -26,6 +26,7 @@ from zarr.codecs import Crc32cCodec
 from tilestore import locks
 from tilestore.embeddings.groups import non_finite_rows
 from tilestore.embeddings.layout import COORDINATES, UNITS, group_name, model_folder
+from tilestore.embeddings.recipe import weights_unknown
 from tilestore.errors import AlreadyComplete, EmbeddingError
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.leftovers import clear_unfinished_files
@@ -47,7 +48,10 @@ class RunIdentity:
     """What an embeddings group records of the run that writes it, decided once by the
     engine (`Embedder.writer_identity`): a run resumes a group only where these are equal.
 
-    model: the model's description (`LoadedModel.describe`: name, weights, output_dim...).
+    model: the model's description (`LoadedModel.describe`: name, weights, output_dim...),
+    with the weights' identity: the sha256 of the weights loaded, for random weights
+    (``random:``) the seed they were drawn with and the sha256 of the draw; a group whose
+    weights are not known (random, no seed: `recipe.weights_unknown`) is never resumed.
     channels: a multiplex store's channels read as R, G, B (None for RGB stores).
     shard_tiles: tiles per features shard of a group this run makes (None: `SHARD_TILES`;
     a group made before keeps its own shards; not compared on resume).
@@ -185,6 +189,7 @@ class EmbeddingWriter:
                     raise EmbeddingError(found.why)
                 if found.state == "complete":
                     raise AlreadyComplete(found.why)
+                self._refuse_unknown_weights(existing)
                 if not self._compatible(existing):
                     raise EmbeddingError(self._mismatch(existing))
             self._replace = existing is not None and overwrite
@@ -229,6 +234,7 @@ class EmbeddingWriter:
         group = self._existing()
         if group is None:
             raise EmbeddingError(f"{slide.name}: no {self.path} to write a slice into")
+        self._refuse_unknown_weights(group)
         if not self._compatible(group):
             raise EmbeddingError(self._mismatch(group))
         self._open(group)
@@ -509,6 +515,19 @@ class EmbeddingWriter:
             "complete": False,
         }
         return group
+
+    def _refuse_unknown_weights(self, group) -> None:
+        """EmbeddingError where the unfinished group's weights, or this run's, are not known
+        (`weights_unknown`): another run's batches would be features of other weights."""
+        made = weights_unknown(group.attrs["tilestore"].get("model") or {})
+        now = weights_unknown(self.run.model)
+        if made is None and now is None:
+            return
+        whose = f"an unfinished {self.path} was made" if made else "this run's model is"
+        raise EmbeddingError(
+            f"{self.slide.name}: {whose} with {made or now} (weights unknown), which no run "
+            f"draws again: {self.path} cannot be resumed; pass overwrite=True to embed it again"
+        )
 
     def _compatible(self, group) -> bool:
         return not self._differing(group)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tilestore import locks
 from tilestore.cpus import usable_cpus
 from tilestore.errors import OptionError, StoreError
 from tilestore.format.omezarr import NUCLEAR
@@ -450,7 +451,16 @@ METHODS: dict[str, tuple[Callable[..., np.ndarray], type]] = {
 
 
 def write_tissue(slide: Slide, tissue: TissueMask) -> None:
-    """Store the mask as the OME-Zarr label image labels/tissue, replacing an older one."""
+    """Store the mask as the OME-Zarr label image labels/tissue, replacing an older one
+    (StoreError where a run is embedding the store: its plans were made from that one)."""
+    try:
+        slide.group["labels/tissue"]
+    except KeyError:
+        pass
+    else:
+        locks.refuse_while_written(
+            getattr(slide.group.store, "root", None), "replacing its tissue mask"
+        )
     write_label(
         slide,
         "tissue",

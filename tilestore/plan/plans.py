@@ -18,6 +18,7 @@ from dataclasses import asdict, replace
 
 import numpy as np
 
+from tilestore import locks
 from tilestore.errors import PlanError
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.shards import column
@@ -258,6 +259,10 @@ def save_plan(slide: Slide, plan: TilePlan, *, overwrite: bool = False) -> str:
                 f"{plan_difference(meta, plan)}); pass overwrite=True to replace it (embeddings "
                 "of the stored one then no longer stand for it), or choose another name"
             )
+        # a run embedding this store reads its plans: none is replaced under it
+        locks.refuse_while_written(
+            getattr(slide.group.store, "root", None), f"replacing its plan {plan.name!r}"
+        )
         del plans[plan.name]
     with written_whole(plans, plan.name, slide.name, f"plan {plan.name!r}"):
         group = plans.create_group(plan.name)

@@ -325,6 +325,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
 def filled(markdown: str, where: str, *, markers: bool) -> str:
     """A page with each generated section made from the code now: between its markers, as
     committed (`markers`), or in their place, as the site shows it."""
+
     def fill(match: re.Match) -> str:
         if match["name"] not in SECTIONS:
             raise ValueError(f"{where}: no generated section {match['name']!r} (hooks.SECTIONS)")
@@ -356,7 +357,11 @@ def copies() -> dict[str, str]:
     """{a file of the repository, from its root: its copy on the site, under docs/}."""
     shown = {"ARCHITECTURE.md": "architecture.md", "bench/RESULTS.md": "performance/results.md"}
     folder = ROOT / "bench" / "figures"
-    shown |= {f"bench/figures/{p.name}": f"figures/{p.name}" for p in sorted(folder.iterdir()) if p.is_file()}
+    shown |= {
+        f"bench/figures/{p.name}": f"figures/{p.name}"
+        for p in sorted(folder.iterdir())
+        if p.is_file()
+    }
     return shown
 
 

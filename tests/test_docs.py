@@ -253,9 +253,12 @@ def _dead_links(pages: list[Path]) -> list[str]:
             where = f"{page.relative_to(REPO)}: {target}"
             if not file.exists():
                 dead.append(where)
-            elif parts.fragment and file.suffix == ".md":
-                if unquote(parts.fragment) not in links.anchors(file.read_text()):
-                    dead.append(f"{where} (no such anchor)")
+            elif (
+                parts.fragment
+                and file.suffix == ".md"
+                and unquote(parts.fragment) not in links.anchors(file.read_text())
+            ):
+                dead.append(f"{where} (no such anchor)")
     return dead
 
 
@@ -339,7 +342,7 @@ def test_the_committed_generated_sections_are_what_the_code_makes_now():
 def test_a_generated_section_without_its_end_or_not_known_is_refused(text):
     from docs import hooks
 
-    with pytest.raises(ValueError, match="page.md: .*(not in pairs|no generated section)"):
+    with pytest.raises(ValueError, match=r"page\.md: .*(not in pairs|no generated section)"):
         hooks.filled(f"# A page\n\n{text}", "page.md", markers=True)
 
 

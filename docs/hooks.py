@@ -333,7 +333,7 @@ def filled(markdown: str, where: str, *, markers: bool) -> str:
         return f"<!-- generated: {match['name']} -->\n{body}\n{END}" if markers else body
 
     rest = SECTION.sub("", markdown)
-    if MARKER.search(rest) or END in rest:
+    if MARKER.search(rest) or re.search(f"^{END}$", rest, re.MULTILINE):
         raise ValueError(f"{where}: a '<!-- generated: NAME -->' and its '{END}' not in pairs")
     return SECTION.sub(fill, markdown)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,11 @@ def status(
     output_file(todo)
     if model is None:
         model = only_model([embeddings_status(store) for store in stores])
-    found = [(str(s), g) for s in stores for g in embeddings_status(s, model, plan).groups]
+    found = [
+        (str(s), _resumed(g, model))
+        for s in stores
+        for g in embeddings_status(s, model, plan).groups
+    ]
     runs = finishing_runs(found, model, plan, slide_encoder)
     left = [store for run in runs for store in run.stores]
     if todo:
@@ -67,6 +72,18 @@ def status(
         raise typer.Exit(2)
     if left or counts["running"]:
         raise typer.Exit(1)
+
+
+def _resumed(group: GroupStatus, model: str) -> GroupStatus:
+    """The group with any_scale among what a run must repeat, where its tiles are not the
+    model's input (`scale_mismatch`, the run's own judgement: it refuses them without)."""
+    from tilestore.embed import get_model, scale_mismatch
+
+    if not group.run or group.tile is None:
+        return group
+    if scale_mismatch(group.mpp, group.tile, get_model(model)) is None:
+        return group
+    return replace(group, run={**group.run, "any_scale": True})
 
 
 def _row(store: str, group: GroupStatus, encoder: str | None) -> dict[str, Any]:

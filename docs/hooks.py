@@ -2,14 +2,21 @@
 
 - `reference/api/<face>.md`: one page per package face (`tests/test_architecture.py`
   `FACES`), each public name (`__all__`) rendered from its docstring by mkdocstrings;
-- `reference/cli.md`: every command and subcommand of the `tilestore` typer app, its usage,
-  arguments and flags with their help, as click formats them for `--help`;
-- the model catalogue, the exit codes and the store record's fields: tables put where a
-  hand-written page says `<!-- generated: NAME -->` (`SECTIONS`);
+- sections of the hand-written pages, between `<!-- generated: NAME -->` and
+  `<!-- end generated -->` (`SECTIONS`): the command line (every command and subcommand of
+  the `tilestore` typer app, its usage, arguments and flags with their help, as click formats
+  them for `--help`), the API's index, the model catalogue, the exit codes, the store
+  record's fields. They are committed too, so that the Markdown reads whole where it is read
+  as files (GitHub), and `python -m docs.hooks` writes them again (tests/test_docs.py fails
+  when one differs from what the code makes now); the build puts in what the code makes;
 - `performance/results.md`: bench/RESULTS.md as it is (kept as the source), and
   `architecture.md`: ARCHITECTURE.md as it is;
 - `figures/<name>`: bench/figures, the benchmarks' and the viewer's pictures, as they are;
-- the tutorial notebooks, executed (`docs/notebooks.py`): the site shows their outputs;
+- the tutorial notebooks, executed (`docs/notebooks.py`): the site shows their outputs.
+
+A page links to a source the site shows under another name (`published()`: ARCHITECTURE.md,
+bench/RESULTS.md, a figure, a face's `__init__.py`) as the file it is, which resolves where
+the Markdown is read as files; the hook points each such link at the page it is on the site.
 
 Imports only light modules (the faces load members lazily, the registries are plain data,
 the CLI imports no torch): the build reads the package's sources through griffe.
@@ -19,15 +26,19 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import html
 import importlib
+import importlib.util
 import inspect
 import os
+import posixpath
 import re
 import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit
 
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
@@ -35,10 +46,16 @@ from mkdocs.structure.files import File, Files
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from docs import notebooks  # noqa: E402
-from docs.griffe_folders import escape_placeholders  # noqa: E402  (the one rule for both)
+from docs import links, notebooks  # noqa: E402
+from docs.griffe_folders import escape_placeholders, folders  # noqa: E402  (one rule for both)
 
 MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
+END = "<!-- end generated -->"
+SECTION = re.compile(
+    r"^<!-- generated: (?P<name>[a-z-]+) -->\n(?P<body>.*?)^<!-- end generated -->$",
+    re.MULTILINE | re.DOTALL,
+)
+DOCS = ROOT / "docs"
 
 
 def faces() -> tuple[str, ...]:
@@ -53,6 +70,9 @@ def public_names(face: str) -> list[str]:
 
 
 # --- API ---------------------------------------------------------------------------------
+
+
+API_INDEX = "reference/api/index.md"
 
 
 def api_path(face: str) -> str:
@@ -83,18 +103,31 @@ def api_page(face: str) -> str:
     return "\n".join(parts) + "\n"
 
 
+def face_source(face: str) -> str:
+    """A face's module file, from the repository's root, where pyproject's package-dir puts
+    it (`tilestore.embed` is `embed/__init__.py`)."""
+    mapped = {name: path.relative_to(ROOT).as_posix() for name, path in folders().items()}
+    parts = face.split(".")
+    heads = [i for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in mapped]
+    folder = (
+        posixpath.join(mapped[".".join(parts[: heads[0]])], *parts[heads[0] :])
+        if heads
+        else posixpath.join(*parts)
+    )
+    return f"{folder}/__init__.py" if (ROOT / folder / "__init__.py").is_file() else f"{folder}.py"
+
+
 def api_index() -> str:
+    """The API index's section: each face linked as its module file (on the site: its page)."""
+    here = posixpath.dirname(f"docs/{API_INDEX}")
     rows = ["| face | public names | what |", "|---|---|---|"]
     for face in faces():
         doc = (importlib.import_module(face).__doc__ or "").strip().split("\n\n")[0]
         summary = " ".join(doc.split()).replace("|", "\\|")
-        rows.append(f"| [`{face}`]({face}.md) | {len(public_names(face))} | {summary} |")
+        source = posixpath.relpath(face_source(face), here)
+        rows.append(f"| [`{face}`]({source}) | {len(public_names(face))} | {summary} |")
     total = sum(len(public_names(f)) for f in faces())
-    return (
-        "# API\n\nEach package's `__init__` is its public face: what it lists in `__all__` is "
-        "what users may import (loaded on first use). One page per face, each name rendered "
-        f"from its docstring: {total} names in {len(faces())} faces.\n\n" + "\n".join(rows) + "\n"
-    )
+    return f"{total} names in {len(faces())} faces.\n\n" + "\n".join(rows)
 
 
 # --- CLI ---------------------------------------------------------------------------------
@@ -127,32 +160,39 @@ def _cell(text: str) -> str:
 
 
 def _code(text: str) -> str:
-    """Text for a code span in a table cell (where `<` and `|` are shown as they are)."""
-    return " ".join(text.split())
+    """Text as a code span in a table cell, shown as it is on the site and on GitHub: where
+    it holds a `|`, which GitHub takes for the cell's end even in a code span (and
+    Python-Markdown shows escaped as `\\|`), a `<code>` element with its characters as
+    entities."""
+    text = " ".join(text.split())
+    if "|" not in text:
+        return f"`{text}`"
+    shown = "".join(f"&#{ord(c)};" if c in "|*_[]`\\" else c for c in html.escape(text, False))
+    return f"<code>{shown}</code>"
 
 
 def cli_page() -> str:
-    parts = [
-        "# Command line",
-        "",
-        "Every command of `tilestore`, its arguments and flags with the help `--help` prints "
-        "(generated from the command itself at each build).",
-    ]
+    """The command line page's section: a heading per command, whose anchor (GitHub's, and
+    the site's: `links.slug`) is `cli_anchor` of its words."""
+    parts = []
     for words, command, ctx in cli_commands():
         level = "#" * min(len(words) + 1, 4)
         usage = " ".join([*words, *command.collect_usage_pieces(ctx)])
-        parts += ["", f"{level} `{' '.join(words)}` {{ #{cli_anchor(words)} }}", ""]
+        heading = f"`{' '.join(words)}`"
+        if links.slug(heading) != cli_anchor(words):
+            raise ValueError(f"the heading {heading} would not be anchored #{cli_anchor(words)}")
+        parts += ["", f"{level} {heading}", ""]
         parts += [as_markdown(command.help or ""), "", "```text", usage, "```"]
         records = [p.get_help_record(ctx) for p in command.params]
         records = [r for r in records if r]
         if records:
             parts += ["", "| argument or flag | help |", "|---|---|"]
-            parts += [f"| `{_code(flag)}` | {_cell(help_)} |" for flag, help_ in records]
+            parts += [f"| {_code(flag)} | {_cell(help_)} |" for flag, help_ in records]
         subs = [n for n, s in getattr(command, "commands", {}).items() if not s.hidden]
         if subs:
-            links = ", ".join(f"[`{n}`](#{cli_anchor([*words, n])})" for n in subs)
-            parts += ["", f"Commands: {links}."]
-    return "\n".join(parts) + "\n"
+            links_ = ", ".join(f"[`{n}`](#{cli_anchor([*words, n])})" for n in subs)
+            parts += ["", f"Commands: {links_}."]
+    return "\n".join(parts[1:])
 
 
 # --- tables put into hand-written pages --------------------------------------------------
@@ -260,7 +300,7 @@ def record_fields(module: str) -> str:
                 default = ast.get_source_segment(source, item.value) if item.value else "-"
                 kind = ast.get_source_segment(source, item.annotation)
                 parts.append(
-                    f"| `{item.target.id}` | `{_code(kind)}` | `{_code(default)}` | {_cell(note)} |"
+                    f"| `{item.target.id}` | {_code(kind)} | {_code(default)} | {_cell(note)} |"
                 )
         parts.append("")
     return "\n".join(parts)
@@ -271,6 +311,8 @@ def module_docstring(module: str) -> Callable[[], str]:
 
 
 SECTIONS: dict[str, Callable[[], str]] = {
+    "cli": cli_page,
+    "api": api_index,
     "models": models_table,
     "slide-encoders": slide_encoders_table,
     "exit-codes-embed": exit_codes_embed,
@@ -280,23 +322,84 @@ SECTIONS: dict[str, Callable[[], str]] = {
 }
 
 
+def filled(markdown: str, where: str, *, markers: bool) -> str:
+    """A page with each generated section made from the code now: between its markers, as
+    committed (`markers`), or in their place, as the site shows it."""
+
+    def fill(match: re.Match) -> str:
+        if match["name"] not in SECTIONS:
+            raise ValueError(f"{where}: no generated section {match['name']!r} (hooks.SECTIONS)")
+        body = SECTIONS[match["name"]]().strip("\n")
+        return f"<!-- generated: {match['name']} -->\n{body}\n{END}" if markers else body
+
+    rest = SECTION.sub("", markdown)
+    if MARKER.search(rest) or re.search(f"^{END}$", rest, re.MULTILINE):
+        raise ValueError(f"{where}: a '<!-- generated: NAME -->' and its '{END}' not in pairs")
+    return SECTION.sub(fill, markdown)
+
+
+def write_sections() -> list[Path]:
+    """Writes each page's generated sections as the code makes them now; the pages changed."""
+    changed = []
+    for page in sorted(DOCS.rglob("*.md")):
+        text = page.read_text()
+        made = filled(text, str(page.relative_to(ROOT)), markers=True)
+        if made != text:
+            page.write_text(made)
+            changed.append(page)
+    return changed
+
+
+# --- what the site shows under another name --------------------------------------------------
+
+
+def copies() -> dict[str, str]:
+    """{a file of the repository, from its root: its copy on the site, under docs/}."""
+    shown = {"ARCHITECTURE.md": "architecture.md", "bench/RESULTS.md": "performance/results.md"}
+    folder = ROOT / "bench" / "figures"
+    shown |= {
+        f"bench/figures/{p.name}": f"figures/{p.name}"
+        for p in sorted(folder.iterdir())
+        if p.is_file()
+    }
+    return shown
+
+
+def published() -> dict[str, str]:
+    """{a file of the repository: the page or file that shows it on the site}: the copies,
+    and each face's module file, whose page the API renders from it."""
+    return copies() | {face_source(face): api_path(face) for face in faces()}
+
+
+def site_links(markdown: str, source: str, page: str) -> str:
+    """A page's Markdown with each relative link, written from `source` (the page's file in
+    the repository, from the root) to a file of the repository, pointed at where the site
+    shows that file (`page`: the page's path under docs/). A link to a file the site does not
+    have is left as written: the strict build says it is not found."""
+    shown = published()
+
+    def move(target: str) -> str:
+        parts = urlsplit(target)
+        file = posixpath.normpath(posixpath.join(posixpath.dirname(source), unquote(parts.path)))
+        if file in shown:
+            there = shown[file]
+        elif file.startswith("docs/") and not source.startswith("docs/"):
+            there = file.removeprefix("docs/")
+        else:
+            return target
+        moved = quote(posixpath.relpath(there, posixpath.dirname(page) or "."))
+        return moved + (f"#{parts.fragment}" if parts.fragment else "")
+
+    return links.rewrite(markdown, move)
+
+
 # --- the hook's events ---------------------------------------------------------------------
 
 
 def pages() -> dict[str, str]:
     """{page under docs/: its markdown} of the pages made whole from the code."""
     made = {api_path(face): api_page(face) for face in faces()}
-    made["reference/api/index.md"] = api_index()
-    made["reference/cli.md"] = cli_page()
-    made["performance/results.md"] = (ROOT / "bench" / "RESULTS.md").read_text()
-    made["architecture.md"] = (ROOT / "ARCHITECTURE.md").read_text()
     return made
-
-
-def figures() -> dict[str, bytes]:
-    """{figures/<name>: its bytes} of bench/figures (the pages show them where they are)."""
-    folder = ROOT / "bench" / "figures"
-    return {f"figures/{p.name}": p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
 def executed(files: Files, config) -> Files:
@@ -320,7 +423,8 @@ def executed(files: Files, config) -> Files:
 
 @event_priority(100)  # before the plugins' on_files see the files
 def on_files(files: Files, config) -> Files:
-    for path, content in {**pages(), **figures()}.items():
+    made = {**pages(), **{site: (ROOT / file).read_bytes() for file, site in copies().items()}}
+    for path, content in made.items():
         files.append(File.generated(config, path, content=content))
     return executed(files, config)
 
@@ -338,12 +442,9 @@ def on_build_error(error) -> None:
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    def generated(match: re.Match) -> str:
-        if match[1] not in SECTIONS:
-            raise ValueError(f"{page.file.src_path}: no generated section {match[1]!r}")
-        return SECTIONS[match[1]]()
-
-    return MARKER.sub(generated, markdown)
+    where = page.file.src_uri
+    source = {site: file for file, site in copies().items()}.get(where, f"docs/{where}")
+    return site_links(filled(markdown, where, markers=False), source, where)
 
 
 def on_config(config):
@@ -355,3 +456,8 @@ def on_config(config):
                     faces_nav = [{face: api_path(face)} for face in faces()]
                     entry[i] = {"API": ["reference/api/index.md", *faces_nav]}
     return config
+
+
+if __name__ == "__main__":  # python -m docs.hooks: the committed sections made again
+    for written in write_sections():
+        print(f"wrote {written.relative_to(ROOT)}")

@@ -229,6 +229,155 @@ def test_no_dead_internal_link_or_anchor(site):
     print(f"{checked} internal links checked")
 
 
+# --- the Markdown as files (GitHub), before any build ---------------------------------------
+
+# the Markdown read where it is, as GitHub renders it: the site's pages, and the sources the
+# site shows under another name (docs/hooks.py `copies`)
+SOURCES = [*sorted(DOCS.rglob("*.md")), REPO / "README.md", REPO / "ARCHITECTURE.md"]
+SOURCES.append(REPO / "bench" / "RESULTS.md")
+
+
+def _dead_links(pages: list[Path]) -> list[str]:
+    """Each relative link of `pages` that is no file of the repository, or no anchor of the
+    Markdown it names, read as files."""
+    from docs import links
+
+    dead = []
+    for page in pages:
+        for match in links.targets(page.read_text()):
+            target = match["target"]
+            if not links.relative(target):
+                continue
+            parts = urlsplit(target)
+            file = (page.parent / unquote(parts.path)).resolve()
+            where = f"{page.relative_to(REPO)}: {target}"
+            if not file.exists():
+                dead.append(where)
+            elif (
+                parts.fragment
+                and file.suffix == ".md"
+                and unquote(parts.fragment) not in links.anchors(file.read_text())
+            ):
+                dead.append(f"{where} (no such anchor)")
+    return dead
+
+
+def test_every_relative_link_of_the_markdown_resolves_as_a_file_and_anchor():
+    """On GitHub, before any build: no link to a page that exists only on the site (a
+    generated page, a copy), no mkdocs-only form; the site's hook points the links to the
+    sources it copies at their copies (test_no_dead_internal_link_or_anchor checks there)."""
+    assert _dead_links(SOURCES) == []
+
+
+def test_a_link_to_a_page_only_the_site_has_or_to_no_heading_is_found(tmp_path):
+    page = tmp_path / "page.md"
+    (tmp_path / "other.md").write_text("# Other\n\n## A `code` heading: with (punctuation)\n")
+    page.write_text(
+        "[results](../performance/results.md) ![x](figures/x.png) [ok](other.md)\n"
+        "[ok](other.md#a-code-heading-with-punctuation) [no](other.md#a-code-heading)\n"
+        "`[not a link](nowhere.md)` [web](https://example.org/x.md) [here](#other)\n"
+        "```\n[in a block](nowhere.md)\n```\n[ref]: missing.md\n"
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys.modules[__name__], "REPO", tmp_path)
+        dead = _dead_links([page])
+    assert dead == [
+        "page.md: ../performance/results.md",
+        "page.md: figures/x.png",
+        "page.md: other.md#a-code-heading (no such anchor)",
+        "page.md: missing.md",
+    ]
+
+
+def test_the_site_anchors_each_heading_as_github_does():
+    """mkdocs.yml's toc slugify gives every heading of the Markdown the anchor `links.slug`
+    (GitHub's rule) gives it, so a link's anchor holds in both places."""
+    import markdown
+    from mkdocs.utils import yaml_load
+
+    from docs import links
+
+    config = yaml_load((REPO / "mkdocs.yml").read_text())
+    extensions = config["markdown_extensions"]
+    toc = next(e["toc"] for e in extensions if isinstance(e, dict) and "toc" in e)
+    headings = {h for page in SOURCES for h in links.headings(page.read_text())}
+    differ = {}
+    for heading in sorted(headings):
+        html = markdown.markdown(
+            f"## {heading}", extensions=["toc", "attr_list"], extension_configs={"toc": toc}
+        )
+        made = re.search(r'id="([^"]*)"', html)[1]
+        if made != links.slug(heading):
+            differ[heading] = (made, links.slug(heading))
+    assert differ == {}
+    assert len(headings) > 200  # the scan found them
+
+
+def test_the_committed_generated_sections_are_what_the_code_makes_now():
+    """The tables generated from the code (docs/hooks.py `SECTIONS`) are committed between
+    their markers, each where a page says, and are the code's now: a stale one fails here
+    (`python -m docs.hooks` writes them again)."""
+    from docs import hooks
+
+    stale, named = [], []
+    for page in sorted(DOCS.rglob("*.md")):
+        text = page.read_text()
+        named += [m["name"] for m in hooks.SECTION.finditer(text)]
+        if hooks.filled(text, str(page), markers=True) != text:
+            stale.append(str(page.relative_to(REPO)))
+    assert stale == [], "stale: run python -m docs.hooks"
+    assert sorted(named) == sorted(hooks.SECTIONS)  # each once, none only at build time
+    assert "<!-- generated" not in hooks.filled(text, str(page), markers=False)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<!-- generated: models -->\n",
+        "<!-- generated: models -->\n| x |\n",
+        "<!-- end generated -->\n",
+        "<!-- generated: no-such -->\n<!-- end generated -->\n",
+    ],
+)
+def test_a_generated_section_without_its_end_or_not_known_is_refused(text):
+    from docs import hooks
+
+    with pytest.raises(ValueError, match=r"page\.md: .*(not in pairs|no generated section)"):
+        hooks.filled(f"# A page\n\n{text}", "page.md", markers=True)
+
+
+def test_a_stale_section_is_made_again_from_the_code():
+    from docs import hooks
+
+    stale = "<!-- generated: exit-codes-status -->\n| exit | old |\n<!-- end generated -->\n"
+    made = hooks.filled(stale, "page.md", markers=True)
+    assert "| old |" not in made and hooks.exit_codes_status() in made
+    assert hooks.filled(made, "page.md", markers=True) == made  # once made, it holds
+
+
+def test_the_site_points_a_link_to_a_copied_source_at_its_copy():
+    from docs import hooks
+
+    text = (
+        "[r](../../bench/RESULTS.md#a-b) ![f](../../bench/figures/view-qc.jpg) "
+        "[e](../embed.md) [a](../../ARCHITECTURE.md) [s](../../tilestore/slide.py) "
+        "`[c](../../ARCHITECTURE.md)`"
+    )
+    made = hooks.site_links(text, "docs/guide/embed.md", "guide/embed.md")
+    assert made == (
+        "[r](../performance/results.md#a-b) ![f](../figures/view-qc.jpg) "
+        "[e](../embed.md) [a](../architecture.md) [s](../../tilestore/slide.py) "
+        "`[c](../../ARCHITECTURE.md)`"
+    )
+    index = "docs/reference/api/index.md"
+    api = hooks.site_links("[e](../../../embed/__init__.py)", index, "reference/api/index.md")
+    assert api == "[e](tilestore.embed.md)"
+    # ARCHITECTURE.md, shown as architecture.md, links to the docs from the root
+    assert hooks.site_links("[g](docs/guide/qc.md)", "ARCHITECTURE.md", "architecture.md") == (
+        "[g](guide/qc.md)"
+    )
+
+
 # --- blocks shown, not run ---------------------------------------------------------------
 
 SHOWN = sorted(p for p in DOCS.rglob("*.md") if shown_blocks(p.read_text()))

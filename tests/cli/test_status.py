@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import numpy as np
 import zarr
 
 from tests.cli.test_cli import tilestore
-from tests.conftest import IHC, group_of
+from tests.conftest import IHC, group_of, real
 from tests.tilestore.test_embeddings_status import LITE, interrupt
 from tilestore.embeddings.write import write_features
 
@@ -137,3 +138,90 @@ def test_info_says_each_models_embeddings(embedded_cohort, tmp_path):
         table
     )
     assert "slide vectors: mean" in table
+
+
+# --- the printed command carries every flag the run needs --------------------------------
+
+
+def _finish_as_printed(expected: dict[Path, list[str]]) -> None:
+    """`status` on stores left: the command it prints for each store holds the flags
+    `expected` for it and, run as printed (on the CPU), completes it; `status` then says
+    every store is complete, exit 0."""
+    run = tilestore("status", *expected, "--model", LITE)
+    assert run.returncode == 1, run.stdout + run.stderr
+    commands = [line.strip() for line in run.stdout.splitlines() if line.startswith("  ")]
+    assert len(commands) == len(expected), commands
+    for (store, flags), command in zip(expected.items(), commands, strict=True):
+        assert command.startswith(f"tilestore embed {store} "), command
+        words = shlex.split(command)
+        assert [w for w in flags if w not in words] == [], command
+        ran = tilestore(*words[1:], "--device", "cpu", env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+    after = tilestore("status", *expected, "--model", LITE)
+    assert after.returncode == 0, after.stdout + after.stderr
+    assert f"{len(expected)} stores: {len(expected)} complete," in after.stdout
+
+
+def test_the_printed_command_finishes_a_multichannel_store_of_tiles_not_the_models_input(
+    tmp_path,
+):
+    """A QPTIFF (three markers) embedded from three channels chosen as R, G, B, in 256 px
+    tiles where efficientnet-lite0 reads 224 (--any-scale), stopped at --max-tiles: the
+    command printed repeats the channels, --any-scale and the plan (before: no --any-scale,
+    so the run it printed refused the store)."""
+    import tifffile
+
+    from tests.conftest import DATA, NDPI
+    from tests.tilestore import tiffs
+
+    pixels = tifffile.imread(real(DATA / "slides" / NDPI), level=1)[:768, :768]
+    markers = {"DAPI": "0,0,255", "CD8": "0,255,0", "PanCK": "255,0,0"}
+    planes = {name: (color, pixels[..., 2 - i]) for i, (name, color) in enumerate(markers.items())}
+    slide = tiffs.qptiff(tmp_path / "vectra.qptiff", planes)
+    assert tilestore("convert", slide, "-o", tmp_path / "out").returncode == 0
+    store = tmp_path / "out" / "vectra.ome.zarr"
+    planned = tilestore("plan", store, "--mpp", "0.5", "--tile", "256", "--min-tissue", "0")
+    assert planned.returncode == 0, planned.stderr
+    first = tilestore("embed", store, "--model", LITE, "--channels", "DAPI,CD8,PanCK",
+                      "--any-scale", "--max-tiles", "2", "--batch-size", "2", "--device", "cpu",
+                      env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    expected = ["--channels", "DAPI,CD8,PanCK", "--any-scale", "--plan", "0.5mpp-256px"]
+    _finish_as_printed({store: expected})
+
+
+def test_the_printed_commands_finish_stores_without_a_pixel_size(slide_path, tmp_path):
+    """kidney-48-5.tif has no pixel size: planned in level-0 pixels (--mpp level0) in 256 px
+    tiles (not the model's 224: --any-scale). One store stopped at --max-tiles, one not
+    started that holds the cohort's plan and another: the commands printed name the level-0
+    plan and --any-scale for both, and finish them (before: neither flag for the store not
+    started, whose run then made the default 0.5 um/px plan and was refused; no --any-scale
+    for the other, refused too)."""
+    from tests.conftest import KIDNEY
+
+    stores = []
+    for folder in ("a", "b"):
+        assert tilestore("convert", slide_path(KIDNEY), "-o", tmp_path / folder).returncode == 0
+        stores.append(tmp_path / folder / "kidney-48-5.ome.zarr")
+        for tile in ("256", "224")[: 1 + (folder == "b")]:
+            planned = tilestore("plan", stores[-1], "--mpp", "level0", "--tile", tile,
+                                "--min-tissue", "0")  # fmt: skip
+            assert planned.returncode == 0, planned.stderr
+    first = tilestore("embed", stores[0], "--model", LITE, "--any-scale", "--max-tiles", "2",
+                      "--batch-size", "2", "--device", "cpu",
+                      env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    flags = ["--any-scale", "--plan", "level0-256px"]
+    _finish_as_printed({stores[0]: [*flags, "--batch-size"], stores[1]: flags})
+
+
+def test_tiles_that_are_the_models_input_need_no_any_scale(embedded_cohort, tmp_path):
+    """The flag only where the run needs it: CMU's 224 px tiles at 0.5 um/px are
+    efficientnet-lite0's input."""
+    half = tmp_path / "b.ome.zarr"
+    shutil.copytree(embedded_cohort[0], half)
+    interrupt(half)
+    as_json = json.loads(tilestore("status", half, "--json").stdout)
+    assert as_json["stores"][0]["tile"] == 224 and as_json["stores"][0]["mpp"] is not None
+    assert "any_scale" not in as_json["stores"][0]["run"]
+    assert "--any-scale" not in as_json["commands"][0]

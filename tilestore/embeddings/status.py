@@ -38,6 +38,7 @@ from tilestore.embeddings.groups import (
     slide_name,
 )
 from tilestore.embeddings.layout import group_name, model_folder
+from tilestore.embeddings.recipe import scale_of
 from tilestore.embeddings.slides import SLIDES, VECTOR
 from tilestore.embeddings.write import lock_file
 from tilestore.errors import OptionError, StoreError
@@ -78,6 +79,10 @@ class GroupStatus:
     tiles: the plan's tiles (0 where there is no group); tiles_done: those in done batches;
     run: what a run must repeat to resume the group, as `embed`'s parameters (batch_size,
     dtype, precision, compile, channels, tokens, quality; {} where there is no group);
+    tile, mpp: the side in px of the group's tiles and the um/px they were read at (None:
+    level-0 pixels of a slide without a pixel size), where its record says (tile None where
+    it does not): what tells whether they are the model's input, which a resume of tiles
+    that are not must allow again (any_scale);
     note: what to do or what was found, one line."""
 
     model: str
@@ -95,6 +100,8 @@ class GroupStatus:
     lock: Lock | None = None
     slide_vectors: tuple[SlideVector, ...] = ()
     run: dict[str, Any] | None = None
+    tile: int | None = None
+    mpp: float | None = None
     note: str = ""
 
     def has_vector(self, encoder: str) -> bool:
@@ -213,6 +220,7 @@ def _read_group(
     batches, done = len(flags), int((flags == 1).sum())
     tiles_done = done * batch - (batch * batches - tiles if batches and flags[-1] == 1 else 0)
     made = meta.get("plan") or {}
+    scale = scale_of(meta)
     common = {
         "plan": made.get("name"),
         "tiles": tiles,
@@ -226,6 +234,8 @@ def _read_group(
         "lock": lock,
         "slide_vectors": _slide_vectors(store, path, group, meta),
         "run": resume_options(meta),
+        "tile": scale.tile if scale else None,
+        "mpp": scale.mpp if scale else None,
     }
     if meta.get("complete") and done < batches:
         note = (
@@ -346,12 +356,15 @@ def finishing_runs(
     """The `embed` runs that finish a cohort's stores left (`GroupStatus.left`), each
     (store, its group's status) in `found`: a partial group with the options it was made
     with (its plan among them: a resume must repeat them, else it is refused); a group not
-    started with those the cohort's other groups agree on (batch size aside), so the
-    cohort stays one recipe to read (`tilestore.embeddings.recipe`); runs of equal options
-    merged, in the order of the stores. Running, damaged and other-plan groups are left
-    out: a run would be refused on them. With a slide encoder no plan is named: the
-    encoder plans the tiles it reads."""
-    shared = _shared(g.run for _, g in found if g.state in ("complete", "partial"))
+    started with those the cohort's other groups agree on (batch size aside), and their
+    plan where they agree on one and the store holds a plan of that name (`plan` given:
+    that one), so the cohort stays one recipe to read (`tilestore.embeddings.recipe`); runs
+    of equal options merged, in the order of the stores. Running, damaged and other-plan
+    groups are left out: a run would be refused on them. With a slide encoder no plan is
+    named: the encoder plans the tiles it reads."""
+    made = [g for _, g in found if g.state in ("complete", "partial")]
+    shared = _shared(g.run for g in made)
+    planned = {g.plan for g in made}
     runs: dict[tuple, list[str]] = {}
     for store, status in found:
         if not status.left(slide_encoder):
@@ -360,12 +373,28 @@ def finishing_runs(
         if status.state == "partial":
             options.update(status.run or {}, plan=status.plan)
         elif status.state == "not started":
-            options.update(shared, **({"plan": plan} if plan else {}))
+            options.update(shared)
+            if plan:
+                options["plan"] = plan
+            elif len(planned) == 1 and _holds_plan(store, next(iter(planned))):
+                options["plan"] = next(iter(planned))  # else the run's own plan is made
         if slide_encoder:
             options.pop("plan", None)
             options["slide_encoder"] = slide_encoder
         runs.setdefault(tuple(options.items()), []).append(store)
     return [Finish(tuple(stores), dict(key)) for key, stores in runs.items()]
+
+
+def _holds_plan(store: str, name: str | None) -> bool:
+    """Whether the store holds a plan of this name (a run given it reads it; without it, a
+    store of several plans or none has one made: not the cohort's)."""
+    if not name:
+        return False
+    try:
+        open_group(store, f"plans/{name}")
+    except (KeyError, StoreError):
+        return False
+    return True
 
 
 def _shared(runs) -> dict[str, Any]:

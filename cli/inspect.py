@@ -181,7 +181,7 @@ def _embeddings(groups: list[dict]) -> list[str]:
 
 
 def _integrity(desc: dict) -> str:
-    """What a store's chunks are checked with, and its last verification."""
+    """What a store's chunks are checked with (a sidecar's: also the slide's tiles)."""
     integrity = desc.get("integrity")
     if not integrity:
         text = "no checksums (a store from before they were kept): `tilestore verify --decode`"
@@ -193,12 +193,9 @@ def _integrity(desc: dict) -> str:
             text += ", not tied to its position (made before position checks: `tilestore reshard`)"
     else:
         text = "every chunk written, no checksums"
-    verified = desc.get("verified")
-    if not verified:
-        return text + "; never verified (`tilestore verify`)"
-    result = "all good" if not verified["bad"] else f"[red]{verified['bad']} BAD[/red]"
-    how = " and decoded" if verified["decoded"] else ""
-    return f"{text}; verified {verified['at']}: {verified['chunks']} chunks read{how}, {result}"
+    if desc.get("in_place_tiles"):
+        text += f"; the slide's tiles {desc['in_place_tiles']}"
+    return text + " (`tilestore verify` reads every chunk)"
 
 
 @with_flags
@@ -224,6 +221,13 @@ def verify(
         )
         if result.unchecked:
             out.print(f"  without checksums: {', '.join(result.unchecked)}", highlight=False)
+        if result.unsummed:
+            out.print(
+                f"  not checked by content (a sidecar made before tile checksums: each tile "
+                f"read and decoded; remove the sidecar to make it again with them): levels "
+                f"{', '.join(result.unsummed)}",
+                highlight=False,
+            )
         if result.untied:
             out.print(
                 f"  not tied to their positions (made before position checks: `tilestore "

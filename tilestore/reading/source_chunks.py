@@ -7,7 +7,7 @@ each of the slide's tiles (or strips) as the file stores them (`Segments.sums`, 
 sidecar is made), and every read compares the bytes it reads with it: a JPEG tile by the
 bytes already in hand (a few microseconds a tile), a decoded level by the tiles under the
 chunk, read once more (from the page cache, beside decoding them). A tile changed since is a
-`SlideChanged` (a ChunkError) naming the slide, the level and the tile, never its pixels."""
+ChunkError naming the slide, the level and the tile, never its pixels."""
 
 from __future__ import annotations
 
@@ -101,6 +101,10 @@ class TileSource:
     def grid(self) -> tuple[int, int]:
         return self.tiles.grid
 
+    def tiles_under(self, row: int, col: int, plane: int = 0) -> list[tuple[int, int, int]]:
+        """The slide's tiles (plane, row, col) under chunk (row, col): the tile itself."""
+        return [(0, row, col)]
+
     def copied(self, row: int, first: int, end: int) -> list[bytes | None]:
         """Of tiles [first, end) of a row, each tile's own bytes after its SOI where it can be
         its chunk as it is (its chunk: the level's prefix, then these); None where not (to
@@ -118,7 +122,7 @@ class TileSource:
 
     def chunk(self, row: int, col: int, plane: int = 0) -> tuple[bytes, bool]:
         """The chunk's JPEG stream and whether it is the source tile as it was; a tile whose
-        bytes changed since its sidecar was made is a `SlideChanged`."""
+        bytes changed since its sidecar was made is a ChunkError (`TileSums.changed`)."""
         try:
             data = self.tiles.read(row, col)
             if self.sums is not None:  # the bytes in hand: the file's, but for the prefix
@@ -162,12 +166,19 @@ class DecodedChunks:
         depth, th, tw = self.chunk_shape
         (h, w), y0, x0 = self.level.shape, row * th, col * tw
         if self.sums is not None:
-            self.sums.check_region(self._planes(plane), y0, min(y0 + th, h), x0, min(x0 + tw, w))
+            self.sums.check_read(self.tiles_under(row, col, plane))
         pixels = self.level.read(y0, min(y0 + th, h), x0, min(x0 + tw, w))
         block = np.full((depth, th, tw), self.background, self.dtype)
         planes = pixels[..., plane * depth : (plane + 1) * depth]
         block[:, : pixels.shape[0], : pixels.shape[1]] = np.moveaxis(planes, -1, 0)
         return block.tobytes(), False
+
+    def tiles_under(self, row: int, col: int, plane: int = 0) -> list[tuple[int, int, int]]:
+        """The slide's tiles (plane, row, col) under chunk (row, col) of `plane` (`sums`)."""
+        depth, th, tw = self.chunk_shape
+        (h, w), y0, x0 = self.level.shape, row * th, col * tw
+        where = (self._planes(plane), y0, min(y0 + th, h), x0, min(x0 + tw, w))
+        return self.sums.segments.under(*where)
 
     def _planes(self, plane: int) -> range:
         """The slide's planes under chunk plane `plane`: its channels where the slide stores
@@ -177,10 +188,6 @@ class DecodedChunks:
             depth = self.chunk_shape[0]
             return range(plane * depth, (plane + 1) * depth)
         return range(planes)
-
-
-class SlideChanged(ChunkError):
-    """A tile of a slide read in place whose bytes are not the ones its sidecar recorded."""
 
 
 @dataclass(frozen=True)
@@ -277,8 +284,8 @@ class TileSums:
     """An in-place level's tiles checked by content: the CRC-32C of each of the slide's tiles
     (or strips) as its file stores them, recorded in the sidecar when it was made
     (`table`, shaped as the level's tile grid, `Segments.grid`), compared with the bytes
-    read. A tile whose bytes differ is a `SlideChanged` naming the slide, the level and the
-    tile, and how to make the sidecar again: its pixels are never given."""
+    read. A tile whose bytes differ is a ChunkError naming the slide, the level and the
+    tile, and how to make the sidecar again (`changed`): its pixels are never given."""
 
     def __init__(self, segments: Segments, table: np.ndarray, where: str, sidecar: str) -> None:
         self.segments, self.table, self.where, self.sidecar = segments, table, where, sidecar
@@ -288,8 +295,9 @@ class TileSums:
         kind = self.segments.kind
         return f"{kind} ({row}, {col})" + (f" of plane {plane}" if self.table.shape[0] > 1 else "")
 
-    def changed(self, plane: int, row: int, col: int) -> SlideChanged:
-        return SlideChanged(
+    def changed(self, plane: int, row: int, col: int) -> ChunkError:
+        """What a changed tile is: a ChunkError naming it and how to make the sidecar again."""
+        return ChunkError(
             f"{self.where} {self.name(plane, row, col)} has changed since its sidecar "
             f"{self.sidecar} was made (its bytes' CRC-32C is not the one recorded); remove "
             "the sidecar to make it again from the slide as it is now (open_in_place)"
@@ -297,7 +305,7 @@ class TileSums:
 
     def check(self, plane: int, row: int, col: int, crc: int | None) -> None:
         """Nothing where `crc` (of the tile's bytes; None: the file stores none) is the one
-        recorded for the tile; else `SlideChanged`."""
+        recorded for the tile; else `changed`."""
         expect = int(self.table[plane, row, col])
         if (UNWRITTEN if crc is None else crc) != expect:
             raise self.changed(plane, row, col)
@@ -316,19 +324,16 @@ class TileSums:
             data = found.get(at)
             self.check(*at, None if data is None else google_crc32c.value(data))
 
-    def check_region(self, planes: range, y0: int, y1: int, x0: int, x1: int) -> None:
-        """`check_read` of every tile under pixels [y0:y1, x0:x1] of `planes`."""
-        self.check_read(self.segments.under(planes, y0, y1, x0, x1))
 
     def expected(self, row: int, col: int) -> int:
         """The CRC-32C recorded for JPEG tile (row, col) (`UNWRITTEN`: none stored)."""
         return int(self.table[0, row, col])
 
-    def changed_tiles(self) -> list[str]:
-        """One line per tile of the level whose bytes are not the ones recorded (every tile
-        read, runs of them at once)."""
+    def changed_tiles(self) -> list[tuple[int, int, int]]:
+        """Every tile (plane, row, col) of the level whose bytes are not the ones recorded
+        (every tile read)."""
         now = self.segments.sums()
-        return [str(self.changed(*map(int, at))) for at in np.argwhere(now != self.table)]
+        return [tuple(map(int, at)) for at in np.argwhere(now != self.table)]
 
 
 _SOI_CRC = google_crc32c.value(b"\xff\xd8")  # what each tile's bytes in the file start with

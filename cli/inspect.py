@@ -205,11 +205,17 @@ def verify(
     workers: Workers = None,
 ) -> None:
     """Read every chunk of each store, check its checksum, list every bad one (exit 2 if any)."""
+    from tilestore.errors import StoreError
     from tilestore.reading import verify_store
 
     bad = 0
     for store in stores:
-        result = verify_store(store, decode=decode, workers=workers)
+        try:
+            result = verify_store(store, decode=decode, workers=workers)
+        except StoreError as exc:  # not opened (damaged, a changed slide): the next go on
+            print(f"tilestore: error: {exc}", file=sys.stderr)
+            bad += 1
+            continue
         how = "read and decoded" if decode else "read"
         state = "all good" if result.ok else f"{len(result.bad)} BAD"
         if result.ok and result.unchecked and not decode:

@@ -205,3 +205,39 @@ def test_verify_of_a_read_only_store_goes_on(svs, tmp_path, monkeypatch):
     monkeypatch.setattr(LocalStore, "set", refused)
     results = [verify_store(store) for store in (first, second)]
     assert all(r.ok for r in results) and results[1].chunks > 0
+
+
+def test_changed_jpeg_tables_are_refused_at_open(svs, tmp_path):
+    """What every tile of a level is decoded with lies outside the tiles (an SVS's shared
+    JPEG tables): one quantisation value changed still decodes, every tile as other pixels,
+    so the sidecar records its CRC-32C too and opening it then is refused, naming the level."""
+    sidecars = tmp_path / "sidecars"
+    whole = open_in_place(svs, sidecars).read_region(0, 0, 2220, 2967, level=0)
+    with tifffile.TiffFile(svs) as tif:
+        at = tif.pages.first.tags["JPEGTables"].valueoffset
+    with open(svs, "r+b") as fh:
+        fh.seek(at)
+        assert fh.read(4) == b"\xff\xd8\xff\xdb"  # the tables start with a DQT segment
+        fh.seek(at + 10)  # a value of the first table
+        value = fh.read(1)[0]
+        fh.seek(at + 10)
+        fh.write(bytes([value + 1 if value < 255 else value - 1]))
+    with tifffile.TiffFile(svs) as tif:  # it decodes, to other pixels
+        assert (tif.pages.first.asarray() != whole).any()
+    with pytest.raises(ChunkError, match=r"level 0: its JPEG tables .* have changed since"):
+        open_in_place(svs, sidecars)
+
+
+def test_verify_goes_on_after_a_store_it_cannot_open(svs, tmp_path):
+    """A sidecar whose slide changed (its fingerprint: refused at open) is one error line;
+    the stores after it are still checked, and the command exits 2."""
+    sidecars = tmp_path / "sidecars"
+    open_in_place(svs, sidecars)
+    sound = convert(svs, tmp_path / "stores").store
+    with open(svs, "ab") as fh:  # another size: not the slide the sidecar was made from
+        fh.write(b"\0")
+    done = run_cli("verify", sidecar_for(svs, sidecars), sound)
+    assert done.returncode == 2
+    assert "not the slide its sidecar" in done.stderr
+    said = done.stdout.replace("\n", "")  # the console wraps long lines
+    assert f"{sound}: " in said and said.endswith("all good")

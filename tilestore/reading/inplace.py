@@ -10,7 +10,7 @@ features. Opening one writes nothing.
 
 The fingerprint says the tiles are where they were, not that their bytes are: a tile
 rewritten in place (same size) keeps it. So a sidecar also records the CRC-32C of each of its
-in-place levels' tiles as the slide file stores them (`TILE_SUMS`: ``crc32c/<level>``, one
+in-place levels' tiles as the slide file stores them (`TILE_SUMS`: ``tile_crc32c/<level>``, one
 small uint64 array shaped as the level's tile grid, `source_chunks.Segments`; computed by
 `tile_sums` when the sidecar is made, beside its SHA-256), and its record says so
 (``source.tile_crc32c``); every read checks each tile's bytes against it
@@ -30,7 +30,7 @@ import asyncio
 import hashlib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import zarr
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from tilestore.sources import Source
 
 SUFFIX = ".tilestore.zarr"
-TILE_SUMS = "crc32c"  # crc32c/<level>: an in-place level's tiles' CRC-32C, by tile
+TILE_SUMS = "tile_crc32c"  # tile_crc32c/<level>: an in-place level's tiles' CRC-32C, by tile
 # what a sidecar's record says (``source.tile_crc32c``) where it keeps them
 TILE_SUMS_SAID = (
     f"{TILE_SUMS}/<level> of each in-place level: the CRC-32C of each of the slide's tiles "
@@ -129,16 +129,29 @@ def fingerprint(source: Source, levels: Iterable[int]) -> str:
     return digest.hexdigest()
 
 
-def tile_sums(source: Source, levels: Iterable[int]) -> dict[int, np.ndarray]:
-    """The CRC-32C of every tile of each given level of a TIFF slide, as its file stores
-    them now, shaped as the level's tile grid (`Segments.sums`): what a sidecar records."""
-    return {index: Segments.of(source.levels[index]).sums() for index in sorted(levels)}
+class LevelSums(NamedTuple):
+    """What a sidecar records of an in-place level's bytes: each tile's CRC-32C, shaped as
+    its tile grid (`Segments.sums`), and its tables' (`Segments.tables_crc`)."""
+
+    tiles: np.ndarray
+    tables: int
 
 
-def record_tile_sums(group: zarr.Group, sums: dict[int, np.ndarray]) -> None:
-    """Write each level's tile sums (`tile_sums`) into a sidecar being made, as
-    ``crc32c/<level>``; the caller records `TILE_SUMS_SAID` in its source facts."""
-    for index, table in sums.items():
+def tile_sums(source: Source, levels: Iterable[int]) -> dict[int, LevelSums]:
+    """What a sidecar records of each given level of a TIFF slide (`LevelSums`), as its
+    file stores them now."""
+    out = {}
+    for index in sorted(levels):
+        segments = Segments.of(source.levels[index])
+        out[index] = LevelSums(segments.sums(), segments.tables_crc)
+    return out
+
+
+def record_tile_sums(group: zarr.Group, sums: dict[int, LevelSums]) -> None:
+    """Write each level's sums (`tile_sums`) into a sidecar being made, as
+    ``tile_crc32c/<level>`` (its tables' CRC-32C an attribute); the caller records
+    `TILE_SUMS_SAID` in its source facts."""
+    for index, (table, tables) in sums.items():
         zarr.create_array(
             group.store_path.store,
             name=f"{TILE_SUMS}/{index}",
@@ -146,19 +159,28 @@ def record_tile_sums(group: zarr.Group, sums: dict[int, np.ndarray]) -> None:
             chunks=table.shape,  # one file: a level's tile grid is small
             fill_value=UNWRITTEN,
             attributes={
-                "tilestore": {"tile_crc32c_of": str(index), "unwritten": UNWRITTEN}
+                "tilestore": {
+                    "tile_crc32c_of": str(index),
+                    "unwritten": UNWRITTEN,
+                    "tables_crc32c": int(tables),
+                }
             },
             **zstd_codecs(),
         )
 
 
-def _read_tile_sums(group: zarr.Group, index: int, segments: Segments, where: str) -> np.ndarray:
-    """Level `index`'s recorded tile sums; a ChunkError naming them where they are missing,
-    damaged or not shaped as the slide's tile grid."""
-    path = f"{TILE_SUMS}/{index}"
+def _read_tile_sums(
+    group: zarr.Group, index: int, segments: Segments, sidecar: Path, slide: Path
+) -> np.ndarray:
+    """Level `index`'s recorded tile sums, its tables checked against the slide's now; a
+    ChunkError naming them where they are missing, damaged or not shaped as the slide's
+    tile grid, or naming the level where its tables changed."""
+    path, where = f"{TILE_SUMS}/{index}", f"{sidecar}: level {index}"
     fix = "remove the sidecar to make it again"
     try:
-        table = zarr.open_array(group.store_path.store, path=path, mode="r", zarr_format=3)[...]
+        array = zarr.open_array(group.store_path.store, path=path, mode="r", zarr_format=3)
+        table = array[...]
+        tables = int(array.attrs["tilestore"]["tables_crc32c"])
     except (FileNotFoundError, zarr.errors.NodeNotFoundError):
         raise ChunkError(
             f"{where}: its tiles' checksums ({path}) are missing, though the sidecar says it "
@@ -173,6 +195,12 @@ def _read_tile_sums(group: zarr.Group, index: int, segments: Segments, where: st
         raise ChunkError(
             f"{where}: its tiles' checksums ({path}) are {table.dtype} {table.shape}, not "
             f"uint64 {segments.grid} as the slide's tiles; {fix}"
+        )
+    if tables != segments.tables_crc:
+        raise ChunkError(
+            f"{slide}: level {index}: its JPEG tables (what every tile is decoded with) have "
+            f"changed since its sidecar {sidecar} was made; {fix} from the "
+            "slide as it is now (open_in_place)"
         )
     return table
 
@@ -226,7 +254,7 @@ def open_sidecar(
             if recorded.tile_sums:  # else made before: its tiles are trusted by the fingerprint
                 where = f"{slide}: level {i}"
                 segments = Segments.of(source.levels[i])
-                table = _read_tile_sums(group, i, segments, f"{target}: level {i}")
+                table = _read_tile_sums(group, i, segments, target, slide)
                 sums = TileSums(segments, table, where, str(target))
             sources[str(i)] = chunk_source(source, i, group[str(i)], background, decoded, sums)
         opened = slide_of(TiffTiles(LocalStore(target, read_only=True), sources))

@@ -194,13 +194,20 @@ class DecodedChunks:
 class Segments:
     """Where an in-place TIFF level's compressed tiles (or strips) are, as its file(s) store
     them now: per plane (a page, or a sample plane of one), the file, and each tile's offset
-    and byte count on the level's tile grid; `shape`: the pixels of each (h, w)."""
+    and byte count on the level's tile grid; `shape`: the pixels of each (h, w); `tables`:
+    what every tile is decoded with, outside the tiles (the JPEG tables, NDPI's header)."""
 
     files: tuple[str, ...]  # per plane
     offsets: np.ndarray  # uint64 (planes, rows, cols)
     counts: np.ndarray  # uint64 (planes, rows, cols); 0: absent
     shape: tuple[int, int]
     kind: str  # "tile" or "strip", for messages
+    tables: bytes = b""
+
+    @property
+    def tables_crc(self) -> int:
+        """The CRC-32C of `tables`."""
+        return google_crc32c.value(self.tables)
 
     @classmethod
     def of(cls, level: SourceLevel) -> Segments:
@@ -220,6 +227,10 @@ class Segments:
         files = [page.parent.filehandle.path for page in pages]
         if any(len(found) % (grid[0] * grid[1]) for found in offsets):
             shape, grid = (height, width), (1, 1)
+        tables = b"".join(
+            (getattr(page, "jpegtables", None) or b"") + (getattr(page, "jpegheader", None) or b"")
+            for page in pages
+        )
         planes = [len(o) // (grid[0] * grid[1]) for o in offsets]
         return cls(
             tuple(f for f, n in zip(files, planes, strict=True) for _ in range(n)),
@@ -227,6 +238,7 @@ class Segments:
             np.concatenate(counts).reshape(-1, *grid),
             shape,
             kind,
+            tables,
         )
 
     @property

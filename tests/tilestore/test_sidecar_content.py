@@ -49,7 +49,10 @@ def svs(tmp_path, slide_path):
 def _tree(folder) -> dict[str, tuple[str, int]]:
     """Every file under a folder: its SHA-256 and modification time."""
     return {
-        str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+        str(p.relative_to(folder)): (
+            hashlib.sha256(p.read_bytes()).hexdigest(),
+            p.stat().st_mtime_ns,
+        )
         for p in sorted(folder.rglob("*"))
         if p.is_file()
     }
@@ -101,7 +104,7 @@ def test_the_decoder_processes_leave_a_changed_tile_to_the_reader(svs, tmp_path)
     try:
         frame = reader.frame.as_json()
         as_json = [list(at) for at in located]
-        count, left = decode_chunks(as_json, coords, shm, shape, 255, frame=frame)
+        _, left = decode_chunks(as_json, coords, shm, shape, 255, frame=frame)
     finally:
         os.unlink(f"/dev/shm/{shm}")
     assert left == [0, 1]  # the request handed back whole: the reader names the damage
@@ -241,3 +244,26 @@ def test_verify_goes_on_after_a_store_it_cannot_open(svs, tmp_path):
     assert "not the slide its sidecar" in done.stderr
     said = done.stdout.replace("\n", "")  # the console wraps long lines
     assert f"{sound}: " in said and said.endswith("all good")
+
+
+def test_embed_of_a_slide_changed_in_place_fails_naming_the_tile(svs, tmp_path):
+    """The engine reads in-place tiles through the same sources: a changed tile under the
+    plan fails the slide in one line naming it, and no features of it are kept done."""
+    from tilestore.embed.engine import embed
+    from tilestore.embed.models import load_model
+    from tilestore.embed.settings import Options
+    from tilestore.plan import PlanOptions
+
+    sidecars = tmp_path / "sidecars"
+    open_in_place(svs, sidecars)
+    _flip(svs, TILE[0] * 10 + TILE[1])
+    report = embed(
+        [svs],
+        load_model("efficientnet-lite0"),
+        plan=PlanOptions(mpp=0.5, tile=224, min_tissue=0),
+        options=Options(batch_size=4, device="cpu", precision="fp32", dtype="float32"),
+        in_place=True,
+        sidecars=sidecars,
+    )
+    (failure,) = report.failures
+    assert f"{svs}: level 0 tile {TILE} has changed since its sidecar" in failure["error"]

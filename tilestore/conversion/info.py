@@ -14,6 +14,7 @@ from tilestore.errors import SlideError, StoreError, TilestoreError
 from tilestore.format.record import StoreRecord
 from tilestore.format.store import is_store, open_group, stored, tree_size
 from tilestore.reading import open_slide
+from tilestore.reading.inplace import TILE_SUMS
 from tilestore.sources import Fact, dicom_series, open_source
 
 SAMPLE_TILES = 8  # per level, decoded by describe(verify=True)
@@ -74,7 +75,7 @@ def _in_place_tiles(record: StoreRecord) -> str | None:
     if not record.source.sidecar:
         return None
     if record.source.tile_sums:
-        return "checked by content at every read: " + record.source.tile_sums
+        return f"checked by content at every read (each tile's CRC-32C: {TILE_SUMS}/<level>)"
     return (
         "not checked by content (a sidecar made before tile checksums: only the slide's "
         "fingerprint is checked); remove the sidecar to make it again with them"

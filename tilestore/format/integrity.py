@@ -144,8 +144,8 @@ def read_chunks(
 ) -> list[bytes | None]:
     """Each chunk's bytes (None where a location is None, or its file is absent and not
     `required`), each tied to its position where its location carries the CRC-32C recorded
-    for it (`whole`: checked against all its bytes); chunks lying one after another in one shard are read in one call (a grid row of
-    a shard is one range)."""
+    for it (`whole`: checked against all its bytes); chunks lying one after another in one
+    shard are read in one call (a grid row of a shard is one range)."""
     out = _read(locations, names, required)
     for at, data, name in zip(locations, out, names, strict=True):
         if data is None or at.expect is None:

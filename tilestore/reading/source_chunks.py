@@ -175,7 +175,7 @@ class DecodedChunks:
 
     def tiles_under(self, row: int, col: int, plane: int = 0) -> list[tuple[int, int, int]]:
         """The slide's tiles (plane, row, col) under chunk (row, col) of `plane` (`sums`)."""
-        depth, th, tw = self.chunk_shape
+        _, th, tw = self.chunk_shape
         (h, w), y0, x0 = self.level.shape, row * th, col * tw
         where = (self._planes(plane), y0, min(y0 + th, h), x0, min(x0 + tw, w))
         return self.sums.segments.under(*where)
@@ -213,7 +213,7 @@ class Segments:
     def of(cls, level: SourceLevel) -> Segments:
         """The segments of a TIFF level (tifffile's offsets and byte counts of each of its
         pages); a layout that is not a grid of tiles or strips over the image (tiled depth)
-        is one segment of the whole image per segment, each checked on every read."""
+        is checked whole: each of its segments a plane of one, all read at every read."""
         pages = level.series.levels[level.level].pages
         key = level.series.levels[level.level].keyframe
         height, width = key.imagelength, key.imagewidth
@@ -335,7 +335,6 @@ class TileSums:
         for at in coords:
             data = found.get(at)
             self.check(*at, None if data is None else google_crc32c.value(data))
-
 
     def expected(self, row: int, col: int) -> int:
         """The CRC-32C recorded for JPEG tile (row, col) (`UNWRITTEN`: none stored)."""

@@ -231,4 +231,3 @@ def _checker(
         return None
 
     return check
-

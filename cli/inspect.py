@@ -205,7 +205,7 @@ def verify(
     workers: Workers = None,
 ) -> None:
     """Read every chunk of each store, check its checksum, list every bad one (exit 2 if any)."""
-    from tilestore.errors import StoreError
+    from tilestore import StoreError
     from tilestore.reading import verify_store
 
     bad = 0

@@ -75,7 +75,7 @@ def test_a_shard_index_with_two_entries_swapped_is_named_by_verify_and_every_rea
     ].startswith("crc32c/<level> beside each level")
     swap_entries(path / "2" / "c" / "0" / "0" / "0", 12, 4, 5)  # chunks (1, 1) and (1, 2)
     for decode in (False, True):
-        result = verify_store(path, decode=decode, record=False)
+        result = verify_store(path, decode=decode)
         assert result.bad == [
             f"{path}: level 2 chunk (0, 1, {col}): {MOVED} (its CRC-32C is not the one "
             "recorded for this position: moved, swapped or its shard index rewritten)"
@@ -124,7 +124,7 @@ def test_two_chunk_files_swapped_are_named_in_a_store_of_one_file_per_chunk(stor
     second.rename(first)
     (path / "moving").rename(second)
     for decode in (False, True):
-        bad = verify_store(path, decode=decode, record=False).bad
+        bad = verify_store(path, decode=decode).bad
         assert [line.split(": ")[1] for line in bad] == [
             "level 0 chunk (0, 3, 4)",
             "level 0 chunk (0, 3, 5)",
@@ -142,11 +142,11 @@ def test_a_chunk_moved_into_a_sidecars_built_level_is_named(slide_path, tmp_path
     open_in_place(slide, tmp_path / "side")
     sidecar = tmp_path / "side" / "slide.svs.tilestore.zarr"
     assert not (sidecar / positions.path_of("0")).exists()  # the slide's: none recorded
-    assert verify_store(sidecar, decode=True, record=False).ok
+    assert verify_store(sidecar, decode=True).ok
     swap_entries(sidecar / "1" / "c" / "0" / "0" / "0", 35, 0, 6)  # (0, 0) and (1, 1)
     with pytest.raises(ChunkError, match=rf"level 1 chunk \(0, 0\): {MOVED}"):
         open_slide(sidecar).read_region(0, 0, 240, 240, level=1)
-    assert len(verify_store(sidecar, record=False).bad) == 2
+    assert len(verify_store(sidecar).bad) == 2
 
 
 def test_a_lossless_level_is_tied_plane_by_plane(tmp_path):
@@ -161,7 +161,7 @@ def test_a_lossless_level_is_tied_plane_by_plane(tmp_path):
     slide = open_slide(path)
     with pytest.raises(ChunkError, match=rf"level 0 chunk \(3, 0, 0\): {MOVED}"):
         slide.read_region(0, 0, 300, 200, level=0)
-    assert [line.split(": ")[1] for line in verify_store(path, record=False).bad] == [
+    assert [line.split(": ")[1] for line in verify_store(path).bad] == [
         "level 0 chunk (3, 0, 0)",
         "level 0 chunk (3, 0, 1)",
     ]
@@ -178,18 +178,18 @@ def test_a_label_level_is_tied_to_its_positions(store):
     label[1024:2048, :1024] = 3  # chunk (1, 0); (1, 1) and the others: 0, absent
     write_label(slide, "test", label, (1.0, 1.0), [("none", (0, 0, 0, 0))], {"n": 1}, "nearest")
     assert np.array_equal(read_label(open_slide(path), "test", lambda a, _: a), label)
-    assert verify_store(path, record=False).ok
+    assert verify_store(path).ok
     shard = path / "labels" / "test" / "0" / "c" / "0" / "0" / "0"
     original = shard.read_bytes()
     swap_entries(shard, 9, 0, 1)  # (0, 0) and (0, 1): both written
     with pytest.raises(ChunkError, match=rf"level labels/test/0 chunk \(0, 0\): {MOVED}"):
         read_label(open_slide(path), "test", lambda a, _: a)
-    assert len(verify_store(path, record=False).bad) == 2
+    assert len(verify_store(path).bad) == 2
     shard.write_bytes(original)
     swap_entries(shard, 9, 3, 4)  # (1, 0) written, (1, 1) absent: swapped
     with pytest.raises(ChunkError, match=r"chunk \(1, 0\): chunk is missing"):  # the first
         read_label(open_slide(path), "test", lambda a, _: a)
-    bad = verify_store(path, record=False).bad
+    bad = verify_store(path).bad
     assert "labels/test/0 chunk (0, 1, 0): chunk is missing (one was written here)" in bad[0]
     assert "(0, 1, 1): a chunk is stored where none was written (moved here?)" in bad[1]
 
@@ -222,14 +222,14 @@ def test_a_store_made_before_positions_reads_verifies_and_gets_them_from_reshard
     path = store()
     untie(path)
     pixels = open_slide(path).read_region(0, 0, 2220, 2967, level=0)
-    result = verify_store(path, decode=True, record=False)
+    result = verify_store(path, decode=True)
     assert result.ok and result.untied == ["0", "1", "2"]
     report = reshard(path)
     assert report.positions == 3 and report.arrays == 0  # in shards already: recorded in place
-    assert verify_store(path, record=False).untied == []
+    assert verify_store(path).untied == []
     assert np.array_equal(open_slide(path).read_region(0, 0, 2220, 2967, level=0), pixels)
     swap_entries(path / "0" / "c" / "0" / "0" / "0", 130, 0, 1)
-    assert len(verify_store(path, record=False).bad) == 2
+    assert len(verify_store(path).bad) == 2
 
 
 def test_reshard_of_a_store_of_one_file_per_chunk_made_before_positions_records_them(store):
@@ -237,9 +237,9 @@ def test_reshard_of_a_store_of_one_file_per_chunk_made_before_positions_records_
     untie(path)
     report = reshard(path)
     assert report.arrays == 3 and report.positions == 3
-    assert verify_store(path, decode=True, record=False).ok
+    assert verify_store(path, decode=True).ok
     swap_entries(path / "1" / "c" / "0" / "0" / "0", 35, 0, 1)
-    assert len(verify_store(path, record=False).bad) == 2
+    assert len(verify_store(path).bad) == 2
 
 
 @pytest.mark.parametrize("damage", ["missing", "garbage", "shape"])
@@ -257,7 +257,7 @@ def test_positions_missing_or_damaged_where_declared_are_one_line(store, damage)
         cause = r"its chunk positions \(crc32c/1\) are damaged \(ValueError: uint64 \(2,\)"
     with pytest.raises(ChunkError, match=rf"level 1: {cause}.*; convert the slide again"):
         open_slide(path).read_region(0, 0, 100, 100, level=1)
-    result = verify_store(path, record=False)
+    result = verify_store(path)
     assert len(result.bad) == 1 and "level 1: its chunk positions (crc32c/1) are" in result.bad[0]
     assert result.chunks > 170  # the other chunks, level 1's too, still checked
 
@@ -278,7 +278,7 @@ def test_any_permutation_of_a_shard_index_is_caught_where_it_changes_pixels(stor
     crcs = table.reshape(-1)
     try:
         permute_entries(shard, 130, order)
-        bad = verify_store(path, record=False).bad
+        bad = verify_store(path).bad
     finally:
         shard.write_bytes(original)
     moved = [i for i in range(130) if crcs[order[i]] != crcs[i]]

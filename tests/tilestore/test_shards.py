@@ -107,7 +107,7 @@ def test_a_truncated_shard_is_named_by_every_reader(store):
     reader = open_slide(store).chunks(0)
     with pytest.raises(ChunkError, match=r"level 0 shard \(0, 0, 0\): shard index is corrupt"):
         reader.fetch([(0, 0)])
-    result = verify_store(store, record=False)
+    result = verify_store(store)
     (bad,) = result.bad  # the shard once, not each of its 130 chunks
     assert bad.endswith(
         "level 0 shard (0, 0, 0): shard index is corrupt (its CRC-32C does not match)"
@@ -124,7 +124,7 @@ def test_a_chunk_damaged_inside_a_shard_is_named_alone(store):
     with pytest.raises(ChunkError, match=r"level 0 chunk \(0, 0\): chunk is corrupt"):
         reader.fetch([(0, 0)])
     assert reader.fetch([(0, 1)])[0]  # its neighbours in the shard read
-    result = verify_store(store, record=False)
+    result = verify_store(store)
     assert result.bad == [
         f"{store}: level 0 chunk (0, 0, 0): chunk is corrupt (its CRC-32C does not match its bytes)"
     ]
@@ -179,7 +179,7 @@ def test_a_store_of_one_file_per_chunk_still_reads_and_verifies(stores):
             a.read_region(100, 200, 700, 500, level=level),
             b.read_region(100, 200, 700, 500, level=level),
         )
-    assert verify_store(old, decode=True, record=False).ok
+    assert verify_store(old, decode=True).ok
 
 
 def test_an_index_pointing_one_chunk_at_anothers_bytes_is_refused(store):
@@ -198,7 +198,7 @@ def test_an_index_pointing_one_chunk_at_anothers_bytes_is_refused(store):
     for slide in (open_slide(store), open_slide(CountingStore.local(store))):
         with pytest.raises(ChunkError, match="shard index has chunks sharing bytes"):
             slide.chunks(0).fetch([(0, 1)])
-    (bad,) = verify_store(store, record=False).bad
+    (bad,) = verify_store(store).bad
     assert bad.endswith(
         "level 0 shard (0, 0, 0): shard index has chunks sharing bytes (rewritten?)"
     )

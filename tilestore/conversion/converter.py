@@ -52,7 +52,13 @@ from tilestore.format.store import (
 )
 from tilestore.masks.options import TissueBesideMethod
 from tilestore.options import Opt, Workers, checked
-from tilestore.reading.inplace import TiffTiles, fingerprint
+from tilestore.reading.inplace import (
+    TILE_SUMS_SAID,
+    TiffTiles,
+    fingerprint,
+    record_tile_sums,
+    tile_sums,
+)
 from tilestore.reading.resolution import OverrideMpp, ScanMpp, check_made, settle_mpp
 from tilestore.reading.slide import Slide
 from tilestore.reading.source_chunks import chunk_source
@@ -292,6 +298,8 @@ def convert(
             leftovers.built_beside(target, "cannot write store", replace=overwrite) as tmp,
         ):
             digest = hasher.submit(source.sha256)
+            # in place: each tile's CRC-32C, read after the hash (the file is in the cache)
+            sums = hasher.submit(tile_sums, source, encoding.in_place) if in_place else None
             sources: dict = {}  # in place: level path -> its tiles, once the arrays exist
             store = TiffTiles(LocalStore(tmp), sources) if in_place else tmp
             root = zarr.open_group(store, mode="w-", zarr_format=3)
@@ -313,6 +321,8 @@ def convert(
                 written = beside.written if beside else None
                 _write_levels(source, arrays, plan, tmp, encoding, report, progress, written)
                 associated = _write_associated(source, root) if keep_associated else []
+                if sums is not None:
+                    record_tile_sums(root, sums.result())
                 _write_attrs(
                     root, source, plan, encoding, report, mpp_fact, associated, digest.result()
                 )
@@ -398,6 +408,7 @@ def _in_place_facts(source: Source, enc: _Encoding) -> dict:
         "fingerprint": fingerprint(source, enc.in_place),
         "in_place": sorted(enc.in_place),
         "decoded": sorted(enc.decoded),
+        "tile_crc32c": TILE_SUMS_SAID,  # each tile checked by content at every read
     }
 
 

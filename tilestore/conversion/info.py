@@ -14,6 +14,7 @@ from tilestore.errors import SlideError, StoreError, TilestoreError
 from tilestore.format.record import StoreRecord
 from tilestore.format.store import is_store, open_group, stored, tree_size
 from tilestore.reading import open_slide
+from tilestore.reading.inplace import TILE_SUMS
 from tilestore.sources import Fact, dicom_series, open_source
 
 SAMPLE_TILES = 8  # per level, decoded by describe(verify=True)
@@ -24,7 +25,8 @@ def describe(path: str | os.PathLike, *, verify: bool = False) -> dict[str, Any]
 
     A slide file's description reads its metadata only; with verify=True a sample of each
     level's tiles (`SAMPLE_TILES`, spread over the level) is decoded too. A store's says what
-    its chunks are checked with and its last `tilestore verify`.
+    its chunks are checked with (a sidecar's also whether the slide's tiles are checked by
+    content: `in_place_tiles`); `tilestore verify` writes nothing into it.
     """
     path = Path(path)
     if is_store(path):
@@ -58,7 +60,7 @@ def _describe_store(path: Path) -> dict[str, Any]:
         "integrity": {k: v for k, v in asdict(integrity).items() if v is not None}
         if integrity.every_chunk
         else None,
-        "verified": record.verified,
+        "in_place_tiles": _in_place_tiles(record),
         "levels": levels,
         "associated": record.get("associated", []),
         "tissue": _tissue(group),
@@ -67,6 +69,18 @@ def _describe_store(path: Path) -> dict[str, Any]:
         "size_vs_source": ratio,
         "software": record.get("software"),
     }
+
+
+def _in_place_tiles(record: StoreRecord) -> str | None:
+    """How a sidecar's in-place levels' tiles are checked (None: not a sidecar)."""
+    if not record.source.sidecar:
+        return None
+    if record.source.tile_sums:
+        return f"checked by content at every read (each tile's CRC-32C: {TILE_SUMS}/<level>)"
+    return (
+        "not checked by content (a sidecar made before tile checksums: only the slide's "
+        "fingerprint is checked); remove the sidecar to make it again with them"
+    )
 
 
 def _channels(group: zarr.Group) -> list[dict]:

@@ -69,12 +69,15 @@ def tied(data: bytes, expect: int, where: str) -> None:
 class Location(NamedTuple):
     """Where one chunk's bytes are: a file (one chunk per file: `length` None), or a byte
     range of a shard (`tilestore.format.shards`); `expect`: the CRC-32C recorded for its
-    position, checked as it is read (None: the store records none)."""
+    position, checked as it is read (None: the store records none); `whole`: `expect` is
+    the CRC-32C of all its bytes (a slide's tile read in place, which ends in none:
+    `tilestore.reading.source_chunks.TileSums`), not the one it ends with."""
 
     path: str
     offset: int = 0
     length: int | None = None
     expect: int | None = None
+    whole: bool = False
 
 
 def read_file(path: str | os.PathLike, where: str, *, required: bool) -> bytes | None:
@@ -141,12 +144,16 @@ def read_chunks(
 ) -> list[bytes | None]:
     """Each chunk's bytes (None where a location is None, or its file is absent and not
     `required`), each tied to its position where its location carries the CRC-32C recorded
-    for it; chunks lying one after another in one shard are read in one call (a grid row of
-    a shard is one range)."""
+    for it (`whole`: checked against all its bytes); chunks lying one after another in one
+    shard are read in one call (a grid row of a shard is one range)."""
     out = _read(locations, names, required)
     for at, data, name in zip(locations, out, names, strict=True):
-        if data is not None and at.expect is not None:
+        if data is None or at.expect is None:
+            continue
+        if not at.whole:
             tied(data, at.expect, name)
+        elif google_crc32c.value(data) != at.expect:
+            raise ChunkError(f"{name}: its bytes are not the ones recorded (changed since)")
     return out
 
 

@@ -89,6 +89,9 @@ class SourceRecord:
     fingerprint: str | None = None
     in_place: tuple[int, ...] = ()
     decoded: tuple[int, ...] = ()
+    # how a sidecar records its in-place levels' tiles' CRC-32C (`tilestore.reading.inplace`);
+    # None: made before, its tiles not checked by content
+    tile_sums: str | None = None
     facts: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -109,6 +112,7 @@ class SourceRecord:
             fingerprint=facts.get("fingerprint"),
             in_place=tuple(int(i) for i in facts.get("in_place", ())),
             decoded=tuple(int(i) for i in facts.get("decoded", ())),
+            tile_sums=facts.get("tile_crc32c"),
             facts=facts,
         )
 

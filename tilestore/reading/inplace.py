@@ -8,6 +8,16 @@ size, tile offsets and byte counts; milliseconds to recompute), so a slide that 
 another slide under the same name, is never paired with another slide's tissue, plans or
 features. Opening one writes nothing.
 
+The fingerprint says the tiles are where they were, not that their bytes are: a tile
+rewritten in place (same size) keeps it. So a sidecar also records the CRC-32C of each of its
+in-place levels' tiles as the slide file stores them (`TILE_SUMS`: ``tile_crc32c/<level>``, one
+small uint64 array shaped as the level's tile grid, `source_chunks.Segments`; computed by
+`tile_sums` when the sidecar is made, beside its SHA-256), and its record says so
+(``source.tile_crc32c``); every read checks each tile's bytes against it
+(`source_chunks.TileSums`), and `tilestore verify` checks every tile. A sidecar made before
+has none: it reads as it did, by its fingerprint alone, and `info` and `verify` say its
+tiles are not checked by content.
+
 `TiffTiles` wraps the sidecar's own store: keys of in-place levels' chunks are answered from
 the slide (`tilestore.reading.source_chunks.TileSource` for JPEG tiles that are chunks as they are,
 `DecodedChunks` for levels decoded at each read); every other key is the sidecar's.
@@ -20,17 +30,20 @@ import asyncio
 import hashlib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+import zarr
 from zarr.abc.store import ByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import LocalStore, WrapperStore
 
-from tilestore.errors import StoreError
-from tilestore.format.store import is_store, open_store
+from tilestore.errors import ChunkError, StoreError
+from tilestore.format.codecs import zstd_codecs
+from tilestore.format.integrity import UNWRITTEN
+from tilestore.format.store import DAMAGED, is_store, open_store
 from tilestore.reading.slide import Slide, slide_of
-from tilestore.reading.source_chunks import chunk_source
+from tilestore.reading.source_chunks import Segments, TileSums, chunk_source
 from tilestore.sources import open_source
 
 if TYPE_CHECKING:
@@ -40,6 +53,12 @@ if TYPE_CHECKING:
     from tilestore.sources import Source
 
 SUFFIX = ".tilestore.zarr"
+TILE_SUMS = "tile_crc32c"  # tile_crc32c/<level>: an in-place level's tiles' CRC-32C, by tile
+# what a sidecar's record says (``source.tile_crc32c``) where it keeps them
+TILE_SUMS_SAID = (
+    f"{TILE_SUMS}/<level> of each in-place level: the CRC-32C of each of the slide's tiles "
+    "(or strips) as its file stores them, by tile"
+)
 
 
 class TiffTiles(WrapperStore):
@@ -110,6 +129,82 @@ def fingerprint(source: Source, levels: Iterable[int]) -> str:
     return digest.hexdigest()
 
 
+class LevelSums(NamedTuple):
+    """What a sidecar records of an in-place level's bytes: each tile's CRC-32C, shaped as
+    its tile grid (`Segments.sums`), and its tables' (`Segments.tables_crc`)."""
+
+    tiles: np.ndarray
+    tables: int
+
+
+def tile_sums(source: Source, levels: Iterable[int]) -> dict[int, LevelSums]:
+    """What a sidecar records of each given level of a TIFF slide (`LevelSums`), as its
+    file stores them now."""
+    out = {}
+    for index in sorted(levels):
+        segments = Segments.of(source.levels[index])
+        out[index] = LevelSums(segments.sums(), segments.tables_crc)
+    return out
+
+
+def record_tile_sums(group: zarr.Group, sums: dict[int, LevelSums]) -> None:
+    """Write each level's sums (`tile_sums`) into a sidecar being made, as
+    ``tile_crc32c/<level>`` (its tables' CRC-32C an attribute); the caller records
+    `TILE_SUMS_SAID` in its source facts."""
+    for index, (table, tables) in sums.items():
+        zarr.create_array(
+            group.store_path.store,
+            name=f"{TILE_SUMS}/{index}",
+            data=np.asarray(table, np.uint64),
+            chunks=table.shape,  # one file: a level's tile grid is small
+            fill_value=UNWRITTEN,
+            attributes={
+                "tilestore": {
+                    "tile_crc32c_of": str(index),
+                    "unwritten": UNWRITTEN,
+                    "tables_crc32c": int(tables),
+                }
+            },
+            **zstd_codecs(),
+        )
+
+
+def _read_tile_sums(
+    group: zarr.Group, index: int, segments: Segments, sidecar: Path, slide: Path
+) -> np.ndarray:
+    """Level `index`'s recorded tile sums, its tables checked against the slide's now; a
+    ChunkError naming them where they are missing, damaged or not shaped as the slide's
+    tile grid, or naming the level where its tables changed."""
+    path, where = f"{TILE_SUMS}/{index}", f"{sidecar}: level {index}"
+    fix = "remove the sidecar to make it again"
+    try:
+        array = zarr.open_array(group.store_path.store, path=path, mode="r", zarr_format=3)
+        table = array[...]
+        tables = int(array.attrs["tilestore"]["tables_crc32c"])
+    except (FileNotFoundError, zarr.errors.NodeNotFoundError):
+        raise ChunkError(
+            f"{where}: its tiles' checksums ({path}) are missing, though the sidecar says it "
+            f"records them; {fix}"
+        ) from None
+    except (*DAMAGED, OSError) as exc:
+        raise ChunkError(
+            f"{where}: its tiles' checksums ({path}) are damaged ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())}); {fix}"
+        ) from exc
+    if table.dtype != np.uint64 or table.shape != segments.grid:
+        raise ChunkError(
+            f"{where}: its tiles' checksums ({path}) are {table.dtype} {table.shape}, not "
+            f"uint64 {segments.grid} as the slide's tiles; {fix}"
+        )
+    if tables != segments.tables_crc:
+        raise ChunkError(
+            f"{slide}: level {index}: its JPEG tables (what every tile is decoded with) have "
+            f"changed since its sidecar {sidecar} was made; {fix} from the "
+            "slide as it is now (open_in_place)"
+        )
+    return table
+
+
 def sidecar_for(slide: str | os.PathLike, sidecars: str | os.PathLike | None = None) -> Path:
     """Where a slide's sidecar is: `<name>.tilestore.zarr` in `sidecars`, else beside the slide
     (slide archives on clusters are often read-only: name a folder of your own)."""
@@ -153,9 +248,15 @@ def open_sidecar(
                 "since; remove the sidecar to make it again"
             )
         background, decoded = record.background, frozenset(recorded.decoded)
-        sources = {
-            str(i): chunk_source(source, i, group[str(i)], background, decoded) for i in levels
-        }
+        sources = {}
+        for i in levels:
+            sums = None
+            if recorded.tile_sums:  # else made before: its tiles are trusted by the fingerprint
+                where = f"{slide}: level {i}"
+                segments = Segments.of(source.levels[i])
+                table = _read_tile_sums(group, i, segments, target, slide)
+                sums = TileSums(segments, table, where, str(target))
+            sources[str(i)] = chunk_source(source, i, group[str(i)], background, decoded, sums)
         opened = slide_of(TiffTiles(LocalStore(target, read_only=True), sources))
     except BaseException:
         source.close()

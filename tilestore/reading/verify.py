@@ -10,14 +10,19 @@ made before positions were recorded is checked as before, and its levels are lis
 tied to their positions (`tilestore reshard` adds them). With ``decode=True`` each chunk is also
 decoded, which finds data that was damaged before it was written (a source tile copied as
 it was). A sidecar's levels read in place are checked in the slide: the sidecar opened
-(the slide's fingerprint) and every tile read and decoded, as reading would (the slide's
-tiles carry no checksum). The result is recorded in the store's attributes, where
-`tilestore info` shows it.
+(the slide's fingerprint), then every tile's bytes compared with the CRC-32C the sidecar
+recorded for it (`tilestore.reading.source_chunks.TileSums`), each changed tile named; with
+``decode=True`` each chunk is also read and decoded, as reading would. A sidecar made before
+tile checksums has none to compare: its levels are listed as not checked by content, and
+every tile is read and decoded, as before.
+
+Verifying writes nothing, in the store or anywhere: the verdict is the `Verification`
+returned (`tilestore verify` prints it), so a read-only store (an archive) is checked as any
+other.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +40,7 @@ from tilestore.format.chunks import ChunkReader
 from tilestore.format.codecs import has_checksums
 from tilestore.format.integrity import UNWRITTEN, Location, read_chunks, unseal
 from tilestore.format.shards import ShardIndex
-from tilestore.format.store import open_for_writing, open_group, open_store, write_record
+from tilestore.format.store import open_store
 from tilestore.options import Workers, checked
 from tilestore.reading.inplace import open_sidecar
 
@@ -49,6 +54,8 @@ class Verification:
     arrays: int = 0
     unchecked: list[str] = field(default_factory=list)  # arrays without checksums
     untied: list[str] = field(default_factory=list)  # levels whose positions are not recorded
+    # a sidecar's in-place levels whose tiles' checksums it does not record (made before)
+    unsummed: list[str] = field(default_factory=list)
     bad: list[str] = field(default_factory=list)  # one line per bad chunk
     decoded: bool = False
     seconds: float = 0.0
@@ -57,18 +64,6 @@ class Verification:
     def ok(self) -> bool:
         return not self.bad
 
-    def record(self) -> dict:
-        """What the store keeps of this check."""
-        return {
-            "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "chunks": self.chunks,
-            "bad": len(self.bad),
-            "first_bad": self.bad[:5],
-            "decoded": self.decoded,
-            "unchecked_arrays": self.unchecked,
-            "untied_levels": self.untied,
-        }
-
 
 @checked
 def verify_store(
@@ -76,12 +71,11 @@ def verify_store(
     *,
     decode: bool = False,
     workers: Workers = None,
-    record: bool = True,
 ) -> Verification:
-    """Read every chunk of a complete store and check it; return what was found.
+    """Read every chunk of a complete store and check it; return what was found. Writes
+    nothing.
 
     decode: also decode every chunk (slower; finds data damaged before it was written).
-    record: write the result into the store's attributes (`tilestore info` shows it).
     """
     started = time.perf_counter()
     path = Path(path)
@@ -99,7 +93,17 @@ def verify_store(
             result.arrays += 1
             coords = _coords(array)
             if slide is not None and name in in_place:  # its tiles are in the slide
-                check = _slide_checker(path, slide, name)
+                tiles = slide.group.store.level_tiles(name)
+                changed: set[tuple[int, int, int]] = set()
+                if tiles.sums is None:  # made before: every tile read and decoded, as before
+                    result.unsummed.append(name)
+                else:  # every tile's bytes, each changed one named; decoded too if asked
+                    changed = set(tiles.sums.changed_tiles())
+                    result.bad += [str(tiles.sums.changed(*at)) for at in sorted(changed)]
+                    if not decode:  # the tiles read: the level's chunks are counted so
+                        result.chunks += len(coords)
+                        continue
+                check = _slide_checker(path, slide, name, tiles, changed)
             else:
                 if not has_checksums(array):
                     result.unchecked.append(name)
@@ -126,8 +130,6 @@ def verify_store(
                 if bad:
                     result.bad.append(bad)
     result.seconds = time.perf_counter() - started
-    if record:
-        _record(path, result)
     return result
 
 
@@ -153,13 +155,16 @@ def _coords(array: zarr.Array) -> list[tuple[int, ...]]:
     return out
 
 
-def _slide_checker(store: Path, slide, name: str):
+def _slide_checker(store: Path, slide, name: str, tiles, changed: set[tuple[int, int, int]]):
     """A level read in place: each chunk read from the slide and decoded, as reading does
-    (`Slide.chunks`); damage is the slide's, named with the slide's tile."""
+    (`Slide.chunks`); damage is the slide's, named with the slide's tile. A chunk over a
+    tile in `changed` is left out: that tile is named already."""
     reader = slide.chunks(int(name))
 
     def check(coord: tuple[int, ...]) -> str | None:
-        _, row, col = coord
+        plane, row, col = coord
+        if changed and changed.intersection(tiles.tiles_under(row, col, plane)):
+            return None
         try:
             reader.load([(row, col)])
         except (ChunkError, SlideError) as exc:
@@ -226,9 +231,3 @@ def _checker(
         return None
 
     return check
-
-
-def _record(path: Path, result: Verification) -> None:
-    root = open_for_writing(path)
-    _, stored = open_group(root.store)
-    write_record(root, stored.replace(verified=result.record()))

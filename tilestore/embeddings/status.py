@@ -8,13 +8,20 @@ A group's state, as the writer (`tilestore.embeddings.write`) leaves it:
   max_tiles; its done batches stay and the same run resumes them (the writer records no
   failure in the store: the run's report says why it stopped);
 - running: a live lock beside the store (`write.lock_file`): a run holds it now;
-- damaged: its record or arrays unreadable, or its arrays' shapes not those it records
-  (`groups.check_shapes`, every reader's check), or marked complete with batches not done;
+- damaged: what a reader would refuse, as every reader judges it (`groups.check_group`):
+  its record or arrays unreadable, its arrays' shapes or dtypes not those it records,
+  marked complete with batches not done, or a chunk not the one written at its position
+  (moved, swapped, rewritten: NaN written into features since; a shard deleted); of a group
+  still being written, the chunks of its done batches. A run refuses it (never skipped as
+  complete, never resumed) unless overwrite=True;
 - other plan: made from another plan than the one asked (a run refuses it unless
   overwrite=True);
 - not started: no group (or one a killed run left before its record: made again).
 
-Only metadata and the small ``done`` flags are read: no pixels, no features, no lock taken.
+Cheap: metadata, the small ``done`` flags, the positions records, shard indexes and the
+last 4 bytes of each chunk are read (`tilestore.embeddings.tied`); no pixels, no features
+read whole, no lock taken. A group made before positions were recorded says so in its note
+("not tied").
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import zarr
 
 from tilestore import locks
 from tilestore.embeddings.groups import (
-    check_shapes,
+    check_group,
     embed_again,
     list_embeddings,
     open_group,
@@ -38,6 +45,7 @@ from tilestore.embeddings.groups import (
 )
 from tilestore.embeddings.layout import GROUP, group_name
 from tilestore.embeddings.slides import SLIDES, VECTOR
+from tilestore.embeddings.tied import tied_arrays
 from tilestore.embeddings.write import lock_file
 from tilestore.errors import OptionError, StoreError
 from tilestore.format.store import is_store, stored
@@ -46,6 +54,10 @@ from tilestore.format.store import open_group as open_store_group
 STATES = ("complete", "partial", "running", "damaged", "other plan", "not started")
 TROUBLE = ("damaged", "other plan")  # a run cannot finish these without overwrite=True
 WAITING = ("partial", "not started")  # a run finishes these
+UNTIED = (
+    "not tied to its chunks' positions (made before they were recorded: a swapped or moved "
+    "chunk goes unseen; overwrite=True makes it again with them)"
+)
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,8 @@ class GroupStatus:
     tiles: the plan's tiles (0 where there is no group); tiles_done: those in done batches;
     run: what a run must repeat to resume the group, as `embed`'s parameters (batch_size,
     dtype, precision, compile, channels, tokens, quality; {} where there is no group);
+    tied: whether its chunks are tied to their positions (False: a group made before they
+    were recorded, read and checked as before; None: not read, or no group);
     note: what to do or what was found, one line."""
 
     model: str
@@ -94,6 +108,7 @@ class GroupStatus:
     lock: Lock | None = None
     slide_vectors: tuple[SlideVector, ...] = ()
     run: dict[str, Any] | None = None
+    tied: bool | None = None
     note: str = ""
 
     def has_vector(self, encoder: str) -> bool:
@@ -189,8 +204,7 @@ def _read_group(
         note = _running(lock) if lock else f"{path} was left half made by a killed run"
         return GroupStatus(name, path, state, lock=lock, run={}, note=note)
     name = str((meta.get("model") or {}).get("name") or name)
-    check_shapes(store, path, meta, arrays)
-    flags = arrays["done"][:]
+    flags = check_group(store, path, meta, arrays)  # as every reader judges it: else damaged
     tiles, batch = int(meta.get("tiles", arrays["features"].shape[0])), int(meta["batch_size"])
     batches, done = len(flags), int((flags == 1).sum())
     tiles_done = done * batch - (batch * batches - tiles if batches and flags[-1] == 1 else 0)
@@ -208,21 +222,17 @@ def _read_group(
         "lock": lock,
         "slide_vectors": _slide_vectors(store, path, group, meta),
         "run": resume_options(meta),
+        "tied": tied_arrays(meta) is not None,
     }
-    if meta.get("complete") and done < batches:
-        note = (
-            f"{store}: {path} is marked complete with {done} of {batches} batches done: it is "
-            f"damaged; {embed_again(path)}"
-        )
-        return GroupStatus(name, path, "damaged", **common, note=note)
     if lock is not None:
         return GroupStatus(name, path, "running", **common, note=_running(lock))
     other = _other_plan(store, made, plan)
     if other:
         return GroupStatus(name, path, "other plan", **common, note=other)
+    untied = "" if common["tied"] else f"; {UNTIED}"
     if meta.get("complete"):
-        return GroupStatus(name, path, "complete", **common)
-    note = f"{done} of {batches} batches done: the same run resumes it"
+        return GroupStatus(name, path, "complete", **common, note=untied[2:])
+    note = f"{done} of {batches} batches done: the same run resumes it{untied}"
     return GroupStatus(name, path, "partial", **common, note=note)
 
 

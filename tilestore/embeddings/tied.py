@@ -88,29 +88,46 @@ class Recorder:
             for name, array in self.arrays.items()
         }
 
-    def shard(self, shard: int) -> None:
-        """Record the chunks of one shard of features, tokens and quality as just written."""
+    def shard(self, shard: int, first: int, flags: np.ndarray) -> None:
+        """Record one shard as just written (features, tokens, quality: read back) and the
+        done flags about to be written for its batches (`flags`, 0 or 1, from batch `first`:
+        from the bytes in hand), in one round of writes. Called before the flags are written:
+        a flag is never 1 where its position says no chunk."""
+        entries = []
         for name in BATCHED:
             if name in self.arrays:
                 array = self.arrays[name]
                 at = (shard,) + (0,) * (array.ndim - 1)
-                positions.record_shard(array, self.records[name], at, f"{self.where}/{name}")
-
-    def done(self, first: int, flags: np.ndarray) -> None:
-        """Record batches first, first + 1, ... as flagged (`flags`, 0 or 1): written before
-        the flags themselves, so a flag is never 1 where its position says no chunk."""
+                found = positions.shard_entries(array, at, f"{self.where}/{name}")
+                entries.append((self.records[name], *found))
         values = np.where(np.asarray(flags) == 1, np.uint64(DONE_CRC), np.uint64(UNWRITTEN))
-        self.records[DONE][first : first + len(values)] = values
+        entries.append((self.records[DONE], (slice(first, first + len(values)),), values))
+        positions.write_entries(entries)
+
+
+def ends(done: zarr.Array, where: str) -> np.ndarray:
+    """What a tied group's done chunks end with (`positions.read_back`); its flags are
+    ``ends == DONE_CRC`` (the byte 1 as zarr wrote it; 0 is no chunk). zarr reads a sharded
+    array of one-byte chunks at about 3 ms a chunk (1.3 s for 100,000 tiles in batches of
+    256); these are its shard indexes and 4 bytes a chunk. Each chunk's whole bytes are
+    checked (its CRC-32C) as zarr reads them, by the writer that resumes the group."""
+    return positions.read_back(done, where)
 
 
 def check(
-    where: str, fix: str, meta: dict[str, Any], arrays: dict[str, zarr.Array], flags: np.ndarray
+    where: str,
+    fix: str,
+    meta: dict[str, Any],
+    arrays: dict[str, zarr.Array],
+    flags: np.ndarray,
+    done_ends: np.ndarray | None = None,
 ) -> None:
     """Refuse (DamagedEmbeddings, one line naming `where`, the array and the rows; ChunkError
     for a damaged shard or record) a group whose tied arrays are not as written: another
     dtype, or a chunk not the one recorded at its position. A group marked complete is
     compared whole; one still being written, at its done batches (`flags`, the done array's
-    values) and its coordinate columns. A group made before positions: its features (and
+    values) and its coordinate columns (`done_ends`: `ends`, where read already). A group
+    made before positions: its features (and
     tokens) of a complete group must each have every chunk (a complete group wrote them all,
     never the fill value)."""
     complete = bool(meta.get("complete"))
@@ -132,13 +149,16 @@ def check(
                 f"{where}/{name} is {array.dtype} where it was written as {dtype}: its zarr.json "
                 f"was changed; it is damaged; {fix}"
             )
-        recorded = positions.Positions(array, f"{where}/{name}", fix).table()
+    records = [positions.Positions(arrays[name], f"{where}/{name}", fix) for name in declared]
+    for name, recorded in zip(declared, positions.tables(records), strict=True):
+        array = arrays[name]
         compared = None
         if not complete and name == DONE:
             compared = done[: positions.grid_of(array)[0]]
         elif not complete and name in BATCHED:
             compared = _of_batches(array, done, batch)
-        wrong = positions.misplaced(array, recorded, f"{where}/{name}", compared)
+        now = done_ends if name == DONE else None
+        wrong = positions.misplaced(array, recorded, f"{where}/{name}", compared, now)
         if wrong:
             raise DamagedEmbeddings(_said(where, name, array, wrong, fix))
 

@@ -310,8 +310,7 @@ class EmbeddingWriter:
         flags = self._stored[first:last].copy()
         flags[np.asarray(blocks) - first] = True
         if self.positions is not None:  # read back as written; the flags' before the flags
-            self.positions.shard(shard)
-            self.positions.done(first, flags.astype(np.uint8))
+            self.positions.shard(shard, first, flags.astype(np.uint8))
         self._done[first:last] = flags.astype(np.uint8)
         self._stored[first:last] = flags
         for b in blocks:

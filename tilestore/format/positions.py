@@ -26,6 +26,7 @@ metadata does not name, and ignore it.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
+from zarr.api.asynchronous import open_array as open_async
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
@@ -215,10 +217,17 @@ def opened(array: zarr.Array, where: str, fix: str = FIX) -> zarr.Array:
 
 def record_shard(array: zarr.Array, record: zarr.Array, shard: tuple[int, ...], where: str) -> None:
     """Write into `record` (the array's positions, `opened`) the CRC-32C each chunk of one
-    shard of `array` ends with as its file holds it now: the shard's index, then 4 bytes a
-    chunk (what `read_back` reads, for one shard), right after the shard is written. The
-    shard's block of the record is one file of its own (`prepare`): no other shard's entries
-    are read or written."""
+    shard of `array` ends with as its file holds it now (`shard_entries`)."""
+    write_entries([(record, *shard_entries(array, shard, where))])
+
+
+def shard_entries(
+    array: zarr.Array, shard: tuple[int, ...], where: str
+) -> tuple[tuple[slice, ...], np.ndarray]:
+    """The block of `array`'s positions one shard covers, and the CRC-32C each of its chunks
+    ends with as its file holds it now: the shard's index, then 4 bytes a chunk (what
+    `read_back` reads, for one shard), read right after the shard is written. The block is a
+    file of the record's own (`prepare`): no other shard's entries are read or written."""
     per, grid = chunks_per_shard(array), grid_of(array)
     if per is None:
         raise ValueError(f"{where}: not sharded")  # a caller's mistake, not the store's
@@ -230,19 +239,34 @@ def record_shard(array: zarr.Array, record: zarr.Array, shard: tuple[int, ...], 
         crcs = _stored_shard_crcs(array, shard, math.prod(per), name)
     block = _block(shard, per, grid)
     values = np.full(per, UNWRITTEN, np.uint64) if crcs is None else crcs.reshape(per)
-    record[block] = values[tuple(slice(0, b.stop - b.start) for b in block)]
+    return block, values[tuple(slice(0, b.stop - b.start) for b in block)]
+
+
+def write_entries(entries: Sequence[tuple[zarr.Array, tuple[slice, ...], np.ndarray]]) -> None:
+    """Write each (record, block, values) in one round of concurrent writes (a zarr write
+    costs its milliseconds in turn: two a shard, a hundredth of a batch's writing)."""
+
+    async def each() -> None:
+        await asyncio.gather(*(r._async_array.setitem(b, v) for r, b, v in entries))
+
+    sync(each())
 
 
 def misplaced(
-    array: zarr.Array, recorded: np.ndarray, where: str, compared: np.ndarray | None = None
+    array: zarr.Array,
+    recorded: np.ndarray,
+    where: str,
+    compared: np.ndarray | None = None,
+    now: np.ndarray | None = None,
 ) -> dict[str, list[tuple[int, ...]]]:
     """The chunks of `array` whose last 4 bytes (`read_back`: shard indexes and 4 bytes a
     chunk, no chunk read whole) are not the CRC-32C `recorded` for their position, by what
     is wrong: "missing" (one was written there, none is there now), "stored" (one is there
     where none was written), "other" (another position's, or changed since it was written).
     compared: the positions to compare (a boolean array shaped as the chunk grid; None:
-    all). A damaged shard file or index is a ChunkError naming it (`where`)."""
-    now = read_back(array, where)
+    all); now: `read_back`'s table of the array, where read already. A damaged shard file or
+    index is a ChunkError naming it (`where`)."""
+    now = read_back(array, where) if now is None else now
     differ = now != np.asarray(recorded, np.uint64)
     if compared is not None:
         differ &= compared
@@ -309,6 +333,18 @@ def _get(array: zarr.Array, key: str, byte_range: ByteRequest | None = None) -> 
     return None if found is None else found.to_bytes()
 
 
+def tables(records: Sequence[Positions]) -> list[np.ndarray]:
+    """Each record's table (`Positions.table`), read at once: a group's dozen records in one
+    round of concurrent reads, not a dozen in turn (each a zarr open and a read)."""
+
+    async def each() -> list[np.ndarray]:
+        return list(await asyncio.gather(*(r._read() for r in records if r._table is None)))
+
+    for record, table in zip([r for r in records if r._table is None], sync(each()), strict=True):
+        record._table = table
+    return [r.table() for r in records]
+
+
 class Positions:
     """The CRC-32C recorded for each chunk of one array, by position, read on first use (one
     small file); a store that declares positions but lacks them, or whose record is damaged,
@@ -339,10 +375,13 @@ class Positions:
         return out
 
     def _load(self) -> np.ndarray:
+        return sync(self._read())
+
+    async def _read(self) -> np.ndarray:
         path, fix = path_of(self.array.path), self.fix
         try:
-            manifest = zarr.open_array(
-                self.array.store_path.store, path=path, mode="r", zarr_format=3
+            manifest = await open_async(
+                store=self.array.store_path.store, path=path, mode="r", zarr_format=3
             )
         except (FileNotFoundError, zarr.errors.NodeNotFoundError):
             raise ChunkError(
@@ -352,7 +391,7 @@ class Positions:
         except (*DAMAGED, OSError) as exc:
             raise self._damaged(path, exc, fix) from exc
         try:
-            table = manifest[...]
+            table = np.asarray(await manifest.getitem(...))
         except (*DAMAGED, OSError) as exc:
             raise self._damaged(path, exc, fix) from exc
         if table.dtype != np.uint64 or table.shape != self.grid:

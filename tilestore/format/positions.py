@@ -22,6 +22,11 @@ sidecar reads in place are the slide's tiles, not ours: none are recorded; the s
 fingerprint, checked at every open, ties them (`tilestore.reading.inplace`). zarr readers
 (ome-zarr-py, napari) see one more small array beside the levels, which the multiscales
 metadata does not name, and ignore it.
+
+An embeddings group ties its arrays the same way (`tilestore.embeddings.tied`): their
+records are made empty (`prepare`: a file per shard) and filled as each shard is written
+(`shard_entries`, `write_entries`); the group's record lists the arrays it ties
+(`group_tied`), and `misplaced` compares a whole array from shard indexes and chunk ends.
 """
 
 from __future__ import annotations

@@ -247,6 +247,9 @@ def verify(
                 f"reshard` or converting again adds them): levels {', '.join(result.untied)}",
                 highlight=False,
             )
+        if result.untied_groups:
+            groups = ", ".join(result.untied_groups)
+            out.print(f"  embeddings not compared with their positions: {groups}", highlight=False)
         for line in result.bad:
             print(f"tilestore: error: {line}", file=sys.stderr)
         bad += len(result.bad)

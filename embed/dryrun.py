@@ -154,13 +154,13 @@ def _decoding(embedder, reader, tile_plan) -> DecodePlan:
 
 def _done(slide, model: str, plan, uid: str | None, overwrite: bool) -> tuple[int, str]:
     """Tiles an earlier run of this model already embedded from this plan (its done
-    batches), as the run's writer counts them (`standing`); a group from another plan is
-    the run's error."""
+    batches), as the run's writer counts them (`standing`); a group from another plan, or
+    damaged, is the run's error."""
     if overwrite:
         return 0, "recomputed (overwrite)"
     # a plan the dry run made afresh (uid None: not stored) is other tiles than any group's
     found = standing(slide, model, plan.name, uid or "(made afresh)", len(plan))
-    if found.state == "other plan":
+    if found.state in ("other plan", "damaged"):
         raise EmbeddingError(found.why)
     if found.state == "complete":
         return len(plan), "already complete (skipped unless --overwrite)"

@@ -62,7 +62,7 @@ def check_stores(
         except TilestoreError as exc:
             found.refused.append((str(given), without_store(given, str(exc))))
             continue
-        if held.state == "other plan" and not options.overwrite:
+        if held.state in ("other plan", "damaged") and not options.overwrite:
             found.refused.append((str(given), without_store(given, held.why)))
         elif held.state == "complete" and uid is not None and not options.overwrite:
             # complete for this very plan (its uid: a stored plan); a plan still to be made

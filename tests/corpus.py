@@ -335,6 +335,18 @@ def damage_embeddings(store: Path, model: str, kind: str) -> str:
     features = zarr.open_array(group / "features", mode="r+")
     for i, row in enumerate(DAMAGED_ROWS):
         features[row, 5 + i] = {"nan": float("nan"), "inf": (-1) ** i * float("inf")}[kind]
+    record = json.loads((group / "zarr.json").read_text())["attributes"]["tilestore"]
+    if "positions" in record:  # tied: their chunks, rewritten, are not the ones written there
+        chunk = features.chunks[0]
+        chunks = sorted({row // chunk for row in DAMAGED_ROWS})
+        spans: list[list[int]] = []
+        for c in chunks:
+            if spans and spans[-1][1] == c - 1:
+                spans[-1][1] = c
+            else:
+                spans.append([c, c])
+        rows = ", ".join(f"{a * chunk}-{(b + 1) * chunk - 1}" for a, b in spans)
+        return f"features: rows {rows} are not as written ({len(chunks)} chunk"
     rows = ", ".join(map(str, DAMAGED_ROWS))
     return f"features holds NaN or infinite values in 2 tile row(s) ({rows})"
 

@@ -24,13 +24,23 @@ class ReadLog:
     root: Path | None = None  # the local store, to name a shard's inner chunks
 
     def chunk_keys(self, array_path: str | None = None) -> list[str]:
-        """Keys of chunk reads (not metadata nor shard indexes), optionally of one array."""
+        """Keys of chunk reads (not metadata, shard indexes, nor a chunk's last bytes alone),
+        optionally of one array."""
         prefix = f"{array_path}/c/" if array_path is not None else None
         return [
             k
             for k, _ in self.reads
-            if "/c/" in k and not k.endswith("(index)") and (prefix is None or k.startswith(prefix))
+            if "/c/" in k
+            and not k.endswith(("(index)", "(end)"))
+            and (prefix is None or k.startswith(prefix))
         ]
+
+    def ends(self, array_path: str) -> list[tuple[str, int]]:
+        """Reads of a chunk's last bytes alone (its CRC-32C, compared with its position) of
+        one array: (the chunk's key, bytes)."""
+        prefix = f"{array_path}/c/"
+        return [(k[: -len(" (end)")], n) for k, n in self.reads
+                if k.startswith(prefix) and k.endswith("(end)")]  # fmt: skip
 
     def named(self, key: str, byte_range: ByteRequest | None) -> str:
         """The key a read is logged under: a shard's byte range named as its inner chunk."""
@@ -48,11 +58,13 @@ class ReadLog:
         crc = any(c["name"] == "crc32c" for c in sharding["index_codecs"])
         index = parse_index((self.root / key).read_bytes(), math.prod(per), key, crc)
         shard = [int(i) for i in at.split("/")]
-        (inner,) = np.flatnonzero(index[:, 0] == byte_range.start)
+        starts, ends = index[:, 0], index[:, 0] + index[:, 1]
+        (inner,) = np.flatnonzero((starts <= byte_range.start) & (byte_range.start < ends))
         coord = [
             s * p + i for s, p, i in zip(shard, per, np.unravel_index(inner, per), strict=True)
         ]
-        return f"{path}/c/" + "/".join(str(int(c)) for c in coord)
+        whole = byte_range.start == starts[inner]  # else its last bytes alone: its CRC-32C
+        return f"{path}/c/" + "/".join(str(int(c)) for c in coord) + ("" if whole else " (end)")
 
     def chunk_bytes(self) -> int:
         return sum(n for k, n in self.reads if "/c/" in k)
@@ -75,6 +87,10 @@ class CountingStore(WrapperStore):
 
     def _with_store(self, store):
         return type(self)(store, self.log)
+
+    async def getsize(self, key: str) -> int:
+        """The store's own answer (zarr's default would read the value whole, through get)."""
+        return await self._store.getsize(key)
 
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None

@@ -225,3 +225,49 @@ def test_tiles_that_are_the_models_input_need_no_any_scale(embedded_cohort, tmp_
     assert as_json["stores"][0]["tile"] == 224 and as_json["stores"][0]["mpp"] is not None
     assert "any_scale" not in as_json["stores"][0]["run"]
     assert "--any-scale" not in as_json["commands"][0]
+
+
+def _nan_written(store: Path) -> str:
+    zarr.open_array(store / group_of(store, LITE) / "features", mode="r+")[3, 5] = np.nan
+    return "features: rows 0-15 are not as written (1 chunk not those written there"
+
+
+def _shard_deleted(store: Path) -> str:
+    (store / group_of(store, LITE) / "features" / "c" / "0" / "0").unlink()  # its only shard
+    return "chunks missing where written"
+
+
+def _dtype_changed(store: Path) -> str:
+    meta = store / group_of(store, LITE) / "features" / "zarr.json"
+    doc = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**doc, "data_type": "float64"}))
+    return "features is float64 where the group records float32"
+
+
+def test_what_readers_refuse_is_damaged_and_embed_refuses_it_until_overwrite(
+    embedded_cohort, tmp_path
+):
+    """NaN written into a finished group's features, its features shard deleted, its dtype
+    edited: `status` said complete (exit 0) and `embed` skipped them as complete, which every
+    reader refuses. Now: damaged, exit 2, the readers' line; `embed` refuses in one line
+    saying to pass --overwrite, before the model loads; `verify` lists the chunks."""
+    stores = []
+    for damage in (_nan_written, _shard_deleted, _dtype_changed):
+        store = tmp_path / f"{damage.__name__}.ome.zarr"
+        shutil.copytree(embedded_cohort[0], store)
+        stores.append((store, damage(store)))
+    run = tilestore("status", *[s for s, _ in stores], "--model", LITE, "--json")
+    assert run.returncode == 2, run.stderr
+    rows = json.loads(run.stdout)["stores"]
+    assert [row["state"] for row in rows] == ["damaged"] * 3
+    for row, (store, said) in zip(rows, stores, strict=True):
+        assert row["note"].startswith(f"{store}: {group_of(store, LITE)}/") and said in row["note"]
+    store, said = stores[0]
+    refused = tilestore("embed", store, "--model", LITE, "--device", "cpu")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    (line,) = [x for x in refused.stderr.splitlines() if x.startswith("tilestore: error: ")]
+    assert said in line and line.endswith("pass --overwrite to embed again"), line
+    checked = tilestore("verify", store)
+    assert checked.returncode == 2 and f"{group_of(store, LITE)}/features chunk (0, 0)" in (
+        checked.stderr
+    )

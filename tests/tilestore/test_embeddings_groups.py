@@ -42,8 +42,32 @@ def _refused(call, path, said: str) -> str:
     return message
 
 
+def untied(store) -> None:
+    """The group as one made before positions were recorded: its record declares none."""
+    group = zarr.open_group(store / group_of(store, LITE), mode="r+")
+    attrs = dict(group.attrs["tilestore"])
+    del attrs["positions"]
+    group.attrs["tilestore"] = attrs
+
+
 @pytest.mark.parametrize("kind", ["nan", "inf"])
-def test_features_that_are_not_finite_are_refused_when_read(copied, tmp_path, kind):
+def test_features_made_not_finite_since_are_refused_at_open(copied, tmp_path, kind):
+    """NaN or an infinity written into a finished group's features rewrites their chunks:
+    not the ones written at their positions, every reader refuses the group at its door,
+    naming the rows those chunks hold (no feature read)."""
+    said = damage_embeddings(copied, LITE, kind)
+    assert said == "features: rows 0-31 are not as written (2 chunk"  # batches of 16
+    _refused(lambda: open_embeddings(copied, LITE), copied, said)
+    _refused(lambda: read_tile_features(copied, LITE), copied, said)
+    _refused(lambda: to_h5(copied, LITE, tmp_path / "h5"), copied, said)
+    assert not list((tmp_path / "h5").glob("*")), "an .h5 of damaged features was written"
+
+
+@pytest.mark.parametrize("kind", ["nan", "inf"])
+def test_features_not_finite_in_a_group_made_before_positions_are_refused_when_read(
+    copied, tmp_path, kind
+):
+    untied(copied)
     said = damage_embeddings(copied, LITE, kind)
     ds = open_embeddings(copied, LITE)  # opening reads no features: lazy as before
     _refused(lambda: ds.features.values, copied, said)

@@ -65,10 +65,17 @@ def test_a_cohort_by_glob_stacks_slides_in_order(embedded_cohort):
 
 
 def test_opening_reads_no_features_until_computed(embedded_cohort):
+    """Opening reads of each features chunk its last 4 bytes only (its CRC-32C, compared
+    with its position: `tilestore.embeddings.tied`), every chunk's once."""
     counted = [CountingStore.local(s) for s in embedded_cohort]
     ds = open_embeddings(counted, LITE)
     features = group_name(LITE, "classes") + "/features"
     assert all(not c.log.chunk_keys(features) for c in counted)
+    for c, store in zip(counted, embedded_cohort, strict=True):
+        chunks = zarr.open_array(store / features, mode="r").nchunks
+        ends = c.log.ends(features)
+        assert len({key for key, _ in ends}) == len(ends) == chunks
+        assert {n for _, n in ends} == {4}
     total = float(ds["features"].sum())
     assert np.isfinite(total)
     assert all(c.log.chunk_keys(features) for c in counted)

@@ -3,9 +3,12 @@ group opened (absent: KeyError; damaged: one StoreError), the slide's name. What
 reader (`read`), the slide-vector reader (`slides`) and the exports share.
 
 What no reader may combine is refused here, once, for every reader: a finished group whose
-arrays' shapes disagree with each other or with its record (`check_shapes`, when it is
-opened) and stored values that are not finite (`check_rows`, when they are read): a run
-writes every row of a finished group and only finite ones, so either is damage."""
+arrays' shapes or dtypes disagree with each other or with its record, or whose chunks are
+not those written at their positions (`check_group`, when it is opened: shard indexes and
+4 bytes a chunk, `tilestore.embeddings.tied`), and stored values that are not finite
+(`check_rows`, when they are read): a run writes every row of a finished group and only
+finite ones, so any of these is damage. `status` and the writer judge damage with the same
+`check_group`."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import numpy as np
 import zarr
 from zarr.abc.store import Store
 
+from tilestore.embeddings import tied
 from tilestore.embeddings.layout import COORDS, GROUP, RESERVED, group_name, model_folder
 from tilestore.errors import (
     DamagedEmbeddings,
@@ -196,21 +200,65 @@ def open_finished(store: StoreLike, model: str, plan: str | None = None) -> Fini
                 "rerun the same `tilestore embed` command to finish it"
             )
         arrays = dict(group.arrays())  # one round of concurrent metadata reads, not eleven
-        check_shapes(store, path, meta, arrays)
+        check_group(store, path, meta, arrays)
     return Finished(group, path, dict(meta), arrays)
 
 
+def check_group(
+    store: StoreLike, path: str, meta: dict[str, Any], arrays: dict[str, zarr.Array], fix: str = ""
+) -> np.ndarray:
+    """The group's done flags, once it is what its runs wrote as far as can be told without
+    reading its features: its arrays' shapes (`check_shapes`) and dtypes as recorded, a group
+    marked complete with every batch done, and its arrays' chunks the ones written at their
+    positions (`tilestore.embeddings.tied.check`: shard indexes and 4 bytes a chunk). Else
+    DamagedEmbeddings (a ChunkError for a damaged shard), one line naming the store, the
+    array and the rows. The one judgement of damage that every reader's door (`open_finished`),
+    `status` and the writer (`standing`: never "complete", never resumed) share. `fix`: what
+    to do about it (default: `embed_again`)."""
+    fix = fix or embed_again(path)
+    where = f"{store}: {path}"
+    check_shapes(store, path, meta, arrays, fix)
+    dtype = meta.get("dtype")  # what the run wrote (`RunIdentity.dtype`)
+    for key in ("features", "tokens"):
+        if dtype and key in arrays and str(arrays[key].dtype) != str(dtype):
+            raise DamagedEmbeddings(
+                f"{where}/{key} is {arrays[key].dtype} where the group records {dtype}: its "
+                f"zarr.json was changed; it is damaged; {fix}"
+            )
+    if "done" not in arrays or arrays["done"].dtype != np.uint8:
+        found = arrays["done"].dtype if "done" in arrays else "absent"
+        raise DamagedEmbeddings(f"{where}/done is {found}, not uint8 flags: it is damaged; {fix}")
+    ends = None
+    if tied.tied_arrays(meta) is not None:  # its chunks' last 4 bytes: no slow zarr read
+        ends = tied.ends(arrays["done"], f"{where}/done")
+        flags = (ends == tied.DONE_CRC).astype(np.uint8)
+    else:
+        flags = arrays["done"][:]
+    done, batches = int((flags == 1).sum()), len(flags)
+    if meta.get("complete") and done < batches:
+        raise DamagedEmbeddings(
+            f"{where} is marked complete with {done} of {batches} batches done: it is damaged; "
+            f"{fix}"
+        )
+    tied.check(where, fix, meta, arrays, flags, ends)
+    return flags
+
+
 def check_shapes(
-    store: StoreLike, path: str, meta: dict[str, Any], arrays: dict[str, zarr.Array]
+    store: StoreLike,
+    path: str,
+    meta: dict[str, Any],
+    arrays: dict[str, zarr.Array],
+    fix: str = "",
 ) -> None:
     """Refuse (DamagedEmbeddings, one line naming the store, the array and the cause) a
     finished group (at `path`) whose arrays disagree with its record: features (tiles, the
     model's width), every per-tile column (tiles,), done a flag per batch, tokens and
     quality a row per tile."""
-    where = f"{store}: {path}"
+    where, fix = f"{store}: {path}", fix or embed_again(path)
     features = arrays.get("features")
     if features is None:
-        raise DamagedEmbeddings(f"{where} has no features array; {embed_again(path)}")
+        raise DamagedEmbeddings(f"{where} has no features array; {fix}")
     tiles = int(meta.get("tiles", features.shape[0]))
     width = (meta.get("model") or {}).get("output_dim") or features.shape[-1]
     expected: dict[str, tuple[tuple[int, ...], str]] = {
@@ -227,11 +275,11 @@ def check_shapes(
             expected[key] = ((tiles, *shape[1:]), f"{tiles} tiles")
     for key, (shape, why) in expected.items():
         if key not in arrays:
-            raise DamagedEmbeddings(f"{where} has no {key} array; {embed_again(path)}")
+            raise DamagedEmbeddings(f"{where} has no {key} array; {fix}")
         if tuple(arrays[key].shape) != shape:
             raise DamagedEmbeddings(
                 f"{where}/{key} has shape {tuple(arrays[key].shape)} where the group records "
-                f"{why}, {shape}: it is damaged; {embed_again(path)}"
+                f"{why}, {shape}: it is damaged; {fix}"
             )
 
 

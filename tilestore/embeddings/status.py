@@ -8,13 +8,20 @@ A group's state, as the writer (`tilestore.embeddings.write`) leaves it:
   max_tiles; its done batches stay and the same run resumes them (the writer records no
   failure in the store: the run's report says why it stopped);
 - running: a live lock beside the store (`write.lock_file`): a run holds it now;
-- damaged: its record or arrays unreadable, or its arrays' shapes not those it records
-  (`groups.check_shapes`, every reader's check), or marked complete with batches not done;
+- damaged: what a reader would refuse, as every reader judges it (`groups.check_group`):
+  its record or arrays unreadable, its arrays' shapes or dtypes not those it records,
+  marked complete with batches not done, or a chunk not the one written at its position
+  (moved, swapped, rewritten: NaN written into features since; a shard deleted); of a group
+  still being written, the chunks of its done batches. A run refuses it (never skipped as
+  complete, never resumed) unless overwrite=True;
 - other plan: made from an earlier plan of its name, stored again since (its tiles are
   not the plan's now: a run refuses it unless overwrite=True);
 - not started: no group (or one a killed run left before its record: made again).
 
-Only metadata and the small ``done`` flags are read: no pixels, no features, no lock taken.
+Cheap: metadata, the small ``done`` flags, the positions records, shard indexes and the
+last 4 bytes of each chunk are read (`tilestore.embeddings.tied`); no pixels, no features
+read whole, no lock taken. A group made before positions were recorded says so in its note
+("not tied").
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import zarr
 
 from tilestore import locks
 from tilestore.embeddings.groups import (
-    check_shapes,
+    check_group,
     embed_again,
     list_embeddings,
     open_group,
@@ -40,6 +47,7 @@ from tilestore.embeddings.groups import (
 from tilestore.embeddings.layout import group_name, model_folder
 from tilestore.embeddings.recipe import scale_of
 from tilestore.embeddings.slides import SLIDES, VECTOR
+from tilestore.embeddings.tied import tied_arrays
 from tilestore.embeddings.write import lock_file
 from tilestore.errors import OptionError, StoreError
 from tilestore.format.store import is_store, stored
@@ -48,6 +56,10 @@ from tilestore.format.store import open_group as open_store_group
 STATES = ("complete", "partial", "running", "damaged", "other plan", "not started")
 TROUBLE = ("damaged", "other plan")  # a run cannot finish these without overwrite=True
 WAITING = ("partial", "not started")  # a run finishes these
+UNTIED = (
+    "not tied to its chunks' positions (made before they were recorded: a swapped or moved "
+    "chunk goes unseen; overwrite=True makes it again with them)"
+)
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,8 @@ class GroupStatus:
     level-0 pixels of a slide without a pixel size), where its record says (tile None where
     it does not): what tells whether they are the model's input, which a resume of tiles
     that are not must allow again (any_scale);
+    tied: whether its chunks are tied to their positions (False: a group made before they
+    were recorded, read and checked as before; None: not read, or no group);
     note: what to do or what was found, one line."""
 
     model: str
@@ -102,6 +116,7 @@ class GroupStatus:
     run: dict[str, Any] | None = None
     tile: int | None = None
     mpp: float | None = None
+    tied: bool | None = None
     note: str = ""
 
     def has_vector(self, encoder: str) -> bool:
@@ -214,8 +229,7 @@ def _read_group(
         note = _running(lock) if lock else f"{path} was left half made by a killed run"
         return GroupStatus(name, path, state, lock=lock, run={}, note=note)
     name = str((meta.get("model") or {}).get("name") or name)
-    check_shapes(store, path, meta, arrays)
-    flags = arrays["done"][:]
+    flags = check_group(store, path, meta, arrays)  # as every reader judges it: else damaged
     tiles, batch = int(meta.get("tiles", arrays["features"].shape[0])), int(meta["batch_size"])
     batches, done = len(flags), int((flags == 1).sum())
     tiles_done = done * batch - (batch * batches - tiles if batches and flags[-1] == 1 else 0)
@@ -236,21 +250,17 @@ def _read_group(
         "run": resume_options(meta),
         "tile": scale.tile if scale else None,
         "mpp": scale.mpp if scale else None,
+        "tied": tied_arrays(meta) is not None,
     }
-    if meta.get("complete") and done < batches:
-        note = (
-            f"{store}: {path} is marked complete with {done} of {batches} batches done: it is "
-            f"damaged; {embed_again(path)}"
-        )
-        return GroupStatus(name, path, "damaged", **common, note=note)
     if lock is not None:
         return GroupStatus(name, path, "running", **common, note=_running(lock))
     other = _other_plan(store, made)
     if other:
         return GroupStatus(name, path, "other plan", **common, note=other)
+    untied = "" if common["tied"] else f"; {UNTIED}"
     if meta.get("complete"):
-        return GroupStatus(name, path, "complete", **common)
-    note = f"{done} of {batches} batches done: the same run resumes it"
+        return GroupStatus(name, path, "complete", **common, note=untied[2:])
+    note = f"{done} of {batches} batches done: the same run resumes it{untied}"
     return GroupStatus(name, path, "partial", **common, note=note)
 
 

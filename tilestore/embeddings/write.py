@@ -24,10 +24,11 @@ import zarr
 from zarr.codecs import Crc32cCodec
 
 from tilestore import locks
-from tilestore.embeddings.groups import non_finite_rows
+from tilestore.embeddings import tied
+from tilestore.embeddings.groups import check_group, non_finite_rows
 from tilestore.embeddings.layout import COORDINATES, UNITS, group_name, model_folder
 from tilestore.embeddings.recipe import weights_unknown
-from tilestore.errors import AlreadyComplete, EmbeddingError
+from tilestore.errors import AlreadyComplete, EmbeddingError, StoreError
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.leftovers import clear_unfinished_files
 from tilestore.format.shards import SHARD_TILES, batches_per_shard, column, sharded
@@ -41,6 +42,7 @@ from tilestore.reading.slide import Slide
 TOKENS_WAITING = 512 * 2**20
 QUALITY_TOLERANCE = 0.1  # a plan's um/px this near the run's: its tiles measured as they are
 TOKENS_CHUNK = 4 * 2**20
+AGAIN = "pass overwrite=True to embed again"  # what to do about a damaged group
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,8 @@ class Standing:
     the one answer the writer, the dry run and the checks before a run agree on.
 
     state: "new" (no group), "complete" (skipped unless overwrite), "resumes" (batches
-    done), "other plan" (made from another plan: refused unless overwrite); done: batches
+    done), "other plan" (made from another plan: refused unless overwrite), "damaged" (not
+    what its runs wrote: refused unless overwrite, which makes it again); done: batches
     done; tiles: the group's tiles; why: the refusal or the note, as the writer says it."""
 
     state: str
@@ -120,21 +123,30 @@ def standing(
 ) -> Standing:
     """The standing of `model`'s group of plan `plan_name` in the store (plan_uid None: a
     plan not stored yet, whose name alone is compared; plan_tiles None: not known yet).
-    Another plan's group of the model is no concern: they live side by side."""
+    Another plan's group of the model is no concern: they live side by side. "damaged"
+    where a reader would refuse the group, or (a group still being written) its done
+    batches: `groups.check_group`, as `status` judges it (a run refuses it unless
+    overwrite=True: never skipped as complete, never resumed)."""
     path = group_path(slide, model, plan_name)
     try:
         group = slide.group[path]
         attrs = group.attrs.get("tilestore")
         if not isinstance(attrs, dict) or "done" not in group:
             return Standing("new", np.empty(0, np.int64), 0, 0)
-        flags, tiles = group["done"][:], int(group["features"].shape[0])
+        arrays = dict(group.arrays())
     except KeyError:
         return Standing("new", np.empty(0, np.int64), 0, 0)
     except (ValueError, TypeError, zarr.errors.BaseZarrError) as exc:
-        raise EmbeddingError(
-            f"{slide.name}: {path} is damaged ({type(exc).__name__}: {exc}); "
-            "pass overwrite=True to embed again"
-        ) from exc
+        why = f"{slide.name}: {path} is damaged ({type(exc).__name__}: {exc}); {AGAIN}"
+        return Standing("damaged", np.empty(0, np.int64), 0, 0, why)
+    try:
+        flags = check_group(slide.name, path, attrs, arrays, AGAIN)
+    except StoreError as exc:  # DamagedEmbeddings, a ChunkError of a damaged shard
+        return Standing("damaged", np.empty(0, np.int64), 0, 0, str(exc))
+    except (ValueError, TypeError, zarr.errors.BaseZarrError) as exc:
+        why = f"{slide.name}: {path} is damaged ({type(exc).__name__}: {exc}); {AGAIN}"
+        return Standing("damaged", np.empty(0, np.int64), 0, 0, why)
+    tiles = int(arrays["features"].shape[0])
     done, batch = np.flatnonzero(flags == 1), int(attrs.get("batch_size", 0)) or 1
     made = attrs.get("plan") or {}
     same = made.get("name") == plan_name and (plan_uid is None or made.get("uid") == plan_uid)
@@ -182,19 +194,19 @@ class EmbeddingWriter:
         try:
             if (store / self.path).is_dir():  # a killed run's files, never renamed
                 clear_unfinished_files(store / self.path)
-            existing = self._existing()
-            if existing is not None and not overwrite:
+            # overwrite: whatever is there is replaced (a damaged group too), once made anew
+            existing = self._existing() if not overwrite else None
+            if existing is not None:
                 found = standing(slide, identity.model["name"], plan.name, plan_uid, len(plan))
-                if found.state == "other plan":
+                if found.state in ("other plan", "damaged"):
                     raise EmbeddingError(found.why)
                 if found.state == "complete":
                     raise AlreadyComplete(found.why)
                 self._refuse_unknown_weights(existing)
                 if not self._compatible(existing):
                     raise EmbeddingError(self._mismatch(existing))
-            self._replace = existing is not None and overwrite
-            if existing is not None and not overwrite:
                 self._open(existing)
+            self._replace = overwrite and (store / self.path).exists()
             if create:
                 self.create()
         except BaseException:
@@ -216,6 +228,10 @@ class EmbeddingWriter:
         self.quality = group["quality"] if self.run.quality else None
         shards = self.features.shards  # None: a group made before shards, a file per batch
         self.per_shard = shards[0] // self.batch_size if shards else 1
+        # the chunks' positions, recorded as shards are written (None: a group made before)
+        tying = tied.tied_arrays(group.attrs["tilestore"]) is not None
+        where = f"{self.slide.name}: {self.path}"
+        self.positions = tied.Recorder(group, where, AGAIN) if tying else None
         self._stored = self._done[:].astype(bool)  # done on disk, as this writer knows it
         self._summary: dict[str, Any] | None = None  # the measures' summary, until a write
 
@@ -314,6 +330,8 @@ class EmbeddingWriter:
         self._summary = None
         flags = self._stored[first:last].copy()
         flags[np.asarray(blocks) - first] = True
+        if self.positions is not None:  # read back as written; the flags' before the flags
+            self.positions.shard(shard, first, flags.astype(np.uint8))
         self._done[first:last] = flags.astype(np.uint8)
         self._stored[first:last] = flags
         for b in blocks:
@@ -499,8 +517,13 @@ class EmbeddingWriter:
             dimension_names=("batch",),
             **sharded({"compressors": [Crc32cCodec()]}, (1,), (per,), True),
         )
+        batched = ["features", *(k for k in ("tokens", "quality") if k in group), "done"]
+        # the columns' positions now, the batched arrays' as their shards are written; the
+        # record last: a group without it is a killed run's, made again
+        held = tied.start(group, list(coords), batched)
         group.attrs["tilestore"] = {
             **self.identity,
+            tied.RECORD: held,
             "tiles": n,
             "tile_size": plan.spec.tile,
             "mpp": plan.spec.effective_mpp,

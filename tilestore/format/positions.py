@@ -22,16 +22,24 @@ sidecar reads in place are the slide's tiles, not ours: none are recorded; the s
 fingerprint, checked at every open, ties them (`tilestore.reading.inplace`). zarr readers
 (ome-zarr-py, napari) see one more small array beside the levels, which the multiscales
 metadata does not name, and ignore it.
+
+An embeddings group ties its arrays the same way (`tilestore.embeddings.tied`): their
+records are made empty (`prepare`: a file per shard) and filled as each shard is written
+(`shard_entries`, `write_entries`); the group's record lists the arrays it ties
+(`group_tied`), and `misplaced` compares a whole array from shard indexes and chunk ends.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import zarr
+from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
+from zarr.api.asynchronous import open_array as open_async
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
@@ -51,6 +59,8 @@ from tilestore.format.shards import (
 from tilestore.format.store import DAMAGED
 
 GROUP = "crc32c"  # beside each level: crc32c/<level>
+FIX = "convert the slide again (a label: compute it again)"
+GROUP_RECORD = "positions"  # a group record's key: the arrays it ties (`group_tied`)
 
 
 def declaration(in_place: bool = False) -> str:
@@ -75,6 +85,17 @@ def is_level(path: str, record: StoreRecord) -> bool:
     parts = path.split("/")
     label = len(parts) == 3 and parts[0] == "labels" and parts[2].isdigit()
     return label or (path in images and path not in in_place)
+
+
+def group_tied(attrs: object) -> dict[str, str] | None:
+    """The arrays a group's record (its ``tilestore`` attributes) says it ties to their
+    positions, each with the dtype it was written with (``positions.arrays``: an embeddings
+    group, `tilestore.embeddings.tied`); None where it says none (made before, or another
+    kind of group)."""
+    declared = attrs.get(GROUP_RECORD) if isinstance(attrs, dict) else None
+    if not isinstance(declared, dict) or not isinstance(declared.get("arrays"), dict):
+        return None
+    return {str(k): str(v) for k, v in declared["arrays"].items()}
 
 
 def is_record(path: str) -> bool:
@@ -136,7 +157,7 @@ def read_back(array: zarr.Array, where: str) -> np.ndarray:
         if root is not None:
             ends = read_ends([Location(str(Path(root) / k)) for k in keys], names, required=False)
         else:
-            ends = [None if (d := _get(array, k)) is None else d[-TRAILER:] for k in keys]
+            ends = [_get(array, k, SuffixByteRequest(TRAILER)) for k in keys]
         for coord, end, name in zip(coords, ends, names, strict=True):
             if end is not None:
                 table[coord] = _trailer(end, name)
@@ -149,11 +170,120 @@ def read_back(array: zarr.Array, where: str) -> np.ndarray:
         else:
             crcs = _stored_shard_crcs(array, shard, math.prod(per), name)
         if crcs is not None:
-            block = tuple(
-                slice(s * p, min((s + 1) * p, g)) for s, p, g in zip(shard, per, grid, strict=True)
-            )
+            block = _block(shard, per, grid)
             table[block] = crcs.reshape(per)[tuple(slice(0, b.stop - b.start) for b in block)]
     return table
+
+
+def _block(shard: tuple[int, ...], per: Sequence[int], grid: Sequence[int]) -> tuple[slice, ...]:
+    """The chunk positions of one shard (its block of the chunk grid, cut at the grid's end)."""
+    return tuple(
+        slice(s * p, min((s + 1) * p, g)) for s, p, g in zip(shard, per, grid, strict=True)
+    )
+
+
+def prepare(array: zarr.Array, attributes: dict | None = None) -> zarr.Array:
+    """An empty positions record of `array` (`UNWRITTEN` throughout), replacing any, to be
+    filled shard by shard (`record_shard`) as the array is written: a file for each of the
+    array's shards (one file where it is not sharded), so processes writing other shards of
+    one array at once (a Dask cohort's slices) never write one file. `attributes`: more of
+    the record's ``tilestore`` attributes."""
+    grid = grid_of(array)
+    per = chunks_per_shard(array) or grid
+    return zarr.create_array(
+        array.store_path.store,
+        name=path_of(array.path),
+        shape=grid,
+        chunks=tuple(max(1, min(p, g)) for p, g in zip(per, grid, strict=True)),
+        dtype=np.uint64,
+        fill_value=UNWRITTEN,
+        overwrite=True,
+        attributes={
+            "tilestore": {"crc32c_of": array.path, "unwritten": UNWRITTEN, **(attributes or {})}
+        },
+        **zstd_codecs(),
+    )
+
+
+def opened(array: zarr.Array, where: str, fix: str = FIX) -> zarr.Array:
+    """The positions record of `array` opened to be written (`record_shard`); ChunkError
+    naming `where` where it is missing or damaged (`fix`: what to do then)."""
+    path = path_of(array.path)
+    try:
+        return zarr.open_array(array.store_path.store, path=path, mode="r+", zarr_format=3)
+    except (FileNotFoundError, zarr.errors.NodeNotFoundError):
+        raise ChunkError(f"{where}: its chunk positions ({path}) are missing; {fix}") from None
+    except (*DAMAGED, OSError) as exc:
+        raise ChunkError(
+            f"{where}: its chunk positions ({path}) are damaged "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())}); {fix}"
+        ) from exc
+
+
+def record_shard(array: zarr.Array, record: zarr.Array, shard: tuple[int, ...], where: str) -> None:
+    """Write into `record` (the array's positions, `opened`) the CRC-32C each chunk of one
+    shard of `array` ends with as its file holds it now (`shard_entries`)."""
+    write_entries([(record, *shard_entries(array, shard, where))])
+
+
+def shard_entries(
+    array: zarr.Array, shard: tuple[int, ...], where: str
+) -> tuple[tuple[slice, ...], np.ndarray]:
+    """The block of `array`'s positions one shard covers, and the CRC-32C each of its chunks
+    ends with as its file holds it now: the shard's index, then 4 bytes a chunk (what
+    `read_back` reads, for one shard), read right after the shard is written. The block is a
+    file of the record's own (`prepare`): no other shard's entries are read or written."""
+    per, grid = chunks_per_shard(array), grid_of(array)
+    if per is None:
+        raise ValueError(f"{where}: not sharded")  # a caller's mistake, not the store's
+    name = f"{where} shard {shard}"
+    root = getattr(array.store_path.store, "root", None)
+    if root is not None:
+        crcs = _shard_crcs(ShardIndex(array, Path(root) / array.path, where), shard, name)
+    else:
+        crcs = _stored_shard_crcs(array, shard, math.prod(per), name)
+    block = _block(shard, per, grid)
+    values = np.full(per, UNWRITTEN, np.uint64) if crcs is None else crcs.reshape(per)
+    return block, values[tuple(slice(0, b.stop - b.start) for b in block)]
+
+
+def write_entries(entries: Sequence[tuple[zarr.Array, tuple[slice, ...], np.ndarray]]) -> None:
+    """Write each (record, block, values) in one round of concurrent writes (a zarr write
+    costs its milliseconds in turn: two a shard, a hundredth of a batch's writing)."""
+
+    async def each() -> None:
+        await asyncio.gather(*(r._async_array.setitem(b, v) for r, b, v in entries))
+
+    sync(each())
+
+
+def misplaced(
+    array: zarr.Array,
+    recorded: np.ndarray,
+    where: str,
+    compared: np.ndarray | None = None,
+    now: np.ndarray | None = None,
+) -> dict[str, list[tuple[int, ...]]]:
+    """The chunks of `array` whose last 4 bytes (`read_back`: shard indexes and 4 bytes a
+    chunk, no chunk read whole) are not the CRC-32C `recorded` for their position, by what
+    is wrong: "missing" (one was written there, none is there now), "stored" (one is there
+    where none was written), "other" (another position's, or changed since it was written).
+    compared: the positions to compare (a boolean array shaped as the chunk grid; None:
+    all); now: `read_back`'s table of the array, where read already. A damaged shard file or
+    index is a ChunkError naming it (`where`)."""
+    now = read_back(array, where) if now is None else now
+    differ = now != np.asarray(recorded, np.uint64)
+    if compared is not None:
+        differ &= compared
+    found: dict[str, list[tuple[int, ...]]] = {"missing": [], "stored": [], "other": []}
+    for coord in zip(*np.nonzero(differ), strict=True):
+        at = tuple(int(c) for c in coord)
+        if now[at] == UNWRITTEN:
+            kind = "missing"
+        else:
+            kind = "stored" if recorded[at] == UNWRITTEN else "other"
+        found[kind].append(at)
+    return {kind: coords for kind, coords in found.items() if coords}
 
 
 def _shard_crcs(shards: ShardIndex, shard: tuple[int, ...], where: str) -> np.ndarray | None:
@@ -174,16 +304,25 @@ def _shard_crcs(shards: ShardIndex, shard: tuple[int, ...], where: str) -> np.nd
 def _stored_shard_crcs(
     array: zarr.Array, shard: tuple[int, ...], chunks: int, where: str
 ) -> np.ndarray | None:
-    """`_shard_crcs` of a shard in another zarr store, read whole."""
-    data = _get(array, f"{array.path}/{array.metadata.encode_chunk_key(shard)}")
-    if data is None:
-        return None
+    """`_shard_crcs` of a shard in another zarr store: its index (a suffix read), then each
+    chunk's last 4 bytes (a range read each), no chunk read whole."""
+    key = f"{array.path}/{array.metadata.encode_chunk_key(shard)}"
     crc = index_checked(array)
-    index = parse_index(data, chunks, where, crc)
-    check_ranges(index, where, len(data) - index_bytes(chunks, crc))
+    tail = _get(array, key, SuffixByteRequest(index_bytes(chunks, crc)))
+    if tail is None:
+        return None
+    size = sync(array.store_path.store.getsize(key))
+    index = parse_index(tail, chunks, where, crc)
+    check_ranges(index, where, size - index_bytes(chunks, crc))
     present = index[:, 0] != ABSENT
     out = np.full(len(index), UNWRITTEN, np.uint64)
-    out[present] = [_trailer(data[o : o + n], where) for o, n in index[present].tolist()]
+    ends = []
+    for o, n in index[present].tolist():
+        if n < TRAILER:
+            raise ChunkError(f"{where}: a chunk of {n} bytes, shorter than its CRC-32C")
+        end = _get(array, key, RangeByteRequest(o + n - TRAILER, o + n)) or b""
+        ends.append(_trailer(end, where))
+    out[present] = ends
     return out
 
 
@@ -194,9 +333,21 @@ def _trailer(data: bytes, where: str) -> int:
     return int.from_bytes(data[-TRAILER:], "little")
 
 
-def _get(array: zarr.Array, key: str) -> bytes | None:
-    found = sync(array.store_path.store.get(key, default_buffer_prototype()))
+def _get(array: zarr.Array, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
+    found = sync(array.store_path.store.get(key, default_buffer_prototype(), byte_range))
     return None if found is None else found.to_bytes()
+
+
+def tables(records: Sequence[Positions]) -> list[np.ndarray]:
+    """Each record's table (`Positions.table`), read at once: a group's dozen records in one
+    round of concurrent reads, not a dozen in turn (each a zarr open and a read)."""
+
+    async def each() -> list[np.ndarray]:
+        return list(await asyncio.gather(*(r._read() for r in records if r._table is None)))
+
+    for record, table in zip([r for r in records if r._table is None], sync(each()), strict=True):
+        record._table = table
+    return [r.table() for r in records]
 
 
 class Positions:
@@ -204,9 +355,10 @@ class Positions:
     small file); a store that declares positions but lacks them, or whose record is damaged,
     is a ChunkError naming the array (`where`) and the record."""
 
-    def __init__(self, array: zarr.Array, where: str) -> None:
+    def __init__(self, array: zarr.Array, where: str, fix: str = FIX) -> None:
         self.array = array
         self.where = where
+        self.fix = fix  # what to do where they are missing or damaged
         self.grid = grid_of(array)
         self._table: np.ndarray | None = None
 
@@ -228,11 +380,13 @@ class Positions:
         return out
 
     def _load(self) -> np.ndarray:
-        path = path_of(self.array.path)
-        fix = "convert the slide again (a label: compute it again)"
+        return sync(self._read())
+
+    async def _read(self) -> np.ndarray:
+        path, fix = path_of(self.array.path), self.fix
         try:
-            manifest = zarr.open_array(
-                self.array.store_path.store, path=path, mode="r", zarr_format=3
+            manifest = await open_async(
+                store=self.array.store_path.store, path=path, mode="r", zarr_format=3
             )
         except (FileNotFoundError, zarr.errors.NodeNotFoundError):
             raise ChunkError(
@@ -242,7 +396,7 @@ class Positions:
         except (*DAMAGED, OSError) as exc:
             raise self._damaged(path, exc, fix) from exc
         try:
-            table = manifest[...]
+            table = np.asarray(await manifest.getitem(...))
         except (*DAMAGED, OSError) as exc:
             raise self._damaged(path, exc, fix) from exc
         if table.dtype != np.uint64 or table.shape != self.grid:

@@ -5,9 +5,12 @@ thread pool and lists every bad chunk with its cause, rather than stopping at th
 missing where the store promises every chunk, a link or anything but a regular file, too
 short, or its checksum not matching its bytes; and, in image and label levels of a store
 that records positions (`tilestore.format.positions`), a chunk that is not the one written
-at its position (moved, swapped, a shard index rewritten), or stored where none was. A store
-made before positions were recorded is checked as before, and its levels are listed as not
-tied to their positions (`tilestore reshard` adds them). With ``decode=True`` each chunk is also
+at its position (moved, swapped, a shard index rewritten), or stored where none was; the
+same of every array a finished embeddings group ties (`_group_positions`: features, tokens,
+quality, done, coordinates), and each such array's dtype as written. A store made before
+positions were recorded is checked as before, and its levels are listed as not tied to their
+positions (`tilestore reshard` adds them); embeddings groups made before them, or still
+being written, are listed as not compared. With ``decode=True`` each chunk is also
 decoded, which finds data that was damaged before it was written (a source tile copied as
 it was). A sidecar's levels read in place are checked in the slide: the sidecar opened
 (the slide's fingerprint), then every tile's bytes compared with the CRC-32C the sidecar
@@ -56,6 +59,8 @@ class Verification:
     untied: list[str] = field(default_factory=list)  # levels whose positions are not recorded
     # a sidecar's in-place levels whose tiles' checksums it does not record (made before)
     unsummed: list[str] = field(default_factory=list)
+    # groups of arrays (embeddings) whose chunks were not compared with positions, and why
+    untied_groups: list[str] = field(default_factory=list)
     bad: list[str] = field(default_factory=list)  # one line per bad chunk
     decoded: bool = False
     seconds: float = 0.0
@@ -119,6 +124,8 @@ def verify_store(
                             table = positions.Positions(array, where).table()
                         except ChunkError as exc:
                             result.bad.append(str(exc))
+                if table is None:  # an array its group ties (embeddings), else None
+                    table = _group_positions(group, name, array, where, result)
                 shards = ShardIndex(array, path / name, where) if array.shards else None
                 if shards is not None:  # a damaged shard is one line, not one per chunk
                     faults = _shard_faults(shards, array)
@@ -131,6 +138,49 @@ def verify_store(
                     result.bad.append(bad)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _group_positions(
+    root: zarr.Group, name: str, array: zarr.Array, where: str, result: Verification
+) -> np.ndarray | None:
+    """The CRC-32C recorded for each chunk of an array its group ties to their positions
+    (`positions.group_tied`: an embeddings group's features, tokens, quality, done and
+    coordinate columns), to compare each chunk read with; None for any other array. A group
+    still being written is not compared (only its done batches are the ones recorded: the
+    writer's resume and `status` compare those), nor one made before positions: each is
+    listed once in `result.untied_groups`, why said. A record missing or damaged, or an
+    array whose dtype is not the one written, is a line in `result.bad`."""
+    parent, _, leaf = name.rpartition("/")
+    if not parent:
+        return None
+    try:
+        attrs = root[parent].attrs.get("tilestore")
+    except (KeyError, ValueError, TypeError, zarr.errors.BaseZarrError):
+        return None  # its own arrays' reads say what is wrong
+    declared = positions.group_tied(attrs)
+    if declared is None or leaf not in declared:
+        batched = isinstance(attrs, dict) and "batch_size" in attrs  # an embeddings group
+        if declared is None and leaf == "features" and batched:
+            result.untied_groups.append(f"{parent} (made before positions were recorded)")
+        return None
+    if not attrs.get("complete"):
+        if leaf == "features":
+            result.untied_groups.append(f"{parent} (unfinished)")
+        return None
+    if str(array.dtype) != declared[leaf]:
+        result.bad.append(
+            f"{where}: is {array.dtype} where it was written as {declared[leaf]} (its zarr.json "
+            "was changed)"
+        )
+    try:
+        return positions.Positions(array, where, _again(parent)).table()
+    except ChunkError as exc:
+        result.bad.append(str(exc))
+        return None
+
+
+def _again(group: str) -> str:
+    return f"embed the store again with overwrite=True (or remove {group})"
 
 
 def _arrays(group: zarr.Group, prefix: str = ""):

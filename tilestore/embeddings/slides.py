@@ -60,7 +60,6 @@ class TileFeatures:
     store: str
     name: str
     model: str
-    path: str  # the group's path in the store (`tilestore.embeddings.layout`)
     features: np.ndarray
     x: np.ndarray
     y: np.ndarray
@@ -76,6 +75,7 @@ class TileFeatures:
     model_info: dict[str, Any]
     slide_mpp: tuple[float, float] | None
     slide_shape: tuple[int, int]
+    path: str = ""  # the group's path in the store (`tilestore.embeddings.layout`)
 
     @property
     def tiles(self) -> int:

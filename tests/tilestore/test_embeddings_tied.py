@@ -150,7 +150,7 @@ def test_a_group_not_as_written_is_refused_by_readers_status_and_the_writer(made
     with pytest.raises(EmbeddingError) as refused:  # embed neither skips nor resumes it
         EmbeddingWriter(open_slide(path), plan, uid, _identity())
     assert str(refused.value) == found.why
-    verified = verify_store(path, record=False)
+    verified = verify_store(path)
     assert not verified.ok and any(f"{GROUP}/" in line for line in verified.bad)
     _write(path, plan, uid, features, overwrite=True)  # made again: read as written
     np.testing.assert_array_equal(open_embeddings(path, "m").features.values, features)
@@ -175,7 +175,7 @@ def test_a_group_made_before_positions_reads_as_before_and_says_not_tied(made):
     np.testing.assert_array_equal(open_embeddings(path, "m").features.values, features)
     found = embeddings_status(path, "m").groups[0]
     assert found.state == "complete" and found.tied is False and "not tied" in found.note
-    verified = verify_store(path, record=False)
+    verified = verify_store(path)
     assert verified.ok
     assert verified.untied_groups == [f"{GROUP} (made before positions were recorded)"]
     _swap_files(path)  # unseen: what positions are for

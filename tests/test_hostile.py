@@ -603,3 +603,31 @@ def test_a_tile_damaged_in_its_headers_fails_convert_in_one_line(tmp_path, slide
     )
     assert "; decoding it: " in line and "internal error" not in line
     assert not list((tmp_path / "out").glob("*.ome.zarr"))
+
+
+# A chain of image headers that comes back on itself: tifffile walks it a page at a time and
+# looks for loops only at 100 pages, so `info` and `convert` iterated forever. Run as the user
+# runs them, in a process of their own, so that a hang fails the test instead of stopping it.
+@pytest.mark.parametrize("command", ["info", "convert"])
+@pytest.mark.parametrize(
+    ("make", "cause"),
+    [
+        (C.page_loop(back_to=0, at=0), r"page 0's next-page offset points back to page 0"),
+        (C.page_loop(back_to=1, at=2), r"page 2's next-page offset points back to page 1"),
+    ],
+    ids=["self", "back"],
+)
+def test_a_loop_in_the_page_chain_is_refused_in_one_line(
+    tmp_path, slide_path, make, cause, command
+):
+    src = make(tmp_path, slide_path(CMU))
+    out = tmp_path / "out"
+    args = ("info", src) if command == "info" else ("convert", src, "-o", out)
+    run = _cli(*args, timeout=300)
+    assert run.returncode == 2, run.stderr
+    assert re.fullmatch(
+        rf"tilestore: error: {re.escape(str(src))}: a loop in the file's page chain: {cause} "
+        r"\(byte \d+\); the header is corrupt",
+        run.stderr.strip(),
+    ), run.stderr
+    assert not out.exists() or not list(out.iterdir())

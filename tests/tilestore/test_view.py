@@ -143,6 +143,22 @@ def test_columns_pca_and_clusters_are_drawn_per_tile(client, catalog):
     assert missing.status_code == 404 and "no per-tile column 'nope'" in missing.json()["error"]
 
 
+@pytest.mark.parametrize("k", [3_000_000, 1, 21])
+def test_a_cluster_count_out_of_2_to_20_is_refused_before_any_colour_is_made(
+    client, monkeypatch, k
+):
+    """k=3,000,000 took 208 s and 774 MB of colours before the 2-20 check refused it."""
+    import tilestore.analysis.plots as plots
+
+    asked = []
+    monkeypatch.setattr(
+        plots, "cluster_colors", lambda n: asked.append(n) or plots.np.zeros((n, 3))
+    )
+    got = client.get(f"/api/overlay/0?kind=tiles&model={MODEL}&column=clusters&k={k}")
+    assert got.status_code == 404 and got.json()["error"] == f"clusters: k={k}; ask for 2 to 20"
+    assert asked == []
+
+
 def test_similarity_is_the_cosine_of_stored_features(catalog):
     ds = catalog.embedded(MODEL).ds
     features = np.asarray(ds["features"].values, np.float64)

@@ -109,10 +109,10 @@ def tile_values(
     if column == "clusters":
         from tilestore.analysis.plots import cluster_colors
 
+        found = catalog.clusters(model, k)[part]  # first: it refuses a k out of 2-20
         colours = np.rint(cluster_colors(k) * 255).astype(np.uint8)
         colours = np.concatenate([colours, np.full((k, 1), 200, np.uint8)], axis=1)
         names = tuple(f"cluster {i}" for i in range(k))
-        found = catalog.clusters(model, k)[part]
         return TileValues(f"k-means, k={k}", **base, classes=found, names=names, colours=colours)
     if column == "similarity":
         if ref is None:

@@ -349,6 +349,87 @@ def test_a_damaged_embeddings_chunk_is_named_when_read(tmp_path, stores, embedde
     assert "features chunk (0, 0): chunk is corrupt" in verify_store(store).bad[0]
 
 
+GROUP = "embeddings/efficientnet-lite0"
+
+
+def _grid(value):
+    return lambda d: d["attributes"]["tilestore"].update(grid=value)
+
+
+def _grid_part(key, value):
+    return lambda d: d["attributes"]["tilestore"]["grid"].update({key: value})
+
+
+# A finished group's documents edited: the features' data type (zarr then cannot parse the
+# fill value; or, its fill value made to fit, reads garbage), its record of the tiles' grid.
+# Each was an internal error (TypeError, AttributeError, IndexError) or a silent export.
+DAMAGED_GROUPS = [
+    (
+        C.array_json(f"{GROUP}/features", "int16", lambda d: d.update(data_type="int16")),
+        r"features/zarr\.json is not valid zarr metadata \(TypeError: Invalid type: NaN",
+    ),
+    (
+        C.array_json(
+            f"{GROUP}/features", "int16-fill0", lambda d: d.update(data_type="int16", fill_value=0)
+        ),
+        r"features is stored as int16 where the group records float32: it is damaged",
+    ),
+    (C.array_json(GROUP, "grid-text", _grid("garbage")), r"its grid is 'garbage', not a record"),
+    (C.array_json(GROUP, "grid-list", _grid([1, 2])), r"its grid is \[1, 2\], not a record"),
+    (
+        C.array_json(GROUP, "grid-down", _grid_part("downsample", "x")),
+        r"its grid\.downsample is 'x', not two numbers above 0",
+    ),
+    (
+        C.array_json(GROUP, "grid-read", _grid_part("read", -5)),
+        r"its grid\.read is -5, not a whole number above 0",
+    ),
+    (
+        C.array_json(GROUP, "grid-tile", _grid_part("tile", "abc")),
+        r"its grid\.tile is 'abc', not a whole number above 0",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def embedded(stores, embedder, tmp_path_factory):
+    store = C.store_copy(tmp_path_factory.mktemp("embedded"), stores(CMU), "embedded")
+    embedder.embed([store], plan=PlanOptions(mpp=1.0, tile=224))
+    return store
+
+
+@pytest.mark.parametrize(
+    ("make", "cause"), DAMAGED_GROUPS, ids=lambda v: getattr(v, "__name__", "")
+)
+def test_a_damaged_group_record_is_one_line_naming_it_from_every_reader(
+    tmp_path, embedded, make, cause
+):
+    from tilestore import open_embeddings
+    from tilestore.errors import DamagedEmbeddings
+    from tilestore.exports import cohort_to_h5
+
+    store = make(tmp_path, embedded)
+    said = rf"^{re.escape(str(store))}: {GROUP}.*{cause}.*; embed the store again"
+    with pytest.raises(DamagedEmbeddings, match=said):
+        open_embeddings(store, "efficientnet-lite0")
+    with pytest.raises(DamagedEmbeddings, match=said):
+        cohort_to_h5([store], "efficientnet-lite0", tmp_path / "h5")
+    assert not (tmp_path / "h5").exists() or not list((tmp_path / "h5").iterdir())
+
+
+def test_export_and_verify_of_a_features_type_changed_to_int16_are_one_line(tmp_path, embedded):
+    store = DAMAGED_GROUPS[0][0](tmp_path, embedded)
+    run = _cli("export", "h5", store, "-m", "efficientnet-lite0", "-o", tmp_path / "h5")
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert f"{store}: {GROUP}/features/zarr.json is not valid zarr metadata" in run.stderr
+    with pytest.raises(StoreError, match=rf"^{re.escape(str(store))}: cannot list the store: "
+                       rf"{GROUP}/features/zarr\.json is not valid zarr metadata"):  # fmt: skip
+        verify_store(store)
+    run = _cli("verify", store)
+    assert run.returncode == 2 and "internal error" not in run.stderr, run.stderr
+    assert run.stderr.count("\n") == 1 and f"{GROUP}/features/zarr.json" in run.stderr
+
+
 # -- annotations --------------------------------------------------------------------------------
 
 

@@ -97,6 +97,29 @@ def write_record(group: zarr.Group, record: StoreRecord) -> None:
 DAMAGED = (ValueError, TypeError, AttributeError, KeyError, IndexError, zarr.errors.BaseZarrError)
 
 
+def members(group: zarr.Group) -> list[tuple[str, zarr.Array | zarr.Group]]:
+    """A group's members (name, node), their metadata read concurrently, sorted by name; a
+    member whose zarr.json zarr cannot parse (a data type its fill value does not fit, say)
+    is a ValueError naming it, where zarr's own error says neither the member nor the file."""
+    try:
+        return sorted(group.members(), key=lambda m: m[0])
+    except DAMAGED as exc:
+        found = exc
+    from zarr.core.sync import sync
+
+    async def names() -> list[str]:
+        return [name async for name in group.store.list_dir(group.path)]
+
+    for name in sorted(n for n in sync(names()) if n != "zarr.json"):
+        try:
+            group[name]
+        except DAMAGED as exc:
+            raise ValueError(
+                f"{name}/zarr.json is not valid zarr metadata ({type(exc).__name__}: {exc})"
+            ) from exc
+    raise found
+
+
 @contextlib.contextmanager
 def stored(where: object, what: str, fix: str) -> Iterator[None]:
     """Read a stored document (`what`, of the store at `where`) inside this: any way it can

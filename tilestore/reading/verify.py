@@ -35,7 +35,14 @@ from tilestore.format.chunks import ChunkReader
 from tilestore.format.codecs import has_checksums
 from tilestore.format.integrity import UNWRITTEN, Location, read_chunks, unseal
 from tilestore.format.shards import ShardIndex
-from tilestore.format.store import open_for_writing, open_group, open_store, write_record
+from tilestore.format.store import (
+    DAMAGED,
+    members,
+    open_for_writing,
+    open_group,
+    open_store,
+    write_record,
+)
 from tilestore.options import Workers, checked
 from tilestore.reading.inplace import open_sidecar
 
@@ -93,7 +100,7 @@ def verify_store(
     slide = open_sidecar(None, store=path) if stored.source.sidecar else None
     result = Verification(path, decoded=decode)
     with ThreadPoolExecutor(workers or usable_cpus()) as pool:
-        for name, array in _arrays(group):
+        for name, array in _arrays(group, path):
             if positions.is_record(name):  # read (zarr checks its CRC-32C) with its level's
                 continue
             result.arrays += 1
@@ -131,18 +138,18 @@ def verify_store(
     return result
 
 
-def _arrays(group: zarr.Group, prefix: str = ""):
-    """(path, array) for every array below a group, depth first, sorted."""
+def _arrays(group: zarr.Group, store: Path, prefix: str = ""):
+    """(path, array) for every array below a group (of `store`), depth first, sorted."""
     try:
-        members = sorted(group.members(), key=lambda m: m[0])
-    except (ValueError, zarr.errors.BaseZarrError) as exc:
-        raise StoreError(f"{group.store_path}: cannot list the store: {exc}") from exc
-    for name, member in members:
+        found = members(group)
+    except DAMAGED as exc:
+        raise StoreError(f"{store}: cannot list the store: {prefix}{exc}") from exc
+    for name, member in found:
         full = f"{prefix}{name}"
         if isinstance(member, zarr.Array):
             yield full, member
         else:
-            yield from _arrays(member, f"{full}/")
+            yield from _arrays(member, store, f"{full}/")
 
 
 def _coords(array: zarr.Array) -> list[tuple[int, ...]]:

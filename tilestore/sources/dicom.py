@@ -68,19 +68,31 @@ def is_dicom_file(head: bytes) -> bool:
     return head[DICM_OFFSET : DICM_OFFSET + 4] == b"DICM"
 
 
+# What marks a file that is a slide of another format (its first bytes: TIFF and its vendor
+# kinds, PNG, JPEG; or its name, for the OpenSlide formats that are not TIFFs)
+_OTHER_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+", b"\x89PNG", b"\xff\xd8\xff")
+_OTHER_SUFFIXES = {".mrxs", ".vms", ".vmu", ".svslide", ".scn", ".bif"}
+
+
 def dicom_series(path: str | os.PathLike) -> dict[str, list[Path]]:
-    """The DICOM files of a file or folder by SeriesInstanceUID (files that are not DICOM are
-    left out), in a stable order."""
+    """The DICOM files of a file or folder by SeriesInstanceUID, in a stable order. Files of
+    a folder that are not DICOM are left out, unless they are slides of another format
+    beside DICOM files: a folder is taken for a DICOM slide, so they would be left out
+    without a word; that folder is refused, naming them."""
     import pydicom
 
     path = Path(path)
     candidates = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
     series: dict[str, list[Path]] = {}
+    others: list[Path] = []
     for candidate in candidates:
         try:
             with open(candidate, "rb") as fh:
-                if not is_dicom_file(fh.read(DICM_OFFSET + 4)):
-                    continue
+                head = fh.read(DICM_OFFSET + 4)
+            if not is_dicom_file(head):
+                if head.startswith(_OTHER_MAGIC) or candidate.suffix.lower() in _OTHER_SUFFIXES:
+                    others.append(candidate)
+                continue
             ds = pydicom.dcmread(
                 candidate, stop_before_pixels=True, specific_tags=["SeriesInstanceUID", *_SIZES]
             )
@@ -89,6 +101,14 @@ def dicom_series(path: str | os.PathLike) -> dict[str, list[Path]]:
         _check_sizes(candidate, ds)
         uid = str(ds.get("SeriesInstanceUID", "")) or "unknown"
         series.setdefault(uid, []).append(candidate)
+    if series and others:
+        files = sum(len(f) for f in series.values())
+        names = ", ".join(p.name for p in others[:4]) + (", ..." if len(others) > 4 else "")
+        raise SlideError(
+            f"{path}: the folder holds {files} DICOM file(s) and {len(others)} slide(s) of "
+            f"other formats ({names}), which a folder taken as a DICOM slide would leave out: "
+            f"give the slide files themselves ({path}/*), or a folder holding only DICOM files"
+        )
     return dict(sorted(series.items()))
 
 

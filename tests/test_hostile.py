@@ -712,3 +712,35 @@ def test_a_loop_in_the_page_chain_is_refused_in_one_line(
         run.stderr.strip(),
     ), run.stderr
     assert not out.exists() or not list(out.iterdir())
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """A folder bound read-only onto another (an archive's mount), unbound after the test."""
+    folder, under = tmp_path / "ro", tmp_path / "under"
+    folder.mkdir()
+    under.mkdir()
+    import subprocess
+
+    bound = subprocess.run(["mount", "--bind", str(under), str(folder)], capture_output=True)
+    if bound.returncode:
+        pytest.skip(f"cannot bind-mount here: {bound.stderr.decode().strip()}")
+    subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], check=True)
+    yield folder, under
+    subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_writing_into_a_read_only_store_names_the_store(read_only, stores):
+    """It said "tilestore: error: <store>/labels: Read-only file system" (or "zarr.json: ..."),
+    the file it failed on and not the store or what to do."""
+    folder, under = read_only
+    C.store_copy(under, stores(CMU), "cmu")
+    store = folder / "cmu.ome.zarr"
+    run = _cli("tissue", store)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == (
+        f"tilestore: error: {store}: cannot write into the store (it is on a read-only file "
+        "system); nothing was written: run this on a writable copy of the store\n"
+    )
+    with pytest.raises(StoreError, match=rf"^{re.escape(str(store))}: cannot write into"):
+        open_slide(store).writable_group()

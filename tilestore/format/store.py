@@ -181,6 +181,20 @@ def tree_size(path: str | os.PathLike) -> int:
     return total
 
 
+def writable(root: Path) -> None:
+    """StoreError naming the store where its folder cannot be written (a read-only mount, no
+    permission), before anything is: the write's own error named only the file it failed
+    on ("zarr.json: Read-only file system"), not the store."""
+    if os.access(root, os.W_OK):
+        return
+    read_only = os.statvfs(root).f_flag & os.ST_RDONLY
+    why = "it is on a read-only file system" if read_only else "no permission to write in it"
+    raise StoreError(
+        f"{root}: cannot write into the store ({why}); nothing was written: run this on a "
+        "writable copy of the store"
+    )
+
+
 def open_for_writing(store: Store | str | os.PathLike) -> zarr.Group:
     """A store's root group opened to write derived data into (labels, plans, QC,
     embeddings, the verification record): the one place a store is opened for writing.
@@ -193,6 +207,7 @@ def open_for_writing(store: Store | str | os.PathLike) -> zarr.Group:
     group = zarr.open_group(store, mode="r+", zarr_format=3, use_consolidated=False)
     root = getattr(getattr(group.store, "_store", group.store), "root", None)
     if root is not None:
+        writable(Path(root))
         path = Path(root) / "zarr.json"
         doc = json.loads(path.read_bytes())
         if doc.pop("consolidated_metadata", None) is not None:

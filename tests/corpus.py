@@ -143,6 +143,22 @@ def dicom_attribute(name: str, value: int) -> Callable[[Path, Path], Path]:
     return make
 
 
+def dicom_without(name: str) -> Callable[[Path, Path], Path]:
+    """The real DICOM file without one attribute (as a non-conformant exporter writes it)."""
+
+    def make(folder: Path, dcm: Path) -> Path:
+        import pydicom
+
+        ds = pydicom.dcmread(dcm)
+        delattr(ds, name)
+        path = folder / f"no-{name}.dcm"
+        ds.save_as(path)
+        return path
+
+    make.__name__ = f"dicom_without_{name}"
+    return make
+
+
 def _tile_bytes(svs: Path, index: int) -> tuple[int, int]:
     with tifffile.TiffFile(svs) as tif:
         page = tif.pages.first

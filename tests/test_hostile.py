@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -102,6 +103,43 @@ GEOMETRY = [
     (C.geometry("svs", "RowsPerStrip", 0, page=2), CMU, r"page 2 declares strips of 0 rows"),
     (C.dicom_attribute("Columns", 0), DCM, r"declares frames of 0x256 px \(Columns x Rows"),
 ]
+
+
+# A DICOM WSI file without an attribute the standard requires of it (as pathml's exports
+# come): wsidicom left it out, then said "Level files not found in provided files" or
+# "Undetermined tile type", naming neither the file's fault nor the attribute.
+@pytest.mark.parametrize(
+    ("name", "what"),
+    [
+        ("TotalPixelMatrixColumns", "the whole image's width"),
+        ("TotalPixelMatrixRows", "the whole image's height"),
+        ("ImageType", "VOLUME, LABEL, OVERVIEW or THUMBNAIL"),
+        ("DimensionOrganizationType", "how its frames tile the image"),
+    ],
+)
+@pytest.mark.parametrize("command", ["info", "convert", "convert folder"])
+def test_a_dicom_without_a_required_attribute_is_one_line_naming_it(
+    tmp_path, slide_path, name, what, command
+):
+    src = C.dicom_without(name)(tmp_path, slide_path(DCM))
+    if command == "convert folder":
+        (tmp_path / "folder").mkdir()
+        src = src.rename(tmp_path / "folder" / src.name)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with pytest.raises(SlideError) as refused:
+            (describe if command == "info" else lambda s: convert(s, tmp_path / "out"))(
+                src.parent if command == "convert folder" else src
+            )
+    assert str(refused.value) == (
+        f"{src}: a DICOM whole-slide image file without {name} ({what}), which the standard "
+        "requires: not a conformant DICOM WSI; export it again with a conformant tool (e.g. "
+        "wsidicomizer)"
+    )
+    assert len({str(w.message) for w in said}) == len(said)  # no warning said twice
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
 OPENS = {
     "convert": lambda src, out: convert(src, out),
     "convert keep_associated": lambda src, out: convert(src, out, keep_associated=True),

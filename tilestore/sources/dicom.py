@@ -61,6 +61,23 @@ _RGB = {"RGB", "YBR_FULL_422", "YBR_FULL", "YBR_ICT", "YBR_RCT"}
 DICM_OFFSET = 128  # a DICOM file's 128-byte preamble, then "DICM"
 # a frame's and the whole image's (width, height) attributes
 _SIZES = ("Columns", "Rows", "TotalPixelMatrixColumns", "TotalPixelMatrixRows")
+WSI_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.77.1.6"  # VL Whole Slide Microscopy Image Storage
+# what every VL WSI file must say (type 1), and what it is, for the refusal
+_REQUIRED = (
+    ("ImageType", "VOLUME, LABEL, OVERVIEW or THUMBNAIL"),
+    ("Columns", "a frame's width"),
+    ("Rows", "a frame's height"),
+    ("TotalPixelMatrixColumns", "the whole image's width"),
+    ("TotalPixelMatrixRows", "the whole image's height"),
+    ("DimensionOrganizationType", "how its frames tile the image"),  # or frames' positions
+)
+_READ = (
+    *_SIZES,
+    "SOPClassUID",
+    "ImageType",
+    "DimensionOrganizationType",
+    "PerFrameFunctionalGroupsSequence",
+)
 
 
 def is_dicom_file(head: bytes) -> bool:
@@ -94,10 +111,11 @@ def dicom_series(path: str | os.PathLike) -> dict[str, list[Path]]:
                     others.append(candidate)
                 continue
             ds = pydicom.dcmread(
-                candidate, stop_before_pixels=True, specific_tags=["SeriesInstanceUID", *_SIZES]
+                candidate, stop_before_pixels=True, specific_tags=["SeriesInstanceUID", *_READ]
             )
         except (OSError, EOFError, ValueError, pydicom.errors.InvalidDicomError) as exc:
             raise SlideError(f"{candidate}: not a readable DICOM file: {exc}") from exc
+        _check_required(candidate, ds)
         _check_sizes(candidate, ds)
         uid = str(ds.get("SeriesInstanceUID", "")) or "unknown"
         series.setdefault(uid, []).append(candidate)
@@ -110,6 +128,27 @@ def dicom_series(path: str | os.PathLike) -> dict[str, list[Path]]:
             f"give the slide files themselves ({path}/*), or a folder holding only DICOM files"
         )
     return dict(sorted(series.items()))
+
+
+def _check_required(path: Path, ds: object) -> None:
+    """Refuse a VL Whole Slide Microscopy file without an attribute the standard requires of
+    it and wsidicom needs, naming it: wsidicom left such a file out of the series, then
+    said "Level files not found in provided files" (or "Undetermined tile type"), naming
+    neither. Files of other kinds are left for wsidicom to judge."""
+    if str(ds.get("SOPClassUID", "")) != WSI_SOP_CLASS:
+        return
+    missing = [name for name, _ in _REQUIRED[:-1] if ds.get(name) in (None, "")]
+    volume = len(ds.get("ImageType") or ()) > 2 and ds.ImageType[2] == "VOLUME"
+    tiling = ("DimensionOrganizationType", "PerFrameFunctionalGroupsSequence")
+    if volume and not any(name in ds for name in tiling):  # neither TILED_FULL nor positions
+        missing.append("DimensionOrganizationType")
+    if missing:
+        what = dict(_REQUIRED)[missing[0]]
+        raise SlideError(
+            f"{path}: a DICOM whole-slide image file without {missing[0]} ({what}), which the "
+            "standard requires: not a conformant DICOM WSI; export it again with a conformant "
+            "tool (e.g. wsidicomizer)"
+        )
 
 
 def _check_sizes(path: Path, ds: object) -> None:

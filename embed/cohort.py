@@ -57,7 +57,7 @@ from tilestore.embed.membership import Membership
 from tilestore.embed.models import get_model
 from tilestore.embed.outcome import exit_code
 from tilestore.embed.report import preparation_lines, quality_line
-from tilestore.embed.settings import SLICE_TILES, Options, SliceTiles
+from tilestore.embed.settings import SLICE_TILES, Options, SliceTiles, check_share
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
 from tilestore.errors import DeviceError, OptionError, StoreError, TilestoreError
 from tilestore.options import Workers, checked
@@ -71,11 +71,10 @@ def shard(stores: Sequence[str | os.PathLike], k: int, n: int) -> list[str]:
     Every job of a SLURM array computes the same split from the same list: stores sorted
     by size (largest first, then by name) go one by one to the share with the least work.
     """
-    if not (n >= 1 and 0 <= k < n):
-        raise OptionError(f"shard='{k}/{n}': K must be in 0..N-1 (e.g. $SLURM_ARRAY_TASK_ID)")
+    check_share(k, n)
     names = sorted({str(s) for s in stores})
     sizes = {s: _size(s) for s in names}
-    load = np.zeros(n)
+    load = np.zeros(min(n, len(names)))  # shares past the stores' count stay empty
     mine = []
     for store in sorted(names, key=lambda s: (-sizes[s], s)):
         target = int(np.argmin(load))

@@ -55,10 +55,10 @@ def check_stores(
         try:
             slide = open_slide(given)
             rgb_input(slide, options.channels)
-            name, uid, mpp, tile = _plan(slide, plan, spec)
+            name, uid, mpp, tile, tiles = _plan(slide, plan, spec)
             if spec is not None and not options.any_scale:
                 refuse_other_scale(slide, name, mpp, tile, spec)
-            held = standing(slide, model, name, uid, None)
+            held = standing(slide, model, name, uid, tiles)
         except TilestoreError as exc:
             found.refused.append((str(given), without_store(given, str(exc))))
             continue
@@ -91,16 +91,17 @@ def _facts(model: str) -> ModelSpec | None:
 
 
 def _plan(slide: Slide, plan: PlanChoice, spec: ModelSpec | None):
-    """The name, uid (None: made by the run), um/px and tile of the plan a run would use."""
+    """The name, uid (None: made by the run), um/px, tile and tiles (None: made by the run)
+    of the plan a run would use."""
     if uses_stored_plan(slide, plan):
         stored, uid = load_plan(slide, plan)
-        return stored.name, uid, stored.spec.effective_mpp, stored.spec.tile
+        return stored.name, uid, stored.spec.effective_mpp, stored.spec.tile, len(stored)
     native = (spec.native_mpp, spec.tile) if spec is not None else (None, None)
     resolved = resolve_plan(
         plan or PlanOptions(), slide, native_mpp=native[0], native_tile=native[1]
     )
     grid = plan_grid(slide, resolved)  # the pixels' own um/px, as the run will read them
-    return resolved.name, None, grid.effective_mpp, grid.tile
+    return resolved.name, None, grid.effective_mpp, grid.tile, None
 
 
 def rgb_input(slide: Slide, channels: tuple[str, ...] | None) -> Slide:

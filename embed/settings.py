@@ -356,15 +356,27 @@ class _ThisMachine:
         return torch.cuda.current_device() if torch.cuda.is_available() else None
 
 
+MAX_SHARES = 4_000_001  # SLURM's largest job array (MaxArraySize's own limit)
+
+
 def parse_shard(text: str) -> tuple[int, int]:
     """'3/10' -> (3, 10): the K-th of N shares of a cohort (K in 0..N-1)."""
     try:
         k, n = (int(p) for p in text.split("/"))
     except ValueError:
         raise OptionError(f"shard={text!r}: expected 'K/N', e.g. '0/8'") from None
-    if not (n >= 1 and 0 <= k < n):
-        raise OptionError(f"shard='{k}/{n}': K must be in 0..N-1 (e.g. $SLURM_ARRAY_TASK_ID)")
+    check_share(k, n)
     return k, n
+
+
+def check_share(k: int, n: int) -> None:
+    """OptionError unless K is in 0..N-1 and N at most `MAX_SHARES`."""
+    if not 1 <= n <= MAX_SHARES:
+        raise OptionError(
+            f"shard='{k}/{n}': N must be 1 to {MAX_SHARES:,} (SLURM's largest job array)"
+        )
+    if not 0 <= k < n:
+        raise OptionError(f"shard='{k}/{n}': K must be in 0..N-1 (e.g. $SLURM_ARRAY_TASK_ID)")
 
 
 def user_cache() -> Path:

@@ -79,6 +79,29 @@ def tiff_magic_garbage(folder: Path, svs: Path) -> Path:
     return path
 
 
+def page_loop(back_to: int, at: int = 0) -> Callable[[Path, Path], Path]:
+    """The real classic TIFF whose page `at` declares page `back_to` (itself, or one before)
+    as the next page: a loop in the chain of image headers."""
+
+    def make(folder: Path, svs: Path) -> Path:
+        data = bytearray(svs.read_bytes())
+        assert data[:4] == b"II*\x00"  # classic little-endian: 4-byte offsets
+        offsets = [struct.unpack_from("<I", data, 4)[0]]
+        while True:
+            tags = struct.unpack_from("<H", data, offsets[-1])[0]
+            next_at = offsets[-1] + 2 + 12 * tags
+            if len(offsets) == at + 1:
+                struct.pack_into("<I", data, next_at, offsets[back_to])
+                break
+            offsets.append(struct.unpack_from("<I", data, next_at)[0])
+        path = folder / f"page-loop-{at}-to-{back_to}.svs"
+        path.write_bytes(bytes(data))
+        return path
+
+    make.__name__ = f"page_loop_{at}_to_{back_to}"
+    return make
+
+
 def tag(name: str, value: int) -> Callable[[Path, Path], Path]:
     def make(folder: Path, svs: Path) -> Path:
         return patch_tag(svs, folder / f"{name}-{value}.svs", name, value)
@@ -118,6 +141,22 @@ def dicom_attribute(name: str, value: int) -> Callable[[Path, Path], Path]:
         return path
 
     make.__name__ = f"dicom_{name}_{value}"
+    return make
+
+
+def dicom_without(name: str) -> Callable[[Path, Path], Path]:
+    """The real DICOM file without one attribute (as a non-conformant exporter writes it)."""
+
+    def make(folder: Path, dcm: Path) -> Path:
+        import pydicom
+
+        ds = pydicom.dcmread(dcm)
+        delattr(ds, name)
+        path = folder / f"no-{name}.dcm"
+        ds.save_as(path)
+        return path
+
+    make.__name__ = f"dicom_without_{name}"
     return make
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -102,6 +103,43 @@ GEOMETRY = [
     (C.geometry("svs", "RowsPerStrip", 0, page=2), CMU, r"page 2 declares strips of 0 rows"),
     (C.dicom_attribute("Columns", 0), DCM, r"declares frames of 0x256 px \(Columns x Rows"),
 ]
+
+
+# A DICOM WSI file without an attribute the standard requires of it (as pathml's exports
+# come): wsidicom left it out, then said "Level files not found in provided files" or
+# "Undetermined tile type", naming neither the file's fault nor the attribute.
+@pytest.mark.parametrize(
+    ("name", "what"),
+    [
+        ("TotalPixelMatrixColumns", "the whole image's width"),
+        ("TotalPixelMatrixRows", "the whole image's height"),
+        ("ImageType", "VOLUME, LABEL, OVERVIEW or THUMBNAIL"),
+        ("DimensionOrganizationType", "how its frames tile the image"),
+    ],
+)
+@pytest.mark.parametrize("command", ["info", "convert", "convert folder"])
+def test_a_dicom_without_a_required_attribute_is_one_line_naming_it(
+    tmp_path, slide_path, name, what, command
+):
+    src = C.dicom_without(name)(tmp_path, slide_path(DCM))
+    if command == "convert folder":
+        (tmp_path / "folder").mkdir()
+        src = src.rename(tmp_path / "folder" / src.name)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with pytest.raises(SlideError) as refused:
+            (describe if command == "info" else lambda s: convert(s, tmp_path / "out"))(
+                src.parent if command == "convert folder" else src
+            )
+    assert str(refused.value) == (
+        f"{src}: a DICOM whole-slide image file without {name} ({what}), which the standard "
+        "requires: not a conformant DICOM WSI; export it again with a conformant tool (e.g. "
+        "wsidicomizer)"
+    )
+    assert len({str(w.message) for w in said}) == len(said)  # no warning said twice
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
 OPENS = {
     "convert": lambda src, out: convert(src, out),
     "convert keep_associated": lambda src, out: convert(src, out, keep_associated=True),
@@ -347,6 +385,87 @@ def test_a_damaged_embeddings_chunk_is_named_when_read(tmp_path, stores, embedde
     with pytest.raises(ChunkError, match=r"embeddings/efficientnet-lite0/[^ :]+/features: damaged"):
         ds.features.compute()
     assert "features chunk (0, 0): chunk is corrupt" in verify_store(store).bad[0]
+
+
+GROUP = "embeddings/efficientnet-lite0"
+
+
+def _grid(value):
+    return lambda d: d["attributes"]["tilestore"].update(grid=value)
+
+
+def _grid_part(key, value):
+    return lambda d: d["attributes"]["tilestore"]["grid"].update({key: value})
+
+
+# A finished group's documents edited: the features' data type (zarr then cannot parse the
+# fill value; or, its fill value made to fit, reads garbage), its record of the tiles' grid.
+# Each was an internal error (TypeError, AttributeError, IndexError) or a silent export.
+DAMAGED_GROUPS = [
+    (
+        C.array_json(f"{GROUP}/features", "int16", lambda d: d.update(data_type="int16")),
+        r"features/zarr\.json is not valid zarr metadata \(TypeError: Invalid type: NaN",
+    ),
+    (
+        C.array_json(
+            f"{GROUP}/features", "int16-fill0", lambda d: d.update(data_type="int16", fill_value=0)
+        ),
+        r"features is stored as int16 where the group records float32: it is damaged",
+    ),
+    (C.array_json(GROUP, "grid-text", _grid("garbage")), r"its grid is 'garbage', not a record"),
+    (C.array_json(GROUP, "grid-list", _grid([1, 2])), r"its grid is \[1, 2\], not a record"),
+    (
+        C.array_json(GROUP, "grid-down", _grid_part("downsample", "x")),
+        r"its grid\.downsample is 'x', not two numbers above 0",
+    ),
+    (
+        C.array_json(GROUP, "grid-read", _grid_part("read", -5)),
+        r"its grid\.read is -5, not a whole number above 0",
+    ),
+    (
+        C.array_json(GROUP, "grid-tile", _grid_part("tile", "abc")),
+        r"its grid\.tile is 'abc', not a whole number above 0",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def embedded(stores, embedder, tmp_path_factory):
+    store = C.store_copy(tmp_path_factory.mktemp("embedded"), stores(CMU), "embedded")
+    embedder.embed([store], plan=PlanOptions(mpp=1.0, tile=224))
+    return store
+
+
+@pytest.mark.parametrize(
+    ("make", "cause"), DAMAGED_GROUPS, ids=lambda v: getattr(v, "__name__", "")
+)
+def test_a_damaged_group_record_is_one_line_naming_it_from_every_reader(
+    tmp_path, embedded, make, cause
+):
+    from tilestore import open_embeddings
+    from tilestore.errors import DamagedEmbeddings
+    from tilestore.exports import cohort_to_h5
+
+    store = make(tmp_path, embedded)
+    said = rf"^{re.escape(str(store))}: {GROUP}.*{cause}.*; embed the store again"
+    with pytest.raises(DamagedEmbeddings, match=said):
+        open_embeddings(store, "efficientnet-lite0")
+    with pytest.raises(DamagedEmbeddings, match=said):
+        cohort_to_h5([store], "efficientnet-lite0", tmp_path / "h5")
+    assert not (tmp_path / "h5").exists() or not list((tmp_path / "h5").iterdir())
+
+
+def test_export_and_verify_of_a_features_type_changed_to_int16_are_one_line(tmp_path, embedded):
+    store = DAMAGED_GROUPS[0][0](tmp_path, embedded)
+    run = _cli("export", "h5", store, "-m", "efficientnet-lite0", "-o", tmp_path / "h5")
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert f"{store}: {GROUP}/features/zarr.json is not valid zarr metadata" in run.stderr
+    with pytest.raises(StoreError, match=rf"^{re.escape(str(store))}: cannot list the store: "
+                       rf"{GROUP}/features/zarr\.json is not valid zarr metadata"):  # fmt: skip
+        verify_store(store)
+    run = _cli("verify", store)
+    assert run.returncode == 2 and "internal error" not in run.stderr, run.stderr
+    assert run.stderr.count("\n") == 1 and f"{GROUP}/features/zarr.json" in run.stderr
 
 
 # -- annotations --------------------------------------------------------------------------------
@@ -603,3 +722,63 @@ def test_a_tile_damaged_in_its_headers_fails_convert_in_one_line(tmp_path, slide
     )
     assert "; decoding it: " in line and "internal error" not in line
     assert not list((tmp_path / "out").glob("*.ome.zarr"))
+
+
+# A chain of image headers that comes back on itself: tifffile walks it a page at a time and
+# looks for loops only at 100 pages, so `info` and `convert` iterated forever. Run as the user
+# runs them, in a process of their own, so that a hang fails the test instead of stopping it.
+@pytest.mark.parametrize("command", ["info", "convert"])
+@pytest.mark.parametrize(
+    ("make", "cause"),
+    [
+        (C.page_loop(back_to=0, at=0), r"page 0's next-page offset points back to page 0"),
+        (C.page_loop(back_to=1, at=2), r"page 2's next-page offset points back to page 1"),
+    ],
+    ids=["self", "back"],
+)
+def test_a_loop_in_the_page_chain_is_refused_in_one_line(
+    tmp_path, slide_path, make, cause, command
+):
+    src = make(tmp_path, slide_path(CMU))
+    out = tmp_path / "out"
+    args = ("info", src) if command == "info" else ("convert", src, "-o", out)
+    run = _cli(*args, timeout=300)
+    assert run.returncode == 2, run.stderr
+    assert re.fullmatch(
+        rf"tilestore: error: {re.escape(str(src))}: a loop in the file's page chain: {cause} "
+        r"\(byte \d+\); the header is corrupt",
+        run.stderr.strip(),
+    ), run.stderr
+    assert not out.exists() or not list(out.iterdir())
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """A folder bound read-only onto another (an archive's mount), unbound after the test."""
+    folder, under = tmp_path / "ro", tmp_path / "under"
+    folder.mkdir()
+    under.mkdir()
+    import subprocess
+
+    bound = subprocess.run(["mount", "--bind", str(under), str(folder)], capture_output=True)
+    if bound.returncode:
+        pytest.skip(f"cannot bind-mount here: {bound.stderr.decode().strip()}")
+    subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], check=True)
+    yield folder, under
+    subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_writing_into_a_read_only_store_names_the_store(read_only, stores):
+    """It said "tilestore: error: <store>/labels: Read-only file system" (or "zarr.json: ..."),
+    the file it failed on and not the store or what to do."""
+    folder, under = read_only
+    C.store_copy(under, stores(CMU), "cmu")
+    store = folder / "cmu.ome.zarr"
+    run = _cli("tissue", store)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == (
+        f"tilestore: error: {store}: cannot write into the store (it is on a read-only file "
+        "system); nothing was written: run this on a writable copy of the store\n"
+    )
+    with pytest.raises(StoreError, match=rf"^{re.escape(str(store))}: cannot write into"):
+        open_slide(store).writable_group()

@@ -20,7 +20,7 @@ from distributed import Client, LocalCluster, WorkerPlugin
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import CMU, IHC, SLIDES, group_of, real
+from tests.conftest import CMU, IHC, SLIDES, group_of, real, run_cli
 from tests.corpus import rewrite_chunk
 from tilestore.embed.cohort import (
     _Feed,
@@ -35,7 +35,7 @@ from tilestore.embed.engine import embed
 from tilestore.embed.inputs import Preparation
 from tilestore.embed.jobs import Slice
 from tilestore.embed.settings import Options, parse_shard
-from tilestore.errors import TilestoreError
+from tilestore.errors import OptionError, TilestoreError
 from tilestore.plan import PlanOptions
 from tilestore.reading.opening import open_slide
 
@@ -110,6 +110,30 @@ def test_shard_argument_errors():
         parse_shard("3")
     with pytest.raises(TilestoreError, match=r"K must be in 0\.\.N-1"):
         shard([], 2, 2)
+    # N past any job array: numpy's "Maximum allowed dimension exceeded" (an internal error)
+    huge = "0/99999999999999999999"
+    with pytest.raises(OptionError, match=rf"^shard='{huge}': N must be 1 to 4,000,001 \("):
+        parse_shard(huge)
+    with pytest.raises(OptionError, match=r"^shard='0/4000002': N must be 1 to 4,000,001"):
+        shard(["/nowhere/a.ome.zarr"], 0, 4_000_002)
+
+
+def test_shares_past_the_stores_count_are_empty_and_cost_nothing():
+    stores = [f"/nowhere/slide{i}.ome.zarr" for i in range(3)]
+    assert [shard(stores, k, 4_000_001) for k in (0, 1, 2, 3, 4_000_000)] == [
+        [stores[0]], [stores[1]], [stores[2]], [], []
+    ]  # fmt: skip
+    assert [shard(stores, k, 5) for k in range(5)] == [[s] for s in stores] + [[], []]
+
+
+def test_a_huge_shard_count_is_one_line_from_the_command(tmp_path):
+    run = run_cli("embed", tmp_path / "x.ome.zarr", "--model", "efficientnet-lite0",
+                  "--shard", "0/99999999999999999999")  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == (
+        "tilestore: error: --shard 0/99999999999999999999: N must be 1 to 4,000,001 "
+        "(SLURM's largest job array)\n"
+    )
 
 
 @settings(max_examples=200, deadline=None)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import tilestore
 from tilestore.analysis import register_accessor
-from tilestore.errors import AnalysisError
+from tilestore.errors import AnalysisError, OptionError
 
 STRIDE = 224.0
 
@@ -173,10 +173,26 @@ def test_nearest_rejects_bad_queries():
         ds.tiles.nearest(np.ones(5))
     with pytest.raises(AnalysisError, match="zero query"):
         ds.tiles.nearest(np.zeros(6))
-    with pytest.raises(AnalysisError, match="no tile 20"):
-        ds.tiles.nearest(20)
+    for query in (20, -1, -20, np.int64(-1)):  # a negative index is refused, not from the end
+        with pytest.raises(OptionError, match=rf"^query={query}: no such tile \(tiles 0 to 19\)$"):
+            ds.tiles.nearest(query)
     with pytest.raises(AnalysisError, match="k must be"):
         ds.tiles.nearest(0, k=21)
+
+
+def test_a_fit_on_no_tiles_or_too_few_is_refused_naming_sample():
+    ds, _ = cohort([np.random.default_rng(0).normal(size=(20, 6))])
+    for call in (ds.tiles.pca, ds.tiles.rgb_map, lambda **kw: ds.tiles.kmeans(2, **kw)):
+        for bad in (0, -5, 2.5, True):
+            with pytest.raises(OptionError, match=rf"^sample={bad}: must be a whole number"):
+                call(sample=bad)
+        with pytest.raises(OptionError, match=r"^seed=-1: must be a whole number from 0"):
+            call(seed=-1)
+    with pytest.raises(OptionError, match=r"^sample=2: a fit of 3 components needs 3 tiles"):
+        ds.tiles.pca(3, sample=2)
+    with pytest.raises(OptionError, match=r"^sample=3: a fit of 4 clusters needs 4 tiles"):
+        ds.tiles.kmeans(4, sample=3)
+    assert ds.tiles.pca(3, sample=3).attrs["fitted_on"] == 3
 
 
 @settings(max_examples=30, deadline=None)

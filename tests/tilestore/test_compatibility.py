@@ -5,6 +5,7 @@ slide and refuses tiles that are not the model's input unless asked."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -15,12 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tilestore
-from tests.conftest import CMU, SLIDES
+from tests.conftest import CMU, SLIDES, run_cli
 from tilestore.embed import Options, embed
 from tilestore.embeddings import MixedResults, open_slide_embeddings
 from tilestore.embeddings.recipe import Scale, combine, parse_scale, recipe
 from tilestore.embeddings.write import write_features
-from tilestore.errors import TilestoreWarning
+from tilestore.errors import OptionError, TilestoreWarning
 from tilestore.exports import cohort_to_h5
 from tilestore.plan import PlanOptions, save_plan
 from tilestore.reading import open_slide
@@ -122,6 +123,26 @@ def test_the_refusal_lists_each_scale_and_its_stores(planned, tmp_path):
     assert "\n" not in message
     with pytest.raises(MixedResults, match=r"scale='1mpp-64px': none of these"):
         tilestore.open_embeddings(paths, "m", scale="1mpp-64px")
+
+
+@pytest.mark.parametrize("label", ["0mpp-64px", "0.0mpp-64px", "1mpp-0px", "1mpp-64px-s0"])
+def test_a_scale_of_0_um_px_or_0_px_is_refused_at_the_door(planned, tmp_path, label):
+    """A 0 um/px scale divided by zero when matched against the stores' (an internal error
+    from every reader and export); a 0 px tile or stride names no scale a store can have."""
+    paths = [
+        _store_with(planned, tmp_path, 0, PlanOptions(mpp=1.0, tile=64, min_tissue=0)),
+        _store_with(planned, tmp_path, 1, PlanOptions(mpp=2.0, tile=64, min_tissue=0)),
+    ]
+    said = rf"^scale='{re.escape(label)}': must be a scale's label, .*um/px above 0, sizes of 1"
+    with pytest.raises(OptionError, match=said):
+        tilestore.open_embeddings(paths, "m", scale=label)
+    with pytest.raises(OptionError, match=said):
+        cohort_to_h5(paths, "m", tmp_path / "h5", scale=label)
+    with pytest.raises(ValueError):
+        parse_scale(label)
+    run = run_cli("export", "h5", *paths, "-m", "m", "-o", tmp_path / "h5", "--scale", label)
+    assert run.returncode == 2 and run.stderr.startswith(f"tilestore: error: --scale {label}: ")
+    assert run.stderr.count("\n") == 1 and not (tmp_path / "h5").exists()
 
 
 def test_pixel_sizes_within_the_tolerance_are_one_scale():

@@ -192,6 +192,46 @@ def test_a_folder_of_two_series_makes_a_store_of_each(pyramid, tmp_path):
     assert names == sorted(f"two-{uid}.ome.zarr" for uid in series)
 
 
+def test_a_folder_of_dicom_and_other_slides_is_refused_naming_them(tmp_path, slide_path):
+    """It was taken for one DICOM slide: the DICOM converted, the SVS and NDPI beside it left
+    out without a word (exit 0)."""
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    for name in ("camelyon_lymphnode_jpeg.dcm", CMU, "stritt_test3-DAPI-2-387.ndpi"):
+        (folder / name).symlink_to(slide_path(name))
+    (folder / "notes.txt").write_text("not a slide")  # other files are no slides: left out
+    said = (
+        rf"^{folder}: the folder holds 1 DICOM file\(s\) and 2 slide\(s\) of other formats "
+        rf"\({CMU}, stritt_test3-DAPI-2-387\.ndpi\), which a folder taken as a DICOM slide "
+        rf"would leave out: give the slide files themselves \({folder}/\*\), or a folder "
+        r"holding only DICOM files$"
+    )
+    with pytest.raises(SlideError, match=said):
+        convert(folder, tmp_path / "out")
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tilestore.cli",
+            "convert",
+            str(folder),
+            "-o",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2 and run.stderr.strip().count("\n") == 0, run.stderr
+    assert f"{folder}: the folder holds 1 DICOM file(s) and 2 slide(s)" in run.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    (folder / CMU).unlink()
+    (folder / "stritt_test3-DAPI-2-387.ndpi").unlink()
+    assert [p.name for p in dicom_series(folder)[next(iter(dicom_series(folder)))]] == [
+        "camelyon_lymphnode_jpeg.dcm"
+    ]  # DICOM and files that are no slides: a DICOM slide, as before
+
+
 def test_damaged_dicom_is_one_clear_error(tmp_path):
     if not CAMELYON.exists():
         pytest.skip(f"real test data not found: {CAMELYON}")

@@ -214,3 +214,32 @@ def test_seeded_random_weights_resume_only_the_same_draw(slide_plan):
     other = {**drawn, "weights_sha256": "b" * 64}  # the seed drawn on another kind of GPU
     with pytest.raises(EmbeddingError, match=r"made with other settings \(model\)"):
         EmbeddingWriter(slide, plan, uid, RunIdentity(other, 4, "float32", "fp32", False))
+
+
+def test_the_plan_replaced_refusal_counts_each_plan_s_own_tiles(slide_plan):
+    """The count next to the plan the group was made from is the tiles embedded of it; the
+    run's plan of the same name, made again with a stride, has its own count beside it (it
+    was left out where the refusal came before the run: "(45 tiles)" read as the plan's)."""
+    from tilestore.embeddings.write import standing
+
+    first = _writer(slide_plan)
+    _fill(first, first.todo(), 1.0)
+    first.finish({})
+    slide, plan, _, _ = slide_plan
+    again = plan_slide(slide, PlanOptions(mpp=1.0, tile=224, stride=112, min_tissue=0.0,
+                                          name=plan.name))  # fmt: skip
+    uid = save_plan(slide, again, overwrite=True)
+    assert len(again) > len(plan)
+    found = standing(slide, MODEL["name"], again.name, uid, len(again))
+    assert found.state == "other plan" and found.why == (
+        f"{slide.name}: embeddings/test-model was made from plan '{plan.name}' as it was before "
+        f"it was made again ({len(plan)} tiles embedded), not this run's '{plan.name}' "
+        f"({len(again)} tiles; a plan of the same name made again counts as another); pass "
+        "overwrite=True to replace it"
+    )
+    other = standing(slide, MODEL["name"], "0.5mpp-224px", None, None)
+    assert other.why == (
+        f"{slide.name}: embeddings/test-model was made from plan '{plan.name}' ({len(plan)} "
+        "tiles embedded), not this run's '0.5mpp-224px' (to be made by the run); pass "
+        "overwrite=True to replace it"
+    )

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import CMU, KIDNEY, psnr
 from tests.counting import CountingStore
-from tilestore.errors import StoreError, TilestoreError
+from tilestore.errors import OptionError, StoreError, TilestoreError
 from tilestore.reading.opening import open_slide
 from tilestore.reading.slide import resize
 
@@ -121,6 +121,39 @@ def test_read_region_needs_one_of_level_or_mpp(slide):
         slide.read_region(0, 0, 10, 10)
     with pytest.raises(TypeError):
         slide.read_region(0, 0, 10, 10, level=0, mpp=0.5)
+
+
+# Each answered before (a region at level 0 for mpp=0, the last level for level=-1, a NaN
+# corner cast to an integer): a library call out of range is refused naming the argument.
+OUT_OF_RANGE = [
+    ({"mpp": 0}, r"^mpp=0: must be a number of um/px above 0 and at most 100$"),
+    ({"mpp": -0.5}, r"^mpp=-0\.5: must be a number of um/px above 0"),
+    ({"mpp": float("nan")}, r"^mpp=nan: must be a number of um/px"),
+    ({"level": -1}, r"^level=-1: must be a whole number from 0"),
+    ({"level": 3}, r"^level=3: CMU-1-Small-Region\.ome\.zarr has levels 0 to 2$"),
+    ({"level": 0.5}, r"^level=0\.5: must be a whole number"),
+    ({"level": 0, "x": float("nan")}, r"^x=nan: must be a number of px from "),
+    ({"level": 0, "y": float("inf")}, r"^y=inf: must be a number of px from "),
+    ({"level": 0, "w": 0}, r"^w=0: must be a whole number of px from 1 to 524,288$"),
+    ({"level": 0, "h": -3}, r"^h=-3: must be a whole number of px from 1"),
+    ({"level": 0, "w": 10**7}, r"^w=10000000: must be a whole number of px from 1 to 524,288"),
+    ({"mpp": 0.5, "tolerance": -0.1}, r"^tolerance=-0\.1: must be a number from 0 to 0\.5$"),
+]
+
+
+@pytest.mark.parametrize(("args", "said"), OUT_OF_RANGE, ids=lambda v: str(v))
+def test_read_region_refuses_an_argument_out_of_range(slide, args, said):
+    region = {"x": 0, "y": 0, "w": 10, "h": 10, **args}
+    with pytest.raises(OptionError, match=said):
+        slide.read_region(region.pop("x"), region.pop("y"), region.pop("w"), region.pop("h"),
+                          **region)  # fmt: skip
+
+
+def test_read_region_takes_numpy_numbers_and_fractional_corners(slide):
+    want = slide.read_region(3, 4, 10, 10, level=1)
+    np.testing.assert_array_equal(
+        slide.read_region(np.int64(3), np.float32(4.2), np.int64(10), 10, level=np.int64(1)), want
+    )
 
 
 def test_mpp_reads_need_a_known_pixel_size(stores):

@@ -97,6 +97,16 @@ def test_nearly_empty_slide_finds_its_fragment(stores):
     assert tissue.mask.sum() < 4 * dark.sum()  # and not much besides
 
 
+def test_a_slide_coarser_than_the_mask_gets_a_mask_of_its_own_pixels(stores):
+    """The CAMELYON DICOM is 1152x700 px at 28.97 um/px: its mask at 8 um/px was 4172x2535,
+    pixels invented by upsampling and a mask past the image's extent at its downsample."""
+    slide = open_slide(stores("camelyon_lymphnode_jpeg.dcm"))
+    found = compute_tissue(slide)
+    assert found.mask.shape == slide.shape[1:] == (700, 1152)
+    assert found.downsample == (1.0, 1.0) and found.mpp == max(slide.mpp)
+    assert 0.05 < found.fraction < 0.6
+
+
 def test_all_tissue_crop_is_not_split_in_two(stores):
     tissue = compute_tissue(open_slide(stores(IHC)))
     assert any("no glass found" in n for n in tissue.notes)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from PIL import Image
 from starlette.testclient import TestClient
 
+from tests.conftest import CMU
 from tests.corpus import EMBEDDINGS_DAMAGE, damage_embeddings
 from tilestore.errors import ViewError
 from tilestore.format.jpeg import marker_facts, read_header
@@ -141,6 +142,22 @@ def test_columns_pca_and_clusters_are_drawn_per_tile(client, catalog):
     assert png(client.get(tissue["url"]))[..., 3].any()
     missing = client.get(f"/api/overlay/0?kind=tiles&model={MODEL}&column=nope")
     assert missing.status_code == 404 and "no per-tile column 'nope'" in missing.json()["error"]
+
+
+@pytest.mark.parametrize("k", [3_000_000, 1, 21])
+def test_a_cluster_count_out_of_2_to_20_is_refused_before_any_colour_is_made(
+    client, monkeypatch, k
+):
+    """k=3,000,000 took 208 s and 774 MB of colours before the 2-20 check refused it."""
+    import tilestore.analysis.plots as plots
+
+    asked = []
+    monkeypatch.setattr(
+        plots, "cluster_colors", lambda n: asked.append(n) or plots.np.zeros((n, 3))
+    )
+    got = client.get(f"/api/overlay/0?kind=tiles&model={MODEL}&column=clusters&k={k}")
+    assert got.status_code == 404 and got.json()["error"] == f"clusters: k={k}; ask for 2 to 20"
+    assert asked == []
 
 
 def test_similarity_is_the_cosine_of_stored_features(catalog):
@@ -327,3 +344,67 @@ def test_the_listening_socket_says_it_is_tcp():
             bind("127.0.0.1", sock.getsockname()[1])
     finally:
         sock.close()
+
+
+@pytest.fixture(scope="module")
+def mixed_scales(stores, tmp_path_factory):
+    """Three stores of CMU-1 whose features of one model ("m") are at 1 um/px (s0, s2) and
+    2 um/px (s1): not one population."""
+    import tilestore
+    from tilestore.embeddings.write import write_features
+    from tilestore.plan import PlanOptions, save_plan
+
+    folder = tmp_path_factory.mktemp("mixed")
+    paths = []
+    for i, mpp in enumerate((1.0, 2.0, 1.0)):
+        path = folder / f"s{i}.ome.zarr"
+        shutil.copytree(stores(CMU), path)
+        slide = open_slide(path)
+        plan = tilestore.plan_slide(slide, PlanOptions(mpp=mpp, tile=64, min_tissue=0))
+        save_plan(slide, plan)
+        features = np.random.default_rng(i).standard_normal((len(plan), 32)).astype(np.float32)
+        write_features(path, {"name": "m", "output_dim": 32, "repo": "test/m"}, features,
+                       plan=plan.name, batch_size=16)  # fmt: skip
+        paths.append(path)
+    return paths
+
+
+def test_a_cohort_of_mixed_scales_serves_every_slides_overlays(mixed_scales):
+    """Every slide's overlays answered 409 ("more than one scale"), the same-scale ones
+    included: per-tile columns need only the slide's own features, and PCA, clusters and
+    similarity are computed within the slides whose features may meet."""
+    paths = [str(p) for p in mixed_scales]
+    catalog = Catalog([open_slide(p) for p in paths], paths, paths)
+    client = TestClient(make_app(catalog))
+    assert "tissue" in client.get("/api/columns?model=m").json()["columns"]
+    plans = load_plan(catalog.get(0).slide)[0], load_plan(catalog.get(1).slide)[0]
+    for sid in range(3):
+        for column in ("tissue", "pca", "clusters", "roi_class"):
+            url = f"/api/overlay/{sid}?kind=tiles&model=m&column={column}&k=3"
+            got = client.get(url)
+            assert got.status_code == 200, (url, got.text)
+        cells = client.get(f"/api/overlay/{sid}?kind=tiles&model=m&column=clusters&k=3").json()
+        assert sum(i["count"] for i in cells["legend"]["items"]) == len(plans[sid % 2])
+    embedded = catalog.embedded("m")
+    assert [embedded.population[embedded.tiles_of(i)].tolist() for i in range(3)] == [
+        [0] * len(plans[0]), [1] * len(plans[1]), [0] * len(plans[0])
+    ]  # fmt: skip
+    # PCA and clusters of s0 and s2 are those of the two alone, not of all three
+    alone = tilestore_open(paths[0::2]).tiles.kmeans(3, pcs=16).values
+    np.testing.assert_array_equal(catalog.clusters("m", 3)[embedded.population == 0], alone)
+    # a similarity: within the population of the tile asked for, refused across
+    ref = embedded.tiles_of(0).start
+    hits = client.get(f"/api/similar/0?model=m&tile={ref}&k=50").json()
+    assert hits and {h["slide"] for h in hits["hits"]} <= {0, 2}
+    assert (
+        client.get(f"/api/overlay/2?kind=tiles&model=m&column=similarity&ref={ref}").status_code
+        == 200
+    )
+    across = client.get(f"/api/overlay/1?kind=tiles&model=m&column=similarity&ref={ref}")
+    assert across.status_code == 404 and "may not meet slide 1's" in across.json()["error"]
+
+
+def tilestore_open(paths):
+    from tilestore import open_embeddings
+
+    return open_embeddings(paths, "m")

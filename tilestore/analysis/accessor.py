@@ -19,8 +19,8 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
-from tilestore.analysis.options import Clusters, Components, OptionalComponents
-from tilestore.errors import AnalysisError
+from tilestore.analysis.options import Clusters, Components, OptionalComponents, Sample, Seed
+from tilestore.errors import AnalysisError, OptionError
 from tilestore.options import checked
 
 SAMPLE = 100_000  # tiles a fit sees at most: ample for PCA/k-means of foundation features
@@ -137,7 +137,7 @@ class TilesAccessor:
     # -- decompositions ---------------------------------------------------------------
 
     @checked
-    def pca(self, n: Components = 3, *, sample: int = SAMPLE, seed: int = 0) -> xr.DataArray:
+    def pca(self, n: Components = 3, *, sample: Sample = SAMPLE, seed: Seed = 0) -> xr.DataArray:
         """Return the first `n` principal component scores of every tile, (tile, component).
 
         Fitted (scikit-learn PCA, components' signs made deterministic) on all tiles, or
@@ -154,6 +154,8 @@ class TilesAccessor:
         from sklearn.decomposition import PCA  # here: scikit-learn takes a second to import
 
         fit_on = _sample(features, sample, seed)
+        if n > len(fit_on):
+            raise OptionError(f"sample={sample}: a fit of {n} components needs {n} tiles or more")
         model = PCA(n_components=n, svd_solver="covariance_eigh").fit(fit_on)
         components = model.components_.astype(np.float32)
         offset = (model.mean_ @ model.components_.T).astype(np.float32)
@@ -179,8 +181,8 @@ class TilesAccessor:
         k: Clusters,
         *,
         pcs: OptionalComponents = None,
-        sample: int = SAMPLE,
-        seed: int = 0,
+        sample: Sample = SAMPLE,
+        seed: Seed = 0,
     ) -> xr.DataArray:
         """Return each tile's k-means cluster (0..k-1), fitted with scikit-learn.
 
@@ -199,6 +201,8 @@ class TilesAccessor:
         else:
             pca, space = None, self._features()
             fit_on = _sample(space, sample, seed)
+        if k > len(fit_on):
+            raise OptionError(f"sample={sample}: a fit of {k} clusters needs {k} tiles or more")
         model = KMeans(n_clusters=k, n_init=4, random_state=seed).fit(fit_on)
         centers = model.cluster_centers_.astype(np.float32)
         labels = space.map_blocks(
@@ -222,7 +226,8 @@ class TilesAccessor:
             },
         )
 
-    def rgb_map(self, *, sample: int = SAMPLE, seed: int = 0) -> xr.DataArray:
+    @checked
+    def rgb_map(self, *, sample: Sample = SAMPLE, seed: Seed = 0) -> xr.DataArray:
         """Return the first three principal components as colours, (tile, rgb) in [0, 1].
 
         Each component is stretched between its 1st and 99th percentile, so a few outlier
@@ -245,10 +250,12 @@ class TilesAccessor:
     def nearest(self, query, k: int = 10) -> xr.Dataset:
         """Return the `k` tiles most similar (cosine) to each query, across all slides.
 
-        query: a tile's position in this Dataset, a feature vector, or an (m, feature)
-        array of them. Returns a Dataset on (query, rank), rank 0 the most similar, with
-        ``tile`` (position), ``similarity`` and the tiles' slide, x, y, row, col. A tile
-        given as the query finds itself first, with similarity 1.
+        query: a tile's position in this Dataset, 0 to its tiles - 1 (a negative one is
+        refused, not counted from the end: an index gone wrong is likelier than one meant
+        from the end), a feature vector, or an (m, feature) array of them. Returns a
+        Dataset on (query, rank), rank 0 the most similar, with ``tile`` (position),
+        ``similarity`` and the tiles' slide, x, y, row, col. A tile given as the query
+        finds itself first, with similarity 1.
         """
         features = self._features()
         queries = self._queries(query, features)
@@ -273,9 +280,11 @@ class TilesAccessor:
         return out
 
     def _queries(self, query, features: da.Array) -> np.ndarray:
-        if isinstance(query, int | np.integer):
-            if not -features.shape[0] <= query < features.shape[0]:
-                raise AnalysisError(f"nearest: no tile {query} ({features.shape[0]} tiles)")
+        if isinstance(query, int | np.integer) and not isinstance(query, bool):
+            if not 0 <= query < features.shape[0]:
+                raise OptionError(
+                    f"query={query}: no such tile (tiles 0 to {features.shape[0] - 1})"
+                )
             return np.asarray(features[int(query)], dtype=np.float32)[None]
         q = np.atleast_2d(np.asarray(query, dtype=np.float32))
         if q.ndim != 2 or q.shape[1] != features.shape[1]:

@@ -33,3 +33,15 @@ OptionalComponents = Annotated[
         none_word="none",
     ),
 ]
+Sample = Annotated[
+    int,
+    Opt(
+        "Tiles a fit sees at most (a random sample of them where there are more).",
+        low=1,
+        high=10**9,
+        cli=False,
+    ),
+]
+Seed = Annotated[
+    int, Opt("Seed of the random sample and of the fit.", low=0, high=2**32 - 1, cli=False)
+]

@@ -33,7 +33,7 @@ from tilestore.errors import (
     StoreError,
     TilestoreWarning,
 )
-from tilestore.format.store import DAMAGED, STORE_SUFFIX, stored
+from tilestore.format.store import DAMAGED, STORE_SUFFIX, members, stored
 from tilestore.format.store import open_group as open_store_group
 
 StoreLike = str | os.PathLike | Store
@@ -199,7 +199,10 @@ def open_finished(store: StoreLike, model: str, plan: str | None = None) -> Fini
                 f"{store}: {path} is unfinished ({int(done.sum())} of {len(done)} batches); "
                 "rerun the same `tilestore embed` command to finish it"
             )
-        arrays = dict(group.arrays())  # one round of concurrent metadata reads, not eleven
+        try:  # one round of concurrent metadata reads, not eleven
+            arrays = {n: a for n, a in members(group) if isinstance(a, zarr.Array)}
+        except ValueError as exc:
+            raise DamagedEmbeddings(f"{store}: {path}/{exc}; {embed_again(path)}") from exc
         check_group(store, path, meta, arrays)
     return Finished(group, path, dict(meta), arrays)
 
@@ -208,7 +211,8 @@ def check_group(
     store: StoreLike, path: str, meta: dict[str, Any], arrays: dict[str, zarr.Array], fix: str = ""
 ) -> np.ndarray:
     """The group's done flags, once it is what its runs wrote as far as can be told without
-    reading its features: its arrays' shapes (`check_shapes`) and dtypes as recorded, a group
+    reading its features: its record of the tiles' grid (`check_record`), its arrays' shapes
+    (`check_shapes`) and dtypes as recorded, a group
     marked complete with every batch done, and its arrays' chunks the ones written at their
     positions (`tilestore.embeddings.tied.check`: shard indexes and 4 bytes a chunk). Else
     DamagedEmbeddings (a ChunkError for a damaged shard), one line naming the store, the
@@ -217,6 +221,7 @@ def check_group(
     to do about it (default: `embed_again`)."""
     fix = fix or embed_again(path)
     where = f"{store}: {path}"
+    check_record(store, path, meta)
     check_shapes(store, path, meta, arrays, fix)
     dtype = meta.get("dtype")  # what the run wrote (`RunIdentity.dtype`)
     for key in ("features", "tokens"):
@@ -242,6 +247,48 @@ def check_group(
         )
     tied.check(where, fix, meta, arrays, flags, ends)
     return flags
+
+
+def _positive(value: Any, whole: bool) -> bool:
+    """Whether a recorded value is a number above 0 (whole, where `whole`), not a bool."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return value > 0 and np.isfinite(value) and (not whole or value == int(value))
+
+
+def check_record(store: StoreLike, path: str, meta: dict[str, Any]) -> None:
+    """Refuse (DamagedEmbeddings, one line naming the store, the attribute and its value) a
+    group whose record of its tiles' grid is not what a run writes: the readers multiply and
+    divide by these (footprints, strides, scales). Facts a group made before they were
+    recorded lacks are not asked for."""
+    grid = meta.get("grid")
+    if grid is not None and not isinstance(grid, dict):
+        _bad_record(store, path, "grid", grid, "a record of the tiles' grid")
+    grid = grid or {}
+    facts = {
+        "tile_size": (meta.get("tile_size"), True),
+        "read_px": (meta.get("read_px"), True),
+        "mpp": (meta.get("mpp"), False),
+        **{f"grid.{k}": (grid.get(k), True) for k in ("tile", "stride", "read", "read_stride")},
+        **{f"grid.{k}": (grid.get(k), False) for k in ("mpp", "effective_mpp")},
+    }
+    for name, (value, whole) in facts.items():
+        if value is not None and not _positive(value, whole):
+            _bad_record(store, path, name, value, "a whole number above 0" if whole else
+                        "a number above 0")  # fmt: skip
+    down = grid.get("downsample")
+    if down is not None and not (
+        isinstance(down, list) and len(down) == 2 and all(_positive(d, False) for d in down)
+    ):
+        _bad_record(store, path, "grid.downsample", down, "two numbers above 0")
+
+
+def _bad_record(store: StoreLike, path: str, name: str, value: Any, want: str) -> None:
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    raise DamagedEmbeddings(
+        f"{store}: {path}'s record is damaged: its {name} is {shown}, not {want}; "
+        f"{embed_again(path)}"
+    )
 
 
 def check_shapes(
@@ -273,6 +320,12 @@ def check_shapes(
         if key in arrays:
             shape = arrays[key].shape
             expected[key] = ((tiles, *shape[1:]), f"{tiles} tiles")
+    stored_as, recorded = np.dtype(features.dtype), meta.get("dtype")
+    if stored_as.kind != "f" or (recorded is not None and stored_as.name != recorded):
+        raise DamagedEmbeddings(
+            f"{where}/features is stored as {stored_as.name} where the group records "
+            f"{recorded or 'floating-point features'}: it is damaged; {embed_again(path)}"
+        )
     for key, (shape, why) in expected.items():
         if key not in arrays:
             raise DamagedEmbeddings(f"{where} has no {key} array; {fix}")

@@ -31,8 +31,10 @@ ScaleLabel = Annotated[
     Opt(
         "Of stores planned at several scales, keep those at this one (the others are left "
         "out with a warning).",
-        pattern=r"(level0|\d+(\.\d+)?mpp)-\d+px(-s\d+)?",
-        shape="a scale's label, e.g. 0.5mpp-224px or level0-256px",
+        # um/px above 0 (a 0 um/px scale divided by zero), tile and stride from 1 px
+        pattern=r"(level0|(?!0*(\.0*)?mpp)\d+(\.\d+)?mpp)-0*[1-9]\d*px(-s0*[1-9]\d*)?",
+        shape="a scale's label, e.g. 0.5mpp-224px or level0-256px: um/px above 0, sizes of "
+        "1 px or more",
         metavar="LABEL",
         none="refused where they differ",
     ),
@@ -112,6 +114,8 @@ def parse_scale(label: str) -> Scale:
     mpp = None if parts[0] == "level0" else float(parts[0].removesuffix("mpp"))
     tile = int(parts[1].removesuffix("px"))
     stride = int(parts[2].removeprefix("s")) if len(parts) == 3 else tile
+    if (mpp is not None and not 0 < mpp < float("inf")) or tile < 1 or stride < 1:
+        raise ValueError(label)  # no tiles are at 0 um/px or 0 px (matches divides by mpp)
     return Scale(mpp, tile, stride)
 
 

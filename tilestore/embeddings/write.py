@@ -151,11 +151,16 @@ def standing(
     made = attrs.get("plan") or {}
     same = made.get("name") == plan_name and (plan_uid is None or made.get("uid") == plan_uid)
     if not same:
-        count = f" ({plan_tiles} tiles)" if plan_tiles is not None else ""
+        # each number next to what it counts: the group's tiles are those of the plan it was
+        # made from, which a plan of the same name made again no longer is
+        again = made.get("name") == plan_name
+        then = " as it was before it was made again" if again else ""
+        now = "to be made by the run" if plan_tiles is None else f"{plan_tiles} tiles"
         why = (
-            f"{slide.name}: {path} was made from an earlier plan {made.get('name')!r} "
-            f"({tiles} tiles), stored again since{count}; pass overwrite=True to embed the "
-            "plan stored now"
+            f"{slide.name}: {path} was made from plan {made.get('name')!r}{then} ({tiles} "
+            f"tiles embedded), not this run's {plan_name!r} ({now}"
+            + ("; a plan of the same name made again counts as another" if again else "")
+            + "); pass overwrite=True to replace it"
         )
         return Standing("other plan", done, batch, tiles, why)
     if attrs.get("complete"):

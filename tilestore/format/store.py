@@ -97,6 +97,29 @@ def write_record(group: zarr.Group, record: StoreRecord) -> None:
 DAMAGED = (ValueError, TypeError, AttributeError, KeyError, IndexError, zarr.errors.BaseZarrError)
 
 
+def members(group: zarr.Group) -> list[tuple[str, zarr.Array | zarr.Group]]:
+    """A group's members (name, node), their metadata read concurrently, sorted by name; a
+    member whose zarr.json zarr cannot parse (a data type its fill value does not fit, say)
+    is a ValueError naming it, where zarr's own error says neither the member nor the file."""
+    try:
+        return sorted(group.members(), key=lambda m: m[0])
+    except DAMAGED as exc:
+        found = exc
+    from zarr.core.sync import sync
+
+    async def names() -> list[str]:
+        return [name async for name in group.store.list_dir(group.path)]
+
+    for name in sorted(n for n in sync(names()) if n != "zarr.json"):
+        try:
+            group[name]
+        except DAMAGED as exc:
+            raise ValueError(
+                f"{name}/zarr.json is not valid zarr metadata ({type(exc).__name__}: {exc})"
+            ) from exc
+    raise found
+
+
 @contextlib.contextmanager
 def stored(where: object, what: str, fix: str) -> Iterator[None]:
     """Read a stored document (`what`, of the store at `where`) inside this: any way it can
@@ -158,6 +181,20 @@ def tree_size(path: str | os.PathLike) -> int:
     return total
 
 
+def writable(root: Path) -> None:
+    """StoreError naming the store where its folder cannot be written (a read-only mount, no
+    permission), before anything is: the write's own error named only the file it failed
+    on ("zarr.json: Read-only file system"), not the store."""
+    if os.access(root, os.W_OK):
+        return
+    read_only = os.statvfs(root).f_flag & os.ST_RDONLY
+    why = "it is on a read-only file system" if read_only else "no permission to write in it"
+    raise StoreError(
+        f"{root}: cannot write into the store ({why}); nothing was written: run this on a "
+        "writable copy of the store"
+    )
+
+
 def open_for_writing(store: Store | str | os.PathLike) -> zarr.Group:
     """A store's root group opened to write derived data into (labels, plans, QC,
     embeddings, the verification record): the one place a store is opened for writing.
@@ -170,6 +207,7 @@ def open_for_writing(store: Store | str | os.PathLike) -> zarr.Group:
     group = zarr.open_group(store, mode="r+", zarr_format=3, use_consolidated=False)
     root = getattr(getattr(group.store, "_store", group.store), "root", None)
     if root is not None:
+        writable(Path(root))
         path = Path(root) / "zarr.json"
         doc = json.loads(path.read_bytes())
         if doc.pop("consolidated_metadata", None) is not None:

@@ -138,8 +138,13 @@ def _low_resolution(slide: Slide, mpp: float, notes: list[str]):
     _, h0, w0 = slide.shape
     level, ds = _level_read(slide, mpp)
     if ds is None:
-        target = (max(1, round(h0 * slide.mpp[1] / mpp)), max(1, round(w0 * slide.mpp[0] / mpp)))
-        mask_mpp = mpp
+        # never finer than the slide's own pixels: a 28.97 um/px DICOM's 1152x700 image made
+        # a 4172x2535 mask at 8 um/px, pixels invented by upsampling
+        mask_mpp = max(mpp, *slide.mpp)
+        target = (
+            max(1, round(h0 * slide.mpp[1] / mask_mpp)),
+            max(1, round(w0 * slide.mpp[0] / mask_mpp)),
+        )
     else:
         notes.append(
             f"pixel size unknown: mask at 1/{ds} of level 0; sizes in um assume "

@@ -13,7 +13,7 @@ import copy
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 import zarr
@@ -29,7 +29,33 @@ if TYPE_CHECKING:
     import xarray as xr
 from tilestore.errors import OptionError, StoreError
 from tilestore.format.store import DAMAGED, open_for_writing, open_group
-from tilestore.reading.resolution import MPP_TOLERANCE
+from tilestore.options import Opt, checked
+from tilestore.reading.resolution import MAX_MPP, MPP_TOLERANCE
+
+# What `Slide.read_region` is asked (a library call: no command takes these as flags).
+MAX_REGION = 2**19  # px a side: past any slide's (500,000 px), and past what RAM holds
+Corner = Annotated[
+    float,
+    Opt("A level-0 coordinate of the region's top-left corner.", unit="px", low=-MAX_REGION,
+        high=2 * MAX_REGION, cli=False),
+]  # fmt: skip
+Side = Annotated[
+    int, Opt("The region's width or height, in pixels of the level or um/px read.", unit="px",
+             low=1, high=MAX_REGION, cli=False),
+]  # fmt: skip
+LevelIndex = Annotated[
+    int | None, Opt("The level read (0: full resolution).", low=0, high=63, cli=False)
+]
+RegionMpp = Annotated[
+    float | None,
+    Opt("The um/px the region is read at.", unit="um/px", low=0, above=True, high=MAX_MPP,
+        cli=False),
+]  # fmt: skip
+Tolerance = Annotated[
+    float,
+    Opt("How far off mpp (a fraction) a level may be and be read as is.", low=0, high=0.5,
+        cli=False),
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -189,28 +215,33 @@ class Slide:
         ]
         return max(fine_enough) if fine_enough else 0
 
+    @checked
     def read_region(
         self,
-        x: int,
-        y: int,
-        w: int,
-        h: int,
+        x: Corner,
+        y: Corner,
+        w: Side,
+        h: Side,
         *,
-        level: int | None = None,
-        mpp: float | None = None,
-        tolerance: float = MPP_TOLERANCE,
+        level: LevelIndex = None,
+        mpp: RegionMpp = None,
+        tolerance: Tolerance = MPP_TOLERANCE,
     ) -> np.ndarray:
         """Return the (h, w, c) region whose top-left corner is level-0 pixel (x, y).
 
         At a coarser level the corner is the level pixel nearest to (x, y).
 
-        With `level`, w and h are pixels of that level. With `mpp`, they are
-        pixels at that resolution: the region is read from `level_for_mpp` and
-        resampled (antialiased bilinear) unless that level is within tolerance.
-        Parts outside the slide are the background value (white for brightfield).
+        With `level`, w and h are pixels of that level (0 to the slide's last; no index
+        from the end). With `mpp`, they are pixels at that resolution (above 0): the
+        region is read from `level_for_mpp` and resampled (antialiased bilinear) unless
+        that level is within tolerance. Parts outside the slide are the background value
+        (white for brightfield). OptionError names an argument out of its range (a NaN
+        corner, mpp=0, a level the slide lacks), before anything is read.
         """
         if (level is None) == (mpp is None):
             raise TypeError("read_region needs exactly one of level= or mpp=")
+        if level is not None and level >= len(self.levels):
+            raise OptionError(f"level={level}: {self.name} has levels 0 to {len(self.levels) - 1}")
         if mpp is None:
             return self._read_level(level, x, y, w, h)
         index, sw, sh = self.level_window(w, h, mpp, tolerance)

@@ -43,7 +43,11 @@ from tilestore.format.chunks import ChunkReader
 from tilestore.format.codecs import has_checksums
 from tilestore.format.integrity import UNWRITTEN, Location, read_chunks, unseal
 from tilestore.format.shards import ShardIndex
-from tilestore.format.store import open_store
+from tilestore.format.store import (
+    DAMAGED,
+    members,
+    open_store,
+)
 from tilestore.options import Workers, checked
 from tilestore.reading.inplace import open_sidecar
 
@@ -92,7 +96,7 @@ def verify_store(
     slide = open_sidecar(None, store=path) if stored.source.sidecar else None
     result = Verification(path, decoded=decode)
     with ThreadPoolExecutor(workers or usable_cpus()) as pool:
-        for name, array in _arrays(group):
+        for name, array in _arrays(group, path):
             if positions.is_record(name):  # read (zarr checks its CRC-32C) with its level's
                 continue
             result.arrays += 1
@@ -183,18 +187,18 @@ def _again(group: str) -> str:
     return f"embed the store again with overwrite=True (or remove {group})"
 
 
-def _arrays(group: zarr.Group, prefix: str = ""):
-    """(path, array) for every array below a group, depth first, sorted."""
+def _arrays(group: zarr.Group, store: Path, prefix: str = ""):
+    """(path, array) for every array below a group (of `store`), depth first, sorted."""
     try:
-        members = sorted(group.members(), key=lambda m: m[0])
-    except (ValueError, zarr.errors.BaseZarrError) as exc:
-        raise StoreError(f"{group.store_path}: cannot list the store: {exc}") from exc
-    for name, member in members:
+        found = members(group)
+    except DAMAGED as exc:
+        raise StoreError(f"{store}: cannot list the store: {prefix}{exc}") from exc
+    for name, member in found:
         full = f"{prefix}{name}"
         if isinstance(member, zarr.Array):
             yield full, member
         else:
-            yield from _arrays(member, f"{full}/")
+            yield from _arrays(member, store, f"{full}/")
 
 
 def _coords(array: zarr.Array) -> list[tuple[int, ...]]:

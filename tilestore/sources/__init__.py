@@ -29,7 +29,7 @@ from tilestore.sources.ometiff import OmeTiffSource
 from tilestore.sources.openslide_reader import TIFF_VENDORS, OpenSlideSource, detect
 from tilestore.sources.qptiff import QptiffSource
 from tilestore.sources.svs import SvsSource
-from tilestore.sources.tiff import TIFF_ERRORS, TiffSource, check_pages
+from tilestore.sources.tiff import TIFF_ERRORS, TiffSource, check_page_chain, check_pages
 
 TIFF_READERS: tuple[type[TiffSource], ...] = (
     SvsSource,
@@ -118,6 +118,7 @@ def _open_tiff(path: Path) -> Source:
         except TIFF_ERRORS as exc:
             raise SlideError(f"{path}: not a readable TIFF (truncated or corrupt): {exc}") from exc
         try:
+            check_page_chain(path, tif)
             check_pages(path, tif.pages)  # tifffile's series detection divides by their sizes
             series = tif.series
         except SlideError:

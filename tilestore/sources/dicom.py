@@ -61,6 +61,23 @@ _RGB = {"RGB", "YBR_FULL_422", "YBR_FULL", "YBR_ICT", "YBR_RCT"}
 DICM_OFFSET = 128  # a DICOM file's 128-byte preamble, then "DICM"
 # a frame's and the whole image's (width, height) attributes
 _SIZES = ("Columns", "Rows", "TotalPixelMatrixColumns", "TotalPixelMatrixRows")
+WSI_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.77.1.6"  # VL Whole Slide Microscopy Image Storage
+# what every VL WSI file must say (type 1), and what it is, for the refusal
+_REQUIRED = (
+    ("ImageType", "VOLUME, LABEL, OVERVIEW or THUMBNAIL"),
+    ("Columns", "a frame's width"),
+    ("Rows", "a frame's height"),
+    ("TotalPixelMatrixColumns", "the whole image's width"),
+    ("TotalPixelMatrixRows", "the whole image's height"),
+    ("DimensionOrganizationType", "how its frames tile the image"),  # or frames' positions
+)
+_READ = (
+    *_SIZES,
+    "SOPClassUID",
+    "ImageType",
+    "DimensionOrganizationType",
+    "PerFrameFunctionalGroupsSequence",
+)
 
 
 def is_dicom_file(head: bytes) -> bool:
@@ -68,28 +85,70 @@ def is_dicom_file(head: bytes) -> bool:
     return head[DICM_OFFSET : DICM_OFFSET + 4] == b"DICM"
 
 
+# What marks a file that is a slide of another format (its first bytes: TIFF and its vendor
+# kinds, PNG, JPEG; or its name, for the OpenSlide formats that are not TIFFs)
+_OTHER_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+", b"\x89PNG", b"\xff\xd8\xff")
+_OTHER_SUFFIXES = {".mrxs", ".vms", ".vmu", ".svslide", ".scn", ".bif"}
+
+
 def dicom_series(path: str | os.PathLike) -> dict[str, list[Path]]:
-    """The DICOM files of a file or folder by SeriesInstanceUID (files that are not DICOM are
-    left out), in a stable order."""
+    """The DICOM files of a file or folder by SeriesInstanceUID, in a stable order. Files of
+    a folder that are not DICOM are left out, unless they are slides of another format
+    beside DICOM files: a folder is taken for a DICOM slide, so they would be left out
+    without a word; that folder is refused, naming them."""
     import pydicom
 
     path = Path(path)
     candidates = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
     series: dict[str, list[Path]] = {}
+    others: list[Path] = []
     for candidate in candidates:
         try:
             with open(candidate, "rb") as fh:
-                if not is_dicom_file(fh.read(DICM_OFFSET + 4)):
-                    continue
+                head = fh.read(DICM_OFFSET + 4)
+            if not is_dicom_file(head):
+                if head.startswith(_OTHER_MAGIC) or candidate.suffix.lower() in _OTHER_SUFFIXES:
+                    others.append(candidate)
+                continue
             ds = pydicom.dcmread(
-                candidate, stop_before_pixels=True, specific_tags=["SeriesInstanceUID", *_SIZES]
+                candidate, stop_before_pixels=True, specific_tags=["SeriesInstanceUID", *_READ]
             )
         except (OSError, EOFError, ValueError, pydicom.errors.InvalidDicomError) as exc:
             raise SlideError(f"{candidate}: not a readable DICOM file: {exc}") from exc
+        _check_required(candidate, ds)
         _check_sizes(candidate, ds)
         uid = str(ds.get("SeriesInstanceUID", "")) or "unknown"
         series.setdefault(uid, []).append(candidate)
+    if series and others:
+        files = sum(len(f) for f in series.values())
+        names = ", ".join(p.name for p in others[:4]) + (", ..." if len(others) > 4 else "")
+        raise SlideError(
+            f"{path}: the folder holds {files} DICOM file(s) and {len(others)} slide(s) of "
+            f"other formats ({names}), which a folder taken as a DICOM slide would leave out: "
+            f"give the slide files themselves ({path}/*), or a folder holding only DICOM files"
+        )
     return dict(sorted(series.items()))
+
+
+def _check_required(path: Path, ds: object) -> None:
+    """Refuse a VL Whole Slide Microscopy file without an attribute the standard requires of
+    it and wsidicom needs, naming it: wsidicom left such a file out of the series, then
+    said "Level files not found in provided files" (or "Undetermined tile type"), naming
+    neither. Files of other kinds are left for wsidicom to judge."""
+    if str(ds.get("SOPClassUID", "")) != WSI_SOP_CLASS:
+        return
+    missing = [name for name, _ in _REQUIRED[:-1] if ds.get(name) in (None, "")]
+    volume = len(ds.get("ImageType") or ()) > 2 and ds.ImageType[2] == "VOLUME"
+    tiling = ("DimensionOrganizationType", "PerFrameFunctionalGroupsSequence")
+    if volume and not any(name in ds for name in tiling):  # neither TILED_FULL nor positions
+        missing.append("DimensionOrganizationType")
+    if missing:
+        what = dict(_REQUIRED)[missing[0]]
+        raise SlideError(
+            f"{path}: a DICOM whole-slide image file without {missing[0]} ({what}), which the "
+            "standard requires: not a conformant DICOM WSI; export it again with a conformant "
+            "tool (e.g. wsidicomizer)"
+        )
 
 
 def _check_sizes(path: Path, ds: object) -> None:

@@ -22,7 +22,7 @@ from tilestore.cpus import usable_cpus
 from tilestore.errors import SlideError
 from tilestore.sources.base import Fact, Source, SourceInfo, SourceLevel, check_size, checked_mpp
 from tilestore.sources.storage import openslide_lossless, tiff_page_lossless
-from tilestore.sources.tiff import TIFF_ERRORS
+from tilestore.sources.tiff import TIFF_ERRORS, check_page_chain
 
 # TIFF variants whose layout our TIFF reader does not know (Leica collections of images,
 # Ventana's overlapping tiles, Philips' padded levels and sparse tiles, Trestle's sidecars):
@@ -178,6 +178,7 @@ def _lossless(path: Path, vendor: str, props: object) -> Fact:
         return openslide_lossless(props, vendor)
     try:
         with tifffile.TiffFile(path) as tif:
+            check_page_chain(path, tif)  # iterating pages of a looped chain never ends
             page = max(tif.pages, key=lambda p: p.imagewidth * p.imagelength)
             fact = tiff_page_lossless(path, page)
     except TIFF_ERRORS as exc:

@@ -286,10 +286,34 @@ def page_fault(page: tifffile.TiffPage) -> str | None:
     return None
 
 
+def check_page_chain(path: Path, tif: tifffile.TiffFile) -> None:
+    """Refuse a file whose chain of top-level image headers (IFDs) comes back to one it has
+    passed (a header whose next-IFD offset is its own, or an earlier one's): tifffile walks the
+    chain a page at a time and only looks for loops once it holds 100 pages, so iterating its
+    pages never ended. Reads the chain's offsets only (a few bytes per page)."""
+    fh, tiff = tif.filehandle, tif.tiff
+    seen: dict[int, int] = {}
+    offset = tif.pages.first.offset if tif.pages else 0
+    while 0 < offset < fh.size:
+        if offset in seen:
+            raise SlideError(
+                f"{path}: a loop in the file's page chain: page {len(seen) - 1}'s next-page "
+                f"offset points back to page {seen[offset]} (byte {offset}); the header is corrupt"
+            )
+        seen[offset] = len(seen)
+        try:
+            fh.seek(offset)
+            (tags,) = struct.unpack(tiff.tagnoformat, fh.read(tiff.tagnosize))
+            fh.seek(offset + tiff.tagnosize + tags * tiff.tagsize)
+            (offset,) = struct.unpack(tiff.offsetformat, fh.read(tiff.offsetsize))
+        except (struct.error, OSError):
+            return  # a chain cut short: tifffile stops there and says so (its log)
+
+
 def check_pages(path: Path, pages: Iterable[tifffile.TiffPage]) -> None:
     """Refuse a file one of whose top-level `pages` (levels, label, macro, thumbnail alike)
     declares what no image has (`page_fault`), naming it: before tifffile is asked anything
-    about them."""
+    about them. The chain that lists them is checked first (`check_page_chain`)."""
     for index, page in enumerate(pages):
         fault = page_fault(page)
         if fault:

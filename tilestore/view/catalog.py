@@ -1,5 +1,6 @@
 """The slides a viewer serves, and what it computes of them once: each model's features (unit
-length, for similarity), PCA colours and k-means clusters over all the stores opened.
+length, for similarity), PCA colours and k-means clusters over all the stores opened (over
+each population of them, where their features may not meet: other scales, other recipes).
 
 A `Catalog` is made from opened `Slide`s (and the paths the user gave, for the panel) and
 never writes. Embeddings are read as `open_embeddings` reads them, over every served store
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tilestore.errors import ViewError
+from tilestore.errors import MixedResults, ViewError
 from tilestore.reading.slide import Slide
 
 
@@ -40,6 +41,13 @@ class Embedded:
     slides: list[int]  # served index of each slide in ds, in ds's order
     starts: np.ndarray  # first tile of each slide in ds
     cache: dict[str, Any] = field(default_factory=dict)
+    # (tiles,) the population of each tile: slides whose features may meet (one scale, one
+    # recipe: `recipe.combine`) share one; PCA, clusters and similarity stay within it
+    population: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.population is None:
+            self.population = np.zeros(self.ds.sizes["tile"], np.int32)
 
     def tiles_of(self, index: int) -> slice:
         """The tiles of served slide `index` in ds."""
@@ -48,6 +56,10 @@ class Embedded:
         at = self.slides.index(index)
         end = self.starts[at + 1] if at + 1 < len(self.starts) else self.ds.sizes["tile"]
         return slice(int(self.starts[at]), int(end))
+
+    def populations(self) -> list[np.ndarray]:
+        """The tiles of each population (all tiles, where the slides may all meet)."""
+        return [np.flatnonzero(self.population == p) for p in np.unique(self.population)]
 
     def slide_of(self, tile: int) -> int:
         """The served index of the slide a tile of ds belongs to; ViewError for no tile."""
@@ -105,10 +117,46 @@ class Catalog:
         having = [s for s in self.served if model in self.models(s.index)]
         if not having:
             raise ViewError(f"no served slide has finished {model!r} embeddings")
-        ds = open_embeddings([s.store for s in having], model)
+        try:
+            ds = open_embeddings([s.store for s in having], model)
+        except MixedResults:  # each slide's tiles are still served, with those they may meet
+            return self._open_apart(model, having)
         counts = [int(m["tiles"]) for m in ds.attrs["slides"]]
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         return Embedded(model, ds, [s.index for s in having], starts)
+
+    def _open_apart(self, model: str, having: list[Served]) -> Embedded:
+        """The slides of a cohort whose features may not meet (scales or recipes differ),
+        in populations that may (each slide joins the first whose slides `combine` accepts
+        it with): one Dataset of all their tiles for what is per tile, each tile marked
+        with its population for what is computed over tiles together."""
+        import xarray as xr
+
+        from tilestore.embeddings import open_embeddings
+        from tilestore.embeddings.recipe import combine, recipe
+
+        populations: list[list[tuple[Served, Any]]] = []
+        for served in having:
+            mine = (served.store, recipe(self.models(served.index)[model]))
+            for members in populations:
+                try:
+                    combine([(s.store, r) for s, r in members] + [mine], "embeddings")
+                except MixedResults:
+                    continue
+                members.append((served, mine[1]))
+                break
+            else:
+                populations.append([(served, mine[1])])
+        parts = [open_embeddings([s.store for s, _ in m], model) for m in populations]
+        order = [s.index for m in populations for s, _ in m]
+        ds = xr.concat(parts, dim="tile", join="outer", combine_attrs="drop")
+        ds.attrs = {**parts[0].attrs, "slides": [m for p in parts for m in p.attrs["slides"]]}
+        counts = [int(m["tiles"]) for m in ds.attrs["slides"]]
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        population = np.repeat(
+            np.arange(len(parts), dtype=np.int32), [p.sizes["tile"] for p in parts]
+        )
+        return Embedded(model, ds, order, starts, population=population)
 
     def computed(
         self, model: str, key: str, compute: Callable[[Embedded], Any], keep: int | None = None
@@ -141,8 +189,11 @@ class Catalog:
         """(tiles, 3) uint8: the first three principal components as RGB (`ds.tiles.rgb_map`)."""
 
         def compute(embedded: Embedded) -> np.ndarray:
-            rgb = np.asarray(embedded.ds.tiles.rgb_map().values, dtype=np.float32)
-            return np.rint(np.clip(rgb, 0, 1) * 255).astype(np.uint8)
+            out = np.zeros((embedded.ds.sizes["tile"], 3), np.uint8)
+            for rows in embedded.populations():
+                rgb = np.asarray(embedded.ds.isel(tile=rows).tiles.rgb_map().values, np.float32)
+                out[rows] = np.rint(np.clip(rgb, 0, 1) * 255).astype(np.uint8)
+            return out
 
         return self.computed(model, "pca", compute)
 
@@ -152,10 +203,13 @@ class Catalog:
             raise ViewError(f"clusters: k={k}; ask for 2 to 20")
 
         def compute(embedded: Embedded) -> np.ndarray:
-            n = embedded.ds.sizes["tile"]
-            if k > n:
-                raise ViewError(f"clusters: k={k} for {n} tiles")
-            return np.asarray(embedded.ds.tiles.kmeans(k, pcs=16).values, dtype=np.int16)
+            out = np.zeros(embedded.ds.sizes["tile"], np.int16)
+            for rows in embedded.populations():
+                if k > len(rows):
+                    raise ViewError(f"clusters: k={k} for {len(rows)} tiles")
+                part = embedded.ds.isel(tile=rows)
+                out[rows] = np.asarray(part.tiles.kmeans(k, pcs=16).values, dtype=np.int16)
+            return out
 
         return self.computed(model, f"kmeans-{k}", compute)
 

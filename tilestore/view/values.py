@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from tilestore.errors import ViewError
-from tilestore.view.catalog import Catalog
+from tilestore.view.catalog import Catalog, Embedded
 from tilestore.view.overlays import (
     Grid,
     Overlay,
@@ -109,15 +109,20 @@ def tile_values(
     if column == "clusters":
         from tilestore.analysis.plots import cluster_colors
 
+        found = catalog.clusters(model, k)[part]  # first: it refuses a k out of 2-20
         colours = np.rint(cluster_colors(k) * 255).astype(np.uint8)
         colours = np.concatenate([colours, np.full((k, 1), 200, np.uint8)], axis=1)
         names = tuple(f"cluster {i}" for i in range(k))
-        found = catalog.clusters(model, k)[part]
         return TileValues(f"k-means, k={k}", **base, classes=found, names=names, colours=colours)
     if column == "similarity":
         if ref is None:
             raise ViewError("similarity: which tile? (ref=<tile>)")
-        values = similarity(catalog, model, ref)[part]
+        values = similarity(catalog, model, ref)[part]  # no such tile: said there
+        if len(values) and embedded.population[ref] != embedded.population[part][0]:
+            raise ViewError(
+                f"similarity: tile {ref} is of slides whose {model} features may not meet "
+                f"slide {index}'s (another scale or recipe); pick a tile of slide {index}'s"
+            )
         return TileValues(f"cosine similarity to tile {ref}", **base, scalar=values,
                           bounds=(float(np.nanpercentile(values, 1)), 1.0))  # fmt: skip
     if column == "scores":
@@ -156,9 +161,13 @@ def similarity(catalog: Catalog, model: str, ref: int) -> np.ndarray:
     features = catalog.unit_features(model)
     if not 0 <= ref < len(features):
         raise ViewError(f"{model}: no tile {ref} (0-{len(features) - 1})")
-    return catalog.computed(
-        model, f"similarity-{ref}", lambda _: features @ features[ref], keep=SIMILARITIES
-    )
+
+    def compute(embedded: Embedded) -> np.ndarray:
+        found = features @ features[ref]
+        found[embedded.population != embedded.population[ref]] = np.nan  # may not meet
+        return found
+
+    return catalog.computed(model, f"similarity-{ref}", compute, keep=SIMILARITIES)
 
 
 def tile_at(catalog: Catalog, model: str, index: int, x: float, y: float) -> int:
@@ -181,7 +190,7 @@ def tile_at(catalog: Catalog, model: str, index: int, x: float, y: float) -> int
 def nearest(catalog: Catalog, model: str, ref: int, k: int, within: int | None = None):
     """The k tiles most similar to `ref` (itself left out): (tile, served slide, score),
     over every served slide, or only slide `within`."""
-    scores = similarity(catalog, model, ref).copy()
+    scores = np.nan_to_num(similarity(catalog, model, ref), nan=-np.inf)  # a copy
     scores[ref] = -np.inf
     embedded = catalog.embedded(model)
     if within is not None:

@@ -182,7 +182,9 @@ def test_convert_overwrite_reshard_plan_and_tissue_refuse_a_store_being_embedded
     slide = open_slide(path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TilestoreWarning)
-        again = plan_slide(slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.9))
+        again = plan_slide(
+            slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.9, name="0.5mpp-224px")
+        )
         mask = compute_tissue(slide)
     with pytest.raises(StoreError, match=named):
         save_plan(slide, again, overwrite=True)

@@ -186,7 +186,7 @@ def test_the_printed_command_finishes_a_multichannel_store_of_tiles_not_the_mode
                       "--any-scale", "--max-tiles", "2", "--batch-size", "2", "--device", "cpu",
                       env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
     assert first.returncode == 0, first.stderr
-    expected = ["--channels", "DAPI,CD8,PanCK", "--any-scale", "--plan", "0.5mpp-256px"]
+    expected = ["--channels", "DAPI,CD8,PanCK", "--any-scale", "--plan", "0.5mpp-256px-t0"]
     _finish_as_printed({store: expected})
 
 
@@ -211,7 +211,7 @@ def test_the_printed_commands_finish_stores_without_a_pixel_size(slide_path, tmp
                       "--batch-size", "2", "--device", "cpu",
                       env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
     assert first.returncode == 0, first.stderr
-    flags = ["--any-scale", "--plan", "level0-256px"]
+    flags = ["--any-scale", "--plan", "level0-256px-t0"]
     _finish_as_printed({stores[0]: [*flags, "--batch-size"], stores[1]: flags})
 
 

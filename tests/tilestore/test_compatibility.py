@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tilestore
-from tests.conftest import CMU, SLIDES, run_cli
+from tests.conftest import CMU, SLIDES, group_of, run_cli
 from tilestore.embed import Options, embed
 from tilestore.embeddings import MixedResults, open_slide_embeddings
 from tilestore.embeddings.recipe import Scale, combine, parse_scale, recipe
@@ -99,7 +99,7 @@ def test_stores_of_random_plans_meet_only_at_one_scale(planned, tmp_path_factory
 def test_a_cohort_of_another_recipe_is_refused_whatever_its_scale(planned, tmp_path):
     a = _store_with(planned, tmp_path, 0, PlanOptions(mpp=1.0, tile=64, min_tissue=0))
     b = _store_with(planned, tmp_path, 1, PlanOptions(mpp=1.0, tile=64, min_tissue=0))
-    group = open_slide(b).writable_group()["embeddings/m"]
+    group = open_slide(b).writable_group()[group_of(b, "m")]
     attrs = dict(group.attrs["tilestore"])
     attrs["model"] = {**attrs["model"], "repo": "test/other"}
     group.attrs["tilestore"] = attrs
@@ -251,6 +251,8 @@ def test_slide_vectors_of_tiles_at_different_scales_are_refused(embedded_cohort,
     again = Options(batch_size=16, device="cpu", precision="fp32", dtype="float32",
                     overwrite=True, any_scale=True)  # fmt: skip
     embed([b], "efficientnet-lite0", plan=PlanOptions(tile=112), options=again)
+    # its 112 px plan's group is made beside the 'classes' one: b keeps only the new one
+    shutil.rmtree(b / group_of(b, "efficientnet-lite0", "classes"))
     embed_slides([a, b], "mean", model="efficientnet-lite0", device="cpu")
     with pytest.raises(MixedResults, match=r"more than one scale"):
         open_slide_embeddings([a, b], "efficientnet-lite0", "mean")

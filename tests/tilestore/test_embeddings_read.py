@@ -14,7 +14,7 @@ import zarr
 import tilestore
 from tests.conftest import group_of
 from tests.counting import CountingStore
-from tilestore.embeddings import group_name, list_embeddings, open_embeddings
+from tilestore.embeddings import list_embeddings, open_embeddings
 from tilestore.errors import StoreError, TilestoreWarning
 from tilestore.plan import load_plan
 from tilestore.reading.opening import open_slide
@@ -69,16 +69,16 @@ def test_opening_reads_no_features_until_computed(embedded_cohort):
     with its position: `tilestore.embeddings.tied`), every chunk's once."""
     counted = [CountingStore.local(s) for s in embedded_cohort]
     ds = open_embeddings(counted, LITE)
-    features = group_name(LITE, "classes") + "/features"
-    assert all(not c.log.chunk_keys(features) for c in counted)
-    for c, store in zip(counted, embedded_cohort, strict=True):
-        chunks = zarr.open_array(store / features, mode="r").nchunks
-        ends = c.log.ends(features)
-        assert len({key for key, _ in ends}) == len(ends) == chunks
+    features = [group_of(store, LITE) + "/features" for store in embedded_cohort]
+    assert all(not c.log.chunk_keys(f) for c, f in zip(counted, features, strict=True))
+    for c, store, key in zip(counted, embedded_cohort, features, strict=True):
+        chunks = zarr.open_array(store / key, mode="r").nchunks
+        ends = c.log.ends(key)
+        assert len({k for k, _ in ends}) == len(ends) == chunks
         assert {n for _, n in ends} == {4}
     total = float(ds["features"].sum())
     assert np.isfinite(total)
-    assert all(c.log.chunk_keys(features) for c in counted)
+    assert all(c.log.chunk_keys(f) for c, f in zip(counted, features, strict=True))
 
 
 def test_list_embeddings(embedded_cohort):
@@ -150,7 +150,9 @@ def test_a_cohort_glob_leaves_out_stores_not_embedded_with_a_note(embedded_cohor
     )
     notes = sorted(str(w.message) for w in said)
     assert notes[0].startswith(f"skipped: {bare}: no embeddings/efficientnet-lite0")
-    assert notes[1].startswith(f"skipped: {half}: embeddings/efficientnet-lite0 is unfinished")
+    assert notes[1].startswith(
+        f"skipped: {half}: embeddings/efficientnet-lite0/classes is unfinished"
+    )
     with pytest.raises(StoreError, match="no embeddings/efficientnet-lite0"):
         open_embeddings([*embedded_cohort, bare], "efficientnet-lite0")
     with warnings.catch_warnings():

@@ -189,9 +189,10 @@ def test_a_group_of_unknown_weights_is_never_resumed(slide_plan):
         with pytest.raises(EmbeddingError) as refused:
             EmbeddingWriter(slide, plan, uid, RunIdentity(model, 4, "float32", "fp32", False))
         assert str(refused.value) == (
-            f"{slide.name}: an unfinished embeddings/test-model was made with random weights "
-            "drawn without a seed (weights unknown), which no run draws again: "
-            "embeddings/test-model cannot be resumed; pass overwrite=True to embed it again"
+            f"{slide.name}: an unfinished embeddings/test-model/{plan.name} was made with random "
+            "weights drawn without a seed (weights unknown), which no run draws again: "
+            f"embeddings/test-model/{plan.name} cannot be resumed; pass overwrite=True to embed "
+            "it again"
         )
     assert not list(path.parent.glob(".*.lock"))  # refused: no lock left
     assert _group(slide_plan)["done"][:].sum() == 1  # kept as it was
@@ -232,14 +233,12 @@ def test_the_plan_replaced_refusal_counts_each_plan_s_own_tiles(slide_plan):
     assert len(again) > len(plan)
     found = standing(slide, MODEL["name"], again.name, uid, len(again))
     assert found.state == "other plan" and found.why == (
-        f"{slide.name}: embeddings/test-model was made from plan '{plan.name}' as it was before "
+        f"{slide.name}: embeddings/test-model/{plan.name} was made from plan '{plan.name}' as it "
+        "was before "
         f"it was made again ({len(plan)} tiles embedded), not this run's '{plan.name}' "
         f"({len(again)} tiles; a plan of the same name made again counts as another); pass "
         "overwrite=True to replace it"
     )
+    # another plan's group of the model is made beside it: nothing to refuse
     other = standing(slide, MODEL["name"], "0.5mpp-224px", None, None)
-    assert other.why == (
-        f"{slide.name}: embeddings/test-model was made from plan '{plan.name}' ({len(plan)} "
-        "tiles embedded), not this run's '0.5mpp-224px' (to be made by the run); pass "
-        "overwrite=True to replace it"
-    )
+    assert other.state == "new"

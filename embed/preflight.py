@@ -58,11 +58,12 @@ def check_stores(
             name, uid, mpp, tile, tiles = _plan(slide, plan, spec)
             if spec is not None and not options.any_scale:
                 refuse_other_scale(slide, name, mpp, tile, spec)
-            held = standing(slide, model, name, uid, tiles)
+            asked = {"channels": list(options.channels) if options.channels else None}
+            held = standing(slide, model, name, uid, tiles, asked)
         except TilestoreError as exc:
             found.refused.append((str(given), without_store(given, str(exc))))
             continue
-        if held.state in ("other plan", "damaged") and not options.overwrite:
+        if held.state in ("other plan", "damaged", "other settings") and not options.overwrite:
             found.refused.append((str(given), without_store(given, held.why)))
         elif held.state == "complete" and uid is not None and not options.overwrite:
             # complete for this very plan (its uid: a stored plan); a plan still to be made

@@ -37,7 +37,7 @@ from tilestore.embed.queues import DONE, drain
 from tilestore.embed.report import RunReport, Stats
 from tilestore.embed.settings import Settings
 from tilestore.embeddings.groups import non_finite_rows
-from tilestore.errors import DeviceError
+from tilestore.errors import DeviceError, TilestoreError
 
 
 class Runner:
@@ -355,7 +355,10 @@ class Runner:
             held = None  # the output slot this item holds, until released
             try:
                 if isinstance(item, JobStart):
-                    item.job.writer.create()
+                    try:  # a store it cannot write into (read-only, full): its slide fails
+                        item.job.writer.create()
+                    except (TilestoreError, OSError) as exc:
+                        self._fail(run, item.job, str(exc))
                     continue
                 if isinstance(item, JobEnd | JobFailed) and id(item.job) in run.failed:
                     continue  # failed at a batch: released, and reported, then

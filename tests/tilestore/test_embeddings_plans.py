@@ -19,7 +19,7 @@ from tilestore.embeddings import (
 )
 from tilestore.embeddings.write import write_features
 from tilestore.errors import OptionError
-from tilestore.plan import PlanOptions, plan_slide, save_plan
+from tilestore.plan import PlanOptions, load_plan, plan_slide, save_plan
 from tilestore.reading.opening import open_slide
 
 
@@ -99,3 +99,59 @@ def test_a_plan_may_not_take_a_groups_own_subgroup_name(store):
     for name in ("slides", "zeroshot"):
         with pytest.raises(OptionError, match=f"name='{name}': a plan's name is a group"):
             PlanOptions(name=name)
+
+
+def test_every_reader_refuses_a_group_whose_plan_was_stored_again(two_plans, tmp_path):
+    """A new user's find (issue 69): status said "other plan" (exit 2) but open_embeddings and
+    export h5/anndata/map --plan served the replaced plan's tiles under its name, exit 0."""
+    from tilestore.embeddings import NotEmbedded
+    from tilestore.exports import cohort_to_h5
+
+    path, (a, _), (fa, _) = two_plans
+    write_features(path, {"name": "m"}, fa, plan=a.name)
+    slide = open_slide(path)
+    save_plan(slide, a.subset(np.arange(len(a)) % 2 == 0), overwrite=True)  # its name, other tiles
+    said = f"{path}: embeddings/m/{a.name} was made from an earlier plan {a.name!r}"
+    for read in (
+        lambda: open_embeddings(path, "m", plan=a.name),
+        lambda: open_embeddings(path, "m", plan=a.name, skip_missing=False),
+        lambda: read_tile_features(path, "m", a.name),
+        lambda: cohort_to_h5([path], "m", tmp_path / "h5", plan=a.name),
+    ):
+        with pytest.raises(NotEmbedded) as refused:
+            read()
+        assert str(refused.value).startswith(said) and "stored again since" in str(refused.value)
+    assert [g.state for g in embeddings_status(path, "m", plan=a.name).groups] == ["other plan"]
+    assert not (tmp_path / "h5").exists() or not list((tmp_path / "h5").iterdir())
+
+
+def test_a_complete_group_of_other_channels_is_never_skipped_as_this_runs(two_plans):
+    """A new user's find (issue 69): embed --channels FITC,Cy3,DAPI over a complete
+    DAPI,FITC,Cy3 run said "already complete", exit 0: its features are of other pixels."""
+    from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity, standing
+    from tilestore.errors import EmbeddingError
+
+    path, (a, _), (fa, _) = two_plans
+    slide = open_slide(path)
+    _, uid = load_plan(slide, a.name)
+
+    def writer(channels, **kwargs):
+        run = RunIdentity({"name": "m", "output_dim": 8}, 16, "float32", "fp32", False, channels)
+        return EmbeddingWriter(slide, a, uid, run, **kwargs)
+
+    made = writer(("DAPI", "FITC", "Cy3"))
+    for block in made.todo():
+        made.write(int(block), fa[block * 16 : (block + 1) * 16])
+    made.finish({})
+    with pytest.raises(AlreadyComplete):  # the same channels: complete, skipped
+        writer(("DAPI", "FITC", "Cy3"))
+    with pytest.raises(EmbeddingError) as refused:
+        writer(("FITC", "Cy3", "DAPI"))
+    assert (
+        "is complete but was made otherwise (channels: ['DAPI', 'FITC', 'Cy3'], this run "
+        in str(refused.value)
+    )
+    held = standing(slide, "m", a.name, uid, len(a), {"channels": ["FITC", "Cy3", "DAPI"]})
+    assert held.state == "other settings"
+    again = writer(("FITC", "Cy3", "DAPI"), overwrite=True)  # asked: embedded again so
+    again.abandon()

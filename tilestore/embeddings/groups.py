@@ -204,7 +204,35 @@ def open_finished(store: StoreLike, model: str, plan: str | None = None) -> Fini
         except ValueError as exc:
             raise DamagedEmbeddings(f"{store}: {path}/{exc}; {embed_again(path)}") from exc
         check_group(store, path, meta, arrays)
+    replaced = plan_replaced(store, meta)
+    if replaced:
+        raise NotEmbedded(
+            f"{store}: {path} {replaced}: its tiles are not that plan's now; embed the store "
+            "again with overwrite=True (or read it under another name: store the plan again "
+            "as it was)"
+        )
     return Finished(group, path, dict(meta), arrays)
+
+
+def plan_replaced(store: StoreLike, meta: dict[str, Any]) -> str:
+    """How a group no longer stands for the plan it records ("" where it does): the plan of
+    its name stored again since, with another uid (other tiles, or the same made
+    otherwise). A plan no longer stored leaves the group as it is (its tiles' coordinates
+    are its own). What `status` calls "other plan" and every reader refuses."""
+    made = meta.get("plan") or {}
+    name = made.get("name")
+    if not name:
+        return ""
+    try:
+        stored_plan = open_group(store, f"plans/{name}").attrs.get("tilestore", {})
+    except KeyError:
+        return ""
+    if not isinstance(stored_plan, dict) or stored_plan.get("uid") in (None, made.get("uid")):
+        return ""
+    return (
+        f"was made from an earlier plan {name!r} (uid {made.get('uid')}), stored again since "
+        f"(uid {stored_plan.get('uid')})"
+    )
 
 
 def check_group(

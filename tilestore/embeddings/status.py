@@ -42,6 +42,7 @@ from tilestore.embeddings.groups import (
     list_embeddings,
     open_group,
     plan_groups,
+    plan_replaced,
     slide_name,
 )
 from tilestore.embeddings.layout import group_name, model_folder
@@ -283,20 +284,13 @@ def resume_options(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def _other_plan(store: Path, made: dict[str, Any]) -> str:
-    """Why a group no longer stands for its plan ("" where it does): the plan of its name
-    stored again since (another uid: other tiles, or the same made otherwise). A plan no
-    longer stored leaves the group as it is (its tiles' coordinates are its own)."""
-    plan = made.get("name")
-    try:
-        stored_plan = open_group(store, f"plans/{plan}").attrs.get("tilestore", {})
-    except KeyError:
+    """Why a group no longer stands for its plan ("" where it does): `plan_replaced`, the
+    readers' own judgement."""
+    replaced = plan_replaced(store, {"plan": made})
+    if not replaced:
         return ""
-    if stored_plan.get("uid") in (None, made.get("uid")):
-        return ""
-    return (
-        f"made from an earlier plan {plan!r} (uid {made.get('uid')}), stored again since "
-        f"(uid {stored_plan.get('uid')}); pass overwrite=True to embed the plan stored now"
-    )
+    said = replaced.removeprefix("was ")
+    return f"{said}; pass overwrite=True to embed the plan stored now"
 
 
 def _slide_vectors(

@@ -104,6 +104,13 @@ class Standing:
     why: str = ""
 
 
+# What a group records of its run that decides what its features are of, not only how
+# precisely they were computed: the channels read as R, G, B. A complete group made
+# otherwise is never skipped as this run's (`standing`); one of another dtype or precision
+# is (the same tiles, the same model: its features stand, made as its record says).
+RESULT_KEYS = ("channels",)
+
+
 def group_path(slide: Slide, model: str, plan_name: str) -> str:
     """Where `model`'s group of plan `plan_name` is, or is made: embeddings/<model>/<plan>;
     in a store made before, embeddings/<model> itself where its record names that plan (it
@@ -119,14 +126,22 @@ def group_path(slide: Slide, model: str, plan_name: str) -> str:
 
 
 def standing(
-    slide: Slide, model: str, plan_name: str, plan_uid: str | None, plan_tiles: int | None
+    slide: Slide,
+    model: str,
+    plan_name: str,
+    plan_uid: str | None,
+    plan_tiles: int | None,
+    asked: dict[str, Any] | None = None,
 ) -> Standing:
     """The standing of `model`'s group of plan `plan_name` in the store (plan_uid None: a
     plan not stored yet, whose name alone is compared; plan_tiles None: not known yet).
     Another plan's group of the model is no concern: they live side by side. "damaged"
     where a reader would refuse the group, or (a group still being written) its done
     batches: `groups.check_group`, as `status` judges it (a run refuses it unless
-    overwrite=True: never skipped as complete, never resumed)."""
+    overwrite=True: never skipped as complete, never resumed). asked: what the run records
+    that decides what its features are of (`RESULT_KEYS`: the channels), as the group's
+    record says them: a complete group made otherwise is "other settings", never skipped as
+    complete (its features are not this run's: other channels read as R, G, B)."""
     path = group_path(slide, model, plan_name)
     try:
         group = slide.group[path]
@@ -163,6 +178,17 @@ def standing(
             + "); pass overwrite=True to replace it"
         )
         return Standing("other plan", done, batch, tiles, why)
+    differ = [
+        f"{key}: {attrs.get(key)!r}, this run {value!r}"
+        for key, value in (asked or {}).items()
+        if key in RESULT_KEYS and attrs.get(key) != value
+    ]
+    if attrs.get("complete") and differ:
+        why = (
+            f"{slide.name}: {path} is complete but was made otherwise ({'; '.join(differ)}): "
+            "its features are not this run's; pass overwrite=True to embed it again so"
+        )
+        return Standing("other settings", done, batch, tiles, why)
     if attrs.get("complete"):
         why = (
             f"{slide.name}: {path} is already complete ({tiles} tiles); pass overwrite=True "
@@ -202,8 +228,11 @@ class EmbeddingWriter:
             # overwrite: whatever is there is replaced (a damaged group too), once made anew
             existing = self._existing() if not overwrite else None
             if existing is not None:
-                found = standing(slide, identity.model["name"], plan.name, plan_uid, len(plan))
-                if found.state in ("other plan", "damaged"):
+                asked = {key: self.identity.get(key) for key in RESULT_KEYS}
+                found = standing(
+                    slide, identity.model["name"], plan.name, plan_uid, len(plan), asked
+                )
+                if found.state in ("other plan", "damaged", "other settings"):
                     raise EmbeddingError(found.why)
                 if found.state == "complete":
                     raise AlreadyComplete(found.why)

@@ -13,13 +13,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import CMU
+from tests.conftest import CMU, SLIDES
 from tilestore.embed.jobs import plan_for
 from tilestore.embed.models import get_model
 from tilestore.errors import PlanError
 from tilestore.masks.tissue import compute_tissue, write_tissue
 from tilestore.plan import PlanOptions, list_plans, load_plan, plan_recipe, plan_slide, save_plan
 from tilestore.reading.opening import open_slide
+
+CMU_SLIDE = SLIDES / CMU
 
 
 def _roi(folder, x0: int) -> str:
@@ -177,3 +179,24 @@ def test_the_same_settings_over_another_tissue_mask_are_refused(fresh):
     with pytest.raises(PlanError, match=r"the same settings, other tiles: \d+ stored, \d+ now"):
         plan_for(slide, get_model("efficientnet-lite0"), PlanOptions(mpp=0.5))
     assert load_plan(slide, first.name)[1] == uid
+
+
+def test_a_slide_of_pixels_not_square_is_refused_at_any_mpp(tmp_path):
+    """A new user's find (issue 69): an OME-TIFF of 0.5 x 0.25 um/px was planned and embedded
+    as "224 px tiles at 0.5 um/px": each tile 112 x 56 um, exit 0."""
+    import tifffile
+
+    from tilestore.conversion import convert
+
+    pixels = tifffile.imread(CMU_SLIDE, key=0)[1000:2024, 800:1824]
+    source = tmp_path / "aniso.ome.tif"
+    sizes = {"axes": "YXS", "PhysicalSizeX": 0.5, "PhysicalSizeY": 0.25}
+    tifffile.imwrite(
+        source, pixels, tile=(256, 256), photometric="rgb", compression="jpeg", metadata=sizes
+    )
+    slide = open_slide(convert(source, tmp_path / "out").store)
+    assert slide.mpp == pytest.approx((0.5, 0.25))
+    with pytest.raises(PlanError, match=r"its pixels are not square \(0\.5 x 0\.25 um/px") as no:
+        plan_slide(slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0))
+    assert "would cover 112 x 56 um" in str(no.value)
+    assert len(plan_slide(slide, PlanOptions(mpp="level0", tile=224, min_tissue=0))) == 16

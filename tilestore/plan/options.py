@@ -206,6 +206,14 @@ def resolve_plan(
             "give the slide's pixel size (convert again with mpp=<um/px>, or embed the slide "
             "file with scan_mpp=<um/px>), or plan in level-0 pixels explicitly (mpp='level0')"
         )
+    if mpp is not None and abs(slide.mpp[1] / slide.mpp[0] - 1) > options.tolerance:
+        raise PlanError(
+            f"{slide.name}: its pixels are not square ({slide.mpp[0]:.4g} x {slide.mpp[1]:.4g} "
+            f"um/px, x by y): a {tile} px tile at {mpp:g} um/px would cover "
+            f"{tile * mpp:.4g} x {tile * mpp * slide.mpp[1] / slide.mpp[0]:.4g} um; plans of "
+            "slides with other pixel sizes across and down are not made (give the slide's "
+            "true pixel size, or plan in level-0 pixels: mpp='level0')"
+        )
     finest = slide.mpp[0] if slide.mpp is not None else None
     if mpp is not None and finest > mpp * (1 + options.tolerance) and not options.upsample:
         raise PlanError(

@@ -387,7 +387,7 @@ def test_a_damaged_embeddings_chunk_is_named_when_read(tmp_path, stores, embedde
     assert "features chunk (0, 0): chunk is corrupt" in verify_store(store).bad[0]
 
 
-GROUP = "embeddings/efficientnet-lite0"
+GROUP = "embeddings/efficientnet-lite0/1mpp-224px"  # embeddings/<model>/<plan>
 
 
 def _grid(value):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from tests.cli.test_cli import tilestore as run
+from tests.conftest import group_of
 from tests.embed.test_zeroshot import PROMPTS, _embedded, _plip
 from tilestore.plan import PlanOptions
 
@@ -62,7 +63,7 @@ def test_classify_writes_the_scores_and_prints_each_slides(store, tmp_path):
                "--weights", folder, "--device", "cpu", "--name", "demo")  # fmt: skip
     assert done.returncode == 0, done.stderr
     line = done.stdout.strip()
-    assert line.startswith(f"{path}: embeddings/plip/zeroshot/demo (") and "; top " in line
+    assert line.startswith(f"{path}: {group_of(path, 'plip')}/zeroshot/demo (") and "; top " in line
     assert "slide: tumor 0." in line
 
 

@@ -290,7 +290,8 @@ def test_a_full_disk_fails_the_task_in_one_line_and_the_rerun_finishes(
     log = (folder / f"slurm-{job}_0.out").read_text()
     errors = [line for line in log.splitlines() if "error" in line]
     assert errors == [
-        f"tilestore: error: a-{CMU}.ome.zarr: writing embeddings/{LITE}/0.5mpp-224px (its shard 1): "
+        f"tilestore: error: a-{CMU}.ome.zarr: writing embeddings/{LITE}/0.5mpp-224px (its "
+        "shard 1): "
         "No space left on device; free space (or raise the quota), then run the same "
         "command: what was written before is kept"
     ]

@@ -320,28 +320,34 @@ def test_a_slide_coarser_than_the_plan_is_refused_alike_by_plan_and_embed(tmp_pa
 
 
 def test_another_plan_on_an_embedded_store_is_never_already_complete(tmp_path, slide_path):
-    """Embeddings are made from one plan: a run asking another (another name, or the same
-    name planned again with other tiles) is refused in one line, by the run and its dry run
-    alike, never answered "already complete"; --overwrite replaces them."""
+    """Another plan's embeddings of the model are made beside the first (one model's groups
+    of several plans side by side), never answered "already complete" and never replacing
+    them; a plan of the first's name made otherwise is refused in one line, by the run and
+    its dry run alike (the run replaced the stored plan before: issue 69); --overwrite
+    replaces it."""
     assert tilestore("convert", slide_path(CMU), "-o", tmp_path).returncode == 0
     store = tmp_path / "CMU-1-Small-Region.ome.zarr"
     base = ("embed", store, "--model", "efficientnet-lite0", "--device", "cpu", "--mpp", "1")
     assert tilestore(*base).returncode == 0
-    for other in (("--min-tissue", "0.9"), ("--stride", "112")):
-        dry = tilestore(*base, *other, "--dry-run")
+    groups = store / "embeddings" / "efficientnet-lite0"
+    first = (groups / "1mpp-224px" / "features" / "zarr.json").read_bytes()
+    for other, name in (
+        (("--min-tissue", "0.9"), "1mpp-224px-t0.9"),
+        (("--stride", "112"), "1mpp-224px-s112"),
+    ):
         run = tilestore(*base, *other)
-        assert run.returncode == 2 and dry.returncode == 2
-        (said,) = dry.stderr.strip().splitlines()
-        assert said.startswith(f"tilestore: error: {store.name}: embeddings/efficientnet-lite0")
-        assert "was made from plan '1mpp-224px'" in said and "--overwrite" in said
-        assert "was made from plan '1mpp-224px'" in run.stderr and "already complete" not in (
-            run.stdout + run.stderr
-        )
-    dry = tilestore(*base, "--min-tissue", "0.9", "--dry-run", "--overwrite")
-    assert dry.returncode == 0 and "recomputed (overwrite)" in " ".join(dry.stdout.split())
-    again = tilestore(*base, "--min-tissue", "0.9", "--overwrite")
-    assert again.returncode == 0, again.stderr
-    assert "skipped" not in again.stdout
+        assert run.returncode == 0, run.stderr
+        assert "already complete" not in run.stdout + run.stderr
+        assert (groups / name / "done").is_dir()
+    assert (groups / "1mpp-224px" / "features" / "zarr.json").read_bytes() == first  # kept
+    named = (*base, "--stride", "112", "--name", "1mpp-224px")
+    dry = tilestore(*named, "--dry-run")
+    run = tilestore(*named)
+    assert run.returncode == 2 and dry.returncode == 2
+    (said,) = dry.stderr.strip().splitlines()
+    assert said.startswith(f"tilestore: error: {store.name}: plan '1mpp-224px' is stored already")
+    assert "stride=224 -> 112" in " ".join(said.split()) or "--stride 224 -> 112" in said
+    assert "already complete" not in run.stdout + run.stderr
 
 
 def test_a_slide_without_pixel_size_read_in_place_says_so_and_takes_one(tmp_path, slide_path):
@@ -426,7 +432,8 @@ def test_embed_scan_mpp_never_replaces_a_files_size_silently_nor_reuses_an_overr
     assert refused.returncode == 2
     assert (
         "the file states 0.499 um/px (SVS ImageDescription MPP), not the 0.2527 um/px given "
-        "(--scan-mpp 0.2527)" in refused.stderr
+        "(--scan-mpp 0.2527)"
+        in refused.stderr
         and "add --override-mpp to replace it" in refused.stderr
     )
     assert not (into / "CMU-1-Small-Region.ome.zarr").exists()

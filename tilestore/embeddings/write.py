@@ -435,6 +435,9 @@ class EmbeddingWriter:
             done = int(self._done[:].sum())
             if done == 0 and self._made:
                 del self.root[self.path]
+                folder = self.path.rsplit("/", 1)[0]  # embeddings/<model>, made for it alone
+                if folder != self.path and not any(True for _ in self.root[folder].members()):
+                    del self.root[folder]
                 return f"nothing was written: {self.path} removed, the store is as it was"
             return (
                 f"{done} of {self.blocks} batches of {self.path} are written and kept: rerun "

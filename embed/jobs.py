@@ -29,6 +29,7 @@ from tilestore.plan import (
     load_plan,
     plan_difference,
     plan_uid,
+    refuse_made_otherwise,
     resolve_plan,
     save_plan,
     stored_record,
@@ -220,6 +221,7 @@ def plan_for(
     resolved = resolve_plan(
         plan or PlanOptions(), slide, native_mpp=spec.native_mpp, native_tile=spec.tile
     )
+    refuse_made_otherwise(slide, resolved)  # before its tiles are made
     made = plan_slide(slide, resolved, store_tissue=save)
     if save:  # the same plan stored before is kept; one of its name made otherwise refused
         return made, save_plan(slide, made)

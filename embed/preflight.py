@@ -22,7 +22,14 @@ from tilestore.embed.settings import Options
 from tilestore.embeddings import standing
 from tilestore.errors import PlanError, StoreError, TilestoreError
 from tilestore.format import is_store
-from tilestore.plan import PlanOptions, load_plan, plan_grid, resolve_plan, uses_stored_plan
+from tilestore.plan import (
+    PlanOptions,
+    load_plan,
+    plan_grid,
+    refuse_made_otherwise,
+    resolve_plan,
+    uses_stored_plan,
+)
 from tilestore.reading import MPP_TOLERANCE, Slide, open_slide
 
 PlanChoice = str | PlanOptions | None
@@ -101,6 +108,7 @@ def _plan(slide: Slide, plan: PlanChoice, spec: ModelSpec | None):
     resolved = resolve_plan(
         plan or PlanOptions(), slide, native_mpp=native[0], native_tile=native[1]
     )
+    refuse_made_otherwise(slide, resolved)  # a plan of its name stored with other settings
     grid = plan_grid(slide, resolved)  # the pixels' own um/px, as the run will read them
     return resolved.name, None, grid.effective_mpp, grid.tile, None
 

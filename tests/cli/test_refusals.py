@@ -239,9 +239,13 @@ def refused_stores(tmp_path_factory, stores):
 
 def test_what_a_store_refuses_is_said_before_the_model_loads(refused_stores):
     cases = {
-        "another plan": (
-            ["embed", refused_stores["other"], "--model", MODEL, "--mpp", "0.5"],
-            "was made from plan '1mpp-224px'",
+        "a plan of its name made otherwise": (
+            [
+                *("embed", refused_stores["other"], "--model", MODEL, "--mpp", "1"),
+                *("--name", "1mpp-224px-t0.9"),
+            ],
+            "plan '1mpp-224px-t0.9' is stored already, made otherwise (stored -> now: "
+            "--min-tissue 0.9 -> 0.5)",
         ),
         "fluorescence as RGB": (
             ["embed", refused_stores["ndpi"], "--model", MODEL],
@@ -266,7 +270,7 @@ def test_what_a_store_refuses_is_said_before_the_model_loads(refused_stores):
 
 def test_a_run_with_nothing_to_do_loads_nothing(refused_stores):
     """Complete for the store's plan (named, or its only one): skipped, no model loaded."""
-    argv = ["embed", refused_stores["complete"], "--model", MODEL, "--plan", "1mpp-224px"]
+    argv = ["embed", refused_stores["complete"], "--model", MODEL, "--plan", "1mpp-224px-t0.9"]
     (result,) = run_in_one_process([argv])
     assert result["rc"] == 0, result["err"]
     assert "already complete" in result["out"] and not result["torch"]

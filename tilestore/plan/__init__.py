@@ -34,6 +34,7 @@ __getattr__, __dir__, __all__ = lazy_face(
             "plan_slide",
             "plan_tissue",
             "plan_uid",
+            "refuse_made_otherwise",
             "save_plan",
             "stored_record",
             "uses_stored_plan",

@@ -357,6 +357,49 @@ def plan_difference(meta: dict, plan: TilePlan) -> str:
     )
 
 
+def options_recipe(options: ResolvedPlan) -> dict:
+    """What a plan made with these options will record of its settings (`plan_recipe`'s
+    keys that the options decide alone: not the tissue mask's method, which the store's
+    mask may decide), before it is made: what a run compares with a stored plan of the
+    same name before any model loads."""
+    roi = options.roi
+    made = {
+        "mpp": options.mpp,
+        "tile": options.tile,
+        "stride": options.stride,
+        "min_tissue": options.min_tissue,
+        "roi": os.path.basename(roi) if roi else None,
+        "roi_sha256": _sha256(roi) if roi else None,
+        "roi_class": options.roi_class,
+        "min_roi": options.min_roi if roi else None,
+        "roi_mpp": options.roi_mpp,
+        "tolerance": options.tolerance,
+        "filter": options.filter,
+        "contrast": asdict(options.contrast) if options.filter == "contrast" else None,
+        "max_artefact": options.max_artefact,
+        "exclude": list(options.exclude) if options.exclude else None,
+        "max_blur": options.max_blur,
+        "quality_from": options.quality_from,
+    }
+    return json.loads(json.dumps(made))
+
+
+def refuse_made_otherwise(slide: Slide, options: ResolvedPlan) -> None:
+    """PlanError, one line, where a plan of these options' name is stored already with other
+    settings (the options alone tell: before the plan, or a model, is made). Other tiles of
+    the same settings (another tissue mask) are said when the plan is saved (`save_plan`)."""
+    if options.name not in list_plans(slide):
+        return
+    meta = stored_record(slide, options.name)
+    differ = recipe_difference(recipe_of(meta), options_recipe(options))
+    if differ:
+        raise PlanError(
+            f"{slide.name}: plan {options.name!r} is stored already, made otherwise (stored -> "
+            f"now: {', '.join(differ)}); pass overwrite=True to replace it (embeddings of the "
+            "stored one then no longer stand for it), or choose another name"
+        )
+
+
 def _sha256(path: str | os.PathLike) -> str:
     """The SHA-256 of a file's bytes (a ROI file: what a plan's name cannot say)."""
     digest = hashlib.sha256()

@@ -35,6 +35,7 @@ from tilestore.plan import (
     stored_record,
     uses_stored_plan,
 )
+from tilestore.plan.plans import REPLACE
 from tilestore.reading import Slide, described, open_slide
 
 PlanChoice = str | PlanOptions | None
@@ -230,8 +231,7 @@ def plan_for(
         if uid != plan_uid(made):
             raise PlanError(
                 f"{slide.name}: plan {made.name!r} is stored already, made otherwise "
-                f"({plan_difference(stored_record(slide, made.name), made)}); "
-                "pass overwrite=True to replace it, or choose another name"
+                f"({plan_difference(stored_record(slide, made.name), made)}); {REPLACE}"
             )
         return stored, uid
     return made, None

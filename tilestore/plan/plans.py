@@ -33,6 +33,12 @@ from tilestore.reading.labels import children
 from tilestore.reading.slide import Slide
 
 PLANS = "plans"
+# what to do about a plan of a name stored already, made otherwise (in embed too: its
+# --overwrite is the embeddings', never the plan's)
+REPLACE = (
+    "choose another name, or replace the stored plan (tilestore plan --overwrite, "
+    "save_plan(overwrite=True); embeddings of the stored one then no longer stand for it)"
+)
 
 
 def plan_tissue(
@@ -256,8 +262,7 @@ def save_plan(slide: Slide, plan: TilePlan, *, overwrite: bool = False) -> str:
                 return uid  # the very same plan: kept as it is
             raise PlanError(
                 f"{slide.name}: plan {plan.name!r} is stored already, made otherwise ("
-                f"{plan_difference(meta, plan)}); pass overwrite=True to replace it (embeddings "
-                "of the stored one then no longer stand for it), or choose another name"
+                f"{plan_difference(meta, plan)}); {REPLACE}"
             )
         # a run embedding this store reads its plans: none is replaced under it
         locks.refuse_while_written(
@@ -395,8 +400,7 @@ def refuse_made_otherwise(slide: Slide, options: ResolvedPlan) -> None:
     if differ:
         raise PlanError(
             f"{slide.name}: plan {options.name!r} is stored already, made otherwise (stored -> "
-            f"now: {', '.join(differ)}); pass overwrite=True to replace it (embeddings of the "
-            "stored one then no longer stand for it), or choose another name"
+            f"now: {', '.join(differ)}); {REPLACE}"
         )
 
 

@@ -410,7 +410,7 @@ DAMAGED_GROUPS = [
         C.array_json(
             f"{GROUP}/features", "int16-fill0", lambda d: d.update(data_type="int16", fill_value=0)
         ),
-        r"features is stored as int16 where the group records float32: it is damaged",
+        r"features is int16 where the group records float32: its zarr.json was changed",
     ),
     (C.array_json(GROUP, "grid-text", _grid("garbage")), r"its grid is 'garbage', not a record"),
     (C.array_json(GROUP, "grid-list", _grid([1, 2])), r"its grid is \[1, 2\], not a record"),

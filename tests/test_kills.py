@@ -20,6 +20,7 @@ import zarr
 
 from tests.conftest import CMU, group_of
 from tilestore.embed import Options, embed
+from tilestore.embeddings import group_name
 from tilestore.errors import TilestoreWarning
 from tilestore.plan import PlanOptions
 
@@ -156,7 +157,7 @@ def test_a_killed_embedding_reruns_to_the_same_features(tmp_path, stores, model,
 
     store = tmp_path / "cmu.ome.zarr"
     shutil.copytree(stores(CMU), store)
-    group = store / group_of(store, model)
+    group = store / group_name(model, "0.5mpp-224px")  # embeddings/<model>/<plan>, as it will be
 
     def reached() -> bool:
         if written == 0:

@@ -315,6 +315,7 @@ def test_progress_reports_every_chunk(tmp_path, slide_path):
 # -- output safety -------------------------------------------------------------------------
 
 
+@pytest.mark.filterwarnings("ignore:.*ignored resolution from PNG dpi")  # 264.6 um/px
 def test_existing_store_needs_overwrite(tmp_path, slide_path):
     store = convert(slide_path(IHC), tmp_path, mpp=0.5).store
     before = (store / "zarr.json").read_text()
@@ -338,6 +339,7 @@ def test_overwrite_refuses_to_delete_a_non_store(tmp_path, slide_path):
     assert (target / "thesis.docx").read_text() == "precious"
 
 
+@pytest.mark.filterwarnings("ignore:.*ignored resolution from PNG dpi")  # 264.6 um/px
 def test_failed_overwrite_keeps_the_old_store(tmp_path, slide_path, monkeypatch):
     store = convert(slide_path(IHC), tmp_path, mpp=0.5).store
 

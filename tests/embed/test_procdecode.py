@@ -332,7 +332,9 @@ def test_tiles_not_of_the_levels_frame_are_left_undecoded(holed_in_place):
     reader = holed_in_place
     coords = [(0, 0), (0, 1), (0, 2)]
     shape = (reader.chunk_h, reader.chunk_w, reader.channels)
-    located = [list(at) for at in reader.locations(coords)]
+    # the ranges alone (path, offset, length): a tile's recorded CRC-32C would refuse the
+    # moved range below before its frame is looked at (test_sidecar_content covers that)
+    located = [list(at)[:3] for at in reader.locations(coords)]
     located[2][1] += 1  # a range that does not start at the tile's SOI
     block = SharedMemory(create=True, size=len(coords) * math.prod(shape))
     try:

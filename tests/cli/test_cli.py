@@ -84,8 +84,12 @@ def test_tissue_plan_preview_pipeline(tmp_path, slide_path, annotation_path):
     assert "plan '0.5mpp-224px'" in run.stdout and "chunks of level 0" in run.stdout
     info = json.loads(tilestore("info", store, "--json").stdout)
     assert info["tissue"]["method"] == "otsu" and "0.5mpp-224px" in info["plans"]
-    again = tilestore("plan", store)
-    assert again.returncode == 2 and "--overwrite" in again.stderr
+    again = tilestore("plan", store)  # the very same plan: kept as it is
+    assert again.returncode == 0 and "plan '0.5mpp-224px'" in again.stdout, again.stderr
+    other = tilestore("plan", store, "--stride", "112", "--name", "0.5mpp-224px")
+    assert other.returncode == 2 and "--overwrite" in other.stderr and "made otherwise" in (
+        other.stderr
+    )
 
 
 def test_plan_with_points_as_roi_is_refused(tmp_path, slide_path, annotation_path):
@@ -491,6 +495,6 @@ def test_features_past_float16s_range_fail_the_slide_with_exit_2(tmp_path, store
     assert not [p for p in (store / "embeddings").glob("*") if p.is_dir()]
     kept = tilestore(*command, "--dtype", "float32")
     assert kept.returncode == 0, kept.stderr
-    (group,) = [p for p in (store / "embeddings").glob("*") if p.is_dir()]
-    features = zarr.open_array(group / "features", mode="r")[:]
+    (group,) = [p for p in (store / "embeddings").glob("*/*") if (p / "features").is_dir()]
+    features = zarr.open_array(group / "features", mode="r")[:]  # embeddings/<model>/<plan>
     assert np.isfinite(features).all() and np.abs(features).max() > 65504

@@ -300,11 +300,13 @@ def test_a_full_disk_fails_the_task_in_one_line_and_the_rerun_finishes(
     ), errors[0]
     after = _files(store)
     assert {k: after[k] for k in before} == before  # nothing the store had was touched
+    # what was written is kept: the shards before the full one (none where the disk filled
+    # as the group was made, its plan's group and positions written first)
     done = _done_tiles([store])
-    assert done > 0
     filler.unlink()
     job = slurm.sbatch(script, cwd=folder)
     slurm.wait(job, timeout=300)
     assert slurm.exit_codes(job) == {f"{job}_0": "COMPLETED 0:0"}, _log(slurm, folder)
-    assert f"({done} done before)" in (folder / f"slurm-{job}_0.out").read_text()
+    if done:
+        assert f"({done} done before)" in (folder / f"slurm-{job}_0.out").read_text()
     _assert_equal_to_reference(folder / "stores", cohort_root / "reference")

@@ -129,20 +129,8 @@ def plan_slide(
         rois=rois,
         min_roi=options.min_roi,
         params={
-            "min_tissue": options.min_tissue,
+            **option_params(options),
             "tissue_method": tissue.method if tissue else None,
-            "roi": os.path.basename(roi) if roi else None,
-            "roi_sha256": _sha256(roi) if roi else None,
-            "roi_class": options.roi_class,
-            "min_roi": options.min_roi if roi else None,
-            "roi_mpp": options.roi_mpp,
-            "tolerance": options.tolerance,
-            "filter": options.filter,
-            "contrast": asdict(options.contrast) if options.filter == "contrast" else None,
-            "max_artefact": options.max_artefact,
-            "exclude": list(options.exclude) if options.exclude else None,
-            "max_blur": options.max_blur,
-            "quality_from": options.quality_from,
             **({"upsample": True} if options.upsample else {}),
         },
         notes=notes,
@@ -362,16 +350,11 @@ def plan_difference(meta: dict, plan: TilePlan) -> str:
     )
 
 
-def options_recipe(options: ResolvedPlan) -> dict:
-    """What a plan made with these options will record of its settings (`plan_recipe`'s
-    keys that the options decide alone: not the tissue mask's method, which the store's
-    mask may decide), before it is made: what a run compares with a stored plan of the
-    same name before any model loads."""
+def option_params(options: ResolvedPlan) -> dict:
+    """The settings a plan records in its params that its options alone decide: the one
+    list `plan_slide` stores and `options_recipe` compares before a plan is made."""
     roi = options.roi
-    made = {
-        "mpp": options.mpp,
-        "tile": options.tile,
-        "stride": options.stride,
+    return {
         "min_tissue": options.min_tissue,
         "roi": os.path.basename(roi) if roi else None,
         "roi_sha256": _sha256(roi) if roi else None,
@@ -386,6 +369,15 @@ def options_recipe(options: ResolvedPlan) -> dict:
         "max_blur": options.max_blur,
         "quality_from": options.quality_from,
     }
+
+
+def options_recipe(options: ResolvedPlan) -> dict:
+    """What a plan made with these options will record of its settings (`plan_recipe`'s
+    keys that the options decide alone: not the tissue mask's method, which the store's
+    mask may decide), before it is made: what a run compares with a stored plan of the
+    same name before any model loads."""
+    made = {"mpp": options.mpp, "tile": options.tile, "stride": options.stride}
+    made.update(option_params(options))
     return json.loads(json.dumps(made))
 
 

@@ -102,7 +102,7 @@ def find_group(store: StoreLike, model: str, plan: str | None = None) -> str:
     if len(found) > 1:
         raise OptionError(
             f"{store}: {model!r} embeddings of {len(found)} plans ({', '.join(sorted(found))}); "
-            "name one with plan=<name> (--plan)"
+            "name one with plan=<name>"
         )
     return next(iter(found.values()))
 

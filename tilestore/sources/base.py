@@ -194,6 +194,29 @@ class Source(ABC):
         return f"{kind}{named} of {level.dtype}"
 
 
+@dataclass(frozen=True)
+class Reader:
+    """What one reader opens (xarray's `BackendEntrypoint` as the model): its name, the
+    formats it opens as the refusal of any other file lists them (`opens`), its `priority`
+    (lower asked first, among the readers whose `guess_can_open` says yes), the first bytes
+    (`magic`) and names (`suffixes`, lower case) that mark its files, and the two functions:
+    `guess_can_open(path, head)` (head: the file's first 132 bytes) and
+    `open(path, head, series)`. Declared beside its reader as ``READER``; listed in
+    `tilestore.sources.registry.READERS`."""
+
+    name: str
+    opens: str
+    priority: int
+    guess_can_open: Callable[[Path, bytes], bool]
+    open: Callable[[Path, bytes, str | None], Source]
+    magic: tuple[bytes, ...] = ()
+    suffixes: tuple[str, ...] = ()
+
+    def marks(self, path: Path, head: bytes) -> bool:
+        """Whether the file's first bytes or its name are this reader's marks."""
+        return head.startswith(self.magic) or path.suffix.lower() in self.suffixes
+
+
 def checked_mpp(x: float | None, y: float | None, origin: str) -> tuple[Fact | None, str | None]:
     """Return the mpp fact, or None and a warning if the values are missing or implausible."""
     if not x or not y:

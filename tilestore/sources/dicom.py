@@ -25,6 +25,7 @@ from tilestore.sources.base import (
     Channel,
     Fact,
     JpegTiles,
+    Reader,
     Source,
     SourceInfo,
     SourceLevel,
@@ -85,17 +86,14 @@ def is_dicom_file(head: bytes) -> bool:
     return head[DICM_OFFSET : DICM_OFFSET + 4] == b"DICM"
 
 
-# What marks a file that is a slide of another format (its first bytes: TIFF and its vendor
-# kinds, PNG, JPEG; or its name, for the OpenSlide formats that are not TIFFs)
-_OTHER_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+", b"\x89PNG", b"\xff\xd8\xff")
-_OTHER_SUFFIXES = {".mrxs", ".vms", ".vmu", ".svslide", ".scn", ".bif"}
-
-
-def dicom_series(path: str | os.PathLike) -> dict[str, list[Path]]:
+def dicom_series(
+    path: str | os.PathLike, other: Callable[[Path, bytes], bool] | None = None
+) -> dict[str, list[Path]]:
     """The DICOM files of a file or folder by SeriesInstanceUID, in a stable order. Files of
     a folder that are not DICOM are left out, unless they are slides of another format
     beside DICOM files: a folder is taken for a DICOM slide, so they would be left out
-    without a word; that folder is refused, naming them."""
+    without a word; that folder is refused, naming them. other(path, head): whether a file
+    is marked as another reader's (`tilestore.sources.registry.marked_by_another`)."""
     import pydicom
 
     path = Path(path)
@@ -107,7 +105,7 @@ def dicom_series(path: str | os.PathLike) -> dict[str, list[Path]]:
             with open(candidate, "rb") as fh:
                 head = fh.read(DICM_OFFSET + 4)
             if not is_dicom_file(head):
-                if head.startswith(_OTHER_MAGIC) or candidate.suffix.lower() in _OTHER_SUFFIXES:
+                if other is not None and other(candidate, head):
                     others.append(candidate)
                 continue
             ds = pydicom.dcmread(
@@ -456,3 +454,12 @@ def open_dicom(path: Path, series: str | None = None) -> DicomSource:
     else:
         raise SlideError(f"{path}: no DICOM series {series} (found: {', '.join(found)})")
     return DicomSource(path, files)
+
+
+READER = Reader(
+    "dicom",
+    "DICOM",
+    priority=10,
+    guess_can_open=lambda path, head: is_dicom_file(head),
+    open=lambda path, head, series: open_dicom(path, series),
+)

@@ -12,6 +12,7 @@ from PIL import Image, UnidentifiedImageError
 from tilestore.errors import SlideError
 from tilestore.sources.base import (
     Fact,
+    Reader,
     Source,
     SourceInfo,
     SourceLevel,
@@ -67,3 +68,13 @@ class ImageSource(Source):
         )
         info = SourceInfo(format=fmt, mpp=mpp, warnings=(warning,) if warning else ())
         super().__init__(path, info, [level])
+
+
+READER = Reader(
+    "image",
+    "PNG or JPEG",
+    priority=40,
+    guess_can_open=lambda path, head: ImageSource.sniff(head) is not None,
+    open=lambda path, head, series: ImageSource(path, ImageSource.sniff(head)),
+    magic=tuple(ImageSource.MAGIC),
+)

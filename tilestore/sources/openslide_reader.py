@@ -20,9 +20,17 @@ import tifffile
 
 from tilestore.cpus import usable_cpus
 from tilestore.errors import SlideError
-from tilestore.sources.base import Fact, Source, SourceInfo, SourceLevel, check_size, checked_mpp
+from tilestore.sources.base import (
+    Fact,
+    Reader,
+    Source,
+    SourceInfo,
+    SourceLevel,
+    check_size,
+    checked_mpp,
+)
 from tilestore.sources.storage import openslide_lossless, tiff_page_lossless
-from tilestore.sources.tiff import TIFF_ERRORS, check_page_chain
+from tilestore.sources.tiff import TIFF_ERRORS, TIFF_MAGIC, check_page_chain
 
 # TIFF variants whose layout our TIFF reader does not know (Leica collections of images,
 # Ventana's overlapping tiles, Philips' padded levels and sparse tiles, Trestle's sidecars):
@@ -225,3 +233,21 @@ def _hex_rgb(text: str | None) -> tuple[int, int, int]:
     except ValueError:
         value = 0xFFFFFF
     return (value >> 16) & 255, (value >> 8) & 255, value & 255
+
+
+def _can_open(path: Path, head: bytes) -> bool:
+    """OpenSlide opens a TIFF only of the vendors our TIFF reader does not know (a plain or
+    OME-TIFF it would open too), and any other file it detects (MIRAX, VMS/VMU, SVSLIDE:
+    asked before the image sniff, as a .mrxs may hold a JPEG preview)."""
+    vendor = detect(path)
+    return vendor in TIFF_VENDORS if head.startswith(TIFF_MAGIC) else bool(vendor)
+
+
+READER = Reader(
+    "openslide",
+    "MIRAX/VMS/SVSLIDE/SCN/BIF/Philips TIFF (through OpenSlide)",
+    priority=20,
+    guess_can_open=_can_open,
+    open=lambda path, head, series: OpenSlideSource(path, detect(path)),
+    suffixes=(".mrxs", ".vms", ".vmu", ".svslide", ".scn", ".bif"),
+)

@@ -32,6 +32,7 @@ from tilestore.sources.base import (
 )
 from tilestore.sources.storage import tiff_page_lossless
 
+TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, both orders
 _UNIT_UM = {2: 25_400.0, 3: 10_000.0}  # TIFF ResolutionUnit: inch, centimeter -> µm
 # What tifffile raises on malformed headers and IFDs.
 TIFF_ERRORS = (

@@ -14,6 +14,7 @@ from rich.console import Console
 from tilestore import OptionError
 from tilestore.cli.console import as_flags, err, flags_of, out, output_file, said_by, text_table
 from tilestore.cli.console import progress_bar as _progress
+from tilestore.cli.dask import CLUSTER, SCHEDULER, dask_client
 from tilestore.cli.flags import From, with_flags
 from tilestore.embed import (
     BATCHES,
@@ -90,12 +91,8 @@ def embed(
         help="Say what would be embedded and about how long it would take "
         "(model loaded, stores planned, a short calibration); write nothing.",
     ),
-    cluster: str | None = typer.Option(
-        None, help="Run on Dask: local-cuda (a worker per GPU) or local (CPU processes)."
-    ),
-    scheduler: str | None = typer.Option(
-        None, help="Run on an existing Dask cluster at this address (e.g. SLURMCluster's)."
-    ),
+    cluster: str | None = CLUSTER,
+    scheduler: str | None = SCHEDULER,
     workers: Workers = None,
     slice_tiles: SliceTiles = SLICE_TILES,
     shard: Share = None,
@@ -317,15 +314,9 @@ def _embed_on_dask(
     stores, model, plan, options, cluster, scheduler, workers, slice_tiles, report, into, scan_mpp,
     override_mpp,
 ) -> list[str]:
-    from distributed import Client
+    from tilestore.embed import embed_cohort, summary_lines
 
-    from tilestore.embed import cpu_share, embed_cohort, local_cluster, summary_lines
-
-    if cluster and scheduler:
-        raise OptionError("--cluster starts a cluster, --scheduler joins one: give one")
-    client = Client(scheduler) if scheduler else local_cluster(cluster, workers)
-    # workers of a local cluster share this machine's cores; a scheduler's have their own
-    share = cpu_share(len(client.nthreads())) if cluster else None
+    client, share = dask_client(cluster, scheduler, workers)
     with client, _progress(f"embedding with {model} on Dask") as (progress, task):
         bar = (
             (lambda n, total: progress.update(task, advance=n, total=total))

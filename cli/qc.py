@@ -7,9 +7,9 @@ from pathlib import Path
 
 import typer
 
-from tilestore import OptionError
 from tilestore.cli.console import as_flags, flags_of, out, output_file
 from tilestore.cli.console import progress_bar as _progress
+from tilestore.cli.dask import CLUSTER, SCHEDULER, dask_client
 from tilestore.cli.flags import From, with_flags
 from tilestore.options import Workers
 from tilestore.qc import FLAG_FRACTION, FlagFraction, QCOptions
@@ -26,12 +26,8 @@ def qc(
     report: Path | None = typer.Option(
         None, help="Folder for the cohort report: qc.csv, qc.parquet, qc.html."
     ),
-    cluster: str | None = typer.Option(
-        None, help="Start a Dask cluster on this machine: local (CPU) or local-cuda."
-    ),
-    scheduler: str | None = typer.Option(
-        None, help="Run on an existing Dask cluster at this address."
-    ),
+    cluster: str | None = CLUSTER,
+    scheduler: str | None = SCHEDULER,
     workers: Workers = None,
 ) -> None:
     """Find pen ink, bubbles, folds, dark or washed-out regions, blur and stain outliers;
@@ -40,16 +36,9 @@ def qc(
 
     output_file(preview, folder=True)
     output_file(report, folder=True)
-    if cluster and scheduler:
-        raise OptionError("--cluster starts a cluster, --scheduler joins one: give one")
     client, threads = None, None
     if cluster or scheduler:
-        from distributed import Client
-
-        from tilestore.embed import cpu_share, local_cluster
-
-        client = Client(scheduler) if scheduler else local_cluster(cluster, workers)
-        threads = cpu_share(len(client.nthreads())) if cluster else None
+        client, threads = dask_client(cluster, scheduler, workers)
     failed, unjudged = [], []
 
     def line(result) -> None:

@@ -112,5 +112,18 @@ def test_the_nvtx_library_loads_where_installed():
     marks = nvtx.load()
     if marks is None:
         pytest.skip("no NVTX library here (CPU torch without nvidia-nvtx)")
+    assert isinstance(marks, nvtx.Nvtx)
     marks.push("tilestore test")  # outside a profiler: a no-op that must not crash
+    marks.push("tilestore test")
     marks.pop()
+    marks.pop()
+    assert marks._names == {"tilestore test": b"tilestore test"}  # encoded once, then reused
+
+
+def test_without_the_nvtx_library_nothing_is_marked(monkeypatch, tmp_path):
+    monkeypatch.setattr(nvtx, "_candidates", lambda: [tmp_path / "libnvtx3interop.so.1"])
+    assert nvtx.load() is None
+    not_nvtx = tmp_path / "libnot.so"
+    not_nvtx.write_bytes(b"\x7fELF not a library")
+    monkeypatch.setattr(nvtx, "_candidates", lambda: [not_nvtx])
+    assert nvtx.load() is None

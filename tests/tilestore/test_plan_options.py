@@ -8,14 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from tilestore.errors import OptionError, PlanError
-from tilestore.plan import (
-    DEFAULT_MPP,
-    DEFAULT_TILE,
-    MIN_TISSUE,
-    PlanOptions,
-    ResolvedPlan,
-    resolve_plan,
-)
+from tilestore.plan import PlanOptions, ResolvedPlan, resolve_plan
 
 SCANNED = SimpleNamespace(name="scanned", mpp=(0.25, 0.25))
 UNKNOWN = SimpleNamespace(name="unknown", mpp=None)
@@ -23,15 +16,15 @@ UNKNOWN = SimpleNamespace(name="unknown", mpp=None)
 
 def test_defaults_come_from_one_table():
     plan = resolve_plan(PlanOptions(), SCANNED)
-    assert (plan.mpp, plan.tile, plan.stride) == (DEFAULT_MPP, DEFAULT_TILE, DEFAULT_TILE)
-    assert plan.min_tissue == MIN_TISSUE and plan.name == f"{DEFAULT_MPP:g}mpp-{DEFAULT_TILE}px"
+    assert (plan.mpp, plan.tile, plan.stride) == (0.5, 224, 224)
+    assert plan.min_tissue == 0.5 and plan.name == "0.5mpp-224px"
     assert resolve_plan(plan, SCANNED) is plan  # resolved once, never again
 
 
 @pytest.mark.parametrize(
     ("options", "native", "want"),
     [
-        (PlanOptions(), (None, 256), (DEFAULT_MPP, 256)),  # a model without a native mpp
+        (PlanOptions(), (None, 256), (0.5, 256)),  # a model without a native mpp
         (PlanOptions(), (1.0, 256), (1.0, 256)),  # the model's own
         (PlanOptions(mpp=0.25, tile=512), (1.0, 256), (0.25, 512)),  # asked beats native
         (PlanOptions(mpp="level0"), (1.0, 256), (None, 256)),  # level-0 pixels, asked for

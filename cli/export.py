@@ -13,7 +13,9 @@ import typer
 from rich.console import Console
 
 from tilestore.analysis import (
+    CLUSTERS,
     MAX_CLUSTERS,
+    PCS,
     Clusters,
     OptionalClusters,
     OptionalComponents,
@@ -63,7 +65,6 @@ def _writer(name: str) -> Callable[..., Any]:
 
 
 MODEL = typer.Option(..., "--model", "-m", help="The model the store was embedded with.")
-PCS = 5  # principal components: QuPath's measurements, the k-means space
 
 
 SKIP_MISSING = typer.Option(
@@ -82,22 +83,15 @@ PLAN = typer.Option(
 )
 
 
-def _open(
-    stores: list[str],
-    model: str,
-    skip_missing: bool = False,
-    scale: str | None = None,
-    plan: str | None = None,
-):
-    import tilestore
+def _analysed(stores, model, clusters=None, pcs=PCS, components=False, **reading):
+    """The shared analysis step (`tilestore.exports.analyse_tiles`): the stores opened as
+    one cohort, their clusters and PCs where asked."""
+    from tilestore.exports import analyse_tiles
 
-    return tilestore.open_embeddings(
-        stores, model, skip_missing=skip_missing, scale=scale, plan=plan
-    )
-
-
-def _clusters(ds, k: int | None, pcs: int | None):
-    return ds.tiles.kmeans(k, pcs=pcs) if k else None
+    return analyse_tiles(
+        [str(s) for s in stores], model, clusters=clusters, pcs=pcs, components=components,
+        **reading,
+    )  # fmt: skip
 
 
 @_export("ome-tiff")
@@ -135,15 +129,11 @@ def qupath(
     from tilestore.embeddings import model_folder
 
     output_file(output)
-    ds = _open([str(store)], model, plan=plan)
+    found = _analysed([store], model, clusters, pcs, components=True, plan=plan)
+    ds = found.ds
     name = ds.tiles.slides[0]
     target = output or Path(f"{name}.{model_folder(model).split('/')[-1]}.geojson")
-    _writer("qupath")(
-        ds,
-        target,
-        clusters=_clusters(ds, clusters, pcs),
-        measurements=ds.tiles.pca(pcs) if pcs else None,
-    )
+    _writer("qupath")(ds, target, clusters=found.clusters, measurements=found.components)
     out.print(f"{name}: {ds.sizes['tile']} tiles -> {target}", highlight=False)
 
 
@@ -160,9 +150,10 @@ def anndata(
     plan: str | None = PLAN,
 ) -> None:
     output_file(output)
-    ds = _open(stores, model, skip_missing, scale, plan)
-    found = _clusters(ds, clusters, pcs)
-    obs = {"cluster": found} if found is not None else None
+    found = _analysed(stores, model, clusters, pcs, skip_missing=skip_missing, scale=scale,
+                      plan=plan)  # fmt: skip
+    ds = found.ds
+    obs = {"cluster": found.clusters} if found.clusters is not None else None
     _writer("anndata")(ds, output, obs=obs, images=images)
     out.print(
         f"{len(ds.tiles.slides)} slide(s), {ds.sizes['tile']} tiles -> {output}", highlight=False
@@ -187,8 +178,8 @@ def map_png(
     plan: str | None = PLAN,
 ) -> None:
     output_file(output)
-    ds = _open([str(store)], model, plan=plan)
-    written = _writer("map")(ds, output, clusters=_clusters(ds, clusters, pcs))
+    found = _analysed([store], model, clusters, pcs, plan=plan)
+    written = _writer("map")(found.ds, output, clusters=found.clusters)
     out.print(" ".join(map(str, written)), highlight=False)
 
 
@@ -203,7 +194,7 @@ def heatmap(
     ),
     tile: TileIndex = None,
     at: str | None = typer.Option(None, help="similarity: to the tile under level-0 X,Y."),
-    k: Clusters = 6,
+    k: Clusters = CLUSTERS,
     scores: Path | None = typer.Option(
         None,
         help="Your own scores: Parquet or CSV with 'tile' (or 'x', 'y' level-0 px) and "

@@ -14,7 +14,9 @@ __getattr__, __dir__, __all__ = lazy_face(
     {
         "tilestore.analysis.accessor": ("AnalysisError", "TilesAccessor", "register_accessor"),
         "tilestore.analysis.options": (
+            "CLUSTERS",
             "MAX_CLUSTERS",
+            "PCS",
             "Clusters",
             "Components",
             "OptionalClusters",

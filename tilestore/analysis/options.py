@@ -10,6 +10,10 @@ from tilestore.options import Opt
 
 MAX_CLUSTERS = 1_000  # more clusters than a person can look at, or a k-means fit in minutes
 MAX_COMPONENTS = 1_024  # wider than any model's features
+# the defaults: PCs the exports cluster in and QuPath measures (a few carry most of a
+# foundation model's variance over one slide), and clusters where none are asked for
+PCS = 5
+CLUSTERS = 6
 
 Clusters = Annotated[
     int,

@@ -2,7 +2,8 @@
 store's pixels as pyramidal OME-TIFF), `h5` (tile features as per-slide HDF5 in TRIDENT's and
 CLAM's layout or STAMP's), `h5ad` (tiles as AnnData), `slidetable` (slide embeddings as
 Parquet, CSV or AnnData), `qupath` (tiles as QuPath GeoJSON), `maps` (PCA and cluster PNGs),
-`heatmap` (per-tile values as PNG, GeoJSON or an OME-Zarr label image). `registry` lists
+`heatmap` (per-tile values as PNG, GeoJSON or an OME-Zarr label image); `tiles` the
+analysis step those of tile embeddings share (clusters, PCs). `registry` lists
 them (`EXPORTS`): what each reads and writes, its writer, its help.
 
 >>> to_ome_tiff("A.ome.zarr", "A.ome.tiff")
@@ -37,6 +38,7 @@ __getattr__, __dir__, __all__ = lazy_face(
         "tilestore.exports.options": ("LAYOUTS", "H5Layout"),
         "tilestore.exports.qupath": ("to_qupath",),
         "tilestore.exports.registry": ("EXPORTS", "Export", "get_export"),
+        "tilestore.exports.tiles": ("TileAnalysis", "analyse_tiles"),
         "tilestore.exports.slidetable": (
             "SUFFIXES",
             "slide_table",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tilestore.analysis.options import Clusters
+from tilestore.analysis.options import CLUSTERS, Clusters
 from tilestore.errors import ViewError
 from tilestore.options import checked
 from tilestore.reading.opening import open_slide
@@ -55,7 +55,7 @@ def heatmap_values(
     model: str,
     column: str,
     *,
-    k: Clusters = 6,
+    k: Clusters = CLUSTERS,
     ref: TileIndex = None,
     at: tuple[float, float] | None = None,
     scores: str | os.PathLike | None = None,

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from tilestore.analysis.options import CLUSTERS
 from tilestore.errors import ViewError
 from tilestore.view.catalog import Catalog, Embedded
 from tilestore.view.overlays import (
@@ -90,7 +91,7 @@ def tile_values(
     index: int,
     column: str,
     *,
-    k: int = 6,
+    k: int = CLUSTERS,
     ref: int | None = None,
     scores: np.ndarray | None = None,
 ) -> TileValues:

@@ -412,7 +412,7 @@ class Runner:
                     held = None
                 report.count(batch.job, batch.count)
                 if run.progress:
-                    run.progress(batch.count, report.total)
+                    run.progress(batch.count, report.progress_total())
             except BaseException as exc:
                 report.writer_error = exc
                 if held is not None:

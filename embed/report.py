@@ -36,6 +36,8 @@ Span = Callable[..., contextlib.AbstractContextManager]
 
 # the stage of `RunReport.explained` a slow reader or decoder shows as
 WAITING = "waiting for tiles (read/decode bound)"
+# the warm-up waiting for another process of the array to compile the model's graphs
+COMPILE_WAIT = "waiting for another process's compile (compile cache)"
 
 
 def no_span(stage: str, mark: str | None = None) -> contextlib.AbstractContextManager:
@@ -295,15 +297,18 @@ class RunReport:
         compute = stats.get("compute")
         waiting = stats.get("waiting_for_tiles")
         warm = stats.get("warm_up")
+        compile_wait = stats.get("compile_cache_wait")  # a wait of its own, not "other"
         if "gpu_idle" in stats.seconds:
             # The loop waits for tiles while the GPU still computes the batches launched
             # before: only the GPU's idle time (the fill, then the gaps between batches,
             # timed by CUDA events) is time lost to waiting, so the parts add up to the wall.
-            fill = max((self.first_batch_s or 0.0) - warm, 0.0)
+            fill = max((self.first_batch_s or 0.0) - warm - compile_wait, 0.0)
             waiting = min(waiting, fill + stats.get("gpu_idle"))
+        warm += compile_wait  # below: the loop's time before its first batch, either way
         self.explained = {
             "setup (model load, batch size)": round(self.setup_s, 3),
-            "model warm-up (CUDA set-up, compilation)": round(warm, 3),
+            "model warm-up (CUDA set-up, compilation)": round(warm - compile_wait, 3),
+            **({COMPILE_WAIT: round(compile_wait, 3)} if compile_wait else {}),
             "GPU computing" if self.device.startswith("cuda") else "model computing": round(
                 compute, 3
             ),

@@ -90,7 +90,8 @@ class Runner:
         settings, tell = self.settings, say or _nothing_said
         cache = self.compile_cache(batch, read)
         if cache is not None:
-            self.notes.append(cache.claim(tell))
+            with stats.span("compile_cache_wait", "wait for another process's compile"):
+                self.notes.append(cache.claim(tell))
         try:
             with stats.span("warm_up", "warm-up (CUDA set-up, compilation)"):
                 if settings.cuda or cache is not None:

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tilestore import OutputError
-from tilestore.progress import LogLines
+from tilestore.progress import AtLeast, LogLines
 
 out = Console()
 err = Console(stderr=True)
@@ -29,7 +29,7 @@ class progress_bar:
 
     def __init__(self, label: str, every: float = 30.0) -> None:
         self.every = every
-        self.progress = Progress(
+        self.progress = _Bar(
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
@@ -51,6 +51,14 @@ class progress_bar:
         self.progress.stop()
         if self.lines is not None and exc[0] is None:
             self.lines.finish()
+
+
+class _Bar(Progress):
+    """rich's Progress, whose total stays open ("474/?", no time left) while the library
+    says it is still growing (`AtLeast`: stores not planned yet)."""
+
+    def update(self, task_id, *, total=None, **changes) -> None:
+        super().update(task_id, total=None if isinstance(total, AtLeast) else total, **changes)
 
 
 def said_by(progress: Progress | LogLines) -> Callable[[str], None]:

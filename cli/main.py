@@ -14,7 +14,7 @@ from typing import NoReturn
 import typer
 from rich.markup import escape
 
-from tilestore import OptionError, TilestoreError
+from tilestore import OptionError, TilestoreError, stopping
 from tilestore.cli.classify import classify
 from tilestore.cli.console import as_flags, flags_of, human_size, out, output_file, text_table
 from tilestore.cli.console import progress_bar as _progress
@@ -261,6 +261,10 @@ INTERRUPTED = (
     "tilestore: interrupted ({signal}): what was finished is kept (converted stores, embedded "
     "batches, QC'd slides); the same command carries on from there"
 )
+TIME_LIMIT = (
+    "tilestore: the time limit is near ({signal}): stopped after the batch in flight; {kept}; "
+    "the same command carries on from there"
+)
 
 
 def main() -> None:
@@ -273,14 +277,22 @@ def main() -> None:
     `finally` runs (worker processes stopped, stores closed), then `INTERRUPTED` and exit
     128 + the signal (130, 143). The signal is noted here because typer turns the
     KeyboardInterrupt into a silent exit 130, so `_main` never sees it. A command that
-    ends well all the same (the viewer stops on Ctrl-C) exits as it says."""
+    ends well all the same (the viewer stops on Ctrl-C) exits as it says.
+
+    SIGUSR1 (`tilestore.stopping.TIME_LIMIT`: what `#SBATCH --signal=B:USR1@60` has the
+    batch script pass on) is the same stop, taken where nothing computed is lost: a run
+    embedding batches finishes the batch in flight, writes the shard it was filling and
+    stops there; elsewhere at once. `TIME_LIMIT` says so and what was kept; exit 138
+    (128 + SIGUSR1), which a batch script tells from a finished run to requeue itself."""
     caught: list[int] = []
 
     def interrupt(signum: int, frame: object) -> None:
         caught.append(signum)
+        if signum == stopping.TIME_LIMIT and stopping.request(signum):
+            return  # the run stops at its next batch (`tilestore.stopping.Stopped`)
         raise KeyboardInterrupt
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in (signal.SIGINT, signal.SIGTERM, stopping.TIME_LIMIT):
         if signal.getsignal(signum) is not signal.SIG_IGN:  # ignored (a script's `&` job): stays so
             signal.signal(signum, interrupt)
     try:
@@ -289,7 +301,12 @@ def main() -> None:
     except SystemExit as done:
         code = done.code
     if caught and code not in (0, None):
-        print(INTERRUPTED.format(signal=signal.Signals(caught[0]).name), file=sys.stderr)
+        name = signal.Signals(caught[0]).name
+        if caught[0] == stopping.TIME_LIMIT:
+            kept = "; ".join(stopping.kept_lines()) or "what was finished is kept"
+            print(TIME_LIMIT.format(signal=name, kept=kept), file=sys.stderr)
+        else:
+            print(INTERRUPTED.format(signal=name), file=sys.stderr)
         code = 128 + caught[0]
     _leave(code)
 

@@ -56,12 +56,13 @@ from tilestore.embed.jobs import PlanChoice, Slice, prepare, tiles_of
 from tilestore.embed.membership import Membership
 from tilestore.embed.models import get_model
 from tilestore.embed.outcome import exit_code
+from tilestore.embed.preflight import check_stores
 from tilestore.embed.report import preparation_lines, quality_line
 from tilestore.embed.settings import SLICE_TILES, Options, SliceTiles, check_share
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
 from tilestore.errors import DeviceError, OptionError, StoreError, TilestoreError
 from tilestore.options import Workers, checked
-from tilestore.progress import LogLines, to_stderr
+from tilestore.progress import AtLeast, LogLines, to_stderr
 from tilestore.reading.resolution import OverrideMpp, ScanMpp
 
 
@@ -243,7 +244,7 @@ def embed_cohort(
         lines = None
         if progress is None and say is not None:
             progress = lines = LogLines(f"{model} on Dask", status=members.status, write=say)
-        owner = _run(
+        owner, kept = _run(
             inputs, spec, client, plan, options, slice_tiles, identity, progress, report, began
         )
         if lines is not None:
@@ -254,7 +255,7 @@ def embed_cohort(
             with contextlib.suppress(Exception):
                 client.unregister_worker_plugin(PREPARER)
     report.workers_at_end = len(members.alive)
-    report.lost = [_lost(e, owner) for e in members.lost]
+    report.lost = [_lost(e, owner, kept) for e in members.lost]
     report.joined = [{"name": e.name, "address": e.address, "after_s": e.after_s}
                      for e in members.joined]  # fmt: skip
     report.wall_s = time.perf_counter() - started
@@ -265,27 +266,42 @@ def _run(inputs, spec, client, plan, options, slice_tiles, identity, progress, r
     """Take the inputs largest first (`_Inputs`): a store is planned here and its slices
     handed to the workers as they free (the first workers start at once); a slide file is
     first made ready on a worker, and planned once it lands. Then follow the slices as they
-    finish; return which store each task key belongs to."""
+    finish; return which store each task key belongs to, and the tiles each task found
+    kept (written by a worker lost while running it)."""
     owner: dict[str, tuple[_Store, Slice]] = {}  # task key -> its store and slice
+    kept: dict[str, int] = {}  # task key -> its slice's tiles a lost worker had written
     feed = _Feed(client)
     sent: dict[str, float] = {}  # task key -> when it was submitted, since the cohort began
-    total = 0
+    # the cohort's tiles to do, counted up front from the stores' metadata (a slide file,
+    # or a plan the run makes: known once planned; until then the total is a floor)
+    expected = check_stores(inputs.paths, spec.name, plan, options).tiles
+    total = sum(t for t in expected.values() if t is not None)
+
+    def counted(given: str, tiles: int) -> None:
+        """An input planned (or dropped: 0 tiles): its count in the total made exact."""
+        nonlocal total
+        total += tiles - (expected.pop(str(Path(given)), None) or 0)
+
+    def shown() -> int:
+        unknown = sum(1 for t in expected.values() if t is None)
+        return AtLeast(total, unknown) if unknown else total
 
     def take(path: str, given: str) -> None:
         """A store ready: planned, its slices to the feed (or it is reported)."""
-        nonlocal total
         clock = time.perf_counter()
         try:
             state = _prepare(path, spec, plan, identity, options, slice_tiles)
         except AlreadyComplete:
             report.skipped_complete.append(path)
             inputs.release(path)
+            counted(given, 0)
             return
         except TilestoreError as exc:
             report.failures.append({"store": path, "error": _cause(exc, path)})
             inputs.release(path)
+            counted(given, 0)
             return
-        total += sum(s.tiles for s in state.slices)
+        counted(given, sum(s.tiles for s in state.slices))
         state.planned_s = time.perf_counter() - clock
         state.ready_s = time.time() - began
         if not state.slices:
@@ -339,7 +355,11 @@ def _run(inputs, spec, client, plan, options, slice_tiles, identity, progress, r
             if _one_less(state, report):
                 inputs.release(state.path)
             return
-        state.tiles += result["tiles"]
+        # tiles a lost worker wrote of this slice count once, as the cohort's (not the
+        # worker's): the summary and the progress agree with the stores
+        kept[str(future.key)] = result.get("kept", 0)
+        done = result["tiles"] + kept[str(future.key)]
+        state.tiles += done
         state.seconds += result["seconds"]
         state.workers.add(result["worker"])
         _per_worker(report, result)
@@ -349,9 +369,9 @@ def _run(inputs, spec, client, plan, options, slice_tiles, identity, progress, r
             "began_s": round(result["began"] - began, 3), "seconds": result["seconds"],
             "first_batch_s": result["first_batch_s"], "waiting_s": result["waiting_s"],
         })  # fmt: skip
-        report.tiles += result["tiles"]
+        report.tiles += done
         if progress:
-            progress(result["tiles"], total)
+            progress(done, shown())
         if _one_less(state, report):
             inputs.release(state.path)
 
@@ -381,7 +401,7 @@ def _run(inputs, spec, client, plan, options, slice_tiles, identity, progress, r
                 wait(out, timeout=1.0, return_when="FIRST_COMPLETED")
         for future in feed.finished(timeout=0):
             finished(future)
-    return owner
+    return owner, kept
 
 
 def _submit(client, task, argument, worker: str | None, **options):
@@ -405,6 +425,7 @@ class _Inputs:
         once = {os.path.abspath(p): str(p) for p in paths}.values()  # the same file given twice
         order = sorted(once, key=lambda s: (-_size(s), s))
         self.waiting = [(p, how.wants(Path(p))) for p in order]  # (path as given, a slide?)
+        self.paths = [p for p, _ in self.waiting]  # every input, once
         self.slides = sum(slide for _, slide in self.waiting)
         self.out: dict = {}  # make_ready future -> the slide file given
         self._making: dict[str, tuple[str | None, str | None]] = {}  # slide -> (store, worker)
@@ -553,14 +574,24 @@ def _one_less(state: _Store, report: CohortReport) -> bool:
     return state.pending == 0
 
 
-def _lost(event, owner) -> dict[str, Any]:
-    """A lost worker for the report: the slices it was running (run again elsewhere)."""
-    slices = [owner[key][1] for key in event.running if key in owner]
+def _lost(event, owner, kept: dict[str, int]) -> dict[str, Any]:
+    """A lost worker for the report: the slices it was running (run again elsewhere), each
+    with the tiles it had written and that were kept, and those redone by another."""
+    redone = []
+    for key in event.running:
+        if key not in owner:
+            continue
+        piece = owner[key][1]
+        got = kept.get(key)  # None: the slice's rerun did not finish (its store failed)
+        redone.append({
+            "store": piece.store, "start": piece.start, "stop": piece.stop, "tiles": piece.tiles,
+            "kept": got, "redone": None if got is None else piece.tiles - got,
+        })  # fmt: skip
     return {
         "name": event.name,
         "address": event.address,
         "after_s": event.after_s,
-        "redone": [{"store": p.store, "start": p.start, "tiles": p.tiles} for p in slices],
+        "redone": redone,
         "replacement": event.replacement,
     }
 
@@ -745,6 +776,15 @@ def cpu_share(workers: int) -> int:
     return max(1, usable_cpus() // max(workers, 1))
 
 
+def _redone(slice_: dict[str, Any]) -> str:
+    """A lost worker's slice as its rerun found it: the tiles kept and those redone."""
+    name = Path(slice_["store"]).name
+    span = f"batches {slice_['start']}-{slice_.get('stop', slice_['start'] + 1) - 1}"
+    if slice_.get("kept") is None:
+        return f"{name} {span} ({slice_['tiles']} tiles)"
+    return f"{name} {span} ({slice_['kept']} tiles kept, {slice_['redone']} redone)"
+
+
 def summary_lines(report: CohortReport) -> list[str]:
     """The cohort report as lines a person reads."""
     lines = [
@@ -770,7 +810,7 @@ def summary_lines(report: CohortReport) -> list[str]:
         )
         lines.append(f"  worker {address} ({w['device']}): {w['tiles']} tiles{util}{waits}")
     for w in report.lost:
-        redone = ", ".join(f"{Path(r['store']).name} from batch {r['start']}" for r in w["redone"])
+        redone = ", ".join(_redone(r) for r in w["redone"])
         lines.append(
             f"  worker {w['name']} ({w['address']}) lost after {w['after_s']:g} s"
             + (f"; run again on others: {redone}" if redone else "")

@@ -136,6 +136,9 @@ def run_slice(piece: Slice) -> dict[str, Any]:
         "store": piece.store,
         "start": piece.start,
         "tiles": report.tiles,
+        # the slice's tiles found done: written by a worker lost while running it (the
+        # slice's batches were all to do when it was cut), kept, not computed again
+        "kept": piece.tiles - report.tiles,
         "seconds": round(time.perf_counter() - started, 3),
         "began": began,
         "first_batch_s": report.first_batch_s,

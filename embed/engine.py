@@ -259,6 +259,8 @@ class Embedder:
             report.failed(store, why)
         for store, why in checked.skipped if checked else ():
             report.skip(store, why)
+        if checked is not None:
+            report.expect(checked.tiles)
         report.setup_s, self._setup_s = self._setup_s, 0.0
         report.setup_parts, self._setup = self._setup, {}
         report.batch_note, report.model_mb = self._batch_note, self.model_mb

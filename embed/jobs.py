@@ -170,15 +170,18 @@ def store_jobs(
             )
         except AlreadyComplete as exc:
             report.skip(store, str(exc))
+            report.planned(staged.given, store, 0)
             continue
         except TilestoreError as exc:
             report.failed(store, str(exc))
+            report.planned(staged.given, store, 0)
             continue
         blocks = writer.todo()
         owed = len(tiles_of(blocks, batch, len(ready.plan)))
         if max_tiles is not None:  # a trial: the plan's first batches only
             blocks = blocks[blocks < -(-max_tiles // batch)]
         tiles = tiles_of(blocks, batch, len(ready.plan))
+        report.planned(staged.given, store, len(tiles))
         yield Job(
             Path(store), ready.pixels, ready.plan, writer, tiles, owed - len(tiles), ready.reading
         )

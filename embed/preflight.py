@@ -24,6 +24,7 @@ from tilestore.errors import PlanError, StoreError, TilestoreError
 from tilestore.format import is_store
 from tilestore.plan import (
     PlanOptions,
+    list_plans,
     load_plan,
     plan_grid,
     refuse_made_otherwise,
@@ -42,6 +43,9 @@ class Preflight:
     kept: list[Path] = field(default_factory=list)
     refused: list[tuple[str, str]] = field(default_factory=list)  # (store, why)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # complete already
+    # each kept input's tiles still to embed, from its stored plan and its group's done
+    # batches; None where only the run can tell (a plan it makes, a slide file)
+    tiles: dict[str, int | None] = field(default_factory=dict)
 
 
 def check_stores(
@@ -58,6 +62,7 @@ def check_stores(
     for given in map(Path, inputs):
         if not is_store(given):
             found.kept.append(given)
+            found.tiles[str(given)] = None
             continue
         try:
             slide = open_slide(given)
@@ -78,7 +83,30 @@ def check_stores(
             found.skipped.append((str(given), without_store(given, held.why)))
         else:
             found.kept.append(given)
+            # a plan to be made under a name stored with these settings: the stored one's
+            # tiles (the run says the exact count as it plans it)
+            tiles = tiles if tiles is not None else _stored_tiles(slide, name)
+            found.tiles[str(given)] = _to_do(held, tiles, options.overwrite)
     return found
+
+
+def _stored_tiles(slide: Slide, name: str) -> int | None:
+    """The tiles of the stored plan of this name, None where there is none."""
+    if name not in list_plans(slide):
+        return None
+    return len(load_plan(slide, name)[0])
+
+
+def _to_do(held, tiles: int | None, overwrite: bool) -> int | None:
+    """The plan's tiles a run will embed: all of them, or those of the batches not done in
+    the group it resumes; None where the plan is the run's to make."""
+    if tiles is None or overwrite or held.state not in ("resumes", "complete"):
+        return tiles
+    if held.state == "complete":  # skipped as the run finds it so
+        return 0
+    size = held.batch_size
+    done = sum(min(size, held.tiles - int(b) * size) for b in held.done)
+    return max(tiles - done, 0)
 
 
 def without_store(store, message: str) -> str:

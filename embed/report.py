@@ -29,12 +29,15 @@ from tilestore.embed.nvtx import Nvtx, TorchMarks
 from tilestore.embed.preflight import without_store
 from tilestore.embed.settings import Settings
 from tilestore.format.store import software_versions
+from tilestore.progress import AtLeast
 
 # `Stats.span` as the stages take it: span(stage, mark=None) -> a context manager
 Span = Callable[..., contextlib.AbstractContextManager]
 
 # the stage of `RunReport.explained` a slow reader or decoder shows as
 WAITING = "waiting for tiles (read/decode bound)"
+# the warm-up waiting for another process of the array to compile the model's graphs
+COMPILE_WAIT = "waiting for another process's compile (compile cache)"
 
 
 def no_span(stage: str, mark: str | None = None) -> contextlib.AbstractContextManager:
@@ -185,6 +188,10 @@ class RunReport:
     writer_error: BaseException | None = None
     _started: dict[str, float] = field(default_factory=dict, repr=False)  # store -> clock
     _written: dict[str, int] = field(default_factory=dict, repr=False)  # store -> tiles
+    # inputs not planned yet -> their tiles to do as the preflight counted them (None: not
+    # known before the run plans it), and the stores whose tiles `total` holds already
+    _expected: dict[str, int | None] = field(default_factory=dict, repr=False)
+    _planned: set[str] = field(default_factory=set, repr=False)
 
     @classmethod
     def start(cls, model: dict[str, Any], settings: Settings) -> RunReport:
@@ -212,10 +219,30 @@ class RunReport:
     def tiles_per_s(self) -> float:
         return self.tiles / self.wall_s if self.wall_s else 0.0
 
+    def expect(self, tiles: dict[str, int | None]) -> None:
+        """The run's inputs and their tiles to do, counted up front from the stores' metadata
+        (`Preflight.tiles`): `total` is the cohort's from the first batch on, not a sum
+        that grows as stores are planned."""
+        self._expected = dict(tiles)
+        self.total += sum(t for t in tiles.values() if t is not None)
+
+    def planned(self, given, store, tiles: int) -> None:
+        """An input is planned (or dropped: 0 tiles): its tiles to do now known exactly."""
+        was = self._expected.pop(str(given), None)
+        self.total += tiles - (was or 0)
+        self._planned.add(str(store))
+
+    def progress_total(self) -> int:
+        """The total a progress line shows: exact, or `AtLeast` while inputs whose tiles
+        only the run can tell are not planned yet."""
+        unknown = sum(1 for t in self._expected.values() if t is None)
+        return AtLeast(self.total, unknown) if unknown else self.total
+
     def begin(self, job, decoding: dict[str, str]) -> None:
         """A job's tiles start streaming, decoded as `decoding` says (a `DecodePlan`'s record:
         where, the row source and why)."""
-        self.total += len(job.todo)
+        if str(job.store) not in self._planned:  # a slice's, counted as it starts
+            self.total += len(job.todo)
         self.slides.append(
             {
                 "store": str(job.store),
@@ -270,15 +297,18 @@ class RunReport:
         compute = stats.get("compute")
         waiting = stats.get("waiting_for_tiles")
         warm = stats.get("warm_up")
+        compile_wait = stats.get("compile_cache_wait")  # a wait of its own, not "other"
         if "gpu_idle" in stats.seconds:
             # The loop waits for tiles while the GPU still computes the batches launched
             # before: only the GPU's idle time (the fill, then the gaps between batches,
             # timed by CUDA events) is time lost to waiting, so the parts add up to the wall.
-            fill = max((self.first_batch_s or 0.0) - warm, 0.0)
+            fill = max((self.first_batch_s or 0.0) - warm - compile_wait, 0.0)
             waiting = min(waiting, fill + stats.get("gpu_idle"))
+        warm += compile_wait  # below: the loop's time before its first batch, either way
         self.explained = {
             "setup (model load, batch size)": round(self.setup_s, 3),
-            "model warm-up (CUDA set-up, compilation)": round(warm, 3),
+            "model warm-up (CUDA set-up, compilation)": round(warm - compile_wait, 3),
+            **({COMPILE_WAIT: round(compile_wait, 3)} if compile_wait else {}),
             "GPU computing" if self.device.startswith("cuda") else "model computing": round(
                 compute, 3
             ),
@@ -314,7 +344,7 @@ class RunReport:
         data = {
             k: v
             for k, v in asdict(self).items()
-            if k not in ("writer_error", "_started", "_written")
+            if k not in ("writer_error", "_started", "_written", "_expected", "_planned")
         }
         data["tiles_per_s"] = round(self.tiles_per_s, 1)
         return data

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tilestore import stopping
 from tilestore.embed import nvtx
 from tilestore.embed.assemble import Batch
 from tilestore.embed.buffers import SlotPool
@@ -89,7 +90,8 @@ class Runner:
         settings, tell = self.settings, say or _nothing_said
         cache = self.compile_cache(batch, read)
         if cache is not None:
-            self.notes.append(cache.claim(tell))
+            with stats.span("compile_cache_wait", "wait for another process's compile"):
+                self.notes.append(cache.claim(tell))
         try:
             with stats.span("warm_up", "warm-up (CUDA set-up, compilation)"):
                 if settings.cuda or cache is not None:
@@ -208,11 +210,13 @@ class Runner:
         started = time.perf_counter()
         producer.start()
         writer.start()
+        stopped = False
         try:
             with (
                 torch.cuda.stream(compute_stream) if settings.cuda else contextlib.nullcontext(),
                 _torch_trace(settings) as trace,
                 _timed_collector(run.stats),
+                stopping.at_batches(),  # a stop asked (SIGUSR1) is taken at the next batch
             ):
                 self._guess_warm_up(run.stats, run.say)  # while the first slide is prepared
                 self._consume(run, started, trace.step if trace is not None else _nothing)
@@ -220,15 +224,23 @@ class Runner:
             raise ModelError(
                 f"out of GPU memory at batch size {settings.batch_size}; pass a smaller batch_size"
             ) from exc
+        except stopping.Stopped:
+            stopped = True
+            raise
         finally:
             run.stop.set()
             drain(run.ready)
             run.written.put(DONE)
-            writer.join()
+            writer.join()  # every batch computed is written (a partial shard waits in memory)
             producer.join(timeout=60)
             run.stats.add("loop", time.perf_counter() - started)
+            left = []
             for job in run.open_jobs:  # an interrupted run: keep what is done, free the lock
-                job.writer.abandon()
+                said = job.writer.abandon()  # writes the shard still partly filled, marks it
+                if said and not said.startswith("nothing"):
+                    left.append(f"{job.store}: {said}")
+            if stopped:
+                stopping.kept(_kept(report, left))
         if report.writer_error is not None:
             raise report.writer_error
         return run.stats
@@ -239,11 +251,13 @@ class Runner:
         run.stats.name_thread("tilestore-gpu-loop")
         while True:
             with run.stats.span("waiting_for_tiles", "wait for tiles"):
-                item = run.ready.get()
+                item = _next(run.ready)
             if item is DONE:
                 return
             if isinstance(item, BaseException):
                 raise item
+            if stopping.asked() and not isinstance(item, JobEnd | JobFailed):
+                raise stopping.Stopped  # the batches computed go to the writer; no new one
             if isinstance(item, JobStart | JobEnd | JobFailed):
                 run.written.put(item)
                 if isinstance(item, JobStart) and len(item.job.todo) and not self.warm:
@@ -399,7 +413,7 @@ class Runner:
                     held = None
                 report.count(batch.job, batch.count)
                 if run.progress:
-                    run.progress(batch.count, report.total)
+                    run.progress(batch.count, report.progress_total())
             except BaseException as exc:
                 report.writer_error = exc
                 if held is not None:
@@ -422,6 +436,27 @@ class _Run:
     stop: threading.Event
     open_jobs: list[Job]  # opened by the producer and not finished: released at the end
     copy_stream: torch.cuda.Stream | None
+
+
+def _next(ready: queue.Queue) -> object:
+    """The producer's next item; a stop asked meanwhile (`tilestore.stopping`) while none
+    comes is taken without waiting for one."""
+    while True:
+        try:
+            return ready.get(timeout=0.5)
+        except queue.Empty:
+            if stopping.asked():
+                raise stopping.Stopped from None
+
+
+def _kept(report: RunReport, left: list[str]) -> str:
+    """What a run stopped at a batch kept: its tiles written (and done), the stores it
+    finished, and each store it was in the middle of."""
+    finished = sum(1 for s in report.slides if "seconds" in s and not s.get("failed"))
+    return (
+        f"{report.tiles:,} tiles embedded by this run are written and marked done "
+        f"({finished} store(s) finished)" + "".join(f"; {line}" for line in left)
+    )
 
 
 def _nothing() -> None:

@@ -29,7 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 _ENDS = {"|", "||", "&&", ";", ">", ">>", "2>", "&", "2>&1"}
 # what a shown command's shell variables hold where it runs (a SLURM array's first task)
-_SHELL = {"SLURM_ARRAY_TASK_ID": "0", "HOME": "/home/user", "TMPDIR": "/tmp"}
+_SHELL = {"SLURM_ARRAY_TASK_ID": "0", "HOME": "/home/user", "TMPDIR": "/tmp",
+          "SLURM_JOB_ID": "4712", "pid": "4711", "code": "138"}  # fmt: skip
 
 
 def _lines(body: str) -> list[str]:

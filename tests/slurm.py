@@ -214,7 +214,7 @@ def array_script(tasks: int, extra: str = "", compile_cache: str | None = None) 
         f" --compile \\\n    --compile-cache {compile_cache}" if compile_cache else " \\\n   "
     )
     script = adapted(
-        recipe_block("#SBATCH", "bash"),
+        recipe_block("--array=0-19\n", "bash"),
         {
             "--gres=gpu:1 --cpus-per-task=16": f"--cpus-per-task=1{extra}",
             "--array=0-19": f"--array=0-{tasks - 1}",
@@ -230,6 +230,24 @@ def array_script(tasks: int, extra: str = "", compile_cache: str | None = None) 
             "\nexport TORCHINDUCTOR_CACHE_DIR=$PWD/inductor-$SLURM_ARRAY_TASK_ID\ntilestore embed",
         )
     return script
+
+
+def time_limit_script(tasks: int, time: str, signal: str) -> str:
+    """The time-limit recipe's array script for `tasks` tasks on CPUs: its --time and
+    --signal replaced by these (e.g. "1", "B:USR1@30"), the rest as the recipe says."""
+    return adapted(
+        recipe_block("--signal=B:USR1@", "bash"),
+        {
+            "--gres=gpu:1 --cpus-per-task=16": "--cpus-per-task=1",
+            "--array=0-19": f"--array=0-{tasks - 1}",
+            "--time=04:00:00": f"--time={time}",
+            "--signal=B:USR1@120": f"--signal={signal}",
+            '/20"': f'/{tasks}"',
+            "--model uni": f"--model {LITE} {CPU_FLAGS}",
+            " --compile \\\n    --compile-cache /shared/tilestore-compile": " \\\n   ",
+            "$HOME/.cache/tilestore": "$PWD/cache",
+        },
+    )
 
 
 def _config(folder, node, cpus, memory_mb, munge_socket, ctld_port, d_port) -> str:

@@ -45,6 +45,7 @@ FLOORS = (
         "tilestore.locks",
         "tilestore.options",
         "tilestore.progress",
+        "tilestore.stopping",
         "tilestore.workers",
     ),
 )

@@ -24,7 +24,16 @@ import pytest
 import zarr
 
 from tests.conftest import CMU, IHC, REPO, fill, group_of, run_cli
-from tests.slurm import CPU_FLAGS, LITE, Slurm, Unavailable, adapted, array_script, recipe_block
+from tests.slurm import (
+    CPU_FLAGS,
+    LITE,
+    Slurm,
+    Unavailable,
+    adapted,
+    array_script,
+    recipe_block,
+    time_limit_script,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -261,6 +270,71 @@ def test_a_requeued_array_task_stops_at_a_batch_and_resumes_with_nothing_lost(
     redone = sum(s["tiles"] for s in resumed["slides"])
     assert before + redone == sum(_features(p)[0].shape[0] for p in paths)  # ... none twice
     _assert_equal_to_reference(folder / "stores", cohort_root / "reference")
+
+
+# -- a time limit, warned of ------------------------------------------------------------------
+
+
+def test_a_task_warned_of_its_time_limit_keeps_its_shard_and_requeues_itself(
+    slurm, cohort_root, stores, tmp_path
+):
+    """The how-to's time-limit script: SLURM sends SIGUSR1 to the batch shell 50 s before
+    the limit (`--signal=B:USR1@50`), the shell passes it on, `tilestore embed` finishes the
+    batch in flight, writes the shard it was filling (64 tiles: 8 batches, so a stop lands
+    inside one), says what it kept and exits 138; the script requeues the task, which
+    resumes. The limit is set once the task is embedding (as `--time` would have it for a
+    task longer than its limit: SLURM's timers are checked every 30 s, so a warning asked
+    for at a one-minute limit could come before the model is loaded)."""
+    folder = tmp_path / "timelimit"
+    paths = _copy_stores(stores, folder / "stores", copies="abcdefghij")
+    script = folder / "embed.sbatch"
+    flags = CPU_FLAGS.replace("--shard-tiles 16", "--shard-tiles 64")
+    script.write_text(time_limit_script(1, "10", "B:USR1@50").replace(CPU_FLAGS, flags))
+    job = slurm.sbatch(script, cwd=folder)
+    task, log = f"{job}_0", folder / f"slurm-{job}_0.out"
+    deadline = time.monotonic() + 300
+    while _done_batches(paths) < 1:
+        assert time.monotonic() < deadline and slurm.states(job), _log(slurm, folder)
+        time.sleep(0.1)
+    shown = slurm.run("scontrol", "-o", "show", "job", task).stdout
+    ran = _seconds(re.search(r"RunTime=(\S+)", shown).group(1))
+    # the limit 55 s from now: the warning comes at SLURM's next check within 50 s of it
+    minutes, seconds = divmod(ran + 55, 60)
+    slurm.run("scontrol", "update", f"JobId={task}", f"TimeLimit={minutes}:{seconds:02d}")
+    said = "tilestore: the time limit is near (SIGUSR1)"
+    while said not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, _log(slurm, folder)
+        time.sleep(0.1)
+    kept = _done_tiles(paths)
+    # the next attempt may take its time (the limit stays with the job otherwise)
+    slurm.run("scontrol", "update", f"JobId={task}", "TimeLimit=10")
+    (line,) = [x for x in log.read_text().splitlines() if said in x]
+    # every tile the run counted is written and marked done, the partly filled shard too
+    assert f"stopped after the batch in flight; {kept} tiles embedded by this run" in line
+    middle = re.search(r"(\d+) of (\d+) batches of embeddings/", line)
+    assert middle and 0 < int(middle.group(1)) < int(middle.group(2)), line
+    slurm.wait(job, timeout=300)
+    assert slurm.exit_codes(job) == {task: "COMPLETED 0:0"}, _log(slurm, folder)
+    assert "Restarts=1" in slurm.run("scontrol", "-o", "show", "job", task).stdout
+    text = log.read_text()
+    print(text)  # shown where the test fails, and with -s
+    assert text.count(said) == 1 and "DUE TO TIME LIMIT" not in text, text
+    resumed = json.loads((folder / "run-0.json").read_text())  # the second attempt's
+    before = sum(s["skipped_done"] for s in resumed["slides"])
+    before += sum(_features(folder / s["store"])[0].shape[0] for s in resumed["skipped"])
+    assert before == kept > 0  # what the first attempt said it kept, it kept ...
+    redone = sum(s["tiles"] for s in resumed["slides"])
+    assert before + redone == sum(_features(p)[0].shape[0] for p in paths)  # ... none twice
+    _assert_equal_to_reference(folder / "stores", cohort_root / "reference")
+
+
+def _seconds(runtime: str) -> int:
+    """SLURM's [days-]hours:minutes:seconds as seconds."""
+    days, _, clock = runtime.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    return int(days or 0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
 
 
 # -- a node's disk full -----------------------------------------------------------------------

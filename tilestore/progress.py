@@ -9,7 +9,19 @@ import sys
 import time
 from collections.abc import Callable
 
-__all__ = ["LogLines", "to_stderr"]
+__all__ = ["AtLeast", "LogLines", "to_stderr"]
+
+
+class AtLeast(int):
+    """A progress total still growing: the tiles known so far, with more to come from
+    `stores` inputs not planned yet. Shown as "N+", with no time left guessed from it."""
+
+    stores: int
+
+    def __new__(cls, value: int, stores: int) -> AtLeast:
+        made = super().__new__(cls, value)
+        made.stores = stores
+        return made
 
 
 def to_stderr(line: str) -> None:
@@ -59,10 +71,13 @@ class LogLines:
         self.last = now = self.clock()
         seconds = now - self.started
         rate = self.done / seconds if seconds > 0 else 0.0
-        of = f" of {self.total:,}" if self.total else ""
+        growing = isinstance(self.total, AtLeast)
+        of = f" of {self.total:,}{'+' if growing else ''}" if self.total else ""
         left = ""
-        if self.total and rate and self.done < self.total:
+        if self.total and rate and self.done < self.total and not growing:
             left = f", about {(self.total - self.done) / rate:,.0f} s left"
+        if growing:
+            left = f", {self.total.stores} store(s) not planned yet"
         more = f"; {self.status()}" if self.status else ""
         self.write(
             f"{self.label}: {self.done:,}{of} done in {seconds:,.0f} s ({rate:,.1f}/s){left}{more}"

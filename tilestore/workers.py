@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -55,6 +56,10 @@ def serve(
     itself is pointed at stderr. A Ctrl-C that reached the caller's terminal too ends the
     worker quietly (the caller reports it), as does a caller gone before a reply."""
     caller = os.environ.pop(CALLER, None)  # not handed down to its own workers
+    # "the time limit is near" (`tilestore.stopping`) is its caller's to act on: a job
+    # step's signal reaches every process of it, and SIGUSR1 would end this one
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     if caller is not None:  # a worker process that `start` made: it ends with its caller
         threading.Thread(target=_end_with, args=(int(caller),), daemon=True).start()
     if replies is None:

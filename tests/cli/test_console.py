@@ -62,6 +62,30 @@ def test_progress_in_a_log_is_a_line_every_interval_and_at_the_end(capsys):
     ]
 
 
+def test_a_total_still_growing_is_said_so_and_no_time_left_is_guessed(capsys):
+    """While stores are not planned yet the total is a floor ("N+"): a time left from it
+    would be too short ("474 of 495 ... about 3 s left" with 315 tiles unplanned)."""
+    from tilestore.cli.console import _Bar
+    from tilestore.progress import AtLeast, LogLines
+
+    now, said = [30.0], []
+    lines = LogLines("embedding with uni", 30.0, clock=lambda: now[0], write=said.append)
+    lines.started = lines.last = 0.0
+    lines(474, AtLeast(495, 2))
+    now[0] = 60.0
+    lines(21, 810)  # every store planned: exact
+    assert said == [
+        "embedding with uni: 474 of 495+ done in 30 s (15.8/s), 2 store(s) not planned yet",
+        "embedding with uni: 495 of 810 done in 60 s (8.2/s), about 38 s left",
+    ]
+    bar = _Bar()
+    task = bar.add_task("embedding", total=None)
+    bar.update(task, advance=474, total=AtLeast(495, 2))
+    assert bar.tasks[0].total is None and bar.tasks[0].completed == 474  # open: "474/?"
+    bar.update(task, advance=21, total=810)
+    assert bar.tasks[0].total == 810
+
+
 def test_a_cohorts_progress_lines_say_the_workers_alive():
     """`embed_cohort` without a progress callback logs through LogLines with the workers'
     state on each line (`Membership.status`); the lines go where `write` says."""

@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -386,6 +387,52 @@ def test_a_killed_worker_loses_nothing(cohort, client):
         assert group.attrs["tilestore"]["complete"] and group["done"][:].all()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_a_lost_workers_kept_tiles_are_counted_once_and_said(cohort, client):
+    """A worker dies after writing three batches of a slice (SIGKILL, from its writer): the
+    slice's rerun elsewhere keeps those 24 tiles and redoes the rest. The cohort counts every
+    tile once (the summary's tiles are the stores', the progress reaches its total) and the
+    lost worker's line says what was kept and what redone."""
+    paths = cohort("kept")
+    options = replace(OPTIONS, shard_tiles=8)  # a batch to a shard: each written at once
+
+    def die_after_three_batches():
+        import os as os_
+        import signal as signal_
+
+        from tilestore.embeddings.write import EmbeddingWriter
+
+        original = EmbeddingWriter._flush
+
+        def flush(self, shard):
+            original(self, shard)
+            self.flushed = getattr(self, "flushed", 0) + 1
+            if self.flushed == 3 and self.blocks > 4:  # a big slide's slice, mid-way
+                os_.kill(os_.getpid(), signal_.SIGKILL)
+
+        EmbeddingWriter._flush = flush
+
+    victim = sorted(client.nthreads())[0]
+    client.run(die_after_three_batches, workers=[victim])
+    calls = []
+    report = embed_cohort(
+        paths, LITE, client, plan=PLAN, options=options, slice_tiles=64,
+        progress=lambda n, total: calls.append((n, total)),
+    )  # fmt: skip
+    assert not report.failures
+    tiles = sum(features(p)[0].shape[0] for p in paths)
+    assert report.tiles == tiles == sum(s["tiles"] for s in report.slides)
+    assert sum(n for n, _ in calls) == tiles and {t for _, t in calls} == {tiles}
+    ((lost),) = report.lost
+    assert lost["address"] == victim
+    ((slice_),) = lost["redone"]
+    assert slice_["kept"] == 24 and slice_["redone"] == slice_["tiles"] - 24
+    line = next(x for x in summary_lines(report) if "lost after" in x)
+    assert (
+        f"run again on others: CMU-1-Small-Region.ome.zarr batches {slice_['start']}-"
+        f"{slice_['stop'] - 1} (24 tiles kept, {slice_['tiles'] - 24} redone)"
+    ) in line
 
 
 @pytest.mark.parametrize("slice_tiles", [20_000, 8], ids=["one slice", "many slices"])

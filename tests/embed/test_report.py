@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tilestore.embed.report import RunReport, Stats, advice, format_report
+from tilestore.embed.report import COMPILE_WAIT, RunReport, Stats, advice, format_report
 
 
 def _report(**kwargs) -> RunReport:
@@ -124,6 +124,22 @@ def test_a_compile_warm_up_is_reported_apart_not_as_an_idle_gpu(monkeypatch):
     assert sum(report.explained.values()) == pytest.approx(11.2)
     assert report.gpu_busy_fraction == pytest.approx(3.5 / 4.0)  # of the loop after warm-up
     assert report.warnings == []
+
+
+def test_a_wait_for_another_processs_compile_is_named_not_other(monkeypatch):
+    """An array task waits 245 s for the task compiling the model's graphs (the compile
+    cache), then loads them: a stage of its own in the wall time, not "other"."""
+    parts = {"loop": 260.0, "compile_cache_wait": 245.0, "warm_up": 2.0, "compute": 12.0,
+             "waiting_for_tiles": 0.5, "gpu_idle": 0.4}  # fmt: skip
+    report = _finished(monkeypatch, 261.0, parts, setup_s=1.0, first_batch_s=247.5)
+    assert report.explained[COMPILE_WAIT] == 245.0
+    assert report.explained["model warm-up (CUDA set-up, compilation)"] == 2.0
+    assert report.explained["other (launches, writer back-pressure)"] == pytest.approx(0.5)
+    assert sum(report.explained.values()) == pytest.approx(261.0)
+    assert report.gpu_busy_fraction == round(12.0 / 13.0, 3)  # of the loop after them
+    shown = format_report(report)[1]
+    assert f"{COMPILE_WAIT} 245.00 s" in shown
+    assert "compile cache" not in format_report(_finished(monkeypatch, 11.2, {"loop": 10.0}))[1]
 
 
 def test_waiting_that_overlaps_gpu_work_is_not_counted_twice(monkeypatch):

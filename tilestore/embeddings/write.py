@@ -655,7 +655,10 @@ class EmbeddingWriter:
 
     def _release_lock(self) -> None:
         if self._lock is not None:
-            locks.release(self._lock)
+            try:
+                locks.release(self._lock)
+            except OSError:  # a read-only file system: left, its process's; the next run
+                pass  # on this host takes it over once this process is gone (`locks.gone`)
             self._lock = None
 
 

@@ -4,7 +4,7 @@ nothing in the stores and takes no lock.
 
 Exit codes: 0 every store complete; 1 work left (partial, running or not started); 2 bad
 input, or a store damaged or of another plan (a run cannot finish those without
---overwrite)."""
+--overwrite), or blocked (a file where its folder must be)."""
 
 from __future__ import annotations
 
@@ -45,8 +45,9 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Say how far each store's embeddings are (complete, partial, running, damaged, not
-    started) and print the `tilestore embed` command that finishes the rest; exit 0 when
-    every store is complete, 1 with work left, 2 for a store damaged or of another plan."""
+    started, blocked) and print the `tilestore embed` command that finishes the rest; exit 0
+    when every store is complete, 1 with work left, 2 for a store damaged, of another plan
+    or blocked."""
     output_file(todo)
     if model is None:
         model = only_model([embeddings_status(store) for store in stores])

@@ -51,6 +51,7 @@ from tilestore.embed.daskworker import (
     run_slice,
     worker_identity,
 )
+from tilestore.embed.filesystems import FileSystems
 from tilestore.embed.inputs import Preparation, staged_from
 from tilestore.embed.jobs import PlanChoice, Slice, prepare, tiles_of
 from tilestore.embed.membership import Membership
@@ -60,7 +61,7 @@ from tilestore.embed.preflight import check_stores
 from tilestore.embed.report import preparation_lines, quality_line
 from tilestore.embed.settings import SLICE_TILES, Options, SliceTiles, check_share
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
-from tilestore.errors import DeviceError, OptionError, StoreError, TilestoreError
+from tilestore.errors import DeviceError, OptionError, StoreError, TilestoreError, WriteFailed
 from tilestore.options import Workers, checked
 from tilestore.progress import AtLeast, LogLines, to_stderr
 from tilestore.reading.resolution import OverrideMpp, ScanMpp
@@ -286,10 +287,16 @@ def _run(inputs, spec, client, plan, options, slice_tiles, identity, progress, r
         unknown = sum(1 for t in expected.values() if t is None)
         return AtLeast(total, unknown) if unknown else total
 
+    filesystems = FileSystems()  # those a write found full or read-only, as in one process
+    states: list[_Store] = []  # every store planned, in order
+
     def take(path: str, given: str) -> None:
         """A store ready: planned, its slices to the feed (or it is reported)."""
         clock = time.perf_counter()
         try:
+            refused = filesystems.refusal(path)
+            if refused is not None:  # on a file system found full or read-only
+                raise refused
             state = _prepare(path, spec, plan, identity, options, slice_tiles)
         except AlreadyComplete:
             report.skipped_complete.append(path)
@@ -297,10 +304,13 @@ def _run(inputs, spec, client, plan, options, slice_tiles, identity, progress, r
             counted(given, 0)
             return
         except TilestoreError as exc:
-            report.failures.append({"store": path, "error": _cause(exc, path)})
+            _failure(report, path, exc)
+            if isinstance(exc, WriteFailed):
+                filesystems.hit(path, exc)
             inputs.release(path)
             counted(given, 0)
             return
+        states.append(state)
         counted(given, sum(s.tiles for s in state.slices))
         state.planned_s = time.perf_counter() - clock
         state.ready_s = time.time() - began
@@ -347,11 +357,13 @@ def _run(inputs, spec, client, plan, options, slice_tiles, identity, progress, r
             result = future.result()
         except Exception as exc:  # a task's own error (corrupt data...) or a worker lost
             if not state.failed:  # the slide's own problem: drop its other slices
-                state.failed = True
-                report.failures.append({"store": state.path, "error": _cause(exc, state.path)})
-                client.cancel([f for f in state.futures if f is not future])
-                for _ in range(feed.drop(state)):  # those not sent: never sent
-                    _one_less(state, report)
+                give_up(state, exc, future)
+                if isinstance(exc, WriteFailed):  # a full file system: its other stores too
+                    filesystems.hit(state.path, exc)
+                    for other in states:
+                        refused = filesystems.refusal(other.path)
+                        if refused is not None and not other.failed and other.pending:
+                            give_up(other, refused)
             if _one_less(state, report):
                 inputs.release(state.path)
             return
@@ -374,6 +386,16 @@ def _run(inputs, spec, client, plan, options, slice_tiles, identity, progress, r
             progress(done, shown())
         if _one_less(state, report):
             inputs.release(state.path)
+
+    def give_up(state: _Store, exc: BaseException, running=None) -> None:
+        """A store failed: said once, its slices running cancelled (but `running`), those
+        waiting never sent."""
+        state.failed = True
+        _failure(report, state.path, exc)
+        client.cancel([f for f in state.futures if f is not running and not f.done()])
+        for _ in range(feed.drop(state)):  # those not sent: never sent
+            if _one_less(state, report):
+                inputs.release(state.path)
 
     def hand_out() -> None:
         for state, piece, worker in feed.take():
@@ -682,6 +704,16 @@ def _give_up(state: _Store, report: CohortReport) -> None:
     for failure in report.failures:
         if failure["store"] == state.path:
             failure["error"] += f" ({left})"
+
+
+def _failure(report: CohortReport, store: str, exc: BaseException) -> None:
+    """A store's failure into the report, as one process's report has it (with the cause
+    of a write the file system refused: ENOSPC...)."""
+    failure = {"store": store, "error": _cause(exc, store)}
+    fault = getattr(exc, "fault", None)
+    if isinstance(exc, WriteFailed) and fault is not None:
+        failure["cause"] = fault.code
+    report.failures.append(failure)
 
 
 def _cause(exc: BaseException, store: str) -> str:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from distributed import Reschedule, WorkerPlugin, get_worker, secede
 
 from tilestore.embed.settings import Options
-from tilestore.errors import StoreError
+from tilestore.errors import StoreError, WriteFailed
+from tilestore.format.store import fault_named
 from tilestore.progress import to_stderr
 
 if TYPE_CHECKING:
@@ -131,7 +132,11 @@ def run_slice(piece: Slice) -> dict[str, Any]:
         # the worker's log (a SLURM job's output) says when it compiles or waits for a compile
         report = plugin.embedder.embed_slices([piece], say=to_stderr)
     if report.failures:  # the slide's data failed: the coordinator drops its other slices
-        raise StoreError(f"{piece.store}: {report.failures[0]['error']}")
+        failure = report.failures[0]
+        message = f"{piece.store}: {failure['error']}"
+        if "cause" in failure:  # a write the file system refused: as the writer said it
+            raise WriteFailed(message, fault_named(failure["cause"]))
+        raise StoreError(message)
     return {
         "store": piece.store,
         "start": piece.start,

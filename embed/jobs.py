@@ -20,7 +20,7 @@ from tilestore.embed.models import ModelSpec
 from tilestore.embed.preflight import refuse_other_scale, rgb_input, scale_mismatch
 from tilestore.embed.report import RunReport
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity, plan_slide
-from tilestore.errors import PlanError, TilestoreError
+from tilestore.errors import PlanError, TilestoreError, WriteFailed
 from tilestore.format.record import Mpp
 from tilestore.plan import (
     PlanOptions,
@@ -160,6 +160,10 @@ def store_jobs(
                 {"slide": str(staged.given), "store": str(store), "seconds": staged.seconds}
             )
         report.warnings.extend(staged.warnings)
+        refused = report.filesystems.refusal(store)
+        if refused is not None:  # on a file system a write found full or read-only
+            report.failed(store, str(refused), refused.fault)
+            continue
         try:
             if staged.error:
                 raise staged.error
@@ -171,6 +175,10 @@ def store_jobs(
         except AlreadyComplete as exc:
             report.skip(store, str(exc))
             report.planned(staged.given, store, 0)
+            continue
+        except WriteFailed as exc:  # its plan, or the writer's lock: as a batch's write
+            report.filesystems.hit(store, exc)
+            report.failed(store, str(exc), exc.fault)
             continue
         except TilestoreError as exc:
             report.failed(store, str(exc))

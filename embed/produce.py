@@ -88,8 +88,10 @@ class Producer:
             ):
                 for job in _ahead(jobs, stop, self.prepared):
                     put(ready, JobStart(job), stop)
+                    # on a file system a write found full or read-only: the writer fails it
+                    refused = report.filesystems.refusal(job.store) is not None
                     try:
-                        if len(job.todo):
+                        if len(job.todo) and not refused:
                             with torch.cuda.stream(stream) if stream else contextlib.nullcontext():
                                 self._job(job, report, decoders, cutters, ready, stop)
                     except TilestoreError as exc:  # this slide's data: the others go on

@@ -25,10 +25,11 @@ import psutil
 import torch
 
 from tilestore.cpus import usable_cpus
+from tilestore.embed.filesystems import FileSystems
 from tilestore.embed.nvtx import Nvtx, TorchMarks
 from tilestore.embed.preflight import without_store
 from tilestore.embed.settings import Settings
-from tilestore.format.store import software_versions
+from tilestore.format.store import WriteFault, software_versions
 from tilestore.progress import AtLeast
 
 # `Stats.span` as the stages take it: span(stage, mark=None) -> a context manager
@@ -186,6 +187,8 @@ class RunReport:
     warnings: list[str] = field(default_factory=list)
     software: dict[str, str] = field(default_factory=dict)
     writer_error: BaseException | None = None
+    # the file systems the run's writes found full or read-only: stores on them not attempted
+    filesystems: FileSystems = field(default_factory=FileSystems, repr=False)
     _started: dict[str, float] = field(default_factory=dict, repr=False)  # store -> clock
     _written: dict[str, int] = field(default_factory=dict, repr=False)  # store -> tiles
     # inputs not planned yet -> their tiles to do as the preflight counted them (None: not
@@ -279,9 +282,13 @@ class RunReport:
             if entry["store"] == str(job.store):
                 entry["quality"] = summary
 
-    def failed(self, store, message: str) -> None:
-        """A store could not be embedded (or not finished): why, the store named once."""
-        self.failures.append({"store": str(store), "error": without_store(store, message)})
+    def failed(self, store, message: str, fault: WriteFault | None = None) -> None:
+        """A store could not be embedded (or not finished): why, the store named once; where
+        a write failed, its cause (the errno's name: ENOSPC...) beside."""
+        failure = {"store": str(store), "error": without_store(store, message)}
+        if fault is not None:
+            failure["cause"] = fault.code
+        self.failures.append(failure)
         for entry in self.slides:
             if entry["store"] == str(store):
                 entry["failed"] = True
@@ -344,7 +351,8 @@ class RunReport:
         data = {
             k: v
             for k, v in asdict(self).items()
-            if k not in ("writer_error", "_started", "_written", "_expected", "_planned")
+            if k
+            not in ("writer_error", "filesystems", "_started", "_written", "_expected", "_planned")
         }
         data["tiles_per_s"] = round(self.tiles_per_s, 1)
         return data

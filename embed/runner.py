@@ -38,7 +38,8 @@ from tilestore.embed.queues import DONE, drain
 from tilestore.embed.report import RunReport, Stats
 from tilestore.embed.settings import Settings
 from tilestore.embeddings.groups import non_finite_rows
-from tilestore.errors import DeviceError, TilestoreError
+from tilestore.errors import DeviceError, TilestoreError, WriteFailed
+from tilestore.format.store import WriteFault
 
 
 class Runner:
@@ -259,8 +260,11 @@ class Runner:
             if stopping.asked() and not isinstance(item, JobEnd | JobFailed):
                 raise stopping.Stopped  # the batches computed go to the writer; no new one
             if isinstance(item, JobStart | JobEnd | JobFailed):
+                if isinstance(item, JobStart) and run.report.filesystems.refusal(item.job.store):
+                    run.failed[id(item.job)] = item.job  # not computed: the writer says why
                 run.written.put(item)
-                if isinstance(item, JobStart) and len(item.job.todo) and not self.warm:
+                computed = id(item.job) not in run.failed
+                if isinstance(item, JobStart) and len(item.job.todo) and computed and not self.warm:
                     # while the pipeline fills
                     self._warm_for(run.stats, item.job.plan.spec.read, run.say)
                     run.report.notes.extend(self.notes)
@@ -349,13 +353,20 @@ class Runner:
             "of the slide are not written"
         )
 
-    def _fail(self, run: _Run, job: Job, error: str) -> None:
+    def _fail(self, run: _Run, job: Job, error: str, fault: WriteFault | None = None) -> None:
         """A slide failed (its data, or a batch not finite): its later batches are dropped,
         what is done stays done (a later run resumes from it), the report says why."""
         run.failed[id(job)] = job
         run.open_jobs.remove(job)
         left = job.writer.abandon()
-        run.report.failed(job.store, error + (f" ({left})" if left else ""))
+        run.report.failed(job.store, error + (f" ({left})" if left else ""), fault)
+
+    def _stop(self, run: _Run, job: Job, error: WriteFailed) -> None:
+        """A write into the job's store failed (a full disk, a read-only folder, a file in
+        the way): its slide stops at once, as a failed one; where the file system is at
+        fault, the stores on it not begun are not attempted (`FileSystems`)."""
+        run.report.filesystems.hit(job.store, error)
+        self._fail(run, job, str(error), error.fault)
 
     def _write(self, run: _Run) -> None:
         """The writer thread: makes and finishes each job's group, writes each batch once
@@ -369,9 +380,15 @@ class Runner:
             held = None  # the output slot this item holds, until released
             try:
                 if isinstance(item, JobStart):
+                    refused = report.filesystems.refusal(item.job.store)
+                    if refused is not None:  # on a file system found full: not attempted
+                        self._fail(run, item.job, str(refused), refused.fault)
+                        continue
                     try:  # a store it cannot write into (read-only, full): its slide fails
                         item.job.writer.create()
-                    except (TilestoreError, OSError) as exc:
+                    except WriteFailed as exc:
+                        self._stop(run, item.job, exc)
+                    except TilestoreError as exc:
                         self._fail(run, item.job, str(exc))
                     continue
                 if isinstance(item, JobEnd | JobFailed) and id(item.job) in run.failed:
@@ -381,12 +398,16 @@ class Runner:
                     with stats.span("finish_slide", "finish a slide (last writes, summary)"):
                         if len(job.todo):
                             report.end(job)
-                        job.writer.finish(report.slide_summary(job))
+                        try:
+                            job.writer.finish(report.slide_summary(job))
+                        except WriteFailed as exc:  # its last shards, or its record
+                            self._stop(run, job, exc)
+                            continue
                         report.quality(job, job.writer.quality_summary())
                     run.open_jobs.remove(job)
                     continue
                 if isinstance(item, JobFailed):
-                    self._fail(run, item.job, str(item.error))
+                    self._fail(run, item.job, str(item.error), getattr(item.error, "fault", None))
                     continue
                 batch, held, done, start, end = item
                 if done is not None:
@@ -408,9 +429,14 @@ class Runner:
                     self._fail(run, batch.job, error)
                     continue
                 with stats.span("write"):
-                    batch.job.writer.write(batch.block, rows.numpy())
-                    outputs.release(held)
-                    held = None
+                    try:
+                        batch.job.writer.write(batch.block, rows.numpy())
+                    except WriteFailed as exc:  # its slide stops here, the run goes on
+                        self._stop(run, batch.job, exc)
+                        continue
+                    finally:
+                        outputs.release(held)
+                        held = None
                 report.count(batch.job, batch.count)
                 if run.progress:
                     run.progress(batch.count, report.progress_total())

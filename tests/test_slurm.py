@@ -384,3 +384,51 @@ def test_a_full_disk_fails_the_task_in_one_line_and_the_rerun_finishes(
     if done:
         assert f"({done} done before)" in (folder / f"slurm-{job}_0.out").read_text()
     _assert_equal_to_reference(folder / "stores", cohort_root / "reference")
+
+
+def test_a_full_disk_stops_its_stores_at_once_and_the_task_finishes_the_others(
+    slurm, stores, small_disk, tmp_path
+):
+    """A task's share of three stores, two on a node's disk that fills as the first is
+    written, one elsewhere: the first fails in one line, the second is not attempted (named,
+    none of its batches done), the third completes; the task exits 3 (some complete), and
+    its report counts them."""
+    folder = tmp_path / "three"
+    (folder / "stores").mkdir(parents=True)
+    for name in ("a", "b"):  # on the small disk, seen from the cohort's folder
+        shutil.copytree(stores(CMU), small_disk / f"{name}-{CMU}.ome.zarr")
+        (folder / "stores" / f"{name}-{CMU}.ome.zarr").symlink_to(
+            small_disk / f"{name}-{CMU}.ome.zarr"
+        )
+    shutil.copytree(stores(CMU), folder / "stores" / f"c-{CMU}.ome.zarr")
+    paths = sorted((folder / "stores").glob("*.ome.zarr"))
+    for store in paths:
+        _tilestore("plan", store, "--mpp", "0.5", "--tile", "224")
+    full, unattempted, other = (str(p.relative_to(folder)) for p in paths)
+    fill(small_disk, leave_kb=150)  # the first group and maybe a shard fit, no more
+    script = folder / "embed.sbatch"
+    script.write_text(array_script(1).replace(CPU_FLAGS, f"{CPU_FLAGS} --plan 0.5mpp-224px"))
+    job = slurm.sbatch(script, cwd=folder)
+    slurm.wait(job, timeout=300)
+    assert slurm.exit_codes(job) == {f"{job}_0": "FAILED 3:0"}, _log(slurm, folder)
+    log = (folder / f"slurm-{job}_0.out").read_text()
+    errors = [line for line in log.splitlines() if "error" in line]
+    assert len(errors) == 2, errors
+    assert re.search(
+        rf"{re.escape(full)}: writing embeddings/{LITE}/0\.5mpp-224px( \(its shard \d+\))?: "
+        r"No space left on device; free space \(or raise the quota\), then run the same "
+        r"command",
+        errors[0],
+    ), errors[0]
+    assert errors[1].endswith(
+        f"{unattempted}: not attempted: its file system is full (writing into {full} failed: "
+        "No space left on device); free space (or raise the quota), then run the same command"
+    ), errors[1]
+    assert _done_tiles([paths[1]]) == 0  # nothing of it written
+    report = json.loads((folder / "run-0.json").read_text())
+    assert [(f["store"], f["cause"]) for f in report["failures"]] == [
+        (full, "ENOSPC"),
+        (unattempted, "ENOSPC"),
+    ]
+    assert [s["store"] for s in report["slides"] if not s.get("failed")] == [other]
+    assert _features(paths[2])[1]["complete"]

@@ -10,6 +10,7 @@ the code's own business, beside it.)
         OptionError       an option's value it does not allow, or options that contradict
         SlideError        a slide file that cannot be read
         StoreError        a store missing, incomplete, damaged or unwritable
+            WriteFailed       a write the file system refused (full, read-only, a path blocked)
             ChunkError        a chunk missing, damaged or out of its place
             NotEmbedded       a store without a model's finished embeddings
             DamagedEmbeddings     embeddings whose arrays disagree or hold NaN
@@ -42,6 +43,20 @@ class SlideError(TilestoreError):
 
 class StoreError(TilestoreError):
     """A tilestore store that is missing, incomplete, already present or unwritable."""
+
+
+class WriteFailed(StoreError):
+    """A write into a store that the file system refused: full, over quota, read-only, no
+    permission, a path blocked by a file (`tilestore.format.store.writing`). `fault` says
+    whose it is (`tilestore.format.store.WriteFault`: the file system's, where every store
+    on it would fail alike, or the store's own) and what to do."""
+
+    def __init__(self, message: str, fault: object = None) -> None:
+        super().__init__(message)
+        self.fault = fault
+
+    def __reduce__(self):  # pickled whole (a Dask worker's error reaches the coordinator)
+        return (type(self), (str(self), self.fault))
 
 
 class NotJudged(TilestoreError):

@@ -16,7 +16,13 @@ A group's state, as the writer (`tilestore.embeddings.write`) leaves it:
   complete, never resumed) unless overwrite=True;
 - other plan: made from an earlier plan of its name, stored again since (its tiles are
   not the plan's now: a run refuses it unless overwrite=True);
-- not started: no group (or one a killed run left before its record: made again).
+- not started: no group (or one a killed run left before its record: made again);
+- blocked: no group, and a file where its folder must be (embeddings/<model>, say): a run
+  fails on it until that file is moved aside.
+
+A partial or not-started group whose store cannot be written now (its file system full or
+read-only, no permission) says so in its note: a run would fail there (a run stopped by a
+write error leaves its group partial, never complete, or none).
 
 Cheap: metadata, the small ``done`` flags, the positions records, shard indexes and the
 last 4 bytes of each chunk are read (`tilestore.embeddings.tied`); no pixels, no features
@@ -29,7 +35,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +60,10 @@ from tilestore.errors import OptionError, StoreError
 from tilestore.format.store import is_store, stored
 from tilestore.format.store import open_group as open_store_group
 
-STATES = ("complete", "partial", "running", "damaged", "other plan", "not started")
-TROUBLE = ("damaged", "other plan")  # a run cannot finish these without overwrite=True
+STATES = ("complete", "partial", "running", "damaged", "other plan", "not started", "blocked")
+# a run cannot finish these without overwrite=True (blocked: a file moved aside)
+TROUBLE = ("damaged", "other plan", "blocked")
+FULL_BELOW = 2**20  # bytes free under which a store's file system is said full
 WAITING = ("partial", "not started")  # a run finishes these
 UNTIED = (
     "not tied to its chunks' positions (made before they were recorded: a swapped or moved "
@@ -203,6 +211,14 @@ def _paths(store, model: str, plan: str | None, asked: str | None) -> list[str]:
 
 
 def _group_status(store: Path, path: str, model: str, plan: str | None) -> GroupStatus:
+    found = _group_found(store, path, model, plan)
+    if found.state not in WAITING:
+        return found
+    why = _unwritable(store)
+    return replace(found, note=f"{found.note}; but {why}") if why else found
+
+
+def _group_found(store: Path, path: str, model: str, plan: str | None) -> GroupStatus:
     name = model
     lock = _live_lock(store, path)
     try:
@@ -210,6 +226,13 @@ def _group_status(store: Path, path: str, model: str, plan: str | None) -> Group
     except KeyError:
         if lock is not None:
             return GroupStatus(name, path, "running", lock=lock, note=_running(lock))
+        blocker = _in_the_way(store, path)
+        if blocker is not None:
+            note = (
+                f"{blocker} is a file where a folder must be: a run cannot make {path}; move "
+                "that file aside, then run embed again"
+            )
+            return GroupStatus(name, path, "blocked", note=note)
         return GroupStatus(name, path, "not started", run={}, note=f"no {path}")
     except StoreError as exc:
         return GroupStatus(name, path, "damaged", note=str(exc))
@@ -218,6 +241,35 @@ def _group_status(store: Path, path: str, model: str, plan: str | None) -> Group
             return _read_group(store, path, name, group, plan, lock)
     except StoreError as exc:  # DamagedEmbeddings among them
         return GroupStatus(name, path, "damaged", lock=lock, note=str(exc))
+
+
+def _in_the_way(store: Path, path: str) -> Path | None:
+    """The file (not a folder) where a folder of the group's path must be, if any."""
+    at = Path(store)
+    for part in path.split("/"):
+        at = at / part
+        if not at.exists() and not at.is_symlink():
+            return None
+        if not at.is_dir():
+            return at
+    return None
+
+
+def _unwritable(store: Path) -> str:
+    """Why a run could not write into the store now ("" where it could): its file system
+    read-only or full (under `FULL_BELOW` free), or no permission to write in it."""
+    try:
+        found = os.statvfs(store)
+    except OSError:
+        return ""
+    if found.f_flag & os.ST_RDONLY:
+        return "its file system is read-only: a run cannot write there"
+    free = found.f_bavail * found.f_frsize
+    if free < FULL_BELOW:
+        return f"its file system is full ({free // 1024} KB free): free space before a run"
+    if not os.access(store, os.W_OK):
+        return "no permission to write into it (or it is immutable: chattr -i)"
+    return ""
 
 
 def _read_group(

@@ -32,7 +32,7 @@ from tilestore.errors import AlreadyComplete, EmbeddingError, StoreError
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.leftovers import clear_unfinished_files
 from tilestore.format.shards import SHARD_TILES, batches_per_shard, column, sharded
-from tilestore.format.store import software_versions, writing
+from tilestore.format.store import software_versions, writing, written_whole
 from tilestore.plan.grid import TilePlan
 from tilestore.reading.slide import Slide
 
@@ -221,10 +221,12 @@ class EmbeddingWriter:
         store = _directory(slide)
         self.lock_path = lock_file(store, self.path)
         # The lock first, then the group: another run may be making it right now.
-        self._take_lock()
+        with writing(slide.name, f"its lock {self.lock_path}"):
+            self._take_lock()
         try:
             if (store / self.path).is_dir():  # a killed run's files, never renamed
-                clear_unfinished_files(store / self.path)
+                with writing(slide.name, self.path):
+                    clear_unfinished_files(store / self.path)
             # overwrite: whatever is there is replaced (a damaged group too), once made anew
             existing = self._existing() if not overwrite else None
             if existing is not None:
@@ -248,13 +250,24 @@ class EmbeddingWriter:
             raise
 
     def create(self) -> None:
-        """Make the group (replacing an old one under overwrite=True), unless it is open."""
+        """Make the group (replacing an old one under overwrite=True), unless it is open.
+        Where it cannot be made (WriteFailed: a full disk, a file in the way), what was made
+        of it is removed, and the writer writes nothing (`_made_group`)."""
         if self.group is None:
-            with writing(self.slide.name, self.path):
+            with written_whole(self.root, self.path, self.slide.name, self.path):
                 if self._replace:
                     del self.root[self.path]
                 self._open(self._create())
             self._made = True
+
+    def _made_group(self) -> None:
+        """EmbeddingError where the group is not open (its making failed, or was never
+        asked): a writer is not used past a failed `create`."""
+        if self.group is None:
+            raise EmbeddingError(
+                f"{self.slide.name}: {self.path} was not made (its making failed): nothing "
+                "can be written into it"
+            )
 
     def _open(self, group) -> None:
         self.group, self.features, self._done = group, group["features"], group["done"]
@@ -317,6 +330,7 @@ class EmbeddingWriter:
         """Take one batch's features (copied: the caller's buffer is reused); once every
         batch of its shard still to do is in, write the shard, then mark them done. With
         tokens, each row is the features then the tile's token grid, flattened."""
+        self._made_group()
         self._pending[block] = np.array(features, copy=True)
         shard = block // self.per_shard
         first, last = self._shard(shard)
@@ -408,6 +422,7 @@ class EmbeddingWriter:
             self.flush()
             return
         try:
+            self._made_group()
             self.flush()
             if len(self.todo()) == 0:
                 attrs = dict(self.group.attrs["tilestore"])
@@ -422,22 +437,26 @@ class EmbeddingWriter:
     def abandon(self) -> str:
         """Release the lock after a failure and say what the store holds now: a group this
         run made and wrote nothing into is removed (the store is as it was); otherwise the
-        done batches stay for the next run to resume from. Attached (a slice): ""."""
+        done batches stay for the next run to resume from. Attached (a slice), or never
+        made: ""."""
         try:
-            if self.group is None:
-                return "nothing was written"
+            if self.group is None:  # never made (or its making failed, and was removed)
+                return ""
             try:  # batches computed before the failure are kept
                 self.flush()
-            except (OSError, ValueError, zarr.errors.BaseZarrError):
-                self._pending.clear()  # not written: their batches are redone
+            except (OSError, StoreError, ValueError, zarr.errors.BaseZarrError):
+                self._pending.clear()  # not written (a full disk): their batches are redone
             if self.attached:  # the coordinator that made the group says what it holds
                 return ""
             done = int(self._done[:].sum())
             if done == 0 and self._made:
-                del self.root[self.path]
-                folder = self.path.rsplit("/", 1)[0]  # embeddings/<model>, made for it alone
-                if folder != self.path and not any(True for _ in self.root[folder].members()):
-                    del self.root[folder]
+                try:
+                    del self.root[self.path]
+                    folder = self.path.rsplit("/", 1)[0]  # embeddings/<model>, made for it
+                    if folder != self.path and not any(True for _ in self.root[folder].members()):
+                        del self.root[folder]
+                except OSError as exc:  # a read-only file system: it stays, never complete
+                    return f"nothing was written; {self.path} stays empty ({exc.strerror})"
                 return f"nothing was written: {self.path} removed, the store is as it was"
             return (
                 f"{done} of {self.blocks} batches of {self.path} are written and kept: rerun "
@@ -636,7 +655,10 @@ class EmbeddingWriter:
 
     def _release_lock(self) -> None:
         if self._lock is not None:
-            locks.release(self._lock)
+            try:
+                locks.release(self._lock)
+            except OSError:  # a read-only file system: left, its process's; the next run
+                pass  # on this host takes it over once this process is gone (`locks.gone`)
             self._lock = None
 
 

@@ -14,13 +14,14 @@ import errno
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import zarr
 from zarr.abc.store import Store
 
-from tilestore.errors import StoreError
+from tilestore.errors import StoreError, WriteFailed
 from tilestore.format.record import ATTRS_KEY, StoreRecord
 from tilestore.format.shards import write_atomic
 
@@ -133,26 +134,102 @@ def stored(where: object, what: str, fix: str) -> Iterator[None]:
         ) from exc
 
 
-FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+@dataclass(frozen=True)
+class WriteFault:
+    """What an OSError met while writing into a store means to the user, decided once
+    (`write_fault`): code: the errno's name (ENOSPC...); cause: the system's words, with the
+    path in the way where one is; fix: what to do ("" where nothing can be said); filesystem:
+    the file system's fault (full, over quota, read-only: every store on it fails alike, so
+    a run stops them all) or the store's own (no permission, a path blocked: the other
+    stores go on); state: what the file system is, said of the stores not attempted."""
+
+    code: str
+    cause: str
+    fix: str
+    filesystem: bool
+    state: str = ""
+
+
+AGAIN = "then run the same command"
+# errno -> (fix, the file system's, its state)
+FAULTS: dict[int, tuple[str, bool, str]] = {
+    errno.ENOSPC: (f"free space (or raise the quota), {AGAIN}", True, "full"),
+    errno.EDQUOT: (f"raise the quota (or free space), {AGAIN}", True, "over its quota"),
+    errno.EFBIG: (
+        f"raise the limit on a file's size (ulimit -f) or write on another file system, {AGAIN}",
+        True,
+        "refusing files this large",
+    ),
+    errno.EROFS: (
+        f"write on a writable file system (or remount this one read-write), {AGAIN}",
+        True,
+        "read-only",
+    ),
+    errno.EACCES: (f"give this user write permission there, {AGAIN}", False, ""),
+    errno.EPERM: (
+        f"give this user write permission there (as root: clear its immutable flag, "
+        f"chattr -i), {AGAIN}",
+        False,
+        "",
+    ),
+    errno.ENOTDIR: (f"move that file aside, {AGAIN}", False, ""),
+    errno.EEXIST: (f"move that file aside, {AGAIN}", False, ""),
+    errno.EISDIR: (f"move that folder aside, {AGAIN}", False, ""),
+}
+FULL = tuple(code for code, (_, filesystem, _) in FAULTS.items() if filesystem)
+
+
+def write_fault(exc: OSError) -> WriteFault:
+    """The one judgement of a write's OSError: its cause, its fix, and whether it is the
+    file system's (ENOSPC, EDQUOT, EFBIG, EROFS) or the store's own (EACCES, EPERM, a path
+    blocked by a file: ENOTDIR, EEXIST, EISDIR; anything else)."""
+    code = exc.errno or 0
+    fix, filesystem, state = FAULTS.get(code, ("", False, ""))
+    cause = exc.strerror or str(exc)
+    path = Path(exc.filename) if exc.filename else None
+    if path is not None and code in (errno.ENOTDIR, errno.EEXIST):
+        blocker = _file_in_the_way(path)
+        cause += f" ({blocker or path} is a file where a folder must be)"
+    elif path is not None and code == errno.EISDIR:
+        cause += f" ({path} is a folder where a file must be)"
+    elif path is not None and code in (errno.EACCES, errno.EPERM):
+        cause += f" ({path})"
+    return WriteFault(errno.errorcode.get(code, str(code)), cause, fix, filesystem, state)
+
+
+def fault_named(code: str) -> WriteFault:
+    """The fault of an errno named `code` (as a run report records it), its cause the
+    system's words alone."""
+    number = getattr(errno, code, 0)
+    fix, filesystem, state = FAULTS.get(number, ("", False, ""))
+    return WriteFault(code, os.strerror(number) if number else code, fix, filesystem, state)
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The first of `path` and the folders above it that exists and is not a folder."""
+    for part in (path, *path.parents):
+        if part.is_dir():
+            return None
+        if part.exists() or part.is_symlink():
+            return part
+    return None
 
 
 @contextlib.contextmanager
 def writing(where: object, what: str) -> Iterator[None]:
     """Write `what` into the store at `where` inside this: an OSError (a full disk, a quota,
-    a read-only folder) is one StoreError naming the store, what was being written and
-    why, never the bare "No space left on device". Writes are whole files renamed into
-    place, so what was written before is as it was."""
+    a read-only folder, a file where a folder must be) is one WriteFailed naming the store,
+    what was being written, the cause and the fix (`write_fault`), never the bare "No space
+    left on device". Writes are whole files renamed into place, so what was written before
+    is as it was."""
     try:
         yield
     except OSError as exc:
-        why = exc.strerror or str(exc)
-        fix = (
-            "free space (or raise the quota), then run the same command: what was written "
-            "before is kept"
-            if exc.errno in FULL
-            else "what was written before is kept"
-        )
-        raise StoreError(f"{where}: writing {what}: {why}; {fix}") from exc
+        fault = write_fault(exc)
+        fix = f"{fault.fix}: " if fault.fix else ""
+        raise WriteFailed(
+            f"{where}: writing {what}: {fault.cause}; {fix}what was written before is kept", fault
+        ) from exc
 
 
 @contextlib.contextmanager

@@ -294,7 +294,11 @@ def record_fields(module: str) -> str:
         parts += [f"### `{cls.__name__}`", "", doc, "", "| field | type | default | note |"]
         parts.append("|---|---|---|---|")
         for item in node.body:
-            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            if (
+                isinstance(item, ast.AnnAssign)
+                and isinstance(item.target, ast.Name)
+                and "ClassVar" not in ast.get_source_segment(source, item.annotation)
+            ):
                 line = lines[item.end_lineno - 1]
                 note = line.split("#", 1)[1].strip() if "#" in line else ""
                 default = ast.get_source_segment(source, item.value) if item.value else "-"
@@ -318,6 +322,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "exit-codes-embed": exit_codes_embed,
     "exit-codes-status": exit_codes_status,
     "store-record": lambda: record_fields("tilestore.format.record"),
+    "group-records": lambda: record_fields("tilestore.format.records"),
     "embeddings-layout": module_docstring("tilestore.embeddings.layout"),
 }
 

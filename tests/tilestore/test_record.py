@@ -72,15 +72,53 @@ def test_a_record_of_the_wrong_types_is_one_store_error(store, key, value):
     assert str(path) in str(refused.value) and "\n" not in str(refused.value)
 
 
-def test_no_module_but_the_format_looks_into_the_raw_record():
-    """The record's key is named in the format layer only: readers ask the record."""
-    users = []
+# The record's key looked up or written as a literal: attrs["tilestore"], attrs.get("tilestore"),
+# a {"tilestore": ...} of attributes; the name ATTRS_KEY anywhere.
+RAW_KEY = re.compile(
+    r"""\bATTRS_KEY\b|attrs\s*\[\s*["']tilestore["']|\.(?:get|pop|setdefault)\(\s*["']tilestore["']"""
+    r"""|["']tilestore["']\s*:"""
+)
+# {"tilestore": ...} where it is not a store's record: an AnnData file's uns (`h5ad`)
+NOT_A_RECORD = {"tilestore/exports/h5ad.py": 1}
+
+
+def raw_lookups(root: Path) -> dict[str, int]:
+    """{file: lines naming the record's key raw} in the package's folders below `root`,
+    outside the format layer (`tilestore/format`, where the records are)."""
+    found: dict[str, int] = {}
     for folder in ("tilestore", "embed", "cli"):
-        for path in (REPO / folder).rglob("*.py"):
-            if re.search(r"\bATTRS_KEY\b", path.read_text()):
-                users.append(str(path.relative_to(REPO)))
-    assert sorted(users) == ["tilestore/format/__init__.py", "tilestore/format/record.py",
-                             "tilestore/format/store.py"]  # fmt: skip
+        for path in sorted((root / folder).rglob("*.py")):
+            name = str(path.relative_to(root))
+            if name.startswith("tilestore/format/"):
+                continue
+            hits = sum(1 for line in path.read_text().splitlines() if RAW_KEY.search(line))
+            if hits:
+                found[name] = hits
+    return found
+
+
+def test_no_module_but_the_format_looks_into_the_raw_record():
+    """The record's key is named in the format layer only: readers and writers of every
+    group's record (plans, embeddings groups, slide vectors, scores, labels, tile sums) go
+    through `tilestore.format.records`, by name or by the literal key."""
+    assert raw_lookups(REPO) == NOT_A_RECORD
+
+
+def test_the_guard_sees_each_way_of_writing_the_key(tmp_path):
+    """Each form the guard looks for is found (so the guard above fails where one is used)."""
+    forms = [
+        'meta = group.attrs["tilestore"]',
+        "meta = group.attrs.get('tilestore', {})",
+        'group.attrs["tilestore"] = facts',
+        'zarr.create_array(store, attributes={"tilestore": facts})',
+        "key = ATTRS_KEY",
+    ]
+    (tmp_path / "tilestore").mkdir()
+    for i, form in enumerate(forms):
+        (tmp_path / "tilestore" / f"m{i}.py").write_text(
+            f"{form}\nlogger = getLogger('tilestore')\n"
+        )
+    assert raw_lookups(tmp_path) == {f"tilestore/m{i}.py": 1 for i in range(len(forms))}
 
 
 def test_the_record_is_what_a_store_is_opened_with(stores):

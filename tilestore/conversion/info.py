@@ -12,6 +12,7 @@ import zarr
 from tilestore.conversion.converter import choose_codec
 from tilestore.errors import SlideError, StoreError, TilestoreError
 from tilestore.format.record import StoreRecord
+from tilestore.format.records import LabelRecord, PlanRecord, read_record
 from tilestore.format.store import is_store, open_group, stored, tree_size
 from tilestore.reading import open_slide
 from tilestore.reading.inplace import TILE_SUMS
@@ -200,10 +201,13 @@ def _sample(path: Path, index: int, level) -> dict[str, Any]:
 def _tissue(group: zarr.Group) -> dict | None:
     with stored(group.store_path, "labels/tissue", "compute it again (tilestore tissue)"):
         try:
-            meta = group["labels/tissue"].attrs["tilestore"]
+            label = group["labels/tissue"]
         except KeyError:
             return None
-        return {k: meta[k] for k in ("method", "polarity", "fraction", "mpp")}
+        meta = read_record(label, LabelRecord, f"{group.store_path}: labels/tissue")
+        if meta is None:
+            return None
+        return {k: meta.facts[k] for k in ("method", "polarity", "fraction", "mpp")}
 
 
 def _plans(group: zarr.Group) -> dict[str, int]:
@@ -212,11 +216,12 @@ def _plans(group: zarr.Group) -> dict[str, int]:
             plans = group["plans"]
         except KeyError:
             return {}
-        return {
-            name: g.attrs["tilestore"]["tiles"]
-            for name, g in sorted(plans.groups())
-            if g.attrs.get("tilestore", {}).get("complete")
-        }
+        found = {}
+        for name, g in sorted(plans.groups()):
+            record = read_record(g, PlanRecord, f"{group.store_path}: plans/{name}")
+            if record is not None and record.complete:
+                found[name] = record.tiles
+        return found
 
 
 def pixel_count(path: str | os.PathLike) -> int:

@@ -33,6 +33,7 @@ from tilestore.errors import (
     StoreError,
     TilestoreWarning,
 )
+from tilestore.format.records import EmbeddingsRecord, PlanRecord, find_record, read_record
 from tilestore.format.store import DAMAGED, STORE_SUFFIX, members, stored
 from tilestore.format.store import open_group as open_store_group
 
@@ -53,8 +54,8 @@ def list_embeddings(store: StoreLike) -> list[str]:
 
 def _is_group(group: zarr.Group) -> bool:
     """Whether a group is an embeddings group (its record or its done flags: a run made it)."""
-    attrs = group.attrs.get("tilestore")
-    return (isinstance(attrs, dict) and "plan" in attrs) or "done" in group
+    record = find_record(group, EmbeddingsRecord)
+    return (record is not None and "plan" in record) or "done" in group
 
 
 def plan_groups(store: StoreLike, model: str) -> dict[str, str]:
@@ -69,8 +70,8 @@ def plan_groups(store: StoreLike, model: str) -> dict[str, str]:
     found: dict[str, str] = {}
     with stored(store, folder, embed_again(folder)):
         if _is_group(group):  # a store made before: the model's folder is its one group
-            made = (group.attrs.get("tilestore") or {}).get("plan") or {}
-            found[str(made.get("name"))] = folder
+            made = read_record(group, EmbeddingsRecord, f"{store}: {folder}")
+            found[str(made.plan_name if made else None)] = folder
         for name, child in sorted(group.groups()):
             if name.startswith(".") or name in RESERVED or not _is_group(child):
                 continue
@@ -156,13 +157,18 @@ def refuse_shared_names(names: list[str]) -> None:
 @dataclass(frozen=True)
 class Finished:
     """A store's finished embeddings group as a reader opens it: the group, its path in the
-    store, its tilestore attributes and its arrays (their metadata read once, their shapes
-    checked: `check_shapes`)."""
+    store, its record and its arrays (their metadata read once, their shapes checked:
+    `check_shapes`)."""
 
     group: zarr.Group
     path: str
-    meta: dict[str, Any]
+    record: EmbeddingsRecord
     arrays: dict[str, zarr.Array]
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Its record's facts, as written (what the readers' tables are made of)."""
+        return self.record.to_attrs()
 
     @property
     def fix(self) -> str:
@@ -192,8 +198,9 @@ def open_finished(store: StoreLike, model: str, plan: str | None = None) -> Fini
             f"with model={model!r}{f' and plan={plan!r}' if plan else ''} first"
         ) from None
     with stored(store, path, embed_again(path)):
-        meta = group.attrs.get("tilestore", {})
-        if not meta.get("complete"):
+        record = read_record(group, EmbeddingsRecord, f"{store}: {path}", embed_again(path))
+        meta = record or EmbeddingsRecord()
+        if not meta.complete:
             done = group["done"][:]
             raise NotEmbedded(
                 f"{store}: {path} is unfinished ({int(done.sum())} of {len(done)} batches); "
@@ -203,7 +210,7 @@ def open_finished(store: StoreLike, model: str, plan: str | None = None) -> Fini
             arrays = {n: a for n, a in members(group) if isinstance(a, zarr.Array)}
         except ValueError as exc:
             raise DamagedEmbeddings(f"{store}: {path}/{exc}; {embed_again(path)}") from exc
-        check_group(store, path, meta, arrays)
+        check_group(store, path, meta.to_attrs(), arrays)
     replaced = plan_replaced(store, meta)
     if replaced:
         raise NotEmbedded(
@@ -211,27 +218,26 @@ def open_finished(store: StoreLike, model: str, plan: str | None = None) -> Fini
             "again with overwrite=True (or read it under another name: store the plan again "
             "as it was)"
         )
-    return Finished(group, path, dict(meta), arrays)
+    return Finished(group, path, meta, arrays)
 
 
-def plan_replaced(store: StoreLike, meta: dict[str, Any]) -> str:
+def plan_replaced(store: StoreLike, meta: EmbeddingsRecord) -> str:
     """How a group no longer stands for the plan it records ("" where it does): the plan of
     its name stored again since, with another uid (other tiles, or the same made
     otherwise). A plan no longer stored leaves the group as it is (its tiles' coordinates
     are its own). What `status` calls "other plan" and every reader refuses."""
-    made = meta.get("plan") or {}
-    name = made.get("name")
+    name = meta.plan_name
     if not name:
         return ""
     try:
-        stored_plan = open_group(store, f"plans/{name}").attrs.get("tilestore", {})
+        stored_plan = find_record(open_group(store, f"plans/{name}"), PlanRecord)
     except KeyError:
         return ""
-    if not isinstance(stored_plan, dict) or stored_plan.get("uid") in (None, made.get("uid")):
+    if stored_plan is None or stored_plan.uid in (None, meta.plan_uid):
         return ""
     return (
-        f"was made from an earlier plan {name!r} (uid {made.get('uid')}), stored again since "
-        f"(uid {stored_plan.get('uid')})"
+        f"was made from an earlier plan {name!r} (uid {meta.plan_uid}), stored again since "
+        f"(uid {stored_plan.uid})"
     )
 
 

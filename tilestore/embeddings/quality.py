@@ -16,6 +16,7 @@ import numpy as np
 from tilestore.embeddings.groups import check_shapes, embed_again, list_groups
 from tilestore.embeddings.layout import model_folder
 from tilestore.errors import PlanError
+from tilestore.format.records import EmbeddingsRecord, read_record
 from tilestore.format.store import stored
 from tilestore.plan import plans
 from tilestore.plan.grid import TilePlan
@@ -51,7 +52,9 @@ def without_blurred(
     group = where.split("/", 1)[1]
     with stored(slide.name, where, embed_again(where)):
         found = slide.group[where]
-        check_shapes(slide.name, where, found.attrs.get("tilestore", {}), dict(found.arrays()))
+        record = read_record(found, EmbeddingsRecord, f"{slide.name}: {where}")
+        meta = (record or EmbeddingsRecord()).to_attrs()
+        check_shapes(slide.name, where, meta, dict(found.arrays()))
         measures = list(found["quality"].attrs["measures"])
         blur = found["quality"][:, measures.index("blur")]
         xs, ys = found["x"][:], found["y"][:]

@@ -24,6 +24,7 @@ from tilestore.embeddings.groups import all_finite, find_group
 from tilestore.errors import EmbeddingError, StaleSlideEmbedding
 from tilestore.format import leftovers
 from tilestore.format.codecs import zstd_codecs
+from tilestore.format.records import EmbeddingsRecord, ScoresRecord, read_record, write_record
 from tilestore.format.store import open_for_writing
 
 ZEROSHOT = "zeroshot"  # the subgroup of a model's group holding its score sets
@@ -58,7 +59,8 @@ def write_tile_scores(
             "classes, or values that are not finite; nothing written"
         )
     current = zarr.open_group(store, path=tiles_path, mode="r", zarr_format=3)
-    if str(current.attrs.get("tilestore", {}).get("finished", "")) != str(tiles["finished"]):
+    now = read_record(current, EmbeddingsRecord, f"{store}: {tiles_path}")
+    if (now or EmbeddingsRecord()).finished != str(tiles["finished"]):
         raise StaleSlideEmbedding(
             f"{store}: {tiles_path} was embedded again while the scores were computed; run it again"
         )
@@ -73,7 +75,8 @@ def write_tile_scores(
         array = group.create_array(PROBABILITIES, shape=values.shape, dtype="float32",
                                    chunks=(rows, len(classes)), **zstd_codecs(level=3))  # fmt: skip
         array[:] = values
-        group.attrs["tilestore"] = {**record, "tiles": dict(tiles)}
+        made = ScoresRecord.make(f"{store}: {path}", **{**record, "tiles": dict(tiles)})
+        write_record(group, made)
     return path
 
 
@@ -83,20 +86,20 @@ def score_sets(group: zarr.Group, where: str) -> dict[str, tuple[zarr.Array, lis
     warning naming it."""
     if ZEROSHOT not in group:
         return {}
-    finished = str(group.attrs.get("tilestore", {}).get("finished", ""))
+    finished = (read_record(group, EmbeddingsRecord, where) or EmbeddingsRecord()).finished
     found = {}
     for name, sub in sorted(group[ZEROSHOT].groups()):
         if name.startswith("."):  # a write in progress, or one a kill left (never read)
             continue
-        record = sub.attrs.get("tilestore", {})
-        if str(record.get("tiles", {}).get("finished", "")) != finished:
+        record = read_record(sub, ScoresRecord, f"{where}/{ZEROSHOT}/{name}") or ScoresRecord()
+        if record.made_from != finished:
             warnings.warn(
                 f"{where}/{ZEROSHOT}/{name} was scored from features embedded again since: "
                 "left out (classify the store again)",
                 stacklevel=3,
             )
             continue
-        found[name] = (sub[PROBABILITIES], [str(c) for c in record.get("classes", [])])
+        found[name] = (sub[PROBABILITIES], list(record.classes))
     return found
 
 
@@ -107,4 +110,7 @@ def read_tile_scores(
     model's group of `plan` (None: its only plan's)."""
     path = scores_group_name(find_group(store, model, plan), name)
     group = zarr.open_group(Path(store), path=path, mode="r", zarr_format=3)
-    return {"probabilities": group[PROBABILITIES][:], "record": dict(group.attrs["tilestore"])}
+    record = read_record(group, ScoresRecord, f"{store}: {path}")
+    if record is None:
+        raise KeyError(f"{path}'s record")
+    return {"probabilities": group[PROBABILITIES][:], "record": record.to_attrs()}

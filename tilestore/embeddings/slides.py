@@ -40,6 +40,12 @@ from tilestore.embeddings.recipe import Recipe, ScaleLabel, combine, recipe
 from tilestore.errors import EmbeddingError, SlideEmbeddingExists, StaleSlideEmbedding, StoreError
 from tilestore.format import leftovers
 from tilestore.format.codecs import zstd_codecs
+from tilestore.format.records import (
+    EmbeddingsRecord,
+    SlideVectorRecord,
+    read_record,
+    write_record,
+)
 from tilestore.format.store import open_for_writing, stored
 from tilestore.options import checked
 
@@ -132,10 +138,10 @@ def read_tile_features(store: StoreLike, model: str, plan: str | None = None) ->
         stride0=(step * down[0], step * down[1]),
         mpp=meta.get("mpp"),
         tile_size=int(meta.get("tile_size") or grid.get("tile")),
-        plan=str((meta.get("plan") or {}).get("name")),
-        finished=str(meta.get("finished", "")),
+        plan=str(found.record.plan_name),
+        finished=found.record.finished,
         recipe=recipe(meta),
-        model_info=dict(meta.get("model") or {}),
+        model_info=dict(found.record.model or {}),
         slide_mpp=slide.mpp,
         slide_shape=(int(slide.shape[1]), int(slide.shape[2])),
     )
@@ -173,8 +179,8 @@ def write_slide_vector(
         raise SlideEmbeddingExists(
             f"{tiles.name}: {path} exists; pass overwrite=True to compute it again"
         )
-    current = open_group(tiles.store, tiles.path).attrs.get("tilestore", {})
-    if str(current.get("finished", "")) != tiles.finished:
+    current = read_record(open_group(tiles.store, tiles.path), EmbeddingsRecord, tiles.path)
+    if (current or EmbeddingsRecord()).finished != tiles.finished:
         raise StaleSlideEmbedding(
             f"{tiles.name}: {tiles.path} was embedded again while {encoder} computed; run it again"
         )
@@ -187,7 +193,8 @@ def write_slide_vector(
             VECTOR, shape=values.shape, dtype="float32", **zstd_codecs(level=3)
         )  # its CRC-32C: `tilestore verify` checks it as every other array
         array[:] = values
-        group.attrs["tilestore"] = {**record, "tiles": tiles.source(), "dim": int(values.size)}
+        made = {**record, "tiles": tiles.source(), "dim": int(values.size)}
+        write_record(group, SlideVectorRecord.make(f"{tiles.store}: {path}", **made))
     return path
 
 
@@ -220,30 +227,33 @@ def read_slide_vector(
         ) from None
     fix = f"compute it again (tilestore embed --slide-encoder {encoder} --overwrite)"
     with stored(store, path, fix):
-        record = dict(group.attrs["tilestore"])
+        record = read_record(group, SlideVectorRecord, f"{store}: {path}", fix)
+        if record is None:
+            raise KeyError(f"{path}'s record")
         vector = group[VECTOR][:]
         tile_group = open_group(store, tiles_path)
-        tiles_meta = tile_group.attrs.get("tilestore", {})
-        if vector.shape != (record.get("dim", vector.size),):
+        tiles_meta = read_record(tile_group, EmbeddingsRecord, f"{store}: {tiles_path}")
+        tiles_meta = tiles_meta or EmbeddingsRecord()
+        if vector.shape != (vector.size if record.dim is None else record.dim,):
             raise DamagedEmbeddings(
                 f"{store}: {path}/{VECTOR} has shape {vector.shape} where its record says "
-                f"({record['dim']},): it is damaged; {fix}"
+                f"({record.dim},): it is damaged; {fix}"
             )
     check_rows(vector.reshape(-1, 1), f"{store}: {path}/{VECTOR}", fix, unit="value")
-    if str(tiles_meta.get("finished", "")) != record["tiles"]["finished"]:
+    if tiles_meta.finished != record.tiles["finished"]:
         raise StaleSlideEmbedding(
             f"{store}: {path} was computed from tile features replaced since (embedded "
-            f"{record['tiles']['finished']}, now {tiles_meta.get('finished')}); run "
+            f"{record.tiles['finished']}, now {tiles_meta.get('finished')}); run "
             f"`tilestore embed --slide-encoder {encoder} --overwrite` on it"
         )
     with stored(store, tiles_path, embed_again(tiles_path)):
-        check_shapes(store, tiles_path, tiles_meta, dict(tile_group.arrays()))
+        check_shapes(store, tiles_path, tiles_meta.to_attrs(), dict(tile_group.arrays()))
     return {
         "name": slide_name(store),
         "store": str(store),
         "vector": vector,
-        "record": record,
-        "recipe": recipe(tiles_meta),
+        "record": record.to_attrs(),
+        "recipe": recipe(tiles_meta.to_attrs()),
     }
 
 

@@ -57,6 +57,12 @@ from tilestore.embeddings.slides import SLIDES, VECTOR
 from tilestore.embeddings.tied import tied_arrays
 from tilestore.embeddings.write import lock_file
 from tilestore.errors import OptionError, StoreError
+from tilestore.format.records import (
+    EmbeddingsRecord,
+    SlideVectorRecord,
+    read_record,
+    written_record,
+)
 from tilestore.format.store import is_store, stored
 from tilestore.format.store import open_group as open_store_group
 
@@ -275,21 +281,22 @@ def _unwritable(store: Path) -> str:
 def _read_group(
     store: Path, path: str, name: str, group: zarr.Group, plan: str | None, lock: Lock | None
 ) -> GroupStatus:
-    meta = group.attrs.get("tilestore")
+    record = written_record(group, EmbeddingsRecord, f"{store}: {path}", embed_again(path))
     arrays = dict(group.arrays())
-    if not isinstance(meta, dict) or "done" not in arrays:  # killed while made: made again
+    if record is None or "done" not in arrays:  # killed while made: made again
         state = "running" if lock else "not started"
         note = _running(lock) if lock else f"{path} was left half made by a killed run"
         return GroupStatus(name, path, state, lock=lock, run={}, note=note)
-    name = str((meta.get("model") or {}).get("name") or name)
+    meta = record.to_attrs()
+    name = record.model_name or name
     flags = check_group(store, path, meta, arrays)  # as every reader judges it: else damaged
-    tiles, batch = int(meta.get("tiles", arrays["features"].shape[0])), int(meta["batch_size"])
+    tiles = arrays["features"].shape[0] if record.tiles is None else record.tiles
+    batch = int(record.batch_size)  # type: ignore[arg-type]  (None: damaged, said)
     batches, done = len(flags), int((flags == 1).sum())
     tiles_done = done * batch - (batch * batches - tiles if batches and flags[-1] == 1 else 0)
-    made = meta.get("plan") or {}
     scale = scale_of(meta)
     common = {
-        "plan": made.get("name"),
+        "plan": record.plan_name,
         "tiles": tiles,
         "tiles_done": tiles_done,
         "batches": batches,
@@ -297,9 +304,9 @@ def _read_group(
         "dtype": str(arrays["features"].dtype),
         "dim": int(arrays["features"].shape[1]),
         "started": meta.get("started"),
-        "finished": meta.get("finished"),
+        "finished": meta.get("finished"),  # None until finished (record.finished: "")
         "lock": lock,
-        "slide_vectors": _slide_vectors(store, path, group, meta),
+        "slide_vectors": _slide_vectors(store, path, group, record),
         "run": resume_options(meta),
         "tile": scale.tile if scale else None,
         "mpp": scale.mpp if scale else None,
@@ -307,11 +314,11 @@ def _read_group(
     }
     if lock is not None:
         return GroupStatus(name, path, "running", **common, note=_running(lock))
-    other = _other_plan(store, made)
+    other = _other_plan(store, record)
     if other:
         return GroupStatus(name, path, "other plan", **common, note=other)
     untied = "" if common["tied"] else f"; {UNTIED}"
-    if meta.get("complete"):
+    if record.complete:
         return GroupStatus(name, path, "complete", **common, note=untied[2:])
     note = f"{done} of {batches} batches done: the same run resumes it{untied}"
     return GroupStatus(name, path, "partial", **common, note=note)
@@ -335,10 +342,10 @@ def resume_options(meta: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def _other_plan(store: Path, made: dict[str, Any]) -> str:
+def _other_plan(store: Path, record: EmbeddingsRecord) -> str:
     """Why a group no longer stands for its plan ("" where it does): `plan_replaced`, the
     readers' own judgement."""
-    replaced = plan_replaced(store, {"plan": made})
+    replaced = plan_replaced(store, record)
     if not replaced:
         return ""
     said = replaced.removeprefix("was ")
@@ -346,7 +353,7 @@ def _other_plan(store: Path, made: dict[str, Any]) -> str:
 
 
 def _slide_vectors(
-    store: Path, path: str, group: zarr.Group, meta: dict[str, Any]
+    store: Path, path: str, group: zarr.Group, meta: EmbeddingsRecord
 ) -> tuple[SlideVector, ...]:
     """The group's slide vectors, their records and array shapes read (not their values)."""
     try:
@@ -359,16 +366,19 @@ def _slide_vectors(
             continue
         try:
             with stored(store, f"{path}/{SLIDES}/{folder}", "compute it again"):
-                record = vector.attrs["tilestore"]
-                dim = int(record["dim"])
+                where = f"{store}: {path}/{SLIDES}/{folder}"
+                record = read_record(vector, SlideVectorRecord, where)
+                if record is None:
+                    raise KeyError("its record")
+                dim = int(record.dim)  # type: ignore[arg-type]  (None: damaged, said)
                 shape = vector[VECTOR].shape
-                made_from = str(record["tiles"]["finished"])
+                made_from = str(record.tiles["finished"])
         except StoreError:
             found.append(SlideVector(folder, None, "damaged"))
             continue
-        current = made_from == str(meta.get("finished", ""))
+        current = made_from == meta.finished
         state = "damaged" if shape != (dim,) else "current" if current else "stale"
-        found.append(SlideVector(str(record.get("encoder") or folder), dim, state))
+        found.append(SlideVector(record.encoder or folder, dim, state))
     return tuple(found)
 
 

@@ -31,6 +31,14 @@ from tilestore.embeddings.recipe import weights_unknown
 from tilestore.errors import AlreadyComplete, EmbeddingError, StoreError
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.leftovers import clear_unfinished_files
+from tilestore.format.records import (
+    EmbeddingsRecord,
+    find_record,
+    holds_record,
+    read_record,
+    write_record,
+    written_record,
+)
 from tilestore.format.shards import SHARD_TILES, batches_per_shard, column, sharded
 from tilestore.format.store import software_versions, writing, written_whole
 from tilestore.plan.grid import TilePlan
@@ -117,10 +125,10 @@ def group_path(slide: Slide, model: str, plan_name: str) -> str:
     is resumed where it is, never moved)."""
     folder = model_folder(model)
     try:
-        attrs = slide.group[folder].attrs.get("tilestore")
+        record = find_record(slide.group[folder], EmbeddingsRecord)
     except (KeyError, ValueError, TypeError, zarr.errors.BaseZarrError):
-        attrs = None  # none there (a damaged one is said by `standing`, at the plan's path)
-    if isinstance(attrs, dict) and (attrs.get("plan") or {}).get("name") == plan_name:
+        record = None  # none there (a damaged one is said by `standing`, at the plan's path)
+    if record is not None and record.plan_name == plan_name:
         return folder
     return group_name(model, plan_name)
 
@@ -145,51 +153,53 @@ def standing(
     path = group_path(slide, model, plan_name)
     try:
         group = slide.group[path]
-        attrs = group.attrs.get("tilestore")
-        if not isinstance(attrs, dict) or "done" not in group:
+        record = written_record(group, EmbeddingsRecord, f"{slide.name}: {path}", AGAIN)
+        if record is None or "done" not in group:
             return Standing("new", np.empty(0, np.int64), 0, 0)
         arrays = dict(group.arrays())
     except KeyError:
         return Standing("new", np.empty(0, np.int64), 0, 0)
+    except StoreError as exc:  # its record damaged (DamagedEmbeddings, naming the key)
+        return Standing("damaged", np.empty(0, np.int64), 0, 0, str(exc))
     except (ValueError, TypeError, zarr.errors.BaseZarrError) as exc:
         why = f"{slide.name}: {path} is damaged ({type(exc).__name__}: {exc}); {AGAIN}"
         return Standing("damaged", np.empty(0, np.int64), 0, 0, why)
     try:
-        flags = check_group(slide.name, path, attrs, arrays, AGAIN)
+        flags = check_group(slide.name, path, record.to_attrs(), arrays, AGAIN)
     except StoreError as exc:  # DamagedEmbeddings, a ChunkError of a damaged shard
         return Standing("damaged", np.empty(0, np.int64), 0, 0, str(exc))
     except (ValueError, TypeError, zarr.errors.BaseZarrError) as exc:
         why = f"{slide.name}: {path} is damaged ({type(exc).__name__}: {exc}); {AGAIN}"
         return Standing("damaged", np.empty(0, np.int64), 0, 0, why)
     tiles = int(arrays["features"].shape[0])
-    done, batch = np.flatnonzero(flags == 1), int(attrs.get("batch_size", 0)) or 1
-    made = attrs.get("plan") or {}
-    same = made.get("name") == plan_name and (plan_uid is None or made.get("uid") == plan_uid)
+    done, batch = np.flatnonzero(flags == 1), record.batch_size or 1
+    made = record.plan_name
+    same = made == plan_name and (plan_uid is None or record.plan_uid == plan_uid)
     if not same:
         # each number next to what it counts: the group's tiles are those of the plan it was
         # made from, which a plan of the same name made again no longer is
-        again = made.get("name") == plan_name
+        again = made == plan_name
         then = " as it was before it was made again" if again else ""
         now = "to be made by the run" if plan_tiles is None else f"{plan_tiles} tiles"
         why = (
-            f"{slide.name}: {path} was made from plan {made.get('name')!r}{then} ({tiles} "
+            f"{slide.name}: {path} was made from plan {made!r}{then} ({tiles} "
             f"tiles embedded), not this run's {plan_name!r} ({now}"
             + ("; a plan of the same name made again counts as another" if again else "")
             + "); pass overwrite=True to replace it"
         )
         return Standing("other plan", done, batch, tiles, why)
     differ = [
-        f"{key}: {attrs.get(key)!r}, this run {value!r}"
+        f"{key}: {record.get(key)!r}, this run {value!r}"
         for key, value in (asked or {}).items()
-        if key in RESULT_KEYS and attrs.get(key) != value
+        if key in RESULT_KEYS and record.get(key) != value
     ]
-    if attrs.get("complete") and differ:
+    if record.complete and differ:
         why = (
             f"{slide.name}: {path} is complete but was made otherwise ({'; '.join(differ)}): "
             "its features are not this run's; pass overwrite=True to embed it again so"
         )
         return Standing("other settings", done, batch, tiles, why)
-    if attrs.get("complete"):
+    if record.complete:
         why = (
             f"{slide.name}: {path} is already complete ({tiles} tiles); pass overwrite=True "
             "to recompute"
@@ -276,7 +286,7 @@ class EmbeddingWriter:
         shards = self.features.shards  # None: a group made before shards, a file per batch
         self.per_shard = shards[0] // self.batch_size if shards else 1
         # the chunks' positions, recorded as shards are written (None: a group made before)
-        tying = tied.tied_arrays(group.attrs["tilestore"]) is not None
+        tying = tied.tied_arrays(self._record(group).to_attrs()) is not None
         where = f"{self.slide.name}: {self.path}"
         self.positions = tied.Recorder(group, where, AGAIN) if tying else None
         self._stored = self._done[:].astype(bool)  # done on disk, as this writer knows it
@@ -425,12 +435,12 @@ class EmbeddingWriter:
             self._made_group()
             self.flush()
             if len(self.todo()) == 0:
-                attrs = dict(self.group.attrs["tilestore"])
-                attrs.update(complete=True, finished=_now(), run=summary)
+                record = self._record(self.group)
+                record = record.replace(complete=True, finished=_now(), run=summary)
                 if self.quality is not None:
-                    attrs["quality_summary"] = self.quality_summary()
+                    record = record.replace(quality_summary=self.quality_summary())
                 with writing(self.slide.name, f"{self.path}'s record"):
-                    self.group.attrs["tilestore"] = attrs
+                    write_record(self.group, record)
         finally:
             self._release_lock()
 
@@ -472,8 +482,7 @@ class EmbeddingWriter:
         while making it (no attributes yet, so no batch was written: it is made again)."""
         try:
             group = self.root[self.path]
-            attrs = group.attrs.get("tilestore")
-            if isinstance(attrs, dict) and "done" in group:
+            if holds_record(group) and "done" in group:
                 return group
         except KeyError:
             return None
@@ -577,28 +586,37 @@ class EmbeddingWriter:
         # the columns' positions now, the batched arrays' as their shards are written; the
         # record last: a group without it is a killed run's, made again
         held = tied.start(group, list(coords), batched)
-        group.attrs["tilestore"] = {
+        record = EmbeddingsRecord.make(
+            f"{slide.name}: {self.path}",
             **self.identity,
-            tied.RECORD: held,
-            "tiles": n,
-            "tile_size": plan.spec.tile,
-            "mpp": plan.spec.effective_mpp,
-            "level": plan.spec.level,
-            "read_px": plan.spec.read,
-            "grid": asdict(plan.spec),
-            "classes": plan.classes,
-            "qc_classes": list(plan.qc),
-            "coordinates": COORDINATES,
-            "software": software_versions("torch", "timm", "huggingface_hub", "tifffile"),
-            "started": _now(),
-            "complete": False,
-        }
+            **{tied.RECORD: held},
+            tiles=n,
+            tile_size=plan.spec.tile,
+            mpp=plan.spec.effective_mpp,
+            level=plan.spec.level,
+            read_px=plan.spec.read,
+            grid=asdict(plan.spec),
+            classes=plan.classes,
+            qc_classes=list(plan.qc),
+            coordinates=COORDINATES,
+            software=software_versions("torch", "timm", "huggingface_hub", "tifffile"),
+            started=_now(),
+            complete=False,
+        )
+        write_record(group, record)
         return group
+
+    def _record(self, group) -> EmbeddingsRecord:
+        """The record of the group this writer makes or resumes (KeyError: none)."""
+        record = read_record(group, EmbeddingsRecord, f"{self.slide.name}: {self.path}", AGAIN)
+        if record is None:
+            raise KeyError(f"{self.path}'s record")
+        return record
 
     def _refuse_unknown_weights(self, group) -> None:
         """EmbeddingError where the unfinished group's weights, or this run's, are not known
         (`weights_unknown`): another run's batches would be features of other weights."""
-        made = weights_unknown(group.attrs["tilestore"].get("model") or {})
+        made = weights_unknown(dict(self._record(group).model or {}))
         now = weights_unknown(self.run.model)
         if made is None and now is None:
             return
@@ -615,7 +633,7 @@ class EmbeddingWriter:
         """The identity's fields the group records otherwise. A group begun before the
         weights' sha256 was recorded is compared without it (as `recipe` compares groups:
         on the facts they have), so it resumes."""
-        stored = group.attrs["tilestore"]
+        stored = self._record(group)
         diff = []
         for key, value in self.identity.items():
             was = stored.get(key)

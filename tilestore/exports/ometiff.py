@@ -24,6 +24,7 @@ import tifffile
 
 from tilestore.errors import StoreError
 from tilestore.format.codecs import chroma_sampling, coded_color_space, encode_chunk
+from tilestore.format.records import LabelRecord, read_record
 from tilestore.options import Opt, checked
 from tilestore.reading.opening import open_slide
 from tilestore.reading.slide import Slide
@@ -193,7 +194,8 @@ def _write_labels(tif: tifffile.TiffWriter, slide: Slide) -> list[str]:
         array = labels[name]["0"]
         mask = np.asarray(array[0] if array.ndim == 3 else array[:], np.uint8)
         meta = {"axes": "YX", "Name": f"{slide.name} {name}"}
-        downsample = labels[name].attrs.get("tilestore", {}).get("downsample")
+        record = read_record(labels[name], LabelRecord, f"{slide.name}: labels/{name}")
+        downsample = None if record is None else record.downsample
         if slide.mpp and downsample:
             meta |= {
                 "PhysicalSizeX": slide.mpp[0] * downsample[1],

@@ -1,7 +1,9 @@
 """The store format: OME-Zarr 0.5 metadata (`omezarr`), the chunk codecs (`codecs`, our JPEG
 codec registered with zarr), JPEG headers (`jpeg`), chunk integrity (`integrity`: CRC-32C,
 safe whole-file reads; `positions`: each chunk's CRC-32C recorded by its place), shards
-(`shards`), whole-chunk access (`chunks`), the store on disk (`store`: open, recognise,
+(`shards`), whole-chunk access (`chunks`), what a store says about itself (`record`) and
+what each group in it does (`records`: plans, embeddings, slide vectors, scores, labels), the
+store on disk (`store`: open, recognise,
 name) and the names of work in progress (`leftovers`).
 
 The bottom floor: imports only `tilestore.errors` and `tilestore.cpus`.
@@ -19,6 +21,20 @@ __getattr__, __dir__, __all__ = lazy_face(
         "tilestore.format.integrity": ("read_file", "seal", "unseal"),
         "tilestore.format.positions": ("Positions",),
         "tilestore.format.record": ("ATTRS_KEY", "StoreRecord"),
+        "tilestore.format.records": (
+            "EmbeddingsRecord",
+            "GroupRecord",
+            "LabelRecord",
+            "PlanRecord",
+            "ScoresRecord",
+            "SlideVectorRecord",
+            "TileSumsRecord",
+            "find_record",
+            "holds_record",
+            "read_record",
+            "write_record",
+            "written_record",
+        ),
         "tilestore.format.store": (
             "STORE_SUFFIX",
             "open_for_writing",
@@ -27,7 +43,6 @@ __getattr__, __dir__, __all__ = lazy_face(
             "software_versions",
             "store_name",
             "tree_size",
-            "write_record",
             "writing",
             "written_whole",
         ),

@@ -23,6 +23,7 @@ from zarr.abc.store import Store
 
 from tilestore.errors import StoreError, WriteFailed
 from tilestore.format.record import ATTRS_KEY, StoreRecord
+from tilestore.format.records import write_record  # noqa: F401  (the one writer, for every record)
 from tilestore.format.shards import write_atomic
 
 STORE_FORMAT = 1
@@ -86,11 +87,6 @@ def open_group(
             "overwrite=True"
         )
     return group, record
-
-
-def write_record(group: zarr.Group, record: StoreRecord) -> None:
-    """Write a store's record of itself (its root group open for writing)."""
-    group.attrs[ATTRS_KEY] = record.to_attrs()
 
 
 # how a stored document (a zarr.json: its JSON, its zarr metadata, its attributes' types)

@@ -21,6 +21,7 @@ import numpy as np
 from tilestore import locks
 from tilestore.errors import PlanError
 from tilestore.format.codecs import zstd_codecs
+from tilestore.format.records import PlanRecord, find_record, read_record, write_record
 from tilestore.format.shards import column
 from tilestore.format.store import stored, written_whole
 from tilestore.masks.tissue import TissueMask, compute_tissue, read_tissue, write_tissue
@@ -244,9 +245,8 @@ def save_plan(slide: Slide, plan: TilePlan, *, overwrite: bool = False) -> str:
     uid = plan_uid(plan)
     if plan.name in plans:
         if not overwrite:
-            with stored(slide.name, f"plan {plan.name!r}", _remake(plan.name)):
-                meta = dict(plans[plan.name].attrs["tilestore"])
-            if meta.get("uid") == uid and not recipe_difference(recipe_of(meta), plan_recipe(plan)):
+            meta = stored_record(slide, plan.name)
+            if meta.uid == uid and not recipe_difference(recipe_of(meta), plan_recipe(plan)):
                 return uid  # the very same plan: kept as it is
             raise PlanError(
                 f"{slide.name}: plan {plan.name!r} is stored already, made otherwise ("
@@ -266,19 +266,21 @@ def save_plan(slide: Slide, plan: TilePlan, *, overwrite: bool = False) -> str:
                 dimension_names=("tile",),
                 **column(zstd_codecs(), len(plan)),
             )
-        group.attrs["tilestore"] = {
-            "uid": uid,
-            "spec": asdict(plan.spec),
-            "classes": plan.classes,
-            "qc_classes": list(plan.qc),
-            "chunk_shape": list(plan.chunk_shape),
-            "params": plan.params,
-            "recipe": plan_recipe(plan),
-            "notes": plan.notes,
-            "tiles": len(plan),
-            "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "complete": True,
-        }
+        record = PlanRecord.make(
+            f"{slide.name}: {PLANS}/{plan.name}",
+            uid=uid,
+            spec=asdict(plan.spec),
+            classes=plan.classes,
+            qc_classes=list(plan.qc),
+            chunk_shape=list(plan.chunk_shape),
+            params=plan.params,
+            recipe=plan_recipe(plan),
+            notes=plan.notes,
+            tiles=len(plan),
+            created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            complete=True,
+        )
+        write_record(group, record)
     return uid
 
 
@@ -318,14 +320,14 @@ def plan_recipe(plan: TilePlan) -> dict:
     return json.loads(json.dumps(made))
 
 
-def recipe_of(meta: dict) -> dict:
+def recipe_of(meta: PlanRecord) -> dict:
     """A stored plan's recipe: recorded, or for a plan stored before recipes were, its
     grid's and params' (without the ROI file's hash, which was not recorded)."""
-    if isinstance(meta.get("recipe"), dict):
-        return meta["recipe"]
-    spec = meta.get("spec") or {}
+    if meta.recipe is not None:
+        return dict(meta.recipe)
+    spec = meta.spec or {}
     made = {k: spec.get(k) for k in ("mpp", "tile", "stride")}
-    return json.loads(json.dumps({**made, **(meta.get("params") or {})}))
+    return json.loads(json.dumps({**made, **(meta.params or {})}))
 
 
 def recipe_difference(old: dict, new: dict) -> list[str]:
@@ -337,7 +339,7 @@ def recipe_difference(old: dict, new: dict) -> list[str]:
     ]
 
 
-def plan_difference(meta: dict, plan: TilePlan) -> str:
+def plan_difference(meta: PlanRecord, plan: TilePlan) -> str:
     """How a plan made now differs from the one stored under its name (`meta`, its record):
     the settings, else its tiles (the same settings over another tissue mask, QC maps or
     annotations)."""
@@ -345,7 +347,7 @@ def plan_difference(meta: dict, plan: TilePlan) -> str:
     if settings:
         return "stored -> now: " + ", ".join(settings)
     return (
-        f"the same settings, other tiles: {meta.get('tiles')} stored, {len(plan)} now (its "
+        f"the same settings, other tiles: {meta.tiles} stored, {len(plan)} now (its "
         "tissue mask, QC maps or annotations changed since)"
     )
 
@@ -407,9 +409,10 @@ def _sha256(path: str | os.PathLike) -> str:
 
 def _complete(group) -> bool:
     try:
-        return bool(group.attrs.get("tilestore", {}).get("complete"))
-    except Exception:  # a damaged record is no plan either
+        record = find_record(group, PlanRecord)  # a damaged record is no plan either
+    except Exception:  # nor is a group whose attributes cannot be read
         return False
+    return record is not None and record.complete
 
 
 def list_plans(slide: Slide) -> list[str]:
@@ -418,15 +421,25 @@ def list_plans(slide: Slide) -> list[str]:
     for path in sorted(children(slide, PLANS)):
         name = path.split("/", 1)[1]
         with stored(slide.name, f"plan {name!r}", _remake(name)):
-            if slide.group[path].attrs.get("tilestore", {}).get("complete"):
-                names.append(name)
+            record = read_record(slide.group[path], PlanRecord, _where(slide, name), _remake(name))
+        if record is not None and record.complete:
+            names.append(name)
     return names
 
 
-def stored_record(slide: Slide, name: str) -> dict:
-    """A stored plan's record (its ``tilestore`` attributes: uid, grid, params, recipe...)."""
+def stored_record(slide: Slide, name: str) -> PlanRecord:
+    """A stored plan's record (uid, grid, params, recipe...); StoreError where it has none
+    or a damaged one."""
     with stored(slide.name, f"plan {name!r}", _remake(name)):
-        return dict(slide.group[f"{PLANS}/{name}"].attrs["tilestore"])
+        record = read_record(slide.group[f"{PLANS}/{name}"], PlanRecord, _where(slide, name),
+                             _remake(name))  # fmt: skip
+        if record is None:
+            raise KeyError("the plan's record")
+    return record
+
+
+def _where(slide: Slide, name: str) -> str:
+    return f"{slide.name}: plan {name!r}"
 
 
 def _remake(name: str) -> str:
@@ -448,8 +461,8 @@ def load_plan(slide: Slide, name: str | None = None) -> tuple[TilePlan, str]:
         raise PlanError(f"{slide.name}: no plan {name!r}; plans: {', '.join(names) or 'none'}")
     with stored(slide.name, f"plan {name!r}", _remake(name)):
         group = slide.group[f"{PLANS}/{name}"]
-        meta = group.attrs["tilestore"]
-        spec = meta["spec"]
+        meta = stored_record(slide, name)
+        spec = meta.spec
         spec = GridSpec(
             **{
                 **spec,
@@ -465,10 +478,10 @@ def load_plan(slide: Slide, name: str | None = None) -> tuple[TilePlan, str]:
             group["tissue"][:],
             group["roi"][:],
             group["roi_class"][:],
-            list(meta["classes"]),
-            tuple(meta["chunk_shape"]),
-            dict(meta["params"]),
-            list(meta["notes"]),
-            {name: group[f"qc_{name}"][:] for name in meta.get("qc_classes", [])},
+            list(meta.classes),
+            meta.chunk_shape,
+            dict(meta.params),
+            list(meta.notes),
+            {name: group[f"qc_{name}"][:] for name in meta.qc_classes},
         )
-        return plan, meta["uid"]
+        return plan, meta.uid

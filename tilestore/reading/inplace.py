@@ -41,6 +41,7 @@ from zarr.storage import LocalStore, WrapperStore
 from tilestore.errors import ChunkError, StoreError
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.integrity import UNWRITTEN
+from tilestore.format.records import TileSumsRecord, attrs_of, find_record
 from tilestore.format.store import DAMAGED, is_store, open_store
 from tilestore.reading.slide import Slide, slide_of
 from tilestore.reading.source_chunks import Segments, TileSums, chunk_source
@@ -158,13 +159,14 @@ def record_tile_sums(group: zarr.Group, sums: dict[int, LevelSums]) -> None:
             data=np.asarray(table, np.uint64),
             chunks=table.shape,  # one file: a level's tile grid is small
             fill_value=UNWRITTEN,
-            attributes={
-                "tilestore": {
-                    "tile_crc32c_of": str(index),
-                    "unwritten": UNWRITTEN,
-                    "tables_crc32c": int(tables),
-                }
-            },
+            attributes=attrs_of(
+                TileSumsRecord.make(
+                    f"{TILE_SUMS}/{index}",
+                    tile_crc32c_of=str(index),
+                    unwritten=UNWRITTEN,
+                    tables_crc32c=int(tables),
+                )
+            ),
             **zstd_codecs(),
         )
 
@@ -180,7 +182,8 @@ def _read_tile_sums(
     try:
         array = zarr.open_array(group.store_path.store, path=path, mode="r", zarr_format=3)
         table = array[...]
-        tables = int(array.attrs["tilestore"]["tables_crc32c"])
+        record = find_record(array, TileSumsRecord)  # damaged or absent: None, said below
+        tables = int(record.tables_crc32c)  # type: ignore[union-attr,arg-type]
     except (FileNotFoundError, zarr.errors.NodeNotFoundError):
         raise ChunkError(
             f"{where}: its tiles' checksums ({path}) are missing, though the sidecar says it "

@@ -17,6 +17,7 @@ import numpy as np
 from tilestore.format import omezarr, positions
 from tilestore.format.chunks import ChunkReader
 from tilestore.format.codecs import zstd_codecs
+from tilestore.format.records import LabelRecord, read_record, write_record
 from tilestore.format.shards import SHARD_CHUNKS, shard_shape, sharded
 from tilestore.format.store import stored, written_whole
 from tilestore.reading.slide import Slide
@@ -73,7 +74,7 @@ def write_label(
             },
             "multiscales": omezarr.multiscales(name, paths, downsamples, slide.mpp, method=method),
         }
-        group.attrs["tilestore"] = facts
+        write_record(group, LabelRecord.make(f"{slide.name}: labels/{name}", **facts))
     # listed once whole: a label a failure removed is never listed
     labels.attrs["ome"] = {"version": omezarr.OME_VERSION, "labels": [*names, name]}
 
@@ -95,7 +96,10 @@ def read_label(
         # read as image levels are: each chunk checked, tied to its position where recorded
         reader = ChunkReader(level, 0, slide.name, positions=positions.declared(slide.record))
         pixels = reader.read(0, level.shape[1], 0, level.shape[2])[..., 0]
-        return parse(pixels, dict(group.attrs["tilestore"]))
+        record = read_record(group, LabelRecord, f"{slide.name}: labels/{name}", fix)
+        if record is None:
+            raise KeyError(f"labels/{name}'s record")
+        return parse(pixels, record.to_attrs())
 
 
 def _listed(slide: Slide) -> list[str]:

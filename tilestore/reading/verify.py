@@ -42,6 +42,7 @@ from tilestore.format import positions
 from tilestore.format.chunks import ChunkReader
 from tilestore.format.codecs import has_checksums
 from tilestore.format.integrity import UNWRITTEN, Location, read_chunks, unseal
+from tilestore.format.records import GroupRecord, find_record
 from tilestore.format.shards import ShardIndex
 from tilestore.format.store import (
     DAMAGED,
@@ -158,12 +159,13 @@ def _group_positions(
     if not parent:
         return None
     try:
-        attrs = root[parent].attrs.get("tilestore")
+        record = find_record(root[parent], GroupRecord)  # of any kind: what it ties, if any
     except (KeyError, ValueError, TypeError, zarr.errors.BaseZarrError):
         return None  # its own arrays' reads say what is wrong
+    attrs = None if record is None else record.to_attrs()
     declared = positions.group_tied(attrs)
     if declared is None or leaf not in declared:
-        batched = isinstance(attrs, dict) and "batch_size" in attrs  # an embeddings group
+        batched = attrs is not None and "batch_size" in attrs  # an embeddings group
         if declared is None and leaf == "features" and batched:
             result.untied_groups.append(f"{parent} (made before positions were recorded)")
         return None

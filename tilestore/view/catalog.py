@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from tilestore.errors import MixedResults, ViewError
+from tilestore.format.records import EmbeddingsRecord, read_record
 from tilestore.reading.slide import Slide
 
 
@@ -221,7 +222,7 @@ def finished_groups(slide: Slide) -> list[dict[str, Any]]:
 
     found = []
     for _, _, path in list_groups(slide.group.store):
-        facts = slide.group[path].attrs.get("tilestore") or {}
-        if facts.get("complete") and isinstance(facts.get("model"), dict):
-            found.append(facts)
+        record = read_record(slide.group[path], EmbeddingsRecord, f"{slide.name}: {path}")
+        if record is not None and record.complete and record.model is not None:
+            found.append(record.to_attrs())
     return found

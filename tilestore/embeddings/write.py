@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from tilestore.embeddings import tied
 from tilestore.embeddings.groups import check_group, non_finite_rows
 from tilestore.embeddings.layout import COORDINATES, UNITS, group_name, model_folder
 from tilestore.embeddings.recipe import weights_unknown
-from tilestore.errors import AlreadyComplete, EmbeddingError, StoreError
+from tilestore.errors import AlreadyComplete, EmbeddingError, StoreError, TilestoreWarning
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.leftovers import clear_unfinished_files
 from tilestore.format.shards import SHARD_TILES, batches_per_shard, column, sharded
@@ -211,8 +212,10 @@ class EmbeddingWriter:
         *,
         overwrite: bool = False,
         create: bool = True,
+        break_lock: bool = False,
     ) -> None:
-        """Check the store's group against this run and take the lock.
+        """Check the store's group against this run and take the lock (break_lock: take
+        over whatever lock is there, `_take_lock`).
 
         create=False leaves making (or, with overwrite, remaking) the group to `create()`,
         so a run can start reading tiles first; until then every batch is to do.
@@ -221,7 +224,7 @@ class EmbeddingWriter:
         store = _directory(slide)
         self.lock_path = lock_file(store, self.path)
         # The lock first, then the group: another run may be making it right now.
-        self._take_lock()
+        self._take_lock(break_lock)
         try:
             if (store / self.path).is_dir():  # a killed run's files, never renamed
                 clear_unfinished_files(store / self.path)
@@ -343,6 +346,7 @@ class EmbeddingWriter:
         blocks = [b for b in range(first, last) if b in self._pending]
         if not blocks:
             return
+        self._check_lock()
         n, batch = self.features.shape[0], self.batch_size
         lo, hi = first * batch, min(last * batch, n)
         if len(blocks) == last - first:  # the whole shard: nothing to read back
@@ -409,6 +413,7 @@ class EmbeddingWriter:
             return
         try:
             self.flush()
+            self._check_lock()
             if len(self.todo()) == 0:
                 attrs = dict(self.group.attrs["tilestore"])
                 attrs.update(complete=True, finished=_now(), run=summary)
@@ -426,6 +431,9 @@ class EmbeddingWriter:
         try:
             if self.group is None:
                 return "nothing was written"
+            if self._lock is not None and self._lock.lost:  # another run writes it now
+                self._pending.clear()
+                return f"{self._lock.lost}: its batches are that run's to write"
             try:  # batches computed before the failure are kept
                 self.flush()
             except (OSError, ValueError, zarr.errors.BaseZarrError):
@@ -615,28 +623,40 @@ class EmbeddingWriter:
 
     # -- locking ------------------------------------------------------------------------------
 
-    def _take_lock(self) -> None:
-        lock = self.lock_path
-        for _ in range(2):
-            if locks.take(lock):
-                self._lock = lock
-                return
-            holder = locks.read(lock)
-            if holder is None:  # released meanwhile
-                continue
-            if locks.gone(holder, time.time()):  # this host's, its process gone
-                locks.clear(lock, holder)
-                continue
+    def _take_lock(self, break_lock: bool) -> None:
+        """Take the group's lock, taking over one whose holder is gone (`locks.gone`: this
+        host's dead pid, or no heartbeat for `locks.STALE`) or, with break_lock, any: said
+        in one line (a TilestoreWarning) naming whose and why."""
+        try:
+            self._lock = locks.claim(self.lock_path, force=break_lock)
+        except locks.Locked as held:
+            holder = held.holder
+            beat = locks.describe(holder, time.time())
             raise EmbeddingError(
                 f"{self.slide.name}: {self.path} is being written by pid {holder.pid} "
-                f"on {holder.host} since {holder.since}; if that job is dead, "
-                f"delete {lock}"
+                f"on {holder.host} since {holder.since}{beat}; if that job is dead, rerun "
+                f"with break_lock=True (or delete {held.path}); a lock without a heartbeat "
+                f"for {locks.STALE / 60:.0f} min is taken over by the next run"
+            ) from None
+        if self._lock.took_over:
+            warnings.warn(f"{self.slide.name}: {self._lock.took_over}", TilestoreWarning, 2)
+
+    @property
+    def took_over(self) -> str | None:
+        """The line saying whose lock this writer took over to write (None: it was free)."""
+        return self._lock.took_over if self._lock is not None else None
+
+    def _check_lock(self) -> None:
+        """EmbeddingError where the lock was taken over by another run since (its holder
+        found this run silent, or was told to break it): nothing more is written here."""
+        if self._lock is not None and self._lock.lost:
+            raise EmbeddingError(
+                f"{self.slide.name}: {self._lock.lost}; this run stops writing {self.path}"
             )
-        raise EmbeddingError(f"{self.slide.name}: cannot take the lock {lock}")
 
     def _release_lock(self) -> None:
         if self._lock is not None:
-            locks.release(self._lock)
+            self._lock.release()
             self._lock = None
 
 

@@ -118,7 +118,8 @@ def _none_started(stores: list[Path], as_json: bool) -> None:
         return
     for store in stores:
         print(f"{store}  not started")
-    print(f"{len(stores)} stores: {len(stores)} not started (no embeddings of any model); {ask}")
+    n = len(stores)
+    print(f"{n} store{'s' * (n != 1)}: {n} not started (no embeddings of any model); {ask}")
 
 
 def _print(found, counts, encoder, commands, todo, left: int, breaking: list[str]) -> None:

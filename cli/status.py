@@ -22,11 +22,11 @@ from typing import Any
 
 import typer
 
-from tilestore import locks
 from tilestore.cli.console import as_flags, flags_of, output_file
 from tilestore.cli.embed import embed
 from tilestore.embeddings import (
     STATES,
+    TAKEN_OVER,
     Finish,
     GroupStatus,
     breaking_runs,
@@ -141,9 +141,8 @@ def _print(found, counts, encoder, commands, todo, left: int, breaking: list[str
     print(f"{stores} stores{groups}: {said}")  # plain print: the sum is one line
     if counts["running"]:
         print(
-            f"{counts['running']} running: they finish on their own; ask again later (a "
-            f"dead job's lock is taken over by the next run once its heartbeat has stopped "
-            f"for {locks.span(locks.STALE)}); if that job is dead, now:"
+            f"{counts['running']} running: they finish on their own; ask again later "
+            f"({TAKEN_OVER}); if that job is dead, now:"
         )
         for command in breaking:  # plain print: a command is never wrapped
             print(f"  {command}")

@@ -44,6 +44,7 @@ __getattr__, __dir__, _read = lazy_face(
         "tilestore.embeddings.quality": ("plan_slide", "without_blurred"),
         "tilestore.embeddings.status": (
             "STATES",
+            "TAKEN_OVER",
             "Finish",
             "GroupStatus",
             "StoreStatus",
@@ -98,6 +99,7 @@ if TYPE_CHECKING:
     )
     from tilestore.embeddings.status import (
         STATES,
+        TAKEN_OVER,
         Finish,
         GroupStatus,
         StoreStatus,

@@ -59,6 +59,11 @@ from tilestore.format.store import open_group as open_store_group
 STATES = ("complete", "partial", "running", "damaged", "other plan", "not started")
 TROUBLE = ("damaged", "other plan")  # a run cannot finish these without overwrite=True
 WAITING = ("partial", "not started")  # a run finishes these
+# what becomes of a running group's lock whose job died, unasked (`locks.gone`)
+TAKEN_OVER = (
+    "a dead job's lock is taken over by the next run once its heartbeat has stopped for "
+    f"{locks.span(locks.STALE)}"
+)
 UNTIED = (
     "not tied to its chunks' positions (made before they were recorded: a swapped or moved "
     "chunk goes unseen; overwrite=True makes it again with them)"

@@ -636,7 +636,7 @@ class EmbeddingWriter:
                 f"{self.slide.name}: {self.path} is being written by pid {holder.pid} "
                 f"on {holder.host} since {holder.since}{beat}; if that job is dead, rerun "
                 f"with break_lock=True (or delete {held.path}); a lock without a heartbeat "
-                f"for {locks.STALE / 60:.0f} min is taken over by the next run"
+                f"for {locks.span(locks.STALE)} is taken over by the next run"
             ) from None
         if self._lock.took_over:
             warnings.warn(f"{self.slide.name}: {self._lock.took_over}", TilestoreWarning, 2)

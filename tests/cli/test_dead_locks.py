@@ -49,11 +49,12 @@ def test_a_lock_whose_heartbeat_stopped_is_taken_over_with_a_line(
     ran = _embed(half, "--model", LITE, *RUN.split(), "--plan", "classes")
     assert ran.returncode == 0, ran.stderr
     said = [line for line in ran.stderr.splitlines() if "took over" in line]
-    assert said == [  # said as it happens, and in the run's summary
-        f"tilestore: warning: b.ome.zarr: took over the lock of node12:4711 (no heartbeat for "
-        f"10 min): {lock}",
-        f"WARNING: {half}: took over the lock of node12:4711 (no heartbeat for 10 min): {lock}",
-    ]
+    took = (
+        rf"took over the lock of node12:4711 \(no heartbeat for 1\d min\): {re.escape(str(lock))}"
+    )
+    assert len(said) == 2, ran.stderr  # said as it happens, and in the run's summary
+    assert re.fullmatch(rf"tilestore: warning: b\.ome\.zarr: {took}", said[0]), said
+    assert re.fullmatch(rf"WARNING: {re.escape(str(half))}: {took}", said[1]), said
     assert not lock.exists()  # released at the end, as its own
     after = tilestore("status", done, half, "--model", LITE)
     assert after.returncode == 0 and "2 stores: 2 complete," in after.stdout

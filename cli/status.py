@@ -2,14 +2,20 @@
 say), and the `tilestore embed` command that finishes the rest. Read only: it writes
 nothing in the stores and takes no lock.
 
-Exit codes: 0 every store complete; 1 work left (partial, running or not started); 2 bad
-input, or a store damaged or of another plan (a run cannot finish those without
---overwrite), or blocked (a file where its folder must be)."""
+Exit codes: 0 every store complete; 1 work left (partial, running or not started: a store
+without any embeddings group too); 2 bad input (several models' embeddings and no --model
+among them), or a store damaged or of another plan (a run cannot finish those without
+--overwrite), or blocked (a file where its folder must be).
+
+A running store's row names its lock's holder, last heartbeat and path; where a job is
+known dead, the command printed under "if that job is dead" takes its lock over at once
+(`--break-lock`; unasked, the next run takes over a lock silent for 5 min)."""
 
 from __future__ import annotations
 
 import json
 import shlex
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,8 +26,10 @@ from tilestore.cli.console import as_flags, flags_of, output_file
 from tilestore.cli.embed import embed
 from tilestore.embeddings import (
     STATES,
+    TAKEN_OVER,
     Finish,
     GroupStatus,
+    breaking_runs,
     embeddings_status,
     finishing_runs,
     only_model,
@@ -51,6 +59,12 @@ def status(
     output_file(todo)
     if model is None:
         model = only_model([embeddings_status(store) for store in stores])
+        if model is None:  # nothing started anywhere: every store is work left
+            _none_started(stores, as_json)
+            raise typer.Exit(1)
+        if len(stores) > 1:  # one store: its row names it
+            print(f"model: {model} (the stores' only one; --model to ask for another)",
+                  file=sys.stderr)  # fmt: skip
     found = [
         (str(s), _resumed(g, model))
         for s in stores
@@ -61,14 +75,15 @@ def status(
     if todo:
         todo.write_text("".join(f"{store}\n" for store in left))
     commands = [_command(run, todo if len(runs) == 1 else None) for run in runs]
+    breaking = [_command(run, None) for run in breaking_runs(found, model, plan, slide_encoder)]
     counts = {state: sum(g.state == state for _, g in found) for state in STATES}
     if as_json:
         rows = [_row(store, group, slide_encoder) for store, group in found]
         print(json.dumps({"model": model, "plan": plan, "slide_encoder": slide_encoder,
                           "stores": rows, "counts": counts, "left": left,
-                          "commands": commands}, indent=2))  # fmt: skip
+                          "commands": commands, "if_dead": breaking}, indent=2))  # fmt: skip
     else:
-        _print(found, counts, slide_encoder, commands, todo, len(left))
+        _print(found, counts, slide_encoder, commands, todo, len(left), breaking)
     if any(g.blocked for _, g in found):
         raise typer.Exit(2)
     if left or counts["running"]:
@@ -93,7 +108,22 @@ def _row(store: str, group: GroupStatus, encoder: str | None) -> dict[str, Any]:
             "left": group.left(encoder)}  # fmt: skip
 
 
-def _print(found, counts, encoder, commands, todo, left: int) -> None:
+def _none_started(stores: list[Path], as_json: bool) -> None:
+    """No store holds embeddings of any model: each is not started, and the model to
+    start them with is the user's to name."""
+    ask = "name the model with --model for the command that embeds them"
+    if as_json:
+        rows = [{"store": str(s), "state": "not started", "left": True} for s in stores]
+        print(json.dumps({"model": None, "stores": rows, "left": [str(s) for s in stores],
+                          "commands": [], "note": ask}, indent=2))  # fmt: skip
+        return
+    for store in stores:
+        print(f"{store}  not started")
+    n = len(stores)
+    print(f"{n} store{'s' * (n != 1)}: {n} not started (no embeddings of any model); {ask}")
+
+
+def _print(found, counts, encoder, commands, todo, left: int, breaking: list[str]) -> None:
     rows = [("store", "plan", "state", "tiles", "slide vector", "note")]
     for store, group in found:
         tiles = f"{group.tiles_done:,}/{group.tiles:,}" if group.tiles else "-"
@@ -112,9 +142,11 @@ def _print(found, counts, encoder, commands, todo, left: int) -> None:
     print(f"{stores} stores{groups}: {said}")  # plain print: the sum is one line
     if counts["running"]:
         print(
-            f"{counts['running']} running: they finish on their own; ask again later (a "
-            "dead job's lock, on another host: delete it as its note says)"
+            f"{counts['running']} running: they finish on their own; ask again later "
+            f"({TAKEN_OVER}); if that job is dead, now:"
         )
+        for command in breaking:  # plain print: a command is never wrapped
+            print(f"  {command}")
     if commands:
         into = f" (listed in {todo})" if todo else ""
         print(f"to finish the {left} store{'s' * (left != 1)} left{into}:")

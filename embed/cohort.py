@@ -623,7 +623,12 @@ def _prepare(path, spec, plan, identity, options, slice_tiles) -> _Store:
     ready = prepare(path, spec, plan, identity, any_scale=options.any_scale)
     tile_plan = ready.plan
     writer = EmbeddingWriter(
-        ready.slide, tile_plan, ready.uid, identity, overwrite=options.overwrite
+        ready.slide,
+        tile_plan,
+        ready.uid,
+        identity,
+        overwrite=options.overwrite,
+        break_lock=options.break_lock,
     )
     batch = identity.batch_size
     slices = [

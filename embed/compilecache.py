@@ -13,8 +13,9 @@ key or bytes do not match, or that torch refuses, is ignored with a note and rep
 One compile per array: the first process to find no entry takes a lock beside it
 (`<entry>.lock`, `tilestore.locks`), compiles, saves and releases it; the others say once
 that they wait for it, then load what it saved. A holder that died (this host: its pid
-gone; another host: its lock older than `Waiting.stale_after`) is taken over by one
-waiter; a wait past `Waiting.limit` compiles anyway, with a note.
+gone; another host: no heartbeat in its lock for `Waiting.stale_after`, `tilestore.locks`
+deciding) is taken over by one waiter; a wait past `Waiting.limit` compiles anyway, with a
+note.
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ def cache_key(model: dict[str, Any], batch: int, read: int, precision: str, devi
 class Waiting:
     """How a process waits for another compiling the same entry.
 
-    stale_after: a lock older than this is taken for its holder's, dead (another host's
-    pid cannot be asked); a compile takes 10-130 s, so ten minutes is generous. limit: a
+    stale_after: a lock without a heartbeat for this long is taken for its holder's, dead
+    (another host's pid cannot be asked; `tilestore.locks.gone`): its holder beats it every
+    `locks.HEARTBEAT` seconds however long it compiles, so ten minutes is generous. limit: a
     waiter gives up after this and compiles itself. clock and sleep: stood in for in
     tests."""
 
@@ -84,7 +86,7 @@ class CompileCache:
         self.lock = self.path.with_name(self.path.name + ".lock")
         self.waiting = waiting or Waiting()
         self.loaded = False
-        self.holding = False  # this process holds the lock: it compiles, saves, releases
+        self.held: locks.Held | None = None  # this process's lock: it compiles, saves, releases
 
     def claim(self, say: Callable[[str], None] | None = None) -> str:
         """Load the entry, or make this process the one that compiles it: where another
@@ -101,8 +103,8 @@ class CompileCache:
                 seen = self._written()
                 if self._load_new():
                     return self._waited(told, started)
-            if locks.take(self.lock, wait.clock):
-                self.holding = True
+            self.held = locks.hold(self.lock, wait.clock)
+            if self.held is not None:
                 if self._written() not in (seen, None) and self._load_new():
                     return self._waited(told, started)
                 return _compiles_here(note, self.lock, taken_over)
@@ -131,9 +133,14 @@ class CompileCache:
 
     def release(self) -> None:
         """Give the lock back (after saving, or after the compile failed)."""
-        if self.holding:
-            locks.release(self.lock)
-            self.holding = False
+        if self.held is not None:
+            self.held.release()
+            self.held = None
+
+    @property
+    def holding(self) -> bool:
+        """Whether this process holds the lock (it compiles, saves, releases)."""
+        return self.held is not None
 
     def _load_new(self) -> bool:
         """Load an entry another process has just written; the lock, if held, is not

@@ -226,6 +226,7 @@ class Embedder:
                 report,
                 most,
                 self.settings.any_scale,
+                self.settings.break_lock,
             ),
             report_path,
             progress,

@@ -147,9 +147,12 @@ def store_jobs(
     report: RunReport,
     max_tiles: int | None = None,
     any_scale: bool = False,
+    break_lock: bool = False,
 ) -> Iterator[Job]:
     """Jobs for whole stores, each prepared when the consumer asks for it. A store already
-    complete is reported as skipped, one that fails as failed; the others go on."""
+    complete is reported as skipped, one that fails as failed; the others go on. A lock
+    taken over (`EmbeddingWriter`, break_lock or a silent holder) is said in the report's
+    warnings too."""
     batch = identity.batch_size
     for staged in stores:
         store = staged.store or staged.given
@@ -170,8 +173,16 @@ def store_jobs(
             ready = prepare(store, spec, plan, identity, any_scale=any_scale)
             # the group is made by the writer thread while the first tiles are read
             writer = EmbeddingWriter(
-                ready.slide, ready.plan, ready.uid, identity, overwrite=overwrite, create=False
+                ready.slide,
+                ready.plan,
+                ready.uid,
+                identity,
+                overwrite=overwrite,
+                create=False,
+                break_lock=break_lock,
             )
+            if writer.took_over:
+                report.warnings.append(f"{store}: {writer.took_over}")
         except AlreadyComplete as exc:
             report.skip(store, str(exc))
             report.planned(staged.given, store, 0)

@@ -166,6 +166,13 @@ class Options(Declared):
         int, Opt("Batches of tiles ready ahead of the model.", low=1, high=MAX_PREFETCH)
     ] = 4
     overwrite: Annotated[bool, Opt("Recompute embeddings this model already made.")] = False
+    break_lock: Annotated[
+        bool,
+        Opt(
+            "Take over the lock of a run writing a store whatever its heartbeat: your word "
+            "that its job is dead (a lock silent for 5 min is taken over without it)."
+        ),
+    ] = False
     hf_token: Annotated[
         str | None, Opt("Hugging Face token.", none="HF_TOKEN or the stored login")
     ] = None

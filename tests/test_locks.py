@@ -1,5 +1,6 @@
-"""Lock files: taken by one process at a time, their holder read back, and taken for gone
-only where that is known (this host's dead pid) or, with an age limit, past it."""
+"""Lock files: taken by one process at a time, their holder read back and kept beating, and
+taken for gone only where that is known (this host's dead pid) or where the heartbeat has
+stopped (any host), past `locks.STALE`; the clock stood in for, never slept on."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import warnings
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -44,24 +47,64 @@ def test_one_process_takes_a_lock_and_the_file_says_who(tmp_path):
     assert locks.read(path) is None and locks.take(path)
 
 
-def test_a_live_holder_of_this_host_is_never_gone_whatever_its_age_without_a_limit():
-    me = _holder(socket.gethostname(), os.getpid(), age=10_000)
-    assert locks.gone(me, NOW) is None
-    assert locks.gone(me, NOW, max_age=600) == "taken 10000 s ago, more than 600 s"
+def _beating(host: str, pid: int, age: float, silent: float) -> locks.Holder:
+    """A holder that took its lock `age` seconds before NOW and last beat `silent` before."""
+    iso = dt.datetime.fromtimestamp(NOW - silent, dt.UTC).isoformat(timespec="seconds")
+    return replace(_holder(host, pid, age), beat=iso)
+
+
+def _write(path: Path, holder: locks.Holder) -> None:
+    path.write_text(json.dumps(asdict(holder)))
+
+
+class Clock:
+    """A wall clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_live_holder_of_this_host_is_never_gone_whatever_its_silence():
+    """A job SLURM suspended keeps its lock: this host can see its process is there."""
+    me = _beating(socket.gethostname(), os.getpid(), age=10_000, silent=10_000)
+    assert locks.gone(me, NOW) is None and locks.gone(me, NOW, 600) is None
+    assert locks.gone(_holder(socket.gethostname(), os.getpid(), age=10_000), NOW) is None
 
 
 def test_a_dead_pid_of_this_host_is_gone_at_once():
-    dead = _holder(socket.gethostname(), _dead_pid(), age=1)
+    dead = _beating(socket.gethostname(), _dead_pid(), age=1, silent=1)
     assert locks.gone(dead, NOW) == "its process is gone"
-    assert locks.gone(dead, NOW, max_age=600) == "its process is gone"
+    assert locks.gone(dead, NOW, 600) == "its process is gone"
 
 
-def test_another_hosts_lock_is_trusted_until_the_age_limit():
-    """Its pid cannot be asked here: a pid of this machine with the same number says nothing."""
-    other = _holder("another-node", os.getpid(), age=599)
-    assert locks.gone(other, NOW) is None  # no limit: trusted for ever (embeddings)
-    assert locks.gone(other, NOW, max_age=600) is None
-    assert locks.gone(_holder("another-node", 1, age=601), NOW, max_age=600) is not None
+def test_another_hosts_lock_is_trusted_while_it_beats_and_gone_once_silent_past_stale():
+    """Its pid cannot be asked here (a pid of this machine with the same number says
+    nothing): its heartbeat is, whatever its age."""
+    assert locks.STALE == 300 and locks.HEARTBEAT * 10 == locks.STALE
+    long_running = _beating("node12", os.getpid(), age=7200, silent=30)
+    assert locks.gone(long_running, NOW) is None
+    assert locks.gone(_beating("node12", 4711, age=7200, silent=300), NOW) is None
+    assert locks.gone(_beating("node12", 4711, age=7200, silent=301), NOW) == (
+        "no heartbeat for 5 min"
+    )
+    assert locks.gone(_beating("node12", 4711, age=600, silent=420), NOW) == (
+        "no heartbeat for 7 min"
+    )
+    # the compile cache's own limit, on the same heartbeat
+    assert locks.gone(_beating("node-3", 99, age=7200, silent=599), NOW, 600) is None
+    assert locks.gone(_beating("node-3", 99, age=7200, silent=601), NOW, 600) is not None
+
+
+def test_a_lock_without_a_heartbeat_ages_by_when_it_was_taken():
+    """A lock written before heartbeats (or by hand)."""
+    assert locks.gone(_holder("node12", 4711, age=299), NOW) is None
+    assert locks.gone(_holder("node12", 4711, age=301), NOW) == "taken 301 s ago, more than 300 s"
+    assert locks.gone(_holder("node-3", 99, age=601), NOW, 600) == (
+        "taken 601 s ago, more than 600 s"
+    )
 
 
 def test_a_damaged_lock_ages_by_its_files_time(tmp_path):
@@ -69,15 +112,117 @@ def test_a_damaged_lock_ages_by_its_files_time(tmp_path):
     path.write_text("{half a")
     os.utime(path, (NOW - 700, NOW - 700))
     holder = locks.read(path)
-    assert holder.host is None and holder.age(NOW) == 700
-    assert locks.gone(holder, NOW) is None and locks.gone(holder, NOW, max_age=600)
+    assert holder.host is None and holder.age(NOW) == 700 and holder.silent(NOW) == 700
+    assert locks.gone(holder, NOW, 800) is None
+    assert locks.gone(holder, NOW) == "taken 700 s ago, more than 300 s"
 
 
 def test_a_lock_written_by_hand_without_a_time_has_no_age(tmp_path):
     path = tmp_path / "x.lock"
     path.write_text(json.dumps({"host": "elsewhere", "pid": 1, "since": "now"}))
     holder = locks.read(path)
-    assert holder.age(NOW) is None and locks.gone(holder, NOW, max_age=1) is None
+    assert holder.age(NOW) is None and locks.gone(holder, NOW, 1) is None
+
+
+def test_a_held_lock_beats_with_the_holders_clock_and_stays_live(tmp_path):
+    clock, path = Clock(), tmp_path / "x.lock"
+    held = locks.hold(path, clock, every=3600)  # its thread sleeps: beats by hand here
+    try:
+        first = locks.read(path)
+        assert first.beat == first.since and first.pid == os.getpid()
+        clock.now += 400  # 13 beats missed would make it stale, were it another host's
+        as_elsewhere = replace(first, host="node12")
+        assert locks.gone(as_elsewhere, clock.now) == "no heartbeat for 7 min"
+        assert held.beat() and held.lost is None
+        beat = locks.read(path)
+        assert (beat.since, beat.host, beat.pid) == (first.since, first.host, first.pid)
+        assert beat.silent(clock.now) == 0 and beat.age(clock.now) == 400
+        assert locks.gone(replace(beat, host="node12"), clock.now) is None
+        assert not list(tmp_path.glob("*beat*"))  # written beside it, renamed over it
+        assert locks.hold(path, clock) is None  # held: nobody else takes it
+    finally:
+        held.release()
+    assert not path.exists()
+
+
+def test_the_heartbeat_thread_beats_until_released(tmp_path):
+    """The thread, not a test's hand: its beats show in the file (every 10 ms here)."""
+    clock, path = Clock(), tmp_path / "x.lock"
+    held = locks.hold(path, clock, every=0.01)
+    clock.now += 60
+    seen = threading.Event()
+    for _ in range(1000):  # at most 10 s: a correctness check, not a timing one
+        if locks.read(path).beat == locks.read(path).since:
+            seen.wait(0.01)
+            continue
+        break
+    assert locks.read(path).silent(clock.now) == 0
+    held.release()
+    assert not held._thread.is_alive() and not path.exists()
+
+
+def test_a_stale_lock_is_claimed_with_a_line_saying_whose_and_why(tmp_path):
+    clock, path = Clock(), tmp_path / ".s.ome.zarr.m.p.lock"
+    _write(path, _beating("node12", 4711, age=3600, silent=420))
+    held = locks.claim(path, clock=clock, every=3600)
+    try:
+        assert held.took_over == (
+            f"took over the lock of node12:4711 (no heartbeat for 7 min): {path}"
+        )
+        assert locks.read(path).pid == os.getpid()
+    finally:
+        held.release()
+
+
+def test_a_beating_lock_is_refused_unless_broken(tmp_path):
+    clock, path = Clock(), tmp_path / ".s.ome.zarr.m.p.lock"
+    live = _beating("node12", 4711, age=3600, silent=20)
+    _write(path, live)
+    with pytest.raises(locks.Locked) as refused:
+        locks.claim(path, clock=clock, every=3600)
+    assert refused.value.holder == live and refused.value.path == path
+    assert locks.read(path) == live  # untouched
+    held = locks.claim(path, force=True, clock=clock, every=3600)
+    try:
+        assert held.took_over == (
+            f"took over the lock of node12:4711 (break_lock=True, its last heartbeat 20 s "
+            f"ago): {path}"
+        )
+    finally:
+        held.release()
+
+
+def test_a_holder_whose_lock_was_taken_over_finds_it_lost_and_leaves_the_new_one(tmp_path):
+    """A holder that comes back (a suspended job resumed) after its lock was broken."""
+    clock, path = Clock(), tmp_path / "x.lock"
+    held = locks.hold(path, clock, every=3600)
+    taker = subprocess.run(
+        [sys.executable, "-c", TAKE_OVER, str(path)], capture_output=True, text=True, check=True
+    )
+    new = locks.read(path)
+    assert new.pid == int(taker.stdout) and "break_lock=True" in taker.stderr
+    assert not held.beat() and held.lost == f"{path} was taken over by {new.name}"
+    held.release()
+    assert locks.read(path) == new  # the other's, left in place
+
+
+TAKE_OVER = """
+import sys, os
+from pathlib import Path
+from tilestore import locks
+held = locks.claim(Path(sys.argv[1]), force=True, every=3600)
+print(os.getpid()); print(held.took_over, file=sys.stderr)
+os._exit(0)  # its lock left behind, as a process that died holding it
+"""
+
+
+def test_a_lock_that_beat_since_it_was_read_is_not_cleared(tmp_path):
+    path = tmp_path / "x.lock"
+    silent = _beating("node12", 4711, age=3600, silent=400)
+    _write(path, silent)
+    _write(path, replace(silent, beat=dt.datetime.fromtimestamp(NOW, dt.UTC).isoformat()))
+    locks.clear(path, silent)
+    assert path.exists()
 
 
 def test_a_stale_lock_taken_over_by_another_meanwhile_is_left_alone(tmp_path):

@@ -432,3 +432,37 @@ def test_a_full_disk_stops_its_stores_at_once_and_the_task_finishes_the_others(
     ]
     assert [s["store"] for s in report["slides"] if not s.get("failed")] == [other]
     assert _features(paths[2])[1]["complete"]
+
+
+# -- a lock left by a dead node -----------------------------------------------------------------
+
+
+def test_an_array_task_takes_over_the_lock_a_dead_node_left_and_completes(
+    slurm, cohort_root, stores, tmp_path
+):
+    """A task requeued onto another node after a node failure finds the lock its first run
+    left, naming that node: silent past `locks.STALE`, it is taken over with one line."""
+    from tilestore.embeddings.write import lock_file
+
+    folder = tmp_path / "dead-node"
+    paths = _copy_stores(stores, folder / "stores", copies="a")
+    store = paths[0]
+    lock = lock_file(store, group_of(cohort_root / "reference" / store.name, LITE))
+    now = time.time()
+    iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(t))  # noqa: E731
+    lock.write_text(json.dumps({"host": "node12", "pid": 4711, "since": iso(now - 3600),
+                                "beat": iso(now - 600)}))  # fmt: skip
+    script = folder / "embed.sbatch"
+    script.write_text(array_script(1))
+    job = slurm.sbatch(script, cwd=folder)
+    slurm.wait(job, timeout=600)
+    assert slurm.exit_codes(job) == {f"{job}_0": "COMPLETED 0:0"}, _log(slurm, folder)
+    log = (folder / f"slurm-{job}_0.out").read_text()
+    said = [line for line in log.splitlines() if line.startswith("tilestore: warning:")]
+    assert len(said) == 1 and re.fullmatch(
+        rf"tilestore: warning: {re.escape(store.name)}: took over the lock of node12:4711 "
+        rf"\(no heartbeat for 1\d min\): stores/{re.escape(lock.name)}",  # as the script names it
+        said[0],
+    ), said
+    assert not lock.exists()
+    _assert_equal_to_reference(folder / "stores", cohort_root / "reference")

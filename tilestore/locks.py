@@ -1,15 +1,30 @@
 """Lock files: one process makes a thing while others keep off it or wait for it.
 
 A lock is a small JSON file created atomically (O_CREAT | O_EXCL, which NFS 3 and later
-honour): the host, pid and start time of its holder. Taken by the writer of an embeddings
-group (`tilestore.embeddings.write`: one writer per store and model) and by the process
-compiling a compile cache entry (`tilestore.embed.compilecache`: one compile per SLURM
-array). A lock whose holder is known to be gone is stale and may be taken over: one from
-this host whose pid is dead; with an age limit, one older than it, from any host (another
-host's pid cannot be asked, so its lock is trusted until then; the time is the holder's
-clock, written in the lock, so hosts' clocks must roughly agree, as NTP keeps them).
-Whether a store is being written (`store_writer`) is asked of the locks beside it by every
-command that would replace or change it under a run (`refuse_while_written`).
+honour): the host, pid and start time of its holder, and its heartbeat. Taken by the
+writer of an embeddings group (`tilestore.embeddings.write`: one writer per store and
+model) and by the process compiling a compile cache entry (`tilestore.embed.compilecache`:
+one compile per SLURM array), each through `hold`, which keeps it beating.
+
+The heartbeat: while it holds the lock, a daemon thread of its `Held` rewrites it every
+`HEARTBEAT` seconds with ``beat``, the time now (written whole beside it and renamed over
+it: a reader never sees half a lock). The beat is a field in the file, not the file's
+mtime: the mtime of a file on NFS is the server's clock and a stat() may answer from the
+client's attribute cache (up to a minute old), whereas the file's text is read fresh on
+open (close-to-open consistency) and its times are the holder's clock, as ``since`` always
+was: hosts' clocks must roughly agree, as NTP keeps them. The beat also makes `clear` safe:
+a lock that beat again since it was read is not the one judged stale, and is left.
+
+Whether its holder is gone, so the lock may be taken over, is decided here alone (`gone`):
+a process of this host no longer running; or, from any host, a lock whose last beat is
+older than `STALE` (ten missed beats; a lock of a version before heartbeats, by its start
+time or, unreadable, its file's time). A process of this host still running is never
+taken for gone (a job SLURM suspended keeps its lock; another host cannot see that). An
+embeddings run with break_lock=True takes over whatever lock it finds (`claim`: the user's
+word that its holder is dead). A holder whose lock was taken over finds so at its next beat
+(`Held.lost`) and stops beating it. Whether a store is being written (`store_writer`) is
+asked of the locks beside it by every command that would replace or change it under a run
+(`refuse_while_written`).
 """
 
 from __future__ import annotations
@@ -18,27 +33,33 @@ import datetime as dt
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from tilestore.errors import StoreError
 
+HEARTBEAT = 30.0  # seconds between a holder's beats
+STALE = 300.0  # a lock silent this long (ten missed beats) is taken for its holder's, dead
+
 
 @dataclass(frozen=True)
 class Holder:
-    """Who holds a lock, as its file says (None: the file did not say, or was unreadable)."""
+    """Who holds a lock, as its file says (None: the file did not say, or was unreadable).
+    beat: the holder's last heartbeat (None: a lock of a version before heartbeats)."""
 
     host: str | None
     pid: int | None
     since: str | None  # ISO 8601, UTC
+    beat: str | None = None  # ISO 8601, UTC
 
     @classmethod
     def me(cls, clock: Callable[[], float] = time.time) -> Holder:
         """This process, from now."""
-        now = dt.datetime.fromtimestamp(clock(), dt.UTC)
-        return cls(socket.gethostname(), os.getpid(), now.isoformat(timespec="seconds"))
+        now = _iso(clock())
+        return cls(socket.gethostname(), os.getpid(), now, now)
 
     @property
     def name(self) -> str:
@@ -47,17 +68,27 @@ class Holder:
 
     def age(self, now: float) -> float | None:
         """Seconds since the lock was taken (None: its time is not known)."""
-        try:
-            since = dt.datetime.fromisoformat(self.since or "")
-        except ValueError:
-            return None
-        if since.tzinfo is None:
-            since = since.replace(tzinfo=dt.UTC)
-        return now - since.timestamp()
+        return _seconds_since(self.since, now)
+
+    def silent(self, now: float) -> float | None:
+        """Seconds since the holder's last heartbeat; a lock without one (written before
+        heartbeats, or damaged), since it was taken. None: neither time is known."""
+        if self.beat is not None:
+            return _seconds_since(self.beat, now)
+        return self.age(now)
+
+    def same_taking(self, other: Holder | None) -> bool:
+        """Whether `other` is this holder's lock (whatever its beat since)."""
+        return other is not None and (other.host, other.pid, other.since) == (
+            self.host,
+            self.pid,
+            self.since,
+        )
 
 
 def take(path: Path, clock: Callable[[], float] = time.time) -> bool:
-    """Create the lock at `path` with this process as its holder; False where it exists."""
+    """Create the lock at `path` with this process as its holder; False where it exists.
+    Nothing beats it: `hold` does that."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
@@ -66,6 +97,107 @@ def take(path: Path, clock: Callable[[], float] = time.time) -> bool:
     with os.fdopen(fd, "w") as fh:
         json.dump(asdict(Holder.me(clock)), fh)
     return True
+
+
+class Held:
+    """A lock this process holds, and the daemon thread that beats it every `every`
+    seconds until `release`. took_over: the line saying whose lock was taken over to get
+    it (None: it was free). lost: why it is no longer ours (taken over by another, who
+    found it silent or was told to break it; None while it is ours)."""
+
+    def __init__(
+        self,
+        path: Path,
+        clock: Callable[[], float] = time.time,
+        every: float = HEARTBEAT,
+        took_over: str | None = None,
+    ) -> None:
+        self.path, self.clock, self.every, self.took_over = path, clock, every, took_over
+        self.holder = read(path) or Holder.me(clock)
+        self.lost: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._beating, name=f"heartbeat {path.name}", daemon=True
+        )
+        self._thread.start()
+
+    def beat(self) -> bool:
+        """Write a fresh heartbeat into the lock, if it is still ours; False (and `lost`
+        said) where another has taken it over or removed it."""
+        found = read(self.path)
+        if not self.holder.same_taking(found):
+            who = f"by {found.name}" if found is not None else "(removed)"
+            self.lost = f"{self.path} was taken over {who}"
+            return False
+        beating = replace(self.holder, beat=_iso(self.clock()))
+        written = self.path.with_name(f"{self.path.name}.beat-{os.getpid()}")
+        written.write_text(json.dumps(asdict(beating)))
+        os.replace(written, self.path)
+        self.holder = beating
+        return True
+
+    def _beating(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                if not self.beat():
+                    return
+            except OSError:  # a full disk, a file server away: the next beat tries again
+                continue
+
+    def release(self) -> None:
+        """Stop beating and remove the lock (unless another took it over: then it is theirs)."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        if self.lost is None and self.holder.same_taking(read(self.path)):
+            self.path.unlink(missing_ok=True)
+
+
+def hold(
+    path: Path, clock: Callable[[], float] = time.time, every: float = HEARTBEAT
+) -> Held | None:
+    """Take the lock at `path` (`take`) and keep it beating; None where it exists."""
+    return Held(path, clock, every) if take(path, clock) else None
+
+
+class Locked(Exception):
+    """The lock at `path` is held by `holder`, who is not known to be gone."""
+
+    def __init__(self, path: Path, holder: Holder) -> None:
+        super().__init__(f"{path} is held by {holder.name}")
+        self.path, self.holder = path, holder
+
+
+def claim(
+    path: Path,
+    *,
+    force: bool = False,
+    clock: Callable[[], float] = time.time,
+    every: float = HEARTBEAT,
+) -> Held:
+    """Take the lock at `path`, taking over one whose holder is gone (`gone`) or, with
+    force, any (break_lock=True: the user's word that its holder is dead); its `took_over`
+    says whose and why. Locked where a holder not known to be gone keeps it."""
+    took_over = None
+    for _ in range(3):
+        held = hold(path, clock, every)
+        if held is not None:
+            held.took_over = took_over
+            return held
+        holder = read(path)
+        if holder is None:  # released meanwhile
+            continue
+        why = gone(holder, clock())
+        if why is None and force:
+            silent = holder.silent(clock())
+            why = "break_lock=True" + (
+                f", its last heartbeat {span(silent)} ago" if silent is not None else ""
+            )
+        if why is None:
+            raise Locked(path, holder)
+        clear(path, holder)
+        took_over = f"took over the lock of {holder.name} ({why}): {path}"
+    raise Locked(path, read(path) or Holder(None, None, None))
 
 
 def read(path: Path) -> Holder | None:
@@ -81,39 +213,43 @@ def read(path: Path) -> Holder | None:
     try:
         fields = json.loads(text)
         pid = fields.get("pid")
-        return Holder(fields.get("host"), int(pid) if pid else None, fields.get("since"))
+        return Holder(
+            fields.get("host"), int(pid) if pid else None, fields.get("since"), fields.get("beat")
+        )
     except (ValueError, TypeError, AttributeError):
-        written = dt.datetime.fromtimestamp(mtime, dt.UTC).isoformat(timespec="seconds")
-        return Holder(None, None, written)
+        return Holder(None, None, _iso(mtime))
 
 
-def gone(holder: Holder, now: float, max_age: float | None = None) -> str | None:
+def gone(holder: Holder, now: float, stale: float = STALE) -> str | None:
     """Why the holder is taken for gone (the lock stale, to be taken over), or None where it
-    may still hold it: a process of this host no longer running, or (with max_age) a lock
-    older than max_age seconds, from any host."""
-    age = holder.age(now)
-    if max_age is not None and age is not None and age > max_age:
-        return f"taken {age:.0f} s ago, more than {max_age:.0f} s"
-    if holder.host != socket.gethostname() or not holder.pid:
+    may still hold it: a process of this host no longer running; one of another host (or
+    unknown) whose lock is silent longer than `stale` seconds (no heartbeat; a lock without
+    one: taken that long ago). A process of this host still running is never gone."""
+    if holder.host == socket.gethostname() and holder.pid:
+        try:
+            os.kill(holder.pid, 0)
+        except ProcessLookupError:
+            return "its process is gone"
+        except PermissionError:  # alive, another user's
+            return None
         return None
-    try:
-        os.kill(holder.pid, 0)
-    except ProcessLookupError:
-        return "its process is gone"
-    except PermissionError:  # alive, another user's
+    silent = holder.silent(now)
+    if silent is None or silent <= stale:
         return None
-    return None
+    if holder.beat is None:  # written before heartbeats (or damaged): its age
+        return f"taken {silent:.0f} s ago, more than {stale:.0f} s"
+    return f"no heartbeat for {span(silent)}"
 
 
 def clear(path: Path, holder: Holder) -> None:
-    """Remove a stale lock, unless it changed hands since it was read (another process took
-    it over first: that lock is live)."""
+    """Remove a stale lock, unless it changed since it was read (it beat again, or
+    another process took it over first: that lock is live)."""
     if read(path) == holder:
         path.unlink(missing_ok=True)
 
 
 def release(path: Path) -> None:
-    """Remove our lock."""
+    """Remove our lock (one taken by `take`; a `Held` lock: `Held.release`)."""
     path.unlink(missing_ok=True)
 
 
@@ -127,8 +263,8 @@ def store_writer(
     The locks are those beside the store, ``.<store>.*.lock`` (an embeddings group's writer,
     `tilestore.embeddings.write.lock_file`, whatever the group's name), except those of a
     store whose name only starts with this one's (``<store>.x``). A lock whose holder is
-    gone (this host's dead pid: `gone`) is not a writer, nor one this process holds (its own
-    run: a plan or mask it saves before its groups)."""
+    gone (`gone`: this host's dead pid, or no heartbeat for `STALE`) is not a writer, nor
+    one this process holds (its own run: a plan or mask it saves before its groups)."""
     target = Path(store)
     name = target.name
     others = [
@@ -160,10 +296,43 @@ def refuse_while_written(store: str | os.PathLike | None, doing: str) -> None:
     raise StoreError(
         f"{store}: a run is writing into it (pid {holder.pid or '?'} on {holder.host or '?'} "
         f"since {holder.since or '?'}, {lock.name}); {doing} is refused while it runs: wait "
-        f"for it to finish, or if that job is dead, delete {lock}"
+        f"for it to finish, or if that job is dead, delete {lock} (a lock without a "
+        f"heartbeat for {span(STALE)} is taken for dead)"
     )
+
+
+def describe(holder: Holder, now: float) -> str:
+    """How long the holder has held its lock and when it last beat, for a status line."""
+    age, silent = holder.age(now), holder.silent(now)
+    held = f" for {span(age)}" if age is not None else ""
+    if holder.beat is None:
+        return f"{held}, no heartbeat (an older version's lock)"
+    return f"{held}, its last heartbeat {span(silent)} ago" if silent is not None else held
 
 
 def glob_escape(name: str) -> str:
     """A file name as a glob pattern that matches it alone."""
     return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
+def _iso(seconds: float) -> str:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="seconds")
+
+
+def _seconds_since(when: str | None, now: float) -> float | None:
+    try:
+        then = dt.datetime.fromisoformat(when or "")
+    except ValueError:
+        return None
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=dt.UTC)
+    return now - then.timestamp()
+
+
+def span(seconds: float) -> str:
+    """A duration as a log says it: 45 s, 7 min, 3.2 h."""
+    if seconds < 120:
+        return f"{max(seconds, 0):.0f} s"
+    if seconds < 3 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -121,6 +121,38 @@ def test_bad_input_is_one_line_and_exit_2(embedded_cohort, stores, tmp_path):
     ]
 
 
+def test_status_without_model_picks_the_one_model_or_asks(embedded_cohort, stores, tmp_path):
+    """Issue 63: `status stores/*` exited 2 (a damaged store's code) for a store without
+    any embeddings group: it is one not started (work left, exit 1)."""
+    done, half, bare = _cohort(embedded_cohort, stores, tmp_path / "cohort")
+    run = tilestore("status", done, half, bare)
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.splitlines() == [
+        f"model: {LITE} (the stores' only one; --model to ask for another)"
+    ]
+    assert "3 stores: 1 complete, 1 partial, 0 running, 0 damaged, 0 other plan, 1 not started" in (
+        run.stdout
+    )
+    assert f"tilestore embed {bare} --model {LITE} --dtype float32 --precision fp32" in run.stdout
+    # no store holds any: each not started, the model the user's to name (exit 1)
+    alone = tilestore("status", bare)
+    assert alone.returncode == 1 and alone.stderr == "", alone.stderr
+    assert alone.stdout.splitlines() == [
+        f"{bare}  not started",
+        "1 store: 1 not started (no embeddings of any model); name the model with --model for "
+        "the command that embeds them",
+    ]
+    # two models: asked, in one line, exit 2
+    tiles = zarr.open_group(done / group_of(done, LITE), mode="r")["x"].shape[0]
+    write_features(half, {"name": "other"}, np.ones((tiles, 4), np.float32), plan="classes")
+    asked = tilestore("status", done, half)
+    assert asked.returncode == 2 and asked.stdout == ""
+    assert asked.stderr.strip().splitlines() == [
+        f"tilestore: error: which model? embeddings found: {LITE} (2 stores), other (1 store); "
+        "name one with --model <name>"
+    ]
+
+
 def test_info_says_each_models_embeddings(embedded_cohort, tmp_path):
     from tilestore.embed.slides import embed_slides
 

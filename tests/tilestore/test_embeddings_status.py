@@ -239,7 +239,10 @@ def test_the_only_model_of_a_cohort_or_a_refusal_naming_those_found(copy, store)
     tiles = int(_group(two)["features"].shape[0])
     write_features(two, {"name": "other"}, np.ones((tiles, 4), np.float32), plan="classes")
     assert only_model([embeddings_status(one)]) == LITE
+    # a store without any group is one not started, not a question
+    assert only_model([embeddings_status(s) for s in (one, bare)]) == LITE
+    assert only_model([embeddings_status(bare)]) is None
     with pytest.raises(OptionError, match=rf"embeddings found: {LITE} \(2 stores\), other \(1 "):
         only_model([embeddings_status(s) for s in (one, two)])
-    with pytest.raises(OptionError, match=r"1 of 2 stores hold none; name one with model=<name>"):
-        only_model([embeddings_status(s) for s in (one, bare)])
+    with pytest.raises(OptionError, match=r"1 of 3 stores hold none; name one with model=<name>"):
+        only_model([embeddings_status(s) for s in (one, two, bare)])

@@ -44,9 +44,11 @@ __getattr__, __dir__, _read = lazy_face(
         "tilestore.embeddings.quality": ("plan_slide", "without_blurred"),
         "tilestore.embeddings.status": (
             "STATES",
+            "TAKEN_OVER",
             "Finish",
             "GroupStatus",
             "StoreStatus",
+            "breaking_runs",
             "embeddings_status",
             "finishing_runs",
             "only_model",
@@ -97,9 +99,11 @@ if TYPE_CHECKING:
     )
     from tilestore.embeddings.status import (
         STATES,
+        TAKEN_OVER,
         Finish,
         GroupStatus,
         StoreStatus,
+        breaking_runs,
         embeddings_status,
         finishing_runs,
         only_model,

@@ -7,7 +7,9 @@ A group's state, as the writer (`tilestore.embeddings.write`) leaves it:
 - partial: made, not finished, and no live lock: a run was killed, failed or stopped at
   max_tiles; its done batches stay and the same run resumes them (the writer records no
   failure in the store: the run's report says why it stopped);
-- running: a live lock beside the store (`write.lock_file`): a run holds it now;
+- running: a live lock beside the store (`write.lock_file`): a run holds it now (its
+  heartbeat fresh, `tilestore.locks.gone`; a lock silent longer than `locks.STALE` is a
+  dead run's, taken over by the next: the group is then what that run left);
 - damaged: what a reader would refuse, as every reader judges it (`groups.check_group`):
   its record or arrays unreadable, its arrays' shapes or dtypes not those it records,
   marked complete with batches not done, or a chunk not the one written at its position
@@ -71,6 +73,11 @@ STATES = ("complete", "partial", "running", "damaged", "other plan", "not starte
 TROUBLE = ("damaged", "other plan", "blocked")
 FULL_BELOW = 2**20  # bytes free under which a store's file system is said full
 WAITING = ("partial", "not started")  # a run finishes these
+# what becomes of a running group's lock whose job died, unasked (`locks.gone`)
+TAKEN_OVER = (
+    "a dead job's lock is taken over by the next run once its heartbeat has stopped for "
+    f"{locks.span(locks.STALE)}"
+)
 UNTIED = (
     "not tied to its chunks' positions (made before they were recorded: a swapped or moved "
     "chunk goes unseen; overwrite=True makes it again with them)"
@@ -80,12 +87,15 @@ UNTIED = (
 @dataclass(frozen=True)
 class Lock:
     """The live lock of a run writing the group: where it runs and since when (age: seconds,
-    None where its time cannot be read)."""
+    None where its time cannot be read), its last heartbeat (beat_s: seconds since it; None:
+    a lock of a version before heartbeats) and the lock file's path."""
 
     host: str | None
     pid: int | None
     since: str | None
     age_s: float | None
+    path: str = ""
+    beat_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -383,21 +393,23 @@ def _slide_vectors(
 
 
 def _live_lock(store: Path, path: str) -> Lock | None:
-    """The lock of a run writing the group now; None where there is none or its process is
-    gone on this host (the next run takes such a lock over)."""
+    """The lock of a run writing the group now; None where there is none or its holder is
+    gone (`locks.gone`: the next run takes such a lock over)."""
     lock = lock_file(Path(os.path.abspath(store)), path)
     if not lock.exists():
         return None
     holder = locks.read(lock)
     now = time.time()
-    if holder is None or locks.gone(holder, now):  # released meanwhile, or its process gone
+    if holder is None or locks.gone(holder, now):  # released meanwhile, or its holder gone
         return None
-    return Lock(holder.host, holder.pid, holder.since, holder.age(now))
+    beat = holder.silent(now) if holder.beat is not None else None
+    return Lock(holder.host, holder.pid, holder.since, holder.age(now), str(lock), beat)
 
 
 def _running(lock: Lock) -> str:
-    age = f" for {lock.age_s / 60:.0f} min" if lock.age_s is not None else ""
-    return f"written by pid {lock.pid} on {lock.host}{age}"
+    age = f" for {locks.span(lock.age_s)}" if lock.age_s is not None else ""
+    beat = f", its last heartbeat {locks.span(lock.beat_s)} ago" if lock.beat_s is not None else ""
+    return f"written by pid {lock.pid} on {lock.host}{age}{beat}; its lock: {lock.path}"
 
 
 def _stored_name(name: str) -> str:
@@ -433,22 +445,50 @@ def finishing_runs(
     planned = {g.plan for g in made}
     runs: dict[tuple, list[str]] = {}
     for store, status in found:
-        if not status.left(slide_encoder):
-            continue
-        options: dict[str, Any] = {"model": model}
-        if status.state == "partial":
-            options.update(status.run or {}, plan=status.plan)
-        elif status.state == "not started":
-            options.update(shared)
-            if plan:
-                options["plan"] = plan
-            elif len(planned) == 1 and _holds_plan(store, next(iter(planned))):
-                options["plan"] = next(iter(planned))  # else the run's own plan is made
-        if slide_encoder:
-            options.pop("plan", None)
-            options["slide_encoder"] = slide_encoder
-        runs.setdefault(tuple(options.items()), []).append(store)
+        if status.left(slide_encoder):
+            options = _finishing(store, status, model, plan, slide_encoder, shared, planned)
+            runs.setdefault(tuple(options.items()), []).append(store)
     return [Finish(tuple(stores), dict(key)) for key, stores in runs.items()]
+
+
+def breaking_runs(
+    found: Sequence[tuple[str, GroupStatus]],
+    model: str,
+    plan: str | None = None,
+    slide_encoder: str | None = None,
+) -> list[Finish]:
+    """The `embed` runs that take over the locks of the cohort's running groups and finish
+    them, for a job known to be dead (break_lock=True; without it the lock is taken over
+    once silent for `locks.STALE`): each with the options `finishing_runs` would give it,
+    as partial where the group has its record, else as not started."""
+    made = [g for _, g in found if g.state in ("complete", "partial")]
+    shared = _shared(g.run for g in made)
+    planned = {g.plan for g in made}
+    runs: dict[tuple, list[str]] = {}
+    for store, status in found:
+        if status.state != "running":
+            continue
+        as_left = replace(status, state="partial" if status.run else "not started")
+        options = _finishing(store, as_left, model, plan, slide_encoder, shared, planned)
+        runs.setdefault(tuple({**options, "break_lock": True}.items()), []).append(store)
+    return [Finish(tuple(stores), dict(key)) for key, stores in runs.items()]
+
+
+def _finishing(store, status, model, plan, slide_encoder, shared, planned) -> dict[str, Any]:
+    """The options of the run that finishes one store's group (`finishing_runs`)."""
+    options: dict[str, Any] = {"model": model}
+    if status.state == "partial":
+        options.update(status.run or {}, plan=status.plan)
+    elif status.state == "not started":
+        options.update(shared)
+        if plan:
+            options["plan"] = plan
+        elif len(planned) == 1 and _holds_plan(store, next(iter(planned))):
+            options["plan"] = next(iter(planned))  # else the run's own plan is made
+    if slide_encoder:
+        options.pop("plan", None)
+        options["slide_encoder"] = slide_encoder
+    return options
 
 
 def _holds_plan(store: str, name: str | None) -> bool:
@@ -472,18 +512,20 @@ def _shared(runs) -> dict[str, Any]:
     return made[0]
 
 
-def only_model(found: Sequence[StoreStatus]) -> str:
-    """The model of a cohort whose every store holds one embeddings group, of one model;
-    else OptionError naming the models found (and how many stores hold each)."""
+def only_model(found: Sequence[StoreStatus]) -> str | None:
+    """The one model whose embeddings groups a cohort's stores hold (a store holding none
+    is one not started; one holding several plans' groups of it counts once); None where no
+    store holds any. OptionError naming the models found (and how many stores hold each)
+    where there are several."""
     held: dict[str, int] = {}
     for status in found:
-        for group in status.groups:
-            held[group.model] = held.get(group.model, 0) + 1
-    if len(held) == 1 and all(len(s.groups) == 1 for s in found):
-        return next(iter(held))
+        for model in {group.model for group in status.groups}:
+            held[model] = held.get(model, 0) + 1
+    if len(held) <= 1:
+        return next(iter(held), None)
     bare = sum(1 for s in found if not s.groups)
     models = ", ".join(f"{m} ({n} store{'s' * (n != 1)})" for m, n in sorted(held.items()))
     without = f"; {bare} of {len(found)} stores hold none" if bare else ""
     raise OptionError(
-        f"which model? embeddings found: {models or 'none'}{without}; name one with model=<name>"
+        f"which model? embeddings found: {models}{without}; name one with model=<name>"
     )

@@ -12,9 +12,11 @@ time; a Dask cohort gives each worker whole shards (`tilestore.embed.cohort`).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ from tilestore.embeddings import tied
 from tilestore.embeddings.groups import check_group, non_finite_rows
 from tilestore.embeddings.layout import COORDINATES, UNITS, group_name, model_folder
 from tilestore.embeddings.recipe import weights_unknown
-from tilestore.errors import AlreadyComplete, EmbeddingError, StoreError
+from tilestore.errors import AlreadyComplete, EmbeddingError, StoreError, TilestoreWarning
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.leftovers import clear_unfinished_files
 from tilestore.format.records import (
@@ -221,8 +223,10 @@ class EmbeddingWriter:
         *,
         overwrite: bool = False,
         create: bool = True,
+        break_lock: bool = False,
     ) -> None:
-        """Check the store's group against this run and take the lock.
+        """Check the store's group against this run and take the lock (break_lock: take
+        over whatever lock is there, `_take_lock`).
 
         create=False leaves making (or, with overwrite, remaking) the group to `create()`,
         so a run can start reading tiles first; until then every batch is to do.
@@ -232,7 +236,7 @@ class EmbeddingWriter:
         self.lock_path = lock_file(store, self.path)
         # The lock first, then the group: another run may be making it right now.
         with writing(slide.name, f"its lock {self.lock_path}"):
-            self._take_lock()
+            self._take_lock(break_lock)
         try:
             if (store / self.path).is_dir():  # a killed run's files, never renamed
                 with writing(slide.name, self.path):
@@ -367,6 +371,7 @@ class EmbeddingWriter:
         blocks = [b for b in range(first, last) if b in self._pending]
         if not blocks:
             return
+        self._check_lock()
         n, batch = self.features.shape[0], self.batch_size
         lo, hi = first * batch, min(last * batch, n)
         if len(blocks) == last - first:  # the whole shard: nothing to read back
@@ -434,6 +439,7 @@ class EmbeddingWriter:
         try:
             self._made_group()
             self.flush()
+            self._check_lock()
             if len(self.todo()) == 0:
                 record = self._record(self.group)
                 record = record.replace(complete=True, finished=_now(), run=summary)
@@ -452,6 +458,9 @@ class EmbeddingWriter:
         try:
             if self.group is None:  # never made (or its making failed, and was removed)
                 return ""
+            if self._lock is not None and self._lock.lost:  # another run writes it now
+                self._pending.clear()
+                return f"{self._lock.lost}: its batches are that run's to write"
             try:  # batches computed before the failure are kept
                 self.flush()
             except (OSError, StoreError, ValueError, zarr.errors.BaseZarrError):
@@ -652,31 +661,43 @@ class EmbeddingWriter:
 
     # -- locking ------------------------------------------------------------------------------
 
-    def _take_lock(self) -> None:
-        lock = self.lock_path
-        for _ in range(2):
-            if locks.take(lock):
-                self._lock = lock
-                return
-            holder = locks.read(lock)
-            if holder is None:  # released meanwhile
-                continue
-            if locks.gone(holder, time.time()):  # this host's, its process gone
-                locks.clear(lock, holder)
-                continue
+    def _take_lock(self, break_lock: bool) -> None:
+        """Take the group's lock, taking over one whose holder is gone (`locks.gone`: this
+        host's dead pid, or no heartbeat for `locks.STALE`) or, with break_lock, any: said
+        in one line (a TilestoreWarning) naming whose and why."""
+        try:
+            self._lock = locks.claim(self.lock_path, force=break_lock)
+        except locks.Locked as held:
+            holder = held.holder
+            beat = locks.describe(holder, time.time())
             raise EmbeddingError(
                 f"{self.slide.name}: {self.path} is being written by pid {holder.pid} "
-                f"on {holder.host} since {holder.since}; if that job is dead, "
-                f"delete {lock}"
+                f"on {holder.host} since {holder.since}{beat}; if that job is dead, rerun "
+                f"with break_lock=True (or delete {held.path}); a lock without a heartbeat "
+                f"for {locks.span(locks.STALE)} is taken over by the next run"
+            ) from None
+        if self._lock.took_over:
+            warnings.warn(f"{self.slide.name}: {self._lock.took_over}", TilestoreWarning, 2)
+
+    @property
+    def took_over(self) -> str | None:
+        """The line saying whose lock this writer took over to write (None: it was free)."""
+        return self._lock.took_over if self._lock is not None else None
+
+    def _check_lock(self) -> None:
+        """EmbeddingError where the lock was taken over by another run since (its holder
+        found this run silent, or was told to break it): nothing more is written here."""
+        if self._lock is not None and self._lock.lost:
+            raise EmbeddingError(
+                f"{self.slide.name}: {self._lock.lost}; this run stops writing {self.path}"
             )
-        raise EmbeddingError(f"{self.slide.name}: cannot take the lock {lock}")
 
     def _release_lock(self) -> None:
         if self._lock is not None:
-            try:
-                locks.release(self._lock)
-            except OSError:  # a read-only file system: left, its process's; the next run
-                pass  # on this host takes it over once this process is gone (`locks.gone`)
+            # a read-only file system: left, its process's; the next run on this host takes
+            # it over once this process is gone (`locks.gone`)
+            with contextlib.suppress(OSError):
+                self._lock.release()
             self._lock = None
 
 

@@ -16,7 +16,15 @@ from rich.markup import escape
 
 from tilestore import OptionError, TilestoreError
 from tilestore.cli.classify import classify
-from tilestore.cli.console import as_flags, flags_of, human_size, out, output_file, text_table
+from tilestore.cli.console import (
+    as_flags,
+    flags_of,
+    human_size,
+    kept_on_interrupt,
+    out,
+    output_file,
+    text_table,
+)
 from tilestore.cli.console import progress_bar as _progress
 from tilestore.cli.embed import embed, models_app, patients
 from tilestore.cli.export import export_app
@@ -257,10 +265,9 @@ def _options(
     """Whole-slide images as OME-Zarr stores, tile plans and foundation-model embeddings."""
 
 
-INTERRUPTED = (
-    "tilestore: interrupted ({signal}): what was finished is kept (converted stores, embedded "
-    "batches, QC'd slides); the same command carries on from there"
-)
+INTERRUPTED = "tilestore: interrupted ({signal}): {kept}; the same command carries on from there"
+# what a command that says nothing more of it kept (`tilestore.cli.console.kept_on_interrupt`)
+KEPT = "what was finished is kept (converted stores, embedded batches, QC'd slides)"
 
 
 def main() -> None:
@@ -272,13 +279,16 @@ def main() -> None:
     `kill`'s default) stop a command alike: KeyboardInterrupt in the main thread, so every
     `finally` runs (worker processes stopped, stores closed), then `INTERRUPTED` and exit
     128 + the signal (130, 143). The signal is noted here because typer turns the
-    KeyboardInterrupt into a silent exit 130, so `_main` never sees it. A command that
-    ends well all the same (the viewer stops on Ctrl-C) exits as it says."""
+    KeyboardInterrupt into a silent exit 130, so `_main` never sees it; the
+    KeyboardInterrupt carries its name, for a command that writes it down (embed's report).
+    A command that ends well all the same (the viewer stops on Ctrl-C) exits as it says;
+    one that said what it kept (`kept_on_interrupt`: embed names the stores finished and
+    the tiles kept) has it in the line."""
     caught: list[int] = []
 
     def interrupt(signum: int, frame: object) -> None:
         caught.append(signum)
-        raise KeyboardInterrupt
+        raise KeyboardInterrupt(signal.Signals(signum).name)
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:  # ignored (a script's `&` job): stays so
@@ -289,7 +299,9 @@ def main() -> None:
     except SystemExit as done:
         code = done.code
     if caught and code not in (0, None):
-        print(INTERRUPTED.format(signal=signal.Signals(caught[0]).name), file=sys.stderr)
+        kept = kept_on_interrupt.said or KEPT
+        print(INTERRUPTED.format(signal=signal.Signals(caught[0]).name, kept=kept),
+              file=sys.stderr)  # fmt: skip
         code = 128 + caught[0]
     _leave(code)
 

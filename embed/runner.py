@@ -229,6 +229,7 @@ class Runner:
             run.stats.add("loop", time.perf_counter() - started)
             for job in run.open_jobs:  # an interrupted run: keep what is done, free the lock
                 job.writer.abandon()
+                report.kept[str(job.store)] = job.writer.tiles_done()
         if report.writer_error is not None:
             raise report.writer_error
         return run.stats
@@ -370,6 +371,7 @@ class Runner:
                         job.writer.finish(report.slide_summary(job))
                         report.quality(job, job.writer.quality_summary())
                     run.open_jobs.remove(job)
+                    report.completed(job)
                     continue
                 if isinstance(item, JobFailed):
                     self._fail(run, item.job, str(item.error))

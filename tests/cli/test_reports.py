@@ -101,7 +101,8 @@ def test_a_report_that_cannot_be_written_is_a_warning_and_the_work_stands(
     fill(small_disk, leave_kb=0)
     run = run_cli("embed", *cohort, *RUN, "--report", report)
     assert run.returncode == 0, run.stderr
-    assert run.stderr.strip().splitlines() == [
+    said = [line for line in run.stderr.splitlines() if line.startswith("tilestore:")]
+    assert said == [
         f"tilestore: warning: {report}: the run's report was not written (No space left on "
         "device); the run's outcome stands as its exit status says"
     ]
@@ -117,7 +118,7 @@ def test_a_run_refused_after_the_door_writes_its_report_saying_so(cohort, tmp_pa
     run = run_cli("embed", *cohort, *RUN, "--shard", "4/4", "--report", report)
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
-        "tilestore: error: --shard '4/4': K must be in 0..N-1 (e.g. $SLURM_ARRAY_TASK_ID)"
+        "tilestore: error: --shard 4/4: K must be in 0..N-1 (e.g. $SLURM_ARRAY_TASK_ID)"
     ]
     saved = json.loads(report.read_text())
     assert (saved["outcome"], saved["exit_code"]) == ("damaged input", 2)

@@ -78,6 +78,17 @@ def text_table(*columns: str) -> Table:
     return result
 
 
+class kept_on_interrupt:
+    """What the command running kept, in words, for the line `tilestore.cli.main` says when
+    a signal stops it (None: its general words): `say(text)` as the command unwinds."""
+
+    said: str | None = None
+
+    @classmethod
+    def say(cls, text: str) -> None:
+        cls.said = text
+
+
 def output_file(path: Path | None, folder: bool = False) -> Path | None:
     """An output's place made ready before the command's work (its folder made; a folder
     itself with `folder`), or refused in one line: a run never fails at its last step for a

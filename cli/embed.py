@@ -11,12 +11,22 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from tilestore import OptionError
-from tilestore.cli.console import as_flags, err, flags_of, out, output_file, said_by, text_table
+from tilestore import OptionError, TilestoreError
+from tilestore.cli.console import (
+    as_flags,
+    err,
+    flags_of,
+    kept_on_interrupt,
+    out,
+    output_file,
+    said_by,
+    text_table,
+)
 from tilestore.cli.console import progress_bar as _progress
 from tilestore.cli.dask import CLUSTER, SCHEDULER, dask_client
 from tilestore.cli.flags import From, with_flags
 from tilestore.embed import (
+    BAD_INPUT,
     BATCHES,
     REPEATS,
     SLICE_TILES,
@@ -26,9 +36,14 @@ from tilestore.embed import (
     Share,
     SliceTiles,
     Stager,
+    brief_report,
     check_stores,
+    ended,
     exit_code,
+    interrupted_code,
+    kept_said,
     parse_shard,
+    write_report,
 )
 from tilestore.embed.slides import SlidePrecision
 from tilestore.options import Workers
@@ -101,74 +116,146 @@ def embed(
 ) -> None:
     """Embed plan tiles with a foundation model; write embeddings/<model>/<plan> into each store.
 
-    Exit status:
-    0: every store is complete (embedded now or before).
-    3: some stores failed (each named on stderr), the others are complete: rerun to redo those.
-    2: nothing was done: every store failed or was refused, or the command itself was."""
+    Exit status (one table: `tilestore.embed.outcome`; the report's `outcome` says the same):
+    0: complete: every store is complete (embedded now or before); an empty share too.
+    3: partial: some stores failed (each named on stderr), the others are complete: rerun.
+    2: nothing done: every store failed or was refused, or the command itself was.
+    130, 143: interrupted (SIGINT, SIGTERM): the stores finished and tiles kept are said."""
     if plan and plan_options:
         raise OptionError("--plan names a stored plan: plan options cannot change it")
     if sidecars and not in_place:
         raise OptionError("--sidecars is where --in-place keeps its sidecars: add --in-place")
-    output_file(report)
-    if options.profile == "torch":
-        output_file(Path(options.profile_out))
-    slide_spec = None
-    if slide_encoder:
-        slide_spec, model, plan_options, options = _slide_plan(
-            slide_encoder, model, plan_options, options, plan
-        )
-    elif slide_weights:
-        raise OptionError("--slide-weights goes with --slide-encoder")
-    if model is None:
-        raise OptionError("--model: which model embeds the tiles? (or --slide-encoder)")
-    choice = plan or plan_options
-    if shard:
-        from tilestore.embed import shard as share
-
-        k, n = parse_shard(shard)
-        stores = [Path(s) for s in share(stores, k, n)]
-        out.print(f"shard {k}/{n}: {len(stores)} store(s)", highlight=False)
-        if not stores:
-            return
-    if dry_run:
-        _dry_run(stores, model, choice, options, into, in_place, sidecars)
-        return
-    # what the stores' metadata refuses, before torch is imported and the model loaded
-    checked = check_stores(stores, model, choice, options)
-    stores = checked.kept
-    if not stores or cluster or scheduler:  # else the run's report says them
-        for store, why in checked.skipped:  # plain print: never wrap a line
-            print(f"  skipped {store}: {as_flags(why, flags_of(embed))}")
-        for store, why in checked.refused:
-            print(f"tilestore: error: {store}: {as_flags(why, flags_of(embed))}", file=sys.stderr)
-    if not stores:
-        done = [str(store) for store, _ in checked.skipped]
-        raise typer.Exit(
-            _outcome(done, len(checked.refused), slide_spec, model, options, slide_weights)
-        )
-    if cluster or scheduler:
-        from tilestore.format import is_store
-
-        slides = [str(s) for s in stores if s.exists() and not is_store(s)]
-        if slides and in_place:
-            raise OptionError(
-                f"{slides[0]}: --in-place is not run on Dask: give --into DIR (a folder every "
-                "worker reaches), where the workers convert the slides"
+    output_file(report)  # the door: its folder made and writable, or one line before any work
+    # a dry run writes nothing, not even its report
+    ran = _Ran(None if dry_run else report, model or slide_encoder or "", len(stores))
+    try:
+        if options.profile == "torch":
+            output_file(Path(options.profile_out))
+        slide_spec = None
+        if slide_encoder:
+            slide_spec, model, plan_options, options = _slide_plan(
+                slide_encoder, model, plan_options, options, plan
             )
-        result = _embed_on_dask(stores, model, choice, options, cluster, scheduler, workers,
-                                slice_tiles, report, into, scan_mpp, override_mpp)  # fmt: skip
-        done = [s["store"] for s in result.slides] + list(result.skipped_complete)
-        done += [store for store, _ in checked.skipped]
-        failed = len(result.failures) + len(checked.refused)  # refused: said above
-    else:
-        result = _embed_here(stores, model, choice, options, into, in_place, sidecars,
-                             scan_mpp, override_mpp, report, checked)  # fmt: skip
-        done = [s["store"] for s in result.slides if not s.get("failed")]
-        done += [s["store"] for s in result.skipped]
-        failed = len(result.failures)  # the refused among them, as the run's report says
-    code = _outcome([str(d) for d in done], failed, slide_spec, model, options, slide_weights)
+        elif slide_weights:
+            raise OptionError("--slide-weights goes with --slide-encoder")
+        if model is None:
+            raise OptionError("--model: which model embeds the tiles? (or --slide-encoder)")
+        choice = plan or plan_options
+        ran.model = model
+        if shard:  # `shard` and what it reads are light: an empty share ends before torch
+            from tilestore.embed import shard as share
+
+            k, n = parse_shard(shard)
+            stores = [Path(s) for s in share(stores, k, n)]
+            out.print(f"shard {k}/{n}: {len(stores)} store(s)", highlight=False)
+            ran.share = {"k": k, "n": n, "stores": len(stores), "of": ran.given}
+            ran.given = len(stores)
+            if not stores:
+                ran.brief(f"share {k}/{n} is empty: the {ran.share['of']} store(s) given "
+                          "fall to the others")  # fmt: skip
+                ran.save(0)
+                return
+        if dry_run:
+            _dry_run(stores, model, choice, options, into, in_place, sidecars)
+            return
+        # what the stores' metadata refuses, before torch is imported and the model loaded
+        ran.checked = checked = check_stores(stores, model, choice, options)
+        stores = checked.kept
+        if not stores or cluster or scheduler:  # else the run's report says them
+            for store, why in checked.skipped:  # plain print: never wrap a line
+                print(f"  skipped {store}: {as_flags(why, flags_of(embed))}")
+            for store, why in checked.refused:
+                print(f"tilestore: error: {store}: {as_flags(why, flags_of(embed))}",
+                      file=sys.stderr)  # fmt: skip
+        if not stores:  # every store complete already, or refused: no model loaded
+            ran.brief()
+            done = [str(store) for store, _ in checked.skipped]
+            code = _outcome(done, len(checked.refused), slide_spec, model, options, slide_weights)
+        elif cluster or scheduler:
+            from tilestore.format import is_store
+
+            slides = [str(s) for s in stores if s.exists() and not is_store(s)]
+            if slides and in_place:
+                raise OptionError(
+                    f"{slides[0]}: --in-place is not run on Dask: give --into DIR (a folder "
+                    "every worker reaches), where the workers convert the slides"
+                )
+            result = _embed_on_dask(stores, model, choice, options, cluster, scheduler,
+                                    workers, slice_tiles, into, scan_mpp, override_mpp)  # fmt: skip
+            done = [s["store"] for s in result.slides] + list(result.skipped_complete)
+            ran.data = result.to_json() | {
+                "finished": list(done),
+                "skipped": [{"store": str(s), "why": why} for s, why in checked.skipped],
+                "refused": [{"store": str(s), "error": why} for s, why in checked.refused],
+            }
+            done += [store for store, _ in checked.skipped]
+            failed = len(result.failures) + len(checked.refused)  # refused: said above
+            code = _outcome([str(d) for d in done], failed, slide_spec, model, options,
+                            slide_weights)  # fmt: skip
+        else:
+            result = _embed_here(stores, model, choice, options, into, in_place, sidecars,
+                                 scan_mpp, override_mpp, checked)  # fmt: skip
+            ran.data = result.to_json()
+            done = [s["store"] for s in result.slides if not s.get("failed")]
+            done += [s["store"] for s in result.skipped]
+            failed = len(result.failures)  # the refused among them, as the run's report says
+            code = _outcome([str(d) for d in done], failed, slide_spec, model, options,
+                            slide_weights)  # fmt: skip
+    except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM: said and written down, then main's line
+        ran.interrupted(stop)
+        raise
+    except (TilestoreError, OSError) as exc:  # refused: main says it; the report too
+        ran.refused(exc)
+        raise
+    ran.save(code)
     if code:
         raise typer.Exit(code)
+
+
+class _Ran:
+    """What `embed` tells of its run at the end, however it ends: the report (`--report`,
+    written by `tilestore.embed.write_report`, whole or not at all, a failure a warning
+    that leaves the exit status as it is) and, where a signal stops it, what it kept."""
+
+    def __init__(self, path: Path | None, model: str, given: int) -> None:
+        self.path, self.model, self.given = path, model, given
+        self.share: dict | None = None  # --shard: K, N, its stores, of how many
+        self.checked = None  # what the stores' metadata said (`check_stores`), once known
+        self.data: dict | None = None  # the run's report, once it has one
+
+    def brief(self, note: str | None = None) -> None:
+        """The report of a run that embedded nothing (an empty share, every store skipped
+        or refused, a run stopped before its model loaded)."""
+        checked = self.checked
+        self.data = brief_report(self.model, skipped=checked.skipped if checked else (),
+                                 failed=checked.refused if checked else (), note=note)  # fmt: skip
+
+    def save(self, code: int, refused: bool = False) -> None:
+        if self.path is None:
+            return
+        if self.data is None:
+            self.brief()
+        data = self.data | ({"share": self.share} if self.share else {})
+        if write_report(self.path, ended(data, code, refused=refused)):
+            out.print(f"report: {self.path}", highlight=False)
+
+    def interrupted(self, stop: KeyboardInterrupt) -> None:
+        """A signal stopped the run: its report (the engine's, with the stores finished and
+        the tiles kept of the others, where it had started) and the line's words."""
+        run = getattr(stop, "report", None)  # `tilestore.errors.Interrupted`'s
+        if run is not None:
+            self.data = run.to_json()
+        elif self.data is None:
+            self.brief()
+        kept_on_interrupt.say(kept_said(self.data, self.given))
+        self.save(interrupted_code(str(stop) or "SIGINT"))
+
+    def refused(self, exc: BaseException) -> None:
+        if self.data is None:
+            self.brief()
+        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+        self.data = self.data | {"error": f"{where}{getattr(exc, 'strerror', None) or exc}"}
+        self.save(BAD_INPUT, refused=True)
 
 
 def _outcome(done: list[str], failed: int, slide_spec, model, options, weights) -> int:
@@ -181,7 +268,7 @@ def _outcome(done: list[str], failed: int, slide_spec, model, options, weights) 
 
 
 def _embed_here(stores, model, choice, options, into, in_place, sidecars, scan_mpp,
-                override_mpp, report, checked):  # fmt: skip
+                override_mpp, checked):  # fmt: skip
     """The run in this process (slide files converted or read in place on the way)."""
     # slides start converting in a worker process before this one imports torch
     staging = Stager(stores, into, choice, in_place=in_place, sidecars=sidecars,
@@ -195,7 +282,6 @@ def _embed_here(stores, model, choice, options, into, in_place, sidecars, scan_m
             model,
             plan=choice,
             options=options,
-            report_path=report,
             progress=lambda n, total: progress.update(task, advance=n, total=total),
             checked=checked,
             say=said_by(progress),
@@ -203,8 +289,6 @@ def _embed_here(stores, model, choice, options, into, in_place, sidecars, scan_m
     for line in format_report(result):  # plain print: never wrap a line
         failed = line.startswith(("WARNING", "tilestore: error"))
         print(as_flags(line, flags_of(embed)), file=sys.stderr if failed else sys.stdout)
-    if report:
-        out.print(f"report: {report}")
     return result
 
 
@@ -310,10 +394,8 @@ def _dry_run(stores, model, plan, options, into, in_place, sidecars) -> None:
         raise typer.Exit(2)
 
 
-def _embed_on_dask(
-    stores, model, plan, options, cluster, scheduler, workers, slice_tiles, report, into, scan_mpp,
-    override_mpp,
-) -> list[str]:
+def _embed_on_dask(stores, model, plan, options, cluster, scheduler, workers, slice_tiles, into,
+                   scan_mpp, override_mpp):  # fmt: skip
     from tilestore.embed import embed_cohort, summary_lines
 
     client, share = dask_client(cluster, scheduler, workers)
@@ -341,9 +423,6 @@ def _embed_on_dask(
     for line in summary_lines(result):
         failed = line.startswith(("tilestore: error", "WARNING"))
         print(as_flags(line, flags_of(embed)), file=sys.stderr if failed else sys.stdout)
-    if report:
-        Path(report).write_text(json.dumps(result.to_json(), indent=2))
-        out.print(f"report: {report}")
     return result
 
 

@@ -14,9 +14,17 @@ from typing import NoReturn
 import typer
 from rich.markup import escape
 
-from tilestore import OptionError, TilestoreError, stopping
+from tilestore import OptionError, TilestoreError
 from tilestore.cli.classify import classify
-from tilestore.cli.console import as_flags, flags_of, human_size, out, output_file, text_table
+from tilestore.cli.console import (
+    as_flags,
+    flags_of,
+    human_size,
+    kept_on_interrupt,
+    out,
+    output_file,
+    text_table,
+)
 from tilestore.cli.console import progress_bar as _progress
 from tilestore.cli.embed import embed, models_app, patients
 from tilestore.cli.export import export_app
@@ -26,6 +34,7 @@ from tilestore.cli.qc import qc
 from tilestore.cli.status import status
 from tilestore.cli.view import view
 from tilestore.conversion import convert as run_convert
+from tilestore.embed import TIME_LIMIT, ask_stop, kept_at_stop
 from tilestore.masks import compute_tissue
 from tilestore.options import Workers
 from tilestore.plan import PlanOptions
@@ -257,14 +266,13 @@ def _options(
     """Whole-slide images as OME-Zarr stores, tile plans and foundation-model embeddings."""
 
 
-INTERRUPTED = (
-    "tilestore: interrupted ({signal}): what was finished is kept (converted stores, embedded "
-    "batches, QC'd slides); the same command carries on from there"
-)
-TIME_LIMIT = (
+INTERRUPTED = "tilestore: interrupted ({signal}): {kept}; the same command carries on from there"
+TIME_LIMIT_LINE = (
     "tilestore: the time limit is near ({signal}): stopped after the batch in flight; {kept}; "
     "the same command carries on from there"
 )
+# what a command that says nothing more of it kept (`tilestore.cli.console.kept_on_interrupt`)
+KEPT = "what was finished is kept (converted stores, embedded batches, QC'd slides)"
 
 
 def main() -> None:
@@ -276,23 +284,26 @@ def main() -> None:
     `kill`'s default) stop a command alike: KeyboardInterrupt in the main thread, so every
     `finally` runs (worker processes stopped, stores closed), then `INTERRUPTED` and exit
     128 + the signal (130, 143). The signal is noted here because typer turns the
-    KeyboardInterrupt into a silent exit 130, so `_main` never sees it. A command that
-    ends well all the same (the viewer stops on Ctrl-C) exits as it says.
+    KeyboardInterrupt into a silent exit 130, so `_main` never sees it; the
+    KeyboardInterrupt carries its name, for a command that writes it down (embed's report).
+    A command that ends well all the same (the viewer stops on Ctrl-C) exits as it says;
+    one that said what it kept (`kept_on_interrupt`: embed names the stores finished and
+    the tiles kept) has it in the line.
 
     SIGUSR1 (`tilestore.stopping.TIME_LIMIT`: what `#SBATCH --signal=B:USR1@60` has the
     batch script pass on) is the same stop, taken where nothing computed is lost: a run
     embedding batches finishes the batch in flight, writes the shard it was filling and
-    stops there; elsewhere at once. `TIME_LIMIT` says so and what was kept; exit 138
+    stops there; elsewhere at once. `TIME_LIMIT_LINE` says so and what was kept; exit 138
     (128 + SIGUSR1), which a batch script tells from a finished run to requeue itself."""
     caught: list[int] = []
 
     def interrupt(signum: int, frame: object) -> None:
         caught.append(signum)
-        if signum == stopping.TIME_LIMIT and stopping.request(signum):
+        if signum == TIME_LIMIT and ask_stop(signum):
             return  # the run stops at its next batch (`tilestore.stopping.Stopped`)
-        raise KeyboardInterrupt
+        raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    for signum in (signal.SIGINT, signal.SIGTERM, stopping.TIME_LIMIT):
+    for signum in (signal.SIGINT, signal.SIGTERM, TIME_LIMIT):
         if signal.getsignal(signum) is not signal.SIG_IGN:  # ignored (a script's `&` job): stays so
             signal.signal(signum, interrupt)
     try:
@@ -302,11 +313,12 @@ def main() -> None:
         code = done.code
     if caught and code not in (0, None):
         name = signal.Signals(caught[0]).name
-        if caught[0] == stopping.TIME_LIMIT:
-            kept = "; ".join(stopping.kept_lines()) or "what was finished is kept"
-            print(TIME_LIMIT.format(signal=name, kept=kept), file=sys.stderr)
+        if caught[0] == TIME_LIMIT:
+            kept = "; ".join(kept_at_stop()) or kept_on_interrupt.said or KEPT
+            print(TIME_LIMIT_LINE.format(signal=name, kept=kept), file=sys.stderr)
         else:
-            print(INTERRUPTED.format(signal=name), file=sys.stderr)
+            print(INTERRUPTED.format(signal=name, kept=kept_on_interrupt.said or KEPT),
+                  file=sys.stderr)  # fmt: skip
         code = 128 + caught[0]
     _leave(code)
 

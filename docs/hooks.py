@@ -259,14 +259,21 @@ def _codes(text: str) -> list[tuple[int, str]]:
 def exit_codes_embed() -> str:
     outcome = importlib.import_module("tilestore.embed.outcome")
     codes = _codes(outcome.__doc__ or "")
-    stated = {outcome.DONE, outcome.FAILED, outcome.SOME_FAILED}
+    stated = {outcome.DONE, outcome.FAILED, outcome.SOME_FAILED, outcome.BAD_INPUT}
+    stated |= {outcome.interrupted_code(name) for name in ("SIGINT", "SIGTERM")}
     if {code for code, _ in codes} != stated:  # the docstring and the constants disagree
         raise ValueError(f"embed/outcome.py's docstring lists {codes}, its constants {stated}")
     rows = [
-        "| exit | `tilestore embed`, an array task, `embed_cohort`'s `exit_code` |",
-        "|---|---|",
+        "| exit | outcome (the report's) | `tilestore embed`, an array task, `embed_cohort`'s "
+        "`exit_code` |",
+        "|---|---|---|",
     ]
-    return "\n".join(rows + [f"| {code} | {_cell(text)} |" for code, text in codes])
+    for code, text in codes:
+        word, meaning = text.split(": ", 1)
+        if word not in (outcome.outcome(code), "damaged input"):
+            raise ValueError(f"embed/outcome.py: {code} is {outcome.outcome(code)!r}, not {word!r}")
+        rows.append(f"| {code} | {word} | {_cell(meaning)} |")
+    return "\n".join(rows)
 
 
 def exit_codes_status() -> str:

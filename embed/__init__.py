@@ -26,7 +26,6 @@ __getattr__, __dir__, __all__ = lazy_face(
             "cpu_share",
             "embed_cohort",
             "local_cluster",
-            "shard",
             "summary_lines",
         ),
         "tilestore.embed.compileahead": ("Compiled", "compile_ahead"),
@@ -34,7 +33,7 @@ __getattr__, __dir__, __all__ = lazy_face(
         "tilestore.embed.engine": ("Embedder", "embed"),
         "tilestore.embed.inputs": ("Stager",),
         "tilestore.embed.jobs": ("Slice",),
-        "tilestore.embed.outcome": ("exit_code",),
+        "tilestore.embed.outcome": ("BAD_INPUT", "exit_code", "interrupted_code"),
         "tilestore.embed.preflight": ("Preflight", "check_stores", "scale_mismatch"),
         "tilestore.embed.prompts": ("Prompts", "read_prompts"),
         "tilestore.embed.models": (
@@ -47,6 +46,9 @@ __getattr__, __dir__, __all__ = lazy_face(
             "pull",
         ),
         "tilestore.embed.report": ("RunReport", "format_report"),
+        "tilestore.embed.reportfile": ("brief_report", "ended", "kept_said", "write_report"),
+        "tilestore.embed.shares": ("shard",),
+        "tilestore.stopping": ("TIME_LIMIT", "ask_stop", "kept_at_stop"),
         "tilestore.embed.settings": (
             "AUTO_CPU_DECODE_CPUS",
             "BATCHES",
@@ -77,7 +79,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         cpu_share,
         embed_cohort,
         local_cluster,
-        shard,
         summary_lines,
     )
     from tilestore.embed.compileahead import Compiled, compile_ahead
@@ -94,10 +95,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         load_model,
         pull,
     )
-    from tilestore.embed.outcome import exit_code
+    from tilestore.embed.outcome import BAD_INPUT, exit_code, interrupted_code
     from tilestore.embed.preflight import Preflight, check_stores, scale_mismatch
     from tilestore.embed.prompts import Prompts, read_prompts
     from tilestore.embed.report import RunReport, format_report
+    from tilestore.embed.reportfile import brief_report, ended, kept_said, write_report
     from tilestore.embed.settings import (
         AUTO_CPU_DECODE_CPUS,
         BATCHES,
@@ -116,6 +118,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         parse_shard,
         resolve,
     )
+    from tilestore.embed.shares import shard
     from tilestore.embed.sizing import plot_profile, profile_model
     from tilestore.embed.slides import embed_slides, get_slide_encoder, list_slide_encoders
     from tilestore.embed.zeroshot import Classified, ZeroShotOptions, classify

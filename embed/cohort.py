@@ -59,31 +59,13 @@ from tilestore.embed.models import get_model
 from tilestore.embed.outcome import exit_code
 from tilestore.embed.preflight import check_stores
 from tilestore.embed.report import preparation_lines, quality_line
-from tilestore.embed.settings import SLICE_TILES, Options, SliceTiles, check_share
+from tilestore.embed.settings import SLICE_TILES, Options, SliceTiles
+from tilestore.embed.shares import shard  # noqa: F401 (here before it moved: the light module)
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
 from tilestore.errors import DeviceError, OptionError, StoreError, TilestoreError, WriteFailed
 from tilestore.options import Workers, checked
 from tilestore.progress import AtLeast, LogLines, to_stderr
 from tilestore.reading.resolution import OverrideMpp, ScanMpp
-
-
-def shard(stores: Sequence[str | os.PathLike], k: int, n: int) -> list[str]:
-    """Return the k-th (0-based) of n deterministic, size-balanced shares of a store list.
-
-    Every job of a SLURM array computes the same split from the same list: stores sorted
-    by size (largest first, then by name) go one by one to the share with the least work.
-    """
-    check_share(k, n)
-    names = sorted({str(s) for s in stores})
-    sizes = {s: _size(s) for s in names}
-    load = np.zeros(min(n, len(names)))  # shares past the stores' count stay empty
-    mine = []
-    for store in sorted(names, key=lambda s: (-sizes[s], s)):
-        target = int(np.argmin(load))
-        load[target] += max(sizes[store], 1)
-        if target == k:
-            mine.append(store)
-    return sorted(mine)
 
 
 def _size(store: str) -> int:

@@ -35,6 +35,7 @@ from tilestore.embed.runner import Runner
 from tilestore.embed.settings import Options, Precision, Settings, resolve
 from tilestore.embed.sizing import choose_batch, remembered_rate
 from tilestore.embeddings import RunIdentity
+from tilestore.errors import Interrupted
 from tilestore.options import checked as checked_options
 from tilestore.plan.options import DEFAULT_MPP
 from tilestore.reading.resolution import OverrideMpp, ScanMpp
@@ -267,8 +268,15 @@ class Embedder:
         report.batch_note, report.model_mb = self._batch_note, self.model_mb
         if self.settings.cuda:  # the run's peak, not the batch search's
             torch.cuda.reset_peak_memory_stats(self.settings.device)
-        with Sampler(self.settings.device) as sampler:
-            stats = self.runner.run(make_jobs(report), report, progress, say)
+        try:
+            with Sampler(self.settings.device) as sampler:
+                stats = self.runner.run(make_jobs(report), report, progress, say)
+        except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM: what was done is kept, and said
+            report.stopped(str(stop) or "SIGINT")
+            report.wall_s = time.perf_counter() - started + report.setup_s
+            if report_path:
+                report.save(report_path)
+            raise Interrupted(report.interrupted, report) from stop
         report.finish(time.perf_counter() - started + report.setup_s, sampler, stats)
         if self.settings.profile == "torch":
             trace = Path(self.settings.profile_out)

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -27,7 +25,9 @@ import torch
 from tilestore.cpus import usable_cpus
 from tilestore.embed.filesystems import FileSystems
 from tilestore.embed.nvtx import Nvtx, TorchMarks
+from tilestore.embed.outcome import exit_code, interrupted_code
 from tilestore.embed.preflight import without_store
+from tilestore.embed.reportfile import ended, write_report
 from tilestore.embed.settings import Settings
 from tilestore.format.store import WriteFault, software_versions
 from tilestore.progress import AtLeast
@@ -180,6 +180,9 @@ class RunReport:
     slides: list[dict[str, Any]] = field(default_factory=list)
     failures: list[dict[str, str]] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)  # complete already
+    finished: list[str] = field(default_factory=list)  # stores this run finished
+    kept: dict[str, int] = field(default_factory=dict)  # interrupted: tiles done, unfinished
+    interrupted: str | None = None  # the signal that stopped the run (SIGINT, SIGTERM)
     converted: list[dict[str, Any]] = field(default_factory=list)  # slides given, not stores
     # each slide file's preparation in the stager: {slide, store, seconds: {store, tissue}}
     prepared: list[dict[str, Any]] = field(default_factory=list)
@@ -274,6 +277,23 @@ class RunReport:
         )
         return entry
 
+    def completed(self, job) -> None:
+        """A job's store was finished (its last batch written, its group closed)."""
+        self.finished.append(str(job.store))
+
+    def stopped(self, signal: str) -> None:
+        """The run was interrupted by `signal` (SIGINT, SIGTERM), once every store it had
+        open kept what was done (`kept`: their tiles done, now or before)."""
+        self.interrupted = signal
+
+    @property
+    def exit_code(self) -> int:
+        """The exit status of this run (`tilestore.embed.outcome`)."""
+        if self.interrupted:
+            return interrupted_code(self.interrupted)
+        done = [s for s in self.slides if not s.get("failed")]
+        return exit_code(len(done) + len(self.skipped), len(self.failures))
+
     def quality(self, job, summary: dict[str, Any] | None) -> None:
         """A finished job's per-tile quality, spread and flagged tiles, into its entry."""
         if summary is None:
@@ -355,19 +375,12 @@ class RunReport:
             not in ("writer_error", "filesystems", "_started", "_written", "_expected", "_planned")
         }
         data["tiles_per_s"] = round(self.tiles_per_s, 1)
-        return data
+        return ended(data, self.exit_code)
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the JSON report, making its folder: a run's report is not lost at the end
-        because the report path named a folder not made yet. Written whole or not at all."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.partial")
-        try:
-            partial.write_text(json.dumps(self.to_json(), indent=2, default=str))
-            partial.replace(path)
-        finally:
-            partial.unlink(missing_ok=True)  # gone after the rename; a failed write's part
+    def save(self, path: str | os.PathLike) -> bool:
+        """Write the JSON report (`tilestore.embed.reportfile.write_report`: its folder made,
+        whole or not at all, a failure a warning); whether it was written."""
+        return write_report(path, self.to_json())
 
 
 def advice(report: RunReport) -> list[str]:

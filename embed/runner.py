@@ -238,6 +238,7 @@ class Runner:
             left = []
             for job in run.open_jobs:  # an interrupted run: keep what is done, free the lock
                 said = job.writer.abandon()  # writes the shard still partly filled, marks it
+                report.kept[str(job.store)] = job.writer.tiles_done()
                 if said and not said.startswith("nothing"):
                     left.append(f"{job.store}: {said}")
             if stopped:
@@ -405,6 +406,7 @@ class Runner:
                             continue
                         report.quality(job, job.writer.quality_summary())
                     run.open_jobs.remove(job)
+                    report.completed(job)
                     continue
                 if isinstance(item, JobFailed):
                     self._fail(run, item.job, str(item.error), getattr(item.error, "fault", None))

@@ -465,4 +465,87 @@ def test_an_array_task_takes_over_the_lock_a_dead_node_left_and_completes(
         said[0],
     ), said
     assert not lock.exists()
+
+
+# -- reports: empty shares, a requeued task with nothing left, a report that cannot be written ---
+
+
+def _imports_torch(log: str) -> bool:
+    """Whether a task's log (`PYTHONPROFILEIMPORTTIME=1`: Python's import times) shows torch."""
+    return any(line.rstrip().endswith("| torch") for line in log.splitlines())
+
+
+def _timed(script: str) -> str:
+    """The array script with Python's import times in each task's log."""
+    return script.replace(
+        "\ntilestore embed", "\nexport PYTHONPROFILEIMPORTTIME=1\ntilestore embed"
+    )
+
+
+def test_empty_shares_end_without_torch_with_their_reports_and_a_requeue_rewrites_them(
+    slurm, cohort_root, stores, tmp_path
+):
+    """An array larger than its cohort (4 tasks, 2 stores): the two empty tasks complete,
+    each with its report, and never import torch. Requeued once all is done, every task
+    finds its share complete (skipped, still without torch) and replaces its report: no
+    previous attempt's report is left to be read as this one's."""
+    folder = tmp_path / "shares"
+    paths = _copy_stores(stores, folder / "stores", copies="a")
+    script = folder / "embed.sbatch"
+    script.write_text(_timed(array_script(4)))
+    job = slurm.sbatch(script, cwd=folder)
+    slurm.wait(job, timeout=600)
+    tasks = [f"{job}_{k}" for k in range(4)]
+    assert slurm.exit_codes(job) == dict.fromkeys(tasks, "COMPLETED 0:0"), _log(slurm, folder)
+    logs = [(folder / f"slurm-{task}.out").read_text() for task in tasks]
+    reports = [json.loads((folder / f"run-{k}.json").read_text()) for k in range(4)]
+    embedded = sorted(Path(s["store"]).name for r in reports for s in r["slides"])
+    assert embedded == [p.name for p in paths]
+    for k in (0, 1):  # a store each: the model loaded (the import times do show torch)
+        assert reports[k]["outcome"] == "complete" and len(reports[k]["finished"]) == 1
+        assert _imports_torch(logs[k]), logs[k][-2000:]
+    for k in (2, 3):  # empty
+        assert f"shard {k}/4: 0 store(s)" in logs[k]
+        assert not _imports_torch(logs[k]), logs[k][-2000:]
+        assert (reports[k]["outcome"], reports[k]["exit_code"]) == ("complete", 0)
+        assert reports[k]["share"] == {"k": k, "n": 4, "stores": 0, "of": 2}
+        assert reports[k]["notes"] == [f"share {k}/4 is empty: the 2 store(s) given fall to "
+                                       "the others"]  # fmt: skip
+    slurm.run("scontrol", "requeue", str(job))  # every task again, its share complete
+    slurm.wait(job, timeout=600)
+    assert slurm.exit_codes(job) == dict.fromkeys(tasks, "COMPLETED 0:0"), _log(slurm, folder)
+    for task in tasks:
+        assert "Restarts=1" in slurm.run("scontrol", "-o", "show", "job", task).stdout
+    again = [json.loads((folder / f"run-{k}.json").read_text()) for k in range(4)]
+    for k in (0, 1):  # the requeued attempt's report, not the first one's
+        assert again[k]["slides"] == [] and again[k]["outcome"] == "complete"
+        assert [s["store"] for s in again[k]["skipped"]] == reports[k]["finished"]
+    for k in range(4):
+        log = (folder / f"slurm-{job}_{k}.out").read_text()  # the requeued attempt's
+        assert not _imports_torch(log), log[-2000:]  # complete stores: no model loaded
+    _assert_equal_to_reference(folder / "stores", cohort_root / "reference")
+
+
+def test_a_report_the_disk_cannot_hold_is_a_warning_and_the_task_completes(
+    slurm, cohort_root, stores, small_disk, tmp_path
+):
+    """The report's folder is on a disk full by the end of the run: the store embedded
+    stays complete, the task COMPLETED 0:0, one warning line names the report."""
+    folder = tmp_path / "full-report"
+    folder.mkdir()
+    shutil.copytree(stores(IHC, mpp=0.5), folder / "stores" / f"a-{IHC}.ome.zarr")
+    report = small_disk / "run-0.json"
+    script = folder / "embed.sbatch"
+    script.write_text(array_script(1).replace('--report "run-', f'--report "{small_disk}/run-'))
+    fill(small_disk, leave_kb=0)
+    job = slurm.sbatch(script, cwd=folder)
+    slurm.wait(job, timeout=300)
+    assert slurm.exit_codes(job) == {f"{job}_0": "COMPLETED 0:0"}, _log(slurm, folder)
+    log = (folder / f"slurm-{job}_0.out").read_text()
+    said = [line for line in log.splitlines() if line.startswith("tilestore:")]
+    assert said == [
+        f"tilestore: warning: {report}: the run's report was not written (No space left on "
+        "device); the run's outcome stands as its exit status says"
+    ]
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]  # no part left
     _assert_equal_to_reference(folder / "stores", cohort_root / "reference")

@@ -28,6 +28,9 @@ the code's own business, beside it.)
         NotJudged         a slide QC's detectors are not made for
         ViewError, AnalysisError, ExportError   what the viewer, an analysis or an export
                           cannot do with what was asked
+
+    Interrupted (a KeyboardInterrupt, not an error: Ctrl-C or SIGTERM stopped an embedding
+                 run; it carries the run's report, what was finished and kept)
 """
 
 from __future__ import annotations
@@ -148,6 +151,16 @@ class ViewError(TilestoreError):
 
 class AnalysisError(TilestoreError):
     """An analysis request that does not fit the data (no such slide, k too large...)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """An embedding run stopped by a signal (Ctrl-C, SIGTERM: the signal's name is its
+    message), raised once what was done is kept; `report` is the run's report, with the
+    stores it finished and the tiles kept of those it had not."""
+
+    def __init__(self, signal: str, report) -> None:
+        super().__init__(signal)
+        self.report = report
 
 
 class TilestoreWarning(UserWarning):

@@ -9,9 +9,9 @@ as an interrupted one does (exit 128 + SIGUSR1 = 138: `tilestore.cli.main`). Any
 (loading the model, converting a slide) it stops at once, as SIGTERM does. SIGUSR2 is left
 alone: one signal, one meaning.
 
-The command's signal handler asks `request`; the engine marks the span where it can stop
+The command's signal handler asks `ask_stop`; the engine marks the span where it can stop
 at a batch (`at_batches`), checks `asked` between batches and records what it kept
-(`kept`); the command says it (`kept_lines`).
+(`kept`); the command says it (`kept_at_stop`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import signal
 import threading
 from collections.abc import Iterator
 
-__all__ = ["TIME_LIMIT", "Stopped", "asked", "at_batches", "kept", "kept_lines", "request"]
+__all__ = ["TIME_LIMIT", "Stopped", "ask_stop", "asked", "at_batches", "kept", "kept_at_stop"]
 
 TIME_LIMIT = signal.SIGUSR1  # "the time limit is near"
 
@@ -35,8 +35,11 @@ class Stopped(KeyboardInterrupt):
     """Raised by a run at a batch once a stop was asked: every `finally` of an interrupted
     run runs (batches written, locks released), then the command says what was kept."""
 
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(args or (TIME_LIMIT.name,)))  # the signal's name, as SIGTERM's
 
-def request(signum: int) -> bool:
+
+def ask_stop(signum: int) -> bool:
     """A stop is asked with `signum`: True where a run will take it at its next batch (the
     caller returns), False where none can (the caller interrupts at once)."""
     global _asked
@@ -52,7 +55,7 @@ def asked() -> bool:
 
 @contextlib.contextmanager
 def at_batches() -> Iterator[None]:
-    """The span in which a run takes a stop at its next batch (`request` returns True)."""
+    """The span in which a run takes a stop at its next batch (`ask_stop` returns True)."""
     global _runs
     with _lock:
         _runs += 1
@@ -68,7 +71,7 @@ def kept(line: str) -> None:
     _kept.append(line)
 
 
-def kept_lines() -> list[str]:
+def kept_at_stop() -> list[str]:
     return list(_kept)
 
 

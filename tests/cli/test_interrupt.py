@@ -1,4 +1,5 @@
-"""Ctrl-C and SIGTERM stop a command with one line saying what is kept, in a log too.
+"""Ctrl-C and SIGTERM stop a command with one line saying what is kept, in a log too, and
+embed's report written with the same facts.
 
 `tilestore embed` runs on the real CMU store with its output in a file (as under SLURM or
 nohup), and gets the signal once it has written a batch. Before, typer turned the
@@ -6,6 +7,7 @@ KeyboardInterrupt into a silent exit 130 and SIGTERM killed the process without 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -21,9 +23,8 @@ import zarr
 from tests.conftest import CMU, group_of
 
 INTERRUPTED = (
-    "tilestore: interrupted ({signal}): what was finished is kept (converted stores, embedded "
-    "batches, "
-    "QC'd slides); the same command carries on from there"
+    "tilestore: interrupted ({signal}): 0 of 1 store(s) finished; {kept:,} tiles of cmu.ome.zarr "
+    "kept; the same command carries on from there"
 )
 
 
@@ -40,6 +41,7 @@ def test_a_signal_stops_embed_saying_what_is_kept(tmp_path, stores, signum):
     command = [sys.executable, "-m", "tilestore.cli", "embed", store, "--model"]
     command += ["efficientnet-lite0", "--device", "cpu", "--batch-size", "2"]
     command += ["--min-tissue", "0", "--stride", "56"]  # 1,800 tiles: minutes to run whole
+    command += ["--report", tmp_path / "reports" / "run.json"]
     with log.open("w") as out:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -54,10 +56,17 @@ def test_a_signal_stops_embed_saying_what_is_kept(tmp_path, stores, signum):
         process.kill()
     lines = log.read_text().strip().splitlines()
     assert code == 128 + signum, lines
-    assert lines[-1] == INTERRUPTED.format(signal=signal.Signals(signum).name)
+    group = store / group_of(store, "efficientnet-lite0")
+    kept = _done(group) * 2  # batches of 2 tiles, the last one (short) never reached
+    assert kept > 0
+    # the line says what was finished and what was kept, the report says the same
+    assert lines[-1] == INTERRUPTED.format(signal=signal.Signals(signum).name, kept=kept)
+    report = json.loads((tmp_path / "reports" / "run.json").read_text())
+    assert (report["outcome"], report["exit_code"]) == ("interrupted", 128 + signum)
+    assert report["interrupted"] == signal.Signals(signum).name
+    assert report["finished"] == [] and report["kept"] == {str(store): kept}
     progress = re.match(r"embedding with efficientnet-lite0: ([\d,]+) of ([\d,]+) done", lines[0])
     tiles, total = (int(n.replace(",", "")) for n in progress.groups())
-    group = store / group_of(store, "efficientnet-lite0")
     # the batches done before the signal are kept, for the same command to resume from
     assert tiles // 2 <= _done(group) < total // 2
     assert not zarr.open_group(group, mode="r").attrs["tilestore"]["complete"]

@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -160,13 +159,27 @@ def test_a_report_is_saved_into_a_folder_not_made_yet(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["run.json"]  # no partial file left
 
 
-def test_a_report_that_cannot_be_put_in_place_leaves_nothing(tmp_path, monkeypatch):
-    def refuse(self, target):
-        raise OSError("read-only target")
+def test_a_report_that_cannot_be_put_in_place_leaves_nothing_and_is_a_warning(
+    tmp_path, monkeypatch
+):
+    """The run's outcome stands: the failure is a warning naming the report (not the
+    temporary file it was written into) and the cause."""
+    import errno
 
-    monkeypatch.setattr(Path, "replace", refuse)
-    with pytest.raises(OSError, match="read-only"):
-        _report().save(tmp_path / "run.json")
+    from tilestore.embed import reportfile
+    from tilestore.errors import TilestoreWarning
+
+    def refuse(source, target):
+        raise OSError(errno.EROFS, "Read-only file system", str(target))
+
+    monkeypatch.setattr(reportfile.os, "replace", refuse)
+    path = tmp_path / "run.json"
+    with pytest.warns(TilestoreWarning) as said:
+        assert _report().save(path) is False
+    assert [str(w.message) for w in said] == [
+        f"{path}: the run's report was not written (Read-only file system); the run's "
+        "outcome stands as its exit status says"
+    ]
     assert list(tmp_path.iterdir()) == []  # neither the report nor its partial copy
 
 

@@ -54,13 +54,13 @@ def test_the_time_limit_signal_stops_at_a_batch_and_keeps_the_partial_shard(stor
     stopped, reference = store(into=tmp_path / "stopped"), store(into=tmp_path / "reference")
     embed([reference], lite, plan=PLAN, options=OPTIONS)
     # asked from the writer thread, as a signal handler's `request` would ask it
-    written, progress = _counted(12, lambda: stopping.request(signal.SIGUSR1))
+    written, progress = _counted(12, lambda: stopping.ask_stop(signal.SIGUSR1))
     with stopping.at_batches(), pytest.raises(stopping.Stopped):
         embed([stopped], lite, plan=PLAN, options=OPTIONS, progress=progress)
     done, n = _done_tiles(stopped)
     assert done == sum(written)  # every batch written was kept, the partial shard with them
     assert 12 <= done < 32 < n  # the first shard, partly filled
-    (line,) = stopping.kept_lines()
+    (line,) = stopping.kept_at_stop()
     assert line.startswith(f"{done} tiles embedded by this run are written and marked done")
     assert f"{stopped}: {done // 4} of {-(-n // 4)} batches of " in line
     stopping.reset()
@@ -87,10 +87,10 @@ def test_sigterm_stops_at_once_and_still_writes_the_partial_shard(store, lite, t
         signal.signal(signal.SIGTERM, previous)
     done, n = _done_tiles(path)
     assert done == sum(written) and 12 <= done < 32 < n
-    assert not stopping.kept_lines()  # said as an interruption, not a stop at a batch
+    assert not stopping.kept_at_stop()  # said as an interruption, not a stop at a batch
 
 
 def test_a_stop_asked_outside_a_run_is_not_taken_at_a_batch():
-    assert not stopping.request(signal.SIGUSR1)  # no run: the command interrupts at once
+    assert not stopping.ask_stop(signal.SIGUSR1)  # no run: the command interrupts at once
     with stopping.at_batches():
-        assert stopping.request(signal.SIGUSR1)
+        assert stopping.ask_stop(signal.SIGUSR1)

@@ -340,6 +340,14 @@ class EmbeddingWriter:
             return np.arange(self.blocks)
         return np.flatnonzero(self._done[:] == 0)
 
+    def tiles_done(self) -> int:
+        """The tiles of the batches done on disk, as this writer knows them (a run's and
+        those before it): what an interrupted run keeps of the store."""
+        if self.group is None:
+            return 0
+        done = np.flatnonzero(self._stored)
+        return int(np.minimum(self.batch_size, len(self.plan) - done * self.batch_size).sum())
+
     def write(self, block: int, features: np.ndarray) -> None:
         """Take one batch's features (copied: the caller's buffer is reused); once every
         batch of its shard still to do is in, write the shard, then mark them done. With

@@ -260,7 +260,7 @@ def exit_codes_embed() -> str:
     outcome = importlib.import_module("tilestore.embed.outcome")
     codes = _codes(outcome.__doc__ or "")
     stated = {outcome.DONE, outcome.FAILED, outcome.SOME_FAILED, outcome.BAD_INPUT}
-    stated |= {outcome.interrupted_code(name) for name in ("SIGINT", "SIGTERM")}
+    stated |= {outcome.interrupted_code(name) for name in outcome.SIGNALS}
     if {code for code, _ in codes} != stated:  # the docstring and the constants disagree
         raise ValueError(f"embed/outcome.py's docstring lists {codes}, its constants {stated}")
     rows = [

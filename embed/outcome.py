@@ -14,6 +14,9 @@ everywhere. The constants below are the table's; tests hold each code with a rea
        how many tiles of the others were kept; the same command carries on from there
   143  interrupted: by SIGTERM (what SLURM sends at a time limit, a preemption or a
        requeue, and `kill`'s default), said and kept as for 130: 128 + the signal
+  138  interrupted: by SIGUSR1, "the time limit is near" (`#SBATCH --signal=B:USR1@60`,
+       passed on by the batch script): the batch in flight finished, the shard it was
+       filling written, then stopped; a batch script requeues itself on it
 
 (Damaged input and a run that did nothing share 2, the house's rule for bad input: a single
 slide refused for its pixel size is bad input, not a partial run. Each is named on stderr,
@@ -26,7 +29,8 @@ import signal
 
 DONE, FAILED, SOME_FAILED = 0, 2, 3
 BAD_INPUT = 2  # refused before any work: as a run whose every store was refused
-INTERRUPTED = 128  # + the signal: 130 for SIGINT, 143 for SIGTERM
+INTERRUPTED = 128  # + the signal: 130 for SIGINT, 143 for SIGTERM, 138 for SIGUSR1
+SIGNALS = ("SIGINT", "SIGTERM", "SIGUSR1")  # those that stop a run (`tilestore.cli.main`)
 
 # the report's word for each code (interrupted: any code from INTERRUPTED on)
 OUTCOMES = {DONE: "complete", SOME_FAILED: "partial", FAILED: "nothing done"}

@@ -22,6 +22,8 @@ def shard(stores: Sequence[str | os.PathLike], k: int, n: int) -> list[str]:
     """
     check_share(k, n)
     names = sorted({str(s) for s in stores})
+    if k >= len(names):  # shares past the stores' count stay empty: nothing to size
+        return []
     sizes = {s: _size(s) for s in names}
     load = np.zeros(min(n, len(names)))  # shares past the stores' count stay empty
     mine = []

@@ -16,6 +16,7 @@ from tests.conftest import group_of
 from tilestore import stopping
 from tilestore.embed.engine import embed
 from tilestore.embed.settings import Options
+from tilestore.errors import Interrupted
 from tilestore.plan import PlanOptions
 
 PLAN = PlanOptions(mpp=0.5, tile=224)
@@ -53,11 +54,12 @@ def _counted(after: int, stop):
 def test_the_time_limit_signal_stops_at_a_batch_and_keeps_the_partial_shard(store, lite, tmp_path):
     stopped, reference = store(into=tmp_path / "stopped"), store(into=tmp_path / "reference")
     embed([reference], lite, plan=PLAN, options=OPTIONS)
-    # asked from the writer thread, as a signal handler's `request` would ask it
+    # asked from the writer thread, as a signal handler's `ask_stop` would ask it
     written, progress = _counted(12, lambda: stopping.ask_stop(signal.SIGUSR1))
-    with stopping.at_batches(), pytest.raises(stopping.Stopped):
+    with stopping.at_batches(), pytest.raises(Interrupted, match=r"^SIGUSR1$") as raised:
         embed([stopped], lite, plan=PLAN, options=OPTIONS, progress=progress)
     done, n = _done_tiles(stopped)
+    assert raised.value.report.kept == {str(stopped): done}  # the run's report says it too
     assert done == sum(written)  # every batch written was kept, the partial shard with them
     assert 12 <= done < 32 < n  # the first shard, partly filled
     (line,) = stopping.kept_at_stop()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tilestore.embed.engine import embed
+from tilestore.embed.report import RunReport
 from tilestore.embed.settings import Options
 from tilestore.embeddings import plan_slide
 from tilestore.plan import PlanOptions, resolve_plan, save_plan
@@ -56,9 +57,26 @@ def test_a_store_the_run_plans_makes_the_total_a_floor_until_it_is_planned(cohor
     calls = []
     report = embed([begun, planned, bare], lite, plan=PLAN, options=OPTIONS, progress=_calls(calls))
     assert report.tiles == 3 * tiles - 8
-    first, last = calls[0][1], calls[-1][1]
-    assert isinstance(first, AtLeast) and first.stores == 1
-    assert first == 2 * tiles - 8  # the two known, the bare one to come
+    # the producer plans the bare store while the first batches are computed: before it
+    # is planned a line shows the two known stores' tiles as a floor, after it the total
+    floor, exact = 2 * tiles - 8, 3 * tiles - 8
+    for _, total in calls:
+        if isinstance(total, AtLeast):
+            assert (int(total), total.stores) == (floor, 1)
+        else:
+            assert total == exact
+    last = calls[-1][1]
     assert not isinstance(last, AtLeast) and last == report.tiles  # exact once planned
     assert np.all(np.diff([int(t) for _, t in calls]) >= 0)
     assert sum(n for n, _ in calls) == report.tiles
+
+
+def test_the_total_is_a_floor_while_an_input_is_not_planned():
+    report = RunReport({}, "cpu", "CPU", 8, "fp32", compile=False)
+    report.expect({"a.ome.zarr": 40, "b.svs": None, "c.ome.zarr": 0})
+    shown = report.progress_total()
+    assert isinstance(shown, AtLeast) and (int(shown), shown.stores) == (40, 1)
+    report.planned("b.svs", "stores/b.svs.ome.zarr", 25)
+    assert report.progress_total() == 65 and not isinstance(report.progress_total(), AtLeast)
+    report.planned("a.ome.zarr", "a.ome.zarr", 32)  # planned otherwise than counted
+    assert report.progress_total() == 57

@@ -465,6 +465,7 @@ def test_an_array_task_takes_over_the_lock_a_dead_node_left_and_completes(
         said[0],
     ), said
     assert not lock.exists()
+    _assert_equal_to_reference(folder / "stores", cohort_root / "reference")
 
 
 # -- reports: empty shares, a requeued task with nothing left, a report that cannot be written ---

@@ -434,6 +434,38 @@ def test_a_full_disk_stops_its_stores_at_once_and_the_task_finishes_the_others(
     assert _features(paths[2])[1]["complete"]
 
 
+def test_a_blocked_group_path_fails_its_store_in_one_line_and_the_task_finishes_the_other(
+    slurm, cohort_root, stores, tmp_path
+):
+    """A file where a store's embeddings/<model> must be (left by hand, or immutable): that
+    store fails in one line naming the file, never an internal error; the share's other
+    store completes; the task exits 3 and its report says both."""
+    folder = tmp_path / "blocked"
+    blocked, good = _copy_stores(stores, folder / "stores", copies="a")
+    (blocked / "embeddings").mkdir()
+    (blocked / "embeddings" / LITE).write_text("in the way")
+    script = folder / "embed.sbatch"
+    script.write_text(array_script(1))
+    job = slurm.sbatch(script, cwd=folder)
+    slurm.wait(job, timeout=600)
+    assert slurm.exit_codes(job) == {f"{job}_0": "FAILED 3:0"}, _log(slurm, folder)
+    log = (folder / f"slurm-{job}_0.out").read_text()
+    assert "internal error" not in log
+    errors = [line for line in log.splitlines() if line.startswith("tilestore: error")]
+    name = f"stores/{blocked.name}"  # as the script names it
+    assert len(errors) == 1 and re.fullmatch(
+        rf"tilestore: error: {re.escape(name)}: writing embeddings/{LITE}/[^:]+: Not a "
+        rf"directory \({re.escape(name)}/embeddings/{LITE} is a file where a folder must be\); "
+        r"move that file aside, then run the same command: what was written before is kept",
+        errors[0],
+    ), errors
+    report = json.loads((folder / "run-0.json").read_text())
+    assert [(f["store"], f["cause"]) for f in report["failures"]] == [(name, "ENOTDIR")]
+    assert report["finished"] == [f"stores/{good.name}"]
+    assert (report["outcome"], report["exit_code"]) == ("partial", 3)
+    assert _features(good)[1]["complete"]
+
+
 # -- a lock left by a dead node -----------------------------------------------------------------
 
 

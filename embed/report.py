@@ -260,6 +260,10 @@ class RunReport:
                 **({"reading": job.reading} if job.reading else {}),
             }
         )
+        # the writer may have failed it already (its group could not be made): the
+        # producer's begin comes after, and the entry must say so as `failed` marks others
+        if any(f["store"] == str(job.store) for f in self.failures):
+            self.slides[-1]["failed"] = True
         self._started[str(job.store)] = time.perf_counter()
 
     def count(self, job, tiles: int) -> None:

@@ -3,6 +3,7 @@ state as the writer leaves it, on real stores embedded with efficientnet-lite0 o
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import shutil
@@ -201,14 +202,19 @@ def _listing(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p): (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*")}
 
 
+def _now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
 def test_reading_the_status_writes_nothing(copy, store):
     stores = [copy("a"), copy("b"), copy("c"), store(IHC, mpp=0.5)]  # in one folder
     interrupt(stores[1])
     _shape(stores[2])
     folder = stores[0].parent
     lock_file(stores[0], group_of(stores[0], LITE)).write_text(
-        json.dumps({"host": "elsewhere", "pid": 1, "since": "2020-01-01T00:00:00+00:00"})
-    )
+        json.dumps({"host": "elsewhere", "pid": 1, "since": "2020-01-01T00:00:00+00:00",
+                    "beat": _now_iso()})  # beating now: another host's live run
+    )  # fmt: skip
     before = _listing(folder)
     found = [embeddings_status(s, LITE, plan="classes").groups[0].state for s in stores]
     assert found == ["running", "partial", "damaged", "not started"]

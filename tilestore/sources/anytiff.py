@@ -4,7 +4,9 @@ tifffile logs of a broken chain of pages turned into a refusal."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import tifffile
@@ -41,24 +43,26 @@ def open_tiff(path: Path) -> Source:
             tif = tifffile.TiffFile(path)
         except TIFF_ERRORS as exc:
             raise SlideError(f"{path}: not a readable TIFF (truncated or corrupt): {exc}") from exc
-        try:
+        with _closed_on_error(path, tif):
             check_page_chain(path, tif)
             check_pages(path, tif.pages)  # tifffile's series detection divides by their sizes
             series = tif.series
-        except SlideError:
-            tif.close()
-            raise
-        except TIFF_ERRORS as exc:
-            tif.close()
-            raise SlideError(f"{path}: corrupt TIFF structure: {exc}") from exc
     broken = [m for m in log.messages if "offset" in m]
-    try:
+    with _closed_on_error(path, tif):
         if broken:
             raise SlideError(f"{path}: truncated or corrupt: {broken[0]}")
         if not series:
             raise SlideError(f"{path}: TIFF holds no image")
         reader = next(r for r in TIFF_READERS if r.matches(tif))
         return reader(path, tif)
+
+
+@contextlib.contextmanager
+def _closed_on_error(path: Path, tif: tifffile.TiffFile) -> Iterator[None]:
+    """The TIFF closed where what is done inside fails: a SlideError as it is, tifffile's
+    errors as one SlideError naming the file."""
+    try:
+        yield
     except SlideError:
         tif.close()
         raise

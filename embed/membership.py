@@ -41,7 +41,8 @@ class Membership:
 
     client: the cohort's Dask client. replace: ask the client's cluster for a new worker for
     each one lost and not back within `grace` seconds (None: the cluster's lost-worker
-    timeout). say: where a line about a loss or a join goes (None: nowhere).
+    timeout). say: where a line about a loss or a join goes (None: nowhere). clock: seconds
+    that only go up (a test passes a fake one to move past the grace without waiting).
     """
 
     client: Any
@@ -49,7 +50,8 @@ class Membership:
     say: Callable[[str], None] | None = None
     every: float = 1.0
     grace: float | None = None
-    started: float = field(default_factory=time.perf_counter)
+    clock: Callable[[], float] = time.perf_counter
+    started: float | None = None  # None: the clock's time when made
     at_start: dict[str, str] = field(default_factory=dict)  # address -> name
     alive: dict[str, str] = field(default_factory=dict)
     lost: list[WorkerEvent] = field(default_factory=list)
@@ -63,6 +65,8 @@ class Membership:
             self.grace = dask.utils.parse_timedelta(timeout)
         if not 0 <= self.grace < float("inf"):  # NaN too: a loss would never be acted on
             raise ValueError(f"grace={self.grace!r}: seconds, 0 or more")
+        if self.started is None:
+            self.started = self.clock()
         self.at_start = self._workers()
         self.alive = dict(self.at_start)
         self._running: dict[str, list[str]] = {}
@@ -107,7 +111,7 @@ class Membership:
             if self.replace:  # asked once it has not come back (a job's nanny restarts it)
                 event.replacement = self._unaskable(name)
                 if event.replacement is None:
-                    self._pending[name] = (event, time.perf_counter() + self.grace)
+                    self._pending[name] = (event, self.clock() + self.grace)
             self._say(self.line_lost(event))
         for address in sorted(set(now) - set(self.alive)):
             self.alive[address] = now[address]
@@ -123,7 +127,7 @@ class Membership:
         for name, (event, due) in list(self._pending.items()):
             if name in names:
                 event.replacement = "none needed: its nanny restarted it"
-            elif time.perf_counter() >= due:
+            elif self.clock() >= due:
                 event.replacement = self._replace(name)
             else:
                 continue
@@ -139,7 +143,7 @@ class Membership:
         return {address: str(w.get("name", address)) for address, w in info.items()}
 
     def _after(self) -> float:
-        return round(time.perf_counter() - self.started, 1)
+        return round(self.clock() - self.started, 1)
 
     def _replace(self, name: str) -> str:
         """Ask the cluster for a worker in place of `name`; say what was done."""

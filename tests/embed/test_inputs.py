@@ -174,10 +174,20 @@ def _appears(path, seconds=120.0) -> bool:
     return False
 
 
-def test_the_first_slide_converts_before_it_is_asked_for_and_one_slide_ahead(slide_path, tmp_path):
+def test_the_first_slide_converts_before_it_is_asked_for_and_one_slide_ahead(
+    slide_path, tmp_path, monkeypatch
+):
     paths = _copies(slide_path, tmp_path, "a.svs", "b.svs", "c.svs")
     into = tmp_path / "in"
+    sent = []  # the slides asked of the worker, in order: what "ahead" means, without waiting
+    send = inputs.SlideWorker.send
+    monkeypatch.setattr(
+        inputs.SlideWorker,
+        "send",
+        lambda self, request: sent.append(Path(request["slide"]).name) or send(self, request),
+    )
     stager = Stager(paths, into)
+    assert sent == ["a.svs", "b.svs"]  # the first, and one ahead, before anything is asked
     # nothing asked yet: the worker converts a (and then b) while the caller imports torch
     assert _appears(into / "a.ome.zarr" / "zarr.json")
     items = iter(stager)
@@ -188,9 +198,11 @@ def test_the_first_slide_converts_before_it_is_asked_for_and_one_slide_ahead(sli
     # what each step took, for the run's report ("prepared ... beside the run")
     assert set(first.seconds) == {"store", "tissue"} and all(first.seconds.values())
     assert _appears(into / "b.ome.zarr" / "zarr.json")  # b while a is used
-    time.sleep(1.0)
-    assert not (into / "c.ome.zarr").exists()  # c waits until b is asked for
-    assert [s.store.name for s in items] == ["b.ome.zarr", "c.ome.zarr"]
+    assert sent == ["a.svs", "b.svs"]  # c waits until b is asked for
+    assert not (into / "c.ome.zarr").exists()  # so the worker, done with b, has not begun it
+    second = next(items)
+    assert second.store.name == "b.ome.zarr" and sent == ["a.svs", "b.svs", "c.svs"]
+    assert [s.store.name for s in items] == ["c.ome.zarr"]
     assert stager._worker is None  # closed when the inputs ran out
 
 

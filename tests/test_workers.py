@@ -58,7 +58,7 @@ def test_a_worker_in_its_own_session_is_not_in_the_callers_process_group():
 BUSY = (
     "import time\n"
     "from tilestore import workers\n"
-    "workers.serve(lambda request: time.sleep(120) or 'done')\n"
+    "workers.serve(lambda request: print('in hand', flush=True) or time.sleep(120) or 'done')\n"
 )
 # a caller that starts the busy worker, asks it, says its pid, then waits to be killed
 CALLER = (
@@ -80,13 +80,17 @@ def test_a_worker_busy_on_a_request_ends_when_its_caller_is_killed():
     import signal
     import time
 
-    caller = subprocess.Popen([sys.executable, "-c", CALLER], stdout=subprocess.PIPE, text=True)
+    caller = subprocess.Popen(
+        [sys.executable, "-c", CALLER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     worker = int(caller.stdout.readline())
-    time.sleep(1.0)  # the worker has its request in hand
+    # the worker's prints go to its stderr, the caller's: said once its request is in hand
+    assert caller.stderr.readline() == "in hand\n"
     os.kill(worker, 0)  # alive, busy
     caller.kill()
     caller.wait()
     caller.stdout.close()
+    caller.stderr.close()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and _running(worker):
         time.sleep(0.1)

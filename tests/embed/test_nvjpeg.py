@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -34,42 +33,59 @@ def _done(value) -> Future:
 
 
 class _Recording:
-    """A stand-in decoder: each chunk 'decodes' to a tensor holding its number; slow, so
-    rows queue up behind a call."""
+    """A stand-in decoder: each chunk 'decodes' to a tensor holding its number. With `hold`,
+    its first call says it has begun (`entered`) and waits for `hold`: rows submitted
+    meanwhile queue up behind it, as behind a slow call."""
 
-    def __init__(self, seconds: float = 0.02) -> None:
+    def __init__(self, hold: threading.Event | None = None) -> None:
         self.calls: list[list[int]] = []
-        self.seconds = seconds
+        self.hold, self.entered = hold, threading.Event()
 
     def __call__(self, data):
         self.calls.append(list(data))
-        time.sleep(self.seconds)
+        if self.hold is not None and len(self.calls) == 1:
+            self.entered.set()
+            assert self.hold.wait(timeout=60)
         return [torch.tensor([d]) for d in data]
 
 
+class _Gate(Future):
+    """A row's bytes not fetched yet; says when the decoder has begun waiting for them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waited = threading.Event()
+
+    def result(self, timeout=None):
+        self.waited.set()
+        return super().result(timeout)
+
+
 def test_rows_come_back_in_order_with_their_own_chunks_grouped_per_call():
-    fake = _Recording()
-    sizes = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
+    hold = threading.Event()
+    fake = _Recording(hold)
+    sizes = [10, 3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
     rows, start = [], 0
     with RowDecoder(fake, group=10, device=torch.device("cpu")) as decoder:
         for size in sizes:
             chunks = list(range(start, start + size))
             rows.append((chunks, decoder.submit(size, _done(chunks))))
             start += size
+            if len(rows) == 1:  # a whole group: its call begins alone, the rest queue
+                assert fake.entered.wait(timeout=60)
+        hold.set()
         for chunks, future in rows:
             got, ready = future.result(timeout=10)
             assert [int(t) for t in got] == chunks and ready is None
-    assert sum(len(c) for c in fake.calls) == sum(sizes)
     assert [d for call in fake.calls for d in call] == list(range(sum(sizes)))
-    # rows queued behind a call were gathered: fewer calls than rows, and a call is closed
-    # as soon as it holds a group (never by more than its last row)
-    assert len(fake.calls) < len(sizes)
-    assert all(len(call) < 10 + max(sizes) for call in fake.calls)
-    assert decoder.calls == [len(call) for call in fake.calls]
+    # rows queued behind a call are gathered, a call closed as soon as it holds a group:
+    # 3+1+4+1+5, 9+2, 6+5, 3+5+8, 9+7
+    assert [len(call) for call in fake.calls] == [10, 14, 11, 11, 16, 16]
+    assert decoder.calls == [10, 14, 11, 11, 16, 16]
 
 
 def test_a_failed_fetch_fails_its_rows_and_the_decoder_goes_on():
-    fake = _Recording(0.0)
+    fake = _Recording()
     with RowDecoder(fake, group=1, device=torch.device("cpu")) as decoder:
         broken: Future = Future()
         broken.set_exception(OSError("chunk unreadable"))
@@ -81,15 +97,25 @@ def test_a_failed_fetch_fails_its_rows_and_the_decoder_goes_on():
 
 
 def test_closing_cancels_rows_not_decoded_yet():
-    fake = _Recording(0.0)
-    gate: Future = Future()
+    """The call under way (waiting on its row's bytes) finishes; the rows behind it are
+    cancelled. The bytes arrive just as `close` asks the decoder to stop."""
+    fake = _Recording()
+    gate = _Gate()
     decoder = RowDecoder(fake, group=1, device=torch.device("cpu"))
-    first = decoder.submit(1, gate)  # the decoder waits on its bytes
+    first = decoder.submit(1, gate)
     later = [decoder.submit(1, _done([i])) for i in range(5)]
-    threading.Timer(0.1, gate.set_result, ([0],)).start()
+    assert gate.waited.wait(timeout=60)  # the decoder waits on the first row's bytes
+    put = decoder._todo.put
+
+    def stop_then_bytes(item):  # close() has said "closing": now the bytes come
+        put(item)
+        if item is None:
+            gate.set_result([0])
+
+    decoder._todo.put = stop_then_bytes
     decoder.close()
-    assert first.done() and all(row.done() for row in later)
-    assert any(row.cancelled() for row in later)
+    assert [int(t) for t in first.result(timeout=0)[0]] == [0]  # decoded, not cancelled
+    assert all(row.cancelled() for row in later) and fake.calls == [[0]]
 
 
 def test_group_size_follows_the_chunk_size():

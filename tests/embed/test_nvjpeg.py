@@ -64,7 +64,7 @@ class _Gate(Future):
 def test_rows_come_back_in_order_with_their_own_chunks_grouped_per_call():
     hold = threading.Event()
     fake = _Recording(hold)
-    sizes = [10, 3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
+    sizes = [10, 3, 1, 4, 2, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
     rows, start = [], 0
     with RowDecoder(fake, group=10, device=torch.device("cpu")) as decoder:
         for size in sizes:
@@ -78,10 +78,10 @@ def test_rows_come_back_in_order_with_their_own_chunks_grouped_per_call():
             got, ready = future.result(timeout=10)
             assert [int(t) for t in got] == chunks and ready is None
     assert [d for call in fake.calls for d in call] == list(range(sum(sizes)))
-    # rows queued behind a call are gathered, a call closed as soon as it holds a group:
-    # 3+1+4+1+5, 9+2, 6+5, 3+5+8, 9+7
-    assert [len(call) for call in fake.calls] == [10, 14, 11, 11, 16, 16]
-    assert decoder.calls == [10, 14, 11, 11, 16, 16]
+    # rows queued behind a call are gathered, a call closed as soon as it holds a group
+    # (exactly one too): 3+1+4+2, 5+9, 2+6+5, 3+5+8, 9+7
+    assert [len(call) for call in fake.calls] == [10, 10, 14, 13, 16, 16]
+    assert decoder.calls == [10, 10, 14, 13, 16, 16]
 
 
 def test_a_failed_fetch_fails_its_rows_and_the_decoder_goes_on():

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import warnings
 from dataclasses import asdict
 
@@ -147,16 +146,19 @@ CUT_SHORT = (
     'import os, sys; sys.stdin.readline(); sys.stdout.write(\'{"mask": "gAS\');'
     " sys.stdout.flush(); os._exit(137)"
 )
-STUBBORN = "import signal, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); sys.stdin.read()"
+STUBBORN = (  # says on its stderr once SIGTERM is ignored
+    "import signal, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('deaf', file=sys.stderr, flush=True); sys.stdin.read()"
+)
 
 
-def _stand_in(code):
+def _stand_in(code, stderr=None):
     """`workers.start` starting this code in place of the mask's process."""
 
     def start(module, env=None, *, session=False):
         return subprocess.Popen(
             [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, bufsize=1, start_new_session=session,
+            stderr=stderr, text=True, bufsize=1, start_new_session=session,
         )  # fmt: skip
 
     return start
@@ -193,7 +195,7 @@ def test_a_mask_process_that_ignores_sigterm_is_stopped(pyramid, tmp_path, monke
     from tilestore.conversion import converter
 
     monkeypatch.setattr(beside_module, "PROCESS_PX", 0)
-    procs, start = [], _stand_in(STUBBORN)
+    procs, start = [], _stand_in(STUBBORN, stderr=subprocess.PIPE)
     monkeypatch.setattr(
         beside_module.workers, "start", lambda *a, **k: procs.append(start(*a, **k)) or procs[-1]
     )
@@ -201,20 +203,22 @@ def test_a_mask_process_that_ignores_sigterm_is_stopped(pyramid, tmp_path, monke
 
     def failing(level, array, *args):
         if array.path == "0":
-            time.sleep(0.5)  # the stand-in has set its handler
+            assert procs[0].stderr.readline() == "deaf\n"  # the stand-in has set its handler
             raise SlideError("level 0 is damaged")
         return level_of(level, array, *args)
 
     monkeypatch.setattr(converter, "_write_source_level", failing)
-    began = time.perf_counter()
-    watchdog = threading.Timer(60, lambda: [proc.kill() for proc in procs])  # never a hang
+    hung = []  # the watchdog's: a conversion that waited on the stubborn process
+    watchdog = threading.Timer(60, lambda: [hung.append(p.kill()) for p in procs])
     watchdog.start()
     try:
         with pytest.raises(SlideError):
             convert(pyramid, tmp_path / "out", tissue="otsu")
     finally:
         watchdog.cancel()
-    assert time.perf_counter() - began < 30
+        for proc in procs:
+            proc.stderr.close()
+    assert not hung  # ended by the conversion, not by the watchdog
     assert procs and procs[0].returncode == -signal.SIGKILL
 
 

@@ -14,7 +14,7 @@ from tilestore.conversion import check_mpp, convert, describe, open_in_place
 from tilestore.embeddings.slides import TileFeatures
 from tilestore.errors import OptionError, StoreError, TilestoreWarning
 from tilestore.exports.h5 import coords_attributes, magnification
-from tilestore.format.record import MPP_RANGE, OVERRIDE, Mpp, StoreRecord
+from tilestore.format.record import OVERRIDE, Mpp, StoreRecord
 from tilestore.options import declarations
 from tilestore.reading import open_slide
 from tilestore.reading.resolution import GIVEN, check_made
@@ -125,13 +125,14 @@ def test_check_mpp_reads_the_stores_record(tmp_path, slide_path):
 
 def test_one_plausible_range_for_a_size_given_and_a_files_own():
     declared = declarations(convert)["mpp"]
-    assert (declared.opt.low, declared.opt.high, declared.opt.above) == (*MPP_RANGE, False)
+    # written out, not read from MPP_RANGE: the option and a file's own size, both 0.01..100
+    assert (declared.opt.low, declared.opt.high, declared.opt.above) == (0.01, 100.0, False)
     for outside in (1e-7, 0.0099, 100.5, 352.8):  # 1e-7 made a 0x0 grid
         with pytest.raises(OptionError, match=r"^mpp=.*: must be a number of um/px from 0.01"):
             declared.check(outside)
         fact, warning = checked_mpp(outside, outside, "a tag")
         assert fact is None and "is not a microscope scan resolution" in warning
-    for inside in MPP_RANGE:
+    for inside in (0.01, 100.0):
         assert declared.check(inside) == inside
         fact, warning = checked_mpp(inside, inside, "a tag")
         assert fact.value == (inside, inside) and warning is None

@@ -10,10 +10,7 @@ from tilestore.sources.tiff import TiffSource, associated_series, resolution_mpp
 
 class NdpiSource(TiffSource):
     format = "ndpi"
-
-    @classmethod
-    def matches(cls, tif: tifffile.TiffFile) -> bool:
-        return tif.is_ndpi
+    marked_by = "is_ndpi"
 
     def read_info(self, tif: tifffile.TiffFile) -> SourceInfo:
         page = tif.pages.first

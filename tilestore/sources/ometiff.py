@@ -29,10 +29,7 @@ def _as_list(value: object) -> list:
 
 class OmeTiffSource(TiffSource):
     format = "ome-tiff"
-
-    @classmethod
-    def matches(cls, tif: tifffile.TiffFile) -> bool:
-        return tif.is_ome
+    marked_by = "is_ome"
 
     def image_series(self, tif: tifffile.TiffFile) -> tifffile.TiffPageSeries:
         # Label and macro images are series too; the slide is the largest.

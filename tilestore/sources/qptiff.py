@@ -37,10 +37,7 @@ def _color(text: str | None) -> str | None:
 
 class QptiffSource(TiffSource):
     format = "qptiff"
-
-    @classmethod
-    def matches(cls, tif: tifffile.TiffFile) -> bool:
-        return tif.is_qpi
+    marked_by = "is_qpi"
 
     def read_info(self, tif: tifffile.TiffFile) -> SourceInfo:
         level = tif.series[0].levels[0]

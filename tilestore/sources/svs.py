@@ -11,10 +11,7 @@ from tilestore.sources.tiff import TiffSource, associated_series
 
 class SvsSource(TiffSource):
     format = "svs"
-
-    @classmethod
-    def matches(cls, tif: tifffile.TiffFile) -> bool:
-        return tif.is_svs
+    marked_by = "is_svs"
 
     def read_info(self, tif: tifffile.TiffFile) -> SourceInfo:
         meta = svs_description_metadata(tif.pages.first.description)

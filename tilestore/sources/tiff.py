@@ -12,6 +12,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import tifffile
@@ -183,10 +184,12 @@ class TiffSource(Source):
     """A generic tiled or striped TIFF; subclasses read vendor metadata."""
 
     format = "tiff"
+    # the tifffile flag that marks this vendor's files (`TiffFile.is_svs`...); None: any TIFF
+    marked_by: ClassVar[str | None] = None
 
     @classmethod
     def matches(cls, tif: tifffile.TiffFile) -> bool:
-        return True
+        return cls.marked_by is None or bool(getattr(tif, cls.marked_by))
 
     def __init__(self, path: Path, tif: tifffile.TiffFile) -> None:
         self._tif = tif

@@ -82,6 +82,17 @@ def test_band_reads_equal_tifffile(slide_path):
         )
 
 
+def test_a_qptiff_is_read_by_its_own_reader_not_the_generic_one(tmp_path):
+    """Each TIFF reader is chosen by the tifffile flag it declares (`marked_by`)."""
+    plane = np.random.default_rng(0).integers(0, 255, (512, 512), dtype=np.uint8)
+    path = tiffs.qptiff(
+        tmp_path / "v.qptiff", {"DAPI": ("0,0,255", plane), "CD8": ("0,255,0", plane)}
+    )
+    with open_source(path) as source:
+        assert source.info.format == "qptiff"
+        assert source.info.mpp.value == (0.5, 0.5)
+
+
 def test_ome_tiff_pyramid_and_units(tmp_path, cmu_pixels):
     path = tiffs.ome_pyramid(tmp_path / "p.ome.tif", cmu_pixels[:1024, :1536], mpp=0.25)
     with open_source(path) as source:

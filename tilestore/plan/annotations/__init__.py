@@ -51,7 +51,7 @@ def load_annotations(
         except ET.ParseError as exc:
             raise AnnotationError(f"{path}: malformed XML: {exc}") from exc
         for reader in XML_READERS:
-            if reader.sniff(root):
+            if root.tag == reader.root_tag:
                 shapes, file_mpp = reader.read(path, root)
                 return finish(
                     path, reader.format, shapes, scale=scale, size=size, file_mpp=file_mpp

@@ -22,10 +22,7 @@ _POINTS = {"5"}
 
 class AperioXmlReader:
     format = "aperio-xml"
-
-    @staticmethod
-    def sniff(root: ET.Element) -> bool:
-        return root.tag == "Annotations"
+    root_tag = "Annotations"  # the XML root element that marks its files
 
     @staticmethod
     def read(path: Path, root: ET.Element) -> tuple[list[Shape], float | None]:

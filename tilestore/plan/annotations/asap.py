@@ -16,10 +16,7 @@ _POINTS = {"dot", "pointset"}
 
 class AsapXmlReader:
     format = "asap-xml"
-
-    @staticmethod
-    def sniff(root: ET.Element) -> bool:
-        return root.tag == "ASAP_Annotations"
+    root_tag = "ASAP_Annotations"  # the XML root element that marks its files
 
     @staticmethod
     def read(path: Path, root: ET.Element) -> tuple[list[Shape], float | None]:

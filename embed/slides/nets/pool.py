@@ -6,27 +6,25 @@ import torch
 from torch import nn
 
 
-class Mean(nn.Module):
-    """The mean of the tile features (TRIDENT's ``mean-<model>`` encoders)."""
+class _Weightless(nn.Module):
+    """A pooling without weights: it reads the tile features alone, never their grid."""
 
     grid = False
 
     def __init__(self, in_dim: int | None = None) -> None:
         super().__init__()
         self.in_dim = in_dim
+
+
+class Mean(_Weightless):
+    """The mean of the tile features (TRIDENT's ``mean-<model>`` encoders)."""
 
     def forward(self, features: torch.Tensor, cells: torch.Tensor | None = None) -> torch.Tensor:
         return features.float().mean(dim=0)
 
 
-class Max(nn.Module):
+class Max(_Weightless):
     """Each feature's maximum over the tiles."""
-
-    grid = False
-
-    def __init__(self, in_dim: int | None = None) -> None:
-        super().__init__()
-        self.in_dim = in_dim
 
     def forward(self, features: torch.Tensor, cells: torch.Tensor | None = None) -> torch.Tensor:
         return features.float().amax(dim=0)

@@ -425,11 +425,12 @@ class Finish:
     options: dict[str, Any]
 
 
+# (a store as given, the status of its group of the model asked about), for a cohort's stores
+Found = Sequence[tuple[str, GroupStatus]]
+
+
 def finishing_runs(
-    found: Sequence[tuple[str, GroupStatus]],
-    model: str,
-    plan: str | None = None,
-    slide_encoder: str | None = None,
+    found: Found, model: str, plan: str | None = None, slide_encoder: str | None = None
 ) -> list[Finish]:
     """The `embed` runs that finish a cohort's stores left (`GroupStatus.left`), each
     (store, its group's status) in `found`: a partial group with the options it was made
@@ -440,37 +441,38 @@ def finishing_runs(
     of equal options merged, in the order of the stores. Running, damaged and other-plan
     groups are left out: a run would be refused on them. With a slide encoder no plan is
     named: the encoder plans the tiles it reads."""
-    made = [g for _, g in found if g.state in ("complete", "partial")]
-    shared = _shared(g.run for g in made)
-    planned = {g.plan for g in made}
-    runs: dict[tuple, list[str]] = {}
-    for store, status in found:
-        if status.left(slide_encoder):
-            options = _finishing(store, status, model, plan, slide_encoder, shared, planned)
-            runs.setdefault(tuple(options.items()), []).append(store)
-    return [Finish(tuple(stores), dict(key)) for key, stores in runs.items()]
+    left = [(store, status) for store, status in found if status.left(slide_encoder)]
+    return _merged(found, left, model, plan, slide_encoder)
 
 
 def breaking_runs(
-    found: Sequence[tuple[str, GroupStatus]],
-    model: str,
-    plan: str | None = None,
-    slide_encoder: str | None = None,
+    found: Found, model: str, plan: str | None = None, slide_encoder: str | None = None
 ) -> list[Finish]:
     """The `embed` runs that take over the locks of the cohort's running groups and finish
     them, for a job known to be dead (break_lock=True; without it the lock is taken over
     once silent for `locks.STALE`): each with the options `finishing_runs` would give it,
     as partial where the group has its record, else as not started."""
+    running = [
+        (store, replace(status, state="partial" if status.run else "not started"))
+        for store, status in found
+        if status.state == "running"
+    ]
+    return _merged(found, running, model, plan, slide_encoder, break_lock=True)
+
+
+def _merged(
+    found: Found, todo: Found, model: str, plan: str | None, slide_encoder: str | None, **more: Any
+) -> list[Finish]:
+    """One run per store of `todo` ((store, its status as the run finds it)) with the
+    options `_finishing` gives it and `more`, runs of equal options merged in the order of
+    the stores; what the cohort's made groups agree on is read from all of `found`."""
     made = [g for _, g in found if g.state in ("complete", "partial")]
     shared = _shared(g.run for g in made)
     planned = {g.plan for g in made}
     runs: dict[tuple, list[str]] = {}
-    for store, status in found:
-        if status.state != "running":
-            continue
-        as_left = replace(status, state="partial" if status.run else "not started")
-        options = _finishing(store, as_left, model, plan, slide_encoder, shared, planned)
-        runs.setdefault(tuple({**options, "break_lock": True}.items()), []).append(store)
+    for store, status in todo:
+        options = _finishing(store, status, model, plan, slide_encoder, shared, planned)
+        runs.setdefault(tuple({**options, **more}.items()), []).append(store)
     return [Finish(tuple(stores), dict(key)) for key, stores in runs.items()]
 
 

@@ -25,6 +25,7 @@ from tilestore.embed.preflight import (
 )
 from tilestore.embed.report import RunReport
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity, plan_slide
+from tilestore.embeddings.recipe import scale_of
 from tilestore.errors import PlanError, TilestoreError, WriteFailed
 from tilestore.format.record import Mpp
 from tilestore.plan import (
@@ -103,10 +104,10 @@ def prepare(
     slide = open_slide(store)
     pixels = rgb_input(slide, identity.channels)
     tile_plan, uid = plan_for(slide, spec, plan, save=save)
-    grid = tile_plan.spec
+    scale = scale_of(tile_plan.spec)
     if not any_scale:
-        refuse_other_scale(slide, tile_plan.name, grid.effective_mpp, grid.tile, spec)
-    mismatch = scale_mismatch(grid.effective_mpp, grid.tile, spec)
+        refuse_other_scale(slide, tile_plan.name, scale.mpp, scale.tile, spec)
+    mismatch = scale_mismatch(scale.mpp, scale.tile, spec)
     return Prepared(
         Path(store),
         slide,
@@ -128,16 +129,16 @@ def reading(
     as R, G, B, whether the magnification is known, how the tiles differ from the model's
     input (where any_scale let them), and the slide's level-0 pixel size where it is the
     user's override of the file's (`slide_mpp`, the store's record)."""
-    grid = plan.spec
+    grid, scale = plan.spec, scale_of(plan.spec)
     return {
         "plan": plan.name,
-        "mpp": grid.effective_mpp,
-        "tile": grid.tile,
+        "mpp": scale.mpp,
+        "tile": scale.tile,
         "level": grid.level,
         "read_px": grid.read,
-        "resample": round(grid.tile / grid.read, 4),
+        "resample": round(scale.tile / grid.read, 4),
         "channels": list(channels) if channels else None,
-        "magnification_known": grid.effective_mpp is not None,
+        "magnification_known": scale.mpp is not None,
         **({"not_the_models_input": mismatch} if mismatch else {}),
         **({"mpp_override": described(slide_mpp)} if slide_mpp and slide_mpp.overridden else {}),
     }

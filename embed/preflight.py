@@ -20,6 +20,7 @@ from tilestore.embed.models import REGISTRY, model_record
 from tilestore.embed.models.spec import ModelSpec
 from tilestore.embed.settings import Options
 from tilestore.embeddings import standing
+from tilestore.embeddings.recipe import scale_of
 from tilestore.errors import PlanError, StoreError, TilestoreError
 from tilestore.format import is_store
 from tilestore.plan import (
@@ -140,12 +141,12 @@ def _plan(slide: Slide, plan: PlanChoice, spec: ModelSpec | None):
     of the plan a run would use, and its options resolved (None: a stored plan)."""
     if uses_stored_plan(slide, plan):
         stored, uid = load_plan(slide, plan)
-        scale = stored.spec
-        return stored.name, uid, scale.effective_mpp, scale.tile, len(stored), None
+        scale = scale_of(stored.spec)
+        return stored.name, uid, scale.mpp, scale.tile, len(stored), None
     resolved = resolve_for_model(slide, plan, spec)
     refuse_made_otherwise(slide, resolved)  # a plan of its name stored with other settings
-    grid = plan_grid(slide, resolved)  # the pixels' own um/px, as the run will read them
-    return resolved.name, None, grid.effective_mpp, grid.tile, None, resolved
+    scale = scale_of(plan_grid(slide, resolved))  # the pixels' own um/px, as the run reads
+    return resolved.name, None, scale.mpp, scale.tile, None, resolved
 
 
 def resolve_for_model(slide: Slide, plan: PlanOptions | None, spec: ModelSpec | None):

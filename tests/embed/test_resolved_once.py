@@ -98,12 +98,38 @@ def test_embed_resolves_a_name_once_and_takes_a_record_as_it_is(store, tmp_path,
     calls = counted("tilestore.embed.models.registry", "get_model", monkeypatch.setattr)
     options = Options(batch_size=16, device="cpu", precision="fp32", dtype="float32")
     plan = PlanOptions(mpp=1, tile=224)
-    first = embed([store(into=tmp_path / "a")], LITE, plan=plan, options=options)
+    a = store(into=tmp_path / "a")
+    first = embed([a], LITE, plan=plan, options=options)
     assert first.tiles == 11 and calls == [(LITE,)]
+    _one_scale_everywhere(a, first)
     spec = get_model(LITE)
     calls.clear()
     again = embed([store(into=tmp_path / "b")], spec, plan=plan, options=options)
     assert again.tiles == 11 and calls == []
+
+
+def _one_scale_everywhere(store, report) -> None:
+    """The scale of CMU's 1 um/px plan (level 1, 2x: 0.499 x 2 um/px, 224 px tiles) is one
+    answer wherever it is asked: the plan's grid, the group's record the writer made, the
+    tiles a slide encoder reads, the run's per-slide line."""
+    from tilestore.embeddings import find_group
+    from tilestore.embeddings.recipe import Scale, scale_of
+    from tilestore.embeddings.slides import read_tile_features
+    from tilestore.format.records import EmbeddingsRecord, read_record
+    from tilestore.plan import load_plan
+    from tilestore.reading.opening import open_slide
+
+    slide = open_slide(store)
+    expected = Scale(0.998, 224, 224)
+    tile_plan, _ = load_plan(slide, "1mpp-224px")
+    assert scale_of(tile_plan.spec) == expected
+    path = find_group(store, LITE)
+    record = read_record(slide.group[path], EmbeddingsRecord, path)
+    assert scale_of(record.to_attrs()) == expected
+    tiles = read_tile_features(store, LITE)
+    assert (tiles.mpp, tiles.tile_size) == (0.998, 224)
+    (line,) = report.slides
+    assert (line["reading"]["mpp"], line["reading"]["tile"]) == (0.998, 224)
 
 
 class _Registered(Exception):

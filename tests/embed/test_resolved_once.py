@@ -216,3 +216,27 @@ def test_a_slide_encoders_plan_rule_is_the_librarys():
     mean = get_slide_encoder("mean")
     given = PlanOptions(mpp=1)
     assert encoder_tiles(mean, get_model(LITE), given, None, options) == (given, options)
+
+
+def test_resolved_plan_options_are_the_options_with_five_decided(store):
+    """ResolvedPlan has PlanOptions's fields; resolve_plan decides mpp, tile, stride,
+    min_tissue and name and carries every other option as given (values written out)."""
+    from dataclasses import fields
+
+    from tilestore.masks.contrast import ContrastRule
+    from tilestore.plan import ResolvedPlan, resolve_plan
+    from tilestore.reading.opening import open_slide
+
+    assert [f.name for f in fields(ResolvedPlan)] == [f.name for f in fields(PlanOptions)]
+    rule = ContrastRule(max_min=120)
+    given = PlanOptions(tissue_method="otsu", roi_class="tumour", min_roi=0.25, roi_mpp=0.25,
+                        tolerance=0.1, max_artefact=0.2, exclude=("pen",), filter="contrast",
+                        contrast=rule, upsample=True, max_blur=0.6, quality_from="uni")  # fmt: skip
+    resolved = resolve_plan(given, open_slide(store()), native_mpp=1.0, native_tile=256)
+    assert (resolved.mpp, resolved.tile, resolved.stride, resolved.min_tissue) == (1.0, 256, 256, 0)
+    assert resolved.name.startswith("1mpp-256px-")
+    carried = {"tissue_method": "otsu", "roi": None, "roi_class": "tumour", "min_roi": 0.25,
+               "roi_mpp": 0.25, "tolerance": 0.1, "max_artefact": 0.2, "exclude": ("pen",),
+               "filter": "contrast", "contrast": rule, "upsample": True, "max_blur": 0.6,
+               "quality_from": "uni"}  # fmt: skip
+    assert {name: getattr(resolved, name) for name in carried} == carried

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import typer
@@ -42,6 +42,7 @@ from tilestore.embed import (
     exit_code,
     interrupted_code,
     kept_said,
+    model_record,
     parse_shard,
     write_report,
 )
@@ -140,8 +141,9 @@ def embed(
             raise OptionError("--slide-weights goes with --slide-encoder")
         if model is None:
             raise OptionError("--model: which model embeds the tiles? (or --slide-encoder)")
+        model = model_record(model)  # the run's one record of its model, passed along
         choice = plan or plan_options
-        ran.model = model
+        ran.model = model.name
         if shard:  # `shard` and what it reads are light: an empty share ends before torch
             from tilestore.embed import shard as share
 
@@ -170,7 +172,8 @@ def embed(
         if not stores:  # every store complete already, or refused: no model loaded
             ran.brief()
             done = [str(store) for store, _ in checked.skipped]
-            code = _outcome(done, len(checked.refused), slide_spec, model, options, slide_weights)
+            code = _outcome(done, len(checked.refused), slide_spec, model.name, options,
+                            slide_weights)  # fmt: skip
         elif cluster or scheduler:
             from tilestore.format import is_store
 
@@ -190,7 +193,7 @@ def embed(
             }
             done += [store for store, _ in checked.skipped]
             failed = len(result.failures) + len(checked.refused)  # refused: said above
-            code = _outcome([str(d) for d in done], failed, slide_spec, model, options,
+            code = _outcome([str(d) for d in done], failed, slide_spec, model.name, options,
                             slide_weights)  # fmt: skip
         else:
             result = _embed_here(stores, model, choice, options, into, in_place, sidecars,
@@ -199,7 +202,7 @@ def embed(
             done = [s["store"] for s in result.slides if not s.get("failed")]
             done += [s["store"] for s in result.skipped]
             failed = len(result.failures)  # the refused among them, as the run's report says
-            code = _outcome([str(d) for d in done], failed, slide_spec, model, options,
+            code = _outcome([str(d) for d in done], failed, slide_spec, model.name, options,
                             slide_weights)  # fmt: skip
     except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM: said and written down, then main's line
         ran.interrupted(stop)
@@ -276,7 +279,7 @@ def _embed_here(stores, model, choice, options, into, in_place, sidecars, scan_m
     from tilestore.embed import embed as run_embed
     from tilestore.embed import format_report
 
-    with _progress(f"embedding with {model}") as (progress, task):
+    with _progress(f"embedding with {model.name}") as (progress, task):
         result = run_embed(
             staging,
             model,
@@ -295,38 +298,16 @@ def _embed_here(stores, model, choice, options, into, in_place, sidecars, scan_m
 def _slide_plan(
     name: str, model: str | None, plan_options: PlanOptions | None, options, plan: str | None
 ):
-    """The slide encoder, the tile model it reads, the plan options that give its tiles (its
-    um/px and tile size, refused with one line where the flags ask for others) and the
-    run's options: tiles an encoder reads at another scale than its tile model's own are
-    what it was trained on, so they are embedded (any_scale) and said so per slide."""
-    from tilestore.embed import get_model, scale_mismatch
-    from tilestore.embed.slides import get_slide_encoder, tile_model_for
+    """The slide encoder, the tile model's record (resolved here, once for the run), and
+    the plan and run options that give the encoder its tiles: the library's rule
+    (`tilestore.embed.slides.encoder_tiles`)."""
+    from tilestore.embed import model_record
+    from tilestore.embed.slides import encoder_tiles, get_slide_encoder, tile_model_for
 
     spec = get_slide_encoder(name)
-    model = tile_model_for(spec, model)
-    if spec.mpp is None:  # pooling: any tile model, any plan
-        return spec, model, plan_options, options
-    if plan:  # a stored plan's tiles may be at any scale: the encoder's own are planned
-        raise OptionError(
-            f"--plan {plan}: {spec.name} reads {spec.tile_model} tiles of {spec.tile} px at "
-            f"{spec.mpp:g} um/px, planned for it; leave --plan out"
-        )
-    given = plan_options or PlanOptions()
-    for flag, asked, needed in (("--mpp", given.mpp, spec.mpp), ("--tile", given.tile, spec.tile)):
-        if asked is not None and asked != needed:
-            raise OptionError(
-                f"{flag} {_shown(asked)}: {spec.name} reads {spec.tile_model} tiles of "
-                f"{spec.tile} px "
-                f"at {spec.mpp:g} um/px; leave {flag} out"
-            )
-    if scale_mismatch(spec.mpp, spec.tile, get_model(model)):
-        options = replace(options, any_scale=True)
-    return spec, model, replace(given, mpp=spec.mpp, tile=spec.tile), options
-
-
-def _shown(value) -> str:
-    """A flag's value as the user typed it: 1 for 1.0, level0 as is."""
-    return f"{value:g}" if isinstance(value, float) else str(value)
+    model_spec = model_record(tile_model_for(spec, model))
+    plan_options, options = encoder_tiles(spec, model_spec, plan_options, plan, options)
+    return spec, model_spec, plan_options, options
 
 
 def _slides(stores, encoder, model, options, weights) -> set[str]:
@@ -399,7 +380,7 @@ def _embed_on_dask(stores, model, plan, options, cluster, scheduler, workers, sl
     from tilestore.embed import embed_cohort, summary_lines
 
     client, share = dask_client(cluster, scheduler, workers)
-    with client, _progress(f"embedding with {model} on Dask") as (progress, task):
+    with client, _progress(f"embedding with {model.name} on Dask") as (progress, task):
         bar = (
             (lambda n, total: progress.update(task, advance=n, total=total))
             if err.is_terminal

@@ -43,6 +43,7 @@ __getattr__, __dir__, __all__ = lazy_face(
             "is_cached",
             "list_models",
             "load_model",
+            "model_record",
             "pull",
         ),
         "tilestore.embed.report": ("RunReport", "format_report"),
@@ -93,6 +94,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         is_cached,
         list_models,
         load_model,
+        model_record,
         pull,
     )
     from tilestore.embed.outcome import BAD_INPUT, exit_code, interrupted_code

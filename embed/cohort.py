@@ -55,7 +55,7 @@ from tilestore.embed.filesystems import FileSystems
 from tilestore.embed.inputs import Preparation, staged_from
 from tilestore.embed.jobs import PlanChoice, Slice, prepare, tiles_of
 from tilestore.embed.membership import Membership
-from tilestore.embed.models import get_model
+from tilestore.embed.models import ModelSpec, model_record
 from tilestore.embed.outcome import exit_code
 from tilestore.embed.preflight import check_stores
 from tilestore.embed.report import preparation_lines, quality_line
@@ -177,7 +177,7 @@ class _Store:
 @checked
 def embed_cohort(
     stores: Sequence[str | os.PathLike],
-    model: str,
+    model: str | ModelSpec,
     client,
     *,
     plan: PlanChoice = None,
@@ -194,7 +194,9 @@ def embed_cohort(
     """Embed every store (or slide file, with `into`) on the workers of a Dask `client`;
     return the cohort report.
 
-    plan: as `tilestore.embed.engine.embed` takes it. into: the folder slide files are
+    model: a name, or its record (`ModelSpec`) resolved already; resolved here once, and
+    the record sent to every worker (`EmbedderPlugin`). plan: as `tilestore.embed.engine.embed`
+    takes it. into: the folder slide files are
     converted into, on the workers (every worker must reach it: a shared filesystem), with
     the tissue mask the plan reads; a store there from an earlier run is reused. scan_mpp:
     the slides' level-0 um/px where their files record none (override_mpp: over what they
@@ -209,7 +211,7 @@ def embed_cohort(
     The report's `exit_code` is what the process should exit with.
     """
     started, began = time.perf_counter(), time.time()  # the wall clock: the workers'
-    spec = get_model(model)  # an unknown model refused before the cluster is asked
+    spec = model_record(model)  # once; an unknown model refused before the cluster is asked
     # the workers find the folder, wherever they run (the slides' paths: `_Inputs.send`)
     folder = None if into is None else Path(into).absolute()
     how = Preparation.of(
@@ -219,14 +221,17 @@ def embed_cohort(
     if inputs.slides:
         client.register_plugin(SlidesPlugin(), name=PREPARER)
         inputs.start()  # the first slides are converted while the workers load their model
-    client.register_plugin(EmbedderPlugin(model, options, cpus_per_worker), name=PLUGIN)
+    # the workers receive the record, never the name to resolve again
+    client.register_plugin(EmbedderPlugin(spec, options, cpus_per_worker), name=PLUGIN)
     members = Membership(client, replace=replace_lost, say=say)
     try:
         identity = client.submit(worker_identity, pure=False).result()
-        report = CohortReport(model, len(members.at_start), setup_s=time.perf_counter() - started)
+        report = CohortReport(
+            spec.name, len(members.at_start), setup_s=time.perf_counter() - started
+        )
         lines = None
         if progress is None and say is not None:
-            progress = lines = LogLines(f"{model} on Dask", status=members.status, write=say)
+            progress = lines = LogLines(f"{spec.name} on Dask", status=members.status, write=say)
         owner, kept = _run(
             inputs, spec, client, plan, options, slice_tiles, identity, progress, report, began
         )
@@ -257,7 +262,8 @@ def _run(inputs, spec, client, plan, options, slice_tiles, identity, progress, r
     sent: dict[str, float] = {}  # task key -> when it was submitted, since the cohort began
     # the cohort's tiles to do, counted up front from the stores' metadata (a slide file,
     # or a plan the run makes: known once planned; until then the total is a floor)
-    expected = check_stores(inputs.paths, spec.name, plan, options).tiles
+    checked = check_stores(inputs.paths, spec, plan, options)
+    expected = checked.tiles
     total = sum(t for t in expected.values() if t is not None)
 
     def counted(given: str, tiles: int) -> None:
@@ -279,7 +285,9 @@ def _run(inputs, spec, client, plan, options, slice_tiles, identity, progress, r
             refused = filesystems.refusal(path)
             if refused is not None:  # on a file system found full or read-only
                 raise refused
-            state = _prepare(path, spec, plan, identity, options, slice_tiles)
+            # the plan options as the checks resolved them, once (a slide file: here)
+            chosen = checked.plans.get(str(Path(given)), plan)
+            state = _prepare(path, spec, chosen, identity, options, slice_tiles)
         except AlreadyComplete:
             report.skipped_complete.append(path)
             inputs.release(path)

@@ -22,6 +22,7 @@ from tilestore.progress import to_stderr
 
 if TYPE_CHECKING:
     from tilestore.embed.jobs import Slice
+    from tilestore.embed.models import ModelSpec
     from tilestore.embeddings import RunIdentity
 
 PLUGIN = "tilestore-embedder"
@@ -31,11 +32,13 @@ PREPARER = "tilestore-slides"
 class EmbedderPlugin(WorkerPlugin):
     """A Dask worker plugin: loads the model once per worker and keeps it for every task.
 
-    cpus: the CPUs each worker may use (None: its own affinity)."""
+    model: the coordinator's record of it (`ModelSpec`, resolved once there): the worker
+    loads what it says, never resolves a name again. cpus: the CPUs each worker may use
+    (None: its own affinity)."""
 
     name = PLUGIN
 
-    def __init__(self, model: str, options: Options, cpus: int | None = None) -> None:
+    def __init__(self, model: ModelSpec, options: Options, cpus: int | None = None) -> None:
         self.model, self.options, self.cpus = model, options, cpus
         self.embedder = None
 

@@ -6,7 +6,8 @@ level gets, from that setting, the machine (CUDA, decoder processes, a GPU JPEG 
 has not failed) and the store's chunks (JPEG or not, colour, frames a GPU decodes, nvJPEG's
 pixels against libjpeg's on a sample): its row source (`path`), where that decodes (the
 report's word) and why. The run (`tilestore.embed.produce`), its fallback after a GPU decode
-fails (the same function, the GPU decoder left out) and the dry run all ask it.
+fails (the same function, the GPU decoder left out) and the dry run all ask it, through
+`slide_decoding`: the sample checked, the fallback, and the one rule of what is said.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from tilestore.embed.nvjpeg import GpuJpeg, gpu_decode_agrees, gpu_decodes
+from tilestore.embed.nvjpeg import GpuDecodeFailed, GpuJpeg, gpu_decode_agrees, gpu_decodes
 
 if TYPE_CHECKING:
     from tilestore.embed.settings import Settings
     from tilestore.format.chunks import ChunkReader
+    from tilestore.plan.grid import TilePlan
 
 DecodePath = Literal["nvjpeg", "both", "processes", "threads", "cut"]
 # where each path decodes, as the report says per slide
@@ -32,6 +34,7 @@ DECODED_ON = {"nvjpeg": "gpu", "both": "both", "processes": "cpu", "threads": "c
 # bench/RESULTS.md, "decode paths by CPU count").
 BOTH_MAX_CHUNK_PIXELS = 256 * 256
 AGREE_LEVELS = 2.0  # mean |nvJPEG - libjpeg| a sample chunk may differ by (rounding: < 1)
+SAMPLE_CHUNKS = 3  # a plan's first chunks whose nvJPEG decode is checked against libjpeg's
 
 
 @dataclass(frozen=True)
@@ -112,3 +115,40 @@ def decode_plan(
 
 def _because(plan: DecodePlan, why: str) -> DecodePlan:
     return DecodePlan(plan.path, f"{plan.why} ({why})")
+
+
+@dataclass(frozen=True)
+class SlideDecoding:
+    """A slide's decoding as a run decides it (`slide_decoding`): the plan, the GPU
+    decoder's failure on the sample (None: it did not fail, or was not asked), and what
+    is said of it (None: nothing to say)."""
+
+    plan: DecodePlan
+    failure: GpuDecodeFailed | None = None
+    said: str | None = None
+
+
+def slide_decoding(
+    settings: Settings,
+    reader: ChunkReader,
+    processes: bool,
+    gpu: GpuJpeg | None,
+    tile_plan: TilePlan,
+) -> SlideDecoding:
+    """The decoding of a plan's level (`decode_plan`), nvJPEG's pixels checked on the plan's
+    first `SAMPLE_CHUNKS` chunks; where the GPU decoder fails on them, the plan without it
+    (the failure kept: the run uses the decoder no more). One rule for what is said, by
+    the run (a warning) and the dry run (a note): a slide the run's decode setting (gpu,
+    both) meant for a GPU decoder it has (`gpu`: None once it failed, said then) that is
+    decoded on the CPU all the same, and why."""
+    sample = [tuple(rc) for rc in tile_plan.needed_chunks()[:SAMPLE_CHUNKS].tolist()]
+    failure = None
+    try:
+        plan = decode_plan(settings, reader, processes, gpu, sample)
+    except GpuDecodeFailed as exc:
+        failure = exc
+        cpu = decode_plan(settings, reader, processes, None)
+        plan = DecodePlan(cpu.path, f"{cpu.why}: {exc}")
+    meant = gpu is not None and settings.decode != "cpu"
+    said = f"decoded {plan.where} ({plan.why})" if meant and not plan.on_gpu else None
+    return SlideDecoding(plan, failure, said)

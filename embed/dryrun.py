@@ -15,11 +15,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tilestore.embed.decodeplan import DecodePlan, decode_plan
+from tilestore.embed.decodeplan import slide_decoding
 from tilestore.embed.engine import Embedder
 from tilestore.embed.jobs import PlanChoice, prepare
-from tilestore.embed.models import LoadedModel
-from tilestore.embed.nvjpeg import GpuDecodeFailed
+from tilestore.embed.models import LoadedModel, ModelSpec
 from tilestore.embed.settings import Options
 from tilestore.embed.sizing import profile_batches
 from tilestore.embeddings import standing
@@ -67,7 +66,7 @@ class DryRun:
 
 def dry_run(
     inputs: list[str | os.PathLike],
-    model: str | LoadedModel,
+    model: str | ModelSpec | LoadedModel,
     *,
     plan: PlanChoice = None,
     options: Options = Options(),
@@ -135,21 +134,15 @@ def _row(path, embedder, identity, plan, rate, into, in_place, sidecars) -> DryR
     todo = total - done if most is None else min(total - done, most)
     seconds = todo / rate if rate else None
     notes = [note] if note else list(tile_plan.notes)
-    decoding = _decoding(embedder, ready.pixels.chunks(tile_plan.spec.level), tile_plan)
-    if embedder.settings.decode != "cpu" and not decoding.on_gpu:  # not as the run says
-        notes.append(f"decoded {decoding.where} ({decoding.why})")
+    decided = slide_decoding(
+        embedder.settings,
+        ready.pixels.chunks(tile_plan.spec.level),
+        embedder.processes is not None,
+        embedder.gpu_jpeg,
+        tile_plan,
+    )  # as the run decides it, and says it (`tilestore.embed.produce`)
+    notes.extend([decided.said] if decided.said else [])
     return DryRow(str(path), total, done, todo, seconds, "; ".join(notes))
-
-
-def _decoding(embedder, reader, tile_plan) -> DecodePlan:
-    """The slide's decoding as the run decides it (`decode_plan`, the same sample checked)."""
-    settings, processes = embedder.settings, embedder.processes is not None
-    sample = [tuple(rc) for rc in tile_plan.needed_chunks()[:3].tolist()]
-    try:
-        return decode_plan(settings, reader, processes, embedder.gpu_jpeg, sample)
-    except GpuDecodeFailed as exc:
-        plan = decode_plan(settings, reader, processes, None)
-        return DecodePlan(plan.path, f"{plan.why}: {exc}")
 
 
 def _done(slide, model: str, plan, uid: str | None, overwrite: bool) -> tuple[int, str]:

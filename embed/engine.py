@@ -26,7 +26,7 @@ from tilestore.embed import nvjpeg
 from tilestore.embed.forward import Forward, QualityLayout, place, token_layout
 from tilestore.embed.inputs import Stager, as_staged
 from tilestore.embed.jobs import Job, PlanChoice, Slice, slice_jobs, store_jobs
-from tilestore.embed.models import LoadedModel, load_model
+from tilestore.embed.models import LoadedModel, ModelSpec, load_model, model_record
 from tilestore.embed.nvjpeg import GpuJpeg
 from tilestore.embed.preflight import Preflight, check_stores
 from tilestore.embed.procdecode import ProcessDecoder
@@ -44,7 +44,7 @@ from tilestore.reading.resolution import OverrideMpp, ScanMpp
 @checked_options
 def embed(
     stores: list[str | os.PathLike] | Stager,
-    model: str | LoadedModel,
+    model: str | ModelSpec | LoadedModel,
     *,
     plan: PlanChoice = None,
     options: Options = Options(),
@@ -61,6 +61,8 @@ def embed(
     """Embed each store's plan tiles with one model, writing embeddings/<model>/<plan> into the
     store.
 
+    model: a name, its record (`ModelSpec`, resolved once by the caller: the command does)
+    or a model loaded already; a name is resolved here, once, and the record passed along.
     convert_into: a folder where inputs that are slide files rather than stores are
     converted first (`tilestore.embed.inputs.Stager`, in a worker process: the first while
     the model loads, each next one while the GPU embeds the one before). in_place: slide
@@ -85,9 +87,11 @@ def embed(
     line for each step before the first batch that may take long (compiling, or waiting
     for another process compiling the same graphs), as it happens.
     """
+    if not isinstance(model, LoadedModel):
+        model = model_record(model)  # the one resolution of the name in this run
     if checked is None and not isinstance(stores, Stager):
-        name = model.spec.name if isinstance(model, LoadedModel) else model
-        checked = check_stores(list(stores), name, plan, options)
+        spec = model.spec if isinstance(model, LoadedModel) else model
+        checked = check_stores(list(stores), spec, plan, options)
         stores = checked.kept
     if isinstance(stores, Stager):
         inputs = stores
@@ -124,7 +128,11 @@ class Embedder:
     """
 
     def __init__(
-        self, model: str | LoadedModel, options: Options = Options(), *, cpus: int | None = None
+        self,
+        model: str | ModelSpec | LoadedModel,
+        options: Options = Options(),
+        *,
+        cpus: int | None = None,
     ) -> None:
         started = time.perf_counter()
         host = _Host(model, options.hf_token, cpus)
@@ -228,6 +236,7 @@ class Embedder:
                 most,
                 self.settings.any_scale,
                 self.settings.break_lock,
+                checked.plans if checked is not None else None,  # resolved once, by the checks
             ),
             report_path,
             progress,
@@ -319,8 +328,12 @@ class _Host:
     decoder processes and the GPU JPEG decoder when told to or when an answer needs them,
     loads the model when an answer needs it, and keeps all three for the Embedder."""
 
-    def __init__(self, model: str | LoadedModel, token: str | None, cpus: int | None) -> None:
-        self._model, self._token, self._cpus = model, token, cpus
+    def __init__(
+        self, model: str | ModelSpec | LoadedModel, token: str | None, cpus: int | None
+    ) -> None:
+        # a name resolved here once (an Embedder made from a name); a record as it is
+        self._model = model if isinstance(model, LoadedModel) else model_record(model)
+        self._token, self._cpus = token, cpus
         self._placed: LoadedModel | None = None
         self.processes: ProcessDecoder | None = None
         self.decoder: GpuJpeg | None = None

@@ -9,7 +9,7 @@ and skipped; the run goes on with the next.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,20 +17,26 @@ import numpy as np
 
 from tilestore.embed.inputs import Staged
 from tilestore.embed.models import ModelSpec
-from tilestore.embed.preflight import refuse_other_scale, rgb_input, scale_mismatch
+from tilestore.embed.preflight import (
+    refuse_other_scale,
+    resolve_for_model,
+    rgb_input,
+    scale_mismatch,
+)
 from tilestore.embed.report import RunReport
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity, plan_slide
+from tilestore.embeddings.recipe import scale_of
 from tilestore.errors import PlanError, TilestoreError, WriteFailed
 from tilestore.format.record import Mpp
 from tilestore.plan import (
     PlanOptions,
+    ResolvedPlan,
     TilePlan,
     list_plans,
     load_plan,
     plan_difference,
     plan_uid,
     refuse_made_otherwise,
-    resolve_plan,
     save_plan,
     stored_record,
     uses_stored_plan,
@@ -38,7 +44,7 @@ from tilestore.plan import (
 from tilestore.plan.plans import REPLACE
 from tilestore.reading import Slide, described, open_slide
 
-PlanChoice = str | PlanOptions | None
+PlanChoice = str | PlanOptions | ResolvedPlan | None
 
 
 @dataclass(frozen=True)
@@ -98,10 +104,10 @@ def prepare(
     slide = open_slide(store)
     pixels = rgb_input(slide, identity.channels)
     tile_plan, uid = plan_for(slide, spec, plan, save=save)
-    grid = tile_plan.spec
+    scale = scale_of(tile_plan.spec)
     if not any_scale:
-        refuse_other_scale(slide, tile_plan.name, grid.effective_mpp, grid.tile, spec)
-    mismatch = scale_mismatch(grid.effective_mpp, grid.tile, spec)
+        refuse_other_scale(slide, tile_plan.name, scale.mpp, scale.tile, spec)
+    mismatch = scale_mismatch(scale.mpp, scale.tile, spec)
     return Prepared(
         Path(store),
         slide,
@@ -123,16 +129,16 @@ def reading(
     as R, G, B, whether the magnification is known, how the tiles differ from the model's
     input (where any_scale let them), and the slide's level-0 pixel size where it is the
     user's override of the file's (`slide_mpp`, the store's record)."""
-    grid = plan.spec
+    grid, scale = plan.spec, scale_of(plan.spec)
     return {
         "plan": plan.name,
-        "mpp": grid.effective_mpp,
-        "tile": grid.tile,
+        "mpp": scale.mpp,
+        "tile": scale.tile,
         "level": grid.level,
         "read_px": grid.read,
-        "resample": round(grid.tile / grid.read, 4),
+        "resample": round(scale.tile / grid.read, 4),
         "channels": list(channels) if channels else None,
-        "magnification_known": grid.effective_mpp is not None,
+        "magnification_known": scale.mpp is not None,
         **({"not_the_models_input": mismatch} if mismatch else {}),
         **({"mpp_override": described(slide_mpp)} if slide_mpp and slide_mpp.overridden else {}),
     }
@@ -148,11 +154,14 @@ def store_jobs(
     max_tiles: int | None = None,
     any_scale: bool = False,
     break_lock: bool = False,
+    resolved: Mapping[str, ResolvedPlan] | None = None,
 ) -> Iterator[Job]:
     """Jobs for whole stores, each prepared when the consumer asks for it. A store already
     complete is reported as skipped, one that fails as failed; the others go on. A lock
     taken over (`EmbeddingWriter`, break_lock or a silent holder) is said in the report's
-    warnings too."""
+    warnings too. resolved: each store's plan options as the checks before the run
+    resolved them (`tilestore.embed.preflight.Preflight.plans`, by the input's path):
+    taken as they are, never resolved again."""
     batch = identity.batch_size
     for staged in stores:
         store = staged.store or staged.given
@@ -170,7 +179,8 @@ def store_jobs(
         try:
             if staged.error:
                 raise staged.error
-            ready = prepare(store, spec, plan, identity, any_scale=any_scale)
+            chosen = (resolved or {}).get(str(staged.given), plan)
+            ready = prepare(store, spec, chosen, identity, any_scale=any_scale)
             # the group is made by the writer thread while the first tiles are read
             writer = EmbeddingWriter(
                 ready.slide,
@@ -234,16 +244,18 @@ def plan_for(
 
     plan: a stored plan's name; None for the store's only plan, or, where it has none or
     several, one made at the model's native mpp and tile size; or `PlanOptions`, whose
-    unset mpp and tile are the model's (`resolve_plan`: the same rules as `tilestore plan`,
-    a slide without a pixel size refused unless mpp=0 asks for level-0 pixels). A plan made
+    unset mpp and tile are the model's (`resolve_for_model`: the same rules as `tilestore
+    plan`, a slide without a pixel size refused unless mpp=0 asks for level-0 pixels); or
+    those options resolved already (`ResolvedPlan`: the checks before the run did). A plan made
     is saved (reused if made before with the same options). save=False (a dry run) writes
     nothing, not even a tissue mask; the uid is then None for a plan not stored before.
     """
-    if uses_stored_plan(slide, plan):
+    if isinstance(plan, ResolvedPlan):
+        resolved = plan
+    elif uses_stored_plan(slide, plan):
         return load_plan(slide, plan)
-    resolved = resolve_plan(
-        plan or PlanOptions(), slide, native_mpp=spec.native_mpp, native_tile=spec.tile
-    )
+    else:
+        resolved = resolve_for_model(slide, plan, spec)
     refuse_made_otherwise(slide, resolved)  # before its tiles are made
     made = plan_slide(slide, resolved, store_tissue=save)
     if save:  # the same plan stored before is kept; one of its name made otherwise refused

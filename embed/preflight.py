@@ -16,14 +16,16 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tilestore.embed.models import REGISTRY, get_model
+from tilestore.embed.models import REGISTRY, model_record
 from tilestore.embed.models.spec import ModelSpec
 from tilestore.embed.settings import Options
 from tilestore.embeddings import standing
+from tilestore.embeddings.recipe import scale_of
 from tilestore.errors import PlanError, StoreError, TilestoreError
 from tilestore.format import is_store
 from tilestore.plan import (
     PlanOptions,
+    ResolvedPlan,
     list_plans,
     load_plan,
     plan_grid,
@@ -46,18 +48,22 @@ class Preflight:
     # each kept input's tiles still to embed, from its stored plan and its group's done
     # batches; None where only the run can tell (a plan it makes, a slide file)
     tiles: dict[str, int | None] = field(default_factory=dict)
+    # each kept store's plan options resolved (`resolve_plan`), where the run makes its
+    # plan: the run takes this record (`tilestore.embed.jobs.plan_for`), never resolves again
+    plans: dict[str, ResolvedPlan] = field(default_factory=dict)
 
 
 def check_stores(
-    inputs: list[str | os.PathLike], model: str, plan: PlanChoice, options: Options
+    inputs: list[str | os.PathLike], model: str | ModelSpec, plan: PlanChoice, options: Options
 ) -> Preflight:
     """Check each store among `inputs` as the run would, from metadata only (slide files
-    are checked once they are stores). model: the name given (a registered model's native
-    input is known without loading it; a timm:, local: or random:<timm architecture>
-    model's only once loaded). A store
+    are checked once they are stores). model: the run's record (`ModelSpec`, resolved once
+    by the caller), or a name (a registered model's native input is known without loading
+    it; a timm:, local: or random:<timm architecture> model's only once loaded). A store
     is skipped as complete only for a stored plan (named, or its only one): a plan to be
     made may be other tiles under the same name, which only the run can tell."""
     spec = _facts(model)
+    name = model.name if isinstance(model, ModelSpec) else model
     found = Preflight()
     for given in map(Path, inputs):
         if not is_store(given):
@@ -67,11 +73,11 @@ def check_stores(
         try:
             slide = open_slide(given)
             rgb_input(slide, options.channels)
-            name, uid, mpp, tile, tiles = _plan(slide, plan, spec)
+            plan_name, uid, mpp, tile, tiles, resolved = _plan(slide, plan, spec)
             if spec is not None and not options.any_scale:
-                refuse_other_scale(slide, name, mpp, tile, spec)
+                refuse_other_scale(slide, plan_name, mpp, tile, spec)
             asked = {"channels": list(options.channels) if options.channels else None}
-            held = standing(slide, model, name, uid, tiles, asked)
+            held = standing(slide, name, plan_name, uid, tiles, asked)
         except TilestoreError as exc:
             found.refused.append((str(given), without_store(given, str(exc))))
             continue
@@ -83,9 +89,11 @@ def check_stores(
             found.skipped.append((str(given), without_store(given, held.why)))
         else:
             found.kept.append(given)
+            if resolved is not None:
+                found.plans[str(given)] = resolved
             # a plan to be made under a name stored with these settings: the stored one's
             # tiles (the run says the exact count as it plans it)
-            tiles = tiles if tiles is not None else _stored_tiles(slide, name)
+            tiles = tiles if tiles is not None else _stored_tiles(slide, plan_name)
             found.tiles[str(given)] = _to_do(held, tiles, options.overwrite)
     return found
 
@@ -117,28 +125,37 @@ def without_store(store, message: str) -> str:
     return message
 
 
-def _facts(model: str) -> ModelSpec | None:
-    """A registered model's facts (its native input), None for one known only once loaded."""
-    if model.startswith(("timm:", "local:")):
+def _facts(model: str | ModelSpec) -> ModelSpec | None:
+    """A registered model's facts (its native input), None for one known only once loaded.
+    A name is resolved only where it is registered (no timm import before the checks)."""
+    name = model.name if isinstance(model, ModelSpec) else model
+    if name.startswith(("timm:", "local:")):
         return None
-    if model.startswith("random:") and model.split(":", 1)[1] not in REGISTRY:
+    if name.startswith("random:") and name.split(":", 1)[1] not in REGISTRY:
         return None  # a timm architecture's random weights: known once loaded, as timm:'s
-    return get_model(model)
+    return model_record(model)
 
 
 def _plan(slide: Slide, plan: PlanChoice, spec: ModelSpec | None):
     """The name, uid (None: made by the run), um/px, tile and tiles (None: made by the run)
-    of the plan a run would use."""
+    of the plan a run would use, and its options resolved (None: a stored plan)."""
     if uses_stored_plan(slide, plan):
         stored, uid = load_plan(slide, plan)
-        return stored.name, uid, stored.spec.effective_mpp, stored.spec.tile, len(stored)
-    native = (spec.native_mpp, spec.tile) if spec is not None else (None, None)
-    resolved = resolve_plan(
-        plan or PlanOptions(), slide, native_mpp=native[0], native_tile=native[1]
-    )
+        scale = scale_of(stored.spec)
+        return stored.name, uid, scale.mpp, scale.tile, len(stored), None
+    resolved = resolve_for_model(slide, plan, spec)
     refuse_made_otherwise(slide, resolved)  # a plan of its name stored with other settings
-    grid = plan_grid(slide, resolved)  # the pixels' own um/px, as the run will read them
-    return resolved.name, None, grid.effective_mpp, grid.tile, None
+    scale = scale_of(plan_grid(slide, resolved))  # the pixels' own um/px, as the run reads
+    return resolved.name, None, scale.mpp, scale.tile, None, resolved
+
+
+def resolve_for_model(slide: Slide, plan: PlanOptions | None, spec: ModelSpec | None):
+    """The plan options resolved for a model's run (`resolve_plan`): an unset mpp and tile
+    are the model's native ones (`spec`; None: a model known only once loaded). The one
+    place a run resolves its plan options: the checks before it, and the run for a store
+    they did not see (a slide file converted on the way)."""
+    native = (spec.native_mpp, spec.tile) if spec is not None else (None, None)
+    return resolve_plan(plan or PlanOptions(), slide, native_mpp=native[0], native_tile=native[1])
 
 
 def rgb_input(slide: Slide, channels: tuple[str, ...] | None) -> Slide:

@@ -23,9 +23,9 @@ import torch
 
 from tilestore.embed.assemble import Batch, BatchBuilder, CpuAssembler, cut_row
 from tilestore.embed.buffers import SlotPool
-from tilestore.embed.decodeplan import DecodePath, DecodePlan, decode_plan
+from tilestore.embed.decodeplan import DecodePath, DecodePlan, decode_plan, slide_decoding
 from tilestore.embed.jobs import Job
-from tilestore.embed.nvjpeg import GpuDecodeFailed, GpuJpeg, gpu_decodes
+from tilestore.embed.nvjpeg import GpuDecodeFailed, GpuJpeg
 from tilestore.embed.procdecode import ProcessDecoder
 from tilestore.embed.queues import DONE, Stopped, put
 from tilestore.embed.report import RunReport, Stats
@@ -156,21 +156,15 @@ class Producer:
         self.stats.add("produce", time.perf_counter() - t0)
 
     def _decode_plan(self, job: Job, reader, report: RunReport) -> DecodePlan:
-        """This slide's decoding (`decode_plan`), nvJPEG's pixels checked on a sample of the
-        plan's chunks; a GPU decoder that fails on them is not used again in this run, and a
-        slide the GPU was to decode but does not is said in a warning."""
-        settings, processes = self.settings, self.processes is not None
+        """This slide's decoding (`slide_decoding`); a GPU decoder that fails on its sample
+        is not used again in this run, and what the decision says is a warning."""
         gpu = None if self.nvjpeg_failed else self.gpu_jpeg
-        sample = [tuple(rc) for rc in job.plan.needed_chunks()[:3].tolist()]
-        try:
-            plan = decode_plan(settings, reader, processes, gpu, sample)
-        except GpuDecodeFailed as exc:
-            self.nvjpeg_failed = exc.decoder_fault
-            plan = decode_plan(settings, reader, processes, None)
-            plan = DecodePlan(plan.path, f"{plan.why}: {exc}")
-        if gpu is not None and gpu_decodes(settings.decode, reader) and not plan.on_gpu:
-            report.warnings.append(f"{job.store}: decoded on the CPU: {plan.why}")
-        return plan
+        decided = slide_decoding(self.settings, reader, self.processes is not None, gpu, job.plan)
+        if decided.failure is not None:
+            self.nvjpeg_failed = decided.failure.decoder_fault
+        if decided.said:
+            report.warnings.append(f"{job.store}: {decided.said}")
+        return decided.plan
 
     def _on_device(self, job, reader, sub, steps, emit, stop, decoders, path: DecodePath) -> None:
         """Grid rows' chunks are decoded ahead (`tilestore.embed.rows`, the row source of

@@ -16,7 +16,7 @@ __getattr__, __dir__, __all__ = lazy_face(
     {
         "tilestore.embed.models.hub": ("is_cached", "pull"),
         "tilestore.embed.models.load": ("LoadedModel", "load_model"),
-        "tilestore.embed.models.registry": ("REGISTRY", "get_model", "list_models"),
+        "tilestore.embed.models.registry": ("REGISTRY", "get_model", "list_models", "model_record"),
         "tilestore.embed.models.spec": ("ModelSpec",),
         "tilestore.errors": ("ModelError",),
     },
@@ -25,6 +25,6 @@ __getattr__, __dir__, __all__ = lazy_face(
 if TYPE_CHECKING:
     from tilestore.embed.models.hub import is_cached, pull
     from tilestore.embed.models.load import LoadedModel, load_model
-    from tilestore.embed.models.registry import REGISTRY, get_model, list_models
+    from tilestore.embed.models.registry import REGISTRY, get_model, list_models, model_record
     from tilestore.embed.models.spec import ModelSpec
     from tilestore.errors import ModelError

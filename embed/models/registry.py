@@ -42,6 +42,13 @@ def get_model(name: str) -> ModelSpec:
     )
 
 
+def model_record(model: str | ModelSpec) -> ModelSpec:
+    """The one record a run passes along: `model` itself where it is resolved already (a
+    `ModelSpec`), else the name resolved (`get_model`), once per process: the command, the
+    engine, the checks before a run and the Dask workers all take the record."""
+    return model if isinstance(model, ModelSpec) else get_model(model)
+
+
 def _timm_arch(name: str) -> str:
     """The timm architecture `name` names after its prefix; ModelError where timm has none."""
     import timm  # here: a registered name is looked up without torch (checks before a run)

@@ -26,6 +26,7 @@ __getattr__, __dir__, __all__ = lazy_face(
         ),
         "tilestore.embed.slides.registry": (
             "SLIDE_REGISTRY",
+            "encoder_tiles",
             "get_slide_encoder",
             "list_slide_encoders",
             "tile_model_for",
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
     )
     from tilestore.embed.slides.registry import (
         SLIDE_REGISTRY,
+        encoder_tiles,
         get_slide_encoder,
         list_slide_encoders,
         tile_model_for,

@@ -4,10 +4,16 @@ facts); ``random:<name>`` is a registered encoder with random weights (benchmark
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from tilestore.embed.slides.catalogue import ENTRIES
 from tilestore.embed.slides.spec import SlideSpec
-from tilestore.errors import SlideEncoderError
+from tilestore.errors import OptionError, SlideEncoderError
+from tilestore.plan.options import PlanOptions
+
+if TYPE_CHECKING:
+    from tilestore.embed.models.spec import ModelSpec
+    from tilestore.embed.settings import Options
 
 SLIDE_REGISTRY: dict[str, SlideSpec] = {spec.name: spec for spec in ENTRIES}
 
@@ -40,3 +46,43 @@ def tile_model_for(spec: SlideSpec, model: str | None) -> str:
             f"--model out or give --model {spec.tile_model}"
         )
     return model or spec.tile_model
+
+
+def encoder_tiles(
+    spec: SlideSpec,
+    model: ModelSpec,
+    plan_options: PlanOptions | None,
+    plan: str | None,
+    options: Options,
+) -> tuple[PlanOptions | None, Options]:
+    """The plan options and run options that give a slide encoder its tiles: the one rule,
+    the command's and the library's. An encoder that names a scale (`spec.mpp`, `spec.tile`)
+    reads tiles planned at it: a stored plan (`plan`), or plan options asking another mpp
+    or tile, are refused in one line; the options get its mpp and tile. Tiles it reads at
+    another scale than its tile model's own (`model`, the run's record) are what it was
+    trained on, so they are embedded (any_scale) and said so per slide. A pooling encoder
+    (no scale) takes any plan: the options as given."""
+    from tilestore.embed.preflight import scale_mismatch  # the checks: stores, not loaded here
+
+    if spec.mpp is None:  # pooling: any tile model, any plan
+        return plan_options, options
+    if plan:  # a stored plan's tiles may be at any scale: the encoder's own are planned
+        raise OptionError(
+            f"plan={plan}: {spec.name} reads {spec.tile_model} tiles of {spec.tile} px at "
+            f"{spec.mpp:g} um/px, planned for it; leave it out"
+        )
+    given = plan_options or PlanOptions()
+    for name, asked, needed in (("mpp", given.mpp, spec.mpp), ("tile", given.tile, spec.tile)):
+        if asked is not None and asked != needed:
+            raise OptionError(
+                f"{name}={_shown(asked)}: {spec.name} reads {spec.tile_model} tiles of "
+                f"{spec.tile} px at {spec.mpp:g} um/px; leave it out"
+            )
+    if scale_mismatch(spec.mpp, spec.tile, model):
+        options = replace(options, any_scale=True)
+    return replace(given, mpp=spec.mpp, tile=spec.tile), options
+
+
+def _shown(value) -> str:
+    """An option's value as a user types it: 1 for 1.0, level0 as is."""
+    return f"{value:g}" if isinstance(value, float) else str(value)

@@ -46,7 +46,7 @@ def test_embed_then_pool_in_one_command_gives_the_mean_of_the_real_features(embe
     ("args", "message"),
     [
         (["--slide-encoder", "titan", "--mpp", "1"],
-         "--mpp 1: titan reads conch-v1.5 tiles of 512 px at 0.5 um/px; leave --mpp out"),
+         "--mpp 1: titan reads conch-v1.5 tiles of 512 px at 0.5 um/px; leave it out"),
         (["--slide-encoder", "titan", "--model", "uni"],
          "titan reads conch-v1.5 tile features, not uni: leave --model out"),
         (["--slide-encoder", "nope"], "unknown slide encoder 'nope'"),

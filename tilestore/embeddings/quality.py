@@ -32,7 +32,9 @@ def plan_slide(
     measured blurrier (`without_blurred`). This is `tilestore.plan_slide`. resolve:
     `resolve_plan`'s model defaults; store_tissue goes to the plan layer's."""
     store_tissue = resolve.pop("store_tissue", True)
-    resolved = resolve_plan(options, slide, **resolve)
+    resolved = (
+        options if isinstance(options, ResolvedPlan) else resolve_plan(options, slide, **resolve)
+    )  # a record resolved once (a run's) is taken as it is
     return plans.plan_slide(
         slide,
         resolved,

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 
 from tilestore.errors import MixedResults, TilestoreWarning
 from tilestore.options import Opt
+from tilestore.plan.grid import GridSpec
 from tilestore.reading.resolution import MPP_TOLERANCE
 
 # The scale a user keeps of a cohort whose stores were planned at several (`combine`).
@@ -166,11 +167,17 @@ def recipe(meta: dict[str, Any]) -> Recipe:
     return Recipe(facts, channels, scale_of(meta), weights_unknown(model))
 
 
-def scale_of(meta: dict[str, Any]) -> Scale | None:
-    """The scale of a group's tiles from its attributes: tile and stride, and the um/px the
-    pixels were read at (the plan's effective um/px: a level read as is may be off the um/px
-    asked by up to the plan's tolerance; level-0 pixels of a slide with a pixel size are at
-    its pixel size; None only where the slide's is unknown); None where no grid is recorded."""
+def scale_of(meta: dict[str, Any] | GridSpec) -> Scale | None:
+    """The scale of a plan's tiles (its `GridSpec`) or of a group's (its attributes, which
+    the writer took from the plan's grid through this function): tile and stride, and the
+    um/px the pixels were read at (the plan's effective um/px: a level read as is may be
+    off the um/px asked by up to the plan's tolerance; level-0 pixels of a slide with a
+    pixel size are at its pixel size; None only where the slide's is unknown); None where
+    no grid is recorded. The one function for a scale: the run's checks and per-slide
+    line, the writer's record, and every reader's comparison."""
+    if isinstance(meta, GridSpec):
+        mpp = meta.effective_mpp
+        return Scale(None if mpp is None else float(mpp), meta.tile, meta.stride)
     grid = meta.get("grid") or {}
     tile = meta.get("tile_size") or grid.get("tile")
     if tile is None:

@@ -36,7 +36,7 @@ from tilestore.embeddings.groups import (
     refuse_shared_names,
     slide_name,
 )
-from tilestore.embeddings.recipe import Recipe, ScaleLabel, combine, recipe
+from tilestore.embeddings.recipe import Recipe, ScaleLabel, combine, recipe, scale_of
 from tilestore.errors import EmbeddingError, SlideEmbeddingExists, StaleSlideEmbedding, StoreError
 from tilestore.format import leftovers
 from tilestore.format.codecs import zstd_codecs
@@ -124,6 +124,11 @@ def read_tile_features(store: StoreLike, model: str, plan: str | None = None) ->
     down = grid.get("downsample", (1.0, 1.0))
     read = grid.get("read", meta.get("read_px"))
     step = grid.get("read_stride") or read
+    scale = scale_of(meta)
+    if scale is None:
+        raise DamagedEmbeddings(
+            f"{store}: {path}: no tile size recorded (no grid): {embed_again(path)}"
+        )
     return TileFeatures(
         store=str(store),
         name=slide_name(store),
@@ -136,8 +141,8 @@ def read_tile_features(store: StoreLike, model: str, plan: str | None = None) ->
         col=col.astype(np.int64),
         footprint0=(read * down[0], read * down[1]),
         stride0=(step * down[0], step * down[1]),
-        mpp=meta.get("mpp"),
-        tile_size=int(meta.get("tile_size") or grid.get("tile")),
+        mpp=scale.mpp,  # the group's scale, as every reader takes it (`scale_of`)
+        tile_size=scale.tile,
         plan=str(found.record.plan_name),
         finished=found.record.finished,
         recipe=recipe(meta),

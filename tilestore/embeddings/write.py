@@ -29,7 +29,7 @@ from tilestore import locks
 from tilestore.embeddings import tied
 from tilestore.embeddings.groups import check_group, non_finite_rows
 from tilestore.embeddings.layout import COORDINATES, UNITS, group_name, model_folder
-from tilestore.embeddings.recipe import weights_unknown
+from tilestore.embeddings.recipe import scale_of, weights_unknown
 from tilestore.errors import AlreadyComplete, EmbeddingError, StoreError, TilestoreWarning
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.leftovers import clear_unfinished_files
@@ -603,13 +603,14 @@ class EmbeddingWriter:
         # the columns' positions now, the batched arrays' as their shards are written; the
         # record last: a group without it is a killed run's, made again
         held = tied.start(group, list(coords), batched)
+        scale = scale_of(plan.spec)  # what the readers compare (`combine`), from the plan
         record = EmbeddingsRecord.make(
             f"{slide.name}: {self.path}",
             **self.identity,
             **{tied.RECORD: held},
             tiles=n,
-            tile_size=plan.spec.tile,
-            mpp=plan.spec.effective_mpp,
+            tile_size=scale.tile,
+            mpp=scale.mpp,
             level=plan.spec.level,
             read_px=plan.spec.read,
             grid=asdict(plan.spec),
@@ -730,12 +731,13 @@ def _quality_scale(plan: TilePlan, quality: dict[str, Any] | None) -> str | None
     would be judged at the wrong scale; their measures are left NaN, not judged."""
     if not quality:
         return None
-    mpp, side = plan.spec.effective_mpp, quality.get("side", plan.spec.tile)
+    scale = scale_of(plan.spec)
+    mpp, side = scale.mpp, quality.get("side", scale.tile)
     if mpp is None:
         return "quality not judged: the plan's tiles have no pixel size"
-    if abs(mpp / quality["mpp"] - 1) > QUALITY_TOLERANCE or plan.spec.tile != side:
+    if abs(mpp / quality["mpp"] - 1) > QUALITY_TOLERANCE or scale.tile != side:
         return (
-            f"quality not judged: the plan's tiles are {plan.spec.tile} px at {mpp:.3g} um/px "
+            f"quality not judged: the plan's tiles are {scale.tile} px at {mpp:.3g} um/px "
             f"and the measures are taken on {side} px at {quality['mpp']:g} um/px (the run's)"
         )
     return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from tilestore.errors import OptionError, PlanError
@@ -159,7 +159,9 @@ class PlanOptions(Declared):
 @dataclass(frozen=True)
 class ResolvedPlan:
     """A plan's options with every default decided (`resolve_plan`): what a plan is made with
-    and what its record says. mpp None means level-0 pixels, asked for explicitly (mpp='level0')."""
+    and what its record says. mpp None means level-0 pixels, asked for explicitly (mpp='level0').
+    The same fields as `PlanOptions` (a test holds them equal): those `resolve_plan` decides
+    (mpp, tile, stride, min_tissue, name), the others carried as given."""
 
     mpp: float | None
     tile: int
@@ -223,26 +225,17 @@ def resolve_plan(
             "them anyway"
         )
     stride = options.stride or tile
-    return ResolvedPlan(
-        mpp=mpp,
-        tile=tile,
-        stride=stride,
-        min_tissue=options.effective_min_tissue,
-        tissue_method=options.tissue_method,
-        roi=options.roi,
-        roi_class=options.roi_class,
-        min_roi=options.min_roi,
-        roi_mpp=options.roi_mpp,
-        tolerance=options.tolerance,
-        name=options.name or default_name(mpp, tile, stride, options),
-        max_artefact=options.max_artefact,
-        exclude=options.exclude,
-        filter=options.filter,
-        contrast=options.contrast,
-        upsample=options.upsample,
-        max_blur=options.max_blur,
-        quality_from=options.quality_from,
-    )
+    decided = {
+        "mpp": mpp,
+        "tile": tile,
+        "stride": stride,
+        "min_tissue": options.effective_min_tissue,
+        "name": options.name or default_name(mpp, tile, stride, options),
+    }
+    # every other option as given: one field list (a new option is carried, not forgotten)
+    names = [f.name for f in fields(ResolvedPlan) if f.name not in decided]
+    given = {name: getattr(options, name) for name in names}
+    return ResolvedPlan(**given, **decided)
 
 
 def _check_names(options: PlanOptions) -> None:

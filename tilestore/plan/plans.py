@@ -106,7 +106,8 @@ def plan_slide(
     from above (`tilestore.embeddings.plan_slide`, which `tilestore.plan_slide` is): a plan
     asked for max_blur without it is refused, never made unfiltered under a filter's name.
     """
-    options = resolve_plan(options, slide)
+    if not isinstance(options, ResolvedPlan):  # a record resolved once is taken as it is
+        options = resolve_plan(options, slide)
     if options.max_blur is not None and measured is None:
         raise PlanError(
             f"max_blur={options.max_blur:g}: the blur filter reads the store's embeddings' "

@@ -16,8 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -177,6 +177,29 @@ def scale_of(meta: dict[str, Any]) -> Scale | None:
         return None
     mpp = meta.get("mpp", grid.get("effective_mpp"))
     return Scale(None if mpp is None else float(mpp), int(tile), int(grid.get("stride") or tile))
+
+
+@dataclass(frozen=True)
+class Recipes:
+    """The recipes of the stores whose features a Dataset holds, as `combine` kept them
+    (``ds.attrs["recipes"]``, `open_embeddings`): what a query from elsewhere must meet
+    (`ds.tiles.nearest`, a floor below, asks `meet` without importing this module)."""
+
+    found: tuple[tuple[str, Recipe], ...]
+
+    def meet(self, other: Recipes | Recipe, what: str) -> None:
+        """MixedResults where `other` (another Dataset's recipes, or one recipe: a vector
+        from a recorded group) may not meet these features (`combine`, no scale kept)."""
+        theirs = other.found if isinstance(other, Recipes) else (("the query", other),)
+        combine([*self.found, *theirs], what)
+
+
+def with_facts(tiles: Recipe, what: str, facts: Mapping[str, Any]) -> Recipe:
+    """The recipe of a result computed from a group's features (a slide vector, a score
+    set, quality measures, QC shares): the features' recipe and the facts of the result's
+    own record that make its values what they are, each named "<what> <fact>" (so
+    `combine` names the one that differs)."""
+    return replace(tiles, facts={**tiles.facts, **{f"{what} {k}": v for k, v in facts.items()}})
 
 
 def combine(found: Sequence[tuple[str, Recipe]], what: str, scale: str | None = None) -> list[int]:

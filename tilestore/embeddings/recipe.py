@@ -6,9 +6,13 @@ are the same (their `Recipe`: a CLS token is not a CLS + mean vector, bf16 featu
 fp32 ones), and where their tiles show the tissue at one scale (their `Scale`: 224 px tiles at
 0.5 um/px are not 32 px tiles at 0.25 um/px, nor tiles of a slide whose pixel size is
 unknown). `combine` is that rule: every reader and export that puts results of several stores
-together calls it (`open_embeddings`, `open_slide_embeddings`, `export h5`, the viewer, and
-through them the analyses and k-means): a cohort of mixed recipes is refused, one of mixed
-scales is refused unless the user names the scale to keep, never concatenated.
+together calls it (`open_embeddings`, `open_slide_embeddings`, `export h5`, `classify`, the
+viewer, and through them the analyses and k-means): a cohort of mixed recipes is refused, one
+of mixed scales is refused unless the user names the scale to keep, never concatenated.
+Results computed from the features meet by the same rule, their own record's facts added to
+the features' recipe (`with_facts`): slide vectors, zero-shot score sets and quality and QC
+columns of one name; a query from elsewhere meets a Dataset's tiles (`ds.tiles.nearest`)
+through the recipes the Dataset carries (`Recipes`).
 """
 
 from __future__ import annotations

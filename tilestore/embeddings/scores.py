@@ -9,6 +9,8 @@ group it read (its ``finished`` time, as a slide vector records it). Readers
 (`tilestore.embeddings.read.open_embeddings`, so the viewer and the exports) show each set
 as per-tile columns: ``<set>:<class>`` the class's probability, ``<set>`` the most probable
 class's name; a set whose tile group was embedded again since is left out, with a warning.
+Sets of one name from several stores are one column only where their records agree on what
+made them (`score_recipe`: text tower, weights, prompts, logit scale; `recipe.combine`).
 """
 
 from __future__ import annotations

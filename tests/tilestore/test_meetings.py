@@ -30,6 +30,7 @@ from tilestore.exports import cohort_to_h5
 from tilestore.format.records import EmbeddingsRecord, read_record, write_record
 from tilestore.plan import PlanOptions, save_plan
 from tilestore.reading import open_slide
+from tilestore.reading.labels import write_label
 
 MODEL = {"name": "m", "output_dim": 8, "repo": "test/m"}
 COARSE, FINE = PlanOptions(mpp=2.0, tile=128), PlanOptions(mpp=1.0, tile=128)
@@ -160,6 +161,42 @@ def test_quality_measures_taken_otherwise_are_refused_or_left_out(one_scale):
     with pytest.warns(TilestoreWarning, match=r"left out the quality measures columns"):
         ds = tilestore.open_embeddings(one_scale, "m", skip_mixed=True)
     assert "blur" not in ds.coords and "dark" not in ds.coords
+
+
+# -- QC shares ------------------------------------------------------------------------------
+
+
+def _with_qc(base: Path, folder: Path, index: int, what: str) -> Path:
+    """A store whose labels/qc marks the top half 'pen' (saying what a pen artefact is:
+    `what`), planned and given features: its tiles' QC shares are columns."""
+    path = folder / f"q{index}.ome.zarr"
+    shutil.copytree(base, path)
+    slide = open_slide(path)
+    h, w = -(-slide.shape[1] // 16), -(-slide.shape[2] // 16)
+    label = np.zeros((h, w), np.uint8)
+    label[: h // 2] = 1
+    facts = {"classes": ["pen"], "downsample": [16.0, 16.0], "what": {"pen": what}}
+    classes = [("background", (0, 0, 0, 0)), ("pen", (0, 0, 255, 255))]
+    write_label(slide, "qc", label, (16.0, 16.0), classes, facts, method="test")
+    plan = tilestore.plan_slide(open_slide(path), COARSE)
+    assert list(plan.qc) == ["pen"]
+    save_plan(open_slide(path), plan)
+    features = np.random.default_rng(index).standard_normal((len(plan), 8)).astype(np.float32)
+    write_features(path, MODEL, features, plan=plan.name, batch_size=16)
+    return path
+
+
+def test_qc_shares_of_other_artefact_definitions_are_refused_or_left_out(planned, tmp_path):
+    a = _with_qc(planned, tmp_path, 0, "ink of a marker pen")
+    b = _with_qc(planned, tmp_path, 1, "ink, or any dark blue stain")
+    c = _with_qc(planned, tmp_path, 2, "ink of a marker pen")
+    ds = tilestore.open_embeddings([a, c], "m")  # defined alike: one column
+    assert ds["qc_pen"].values.max() > 0.5 and not np.isnan(ds["qc_pen"].values).any()
+    with pytest.raises(MixedResults, match=r"q1\.ome\.zarr: its QC shares .*qc pen is"):
+        tilestore.open_embeddings([a, b], "m")
+    with pytest.warns(TilestoreWarning, match=r"left out the QC shares columns"):
+        ds = tilestore.open_embeddings([a, b], "m", skip_mixed=True)
+    assert "qc_pen" not in ds.coords
 
 
 # -- ds.tiles.nearest ----------------------------------------------------------------------

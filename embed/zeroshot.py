@@ -28,6 +28,7 @@ from typing import Annotated, Any
 
 from tilestore.embed.prompts import Prompts, read_prompts
 from tilestore.embed.settings import Device
+from tilestore.embeddings.recipe import ScaleLabel
 from tilestore.errors import EmbeddingError, ModelError, OtherWeights
 from tilestore.options import Declared, Opt
 
@@ -70,6 +71,7 @@ class ZeroShotOptions(Declared):
     hf_token: Annotated[
         str | None, Opt("Hugging Face token.", none="HF_TOKEN or the stored login")
     ] = None
+    scale: ScaleLabel = None
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,10 @@ def classify(
     """Score every stored tile of `model` in each store against the classes of `prompts`
     (a file, `tilestore.embed.prompts`), write the probabilities beside the features
     (`tilestore.embeddings.scores`: columns the viewer shows as heatmaps) and return each
-    store's slide score. The prompts and the model are checked before anything loads."""
+    store's slide score. The prompts and the model are checked before anything loads, and
+    the stores' features are one population (`tilestore.embeddings.recipe.combine`: made
+    alike, at one scale or the `options.scale` kept), so the slide scores returned side by
+    side are of features that may meet."""
     from tilestore.embed.models import get_model
 
     prompts = prompts if isinstance(prompts, Prompts) else read_prompts(prompts)
@@ -109,6 +114,7 @@ def classify(
     if not _NAME.fullmatch(name):
         raise EmbeddingError(f"prompts={prompts.path!r}: name the set with name= ({name!r} is "
                              "not letters, digits, _ - .)")  # fmt: skip
+    stores = _one_population(stores, model, options.scale)
     import torch
 
     from tilestore.embed.models.text import load_text_tower
@@ -125,6 +131,18 @@ def classify(
         _one(store, model, name, prompts, tower, classes, projected, torch)
         for store, projected in checked
     ]
+
+
+def _one_population(
+    stores: list[str | os.PathLike], model: str, scale: str | None
+) -> list[str | os.PathLike]:
+    """The stores whose features may meet (`combine`): MixedResults where their recipes or
+    scales differ, unless `scale` names the one to keep (the others left out, a warning)."""
+    from tilestore.embeddings.groups import open_finished
+    from tilestore.embeddings.recipe import combine, recipe
+
+    found = [(str(s), recipe(open_finished(str(s), model).meta)) for s in stores]
+    return [stores[i] for i in combine(found, f"{model!r} embeddings", scale)]
 
 
 def _checked(store: str, model: str, tower, classes, torch) -> bool:

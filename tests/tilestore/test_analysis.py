@@ -149,7 +149,7 @@ def test_nearest_equals_brute_force_cosine(n, dim, m, k, seed):
     ds, x32 = cohort([x[:split], x[split:]] if split else [x])
     q = rng.normal(size=(m, dim))
     k = min(k, n)
-    hits = ds.tiles.nearest(q, k=k)
+    hits = ds.tiles.nearest(q, k=k, unchecked=True)
     order, sims = brute_nearest(x32.astype(np.float64), q, k)
     np.testing.assert_array_equal(hits["tile"].values, order)
     np.testing.assert_allclose(hits["similarity"].values, sims, rtol=1e-4, atol=1e-5)
@@ -170,9 +170,9 @@ def test_a_tile_as_query_finds_itself_first():
 def test_nearest_rejects_bad_queries():
     ds, _ = cohort([np.random.default_rng(0).normal(size=(20, 6))])
     with pytest.raises(AnalysisError, match="not a 6-d vector"):
-        ds.tiles.nearest(np.ones(5))
+        ds.tiles.nearest(np.ones(5), unchecked=True)
     with pytest.raises(AnalysisError, match="zero query"):
-        ds.tiles.nearest(np.zeros(6))
+        ds.tiles.nearest(np.zeros(6), unchecked=True)
     for query in (20, -1, -20, np.int64(-1)):  # a negative index is refused, not from the end
         with pytest.raises(OptionError, match=rf"^query={query}: no such tile \(tiles 0 to 19\)$"):
             ds.tiles.nearest(query)

@@ -20,7 +20,7 @@ import numpy as np
 import xarray as xr
 
 from tilestore.analysis.options import Clusters, Components, OptionalComponents, Sample, Seed
-from tilestore.errors import AnalysisError, OptionError
+from tilestore.errors import AnalysisError, MixedResults, OptionError
 from tilestore.options import checked
 
 SAMPLE = 100_000  # tiles a fit sees at most: ample for PCA/k-means of foundation features
@@ -247,17 +247,25 @@ class TilesAccessor:
 
     # -- search -----------------------------------------------------------------------
 
-    def nearest(self, query, k: int = 10) -> xr.Dataset:
+    def nearest(self, query, k: int = 10, *, recipe=None, unchecked: bool = False) -> xr.Dataset:
         """Return the `k` tiles most similar (cosine) to each query, across all slides.
 
         query: a tile's position in this Dataset, 0 to its tiles - 1 (a negative one is
         refused, not counted from the end: an index gone wrong is likelier than one meant
-        from the end), a feature vector, or an (m, feature) array of them. Returns a
-        Dataset on (query, rank), rank 0 the most similar, with ``tile`` (position),
-        ``similarity`` and the tiles' slide, x, y, row, col. A tile given as the query
-        finds itself first, with similarity 1.
+        from the end); tiles of another Dataset `open_embeddings` returned (``other.isel(
+        tile=[i])``), whose features are checked against these as a cohort's are
+        (`tilestore.embeddings.recipe.combine`: MixedResults where their models,
+        precisions or scales differ); or a feature vector, or an (m, feature) array of them,
+        taken only with the `recipe` they were made with (`tilestore.embeddings.recipe`,
+        e.g. ``recipe(meta)`` of the group they come from), checked alike, or with
+        `unchecked` (the caller vouches for them: a vector of another model or scale of
+        the right width is scored all the same). Returns a Dataset on (query, rank), rank 0
+        the most similar, with ``tile`` (position), ``similarity`` and the tiles' slide, x,
+        y, row, col. A tile given as the query finds itself first, with similarity 1.
         """
         features = self._features()
+        if not isinstance(query, int | np.integer) or isinstance(query, bool):
+            query = self._met(query, recipe, unchecked)
         queries = self._queries(query, features)
         if not 1 <= k <= features.shape[0]:
             raise AnalysisError(f"nearest: k must be 1..{features.shape[0]} (got {k})")
@@ -278,6 +286,29 @@ class TilesAccessor:
             column = self._ds[name].isel(tile=xr.DataArray(best.ravel(), dims="hit"))
             out[name] = (("query", "rank"), np.asarray(column).reshape(best.shape))
         return out
+
+    def _met(self, query, recipe, unchecked: bool):
+        """The query's features, where they may meet this Dataset's (the recipes it carries,
+        ``attrs["recipes"]``, asked: `Recipes.meet`); MixedResults where nothing says how
+        they were made and the caller did not vouch for them."""
+        theirs = query.attrs.get("recipes") if isinstance(query, xr.Dataset) else recipe
+        if isinstance(query, xr.Dataset):
+            if "features" not in query:
+                raise AnalysisError("nearest: a Dataset query has no 'features' variable")
+            query = query["features"].values
+        if unchecked:
+            return query
+        mine = self._ds.attrs.get("recipes")
+        if theirs is None or mine is None:
+            raise MixedResults(
+                "nearest: nothing says how "
+                + ("the query" if theirs is None else "this Dataset's features")
+                + " was made, so it cannot be checked against these tiles' model and scale; "
+                "give tiles of a Dataset open_embeddings returned (other.isel(tile=[i])), "
+                "the recipe= they were made with, or unchecked=True"
+            )
+        mine.meet(theirs, "query and tile features")
+        return query
 
     def _queries(self, query, features: da.Array) -> np.ndarray:
         if isinstance(query, int | np.integer) and not isinstance(query, bool):

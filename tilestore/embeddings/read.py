@@ -13,7 +13,9 @@ returned, never as a side effect of an import).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +35,17 @@ from tilestore.embeddings.groups import (
     slide_name,
 )
 from tilestore.embeddings.layout import COORDINATES, COORDS, UNITS
-from tilestore.embeddings.recipe import ScaleLabel, combine, recipe
-from tilestore.embeddings.scores import ZEROSHOT, score_sets
-from tilestore.errors import ChunkError, MixedResults
+from tilestore.embeddings.recipe import (
+    Recipe,
+    Recipes,
+    ScaleLabel,
+    combine,
+    recipe,
+    with_facts,
+)
+from tilestore.embeddings.scores import ZEROSHOT, ScoreSet, score_recipe, score_sets
+from tilestore.errors import ChunkError, MixedResults, TilestoreWarning
+from tilestore.format.records import LabelRecord, read_record
 from tilestore.format.store import stored
 from tilestore.options import checked
 
@@ -51,6 +61,7 @@ def open_embeddings(
     slide_encoder: str | None = None,
     scale: ScaleLabel = None,
     plan: str | None = None,
+    skip_mixed: bool = False,
 ) -> xr.Dataset:
     """Return the embeddings of one slide or many as one lazy Dataset on dim ``tile``; with
     `slide_encoder`, their slide embeddings instead, on (``slide``, ``feature``)
@@ -68,6 +79,10 @@ def open_embeddings(
     plan: the plan whose tiles' embeddings are read, where a store holds the model's
         embeddings of several plans (None: each store's only one; several refused, naming
         them).
+    skip_mixed: leave out (with a warning) per-tile columns whose records differ between
+        the stores instead of raising MixedResults: a zero-shot score set of one name made
+        with another text tower, prompts or logit scale, quality measures taken otherwise,
+        QC shares of other artefact definitions (`meetings`: each compared by `combine`).
 
     ``features`` and every coordinate are dask arrays: nothing is read until computed.
     Coordinates: x, y (level-0 px, top-left), x_um, y_um, row, col, tissue, roi, roi_class
@@ -89,6 +104,7 @@ def open_embeddings(
         [(p["meta"]["store"], p["recipe"]) for p in parts], f"{model!r} embeddings", scale
     )
     parts = [parts[i] for i in kept]
+    _columns_meet(parts, skip_mixed)
     refuse_shared_names([p["meta"]["name"] for p in parts])
     register_accessor()  # ds.tiles on what is returned
     widths = {p["features"].shape[1] for p in parts}
@@ -130,8 +146,11 @@ def _slide_part(store: StoreLike, model: str, plan: str | None) -> dict[str, Any
                 meta=np.empty((0, 0), quality.dtype),
             )
             arrays.update({name: table[:, i] for i, name in enumerate(measures)})
+        quality_measures = list(measures)
         labels: list[str] = []
-        for name, (array, classes) in score_sets(found.group, f"{store}: {path}").items():
+        sets = score_sets(found.group, f"{store}: {path}")
+        for name, score_set in sets.items():
+            array, classes = score_set.probabilities, score_set.classes
             # zero-shot scores (`tilestore.embeddings.scores`): a column per class, and the
             # most probable class's name
             table = da.from_array(
@@ -181,7 +200,79 @@ def _slide_part(store: StoreLike, model: str, plan: str | None) -> dict[str, Any
         },
         "model": meta.get("model", {}),
         "recipe": recipe(meta),
+        "meetings": _meetings(store, found, quality_measures, sets),
     }
+
+
+@dataclass(frozen=True)
+class Meeting:
+    """Per-tile columns of one store that meet other stores' columns of the same names:
+    what they are ("'tissue' scores"), their names, and the recipe they are compared on
+    (the features' and the facts of their own record)."""
+
+    what: str
+    columns: tuple[str, ...]
+    recipe: Recipe
+
+
+def _meetings(
+    store: StoreLike, found: Any, measures: list[str], sets: dict[str, ScoreSet]
+) -> list[Meeting]:
+    """A slide's per-tile columns besides the features, each kind with its recipe: every
+    score set, the quality measures, the QC shares."""
+    tiles, meta = recipe(found.meta), found.meta
+    meetings = [
+        Meeting(
+            f"{name!r} scores",
+            (name, *(f"{name}:{c}" for c in s.classes)),
+            score_recipe(tiles, s.record),
+        )
+        for name, s in sets.items()
+    ]
+    quality = dict(meta.get("quality") or {})
+    if measures:  # taken at one um/px and side, with one set of parameters
+        facts = {k: quality.get(k) for k in ("measures", "mpp", "side", "params") if k in quality}
+        meetings.append(
+            Meeting("quality measures", tuple(measures), with_facts(tiles, "quality", facts))
+        )
+    if _qc_keys(meta):  # the shares of the artefacts the store's labels/qc defines
+        facts = _qc_facts(store, found, meta)
+        meetings.append(Meeting("QC shares", tuple(_qc_keys(meta)), with_facts(tiles, "qc", facts)))
+    return meetings
+
+
+def _qc_facts(store: StoreLike, found: Any, meta: dict[str, Any]) -> dict[str, Any]:
+    """What the store's QC label says each artefact of the group's QC columns is (the
+    labels/qc record's ``what``); empty where the label is gone or does not say."""
+    where = f"{store}: labels/qc"
+    try:
+        group = zarr.open_group(found.group.store, path="labels/qc", mode="r", zarr_format=3)
+    except (FileNotFoundError, KeyError, zarr.errors.NodeNotFoundError):
+        return {}
+    record = read_record(group, LabelRecord, where)
+    what = dict((record.get("what") if record is not None else None) or {})
+    return {f"{name} is": what.get(name) for name in meta.get("qc_classes", []) if name in what}
+
+
+def _columns_meet(parts: list[dict[str, Any]], skip_mixed: bool) -> None:
+    """Each kind of per-tile column the stores share by name put through `combine`: one made
+    otherwise in some store is refused (MixedResults), or, with `skip_mixed`, left out of
+    every slide with a warning (a column is one population or none)."""
+    kinds: dict[str, list[tuple[str, Meeting]]] = {}
+    for p in parts:
+        for m in p["meetings"]:
+            kinds.setdefault(m.what, []).append((p["meta"]["store"], m))
+    for what, found in kinds.items():
+        try:
+            combine([(store, m.recipe) for store, m in found], what)
+        except MixedResults as exc:
+            if not skip_mixed:
+                raise
+            gone = {c for _, m in found for c in m.columns}
+            warnings.warn(f"left out the {what} columns ({exc})", TilestoreWarning, stacklevel=4)
+            for p in parts:
+                p["qc"] = [c for c in p["qc"] if c not in gone]
+                p["labels"] = [c for c in p["labels"] if c not in gone]
 
 
 def _qc_keys(meta: dict[str, Any]) -> list[str]:
@@ -294,6 +385,7 @@ def _dataset(parts: list[dict[str, Any]], model: str) -> xr.Dataset:
         "model_info": parts[0]["model"],
         "slides": [p["meta"] for p in parts],
         "coordinates": COORDINATES,
+        "recipes": Recipes(tuple((p["meta"]["store"], p["recipe"]) for p in parts)),
     }
     return ds
 

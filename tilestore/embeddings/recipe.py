@@ -6,9 +6,13 @@ are the same (their `Recipe`: a CLS token is not a CLS + mean vector, bf16 featu
 fp32 ones), and where their tiles show the tissue at one scale (their `Scale`: 224 px tiles at
 0.5 um/px are not 32 px tiles at 0.25 um/px, nor tiles of a slide whose pixel size is
 unknown). `combine` is that rule: every reader and export that puts results of several stores
-together calls it (`open_embeddings`, `open_slide_embeddings`, `export h5`, the viewer, and
-through them the analyses and k-means): a cohort of mixed recipes is refused, one of mixed
-scales is refused unless the user names the scale to keep, never concatenated.
+together calls it (`open_embeddings`, `open_slide_embeddings`, `export h5`, `classify`, the
+viewer, and through them the analyses and k-means): a cohort of mixed recipes is refused, one
+of mixed scales is refused unless the user names the scale to keep, never concatenated.
+Results computed from the features meet by the same rule, their own record's facts added to
+the features' recipe (`with_facts`): slide vectors, zero-shot score sets and quality and QC
+columns of one name; a query from elsewhere meets a Dataset's tiles (`ds.tiles.nearest`)
+through the recipes the Dataset carries (`Recipes`).
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -184,6 +188,29 @@ def scale_of(meta: dict[str, Any] | GridSpec) -> Scale | None:
         return None
     mpp = meta.get("mpp", grid.get("effective_mpp"))
     return Scale(None if mpp is None else float(mpp), int(tile), int(grid.get("stride") or tile))
+
+
+@dataclass(frozen=True)
+class Recipes:
+    """The recipes of the stores whose features a Dataset holds, as `combine` kept them
+    (``ds.attrs["recipes"]``, `open_embeddings`): what a query from elsewhere must meet
+    (`ds.tiles.nearest`, a floor below, asks `meet` without importing this module)."""
+
+    found: tuple[tuple[str, Recipe], ...]
+
+    def meet(self, other: Recipes | Recipe, what: str) -> None:
+        """MixedResults where `other` (another Dataset's recipes, or one recipe: a vector
+        from a recorded group) may not meet these features (`combine`, no scale kept)."""
+        theirs = other.found if isinstance(other, Recipes) else (("the query", other),)
+        combine([*self.found, *theirs], what)
+
+
+def with_facts(tiles: Recipe, what: str, facts: Mapping[str, Any]) -> Recipe:
+    """The recipe of a result computed from a group's features (a slide vector, a score
+    set, quality measures, QC shares): the features' recipe and the facts of the result's
+    own record that make its values what they are, each named "<what> <fact>" (so
+    `combine` names the one that differs)."""
+    return replace(tiles, facts={**tiles.facts, **{f"{what} {k}": v for k, v in facts.items()}})
 
 
 def combine(found: Sequence[tuple[str, Recipe]], what: str, scale: str | None = None) -> list[int]:

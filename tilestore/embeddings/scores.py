@@ -9,11 +9,14 @@ group it read (its ``finished`` time, as a slide vector records it). Readers
 (`tilestore.embeddings.read.open_embeddings`, so the viewer and the exports) show each set
 as per-tile columns: ``<set>:<class>`` the class's probability, ``<set>`` the most probable
 class's name; a set whose tile group was embedded again since is left out, with a warning.
+Sets of one name from several stores are one column only where their records agree on what
+made them (`score_recipe`: text tower, weights, prompts, logit scale; `recipe.combine`).
 """
 
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ import numpy as np
 import zarr
 
 from tilestore.embeddings.groups import all_finite, find_group
+from tilestore.embeddings.recipe import Recipe, with_facts
 from tilestore.errors import EmbeddingError, StaleSlideEmbedding
 from tilestore.format import leftovers
 from tilestore.format.codecs import zstd_codecs
@@ -29,6 +33,34 @@ from tilestore.format.store import open_for_writing
 
 ZEROSHOT = "zeroshot"  # the subgroup of a model's group holding its score sets
 PROBABILITIES = "probabilities"  # a set's array: (tile, class)
+
+
+# what a set's values depend on besides the features: its record's facts compared wherever
+# sets of one name meet (`score_recipe`); not the machine's paths (the weights folder, the
+# prompts file) nor the revision (the weights' sha256 says whether they are one file)
+SCORE_FACTS = ("classes", "text_tower", "weights_sha256", "logit_scale", "logit_bias",
+               "class_embedding", "slide_rule")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ScoreSet:
+    """One current score set of a group: its probabilities (tile, class), its classes
+    (the columns) and its record."""
+
+    probabilities: zarr.Array
+    classes: list[str]
+    record: ScoresRecord
+
+
+def score_recipe(tiles: Recipe, record: ScoresRecord) -> Recipe:
+    """The recipe of a score set: its tile features' (`tiles`) and what its record says
+    made the scores (`SCORE_FACTS`, the prompts' classes and templates): sets of one name
+    from several stores meet only where these are one (`combine`)."""
+    facts = {k: record.get(k) for k in SCORE_FACTS if k in record}
+    prompts = record.get("prompts")
+    if isinstance(prompts, dict):
+        facts["prompts"] = {k: prompts[k] for k in ("classnames", "templates") if k in prompts}
+    return with_facts(tiles, "scores", facts)
 
 
 def scores_group_name(tiles_path: str, name: str) -> str:
@@ -80,8 +112,8 @@ def write_tile_scores(
     return path
 
 
-def score_sets(group: zarr.Group, where: str) -> dict[str, tuple[zarr.Array, list[str]]]:
-    """A finished embeddings group's current score sets: {set: (probabilities, classes)};
+def score_sets(group: zarr.Group, where: str) -> dict[str, ScoreSet]:
+    """A finished embeddings group's current score sets by name;
     a set made from the group's earlier features (embedded again since) left out, with a
     warning naming it."""
     if ZEROSHOT not in group:
@@ -99,7 +131,7 @@ def score_sets(group: zarr.Group, where: str) -> dict[str, tuple[zarr.Array, lis
                 stacklevel=3,
             )
             continue
-        found[name] = (sub[PROBABILITIES], list(record.classes))
+        found[name] = ScoreSet(sub[PROBABILITIES], list(record.classes), record)
     return found
 
 

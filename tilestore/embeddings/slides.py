@@ -15,7 +15,7 @@ than hand back features of tiles that are no longer there.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from tilestore.embeddings.groups import (
     refuse_shared_names,
     slide_name,
 )
-from tilestore.embeddings.recipe import Recipe, ScaleLabel, combine, recipe, scale_of
+from tilestore.embeddings.recipe import Recipe, ScaleLabel, combine, recipe, scale_of, with_facts
 from tilestore.errors import EmbeddingError, SlideEmbeddingExists, StaleSlideEmbedding, StoreError
 from tilestore.format import leftovers
 from tilestore.format.codecs import zstd_codecs
@@ -51,6 +51,8 @@ from tilestore.options import checked
 
 SLIDES = "slides"  # the subgroup of a tile model's group holding its slide embeddings
 VECTOR = "embedding"  # the array of one slide embedding: (feature,)
+# a slide vector's record's facts compared where vectors of several stores meet (`combine`)
+ENCODER_FACTS = ("weights", "revision", "precision", "dim")
 
 
 @dataclass(frozen=True)
@@ -309,5 +311,4 @@ def open_slide_embeddings(
 
 def _with_encoder(tiles: Recipe, record: dict[str, Any]) -> Recipe:
     """The recipe of a slide vector: its tile features' and its encoder's weights."""
-    encoder = {f"encoder {k}": record.get(k) for k in ("weights", "revision", "precision", "dim")}
-    return replace(tiles, facts={**tiles.facts, **encoder})
+    return with_facts(tiles, "encoder", {k: record.get(k) for k in ENCODER_FACTS})

@@ -134,7 +134,7 @@ class Catalog:
         import xarray as xr
 
         from tilestore.embeddings import open_embeddings
-        from tilestore.embeddings.recipe import combine, recipe
+        from tilestore.embeddings.recipe import Recipes, combine, recipe
 
         populations: list[list[tuple[Served, Any]]] = []
         for served in having:
@@ -151,7 +151,12 @@ class Catalog:
         parts = [open_embeddings([s.store for s, _ in m], model) for m in populations]
         order = [s.index for m in populations for s, _ in m]
         ds = xr.concat(parts, dim="tile", join="outer", combine_attrs="drop")
-        ds.attrs = {**parts[0].attrs, "slides": [m for p in parts for m in p.attrs["slides"]]}
+        ds.attrs = {
+            **parts[0].attrs,
+            "slides": [m for p in parts for m in p.attrs["slides"]],
+            # every population's: a query checked against them is refused where they differ
+            "recipes": Recipes(tuple(f for p in parts for f in p.attrs["recipes"].found)),
+        }
         counts = [int(m["tiles"]) for m in ds.attrs["slides"]]
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         population = np.repeat(

@@ -125,7 +125,29 @@ def cohort_to_h5(
     named), stores without finished embeddings left out with a warning where a glob found
     them or skip_missing (as every export does: `read_each`), and every file checked free
     (or overwrite) before the first is written; a store whose features turn out damaged as
-    they are read stops the export, and the files this call made are removed."""
+    they are read stops the export, and the files this call made are removed.
+
+    Parameters
+    ----------
+    stores : str, path or list of them
+        Stores, or glob patterns.
+    model : str
+        The model whose tile embeddings are written.
+    folder : str or path
+        Where ``<slide>.h5`` files go (made where missing).
+    layout : {"trident", "stamp"}
+        TRIDENT's and CLAM's datasets and attributes, or STAMP's.
+    overwrite : bool
+        Replace existing files (else OutputError before the first is written).
+    skip_missing, scale, plan
+        As `tilestore.open_embeddings` takes them.
+
+    Returns
+    -------
+    list of H5Export
+        One per file written: its path, store, tiles, width, the grid's step and the tiles
+        whose coordinates fall outside their grid cell.
+    """
     from tilestore.embeddings.groups import (
         open_finished,
         read_each,

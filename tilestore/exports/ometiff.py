@@ -60,9 +60,24 @@ def to_ome_tiff(
 ) -> TiffExport:
     """Write the store's pyramid as an OME-TIFF at `path`; return what was written.
 
-    compression: the lossless codec for stores that are not JPEG ("deflate", "zstd",
-    "lzw"); JPEG chunks are copied. labels: also write each label image (tissue) as a
-    further OME image at its own resolution.
+    Parameters
+    ----------
+    store : str or path
+        A store made by `tilestore.convert`.
+    path : str or path
+        The .ome.tiff written (under a temporary name, renamed when whole).
+    compression : {"deflate", "zstd", "lzw"}
+        The lossless codec for stores that are not JPEG; JPEG chunks are copied.
+    labels : bool
+        Also write each label image (tissue) as a further OME image at its own resolution.
+    overwrite : bool
+        Replace an existing file (else StoreError).
+
+    Returns
+    -------
+    TiffExport
+        The path, each level's shape, tiles and how they were written (copied or
+        encoded), the labels written, seconds and bytes.
     """
     started = time.perf_counter()
     path = Path(path)

@@ -36,7 +36,7 @@ import tilestore
 from tilestore.embed.cohort import cpu_share, embed_cohort, local_cluster
 from tilestore.embed.models import get_model
 from tilestore.embed.settings import Options
-from tilestore.plan import PlanOptions, list_plans, plan_slide, save_plan
+from tilestore.plan import PlanOptions, list_plans, plan_over_tissue, save_plan
 
 PLAN = PlanOptions(mpp=0.5, tile=224, name="bench")  # the stores' plan; the slides' too
 
@@ -51,7 +51,7 @@ def build(work: Path, size: int) -> Path:
         tilestore.convert(source, work / "source")
     slide = tilestore.open_slide(store)
     if "bench" not in list_plans(slide):
-        save_plan(slide, plan_slide(slide, PLAN))
+        save_plan(slide, plan_over_tissue(slide, PLAN))
     return store
 
 

@@ -90,7 +90,7 @@ def main() -> None:
 
     inputs.Stager._reply = told
     timed(jobs, "prepare")
-    timed(plans, "plan_slide")
+    timed(plans, "plan_over_tissue")
     timed(produce.Producer, "_decode_plan")
     timed(runner.Runner, "_warm_up")
     for source in (rows.ProcessRows, rows.ThreadRows, rows.NvjpegRows):

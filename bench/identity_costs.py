@@ -91,7 +91,7 @@ def embeddings_costs(slide_file: Path, folder: Path, tiles: int, repeat: int) ->
     import tilestore
     from tilestore.conversion import convert
     from tilestore.embeddings import EmbeddingWriter, RunIdentity, find_group
-    from tilestore.plan import PlanOptions, plan_recipe, plan_slide, plan_uid, save_plan
+    from tilestore.plan import PlanOptions, plan_over_tissue, plan_recipe, plan_uid, save_plan
     from tilestore.reading import open_slide
 
     store = convert(slide_file, folder / "stores").store
@@ -100,8 +100,8 @@ def embeddings_costs(slide_file: Path, folder: Path, tiles: int, repeat: int) ->
     # the stride that gives about `tiles` tiles of 224 px at about the slide's own um/px
     stride = max(8, min(224, int(((h * w) / tiles) ** 0.5)))
     options = PlanOptions(mpp=0.5, tile=224, stride=stride, min_tissue=0.0)
-    planning = _median(lambda: plan_slide(slide, options), repeat)
-    plan = plan_slide(slide, options)
+    planning = _median(lambda: plan_over_tissue(slide, options), repeat)
+    plan = plan_over_tissue(slide, options)
     identity_s = _median(lambda: (plan_uid(plan), plan_recipe(plan)), repeat)
     uid = save_plan(slide, plan)
     rows = np.random.default_rng(0).standard_normal((len(plan), 1024)).astype(np.float16)

@@ -108,11 +108,11 @@ def _tiles_of(store: Path):
     import torch
 
     from tilestore.embed.forward import QualityLayout
-    from tilestore.plan import PlanOptions, plan_slide
+    from tilestore.plan import PlanOptions, plan_over_tissue
     from tilestore.plan.tiles import iter_tiles
 
     slide = tilestore.open_slide(store)
-    plan = plan_slide(slide, PlanOptions(mpp=0.5, tile=224))
+    plan = plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=224))
     tiles = np.stack([t for _, t in iter_tiles(slide, plan)])
     layout = QualityLayout(0.5, 224)
     blur = np.concatenate([layout.measure(torch.from_numpy(tiles[i : i + 64])).numpy()[:, 0]

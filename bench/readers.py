@@ -99,13 +99,13 @@ def make_store(folder: Path, codec: str) -> tuple[Path, np.ndarray, np.ndarray, 
     0 as tilestore reads it, and both groups' features as tilestore reads them."""
     import tilestore
     from tilestore.embeddings import EmbeddingWriter, RunIdentity
-    from tilestore.plan import PlanOptions, plan_slide, save_plan
+    from tilestore.plan import PlanOptions, plan_over_tissue, save_plan
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         store = tilestore.convert(SLIDE, folder, codec=codec).store
     slide = tilestore.open_slide(store)
-    plan = plan_slide(slide, PlanOptions(mpp=0.5, tile=224))
+    plan = plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=224))
     uid = save_plan(slide, plan)
     rng = np.random.default_rng(0)
     values = rng.standard_normal((len(plan), 16)).astype("float32")

@@ -93,12 +93,12 @@ def store_features(store: Path, model: str, mpp: float, tile: int, dim: int) -> 
     from tilestore.embeddings import list_embeddings
     from tilestore.embeddings.slides import read_tile_features
     from tilestore.embeddings.write import write_features
-    from tilestore.plan import PlanOptions, list_plans, plan_slide, save_plan
+    from tilestore.plan import PlanOptions, list_plans, plan_over_tissue, save_plan
 
     name = f"slides-{mpp:g}mpp-{tile}px"
     slide = tilestore.open_slide(store)
     if name not in list_plans(slide):
-        save_plan(slide, plan_slide(slide, PlanOptions(mpp=mpp, tile=tile, name=name)))
+        save_plan(slide, plan_over_tissue(slide, PlanOptions(mpp=mpp, tile=tile, name=name)))
     if model in list_embeddings(store):
         tiles = read_tile_features(store, model)
         if tiles.plan == name:

@@ -9,7 +9,7 @@ from pathlib import Path
 from make_slide import make_large_svs
 
 import tilestore
-from tilestore.plan import PlanOptions, list_plans, plan_slide, save_plan
+from tilestore.plan import PlanOptions, list_plans, plan_over_tissue, save_plan
 
 
 def build(
@@ -40,7 +40,9 @@ def build(
         if "bench" not in list_plans(slide):
             save_plan(
                 slide,
-                plan_slide(slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.0, name="bench")),
+                plan_over_tissue(
+                    slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.0, name="bench")
+                ),
             )
         stores.append(store)
     return source, stores[0], stores[1:]

@@ -8,6 +8,7 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -15,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tilestore import OutputError
+from tilestore.options import Opt
 from tilestore.progress import AtLeast, LogLines
 
 out = Console()
@@ -61,9 +63,9 @@ class _Bar(Progress):
         super().update(task_id, total=None if isinstance(total, AtLeast) else total, **changes)
 
 
-def said_by(progress: Progress | LogLines) -> Callable[[str], None]:
-    """Where the library's lines of what it does (compiling, waiting for a compile) go as
-    it works: above a live progress bar, or straight into the log (flushed: a SLURM log
+def line_printer(progress: Progress | LogLines) -> Callable[[str], None]:
+    """The printer of the library's lines of what it does (compiling, waiting for a compile)
+    as it works: above a live progress bar, or straight into the log (flushed: a SLURM log
     shows them as they happen, not at exit)."""
     if isinstance(progress, LogLines):
         return progress.say
@@ -115,6 +117,9 @@ def human_size(n: float) -> str:
         n /= 1024
     return f"{n:.1f} TB"
 
+
+# A command's own options, not the library's: how it prints
+AsJson = Annotated[bool, Opt("Print JSON instead of a table.", flag="json")]
 
 Flags = dict[str, tuple[str, str | None]]  # parameter -> (its flag, its --no- flag)
 

@@ -17,9 +17,9 @@ from tilestore.cli.console import (
     err,
     flags_of,
     kept_on_interrupt,
+    line_printer,
     out,
     output_file,
-    said_by,
     text_table,
 )
 from tilestore.cli.console import progress_bar as _progress
@@ -287,7 +287,7 @@ def _embed_here(stores, model, choice, options, into, in_place, sidecars, scan_m
             options=options,
             progress=lambda n, total: progress.update(task, advance=n, total=total),
             checked=checked,
-            say=said_by(progress),
+            say=line_printer(progress),
         )
     for line in format_report(result):  # plain print: never wrap a line
         failed = line.startswith(("WARNING", "tilestore: error"))
@@ -535,17 +535,17 @@ def models_list() -> None:
 
 
 @models_app.command("pull")
+@with_flags
 def models_pull(
     name: str = typer.Argument(..., help="A registered model name."),
-    hf_token: str | None = typer.Option(
-        None, help="Hugging Face token (default: HF_TOKEN or the stored login)."
-    ),
+    options: Options = From(Options, only=("hf_token",)),
 ) -> None:
     """Download a model's config and weights into the HF cache, for offline compute nodes; a
     slide encoder's weights and those of the tile model it reads."""
     from tilestore.embed import pull
     from tilestore.embed.slides import SLIDE_REGISTRY, pull_slide_encoder
 
+    hf_token = options.hf_token
     if name in SLIDE_REGISTRY:
         found = pull_slide_encoder(name, token=hf_token)
         where = (

@@ -11,6 +11,9 @@ range, unit and default from that one declaration:
 - a parameter annotated ``Annotated[<type>, Opt(...)]`` (e.g. `tilestore.options.Workers`) is one
   flag, and the command is called with its checked value.
 
+A declaration's `Opt.short` adds a one-letter flag (``-o``); one without a default is a
+required flag.
+
 Every such flag is read as text and parsed by its declaration (`Declaration.parse`), so a
 value outside its range, 0 where 0 means nothing, NaN or a word where a number belongs is
 one `OptionError` line before the command's body runs: before anything is read, written or
@@ -61,7 +64,7 @@ def with_flags(command: Callable[..., Any]) -> Callable[..., Any]:
         if isinstance(param.default, From):
             groups[param.name] = (param.default, _expand(param.default.source, param.default))
         elif (single := _single(param)) is not None:
-            singles[param.name] = _Flag(param.name, (param.name,), single)
+            singles[param.name] = _Flag(single.flag, (param.name,), single)
         else:
             kept.append(param)
     generated = [f for _, flags in groups.values() for f in flags] + list(singles.values())
@@ -162,9 +165,12 @@ def _parameter(flag: _Flag) -> inspect.Parameter:
     declaration = flag.declaration
     switch = declaration.kind.switch and declaration.kind.number is None
     dashed = flag.name.replace("_", "-")
+    names = [f"--{dashed}/--no-{dashed}" if switch else f"--{dashed}"]
+    if declaration.opt.short:
+        names.append(f"-{declaration.opt.short}")
     option = typer.Option(
-        None,
-        f"--{dashed}/--no-{dashed}" if switch else f"--{dashed}",
+        ... if declaration.default is REQUIRED else None,
+        *names,
         help=help_text(declaration),
         metavar=None if switch else metavar(declaration),
         show_default=False,

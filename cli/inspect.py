@@ -9,8 +9,9 @@ from pathlib import Path
 
 import typer
 
-from tilestore.cli.console import as_flags, human_size, out, text_table
-from tilestore.cli.flags import with_flags
+from tilestore.cli.console import AsJson, as_flags, human_size, out, text_table
+from tilestore.cli.flags import From, with_flags
+from tilestore.conversion import describe
 from tilestore.options import Workers
 
 
@@ -25,19 +26,17 @@ def _gpu_jpeg(levels: list[dict]) -> str:
     return "; ".join(refused) + " (decoded on the CPU instead)"
 
 
+@with_flags
 def info(
     path: Path = typer.Argument(..., help="A store (.ome.zarr) or a slide file."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    verify: bool = typer.Option(
-        False, "--verify", help="Slide files: also decode a sample of each level's tiles."
-    ),
+    as_json: AsJson = False,
+    options: dict = From(describe, only=("verify",)),
 ) -> None:
     """Describe a store or a slide: levels, mpp, chunking, codec, size, completeness, and
     each model's embeddings (how far, slide vectors)."""
-    from tilestore.conversion import describe
     from tilestore.embeddings import embeddings_status
 
-    desc = describe(path, verify=verify)
+    desc = describe(path, **options)
     if desc["kind"] == "store":
         desc["embeddings"] = [g.to_json() for g in embeddings_status(path).groups]
     if as_json:

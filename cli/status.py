@@ -18,15 +18,19 @@ import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
-from tilestore.cli.console import as_flags, flags_of, output_file
+from tilestore.cli.console import AsJson, as_flags, flags_of, output_file
 from tilestore.cli.embed import embed
+from tilestore.cli.flags import with_flags
 from tilestore.embeddings import (
     STATES,
     TAKEN_OVER,
+    AskedEncoder,
+    AskedModel,
+    AskedPlan,
     Finish,
     GroupStatus,
     breaking_runs,
@@ -34,23 +38,23 @@ from tilestore.embeddings import (
     finishing_runs,
     only_model,
 )
+from tilestore.options import Opt
+
+# the command's own: where it writes the stores left
+Todo = Annotated[
+    Path | None,
+    Opt("Write the stores left to this file, one a line, for the command printed."),
+]
 
 
+@with_flags
 def status(
     stores: list[Path] = typer.Argument(..., help="Stores (.ome.zarr) of a cohort."),
-    model: str | None = typer.Option(
-        None, help="The model whose embeddings are asked for (default: the stores' only one)."
-    ),
-    plan: str | None = typer.Option(
-        None, help="The plan they must be of (default: whichever each was made from)."
-    ),
-    slide_encoder: str | None = typer.Option(
-        None, "--slide-encoder", help="Also a slide vector of this encoder in each store."
-    ),
-    todo: Path | None = typer.Option(
-        None, help="Write the stores left to this file, one a line, for the command printed."
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    model: AskedModel = None,
+    plan: AskedPlan = None,
+    slide_encoder: AskedEncoder = None,
+    todo: Todo = None,
+    as_json: AsJson = False,
 ) -> None:
     """Say how far each store's embeddings are (complete, partial, running, damaged, not
     started, blocked) and print the `tilestore embed` command that finishes the rest; exit 0

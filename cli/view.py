@@ -12,7 +12,7 @@ import typer
 from tilestore.cli.console import out
 from tilestore.cli.flags import with_flags
 from tilestore.reading import OverrideMpp, ScanMpp
-from tilestore.view import Port
+from tilestore.view import HOST, PORT, Host, Port
 
 
 @with_flags
@@ -24,10 +24,8 @@ def view(
     ),
     scan_mpp: ScanMpp = None,
     override_mpp: OverrideMpp = False,
-    port: Port = 8000,
-    host: str = typer.Option(
-        "127.0.0.1", help="Address to listen on; the default is this machine only."
-    ),
+    port: Port = PORT,
+    host: Host = HOST,
     roi: list[Path] | None = typer.Option(
         None,
         help="ROI annotations to draw (QuPath GeoJSON, Aperio or ASAP XML, level-0 px): "

@@ -21,7 +21,7 @@ from tilestore.embed.jobs import PlanChoice, prepare
 from tilestore.embed.models import LoadedModel, ModelSpec
 from tilestore.embed.settings import Options
 from tilestore.embed.sizing import profile_batches
-from tilestore.embeddings import standing
+from tilestore.embeddings import resume_state
 from tilestore.errors import EmbeddingError, TilestoreError
 from tilestore.format import is_store, store_name
 from tilestore.reading import sidecar_for
@@ -147,12 +147,12 @@ def _row(path, embedder, identity, plan, rate, into, in_place, sidecars) -> DryR
 
 def _done(slide, model: str, plan, uid: str | None, overwrite: bool) -> tuple[int, str]:
     """Tiles an earlier run of this model already embedded from this plan (its done
-    batches), as the run's writer counts them (`standing`); a group from another plan, or
+    batches), as the run's writer counts them (`resume_state`); a group from another plan, or
     damaged, is the run's error."""
     if overwrite:
         return 0, "recomputed (overwrite)"
     # a plan the dry run made afresh (uid None: not stored) is other tiles than any group's
-    found = standing(slide, model, plan.name, uid or "(made afresh)", len(plan))
+    found = resume_state(slide, model, plan.name, uid or "(made afresh)", len(plan))
     if found.state in ("other plan", "damaged"):
         raise EmbeddingError(found.why)
     if found.state == "complete":

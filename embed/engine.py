@@ -59,33 +59,55 @@ def embed(
     say: Callable[[str], None] | None = None,
 ) -> RunReport:
     """Embed each store's plan tiles with one model, writing embeddings/<model>/<plan> into the
-    store.
+    store. A store already embedded with this model is skipped unless options.overwrite; an
+    interrupted one resumes. A store that fails is reported in the returned report and the
+    others go on.
 
-    model: a name, its record (`ModelSpec`, resolved once by the caller: the command does)
-    or a model loaded already; a name is resolved here, once, and the record passed along.
-    convert_into: a folder where inputs that are slide files rather than stores are
-    converted first (`tilestore.embed.inputs.Stager`, in a worker process: the first while
-    the model loads, each next one while the GPU embeds the one before). in_place: slide
-    files are read where they are instead, through sidecars in `sidecars` (None: beside each
-    slide; `tilestore.conversion.open_in_place`). With neither, every input must be a store.
-    stores may be a Stager made already (the command makes it before it imports torch, so
-    the first slide converts meanwhile); convert_into, in_place and sidecars are then its
-    own. scan_mpp: the level-0 um/px of slide files given where their files record none;
-    with override_mpp, over what they record (as `convert(mpp=..., override_mpp=...)`).
+    Parameters
+    ----------
+    stores : list of str or path, or Stager
+        Stores (or slide files, with `convert_into` or `in_place`); or a `Stager` made
+        already (the command makes it before it imports torch, so the first slide converts
+        meanwhile): `convert_into`, `in_place` and `sidecars` are then its own.
+    model : str, ModelSpec or LoadedModel
+        A registered name, timm:<arch>, local:<dir>, random:<name>; its record (`ModelSpec`,
+        resolved once by the caller: the command does); or a model loaded. A name is
+        resolved here, once, and the record passed along.
+    plan : str, PlanOptions or None
+        A stored plan's name; `PlanOptions` to make one (its unset mpp and tile are the
+        model's); None for the store's only plan, else one made at the model's native mpp
+        and tile size (`tilestore.embed.jobs.plan_for`).
+    options : Options
+        How to run (device, precision, batch size, decode, overwrite...): `resolve`d once.
+    report_path : str or path, optional
+        Where the run's JSON report is written (whole or not at all).
+    progress : callable, optional
+        Called with (tiles done, total) as batches are written.
+    convert_into : str or path, optional
+        A folder where inputs that are slide files rather than stores are converted first
+        (`tilestore.embed.inputs.Stager`, in a worker process: the first while the model
+        loads, each next one while the GPU embeds the one before).
+    in_place : bool
+        Slide files are read where they are instead, through sidecars in `sidecars` (None:
+        beside each slide; `tilestore.conversion.open_in_place`). With neither this nor
+        `convert_into`, every input must be a store.
+    scan_mpp, override_mpp
+        The level-0 um/px of slide files given where their files record none; with
+        override_mpp, over what they record (as ``convert(mpp=..., override_mpp=...)``).
+    checked : Preflight, optional
+        What `tilestore.embed.preflight` found of these stores before (the command checks
+        them before it imports torch); else they are checked here, before the model loads:
+        refused and complete stores go into the report without costing a model load.
+    say : callable, optional
+        Called with a line for each step before the first batch that may take long
+        (compiling, or waiting for another process compiling the same graphs), as it
+        happens.
 
-    plan: a stored plan's name; `PlanOptions` to make one (its unset mpp and tile are the
-    model's); None for the store's only plan, else one made at the model's native mpp and
-    tile size (`tilestore.embed.jobs.plan_for`). A store already embedded with this model is skipped
-    unless options.overwrite; an interrupted one resumes. A store that fails is reported in
-    the returned report and the others go on.
-
-    checked: what `tilestore.embed.preflight` found of these stores before (the command
-    checks them before it imports torch); else they are checked here, before the model
-    loads: refused and complete stores go into the report without costing a model load.
-
-    progress: called with (tiles done, total) as batches are written. say: called with a
-    line for each step before the first batch that may take long (compiling, or waiting
-    for another process compiling the same graphs), as it happens.
+    Returns
+    -------
+    RunReport
+        Each store's outcome (embedded, skipped, failed and why), the run's settings and
+        timings; ``exit_code`` is the command's exit status (`tilestore.embed.outcome`).
     """
     if not isinstance(model, LoadedModel):
         model = model_record(model)  # the one resolution of the name in this run

@@ -19,7 +19,7 @@ from pathlib import Path
 from tilestore.embed.models import REGISTRY, model_record
 from tilestore.embed.models.spec import ModelSpec
 from tilestore.embed.settings import Options
-from tilestore.embeddings import standing
+from tilestore.embeddings import resume_state
 from tilestore.embeddings.recipe import scale_of
 from tilestore.errors import PlanError, StoreError, TilestoreError
 from tilestore.format import is_store
@@ -77,7 +77,7 @@ def check_stores(
             if spec is not None and not options.any_scale:
                 refuse_other_scale(slide, plan_name, mpp, tile, spec)
             asked = {"channels": list(options.channels) if options.channels else None}
-            held = standing(slide, name, plan_name, uid, tiles, asked)
+            held = resume_state(slide, name, plan_name, uid, tiles, asked)
         except TilestoreError as exc:
             found.refused.append((str(given), without_store(given, str(exc))))
             continue

@@ -204,7 +204,7 @@ def embedded_cohort(tmp_path_factory, stores):
     import shutil
 
     from tilestore.embed import Options, embed
-    from tilestore.plan import PlanOptions, plan_slide, save_plan
+    from tilestore.plan import PlanOptions, plan_over_tissue, save_plan
     from tilestore.reading.opening import open_slide
 
     root = tmp_path_factory.mktemp("cohort")
@@ -215,7 +215,7 @@ def embedded_cohort(tmp_path_factory, stores):
     roi = root / "classes.geojson"
     roi.write_text(json.dumps(CMU_CLASSES))
     slide = open_slide(cmu)
-    save_plan(slide, plan_slide(slide, PlanOptions(roi=roi, name="classes")))
+    save_plan(slide, plan_over_tissue(slide, PlanOptions(roi=roi, name="classes")))
     options = Options(batch_size=16, device="cpu", precision="fp32", dtype="float32")
     embed([cmu], "efficientnet-lite0", plan="classes", options=options)
     embed([ihc], "efficientnet-lite0", plan=PlanOptions(mpp=0.5, tile=224), options=options)

@@ -252,6 +252,13 @@ def test_the_command_imports_only_public_faces():
         # when one is called
         ("tilestore.exports", ("zarr", "xarray", "h5py", "tifffile", "matplotlib")),
         ("tilestore.exports.registry", ("zarr", "xarray", "h5py", "tifffile", "matplotlib")),
+        # each export's command: its signature read as `tilestore export` is built, its
+        # writer's heavy imports inside its functions
+        *(
+            (f"tilestore.exports.{name}", ("xarray", "h5py", "matplotlib", "pandas", "anndata"))
+            for name in ("h5", "h5ad", "heatmap", "maps", "ometiff", "qupath", "slidetable")
+        ),
+        ("tilestore.cli.export", ("xarray", "h5py", "matplotlib", "pandas", "anndata")),
     ],
 )
 def test_light_modules_stay_light(module, not_loaded):

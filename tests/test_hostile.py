@@ -315,11 +315,11 @@ RESHARD = [
 def file_per_chunk(stores, tmp_path_factory):
     """CMU-1-Small-Region in one file per chunk (the layout before shards) with a plan: a
     copy of the session's store, which other tests read as it was made."""
-    from tilestore.plan import plan_slide, save_plan
+    from tilestore.plan import plan_over_tissue, save_plan
 
     store = C.store_copy(tmp_path_factory.mktemp("reshard"), stores(CMU, shard="off"), "cmu")
     slide = open_slide(store)
-    save_plan(slide, plan_slide(slide, PlanOptions(mpp=1.0, tile=224, name="default")))
+    save_plan(slide, plan_over_tissue(slide, PlanOptions(mpp=1.0, tile=224, name="default")))
     return store
 
 
@@ -329,7 +329,7 @@ def test_reshard_of_a_damaged_document_is_one_store_error_and_changes_nothing(
 ):
     """Was `internal error (JSONDecodeError)`: every array's zarr.json is read (and checked as
     zarr reads it) before anything is written, inside the one place a damaged stored document
-    becomes a StoreError (`tilestore.format.store.stored`)."""
+    becomes a StoreError (`tilestore.format.store.damage_as_store_error`)."""
     from tilestore.conversion import reshard
 
     store = make(tmp_path, file_per_chunk)
@@ -361,7 +361,8 @@ def test_info_on_a_damaged_level_is_a_store_error(tmp_path, stores):
     ids=lambda v: v.__name__,
 )
 def test_info_on_damaged_source_attributes_is_a_store_error(tmp_path, stores, make):
-    """Was an AttributeError or TypeError: the source's facts were read outside `stored`."""
+    """Was an AttributeError or TypeError: the source's facts were read outside
+    `damage_as_store_error`."""
     store = make(tmp_path, stores(CMU))
     with pytest.raises(StoreError, match=r"tilestore attributes are damaged \((Type|Value)Error"):
         describe(store)

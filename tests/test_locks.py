@@ -253,13 +253,13 @@ writer.abandon()
 
 
 def _planned(store_path: Path) -> Path:
-    from tilestore.plan import PlanOptions, plan_slide, save_plan
+    from tilestore.plan import PlanOptions, plan_over_tissue, save_plan
     from tilestore.reading import open_slide
 
     slide = open_slide(store_path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TilestoreWarning)
-        save_plan(slide, plan_slide(slide, PlanOptions(mpp=0.5, tile=224)))
+        save_plan(slide, plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=224)))
     return store_path
 
 
@@ -314,7 +314,7 @@ def test_convert_overwrite_reshard_plan_and_tissue_refuse_a_store_being_embedded
     refuses in one line naming the holder, before any work, and the store is untouched."""
     from tilestore.conversion import convert, reshard
     from tilestore.masks import compute_tissue, write_tissue
-    from tilestore.plan import PlanOptions, plan_slide, save_plan
+    from tilestore.plan import PlanOptions, plan_over_tissue, save_plan
     from tilestore.reading import open_slide
 
     path, holder = held
@@ -327,7 +327,7 @@ def test_convert_overwrite_reshard_plan_and_tissue_refuse_a_store_being_embedded
     slide = open_slide(path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TilestoreWarning)
-        again = plan_slide(
+        again = plan_over_tissue(
             slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.9, name="0.5mpp-224px")
         )
         mask = compute_tissue(slide)

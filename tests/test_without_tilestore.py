@@ -60,7 +60,7 @@ def plain_python(tmp_path_factory) -> str:
 
 def test_zarr_with_imagecodecs_reads_our_store_without_tilestore(plain_python, stores, tmp_path):
     from tilestore.embeddings import EmbeddingWriter, RunIdentity
-    from tilestore.plan import PlanOptions, plan_slide, save_plan
+    from tilestore.plan import PlanOptions, plan_over_tissue, save_plan
     from tilestore.reading.opening import open_slide
 
     store = tmp_path / "cmu.ome.zarr"
@@ -68,7 +68,7 @@ def test_zarr_with_imagecodecs_reads_our_store_without_tilestore(plain_python, s
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TilestoreWarning)
         slide = open_slide(store)
-    plan = plan_slide(slide, PlanOptions(mpp=1.0, tile=224))
+    plan = plan_over_tissue(slide, PlanOptions(mpp=1.0, tile=224))
     uid = save_plan(slide, plan)
     identity = RunIdentity(
         {"name": "unfinished", "output_dim": 5},

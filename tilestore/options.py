@@ -62,7 +62,9 @@ class Opt:
     (a nested record's field: "contrast_min"). metavar: the placeholder in the help.
     cli: False for options a command does not take (objects, per-detector parameters).
     pattern: text must match this regular expression whole; shape: what it allows, said.
-    multiple: a whole number must be a multiple of this.
+    multiple: a whole number must be a multiple of this. short: the command's one-letter
+    flag besides the long one ("o" for -o). writes: a path the command writes, a "file" or
+    a "folder", made ready (its folder made, or refused in one line) before any work.
     """
 
     help: str
@@ -78,6 +80,8 @@ class Opt:
     pattern: str | None = None
     shape: str = ""
     multiple: int | None = None
+    short: str | None = None
+    writes: Literal["", "file", "folder"] = ""
 
 
 @dataclass(frozen=True)

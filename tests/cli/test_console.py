@@ -112,14 +112,14 @@ def test_what_a_run_says_as_it_works_goes_to_the_log_at_once_or_above_the_bar(ca
     from rich.console import Console
     from rich.progress import Progress
 
-    from tilestore.cli.console import said_by
+    from tilestore.cli.console import line_printer
     from tilestore.progress import LogLines
 
-    said_by(LogLines("embedding with uni", 30.0))("compiling uni for batch 512 ...")
+    line_printer(LogLines("embedding with uni", 30.0))("compiling uni for batch 512 ...")
     assert capsys.readouterr().err == "compiling uni for batch 512 ...\n"
     terminal = Console(record=True, force_terminal=True, width=200)
     with Progress(console=terminal) as bar:
-        said_by(bar)("waiting for node12:4711 compiling /shared/uni-1.bin [for 40 s]")
+        line_printer(bar)("waiting for node12:4711 compiling /shared/uni-1.bin [for 40 s]")
     assert (
         "waiting for node12:4711 compiling /shared/uni-1.bin [for 40 s]" in terminal.export_text()
     )

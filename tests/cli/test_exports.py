@@ -9,15 +9,20 @@ import os
 import shutil
 import subprocess
 import sys
+import types
+from pathlib import Path
+from typing import Annotated
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 import tilestore.exports
-from tilestore.cli.export import export_app
+from tilestore.cli.export import build, export_app
 from tilestore.cli.main import app
 from tilestore.errors import ExportError
-from tilestore.exports import EXPORTS, SUFFIXES, table_format
+from tilestore.exports import EXPORTS, SUFFIXES, Export, Exported, table_format
+from tilestore.options import Opt, checked
 
 MODEL = "efficientnet-lite0"
 
@@ -79,6 +84,22 @@ def test_every_registered_writer_is_offered_by_the_face():
         assert callable(export.load())
 
 
+TOY_CALLS: list = []
+
+
+@checked
+def export_toy(
+    stores: Annotated[list[str], Opt("Stores.")],
+    *,
+    model: Annotated[str, Opt("The model.", short="m")],
+    output: Annotated[Path, Opt("The file.", short="o", writes="file")],
+    k: Annotated[int, Opt("Clusters.", low=2, high=9)] = 3,
+) -> Exported:
+    """A toy export's command (`test_a_new_export_is_its_module_and_a_registry_line`)."""
+    TOY_CALLS.append((stores, model, output, k))
+    return Exported((f"{len(stores)} stores, k={k} -> {output}",))
+
+
 class Called(Exception):
     """Raised by the stand-in writer: the command reached it."""
 
@@ -117,3 +138,31 @@ def test_a_slide_table_of_another_type_is_one_line_before_any_store_is_read(tmp_
         f"tilestore: error: {tmp_path / 'cohort.txt'}: write a .parquet, .csv or .h5ad file"
     ]
     assert not (tmp_path / "cohort.txt").exists()
+
+
+def test_a_new_export_is_its_module_and_a_registry_line(tmp_path, monkeypatch):
+    """The builder makes a subcommand of an export it has never seen: its argument, its
+    flags (a short one, a required one, a checked number), its output's folder made before
+    the function runs, the lines the function returns printed; a bad value is refused
+    before the function runs."""
+    calls = TOY_CALLS
+    calls.clear()
+    module = types.ModuleType("tilestore.exports.toy")
+    module.export_toy = export_toy
+    module.write_toy = lambda: None
+    monkeypatch.setitem(sys.modules, "tilestore.exports.toy", module)
+    toy = Export("toy", "tile embeddings", (".toy",), "toy", "write_toy", "export_toy", "A toy.")
+    app = typer.Typer()
+    app.command("toy")(build(toy))
+    app.command("other")(lambda: None)  # two commands: typer keeps the subcommand's name
+    target = tmp_path / "made" / "x.toy"
+    done = CliRunner().invoke(app, ["toy", "a", "b", "-m", "uni", "-o", str(target), "--k", "4"])
+    assert done.exit_code == 0, done.output
+    assert calls == [(["a", "b"], "uni", target, 4)]
+    assert target.parent.is_dir()  # made ready before the function ran
+    assert done.output.strip() == f"2 stores, k=4 -> {target}"
+    calls.clear()
+    missing = CliRunner().invoke(app, ["toy", "a", "-o", str(target)])
+    assert missing.exit_code == 2 and "--model" in missing.output and calls == []
+    refused = CliRunner().invoke(app, ["toy", "a", "-m", "uni", "-o", str(target), "--k", "1"])
+    assert "k=1: must be a whole number from 2 to 9" in str(refused.exception) and calls == []

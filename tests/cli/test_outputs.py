@@ -70,10 +70,13 @@ def test_export_slides_into_a_new_folder(embedded_cohort, tmp_path):
 
 def test_a_plan_asked_for_max_blur_is_filtered_or_refused_never_named_so_unfiltered(store):
     slide = open_slide(store())
-    with pytest.raises(PlanError, match=r"max_blur=0.5: the blur filter reads .*plan_slide"):
-        from tilestore.plan import plan_slide
+    with pytest.raises(
+        PlanError,
+        match=r"max_blur=0.5: the blur filter reads .*plan with tilestore.plan_slide, not ",
+    ):
+        from tilestore.plan import plan_over_tissue
 
-        plan_slide(slide, PlanOptions(max_blur=0.5))
+        plan_over_tissue(slide, PlanOptions(max_blur=0.5))
     with pytest.raises(
         PlanError, match=r"max_blur needs per-tile measures from an embedding pass; none in this"
     ):

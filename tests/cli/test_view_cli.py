@@ -123,8 +123,9 @@ def test_export_heatmap_writes_what_it_is_asked_for(embedded_cohort, tmp_path):
     assert (tmp_path / "s.png").stat().st_size > 10_000
     assert any(p.name.startswith("heatmap-") for p in (store / "labels").iterdir())
     nothing = subprocess.run([*command, "--column", "tissue"], capture_output=True, text=True)
-    assert nothing.returncode == 2 and "give at least one of --png, --geojson, --label" in (
-        nothing.stderr
+    assert (
+        nothing.returncode == 2
+        and "give at least one of --png <file>, --geojson <file>, --label" in (nothing.stderr)
     )
     unknown = subprocess.run(
         [*command, "--column", "nope", "--png", str(tmp_path / "n.png")], capture_output=True,

@@ -30,7 +30,7 @@ from tilestore.embed.slides.nets.titan import alibi_slopes
 from tilestore.embeddings.slides import read_slide_vector
 from tilestore.embeddings.write import write_features
 from tilestore.errors import MixedResults, ModelError, OutputError
-from tilestore.plan import PlanOptions, plan_slide, save_plan
+from tilestore.plan import PlanOptions, plan_over_tissue, save_plan
 from tilestore.reading.opening import open_slide
 
 MODEL = "lunit-vits8"
@@ -174,7 +174,7 @@ def cohort(store, tmp_path):
         path = store(into=tmp_path / "stores")
         path = path.rename(path.parent / f"{name}.ome.zarr")
         slide = open_slide(path)
-        plan = plan_slide(slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.0, name="p"))
+        plan = plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.0, name="p"))
         save_plan(slide, plan)
         rng = np.random.default_rng(i)
         write_features(

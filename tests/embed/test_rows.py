@@ -15,7 +15,7 @@ from tilestore.embed.nvjpeg import open_decoder
 from tilestore.embed.procdecode import ProcessDecoder
 from tilestore.embed.report import no_span
 from tilestore.embed.rows import NvjpegRows, ProcessRows, ThreadRows
-from tilestore.plan import PlanOptions, plan_slide
+from tilestore.plan import PlanOptions, plan_over_tissue
 from tilestore.plan.tiles import chunk_schedule
 from tilestore.reading.opening import open_slide
 
@@ -24,7 +24,7 @@ CUDA = torch.cuda.is_available()
 
 def _steps(stores, **kwargs):
     slide = open_slide(stores(CMU, **kwargs))
-    plan = plan_slide(slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.0))
+    plan = plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.0))
     return slide.chunks(plan.spec.level), chunk_schedule(plan)
 
 
@@ -102,7 +102,7 @@ def test_process_rows_of_a_slide_read_in_place_are_its_readers_pixels(tmp_path):
         counts[1 * tif.pages[0].chunked[1] + 2] = 0  # tile (1, 2) never scanned
         tif.pages[0].tags["TileByteCounts"].overwrite(counts)
     slide = open_in_place(path, sidecars=tmp_path / "sidecars")
-    plan = plan_slide(slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.0))
+    plan = plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.0))
     reader, steps = slide.chunks(plan.spec.level), chunk_schedule(plan)
     assert reader.locations([(1, 2)]) == [None]
     device = torch.device("cuda", torch.cuda.current_device())

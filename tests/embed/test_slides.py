@@ -41,7 +41,7 @@ from tilestore.embeddings.slides import (
 )
 from tilestore.embeddings.write import write_features
 from tilestore.errors import StoreError
-from tilestore.plan import PlanOptions, plan_slide, save_plan
+from tilestore.plan import PlanOptions, plan_over_tissue, save_plan
 from tilestore.reading.opening import open_slide
 
 SPECS = list_slide_encoders()
@@ -309,7 +309,7 @@ def featured(store):
     plan (what TITAN and FEATHER read), written through the embeddings writer."""
     path = store()
     slide = open_slide(path)
-    plan = plan_slide(slide, PlanOptions(mpp=0.5, tile=512, min_tissue=0.0, name="p512"))
+    plan = plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=512, min_tissue=0.0, name="p512"))
     save_plan(slide, plan)
     rng = np.random.default_rng(1)
     features = rng.standard_normal((len(plan), 768)).astype(np.float32)
@@ -451,7 +451,7 @@ def test_tile_features_that_are_not_finite_are_not_stored(store):
 
     path = store()
     slide = open_slide(path)
-    plan = plan_slide(slide, PlanOptions(mpp=0.5, tile=512, min_tissue=0.0, name="p512"))
+    plan = plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=512, min_tissue=0.0, name="p512"))
     save_plan(slide, plan)
     features = np.ones((len(plan), 8), np.float32)
     features[[1, 4], 2] = [np.nan, -np.inf]
@@ -479,7 +479,7 @@ def test_tile_features_an_encoder_was_not_made_for_are_refused_with_one_line(
 ):
     path = store()
     slide = open_slide(path)
-    made = plan_slide(slide, replace(plan, min_tissue=0.0, name="p"))
+    made = plan_over_tissue(slide, replace(plan, min_tissue=0.0, name="p"))
     save_plan(slide, made)
     rng = np.random.default_rng(0)
     features = rng.standard_normal((len(made), 768)).astype(np.float32)
@@ -515,7 +515,9 @@ def test_a_cohort_of_slide_vectors_opens_as_slide_by_feature(featured, store, tm
     path, _ = featured
     other = store(into=tmp_path / "b")
     slide = open_slide(other)
-    save_plan(slide, plan_slide(slide, PlanOptions(mpp=0.5, tile=512, min_tissue=0.0, name="p")))
+    save_plan(
+        slide, plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=512, min_tissue=0.0, name="p"))
+    )
     count = len(read_tile_features(path, "conch-v1.5").features)
     write_features(other, {"name": "conch-v1.5"}, np.ones((count, 768), np.float32), plan="p")
     embed_slides([path, other], "mean", model="conch-v1.5", device="cpu")

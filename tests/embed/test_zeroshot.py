@@ -28,7 +28,7 @@ from tilestore.embeddings import open_embeddings
 from tilestore.embeddings.scores import read_tile_scores
 from tilestore.embeddings.write import write_features
 from tilestore.errors import EmbeddingError, OptionError, OtherWeights, StoreError
-from tilestore.plan import PlanOptions, plan_slide, save_plan
+from tilestore.plan import PlanOptions, plan_over_tissue, save_plan
 
 transformers = pytest.importorskip("transformers")
 
@@ -181,7 +181,7 @@ def _embedded(store_path, name: str, folder: Path, plan: PlanOptions, crop: int,
     at each tile's corner. Returns (those tiles, the loaded model). spec: the registered
     entry, changed (a smaller architecture), with `folder` as its repo."""
     slide = open_slide(store_path)
-    made = plan_slide(slide, replace(plan, min_tissue=0.0, name="p"))
+    made = plan_over_tissue(slide, replace(plan, min_tissue=0.0, name="p"))
     save_plan(slide, made)
     pixels = np.moveaxis(slide.array(0)[:], 0, -1)
     tiles = np.stack(

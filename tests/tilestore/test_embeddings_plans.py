@@ -19,7 +19,7 @@ from tilestore.embeddings import (
 )
 from tilestore.embeddings.write import write_features
 from tilestore.errors import OptionError
-from tilestore.plan import PlanOptions, load_plan, plan_slide, save_plan
+from tilestore.plan import PlanOptions, load_plan, plan_over_tissue, save_plan
 from tilestore.reading.opening import open_slide
 
 
@@ -30,7 +30,7 @@ def two_plans(store):
     slide = open_slide(path)
     plans = []
     for options in (PlanOptions(mpp=1.0, tile=224), PlanOptions(mpp=1.0, tile=224, stride=112)):
-        plan = plan_slide(slide, options)
+        plan = plan_over_tissue(slide, options)
         save_plan(slide, plan)
         plans.append(plan)
     rng = np.random.default_rng(0)
@@ -128,7 +128,7 @@ def test_every_reader_refuses_a_group_whose_plan_was_stored_again(two_plans, tmp
 def test_a_complete_group_of_other_channels_is_never_skipped_as_this_runs(two_plans):
     """A new user's find (issue 69): embed --channels FITC,Cy3,DAPI over a complete
     DAPI,FITC,Cy3 run said "already complete", exit 0: its features are of other pixels."""
-    from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity, standing
+    from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity, resume_state
     from tilestore.errors import EmbeddingError
 
     path, (a, _), (fa, _) = two_plans
@@ -151,7 +151,7 @@ def test_a_complete_group_of_other_channels_is_never_skipped_as_this_runs(two_pl
         "is complete but was made otherwise (channels: ['DAPI', 'FITC', 'Cy3'], this run "
         in str(refused.value)
     )
-    held = standing(slide, "m", a.name, uid, len(a), {"channels": ["FITC", "Cy3", "DAPI"]})
+    held = resume_state(slide, "m", a.name, uid, len(a), {"channels": ["FITC", "Cy3", "DAPI"]})
     assert held.state == "other settings"
     again = writer(("FITC", "Cy3", "DAPI"), overwrite=True)  # asked: embedded again so
     again.abandon()

@@ -21,13 +21,13 @@ from tilestore.embeddings import (
     embeddings_status,
     open_embeddings,
     read_tile_features,
-    standing,
+    resume_state,
 )
 from tilestore.embeddings import tied as tied_module
 from tilestore.errors import DamagedEmbeddings, EmbeddingError, StoreError
 from tilestore.format import positions
 from tilestore.format.shards import ENTRY, TRAILER
-from tilestore.plan import PlanOptions, plan_slide, save_plan
+from tilestore.plan import PlanOptions, plan_over_tissue, save_plan
 from tilestore.reading import verify_store
 from tilestore.reading.opening import open_slide
 
@@ -45,7 +45,7 @@ def made(store):
     """A store whose group of `m` is complete: (store, plan, uid, features written)."""
     path = store()
     slide = open_slide(path)
-    plan = plan_slide(slide, PlanOptions(mpp=1.0, tile=112, min_tissue=0.0))
+    plan = plan_over_tissue(slide, PlanOptions(mpp=1.0, tile=112, min_tissue=0.0))
     uid = save_plan(slide, plan)
     features = np.random.default_rng(0).standard_normal((len(plan), 4)).astype(np.float32)
     _write(path, plan, uid, features)
@@ -145,7 +145,7 @@ def test_a_group_not_as_written_is_refused_by_readers_status_and_the_writer(made
         read_tile_features(path, "m")
     group = embeddings_status(path, "m").groups[0]  # never complete
     assert (group.state, group.note) == ("damaged", message)
-    found = standing(open_slide(path), "m", plan.name, uid, len(plan))
+    found = resume_state(open_slide(path), "m", plan.name, uid, len(plan))
     assert found.state == "damaged" and said in found.why and found.why.endswith(AGAIN)
     with pytest.raises(EmbeddingError) as refused:  # embed neither skips nor resumes it
         EmbeddingWriter(open_slide(path), plan, uid, _identity())
@@ -217,7 +217,7 @@ def test_a_kill_between_a_shard_and_its_positions_or_flags_resumes_to_the_same_g
             writer.write(block, features[block * 4 : (block + 1) * 4])
     monkeypatch.undo()
     writer._release_lock()
-    found = standing(open_slide(path), "m", plan.name, uid, len(plan))
+    found = resume_state(open_slide(path), "m", plan.name, uid, len(plan))
     assert found.state == "resumes" and found.done.tolist() == [0, 1, 2, 3], found.why
     assert embeddings_status(path, "m").groups[0].state == "partial"
     _write(path, plan, uid, features)
@@ -238,7 +238,7 @@ def test_a_partial_group_whose_done_batches_moved_is_damaged_not_resumed(made):
     group = zarr.open_group(path / GROUP, mode="r+")
     group.attrs["tilestore"] = {**group.attrs["tilestore"], "complete": False}
     _swap_files(path)
-    found = standing(open_slide(path), "m", plan.name, uid, len(plan))
+    found = resume_state(open_slide(path), "m", plan.name, uid, len(plan))
     assert found.state == "damaged" and "rows 16-47 are not as written" in found.why
     assert embeddings_status(path, "m").groups[0].state == "damaged"
     with pytest.raises(EmbeddingError, match=AGAIN):

@@ -10,7 +10,7 @@ import zarr
 from tests.conftest import group_of
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity
 from tilestore.errors import EmbeddingError
-from tilestore.plan import PlanOptions, plan_slide, save_plan
+from tilestore.plan import PlanOptions, plan_over_tissue, save_plan
 from tilestore.reading.opening import open_slide
 
 MODEL = {"name": "test-model", "output_dim": 4}
@@ -20,7 +20,7 @@ MODEL = {"name": "test-model", "output_dim": 4}
 def slide_plan(store):
     path = store()
     slide = open_slide(path)
-    plan = plan_slide(slide, PlanOptions(mpp=1.0, tile=224, min_tissue=0.0))
+    plan = plan_over_tissue(slide, PlanOptions(mpp=1.0, tile=224, min_tissue=0.0))
     return slide, plan, save_plan(slide, plan), path
 
 
@@ -221,17 +221,17 @@ def test_the_plan_replaced_refusal_counts_each_plan_s_own_tiles(slide_plan):
     """The count next to the plan the group was made from is the tiles embedded of it; the
     run's plan of the same name, made again with a stride, has its own count beside it (it
     was left out where the refusal came before the run: "(45 tiles)" read as the plan's)."""
-    from tilestore.embeddings.write import standing
+    from tilestore.embeddings.write import resume_state
 
     first = _writer(slide_plan)
     _fill(first, first.todo(), 1.0)
     first.finish({})
     slide, plan, _, _ = slide_plan
-    again = plan_slide(slide, PlanOptions(mpp=1.0, tile=224, stride=112, min_tissue=0.0,
+    again = plan_over_tissue(slide, PlanOptions(mpp=1.0, tile=224, stride=112, min_tissue=0.0,
                                           name=plan.name))  # fmt: skip
     uid = save_plan(slide, again, overwrite=True)
     assert len(again) > len(plan)
-    found = standing(slide, MODEL["name"], again.name, uid, len(again))
+    found = resume_state(slide, MODEL["name"], again.name, uid, len(again))
     assert found.state == "other plan" and found.why == (
         f"{slide.name}: embeddings/test-model/{plan.name} was made from plan '{plan.name}' as it "
         "was before "
@@ -240,5 +240,5 @@ def test_the_plan_replaced_refusal_counts_each_plan_s_own_tiles(slide_plan):
         "overwrite=True to replace it"
     )
     # another plan's group of the model is made beside it: nothing to refuse
-    other = standing(slide, MODEL["name"], "0.5mpp-224px", None, None)
+    other = resume_state(slide, MODEL["name"], "0.5mpp-224px", None, None)
     assert other.state == "new"

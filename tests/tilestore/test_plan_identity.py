@@ -18,7 +18,14 @@ from tilestore.embed.jobs import plan_for
 from tilestore.embed.models import get_model
 from tilestore.errors import PlanError
 from tilestore.masks.tissue import compute_tissue, write_tissue
-from tilestore.plan import PlanOptions, list_plans, load_plan, plan_recipe, plan_slide, save_plan
+from tilestore.plan import (
+    PlanOptions,
+    list_plans,
+    load_plan,
+    plan_over_tissue,
+    plan_recipe,
+    save_plan,
+)
 from tilestore.reading.opening import open_slide
 
 CMU_SLIDE = SLIDES / CMU
@@ -94,8 +101,8 @@ def test_two_plans_get_two_names_or_the_second_is_refused(masked, tmp_path, rois
     shutil.copytree(masked, store)
     slide = open_slide(store)
     try:
-        a = plan_slide(slide, _options(first, rois))
-        b = plan_slide(slide, _options(second, rois))
+        a = plan_over_tissue(slide, _options(first, rois))
+        b = plan_over_tissue(slide, _options(second, rois))
     except PlanError:  # no tile kept (a small ROI with min_roi 0.8 at 1 um/px): nothing to store
         return
     uid_a = save_plan(slide, a)
@@ -123,8 +130,8 @@ def test_embed_without_a_plan_keeps_the_users_plans(fresh, rois):
     """Issue 69, 1: `embed` without --plan on a store of two plans replaced the 30-tile
     min-tissue 0.9 plan with 45 default tiles under its name, exit 0."""
     slide = open_slide(fresh)
-    save_plan(slide, plan_slide(slide, PlanOptions(mpp=0.5, tile=224, roi=rois[0])))
-    strict = plan_slide(slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.9))
+    save_plan(slide, plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=224, roi=rois[0])))
+    strict = plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.9))
     uid = save_plan(slide, strict)
     before = _counts(slide)
     made, _ = plan_for(slide, get_model("efficientnet-lite0"), None)
@@ -153,8 +160,8 @@ def test_a_plan_of_the_default_name_made_otherwise_is_refused_not_replaced(
     with other settings is kept, and a run that makes the default plan (the store holds
     two, so none is its only one) is refused in one line naming the difference."""
     slide = open_slide(fresh)
-    save_plan(slide, plan_slide(slide, PlanOptions(mpp=0.5, tile=224, roi=rois[0])))
-    uid = save_plan(slide, plan_slide(slide, stored))
+    save_plan(slide, plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=224, roi=rois[0])))
+    uid = save_plan(slide, plan_over_tissue(slide, stored))
     with pytest.raises(PlanError) as refused:
         plan_for(slide, get_model("efficientnet-lite0"), None)
     message = str(refused.value)
@@ -197,6 +204,6 @@ def test_a_slide_of_pixels_not_square_is_refused_at_any_mpp(tmp_path):
     slide = open_slide(convert(source, tmp_path / "out").store)
     assert slide.mpp == pytest.approx((0.5, 0.25))
     with pytest.raises(PlanError, match=r"its pixels are not square \(0\.5 x 0\.25 um/px") as no:
-        plan_slide(slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0))
+        plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0))
     assert "would cover 112 x 56 um" in str(no.value)
-    assert len(plan_slide(slide, PlanOptions(mpp="level0", tile=224, min_tissue=0))) == 16
+    assert len(plan_over_tissue(slide, PlanOptions(mpp="level0", tile=224, min_tissue=0))) == 16

@@ -18,8 +18,8 @@ from tilestore.plan import (
     PlanOptions,
     list_plans,
     load_plan,
+    plan_over_tissue,
     plan_rois,
-    plan_slide,
     resolve_plan,
     save_plan,
 )
@@ -73,7 +73,7 @@ def cmu_roi(tmp_path):
 
 def test_he_plan_keeps_tissue_tiles(copy_of):
     slide = open_slide(copy_of(CMU))
-    plan = plan_slide(slide)
+    plan = plan_over_tissue(slide)
     assert plan.name == "0.5mpp-224px"
     assert (plan.spec.level, plan.spec.read, plan.spec.effective_mpp) == (0, 224, 0.499)
     assert any("tissue mask computed" in n for n in plan.notes)
@@ -88,7 +88,7 @@ def test_he_plan_keeps_tissue_tiles(copy_of):
 def test_saved_plan_round_trips_and_opens_in_xarray(copy_of):
     store = copy_of(CMU)
     slide = open_slide(store)
-    plan = plan_slide(slide, PlanOptions(mpp=1.0, tile=128, stride=64))
+    plan = plan_over_tissue(slide, PlanOptions(mpp=1.0, tile=128, stride=64))
     uid = save_plan(slide, plan)
     assert list_plans(open_slide(store)) == ["1mpp-128px-s64"]
     again, uid2 = load_plan(open_slide(store))
@@ -111,19 +111,19 @@ def test_saved_plan_round_trips_and_opens_in_xarray(copy_of):
 
 def test_roi_plan_classes_and_preview_inputs(copy_of, cmu_roi):
     slide = open_slide(copy_of(CMU))
-    plan = plan_slide(slide, PlanOptions(roi=cmu_roi, min_tissue=0.0))
+    plan = plan_over_tissue(slide, PlanOptions(roi=cmu_roi, min_tissue=0.0))
     assert plan.classes == ["", "Stroma", "Tumor"]
     names = {plan.classes[i] for i in plan.roi_class}
     assert names == {"Stroma", "Tumor"}
     assert plan.roi.min() >= 0.5
-    tumour = plan_slide(slide, PlanOptions(roi=cmu_roi, roi_class="Tumor", min_tissue=0.0))
+    tumour = plan_over_tissue(slide, PlanOptions(roi=cmu_roi, roi_class="Tumor", min_tissue=0.0))
     assert len(tumour) < len(plan) and set(tumour.roi_class.tolist()) == {1}
     assert tumour.name == "0.5mpp-224px-t0-cmu-roi-Tumor"  # every setting not the default
 
 
 def test_roi_restricted_read_touches_exactly_the_planned_chunks(copy_of, cmu_roi):
     store = copy_of(CMU)
-    plan = plan_slide(open_slide(store), PlanOptions(roi=cmu_roi, min_tissue=0.0))
+    plan = plan_over_tissue(open_slide(store), PlanOptions(roi=cmu_roi, min_tissue=0.0))
     counting = CountingStore.local(store)
     slide = open_slide(counting)
     counting.log.clear()
@@ -143,7 +143,7 @@ def test_roi_restricted_read_touches_exactly_the_planned_chunks(copy_of, cmu_roi
 
 def test_tiles_equal_read_region(copy_of):
     slide = open_slide(copy_of(CMU))
-    plan = plan_slide(slide, PlanOptions(mpp=0.75, tile=96, min_tissue=0.3))
+    plan = plan_over_tissue(slide, PlanOptions(mpp=0.75, tile=96, min_tissue=0.3))
     assert plan.spec.read == 144  # 96 px at 0.75 um/px from 0.499 um/px
     for index, pixels in iter_tiles(slide, plan):
         x, y = int(plan.x[index]), int(plan.y[index])
@@ -152,7 +152,7 @@ def test_tiles_equal_read_region(copy_of):
 
 def test_tiles_from_a_coarser_zstd_level(copy_of):
     slide = open_slide(copy_of(NDPI))
-    plan = plan_slide(slide, PlanOptions(mpp=0.9, tile=128))
+    plan = plan_over_tissue(slide, PlanOptions(mpp=0.9, tile=128))
     assert plan.spec.level == 2 and plan.spec.read == 128  # 0.9127 um/px within 2%
     for index, pixels in list(iter_tiles(slide, plan))[::7]:
         np.testing.assert_array_equal(
@@ -165,7 +165,7 @@ def test_monuseg_polygons_as_roi(tmp_path, annotation_path):
         warnings.simplefilter("ignore", TilestoreWarning)
         store = convert(annotation_path(f"{MONUSEG}.tif"), tmp_path, mpp=0.2456).store
     slide = open_slide(store)
-    plan = plan_slide(
+    plan = plan_over_tissue(
         slide,
         PlanOptions(
             mpp=0.25, tile=64, min_tissue=0.0, min_roi=0.3, roi=annotation_path(f"{MONUSEG}.xml")
@@ -185,8 +185,8 @@ def test_roi_mpp_rescales_to_level_0(copy_of, tmp_path, cmu_roi):
         ]
     roi.write_text(json.dumps(half))
     slide = open_slide(copy_of(CMU))
-    scaled = plan_slide(slide, PlanOptions(roi=roi, roi_mpp=0.998, min_tissue=0.0))
-    reference = plan_slide(slide, PlanOptions(roi=cmu_roi, min_tissue=0.0))
+    scaled = plan_over_tissue(slide, PlanOptions(roi=roi, roi_mpp=0.998, min_tissue=0.0))
+    reference = plan_over_tissue(slide, PlanOptions(roi=cmu_roi, min_tissue=0.0))
     assert any("scaled by 2" in n for n in scaled.notes)
     np.testing.assert_array_equal(scaled.x, reference.x)
     np.testing.assert_array_equal(scaled.y, reference.y)
@@ -203,10 +203,10 @@ def test_roi_mpp_rescales_to_level_0(copy_of, tmp_path, cmu_roi):
 def test_unknown_mpp_and_empty_plans_are_clear(copy_of):
     slide = open_slide(copy_of(KIDNEY))
     with pytest.raises(PlanError, match=r"pixel size unknown.*\(mpp='level0'\)"):
-        plan_slide(slide)
+        plan_over_tissue(slide)
     with pytest.raises(PlanError, match=r"no tile of the .* grid kept.*tissue covers 0\.\d%"):
-        plan_slide(slide, PlanOptions(mpp="level0", tile=224))
-    small = plan_slide(slide, PlanOptions(mpp="level0", tile=32, min_tissue=0.5))
+        plan_over_tissue(slide, PlanOptions(mpp="level0", tile=224))
+    small = plan_over_tissue(slide, PlanOptions(mpp="level0", tile=32, min_tissue=0.5))
     assert small.spec.mpp is None and len(small) > 0
 
 
@@ -214,6 +214,6 @@ def test_load_plan_errors(copy_of):
     slide = open_slide(copy_of(CMU))
     with pytest.raises(PlanError, match="no plans in the store"):
         load_plan(slide)
-    save_plan(slide, plan_slide(slide))
+    save_plan(slide, plan_over_tissue(slide))
     with pytest.raises(PlanError, match="no plan 'other'"):
         load_plan(slide, "other")

@@ -12,7 +12,7 @@ from PIL import Image
 from tests.conftest import CMU
 from tilestore.analysis.preview import ROI_COLORS, TILE_RGB, TISSUE_RGB, _outline, render_preview
 from tilestore.masks.tissue import compute_tissue
-from tilestore.plan import PlanOptions, plan_slide
+from tilestore.plan import PlanOptions, plan_over_tissue
 from tilestore.plan.annotations import load_annotations
 from tilestore.reading.opening import open_slide
 
@@ -44,7 +44,7 @@ def test_preview_overlays_land_on_their_coordinates(slide, tmp_path):
         )
     )
     rois = load_annotations(roi, size=(2220, 2967))
-    plan = plan_slide(slide, PlanOptions(roi=roi, min_tissue=0.0))
+    plan = plan_over_tissue(slide, PlanOptions(roi=roi, min_tissue=0.0))
     tissue = compute_tissue(slide)
     image = np.asarray(render_preview(slide, tissue=tissue, rois=rois, plan=plan, max_size=1000))
     scale = 1000 / 2967

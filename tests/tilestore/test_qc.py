@@ -20,7 +20,7 @@ from tests.conftest import CMU
 from tests.tilestore import artefacts as A
 from tilestore.errors import PlanError, TilestoreError
 from tilestore.masks.contrast import ContrastRule
-from tilestore.plan import PlanOptions, load_plan, plan_slide, save_plan
+from tilestore.plan import PlanOptions, load_plan, plan_over_tissue, save_plan
 from tilestore.qc import (
     QCOptions,
     compute_qc,
@@ -144,12 +144,12 @@ def test_plan_carries_artefact_shares_and_drops_tiles(painted, tmp_path):
     shutil.copytree(path, store)
     slide = tilestore.open_slide(store)
     with pytest.raises(PlanError, match="tilestore qc"):
-        plan_slide(slide, PlanOptions(mpp=0.5, tile=112, max_artefact=0.1))
+        plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=112, max_artefact=0.1))
     write_qc(slide, compute_qc(slide, QCOptions(device="cpu")))
-    full = plan_slide(slide, PlanOptions(mpp=0.5, tile=112))
+    full = plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=112))
     assert set(full.qc) == set(QCOptions().detectors)
     assert full.qc["fold"].max() > 0.9 and full.qc["pen"].max() == 0
-    kept = plan_slide(slide, PlanOptions(mpp=0.5, tile=112, max_artefact=0.1))
+    kept = plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=112, max_artefact=0.1))
     assert len(kept) == int(
         (
             full.qc["fold"]
@@ -163,10 +163,12 @@ def test_plan_carries_artefact_shares_and_drops_tiles(painted, tmp_path):
         ).sum()
     )
     assert len(kept) < len(full)
-    only_pen = plan_slide(slide, PlanOptions(mpp=0.5, tile=112, max_artefact=0.1, exclude=("pen",)))
+    only_pen = plan_over_tissue(
+        slide, PlanOptions(mpp=0.5, tile=112, max_artefact=0.1, exclude=("pen",))
+    )
     assert len(only_pen) == len(full)  # no pen on this slide: nothing dropped
     with pytest.raises(TilestoreError, match=r"exclude=.wet.: not an artefact; choose pen"):
-        plan_slide(slide, PlanOptions(mpp=0.5, tile=112, max_artefact=0.1, exclude=("wet",)))
+        plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=112, max_artefact=0.1, exclude=("wet",)))
     save_plan(slide, kept)
     loaded, _ = load_plan(tilestore.open_slide(store), kept.name)
     assert np.array_equal(loaded.qc["fold"], kept.qc["fold"])
@@ -192,10 +194,10 @@ def test_contrast_filter_keeps_exactly_the_tutorial_tiles(stores, cmu_pixels_mod
             ):
                 expected.add((x, y))
     slide = tilestore.open_slide(store)
-    plan = plan_slide(slide, PlanOptions(mpp="level0", tile=256, filter="contrast"))
+    plan = plan_over_tissue(slide, PlanOptions(mpp="level0", tile=256, filter="contrast"))
     assert set(zip(plan.x.tolist(), plan.y.tolist(), strict=True)) == expected
     assert 0 < len(expected) < (image.shape[0] // 256) * (image.shape[1] // 256)
-    stricter = plan_slide(
+    stricter = plan_over_tissue(
         slide,
         PlanOptions(
             mpp="level0", tile=256, filter="contrast", contrast=ContrastRule(max_median=200)
@@ -207,7 +209,7 @@ def test_contrast_filter_keeps_exactly_the_tutorial_tiles(stores, cmu_pixels_mod
 def test_unknown_filter_and_detector_are_refused(stores, tmp_path):
     slide = tilestore.open_slide(stores(CMU))
     with pytest.raises(TilestoreError, match="filter='sharpness': must be 'contrast'"):
-        plan_slide(slide, PlanOptions(filter="sharpness"), store_tissue=False)
+        plan_over_tissue(slide, PlanOptions(filter="sharpness"), store_tissue=False)
     with pytest.raises(TilestoreError, match="detectors='pen,wet': choose among pen, bubble"):
         compute_qc(slide, QCOptions(detectors=("pen", "wet")))
     with pytest.raises(TilestoreError, match="blur"):

@@ -21,7 +21,7 @@ from tilestore.errors import ChunkError, StoreError
 from tilestore.format import shards as shards_module
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.shards import ShardIndex
-from tilestore.plan import PlanOptions, plan_slide, save_plan
+from tilestore.plan import PlanOptions, plan_over_tissue, save_plan
 from tilestore.reading import verify_store
 from tilestore.reading.opening import open_slide
 
@@ -34,7 +34,7 @@ def _old_store(store):
     embeddings group laid out as before shards (features a file per batch, done per flag)."""
     path = store(CMU, shard="off")
     slide = open_slide(path)
-    plan = plan_slide(slide, PlanOptions(mpp=1.0, tile=224, min_tissue=0.0))
+    plan = plan_over_tissue(slide, PlanOptions(mpp=1.0, tile=224, min_tissue=0.0))
     uid = save_plan(slide, plan)
     n, blocks = len(plan), -(-len(plan) // BATCH)
     group = slide.writable_group().require_group("embeddings/old-model")

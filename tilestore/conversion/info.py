@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import zarr
 
@@ -13,7 +13,8 @@ from tilestore.conversion.converter import choose_codec
 from tilestore.errors import SlideError, StoreError, TilestoreError
 from tilestore.format.record import StoreRecord
 from tilestore.format.records import LabelRecord, PlanRecord, read_record
-from tilestore.format.store import is_store, open_group, stored, tree_size
+from tilestore.format.store import damage_as_store_error, is_store, open_group, tree_size
+from tilestore.options import Opt
 from tilestore.reading import open_slide
 from tilestore.reading.inplace import TILE_SUMS
 from tilestore.sources import Fact, dicom_series, open_source
@@ -21,7 +22,13 @@ from tilestore.sources import Fact, dicom_series, open_source
 SAMPLE_TILES = 8  # per level, decoded by describe(verify=True)
 
 
-def describe(path: str | os.PathLike, *, verify: bool = False) -> dict[str, Any]:
+def describe(
+    path: str | os.PathLike,
+    *,
+    verify: Annotated[
+        bool, Opt("Slide files: also decode a sample of each level's tiles.")
+    ] = False,
+) -> dict[str, Any]:
     """Return a JSON-able description of a store (complete or not) or of a slide file.
 
     A slide file's description reads its metadata only; with verify=True a sample of each
@@ -42,7 +49,7 @@ def _describe_store(path: Path) -> dict[str, Any]:
     size = tree_size(path)
     # {x, y, origin}, and where the user's size overrides the file's, the file's ("file")
     mpp = None if record.mpp is None else {"origin": None, **record.mpp.to_attrs()}
-    with stored(path, "store metadata", "convert the slide again"):
+    with damage_as_store_error(path, "store metadata", "convert the slide again"):
         levels = _levels(group, record, mpp)
         ratio = round(size / record.source.size, 3) if record.source.size else None
     _gpu_jpeg(path, levels)
@@ -199,7 +206,9 @@ def _sample(path: Path, index: int, level) -> dict[str, Any]:
 
 
 def _tissue(group: zarr.Group) -> dict | None:
-    with stored(group.store_path, "labels/tissue", "compute it again (tilestore tissue)"):
+    with damage_as_store_error(
+        group.store_path, "labels/tissue", "compute it again (tilestore tissue)"
+    ):
         try:
             label = group["labels/tissue"]
         except KeyError:
@@ -211,7 +220,7 @@ def _tissue(group: zarr.Group) -> dict | None:
 
 
 def _plans(group: zarr.Group) -> dict[str, int]:
-    with stored(group.store_path, "plans", "make them again with overwrite=True"):
+    with damage_as_store_error(group.store_path, "plans", "make them again with overwrite=True"):
         try:
             plans = group["plans"]
         except KeyError:

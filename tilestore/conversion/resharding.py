@@ -59,7 +59,13 @@ from tilestore.format.shards import (
     shard_shape,
     write_atomic,
 )
-from tilestore.format.store import open_for_writing, open_group, open_store, stored, write_record
+from tilestore.format.store import (
+    damage_as_store_error,
+    open_for_writing,
+    open_group,
+    open_store,
+    write_record,
+)
 from tilestore.options import Opt, Workers, checked
 
 META = "zarr.json"
@@ -161,7 +167,7 @@ def _arrays(root: Path) -> dict[str, dict]:
     found = {}
     for meta in sorted(root.rglob(META)):
         rel = meta.parent.relative_to(root).as_posix()
-        with stored(root, META if rel == "." else f"{rel}/{META}", _UNTOUCHED):
+        with damage_as_store_error(root, META if rel == "." else f"{rel}/{META}", _UNTOUCHED):
             # as chunks are read: a link, a folder or a FIFO named zarr.json is refused
             doc = json.loads(read_range(meta, 0, None, f"{root}: {rel}", required=True, what=META))
             if doc.get("node_type") == "array":

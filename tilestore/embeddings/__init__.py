@@ -22,9 +22,9 @@ from tilestore.embeddings.write import (
     AlreadyComplete,
     EmbeddingError,
     EmbeddingWriter,
+    ResumeState,
     RunIdentity,
-    Standing,
-    standing,
+    resume_state,
 )
 from tilestore.errors import MixedResults
 from tilestore.faces import lazy_face
@@ -43,6 +43,9 @@ __getattr__, __dir__, _read = lazy_face(
         "tilestore.embeddings.read": ("open_embeddings",),
         "tilestore.embeddings.quality": ("plan_slide", "without_blurred"),
         "tilestore.embeddings.status": (
+            "AskedEncoder",
+            "AskedModel",
+            "AskedPlan",
             "STATES",
             "TAKEN_OVER",
             "Finish",
@@ -73,10 +76,10 @@ __all__ = sorted(
         "EmbeddingError",
         "EmbeddingWriter",
         "RunIdentity",
-        "Standing",
+        "ResumeState",
         "group_name",
         "model_folder",
-        "standing",
+        "resume_state",
     ]
 )
 
@@ -100,6 +103,9 @@ if TYPE_CHECKING:
     from tilestore.embeddings.status import (
         STATES,
         TAKEN_OVER,
+        AskedEncoder,
+        AskedModel,
+        AskedPlan,
         Finish,
         GroupStatus,
         StoreStatus,

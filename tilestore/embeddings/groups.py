@@ -34,7 +34,7 @@ from tilestore.errors import (
     TilestoreWarning,
 )
 from tilestore.format.records import EmbeddingsRecord, PlanRecord, find_record, read_record
-from tilestore.format.store import DAMAGED, STORE_SUFFIX, members, stored
+from tilestore.format.store import DAMAGED, STORE_SUFFIX, damage_as_store_error, members
 from tilestore.format.store import open_group as open_store_group
 
 StoreLike = str | os.PathLike | Store
@@ -45,7 +45,7 @@ def list_embeddings(store: StoreLike) -> list[str]:
     """Names of the models with embeddings groups in a store (complete or not), as their
     folders are named (`layout.model_folder`)."""
     root = open_group(store, "")
-    with stored(store, GROUP, f"remove {GROUP} and embed the store again"):
+    with damage_as_store_error(store, GROUP, f"remove {GROUP} and embed the store again"):
         try:
             return sorted(name for name, _ in root[GROUP].groups())
         except KeyError:
@@ -68,7 +68,7 @@ def plan_groups(store: StoreLike, model: str) -> dict[str, str]:
     except KeyError:
         return {}
     found: dict[str, str] = {}
-    with stored(store, folder, embed_again(folder)):
+    with damage_as_store_error(store, folder, embed_again(folder)):
         if _is_group(group):  # a store made before: the model's folder is its one group
             made = read_record(group, EmbeddingsRecord, f"{store}: {folder}")
             found[str(made.plan_name if made else None)] = folder
@@ -197,7 +197,7 @@ def open_finished(store: StoreLike, model: str, plan: str | None = None) -> Fini
             f"{store}: no {exc.args[0]} (embeddings in this store: {have}); embed the store "
             f"with model={model!r}{f' and plan={plan!r}' if plan else ''} first"
         ) from None
-    with stored(store, path, embed_again(path)):
+    with damage_as_store_error(store, path, embed_again(path)):
         record = read_record(group, EmbeddingsRecord, f"{store}: {path}", embed_again(path))
         meta = record or EmbeddingsRecord()
         if not meta.complete:
@@ -251,7 +251,7 @@ def check_group(
     positions (`tilestore.embeddings.tied.check`: shard indexes and 4 bytes a chunk). Else
     DamagedEmbeddings (a ChunkError for a damaged shard), one line naming the store, the
     array and the rows. The one judgement of damage that every reader's door (`open_finished`),
-    `status` and the writer (`standing`: never "complete", never resumed) share. `fix`: what
+    `status` and the writer (`resume_state`: never "complete", never resumed) share. `fix`: what
     to do about it (default: `embed_again`)."""
     fix = fix or embed_again(path)
     where = f"{store}: {path}"

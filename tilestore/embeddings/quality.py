@@ -17,7 +17,7 @@ from tilestore.embeddings.groups import check_shapes, embed_again, list_groups
 from tilestore.embeddings.layout import model_folder
 from tilestore.errors import PlanError
 from tilestore.format.records import EmbeddingsRecord, read_record
-from tilestore.format.store import stored
+from tilestore.format.store import damage_as_store_error
 from tilestore.plan import plans
 from tilestore.plan.grid import TilePlan
 from tilestore.plan.options import PlanOptions, ResolvedPlan, resolve_plan
@@ -27,15 +27,30 @@ from tilestore.reading.slide import Slide
 def plan_slide(
     slide: Slide, options: PlanOptions | ResolvedPlan = PlanOptions(), **resolve
 ) -> TilePlan:
-    """A slide's plan (`tilestore.plan.plan_slide`) with every option applied, max_blur's
+    """A slide's plan with every option applied (`tilestore.plan.plan_over_tissue`), max_blur's
     filter too: where the options give it, without the tiles an earlier embedding pass
-    measured blurrier (`without_blurred`). This is `tilestore.plan_slide`. resolve:
-    `resolve_plan`'s model defaults; store_tissue goes to the plan layer's."""
+    measured blurrier (`without_blurred`). This is `tilestore.plan_slide`.
+
+    Parameters
+    ----------
+    slide : Slide
+        The store's slide (`tilestore.open_slide`).
+    options : PlanOptions or ResolvedPlan
+        The plan asked for; a `ResolvedPlan` where a model's defaults were applied already.
+    **resolve
+        `resolve_plan`'s model defaults (native_mpp, native_tile...); ``store_tissue``
+        (default True) goes to `plan_over_tissue`: False writes no tissue mask (a dry run).
+
+    Returns
+    -------
+    TilePlan
+        The tiles' positions, fractions and the plan's recipe; not stored (`save_plan`).
+    """
     store_tissue = resolve.pop("store_tissue", True)
     resolved = (
         options if isinstance(options, ResolvedPlan) else resolve_plan(options, slide, **resolve)
     )  # a record resolved once (a run's) is taken as it is
-    return plans.plan_slide(
+    return plans.plan_over_tissue(
         slide,
         resolved,
         store_tissue=store_tissue,
@@ -52,7 +67,7 @@ def without_blurred(
     where the group's shapes disagree: `check_shapes`)."""
     where = _measured(slide, model)
     group = where.split("/", 1)[1]
-    with stored(slide.name, where, embed_again(where)):
+    with damage_as_store_error(slide.name, where, embed_again(where)):
         found = slide.group[where]
         record = read_record(found, EmbeddingsRecord, f"{slide.name}: {where}")
         meta = (record or EmbeddingsRecord()).to_attrs()
@@ -81,7 +96,7 @@ def _measured(slide: Slide, model: str | None) -> str:
     with measures (of one plan: several plans' measures are refused, naming them)."""
     having = []
     for name, _, path in list_groups(slide.group.store):
-        with stored(slide.name, path, embed_again(path)):
+        with damage_as_store_error(slide.name, path, embed_again(path)):
             if "quality" in slide.group[path]:
                 having.append((name, path))
     if model is not None:

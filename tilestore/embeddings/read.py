@@ -46,7 +46,7 @@ from tilestore.embeddings.recipe import (
 from tilestore.embeddings.scores import ZEROSHOT, ScoreSet, score_recipe, score_sets
 from tilestore.errors import ChunkError, MixedResults, TilestoreWarning
 from tilestore.format.records import LabelRecord, read_record
-from tilestore.format.store import stored
+from tilestore.format.store import damage_as_store_error
 from tilestore.options import checked
 
 DASK_CHUNK_BYTES = 32 * 2**20
@@ -67,27 +67,43 @@ def open_embeddings(
     `slide_encoder`, their slide embeddings instead, on (``slide``, ``feature``)
     (`tilestore.embeddings.slides.open_slide_embeddings`).
 
-    stores: a store, a list of stores, or a glob pattern ("stores/*.ome.zarr").
-    model: the model name given to `tilestore embed` (uni, timm:vit_small_patch16_224...).
-    skip_missing: leave out (with a warning) slides whose group is absent or unfinished
-        instead of raising. Stores matched by a glob pattern are always so left out (a
-        cohort folder routinely holds stores `embed` has not reached yet); a store named
-        on its own is an error unless skip_missing. A damaged group is an error either way.
-    scale: the stores' features must be one population (`tilestore.embeddings.recipe.combine`):
-        made alike, and from tiles at one scale; of stores planned at several, the scale
-        named here (e.g. "0.5mpp-224px") is kept and the others left out with a warning.
-    plan: the plan whose tiles' embeddings are read, where a store holds the model's
+    Parameters
+    ----------
+    stores : str, path or list of them
+        A store, a list of stores, or a glob pattern ("stores/*.ome.zarr").
+    model : str
+        The model name given to `tilestore embed` (uni, timm:vit_small_patch16_224...).
+    skip_missing : bool
+        Leave out (with a warning) slides whose group is absent or unfinished instead of
+        raising. Stores matched by a glob pattern are always so left out (a cohort folder
+        routinely holds stores `embed` has not reached yet); a store named on its own is
+        an error unless skip_missing. A damaged group is an error either way.
+    slide_encoder : str, optional
+        Read this encoder's slide embeddings instead of the tiles'.
+    scale : str, optional
+        The stores' features must be one population
+        (`tilestore.embeddings.recipe.combine`): made alike, and from tiles at one scale;
+        of stores planned at several, the scale named here (e.g. "0.5mpp-224px") is kept
+        and the others left out with a warning. None: several scales are refused
+        (`MixedResults`, listing them).
+    plan : str, optional
+        The plan whose tiles' embeddings are read, where a store holds the model's
         embeddings of several plans (None: each store's only one; several refused, naming
         them).
-    skip_mixed: leave out (with a warning) per-tile columns whose records differ between
-        the stores instead of raising MixedResults: a zero-shot score set of one name made
-        with another text tower, prompts or logit scale, quality measures taken otherwise,
-        QC shares of other artefact definitions (`meetings`: each compared by `combine`).
+    skip_mixed : bool
+        Leave out (with a warning) per-tile columns whose records differ between the stores
+        instead of raising MixedResults: a zero-shot score set of one name made with another
+        text tower, prompts or logit scale, quality measures taken otherwise, QC shares of
+        other artefact definitions (`meetings`: each compared by `combine`).
 
-    ``features`` and every coordinate are dask arrays: nothing is read until computed.
-    Coordinates: x, y (level-0 px, top-left), x_um, y_um, row, col, tissue, roi, roi_class
-    (the class name) and slide. ``ds.attrs["slides"]`` describes each slide's grid (store,
-    tiles, footprint and stride in level-0 px, mpp) for plotting and export.
+    Returns
+    -------
+    xarray.Dataset
+        ``features`` (tile, feature) and every coordinate as dask arrays: nothing is read
+        until computed. Coordinates: x, y (level-0 px, top-left), x_um, y_um, row, col,
+        tissue, roi, roi_class (the class name) and slide. ``ds.attrs["slides"]``
+        describes each slide's grid (store, tiles, footprint and stride in level-0 px,
+        mpp) for plotting and export; ``ds.tiles`` is the analysis accessor.
     """
     if slide_encoder is not None:
         from tilestore.embeddings.slides import open_slide_embeddings
@@ -118,7 +134,7 @@ def _slide_part(store: StoreLike, model: str, plan: str | None) -> dict[str, Any
     shapes checked at open, its features' and tokens' values as they are read)."""
     found = open_finished(store, model, plan)
     path, meta, members = found.path, found.meta, found.arrays
-    with stored(store, path, found.fix):
+    with damage_as_store_error(store, path, found.fix):
         token = f"{Path(str(store)).resolve() if not isinstance(store, Store) else id(store)}"
         token = f"{token}-{path}-{meta.get('finished', '')}"
         features = members["features"]

@@ -46,7 +46,7 @@ from tilestore.format.records import (
     read_record,
     write_record,
 )
-from tilestore.format.store import open_for_writing, stored
+from tilestore.format.store import damage_as_store_error, open_for_writing
 from tilestore.options import checked
 
 SLIDES = "slides"  # the subgroup of a tile model's group holding its slide embeddings
@@ -116,7 +116,7 @@ def read_tile_features(store: StoreLike, model: str, plan: str | None = None) ->
 
     found = open_finished(store, model, plan)
     path, meta = found.path, found.meta
-    with stored(store, path, found.fix):
+    with damage_as_store_error(store, path, found.fix):
         features, x, y, row, col = (
             found.arrays[k][:] for k in ("features", "x", "y", "row", "col")
         )
@@ -233,7 +233,7 @@ def read_slide_vector(
             f"--slide-encoder {encoder}` on it first"
         ) from None
     fix = f"compute it again (tilestore embed --slide-encoder {encoder} --overwrite)"
-    with stored(store, path, fix):
+    with damage_as_store_error(store, path, fix):
         record = read_record(group, SlideVectorRecord, f"{store}: {path}", fix)
         if record is None:
             raise KeyError(f"{path}'s record")
@@ -253,7 +253,7 @@ def read_slide_vector(
             f"{record.tiles['finished']}, now {tiles_meta.get('finished')}); run "
             f"`tilestore embed --slide-encoder {encoder} --overwrite` on it"
         )
-    with stored(store, tiles_path, embed_again(tiles_path)):
+    with damage_as_store_error(store, tiles_path, embed_again(tiles_path)):
         check_shapes(store, tiles_path, tiles_meta.to_attrs(), dict(tile_group.arrays()))
     return {
         "name": slide_name(store),

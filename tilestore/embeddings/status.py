@@ -39,7 +39,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import zarr
 
@@ -65,8 +65,21 @@ from tilestore.format.records import (
     read_record,
     written_record,
 )
-from tilestore.format.store import is_store, stored
+from tilestore.format.store import damage_as_store_error, is_store
 from tilestore.format.store import open_group as open_store_group
+from tilestore.options import Opt
+
+# What a cohort's status is asked of (`tilestore status`'s flags): the model, the plan, a
+# slide encoder whose vectors must be there too
+AskedModel = Annotated[
+    str | None,
+    Opt("The model whose embeddings are asked for.", none="the stores' only one"),
+]
+AskedPlan = Annotated[
+    str | None,
+    Opt("The plan they must be of.", none="whichever each was made from"),
+]
+AskedEncoder = Annotated[str | None, Opt("Also a slide vector of this encoder in each store.")]
 
 STATES = ("complete", "partial", "running", "damaged", "other plan", "not started", "blocked")
 # a run cannot finish these without overwrite=True (blocked: a file moved aside)
@@ -253,7 +266,7 @@ def _group_found(store: Path, path: str, model: str, plan: str | None) -> GroupS
     except StoreError as exc:
         return GroupStatus(name, path, "damaged", note=str(exc))
     try:
-        with stored(store, path, embed_again(path)):
+        with damage_as_store_error(store, path, embed_again(path)):
             return _read_group(store, path, name, group, plan, lock)
     except StoreError as exc:  # DamagedEmbeddings among them
         return GroupStatus(name, path, "damaged", lock=lock, note=str(exc))
@@ -375,7 +388,7 @@ def _slide_vectors(
         if folder.startswith("."):  # a killed write's leftover, never read
             continue
         try:
-            with stored(store, f"{path}/{SLIDES}/{folder}", "compute it again"):
+            with damage_as_store_error(store, f"{path}/{SLIDES}/{folder}", "compute it again"):
                 where = f"{store}: {path}/{SLIDES}/{folder}"
                 record = read_record(vector, SlideVectorRecord, where)
                 if record is None:

@@ -98,7 +98,7 @@ class RunIdentity:
 
 
 @dataclass(frozen=True)
-class Standing:
+class ResumeState:
     """What a store's embeddings group of a model holds for a plan, read without writing:
     the one answer the writer, the dry run and the checks before a run agree on.
 
@@ -116,7 +116,7 @@ class Standing:
 
 # What a group records of its run that decides what its features are of, not only how
 # precisely they were computed: the channels read as R, G, B. A complete group made
-# otherwise is never skipped as this run's (`standing`); one of another dtype or precision
+# otherwise is never skipped as this run's (`resume_state`); one of another dtype or precision
 # is (the same tiles, the same model: its features stand, made as its record says).
 RESULT_KEYS = ("channels",)
 
@@ -129,22 +129,23 @@ def group_path(slide: Slide, model: str, plan_name: str) -> str:
     try:
         record = find_record(slide.group[folder], EmbeddingsRecord)
     except (KeyError, ValueError, TypeError, zarr.errors.BaseZarrError):
-        record = None  # none there (a damaged one is said by `standing`, at the plan's path)
+        record = None  # none there (a damaged one is said by `resume_state`, at the plan's path)
     if record is not None and record.plan_name == plan_name:
         return folder
     return group_name(model, plan_name)
 
 
-def standing(
+def resume_state(
     slide: Slide,
     model: str,
     plan_name: str,
     plan_uid: str | None,
     plan_tiles: int | None,
     asked: dict[str, Any] | None = None,
-) -> Standing:
-    """The standing of `model`'s group of plan `plan_name` in the store (plan_uid None: a
-    plan not stored yet, whose name alone is compared; plan_tiles None: not known yet).
+) -> ResumeState:
+    """Whether and where a run resumes `model`'s group of plan `plan_name` in the store
+    (plan_uid None: a plan not stored yet, whose name alone is compared; plan_tiles None:
+    not known yet).
     Another plan's group of the model is no concern: they live side by side. "damaged"
     where a reader would refuse the group, or (a group still being written) its done
     batches: `groups.check_group`, as `status` judges it (a run refuses it unless
@@ -157,22 +158,22 @@ def standing(
         group = slide.group[path]
         record = written_record(group, EmbeddingsRecord, f"{slide.name}: {path}", AGAIN)
         if record is None or "done" not in group:
-            return Standing("new", np.empty(0, np.int64), 0, 0)
+            return ResumeState("new", np.empty(0, np.int64), 0, 0)
         arrays = dict(group.arrays())
     except KeyError:
-        return Standing("new", np.empty(0, np.int64), 0, 0)
+        return ResumeState("new", np.empty(0, np.int64), 0, 0)
     except StoreError as exc:  # its record damaged (DamagedEmbeddings, naming the key)
-        return Standing("damaged", np.empty(0, np.int64), 0, 0, str(exc))
+        return ResumeState("damaged", np.empty(0, np.int64), 0, 0, str(exc))
     except (ValueError, TypeError, zarr.errors.BaseZarrError) as exc:
         why = f"{slide.name}: {path} is damaged ({type(exc).__name__}: {exc}); {AGAIN}"
-        return Standing("damaged", np.empty(0, np.int64), 0, 0, why)
+        return ResumeState("damaged", np.empty(0, np.int64), 0, 0, why)
     try:
         flags = check_group(slide.name, path, record.to_attrs(), arrays, AGAIN)
     except StoreError as exc:  # DamagedEmbeddings, a ChunkError of a damaged shard
-        return Standing("damaged", np.empty(0, np.int64), 0, 0, str(exc))
+        return ResumeState("damaged", np.empty(0, np.int64), 0, 0, str(exc))
     except (ValueError, TypeError, zarr.errors.BaseZarrError) as exc:
         why = f"{slide.name}: {path} is damaged ({type(exc).__name__}: {exc}); {AGAIN}"
-        return Standing("damaged", np.empty(0, np.int64), 0, 0, why)
+        return ResumeState("damaged", np.empty(0, np.int64), 0, 0, why)
     tiles = int(arrays["features"].shape[0])
     done, batch = np.flatnonzero(flags == 1), record.batch_size or 1
     made = record.plan_name
@@ -189,7 +190,7 @@ def standing(
             + ("; a plan of the same name made again counts as another" if again else "")
             + "); pass overwrite=True to replace it"
         )
-        return Standing("other plan", done, batch, tiles, why)
+        return ResumeState("other plan", done, batch, tiles, why)
     differ = [
         f"{key}: {record.get(key)!r}, this run {value!r}"
         for key, value in (asked or {}).items()
@@ -200,15 +201,15 @@ def standing(
             f"{slide.name}: {path} is complete but was made otherwise ({'; '.join(differ)}): "
             "its features are not this run's; pass overwrite=True to embed it again so"
         )
-        return Standing("other settings", done, batch, tiles, why)
+        return ResumeState("other settings", done, batch, tiles, why)
     if record.complete:
         why = (
             f"{slide.name}: {path} is already complete ({tiles} tiles); pass overwrite=True "
             "to recompute"
         )
-        return Standing("complete", done, batch, tiles, why)
+        return ResumeState("complete", done, batch, tiles, why)
     why = f"resumes: {len(done)} batches done" if len(done) else ""
-    return Standing("resumes", done, batch, tiles, why)
+    return ResumeState("resumes", done, batch, tiles, why)
 
 
 class EmbeddingWriter:
@@ -245,7 +246,7 @@ class EmbeddingWriter:
             existing = self._existing() if not overwrite else None
             if existing is not None:
                 asked = {key: self.identity.get(key) for key in RESULT_KEYS}
-                found = standing(
+                found = resume_state(
                     slide, identity.model["name"], plan.name, plan_uid, len(plan), asked
                 )
                 if found.state in ("other plan", "damaged", "other settings"):

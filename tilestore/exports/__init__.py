@@ -4,7 +4,8 @@ CLAM's layout or STAMP's), `h5ad` (tiles as AnnData), `slidetable` (slide embedd
 Parquet, CSV or AnnData), `qupath` (tiles as QuPath GeoJSON), `maps` (PCA and cluster PNGs),
 `heatmap` (per-tile values as PNG, GeoJSON or an OME-Zarr label image); `tiles` the
 analysis step those of tile embeddings share (clusters, PCs). `registry` lists
-them (`EXPORTS`): what each reads and writes, its writer, its help.
+them (`EXPORTS`): what each reads and writes, its writer, its command (`export_<name>`: the
+inputs and declared options of `tilestore export <name>`), its help.
 
 >>> to_ome_tiff("A.ome.zarr", "A.ome.tiff")
 >>> cohort_to_h5("stores/*.ome.zarr", "uni", "h5/", layout="stamp")
@@ -17,33 +18,31 @@ May import: `tilestore.view` (the viewer's per-tile values), `tilestore.embeddin
 
 from __future__ import annotations
 
+from tilestore.exports.registry import face_members
 from tilestore.faces import lazy_face
 
+# besides each registered export's writer and command (`registry.face_members`)
+_OFFERED = {
+    "tilestore.errors": ("ExportError",),
+    "tilestore.exports.files": ("Exported",),
+    "tilestore.exports.h5": ("H5Export", "to_h5"),
+    "tilestore.exports.heatmap": (
+        "Heatmap",
+        "heatmap_values",
+        "write_geojson",
+        "write_labels",
+        "write_png",
+    ),
+    "tilestore.exports.ometiff": ("TiffExport",),
+    "tilestore.exports.options": ("LAYOUTS", "SUFFIXES", "H5Layout"),
+    "tilestore.exports.registry": ("EXPORTS", "Export", "face_members", "get_export"),
+    "tilestore.exports.tiles": ("TileAnalysis", "analyse_tiles"),
+    "tilestore.exports.slidetable": ("slide_table", "table_format"),
+}
 __getattr__, __dir__, __all__ = lazy_face(
     __name__,
     {
-        "tilestore.errors": ("ExportError",),
-        "tilestore.exports.h5": ("H5Export", "cohort_to_h5", "to_h5"),
-        "tilestore.exports.h5ad": ("to_anndata",),
-        "tilestore.exports.heatmap": (
-            "Heatmap",
-            "heatmap_values",
-            "write_geojson",
-            "write_heatmap",
-            "write_labels",
-            "write_png",
-        ),
-        "tilestore.exports.maps": ("write_maps",),
-        "tilestore.exports.ometiff": ("TiffExport", "to_ome_tiff"),
-        "tilestore.exports.options": ("LAYOUTS", "H5Layout"),
-        "tilestore.exports.qupath": ("to_qupath",),
-        "tilestore.exports.registry": ("EXPORTS", "Export", "get_export"),
-        "tilestore.exports.tiles": ("TileAnalysis", "analyse_tiles"),
-        "tilestore.exports.slidetable": (
-            "SUFFIXES",
-            "slide_table",
-            "table_format",
-            "write_slide_table",
-        ),
+        module: (*_OFFERED.get(module, ()), *face_members().get(module, ()))
+        for module in {**_OFFERED, **face_members()}
     },
 )

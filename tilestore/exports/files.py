@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -22,3 +23,10 @@ def write_whole(path: str | os.PathLike, write: Callable[[Path], object]) -> Pat
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What an export command wrote, said in lines for its user (one a file, mostly)."""
+
+    lines: tuple[str, ...]

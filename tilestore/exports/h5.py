@@ -26,16 +26,20 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
-import h5py
 import numpy as np
 
-from tilestore.embeddings.groups import open_finished, read_each, refuse_shared_names, slide_name
-from tilestore.embeddings.recipe import ScaleLabel, combine, recipe
-from tilestore.embeddings.slides import TileFeatures, read_tile_features
+from tilestore.embeddings.recipe import ScaleLabel
 from tilestore.errors import OutputError, StoreError
-from tilestore.exports.options import H5Layout
-from tilestore.options import checked
+from tilestore.exports.files import Exported
+from tilestore.exports.options import H5Layout, Model, Overwrite, PlanName, SkipMissing, Stores
+from tilestore.options import Opt, checked
+
+if TYPE_CHECKING:  # h5py and the embeddings' readers load when a file is written
+    import h5py
+
+    from tilestore.embeddings.slides import TileFeatures
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,10 @@ def to_h5(
     (and CLAM's) layout or STAMP's. The file is written under a hidden name and renamed
     into place whole; an existing file is kept unless overwrite. plan: the plan whose
     embeddings are read, where the store holds the model's of several."""
+    import h5py
+
+    from tilestore.embeddings.slides import read_tile_features
+
     tiles = read_tile_features(store, model, plan)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -117,7 +125,37 @@ def cohort_to_h5(
     named), stores without finished embeddings left out with a warning where a glob found
     them or skip_missing (as every export does: `read_each`), and every file checked free
     (or overwrite) before the first is written; a store whose features turn out damaged as
-    they are read stops the export, and the files this call made are removed."""
+    they are read stops the export, and the files this call made are removed.
+
+    Parameters
+    ----------
+    stores : str, path or list of them
+        Stores, or glob patterns.
+    model : str
+        The model whose tile embeddings are written.
+    folder : str or path
+        Where ``<slide>.h5`` files go (made where missing).
+    layout : {"trident", "stamp"}
+        TRIDENT's and CLAM's datasets and attributes, or STAMP's.
+    overwrite : bool
+        Replace existing files (else OutputError before the first is written).
+    skip_missing, scale, plan
+        As `tilestore.open_embeddings` takes them.
+
+    Returns
+    -------
+    list of H5Export
+        One per file written: its path, store, tiles, width, the grid's step and the tiles
+        whose coordinates fall outside their grid cell.
+    """
+    from tilestore.embeddings.groups import (
+        open_finished,
+        read_each,
+        refuse_shared_names,
+        slide_name,
+    )
+    from tilestore.embeddings.recipe import combine, recipe
+
     found = read_each(
         stores,
         lambda store: (store, recipe(open_finished(store, model, plan).meta)),
@@ -147,6 +185,46 @@ def cohort_to_h5(
                 done.path.unlink(missing_ok=True)
         raise
     return written
+
+
+@checked
+def export_h5(
+    stores: Stores,
+    *,
+    model: Model,
+    output: Annotated[Path, Opt("Folder for one <slide>.h5 each.", short="o", writes="folder")],
+    layout: H5Layout = "trident",
+    overwrite: Overwrite = False,
+    skip_missing: SkipMissing = False,
+    scale: ScaleLabel = None,
+    plan: PlanName = None,
+) -> Exported:
+    """`tilestore export h5`: `cohort_to_h5`, and a line per file written.
+
+    TRIDENT's slide encoders, CLAM and other MIL code read --layout trident, STAMP --layout
+    stamp. The stores are checked as one cohort first (made alike, at one scale), every
+    file's place before the first is written; the files are all written or none.
+    """
+    written = cohort_to_h5(
+        stores,
+        model,
+        output,
+        layout=layout,
+        overwrite=overwrite,
+        skip_missing=skip_missing,
+        scale=scale,
+        plan=plan,
+    )
+    lines = []
+    for done in written:
+        note = (
+            f"; {done.misplaced} tiles' coords // {done.patch_size_level0} fall outside their "
+            "grid cell (a grid of fractional level-0 steps)"
+            if done.misplaced
+            else ""
+        )
+        lines.append(f"{done.store}: {done.tiles} tiles x {done.dim} -> {done.path}{note}")
+    return Exported(tuple(lines))
 
 
 def _trident(f: h5py.File, tiles: TileFeatures, attrs: dict) -> None:

@@ -10,14 +10,20 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
-import xarray as xr
 
-from tilestore.analysis.preview import thumbnail
+from tilestore.analysis.options import PCS, OptionalClusters, OptionalComponents
+from tilestore.embeddings.recipe import ScaleLabel
 from tilestore.errors import AnalysisError
-from tilestore.exports.files import write_whole
-from tilestore.reading.opening import open_slide
+from tilestore.exports.files import Exported, write_whole
+from tilestore.exports.options import Model, PlanName, SkipMissing, Stores
+from tilestore.exports.tiles import analyse_tiles
+from tilestore.options import Opt, checked
+
+if TYPE_CHECKING:  # xarray loads with the embeddings
+    import xarray as xr
 
 
 def to_anndata(
@@ -37,6 +43,9 @@ def to_anndata(
     """
     import anndata
     import pandas as pd
+
+    from tilestore.analysis.preview import thumbnail
+    from tilestore.reading.opening import open_slide
 
     table = {
         name: np.asarray(ds[name])
@@ -81,3 +90,26 @@ def to_anndata(
         uns=uns,
     )
     return write_whole(path, lambda tmp: adata.write_h5ad(tmp))
+
+
+@checked
+def export_anndata(
+    stores: Stores,
+    *,
+    model: Model,
+    output: Annotated[Path, Opt("The .h5ad file to write.", short="o", writes="file")],
+    clusters: OptionalClusters = None,
+    pcs: OptionalComponents = PCS,
+    images: Annotated[bool, Opt("Store thumbnails for squidpy in uns['spatial'].")] = True,
+    skip_missing: SkipMissing = False,
+    scale: ScaleLabel = None,
+    plan: PlanName = None,
+) -> Exported:
+    """`tilestore export anndata`: the stores analysed as one cohort (`analyse_tiles`),
+    `to_anndata` with the clusters as obs, and a line."""
+    found = analyse_tiles(stores, model, clusters=clusters, pcs=pcs, skip_missing=skip_missing,
+                          scale=scale, plan=plan)  # fmt: skip
+    ds = found.ds
+    obs = {"cluster": found.clusters} if found.clusters is not None else None
+    to_anndata(ds, output, obs=obs, images=images)
+    return Exported((f"{len(ds.tiles.slides)} slide(s), {ds.sizes['tile']} tiles -> {output}",))

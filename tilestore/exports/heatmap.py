@@ -14,25 +14,20 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 
 from tilestore.analysis.options import CLUSTERS, Clusters
-from tilestore.errors import ViewError
-from tilestore.options import checked
-from tilestore.reading.opening import open_slide
-from tilestore.reading.slide import Slide
-from tilestore.view.catalog import Catalog
+from tilestore.errors import OptionError, ViewError
+from tilestore.exports.files import Exported
+from tilestore.exports.options import Model, Store
+from tilestore.options import Opt, checked
 from tilestore.view.options import TileIndex
-from tilestore.view.overlays import scale_rgba
-from tilestore.view.values import (
-    TileValues,
-    match_scores,
-    read_scores,
-    tile_at,
-    tile_values,
-    value_range,
-)
+
+if TYPE_CHECKING:  # the viewer's values and the slide load when a heatmap is made
+    from tilestore.reading.slide import Slide
+    from tilestore.view.values import TileValues
 
 LEVELS = 254  # a scalar heatmap's label values 1-254 (0: no tile)
 
@@ -64,6 +59,10 @@ def heatmap_values(
     (as colours, PNG only), "clusters" (k), "similarity" to tile `ref` or to the tile under
     level-0 point `at`, or, with `scores` (Parquet/CSV of tile or x, y -> score), the user's
     scores named by `column` (default "score")."""
+    from tilestore.reading.opening import open_slide
+    from tilestore.view.catalog import Catalog
+    from tilestore.view.values import match_scores, read_scores, tile_at, tile_values
+
     slide = open_slide(store)
     catalog = Catalog([slide], [str(store)], [str(store)])
     if scores is not None:
@@ -141,6 +140,8 @@ def write_labels(heatmap: Heatmap) -> str:
     pixel per grid cell: a scalar quantised to 1-254 (0: no tile; each value's number in the
     label's properties), classes as 1..k with their names. Returns the label's name."""
     from tilestore.reading.labels import write_label
+    from tilestore.view.overlays import scale_rgba
+    from tilestore.view.values import value_range
 
     values = heatmap.values
     grid = values.grid
@@ -219,3 +220,58 @@ def write_heatmap(
     if label:
         written.append(f"{heatmap.store}/labels/{write_labels(heatmap)}")
     return written
+
+
+@checked
+def export_heatmap(
+    store: Store,
+    *,
+    model: Model,
+    column: Annotated[
+        str,
+        Opt(
+            "A per-tile column (tissue, roi, qc_<artefact>, roi_class...), clusters, "
+            "similarity (with --tile or --at), or with --scores the score column to read."
+        ),
+    ] = "score",
+    tile: TileIndex = None,
+    at: Annotated[
+        str | None, Opt("similarity: to the tile under level-0 X,Y.", metavar="X,Y")
+    ] = None,
+    k: Clusters = CLUSTERS,
+    scores: Annotated[
+        Path | None,
+        Opt(
+            "Your own scores: Parquet or CSV with 'tile' (or 'x', 'y' level-0 px) and the "
+            "score column."
+        ),
+    ] = None,
+    png: Annotated[Path | None, Opt("Write the heatmap over the slide.", writes="file")] = None,
+    geojson: Annotated[
+        Path | None,
+        Opt("Write QuPath tile objects with the value as a measurement.", writes="file"),
+    ] = None,
+    label: Annotated[bool, Opt("Write it into the store as an OME-Zarr label image.")] = False,
+) -> Exported:
+    """`tilestore export heatmap`: `heatmap_values`, `write_heatmap` in each form asked, and
+    a line; refused before any store is read where no form or no values are asked for."""
+    if not (png or geojson or label):
+        raise OptionError("give at least one of png=<file>, geojson=<file>, label=True")
+    if scores is None and column == "score":
+        raise OptionError(
+            "column='score' names no values: give a per-tile column, clusters or similarity, "
+            "or scores=<file>"
+        )
+    point = None
+    if at is not None:
+        try:
+            point = tuple(float(v) for v in at.split(","))
+        except ValueError:
+            point = ()
+        if len(point) != 2:
+            raise OptionError(f"at={at!r}: two numbers, X,Y in level-0 px")
+    found = heatmap_values(store, model, column, k=k, ref=tile, at=point, scores=scores)
+    written = write_heatmap(found, png=png, geojson=geojson, label=label)
+    return Exported(
+        (f"{found.values.label}: {len(found.values.rows)} tiles -> " + ", ".join(written),)
+    )

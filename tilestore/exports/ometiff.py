@@ -23,6 +23,7 @@ import numpy as np
 import tifffile
 
 from tilestore.errors import StoreError
+from tilestore.exports.files import Exported
 from tilestore.format.codecs import chroma_sampling, coded_color_space, encode_chunk
 from tilestore.format.records import LabelRecord, read_record
 from tilestore.options import Opt, checked
@@ -30,6 +31,10 @@ from tilestore.reading.opening import open_slide
 from tilestore.reading.slide import Slide
 
 LOSSLESS = {"deflate": "adobe_deflate", "zstd": "zstd", "lzw": "lzw"}
+Compression = Annotated[
+    Literal["deflate", "zstd", "lzw"],
+    Opt("Lossless stores: deflate, zstd or lzw (JPEG chunks are copied)."),
+]
 UM = "\u00b5m"
 
 
@@ -49,18 +54,30 @@ def to_ome_tiff(
     store: str | os.PathLike,
     path: str | os.PathLike,
     *,
-    compression: Annotated[
-        Literal["deflate", "zstd", "lzw"],
-        Opt("Lossless stores: deflate, zstd or lzw (JPEG chunks are copied)."),
-    ] = "deflate",
+    compression: Compression = "deflate",
     labels: bool = False,
     overwrite: bool = False,
 ) -> TiffExport:
     """Write the store's pyramid as an OME-TIFF at `path`; return what was written.
 
-    compression: the lossless codec for stores that are not JPEG ("deflate", "zstd",
-    "lzw"); JPEG chunks are copied. labels: also write each label image (tissue) as a
-    further OME image at its own resolution.
+    Parameters
+    ----------
+    store : str or path
+        A store made by `tilestore.convert`.
+    path : str or path
+        The .ome.tiff written (under a temporary name, renamed when whole).
+    compression : {"deflate", "zstd", "lzw"}
+        The lossless codec for stores that are not JPEG; JPEG chunks are copied.
+    labels : bool
+        Also write each label image (tissue) as a further OME image at its own resolution.
+    overwrite : bool
+        Replace an existing file (else StoreError).
+
+    Returns
+    -------
+    TiffExport
+        The path, each level's shape, tiles and how they were written (copied or
+        encoded), the labels written, seconds and bytes.
     """
     started = time.perf_counter()
     path = Path(path)
@@ -81,6 +98,28 @@ def to_ome_tiff(
     result.seconds = time.perf_counter() - started
     result.bytes = path.stat().st_size
     return result
+
+
+@checked
+def export_ome_tiff(
+    store: Annotated[Path, Opt("A store made by `tilestore convert`.")],
+    *,
+    output: Annotated[Path, Opt("The .ome.tiff to write.", short="o", writes="file")],
+    compression: Compression = "deflate",
+    labels: Annotated[bool, Opt("Also write the label images (tissue).")] = False,
+    overwrite: Annotated[bool, Opt("Replace an existing file.")] = False,
+) -> Exported:
+    """`tilestore export ome-tiff`: `to_ome_tiff`, and a line per level written."""
+    result = to_ome_tiff(store, output, compression=compression, labels=labels, overwrite=overwrite)
+    lines = [
+        f"level {index}: {level['shape'][2]}x{level['shape'][1]}, {level['tiles']} tiles, "
+        f"{level['how']}"
+        for index, level in enumerate(result.levels)
+    ]
+    if result.labels:
+        lines.append(f"labels: {', '.join(result.labels)}")
+    lines.append(f"{result.path}: {result.bytes / 2**20:.1f} MB in {result.seconds:.1f} s")
+    return Exported(tuple(lines))
 
 
 def _write_pyramid(tif, slide: Slide, codec: str, result) -> None:

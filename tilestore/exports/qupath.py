@@ -9,12 +9,18 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
-import xarray as xr
 
-from tilestore.analysis.plots import cluster_colors
-from tilestore.exports.files import write_whole
+from tilestore.analysis.options import PCS, OptionalClusters, OptionalComponents
+from tilestore.exports.files import Exported, write_whole
+from tilestore.exports.options import Model, PlanName, Store
+from tilestore.exports.tiles import analyse_tiles
+from tilestore.options import Opt, checked
+
+if TYPE_CHECKING:  # xarray and the plots load when a file is written
+    import xarray as xr
 
 
 def to_qupath(
@@ -35,6 +41,8 @@ def to_qupath(
     DataArray, e.g. ``ds.tiles.pca(5)``, stored as QuPath measurements named after its
     second coordinate; tissue and ROI fractions are always included.
     """
+    from tilestore.analysis.plots import cluster_colors
+
     meta, keep = ds.tiles.positions(slide)
     sub = ds.isel(tile=keep)
     x, y = np.asarray(sub["x"], np.float64), np.asarray(sub["y"], np.float64)
@@ -72,6 +80,35 @@ def to_qupath(
         )
     doc = {"type": "FeatureCollection", "features": features}
     return write_whole(path, lambda tmp: tmp.write_text(json.dumps(doc), encoding="utf-8"))
+
+
+@checked
+def export_qupath(
+    store: Store,
+    *,
+    model: Model,
+    clusters: OptionalClusters = None,
+    pcs: OptionalComponents = PCS,
+    output: Annotated[
+        Path | None,
+        Opt("GeoJSON file.", none="<slide>.<model>.geojson here", short="o", writes="file"),
+    ] = None,
+    plan: PlanName = None,
+) -> Exported:
+    """`tilestore export qupath`: the store analysed (`analyse_tiles`: clusters, PCs as
+    measurements), `to_qupath`, and a line.
+
+    In QuPath: File > Import objects from file, over the ORIGINAL slide (same pixels).
+    """
+    from tilestore.embeddings.layout import model_folder
+
+    found = analyse_tiles([store], model, clusters=clusters, pcs=pcs, components=True,
+                          plan=plan)  # fmt: skip
+    ds = found.ds
+    name = ds.tiles.slides[0]
+    target = output or Path(f"{name}.{model_folder(model).split('/')[-1]}.geojson")
+    to_qupath(ds, target, clusters=found.clusters, measurements=found.components)
+    return Exported((f"{name}: {ds.sizes['tile']} tiles -> {target}",))
 
 
 def _number(value) -> float | None:

@@ -1,7 +1,11 @@
 """Which exports there are: one `Export` of plain facts each (what it reads, what it writes,
-the function that writes it, one line of help), in the order `tilestore export --help`
-lists them. The command takes each subcommand's help from here and calls the writer named
-here; a new export is a module of its own, a line here and its command.
+the function that writes it, the function that is its command, one line of help), in the
+order `tilestore export --help` lists them.
+
+`tilestore export` is generated from here: each subcommand's flags from its command
+function's declared options, its help from the line here and the function's docstring. A
+new export is a module of its own (its writer and its command function, heavy imports
+inside them) and a line here.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tilestore.exports.slidetable import SUFFIXES
+from tilestore.exports.options import SUFFIXES
 
 # what an export reads: a store's pixels (its image levels), the tile embeddings of a model,
 # a cohort's slide embeddings, or per-tile values (a column, clusters, similarity, scores)
@@ -21,18 +25,34 @@ Reads = Literal["a store's pixels", "tile embeddings", "slide embeddings", "per-
 @dataclass(frozen=True)
 class Export:
     """One export: its name (the subcommand `tilestore export <name>`), what it reads, what
-    it writes (file suffixes; a folder of files, or the store itself, said in words), the
-    member of `tilestore.exports` that writes it, and one line of help."""
+    it writes (file suffixes; a folder of files, or the store itself, said in words), its
+    module (in `tilestore.exports`), the function there that writes it, the function
+    there that is its command (its first parameter what the command line names, the
+    stores or the store; its other parameters declared options, `tilestore.options`; it
+    returns the lines to print, `Exported`), and one line of help. The face of
+    `tilestore.exports` offers both functions (`face_members`)."""
 
     name: str
     reads: Reads
     writes: tuple[str, ...]
+    module: str
     writer: str
+    command: str
     help: str
 
     def load(self) -> Callable[..., Any]:
         """The function that writes this export (its module loaded now, not before)."""
-        return getattr(importlib.import_module("tilestore.exports"), self.writer)
+        return getattr(importlib.import_module(self.path), self.writer)
+
+    def load_command(self) -> Callable[..., Any]:
+        """The function that is this export's command (its module loaded now: light, its
+        heavy imports inside its functions)."""
+        return getattr(importlib.import_module(self.path), self.command)
+
+    @property
+    def path(self) -> str:
+        """Its module's full name."""
+        return f"tilestore.exports.{self.module}"
 
     @property
     def summary(self) -> str:
@@ -45,53 +65,76 @@ EXPORTS = (
         "ome-tiff",
         "a store's pixels",
         (".ome.tiff",),
+        "ometiff",
         "to_ome_tiff",
+        "export_ome_tiff",
         "A tiled, pyramidal OME-TIFF (SubIFDs) for QuPath, OMERO and Bio-Formats.",
     ),
     Export(
         "qupath",
         "tile embeddings",
         (".geojson",),
+        "qupath",
         "to_qupath",
+        "export_qupath",
         "Tiles as QuPath tile objects: classified by cluster, PCs as measurements.",
     ),
     Export(
         "anndata",
         "tile embeddings",
         (".h5ad",),
+        "h5ad",
         "to_anndata",
+        "export_anndata",
         "Tiles as an AnnData .h5ad (X = features, obsm['spatial'] = centres) for scanpy/squidpy.",
     ),
     Export(
         "map",
         "tile embeddings",
         (".png",),
+        "maps",
         "write_maps",
+        "export_map",
         "PNG maps over the slide thumbnail: first three PCs as colour, optionally clusters.",
     ),
     Export(
         "heatmap",
         "per-tile values",
         (".png", ".geojson", "a label image in the store"),
+        "heatmap",
         "write_heatmap",
+        "export_heatmap",
         "A heatmap of per-tile values for other tools: PNG, QuPath GeoJSON, OME-Zarr label.",
     ),
     Export(
         "h5",
         "tile embeddings",
         ("a folder of <slide>.h5",),
+        "h5",
         "cohort_to_h5",
+        "export_h5",
         "Tile features as per-slide HDF5 files for TRIDENT, CLAM and other MIL code, or STAMP.",
     ),
     Export(
         "slides",
         "slide embeddings",
         SUFFIXES,
+        "slidetable",
         "write_slide_table",
+        "export_slides",
         "A cohort's slide embeddings as one table, a row per slide, for classifiers, "
         "survival models and retrieval.",
     ),
 )
+
+
+def face_members() -> dict[str, tuple[str, ...]]:
+    """What the face of `tilestore.exports` offers of each export: its writer and its
+    command, by module (`tilestore.faces.lazy_face`'s members)."""
+    members: dict[str, tuple[str, ...]] = {}
+    for export in EXPORTS:
+        members[export.path] = (*members.get(export.path, ()), export.writer, export.command)
+    return members
 
 
 def get_export(name: str) -> Export:

@@ -10,10 +10,15 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 
+from tilestore.embeddings.recipe import ScaleLabel
 from tilestore.errors import ExportError
+from tilestore.exports.files import Exported
+from tilestore.exports.options import SUFFIXES, Model, PlanName
+from tilestore.options import Opt, checked
 
 
 def slide_table(ds, *, features: bool = True):
@@ -65,8 +70,7 @@ def _h5ad(ds, path: Path) -> None:
 
 
 # a slide table's file suffix -> what writes it
-WRITERS: dict[str, Callable[..., None]] = {".parquet": _parquet, ".csv": _csv, ".h5ad": _h5ad}
-SUFFIXES = tuple(WRITERS)
+WRITERS: dict[str, Callable[..., None]] = dict(zip(SUFFIXES, (_parquet, _csv, _h5ad), strict=True))
 
 
 def table_format(path: str | os.PathLike) -> str:
@@ -83,3 +87,34 @@ def write_slide_table(ds, path: str | os.PathLike) -> Path:
     path = Path(path)
     WRITERS[table_format(path)](ds, path)
     return path
+
+
+@checked
+def export_slides(
+    stores: Annotated[list[str], Opt("Stores with slide embeddings, or a glob.")],
+    *,
+    model: Model,
+    slide_encoder: Annotated[
+        str, Opt("The slide encoder (see `tilestore models list`).", short="s")
+    ],
+    output: Annotated[
+        Path, Opt("A .parquet, .csv or .h5ad (AnnData) file.", short="o", writes="file")
+    ],
+    skip_missing: Annotated[bool, Opt("Leave out stores without this slide embedding.")] = False,
+    scale: ScaleLabel = None,
+    plan: PlanName = None,
+) -> Exported:
+    """`tilestore export slides`: the cohort's slide embeddings (`open_slide_embeddings`),
+    `write_slide_table`, and a line; a file type it does not write refused first.
+
+    Columns: slide, store, tiles (how many tile features each vector was made from), then
+    the features f0, f1, ... (in .h5ad: X, the rest as obs).
+    """
+    from tilestore.embeddings.slides import open_slide_embeddings
+
+    table_format(output)  # a file type it does not write: refused before any store is read
+    ds = open_slide_embeddings(
+        stores, model, slide_encoder, skip_missing=skip_missing, scale=scale, plan=plan
+    )
+    write_slide_table(ds, output)
+    return Exported((f"{ds.sizes['slide']} slide(s) x {ds.sizes['feature']} -> {output}",))

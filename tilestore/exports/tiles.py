@@ -43,7 +43,30 @@ def analyse_tiles(
     """The stores' embeddings of `model` (`tilestore.open_embeddings`: one population, or
     refused), with `clusters` k-means clusters of the tiles in their first `pcs` principal
     components (the features themselves where `pcs` is None) and, with `components`, those
-    components (``ds.tiles.pca(pcs)``)."""
+    components (``ds.tiles.pca(pcs)``). Every export of tile embeddings analyses through
+    this, so they cluster alike.
+
+    Parameters
+    ----------
+    stores : list of str or path
+        Stores, or glob patterns.
+    model : str
+        The model whose embeddings are read.
+    clusters : int, optional
+        k-means clusters to fit (None: none).
+    pcs : int, optional
+        Principal components the clusters are fitted in, and QuPath's measurements
+        (None: the features themselves). Default `PCS`.
+    components : bool
+        Also return the first `pcs` components.
+    skip_missing, scale, plan
+        As `tilestore.open_embeddings` takes them.
+
+    Returns
+    -------
+    TileAnalysis
+        ``ds`` (the cohort's tiles), ``clusters`` and ``components`` (None where not asked).
+    """
     from tilestore.embeddings import open_embeddings
 
     ds = open_embeddings(

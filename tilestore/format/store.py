@@ -118,7 +118,7 @@ def members(group: zarr.Group) -> list[tuple[str, zarr.Array | zarr.Group]]:
 
 
 @contextlib.contextmanager
-def stored(where: object, what: str, fix: str) -> Iterator[None]:
+def damage_as_store_error(where: object, what: str, fix: str) -> Iterator[None]:
     """Read a stored document (`what`, of the store at `where`) inside this: any way it can
     be damaged is one StoreError naming the store, the document and what to do (`fix`),
     never the JSON parser's or zarr's own error. Absence is the caller's to check first."""

@@ -49,7 +49,8 @@ class PlanOptions(Declared):
     out of range is refused when the options are made.
 
     The quality filter (max_blur) reads an earlier embedding pass's measures: a plan with it
-    is made by `tilestore.plan_slide` (`tilestore.embeddings.plan_slide`), which applies it.
+    is made by `tilestore.plan_slide`, which applies it (`tilestore.plan.plan_over_tissue`
+    refuses it).
     """
 
     mpp: Annotated[
@@ -194,7 +195,23 @@ def resolve_plan(
     native ones where a model is known (`native_mpp`, `native_tile`), else `DEFAULT_MPP` and
     `DEFAULT_TILE`; mpp='level0' plans in level-0 pixels. A slide whose pixel size is unknown is
     refused for any mpp (the same rule for every command): the tiles' magnification would
-    be unknown, and a model is magnification-specific."""
+    be unknown, and a model is magnification-specific.
+
+    Parameters
+    ----------
+    options : PlanOptions or ResolvedPlan
+        The plan asked for; a `ResolvedPlan` is returned as it is.
+    slide : Slide
+        The slide planned: its pixel size and levels decide what is allowed.
+    native_mpp, native_tile : float, int, optional
+        The model's um/px and tile size, the defaults of an mpp and tile not given.
+
+    Returns
+    -------
+    ResolvedPlan
+        Every value decided (no None left open), as `plan_over_tissue` and the plan's
+        record take it.
+    """
     if isinstance(options, ResolvedPlan):
         return options
     if options.mpp == LEVEL0:

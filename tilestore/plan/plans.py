@@ -23,7 +23,7 @@ from tilestore.errors import PlanError
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.records import PlanRecord, find_record, read_record, write_record
 from tilestore.format.shards import column
-from tilestore.format.store import stored, written_whole
+from tilestore.format.store import damage_as_store_error, written_whole
 from tilestore.masks.tissue import TissueMask, compute_tissue, read_tissue, write_tissue
 from tilestore.plan.annotations import Annotations, load_annotations
 from tilestore.plan.filters import contrast_keep
@@ -89,7 +89,7 @@ def plan_grid(slide: Slide, options: ResolvedPlan, notes: list[str] | None = Non
     )
 
 
-def plan_slide(
+def plan_over_tissue(
     slide: Slide,
     options: PlanOptions | ResolvedPlan = PlanOptions(),
     *,
@@ -103,15 +103,16 @@ def plan_slide(
     `options.tissue_method` and stored (unless store_tissue=False: a dry run writes
     nothing). measured: the filter that leaves out tiles an earlier embedding pass measured
     blurrier than max_blur; the store's embeddings hold those measures, so it is passed in
-    from above (`tilestore.embeddings.plan_slide`, which `tilestore.plan_slide` is): a plan
-    asked for max_blur without it is refused, never made unfiltered under a filter's name.
+    from above (by `tilestore.plan_slide`, the plan a user asks for, which calls this): a
+    plan asked for max_blur without it is refused, never made unfiltered under a filter's
+    name.
     """
     if not isinstance(options, ResolvedPlan):  # a record resolved once is taken as it is
         options = resolve_plan(options, slide)
     if options.max_blur is not None and measured is None:
         raise PlanError(
             f"max_blur={options.max_blur:g}: the blur filter reads the store's embeddings' "
-            "measures: plan with tilestore.plan_slide (tilestore.embeddings.plan_slide)"
+            "measures: plan with tilestore.plan_slide, not tilestore.plan.plan_over_tissue"
         )
     notes: list[str] = []
     spec = plan_grid(slide, options, notes)
@@ -237,7 +238,23 @@ def save_plan(slide: Slide, plan: TilePlan, *, overwrite: bool = False) -> str:
     A plan of that name stored already is never replaced implicitly: the very same plan
     (its recipe and its tiles) is kept as it is (its uid returned, nothing written); one made
     otherwise is refused in one line naming how the two differ (`plan_difference`), unless
-    overwrite=True."""
+    overwrite=True.
+
+    Parameters
+    ----------
+    slide : Slide
+        The store written into (a converted store or a sidecar).
+    plan : TilePlan
+        The plan made (`tilestore.plan_slide`).
+    overwrite : bool
+        Replace a plan of that name made otherwise.
+
+    Returns
+    -------
+    str
+        The plan's uid: a hash of its recipe and tiles, what an embeddings group records
+        of the plan it was made from.
+    """
     root = slide.writable_group()
     plans = root.require_group(PLANS)
     if plan.name in plans and not _complete(plans[plan.name]):
@@ -355,7 +372,7 @@ def plan_difference(meta: PlanRecord, plan: TilePlan) -> str:
 
 def option_params(options: ResolvedPlan) -> dict:
     """The settings a plan records in its params that its options alone decide: the one
-    list `plan_slide` stores and `options_recipe` compares before a plan is made."""
+    list `plan_over_tissue` stores and `options_recipe` compares before a plan is made."""
     roi = options.roi
     return {
         "min_tissue": options.min_tissue,
@@ -421,7 +438,7 @@ def list_plans(slide: Slide) -> list[str]:
     names = []
     for path in sorted(children(slide, PLANS)):
         name = path.split("/", 1)[1]
-        with stored(slide.name, f"plan {name!r}", _remake(name)):
+        with damage_as_store_error(slide.name, f"plan {name!r}", _remake(name)):
             record = read_record(slide.group[path], PlanRecord, _where(slide, name), _remake(name))
         if record is not None and record.complete:
             names.append(name)
@@ -431,7 +448,7 @@ def list_plans(slide: Slide) -> list[str]:
 def stored_record(slide: Slide, name: str) -> PlanRecord:
     """A stored plan's record (uid, grid, params, recipe...); StoreError where it has none
     or a damaged one."""
-    with stored(slide.name, f"plan {name!r}", _remake(name)):
+    with damage_as_store_error(slide.name, f"plan {name!r}", _remake(name)):
         record = read_record(slide.group[f"{PLANS}/{name}"], PlanRecord, _where(slide, name),
                              _remake(name))  # fmt: skip
         if record is None:
@@ -448,7 +465,14 @@ def _remake(name: str) -> str:
 
 
 def load_plan(slide: Slide, name: str | None = None) -> tuple[TilePlan, str]:
-    """Return a stored plan and its uid; without a name, the store's only plan."""
+    """Return a stored plan and its uid; without a name, the store's only plan.
+
+    Returns
+    -------
+    tuple of (TilePlan, str)
+        The plan as stored and its uid (`save_plan`'s). PlanError where the store holds
+        no plan of that name, or (no name given) none or several.
+    """
     names = list_plans(slide)
     if name is None:
         if len(names) != 1:
@@ -460,7 +484,7 @@ def load_plan(slide: Slide, name: str | None = None) -> tuple[TilePlan, str]:
         name = names[0]
     if name not in names:
         raise PlanError(f"{slide.name}: no plan {name!r}; plans: {', '.join(names) or 'none'}")
-    with stored(slide.name, f"plan {name!r}", _remake(name)):
+    with damage_as_store_error(slide.name, f"plan {name!r}", _remake(name)):
         group = slide.group[f"{PLANS}/{name}"]
         meta = stored_record(slide, name)
         spec = meta.spec

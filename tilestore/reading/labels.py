@@ -19,7 +19,7 @@ from tilestore.format.chunks import ChunkReader
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.records import LabelRecord, read_record, write_record
 from tilestore.format.shards import SHARD_CHUNKS, shard_shape, sharded
-from tilestore.format.store import stored, written_whole
+from tilestore.format.store import damage_as_store_error, written_whole
 from tilestore.reading.slide import Slide
 
 T = TypeVar("T")
@@ -90,7 +90,7 @@ def read_label(
     if f"labels/{name}" not in children(slide, "labels") or name not in _listed(slide):
         return None
     fix = f"compute it again (it is replaced when written), or remove labels/{name}"
-    with stored(slide.name, f"labels/{name}", fix):
+    with damage_as_store_error(slide.name, f"labels/{name}", fix):
         group = slide.group[f"labels/{name}"]
         level = group["0"]
         # read as image levels are: each chunk checked, tied to its position where recorded
@@ -104,14 +104,14 @@ def read_label(
 
 def _listed(slide: Slide) -> list[str]:
     """The labels the store lists (its labels group's OME ``labels``): those written whole."""
-    with stored(slide.name, "labels", "remove labels and make what it held again"):
+    with damage_as_store_error(slide.name, "labels", "remove labels and make what it held again"):
         return list(slide.group["labels"].attrs.get("ome", {}).get("labels", []))
 
 
 def children(slide: Slide, path: str) -> set[str]:
     """The paths of the groups and arrays under `path` (none where it is absent); a damaged
     listing is a StoreError naming it."""
-    with stored(slide.name, path, f"remove {path} and make what it held again"):
+    with damage_as_store_error(slide.name, path, f"remove {path} and make what it held again"):
         try:
             group = slide.group[path]
         except KeyError:

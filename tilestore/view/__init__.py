@@ -16,7 +16,7 @@ __getattr__, __dir__, __all__ = lazy_face(
     __name__,
     {
         "tilestore.view.catalog": ("Catalog", "ViewError"),
-        "tilestore.view.options": ("Port", "TileIndex"),
+        "tilestore.view.options": ("HOST", "PORT", "Host", "Port", "TileIndex"),
         "tilestore.view.server": ("bind", "make_app", "serve"),
         "tilestore.view.values": ("read_scores", "tile_values"),
     },

@@ -35,7 +35,7 @@ from starlette.staticfiles import StaticFiles
 from tilestore.errors import TilestoreError, ViewError
 from tilestore.options import checked
 from tilestore.view.catalog import Catalog
-from tilestore.view.options import Port
+from tilestore.view.options import HOST, PORT, Host, Port
 from tilestore.view.overlays import (
     Overlay,
     plan_overlay,
@@ -342,7 +342,7 @@ _CONFLICT = {"MixedResults"}
 
 
 @checked
-def bind(host: str, port: Port) -> socket.socket:
+def bind(host: Host = HOST, port: Port = PORT) -> socket.socket:
     """A listening socket on (host, port) (port "auto": any free one); ViewError in one line
     where the port is taken or the address is not this machine's."""
     port = 0 if port == "auto" else port

@@ -223,7 +223,7 @@ def read_splits(path: str | os.PathLike, cohort) -> Splits:
                     _patients(f.get(n) if isinstance(f, dict) else None, path, f"fold {i} {n}")
                     for n in ("train", "valid", "test")
                 )
-            )  # fmt: skip
+            )
             for i, f in enumerate(folds)
         ),
         int(document.get("seed", 0)),

@@ -15,6 +15,8 @@ import pandas as pd
 import pytest
 
 from tests.conftest import IHC, group_of
+from tilestore.embeddings.groups import open_finished
+from tilestore.embeddings.recipe import combine, parse_scale, recipe
 from tilestore.errors import (
     LabelError,
     LabelTableError,
@@ -22,7 +24,7 @@ from tilestore.errors import (
     TilestoreError,
     TilestoreWarning,
 )
-from tilestore.learn import Task, build_cohort, read_table
+from tilestore.learn import Task, as_recipe, build_cohort, read_table
 from tilestore.reading.opening import open_slide
 
 MODEL = "efficientnet-lite0"
@@ -100,8 +102,12 @@ def test_a_tcga_cohort_accounts_for_every_row_in_one_line(folder, tmp_path):
     )
     assert len(cohort.rows) == 8 + 10  # every clinical row and every store
     # the recipe: what the features are, to be compared again at predict
-    assert cohort.recipe["facts"]["name"] == MODEL and cohort.recipe["scale"] == "0.5mpp-224px"
-    json.dumps(cohort.recipe)  # written into a run as it is
+    assert cohort.recipe["facts"]["name"] == MODEL
+    assert as_recipe(cohort.recipe).scale.matches(parse_scale("0.5mpp-224px"))
+    # written into a run as JSON, read back and compared with new stores by `combine`
+    written = as_recipe(json.loads(json.dumps(cohort.recipe)))
+    store = cohort.slides[0].store
+    assert combine([("run", written), (store, recipe(open_finished(store, MODEL).meta))], "x")
 
 
 def test_a_slide_table_links_slides_and_counts_its_rows(folder, tmp_path):
@@ -334,7 +340,7 @@ def test_stores_of_mixed_models_or_scales_are_refused(embedded_cohort, tmp_path)
     _edit(scales[1], lambda a: a.update(mpp=1.0))
     _refused(
         MixedResults,
-        r"more than one scale \(0.5mpp-224px: 1 store\(s\).*1mpp-224px",
+        r"more than one scale \(0.5-1mpp-224px: 2 store\(s\)",
         table,
         scales,
         MODEL,

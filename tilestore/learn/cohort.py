@@ -547,7 +547,8 @@ def _task(
             )
         classes.append(tuple(seen))
     indexed = {
-        p: tuple(float(classes[j].index(v[j])) for j in range(len(v))) for p, v in keep.items()
+        p: tuple(float(classes[j].index(x)) if x in classes[j] else np.nan for j, x in enumerate(v))
+        for p, v in keep.items()
     }
     return Task(kind, columns, tuple(classes)), indexed
 

@@ -66,8 +66,13 @@ def _kfold(strata: np.ndarray, k: int, seed: int) -> list[np.ndarray]:
     """The test indices of k stratified folds, a patient a group."""
     from sklearn.model_selection import StratifiedGroupKFold
 
-    folds = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=seed)
     groups = np.arange(len(strata))
+    if np.bincount(np.unique(strata, return_inverse=True)[1]).max() < k:
+        # no stratum has k patients (scikit-learn refuses): stratifying cannot hold, so a
+        # shuffled deal, still a patient a group
+        order = np.random.default_rng(seed).permutation(len(strata))
+        return [np.sort(order[i::k]) for i in range(k)]
+    folds = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=seed)
     return [test for _, test in folds.split(groups, strata, groups)]
 
 
@@ -117,6 +122,8 @@ def make_splits(
     folds = []
     tests = [np.flatnonzero(held)] if k == 1 else [rest[t] for t in _kfold(levels[rest], k, seed)]
     for i, tested in enumerate(tests):
+        if not len(tested):
+            raise LabelError(f"fold {i} of {k} would test no patient: fewer folds (k=)")
         train = np.setdiff1d(rest, tested)
         inner = train[_part(levels[train], valid, seed + 1 + i)]
         folds.append(

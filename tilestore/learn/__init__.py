@@ -41,7 +41,7 @@ __getattr__, __dir__, __all__ = lazy_face(
         ),
         "tilestore.learn.metrics": ("Metric", "c_index", "evaluate"),
         "tilestore.learn.plots": ("plot_km", "plot_pr", "plot_roc"),
-        "tilestore.learn.page": ("write_page",),
+        "tilestore.learn.page": ("prediction_frame", "read_metrics", "write_metrics", "write_page"),
         "tilestore.errors": ("LabelError", "LabelTableError"),
     },
 )
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
         read_table,
     )
     from tilestore.learn.metrics import Metric, c_index, evaluate
-    from tilestore.learn.page import write_page
+    from tilestore.learn.page import prediction_frame, read_metrics, write_metrics, write_page
     from tilestore.learn.plots import plot_km, plot_pr, plot_roc
     from tilestore.learn.splits import (
         Fold,

@@ -57,3 +57,17 @@ class Task:
         if self.kind == "survival" or len(self.targets) == 1:
             return [metric]
         return [f"{target}:{metric}" for target in self.targets]
+
+    def to_json(self) -> dict:
+        """The task as a run's config.json holds it (`Task.from_json` reads it back)."""
+        return {"kind": self.kind, "targets": list(self.targets),
+                "classes": [list(c) for c in self.classes]}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, value: dict) -> Task:
+        """The task of a config.json (`Task.to_json`)."""
+        return cls(
+            value["kind"],
+            tuple(value["targets"]),
+            tuple(tuple(c) for c in value.get("classes") or ()),
+        )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +74,9 @@ def _kfold(strata: np.ndarray, k: int, seed: int) -> list[np.ndarray]:
         order = np.random.default_rng(seed).permutation(len(strata))
         return [np.sort(order[i::k]) for i in range(k)]
     folds = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=seed)
-    return [test for _, test in folds.split(groups, strata, groups)]
+    with warnings.catch_warnings():  # a stratum of fewer than k patients: it cannot be in
+        warnings.simplefilter("ignore", UserWarning)  # every fold, as the docstring says
+        return [test for _, test in folds.split(groups, strata, groups)]
 
 
 def _part(strata: np.ndarray, fraction: float, seed: int) -> np.ndarray:

@@ -432,3 +432,17 @@ def test_building_a_cohort_does_not_import_torch(folder, tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip().endswith("False")
+
+
+def test_an_excel_table_is_read_or_refused_in_one_line(tmp_path):
+    path = tmp_path / "c.xlsx"
+    table = pd.DataFrame({"PATIENT": ["a", "b"], "MSI": ["MSS", "MSI-H"]})
+    try:
+        import openpyxl  # noqa: F401
+    except ImportError:  # pandas reads Excel with openpyxl: without it, one line says so
+        path.write_bytes(b"PK")
+        with pytest.raises(LabelTableError, match=r"c.xlsx: cannot be read here \(.*openpyxl"):
+            read_table(path)
+        return
+    table.to_excel(path, index=False)
+    assert read_table(path).equals(table)

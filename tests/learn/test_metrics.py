@@ -148,3 +148,17 @@ def test_predictions_of_the_wrong_shape_or_not_finite_are_refused():
 def test_a_metric_undefined_on_one_class_is_nan():
     got = evaluate(BINARY, np.zeros((5, 1)), np.zeros((5, 2)), n_boot=20)
     assert np.isnan(got["auroc"].value) and np.isnan(got["auroc"].low)
+
+
+def test_the_c_index_draws_counted_at_once_equal_them_one_by_one():
+    rng = np.random.default_rng(9)
+    n = 80
+    time = np.round(rng.exponential(3, n), 0) + 1  # ties
+    event = rng.integers(0, 2, n)
+    risk = np.round(rng.normal(size=n), 1)
+    task = Task("survival", ("t", "e"))
+    got = evaluate(task, np.c_[time, event], risk[:, None], n_boot=200, seed=4)["c_index"]
+    draws = np.random.default_rng(4).integers(0, n, size=(200, n))
+    one_by_one = np.array([c_index(time[d], event[d], risk[d]) for d in draws])
+    low, high = np.percentile(one_by_one[np.isfinite(one_by_one)], [2.5, 97.5])
+    assert (got.low, got.high) == (low, high)

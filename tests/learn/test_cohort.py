@@ -446,3 +446,22 @@ def test_an_excel_table_is_read_or_refused_in_one_line(tmp_path):
         return
     table.to_excel(path, index=False)
     assert read_table(path).equals(table)
+
+
+def test_a_cohort_of_slide_vectors_reads_the_encoders_vectors(embedded_cohort, tmp_path):
+    from tilestore.embeddings.slides import read_tile_features, write_slide_vector
+
+    names = ["TCGA-AA-0001-01Z-00-DX1", "TCGA-AA-0002-01Z-00-DX1", "TCGA-AA-0003-01Z-00-DX1"]
+    made = _copy(embedded_cohort, tmp_path / "vectors", names)
+    for store in made[:2]:  # the third has tile features only
+        tiles = read_tile_features(store, MODEL)
+        write_slide_vector(tiles, "mean-pool", tiles.features.mean(axis=0),
+                           {"encoder": "mean-pool", "pooling": "mean"})  # fmt: skip
+    table = pd.DataFrame({"PATIENT": [n[:12] for n in names], "MSI": ["MSS", "MSI-H", "MSS"]})
+    cohort = build_cohort(
+        table, made, MODEL, targets="MSI", patient_from="tcga", slide_encoder="mean-pool"
+    )
+    assert cohort.slide_encoder == "mean-pool" and cohort.recipe["slide_encoder"] == "mean-pool"
+    assert [s.slide for s in cohort.slides] == names[:2]
+    assert cohort.summary() == "2 patients used (2 slides); 1 no slide used; 1 no embeddings"
+    assert any(k.startswith("encoder ") for k in cohort.recipe["facts"])

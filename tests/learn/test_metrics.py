@@ -162,3 +162,20 @@ def test_the_c_index_draws_counted_at_once_equal_them_one_by_one():
     one_by_one = np.array([c_index(time[d], event[d], risk[d]) for d in draws])
     low, high = np.percentile(one_by_one[np.isfinite(one_by_one)], [2.5, 97.5])
     assert (got.low, got.high) == (low, high)
+
+
+def test_a_task_says_its_outputs_and_refuses_what_cannot_be():
+    task = Task("classification", ("a", "b"), (("x", "y"), ("1", "2", "3")))
+    assert task.outputs == 5 and task.heads() == [slice(0, 2), slice(2, 5)]
+    assert Task.from_json(task.to_json()) == task
+    assert Task("regression", ("a", "b")).outputs == 2 and Task("survival", ("t", "e")).outputs == 1
+    from tilestore.errors import OptionError
+
+    for kind, targets, classes, match in [
+        ("ranking", ("a",), (), "task kind 'ranking'"),
+        ("classification", ("a",), (), "names the classes of each target"),
+        ("survival", ("t",), (), r"are \(time column, event column\)"),
+        ("regression", ("a",), (("x",),), "a regression task has no classes"),
+    ]:
+        with pytest.raises(OptionError, match=match):
+            Task(kind, targets, classes)

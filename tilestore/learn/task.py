@@ -51,13 +51,6 @@ class Task:
             start += len(classes)
         return out
 
-    def names(self, metric: str) -> list[str]:
-        """A metric's name per target: "auroc" alone, "<target>:auroc" where there are
-        several targets (classification, regression)."""
-        if self.kind == "survival" or len(self.targets) == 1:
-            return [metric]
-        return [f"{target}:{metric}" for target in self.targets]
-
     def to_json(self) -> dict:
         """The task as a run's config.json holds it (`Task.from_json` reads it back)."""
         return {"kind": self.kind, "targets": list(self.targets),

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOORS = (
     ("tilestore.cli",),
     ("tilestore.embed",),
+    ("tilestore.learn",),  # issue 65: models trained on stored features
     ("tilestore.exports",),
     ("tilestore.view",),
     ("tilestore.embeddings",),
@@ -63,6 +64,7 @@ FACES = (
     "tilestore.embeddings",
     "tilestore.exports",
     "tilestore.format",
+    "tilestore.learn",
     "tilestore.masks",
     "tilestore.options",
     "tilestore.plan",
@@ -165,6 +167,7 @@ def test_reading_never_reaches_conversion(graph):
         "tilestore.analysis",
         "tilestore.view",
         "tilestore.exports",
+        "tilestore.learn",
     ):
         assert not graph.chain_exists(
             importer=package, imported="tilestore.conversion", as_packages=True
@@ -259,6 +262,11 @@ def test_the_command_imports_only_public_faces():
             for name in ("h5", "h5ad", "heatmap", "maps", "ometiff", "qupath", "slidetable")
         ),
         ("tilestore.cli.export", ("xarray", "h5py", "matplotlib", "pandas", "anndata")),
+        # a cohort, its splits and its metrics never need torch (only training does)
+        ("tilestore.learn", ("torch", "zarr", "pandas")),
+        ("tilestore.learn.cohort", ("torch",)),
+        ("tilestore.learn.splits", ("torch",)),
+        ("tilestore.learn.metrics", ("torch",)),
     ],
 )
 def test_light_modules_stay_light(module, not_loaded):

@@ -22,6 +22,8 @@ the code's own business, beside it.)
         PlanError         a plan that cannot be made or found
         AnnotationError   an annotation file that cannot be used
         PatientTableError a table of slides and patients that cannot be used
+        LabelError        a labelled cohort that cannot be learnt from (one class, NaN labels...)
+            LabelTableError   a clinical or slide table that cannot be read or lacks a column
         ModelError        a model that cannot be found, fetched or run (SlideEncoderError)
         DeviceError       a device the run needs and does not have (CUDA, NVTX, dask-cuda)
         OutputError       an output that cannot be written where asked
@@ -134,6 +136,16 @@ class SlideEncoderError(ModelError):
 class PatientTableError(TilestoreError):
     """A table of slides and their patients that cannot be used (a column missing, a slide
     in two patients, a slide no store holds...)."""
+
+
+class LabelError(TilestoreError):
+    """A labelled cohort that cannot be learnt from (`tilestore.learn`): labels of one class,
+    NaN labels, survival times <= 0, events not 0/1, a patient without slides, no stores, a
+    splits file that does not fit the cohort."""
+
+
+class LabelTableError(LabelError):
+    """A clinical or slide table that cannot be read, or lacks a column it is asked for."""
 
 
 class DeviceError(TilestoreError):

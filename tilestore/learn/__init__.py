@@ -1,0 +1,70 @@
+"""Learning from stored features: labelled cohorts, folds, models, metrics, reports.
+
+>>> cohort = build_cohort("clinical.csv", "stores/", "uni", targets="MSI", slides="slides.csv")
+>>> cohort.summary()                 # every row of the tables accounted for, in one line
+>>> splits = make_splits(cohort, k=5, seed=0)   # patient-grouped, stratified
+>>> evaluate(cohort.task, y_true, y_pred)       # metrics with bootstrap 95% intervals
+
+Each name loads its module on first use: `import tilestore.learn` and building a cohort never
+import torch.
+
+May import `tilestore.embeddings`, `format`, `reading`, `plan`, `analysis`, `errors`,
+`options`, `progress`, `faces`; torch (lazily), scikit-learn, pandas, matplotlib,
+safetensors. Never conversion, view, exports, embed or cli.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tilestore.faces import lazy_face
+
+__getattr__, __dir__, __all__ = lazy_face(
+    __name__,
+    {
+        "tilestore.learn.task": ("KINDS", "Kind", "Task"),
+        "tilestore.learn.cohort": (
+            "Cohort",
+            "CohortSlide",
+            "Row",
+            "as_recipe",
+            "build_cohort",
+            "read_table",
+        ),
+        "tilestore.learn.splits": (
+            "Fold",
+            "Splits",
+            "make_splits",
+            "read_splits",
+            "read_stamp_splits",
+            "write_splits",
+        ),
+        "tilestore.learn.metrics": ("Metric", "c_index", "evaluate"),
+        "tilestore.learn.plots": ("plot_km", "plot_pr", "plot_roc"),
+        "tilestore.learn.page": ("prediction_frame", "read_metrics", "write_metrics", "write_page"),
+        "tilestore.errors": ("LabelError", "LabelTableError"),
+    },
+)
+
+if TYPE_CHECKING:
+    from tilestore.errors import LabelError, LabelTableError
+    from tilestore.learn.cohort import (
+        Cohort,
+        CohortSlide,
+        Row,
+        as_recipe,
+        build_cohort,
+        read_table,
+    )
+    from tilestore.learn.metrics import Metric, c_index, evaluate
+    from tilestore.learn.page import prediction_frame, read_metrics, write_metrics, write_page
+    from tilestore.learn.plots import plot_km, plot_pr, plot_roc
+    from tilestore.learn.splits import (
+        Fold,
+        Splits,
+        make_splits,
+        read_splits,
+        read_stamp_splits,
+        write_splits,
+    )
+    from tilestore.learn.task import KINDS, Kind, Task

@@ -114,13 +114,16 @@ def classify(
     if not _NAME.fullmatch(name):
         raise EmbeddingError(f"prompts={prompts.path!r}: name the set with name= ({name!r} is "
                              "not letters, digits, _ - .)")  # fmt: skip
-    stores = _one_population(stores, model, options.scale)
     import torch
 
-    from tilestore.embed.models.text import load_text_tower
+    from tilestore.embed.models.text import load_text_tower, refuse_unread_tokenizer
     from tilestore.embed.settings import resolve_device
 
+    refuse_unread_tokenizer(spec, options.tokenizer)
     device, _ = resolve_device(options.device, "fp32")
+    # the stores' features one population before the tower loads (a cohort of two scales is
+    # refused at once, whole, as a store of other weights is by `_checked` below)
+    stores = _one_population(stores, model, options.scale)
     tower = load_text_tower(spec, weights=options.weights, tokenizer=options.tokenizer,
                             token=options.hf_token, device=device)  # fmt: skip
     classes = class_embeddings(tower, prompts)

@@ -108,6 +108,16 @@ class TextTower:
             return F.normalize(features, dim=-1)
 
 
+def refuse_unread_tokenizer(spec: ModelSpec, tokenizer: str | os.PathLike | None) -> None:
+    """OptionError where a tokenizer file is given for a text tower that would not read it
+    (its tokenizer comes with its checkpoint): said before any store is read."""
+    if tokenizer is not None and spec.text not in TOKENIZER_FILE:
+        raise OptionError(
+            f"tokenizer={str(tokenizer)!r}: {spec.name}'s tokenizer comes with its checkpoint; "
+            f"a tokenizer file is read only by the {', '.join(sorted(TOKENIZER_FILE))} text towers"
+        )
+
+
 def load_text_tower(
     spec: ModelSpec,
     *,
@@ -122,11 +132,7 @@ def load_text_tower(
     the others, whose tokenizer comes with their checkpoint."""
     if spec.text is None:
         raise ModelError(f"{spec.name}: has no text tower; zero-shot takes {_zero_shot_names()}")
-    if tokenizer is not None and spec.text not in TOKENIZER_FILE:  # it would not be read
-        raise OptionError(
-            f"tokenizer={str(tokenizer)!r}: {spec.name}'s tokenizer comes with its checkpoint; "
-            f"a tokenizer file is read only by the {', '.join(sorted(TOKENIZER_FILE))} text towers"
-        )
+    refuse_unread_tokenizer(spec, tokenizer)
     if weights is not None:
         checkpoint = hub.local(spec.name, weights, spec)
     else:

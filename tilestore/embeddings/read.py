@@ -283,7 +283,7 @@ def _columns_meet(parts: list[dict[str, Any]], skip_mixed: bool) -> None:
             combine([(store, m.recipe) for store, m in found], what)
         except MixedResults as exc:
             if not skip_mixed:
-                raise
+                raise MixedResults(f"{exc} (or leave these columns out: skip_mixed=True)") from None
             gone = {c for _, m in found for c in m.columns}
             warnings.warn(f"left out the {what} columns ({exc})", TilestoreWarning, stacklevel=4)
             for p in parts:

@@ -44,6 +44,7 @@ SEED = 0
 DIM = 1024  # tile features, as UNI's or CONCH's
 OUTPUTS = 3
 SIZES = (1, 2, 17, 256, 1000, 4000)
+STAMP_FILE = "STAMP/src/stamp/modeling/models/trans_mil.py"
 
 
 @dataclass(frozen=True)

@@ -172,12 +172,15 @@ def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max())
 
 
-def compare(refs: dict, sizes=SIZES, dim=DIM, outputs=OUTPUTS) -> list[Row]:
-    """Every case at every bag size, alone and as one padded batch."""
+def compare(refs: dict, sizes=SIZES, dim=DIM, outputs=OUTPUTS, nudge=0.0) -> list[Row]:
+    """Every case at every bag size, alone and as one padded batch; `nudge` added to our
+    head's bias after the mapping (a control: the comparison must then fail)."""
     rows = []
     for number, case in enumerate(CASES):
         reference = case.build(refs, dim, outputs).eval()
         ours = case.ours(randomise(reference, SEED + number)).eval()
+        with torch.no_grad():
+            ours.head.bias.add_(nudge)
         generator = torch.Generator().manual_seed(SEED)
         bags = [torch.randn(1, n, dim, generator=generator) for n in sizes]
         theirs = []
@@ -224,10 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--dim", type=int, default=DIM)
+    parser.add_argument("--nudge", type=float, default=0.0, help="a control: see compare")
     args = parser.parse_args(argv)
     torch.manual_seed(SEED)
     refs = load_references(args.references)
-    rows = compare(refs, tuple(args.sizes), args.dim)
+    rows = compare(refs, tuple(args.sizes), args.dim, nudge=args.nudge)
     print(f"{'model':9} {'reference':26} {'bags':20} {'logits':>9} {'attention':>9} {'|logit|':>8}")
     for r in rows:
         attention = "-" if r.attention is None else f"{r.attention:.1e}"

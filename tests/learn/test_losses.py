@@ -115,3 +115,11 @@ def test_weighted_cross_entropy_gradients_match_finite_differences():
 def test_wrong_class_weights_are_refused_in_one_line(task, weights, said):
     with pytest.raises(OptionError, match=said):
         loss_for(task, class_weights=weights)
+
+
+def test_half_precision_logits_are_taken_in_fp32():
+    logits = torch.randn(6, 1, dtype=torch.bfloat16)
+    y = torch.tensor([[2, 1], [2, 1], [1, 0], [5, 1], [3, 0], [4, 1.0]])
+    got = loss_for(SURVIVAL)(logits, y)
+    assert got.dtype == torch.float32
+    assert float(got) == pytest.approx(float(cox(logits.float(), y)), abs=1e-6)

@@ -13,7 +13,7 @@ import torch
 from tilestore.errors import OptionError
 from tilestore.learn.models import MODELS, make_model
 from tilestore.learn.models.abmil import ABMIL
-from tilestore.learn.models.base import gradient_x_input
+from tilestore.learn.models.base import gradient_x_input, masked_mean
 
 D, OUT = 24, 3
 BAGS = [n for n, s in MODELS.items() if s.bags]
@@ -232,3 +232,24 @@ def test_dropout_is_off_in_eval_and_on_in_train():
         assert torch.equal(model(bag).logits, model(bag).logits)
         model.train()
         assert not torch.equal(model(bag).logits, model(bag).logits)
+
+
+def test_a_bf16_mean_of_many_tiles_is_divided_in_fp32():
+    """3,024 of 9,074 tiles at 1: bf16 rounds the count and the sum (to 9,088 and 3,024),
+    which gives 0.33203; summed and divided in fp32, the mean is bf16's 1/3 (0.33398)."""
+    x = torch.zeros(1, 9_074, 2, dtype=torch.bfloat16)
+    x[0, :3_024] = 1
+    mean = masked_mean(x, torch.ones(1, 9_074, dtype=torch.bool))
+    assert mean.dtype == torch.bfloat16
+    assert torch.equal(mean, torch.full((1, 2), 3_024 / 9_074).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("name", BAGS)
+def test_a_bf16_model_on_bf16_bags_stays_close_to_fp32(name):
+    model = _model(name)
+    batch, mask = _padded(_bags(5, 9, 1))
+    with torch.no_grad():
+        expected = model(batch, mask).logits
+        got = model.to(torch.bfloat16)(batch.to(torch.bfloat16), mask)
+    assert got.logits.dtype == torch.bfloat16 and got.logits.isfinite().all()
+    torch.testing.assert_close(got.logits.float(), expected, atol=3e-2, rtol=3e-2)

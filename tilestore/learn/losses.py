@@ -3,7 +3,8 @@
 log-likelihood for survival (Breslow's handling of tied times).
 
 A loss takes the model's logits (B, task.outputs) and the labels y (B, len(task.targets))
-as `Cohort.labels` holds them: class indices, values, or (time, event).
+as `Cohort.labels` holds them: class indices, values, or (time, event). Logits of a
+half-precision model (bf16, fp16) are taken in fp32: the loss is a sum over the batch.
 """
 
 from __future__ import annotations
@@ -27,10 +28,16 @@ def loss_for(task: Task, class_weights: Sequence[Sequence[float]] | None = None)
     """The loss of `task`; `class_weights`: one weight per class of each classification
     target (e.g. inverse frequencies), or None for equal weights."""
     if task.kind == "classification":
-        return _classification(task, class_weights)
-    if class_weights is not None:
+        loss = _classification(task, class_weights)
+    elif class_weights is not None:
         raise OptionError(f"class weights for a {task.kind} task: only classes have weights")
-    return LOSSES[task.kind]
+    else:
+        loss = LOSSES[task.kind]
+
+    def wide(logits: Tensor, y: Tensor) -> Tensor:
+        return loss(logits.to(torch.promote_types(logits.dtype, torch.float32)), y)
+
+    return wide
 
 
 def _classification(task: Task, class_weights: Sequence[Sequence[float]] | None) -> Loss:

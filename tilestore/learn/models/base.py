@@ -58,9 +58,11 @@ def masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
 
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """The mean (B, D) of each bag's real tiles (x (B, N, D) with padding already zeroed)."""
-    count = mask.sum(dim=1, keepdim=True).clamp(min=1).to(x.dtype)
-    return x.sum(dim=1) / count
+    """The mean (B, D) of each bag's real tiles (x (B, N, D) with padding already zeroed),
+    summed and divided in fp32 at least: a count of 10,000 tiles is not exact in bf16."""
+    wide = torch.promote_types(x.dtype, torch.float32)
+    count = mask.sum(dim=1, keepdim=True).clamp(min=1).to(wide)
+    return (x.sum(dim=1, dtype=wide) / count).to(x.dtype)
 
 
 def gradient_x_input(model: nn.Module, x: Tensor, mask: Tensor | None) -> Tensor:

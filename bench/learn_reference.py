@@ -126,7 +126,7 @@ class Case:
     ours: Callable[[dict], nn.Module]
 
 
-def _clam(refs, dim, outputs):
+def _clam(refs, dim, outputs):  # CLAM's defaults: gated, small (512, 256)
     return refs["clam"].CLAM_SB(gate=True, size_arg="small", n_classes=outputs, embed_dim=dim)
 
 
@@ -145,6 +145,15 @@ CASES = (
     ),
     Case("abmil", "CLAM CLAM_SB", _clam, _clam_run, lambda s: abmil.from_reference("clam", s)),
     Case("clam-sb", "CLAM CLAM_SB", _clam, _clam_run, lambda s: clam_sb.from_reference("clam", s)),
+    Case(
+        "clam-sb",
+        "CLAM CLAM_SB, no gate",
+        lambda refs, dim, outputs: refs["clam"].CLAM_SB(
+            gate=False, size_arg="big", dropout=0.25, n_classes=outputs, embed_dim=dim
+        ),
+        _clam_run,
+        lambda s: clam_sb.from_reference("clam", s),
+    ),
     Case(
         "transmil",
         "STAMP TransMIL",

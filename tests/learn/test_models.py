@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tilestore.errors import OptionError
-from tilestore.learn.models import MODELS, make_model
+from tilestore.learn.models import MODELS, abmil, clam_sb, make_model, transmil
 from tilestore.learn.models.abmil import ABMIL
 from tilestore.learn.models.base import gradient_x_input, masked_mean
 
@@ -253,3 +253,35 @@ def test_a_bf16_model_on_bf16_bags_stays_close_to_fp32(name):
         got = model.to(torch.bfloat16)(batch.to(torch.bfloat16), mask)
     assert got.logits.dtype == torch.bfloat16 and got.logits.isfinite().all()
     torch.testing.assert_close(got.logits.float(), expected, atol=3e-2, rtol=3e-2)
+
+
+def test_a_reference_not_known_or_a_weight_without_a_counterpart_is_refused():
+    with pytest.raises(ValueError, match="no ABMIL reference 'stamp': known are trident, clam"):
+        abmil.from_reference("stamp", {})
+    with pytest.raises(ValueError, match="no TransMIL reference 'clam'"):
+        transmil.from_reference("clam", {})
+    with pytest.raises(ValueError, match="not CLAM_SB's weights"):
+        clam_sb.from_reference("clam", {"attention_net.0.weight": torch.zeros(2, 2)})
+    state = make_model("clam-sb", 4, 2).state_dict()  # our names are not CLAM's
+    with pytest.raises(ValueError, match=r"reference weight 'encoder\.0\.weight': no counterpart"):
+        clam_sb.from_reference("clam", {**state, "attention_net.3.attention_a.0.weight": 0})
+
+
+def test_stamps_names_map_onto_every_weight_of_ours():
+    """Our TransMIL's weights, named as STAMP names them, come back whole (no peer code:
+    the names inverted by hand from STAMP's module)."""
+    model = _model("transmil")
+    theirs = {
+        "_fc1.": "fc1.", "pos_layer.proj.": "ppeg.conv7.", "pos_layer.proj1.": "ppeg.conv5.",
+        "pos_layer.proj2.": "ppeg.conv3.", "_fc2.": "head.", "attn.to_qkv.": "attention.qkv.",
+        "attn.to_out.0.": "attention.out.", "attn.res_conv.": "attention.residual.",
+    }  # fmt: skip
+    state = {}
+    for key, value in model.state_dict().items():
+        for stamp, ours in theirs.items():
+            key = key.replace(ours, stamp)
+        state[key] = value
+    assert "layer1.attn.to_out.0.weight" in state and "pos_layer.proj1.bias" in state
+    back = transmil.from_reference("stamp", state)
+    for key, value in model.state_dict().items():
+        assert torch.equal(back.state_dict()[key], value), key

@@ -58,9 +58,10 @@ def test_our_models_equal_the_peers_with_the_same_weights(tmp_path):
         ("abmil", "TRIDENT ABMILSlideEncoder"),
         ("abmil", "CLAM CLAM_SB"),
         ("clam-sb", "CLAM CLAM_SB"),
+        ("clam-sb", "CLAM CLAM_SB, no gate"),
         ("transmil", "STAMP TransMIL"),
     }
-    assert len(result["rows"]) == 4 * 5  # four sizes alone and one padded batch, per case
+    assert len(result["rows"]) == 5 * 5  # four sizes alone and one padded batch, per case
     for row in result["rows"]:
         assert row["logits"] < 1e-5, row
         assert row["attention"] is None or row["attention"] < 1e-5, row

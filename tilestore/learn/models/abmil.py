@@ -168,8 +168,10 @@ def clam_names(state: Mapping[str, Tensor]) -> dict[str, str]:
             f"{net}attention_c.": "attention.c.",
         }
     else:
-        last = max(int(k.split(".")[3]) for k in state if k.startswith(f"{net}module."))
-        names |= {f"{net}module.0.": "attention.a.", f"{net}module.{last}.": "attention.c."}
+        layers = [int(k.split(".")[3]) for k in state if k.startswith(f"{net}module.")]
+        if not layers:
+            raise ValueError(f"no {net}attention_a nor {net}module: not CLAM_SB's weights")
+        names |= {f"{net}module.0.": "attention.a.", f"{net}module.{max(layers)}.": "attention.c."}
     return names
 
 

@@ -19,7 +19,8 @@ made with (the `fetch` tool's mirrors; any clone does):
 Each reference is built with its own constructor, given seeded random weights (every
 tensor drawn, so attention is far from uniform), and its state_dict is mapped onto ours by
 the model module's `from_reference`. Each bag is compared alone (B=1), and all the bags at
-once as one padded batch with a mask (ours) against each bag alone (theirs).
+once as one padded batch with a mask (ours) against each bag alone (theirs); CLAM-SB's
+instance loss against CLAM's `instance_eval` (the "logits" column: the loss's difference).
 
     python bench/learn_reference.py --references /tmp/learnref [--json out.json]
 """
@@ -230,6 +231,32 @@ def compare(refs: dict, sizes=SIZES, dim=DIM, outputs=OUTPUTS, nudge=0.0) -> lis
     return rows
 
 
+def compare_instance_loss(refs: dict, sizes=SIZES, dim=DIM, outputs=OUTPUTS) -> list[Row]:
+    """CLAM-SB's instance loss (k = 8 tiles each way) against CLAM's `instance_eval`, for
+    each class as the bag's label, with and without subtyping; bags of 8 tiles or more."""
+    rows = []
+    for subtyping in (False, True):
+        reference = _clam(refs, dim, outputs).eval()
+        reference.subtyping = subtyping
+        ours = clam_sb.from_reference("clam", randomise(reference, SEED)).eval()
+        ours.subtyping = subtyping
+        generator = torch.Generator().manual_seed(SEED)
+        for n in (n for n in sizes if n >= reference.k_sample):
+            x = torch.randn(1, n, dim, generator=generator)
+            worst, scale = 0.0, 0.0
+            with torch.no_grad():
+                for label in range(outputs):
+                    y = torch.tensor([label])
+                    theirs = reference(x[0], label=y, instance_eval=True)[4]["instance_loss"]
+                    worst = max(worst, _diff(ours.instance_loss(x, y), theirs))
+                    scale = max(scale, float(theirs))
+            kind = "subtyping" if subtyping else "no subtyping"
+            rows.append(
+                Row("clam-sb", f"CLAM instance loss, {kind}", f"B=1, N={n}", worst, None, scale)
+            )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--references", type=Path, required=True, help="REFS (see the module)")
@@ -241,11 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(SEED)
     refs = load_references(args.references)
     rows = compare(refs, tuple(args.sizes), args.dim, nudge=args.nudge)
-    print(f"{'model':9} {'reference':26} {'bags':20} {'logits':>9} {'attention':>9} {'|logit|':>8}")
+    rows += compare_instance_loss(refs, tuple(args.sizes), args.dim)
+    print(f"{'model':9} {'reference':34} {'bags':20} {'logits':>9} {'attention':>9} {'|logit|':>8}")
     for r in rows:
         attention = "-" if r.attention is None else f"{r.attention:.1e}"
         print(
-            f"{r.model:9} {r.reference:26} {r.bags:20} {r.logits:9.1e} {attention:>9} "
+            f"{r.model:9} {r.reference:34} {r.bags:20} {r.logits:9.1e} {attention:>9} "
             f"{r.scale:8.2f}"
         )
     worst = max(r.logits for r in rows)

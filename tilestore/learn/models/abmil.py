@@ -124,7 +124,7 @@ def _from_trident(state: Mapping[str, Tensor]) -> ABMIL:
         f"{enc}post_attention_layers.0.": "post.0.",
         "classifier.": "head.",
     }
-    ours = _renamed(state, rename)
+    ours = renamed(state, rename)
     hidden, in_dim = ours["encoder.0.weight"].shape
     model = ABMIL(
         in_dim,
@@ -140,7 +140,7 @@ def _from_trident(state: Mapping[str, Tensor]) -> ABMIL:
 
 
 def _from_clam(state: Mapping[str, Tensor]) -> ABMIL:
-    ours = _renamed(
+    ours = renamed(
         {k: v for k, v in state.items() if not k.startswith("instance_classifiers.")},
         clam_names(state),
     )
@@ -175,8 +175,9 @@ def clam_names(state: Mapping[str, Tensor]) -> dict[str, str]:
     return names
 
 
-def _renamed(state: Mapping[str, Tensor], rename: Mapping[str, str]) -> dict[str, Tensor]:
-    """The state with each key's prefix renamed; a key no prefix names: refused."""
+def renamed(state: Mapping[str, Tensor], rename: Mapping[str, str]) -> dict[str, Tensor]:
+    """The state with each key's prefix renamed (a peer's names -> ours); a key no prefix
+    names: refused."""
     out = {}
     for key, value in state.items():
         prefix = next((p for p in rename if key.startswith(p)), None)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tilestore.learn.models.abmil import ABMIL, _renamed, clam_names
+from tilestore.learn.models.abmil import ABMIL, clam_names, renamed
 from tilestore.learn.models.base import (
     AttentionDim,
     Dropout,
@@ -66,7 +66,7 @@ class ClamSB(ABMIL):
 
     def instance_loss(self, x: Tensor, label: Tensor, mask: Tensor | None = None) -> Tensor:
         """CLAM's instance-level loss, averaged over the batch's bags: `label` (B,) the class
-        index of each bag."""
+        index of each bag (one classification target: the outputs are its classes)."""
         h, attention, mask = self.attend(x, mask)
         losses = []
         for b in range(x.shape[0]):
@@ -98,7 +98,7 @@ def from_reference(name: str, state_dict: Mapping[str, Tensor]) -> ClamSB:
     if name != "clam":
         raise ValueError(f"no CLAM-SB reference {name!r}: known is clam")
     names = clam_names(state_dict) | {"instance_classifiers.": "instance."}
-    ours = _renamed(state_dict, names)
+    ours = renamed(state_dict, names)
     hidden, in_dim = ours["encoder.0.weight"].shape
     model = ClamSB(
         in_dim,

@@ -4,6 +4,7 @@
 >>> cohort.summary()                 # every row of the tables accounted for, in one line
 >>> splits = make_splits(cohort, k=5, seed=0)   # patient-grouped, stratified
 >>> evaluate(cohort.task, y_true, y_pred)       # metrics with bootstrap 95% intervals
+>>> model = make_model("abmil", in_dim=1024, outputs=2)   # the registry of models (`MODELS`)
 
 Each name loads its module on first use: `import tilestore.learn` and building a cohort never
 import torch.
@@ -42,6 +43,9 @@ __getattr__, __dir__, __all__ = lazy_face(
         "tilestore.learn.metrics": ("Metric", "c_index", "evaluate"),
         "tilestore.learn.plots": ("plot_km", "plot_pr", "plot_roc"),
         "tilestore.learn.page": ("prediction_frame", "read_metrics", "write_metrics", "write_page"),
+        "tilestore.learn.losses": ("loss_for",),
+        "tilestore.learn.models": ("MODELS", "ModelSpec", "make_model"),
+        "tilestore.learn.models.base": ("BagOutput",),
         "tilestore.errors": ("LabelError", "LabelTableError"),
     },
 )
@@ -56,7 +60,10 @@ if TYPE_CHECKING:
         build_cohort,
         read_table,
     )
+    from tilestore.learn.losses import loss_for
     from tilestore.learn.metrics import Metric, c_index, evaluate
+    from tilestore.learn.models import MODELS, ModelSpec, make_model
+    from tilestore.learn.models.base import BagOutput
     from tilestore.learn.page import prediction_frame, read_metrics, write_metrics, write_page
     from tilestore.learn.plots import plot_km, plot_pr, plot_roc
     from tilestore.learn.splits import (

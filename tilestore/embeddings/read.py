@@ -34,7 +34,7 @@ from tilestore.embeddings.groups import (
 )
 from tilestore.embeddings.layout import COORDINATES, COORDS, UNITS
 from tilestore.embeddings.recipe import ScaleLabel, combine, recipe
-from tilestore.embeddings.scores import ZEROSHOT, score_sets
+from tilestore.embeddings.scores import LEARNED, ZEROSHOT, learned_sets, score_sets
 from tilestore.errors import ChunkError, MixedResults
 from tilestore.format.store import stored
 from tilestore.options import checked
@@ -147,6 +147,16 @@ def _slide_part(store: StoreLike, model: str, plan: str | None) -> dict[str, Any
                 _most_probable, lut=lut, drop_axis=1, dtype=lut.dtype, meta=np.empty(0, lut.dtype)
             )
             labels.append(name)
+        for name, (array, columns) in learned_sets(found.group, f"{store}: {path}").items():
+            # a trained model's tile scores (`tilestore.learn.explain`): a column each
+            table = da.from_array(
+                _Checked(array, f"{store}: {path}/{LEARNED}/{name}", found.fix),
+                chunks=(rows, len(columns)),
+                name=f"{LEARNED}-{name}-{token}",
+                meta=np.empty((0, 0), array.dtype),
+            )
+            arrays.update({f"{name}:{c}": table[:, i] for i, c in enumerate(columns)})
+            measures += [f"{name}:{c}" for c in columns]
         if "tokens" in members:  # the patch-token grids, a tile per row as the features
             tokens = members["tokens"]
             arrays["tokens"] = da.from_array(

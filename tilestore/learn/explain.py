@@ -43,7 +43,7 @@ def tile_scores(models: list[Any], features: np.ndarray, device: str) -> tuple[n
     x = torch.as_tensor(np.asarray(features, np.float32)).to(device=device, dtype=dtype)[None]
     with torch.no_grad():
         attention = [m(x).attention for m in models]
-    contribution = ensemble(models, "tile_scores", x)[0].cpu().numpy()
+    contribution = ensemble(models, "tile_scores", x)[0].detach().cpu().numpy()  # may need grads
     if any(a is None for a in attention):
         return contribution.astype(np.float32), False
     mean = torch.stack([a.float() for a in attention]).mean(0)[0].cpu().numpy()

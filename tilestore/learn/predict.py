@@ -85,4 +85,4 @@ def ensemble(models: Sequence[Any], method: str, x: Any) -> Any:
     """The models' mean of `method` (a bound name: "tile_scores") on x."""
     import torch
 
-    return torch.stack([getattr(m, method)(x).float() for m in models]).mean(0)
+    return torch.stack([getattr(m, method)(x).detach().float() for m in models]).mean(0)

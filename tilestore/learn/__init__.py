@@ -31,11 +31,17 @@ __getattr__, __dir__, __all__ = lazy_face(
         "tilestore.learn.bags": ("Bags", "load_bags"),
         "tilestore.learn.options": ("LearnOptions",),
         "tilestore.learn.train": ("Fitted", "fit"),
-        "tilestore.learn.run": ("RunResult", "crossval", "train"),
-        "tilestore.learn.predict": ("predict",),
-        "tilestore.learn.explain": ("explain",),
+        "tilestore.learn.run": ("RunResult", "check_run_dir", "crossval"),
     },
 )
+__all__ = sorted([*__all__, "explain", "predict", "train"])
+
+# Three functions share their module's name (the plan's): importing a submodule binds it
+# on the package, so these are bound here, first and for good (no torch: it loads inside).
+import tilestore.learn.train  # noqa: E402  (the module first, then the function over it)
+from tilestore.learn.explain import explain  # noqa: E402
+from tilestore.learn.predict import predict  # noqa: E402
+from tilestore.learn.run import train  # noqa: E402
 
 if TYPE_CHECKING:
     from tilestore.learn.bags import Bags, load_bags
@@ -45,7 +51,7 @@ if TYPE_CHECKING:
     from tilestore.learn.models import MODELS, make_model
     from tilestore.learn.options import LearnOptions
     from tilestore.learn.predict import predict
-    from tilestore.learn.run import RunResult, crossval, train
+    from tilestore.learn.run import RunResult, check_run_dir, crossval, train
     from tilestore.learn.splits import Fold, Splits, make_splits, read_splits, write_splits
     from tilestore.learn.task import Task
     from tilestore.learn.train import Fitted, fit

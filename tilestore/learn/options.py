@@ -22,7 +22,9 @@ class LearnOptions(Declared):
     A run with the same options, cohort, splits and seed on the same machine gives the same
     weights, bit for bit (`tilestore.learn.train.fit`)."""
 
-    model: Annotated[str, Opt("The model (tilestore.learn.MODELS): abmil, mean, ...")] = "abmil"
+    model: Annotated[
+        str, Opt("The model trained (tilestore.learn.MODELS): abmil, mean, ...", flag="arch")
+    ] = "abmil"
     hidden: Annotated[int, Opt("The model's hidden width.", low=1, high=65_536)] = 128
     dropout: Annotated[float, Opt("Dropout in the model.", low=0, high=0.9)] = 0.0
     epochs: Annotated[int, Opt("Most epochs per fold.", low=1, high=100_000)] = 32

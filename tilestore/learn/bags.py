@@ -98,19 +98,21 @@ class Bags:
         device: str = "cpu",
         dtype: str = "float32",
     ) -> Bags:
-        """Bags of features already in memory: `slides` each (tiles, D), `members` each
-        patient's slide indices."""
+        """Bags of features already in memory: `slides` each (tiles, D) (numpy or torch, any
+        sequence: one is asked for at a time), `members` each patient's slide indices."""
         import torch
 
         _check_dtype(dtype)
-        dims = {int(s.shape[1]) for s in slides}
+        shapes = [tuple(slides[i].shape) for i in range(len(slides))]
+        dims = {int(s[1]) for s in shapes}
         if len(dims) != 1:
             raise OptionError(f"slides of feature widths {sorted(dims)}: one width only")
-        offsets = np.concatenate([[0], np.cumsum([len(s) for s in slides])]).astype(np.int64)
+        offsets = np.concatenate([[0], np.cumsum([s[0] for s in shapes])]).astype(np.int64)
         target = getattr(torch, dtype)
         features = torch.empty((int(offsets[-1]), dims.pop()), dtype=target, device=device)
-        for i, s in enumerate(slides):  # one slide at a time: no second copy of the cohort
-            part = torch.as_tensor(np.asarray(s))
+        for i in range(len(slides)):  # one slide at a time: no second copy of the cohort
+            s = slides[i]
+            part = s if isinstance(s, torch.Tensor) else torch.as_tensor(np.asarray(s))
             features[int(offsets[i]) : int(offsets[i + 1])] = part.to(device=device, dtype=target)
         xy = (
             np.concatenate(list(coords))
@@ -181,9 +183,33 @@ def load_bags(
         arrays = [f.arrays["features"] for f in found]
         return Bags(None, offsets, coords, names, members, dim, device, dtype,
                     read=lambda i: arrays[i][:])  # fmt: skip
-    bags = Bags.from_arrays([f.arrays["features"][:] for f in found], members, names=names,
+    bags = Bags.from_arrays(_Each([f.arrays["features"] for f in found]), members, names=names,
                             device=device, dtype=dtype)  # fmt: skip
     return Bags(bags.features, offsets, coords, names, members, dim, device, dtype)
+
+
+class _Each:
+    """Stored arrays read one at a time as `from_arrays` asks (no list of the whole cohort)."""
+
+    def __init__(self, arrays: list[Any]) -> None:
+        self.arrays = arrays
+
+    def __len__(self) -> int:
+        return len(self.arrays)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.arrays[i] if i < 0 else _Shaped(self.arrays[i])
+
+
+class _Shaped:
+    """A stored array's shape at once, its values when converted (np.asarray)."""
+
+    def __init__(self, array: Any) -> None:
+        self.array, self.shape = array, array.shape
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        values = self.array[:]
+        return values if dtype is None else values.astype(dtype)
 
 
 def features_of(cohort: Any) -> dict[str, Any]:

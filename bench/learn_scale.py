@@ -81,52 +81,84 @@ def main() -> None:
     data = Synthetic(args.slides, args.tiles, args.dim, device, seed=0)
     patients = tuple(f"S{i:05d}" for i in range(args.slides))
     cohort = Cohort(
-        task=Task("classification", ("label",), (("0", "1"),)), model="synthetic", plan=None,
-        slide_encoder=None, recipe={"source": "synthetic"},
-        slides=tuple(CohortSlide("memory", p, p) for p in patients), patients=patients,
+        task=Task("classification", ("label",), (("0", "1"),)),
+        model="synthetic",
+        plan=None,
+        slide_encoder=None,
+        recipe={"source": "synthetic"},
+        slides=tuple(CohortSlide("memory", p, p) for p in patients),
+        patients=patients,
         labels=data.labels[:, None].astype(np.float64),
-    )  # fmt: skip
+    )
     started = time.perf_counter()
-    bags = Bags.from_arrays(data, [[i] for i in range(args.slides)], names=patients,
-                            device=device, dtype=args.dtype)  # fmt: skip
+    bags = Bags.from_arrays(
+        data, [[i] for i in range(args.slides)], names=patients, device=device, dtype=args.dtype
+    )
     if cuda:
         torch.cuda.synchronize()
     made = time.perf_counter() - started
-    options = LearnOptions(model=args.model, epochs=args.epochs, patience=args.patience,
-                           batch_size=args.batch_size, lr=1e-3, device=device, dtype=args.dtype,
-                           threads=args.threads)  # fmt: skip
+    options = LearnOptions(
+        model=args.model,
+        epochs=args.epochs,
+        patience=args.patience,
+        batch_size=args.batch_size,
+        lr=1e-3,
+        device=device,
+        dtype=args.dtype,
+        threads=args.threads,
+    )
     lines: list[str] = []
     with tempfile.TemporaryDirectory() as folder:
         started = time.perf_counter()
-        result = crossval(cohort, make_splits(cohort, args.folds, seed=0), options,
-                          Path(folder) / "run", bags=bags, progress=lines.append)  # fmt: skip
+        result = crossval(
+            cohort,
+            make_splits(cohort, args.folds, seed=0),
+            options,
+            Path(folder) / "run",
+            bags=bags,
+            progress=lines.append,
+        )
         if cuda:
             torch.cuda.synchronize()
         wall = time.perf_counter() - started
-        epochs = [json.loads((Path(folder) / "run" / f"fold_{k}" / "fold.json").read_text())
-                  ["epochs"] for k in range(args.folds)]  # fmt: skip
+        epochs = [
+            json.loads((Path(folder) / "run" / f"fold_{k}" / "fold.json").read_text())["epochs"]
+            for k in range(args.folds)
+        ]
     auroc = result.metrics.get("auroc")
     found = {
-        "slides": args.slides, "tiles": args.tiles, "dim": args.dim, "dtype": args.dtype,
-        "folds": args.folds, "model": args.model, "batch_size": args.batch_size,
-        "epochs_run": epochs, "device": torch.cuda.get_device_name() if cuda else "cpu",
-        "bags_s": made, "crossval_s": wall, "total_s": made + wall,
+        "slides": args.slides,
+        "tiles": args.tiles,
+        "dim": args.dim,
+        "dtype": args.dtype,
+        "folds": args.folds,
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "epochs_run": epochs,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "bags_s": made,
+        "crossval_s": wall,
+        "total_s": made + wall,
         "features_gib": args.slides * args.tiles * args.dim * bags.features.element_size() / 2**30,
         "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "peak_host_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "auroc": None if auroc is None else [auroc.value, auroc.low, auroc.high],
-        "host": platform.node(), "python": sys.version.split()[0], "torch": torch.__version__,
-    }  # fmt: skip
+        "host": platform.node(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+    }
     rows = [
         ("cohort", f"{args.slides:,} slides x {args.tiles:,} tiles x {args.dim:,} ({args.dtype})"),
         ("features on the device", f"{found['features_gib']:.2f} GiB, made in {made:.1f} s"),
         (f"{args.folds}-fold {args.model}", f"{wall:.1f} s (epochs per fold: {epochs})"),
-        ("pooled AUROC", "n/a" if auroc is None
-         else f"{auroc.value:.3f} [{auroc.low:.3f}, {auroc.high:.3f}]"),
+        (
+            "pooled AUROC",
+            "n/a" if auroc is None else f"{auroc.value:.3f} [{auroc.low:.3f}, {auroc.high:.3f}]",
+        ),
         ("peak GPU memory", "n/a" if not cuda else f"{found['peak_gpu_gib']:.2f} GiB"),
         ("peak host memory (RSS)", f"{found['peak_host_gib']:.2f} GiB"),
         ("device", found["device"]),
-    ]  # fmt: skip
+    ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")

@@ -34,15 +34,38 @@ OUT = typer.Option(..., "--out", help="The run folder (must not exist).")
 OVERWRITE = typer.Option(False, help="Replace a run folder that exists.")
 
 
-def _cohort(clinical, stores, model, target, kind, patient, slides, slide_column, patient_from,
-            time, event, plan, scale):  # fmt: skip
+def _cohort(
+    clinical,
+    stores,
+    model,
+    target,
+    kind,
+    patient,
+    slides,
+    slide_column,
+    patient_from,
+    time,
+    event,
+    plan,
+    scale,
+):
     from tilestore.learn import build_cohort
 
     cohort = build_cohort(
-        clinical, [str(s) for s in stores], model, targets=tuple(target or ()), kind=kind,
-        patient=patient, slides=slides, slide_column=slide_column, patient_from=patient_from,
-        time=time, event=event, plan=plan, scale=scale,
-    )  # fmt: skip
+        clinical,
+        [str(s) for s in stores],
+        model,
+        targets=tuple(target or ()),
+        kind=kind,
+        patient=patient,
+        slides=slides,
+        slide_column=slide_column,
+        patient_from=patient_from,
+        time=time,
+        event=event,
+        plan=plan,
+        scale=scale,
+    )
     out.print(f"cohort: {cohort.summary()}", highlight=False)
     return cohort
 
@@ -80,12 +103,29 @@ def crossval(
     from tilestore import learn
 
     learn.check_run_dir(out_dir, resume=resume, overwrite=overwrite)
-    cohort = _cohort(clinical, stores, model, target, kind, patient, slides, slide_column,
-                     patient_from, time, event, plan, scale)  # fmt: skip
-    made = (learn.read_splits(splits, cohort) if splits
-            else learn.make_splits(cohort, folds, seed=options.seed))  # fmt: skip
-    result = learn.crossval(cohort, made, options, out_dir, resume=resume, overwrite=overwrite,
-                            progress=to_stderr)  # fmt: skip
+    cohort = _cohort(
+        clinical,
+        stores,
+        model,
+        target,
+        kind,
+        patient,
+        slides,
+        slide_column,
+        patient_from,
+        time,
+        event,
+        plan,
+        scale,
+    )
+    made = (
+        learn.read_splits(splits, cohort)
+        if splits
+        else learn.make_splits(cohort, folds, seed=options.seed)
+    )
+    result = learn.crossval(
+        cohort, made, options, out_dir, resume=resume, overwrite=overwrite, progress=to_stderr
+    )
     _said(result)
 
 
@@ -114,10 +154,24 @@ def train(
     from tilestore import learn
 
     learn.check_run_dir(out_dir, overwrite=overwrite)
-    cohort = _cohort(clinical, stores, model, target, kind, patient, slides, slide_column,
-                     patient_from, time, event, plan, scale)  # fmt: skip
-    _said(learn.train(cohort, options, out_dir, valid=valid, overwrite=overwrite,
-                      progress=to_stderr))  # fmt: skip
+    cohort = _cohort(
+        clinical,
+        stores,
+        model,
+        target,
+        kind,
+        patient,
+        slides,
+        slide_column,
+        patient_from,
+        time,
+        event,
+        plan,
+        scale,
+    )
+    _said(
+        learn.train(cohort, options, out_dir, valid=valid, overwrite=overwrite, progress=to_stderr)
+    )
 
 
 def predict(
@@ -129,8 +183,9 @@ def predict(
     explain: bool = typer.Option(
         False, help="Also write each tile's attention and contribution into the stores."
     ),
-    name: str | None = typer.Option(None, help="The scores' name in the stores (default: the "
-                                    "run folder's)."),  # fmt: skip
+    name: str | None = typer.Option(
+        None, help="The scores' name in the stores (default: the run folder's)."
+    ),
 ) -> None:
     """Apply a run's models to new stores: a prediction per slide; with --explain, per-tile
     scores in each store (`<name>:attention`, `<name>:<output>`: `tilestore view`,
@@ -142,7 +197,8 @@ def predict(
         (table.to_parquet if output.suffix == ".parquet" else table.to_csv)(output, index=False)
     out.print(table.drop(columns=["store"]).to_string(index=False), highlight=False)
     if explain:
-        written = learn.explain(run, [str(s) for s in stores], name=name, fold=fold,
-                                device=device)  # fmt: skip
-        out.print(f"tile scores: {len(written)} store(s), {written[0] if written else ''}",
-                  highlight=False)  # fmt: skip
+        written = learn.explain(run, [str(s) for s in stores], name=name, fold=fold, device=device)
+        out.print(
+            f"tile scores: {len(written)} store(s), {written[0] if written else ''}",
+            highlight=False,
+        )

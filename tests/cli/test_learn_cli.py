@@ -29,8 +29,18 @@ def _refused(run, *, says: str) -> None:
 def test_train_then_predict_with_explain(cohort):
     folder, stores, table = cohort
     run = folder / "run"
-    made = run_cli("train", table, *stores, "--model", "efficientnet-lite0", "--target",
-                   "status", "--out", run, *FAST)  # fmt: skip
+    made = run_cli(
+        "train",
+        table,
+        *stores,
+        "--model",
+        "efficientnet-lite0",
+        "--target",
+        "status",
+        "--out",
+        run,
+        *FAST,
+    )
     assert made.returncode == 0, made.stderr
     assert "epoch 1/2" in made.stderr and "cohort: 6 patients used" in made.stdout
     assert (run / "finished.json").exists() and (run / "fold_0" / "model.safetensors").exists()
@@ -40,22 +50,46 @@ def test_train_then_predict_with_explain(cohort):
     assert list(pd.read_csv(out)["slide"]) == ["P0"]
     assert "learned/run" in told.stdout
     png = folder / "attention.png"
-    drawn = run_cli("export", "heatmap", stores[0], "--model", "efficientnet-lite0",
-                    "--column", "run:attention", "--png", png)  # fmt: skip
+    drawn = run_cli(
+        "export",
+        "heatmap",
+        stores[0],
+        "--model",
+        "efficientnet-lite0",
+        "--column",
+        "run:attention",
+        "--png",
+        png,
+    )
     assert drawn.returncode == 0, drawn.stderr
     assert png.stat().st_size > 0
 
 
 def test_refusals_are_one_line_before_training(cohort, tmp_path):
-    folder, stores, table = cohort
+    _, stores, table = cohort
     common = (table, *stores, "--model", "efficientnet-lite0", "--target", "status", *FAST)
-    _refused(run_cli("crossval", *common, "--out", tmp_path / "a", "--arch", "nope"),
-             says="no such model")  # fmt: skip
+    _refused(
+        run_cli("crossval", *common, "--out", tmp_path / "a", "--arch", "nope"),
+        says="no such model",
+    )
     assert not (tmp_path / "a").exists()
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "x").write_text("")
     _refused(run_cli("crossval", *common, "--out", taken), says="exists")
-    _refused(run_cli("crossval", table, *stores, "--model", "efficientnet-lite0", "--target",
-                     "nope", "--out", tmp_path / "b", *FAST), says="nope")  # fmt: skip
+    _refused(
+        run_cli(
+            "crossval",
+            table,
+            *stores,
+            "--model",
+            "efficientnet-lite0",
+            "--target",
+            "nope",
+            "--out",
+            tmp_path / "b",
+            *FAST,
+        ),
+        says="nope",
+    )
     assert not (tmp_path / "b" / "finished.json").exists()

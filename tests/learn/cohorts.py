@@ -22,6 +22,7 @@ def copies(embedded_cohort, folder: Path, n: int = 6) -> tuple[list[Path], Path]
         shutil.copytree(cmu, target)
         made.append(target)
     table = folder / "clinical.csv"
-    pd.DataFrame({"PATIENT": [f"P{i}" for i in range(n)],
-                  "status": ["neg", "pos"] * (n // 2)}).to_csv(table, index=False)  # fmt: skip
+    pd.DataFrame(
+        {"PATIENT": [f"P{i}" for i in range(n)], "status": ["neg", "pos"] * (n // 2)}
+    ).to_csv(table, index=False)
     return made, table

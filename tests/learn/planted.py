@@ -28,9 +28,16 @@ class Planted:
     planted: list[np.ndarray]  # each slide's planted tiles' indices (empty for negatives)
 
 
-def planted_cohort(background: np.ndarray, region: np.ndarray, *, slides: int = 40,
-                   tiles: int = 48, planted: int = 6, seed: int = 0,
-                   shuffle: bool = False) -> Planted:  # fmt: skip
+def planted_cohort(
+    background: np.ndarray,
+    region: np.ndarray,
+    *,
+    slides: int = 40,
+    tiles: int = 48,
+    planted: int = 6,
+    seed: int = 0,
+    shuffle: bool = False,
+) -> Planted:
     """`slides` synthetic slides of `tiles` background tiles each (drawn from `background`),
     every other one with `planted` consecutive tiles replaced by tiles drawn from `region`;
     `shuffle`: the labels permuted (the control)."""
@@ -54,10 +61,14 @@ def planted_cohort(background: np.ndarray, region: np.ndarray, *, slides: int = 
     patients = tuple(f"P{i:03d}" for i in range(slides))
     cohort = Cohort(
         task=Task("classification", ("planted",), (("0", "1"),)),
-        model="memory", plan=None, slide_encoder=None, recipe={"source": "planted"},
-        slides=tuple(CohortSlide("memory", p, p) for p in patients), patients=patients,
+        model="memory",
+        plan=None,
+        slide_encoder=None,
+        recipe={"source": "planted"},
+        slides=tuple(CohortSlide("memory", p, p) for p in patients),
+        patients=patients,
         labels=labels[:, None].astype(np.float64),
-    )  # fmt: skip
+    )
     bags = Bags.from_arrays(made, [[i] for i in range(slides)], names=patients)
     return Planted(cohort, bags, made, where)
 
@@ -66,7 +77,7 @@ def top_k_share(attention: list[np.ndarray], planted: list[np.ndarray]) -> float
     """Of the positive slides' top-k attention tiles (k: the tiles planted), the share that
     are planted tiles."""
     hits = total = 0
-    for a, spots in zip(attention, planted):
+    for a, spots in zip(attention, planted, strict=True):
         if len(spots) == 0:
             continue
         top = np.argsort(-a, kind="stable")[: len(spots)]

@@ -47,11 +47,13 @@ def test_the_record_names_the_run_and_its_features(explained):
     from tilestore.embeddings import find_group
     from tilestore.format.records import LearnedRecord, read_record
 
-    stores, result, written = explained
+    stores, _, written = explained
     group = zarr.open_group(stores[0], path=written[0], mode="r", zarr_format=3)
     record = read_record(group, LearnedRecord, "test")
     assert record.columns == ("attention", "neg", "pos")
-    assert record.run["model"] == "abmil" and record.run["features"]["model"] == "efficientnet-lite0"
+    assert (
+        record.run["model"] == "abmil" and record.run["features"]["model"] == "efficientnet-lite0"
+    )
     assert record.made_from and find_group(stores[0], "efficientnet-lite0") in written[0]
 
 
@@ -62,9 +64,9 @@ def test_the_heatmap_export_draws_them(explained, tmp_path):
     values = heatmap_values(stores[0], "efficientnet-lite0", "msi:attention")
     png = write_png(values, tmp_path / "attention.png")
     assert png.stat().st_size > 0
+    from tilestore.reading.opening import open_slide
     from tilestore.view.catalog import Catalog
     from tilestore.view.values import columns
-    from tilestore.reading.opening import open_slide
 
     catalog = Catalog([open_slide(stores[0])], [str(stores[0])], [str(stores[0])])
     assert {"msi:attention", "msi:pos"} <= set(columns(catalog, "efficientnet-lite0"))

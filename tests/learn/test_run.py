@@ -17,8 +17,9 @@ from tilestore.learn.splits import make_splits
 
 from .planted import planted_cohort, top_k_share
 
-OPTIONS = LearnOptions(model="abmil", device="cpu", epochs=20, patience=6, lr=1e-3,
-                       hidden=64, threads=1)  # fmt: skip
+OPTIONS = LearnOptions(
+    model="abmil", device="cpu", epochs=20, patience=6, lr=1e-3, hidden=64, threads=1
+)
 
 
 @pytest.fixture(scope="session")
@@ -36,8 +37,9 @@ def tile_features(embedded_cohort):
 def planted_run(tile_features, tmp_path_factory):
     made = planted_cohort(*tile_features)
     out = tmp_path_factory.mktemp("runs") / "planted"
-    result = crossval(made.cohort, make_splits(made.cohort, 5, seed=0), OPTIONS, out,
-                      bags=made.bags)  # fmt: skip
+    result = crossval(
+        made.cohort, make_splits(made.cohort, 5, seed=0), OPTIONS, out, bags=made.bags
+    )
     return made, result
 
 
@@ -68,8 +70,13 @@ def test_planted_region_found_on_held_out_slides(planted_run):
 
 def test_shuffled_labels_are_at_chance(tile_features, tmp_path):
     made = planted_cohort(*tile_features, shuffle=True)
-    result = crossval(made.cohort, make_splits(made.cohort, 5, seed=0), OPTIONS,
-                      tmp_path / "control", bags=made.bags)  # fmt: skip
+    result = crossval(
+        made.cohort,
+        make_splits(made.cohort, 5, seed=0),
+        OPTIONS,
+        tmp_path / "control",
+        bags=made.bags,
+    )
     auroc = result.metrics["auroc"]
     print(f"control: AUROC {auroc.value:.3f} [{auroc.low:.3f}, {auroc.high:.3f}]")
     assert auroc.low <= 0.5 <= auroc.high
@@ -87,8 +94,14 @@ def test_a_fit_is_bitwise_repeatable(tile_features):
     a, b = (r.model.state_dict() for r in runs)
     assert a.keys() == b.keys()
     assert all(a[k].numpy().tobytes() == b[k].numpy().tobytes() for k in a)
-    other = fit(made.cohort.task, made.bags, made.cohort.labels, range(8), range(8, 12),
-                LearnOptions(**{**options.to_json(), "seed": 1}))  # fmt: skip
+    other = fit(
+        made.cohort.task,
+        made.bags,
+        made.cohort.labels,
+        range(8),
+        range(8, 12),
+        LearnOptions(**{**options.to_json(), "seed": 1}),
+    )
     c = other.model.state_dict()
     assert any(a[k].numpy().tobytes() != c[k].numpy().tobytes() for k in a)
 
@@ -127,8 +140,15 @@ def test_a_killed_run_resumes_at_its_unfinished_fold(planted_run, tmp_path):
     (copy / ".fold_3").mkdir()
     (copy / ".fold_3" / "model.safetensors").write_bytes(b"half")
     lines = []
-    again = crossval(made.cohort, make_splits(made.cohort, 5, seed=0), OPTIONS, copy,
-                     bags=made.bags, resume=True, progress=lines.append)  # fmt: skip
+    again = crossval(
+        made.cohort,
+        make_splits(made.cohort, 5, seed=0),
+        OPTIONS,
+        copy,
+        bags=made.bags,
+        resume=True,
+        progress=lines.append,
+    )
     assert sum("finished before, read back" in line for line in lines) == 3
     assert (copy / FINISHED).exists() and not (copy / ".fold_3").exists()
     for k in range(5):  # folds trained again give the same bytes (the run is repeatable)
@@ -144,6 +164,12 @@ def test_a_run_folder_that_exists_is_refused(planted_run, tmp_path):
         with pytest.raises(RunError, match="exists"):
             crossval(made.cohort, make_splits(made.cohort, 5), OPTIONS, target, bags=made.bags)
     with pytest.raises(RunError, match="not a run folder"):
-        crossval(made.cohort, make_splits(made.cohort, 5), OPTIONS, tmp_path / "taken",
-                 bags=made.bags, overwrite=True)  # fmt: skip
+        crossval(
+            made.cohort,
+            make_splits(made.cohort, 5),
+            OPTIONS,
+            tmp_path / "taken",
+            bags=made.bags,
+            overwrite=True,
+        )
     assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"

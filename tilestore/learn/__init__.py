@@ -24,8 +24,7 @@ __getattr__, __dir__, __all__ = lazy_face(
     {
         "tilestore.learn.task": ("Task",),
         "tilestore.learn.cohort": ("Cohort", "CohortSlide", "build_cohort", "read_table"),
-        "tilestore.learn.splits": ("Fold", "Splits", "make_splits", "read_splits",
-                                   "write_splits"),  # fmt: skip
+        "tilestore.learn.splits": ("Fold", "Splits", "make_splits", "read_splits", "write_splits"),
         "tilestore.learn.metrics": ("Metric", "evaluate"),
         "tilestore.learn.models": ("MODELS", "make_model"),
         "tilestore.learn.bags": ("Bags", "load_bags"),

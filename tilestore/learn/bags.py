@@ -119,10 +119,16 @@ class Bags:
             if coords is not None
             else np.zeros((int(offsets[-1]), 2), np.int64)
         )
-        return cls(features, offsets, xy,
-                   tuple(names or (f"slide{i}" for i in range(len(slides)))),
-                   tuple(tuple(int(i) for i in m) for m in members), int(features.shape[1]),
-                   str(device), dtype)  # fmt: skip
+        return cls(
+            features,
+            offsets,
+            xy,
+            tuple(names or (f"slide{i}" for i in range(len(slides)))),
+            tuple(tuple(int(i) for i in m) for m in members),
+            int(features.shape[1]),
+            str(device),
+            dtype,
+        )
 
 
 def _check_dtype(dtype: str) -> None:
@@ -178,13 +184,21 @@ def load_bags(
     room = device_room(device) if memory is None else memory
     if need > room:
         if progress:
-            progress(f"features: {need / 2**30:.1f} GiB > {room / 2**30:.1f} GiB on {device}: "
-                     "streamed from the stores per batch")  # fmt: skip
+            progress(
+                f"features: {need / 2**30:.1f} GiB > {room / 2**30:.1f} GiB on {device}: "
+                "streamed from the stores per batch"
+            )
         arrays = [f.arrays["features"] for f in found]
-        return Bags(None, offsets, coords, names, members, dim, device, dtype,
-                    read=lambda i: arrays[i][:])  # fmt: skip
-    bags = Bags.from_arrays(_Each([f.arrays["features"] for f in found]), members, names=names,
-                            device=device, dtype=dtype)  # fmt: skip
+        return Bags(
+            None, offsets, coords, names, members, dim, device, dtype, read=lambda i: arrays[i][:]
+        )
+    bags = Bags.from_arrays(
+        _Each([f.arrays["features"] for f in found]),
+        members,
+        names=names,
+        device=device,
+        dtype=dtype,
+    )
     return Bags(bags.features, offsets, coords, names, members, dim, device, dtype)
 
 
@@ -226,8 +240,9 @@ def features_of(cohort: Any) -> dict[str, Any]:
         "plan": cohort.plan,
         "facts": found.facts,
         "channels": list(found.channels) if found.channels else None,
-        "scale": None if scale is None else {"mpp": scale.mpp, "tile": scale.tile,
-                                             "stride": scale.stride},  # fmt: skip
+        "scale": None
+        if scale is None
+        else {"mpp": scale.mpp, "tile": scale.tile, "stride": scale.stride},
     }
 
 

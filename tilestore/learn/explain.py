@@ -29,8 +29,9 @@ def scores_name(run_dir: str | Path, name: str | None = None) -> str:
     group name."""
     chosen = name if name is not None else Path(run_dir).resolve().name
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", chosen or ""):
-        raise OptionError(f"name={chosen!r}: letters, digits, '_', '.', '-' only (a group of "
-                          "the store)")  # fmt: skip
+        raise OptionError(
+            f"name={chosen!r}: letters, digits, '_', '.', '-' only (a group of the store)"
+        )
     return chosen
 
 
@@ -66,16 +67,21 @@ def explain(
     config, found, paths = open_run_stores(run_dir, stores)
     device = resolve_device(device)
     models = load_models(run_dir, device, fold)
-    run = {"run": str(Path(run_dir).resolve()), "model": config["options"]["model"],
-           "task": config["task"], "features": config["features"],
-           "fold": "ensemble" if fold is None else fold}  # fmt: skip
+    run = {
+        "run": str(Path(run_dir).resolve()),
+        "model": config["options"]["model"],
+        "task": config["task"],
+        "features": config["features"],
+        "fold": "ensemble" if fold is None else fold,
+    }
     written = []
-    for path, group in zip(paths, found):
+    for path, group in zip(paths, found, strict=True):
         values, has_attention = tile_scores(models, group.arrays["features"][:], device)
         columns = (["attention"] if has_attention else []) + list(config["outputs"])
-        tiles = {"finished": group.record.finished, "tiles": int(values.shape[0]),
-                 "path": group.path}  # fmt: skip
-        written.append(
-            write_learned_scores(path, group.path, chosen, values, columns, run, tiles)
-        )
+        tiles = {
+            "finished": group.record.finished,
+            "tiles": int(values.shape[0]),
+            "path": group.path,
+        }
+        written.append(write_learned_scores(path, group.path, chosen, values, columns, run, tiles))
     return written

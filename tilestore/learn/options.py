@@ -11,8 +11,14 @@ from typing import Annotated, Any
 from tilestore.errors import OptionError
 from tilestore.options import Declared, Opt
 
-Precision = Annotated[str, Opt("Features on the device as float32 or bfloat16.",
-                               pattern=r"float32|bfloat16", shape="'float32' or 'bfloat16'")]  # fmt: skip
+Precision = Annotated[
+    str,
+    Opt(
+        "Features on the device as float32 or bfloat16.",
+        pattern=r"float32|bfloat16",
+        shape="'float32' or 'bfloat16'",
+    ),
+]
 
 
 @dataclass(frozen=True)
@@ -29,11 +35,14 @@ class LearnOptions(Declared):
     dropout: Annotated[float, Opt("Dropout in the model.", low=0, high=0.9)] = 0.0
     epochs: Annotated[int, Opt("Most epochs per fold.", low=1, high=100_000)] = 32
     patience: Annotated[
-        int, Opt("Stop a fold after this many epochs without a better validation loss.", low=1,
-                 high=100_000)  # fmt: skip
+        int,
+        Opt(
+            "Stop a fold after this many epochs without a better validation loss.",
+            low=1,
+            high=100_000,
+        ),
     ] = 8
-    batch_size: Annotated[int, Opt("Bags per step (padded to the longest).", low=1,
-                                   high=4096)] = 1  # fmt: skip
+    batch_size: Annotated[int, Opt("Bags per step (padded to the longest).", low=1, high=4096)] = 1
     lr: Annotated[float, Opt("AdamW's learning rate.", low=0, high=1, above=True)] = 1e-4
     weight_decay: Annotated[float, Opt("AdamW's weight decay.", low=0, high=1)] = 1e-2
     max_tiles: Annotated[
@@ -41,17 +50,22 @@ class LearnOptions(Declared):
         Opt("Tiles sampled per training bag each epoch.", low=1, high=10**8, none="every tile"),
     ] = None
     balanced: Annotated[bool, Opt("Weight the classes by their inverse frequency.")] = True
-    seed: Annotated[int, Opt("Seed of the weights, the order and the sampling.", low=0,
-                             high=2**31 - 1)] = 0  # fmt: skip
+    seed: Annotated[
+        int, Opt("Seed of the weights, the order and the sampling.", low=0, high=2**31 - 1)
+    ] = 0
     device: Annotated[
         str | None,
-        Opt("cuda, cuda:N or cpu.", pattern=r"cpu|cuda(:\d+)?",
-            shape="'cpu', 'cuda' or 'cuda:N'", none="the GPU if any"),  # fmt: skip
+        Opt(
+            "cuda, cuda:N or cpu.",
+            pattern=r"cpu|cuda(:\d+)?",
+            shape="'cpu', 'cuda' or 'cuda:N'",
+            none="the GPU if any",
+        ),
     ] = None
     dtype: Precision = "float32"
     threads: Annotated[
-        int | None, Opt("torch's CPU threads while training.", low=1, high=1024,
-                        none="torch's default")  # fmt: skip
+        int | None,
+        Opt("torch's CPU threads while training.", low=1, high=1024, none="torch's default"),
     ] = None
 
     def __post_init__(self) -> None:
@@ -59,8 +73,9 @@ class LearnOptions(Declared):
         from tilestore.learn.models import MODELS
 
         if self.model not in MODELS:
-            raise OptionError(f"model={self.model!r}: no such model; choose among "
-                              f"{', '.join(sorted(MODELS))}")  # fmt: skip
+            raise OptionError(
+                f"model={self.model!r}: no such model; choose among {', '.join(sorted(MODELS))}"
+            )
 
     def hparams(self) -> dict[str, Any]:
         """What the model is built with besides its input and output widths."""

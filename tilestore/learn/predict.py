@@ -31,18 +31,24 @@ def open_run_stores(run_dir: str | Path, stores: Any) -> tuple[dict, list[Any], 
     config = read_config(run_dir)
     features = config.get("features")
     if not features:
-        raise RunError(f"{run_dir}: trained on bags from memory: it records no store recipe "
-                       "to check new stores against")  # fmt: skip
+        raise RunError(
+            f"{run_dir}: trained on bags from memory: it records no store recipe "
+            "to check new stores against"
+        )
     paths = [str(s) for s, _ in expand_stores(stores)]
     if not paths:
         raise RunError(f"{stores}: no stores")
     found = [open_finished(p, features["model"], features["plan"]) for p in paths]
     run = (f"the run {run_dir}", recipe_of(features))
-    combine([run, *[(p, recipe(f.meta)) for p, f in zip(paths, found)]],
-            f"{features['model']!r} features")  # fmt: skip
+    combine(
+        [run, *[(p, recipe(f.meta)) for p, f in zip(paths, found, strict=True)]],
+        f"{features['model']!r} features",
+    )
     if found and int(found[0].arrays["features"].shape[1]) != int(config["dim"]):
-        raise RunError(f"{paths[0]}: features of width {found[0].arrays['features'].shape[1]}, "
-                       f"the run's are {config['dim']}")  # fmt: skip
+        raise RunError(
+            f"{paths[0]}: features of width {found[0].arrays['features'].shape[1]}, "
+            f"the run's are {config['dim']}"
+        )
     return config, found, paths
 
 
@@ -66,12 +72,17 @@ def predict(
     dtype = next(models[0].parameters()).dtype
     rows = []
     with torch.no_grad():
-        for path, group in zip(paths, found):
+        for path, group in zip(paths, found, strict=True):
             x = torch.as_tensor(np.asarray(group.arrays["features"][:], np.float32))
             x = x.to(device=device, dtype=dtype).unsqueeze(0)
             out = np.mean([m(x).logits.float().cpu().numpy()[0] for m in models], axis=0)
-            rows.append({"slide": slide_name(path), "store": path,
-                         **dict(zip(config["outputs"], map(float, out)))})  # fmt: skip
+            rows.append(
+                {
+                    "slide": slide_name(path),
+                    "store": path,
+                    **dict(zip(config["outputs"], map(float, out), strict=True)),
+                }
+            )
     table = pd.DataFrame(rows, columns=["slide", "store", *config["outputs"]])
     task = config["task"]
     if task["kind"] == "classification" and len(task["targets"]) == 1 and len(table):

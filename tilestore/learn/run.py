@@ -37,8 +37,12 @@ from tilestore.learn.options import LearnOptions, resolve_device
 from tilestore.learn.splits import Fold, Splits, read_splits, write_splits
 
 CONFIG, SPLITS, FINISHED, FOLD_DONE, WEIGHTS = (
-    "config.json", "splits.json", "finished.json", "fold.json", "model.safetensors"
-)  # fmt: skip
+    "config.json",
+    "splits.json",
+    "finished.json",
+    "fold.json",
+    "model.safetensors",
+)
 Progress = Callable[[str], None]
 
 
@@ -59,8 +63,11 @@ def output_names(task: Any) -> list[str]:
     a target each (regression), ``risk`` (survival)."""
     if task.kind == "classification":
         several = len(task.targets) > 1
-        return [f"{t}:{c}" if several else str(c)
-                for t, classes in zip(task.targets, task.classes) for c in classes]  # fmt: skip
+        return [
+            f"{t}:{c}" if several else str(c)
+            for t, classes in zip(task.targets, task.classes, strict=True)
+            for c in classes
+        ]
     if task.kind == "regression":
         return list(task.targets)
     return ["risk"]
@@ -75,11 +82,15 @@ def check_run_dir(out_dir: str | Path, *, resume: bool = False, overwrite: bool 
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         if overwrite:
             if not (out / CONFIG).exists():
-                raise RunError(f"{out}: exists and is not a run folder (no {CONFIG}); "
-                               "not removed: give another folder")  # fmt: skip
+                raise RunError(
+                    f"{out}: exists and is not a run folder (no {CONFIG}); "
+                    "not removed: give another folder"
+                )
         elif not resume:
-            raise RunError(f"{out}: exists; give another folder, or resume=True (--resume) "
-                           "to finish it, or overwrite=True (--overwrite)")  # fmt: skip
+            raise RunError(
+                f"{out}: exists; give another folder, or resume=True (--resume) "
+                "to finish it, or overwrite=True (--overwrite)"
+            )
     elif resume:
         raise RunError(f"{out}: no run to resume")
     return out
@@ -117,8 +128,9 @@ def train(
 
     patients = np.array(cohort.patients)
     strata = cohort.labels[:, 0] if cohort.task.kind == "classification" else None
-    fit_p, valid_p = train_test_split(patients, test_size=valid, random_state=options.seed,
-                                      stratify=strata)  # fmt: skip
+    fit_p, valid_p = train_test_split(
+        patients, test_size=valid, random_state=options.seed, stratify=strata
+    )
     fold = Fold(tuple(sorted(map(str, fit_p))), tuple(sorted(map(str, valid_p))), ())
     splits = Splits((fold,), options.seed, ())
     return _run("train", cohort, splits, options, out_dir, bags, False, overwrite, progress)
@@ -179,16 +191,20 @@ def _run(
     if len(predictions):
         predictions.to_csv(out / "predictions.csv", index=False)
         predictions.to_parquet(out / "predictions.parquet", index=False)
-        slides = [pd.read_csv(out / f"fold_{k}" / "predictions-slides.csv", dtype=str)
-                  for k in range(len(splits.folds))]  # fmt: skip
+        slides = [
+            pd.read_csv(out / f"fold_{k}" / "predictions-slides.csv", dtype=str)
+            for k in range(len(splits.folds))
+        ]
         pd.concat(slides, ignore_index=True).to_csv(out / "predictions-slides.csv", index=False)
-    _write_json(out / "metrics.json", {"pooled": _plain(pooled),
-                                       "folds": [_plain(m) for m in fold_metrics]})  # fmt: skip
+    _write_json(
+        out / "metrics.json", {"pooled": _plain(pooled), "folds": [_plain(m) for m in fold_metrics]}
+    )
     write_page(out)
     _write_json(out / FINISHED, {"folds": len(splits.folds), "kind": kind})  # last
     if progress:
-        said = ", ".join(f"{m.name} {m.value:.3f} [{m.low:.3f}, {m.high:.3f}]"
-                         for m in pooled.values())  # fmt: skip
+        said = ", ".join(
+            f"{m.name} {m.value:.3f} [{m.low:.3f}, {m.high:.3f}]" for m in pooled.values()
+        )
         progress(f"{kind}: finished {len(splits.folds)} fold(s){': ' + said if said else ''}")
     return RunResult(out, pooled, tuple(fold_metrics), predictions)
 
@@ -201,13 +217,16 @@ def _fit_fold(cohort, bags, fold, index, options, done: Path, label: str, names,
     from tilestore.learn.train import fit, predict_bags
 
     if progress:
-        progress(f"{label}: {len(fold.train)} training, {len(fold.valid)} validation, "
-                 f"{len(fold.test)} test patients")  # fmt: skip
+        progress(
+            f"{label}: {len(fold.train)} training, {len(fold.valid)} validation, "
+            f"{len(fold.test)} test patients"
+        )
     train = [index[p] for p in fold.train]
     valid = [index[p] for p in fold.valid]
     test = [index[p] for p in fold.test]
-    fitted = fit(cohort.task, bags, cohort.labels, train, valid, options, progress=progress,
-                 label=label)  # fmt: skip
+    fitted = fit(
+        cohort.task, bags, cohort.labels, train, valid, options, progress=progress, label=label
+    )
     outputs = predict_bags(fitted.model, bags, test)
     table = pd.DataFrame({"patient": list(fold.test), "fold": done.name.split("_")[-1]})
     for j, t in enumerate(cohort.task.targets):
@@ -220,9 +239,14 @@ def _fit_fold(cohort, bags, fold, index, options, done: Path, label: str, names,
         for p in fold.test:
             for s in slide_of[p]:
                 logits = fitted.model(bags.slide(s).unsqueeze(0)).logits.float().cpu().numpy()
-                rows.append({"slide": bags.slide_names[s], "patient": p,
-                             "fold": done.name.split("_")[-1],
-                             **{n: float(v) for n, v in zip(names, logits[0])}})  # fmt: skip
+                rows.append(
+                    {
+                        "slide": bags.slide_names[s],
+                        "patient": p,
+                        "fold": done.name.split("_")[-1],
+                        **{n: float(v) for n, v in zip(names, logits[0], strict=True)},
+                    }
+                )
     hidden = done.parent / f".{done.name}"
     shutil.rmtree(hidden, ignore_errors=True)
     hidden.mkdir(parents=True)
@@ -232,9 +256,15 @@ def _fit_fold(cohort, bags, fold, index, options, done: Path, label: str, names,
     pd.DataFrame(rows, columns=["slide", "patient", "fold", *names]).to_csv(
         hidden / "predictions-slides.csv", index=False
     )
-    _write_json(hidden / FOLD_DONE, {"best_epoch": fitted.best_epoch, "epochs": fitted.epochs,
-                                     "valid_loss": fitted.valid_loss,
-                                     "history": [list(h) for h in fitted.history]})  # fmt: skip
+    _write_json(
+        hidden / FOLD_DONE,
+        {
+            "best_epoch": fitted.best_epoch,
+            "epochs": fitted.epochs,
+            "valid_loss": fitted.valid_loss,
+            "history": [list(h) for h in fitted.history],
+        },
+    )
     shutil.rmtree(done, ignore_errors=True)
     hidden.rename(done)
 
@@ -261,12 +291,20 @@ def _config(kind: str, cohort: Any, options: LearnOptions, features: dict | None
     return {
         "kind": kind,
         "options": options.to_json(),
-        "task": {"kind": task.kind, "targets": list(task.targets),
-                 "classes": [list(c) for c in task.classes]},  # fmt: skip
-        "cohort": {"model": cohort.model, "plan": cohort.plan,
-                   "slide_encoder": cohort.slide_encoder, "recipe": _plain(cohort.recipe),
-                   "summary": cohort.summary(), "patients": len(cohort.patients),
-                   "slides": len(cohort.slides)},  # fmt: skip
+        "task": {
+            "kind": task.kind,
+            "targets": list(task.targets),
+            "classes": [list(c) for c in task.classes],
+        },
+        "cohort": {
+            "model": cohort.model,
+            "plan": cohort.plan,
+            "slide_encoder": cohort.slide_encoder,
+            "recipe": _plain(cohort.recipe),
+            "summary": cohort.summary(),
+            "patients": len(cohort.patients),
+            "slides": len(cohort.slides),
+        },
         "features": features,
         "outputs": output_names(task),
     }
@@ -277,8 +315,10 @@ def _same_config(out: Path, config: dict) -> None:
     was.pop("dim", None)
     for key in ("kind", "options", "task", "cohort", "features"):
         if _plain(was.get(key)) != _plain(config.get(key)):
-            raise RunError(f"{out}: resume with other {key} than the run was started with; "
-                           "give the same, or another folder")  # fmt: skip
+            raise RunError(
+                f"{out}: resume with other {key} than the run was started with; "
+                "give the same, or another folder"
+            )
 
 
 def _plain(value: Any) -> Any:
@@ -324,8 +364,9 @@ def load_models(run_dir: str | Path, device: str, fold: int | None = None) -> li
     options = LearnOptions(**{**config["options"], "device": None})
     models = []
     for k in chosen:
-        model = make_model(options.model, int(config["dim"]), len(config["outputs"]),
-                           **options.hparams())  # fmt: skip
+        model = make_model(
+            options.model, int(config["dim"]), len(config["outputs"]), **options.hparams()
+        )
         state = load_file(str(run / f"fold_{k}" / WEIGHTS))
         model.load_state_dict(state)
         models.append(model.to(device=device, dtype=getattr(torch, options.dtype)).eval())

@@ -39,8 +39,9 @@ def deterministic(threads: int | None = None) -> Iterator[None]:
     are) for the block, set back as they were after."""
     import torch
 
-    was, warn = torch.are_deterministic_algorithms_enabled(), (
-        torch.is_deterministic_algorithms_warn_only_enabled()
+    was, warn = (
+        torch.are_deterministic_algorithms_enabled(),
+        (torch.is_deterministic_algorithms_warn_only_enabled()),
     )
     had = torch.get_num_threads()
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's repeatable mode
@@ -140,9 +141,11 @@ def fit(
                 state = {k: v.detach().clone() for k, v in model.state_dict().items()}
                 best = (score, epoch, state)
             if progress:
-                progress(f"{label}: epoch {epoch + 1}/{options.epochs}: train loss "
-                         f"{train_loss:.4f}, valid loss {valid_loss:.4f} "
-                         f"({time.monotonic() - started:.1f} s)")  # fmt: skip
+                progress(
+                    f"{label}: epoch {epoch + 1}/{options.epochs}: train loss "
+                    f"{train_loss:.4f}, valid loss {valid_loss:.4f} "
+                    f"({time.monotonic() - started:.1f} s)"
+                )
             if epoch - best[1] >= options.patience:
                 break
         model.load_state_dict(best[2])

@@ -100,7 +100,7 @@ def crossval(
 ) -> None:
     """Cross-validate a model on a labelled cohort: a model per fold, tested on its held-out
     patients; metrics with bootstrap intervals, predictions, weights, a report."""
-    from tilestore import learn
+    import tilestore.learn as learn
 
     learn.check_run_dir(out_dir, resume=resume, overwrite=overwrite)
     cohort = _cohort(
@@ -151,7 +151,7 @@ def train(
 ) -> None:
     """Train one model on the whole cohort (a share held out for early stopping), for
     `tilestore predict` on new stores."""
-    from tilestore import learn
+    import tilestore.learn as learn
 
     learn.check_run_dir(out_dir, overwrite=overwrite)
     cohort = _cohort(
@@ -190,7 +190,7 @@ def predict(
     """Apply a run's models to new stores: a prediction per slide; with --explain, per-tile
     scores in each store (`<name>:attention`, `<name>:<output>`: `tilestore view`,
     `tilestore export heatmap --column ...`)."""
-    from tilestore import learn
+    import tilestore.learn as learn
 
     table = learn.predict(run, [str(s) for s in stores], fold=fold, device=device)
     if output is not None:

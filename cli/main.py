@@ -30,6 +30,7 @@ from tilestore.cli.embed import embed, models_app, patients
 from tilestore.cli.export import export_app
 from tilestore.cli.flags import From, with_flags
 from tilestore.cli.inspect import info, verify
+from tilestore.cli.learn import crossval, predict, train
 from tilestore.cli.qc import qc
 from tilestore.cli.status import status
 from tilestore.cli.view import view
@@ -238,6 +239,9 @@ app.command()(status)
 app.command()(qc)
 app.command()(view)
 app.command()(classify)
+app.command()(crossval)
+app.command()(train)
+app.command()(predict)
 app.add_typer(models_app, name="models")
 app.add_typer(export_app, name="export")
 

@@ -176,6 +176,16 @@ def test_reading_never_reaches_conversion(graph):
     assert {a for a in importers if not a.startswith(MAY_CONVERT)} == set()
 
 
+def test_learning_reads_stored_features_only(graph):
+    """tilestore.learn sits above exports and the viewer but uses neither: it reads stored
+    features (embeddings, format, reading) and writes its scores through embeddings; the
+    viewer and the exports show them from the store."""
+    for below in ("tilestore.conversion", "tilestore.view", "tilestore.exports"):
+        assert not graph.chain_exists(
+            importer="tilestore.learn", imported=below, as_packages=True
+        ), graph.find_shortest_chains(importer="tilestore.learn", imported=below)
+
+
 def test_nothing_imports_the_old_top_level_names(graph):
     """embed and cli are installed under tilestore only: a bare `import embed` would find
     someone else's package (or none)."""
@@ -245,6 +255,10 @@ def test_the_command_imports_only_public_faces():
         ("tilestore.embed.inputs", ("torch", "timm", "dask", "xarray")),
         ("tilestore.plan.plans", ("torch",)),  # plans read stored QC, never compute it
         ("tilestore.qc.report", ("torch",)),
+        # a cohort is built and the learn options checked without torch (the command's start)
+        ("tilestore.learn", ("torch",)),
+        ("tilestore.learn.options", ("torch",)),
+        ("tilestore.learn.cohort", ("torch",)),
         # opening a store imports no conversion code
         ("tilestore.reading.opening", ("tilestore.conversion", "tilestore.conversion.converter")),
         # an embed run writes embeddings and plans from stored masks: reading them back

@@ -27,6 +27,7 @@ the code's own business, beside it.)
         ModelError        a model that cannot be found, fetched or run (SlideEncoderError)
         DeviceError       a device the run needs and does not have (CUDA, NVTX, dask-cuda)
         OutputError       an output that cannot be written where asked
+            RunError          a run folder that exists, is unfinished or is of other features
         NotJudged         a slide QC's detectors are not made for
         ViewError, AnalysisError, ExportError   what the viewer, an analysis or an export
                           cannot do with what was asked
@@ -155,6 +156,11 @@ class DeviceError(TilestoreError):
 
 class OutputError(TilestoreError):
     """An output that cannot be written where it was asked (a folder, a file there)."""
+
+
+class RunError(OutputError):
+    """A trained run's folder that cannot be used as asked: one that exists where a new run
+    would be written, one unfinished, or one of other features than the stores given."""
 
 
 class ViewError(TilestoreError):

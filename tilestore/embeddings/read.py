@@ -43,7 +43,16 @@ from tilestore.embeddings.recipe import (
     recipe,
     with_facts,
 )
-from tilestore.embeddings.scores import ZEROSHOT, ScoreSet, score_recipe, score_sets
+from tilestore.embeddings.scores import (
+    LEARNED,
+    ZEROSHOT,
+    LearnedSet,
+    ScoreSet,
+    learned_recipe,
+    learned_sets,
+    score_recipe,
+    score_sets,
+)
 from tilestore.errors import ChunkError, MixedResults, TilestoreWarning
 from tilestore.format.records import LabelRecord, read_record
 from tilestore.format.store import damage_as_store_error
@@ -182,6 +191,18 @@ def _slide_part(store: StoreLike, model: str, plan: str | None) -> dict[str, Any
                 _most_probable, lut=lut, drop_axis=1, dtype=lut.dtype, meta=np.empty(0, lut.dtype)
             )
             labels.append(name)
+        learned = learned_sets(found.group, f"{store}: {path}")
+        for name, learned_set in learned.items():
+            array, columns = learned_set.scores, learned_set.columns
+            # a trained model's tile scores (`tilestore.learn.explanation`): a column each
+            table = da.from_array(
+                _Checked(array, f"{store}: {path}/{LEARNED}/{name}", found.fix),
+                chunks=(rows, len(columns)),
+                name=f"{LEARNED}-{name}-{token}",
+                meta=np.empty((0, 0), array.dtype),
+            )
+            arrays.update({f"{name}:{c}": table[:, i] for i, c in enumerate(columns)})
+            measures += [f"{name}:{c}" for c in columns]
         if "tokens" in members:  # the patch-token grids, a tile per row as the features
             tokens = members["tokens"]
             arrays["tokens"] = da.from_array(
@@ -216,7 +237,7 @@ def _slide_part(store: StoreLike, model: str, plan: str | None) -> dict[str, Any
         },
         "model": meta.get("model", {}),
         "recipe": recipe(meta),
-        "meetings": _meetings(store, found, quality_measures, sets),
+        "meetings": _meetings(store, found, quality_measures, sets, learned),
     }
 
 
@@ -232,10 +253,14 @@ class Meeting:
 
 
 def _meetings(
-    store: StoreLike, found: Any, measures: list[str], sets: dict[str, ScoreSet]
+    store: StoreLike,
+    found: Any,
+    measures: list[str],
+    sets: dict[str, ScoreSet],
+    learned: dict[str, LearnedSet],
 ) -> list[Meeting]:
     """A slide's per-tile columns besides the features, each kind with its recipe: every
-    score set, the quality measures, the QC shares."""
+    score set, every learned set, the quality measures, the QC shares."""
     tiles, meta = recipe(found.meta), found.meta
     meetings = [
         Meeting(
@@ -244,6 +269,14 @@ def _meetings(
             score_recipe(tiles, s.record),
         )
         for name, s in sets.items()
+    ]
+    meetings += [
+        Meeting(
+            f"{name!r} learned scores",
+            tuple(f"{name}:{c}" for c in s.columns),
+            learned_recipe(tiles, s.record),
+        )
+        for name, s in learned.items()
     ]
     quality = dict(meta.get("quality") or {})
     if measures:  # taken at one um/px and side, with one set of parameters

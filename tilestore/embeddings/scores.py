@@ -11,6 +11,12 @@ as per-tile columns: ``<set>:<class>`` the class's probability, ``<set>`` the mo
 class's name; a set whose tile group was embedded again since is left out, with a warning.
 Sets of one name from several stores are one column only where their records agree on what
 made them (`score_recipe`: text tower, weights, prompts, logit scale; `recipe.combine`).
+
+A trained model's scores (`tilestore.learn.explanation`) sit beside them at
+``<tile group>/learned/<run>``: one array, ``scores`` (tile, column) float32, and its
+`LearnedRecord` (the columns: ``attention`` where the model has one, then each output's
+contribution; the run and its feature recipe; the tile group it read). Readers show each
+column as ``<run>:<column>``, left out with a warning as stale as a zero-shot set.
 """
 
 from __future__ import annotations
@@ -28,11 +34,20 @@ from tilestore.embeddings.recipe import Recipe, with_facts
 from tilestore.errors import EmbeddingError, StaleSlideEmbedding
 from tilestore.format import leftovers
 from tilestore.format.codecs import zstd_codecs
-from tilestore.format.records import EmbeddingsRecord, ScoresRecord, read_record, write_record
+from tilestore.format.records import (
+    EmbeddingsRecord,
+    GroupRecord,
+    LearnedRecord,
+    ScoresRecord,
+    read_record,
+    write_record,
+)
 from tilestore.format.store import open_for_writing
 
 ZEROSHOT = "zeroshot"  # the subgroup of a model's group holding its score sets
 PROBABILITIES = "probabilities"  # a set's array: (tile, class)
+LEARNED = "learned"  # the subgroup holding a trained model's tile scores, a set per run
+SCORES = "scores"  # a learned set's array: (tile, column)
 
 
 # what a set's values depend on besides the features: its record's facts compared wherever
@@ -82,9 +97,45 @@ def write_tile_scores(
     record: what made them (its ``classes`` name the columns); tiles: the tile group read
     (``finished``, ``tiles``), refused as stale where the group was embedded again meanwhile.
     Made in a hidden group and renamed into place whole."""
+    return _write_set(store, tiles_path, ZEROSHOT, name, PROBABILITIES, probabilities,
+                      ScoresRecord, {**record, "tiles": dict(tiles)}, list(record["classes"]),
+                      tiles)  # fmt: skip
+
+
+def write_learned_scores(
+    store: str | Path,
+    tiles_path: str,
+    name: str,
+    scores: np.ndarray,
+    columns: list[str],
+    run: dict[str, Any],
+    tiles: dict[str, Any],
+) -> str:
+    """Write one trained model's per-tile scores (`columns`) beside the features of the tile
+    group at `tiles_path` as ``learned/<name>`` (replacing a set of that name); `run`: what
+    made them (the run's folder, model, task, feature recipe). As `write_tile_scores`."""
+    record = {"columns": list(columns), "run": dict(run), "tiles": dict(tiles)}
+    return _write_set(store, tiles_path, LEARNED, name, SCORES, scores, LearnedRecord, record,
+                      list(columns), tiles)  # fmt: skip
+
+
+def _write_set(
+    store: str | Path,
+    tiles_path: str,
+    kind: str,
+    name: str,
+    array_name: str,
+    values: np.ndarray,
+    record_type: type[GroupRecord],
+    record: dict[str, Any],
+    classes: list[str],
+    tiles: dict[str, Any],
+) -> str:
+    """One set of per-tile values (tile, column) at <tile group>/<kind>/<name>, made in a
+    hidden group and renamed into place whole; refused where the values do not fit the
+    tiles or are not finite, or where the tile group was embedded again meanwhile."""
     store = Path(store)
-    values = np.asarray(probabilities, dtype=np.float32)
-    classes = list(record["classes"])
+    values = np.asarray(values, dtype=np.float32)
     if values.shape != (int(tiles["tiles"]), len(classes)) or not all_finite(values):
         raise EmbeddingError(
             f"{store}: {values.shape} scores for {tiles['tiles']} tiles and {len(classes)} "
@@ -96,18 +147,18 @@ def write_tile_scores(
         raise StaleSlideEmbedding(
             f"{store}: {tiles_path} was embedded again while the scores were computed; run it again"
         )
-    path = scores_group_name(tiles_path, name)
+    path = f"{tiles_path}/{kind}/{name}"
     target = store / path
     root = open_for_writing(store)
-    root.require_group(f"{tiles_path}/{ZEROSHOT}")
+    root.require_group(f"{tiles_path}/{kind}")
     leftovers.clear(target)
     with leftovers.built_beside(target, "cannot write the scores") as hidden:
         group = root.create_group(str(hidden.relative_to(store)))
         rows = max(1, min(len(values), 2**16))
-        array = group.create_array(PROBABILITIES, shape=values.shape, dtype="float32",
+        array = group.create_array(array_name, shape=values.shape, dtype="float32",
                                    chunks=(rows, len(classes)), **zstd_codecs(level=3))  # fmt: skip
         array[:] = values
-        made = ScoresRecord.make(f"{store}: {path}", **{**record, "tiles": dict(tiles)})
+        made = record_type.make(f"{store}: {path}", **record)
         write_record(group, made)
     return path
 
@@ -132,6 +183,48 @@ def score_sets(group: zarr.Group, where: str) -> dict[str, ScoreSet]:
             )
             continue
         found[name] = ScoreSet(sub[PROBABILITIES], list(record.classes), record)
+    return found
+
+
+@dataclass(frozen=True)
+class LearnedSet:
+    """One current learned set of a group: its scores (tile, column), its columns and its
+    record."""
+
+    scores: zarr.Array
+    columns: list[str]
+    record: LearnedRecord
+
+
+def learned_recipe(tiles: Recipe, record: LearnedRecord) -> Recipe:
+    """The recipe of a learned set: its tile features' (`tiles`) and the run that made it
+    (its folder, model, task, fold, columns): sets of one name from several stores meet
+    only where these are one (`combine`)."""
+    run = dict(record.run)
+    facts = {k: run.get(k) for k in ("run", "model", "task", "fold") if k in run}
+    facts["columns"] = list(record.columns)
+    return with_facts(tiles, "learned", facts)
+
+
+def learned_sets(group: zarr.Group, where: str) -> dict[str, LearnedSet]:
+    """A finished embeddings group's current learned sets: {run: LearnedSet}; a set made
+    from the group's earlier features left out, with a warning naming it."""
+    if LEARNED not in group:
+        return {}
+    finished = (read_record(group, EmbeddingsRecord, where) or EmbeddingsRecord()).finished
+    found = {}
+    for name, sub in sorted(group[LEARNED].groups()):
+        if name.startswith("."):  # a write in progress, or one a kill left (never read)
+            continue
+        record = read_record(sub, LearnedRecord, f"{where}/{LEARNED}/{name}") or LearnedRecord()
+        if record.made_from != finished:
+            warnings.warn(
+                f"{where}/{LEARNED}/{name} was scored from features embedded again since: "
+                "left out (explain the store again)",
+                stacklevel=3,
+            )
+            continue
+        found[name] = LearnedSet(sub[SCORES], list(record.columns), record)
     return found
 
 

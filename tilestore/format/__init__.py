@@ -25,6 +25,7 @@ __getattr__, __dir__, __all__ = lazy_face(
             "EmbeddingsRecord",
             "GroupRecord",
             "LabelRecord",
+            "LearnedRecord",
             "PlanRecord",
             "ScoresRecord",
             "SlideVectorRecord",

@@ -4,7 +4,8 @@ beside the store's own (`tilestore.format.record.StoreRecord`).
 A plan (``plans/<name>``: `PlanRecord`), an embeddings group
 (``embeddings/<model>/<plan>``: `EmbeddingsRecord`), a slide embedding
 (``.../slides/<encoder>``: `SlideVectorRecord`), a set of zero-shot scores
-(``.../zeroshot/<name>``: `ScoresRecord`), a label image (``labels/<name>``: `LabelRecord`)
+(``.../zeroshot/<name>``: `ScoresRecord`), a trained model's tile scores
+(``.../learned/<run>``: `LearnedRecord`), a label image (``labels/<name>``: `LabelRecord`)
 and a sidecar level's tile checksums (``tile_crc32c/<level>``: `TileSumsRecord`) each keep
 their record in their ``tilestore`` attributes. It is read once (`read_record`: `parse`
 checks the type of every fact a reader asks; a wrong type is one StoreError naming the
@@ -256,6 +257,34 @@ class ScoresRecord(GroupRecord):
     def _typed(cls, facts: dict[str, Any]) -> dict[str, Any]:
         return {
             "classes": tuple(str(c) for c in _list(facts, "classes") or ()),
+            "tiles": _obj(facts, "tiles") or {},
+        }
+
+    @property
+    def made_from(self) -> str:
+        """When the tile group it was scored from was finished ("" where not recorded)."""
+        return str(self.tiles.get("finished", ""))
+
+
+@dataclass(frozen=True)
+class LearnedRecord(GroupRecord):
+    """A trained model's per-tile scores' record (``.../learned/<run>``, written by
+    `tilestore.learn.explanation`): its columns (``attention`` where the model has one, then
+    each output's contribution), the run that made them (its folder, model, task and the
+    feature recipe it was trained on) and the tile group it scored (when that was finished)."""
+
+    columns: tuple[str, ...] = ()
+    run: Mapping[str, Any] = field(default_factory=dict)
+    tiles: Mapping[str, Any] = field(default_factory=dict)
+
+    KIND: ClassVar[str] = "learned scores"
+    FIX: ClassVar[str] = "explain the store again (tilestore predict --explain)"
+
+    @classmethod
+    def _typed(cls, facts: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "columns": tuple(str(c) for c in _list(facts, "columns") or ()),
+            "run": _obj(facts, "run") or {},
             "tiles": _obj(facts, "tiles") or {},
         }
 

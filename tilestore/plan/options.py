@@ -30,9 +30,9 @@ MIN_TILE, MAX_TILE = 8, 16384  # px: a tile smaller holds no tissue pattern, lar
 
 
 # Names a plan may not take: the subgroups an embeddings group holds beside its arrays (slide
-# vectors, zero-shot scores, its chunks' positions; a store made before keeps them beside its
-# plans' groups).
-RESERVED_NAMES = ("slides", "zeroshot", "crc32c")
+# vectors, zero-shot scores, learned scores, its chunks' positions; a store made before keeps
+# them beside its plans' groups).
+RESERVED_NAMES = ("slides", "zeroshot", "learned", "crc32c")
 
 LEVEL0 = "level0"  # mpp's named value: plan in level-0 pixels (a slide without a pixel size)
 Filter = Literal["contrast"]  # FILTERS

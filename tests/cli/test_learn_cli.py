@@ -1,0 +1,95 @@
+"""`tilestore train` / `crossval` / `predict` as a user runs them: a run on real stores,
+predicted and explained; every refusal one line, exit 2, before training, and nothing that
+looks like a finished run left behind."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from tests.conftest import run_cli
+from tests.learn.cohorts import copies
+
+FAST = ("--device", "cpu", "--epochs", "2", "--hidden", "16", "--threads", "1")
+
+
+@pytest.fixture(scope="module")
+def cohort(embedded_cohort, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cli-learn")
+    return folder, *copies(embedded_cohort, folder)
+
+
+def _refused(run, *, says: str) -> None:
+    assert run.returncode == 2, run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and says in lines[0], run.stderr
+    assert "epoch" not in run.stderr  # refused before training
+
+
+def test_train_then_predict_with_explain(cohort):
+    folder, stores, table = cohort
+    run = folder / "run"
+    made = run_cli(
+        "train",
+        table,
+        *stores,
+        "--model",
+        "efficientnet-lite0",
+        "--target",
+        "status",
+        "--out",
+        run,
+        *FAST,
+    )
+    assert made.returncode == 0, made.stderr
+    assert "epoch 1/2" in made.stderr and "cohort: 6 patients used" in made.stdout
+    assert (run / "finished.json").exists() and (run / "fold_0" / "model.safetensors").exists()
+    out = folder / "predictions.csv"
+    told = run_cli("predict", run, stores[0], "--device", "cpu", "--output", out, "--explain")
+    assert told.returncode == 0, told.stderr
+    assert list(pd.read_csv(out)["slide"]) == ["P0"]
+    assert "learned/run" in told.stdout
+    png = folder / "attention.png"
+    drawn = run_cli(
+        "export",
+        "heatmap",
+        stores[0],
+        "--model",
+        "efficientnet-lite0",
+        "--column",
+        "run:attention",
+        "--png",
+        png,
+    )
+    assert drawn.returncode == 0, drawn.stderr
+    assert png.stat().st_size > 0
+
+
+def test_refusals_are_one_line_before_training(cohort, tmp_path):
+    _, stores, table = cohort
+    common = (table, *stores, "--model", "efficientnet-lite0", "--target", "status", *FAST)
+    _refused(
+        run_cli("crossval", *common, "--out", tmp_path / "a", "--arch", "nope"),
+        says="no such model",
+    )
+    assert not (tmp_path / "a").exists()
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "x").write_text("")
+    _refused(run_cli("crossval", *common, "--out", taken), says="exists")
+    _refused(
+        run_cli(
+            "crossval",
+            table,
+            *stores,
+            "--model",
+            "efficientnet-lite0",
+            "--target",
+            "nope",
+            "--out",
+            tmp_path / "b",
+            *FAST,
+        ),
+        says="nope",
+    )
+    assert not (tmp_path / "b" / "finished.json").exists()

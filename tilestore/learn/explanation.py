@@ -1,0 +1,87 @@
+"""Explanations inside the store (`explain`): each tile's attention (where the model has
+one) and its contribution to each output (the model's `tile_scores`: attention-weighted
+per-tile logits, the head applied per tile, a gradient attribution...), the folds' mean,
+written beside the tile features as ``learned/<name>`` with the run's recipe
+(`tilestore.embeddings.scores.write_learned_scores`, `LearnedRecord`).
+
+`open_embeddings` then carries them as columns ``<name>:attention`` and
+``<name>:<output>``; `tilestore view` lists them with the other per-tile columns and
+`tilestore export heatmap --column <name>:attention` draws them. Nothing is read but the
+stored features: no re-tiling.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tilestore.errors import OptionError
+from tilestore.learn.options import resolve_device
+from tilestore.learn.prediction import ensemble, open_run_stores
+from tilestore.learn.run import load_models
+
+
+def scores_name(run_dir: str | Path, name: str | None = None) -> str:
+    """The set's name: `name`, else the run folder's name; refused where it is not a plain
+    group name."""
+    chosen = name if name is not None else Path(run_dir).resolve().name
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", chosen or ""):
+        raise OptionError(
+            f"name={chosen!r}: letters, digits, '_', '.', '-' only (a group of the store)"
+        )
+    return chosen
+
+
+def tile_scores(models: list[Any], features: np.ndarray, device: str) -> tuple[np.ndarray, bool]:
+    """(tiles, columns) float32: the attention (where the models have one) then each output's
+    contribution per tile, the models' mean; and whether attention is the first column."""
+    import torch
+
+    dtype = next(models[0].parameters()).dtype
+    x = torch.as_tensor(np.asarray(features, np.float32)).to(device=device, dtype=dtype)[None]
+    with torch.no_grad():
+        attention = [m(x).attention for m in models]
+    contribution = ensemble(models, "tile_scores", x)[0].detach().cpu().numpy()  # may need grads
+    if any(a is None for a in attention):
+        return contribution.astype(np.float32), False
+    mean = torch.stack([a.float() for a in attention]).mean(0)[0].cpu().numpy()
+    return np.concatenate([mean[:, None], contribution], axis=1).astype(np.float32), True
+
+
+def explain(
+    run_dir: str | Path,
+    stores: Any,
+    *,
+    name: str | None = None,
+    fold: int | None = None,
+    device: str | None = None,
+) -> list[str]:
+    """Write the run's per-tile scores into each store (replacing a set of that name);
+    return the sets' paths in the stores. The stores are checked as `predict` checks them."""
+    from tilestore.embeddings.scores import write_learned_scores
+
+    chosen = scores_name(run_dir, name)
+    config, found, paths = open_run_stores(run_dir, stores)
+    device = resolve_device(device)
+    models = load_models(run_dir, device, fold)
+    run = {
+        "run": str(Path(run_dir).resolve()),
+        "model": config["options"]["model"],
+        "task": config["task"],
+        "features": config["features"],
+        "fold": "ensemble" if fold is None else fold,
+    }
+    written = []
+    for path, group in zip(paths, found, strict=True):
+        values, has_attention = tile_scores(models, group.arrays["features"][:], device)
+        columns = (["attention"] if has_attention else []) + list(config["outputs"])
+        tiles = {
+            "finished": group.record.finished,
+            "tiles": int(values.shape[0]),
+            "path": group.path,
+        }
+        written.append(write_learned_scores(path, group.path, chosen, values, columns, run, tiles))
+    return written

@@ -17,8 +17,10 @@ import pandas as pd
 
 from tilestore.errors import RunError
 from tilestore.learn.bags import recipe_of
+from tilestore.learn.metrics import probabilities
 from tilestore.learn.options import resolve_device
 from tilestore.learn.run import load_models, read_config
+from tilestore.learn.task import Task
 
 
 def open_run_stores(run_dir: str | Path, stores: Any) -> tuple[dict, list[Any], list[str]]:
@@ -61,12 +63,14 @@ def predict(
 ) -> pd.DataFrame:
     """Each store's slide through the run's models (the folds' mean; one with `fold`):
     a row per slide with its store and an output per column (`tilestore.learn.run
-    .output_names`); for one classification target also ``predicted`` (the class)."""
+    .output_names`: a classification head's probabilities, the folds' mean); for one
+    classification target also ``predicted`` (the class)."""
     import torch
 
     from tilestore.embeddings.groups import slide_name
 
     config, found, paths = open_run_stores(run_dir, stores)
+    task = Task.from_json(config["task"])
     device = resolve_device(device)
     models = load_models(run_dir, device, fold)
     dtype = next(models[0].parameters()).dtype
@@ -75,7 +79,7 @@ def predict(
         for path, group in zip(paths, found, strict=True):
             x = torch.as_tensor(np.asarray(group.arrays["features"][:], np.float32))
             x = x.to(device=device, dtype=dtype).unsqueeze(0)
-            out = np.mean([m(x).logits.float().cpu().numpy()[0] for m in models], axis=0)
+            out = np.mean([_outputs(task, m(x).logits) for m in models], axis=0)
             rows.append(
                 {
                     "slide": slide_name(path),
@@ -84,12 +88,20 @@ def predict(
                 }
             )
     table = pd.DataFrame(rows, columns=["slide", "store", *config["outputs"]])
-    task = config["task"]
-    if task["kind"] == "classification" and len(task["targets"]) == 1 and len(table):
-        table["predicted"] = np.array(task["classes"][0])[
+    if task.kind == "classification" and len(task.targets) == 1 and len(table):
+        table["predicted"] = np.array(task.classes[0])[
             table[config["outputs"]].to_numpy().argmax(1)
         ]
     return table
+
+
+def _outputs(task: Task, logits: Any) -> np.ndarray:
+    """One model's outputs for one bag as a run's tables hold them: a classification head's
+    probabilities (the folds' ensemble averages probabilities, not logits), else as given."""
+    values = logits.float().cpu().numpy()
+    if task.kind != "classification":
+        return values[0]
+    return np.concatenate([probabilities(values[:, head])[0] for head in task.heads()])
 
 
 def ensemble(models: Sequence[Any], method: str, x: Any) -> Any:

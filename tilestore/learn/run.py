@@ -59,18 +59,11 @@ class RunResult:
 
 
 def output_names(task: Any) -> list[str]:
-    """The model outputs' names: a class each (``<target>:<class>`` where several targets),
-    a target each (regression), ``risk`` (survival)."""
-    if task.kind == "classification":
-        several = len(task.targets) > 1
-        return [
-            f"{t}:{c}" if several else str(c)
-            for t, classes in zip(task.targets, task.classes, strict=True)
-            for c in classes
-        ]
-    if task.kind == "regression":
-        return list(task.targets)
-    return ["risk"]
+    """The model outputs' names in every table of a run (`tilestore.learn.page.output_columns`):
+    ``<target>:<class>`` (a probability), ``<target>:predicted``, ``risk``."""
+    from tilestore.learn.page import output_columns
+
+    return output_columns(task)
 
 
 def check_run_dir(out_dir: str | Path, *, resume: bool = False, overwrite: bool = False) -> Path:
@@ -148,7 +141,7 @@ def _run(
     progress: Progress | None,
 ) -> RunResult:
     from tilestore.learn.metrics import evaluate
-    from tilestore.learn.page import write_page
+    from tilestore.learn.page import POOLED, write_metrics, write_page
 
     out = check_run_dir(out_dir, resume=resume, overwrite=overwrite)
     _check_splits(cohort, splits)
@@ -196,8 +189,12 @@ def _run(
             for k in range(len(splits.folds))
         ]
         pd.concat(slides, ignore_index=True).to_csv(out / "predictions-slides.csv", index=False)
-    _write_json(
-        out / "metrics.json", {"pooled": _plain(pooled), "folds": [_plain(m) for m in fold_metrics]}
+    write_metrics(
+        out / "metrics.json",
+        {
+            **{str(k): m for k, m in enumerate(fold_metrics) if m},
+            **({POOLED: pooled} if pooled else {}),
+        },
     )
     write_page(out)
     _write_json(out / FINISHED, {"folds": len(splits.folds), "kind": kind})  # last
@@ -214,6 +211,7 @@ def _fit_fold(cohort, bags, fold, index, options, done: Path, label: str, names,
     import torch
     from safetensors.torch import save_file
 
+    from tilestore.learn.page import prediction_frame
     from tilestore.learn.training import fit, predict_bags
 
     if progress:
@@ -227,35 +225,35 @@ def _fit_fold(cohort, bags, fold, index, options, done: Path, label: str, names,
     fitted = fit(
         cohort.task, bags, cohort.labels, train, valid, options, progress=progress, label=label
     )
+    k = int(done.name.split("_")[-1])
     outputs = predict_bags(fitted.model, bags, test)
-    table = pd.DataFrame({"patient": list(fold.test), "fold": done.name.split("_")[-1]})
-    for j, t in enumerate(cohort.task.targets):
-        table[f"label:{t}"] = cohort.labels[test, j] if test else []
-    for j, n in enumerate(names):
-        table[n] = outputs[:, j] if test else []
-    rows = []
-    slide_of = {p: [s for s in bags.members[i]] for p, i in index.items()}
+    if not test:
+        outputs = np.zeros((0, cohort.task.outputs))
+    table = prediction_frame(cohort.task, fold.test, [k] * len(test), cohort.labels[test], outputs)
+    slides, patients, logits = [], [], []
     with torch.no_grad():
-        for p in fold.test:
-            for s in slide_of[p]:
-                logits = fitted.model(bags.slide(s).unsqueeze(0)).logits.float().cpu().numpy()
-                rows.append(
-                    {
-                        "slide": bags.slide_names[s],
-                        "patient": p,
-                        "fold": done.name.split("_")[-1],
-                        **{n: float(v) for n, v in zip(names, logits[0], strict=True)},
-                    }
+        for i in test:
+            for s in bags.members[i]:
+                slides.append(bags.slide_names[s])
+                patients.append(i)
+                logits.append(
+                    fitted.model(bags.slide(s).unsqueeze(0)).logits.float().cpu().numpy()[0]
                 )
+    slide_table = prediction_frame(
+        cohort.task,
+        [cohort.patients[i] for i in patients],
+        [k] * len(slides),
+        cohort.labels[patients],
+        np.array(logits).reshape(len(slides), -1) if slides else np.zeros((0, cohort.task.outputs)),
+    )
+    slide_table.insert(0, "slide", slides)
     hidden = done.parent / f".{done.name}"
     shutil.rmtree(hidden, ignore_errors=True)
     hidden.mkdir(parents=True)
     state = {k: v.detach().contiguous().cpu() for k, v in fitted.model.state_dict().items()}
     save_file(state, str(hidden / WEIGHTS))
     table.to_csv(hidden / "predictions.csv", index=False)
-    pd.DataFrame(rows, columns=["slide", "patient", "fold", *names]).to_csv(
-        hidden / "predictions-slides.csv", index=False
-    )
+    slide_table.to_csv(hidden / "predictions-slides.csv", index=False)
     _write_json(
         hidden / FOLD_DONE,
         {
@@ -270,8 +268,9 @@ def _fit_fold(cohort, bags, fold, index, options, done: Path, label: str, names,
 
 
 def _metrics(cohort, table: pd.DataFrame, names: list[str], evaluate) -> dict[str, Any]:
-    y_true = table[[f"label:{t}" for t in cohort.task.targets]].to_numpy(np.float64)
-    return evaluate(cohort.task, y_true, table[names].to_numpy(np.float64))
+    from tilestore.learn.page import from_frame
+
+    return evaluate(cohort.task, *from_frame(cohort.task, table))
 
 
 def _check_splits(cohort: Any, splits: Splits) -> None:
@@ -291,11 +290,7 @@ def _config(kind: str, cohort: Any, options: LearnOptions, features: dict | None
     return {
         "kind": kind,
         "options": options.to_json(),
-        "task": {
-            "kind": task.kind,
-            "targets": list(task.targets),
-            "classes": [list(c) for c in task.classes],
-        },
+        "task": task.to_json(),
         "cohort": {
             "model": cohort.model,
             "plan": cohort.plan,

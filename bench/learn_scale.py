@@ -68,7 +68,7 @@ def main() -> None:
     import torch
 
     from tilestore.learn.bags import Bags
-    from tilestore.learn.cohort import Cohort, CohortSlide
+    from tilestore.learn.cohort import Cohort
     from tilestore.learn.options import LearnOptions, resolve_device
     from tilestore.learn.run import crossval
     from tilestore.learn.splits import make_splits
@@ -80,15 +80,8 @@ def main() -> None:
         torch.cuda.reset_peak_memory_stats()
     data = Synthetic(args.slides, args.tiles, args.dim, device, seed=0)
     patients = tuple(f"S{i:05d}" for i in range(args.slides))
-    cohort = Cohort(
-        task=Task("classification", ("label",), (("0", "1"),)),
-        model="synthetic",
-        plan=None,
-        slide_encoder=None,
-        recipe={"source": "synthetic"},
-        slides=tuple(CohortSlide("memory", p, p) for p in patients),
-        patients=patients,
-        labels=data.labels[:, None].astype(np.float64),
+    cohort = Cohort.from_labels(
+        Task("classification", ("label",), (("0", "1"),)), patients, data.labels[:, None]
     )
     started = time.perf_counter()
     bags = Bags.from_arrays(

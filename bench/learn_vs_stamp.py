@@ -157,7 +157,7 @@ def run_ours(folder: Path, labels: np.ndarray, splits, args) -> tuple[float, lis
     from sklearn.metrics import roc_auc_score
 
     from tilestore.learn.bags import Bags
-    from tilestore.learn.cohort import Cohort, CohortSlide
+    from tilestore.learn.cohort import Cohort
     from tilestore.learn.options import LearnOptions
     from tilestore.learn.run import crossval
     from tilestore.learn.task import Task
@@ -180,12 +180,9 @@ def run_ours(folder: Path, labels: np.ndarray, splits, args) -> tuple[float, lis
         Files(), [[i] for i in range(len(names))], names=names, device=args.device,
         dtype=args.dtype,
     )  # fmt: skip
-    cohort = Cohort(
-        task=Task("classification", ("label",), (("0", "1"),)),
-        model="synthetic", plan=None, slide_encoder=None, recipe={"source": "synthetic"},
-        slides=tuple(CohortSlide("memory", p, p) for p in names), patients=names,
-        labels=labels[:, None].astype(np.float64),
-    )  # fmt: skip
+    cohort = Cohort.from_labels(
+        Task("classification", ("label",), (("0", "1"),)), names, labels[:, None]
+    )
     options = LearnOptions(
         model=args.model, epochs=args.epochs, patience=args.patience,
         batch_size=args.batch_size, lr=args.lr, device=args.device, dtype=args.dtype,
@@ -230,18 +227,15 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=HERE / "results" / "learn_vs_stamp.json")
     args = parser.parse_args()
 
-    from tilestore.learn.cohort import Cohort, CohortSlide
+    from tilestore.learn.cohort import Cohort
     from tilestore.learn.splits import make_splits
     from tilestore.learn.task import Task
 
     features, labels = cohort_features(args.slides, args.tiles, args.dim, seed=0)
     names = tuple(f"S{i:05d}" for i in range(args.slides))
-    cohort = Cohort(
-        task=Task("classification", ("label",), (("0", "1"),)),
-        model="synthetic", plan=None, slide_encoder=None, recipe={"source": "synthetic"},
-        slides=tuple(CohortSlide("memory", p, p) for p in names), patients=names,
-        labels=labels[:, None].astype(np.float64),
-    )  # fmt: skip
+    cohort = Cohort.from_labels(
+        Task("classification", ("label",), (("0", "1"),)), names, labels[:, None]
+    )
     splits = make_splits(cohort, args.folds, seed=0)
     args.work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

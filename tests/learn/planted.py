@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tilestore.learn.bags import Bags
-from tilestore.learn.cohort import Cohort, CohortSlide
+from tilestore.learn.cohort import Cohort
 from tilestore.learn.task import Task
 
 
@@ -59,15 +59,8 @@ def planted_cohort(
     if shuffle:
         labels = rng.permutation(labels)
     patients = tuple(f"P{i:03d}" for i in range(slides))
-    cohort = Cohort(
-        task=Task("classification", ("planted",), (("0", "1"),)),
-        model="memory",
-        plan=None,
-        slide_encoder=None,
-        recipe={"source": "planted"},
-        slides=tuple(CohortSlide("memory", p, p) for p in patients),
-        patients=patients,
-        labels=labels[:, None].astype(np.float64),
+    cohort = Cohort.from_labels(
+        Task("classification", ("planted",), (("0", "1"),)), patients, labels[:, None]
     )
     bags = Bags.from_arrays(made, [[i] for i in range(slides)], names=patients)
     return Planted(cohort, bags, made, where)

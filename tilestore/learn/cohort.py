@@ -134,6 +134,27 @@ class Cohort:
             index.setdefault(s.patient, []).append(i)
         self._index.update({p: tuple(v) for p, v in index.items()})
 
+    @classmethod
+    def from_labels(
+        cls, task: Task, patients: Sequence[str], labels: np.ndarray, *, source: str = "memory"
+    ) -> Cohort:
+        """A cohort of features held in memory (`Bags.from_arrays`), not read from stores: a
+        slide a patient, each used, `labels` as `labels` holds them; its recipe names the
+        `source` only, so `predict` refuses every store against it."""
+        patients = tuple(map(str, patients))
+        labels = np.asarray(labels, dtype=np.float64).reshape(len(patients), len(task.targets))
+        return cls(
+            task=task,
+            model=source,
+            plan=None,
+            slide_encoder=None,
+            recipe={"source": source},
+            slides=tuple(CohortSlide(source, p, p) for p in patients),
+            patients=patients,
+            labels=labels,
+            rows=tuple(Row("clinical", p, "used") for p in patients),
+        )
+
     def slides_of(self, patient: str) -> tuple[int, ...]:
         """The indices in `slides` of a patient's slides."""
         return self._index[patient]

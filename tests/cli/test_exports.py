@@ -78,10 +78,12 @@ def test_each_subcommand_shows_the_registrys_help():
     assert "a store's pixels (ome-tiff)" in listed
 
 
-def test_every_registered_writer_is_offered_by_the_face():
+def test_every_registered_writer_and_command_is_offered_by_the_face():
     for export in EXPORTS:
         assert export.writer in tilestore.exports.__all__
-        assert callable(export.load())
+        assert export.command in tilestore.exports.__all__
+        assert getattr(tilestore.exports, export.writer) is export.load()
+        assert getattr(tilestore.exports, export.command) is export.load_command()
 
 
 TOY_CALLS: list = []

@@ -85,6 +85,20 @@ def test_he_plan_keeps_tissue_tiles(copy_of):
     assert max(means) < 225
 
 
+def test_the_plan_layers_old_name_warns_and_is_plan_over_tissue(copy_of):
+    """tilestore.plan.plan_slide (the tutorials' name for the plan layer's planner, before it
+    was plan_over_tissue: tilestore.plan_slide is another function) still plans, and says
+    what to call instead."""
+    import tilestore.plan
+
+    slide = open_slide(copy_of(CMU))
+    with pytest.warns(DeprecationWarning, match=r"tilestore\.plan\.plan_over_tissue now"):
+        old = tilestore.plan.plan_slide(slide, PlanOptions(mpp=1.0, tile=128))
+    new = plan_over_tissue(slide, PlanOptions(mpp=1.0, tile=128))
+    assert old.name == new.name == "1mpp-128px" and len(old) == len(new) > 0
+    assert (old.row == new.row).all() and (old.col == new.col).all()
+
+
 def test_saved_plan_round_trips_and_opens_in_xarray(copy_of):
     store = copy_of(CMU)
     slide = open_slide(store)

@@ -18,31 +18,35 @@ May import: `tilestore.view` (the viewer's per-tile values), `tilestore.embeddin
 
 from __future__ import annotations
 
-from tilestore.exports.registry import face_members
 from tilestore.faces import lazy_face
 
-# besides each registered export's writer and command (`registry.face_members`)
-_OFFERED = {
-    "tilestore.errors": ("ExportError",),
-    "tilestore.exports.files": ("Exported",),
-    "tilestore.exports.h5": ("H5Export", "to_h5"),
-    "tilestore.exports.heatmap": (
-        "Heatmap",
-        "heatmap_values",
-        "write_geojson",
-        "write_labels",
-        "write_png",
-    ),
-    "tilestore.exports.ometiff": ("TiffExport",),
-    "tilestore.exports.options": ("LAYOUTS", "SUFFIXES", "H5Layout"),
-    "tilestore.exports.registry": ("EXPORTS", "Export", "face_members", "get_export"),
-    "tilestore.exports.tiles": ("TileAnalysis", "analyse_tiles"),
-    "tilestore.exports.slidetable": ("slide_table", "table_format"),
-}
 __getattr__, __dir__, __all__ = lazy_face(
     __name__,
     {
-        module: (*_OFFERED.get(module, ()), *face_members().get(module, ()))
-        for module in {**_OFFERED, **face_members()}
+        "tilestore.errors": ("ExportError",),
+        "tilestore.exports.files": ("Exported",),
+        "tilestore.exports.h5": ("H5Export", "cohort_to_h5", "export_h5", "to_h5"),
+        "tilestore.exports.h5ad": ("export_anndata", "to_anndata"),
+        "tilestore.exports.heatmap": (
+            "Heatmap",
+            "export_heatmap",
+            "heatmap_values",
+            "write_geojson",
+            "write_heatmap",
+            "write_labels",
+            "write_png",
+        ),
+        "tilestore.exports.maps": ("export_map", "write_maps"),
+        "tilestore.exports.ometiff": ("TiffExport", "export_ome_tiff", "to_ome_tiff"),
+        "tilestore.exports.options": ("LAYOUTS", "SUFFIXES", "H5Layout"),
+        "tilestore.exports.qupath": ("export_qupath", "to_qupath"),
+        "tilestore.exports.registry": ("EXPORTS", "Export", "get_export"),
+        "tilestore.exports.tiles": ("TileAnalysis", "analyse_tiles"),
+        "tilestore.exports.slidetable": (
+            "export_slides",
+            "slide_table",
+            "table_format",
+            "write_slide_table",
+        ),
     },
 )

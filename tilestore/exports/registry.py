@@ -29,8 +29,9 @@ class Export:
     module (in `tilestore.exports`), the function there that writes it, the function
     there that is its command (its first parameter what the command line names, the
     stores or the store; its other parameters declared options, `tilestore.options`; it
-    returns the lines to print, `Exported`), and one line of help. The face of
-    `tilestore.exports` offers both functions (`face_members`)."""
+    returns the lines to print, `Exported`), and one line of help. Both are loaded from
+    the module named here; the face of `tilestore.exports` offers the registered ones too
+    (a test holds it to the registry)."""
 
     name: str
     reads: Reads
@@ -126,15 +127,6 @@ EXPORTS = (
         "survival models and retrieval.",
     ),
 )
-
-
-def face_members() -> dict[str, tuple[str, ...]]:
-    """What the face of `tilestore.exports` offers of each export: its writer and its
-    command, by module (`tilestore.faces.lazy_face`'s members)."""
-    members: dict[str, tuple[str, ...]] = {}
-    for export in EXPORTS:
-        members[export.path] = (*members.get(export.path, ()), export.writer, export.command)
-    return members
 
 
 def get_export(name: str) -> Export:

@@ -32,6 +32,7 @@ __getattr__, __dir__, __all__ = lazy_face(
             "plan_over_tissue",
             "plan_recipe",
             "plan_rois",
+            "plan_slide",
             "plan_tissue",
             "plan_uid",
             "refuse_made_otherwise",

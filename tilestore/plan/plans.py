@@ -13,6 +13,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, replace
 
@@ -87,6 +88,18 @@ def plan_grid(slide: Slide, options: ResolvedPlan, notes: list[str] | None = Non
         tolerance=options.tolerance,
         notes=notes,
     )
+
+
+def plan_slide(slide: Slide, options: PlanOptions | ResolvedPlan = PlanOptions(), **given):
+    """Deprecated: `plan_over_tissue` (this name is `tilestore.plan_slide`'s, the plan a user
+    asks for, max_blur's filter too); kept because the tutorials named it."""
+    warnings.warn(
+        "tilestore.plan.plan_slide is tilestore.plan.plan_over_tissue now; "
+        "tilestore.plan_slide makes the plan with every filter",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return plan_over_tissue(slide, options, **given)
 
 
 def plan_over_tissue(

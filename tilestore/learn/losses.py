@@ -54,7 +54,7 @@ def _classification(task: Task, class_weights: Sequence[Sequence[float]] | None)
             )
         if any(not w >= 0 for ws in class_weights for w in ws):
             raise OptionError(f"class weights {class_weights}: each must be a number >= 0")
-        weights = [torch.tensor(w, dtype=torch.float32) for w in class_weights]
+        weights = [torch.as_tensor(w, dtype=torch.float32).detach().cpu() for w in class_weights]
 
     def cross_entropy(logits: Tensor, y: Tensor) -> Tensor:
         """The mean over targets of each target's (weighted) cross-entropy."""

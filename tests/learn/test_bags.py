@@ -12,7 +12,9 @@ from .cohorts import copies
 
 
 def test_streamed_bags_equal_the_resident_ones(embedded_cohort, tmp_path):
-    stores, table = copies(embedded_cohort, tmp_path, n=4)
+    stores, _ = copies(embedded_cohort, tmp_path, n=4)
+    table = tmp_path / "patients.csv"
+    table.write_text("PATIENT,status\nP0,neg\nP1,pos\n")
     slides = tmp_path / "slides.csv"  # two patients of two slides each
     slides.write_text("FILENAME,PATIENT\nP0,P0\nP1,P1\nP2,P0\nP3,P1\n")
     cohort = build_cohort(table, stores, "efficientnet-lite0", targets="status", slides=slides)

@@ -30,13 +30,13 @@ def test_scores_are_columns_of_open_embeddings(explained):
     stores, result, written = explained
     assert written[0].endswith("/learned/msi")
     ds = tilestore.open_embeddings(stores[0], "efficientnet-lite0")
-    for column in ("msi:attention", "msi:neg", "msi:pos"):
+    for column in ("msi:attention", "msi:status:neg", "msi:status:pos"):
         assert column in ds.coords
     attention = np.asarray(ds["msi:attention"], np.float64)
     assert attention.shape == (ds.sizes["tile"],)
     assert abs(attention.sum() - 1) < 1e-4 and (attention >= 0).all()  # softmax over tiles
     want, _ = tile_scores(load_models(result.run_dir, "cpu"), ds.features.values, "cpu")
-    np.testing.assert_allclose(np.asarray(ds["msi:pos"]), want[:, 2], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(ds["msi:status:pos"]), want[:, 2], rtol=1e-6)
     # a store not explained has no such column
     assert "msi:attention" not in tilestore.open_embeddings(stores[3], "efficientnet-lite0").coords
 
@@ -50,7 +50,7 @@ def test_the_record_names_the_run_and_its_features(explained):
     stores, _, written = explained
     group = zarr.open_group(stores[0], path=written[0], mode="r", zarr_format=3)
     record = read_record(group, LearnedRecord, "test")
-    assert record.columns == ("attention", "neg", "pos")
+    assert record.columns == ("attention", "status:neg", "status:pos")
     assert (
         record.run["model"] == "abmil" and record.run["features"]["model"] == "efficientnet-lite0"
     )
@@ -69,4 +69,4 @@ def test_the_heatmap_export_draws_them(explained, tmp_path):
     from tilestore.view.values import columns
 
     catalog = Catalog([open_slide(stores[0])], [str(stores[0])], [str(stores[0])])
-    assert {"msi:attention", "msi:pos"} <= set(columns(catalog, "efficientnet-lite0"))
+    assert {"msi:attention", "msi:status:pos"} <= set(columns(catalog, "efficientnet-lite0"))

@@ -28,7 +28,7 @@ def test_predict_gives_a_row_per_slide_as_the_run_model_does(trained):
 
     stores, result = trained
     table = predict(result.run_dir, stores[:2], device="cpu")
-    assert list(table.columns) == ["slide", "store", "neg", "pos", "predicted"]
+    assert list(table.columns) == ["slide", "store", "status:neg", "status:pos", "predicted"]
     assert list(table["slide"]) == ["P0", "P1"]
     # the same features, the same model: its outputs by hand
     import tilestore
@@ -36,8 +36,10 @@ def test_predict_gives_a_row_per_slide_as_the_run_model_does(trained):
     x = tilestore.open_embeddings(stores[0], "efficientnet-lite0").features.values
     (model,) = load_models(result.run_dir, "cpu")
     with torch.no_grad():
-        want = model(torch.as_tensor(np.asarray(x, np.float32))[None]).logits.numpy()[0]
-    np.testing.assert_allclose(table.loc[0, ["neg", "pos"]].to_numpy(float), want, rtol=1e-5)
+        logits = model(torch.as_tensor(np.asarray(x, np.float32))[None]).logits.numpy()[0]
+    want = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()  # probabilities
+    got = table.loc[0, ["status:neg", "status:pos"]].to_numpy(float)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
     assert table.loc[0, "predicted"] == ["neg", "pos"][int(want.argmax())]
 
 

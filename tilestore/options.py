@@ -39,6 +39,7 @@ __all__ = [
     "REQUIRED",
     "Declaration",
     "Declared",
+    "Device",
     "Kind",
     "Opt",
     "OptionError",
@@ -381,4 +382,15 @@ def _shown(value: Any) -> str:
 Workers = Annotated[
     int | None,
     Opt("Threads (or processes) to use.", low=1, high=1024, none="the job's CPUs"),
+]
+
+# The torch device a step runs on, where a user may say: `qc --device`, `crossval --device`.
+Device = Annotated[
+    str | None,
+    Opt(
+        "cuda, cuda:N or cpu.",
+        pattern=r"cpu|cuda(:\d+)?",
+        shape="'cpu', 'cuda' or 'cuda:N'",
+        none="the GPU if any",
+    ),
 ]

@@ -164,12 +164,7 @@ def _slide_part(store: StoreLike, model: str, plan: str | None) -> dict[str, Any
         if "quality" in members:  # per-tile quality measures: a column each, as coordinates
             quality = members["quality"]
             measures = [str(m) for m in quality.attrs.get("measures", [])]
-            table = da.from_array(
-                _Checked(quality, f"{store}: {path}/quality", found.fix),
-                chunks=(rows, len(measures)),
-                name=f"quality-{token}",
-                meta=np.empty((0, 0), quality.dtype),
-            )
+            table = _table(quality, f"{store}: {path}/quality", found.fix, rows, token)
             arrays.update({name: table[:, i] for i, name in enumerate(measures)})
         quality_measures = list(measures)
         labels: list[str] = []
@@ -178,12 +173,7 @@ def _slide_part(store: StoreLike, model: str, plan: str | None) -> dict[str, Any
             array, classes = score_set.probabilities, score_set.classes
             # zero-shot scores (`tilestore.embeddings.scores`): a column per class, and the
             # most probable class's name
-            table = da.from_array(
-                _Checked(array, f"{store}: {path}/{ZEROSHOT}/{name}", found.fix),
-                chunks=(rows, len(classes)),
-                name=f"{ZEROSHOT}-{name}-{token}",
-                meta=np.empty((0, 0), array.dtype),
-            )
+            table = _table(array, f"{store}: {path}/{ZEROSHOT}/{name}", found.fix, rows, token)
             arrays.update({f"{name}:{c}": table[:, i] for i, c in enumerate(classes)})
             measures += [f"{name}:{c}" for c in classes]
             lut = np.array(classes)
@@ -195,12 +185,7 @@ def _slide_part(store: StoreLike, model: str, plan: str | None) -> dict[str, Any
         for name, learned_set in learned.items():
             array, columns = learned_set.scores, learned_set.columns
             # a trained model's tile scores (`tilestore.learn.explanation`): a column each
-            table = da.from_array(
-                _Checked(array, f"{store}: {path}/{LEARNED}/{name}", found.fix),
-                chunks=(rows, len(columns)),
-                name=f"{LEARNED}-{name}-{token}",
-                meta=np.empty((0, 0), array.dtype),
-            )
+            table = _table(array, f"{store}: {path}/{LEARNED}/{name}", found.fix, rows, token)
             arrays.update({f"{name}:{c}": table[:, i] for i, c in enumerate(columns)})
             measures += [f"{name}:{c}" for c in columns]
         if "tokens" in members:  # the patch-token grids, a tile per row as the features
@@ -239,6 +224,17 @@ def _slide_part(store: StoreLike, model: str, plan: str | None) -> dict[str, Any
         "recipe": recipe(meta),
         "meetings": _meetings(store, found, quality_measures, sets, learned),
     }
+
+
+def _table(array: zarr.Array, where: str, fix: str, rows: int, token: str) -> da.Array:
+    """A stored (tile, column) table as dask reads it, `rows` tiles a chunk, its damage
+    named (`_Checked`)."""
+    return da.from_array(
+        _Checked(array, where, fix),
+        chunks=(rows, array.shape[1]),
+        name=f"{where.rsplit(': ', 1)[-1].replace('/', '-')}-{token}",
+        meta=np.empty((0, 0), array.dtype),
+    )
 
 
 @dataclass(frozen=True)

@@ -167,22 +167,32 @@ def score_sets(group: zarr.Group, where: str) -> dict[str, ScoreSet]:
     """A finished embeddings group's current score sets by name;
     a set made from the group's earlier features (embedded again since) left out, with a
     warning naming it."""
-    if ZEROSHOT not in group:
-        return {}
+    return {
+        name: ScoreSet(sub[PROBABILITIES], list(record.classes), record)
+        for name, sub, record in _current(group, where, ZEROSHOT, ScoresRecord, "classify")
+    }
+
+
+def _current(group: zarr.Group, where: str, kind: str, record_type: type, again: str):
+    """(name, group, record) of each set under `kind` made from the group's current features,
+    in name order; one made before they were embedded again left out with a warning saying
+    to `again` the store; hidden names (a write in progress, or one a kill left) never read."""
+    if kind not in group:
+        return []
     finished = (read_record(group, EmbeddingsRecord, where) or EmbeddingsRecord()).finished
-    found = {}
-    for name, sub in sorted(group[ZEROSHOT].groups()):
-        if name.startswith("."):  # a write in progress, or one a kill left (never read)
+    found = []
+    for name, sub in sorted(group[kind].groups()):
+        if name.startswith("."):
             continue
-        record = read_record(sub, ScoresRecord, f"{where}/{ZEROSHOT}/{name}") or ScoresRecord()
+        record = read_record(sub, record_type, f"{where}/{kind}/{name}") or record_type()
         if record.made_from != finished:
             warnings.warn(
-                f"{where}/{ZEROSHOT}/{name} was scored from features embedded again since: "
-                "left out (classify the store again)",
-                stacklevel=3,
+                f"{where}/{kind}/{name} was scored from features embedded again since: "
+                f"left out ({again} the store again)",
+                stacklevel=4,
             )
             continue
-        found[name] = ScoreSet(sub[PROBABILITIES], list(record.classes), record)
+        found.append((name, sub, record))
     return found
 
 
@@ -209,23 +219,10 @@ def learned_recipe(tiles: Recipe, record: LearnedRecord) -> Recipe:
 def learned_sets(group: zarr.Group, where: str) -> dict[str, LearnedSet]:
     """A finished embeddings group's current learned sets: {run: LearnedSet}; a set made
     from the group's earlier features left out, with a warning naming it."""
-    if LEARNED not in group:
-        return {}
-    finished = (read_record(group, EmbeddingsRecord, where) or EmbeddingsRecord()).finished
-    found = {}
-    for name, sub in sorted(group[LEARNED].groups()):
-        if name.startswith("."):  # a write in progress, or one a kill left (never read)
-            continue
-        record = read_record(sub, LearnedRecord, f"{where}/{LEARNED}/{name}") or LearnedRecord()
-        if record.made_from != finished:
-            warnings.warn(
-                f"{where}/{LEARNED}/{name} was scored from features embedded again since: "
-                "left out (explain the store again)",
-                stacklevel=3,
-            )
-            continue
-        found[name] = LearnedSet(sub[SCORES], list(record.columns), record)
-    return found
+    return {
+        name: LearnedSet(sub[SCORES], list(record.columns), record)
+        for name, sub, record in _current(group, where, LEARNED, LearnedRecord, "explain")
+    }
 
 
 def read_tile_scores(

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Annotated, Any
 
 from tilestore.errors import OptionError
-from tilestore.options import Declared, Opt
+from tilestore.options import Declared, Device, Opt
 
 Precision = Annotated[
     str,
@@ -53,15 +53,7 @@ class LearnOptions(Declared):
     seed: Annotated[
         int, Opt("Seed of the weights, the order and the sampling.", low=0, high=2**31 - 1)
     ] = 0
-    device: Annotated[
-        str | None,
-        Opt(
-            "cuda, cuda:N or cpu.",
-            pattern=r"cpu|cuda(:\d+)?",
-            shape="'cpu', 'cuda' or 'cuda:N'",
-            none="the GPU if any",
-        ),
-    ] = None
+    device: Device = None
     dtype: Precision = "float32"
     threads: Annotated[
         int | None,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 from tilestore.errors import OptionError
-from tilestore.options import Declared, Opt
+from tilestore.options import Declared, Device, Opt
 from tilestore.qc.classes import ARTEFACTS
 
 FineBlur = Literal["auto", "full", "sparse", "off"]
@@ -43,15 +43,7 @@ class QCOptions(Declared):
     params: Annotated[dict, Opt("Per-detector parameter overrides.", cli=False)] = field(
         default_factory=dict
     )
-    device: Annotated[
-        str | None,
-        Opt(
-            "cuda, cuda:N or cpu.",
-            pattern=r"cpu|cuda(:\d+)?",
-            shape="'cpu', 'cuda' or 'cuda:N'",
-            none="the GPU if any",
-        ),
-    ] = None
+    device: Device = None
     block: Annotated[int, Opt("Block side read at a time.", unit="px", low=256, high=16_384)] = 2048
     threads: Annotated[
         int | None, Opt("torch's CPU threads.", low=1, high=1024, none="every core")

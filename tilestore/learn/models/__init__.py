@@ -59,46 +59,25 @@ def _lazy(name: str, module: str, cls: str) -> Callable[..., nn.Module]:
     return build
 
 
+def _spec(name: str, module: str, cls: str, bags: bool, attention: bool, help: str) -> ModelSpec:
+    return ModelSpec(name, _lazy(name, module, cls), bags=bags, attention=attention, help=help)
+
+
+# name, module, class, bags of tiles (else one vector per slide or patient), attention, help
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
-        ModelSpec(
-            "mean",
-            _lazy("mean", "mean", "MeanPool"),
-            bags=True,
-            attention=False,
-            help="Mean of the tiles' features and a linear layer: the baseline.",
-        ),
-        ModelSpec(
-            "abmil",
-            _lazy("abmil", "abmil", "ABMIL"),
-            bags=True,
-            attention=True,
-            help="Gated attention MIL (Ilse et al. 2018).",
-        ),
-        ModelSpec(
-            "transmil",
-            _lazy("transmil", "transmil", "TransMIL"),
-            bags=True,
-            attention=False,
-            help="Transformer MIL with Nystrom attention and PPEG (Shao et al. 2021).",
-        ),
-        ModelSpec(
-            "clam-sb",
-            _lazy("clam-sb", "clam_sb", "ClamSB"),
-            bags=True,
-            attention=True,
-            help="CLAM, single branch: ABMIL with instance-level clustering (Lu et al. 2021).",
-        ),
-        ModelSpec(
-            "linear",
-            _lazy("linear", "linear", "Linear"),
-            bags=False,
-            attention=False,
-            help="A linear head on one vector per slide or patient (logistic, linear, Cox).",
-        ),
+        _spec("mean", "mean", "MeanPool", True, False,
+              "Mean of the tiles' features and a linear layer: the baseline."),
+        _spec("abmil", "abmil", "ABMIL", True, True, "Gated attention MIL (Ilse et al. 2018)."),
+        _spec("transmil", "transmil", "TransMIL", True, False,
+              "Transformer MIL with Nystrom attention and PPEG (Shao et al. 2021)."),
+        _spec("clam-sb", "clam_sb", "ClamSB", True, True,
+              "CLAM, single branch: ABMIL with instance-level clustering (Lu et al. 2021)."),
+        _spec("linear", "linear", "Linear", False, False,
+              "A linear head on one vector per slide or patient (logistic, linear, Cox)."),
     )
-}
+}  # fmt: skip
 
 
 def make_model(name: str, in_dim: int, outputs: int, **hparams: Any) -> nn.Module:

@@ -124,19 +124,7 @@ def _from_trident(state: Mapping[str, Tensor]) -> ABMIL:
         f"{enc}post_attention_layers.0.": "post.0.",
         "classifier.": "head.",
     }
-    ours = renamed(state, rename)
-    hidden, in_dim = ours["encoder.0.weight"].shape
-    model = ABMIL(
-        in_dim,
-        ours["head.weight"].shape[0],
-        hidden=hidden,
-        attention_dim=ours["attention.a.weight"].shape[0],
-        activation="gelu",
-        gated="attention.b.weight" in ours,
-        post=True,
-    )
-    model.load_state_dict(ours)
-    return model
+    return built(ABMIL, renamed(state, rename), activation="gelu", post=True)
 
 
 def _from_clam(state: Mapping[str, Tensor]) -> ABMIL:
@@ -144,13 +132,20 @@ def _from_clam(state: Mapping[str, Tensor]) -> ABMIL:
         {k: v for k, v in state.items() if not k.startswith("instance_classifiers.")},
         clam_names(state),
     )
+    return built(ABMIL, ours)
+
+
+def built(cls: type, ours: Mapping[str, Tensor], **settings) -> nn.Module:
+    """An attention model of class `cls` (ABMIL or one built on it) sized by the weights
+    `ours` (named as ours are) and holding them, loaded strictly."""
     hidden, in_dim = ours["encoder.0.weight"].shape
-    model = ABMIL(
+    model = cls(
         in_dim,
         ours["head.weight"].shape[0],
         hidden=hidden,
         attention_dim=ours["attention.a.weight"].shape[0],
         gated="attention.b.weight" in ours,
+        **settings,
     )
     model.load_state_dict(ours)
     return model

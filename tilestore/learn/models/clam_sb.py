@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tilestore.learn.models.abmil import ABMIL, clam_names, renamed
+from tilestore.learn.models.abmil import ABMIL, built, clam_names, renamed
 from tilestore.learn.models.base import (
     AttentionDim,
     Dropout,
@@ -98,14 +98,4 @@ def from_reference(name: str, state_dict: Mapping[str, Tensor]) -> ClamSB:
     if name != "clam":
         raise ValueError(f"no CLAM-SB reference {name!r}: known is clam")
     names = clam_names(state_dict) | {"instance_classifiers.": "instance."}
-    ours = renamed(state_dict, names)
-    hidden, in_dim = ours["encoder.0.weight"].shape
-    model = ClamSB(
-        in_dim,
-        ours["head.weight"].shape[0],
-        hidden=hidden,
-        attention_dim=ours["attention.a.weight"].shape[0],
-        gated="attention.b.weight" in ours,
-    )
-    model.load_state_dict(ours)
-    return model
+    return built(ClamSB, renamed(state_dict, names))

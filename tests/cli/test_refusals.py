@@ -56,7 +56,19 @@ NEEDS = {
     ],
     "export h5": lambda s, o: [s.store, "-m", MODEL, "-o", o / "h5"],
     "export slides": lambda s, o: [s.store, "-m", MODEL, "-s", "mean", "-o", o / "s.parquet"],
+    "crossval": lambda s, o: [*_labelled(s, o), "--out", o / "run"],
+    "train": lambda s, o: [*_labelled(s, o), "--out", o / "run"],
 }
+
+
+def _labelled(s, o) -> list:
+    """A clinical table naming the store's slide as its patient, the store, the model and
+    the target (what `crossval` and `train` need besides the flag tried)."""
+    labels = o.parent / "labels"  # beside the outputs, which a refusal must leave empty
+    labels.mkdir(parents=True, exist_ok=True)
+    table = labels / "clinical.csv"
+    table.write_text(f"PATIENT,status\n{Path(s.store).name.split('.')[0]},pos\n")
+    return [table, s.store, "--model", MODEL, "--target", "status"]
 
 # Runs each command line as `tilestore` would (tilestore.cli.main._main), in this process.
 DRIVER = r"""
@@ -311,7 +323,8 @@ def test_on_dask_the_refused_and_the_runnable_exit_alike(refused_stores, store):
 # where 0 is a quantity: fractions, thresholds, and heatmap's tile number (the first tile)
 ZERO_IS_A_VALUE = {"min_tissue", "min_roi", "tolerance", "max_artefact", "max_blur",
                    "flag_fraction", "contrast_min", "contrast_max", "contrast_p5",
-                   "contrast_median", "export heatmap --tile"}  # fmt: skip
+                   "contrast_median", "export heatmap --tile", "dropout", "weight_decay",
+                   "seed"}  # fmt: skip
 
 
 def test_a_number_outside_every_range_is_never_a_default():

@@ -173,3 +173,17 @@ def test_a_run_folder_that_exists_is_refused(planted_run, tmp_path):
             overwrite=True,
         )
     assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("valid", [float("nan"), 0, -0.1, 2.0, "x"])
+def test_trains_validation_share_is_refused_at_the_door(valid, tmp_path):
+    from tilestore.errors import OptionError
+    from tilestore.learn import Task, train
+    from tilestore.learn.cohort import Cohort
+
+    cohort = Cohort.from_labels(
+        Task("classification", ("y",), (("0", "1"),)), [f"P{i}" for i in range(6)], [0, 1] * 3
+    )
+    with pytest.raises(OptionError, match="valid="):
+        train(cohort, LearnOptions(device="cpu"), tmp_path / "run", valid=valid)
+    assert not (tmp_path / "run").exists()

@@ -26,7 +26,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pandas as pd
@@ -35,6 +35,7 @@ from tilestore.errors import RunError
 from tilestore.learn.bags import Bags, features_of, load_bags
 from tilestore.learn.options import LearnOptions, resolve_device
 from tilestore.learn.splits import Fold, Splits, read_splits, write_splits
+from tilestore.options import Opt, checked
 
 CONFIG, SPLITS, FINISHED, FOLD_DONE, WEIGHTS = (
     "config.json",
@@ -105,12 +106,15 @@ def crossval(
     return _run("crossval", cohort, splits, options, out_dir, bags, resume, overwrite, progress)
 
 
+@checked
 def train(
     cohort: Any,
     options: LearnOptions,
     out_dir: str | Path,
     *,
-    valid: float = 0.2,
+    valid: Annotated[
+        float, Opt("Share of the patients held for early stopping.", low=0.05, high=0.5)
+    ] = 0.2,
     bags: Bags | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,

@@ -19,11 +19,25 @@ Precision = Annotated[
         shape="'float32' or 'bfloat16'",
     ),
 ]
+Schedule = Annotated[
+    str,
+    Opt(
+        "The learning rate over a fold: 'one-cycle' (up to --lr over the first 30% of the"
+        " steps, then down, as torch's OneCycleLR) or 'constant'.",
+        pattern=r"one-cycle|constant",
+        shape="'one-cycle' or 'constant'",
+    ),
+]
 
 
 @dataclass(frozen=True)
 class LearnOptions(Declared):
     """How to train: the model and its size, the optimiser, early stopping, the device.
+
+    The defaults (batch 32, one-cycle to lr 3e-4, weight decay 0.1, dropout 0.5) are the
+    row of bench/learn_defaults.py's table that learned a weak signal best (bench/RESULTS.md):
+    ABMIL with batch 1 or 8 and no regularisation memorised 128 training bags in a few
+    epochs and its folds fell to AUROC 0.55.
 
     A run with the same options, cohort, splits and seed on the same machine gives the same
     weights, bit for bit (`tilestore.learn.training.fit`)."""
@@ -32,7 +46,7 @@ class LearnOptions(Declared):
         str, Opt("The model trained (tilestore.learn.MODELS): abmil, mean, ...", flag="arch")
     ] = "abmil"
     hidden: Annotated[int, Opt("The model's hidden width.", low=1, high=65_536)] = 128
-    dropout: Annotated[float, Opt("Dropout in the model.", low=0, high=0.9)] = 0.0
+    dropout: Annotated[float, Opt("Dropout in the model.", low=0, high=0.9)] = 0.5
     epochs: Annotated[int, Opt("Most epochs per fold.", low=1, high=100_000)] = 32
     patience: Annotated[
         int,
@@ -42,9 +56,10 @@ class LearnOptions(Declared):
             high=100_000,
         ),
     ] = 8
-    batch_size: Annotated[int, Opt("Bags per step (padded to the longest).", low=1, high=4096)] = 1
-    lr: Annotated[float, Opt("AdamW's learning rate.", low=0, high=1, above=True)] = 1e-4
-    weight_decay: Annotated[float, Opt("AdamW's weight decay.", low=0, high=1)] = 1e-2
+    batch_size: Annotated[int, Opt("Bags per step (padded to the longest).", low=1, high=4096)] = 32
+    lr: Annotated[float, Opt("AdamW's (peak) learning rate.", low=0, high=1, above=True)] = 3e-4
+    weight_decay: Annotated[float, Opt("AdamW's weight decay.", low=0, high=1)] = 0.1
+    schedule: Schedule = "one-cycle"
     max_tiles: Annotated[
         int | None,
         Opt("Tiles sampled per training bag each epoch.", low=1, high=10**8, none="every tile"),
@@ -71,7 +86,9 @@ class LearnOptions(Declared):
 
     def hparams(self) -> dict[str, Any]:
         """What the model is built with besides its input and output widths."""
-        return {"hidden": self.hidden, "dropout": self.dropout} if self.model != "mean" else {}
+        from tilestore.learn.models import MODELS
+
+        return {k: getattr(self, k) for k in MODELS[self.model].sized_by}
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

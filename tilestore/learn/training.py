@@ -1,5 +1,8 @@
-"""Training one model on bags (`fit`): AdamW, validation-based early stopping, a seed that
-makes the weights bitwise repeatable on one machine, a progress line per epoch.
+"""Training one model on bags (`fit`): AdamW under a one-cycle (or constant) learning rate,
+validation-based early stopping, a seed that makes the weights bitwise repeatable on one
+machine, a progress line per epoch. A model with a `training_loss(x, mask, y, loss)` of its
+own (CLAM-SB: the bag's and the instances' losses) is trained on that, else on the task's
+loss of its logits.
 
 Repeatable: the weights drawn from a generator of the seed, the order and the tile sampling
 from numpy generators of the seed, torch's deterministic algorithms on while it runs (set
@@ -112,8 +115,15 @@ def fit(
         if weights is not None:
             weights = [w.to(device) for w in weights]
         loss_fn = loss_for(task, weights)
+        step_loss = getattr(model, "training_loss", None) or _bag_loss(model)
         optimiser = torch.optim.AdamW(
             model.parameters(), lr=options.lr, weight_decay=options.weight_decay
+        )
+        steps = options.epochs * -(-len(train) // options.batch_size)
+        scheduler = (
+            torch.optim.lr_scheduler.OneCycleLR(optimiser, max_lr=options.lr, total_steps=steps)
+            if options.schedule == "one-cycle" and steps > 1
+            else None
         )
         y_all = torch.as_tensor(labels, dtype=torch.float32, device=device)
         rng = np.random.default_rng(options.seed)
@@ -129,9 +139,11 @@ def fit(
                 chosen = [int(p) for p in order[start : start + options.batch_size]]
                 x, mask = _sampled(bags, chosen, options.max_tiles, rng)
                 optimiser.zero_grad(set_to_none=True)
-                loss = loss_fn(model(x, mask).logits.float(), y_all[chosen])
+                loss = step_loss(x, mask, y_all[chosen], loss_fn)
                 loss.backward()
                 optimiser.step()
+                if scheduler is not None:
+                    scheduler.step()
                 total += float(loss.detach()) * len(chosen)
             train_loss = total / max(1, len(order))
             valid_loss = _loss_on(model, bags, valid, y_all, loss_fn, options.batch_size)
@@ -152,6 +164,15 @@ def fit(
         model.eval()
     valid_best = history[best[1]][1] if history else float("nan")
     return Fitted(model, best[1], epoch + 1, valid_best, tuple(history))
+
+
+def _bag_loss(model: Any) -> Callable[..., Any]:
+    """The training loss of a model without one of its own: the task's loss of its logits."""
+
+    def loss(x: Any, mask: Any, y: Any, loss_fn: Callable[..., Any]) -> Any:
+        return loss_fn(model(x, mask).logits.float(), y)
+
+    return loss
 
 
 def _sampled(bags: Bags, patients: list[int], max_tiles: int | None, rng) -> tuple[Any, Any]:

@@ -70,3 +70,28 @@ def test_the_heatmap_export_draws_them(explained, tmp_path):
 
     catalog = Catalog([open_slide(stores[0])], [str(stores[0])], [str(stores[0])])
     assert {"msi:attention", "msi:status:pos"} <= set(columns(catalog, "efficientnet-lite0"))
+
+
+def test_a_set_of_that_name_from_another_run_is_refused_unless_overwrite(explained, tmp_path):
+    import zarr
+
+    from tilestore.errors import RunError
+
+    stores, result, written = explained
+    again = explain(result.run_dir, stores[:1], device="cpu")  # the same run: replaced
+    assert again == written[:1]
+    other = tmp_path / "msi"  # another run folder of the same name: the same set name
+    import shutil
+
+    shutil.copytree(result.run_dir, other)
+    before = zarr.open_group(stores[0], path=written[0], mode="r")["scores"][:]
+    with pytest.raises(RunError, match=r"learned/msi holds the scores of .*run differ"):
+        explain(other, stores[:2], device="cpu")
+    after = zarr.open_group(stores[0], path=written[0], mode="r")["scores"][:]
+    np.testing.assert_array_equal(before, after)  # nothing written
+    assert explain(other, stores[:1], device="cpu", overwrite=True) == written[:1]
+    from tilestore.format.records import LearnedRecord, read_record
+
+    group = zarr.open_group(stores[0], path=written[0], mode="r", zarr_format=3)
+    assert read_record(group, LearnedRecord, "test").run["run"] == str(other.resolve())
+    explain(result.run_dir, stores[:1], device="cpu", overwrite=True)  # as the module had it

@@ -98,11 +98,17 @@ def test_shapes(name):
     assert model.tile_scores(x).shape == (2, 7, OUT)
 
 
-def test_the_vector_model_takes_vectors_and_refuses_bags():
-    model = _model("linear")
+def test_the_vector_model_takes_vectors_or_a_patients_slides_vectors_averaged():
+    model = _model("linear").eval()
     assert model(torch.randn(4, D)).logits.shape == (4, OUT)
-    with pytest.raises(ValueError, match=r"\(B, D\) vectors"):
-        model(torch.randn(4, 3, D))
+    slides = torch.randn(2, 3, D)  # two patients' slide vectors, the second's third padding
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    slides[1, 2] = float("nan")
+    got = model(slides, mask).logits
+    want = model(torch.stack([slides[0].mean(0), slides[1, :2].mean(0)])).logits
+    torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError, match=r"\(B, D\) or \(B, N, D\)"):
+        model(torch.randn(4, 3, 2, D))
 
 
 @pytest.mark.parametrize("name", BAGS)

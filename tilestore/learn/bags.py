@@ -6,7 +6,9 @@ tile coordinates; a patient's bag joins its slides. Where the features do not fi
 device (`memory`: the bytes it may take), they stay in the stores and each batch is read
 from them as it is asked for (`Bags.streamed`), so a cohort too big for the GPU trains
 slower instead of failing. `Bags.from_arrays` makes bags of arrays already in memory (the
-scale bench, the planted-region check): the same API either way.
+scale bench, the planted-region check): the same API either way. A cohort of a slide
+encoder's vectors reads one row per slide instead (`Source`): a patient's bag is its
+slides' vectors, which the vector models average.
 
 >>> bags = load_bags(cohort, device="cuda", dtype="bfloat16")
 >>> x, mask = bags.batch([0, 3, 7])      # (3, longest bag, D), (3, longest bag) True = tile
@@ -149,6 +151,55 @@ def device_room(device: str) -> int:
     return int(psutil.virtual_memory().available * 0.8)
 
 
+@dataclass(frozen=True)
+class Stored:
+    """One store's features as a run reads them: `features` (n, D) (a stored array, read
+    when sliced), each row's x, y (level-0 px; 0 for a slide vector), their recipe (what
+    `combine` compares) and the finished tile group (None for a slide vector)."""
+
+    features: Any
+    coords: np.ndarray
+    recipe: Any
+    group: Any = None
+
+
+@dataclass(frozen=True)
+class Source:
+    """Which features a cohort or a run reads in each store: `model`'s tile features of
+    `plan`, or, with `slide_encoder`, that encoder's one vector per slide (a bag of one row;
+    a patient's bag joins its slides' vectors). Decided here once for training
+    (`load_bags`), the run's record (`features_of`) and new stores (`predict`)."""
+
+    model: str
+    plan: str | None = None
+    slide_encoder: str | None = None
+
+    def read(self, store: Any) -> Stored:
+        """The features of one store (NotEmbedded, StaleSlideEmbedding... where not there)."""
+        from tilestore.embeddings.groups import open_finished
+        from tilestore.embeddings.recipe import recipe
+
+        if self.slide_encoder is None:
+            group = open_finished(store, self.model, self.plan)
+            xy = np.stack([group.arrays["x"][:], group.arrays["y"][:]], axis=1)
+            return Stored(group.arrays["features"], xy.astype(np.int64), recipe(group.meta), group)
+        from tilestore.embeddings.slides import _with_encoder, read_slide_vector
+
+        found = read_slide_vector(store, self.model, self.slide_encoder, self.plan)
+        vector = np.asarray(found["vector"], np.float32)[None]
+        return Stored(
+            vector, np.zeros((1, 2), np.int64), _with_encoder(found["recipe"], found["record"])
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "plan": self.plan, "slide_encoder": self.slide_encoder}
+
+
+def source_of(cohort: Any) -> Source:
+    """The features a cohort holds."""
+    return Source(cohort.model, cohort.plan, cohort.slide_encoder)
+
+
 def load_bags(
     cohort: Any,
     *,
@@ -157,24 +208,21 @@ def load_bags(
     memory: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Bags:
-    """The cohort's tile features read from its stores once, onto `device` as `dtype`;
-    streamed from the stores per batch where they need more than `memory` bytes (None:
-    `device_room`)."""
+    """The cohort's features (`source_of`: tile features, or one slide vector per slide) read
+    from its stores once, onto `device` as `dtype`; streamed from the stores per batch where
+    they need more than `memory` bytes (None: `device_room`)."""
     import torch
 
-    from tilestore.embeddings.groups import open_finished
-
     _check_dtype(dtype)
-    found = [open_finished(s.store, cohort.model, cohort.plan) for s in cohort.slides]
-    counts = [int(f.arrays["features"].shape[0]) for f in found]
-    dims = {int(f.arrays["features"].shape[1]) for f in found}
+    source = source_of(cohort)
+    found = [source.read(s.store) for s in cohort.slides]
+    counts = [int(f.features.shape[0]) for f in found]
+    dims = {int(f.features.shape[1]) for f in found}
     if len(dims) != 1:
         raise OptionError(f"{cohort.model!r} features of widths {sorted(dims)}: one width only")
     dim = dims.pop()
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    coords = np.concatenate(
-        [np.stack([f.arrays["x"][:], f.arrays["y"][:]], axis=1) for f in found]
-    ).astype(np.int64)
+    coords = np.concatenate([f.coords for f in found]).astype(np.int64)
     index = {s.patient: [] for s in cohort.slides}
     for i, s in enumerate(cohort.slides):
         index[s.patient].append(i)
@@ -188,12 +236,12 @@ def load_bags(
                 f"features: {need / 2**30:.1f} GiB > {room / 2**30:.1f} GiB on {device}: "
                 "streamed from the stores per batch"
             )
-        arrays = [f.arrays["features"] for f in found]
+        arrays = [f.features for f in found]
         return Bags(
             None, offsets, coords, names, members, dim, device, dtype, read=lambda i: arrays[i][:]
         )
     bags = Bags.from_arrays(
-        _Each([f.arrays["features"] for f in found]),
+        _Each([f.features for f in found]),
         members,
         names=names,
         device=device,
@@ -228,16 +276,14 @@ class _Shaped:
 
 def features_of(cohort: Any) -> dict[str, Any]:
     """What the cohort's features are, as a run records them and `predict` compares: the
-    model, the plan, and one store's recipe (`tilestore.embeddings.recipe`: the model's
-    facts, channels, scale); the cohort's stores are one recipe (`combine`)."""
-    from tilestore.embeddings.groups import open_finished
-    from tilestore.embeddings.recipe import recipe
-
-    found = recipe(open_finished(cohort.slides[0].store, cohort.model, cohort.plan).meta)
+    model, the plan, the slide encoder (None: tile features), and one store's recipe
+    (`tilestore.embeddings.recipe`: the model's facts, channels, scale); the cohort's stores
+    are one recipe (`combine`)."""
+    source = source_of(cohort)
+    found = source.read(cohort.slides[0].store).recipe
     scale = found.scale
     return {
-        "model": cohort.model,
-        "plan": cohort.plan,
+        **source.to_json(),
         "facts": found.facts,
         "channels": list(found.channels) if found.channels else None,
         "scale": None

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tilestore.errors import OptionError
+from tilestore.errors import OptionError, RunError
 from tilestore.learn.options import resolve_device
 from tilestore.learn.prediction import ensemble, open_run_stores
 from tilestore.learn.run import load_models
@@ -58,13 +58,23 @@ def explain(
     name: str | None = None,
     fold: int | None = None,
     device: str | None = None,
+    overwrite: bool = False,
 ) -> list[str]:
-    """Write the run's per-tile scores into each store (replacing a set of that name);
-    return the sets' paths in the stores. The stores are checked as `predict` checks them."""
+    """Write the run's per-tile scores into each store as the set `name` (the run folder's
+    name by default); return the sets' paths in the stores. The stores are checked as
+    `predict` checks them. A set of that name made by this run and fold is replaced; one
+    made otherwise (another run, fold, model or task) is refused in one line before any
+    store is written, unless `overwrite`."""
     from tilestore.embeddings.scores import write_learned_scores
 
     chosen = scores_name(run_dir, name)
     config, found, paths = open_run_stores(run_dir, stores)
+    encoder = config["features"].get("slide_encoder")
+    if encoder:
+        raise RunError(
+            f"{run_dir}: trained on {encoder!r} slide vectors, one per slide: its model "
+            "scores no tiles (explain a run trained on tile features)"
+        )
     device = resolve_device(device)
     models = load_models(run_dir, device, fold)
     run = {
@@ -74,14 +84,41 @@ def explain(
         "features": config["features"],
         "fold": "ensemble" if fold is None else fold,
     }
+    if not overwrite:
+        for path, group in zip(paths, found, strict=True):
+            _refuse_other_set(path, group.group, chosen, run)
     written = []
     for path, group in zip(paths, found, strict=True):
-        values, has_attention = tile_scores(models, group.arrays["features"][:], device)
+        values, has_attention = tile_scores(models, group.features[:], device)
         columns = (["attention"] if has_attention else []) + list(config["outputs"])
         tiles = {
-            "finished": group.record.finished,
+            "finished": group.group.record.finished,
             "tiles": int(values.shape[0]),
-            "path": group.path,
+            "path": group.group.path,
         }
-        written.append(write_learned_scores(path, group.path, chosen, values, columns, run, tiles))
+        written.append(
+            write_learned_scores(path, group.group.path, chosen, values, columns, run, tiles)
+        )
     return written
+
+
+def _refuse_other_set(store: str, group: Any, name: str, run: dict[str, Any]) -> None:
+    """RunError where the store's set `name` was made by another run, fold, model or task."""
+    import zarr
+
+    from tilestore.embeddings.scores import learned_sets
+
+    where = f"{store}: {group.path}"
+    tiles = zarr.open_group(store, path=group.path, mode="r", zarr_format=3)
+    held = learned_sets(tiles, where).get(name)
+    if held is None:
+        return
+    keys = ("run", "model", "task", "fold")
+    was = {k: held.record.run.get(k) for k in keys}
+    differ = [k for k in keys if was[k] != run[k]]
+    if differ:
+        raise RunError(
+            f"{store}: learned/{name} holds the scores of {was['run']} (fold {was['fold']}), "
+            f"not this run's ({', '.join(differ)} differ): give another --name, or "
+            "--overwrite to replace them"
+        )

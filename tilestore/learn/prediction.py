@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from tilestore.errors import RunError
-from tilestore.learn.bags import recipe_of
+from tilestore.learn.bags import Source, recipe_of
 from tilestore.learn.metrics import probabilities
 from tilestore.learn.options import resolve_device
 from tilestore.learn.run import load_models, read_config
@@ -24,11 +24,12 @@ from tilestore.learn.task import Task
 
 
 def open_run_stores(run_dir: str | Path, stores: Any) -> tuple[dict, list[Any], list[str]]:
-    """The run's config, and each store's finished group of the run's model and plan
-    (`open_finished`), the stores checked to be of the run's features (`combine`); their
-    paths. RunError where the run recorded no features (bags given from memory)."""
-    from tilestore.embeddings.groups import expand_stores, open_finished
-    from tilestore.embeddings.recipe import combine, recipe
+    """The run's config, and each store's features as the run reads them (`Source.read`:
+    the run's model and plan, or its slide encoder's vector), the stores checked to be of
+    the run's features (`combine`); their paths. RunError where the run recorded no
+    features (bags given from memory)."""
+    from tilestore.embeddings.groups import expand_stores
+    from tilestore.embeddings.recipe import combine
 
     config = read_config(run_dir)
     features = config.get("features")
@@ -40,15 +41,16 @@ def open_run_stores(run_dir: str | Path, stores: Any) -> tuple[dict, list[Any], 
     paths = [str(s) for s, _ in expand_stores(stores)]
     if not paths:
         raise RunError(f"{stores}: no stores")
-    found = [open_finished(p, features["model"], features["plan"]) for p in paths]
+    source = Source(features["model"], features["plan"], features.get("slide_encoder"))
+    found = [source.read(p) for p in paths]
     run = (f"the run {run_dir}", recipe_of(features))
-    combine(
-        [run, *[(p, recipe(f.meta)) for p, f in zip(paths, found, strict=True)]],
-        f"{features['model']!r} features",
+    what = f"{features['model']!r} " + (
+        f"{source.slide_encoder!r} slide vectors" if source.slide_encoder else "features"
     )
-    if found and int(found[0].arrays["features"].shape[1]) != int(config["dim"]):
+    combine([run, *[(p, f.recipe) for p, f in zip(paths, found, strict=True)]], what)
+    if found and int(found[0].features.shape[1]) != int(config["dim"]):
         raise RunError(
-            f"{paths[0]}: features of width {found[0].arrays['features'].shape[1]}, "
+            f"{paths[0]}: features of width {found[0].features.shape[1]}, "
             f"the run's are {config['dim']}"
         )
     return config, found, paths
@@ -77,7 +79,7 @@ def predict(
     rows = []
     with torch.no_grad():
         for path, group in zip(paths, found, strict=True):
-            x = torch.as_tensor(np.asarray(group.arrays["features"][:], np.float32))
+            x = torch.as_tensor(np.asarray(group.features[:], np.float32))
             x = x.to(device=device, dtype=dtype).unsqueeze(0)
             out = np.mean([_outputs(task, m(x).logits) for m in models], axis=0)
             rows.append(

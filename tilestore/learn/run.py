@@ -145,9 +145,11 @@ def _run(
     progress: Progress | None,
 ) -> RunResult:
     from tilestore.learn.metrics import evaluate
+    from tilestore.learn.models import check_model
     from tilestore.learn.page import POOLED, write_metrics, write_page
 
     out = check_run_dir(out_dir, resume=resume, overwrite=overwrite)
+    check_model(options.model, cohort.task, cohort.slide_encoder is not None)
     _check_splits(cohort, splits)
     device = resolve_device(options.device)
     options = replace(options, device=device)

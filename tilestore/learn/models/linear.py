@@ -18,13 +18,15 @@ from tilestore.learn.models.base import (
     InDim,
     Outputs,
     full_mask,
+    masked_mean,
     zero_padding,
 )
 from tilestore.options import checked
 
 
 class Linear(nn.Module):
-    """logits = W v + b for vectors v (B, D)."""
+    """logits = W v + b for vectors v (B, D); given bags of vectors (B, N, D) (a patient's
+    slides' vectors, padded), v is each bag's mean over its real rows: the patient vector."""
 
     @checked
     def __init__(self, in_dim: InDim, outputs: Outputs, *, dropout: Dropout = 0.0) -> None:
@@ -33,8 +35,11 @@ class Linear(nn.Module):
         self.head = nn.Linear(in_dim, outputs)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> BagOutput:
+        if x.dim() == 3:
+            mask = full_mask(x, mask)
+            x = masked_mean(zero_padding(x, mask), mask)
         if x.dim() != 2:
-            raise ValueError(f"a vector model takes (B, D) vectors, not {tuple(x.shape)}")
+            raise ValueError(f"a vector model takes (B, D) or (B, N, D), not {tuple(x.shape)}")
         return BagOutput(self.head(self.dropout(x)))
 
     def tile_scores(self, x: Tensor, mask: Tensor | None = None) -> Tensor:

@@ -9,16 +9,9 @@ bag's mean).
 
 from __future__ import annotations
 
-from torch import Tensor
-
-from tilestore.learn.models.base import BagOutput, full_mask, masked_mean, zero_padding
 from tilestore.learn.models.linear import Linear
 
 
 class MeanPool(Linear):
-    """logits = W mean_i(x_i) + b over the bag's real tiles."""
-
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> BagOutput:
-        mask = full_mask(x, mask)
-        pooled = masked_mean(zero_padding(x, mask), mask)
-        return BagOutput(self.head(self.dropout(pooled)))
+    """logits = W mean_i(x_i) + b over the bag's real tiles: the linear model's forward on a
+    bag (B, N, D), registered apart because it reads tiles, not slide vectors."""

@@ -13,59 +13,20 @@ import typer
 from tilestore.cli.console import out
 from tilestore.cli.flags import From, with_flags
 from tilestore.learn import LearnOptions
+from tilestore.learn.cohort import build_cohort
 from tilestore.progress import to_stderr
 
 CLINICAL = typer.Argument(..., help="The clinical table (CSV, TSV, Parquet, Excel).")
 STORES = typer.Argument(..., help="The stores (or glob patterns) with the model's embeddings.")
-MODEL = typer.Option(..., "--model", help="The embeddings' model (as given to `tilestore embed`).")
 TARGET = typer.Option(None, "--target", help="A label column (repeat for several).")
-KIND = typer.Option("classification", help="classification, regression or survival.")
-PATIENT = typer.Option("PATIENT", help="The patient column of the tables.")
-SLIDES = typer.Option(None, help="A slide table linking slides (stores) to patients.")
-SLIDE_COLUMN = typer.Option("FILENAME", help="The slide table's slide column.")
-PATIENT_FROM = typer.Option(
-    None, help="Without a slide table: 'tcga' (a barcode's first 12 characters) or a regex."
-)
-TIME = typer.Option(None, help="Survival: the time column.")
-EVENT = typer.Option(None, help="Survival: the event column (0/1).")
-PLAN = typer.Option(None, help="The plan whose embeddings are read (default: the only one).")
-SCALE = typer.Option(None, help="Keep the stores at this scale (e.g. 0.5mpp-224px).")
 OUT = typer.Option(..., "--out", help="The run folder (must not exist).")
 OVERWRITE = typer.Option(False, help="Replace a run folder that exists.")
+# the cohort's options: build_cohort's declared parameters, the tables and stores aside
+COHORT = From(build_cohort)
 
 
-def _cohort(
-    clinical,
-    stores,
-    model,
-    target,
-    kind,
-    patient,
-    slides,
-    slide_column,
-    patient_from,
-    time,
-    event,
-    plan,
-    scale,
-):
-    from tilestore.learn import build_cohort
-
-    cohort = build_cohort(
-        clinical,
-        [str(s) for s in stores],
-        model,
-        targets=tuple(target or ()),
-        kind=kind,
-        patient=patient,
-        slides=slides,
-        slide_column=slide_column,
-        patient_from=patient_from,
-        time=time,
-        event=event,
-        plan=plan,
-        scale=scale,
-    )
+def _cohort(clinical: Path, stores: list[Path], target: list[str] | None, given: dict):
+    cohort = build_cohort(clinical, [str(s) for s in stores], targets=tuple(target or ()), **given)
     out.print(f"cohort: {cohort.summary()}", highlight=False)
     return cohort
 
@@ -80,20 +41,13 @@ def _said(result) -> None:
 def crossval(
     clinical: Path = CLINICAL,
     stores: list[Path] = STORES,
-    model: str = MODEL,
     out_dir: Path = OUT,
     target: list[str] | None = TARGET,
-    kind: str = KIND,
-    patient: str = PATIENT,
-    slides: Path | None = SLIDES,
-    slide_column: str = SLIDE_COLUMN,
-    patient_from: str | None = PATIENT_FROM,
-    time: str | None = TIME,
-    event: str | None = EVENT,
-    plan: str | None = PLAN,
-    scale: str | None = SCALE,
+    cohort_options: dict = COHORT,
     folds: int = typer.Option(5, min=2, help="Folds (patient-grouped, stratified)."),
-    splits: Path | None = typer.Option(None, help="Splits from a file (splits.json of a run)."),
+    splits: Path | None = typer.Option(
+        None, help="Splits from a file (a run's splits.json, or STAMP's)."
+    ),
     resume: bool = typer.Option(False, help="Finish the run in --out (its unfinished folds)."),
     overwrite: bool = OVERWRITE,
     options: LearnOptions = From(LearnOptions),
@@ -103,23 +57,9 @@ def crossval(
     import tilestore.learn as learn
 
     learn.check_run_dir(out_dir, resume=resume, overwrite=overwrite)
-    cohort = _cohort(
-        clinical,
-        stores,
-        model,
-        target,
-        kind,
-        patient,
-        slides,
-        slide_column,
-        patient_from,
-        time,
-        event,
-        plan,
-        scale,
-    )
+    cohort = _cohort(clinical, stores, target, cohort_options)
     made = (
-        learn.read_splits(splits, cohort)
+        learn.read_splits(splits, cohort, seed=options.seed)
         if splits
         else learn.make_splits(cohort, folds, seed=options.seed)
     )
@@ -133,18 +73,9 @@ def crossval(
 def train(
     clinical: Path = CLINICAL,
     stores: list[Path] = STORES,
-    model: str = MODEL,
     out_dir: Path = OUT,
     target: list[str] | None = TARGET,
-    kind: str = KIND,
-    patient: str = PATIENT,
-    slides: Path | None = SLIDES,
-    slide_column: str = SLIDE_COLUMN,
-    patient_from: str | None = PATIENT_FROM,
-    time: str | None = TIME,
-    event: str | None = EVENT,
-    plan: str | None = PLAN,
-    scale: str | None = SCALE,
+    cohort_options: dict = COHORT,
     valid: float = typer.Option(0.2, min=0.05, max=0.5, help="Share held for early stopping."),
     overwrite: bool = OVERWRITE,
     options: LearnOptions = From(LearnOptions),
@@ -154,21 +85,7 @@ def train(
     import tilestore.learn as learn
 
     learn.check_run_dir(out_dir, overwrite=overwrite)
-    cohort = _cohort(
-        clinical,
-        stores,
-        model,
-        target,
-        kind,
-        patient,
-        slides,
-        slide_column,
-        patient_from,
-        time,
-        event,
-        plan,
-        scale,
-    )
+    cohort = _cohort(clinical, stores, target, cohort_options)
     _said(
         learn.train(cohort, options, out_dir, valid=valid, overwrite=overwrite, progress=to_stderr)
     )
@@ -186,18 +103,26 @@ def predict(
     name: str | None = typer.Option(
         None, help="The scores' name in the stores (default: the run folder's)."
     ),
+    overwrite: bool = typer.Option(
+        False, help="With --explain: replace a set of that name made by another run."
+    ),
 ) -> None:
     """Apply a run's models to new stores: a prediction per slide; with --explain, per-tile
     scores in each store (`<name>:attention`, `<name>:<output>`: `tilestore view`,
     `tilestore export heatmap --column ...`)."""
     import tilestore.learn as learn
 
-    table = learn.predict(run, [str(s) for s in stores], fold=fold, device=device)
+    paths = [str(s) for s in stores]
+    written = None
+    if explain:  # first: its refusals (a set of that name from another run) before any output
+        written = learn.explain(
+            run, paths, name=name, fold=fold, device=device, overwrite=overwrite
+        )
+    table = learn.predict(run, paths, fold=fold, device=device)
     if output is not None:
         (table.to_parquet if output.suffix == ".parquet" else table.to_csv)(output, index=False)
     out.print(table.drop(columns=["store"]).to_string(index=False), highlight=False)
-    if explain:
-        written = learn.explain(run, [str(s) for s in stores], name=name, fold=fold, device=device)
+    if written is not None:
         out.print(
             f"tile scores: {len(written)} store(s), {written[0] if written else ''}",
             highlight=False,

@@ -87,8 +87,10 @@ def test_tissue_plan_preview_pipeline(tmp_path, slide_path, annotation_path):
     again = tilestore("plan", store)  # the very same plan: kept as it is
     assert again.returncode == 0 and "plan '0.5mpp-224px'" in again.stdout, again.stderr
     other = tilestore("plan", store, "--stride", "112", "--name", "0.5mpp-224px")
-    assert other.returncode == 2 and "--overwrite" in other.stderr and "made otherwise" in (
-        other.stderr
+    assert (
+        other.returncode == 2
+        and "--overwrite" in other.stderr
+        and "made otherwise" in (other.stderr)
     )
 
 

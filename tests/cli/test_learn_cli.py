@@ -93,3 +93,42 @@ def test_refusals_are_one_line_before_training(cohort, tmp_path):
         says="nope",
     )
     assert not (tmp_path / "b" / "finished.json").exists()
+    _refused(
+        run_cli("crossval", *common, "--out", tmp_path / "c", "--arch", "linear"),
+        says="reads one vector per slide",
+    )
+    _refused(
+        run_cli("crossval", *common, "--out", tmp_path / "d", "--kind", "survivl"),
+        says="kind",
+    )
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
+
+
+def test_crossval_takes_stamps_splits_file(cohort, tmp_path):
+    import json
+
+    _, stores, table = cohort
+    stamp = tmp_path / "splits.json"  # as STAMP's crossval writes it
+    stamp.write_text(
+        json.dumps(
+            {
+                "splits": [
+                    {"train_patients": ["P0", "P1", "P2", "P3"], "test_patients": ["P4", "P5"]},
+                    {"train_patients": ["P2", "P3", "P4", "P5"], "test_patients": ["P0", "P1"]},
+                ]
+            }
+        )
+    )
+    run = tmp_path / "run"
+    done = run_cli(
+        "crossval", table, *stores, "--model", "efficientnet-lite0", "--target", "status",
+        "--splits", stamp, "--out", run, *FAST,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    predictions = pd.read_csv(run / "predictions.csv", dtype={"patient": str})
+    tested = predictions.groupby("fold")["patient"].apply(sorted).to_dict()
+    assert tested == {0: ["P4", "P5"], 1: ["P0", "P1"]}
+    written = json.loads((run / "splits.json").read_text())
+    assert sorted(written["folds"][0]["train"] + written["folds"][0]["valid"]) == [
+        "P0", "P1", "P2", "P3",
+    ]  # fmt: skip

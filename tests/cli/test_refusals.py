@@ -70,6 +70,7 @@ def _labelled(s, o) -> list:
     table.write_text(f"PATIENT,status\n{Path(s.store).name.split('.')[0]},pos\n")
     return [table, s.store, "--model", MODEL, "--target", "status"]
 
+
 # Runs each command line as `tilestore` would (tilestore.cli.main._main), in this process.
 DRIVER = r"""
 import contextlib, io, json, sys, time

@@ -174,8 +174,9 @@ def test_channels_choose_a_multiplex_stores_rgb_input(store, tmp_path, lite):
         [qptiff], lite, plan=plan, options=replace(options, channels=("CD8", "DAPI", "PanCK"))
     )
     assert not other.skipped and "is complete but was made otherwise" in other.failures[0]["error"]
-    assert "channels: ['PanCK', 'DAPI', 'CD8'], this run ['CD8', 'DAPI', 'PanCK']" in (
-        other.failures[0]["error"]
+    assert (
+        "channels: ['PanCK', 'DAPI', 'CD8'], this run ['CD8', 'DAPI', 'PanCK']"
+        in (other.failures[0]["error"])
     )
     again = embed([store()], lite, plan=plan, options=options)
     assert "is already an RGB picture; no channels to choose" in again.failures[0]["error"]

@@ -341,9 +341,7 @@ def convert(
     return report
 
 
-def check_mpp(
-    slide, mpp: float | None, where: str | os.PathLike, override: bool = False
-) -> None:
+def check_mpp(slide, mpp: float | None, where: str | os.PathLike, override: bool = False) -> None:
     """Refuse a store made before whose level-0 pixel size is not what a conversion asked
     for `mpp` (and `override`) would record (`tilestore.reading.resolution.check_made`): a
     store is reused, never remade quietly, and never read at another resolution than the one
@@ -412,9 +410,7 @@ def _in_place_facts(source: Source, enc: _Encoding) -> dict:
     }
 
 
-def _resolve_mpp(
-    source: Source, mpp: float | None, override: bool
-) -> tuple[Mpp | None, list[str]]:
+def _resolve_mpp(source: Source, mpp: float | None, override: bool) -> tuple[Mpp | None, list[str]]:
     """Return the level-0 pixel size to store (`settle_mpp`: the file's, one given where it
     states none, or an override) and the warnings to give; OptionError where a size given
     disagrees with the file's without `override`."""

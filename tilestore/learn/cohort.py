@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pandas as pd
@@ -44,6 +44,7 @@ from tilestore.embeddings.recipe import Recipe, combine, parse_scale, recipe
 from tilestore.errors import LabelError, LabelTableError, NotEmbedded, OptionError
 from tilestore.format.store import STORE_SUFFIX
 from tilestore.learn.task import KINDS, Task
+from tilestore.options import Opt, checked
 
 READERS = {  # a table's suffix -> how pandas reads it
     ".csv": lambda p: pd.read_csv(p),
@@ -192,22 +193,47 @@ def _described(found: Recipe, model: str, plan: str | None, encoder: str | None)
     }
 
 
+@checked
 def build_cohort(
     clinical: str | os.PathLike | pd.DataFrame,
     stores: Any,
-    model: str,
+    model: Annotated[str, Opt("The embeddings' model (as given to `tilestore embed`).")],
     *,
     targets: str | Sequence[str] = (),
-    kind: str = "classification",
-    patient: str = "PATIENT",
-    slides: str | os.PathLike | pd.DataFrame | None = None,
-    slide_column: str = "FILENAME",
-    patient_from: str | None = None,
-    time: str | None = None,
-    event: str | None = None,
-    plan: str | None = None,
-    scale: str | None = None,
-    slide_encoder: str | None = None,
+    kind: Annotated[
+        str,
+        Opt("The task.", pattern="|".join(KINDS), shape=" or ".join(map(repr, KINDS))),
+    ] = "classification",
+    patient: Annotated[str, Opt("The patient column of the tables.")] = "PATIENT",
+    slides: Annotated[
+        str | os.PathLike | pd.DataFrame | None,
+        Opt("A slide table linking slides (stores) to patients.", none="a slide a patient"),
+    ] = None,
+    slide_column: Annotated[str, Opt("The slide table's slide column.")] = "FILENAME",
+    patient_from: Annotated[
+        str | None,
+        Opt(
+            "Without a slide table: 'tcga' (a barcode's first 12 characters) or a regular "
+            "expression whose one group is the patient.",
+            none="the slide's name",
+        ),
+    ] = None,
+    time: Annotated[str | None, Opt("Survival: the time column.")] = None,
+    event: Annotated[str | None, Opt("Survival: the event column (0/1).")] = None,
+    plan: Annotated[
+        str | None, Opt("The plan whose embeddings are read.", none="the only one")
+    ] = None,
+    scale: Annotated[
+        str | None, Opt("Keep the stores at this scale (e.g. 0.5mpp-224px).", none="the one")
+    ] = None,
+    slide_encoder: Annotated[
+        str | None,
+        Opt(
+            "Learn from this slide encoder's stored vector, one per slide, instead of the "
+            "tiles (with --arch linear).",
+            none="the tile features",
+        ),
+    ] = None,
     categories: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
 ) -> Cohort:
     """The cohort of a clinical table and stores (see the module's docstring).
@@ -217,8 +243,6 @@ def build_cohort(
     {target: classes}); a patient of another class is left out ("other class"). plan, scale:
     as `open_embeddings`; slide_encoder: one stored slide vector per slide instead of bags of
     tile features."""
-    if kind not in KINDS:
-        raise OptionError(f"kind={kind!r}: one of {', '.join(KINDS)}")
     columns = _targets(kind, targets, time, event)
     table, where = _table(clinical, "clinical table")
     _columns(table, where, (patient, *columns))

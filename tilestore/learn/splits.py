@@ -218,11 +218,17 @@ def _patients(value: Any, path: Any, what: str) -> tuple[str, ...]:
     return tuple(str(p) for p in value)
 
 
-def read_splits(path: str | os.PathLike, cohort) -> Splits:
-    """Splits written by `write_splits`, checked against the cohort (`check_splits`)."""
+def read_splits(path: str | os.PathLike, cohort, *, seed: int = 0) -> Splits:
+    """Splits written by `write_splits`, or by STAMP's crossval (`read_stamp_splits`, its
+    validation patients drawn with `seed`), checked against the cohort (`check_splits`)."""
     document = _load(path)
+    if isinstance(document, dict) and "format" not in document and "splits" in document:
+        return read_stamp_splits(path, cohort, seed=seed)
     if not isinstance(document, dict) or document.get("format") != FORMAT:
-        raise LabelError(f"{path}: not a tilestore splits file (no format {FORMAT!r})")
+        raise LabelError(
+            f"{path}: neither a tilestore splits file (no format {FORMAT!r}) nor STAMP's "
+            "(no list under 'splits')"
+        )
     folds = document.get("folds")
     if not isinstance(folds, list) or not folds:
         raise LabelError(f"{path}: no folds")

@@ -104,9 +104,7 @@ def check_made(recorded: Mpp | None, given: float | None, override: bool, where:
             return
         asked = f"the {given:g} um/px asked"
         again = "to make it again with that pixel size"
-    raise StoreError(
-        f"{where}: made before with {_made(recorded)}, not {asked}; remove it {again}"
-    )
+    raise StoreError(f"{where}: made before with {_made(recorded)}, not {asked}; remove it {again}")
 
 
 def _given(mpp: Mpp) -> bool:

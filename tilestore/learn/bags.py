@@ -16,7 +16,10 @@ slides' vectors, which the vector models average.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,9 +102,11 @@ class Bags:
         coords: Sequence[np.ndarray] | None = None,
         device: str = "cpu",
         dtype: str = "float32",
+        workers: int = 1,
     ) -> Bags:
         """Bags of features already in memory: `slides` each (tiles, D) (numpy or torch, any
-        sequence: one is asked for at a time), `members` each patient's slide indices."""
+        sequence: one is asked for at a time, or read `workers` at a time in threads a few
+        ahead: `_in_order`), `members` each patient's slide indices."""
         import torch
 
         _check_dtype(dtype)
@@ -112,9 +117,8 @@ class Bags:
         offsets = np.concatenate([[0], np.cumsum([s[0] for s in shapes])]).astype(np.int64)
         target = getattr(torch, dtype)
         features = torch.empty((int(offsets[-1]), dims.pop()), dtype=target, device=device)
-        for i in range(len(slides)):  # one slide at a time: no second copy of the cohort
-            s = slides[i]
-            part = s if isinstance(s, torch.Tensor) else torch.as_tensor(np.asarray(s))
+        # a few slides at a time: never a second copy of the cohort in memory
+        for i, part in enumerate(_in_order(slides, workers)):
             features[int(offsets[i]) : int(offsets[i + 1])] = part.to(device=device, dtype=target)
         xy = (
             np.concatenate(list(coords))
@@ -131,6 +135,34 @@ class Bags:
             str(device),
             dtype,
         )
+
+
+def _values(slide: Any) -> Any:
+    """A slide's features as a torch tensor (read where stored)."""
+    import torch
+
+    return slide if isinstance(slide, torch.Tensor) else torch.as_tensor(np.asarray(slide))
+
+
+def _in_order(slides: Sequence[Any], workers: int) -> Iterator[Any]:
+    """Each slide's features (`_values`) in order; with `workers` > 1 read in that many
+    threads (zarr's decompression leaves the GIL), at most 2 x workers ahead."""
+    if workers <= 1:
+        yield from (_values(slides[i]) for i in range(len(slides)))
+        return
+    with ThreadPoolExecutor(workers) as pool:
+        ahead: deque = deque()
+        for i in range(len(slides)):
+            ahead.append(pool.submit(_values, slides[i]))
+            if len(ahead) > 2 * workers:
+                yield ahead.popleft().result()
+        while ahead:
+            yield ahead.popleft().result()
+
+
+def read_workers() -> int:
+    """Threads that open and read stores at once: the CPUs, at most 16."""
+    return max(1, min(16, os.cpu_count() or 1))
 
 
 def _check_dtype(dtype: str) -> None:
@@ -215,7 +247,8 @@ def load_bags(
 
     _check_dtype(dtype)
     source = source_of(cohort)
-    found = [source.read(s.store) for s in cohort.slides]
+    with ThreadPoolExecutor(read_workers()) as pool:  # opening checks each store's integrity
+        found = list(pool.map(source.read, [s.store for s in cohort.slides]))
     counts = [int(f.features.shape[0]) for f in found]
     dims = {int(f.features.shape[1]) for f in found}
     if len(dims) != 1:
@@ -246,6 +279,7 @@ def load_bags(
         names=names,
         device=device,
         dtype=dtype,
+        workers=read_workers(),
     )
     return Bags(bags.features, offsets, coords, names, members, dim, device, dtype)
 

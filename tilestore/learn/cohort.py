@@ -38,9 +38,9 @@ from typing import Annotated, Any
 import numpy as np
 import pandas as pd
 
-from tilestore.embeddings.groups import expand_stores, open_finished, refuse_shared_names
+from tilestore.embeddings.groups import expand_stores, refuse_shared_names
 from tilestore.embeddings.groups import slide_name as store_slide_name
-from tilestore.embeddings.recipe import Recipe, combine, parse_scale, recipe
+from tilestore.embeddings.recipe import Recipe, combine, parse_scale
 from tilestore.errors import LabelError, LabelTableError, NotEmbedded, OptionError
 from tilestore.format.store import STORE_SUFFIX
 from tilestore.learn.task import KINDS, Task
@@ -523,24 +523,26 @@ def _store_list(stores: Any) -> list:
 def _open_stores(
     stores: Any, model: str, plan: str | None, encoder: str | None
 ) -> list[tuple[str, str, Recipe | None, str | None]]:
-    """(slide name, store, its features' recipe or None where not embedded, plan name)."""
-    out = []
-    for store, _ in expand_stores(_store_list(stores)):
-        name = store_slide_name(store)
-        try:
-            if encoder is None:
-                finished = open_finished(store, model, plan)
-                found, plan_name = recipe(finished.meta), finished.record.plan_name
-            else:
-                from tilestore.embeddings.slides import _with_encoder, read_slide_vector
+    """(slide name, store, its features' recipe or None where not embedded, plan name): each
+    store read as the run will read it (`Source`), several at once (opening checks each
+    store's integrity)."""
+    from concurrent.futures import ThreadPoolExecutor
 
-                vector = read_slide_vector(store, model, encoder, plan)
-                found = _with_encoder(vector["recipe"], vector["record"])
-                plan_name = plan
+    from tilestore.learn.bags import Source, read_workers
+
+    source = Source(model, plan, encoder)
+
+    def opened(store: Any) -> tuple[str, str, Recipe | None, str | None]:
+        try:
+            found = source.read(store)
         except NotEmbedded:
-            found, plan_name = None, None
-        out.append((name, str(store), found, plan_name))
-    return out
+            return store_slide_name(store), str(store), None, None
+        plan_name = found.group.record.plan_name if found.group is not None else plan
+        return store_slide_name(store), str(store), found.recipe, plan_name
+
+    paths = [store for store, _ in expand_stores(_store_list(stores))]
+    with ThreadPoolExecutor(read_workers()) as pool:
+        return list(pool.map(opened, paths))
 
 
 def _task(

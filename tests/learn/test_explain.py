@@ -95,3 +95,24 @@ def test_a_set_of_that_name_from_another_run_is_refused_unless_overwrite(explain
     group = zarr.open_group(stores[0], path=written[0], mode="r", zarr_format=3)
     assert read_record(group, LearnedRecord, "test").run["run"] == str(other.resolve())
     explain(result.run_dir, stores[:1], device="cpu", overwrite=True)  # as the module had it
+
+
+def test_two_runs_sets_of_one_name_never_meet_as_one_column(explained, tmp_path):
+    """Store 0 keeps the module's run's set `msi`; store 1's is replaced by another run's
+    (overwrite): opened together, the column is refused, or left out with skip_mixed."""
+    import shutil
+
+    from tilestore.errors import MixedResults
+
+    stores, result, _ = explained
+    other = tmp_path / "msi"
+    shutil.copytree(result.run_dir, other)
+    explain(other, stores[1:2], device="cpu", overwrite=True)
+    try:
+        with pytest.raises(MixedResults, match="msi"):
+            tilestore.open_embeddings(stores[:2], "efficientnet-lite0")
+        with pytest.warns(Warning, match="msi"):
+            ds = tilestore.open_embeddings(stores[:2], "efficientnet-lite0", skip_mixed=True)
+        assert "msi:attention" not in ds.coords
+    finally:
+        explain(result.run_dir, stores[1:2], device="cpu", overwrite=True)  # as it was

@@ -237,13 +237,15 @@ def _fit_fold(cohort, bags, fold, index, options, done: Path, label: str, names,
         outputs = np.zeros((0, cohort.task.outputs))
     table = prediction_frame(cohort.task, fold.test, [k] * len(test), cohort.labels[test], outputs)
     slides, patients, logits = [], [], []
-    with torch.no_grad():
-        for i in test:
+    with torch.no_grad():  # a patient of one slide: that slide's outputs are the patient's
+        for j, i in enumerate(test):
             for s in bags.members[i]:
                 slides.append(bags.slide_names[s])
                 patients.append(i)
                 logits.append(
-                    fitted.model(bags.slide(s).unsqueeze(0)).logits.float().cpu().numpy()[0]
+                    outputs[j]
+                    if len(bags.members[i]) == 1
+                    else fitted.model(bags.slide(s).unsqueeze(0)).logits.float().cpu().numpy()[0]
                 )
     slide_table = prediction_frame(
         cohort.task,

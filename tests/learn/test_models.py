@@ -114,7 +114,7 @@ def test_the_vector_model_takes_vectors_or_a_patients_slides_vectors_averaged():
 @pytest.mark.parametrize("name", BAGS)
 def test_padding_never_changes_the_logits_attention_or_tile_scores(name):
     model = _model(name)
-    bags = _bags(5, 9, 1)
+    bags = _bags(5, 9, 1, 9, 5)  # two lengths twice: TransMIL runs those bags together
     batch, mask = _padded(bags)
     with torch.no_grad():
         together = model(batch, mask)

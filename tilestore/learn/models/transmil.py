@@ -18,7 +18,9 @@ zeros to a multiple of `landmarks`.
 TransMIL is not permutation invariant by design: the square of tiles and its convolutions
 see the order of the tiles, and the landmarks group consecutive tiles. It is not padding
 invariant either (both depend on N): so each bag of a batch runs at its own length, its real
-tiles only, in their order, and a padded bag gives exactly the bag's logits. No attention
+tiles only, in their order, and a padded bag gives exactly the bag's logits. Bags of one
+length run together, as one batch (the pseudo-inverse's scale taken per bag, as a bag alone
+would have it): bags sampled to `max_tiles`, or of equal size, cost one pass. No attention
 is returned (the Nystrom product is not a distribution over tiles); tile scores are a
 gradient x input attribution.
 
@@ -93,10 +95,13 @@ class NystromAttention(nn.Module):
 
 
 def pseudo_inverse(a: Tensor, iterations: int) -> Tensor:
-    """The Moore-Penrose pseudo-inverse of each (..., m, m) matrix by Newton-Schulz
-    iterations (Razavi et al. 2014), started from a^T / (max row sum * max column sum)."""
+    """The Moore-Penrose pseudo-inverse of each (b, heads, m, m) matrix by Newton-Schulz
+    iterations (Razavi et al. 2014), started from a^T / (max row sum * max column sum), the
+    maxima over each bag's heads (one bag: the whole tensor's, as STAMP takes them)."""
     eye = torch.eye(a.shape[-1], device=a.device, dtype=a.dtype)
-    z = a.transpose(-1, -2) / (a.abs().sum(dim=-1).max() * a.abs().sum(dim=-2).max())
+    rows = a.abs().sum(dim=-1).amax(dim=(-2, -1), keepdim=True)[..., None]
+    columns = a.abs().sum(dim=-2).amax(dim=(-2, -1), keepdim=True)[..., None]
+    z = a.transpose(-1, -2) / (rows * columns)
     for _ in range(iterations):
         az = a @ z
         z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
@@ -150,16 +155,22 @@ class TransMIL(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> BagOutput:
         mask = full_mask(x, mask)
-        logits = [self._bag(x[b][mask[b]][None]) for b in range(x.shape[0])]
-        return BagOutput(torch.cat(logits))
+        counts = mask.sum(dim=1).tolist()
+        order, parts = [], []
+        for n in sorted(set(counts)):  # the bags of each length together, real tiles only
+            same = [b for b, c in enumerate(counts) if c == n]
+            parts.append(self._bags(torch.stack([x[b][mask[b]] for b in same])))
+            order += same
+        logits = torch.cat(parts)[torch.argsort(torch.as_tensor(order, device=x.device))]
+        return BagOutput(logits)
 
-    def _bag(self, x: Tensor) -> Tensor:
-        """The logits (1, outputs) of one bag (1, n, D) of real tiles."""
+    def _bags(self, x: Tensor) -> Tensor:
+        """The logits (B, outputs) of bags (B, n, D) of n real tiles each."""
         h = self.fc1(x)
         n = h.shape[1]
         side = math.ceil(math.sqrt(n))
         h = torch.cat([h, h[:, : side * side - n]], dim=1)
-        h = torch.cat([self.cls_token.to(h.dtype), h], dim=1)
+        h = torch.cat([self.cls_token.to(h.dtype).expand(h.shape[0], -1, -1), h], dim=1)
         h = self.layer2(self.ppeg(self.layer1(h), side))
         return self.head(self.norm(h)[:, 0])
 

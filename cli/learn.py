@@ -13,20 +13,66 @@ import typer
 from tilestore.cli.console import out
 from tilestore.cli.flags import From, with_flags
 from tilestore.learn import LearnOptions
-from tilestore.learn.cohort import build_cohort
 from tilestore.progress import to_stderr
 
 CLINICAL = typer.Argument(..., help="The clinical table (CSV, TSV, Parquet, Excel).")
 STORES = typer.Argument(..., help="The stores (or glob patterns) with the model's embeddings.")
+MODEL = typer.Option(..., "--model", help="The embeddings' model (as given to `tilestore embed`).")
 TARGET = typer.Option(None, "--target", help="A label column (repeat for several).")
+KIND = typer.Option("classification", help="classification, regression or survival.")
+PATIENT = typer.Option("PATIENT", help="The patient column of the tables.")
+SLIDES = typer.Option(None, help="A slide table linking slides (stores) to patients.")
+SLIDE_COLUMN = typer.Option("FILENAME", help="The slide table's slide column.")
+PATIENT_FROM = typer.Option(
+    None, help="Without a slide table: 'tcga' (a barcode's first 12 characters) or a regex."
+)
+TIME = typer.Option(None, help="Survival: the time column.")
+EVENT = typer.Option(None, help="Survival: the event column (0/1).")
+PLAN = typer.Option(None, help="The plan whose embeddings are read (default: the only one).")
+SCALE = typer.Option(None, help="Keep the stores at this scale (e.g. 0.5mpp-224px).")
+SLIDE_ENCODER = typer.Option(
+    None,
+    help="Learn from this slide encoder's stored vector, one per slide, instead of the tiles "
+    "(with --arch linear).",
+)
 OUT = typer.Option(..., "--out", help="The run folder (must not exist).")
 OVERWRITE = typer.Option(False, help="Replace a run folder that exists.")
-# the cohort's options: build_cohort's declared parameters, the tables and stores aside
-COHORT = From(build_cohort)
 
 
-def _cohort(clinical: Path, stores: list[Path], target: list[str] | None, given: dict):
-    cohort = build_cohort(clinical, [str(s) for s in stores], targets=tuple(target or ()), **given)
+def _cohort(
+    clinical,
+    stores,
+    model,
+    target,
+    kind,
+    patient,
+    slides,
+    slide_column,
+    patient_from,
+    time,
+    event,
+    plan,
+    scale,
+    slide_encoder,
+):
+    from tilestore.learn import build_cohort
+
+    cohort = build_cohort(
+        clinical,
+        [str(s) for s in stores],
+        model,
+        targets=tuple(target or ()),
+        kind=kind,
+        patient=patient,
+        slides=slides,
+        slide_column=slide_column,
+        patient_from=patient_from,
+        time=time,
+        event=event,
+        plan=plan,
+        scale=scale,
+        slide_encoder=slide_encoder,
+    )
     out.print(f"cohort: {cohort.summary()}", highlight=False)
     return cohort
 
@@ -41,9 +87,19 @@ def _said(result) -> None:
 def crossval(
     clinical: Path = CLINICAL,
     stores: list[Path] = STORES,
+    model: str = MODEL,
     out_dir: Path = OUT,
     target: list[str] | None = TARGET,
-    cohort_options: dict = COHORT,
+    kind: str = KIND,
+    patient: str = PATIENT,
+    slides: Path | None = SLIDES,
+    slide_column: str = SLIDE_COLUMN,
+    patient_from: str | None = PATIENT_FROM,
+    time: str | None = TIME,
+    event: str | None = EVENT,
+    plan: str | None = PLAN,
+    scale: str | None = SCALE,
+    slide_encoder: str | None = SLIDE_ENCODER,
     folds: int = typer.Option(5, min=2, help="Folds (patient-grouped, stratified)."),
     splits: Path | None = typer.Option(
         None, help="Splits from a file (a run's splits.json, or STAMP's)."
@@ -57,7 +113,10 @@ def crossval(
     import tilestore.learn as learn
 
     learn.check_run_dir(out_dir, resume=resume, overwrite=overwrite)
-    cohort = _cohort(clinical, stores, target, cohort_options)
+    cohort = _cohort(
+        clinical, stores, model, target, kind, patient, slides, slide_column, patient_from,
+        time, event, plan, scale, slide_encoder,
+    )  # fmt: skip
     made = (
         learn.read_splits(splits, cohort, seed=options.seed)
         if splits
@@ -73,9 +132,19 @@ def crossval(
 def train(
     clinical: Path = CLINICAL,
     stores: list[Path] = STORES,
+    model: str = MODEL,
     out_dir: Path = OUT,
     target: list[str] | None = TARGET,
-    cohort_options: dict = COHORT,
+    kind: str = KIND,
+    patient: str = PATIENT,
+    slides: Path | None = SLIDES,
+    slide_column: str = SLIDE_COLUMN,
+    patient_from: str | None = PATIENT_FROM,
+    time: str | None = TIME,
+    event: str | None = EVENT,
+    plan: str | None = PLAN,
+    scale: str | None = SCALE,
+    slide_encoder: str | None = SLIDE_ENCODER,
     valid: float = typer.Option(0.2, min=0.05, max=0.5, help="Share held for early stopping."),
     overwrite: bool = OVERWRITE,
     options: LearnOptions = From(LearnOptions),
@@ -85,7 +154,10 @@ def train(
     import tilestore.learn as learn
 
     learn.check_run_dir(out_dir, overwrite=overwrite)
-    cohort = _cohort(clinical, stores, target, cohort_options)
+    cohort = _cohort(
+        clinical, stores, model, target, kind, patient, slides, slide_column, patient_from,
+        time, event, plan, scale, slide_encoder,
+    )  # fmt: skip
     _said(
         learn.train(cohort, options, out_dir, valid=valid, overwrite=overwrite, progress=to_stderr)
     )

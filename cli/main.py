@@ -35,6 +35,7 @@ from tilestore.cli.qc import qc
 from tilestore.cli.status import status
 from tilestore.cli.view import view
 from tilestore.conversion import convert as run_convert
+from tilestore.conversion import convert_many
 from tilestore.embed import TIME_LIMIT, ask_stop, kept_at_stop
 from tilestore.masks import compute_tissue
 from tilestore.options import Workers
@@ -65,52 +66,79 @@ def convert(
         ..., "-o", "--output", help="Directory for <name>.ome.zarr stores."
     ),
     options: dict = From(run_convert, exclude=("series", "progress", "tissue")),
+    many: dict = From(convert_many, only=("at_once",)),
 ) -> None:
     """Convert slides once into chunked OME-Zarr 0.5 stores (or make in-place sidecars)."""
-    from tilestore.conversion import slides_of
+    from tilestore.conversion import slides_at_once, slides_of
     from tilestore.reading import sidecar_for
 
-    failed = 0
     slides = [(path, series) for path in src for series in slides_of(path)]
     name = options.get("name")
     if name and len(slides) > 1:
         raise OptionError(f"--name {name}: names one store, but {len(slides)} slides were given")
-    for path, series in slides:
-        try:
-            with _progress(f"{path.name}") as (progress, task):
-                report = run_convert(
-                    path,
-                    sidecar_for(path, output) if options.get("in_place") else output,
-                    series=series,
-                    progress=lambda n, total: progress.update(task, advance=n, total=total),
-                    **options,
-                )
-        except TilestoreError as exc:
-            _error(exc)
-            failed += 1
-            continue
-        out.print(
-            f"[bold]{report.store}[/bold]  {escape(report.summary())}, chunks {report.chunk} px",
-            highlight=False,
-        )
-        table = text_table("level", "w x h", "scale", "path", "why", "chunks", "s")
-        for lv in report.levels:
-            table.add_row(
-                lv.path,
-                f"{lv.shape[2]}x{lv.shape[1]}",
-                f"1/{lv.downsample[1]:.3g}",
-                lv.write,
-                lv.reason,
-                str(lv.chunks),
-                f"{lv.seconds:.2f}",
-            )
-        out.print(table)
-        out.print(
-            f"{human_size(report.source_bytes)} -> {human_size(report.store_bytes)} "
-            f"({report.store_bytes / report.source_bytes:.2f}x) in {report.seconds:.1f} s"
-        )
+    at_once = slides_at_once(len(slides), **many)
+
+    def target(path: Path) -> Path:
+        return sidecar_for(path, output) if options.get("in_place") else output
+
+    failed = 0
+    if at_once == 1:  # one slide after another, each with its chunks' progress
+        for path, series in slides:
+            try:
+                with _progress(f"{path.name}") as (progress, task):
+                    report = run_convert(
+                        path,
+                        target(path),
+                        series=series,
+                        progress=lambda n, total: progress.update(task, advance=n, total=total),
+                        **options,
+                    )
+            except TilestoreError as exc:
+                _error(exc)
+                failed += 1
+                continue
+            _converted(report)
+    else:  # the slides spread over processes: one line for the cohort, each told in order
+        with _progress(f"{len(slides)} slides, {at_once} at once") as (progress, task):
+            progress.update(task, total=len(slides))
+            for outcome in convert_many(
+                slides,
+                target,
+                at_once=at_once,
+                done=lambda _: progress.update(task, advance=1),
+                **options,
+            ):
+                if outcome.error is not None:
+                    _error(outcome.error)
+                    failed += 1
+                else:
+                    _converted(outcome.report)
     if failed:
         raise typer.Exit(2)
+
+
+def _converted(report) -> None:
+    """What one slide's conversion did: its store, codec and levels, size and time."""
+    out.print(
+        f"[bold]{report.store}[/bold]  {escape(report.summary())}, chunks {report.chunk} px",
+        highlight=False,
+    )
+    table = text_table("level", "w x h", "scale", "path", "why", "chunks", "s")
+    for lv in report.levels:
+        table.add_row(
+            lv.path,
+            f"{lv.shape[2]}x{lv.shape[1]}",
+            f"1/{lv.downsample[1]:.3g}",
+            lv.write,
+            lv.reason,
+            str(lv.chunks),
+            f"{lv.seconds:.2f}",
+        )
+    out.print(table)
+    out.print(
+        f"{human_size(report.source_bytes)} -> {human_size(report.store_bytes)} "
+        f"({report.store_bytes / report.source_bytes:.2f}x) in {report.seconds:.1f} s"
+    )
 
 
 @app.command()

@@ -22,6 +22,19 @@ class FileSystems:
 
     def __init__(self) -> None:
         self._lost: dict[int, tuple[str, WriteFailed]] = {}
+        self._written: set[int] = set()  # a store's group was made on these
+
+    def wrote(self, store: str | os.PathLike) -> None:
+        """A store's group was made: its file system took a run's writes."""
+        device = _device(store)
+        if device is not None:
+            self._written.add(device)
+
+    def proven(self, store: str | os.PathLike) -> bool:
+        """Whether a store's group was made on the file system of `store` in this run: until
+        one was, a run opens the stores on it one at a time, so a full or read-only one is
+        found by the first and the others are not attempted."""
+        return _device(store) in self._written
 
     def hit(self, store: str | os.PathLike, error: WriteFailed) -> None:
         """A write into `store` failed: where it is the file system's fault, remember it."""

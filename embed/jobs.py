@@ -8,8 +8,11 @@ and skipped; the run goes on with the next.
 
 from __future__ import annotations
 
+import collections
 import os
+import time
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,6 +147,22 @@ def reading(
     }
 
 
+STORES_AHEAD = 8  # stores opened, planned and given their group at once, ahead of the GPU
+
+
+@dataclass(frozen=True)
+class _Opened:
+    """One input as `_open_job` left it: a job to stream, or why there is none."""
+
+    staged: Staged
+    store: Path
+    job: Job | None = None
+    skipped: str | None = None  # complete already
+    error: TilestoreError | None = None
+    refused: bool = False  # on a file system found full or read-only: not attempted
+    seconds: dict[str, float] = field(default_factory=dict)  # its steps, for the report
+
+
 def store_jobs(
     stores: Iterable[Staged],
     spec: ModelSpec,
@@ -155,65 +174,146 @@ def store_jobs(
     any_scale: bool = False,
     break_lock: bool = False,
     resolved: Mapping[str, ResolvedPlan] | None = None,
+    ahead: int = STORES_AHEAD,
 ) -> Iterator[Job]:
-    """Jobs for whole stores, each prepared when the consumer asks for it. A store already
-    complete is reported as skipped, one that fails as failed; the others go on. A lock
-    taken over (`EmbeddingWriter`, break_lock or a silent holder) is said in the report's
-    warnings too. resolved: each store's plan options as the checks before the run
-    resolved them (`tilestore.embed.preflight.Preflight.plans`, by the input's path):
-    taken as they are, never resolved again."""
-    batch = identity.batch_size
-    for staged in stores:
-        store = staged.store or staged.given
-        if staged.converted:
-            report.converted.append(staged.converted)
-        if staged.seconds is not None:
-            report.prepared.append(
-                {"slide": str(staged.given), "store": str(store), "seconds": staged.seconds}
-            )
-        report.warnings.extend(staged.warnings)
-        refused = report.filesystems.refusal(store)
-        if refused is not None:  # on a file system a write found full or read-only
-            report.failed(store, str(refused), refused.fault)
-            continue
-        try:
-            if staged.error:
-                raise staged.error
-            chosen = (resolved or {}).get(str(staged.given), plan)
-            ready = prepare(store, spec, chosen, identity, any_scale=any_scale)
-            # the group is made by the writer thread while the first tiles are read
-            writer = EmbeddingWriter(
-                ready.slide,
-                ready.plan,
-                ready.uid,
-                identity,
-                overwrite=overwrite,
-                create=False,
-                break_lock=break_lock,
-            )
-            if writer.took_over:
-                report.warnings.append(f"{store}: {writer.took_over}")
-        except AlreadyComplete as exc:
-            report.skip(store, str(exc))
-            report.planned(staged.given, store, 0)
-            continue
-        except WriteFailed as exc:  # its plan, or the writer's lock: as a batch's write
-            report.filesystems.hit(store, exc)
-            report.failed(store, str(exc), exc.fault)
-            continue
-        except TilestoreError as exc:
-            report.failed(store, str(exc))
-            report.planned(staged.given, store, 0)
-            continue
-        blocks = writer.todo()
-        owed = len(tiles_of(blocks, batch, len(ready.plan)))
-        if max_tiles is not None:  # a trial: the plan's first batches only
-            blocks = blocks[blocks < -(-max_tiles // batch)]
-        tiles = tiles_of(blocks, batch, len(ready.plan))
-        report.planned(staged.given, store, len(tiles))
-        yield Job(
-            Path(store), ready.pixels, ready.plan, writer, tiles, owed - len(tiles), ready.reading
+    """Jobs for whole stores, in the order given, each opened, planned and given its
+    embeddings group (`_open_job`) on one of `ahead` threads while the GPU embeds the
+    stores before it: a small slide's fixed cost is paid beside the model, not between its
+    batches. A store already complete is reported as skipped, one that fails as failed;
+    the others go on. A lock taken over (`EmbeddingWriter`, break_lock or a silent holder)
+    is said in the report's warnings too. resolved: each store's plan options as the checks
+    before the run resolved them (`tilestore.embed.preflight.Preflight.plans`, by the
+    input's path): taken as they are, never resolved again. The report hears of each input
+    in order, from this generator's thread alone."""
+
+    def open_one(staged: Staged) -> _Opened:
+        chosen = (resolved or {}).get(str(staged.given), plan)
+        return _open_job(
+            staged, spec, chosen, identity, overwrite, report, max_tiles, any_scale, break_lock
         )
+
+    pending: collections.deque[Future] = collections.deque()
+    inputs = iter(stores)
+    held: Staged | None = None  # waits for those before it: its file system is not proven
+    with ThreadPoolExecutor(max(1, ahead), "tilestore-open") as pool:
+        try:
+            while True:
+                while len(pending) < max(1, ahead):  # a Stager's next slide may be converting
+                    staged, held = held or next(inputs, None), None
+                    if staged is None:
+                        break
+                    if pending and not report.filesystems.proven(staged.store or staged.given):
+                        held = staged  # opened alone: a full disk is found once, not 8 times
+                        break
+                    pending.append(pool.submit(open_one, staged))
+                if not pending:
+                    if held is None:
+                        return
+                    continue
+                opened = pending.popleft().result()
+                if _reported(opened, report):
+                    yield opened.job
+        finally:  # stopped early: the stores opened ahead release their locks
+            for future in pending:
+                future.cancel()
+            for future in pending:
+                if not future.cancelled() and future.exception() is None:
+                    job = future.result().job
+                    if job is not None:
+                        job.writer.abandon()
+
+
+def _open_job(
+    staged: Staged,
+    spec: ModelSpec,
+    plan: PlanChoice,
+    identity: RunIdentity,
+    overwrite: bool,
+    report: RunReport,
+    max_tiles: int | None,
+    any_scale: bool,
+    break_lock: bool,
+) -> _Opened:
+    """One input opened for the run: its store prepared (`prepare`), its writer made (the
+    lock taken) and its group created, or why not. Of the report, reads and tells its file
+    systems only (`FileSystems`: one set or dict operation a change, safe on threads)."""
+    store = Path(staged.store or staged.given)
+    refused = report.filesystems.refusal(store)
+    if refused is not None:  # on a file system a write found full or read-only
+        return _Opened(staged, store, error=refused, refused=True)
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
+    writer = None
+    try:
+        if staged.error:
+            raise staged.error
+        ready = prepare(store, spec, plan, identity, any_scale=any_scale)
+        seconds["open_plan"] = _lap(clock)
+        clock = time.perf_counter()
+        writer = EmbeddingWriter(
+            ready.slide,
+            ready.plan,
+            ready.uid,
+            identity,
+            overwrite=overwrite,
+            create=False,
+            break_lock=break_lock,
+        )
+        writer.create()  # here, beside the GPU's work, not in the writer's line
+        report.filesystems.wrote(store)
+        seconds["group"] = _lap(clock)
+    except AlreadyComplete as exc:
+        return _Opened(staged, store, skipped=str(exc))
+    except TilestoreError as exc:  # WriteFailed too: its plan, lock or group, as a batch's
+        if writer is not None:
+            writer.abandon()
+        return _Opened(staged, store, error=exc)
+    batch = identity.batch_size
+    blocks = writer.todo()
+    owed = len(tiles_of(blocks, batch, len(ready.plan)))
+    if max_tiles is not None:  # a trial: the plan's first batches only
+        blocks = blocks[blocks < -(-max_tiles // batch)]
+    tiles = tiles_of(blocks, batch, len(ready.plan))
+    job = Job(store, ready.pixels, ready.plan, writer, tiles, owed - len(tiles), ready.reading)
+    return _Opened(staged, store, job=job, seconds=seconds)
+
+
+def _reported(opened: _Opened, report: RunReport) -> bool:
+    """Tell the report of one input as it comes in order; True where it has a job."""
+    staged, store = opened.staged, opened.store
+    if staged.converted:
+        report.converted.append(staged.converted)
+    if staged.seconds is not None:
+        report.prepared.append(
+            {"slide": str(staged.given), "store": str(store), "seconds": staged.seconds}
+        )
+    report.warnings.extend(staged.warnings)
+    if opened.skipped is not None:
+        report.skip(store, opened.skipped)
+        report.planned(staged.given, store, 0)
+        return False
+    error = opened.error
+    if opened.refused:  # said already where its file system was found full or read-only
+        report.failed(store, str(error), error.fault)
+        return False
+    if isinstance(error, WriteFailed):  # its plan, lock or group: as a batch's write
+        report.filesystems.hit(store, error)
+        report.failed(store, str(error), error.fault)
+        return False
+    if error is not None:
+        report.failed(store, str(error))
+        report.planned(staged.given, store, 0)
+        return False
+    job = opened.job
+    if job.writer.took_over:
+        report.warnings.append(f"{store}: {job.writer.took_over}")
+    report.planned(staged.given, store, len(job.todo))
+    report.opened(job, opened.seconds)
+    return True
+
+
+def _lap(since: float) -> float:
+    return round(time.perf_counter() - since, 4)
 
 
 def slice_jobs(slices: list[Slice], identity: RunIdentity) -> Iterator[Job]:

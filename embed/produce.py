@@ -199,10 +199,10 @@ class Producer:
 def _ahead(
     jobs: Iterator[Job], stop: threading.Event, prepared: Callable[[Job], None]
 ) -> Iterator[Job]:
-    """Prepare the next slide (open, plan, writer) on a thread while this one streams.
+    """Take the jobs on a thread while this one streams (`store_jobs` opens several ahead).
 
     `prepared` is told of each job at once, so a failure releases its lock even if it never
-    streamed."""
+    streamed; a stop closes the jobs, which release those opened and not yet taken."""
     box: queue.Queue = queue.Queue(maxsize=1)
 
     def prepare() -> None:
@@ -216,6 +216,10 @@ def _ahead(
         except BaseException as exc:  # re-raised where the jobs are consumed
             with contextlib.suppress(Stopped):
                 put(box, exc, stop)
+        finally:
+            close = getattr(jobs, "close", None)
+            if close is not None:
+                close()
 
     threading.Thread(target=prepare, name="tilestore-prepare", daemon=True).start()
     while (item := box.get()) is not DONE:

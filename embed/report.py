@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -198,6 +199,11 @@ class RunReport:
     # known before the run plans it), and the stores whose tiles `total` holds already
     _expected: dict[str, int | None] = field(default_factory=dict, repr=False)
     _planned: set[str] = field(default_factory=set, repr=False)
+    # store -> its fixed costs, seconds: opening and planning, its group, its finish (beside
+    # the model), and the GPU's wait for its first batch (the run's critical path)
+    _fixed: dict[str, dict[str, float]] = field(default_factory=dict, repr=False)
+    # the per-slide fixed cost over the run's slides (`fixed_costs`)
+    per_slide: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def start(cls, model: dict[str, Any], settings: Settings) -> RunReport:
@@ -258,6 +264,7 @@ class RunReport:
                 "left": int(job.left),  # after this run (max_tiles)
                 **decoding,  # cpu, gpu or both, this slide's; its path; why
                 **({"reading": job.reading} if job.reading else {}),
+                "fixed_s": self._fixed.setdefault(str(job.store), {}),  # filled as they come
             }
         )
         # the writer may have failed it already (its group could not be made): the
@@ -281,9 +288,21 @@ class RunReport:
         )
         return entry
 
-    def completed(self, job) -> None:
-        """A job's store was finished (its last batch written, its group closed)."""
+    def completed(self, job, seconds: float | None = None) -> None:
+        """A job's store was finished (its last batch written, its group closed) in
+        `seconds`."""
         self.finished.append(str(job.store))
+        if seconds is not None:
+            self._fixed.setdefault(str(job.store), {})["finish"] = round(seconds, 4)
+
+    def opened(self, job, seconds: dict[str, float]) -> None:
+        """A job was opened for the run: its steps' seconds (open and plan, its group)."""
+        self._fixed.setdefault(str(job.store), {}).update(seconds)
+
+    def switched(self, job, seconds: float) -> None:
+        """The GPU (without one, the loop) waited `seconds` for the job's first batch after
+        the batch before it: the slide's fixed cost on the run's critical path."""
+        self._fixed.setdefault(str(job.store), {})["gpu_waited"] = round(seconds, 4)
 
     def stopped(self, signal: str) -> None:
         """The run was interrupted by `signal` (SIGINT, SIGTERM), once every store it had
@@ -323,6 +342,7 @@ class RunReport:
 
     def finish(self, wall: float, sampler: Sampler, stats: Stats) -> None:
         self.wall_s = wall
+        self.per_slide = fixed_costs([s.get("fixed_s", {}) for s in self.slides])
         self.stages = {k: round(v, 3) for k, v in sorted(stats.seconds.items())}
         loop = stats.get("loop")
         compute = stats.get("compute")
@@ -376,7 +396,15 @@ class RunReport:
             k: v
             for k, v in asdict(self).items()
             if k
-            not in ("writer_error", "filesystems", "_started", "_written", "_expected", "_planned")
+            not in (
+                "writer_error",
+                "filesystems",
+                "_started",
+                "_written",
+                "_expected",
+                "_planned",
+                "_fixed",
+            )
         }
         data["tiles_per_s"] = round(self.tiles_per_s, 1)
         return ended(data, self.exit_code)
@@ -385,6 +413,51 @@ class RunReport:
         """Write the JSON report (`tilestore.embed.reportfile.write_report`: its folder made,
         whole or not at all, a failure a warning); whether it was written."""
         return write_report(path, self.to_json())
+
+
+def fixed_costs(slides: list[dict[str, float]]) -> dict[str, Any]:
+    """The per-slide fixed cost over a run's slides (`RunReport._fixed` each), in ms:
+    on the critical path (the GPU's wait for each slide's first batch, the run's first slide
+    aside: its wait is the pipeline's fill), median and max; beside the model (opening and
+    planning, its group, its finish: on threads while the GPU works), median and max of
+    their sum, and each part's median. Empty for a run of no slide."""
+    waited = [s["gpu_waited"] for s in slides if "gpu_waited" in s]
+    parts = {part: [s[part] for s in slides if part in s] for part in FIXED_PARTS}
+    beside = [sum(s.get(part, 0.0) for part in FIXED_PARTS) for s in slides if s]
+    if not beside and not waited:
+        return {}
+
+    def ms(values: list[float], how) -> float | None:
+        return round(1000 * how(values), 1) if values else None
+
+    return {
+        "slides": len(slides),
+        "critical_path_ms": {"median": ms(waited, statistics.median), "max": ms(waited, max)},
+        "beside_ms": {"median": ms(beside, statistics.median), "max": ms(beside, max)},
+        "parts_median_ms": {part: ms(v, statistics.median) for part, v in parts.items() if v},
+    }
+
+
+# a slide's fixed steps done beside the model, as the report names them
+FIXED_PARTS = {"open_plan": "open and plan", "group": "its group made", "finish": "finish"}
+
+
+def fixed_line(per_slide: dict[str, Any]) -> str | None:
+    """The report's line for the per-slide fixed cost (`fixed_costs`); None for one slide."""
+    if not per_slide or per_slide["slides"] < 2:
+        return None
+    path, beside = per_slide["critical_path_ms"], per_slide["beside_ms"]
+    parts = ", ".join(f"{FIXED_PARTS[k]} {v:.0f}" for k, v in per_slide["parts_median_ms"].items())
+    critical = (
+        f"{path['median']:.1f} ms median ({path['max']:.1f} max) on the critical path (the "
+        "GPU waiting for the slide's first batch)"
+        if path["median"] is not None
+        else "none measured on the critical path"
+    )
+    return (
+        f"per-slide fixed cost: {critical}; {beside['median']:.0f} ms median "
+        f"({beside['max']:.0f} max) beside the model ({parts}, ms)"
+    )
 
 
 def advice(report: RunReport) -> list[str]:
@@ -454,6 +527,9 @@ def format_report(report: RunReport) -> list[str]:
     lines.append("wall time: " + ", ".join(f"{k} {v:.2f} s" for k, v in report.explained.items()))
     if report.first_batch_s is not None:
         lines.append(f"first batch ready {report.first_batch_s:.2f} s into the loop")
+    fixed = fixed_line(report.per_slide)
+    if fixed:
+        lines.append(fixed)
     overlapped = {
         k: v
         for k, v in report.stages.items()

@@ -12,6 +12,7 @@ CUDA events synchronise; nothing waits per tile.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import queue
 import threading
@@ -30,6 +31,7 @@ from tilestore.embed.buffers import SlotPool
 from tilestore.embed.compilecache import CompileCache, Waiting, cache_key
 from tilestore.embed.forward import Forward
 from tilestore.embed.jobs import Job
+from tilestore.embed.lanes import Lanes
 from tilestore.embed.models import ModelError
 from tilestore.embed.nvjpeg import GpuJpeg
 from tilestore.embed.procdecode import ProcessDecoder
@@ -40,6 +42,9 @@ from tilestore.embed.settings import Settings
 from tilestore.embeddings.groups import non_finite_rows
 from tilestore.errors import DeviceError, TilestoreError, WriteFailed
 from tilestore.format.store import WriteFault
+
+# threads writing slides' batches and finishing them, each slide's steps in order (`Lanes`)
+STORE_LANES = 4
 
 
 class Runner:
@@ -172,7 +177,7 @@ class Runner:
         say: told what the run does before its first batch (compiling, waiting for a
         compile), as it happens."""
         settings = self.settings
-        slots = settings.prefetch + 2
+        slots = settings.prefetch + 2 + STORE_LANES  # a lane holds its batch's slot as it writes
         run = _Run(
             stats=Stats(self.marks),
             report=report,
@@ -193,6 +198,8 @@ class Runner:
             stop=threading.Event(),
             open_jobs=[],
             copy_stream=torch.cuda.Stream(settings.device) if settings.cuda else None,
+            lanes=Lanes(STORE_LANES, limit=slots),
+            lock=threading.Lock(),
         )
         source = Producer(settings, run.stats, self.processes, self.gpu_jpeg, run.open_jobs.append)
         producer = threading.Thread(
@@ -233,6 +240,7 @@ class Runner:
             drain(run.ready)
             run.written.put(DONE)
             writer.join()  # every batch computed is written (a partial shard waits in memory)
+            run.lanes.close()
             producer.join(timeout=60)
             run.stats.add("loop", time.perf_counter() - started)
             left = []
@@ -251,9 +259,12 @@ class Runner:
         """Compute the producer's batches in order until it is DONE (re-raising its error),
         handing each job's start and end to the writer."""
         run.stats.name_thread("tilestore-gpu-loop")
+        waited = 0.0  # the loop's wait for items since its last batch (slide switches)
         while True:
+            asked = time.perf_counter()
             with run.stats.span("waiting_for_tiles", "wait for tiles"):
                 item = _next(run.ready)
+            waited += time.perf_counter() - asked
             if item is DONE:
                 return
             if isinstance(item, BaseException):
@@ -277,10 +288,11 @@ class Runner:
                 continue
             if run.report.first_batch_s is None:
                 run.report.first_batch_s = round(time.perf_counter() - started, 3)
-            self._compute_batch(run, item)
+            self._compute_batch(run, item, waited)
+            waited = 0.0
             step()  # the torch profiler's schedule counts batches
 
-    def _compute_batch(self, run: _Run, item: Batch) -> None:
+    def _compute_batch(self, run: _Run, item: Batch, waited: float) -> None:
         start = end = done = None
         cuda, device = self.settings.cuda, self.settings.device
         if cuda:
@@ -320,7 +332,7 @@ class Runner:
             run.stats.add("compute", time.perf_counter() - t0)
             if item.pool is not None:
                 item.pool.release(item.slot)
-        run.written.put((item, slot, done, start, end))
+        run.written.put((item, slot, done, start, end, waited))
 
     def _finite(self, rows: torch.Tensor) -> torch.Tensor:
         """Whether every value of a batch's rows is finite as stored, on their device: the
@@ -356,96 +368,140 @@ class Runner:
 
     def _fail(self, run: _Run, job: Job, error: str, fault: WriteFault | None = None) -> None:
         """A slide failed (its data, or a batch not finite): its later batches are dropped,
-        what is done stays done (a later run resumes from it), the report says why."""
+        what is done stays done (a later run resumes from it), the report says why. On its
+        lane (`_write`), or where its lane is not yet running."""
+        if id(job) in run.failed:
+            return
         run.failed[id(job)] = job
-        run.open_jobs.remove(job)
         left = job.writer.abandon()
-        run.report.failed(job.store, error + (f" ({left})" if left else ""), fault)
+        with run.lock:
+            if job in run.open_jobs:
+                run.open_jobs.remove(job)
+            run.report.failed(job.store, error + (f" ({left})" if left else ""), fault)
 
     def _stop(self, run: _Run, job: Job, error: WriteFailed) -> None:
         """A write into the job's store failed (a full disk, a read-only folder, a file in
         the way): its slide stops at once, as a failed one; where the file system is at
         fault, the stores on it not begun are not attempted (`FileSystems`)."""
-        run.report.filesystems.hit(job.store, error)
+        with run.lock:
+            run.report.filesystems.hit(job.store, error)
         self._fail(run, job, str(error), error.fault)
 
     def _write(self, run: _Run) -> None:
-        """The writer thread: makes and finishes each job's group, writes each batch once
-        its features are on the host (or, where they are not finite as stored, fails its
-        slide as a producer's JobFailed does), and times the GPU's work and idling between
+        """The writer thread: takes the GPU loop's items in order, waits for each batch's
+        features to reach the host (timing the GPU's work and its idling between
+        batches), and hands each slide's steps (its group made, its batches written, its
+        finish, or its failure) to the slide's lane (`Lanes`): a slide's steps in order,
+        the slides' side by side, so one slide's finish never holds up the next's
         batches."""
         last_end = None  # the previous batch's end on the GPU: the gap to the next start is idle
-        report, outputs, stats = run.report, run.outputs, run.stats
+        report, outputs, stats, lanes = run.report, run.outputs, run.stats, run.lanes
+        firsts: set[int] = set()  # the jobs whose first batch came
         stats.name_thread("tilestore-writer")
-        while (item := run.written.get()) is not DONE:
-            held = None  # the output slot this item holds, until released
-            try:
-                if isinstance(item, JobStart):
-                    refused = report.filesystems.refusal(item.job.store)
-                    if refused is not None:  # on a file system found full: not attempted
-                        self._fail(run, item.job, str(refused), refused.fault)
+        try:
+            while (item := run.written.get()) is not DONE:
+                held = None  # the output slot this item holds, until its lane releases it
+                try:
+                    if isinstance(item, JobStart):
+                        lanes.submit(id(item.job), functools.partial(self._start, run, item.job))
                         continue
-                    try:  # a store it cannot write into (read-only, full): its slide fails
-                        item.job.writer.create()
-                    except WriteFailed as exc:
-                        self._stop(run, item.job, exc)
-                    except TilestoreError as exc:
-                        self._fail(run, item.job, str(exc))
-                    continue
-                if isinstance(item, JobEnd | JobFailed) and id(item.job) in run.failed:
-                    continue  # failed at a batch: released, and reported, then
-                if isinstance(item, JobEnd):
-                    job = item.job
-                    with stats.span("finish_slide", "finish a slide (last writes, summary)"):
-                        if len(job.todo):
-                            report.end(job)
-                        try:
-                            job.writer.finish(report.slide_summary(job))
-                        except WriteFailed as exc:  # its last shards, or its record
-                            self._stop(run, job, exc)
-                            continue
-                        report.quality(job, job.writer.quality_summary())
-                    run.open_jobs.remove(job)
-                    report.completed(job)
-                    continue
-                if isinstance(item, JobFailed):
-                    self._fail(run, item.job, str(item.error), getattr(item.error, "fault", None))
-                    continue
-                batch, held, done, start, end = item
-                if done is not None:
-                    with stats.span("writer_waits_gpu", "wait for the GPU"):
-                        done.synchronize()  # the feature copy (and so the batch) has finished
-                    stats.add("compute", start.elapsed_time(end) / 1000)
-                    if last_end is not None:
-                        stats.add("gpu_idle", last_end.elapsed_time(start) / 1000)
-                    last_end = end
-                rows = outputs.buffers[held][: batch.count]
-                if id(batch.job) in run.failed:  # its slide failed at a batch before
-                    outputs.release(held)
-                    held = None
-                    continue
-                if not run.finite[held]:  # copied before `done`: read without a sync
-                    error = self._not_finite(batch, rows)
-                    outputs.release(held)
-                    held = None
-                    self._fail(run, batch.job, error)
-                    continue
-                with stats.span("write"):
-                    try:
-                        batch.job.writer.write(batch.block, rows.numpy())
-                    except WriteFailed as exc:  # its slide stops here, the run goes on
-                        self._stop(run, batch.job, exc)
+                    if isinstance(item, JobEnd):
+                        if len(item.job.todo) and id(item.job) not in run.failed:
+                            with run.lock:
+                                report.end(item.job)  # its wall ends with its last batch here
+                        lanes.submit(id(item.job), functools.partial(self._finish, run, item.job))
                         continue
-                    finally:
+                    if isinstance(item, JobFailed):
+                        error = item.error
+                        fail = functools.partial(
+                            self._fail, run, item.job, str(error), getattr(error, "fault", None)
+                        )
+                        lanes.submit(id(item.job), fail)
+                        continue
+                    batch, held, done, start, end, waited = item
+                    idle = waited  # without a GPU: the loop's wait for this batch
+                    if done is not None:
+                        with stats.span("writer_waits_gpu", "wait for the GPU"):
+                            done.synchronize()  # the feature copy (and so the batch) has finished
+                        stats.add("compute", start.elapsed_time(end) / 1000)
+                        idle = last_end.elapsed_time(start) / 1000 if last_end else None
+                        if idle is not None:
+                            stats.add("gpu_idle", idle)
+                        last_end = end
+                    if id(batch.job) not in firsts:  # its slide's first: the switch to it
+                        firsts.add(id(batch.job))
+                        if len(firsts) > 1 and idle is not None:  # the run's fill is not one
+                            with run.lock:
+                                report.switched(batch.job, idle)
+                    slot, held = held, None
+                    lanes.submit(id(batch.job), functools.partial(self._batch, run, batch, slot))
+                except BaseException as exc:
+                    report.writer_error = exc
+                    if held is not None:
                         outputs.release(held)
-                        held = None
-                report.count(batch.job, batch.count)
-                if run.progress:
-                    run.progress(batch.count, report.progress_total())
-            except BaseException as exc:
-                report.writer_error = exc
-                if held is not None:
-                    outputs.release(held)
+        finally:
+            lanes.join()
+            if lanes.error is not None and report.writer_error is None:
+                report.writer_error = lanes.error
+
+    def _start(self, run: _Run, job: Job) -> None:
+        """A job's first step on its lane: its group made where the opening did not (a store
+        on a file system found full or read-only since: not attempted)."""
+        refused = run.report.filesystems.refusal(job.store)
+        if refused is not None:
+            self._fail(run, job, str(refused), refused.fault)
+            return
+        try:  # a store it cannot write into (read-only, full): its slide fails
+            job.writer.create()
+        except WriteFailed as exc:
+            self._stop(run, job, exc)
+        except TilestoreError as exc:
+            self._fail(run, job, str(exc))
+
+    def _batch(self, run: _Run, batch: Batch, slot: int) -> None:
+        """A batch's rows written into its store from output `slot` (then given back), or,
+        where they are not finite as stored, its slide failed."""
+        outputs, job = run.outputs, batch.job
+        try:
+            rows = outputs.buffers[slot][: batch.count]
+            if id(job) in run.failed:  # its slide failed at a batch before
+                return
+            if not run.finite[slot]:  # copied before `done`: read without a sync
+                error = self._not_finite(batch, rows)
+                self._fail(run, job, error)
+                return
+            with run.stats.span("write"):
+                try:
+                    job.writer.write(batch.block, rows.numpy())
+                except WriteFailed as exc:  # its slide stops here, the run goes on
+                    self._stop(run, job, exc)
+                    return
+        finally:
+            outputs.release(slot)
+        with run.lock:
+            run.report.count(job, batch.count)
+            if run.progress:
+                run.progress(batch.count, run.report.progress_total())
+
+    def _finish(self, run: _Run, job: Job) -> None:
+        """A job's last step on its lane: its last writes and record, its lock released."""
+        if id(job) in run.failed:  # failed at a batch: released, and reported, then
+            return
+        started = time.perf_counter()
+        with run.stats.span("finish_slide", "finish a slide (last writes, summary)"):
+            with run.lock:
+                summary = run.report.slide_summary(job)
+            try:
+                job.writer.finish(summary)
+            except WriteFailed as exc:  # its last shards, or its record
+                self._stop(run, job, exc)
+                return
+            quality = job.writer.quality_summary()
+        with run.lock:
+            run.report.quality(job, quality)
+            if job in run.open_jobs:
+                run.open_jobs.remove(job)
+            run.report.completed(job, time.perf_counter() - started)
 
 
 @dataclass(frozen=True)
@@ -464,6 +520,8 @@ class _Run:
     stop: threading.Event
     open_jobs: list[Job]  # opened by the producer and not finished: released at the end
     copy_stream: torch.cuda.Stream | None
+    lanes: Lanes  # each slide's writes, in order; the slides' side by side
+    lock: threading.Lock  # the report and open_jobs, as the lanes change them
 
 
 def _next(ready: queue.Queue) -> object:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -32,13 +33,20 @@ STORE_SUFFIX = ".ome.zarr"
 
 def software_versions(*packages: str) -> dict[str, str]:
     """Return installed versions of tilestore and the named packages."""
+    return dict(_versions(packages))
+
+
+@functools.cache
+def _versions(packages: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """Read once a process: importlib.metadata parses each distribution's METADATA file
+    (25 ms for seven packages), and a run records them in every store it writes."""
     found = {}
     for name in ("tilestore", "zarr", "numpy", *packages):
         try:
             found[name] = version(name)
         except PackageNotFoundError:
             continue
-    return found
+    return tuple(found.items())
 
 
 def is_store(path: str | os.PathLike) -> bool:

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -211,8 +212,8 @@ def main() -> None:
     result: dict = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
 
     result["convert"], small = convert_cohort(work, args.convert, args.serial)
-    for store in small:
-        planned(store)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(planned, small))
     large = planned(
         tilestore.convert(
             make_large_svs(work / "large.svs", args.large), work / "large", overwrite=True
@@ -237,9 +238,7 @@ def main() -> None:
             same = np.array_equal(alone, features(small[0], arch), equal_nan=True)
             runs["medium"] = embed_run(embedder, medium)
             if index == 0 and args.flat:
-                flat = linked_copies(small[1], work / "flat", args.flat, "f")
-                for store in flat:
-                    planned(store)
+                flat = linked_copies(small[1], work / "flat", args.flat, "f")  # planned
                 sampled = Sampled()
                 sampled.start()
                 runs["flat"] = embed_run(embedder, flat, sampled)
@@ -281,7 +280,9 @@ def main() -> None:
                     f"| {row['s']} | {row['tiles']:,} | {row['rss_mb']} | "
                     f"{row['open_files']} | {row['threads']} |"
                 )
-    result["embed"] = rows
+        result["embed"] = rows
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))  # each arch's as it ends
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(f"\nwritten {args.out}")

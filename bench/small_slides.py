@@ -205,26 +205,37 @@ def main() -> None:
     parser.add_argument("--flat", type=int, default=2_000)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--work", type=Path, default=Path("/tmp/small_slides"))
+    parser.add_argument("--reuse", action="store_true", help="the stores a run before made")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "small_slides.json")
     args = parser.parse_args()
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
     result: dict = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
 
-    result["convert"], small = convert_cohort(work, args.convert, args.serial)
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(planned, small))
-    large = planned(
-        tilestore.convert(
-            make_large_svs(work / "large.svs", args.large), work / "large", overwrite=True
-        ).store
-    )
-    medium_one = planned(
-        tilestore.convert(
-            make_large_svs(work / "medium.svs", args.medium_px), work / "medium1", overwrite=True
-        ).store
-    )
-    medium = linked_copies(medium_one, work / "medium", args.medium, "m")
+    if args.reuse and (work / "medium").is_dir():  # a run before made them (--reuse)
+        small = sorted((work / "parallel").glob("*.ome.zarr"))
+        large = work / "large" / "large.ome.zarr"
+        medium = sorted((work / "medium").glob("*.ome.zarr"))
+        if (work / "result.json").exists():
+            result["convert"] = json.loads((work / "result.json").read_text())["convert"]
+    else:
+        result["convert"], small = convert_cohort(work, args.convert, args.serial)
+        (work / "result.json").write_text(json.dumps(result))
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(planned, small))
+        large = planned(
+            tilestore.convert(
+                make_large_svs(work / "large.svs", args.large), work / "large", overwrite=True
+            ).store
+        )
+        medium_one = planned(
+            tilestore.convert(
+                make_large_svs(work / "medium.svs", args.medium_px),
+                work / "medium1",
+                overwrite=True,
+            ).store
+        )
+        medium = linked_copies(medium_one, work / "medium", args.medium, "m")
     small = small[: args.small]
 
     rows = []

@@ -1,0 +1,64 @@
+"""`tilestore convert` of many slides at once (issue 68): the slides spread over processes,
+each store the same as one converted alone, each refusal its own line, exit 2."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tilestore.conversion.many import slides_at_once
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """Each file's sha256 under root, the stores' `created` times blanked."""
+    out = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = Path(folder) / name
+            data = path.read_bytes()
+            if name == "zarr.json":
+                meta = json.loads(data)
+                meta.get("attributes", {}).get("tilestore", {}).pop("created", None)
+                data = json.dumps(meta, sort_keys=True).encode()
+            out[str(path.relative_to(root))] = hashlib.sha256(data).hexdigest()
+    return out
+
+
+@pytest.mark.parametrize(
+    ("slides", "asked", "cpus", "expected"),
+    [(400, "auto", 16, 8), (3, "auto", 16, 3), (1, "auto", 16, 1), (10, "auto", 1, 1),
+     (10, 4, 2, 4), (2, 8, 16, 2)],
+)  # fmt: skip
+def test_how_many_at_once(slides, asked, cpus, expected):
+    assert slides_at_once(slides, asked, cpus) == expected
+
+
+@pytest.mark.slow
+def test_slides_at_once_are_the_stores_one_at_a_time_and_refusals_stay_per_slide(
+    tmp_path, slide_path
+):
+    source = slide_path("CMU-1-Small-Region.svs")
+    folder = tmp_path / "slides"
+    folder.mkdir()
+    for name in ("a", "b", "c"):
+        (folder / f"{name}.svs").symlink_to(source)
+    (folder / "bad.svs").write_bytes(b"not a slide at all")
+    given = [folder / "a.svs", folder / "bad.svs", folder / "b.svs", folder / "c.svs"]
+    alone = run_cli("convert", *given, "-o", tmp_path / "alone", "--at-once", "1")
+    many = run_cli("convert", *given, "-o", tmp_path / "many", "--at-once", "3")
+    assert alone.returncode == many.returncode == 2, many.stderr
+    errors = [line for line in many.stderr.splitlines() if line.startswith("tilestore: error")]
+    assert errors == [
+        line for line in alone.stderr.splitlines() if line.startswith("tilestore: error")
+    ]
+    assert len(errors) == 1 and str(folder / "bad.svs") in errors[0], errors
+    stores = [line.split()[0] for line in many.stdout.splitlines() if ".ome.zarr" in line]
+    assert [Path(s).name for s in stores] == ["a.ome.zarr", "b.ome.zarr", "c.ome.zarr"]
+    made = _tree(tmp_path / "many")
+    assert made == _tree(tmp_path / "alone")  # bit for bit, the creation time aside
+    assert not any(key.startswith("bad") for key in made)  # nothing left that looks valid

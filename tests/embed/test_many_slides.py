@@ -1,0 +1,149 @@
+"""A cohort of many small slides (issue 68): stores opened ahead of the GPU on threads,
+each slide's writes on a lane of its own, the per-slide fixed cost in the report."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import zarr
+
+from tilestore.embed.lanes import Lanes
+
+# -- lanes: each key's steps in order, the keys side by side --------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_each_lane_keeps_its_order_and_lanes_run_at_once(seed):
+    rng = random.Random(seed)
+    ran: dict[int, list[int]] = {}
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def step(key: int, index: int, pause: float):
+        def run():
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            time.sleep(pause)
+            with lock:
+                running[0] -= 1
+                ran.setdefault(key, []).append(index)
+
+        return run
+
+    lanes = Lanes(4, limit=6)
+    sent: dict[int, int] = {}
+    for _ in range(120):
+        key = rng.randrange(8)
+        sent[key] = sent.get(key, 0) + 1
+        lanes.submit(key, step(key, sent[key], rng.random() * 0.004))
+    lanes.close()
+    assert {k: len(v) for k, v in ran.items()} == sent
+    for key, order in ran.items():
+        assert order == sorted(order), (key, order)  # never out of its submission order
+    assert most[0] > 1  # keys ran at once
+    assert most[0] <= 4  # on the pool's threads, no more
+
+
+def test_a_step_that_raises_is_kept_and_its_lane_goes_on():
+    done = []
+    lanes = Lanes(2, limit=4)
+    lanes.submit("a", lambda: done.append(1))
+    lanes.submit("a", lambda: 1 / 0)
+    lanes.submit("a", lambda: done.append(3))
+    lanes.close()
+    assert done == [1, 3]
+    assert isinstance(lanes.error, ZeroDivisionError)
+
+
+def test_submit_waits_past_the_limit():
+    gate = threading.Event()
+    lanes = Lanes(1, limit=2)
+    lanes.submit("a", gate.wait)
+    lanes.submit("a", lambda: None)
+    third = threading.Thread(target=lanes.submit, args=("b", lambda: None))
+    third.start()
+    third.join(0.2)
+    assert third.is_alive()  # two steps queued: the third waits
+    gate.set()
+    third.join(5)
+    assert not third.is_alive()
+    lanes.close()
+
+
+# -- a cohort of small stores on the engine --------------------------------------------------------
+
+
+@pytest.fixture
+def cohort(tmp_path, stores):
+    made = []
+    for i in range(5):
+        target = tmp_path / f"s{i}.ome.zarr"
+        shutil.copytree(stores("CMU-1-Small-Region.svs"), target)
+        made.append(target)
+    return made
+
+
+def _features(store):
+    (folder,) = [p for p in (store / "embeddings" / "efficientnet-lite0").iterdir() if p.is_dir()]
+    return np.asarray(zarr.open_group(folder, mode="r")["features"][:])
+
+
+@pytest.mark.slow
+def test_a_cohort_of_small_stores_is_each_store_alone(cohort, tmp_path, lite):
+    """Opened ahead and written on lanes, each store's features are those it gets embedded
+    alone (bit for bit: its batches hold the same tiles), the report keeps the input order,
+    and says each slide's fixed cost and the run's median."""
+    from tilestore.embed.engine import embed
+    from tilestore.embed.report import format_report
+    from tilestore.embed.settings import Options
+
+    options = Options(device="cpu", precision="fp32", dtype="float32", batch_size=16)
+    alone = tmp_path / "alone.ome.zarr"
+    shutil.copytree(cohort[2], alone)
+    embed([alone], lite, options=options)
+    report = embed(cohort, lite, options=options)
+    assert not report.failures and report.finished and len(report.finished) == 5
+    assert [s["store"] for s in report.slides] == [str(s) for s in cohort]
+    assert np.array_equal(_features(cohort[2]), _features(alone))
+    for entry in report.slides:
+        fixed = entry["fixed_s"]
+        assert {"open_plan", "group", "finish"} <= set(fixed), fixed
+        assert all(v >= 0 for v in fixed.values())
+    assert sum("gpu_waited" in s["fixed_s"] for s in report.slides) == 4  # the first: the fill
+    per = report.per_slide
+    assert per["slides"] == 5 and set(per["parts_median_ms"]) == {"open_plan", "group", "finish"}
+    sums = [
+        1000 * sum(s["fixed_s"][p] for p in ("open_plan", "group", "finish")) for s in report.slides
+    ]
+    assert per["beside_ms"]["max"] == pytest.approx(max(sums), abs=0.2)
+    (line,) = [ln for ln in format_report(report) if ln.startswith("per-slide fixed cost")]
+    assert "ms median" in line and "open and plan" in line
+
+
+@pytest.mark.slow
+def test_a_stop_releases_the_stores_opened_ahead(cohort, lite):
+    """Stopped at the first batch, the stores opened ahead (their groups made, nothing
+    written) are left as they were: no group, no lock."""
+    from tilestore.embed.engine import embed
+    from tilestore.embed.settings import Options
+    from tilestore.errors import Interrupted
+
+    def stop(done, total):  # Ctrl-C, as the terminal delivers it: to the main thread
+        os.kill(os.getpid(), signal.SIGINT)
+
+    options = Options(device="cpu", precision="fp32", dtype="float32", batch_size=16)
+    with pytest.raises(Interrupted):
+        embed(cohort, lite, options=options, progress=stop)
+    for store in cohort:
+        assert not list(store.glob(".*.lock")), store
+        assert not list(store.rglob("*.lock")), store
+    untouched = [s for s in cohort if not (s / "embeddings" / "efficientnet-lite0").exists()]
+    assert len(untouched) >= 3  # all but the one (or two) that had batches written

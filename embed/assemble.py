@@ -86,9 +86,21 @@ def cut_row(
     return windows.permute(1, 0, 3, 2).index_select(0, index)
 
 
+@dataclass(frozen=True)
+class Piece:
+    """A plan batch's share of a model batch: rows [start, start + count) are its job's
+    batch `block` (whole: a batch is the unit a run writes and resumes by)."""
+
+    job: object
+    block: int
+    start: int
+    count: int
+
+
 @dataclass
 class Batch:
-    """One plan batch of uint8 tiles, on the host (pinned) or on the GPU."""
+    """One plan batch of uint8 tiles, on the host (pinned) or on the GPU; or, packed
+    (`Packer`), the last, partial batches of several slides in one model batch (`parts`)."""
 
     job: object
     block: int
@@ -97,6 +109,13 @@ class Batch:
     ready: torch.cuda.Event | None = None  # GPU tiles: when the decode stream has made them
     slot: int | None = None  # host tiles: the pool slot to give back after the copy
     pool: SlotPool | None = None  # host tiles: the pool that slot belongs to
+    parts: list[Piece] | None = None  # packed: each slide's batch in it, in row order
+
+    def pieces(self) -> list[Piece]:
+        """The plan batches this model batch holds, each with its rows."""
+        if self.parts is not None:
+            return self.parts
+        return [Piece(self.job, self.block, 0, self.count)]
 
 
 class CpuAssembler:

@@ -39,6 +39,10 @@ from tilestore.errors import Interrupted
 from tilestore.options import checked as checked_options
 from tilestore.plan.options import DEFAULT_MPP
 from tilestore.reading.resolution import OverrideMpp, ScanMpp
+from tilestore.workers import Calls
+
+# processes making stores' embeddings groups at once (`Embedder._group_makers`)
+GROUP_MAKERS = 8
 
 
 @checked_options
@@ -195,6 +199,7 @@ class Embedder:
         self._setup |= {k: round(v, 3) for k, v in host.timings.items()}
         self._batch_note = host.batch_note
         self.model_mb = host.model_mb
+        self._makers: Calls | None = None  # `_group_makers`
 
     def writer_identity(self) -> RunIdentity:
         """What an embeddings group records of the run that writes it."""
@@ -224,8 +229,19 @@ class Embedder:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _group_makers(self) -> Calls:
+        """The worker processes that make each store's embeddings group (`store_jobs`: some
+        30 zarr arrays, 200 ms of a CPU a store, which on the run's threads held the GIL the
+        GPU loop needs): started as the first run needs them, kept between runs."""
+        if self._makers is None:
+            self._makers = Calls(max(2, min(GROUP_MAKERS, usable_cpus() // 2)))
+        return self._makers
+
     def close(self) -> None:
         """Stop the decoder processes and release the GPU JPEG decoder."""
+        if self._makers is not None:
+            self._makers.close()
+            self._makers = None
         if self.processes is not None:
             self.processes.close()
             self.processes = None
@@ -259,6 +275,7 @@ class Embedder:
                 self.settings.any_scale,
                 self.settings.break_lock,
                 checked.plans if checked is not None else None,  # resolved once, by the checks
+                makers=self._group_makers(),
             ),
             report_path,
             progress,

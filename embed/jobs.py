@@ -11,10 +11,11 @@ from __future__ import annotations
 import collections
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -175,6 +176,7 @@ def store_jobs(
     break_lock: bool = False,
     resolved: Mapping[str, ResolvedPlan] | None = None,
     ahead: int = STORES_AHEAD,
+    makers: Callable[..., Any] | None = None,
 ) -> Iterator[Job]:
     """Jobs for whole stores, in the order given, each opened, planned and given its
     embeddings group (`_open_job`) on one of `ahead` threads while the GPU embeds the
@@ -183,13 +185,24 @@ def store_jobs(
     the others go on. A lock taken over (`EmbeddingWriter`, break_lock or a silent holder)
     is said in the report's warnings too. resolved: each store's plan options as the checks
     before the run resolved them (`tilestore.embed.preflight.Preflight.plans`, by the
-    input's path): taken as they are, never resolved again. The report hears of each input
-    in order, from this generator's thread alone."""
+    input's path): taken as they are, never resolved again. makers: worker processes that
+    make the groups (`EmbeddingWriter.create`'s maker: `tilestore.workers.Calls`); None:
+    the opening threads do. The report
+    hears of each input in order, from this generator's thread alone."""
 
     def open_one(staged: Staged) -> _Opened:
         chosen = (resolved or {}).get(str(staged.given), plan)
         return _open_job(
-            staged, spec, chosen, identity, overwrite, report, max_tiles, any_scale, break_lock
+            staged,
+            spec,
+            chosen,
+            identity,
+            overwrite,
+            report,
+            max_tiles,
+            any_scale,
+            break_lock,
+            makers,
         )
 
     pending: collections.deque[Future] = collections.deque()
@@ -233,6 +246,7 @@ def _open_job(
     max_tiles: int | None,
     any_scale: bool,
     break_lock: bool,
+    makers: Callable[..., Any] | None = None,
 ) -> _Opened:
     """One input opened for the run: its store prepared (`prepare`), its writer made (the
     lock taken) and its group created, or why not. Of the report, reads and tells its file
@@ -259,7 +273,8 @@ def _open_job(
             create=False,
             break_lock=break_lock,
         )
-        writer.create()  # here, beside the GPU's work, not in the writer's line
+        # here, beside the GPU's work, not in the writer's line; in a process where given
+        writer.create(maker=makers)
         report.filesystems.wrote(store)
         seconds["group"] = _lap(clock)
     except AlreadyComplete as exc:

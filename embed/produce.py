@@ -26,6 +26,7 @@ from tilestore.embed.buffers import SlotPool
 from tilestore.embed.decodeplan import DecodePath, DecodePlan, decode_plan, slide_decoding
 from tilestore.embed.jobs import Job
 from tilestore.embed.nvjpeg import GpuDecodeFailed, GpuJpeg
+from tilestore.embed.packing import Packer
 from tilestore.embed.procdecode import ProcessDecoder
 from tilestore.embed.queues import DONE, Stopped, put
 from tilestore.embed.report import RunReport, Stats
@@ -80,24 +81,29 @@ class Producer:
         """Put each job's JobStart, batches and JobEnd on `ready`, then DONE (or the error
         that stopped it)."""
         settings = self.settings
+        # small slides' partial batches share model batches (`tilestore.embed.packing`)
+        packer = Packer(settings.batch_size, lambda item: put(ready, item, stop))
         try:
             stream = torch.cuda.Stream(settings.device) if settings.cuda else None
+            on_stream = lambda: torch.cuda.stream(stream) if stream else contextlib.nullcontext()  # noqa: E731
             with (
                 ThreadPoolExecutor(settings.decoders, "tilestore-decode") as decoders,
                 ThreadPoolExecutor(settings.readers, "tilestore-cut") as cutters,
             ):
                 for job in _ahead(jobs, stop, self.prepared):
-                    put(ready, JobStart(job), stop)
+                    packer.put(JobStart(job))
                     # on a file system a write found full or read-only: the writer fails it
                     refused = report.filesystems.refusal(job.store) is not None
                     try:
                         if len(job.todo) and not refused:
-                            with torch.cuda.stream(stream) if stream else contextlib.nullcontext():
-                                self._job(job, report, decoders, cutters, ready, stop)
+                            with on_stream():
+                                self._job(job, report, decoders, cutters, packer.put, stop)
                     except TilestoreError as exc:  # this slide's data: the others go on
-                        put(ready, JobFailed(job, exc), stop)
+                        packer.put(JobFailed(job, exc))
                         continue
-                    put(ready, JobEnd(job), stop)
+                    packer.put(JobEnd(job))
+            with on_stream():
+                packer.flush()
             put(ready, DONE, stop)
         except Stopped:
             return
@@ -105,7 +111,7 @@ class Producer:
             with contextlib.suppress(Stopped):
                 put(ready, exc, stop)
 
-    def _job(self, job: Job, report: RunReport, decoders, cutters, ready, stop) -> None:
+    def _job(self, job: Job, report: RunReport, decoders, cutters, hand_on: Callable, stop) -> None:
         settings, plan, batch = self.settings, job.plan, self.settings.batch_size
         reader = job.slide.chunks(plan.spec.level)
         decoding = self._decode_plan(job, reader, report)
@@ -113,14 +119,14 @@ class Producer:
         path = decoding.path
         sub = plan.subset(job.todo)
         steps = chunk_schedule(sub)
-        emit = lambda b: put(ready, b, stop)  # noqa: E731 - a callback, named for reading
+        emit = hand_on  # each batch to the GPU loop, through the packer
         t0 = time.perf_counter()
         if path in ("nvjpeg", "both"):  # the CPU takes over where nvJPEG fails
             emitted: set[int] = set()
 
             def emit_gpu(b: Batch) -> None:
                 emitted.add(b.block)
-                put(ready, b, stop)
+                hand_on(b)
 
             try:
                 self._on_device(job, reader, sub, steps, emit_gpu, stop, decoders, path)

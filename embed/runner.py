@@ -26,7 +26,7 @@ import torch
 
 from tilestore import stopping
 from tilestore.embed import nvtx
-from tilestore.embed.assemble import Batch
+from tilestore.embed.assemble import Batch, Piece
 from tilestore.embed.buffers import SlotPool
 from tilestore.embed.compilecache import CompileCache, Waiting, cache_key
 from tilestore.embed.forward import Forward
@@ -282,7 +282,8 @@ class Runner:
                     run.report.notes.extend(self.notes)
                     self.notes.clear()
                 continue
-            if id(item.job) in run.failed:  # its slide failed at a batch before: not computed
+            if all(id(piece.job) in run.failed for piece in item.pieces()):
+                # its slide (each slide packed in it) failed at a batch before: not computed
                 if item.pool is not None:
                     item.pool.release(item.slot)
                 continue
@@ -342,12 +343,16 @@ class Runner:
         stored = rows[:, : self.forward.stored_width].to(getattr(torch, self.settings.dtype))
         return torch.isfinite(stored).all()
 
-    def _not_finite(self, batch: Batch, rows: torch.Tensor) -> str:
-        """Why a batch is not written: its store, the model, and the tiles whose features are
-        not finite as stored (plan indices, level-0 x, y of the first few, and how many)."""
+    def _not_finite(self, piece: Piece, rows: torch.Tensor) -> str | None:
+        """Why a plan batch is not written: its store, the model, and the tiles whose
+        features are not finite as stored (plan indices, level-0 x, y of the first few, and
+        how many); None where its own rows are all finite (packed beside one that is not)."""
         dtype = self.settings.dtype
         stored = rows[:, : self.forward.stored_width].to(getattr(torch, dtype)).numpy()
         bad = non_finite_rows(stored)
+        if not len(bad):
+            return None
+        batch = piece
         tiles = batch.block * self.settings.batch_size + bad
         plan = batch.job.plan
         shown = ", ".join(f"{t} at ({plan.x[t]}, {plan.y[t]})" for t in tiles[:3].tolist())
@@ -428,13 +433,17 @@ class Runner:
                         if idle is not None:
                             stats.add("gpu_idle", idle)
                         last_end = end
-                    if id(batch.job) not in firsts:  # its slide's first: the switch to it
-                        firsts.add(id(batch.job))
-                        if len(firsts) > 1 and idle is not None:  # the run's fill is not one
-                            with run.lock:
-                                report.switched(batch.job, idle)
-                    slot, held = held, None
-                    lanes.submit(id(batch.job), functools.partial(self._batch, run, batch, slot))
+                    pieces = batch.pieces()
+                    for piece in pieces:
+                        if id(piece.job) not in firsts:  # its slide's first: the switch to it
+                            firsts.add(id(piece.job))
+                            if len(firsts) > 1 and idle is not None:  # not the run's fill
+                                with run.lock:
+                                    report.switched(piece.job, idle if piece.start == 0 else 0.0)
+                    slot, held = _Held(held, len(pieces)), None
+                    for piece in pieces:  # each slide's rows on its own lane
+                        write = functools.partial(self._batch, run, piece, slot)
+                        lanes.submit(id(piece.job), write)
                 except BaseException as exc:
                     report.writer_error = exc
                     if held is not None:
@@ -458,30 +467,33 @@ class Runner:
         except TilestoreError as exc:
             self._fail(run, job, str(exc))
 
-    def _batch(self, run: _Run, batch: Batch, slot: int) -> None:
-        """A batch's rows written into its store from output `slot` (then given back), or,
-        where they are not finite as stored, its slide failed."""
-        outputs, job = run.outputs, batch.job
+    def _batch(self, run: _Run, piece: Piece, slot: _Held) -> None:
+        """A plan batch's rows written into its store from the output slot (given back once
+        every slide's rows in it are), or, where they are not finite as stored, its slide
+        failed."""
+        outputs, job = run.outputs, piece.job
         try:
-            rows = outputs.buffers[slot][: batch.count]
+            rows = outputs.buffers[slot.slot][piece.start : piece.start + piece.count]
             if id(job) in run.failed:  # its slide failed at a batch before
                 return
-            if not run.finite[slot]:  # copied before `done`: read without a sync
-                error = self._not_finite(batch, rows)
-                self._fail(run, job, error)
-                return
+            if not run.finite[slot.slot]:  # copied before `done`: read without a sync
+                error = self._not_finite(piece, rows)
+                if error is not None:
+                    self._fail(run, job, error)
+                    return
             with run.stats.span("write"):
                 try:
-                    job.writer.write(batch.block, rows.numpy())
+                    job.writer.write(piece.block, rows.numpy())
                 except WriteFailed as exc:  # its slide stops here, the run goes on
                     self._stop(run, job, exc)
                     return
         finally:
-            outputs.release(slot)
+            if slot.done():
+                outputs.release(slot.slot)
         with run.lock:
-            run.report.count(job, batch.count)
+            run.report.count(job, piece.count)
             if run.progress:
-                run.progress(batch.count, run.report.progress_total())
+                run.progress(piece.count, run.report.progress_total())
 
     def _finish(self, run: _Run, job: Job) -> None:
         """A job's last step on its lane: its last writes and record, its lock released."""
@@ -502,6 +514,19 @@ class Runner:
             if job in run.open_jobs:
                 run.open_jobs.remove(job)
             run.report.completed(job, time.perf_counter() - started)
+
+
+class _Held:
+    """An output slot held by the slides whose rows it carries, given back by the last."""
+
+    def __init__(self, slot: int, holders: int) -> None:
+        self.slot, self._left, self._lock = slot, holders, threading.Lock()
+
+    def done(self) -> bool:
+        """One holder is through with it; whether it was the last."""
+        with self._lock:
+            self._left -= 1
+            return self._left == 0
 
 
 @dataclass(frozen=True)

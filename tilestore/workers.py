@@ -12,8 +12,13 @@ of a request.
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import importlib
 import json
 import os
+import pickle
+import queue
 import signal
 import subprocess
 import sys
@@ -87,3 +92,98 @@ def _end_with(caller: int, every: float = 0.5) -> None:
     while os.getppid() == caller:
         time.sleep(every)
     os._exit(1)
+
+
+class Calls:
+    """Functions called in `count` worker processes (`python -m tilestore.calling`): each
+    call blocks its thread until a worker has run it and returns its result, or raises what
+    it raised; calls from several threads run at once, one a worker. The function, its
+    arguments and its result travel pickled (the function by its module and name). A
+    worker that dies fails its call (`WorkerGone`) and is started again for the next."""
+
+    def __init__(self, count: int) -> None:
+        self._count, self._started = max(1, count), 0
+        self._idle: queue.Queue[subprocess.Popen] = queue.Queue()
+        self._all: list[subprocess.Popen] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        worker = self._take()
+        call = (function.__module__, function.__qualname__, args, kwargs)
+        try:
+            assert worker.stdin is not None and worker.stdout is not None
+            worker.stdin.write(json.dumps({"call": _packed(call)}) + "\n")
+            line = worker.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:  # it died on this call: a new one takes the next
+            code = worker.poll()
+            with self._lock:
+                self._all.remove(worker)
+                self._started -= 1
+            worker.kill()
+            raise WorkerGone(f"the worker process running {function.__qualname__} died "
+                             f"(exit code {code})")  # fmt: skip
+        self._idle.put(worker)
+        result, error = _unpacked(json.loads(line)["reply"])
+        if error is not None:
+            raise error
+        return result
+
+    def _take(self) -> subprocess.Popen:
+        with self._lock:
+            if self._idle.empty() and self._started < self._count:
+                self._started += 1
+                worker = start("tilestore.calling")
+                self._all.append(worker)
+                return worker
+        return self._idle.get()
+
+    def close(self) -> None:
+        """Stop the workers (each also ends with its caller)."""
+        with self._lock:
+            workers, self._all = self._all, []
+        for worker in workers:
+            with contextlib.suppress(OSError):
+                assert worker.stdin is not None
+                worker.stdin.close()
+        for worker in workers:
+            try:
+                worker.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+            if worker.stdout is not None:
+                worker.stdout.close()
+
+
+class WorkerGone(RuntimeError):
+    """A worker process died while it ran a call."""
+
+
+def _packed(value: Any) -> str:
+    return base64.b64encode(pickle.dumps(value)).decode("ascii")
+
+
+def _unpacked(text: str) -> Any:
+    return pickle.loads(base64.b64decode(text))
+
+
+def answer_call(request: dict[str, Any]) -> str:
+    """A worker's reply to one call (`Calls`): (result, None) or (None, the exception), as
+    JSON holding their pickle. An exception that does not pickle comes back as a
+    RuntimeError with its class and message."""
+    module, name, args, kwargs = _unpacked(request["call"])
+    function: Any = importlib.import_module(module)
+    for part in name.split("."):
+        function = getattr(function, part)
+    try:
+        reply = (function(*args, **kwargs), None)
+    except Exception as exc:
+        reply = (None, exc)
+    try:
+        packed = _packed(reply)
+    except Exception:
+        error = reply[1]
+        packed = _packed((None, RuntimeError(f"{type(error).__name__}: {error}")))
+    return json.dumps({"reply": packed})

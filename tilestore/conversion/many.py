@@ -9,10 +9,9 @@ in the order the slides were given.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -20,6 +19,7 @@ from typing import Annotated, Any, Literal
 from tilestore.cpus import usable_cpus
 from tilestore.errors import TilestoreError
 from tilestore.options import Opt, checked
+from tilestore.workers import Calls
 
 AtOnce = Annotated[
     int | Literal["auto"],
@@ -82,26 +82,27 @@ def convert_many(
     shared = dict(options)
     shared.setdefault("workers", max(1, usable_cpus() // count))
     shared.pop("progress", None)  # a chunk count per slide means nothing across processes
-    # spawned, not forked: the caller may hold threads (a progress bar, zarr's event loop)
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(count, mp_context=context) as pool:
-        futures: list[Future] = []
-        try:
-            for path, series in slides:
-                future = pool.submit(_in_worker, Path(path), series, output(Path(path)), shared)
-                if done is not None:
-                    future.add_done_callback(lambda f: f.exception() or done(f.result()))
-                futures.append(future)
-            for future in futures:
-                outcome = future.result()
-                if isinstance(outcome.error, _Said):
-                    outcome = Converted(
-                        outcome.source, outcome.series, error=outcome.error.raised()
-                    )
-                yield outcome
-        finally:  # stopped early (an interrupt): the slides not begun are not
-            for future in futures:
-                future.cancel()
+    calls = Calls(count)  # `python -m` workers: a caller's script is never imported again
+
+    def one(path: Path, series: str | None) -> Converted:
+        outcome = calls(_in_worker, path, series, output(path), shared)
+        if done is not None:
+            done(outcome)
+        return outcome
+
+    threads = ThreadPoolExecutor(count, "tilestore-convert")
+    futures = [threads.submit(one, Path(path), series) for path, series in slides]
+    try:
+        for future in futures:
+            outcome = future.result()
+            if isinstance(outcome.error, _Said):
+                outcome = Converted(outcome.source, outcome.series, error=outcome.error.raised())
+            yield outcome
+    finally:  # stopped early (an interrupt): the slides not begun are not
+        for future in futures:
+            future.cancel()
+        threads.shutdown(wait=False, cancel_futures=True)
+        calls.close()
 
 
 def _in_worker(

@@ -17,6 +17,7 @@ import datetime as dt
 import os
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -264,15 +265,25 @@ class EmbeddingWriter:
             self._release_lock()
             raise
 
-    def create(self) -> None:
+    def create(self, maker: Callable[..., Any] | None = None) -> None:
         """Make the group (replacing an old one under overwrite=True), unless it is open.
         Where it cannot be made (WriteFailed: a full disk, a file in the way), what was made
-        of it is removed, and the writer writes nothing (`_made_group`)."""
+        of it is removed, and the writer writes nothing (`_made_group`).
+
+        maker: called as maker(make_group, store, plan, plan_uid, identity) to make it
+        elsewhere, and wait for it (a run hands it to a process: making a group is some 30
+        zarr arrays, 200 ms of one CPU that a thread of the run would hold the GIL for); this
+        writer holds the lock meanwhile, and opens the group made."""
         if self.group is None:
             with written_whole(self.root, self.path, self.slide.name, self.path):
                 if self._replace:
                     del self.root[self.path]
-                self._open(self._create())
+                if maker is None:
+                    self._open(self._create())
+                else:
+                    store = str(_directory(self.slide))
+                    maker(make_group, store, self.plan, self._uid, self.run)
+                    self._open(self.root[self.path])
             self._made = True
 
     def _made_group(self) -> None:
@@ -325,6 +336,7 @@ class EmbeddingWriter:
         self.run = identity
         # what the group's attributes must equal for this run to resume it
         self.identity = {**identity.record(), "plan": {"name": plan.name, "uid": plan_uid}}
+        self._uid = plan_uid
         self._lock = None
         self.attached = False
         self.group = None
@@ -481,7 +493,7 @@ class EmbeddingWriter:
                 try:
                     del self.root[self.path]
                     folder = self.path.rsplit("/", 1)[0]  # embeddings/<model>, made for it
-                    if folder != self.path and not any(True for _ in self.root[folder].members()):
+                    if folder != self.path and not _members(self.root, folder):
                         del self.root[folder]
                 except OSError as exc:  # a read-only file system: it stays, never complete
                     return f"nothing was written; {self.path} stays empty ({exc.strerror})"
@@ -709,6 +721,24 @@ class EmbeddingWriter:
             with contextlib.suppress(OSError):
                 self._lock.release()
             self._lock = None
+
+
+def make_group(store: str, plan: TilePlan, plan_uid: str, identity: RunIdentity) -> None:
+    """Make a run's embeddings group for `plan` in `store` as `EmbeddingWriter.create` does
+    (its caller holds the group's lock, and removes what is made where this fails)."""
+    from tilestore.reading.opening import open_slide
+
+    writer = EmbeddingWriter.__new__(EmbeddingWriter)
+    writer._setup(open_slide(store), plan, plan_uid, identity)
+    writer._create()
+
+
+def _members(root, folder: str) -> bool:
+    """Whether the group `folder` holds anything; True where it is gone (nothing to remove)."""
+    try:
+        return any(True for _ in root[folder].members())
+    except KeyError:
+        return True  # not there (or not a group): nothing of ours to remove
 
 
 def _directory(slide: Slide) -> Path:

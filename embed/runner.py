@@ -374,9 +374,7 @@ class Runner:
     def _fail(self, run: _Run, job: Job, error: str, fault: WriteFault | None = None) -> None:
         """A slide failed (its data, or a batch not finite): its later batches are dropped,
         what is done stays done (a later run resumes from it), the report says why. On its
-        lane (`_write`), or where its lane is not yet running."""
-        if id(job) in run.failed:
-            return
+        lane (`_write`)."""
         run.failed[id(job)] = job
         left = job.writer.abandon()
         with run.lock:
@@ -417,10 +415,7 @@ class Runner:
                         lanes.submit(id(item.job), functools.partial(self._finish, run, item.job))
                         continue
                     if isinstance(item, JobFailed):
-                        error = item.error
-                        fail = functools.partial(
-                            self._fail, run, item.job, str(error), getattr(error, "fault", None)
-                        )
+                        fail = functools.partial(self._data_failed, run, item.job, item.error)
                         lanes.submit(id(item.job), fail)
                         continue
                     batch, held, done, start, end, waited = item
@@ -452,6 +447,12 @@ class Runner:
             lanes.join()
             if lanes.error is not None and report.writer_error is None:
                 report.writer_error = lanes.error
+
+    def _data_failed(self, run: _Run, job: Job, error: TilestoreError) -> None:
+        """A job's data failed (the producer's `JobFailed`): failed, unless a batch of it
+        failed before (said then)."""
+        if id(job) not in run.failed:
+            self._fail(run, job, str(error), getattr(error, "fault", None))
 
     def _start(self, run: _Run, job: Job) -> None:
         """A job's first step on its lane: its group made where the opening did not (a store

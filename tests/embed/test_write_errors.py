@@ -213,12 +213,13 @@ def test_a_folder_made_read_only_mid_run_stops_its_slide_at_once(
 ):
     """Two stores on a bind mount made read-only after the first one's first shard, one
     beside it on the same device, writable: the first stops at its next shard (the batches
-    after it not computed, but for those already in the pipeline), the second is not
-    attempted (not computed at all), the third completes."""
+    after it not computed, but for those already in the pipeline), the second is written
+    whole before or fails read-only (not attempted: not computed at all), the third
+    completes."""
     from collections import Counter
 
     from tilestore.embed.engine import embed
-    from tilestore.embed.runner import Runner
+    from tilestore.embed.runner import STORE_LANES, Runner
     from tilestore.embed.settings import Options
 
     first, second = _copy(stores, bound, "a"), _copy(stores, bound, "b")
@@ -227,7 +228,8 @@ def test_a_folder_made_read_only_mid_run_stops_its_slide_at_once(
     compute = Runner._compute_batch
 
     def counted(self, run, item, waited):
-        computed[item.job.store.name] += 1
+        for piece in item.pieces():  # a slide's batch, packed with others' or not
+            computed[piece.job.store.name] += 1
         return compute(self, run, item, waited)
 
     flush = EmbeddingWriter._flush
@@ -245,7 +247,7 @@ def test_a_folder_made_read_only_mid_run_stops_its_slide_at_once(
                       shard_tiles=8, prefetch=1)  # fmt: skip
     report = embed([first, second, other], lite, plan=PLAN, options=options)
     errors = {f["store"]: f for f in report.failures}
-    assert set(errors) == {str(first), str(second)}
+    assert set(errors) - {str(second)} == {str(first)}
     assert errors[str(first)]["cause"] == "EROFS"
     assert re.fullmatch(
         rf"writing embeddings/{LITE}/{PLAN} \(its shard 1\): Read-only file system; write on "
@@ -254,22 +256,23 @@ def test_a_folder_made_read_only_mid_run_stops_its_slide_at_once(
         r"kept: rerun the same command to resume\)",
         errors[str(first)]["error"],
     ), errors[str(first)]["error"]
-    # opened beside the first (stores are opened ahead of the GPU, `store_jobs`): either
-    # found read-only by its own group's making, or, opened after the first's failure, not
-    # attempted; never computed either way
-    assert errors[str(second)]["error"] in (
-        f"not attempted: its file system is read-only (writing into {first} failed: "
-        "Read-only file system); write on a writable file system (or remount this one "
-        "read-write), then run the same command",
-        f"writing embeddings/{LITE}/{PLAN}: Read-only file system; write on a writable file "
-        "system (or remount this one read-write), then run the same command: what was "
-        "written before is kept",
-    ), errors[str(second)]["error"]
-    assert errors[str(second)]["cause"] == "EROFS"
-    # at once: the shard that failed held batches 2-3; at most the pipeline's 3 after it
-    assert 4 <= computed[first.name] <= 4 + 3 < 12
-    assert computed[second.name] == 0 and computed[other.name] == 12
-    assert _complete(other) and not _complete(first) and not _complete(second)
+    # the second is opened, and its batches written on a lane of their own, beside the
+    # first's (`store_jobs`, `Lanes`): written whole before the remount, or found read-only
+    # by its own group or writes, or, opened after the first's failure, not attempted (and
+    # then not computed at all); never half-written and marked complete
+    if str(second) in errors:
+        said = errors[str(second)]["error"]
+        assert "read-only file system" in said.lower(), said
+        if said.startswith("not attempted"):
+            assert computed[second.name] == 0
+        assert not _complete(second)
+    else:
+        assert _complete(second), (report.finished, report.slides, report.warnings, report.kept)
+    # at once: the shard that failed held batches 2-3; after it at most what the pipeline
+    # holds (a batch ready, the output slots the GPU loop and the lanes hold)
+    assert 4 <= computed[first.name] <= 4 + 1 + 2 + STORE_LANES < 12
+    assert computed[other.name] == 12
+    assert _complete(other) and not _complete(first)
     subprocess.run(["mount", "-o", "remount,rw,bind", str(bound)], check=True)
     # the locks could not be removed from the read-only folder: they name this process,
     # which a later run on this host takes over once it is gone (`locks.gone`); as then:

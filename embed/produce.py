@@ -83,6 +83,7 @@ class Producer:
         settings = self.settings
         # small slides' partial batches share model batches (`tilestore.embed.packing`)
         packer = Packer(settings.batch_size, lambda item: put(ready, item, stop))
+        ahead = _ahead(jobs, stop, self.prepared)
         try:
             stream = torch.cuda.Stream(settings.device) if settings.cuda else None
             on_stream = lambda: torch.cuda.stream(stream) if stream else contextlib.nullcontext()  # noqa: E731
@@ -90,7 +91,7 @@ class Producer:
                 ThreadPoolExecutor(settings.decoders, "tilestore-decode") as decoders,
                 ThreadPoolExecutor(settings.readers, "tilestore-cut") as cutters,
             ):
-                for job in _ahead(jobs, stop, self.prepared):
+                for job in ahead:
                     packer.put(JobStart(job))
                     # on a file system a write found full or read-only: the writer fails it
                     refused = report.filesystems.refusal(job.store) is not None
@@ -110,6 +111,8 @@ class Producer:
         except BaseException as exc:  # handed to the main thread, which raises it
             with contextlib.suppress(Stopped):
                 put(ready, exc, stop)
+        finally:
+            ahead.close()
 
     def _job(self, job: Job, report: RunReport, decoders, cutters, hand_on: Callable, stop) -> None:
         settings, plan, batch = self.settings, job.plan, self.settings.batch_size
@@ -227,8 +230,18 @@ def _ahead(
             if close is not None:
                 close()
 
-    threading.Thread(target=prepare, name="tilestore-prepare", daemon=True).start()
-    while (item := box.get()) is not DONE:
-        if isinstance(item, BaseException):
-            raise item
-        yield item
+    thread = threading.Thread(target=prepare, name="tilestore-prepare", daemon=True)
+    thread.start()
+    try:
+        while (item := box.get()) is not DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:  # stopped: every job it opened is told (`prepared`) before the run releases them
+        if stop.is_set():
+            thread.join(PREPARE_JOIN_S)
+
+
+# how long a stopped run waits for the jobs being opened (a group being made in a worker; a
+# Stager's conversion is not waited for: its worker is stopped after)
+PREPARE_JOIN_S = 30.0

@@ -301,7 +301,8 @@ class RunReport:
 
     def switched(self, job, seconds: float) -> None:
         """The GPU (without one, the loop) waited `seconds` for the job's first batch after
-        the batch before it: the slide's fixed cost on the run's critical path."""
+        the batch before it (its share, where that batch held several slides' first rows):
+        the slide's fixed cost on the run's critical path."""
         self._fixed.setdefault(str(job.store), {})["gpu_waited"] = round(seconds, 4)
 
     def stopped(self, signal: str) -> None:

@@ -429,12 +429,15 @@ class Runner:
                             stats.add("gpu_idle", idle)
                         last_end = end
                     pieces = batch.pieces()
-                    for piece in pieces:
-                        if id(piece.job) not in firsts:  # its slide's first: the switch to it
-                            firsts.add(id(piece.job))
-                            if len(firsts) > 1 and idle is not None:  # not the run's fill
-                                with run.lock:
-                                    report.switched(piece.job, idle if piece.start == 0 else 0.0)
+                    # the slides whose first rows this batch holds: the GPU's wait for it is
+                    # their switch, shared among them (the run's fill aside)
+                    new = [p.job for p in pieces if id(p.job) not in firsts]
+                    fill = not firsts
+                    firsts.update(id(job) for job in new)
+                    if new and not fill and idle is not None:
+                        with run.lock:
+                            for job in new:
+                                report.switched(job, idle / len(new))
                     slot, held = _Held(held, len(pieces)), None
                     for piece in pieces:  # each slide's rows on its own lane
                         write = functools.partial(self._batch, run, piece, slot)

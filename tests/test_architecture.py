@@ -48,6 +48,7 @@ FLOORS = (
         "tilestore.progress",
         "tilestore.stopping",
         "tilestore.workers",
+        "tilestore.calling",
     ),
 )
 # conversion writes stores: only the job (embed) and the command start it, never a reader,

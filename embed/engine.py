@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -264,7 +265,7 @@ class Embedder:
         identity = self.writer_identity()
         spec, overwrite, most = self.loaded.spec, self.settings.overwrite, self.settings.max_tiles
         return self._run(
-            lambda report: store_jobs(
+            lambda report, stop: store_jobs(
                 as_staged(stores),
                 spec,
                 plan,
@@ -276,6 +277,7 @@ class Embedder:
                 self.settings.break_lock,
                 checked.plans if checked is not None else None,  # resolved once, by the checks
                 makers=self._group_makers(),
+                stop=stop,
             ),
             report_path,
             progress,
@@ -293,11 +295,11 @@ class Embedder:
         """Embed the batches of each slice still to do, into groups made beforehand. say:
         called with a line as the run does something worth a log line (compiling)."""
         identity = self.writer_identity()
-        return self._run(lambda report: slice_jobs(slices, identity), None, progress, say=say)
+        return self._run(lambda report, stop: slice_jobs(slices, identity), None, progress, say=say)
 
     def _run(
         self,
-        make_jobs: Callable[[RunReport], Iterator[Job]],
+        make_jobs: Callable[[RunReport, threading.Event], Iterator[Job]],
         report_path: str | os.PathLike | None,
         progress: Callable[[int, int], None] | None,
         checked: Preflight | None = None,
@@ -318,7 +320,8 @@ class Embedder:
             torch.cuda.reset_peak_memory_stats(self.settings.device)
         try:
             with Sampler(self.settings.device) as sampler:
-                stats = self.runner.run(make_jobs(report), report, progress, say)
+                halt = threading.Event()  # the run's stop: its jobs stop opening stores too
+                stats = self.runner.run(make_jobs(report, halt), report, progress, say, halt)
         except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM: what was done is kept, and said
             report.stopped(str(stop) or "SIGINT")
             report.wall_s = time.perf_counter() - started + report.setup_s

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,7 @@ def store_jobs(
     resolved: Mapping[str, ResolvedPlan] | None = None,
     ahead: int = STORES_AHEAD,
     makers: Callable[..., Any] | None = None,
+    stop: threading.Event | None = None,
 ) -> Iterator[Job]:
     """Jobs for whole stores, in the order given, each opened, planned and given its
     embeddings group (`_open_job`) on one of `ahead` threads while the GPU embeds the
@@ -187,8 +189,11 @@ def store_jobs(
     before the run resolved them (`tilestore.embed.preflight.Preflight.plans`, by the
     input's path): taken as they are, never resolved again. makers: worker processes that
     make the groups (`EmbeddingWriter.create`'s maker: `tilestore.workers.Calls`); None:
-    the opening threads do. The report
-    hears of each input in order, from this generator's thread alone."""
+    the opening threads do. stop: the run's; once set, no more is opened and the jobs end
+    (the run has stopped: it takes no more). The report hears of each input in order,
+    from this generator's thread alone."""
+
+    stopped = threading.Event()  # the jobs are closed: an input not yet opened never is
 
     def open_one(staged: Staged) -> _Opened:
         chosen = (resolved or {}).get(str(staged.given), plan)
@@ -203,6 +208,7 @@ def store_jobs(
             any_scale,
             break_lock,
             makers,
+            stopped,
         )
 
     pending: collections.deque[Future] = collections.deque()
@@ -223,10 +229,13 @@ def store_jobs(
                     if held is None:
                         return
                     continue
+                if not _waited(pending[0], stop):
+                    return  # the run stopped while this store was opened
                 opened = pending.popleft().result()
                 if _reported(opened, report):
                     yield opened.job
         finally:  # stopped early: the stores opened ahead release their locks
+            stopped.set()  # those being opened stop at their next step
             for future in pending:
                 future.cancel()
             for future in pending:
@@ -247,10 +256,13 @@ def _open_job(
     any_scale: bool,
     break_lock: bool,
     makers: Callable[..., Any] | None = None,
+    stopped: threading.Event | None = None,
 ) -> _Opened:
     """One input opened for the run: its store prepared (`prepare`), its writer made (the
     lock taken) and its group created, or why not. Of the report, reads and tells its file
-    systems only (`FileSystems`: one set or dict operation a change, safe on threads)."""
+    systems only (`FileSystems`: one set or dict operation a change, safe on threads).
+    stopped: set, no step is begun (`_StoppedOpening`); whatever ends it early (that, a
+    worker gone, a KeyboardInterrupt) releases the lock it took."""
     store = Path(staged.store or staged.given)
     refused = report.filesystems.refusal(store)
     if refused is not None:  # on a file system a write found full or read-only
@@ -258,10 +270,17 @@ def _open_job(
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
     writer = None
+
+    def go_on() -> None:
+        if stopped is not None and stopped.is_set():
+            raise _StoppedOpening
+
     try:
         if staged.error:
             raise staged.error
+        go_on()
         ready = prepare(store, spec, plan, identity, any_scale=any_scale)
+        go_on()
         seconds["open_plan"] = _lap(clock)
         clock = time.perf_counter()
         writer = EmbeddingWriter(
@@ -273,16 +292,19 @@ def _open_job(
             create=False,
             break_lock=break_lock,
         )
+        go_on()
         # here, beside the GPU's work, not in the writer's line; in a process where given
         writer.create(maker=makers)
         report.filesystems.wrote(store)
         seconds["group"] = _lap(clock)
     except AlreadyComplete as exc:
         return _Opened(staged, store, skipped=str(exc))
-    except TilestoreError as exc:  # WriteFailed too: its plan, lock or group, as a batch's
+    except BaseException as exc:  # WriteFailed too: its plan, lock or group, as a batch's
         if writer is not None:
             writer.abandon()
-        return _Opened(staged, store, error=exc)
+        if isinstance(exc, TilestoreError):
+            return _Opened(staged, store, error=exc)
+        raise
     batch = identity.batch_size
     blocks = writer.todo()
     owed = len(tiles_of(blocks, batch, len(ready.plan)))
@@ -291,6 +313,22 @@ def _open_job(
     tiles = tiles_of(blocks, batch, len(ready.plan))
     job = Job(store, ready.pixels, ready.plan, writer, tiles, owed - len(tiles), ready.reading)
     return _Opened(staged, store, job=job, seconds=seconds)
+
+
+STOP_POLL_S = 0.05  # how often a wait for a store being opened looks at the run's stop
+
+
+def _waited(future: Future, stop: threading.Event | None) -> bool:
+    """Wait for the future: True once it is done, False once `stop` is set first."""
+    while not future.done():
+        if stop is not None and stop.is_set():
+            return False
+        wait([future], timeout=STOP_POLL_S if stop is not None else None)
+    return True
+
+
+class _StoppedOpening(Exception):
+    """The jobs were closed while this input was being opened (`store_jobs`)."""
 
 
 def _reported(opened: _Opened, report: RunReport) -> bool:

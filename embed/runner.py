@@ -172,10 +172,11 @@ class Runner:
         report: RunReport,
         progress: Callable[[int, int], None] | None = None,
         say: Callable[[str], None] | None = None,
+        stop: threading.Event | None = None,
     ) -> Stats:
         """Embed the jobs' tiles, writing each batch as it is done; return the stage times.
         say: told what the run does before its first batch (compiling, waiting for a
-        compile), as it happens."""
+        compile), as it happens. stop: set when the run stops (its jobs' too)."""
         settings = self.settings
         slots = settings.prefetch + 2 + STORE_LANES  # a lane holds its batch's slot as it writes
         run = _Run(
@@ -195,7 +196,7 @@ class Runner:
                 torch.ones((), dtype=torch.bool, pin_memory=settings.cuda) for _ in range(slots)
             ],
             failed={},
-            stop=threading.Event(),
+            stop=stop if stop is not None else threading.Event(),
             open_jobs=[],
             copy_stream=torch.cuda.Stream(settings.device) if settings.cuda else None,
             lanes=Lanes(STORE_LANES, limit=slots),

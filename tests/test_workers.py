@@ -1,10 +1,17 @@
 """The worker processes' loop (`tilestore.workers`): a reply a request, libraries' prints kept
-out of the replies, and a caller gone before a reply ends a worker quietly."""
+out of the replies, and a caller gone before a reply ends a worker quietly; `Calls`: functions
+run in them, a worker that dies or is closed failing its calls and never leaving one waiting."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
 
 from tilestore import workers
 
@@ -106,3 +113,86 @@ def _running(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+# -- Calls: functions run in `python -m tilestore.calling` workers ---------------------------
+
+
+def test_calls_return_results_and_raise_what_the_function_raised():
+    calls = workers.Calls(1)
+    try:
+        assert calls(divmod, 17, 5) == (3, 2)
+        with pytest.raises(ValueError, match="invalid literal"):
+            calls(int, "x")
+        assert calls(os.getpid) != os.getpid()  # in a process of its own ...
+        assert calls(os.getpid) == calls(os.getpid)  # ... the same one, reused
+    finally:
+        calls.close()
+
+
+def test_calls_from_several_threads_run_at_once_on_at_most_count_workers():
+    calls = workers.Calls(2)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            pids = list(pool.map(lambda _: calls(_slept_pid, 0.5), range(4)))
+        assert len(set(pids)) == 2  # two workers, each taking two calls
+    finally:
+        calls.close()
+
+
+def test_a_worker_killed_fails_its_call_and_a_call_waiting_for_it_gets_a_new_one():
+    """The call the dead worker ran fails (WorkerGone); a call that was waiting for a
+    worker is not left waiting for the dead one: a new worker is started for it."""
+    calls = workers.Calls(1)
+    try:
+        pid = calls(os.getpid)
+        with ThreadPoolExecutor(2) as pool:
+            running = pool.submit(calls, time.sleep, 30)
+            time.sleep(0.5)  # the one worker is busy
+            waiting = pool.submit(calls, os.getpid)
+            time.sleep(0.3)
+            os.kill(pid, signal.SIGKILL)
+            with pytest.raises(workers.WorkerGone, match="died"):
+                running.result(timeout=30)
+            assert waiting.result(timeout=60) not in (pid, os.getpid())
+    finally:
+        calls.close()
+
+
+def test_a_stop_signal_to_a_worker_is_its_callers_to_act_on():
+    """Ctrl-C at a terminal and SLURM's SIGTERM reach every process of the job: the worker
+    finishes its call (the caller decides what stops), and ends once closed."""
+    calls = workers.Calls(1)
+    try:
+        pid = calls(os.getpid)
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(calls, _slept_pid, 1.0)
+            time.sleep(0.5)
+            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGINT)
+            assert running.result(timeout=30) == pid
+    finally:
+        calls.close()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_closed_calls_fail_at_once_and_wake_the_calls_waiting_for_a_worker():
+    calls = workers.Calls(1)
+    with ThreadPoolExecutor(3) as pool:
+        running = pool.submit(calls, time.sleep, 2)
+        time.sleep(0.5)
+        waiting = [pool.submit(calls, os.getpid) for _ in range(2)]
+        time.sleep(0.2)
+        calls.close()  # the call it runs is finished; those waiting fail
+        assert running.result(timeout=30) is None
+        for future in waiting:
+            with pytest.raises(workers.WorkerGone):
+                future.result(timeout=30)
+    with pytest.raises(workers.WorkerGone, match="closed"):
+        calls(os.getpid)
+
+
+def _slept_pid(seconds: float) -> int:
+    time.sleep(seconds)
+    return os.getpid()

@@ -4,7 +4,15 @@ the functions it is asked to call."""
 
 from __future__ import annotations
 
+import signal
+
 from tilestore import workers
 
 if __name__ == "__main__":
+    # A stop is its caller's to make: Ctrl-C at a terminal and SLURM's SIGTERM (sent to
+    # every process of a job step) reach this worker too, and a group killed half made
+    # would fail its store where the caller would have released it. The worker ends
+    # when its caller closes it or is gone (`workers.serve`).
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop, signal.SIG_IGN)
     workers.serve(workers.answer_call)

@@ -99,11 +99,12 @@ class Calls:
     call blocks its thread until a worker has run it and returns its result, or raises what
     it raised; calls from several threads run at once, one a worker. The function, its
     arguments and its result travel pickled (the function by its module and name). A
-    worker that dies fails its call (`WorkerGone`) and is started again for the next."""
+    worker that dies fails its call (`WorkerGone`) and is started again for the next; once
+    closed, a call fails at once (no worker is started again)."""
 
     def __init__(self, count: int) -> None:
-        self._count, self._started = max(1, count), 0
-        self._idle: queue.Queue[subprocess.Popen] = queue.Queue()
+        self._count, self._started, self._closed = max(1, count), 0, False
+        self._idle: queue.Queue[subprocess.Popen | None] = queue.Queue()
         self._all: list[subprocess.Popen] = []
         self._lock = threading.Lock()
 
@@ -119,8 +120,10 @@ class Calls:
         if not line:  # it died on this call: a new one takes the next
             code = worker.poll()
             with self._lock:
-                self._all.remove(worker)
-                self._started -= 1
+                if worker in self._all:  # (not after close)
+                    self._all.remove(worker)
+                    self._started -= 1
+            self._idle.put(None)  # a call waiting for a worker starts one in its place
             worker.kill()
             raise WorkerGone(f"the worker process running {function.__qualname__} died "
                              f"(exit code {code})")  # fmt: skip
@@ -131,18 +134,28 @@ class Calls:
         return result
 
     def _take(self) -> subprocess.Popen:
-        with self._lock:
-            if self._idle.empty() and self._started < self._count:
-                self._started += 1
-                worker = start("tilestore.calling")
-                self._all.append(worker)
+        """An idle worker, a new one while fewer than `count` run, or the next to be idle.
+        None on the idle queue wakes a waiting call to look again: a worker died (its place
+        is free) or the workers were closed (each waiting call is told, in turn)."""
+        while True:
+            with self._lock:
+                if self._closed:
+                    self._idle.put(None)
+                    raise WorkerGone("the worker processes are closed")
+                if self._idle.empty() and self._started < self._count:
+                    self._started += 1
+                    worker = start("tilestore.calling")
+                    self._all.append(worker)
+                    return worker
+            worker = self._idle.get()
+            if worker is not None:
                 return worker
-        return self._idle.get()
 
     def close(self) -> None:
         """Stop the workers (each also ends with its caller)."""
         with self._lock:
-            workers, self._all = self._all, []
+            workers, self._all, self._closed = self._all, [], True
+        self._idle.put(None)  # wakes the calls waiting for a worker
         for worker in workers:
             with contextlib.suppress(OSError):
                 assert worker.stdin is not None

@@ -145,3 +145,39 @@ def test_a_stop_releases_the_stores_opened_ahead(cohort, lite):
     assert not list(cohort[0].parent.glob(".*.lock"))  # beside the stores: none left
     untouched = [s for s in cohort if not (s / "embeddings" / "efficientnet-lite0").exists()]
     assert len(untouched) >= 3  # all but the one (or two) that had batches written
+
+
+def test_a_store_whose_opening_dies_releases_its_lock_and_those_opened_ahead(cohort, lite):
+    """The group of the third store is being made when its worker dies (an OOM kill): the
+    error stops the jobs, and no store keeps a lock or a group made for the run (the two
+    before it, yielded, are the run's to release)."""
+    from tilestore.embed.engine import Embedder
+    from tilestore.embed.inputs import as_staged
+    from tilestore.embed.jobs import store_jobs
+    from tilestore.embed.report import RunReport
+    from tilestore.embed.settings import Options
+    from tilestore.embeddings.write import make_group
+    from tilestore.workers import WorkerGone
+
+    def maker(function, store, *args):
+        if store.endswith("s2.ome.zarr"):
+            raise WorkerGone("the worker process running make_group died (exit code -9)")
+        time.sleep(0.2)  # the stores after it are being opened meanwhile
+        return make_group(store, *args)
+
+    options = Options(device="cpu", precision="fp32", dtype="float32", batch_size=16)
+    with Embedder(lite, options) as embedder:
+        report = RunReport.start(embedder.loaded.describe(), embedder.settings)
+        jobs = store_jobs(
+            as_staged(cohort), embedder.loaded.spec, None, embedder.writer_identity(),
+            False, report, makers=maker,
+        )  # fmt: skip
+        taken = []  # the jobs yielded are the run's to release, as its `prepared` does
+        with pytest.raises(WorkerGone):
+            for job in jobs:
+                taken.append(job)
+        assert [job.store for job in taken] == cohort[:2]
+        for job in taken:
+            job.writer.abandon()
+    assert not list(cohort[0].parent.glob(".*.lock"))
+    assert not [s for s in cohort if (s / "embeddings" / "efficientnet-lite0").exists()]

@@ -35,6 +35,7 @@ from tilestore.embed import (
     Repeats,
     Share,
     SliceTiles,
+    SlidesAtOnce,
     Stager,
     brief_report,
     check_stores,
@@ -72,6 +73,7 @@ def embed(
     ),
     scan_mpp: ScanMpp = None,
     override_mpp: OverrideMpp = False,
+    at_once: SlidesAtOnce = 1,
     into: Path = typer.Option(
         Path("stores"),
         help="Folder for the stores of slide files given (an existing store "
@@ -126,6 +128,9 @@ def embed(
         raise OptionError("--plan names a stored plan: plan options cannot change it")
     if sidecars and not in_place:
         raise OptionError("--sidecars is where --in-place keeps its sidecars: add --in-place")
+    if at_once != 1 and (cluster or scheduler):  # there, as many at once as the workers
+        raise OptionError(f"--at-once {at_once}: on Dask each worker makes its own slides "
+                          "ready, one at a time: add workers instead")  # fmt: skip
     output_file(report)  # the door: its folder made and writable, or one line before any work
     # a dry run writes nothing, not even its report
     ran = _Ran(None if dry_run else report, model or slide_encoder or "", len(stores))
@@ -177,6 +182,7 @@ def embed(
         elif cluster or scheduler:
             from tilestore.format import is_store
 
+
             slides = [str(s) for s in stores if s.exists() and not is_store(s)]
             if slides and in_place:
                 raise OptionError(
@@ -197,7 +203,7 @@ def embed(
                             slide_weights)  # fmt: skip
         else:
             result = _embed_here(stores, model, choice, options, into, in_place, sidecars,
-                                 scan_mpp, override_mpp, checked)  # fmt: skip
+                                 scan_mpp, override_mpp, at_once, checked)  # fmt: skip
             ran.data = result.to_json()
             done = [s["store"] for s in result.slides if not s.get("failed")]
             done += [s["store"] for s in result.skipped]
@@ -271,11 +277,11 @@ def _outcome(done: list[str], failed: int, slide_spec, model, options, weights) 
 
 
 def _embed_here(stores, model, choice, options, into, in_place, sidecars, scan_mpp,
-                override_mpp, checked):  # fmt: skip
+                override_mpp, at_once, checked):  # fmt: skip
     """The run in this process (slide files converted or read in place on the way)."""
-    # slides start converting in a worker process before this one imports torch
+    # slides start converting in worker processes before this one imports torch
     staging = Stager(stores, into, choice, in_place=in_place, sidecars=sidecars,
-                     scan_mpp=scan_mpp, override_mpp=override_mpp)  # fmt: skip
+                     scan_mpp=scan_mpp, override_mpp=override_mpp, at_once=at_once)  # fmt: skip
     from tilestore.embed import embed as run_embed
     from tilestore.embed import format_report
 

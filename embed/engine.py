@@ -25,7 +25,7 @@ import torch
 from tilestore.cpus import usable_cpus
 from tilestore.embed import nvjpeg
 from tilestore.embed.forward import Forward, QualityLayout, place, token_layout
-from tilestore.embed.inputs import Stager, as_staged
+from tilestore.embed.inputs import SlidesAtOnce, Stager, as_staged
 from tilestore.embed.jobs import Job, PlanChoice, Slice, slice_jobs, store_jobs
 from tilestore.embed.models import LoadedModel, ModelSpec, load_model, model_record
 from tilestore.embed.nvjpeg import GpuJpeg
@@ -60,6 +60,7 @@ def embed(
     sidecars: str | os.PathLike | None = None,
     scan_mpp: ScanMpp = None,
     override_mpp: OverrideMpp = False,
+    at_once: SlidesAtOnce = 1,
     checked: Preflight | None = None,
     say: Callable[[str], None] | None = None,
 ) -> RunReport:
@@ -99,6 +100,9 @@ def embed(
     scan_mpp, override_mpp
         The level-0 um/px of slide files given where their files record none; with
         override_mpp, over what they record (as ``convert(mpp=..., override_mpp=...)``).
+    at_once : int or "auto"
+        Slide files made ready at once, each in a worker process of its own (1: one after
+        another, a slide ahead of the GPU; "auto": one per 2 CPUs): a cohort of small slides.
     checked : Preflight, optional
         What `tilestore.embed.preflight` found of these stores before (the command checks
         them before it imports torch); else they are checked here, before the model loads:
@@ -131,6 +135,7 @@ def embed(
             sidecars=sidecars,
             scan_mpp=scan_mpp,
             override_mpp=override_mpp,
+            at_once=at_once,
         )
     try:
         with Embedder(model, options) as embedder:

@@ -3,13 +3,13 @@
 A slide file (SVS, NDPI, DICOM, ...) becomes a store in the staging folder first, by the
 same conversion as `tilestore convert` (JPEG tiles copied where they can be), or, read in
 place, gets its sidecar (`tilestore.conversion.sidecar`); then the tissue mask its plan reads is
-computed and stored. All of it runs in one worker process (`python -m tilestore.embed.inputs`), one
-slide ahead of the engine, started when the Stager is made, which the command does before
-it imports torch: the first slide is converted while the embedding process imports torch
-and loads the model, each next one while the GPU embeds the one before, and the worker
-shares no GIL with the engine's threads. A slide whose store is already there (a complete
-store of a source with the same name and size: an earlier run, or one killed after
-converting) is not converted again.
+computed and stored. All of it runs in worker processes (`python -m tilestore.embed.inputs`:
+one, or `at_once` for a cohort of small slides), a slide ahead of the engine, started when
+the Stager is made, which the command does before it imports torch: the first slides are
+converted while the embedding process imports torch and loads the model, the next ones
+while the GPU embeds those before, and the workers share no GIL with the engine's threads.
+A slide whose store is already there (a complete store of a source with the same name and
+size: an earlier run, or one killed after converting) is not converted again.
 
 The worker is a plain `python -m` process reading one JSON request per line, as the decoder
 processes are (`tilestore.embed.procdecode`): it never imports the caller's main module, nor torch.
@@ -25,17 +25,32 @@ import os
 import time
 import traceback
 import warnings
+from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Annotated, Any, Literal
 
 import tilestore.errors
 from tilestore import workers
+from tilestore.cpus import usable_cpus
 from tilestore.errors import SlideError, StoreError, TilestoreError, TilestoreWarning
 from tilestore.format.store import is_store, store_name
+from tilestore.options import Opt
 from tilestore.plan import PlanOptions
 from tilestore.reading.resolution import in_scan_terms
+
+SlidesAtOnce = Annotated[
+    int | Literal["auto"],
+    Opt(
+        "Slide files made ready at once (--into, --in-place), each in a worker process of its "
+        "own ('auto': one per 2 CPUs, no more than the slides): for a cohort of small slides "
+        "(biopsies, TMA cores), which one process converting them in turn would slow.",
+        low=1,
+        high=1024,
+        metavar="N|auto",
+    ),
+]
 
 
 @dataclass(frozen=True)
@@ -134,10 +149,15 @@ class Preparation:
 
 class Stager:
     """Each input in order as a `Staged` store: stores as given; slide files made ready as
-    `Preparation` says, in a worker process, `ahead` slides before they are asked for. The
-    first slides start when the Stager is made, so they overlap the caller's imports and the
-    model's loading. A slide file with neither `into` nor in_place fails as an input that is
-    not a store."""
+    `Preparation` says, in `at_once` worker processes, `ahead` slides beyond them before
+    they are asked for. The first slides start when the Stager is made, so they overlap the
+    caller's imports and the model's loading. A slide file with neither `into` nor in_place
+    fails as an input that is not a store.
+
+    at_once: slides made ready at once, each worker's conversions given an equal share of
+    the CPUs (a cohort of small slides: a biopsy converts in half a second on one CPU,
+    which one worker would make the run's pace). A worker answers in the order it was
+    asked, and the slides are yielded in the order given."""
 
     def __init__(
         self,
@@ -150,8 +170,10 @@ class Stager:
         scan_mpp: float | None = None,
         override_mpp: bool = False,
         ahead: int = 1,
+        at_once: int | Literal["auto"] = 1,
     ) -> None:
-        self._queue = iter(map(Path, inputs))  # as given: messages name them so
+        paths = [Path(p) for p in inputs]  # as given: messages name them so
+        self._queue = iter(paths)
         self._how = Preparation.of(
             into,
             plan,
@@ -160,44 +182,58 @@ class Stager:
             scan_mpp=scan_mpp,
             override_mpp=override_mpp,
         )
+        if at_once != 1:
+            from tilestore.conversion.many import slides_at_once
+
+            at_once = slides_at_once(sum(map(self._how.wants, paths)), at_once)
+            self._how = replace(self._how, cpus=max(1, usable_cpus() // at_once))
         self._ahead = ahead
-        self._pending: list[tuple[Path, bool]] = []  # (input, sent to the worker)
-        self._worker: SlideWorker | None = None
+        # (input, the worker it was sent to; None: taken as a store)
+        self._pending: list[tuple[Path, int | None]] = []
+        self._workers: list[SlideWorker | None] = [None] * int(at_once)
         self._refill()
 
     def _refill(self) -> None:
-        while sum(sent for _, sent in self._pending) < self._ahead + 1:
+        sent = sum(worker is not None for _, worker in self._pending)
+        while sent < self._ahead + len(self._workers):
             path = next(self._queue, None)
             if path is None:
                 return
-            slide = self._how.wants(path)
-            if slide:
-                self._send(path)
-            self._pending.append((path, slide))
+            worker = self._send(path) if self._how.wants(path) else None
+            sent += worker is not None
+            self._pending.append((path, worker))
 
-    def _send(self, path: Path) -> None:
-        if self._worker is None:
-            self._worker = SlideWorker()
-        self._worker.send(self._how.request(path))
+    def _send(self, path: Path, index: int | None = None) -> int:
+        """Ask a worker to make `path` ready (the one with the fewest slides in hand, or
+        `index`); which it was."""
+        if index is None:
+            asked = Counter(worker for _, worker in self._pending if worker is not None)
+            index = min(range(len(self._workers)), key=lambda i: asked[i])
+        worker = self._workers[index]
+        if worker is None:
+            worker = self._workers[index] = SlideWorker()
+        worker.send(self._how.request(path))
+        return index
 
     def __iter__(self) -> Iterator[Staged]:
         try:
             while self._pending:
-                self._refill()  # `ahead` slides are made ready while this one is embedded
-                path, sent = self._pending.pop(0)
-                yield self._reply(path) if sent else Staged(path, path)
+                self._refill()  # slides are made ready while this one is embedded
+                path, index = self._pending.pop(0)
+                yield self._reply(path, index) if index is not None else Staged(path, path)
         finally:
             self.close()
 
-    def _reply(self, path: Path) -> Staged:
-        assert self._worker is not None
-        reply = self._worker.receive()
+    def _reply(self, path: Path, index: int) -> Staged:
+        worker = self._workers[index]
+        assert worker is not None
+        reply = worker.receive()
         if reply is None:  # the worker died on this slide: fail it, go on with a new one
-            code = self._worker.close()
-            self._worker = None
-            for later, sent in self._pending:
-                if sent:
-                    self._send(later)
+            code = worker.close()
+            self._workers[index] = None
+            for later, asked in self._pending:
+                if asked == index:  # asked of the dead one: asked again, in their order
+                    self._send(later, index)
             return staged_from(path, None, code)
         return staged_from(path, reply)
 
@@ -208,9 +244,10 @@ class Stager:
         (`tilestore.format.leftovers`)."""
         self._pending.clear()
         self._queue = iter(())
-        if self._worker is not None:
-            self._worker.close()
-            self._worker = None
+        for index, worker in enumerate(self._workers):
+            if worker is not None:
+                worker.close()
+                self._workers[index] = None
 
 
 def staged_from(path: Path, reply: dict[str, Any] | None, code: int = 0) -> Staged:

@@ -3,6 +3,7 @@ the same features as the four commands (convert, tissue, plan, embed) run one by
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -15,7 +16,7 @@ import pytest
 import tifffile
 import zarr
 
-from tests.conftest import CMU, NDPI, group_of
+from tests.conftest import CMU, NDPI, group_of, run_cli
 from tilestore.conversion.converter import convert
 from tilestore.embed import inputs
 from tilestore.embed.engine import embed
@@ -203,7 +204,7 @@ def test_the_first_slide_converts_before_it_is_asked_for_and_one_slide_ahead(
     second = next(items)
     assert second.store.name == "b.ome.zarr" and sent == ["a.svs", "b.svs", "c.svs"]
     assert [s.store.name for s in items] == ["c.ome.zarr"]
-    assert stager._worker is None  # closed when the inputs ran out
+    assert stager._workers == [None]  # closed when the inputs ran out
 
 
 def test_the_mask_made_ahead_is_the_one_the_plan_reads(slide_path, tmp_path):
@@ -242,7 +243,7 @@ def test_a_worker_that_dies_fails_its_slide_and_a_new_one_takes_the_next(slide_p
     paths = _copies(slide_path, tmp_path, "a.svs", "b.svs")
     into = tmp_path / "in"
     stager = Stager(paths, into)
-    os.kill(stager._worker._proc.pid, signal.SIGKILL)  # still importing: a is not done
+    os.kill(stager._workers[0]._proc.pid, signal.SIGKILL)  # still importing: a is not done
     first, second = list(stager)
     assert first.store is None and isinstance(first.error, SlideError)
     assert str(first.error) == (
@@ -251,6 +252,82 @@ def test_a_worker_that_dies_fails_its_slide_and_a_new_one_takes_the_next(slide_p
     )
     assert second.error is None and second.store == into / "b.ome.zarr"
     assert not (into / "a.ome.zarr").exists()  # nothing that looks valid is left of a
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """Each file's sha256 under root, the stores' `created` times blanked."""
+    out = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = Path(folder) / name
+            data = path.read_bytes()
+            if name == "zarr.json":
+                meta = json.loads(data)
+                meta.get("attributes", {}).get("tilestore", {}).pop("created", None)
+                data = json.dumps(meta, sort_keys=True).encode()
+            out[str(path.relative_to(root))] = hashlib.sha256(data).hexdigest()
+    return out
+
+
+@pytest.mark.slow
+def test_slides_made_ready_at_once_come_in_order_as_the_stores_made_one_at_a_time(
+    slide_path, tmp_path, monkeypatch
+):
+    """Three workers: each slide goes to the one with the fewest in hand, the outcomes
+    come in the order given, a damaged slide fails with its own cause, and every store
+    (its tissue mask too) is the one a single worker makes, bit for bit."""
+    names = ["a.svs", "b.svs", "c.svs", "d.svs", "e.svs"]
+    paths = _copies(slide_path, tmp_path, *names)
+    damaged = tmp_path / "cut.svs"
+    damaged.write_bytes(slide_path(CMU).read_bytes()[:50_000])
+    paths.insert(2, damaged)
+    asked = []  # (slide, the worker's pid)
+    send = inputs.SlideWorker.send
+    monkeypatch.setattr(
+        inputs.SlideWorker,
+        "send",
+        lambda self, request: (
+            asked.append((Path(request["slide"]).name, self._proc.pid)) or send(self, request)
+        ),
+    )
+    stager = Stager(paths, tmp_path / "many", at_once=3)
+    assert len({pid for _, pid in asked}) == 3  # the first three, each to a worker
+    many = list(stager)
+    assert [s.given for s in many] == paths
+    assert isinstance(many[2].error, SlideError) and many[2].store is None
+    assert str(many[2].error).startswith(f"{damaged}: truncated or corrupt")
+    assert all(s.error is None for i, s in enumerate(many) if i != 2)
+    assert len({pid for _, pid in asked}) == 3 and len(asked) == len(paths)
+    alone = list(Stager(paths, tmp_path / "alone"))
+    assert [s.error is None for s in alone] == [s.error is None for s in many]
+    made = _tree(tmp_path / "many")
+    assert made == _tree(tmp_path / "alone") and len(made) > 20
+    assert not any(key.startswith("cut") for key in made)  # nothing left that looks valid
+
+
+def test_a_worker_of_several_that_dies_fails_its_slide_and_its_next_go_to_a_new_one(
+    slide_path, tmp_path
+):
+    paths = _copies(slide_path, tmp_path, "a.svs", "b.svs", "c.svs", "d.svs")
+    into = tmp_path / "in"
+    stager = Stager(paths, into, PlanOptions(min_tissue=0), at_once=2)
+    # asked so far: a and c of the first worker, b of the second (one ahead of two)
+    os.kill(stager._workers[0]._proc.pid, signal.SIGKILL)  # still importing: a is not done
+    outcomes = list(stager)
+    assert [s.given for s in outcomes] == paths
+    assert "the process preparing it died (killed by signal 9)" in str(outcomes[0].error)
+    assert [s.store for s in outcomes[1:]] == [into / f"{n}.ome.zarr" for n in "bcd"]
+    assert stager._workers == [None, None]
+
+
+def test_slides_at_once_on_dask_are_refused_at_the_door(tmp_path):
+    done = run_cli("embed", tmp_path / "a.ome.zarr", "--model", "efficientnet-lite0",
+                   "--at-once", "4", "--scheduler", "tcp://127.0.0.1:1")  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "tilestore: error: --at-once 4: on Dask each worker makes its own slides ready, one "
+        "at a time: add workers instead"
+    )
 
 
 def test_damaged_slides_read_in_place_fail_in_the_worker_with_their_cause(slide_path, tmp_path):

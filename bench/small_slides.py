@@ -16,6 +16,10 @@ model's speed, and a run's memory and open files over thousands of stores.
    it goes.
 4. The first small store's features from the cohort run against that store embedded
    alone: equal bit for bit (each batch holds the same tiles).
+5. Slide files in, embeddings out (`embed --into`): the first `--into` slide files made
+   ready (converted, tissue mask, plan) by a `Stager` with `--at-once auto` and with one
+   worker, and embedded by the first arch as they land: wall and tiles/s against the
+   same slides' stores.
 
     python bench/small_slides.py --archs vit_small_patch16_224,vit_large_patch16_224
 """
@@ -40,7 +44,7 @@ import torch
 from make_slide import make_large_svs
 
 import tilestore
-from tilestore.embed import Embedder, Options
+from tilestore.embed import Embedder, Options, Stager
 from tilestore.plan import PlanOptions, list_plans, plan_over_tissue, save_plan
 
 HERE = Path(__file__).resolve().parent
@@ -188,6 +192,26 @@ def embed_run(embedder: Embedder, stores: list[Path], sampled: Sampled | None = 
     }
 
 
+def into_run(embedder: Embedder, slides: list[Path], into: Path, at_once) -> dict:
+    """The slide files made ready by a Stager (`embed --into --at-once`) as they are
+    embedded: the clock starts when the Stager is made (it starts converting at once)."""
+    shutil.rmtree(into, ignore_errors=True)
+    started = time.perf_counter()
+    report = embedder.embed(Stager(slides, into, PLAN, at_once=at_once), plan=PLAN)
+    wall = time.perf_counter() - started
+    if report.failures:
+        raise SystemExit(f"failures: {report.failures[:3]}")
+    return {
+        "stores": len(slides),
+        "tiles": report.tiles,
+        "wall_s": round(wall, 2),
+        "tiles_per_s": round(report.tiles / wall, 1),
+        "gpu_busy": report.gpu_busy_fraction,
+        "per_slide": report.per_slide,
+        "stages": report.stages,
+    }
+
+
 def features(store: Path, arch: str) -> np.ndarray:
     group = tilestore.open_slide(store).group[f"embeddings/random-{arch}/bench"]
     return np.asarray(group["features"][:])
@@ -203,6 +227,7 @@ def main() -> None:
     parser.add_argument("--medium-px", type=int, default=11_000)
     parser.add_argument("--large", type=int, default=40_000)
     parser.add_argument("--flat", type=int, default=2_000)
+    parser.add_argument("--into", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--work", type=Path, default=Path("/tmp/small_slides"))
     parser.add_argument("--reuse", action="store_true", help="the stores a run before made")
@@ -256,19 +281,30 @@ def main() -> None:
                 sampled.stop.set()
                 sampled.join()
                 runs["flat"]["samples"] = sampled.rows
+            if index == 0 and args.into:
+                slides = sorted((work / "slides").glob("*.svs"))[: args.into]
+                runs["stores"] = embed_run(embedder, small[: len(slides)])
+                for at_once in ("auto", 1):
+                    runs[f"into, at once {at_once}"] = into_run(
+                        embedder, slides, work / f"into-{at_once}", at_once
+                    )
         for name in ("small", "medium"):
             run = runs[name]
             run["vs_large"] = round(run["tiles_per_s"] / ref["tiles_per_s"], 3)
+        for name, run in runs.items():
+            if name.startswith("into"):  # against the same slides' stores
+                run["vs_large"] = round(run["tiles_per_s"] / runs["stores"]["tiles_per_s"], 3)
         rows.append({"arch": arch, "bitwise_alone": bool(same), **runs})
         print(
             f"\n{arch} (batch {args.batch_size}); the small store alone vs in the cohort: "
             f"{'bitwise equal' if same else 'DIFFERENT'}"
         )
         print(
-            "| cohort | stores | tiles | wall s | tiles/s | vs large | GPU busy | "
+            "| cohort | stores | tiles | wall s | tiles/s | vs ref | GPU busy | "
             "critical path ms (median, max) | beside ms (median, max) | parts (median ms) |"
         )
         print("|---|---|---|---|---|---|---|---|---|---|")
+        # vs ref: against the large store's tiles/s; an `into` run, the same slides' stores'
         for name, run in runs.items():
             if name == "flat":
                 continue

@@ -32,6 +32,7 @@ from tilestore.embed import (
     SLICE_TILES,
     BatchSizes,
     Options,
+    Preparation,
     Repeats,
     Share,
     SliceTiles,
@@ -162,6 +163,8 @@ def embed(
                           "fall to the others")  # fmt: skip
                 ran.save(0)
                 return
+        # two inputs that would be one store: refused before anything is read or written
+        Preparation.of(into, choice, in_place=in_place, sidecars=sidecars).refuse_twice(stores)
         if dry_run:
             _dry_run(stores, model, choice, options, into, in_place, sidecars)
             return

@@ -31,7 +31,7 @@ __getattr__, __dir__, __all__ = lazy_face(
         "tilestore.embed.compileahead": ("Compiled", "compile_ahead"),
         "tilestore.embed.dryrun": ("dry_run",),
         "tilestore.embed.engine": ("Embedder", "embed"),
-        "tilestore.embed.inputs": ("SlidesAtOnce", "Stager"),
+        "tilestore.embed.inputs": ("Preparation", "SlidesAtOnce", "Stager"),
         "tilestore.embed.jobs": ("Slice",),
         "tilestore.embed.outcome": ("BAD_INPUT", "exit_code", "interrupted_code"),
         "tilestore.embed.preflight": ("Preflight", "check_stores", "scale_mismatch"),

@@ -34,7 +34,13 @@ from typing import IO, Annotated, Any, Literal
 import tilestore.errors
 from tilestore import workers
 from tilestore.cpus import usable_cpus
-from tilestore.errors import SlideError, StoreError, TilestoreError, TilestoreWarning
+from tilestore.errors import (
+    OptionError,
+    SlideError,
+    StoreError,
+    TilestoreError,
+    TilestoreWarning,
+)
 from tilestore.format.store import is_store, store_name
 from tilestore.options import Opt
 from tilestore.plan import PlanOptions
@@ -133,6 +139,36 @@ class Preparation:
         """The store a slide file is converted into (None: read in place)."""
         return None if self.into is None else self.into / store_name(path)
 
+    def destination(self, path: Path) -> Path:
+        """The store an input's embeddings go into: a store itself, the store a slide file
+        is converted into, or its sidecar."""
+        if not self.wants(path):
+            return path
+        if self.into is not None:
+            return self.into / store_name(path)
+        from tilestore.reading import sidecar_for
+
+        return sidecar_for(path, self.sidecars)
+
+    def refuse_twice(self, inputs: Iterable[str | os.PathLike]) -> None:
+        """OptionError, before anything is done, where two inputs would be one store: a
+        store (or slide) given twice, by one path or two (a link, `..`), or two slide files
+        of one name from two folders, converted into one folder (or given one sidecar). The
+        second would find the first's lock held by its own run, or its store taken."""
+        seen: dict[str, Path] = {}
+        for path in map(Path, inputs):
+            where = os.path.realpath(self.destination(path))
+            first = seen.setdefault(where, path)
+            if first is path:
+                continue
+            if os.path.realpath(first) == os.path.realpath(path):
+                raise OptionError(f"{path}: given twice (also as {first}): each is embedded once")
+            raise OptionError(
+                f"{path}: its store would be {self.destination(path)}, as {first}'s: slides "
+                "of one name from two folders need a folder each (convert them apart, or "
+                "rename one)"
+            )
+
     def request(self, path: Path) -> dict[str, Any]:
         """The worker's request for one slide (`_answer` reads it)."""
         return {
@@ -182,6 +218,7 @@ class Stager:
             scan_mpp=scan_mpp,
             override_mpp=override_mpp,
         )
+        self._how.refuse_twice(paths)
         if at_once != 1:
             from tilestore.conversion.many import slides_at_once
 

@@ -20,9 +20,9 @@ from tests.conftest import CMU, NDPI, group_of, run_cli
 from tilestore.conversion.converter import convert
 from tilestore.embed import inputs
 from tilestore.embed.engine import embed
-from tilestore.embed.inputs import Stager
+from tilestore.embed.inputs import Preparation, Stager
 from tilestore.embed.settings import Options
-from tilestore.errors import SlideError, StoreError
+from tilestore.errors import OptionError, SlideError, StoreError
 from tilestore.masks.tissue import compute_tissue, read_tissue
 from tilestore.plan import PlanOptions
 from tilestore.reading.opening import open_slide
@@ -403,3 +403,38 @@ def test_a_conversion_asked_for_a_share_of_the_cpus_gets_it(monkeypatch, tmp_pat
     how = inputs.Preparation.of(tmp_path, None, cpus=3)
     reply = json.loads(inputs._answer(how.request(slide_path(CMU))))
     assert reply["error"][0] == "StoreError" and asked["workers"] == 3
+
+
+def test_two_inputs_that_would_be_one_store_are_refused_before_anything_is_done(
+    slide_path, tmp_path
+):
+    """A store given twice (by one path, or through `..` or a link), or two slides of one
+    name from two folders converted into one: the second would find its own run's lock,
+    or the first's store. Refused in one line, exit 2, nothing made."""
+    store = tmp_path / "a.ome.zarr"
+    assert convert(slide_path(CMU), tmp_path, name="a").store == store
+    (tmp_path / "link.ome.zarr").symlink_to(store)
+    for other in (store, tmp_path / "x" / ".." / "a.ome.zarr", tmp_path / "link.ome.zarr"):
+        done = run_cli("embed", store, other, "--model", "efficientnet-lite0")
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip() == (
+            f"tilestore: error: {other}: given twice (also as {store}): each is embedded once"
+        )
+    assert not list(tmp_path.glob(".*.lock")) and not (store / "embeddings").exists()
+    for folder in ("x", "y"):
+        (tmp_path / folder).mkdir(exist_ok=True)
+        (tmp_path / folder / "s.svs").write_bytes(slide_path(CMU).read_bytes())  # two files
+    first, second = tmp_path / "x" / "s.svs", tmp_path / "y" / "s.svs"
+    into = tmp_path / "into"
+    done = run_cli("embed", first, second, "--into", into, "--model", "efficientnet-lite0")
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"tilestore: error: {second}: its store would be {into / 's.ome.zarr'}, as {first}'s: "
+        "slides of one name from two folders need a folder each (convert them apart, or "
+        "rename one)"
+    )
+    assert not into.exists()
+    with pytest.raises(OptionError, match="its store would be"):  # one sidecar folder too
+        Stager([first, second], None, in_place=True, sidecars=tmp_path / "side")
+    assert not (tmp_path / "side").exists()
+    Preparation.of(None, None, in_place=True).refuse_twice([first, second])  # beside each: two

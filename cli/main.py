@@ -70,6 +70,8 @@ def convert(
 ) -> None:
     """Convert slides once into chunked OME-Zarr 0.5 stores (or make in-place sidecars)."""
     from tilestore.conversion import slides_at_once, slides_of
+    from tilestore.conversion.converter import converted_store
+    from tilestore.format.store import one_store_each
     from tilestore.reading import sidecar_for
 
     slides = [(path, series) for path in src for series in slides_of(path)]
@@ -80,6 +82,12 @@ def convert(
 
     def target(path: Path) -> Path:
         return sidecar_for(path, output) if options.get("in_place") else output
+
+    if not options.get("in_place"):  # two slides bound for one store: refused before any
+        one_store_each((path, converted_store(path, output, series, name))
+                       for path, series in slides)  # fmt: skip
+    else:
+        one_store_each((path, target(path)) for path, _ in slides)
 
     failed = 0
     if at_once == 1:  # one slide after another, each with its chunks' progress

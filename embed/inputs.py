@@ -34,14 +34,8 @@ from typing import IO, Annotated, Any, Literal
 import tilestore.errors
 from tilestore import workers
 from tilestore.cpus import usable_cpus
-from tilestore.errors import (
-    OptionError,
-    SlideError,
-    StoreError,
-    TilestoreError,
-    TilestoreWarning,
-)
-from tilestore.format.store import is_store, store_name
+from tilestore.errors import SlideError, StoreError, TilestoreError, TilestoreWarning
+from tilestore.format.store import is_store, one_store_each, store_name
 from tilestore.options import Opt
 from tilestore.plan import PlanOptions
 from tilestore.reading.resolution import in_scan_terms
@@ -151,23 +145,8 @@ class Preparation:
         return sidecar_for(path, self.sidecars)
 
     def refuse_twice(self, inputs: Iterable[str | os.PathLike]) -> None:
-        """OptionError, before anything is done, where two inputs would be one store: a
-        store (or slide) given twice, by one path or two (a link, `..`), or two slide files
-        of one name from two folders, converted into one folder (or given one sidecar). The
-        second would find the first's lock held by its own run, or its store taken."""
-        seen: dict[str, Path] = {}
-        for path in map(Path, inputs):
-            where = os.path.realpath(self.destination(path))
-            first = seen.setdefault(where, path)
-            if first is path:
-                continue
-            if os.path.realpath(first) == os.path.realpath(path):
-                raise OptionError(f"{path}: given twice (also as {first}): each is embedded once")
-            raise OptionError(
-                f"{path}: its store would be {self.destination(path)}, as {first}'s: slides "
-                "of one name from two folders need a folder each (convert them apart, or "
-                "rename one)"
-            )
+        """OptionError where two inputs would be one store (`one_store_each`)."""
+        one_store_each((path, self.destination(path)) for path in map(Path, inputs))
 
     def request(self, path: Path) -> dict[str, Any]:
         """The worker's request for one slide (`_answer` reads it)."""

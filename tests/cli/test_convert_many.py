@@ -65,3 +65,37 @@ def test_slides_at_once_are_the_stores_one_at_a_time_and_refusals_stay_per_slide
     made = _tree(tmp_path / "many")
     assert made == _tree(tmp_path / "alone")  # bit for bit, the creation time aside
     assert not any(key.startswith("bad") for key in made)  # nothing left that looks valid
+
+
+def test_two_slides_bound_for_one_store_are_refused_before_any_is_converted(tmp_path, slide_path):
+    """The same slide twice (by two paths), or two slides of one name from two folders:
+    the second would find the first's store made, after its own conversion. One line each,
+    exit 2, nothing made, whether converted at once or in turn."""
+    source = slide_path("CMU-1-Small-Region.svs")
+    for folder in ("x", "y"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "s.svs").write_bytes(source.read_bytes())
+    first, second = tmp_path / "x" / "s.svs", tmp_path / "y" / "s.svs"
+    out = tmp_path / "out"
+    for at_once in ("1", "2"):
+        done = run_cli("convert", first, second, "-o", out, "--at-once", at_once)
+        assert done.returncode == 2
+        assert done.stderr.strip() == (
+            f"tilestore: error: {second}: its store would be {out / 's.ome.zarr'}, as "
+            f"{first}'s: slides of one name from two folders need a folder each (convert "
+            "them apart, or rename one)"
+        )
+        again = tmp_path / "x" / ".." / "x" / "s.svs"
+        done = run_cli("convert", first, again, "-o", out, "--at-once", at_once)
+        assert done.returncode == 2
+        assert done.stderr.strip() == (
+            f"tilestore: error: {again}: given twice (also as {first}): each store is written once"
+        )
+        assert not out.exists()
+    done = run_cli("convert", first, second, "-o", out / "one.ome.zarr")  # one store named
+    assert done.returncode == 2 and "its store would be" in done.stderr
+    other = tmp_path / "y" / "t.svs"
+    second.rename(other)  # named apart: both converted
+    done = run_cli("convert", first, other, "-o", out, "--at-once", "2")
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["s.ome.zarr", "t.ome.zarr"]

@@ -418,7 +418,7 @@ def test_two_inputs_that_would_be_one_store_are_refused_before_anything_is_done(
         done = run_cli("embed", store, other, "--model", "efficientnet-lite0")
         assert done.returncode == 2, done.stderr
         assert done.stderr.strip() == (
-            f"tilestore: error: {other}: given twice (also as {store}): each is embedded once"
+            f"tilestore: error: {other}: given twice (also as {store}): each store is written once"
         )
     assert not list(tmp_path.glob(".*.lock")) and not (store / "embeddings").exists()
     for folder in ("x", "y"):

@@ -262,9 +262,7 @@ def convert(
     """
     started = time.perf_counter()
     with open_source(src, series) as source:
-        target = (
-            Path(dst) if Path(dst).suffix == ".zarr" else Path(dst) / _store_name(src, series, name)
-        )
+        target = converted_store(src, dst, series, name)
         mpp_fact, mpp_warnings = _resolve_mpp(source, mpp, override_mpp)
         _check_target(target, overwrite)
         codec_name, reason = choose_codec(source, codec, lossy_ok)
@@ -792,6 +790,19 @@ def _check_target(target: Path, overwrite: bool) -> None:
         raise StoreError(f"{target}: cannot create output directory: {exc.strerror}") from exc
     if not os.access(target.parent, os.W_OK):
         raise StoreError(f"{target}: output directory {target.parent} is not writable")
+
+
+def converted_store(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    series: str | None = None,
+    name: str | None = None,
+) -> Path:
+    """The store `convert(src, dst, series=..., name=...)` makes: dst itself where it names
+    a .zarr, else <name>.ome.zarr in dst (`_store_name`)."""
+    if Path(dst).suffix == ".zarr":
+        return Path(dst)
+    return Path(dst) / _store_name(src, series, name)
 
 
 def _store_name(src: str | os.PathLike, series: str | None, name: str | None) -> str:

@@ -14,7 +14,7 @@ import errno
 import functools
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -22,7 +22,7 @@ from pathlib import Path
 import zarr
 from zarr.abc.store import Store
 
-from tilestore.errors import StoreError, WriteFailed
+from tilestore.errors import OptionError, StoreError, WriteFailed
 from tilestore.format.record import ATTRS_KEY, StoreRecord
 from tilestore.format.records import write_record  # noqa: F401  (the one writer, for every record)
 from tilestore.format.shards import write_atomic
@@ -61,6 +61,25 @@ def store_name(source: str | os.PathLike) -> str:
         if name.lower().endswith(suffix):
             return name[: -len(suffix)] + STORE_SUFFIX
     return Path(name).stem + STORE_SUFFIX
+
+
+def one_store_each(pairs: Iterable[tuple[Path, Path]]) -> None:
+    """OptionError, before anything is done, where two inputs would be one store: `pairs`
+    is each input with the store it would write (itself, the store it converts into, its
+    sidecar). Said as an input given twice where both are one file (by one path, `..` or a
+    link), else as two slides of one name bound for one folder: the second would find the
+    first's store made (or its lock held by its own run)."""
+    seen: dict[str, Path] = {}
+    for given, store in pairs:
+        first = seen.setdefault(os.path.realpath(store), given)
+        if first is given:
+            continue
+        if os.path.realpath(first) == os.path.realpath(given):
+            raise OptionError(f"{given}: given twice (also as {first}): each store is written once")
+        raise OptionError(
+            f"{given}: its store would be {store}, as {first}'s: slides of one name from two "
+            "folders need a folder each (convert them apart, or rename one)"
+        )
 
 
 def open_store(path: str | os.PathLike, mode: str = "r") -> tuple[zarr.Group, StoreRecord]:

@@ -16,6 +16,9 @@ model's speed, and a run's memory and open files over thousands of stores.
    it goes.
 4. The first small store's features from the cohort run against that store embedded
    alone: equal bit for bit (each batch holds the same tiles).
+   With `--stage-only N`: only the first N slide files made ready (converted, tissue mask)
+   by a `Stager` for each of `--stage-at-once` (e.g. 1,2,auto), no model: seconds, and
+   the stores compared file by file with the first setting's.
 5. Slide files in, embeddings out (`embed --into`): the first `--into` slide files made
    ready (converted, tissue mask, plan) by a `Stager` with `--at-once auto` and with one
    worker, and embedded by the first arch as they land: wall and tiles/s against the
@@ -192,6 +195,39 @@ def embed_run(embedder: Embedder, stores: list[Path], sampled: Sampled | None = 
     }
 
 
+def stage_only(work: Path, count: int, settings: list[str]) -> list[dict]:
+    """`count` copies of CMU-1-Small-Region (each its own name) made ready by a Stager
+    (converted into a folder, the default plan's tissue mask), for each at-once setting."""
+    links = work / "stage-slides"
+    shutil.rmtree(links, ignore_errors=True)
+    links.mkdir(parents=True)
+    for i in range(count):
+        os.symlink(SMALL.resolve(), links / f"s{i:04d}.svs")
+    slides = sorted(links.glob("*.svs"))
+    rows, first = [], None
+    print("| at once | workers | slides | seconds | s a slide | files equal to the first row's |")
+    print("|---|---|---|---|---|---|")
+    for setting in settings:
+        at_once = setting if setting == "auto" else int(setting)
+        into = work / f"stage-{setting}"
+        shutil.rmtree(into, ignore_errors=True)
+        started = time.perf_counter()
+        stager = Stager(slides, into, None, at_once=at_once)
+        workers = len(stager._workers)
+        failed = [s for s in stager if s.error is not None]
+        seconds = time.perf_counter() - started
+        if failed:
+            raise SystemExit(f"{failed[0].given}: {failed[0].error}")
+        made = tree(into)
+        first = first or made
+        same = sum(first[k] == made.get(k) for k in first)
+        rows.append({"at_once": setting, "workers": workers, "slides": count,
+                     "seconds": round(seconds, 2), "files": len(first), "equal": same})  # fmt: skip
+        print(f"| {setting} | {workers} | {count} | {seconds:.1f} | {seconds / count:.3f} | "
+              f"{same} / {len(first)} |")  # fmt: skip
+    return rows
+
+
 def into_run(embedder: Embedder, slides: list[Path], into: Path, at_once) -> dict:
     """The slide files made ready by a Stager (`embed --into --at-once`) as they are
     embedded: the clock starts when the Stager is made (it starts converting at once)."""
@@ -228,6 +264,8 @@ def main() -> None:
     parser.add_argument("--large", type=int, default=40_000)
     parser.add_argument("--flat", type=int, default=2_000)
     parser.add_argument("--into", type=int, default=100)
+    parser.add_argument("--stage-only", type=int, default=0)
+    parser.add_argument("--stage-at-once", default="1,auto")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--work", type=Path, default=Path("/tmp/small_slides"))
     parser.add_argument("--reuse", action="store_true", help="the stores a run before made")
@@ -237,6 +275,12 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     result: dict = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
 
+    if args.stage_only:
+        result["stage"] = stage_only(work, args.stage_only, args.stage_at_once.split(","))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+        print(f"\nwritten {args.out}")
+        return
     if args.reuse and (work / "medium").is_dir():  # a run before made them (--reuse)
         small = sorted((work / "parallel").glob("*.ome.zarr"))
         large = work / "large" / "large.ome.zarr"

@@ -181,3 +181,54 @@ def test_a_store_whose_opening_dies_releases_its_lock_and_those_opened_ahead(coh
             job.writer.abandon()
     assert not list(cohort[0].parent.glob(".*.lock"))
     assert not [s for s in cohort if (s / "embeddings" / "efficientnet-lite0").exists()]
+
+
+@pytest.mark.slow
+def test_a_slide_not_finite_in_a_packed_batch_fails_alone(stores, tmp_path, lite, monkeypatch):
+    """Three slides' last partial batches share one model batch; the model makes NaN for
+    the middle slide's tiles only (those of a green image): that slide fails in its line,
+    nothing of it written, while the two beside it in the same batch are complete and
+    finite, as each is embedded alone."""
+    import imageio.v3 as iio
+    import torch
+
+    from tilestore.conversion.converter import convert
+    from tilestore.embed.engine import embed
+    from tilestore.embed.forward import Forward
+    from tilestore.embed.settings import Options
+    from tilestore.plan import PlanOptions
+
+    rng = np.random.default_rng(0)
+    green = np.zeros((448, 448, 3), np.uint8)
+    green[..., 1] = rng.integers(150, 255, (448, 448))
+    iio.imwrite(tmp_path / "green.png", green)
+    middle = convert(tmp_path / "green.png", tmp_path, mpp=0.5).store
+    first, last = tmp_path / "a.ome.zarr", tmp_path / "c.ome.zarr"
+    for target in (first, last):
+        shutil.copytree(stores("CMU-1-Small-Region.svs"), target)
+    call, mixed = Forward.__call__, []
+
+    def poisoned(self, tiles, count, eager=False):  # NaN rows for the green tiles alone
+        rows = call(self, tiles, count, eager)
+        pixels = tiles[: len(rows)].float().mean(dim=(1, 2))  # the rows: the first `count`
+        green = pixels[:, 1] > pixels[:, 0] + 60
+        mixed.append(0 < int(green.sum()) < len(rows))
+        return torch.where(green[:, None], torch.full_like(rows, float("nan")), rows)
+
+    monkeypatch.setattr(Forward, "__call__", poisoned)
+    options = Options(device="cpu", precision="fp32", dtype="float32", batch_size=32)
+    plan = PlanOptions(min_tissue=0)
+    alone = tmp_path / "alone.ome.zarr"
+    shutil.copytree(first, alone)
+    embed([alone], lite, options=options, plan=plan)
+    report = embed([first, middle, last], lite, options=options, plan=plan)
+    assert any(mixed)  # a batch held green tiles and the others' (packed)
+    (failure,) = report.failures
+    assert failure["store"] == str(middle)
+    assert "made NaN or infinite features for 4 tile(s) of batch 0" in failure["error"]
+    assert not (middle / "embeddings" / "efficientnet-lite0").exists()
+    assert [str(s) for s in report.finished] == [str(first), str(last)]
+    features = _features(first)
+    assert len(features) % 32 and np.isfinite(features).all()  # its last batch was packed
+    assert np.array_equal(features, _features(alone))
+    assert np.isfinite(_features(last)).all()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import time
 import traceback
 import warnings
@@ -266,10 +267,18 @@ class Stager:
                 self._workers[index] = None
 
 
+# a worker's exit code where a stop signal ended it (killed by it, or `serve`'s exit 130)
+STOPPED = {-signal.SIGTERM: "SIGTERM", -signal.SIGINT: "SIGINT", 130: "SIGINT"}
+
+
 def staged_from(path: Path, reply: dict[str, Any] | None, code: int = 0) -> Staged:
     """A worker's reply for the slide `path` as a Staged input; reply None: the worker died
     on it (`code`: its exit code, negative for a signal). A bug's traceback is raised."""
     if reply is None:
+        if code in STOPPED:  # SLURM's SIGTERM or a Ctrl-C reached it too: not the slide's
+            return Staged(path, None, error=SlideError(
+                f"{path}: the process preparing it was stopped ({STOPPED[code]}) before it "
+                "was ready: the same command makes it ready again"))  # fmt: skip
         cause = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
         return Staged(
             path,

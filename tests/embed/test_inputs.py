@@ -305,6 +305,19 @@ def test_slides_made_ready_at_once_come_in_order_as_the_stores_made_one_at_a_tim
     assert not any(key.startswith("cut") for key in made)  # nothing left that looks valid
 
 
+def test_a_worker_stopped_by_a_signal_says_so_not_that_the_slide_is_damaged(slide_path, tmp_path):
+    """SLURM's SIGTERM reaches every process of a job: the slide being made ready is not
+    blamed for it (the run itself stops on the same signal)."""
+    (path,) = _copies(slide_path, tmp_path, "a.svs")
+    stager = Stager([path], tmp_path / "in")
+    os.kill(stager._workers[0]._proc.pid, signal.SIGTERM)
+    (staged,) = list(stager)
+    assert str(staged.error) == (
+        f"{path}: the process preparing it was stopped (SIGTERM) before it was ready: the "
+        "same command makes it ready again"
+    )
+
+
 def test_a_worker_of_several_that_dies_fails_its_slide_and_its_next_go_to_a_new_one(
     slide_path, tmp_path
 ):

@@ -140,8 +140,14 @@ def test_a_stop_releases_the_stores_opened_ahead(cohort, lite):
         os.kill(os.getpid(), signal.SIGINT)
 
     options = Options(device="cpu", precision="fp32", dtype="float32", batch_size=16)
-    with pytest.raises(Interrupted):
-        embed(cohort, lite, options=options, progress=stop)
+    # Python's own handler, as a terminal has it: a suite run in the background (`cmd &` in
+    # a script) inherits SIGINT ignored, and the Ctrl-C would never come
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(Interrupted):
+            embed(cohort, lite, options=options, progress=stop)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert not list(cohort[0].parent.glob(".*.lock"))  # beside the stores: none left
     untouched = [s for s in cohort if not (s / "embeddings" / "efficientnet-lite0").exists()]
     assert len(untouched) >= 3  # all but the one (or two) that had batches written

@@ -150,6 +150,9 @@ def embed(
         model = model_record(model)  # the run's one record of its model, passed along
         choice = plan or plan_options
         ran.model = model.name
+        # two inputs that would be one store: refused before anything is read or written,
+        # over all of them (a share alone would miss two of its shares bound for one store)
+        Preparation.of(into, choice, in_place=in_place, sidecars=sidecars).refuse_twice(stores)
         if shard:  # `shard` and what it reads are light: an empty share ends before torch
             from tilestore.embed import shard as share
 
@@ -163,8 +166,6 @@ def embed(
                           "fall to the others")  # fmt: skip
                 ran.save(0)
                 return
-        # two inputs that would be one store: refused before anything is read or written
-        Preparation.of(into, choice, in_place=in_place, sidecars=sidecars).refuse_twice(stores)
         if dry_run:
             _dry_run(stores, model, choice, options, into, in_place, sidecars)
             return
@@ -184,7 +185,6 @@ def embed(
                             slide_weights)  # fmt: skip
         elif cluster or scheduler:
             from tilestore.format import is_store
-
 
             slides = [str(s) for s in stores if s.exists() and not is_store(s)]
             if slides and in_place:

@@ -83,11 +83,12 @@ def convert(
     def target(path: Path) -> Path:
         return sidecar_for(path, output) if options.get("in_place") else output
 
-    if not options.get("in_place"):  # two slides bound for one store: refused before any
-        one_store_each((path, converted_store(path, output, series, name))
-                       for path, series in slides)  # fmt: skip
-    else:
-        one_store_each((path, target(path)) for path, _ in slides)
+    # two slides (or series) bound for one store: refused before any is converted
+    one_store_each(
+        (path, series, target(path) if options.get("in_place")
+         else converted_store(path, output, series, name))
+        for path, series in slides
+    )  # fmt: skip
 
     failed = 0
     if at_once == 1:  # one slide after another, each with its chunks' progress

@@ -240,7 +240,7 @@ class Embedder:
         30 zarr arrays, 200 ms of a CPU a store, which on the run's threads held the GIL the
         GPU loop needs): started as the first run needs them, kept between runs."""
         if self._makers is None:
-            self._makers = Calls(max(2, min(GROUP_MAKERS, usable_cpus() // 2)))
+            self._makers = Calls(max(2, min(GROUP_MAKERS, usable_cpus() // 2)), keep_on_stop=True)
         return self._makers
 
     def close(self) -> None:

@@ -147,7 +147,7 @@ class Preparation:
 
     def refuse_twice(self, inputs: Iterable[str | os.PathLike]) -> None:
         """OptionError where two inputs would be one store (`one_store_each`)."""
-        one_store_each((path, self.destination(path)) for path in map(Path, inputs))
+        one_store_each((path, None, self.destination(path)) for path in map(Path, inputs))
 
     def request(self, path: Path) -> dict[str, Any]:
         """The worker's request for one slide (`_answer` reads it)."""
@@ -208,6 +208,7 @@ class Stager:
         # (input, the worker it was sent to; None: taken as a store)
         self._pending: list[tuple[Path, int | None]] = []
         self._workers: list[SlideWorker | None] = [None] * int(at_once)
+        self._sent, self._last = 0, [0] * int(at_once)  # requests sent; each worker's last
         self._refill()
 
     def _refill(self) -> None:
@@ -223,9 +224,11 @@ class Stager:
     def _send(self, path: Path, index: int | None = None) -> int:
         """Ask a worker to make `path` ready (the one with the fewest slides in hand, or
         `index`); which it was."""
-        if index is None:
+        if index is None:  # ties: the one asked longest ago (else the first gets two in turn)
             asked = Counter(worker for _, worker in self._pending if worker is not None)
-            index = min(range(len(self._workers)), key=lambda i: asked[i])
+            index = min(range(len(self._workers)), key=lambda i: (asked[i], self._last[i]))
+        self._sent += 1
+        self._last[index] = self._sent
         worker = self._workers[index]
         if worker is None:
             worker = self._workers[index] = SlideWorker()

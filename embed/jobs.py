@@ -31,7 +31,7 @@ from tilestore.embed.preflight import (
 from tilestore.embed.report import RunReport
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity, plan_slide
 from tilestore.embeddings.recipe import scale_of
-from tilestore.errors import PlanError, TilestoreError, WriteFailed
+from tilestore.errors import PlanError, StoreError, TilestoreError, WriteFailed
 from tilestore.format.record import Mpp
 from tilestore.plan import (
     PlanOptions,
@@ -48,6 +48,7 @@ from tilestore.plan import (
 )
 from tilestore.plan.plans import REPLACE
 from tilestore.reading import Slide, described, open_slide
+from tilestore.workers import WorkerGone
 
 PlanChoice = str | PlanOptions | ResolvedPlan | None
 
@@ -193,7 +194,10 @@ def store_jobs(
     (the run has stopped: it takes no more). The report hears of each input in order,
     from this generator's thread alone."""
 
-    stopped = threading.Event()  # the jobs are closed: an input not yet opened never is
+    closed = threading.Event()  # the jobs are closed: an input not yet opened never is
+
+    def stopped() -> bool:
+        return closed.is_set() or (stop is not None and stop.is_set())
 
     def open_one(staged: Staged) -> _Opened:
         chosen = (resolved or {}).get(str(staged.given), plan)
@@ -218,6 +222,8 @@ def store_jobs(
         try:
             while True:
                 while len(pending) < max(1, ahead):  # a Stager's next slide may be converting
+                    if stopped():
+                        return  # the run stopped: nothing more is opened
                     staged, held = held or next(inputs, None), None
                     if staged is None:
                         break
@@ -235,7 +241,7 @@ def store_jobs(
                 if _reported(opened, report):
                     yield opened.job
         finally:  # stopped early: the stores opened ahead release their locks
-            stopped.set()  # those being opened stop at their next step
+            closed.set()  # those being opened stop at their next step
             for future in pending:
                 future.cancel()
             for future in pending:
@@ -256,13 +262,14 @@ def _open_job(
     any_scale: bool,
     break_lock: bool,
     makers: Callable[..., Any] | None = None,
-    stopped: threading.Event | None = None,
+    stopped: Callable[[], bool] | None = None,
 ) -> _Opened:
     """One input opened for the run: its store prepared (`prepare`), its writer made (the
     lock taken) and its group created, or why not. Of the report, reads and tells its file
     systems only (`FileSystems`: one set or dict operation a change, safe on threads).
-    stopped: set, no step is begun (`_StoppedOpening`); whatever ends it early (that, a
-    worker gone, a KeyboardInterrupt) releases the lock it took."""
+    stopped: once true, no step is begun (`_StoppedOpening`); whatever ends it early
+    (that, a KeyboardInterrupt) releases the lock it took. A group maker's worker that dies
+    (killed: out of memory) fails this store alone."""
     store = Path(staged.store or staged.given)
     refused = report.filesystems.refusal(store)
     if refused is not None:  # on a file system a write found full or read-only
@@ -272,7 +279,7 @@ def _open_job(
     writer = None
 
     def go_on() -> None:
-        if stopped is not None and stopped.is_set():
+        if stopped is not None and stopped():
             raise _StoppedOpening
 
     try:
@@ -294,7 +301,10 @@ def _open_job(
         )
         go_on()
         # here, beside the GPU's work, not in the writer's line; in a process where given
-        writer.create(maker=makers)
+        try:
+            writer.create(maker=makers)
+        except WorkerGone as exc:  # its store fails; a new worker makes the next group
+            raise StoreError(f"{store}: making {writer.path}: {exc}") from exc
         report.filesystems.wrote(store)
         seconds["group"] = _lap(clock)
     except AlreadyComplete as exc:

@@ -159,10 +159,11 @@ def test_a_worker_killed_fails_its_call_and_a_call_waiting_for_it_gets_a_new_one
         calls.close()
 
 
-def test_a_stop_signal_to_a_worker_is_its_callers_to_act_on():
-    """Ctrl-C at a terminal and SLURM's SIGTERM reach every process of the job: the worker
-    finishes its call (the caller decides what stops), and ends once closed."""
-    calls = workers.Calls(1)
+def test_a_stop_signal_to_a_keep_on_stop_worker_is_its_callers_to_act_on():
+    """Ctrl-C at a terminal and SLURM's SIGTERM reach every process of the job: a worker
+    making a group finishes its call (the caller decides what stops), and ends once
+    closed; a worker without keep_on_stop (a slide's conversion) is stopped with it."""
+    calls = workers.Calls(1, keep_on_stop=True)
     try:
         pid = calls(os.getpid)
         with ThreadPoolExecutor(1) as pool:
@@ -175,6 +176,17 @@ def test_a_stop_signal_to_a_worker_is_its_callers_to_act_on():
         calls.close()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+    calls = workers.Calls(1)
+    try:
+        pid = calls(os.getpid)
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(calls, _slept_pid, 30.0)
+            time.sleep(0.5)
+            os.kill(pid, signal.SIGTERM)
+            with pytest.raises(workers.WorkerGone, match="died"):
+                running.result(timeout=30)
+    finally:
+        calls.close()
 
 
 def test_closed_calls_fail_at_once_and_wake_the_calls_waiting_for_a_worker():

@@ -4,15 +4,16 @@ the functions it is asked to call."""
 
 from __future__ import annotations
 
+import os
 import signal
 
 from tilestore import workers
 
 if __name__ == "__main__":
-    # A stop is its caller's to make: Ctrl-C at a terminal and SLURM's SIGTERM (sent to
-    # every process of a job step) reach this worker too, and a group killed half made
-    # would fail its store where the caller would have released it. The worker ends
-    # when its caller closes it or is gone (`workers.serve`).
-    for stop in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(stop, signal.SIG_IGN)
+    if os.environ.pop(workers.KEEP_ON_STOP, None):  # `Calls(keep_on_stop=True)`
+        # a stop is its caller's to make: Ctrl-C at a terminal and SLURM's SIGTERM reach
+        # this worker too, and a group killed half made would fail its store where the
+        # caller would have released it; it ends when its caller closes it or is gone
+        for stop in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(stop, signal.SIG_IGN)
     workers.serve(workers.answer_call)

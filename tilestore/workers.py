@@ -100,10 +100,16 @@ class Calls:
     it raised; calls from several threads run at once, one a worker. The function, its
     arguments and its result travel pickled (the function by its module and name). A
     worker that dies fails its call (`WorkerGone`) and is started again for the next; once
-    closed, a call fails at once (no worker is started again)."""
+    closed, a call fails at once (no worker is started again).
 
-    def __init__(self, count: int) -> None:
+    keep_on_stop: the workers ignore SIGINT and SIGTERM, which reach every process of a
+    terminal's foreground job or of a SLURM job, and finish the call in hand: for calls
+    short enough to wait for that leave a store half made otherwise (an embeddings group).
+    Without it a stop ends them as it ends their caller (a slide's conversion)."""
+
+    def __init__(self, count: int, *, keep_on_stop: bool = False) -> None:
         self._count, self._started, self._closed = max(1, count), 0, False
+        self._env = {**os.environ, KEEP_ON_STOP: "1"} if keep_on_stop else None
         self._idle: queue.Queue[subprocess.Popen | None] = queue.Queue()
         self._all: list[subprocess.Popen] = []
         self._lock = threading.Lock()
@@ -115,7 +121,7 @@ class Calls:
             assert worker.stdin is not None and worker.stdout is not None
             worker.stdin.write(json.dumps({"call": _packed(call)}) + "\n")
             line = worker.stdout.readline()
-        except (BrokenPipeError, OSError):
+        except (OSError, ValueError):  # a broken pipe; its pipes closed by `close`
             line = ""
         if not line:  # it died on this call: a new one takes the next
             code = worker.poll()
@@ -144,12 +150,13 @@ class Calls:
                     raise WorkerGone("the worker processes are closed")
                 if self._idle.empty() and self._started < self._count:
                     self._started += 1
-                    worker = start("tilestore.calling")
+                    worker = start("tilestore.calling", self._env)
                     self._all.append(worker)
                     return worker
             worker = self._idle.get()
-            if worker is not None:
+            if worker is not None and not self._closed:
                 return worker
+            # None, or a worker handed back after `close`: look again (closed: WorkerGone)
 
     def close(self) -> None:
         """Stop the workers (each also ends with its caller)."""
@@ -160,14 +167,19 @@ class Calls:
             with contextlib.suppress(OSError):
                 assert worker.stdin is not None
                 worker.stdin.close()
+        deadline = time.monotonic() + CLOSE_WAIT_S  # one wait for them all, not one each
         for worker in workers:
             try:
-                worker.wait(timeout=5)
+                worker.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 worker.kill()
                 worker.wait()
             if worker.stdout is not None:
                 worker.stdout.close()
+
+
+KEEP_ON_STOP = "TILESTORE_WORKER_KEEP_ON_STOP"  # set: the worker ignores SIGINT and SIGTERM
+CLOSE_WAIT_S = 5.0  # how long closed workers are given to finish the call in hand, together
 
 
 class WorkerGone(RuntimeError):

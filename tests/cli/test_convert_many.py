@@ -82,8 +82,7 @@ def test_two_slides_bound_for_one_store_are_refused_before_any_is_converted(tmp_
         assert done.returncode == 2
         assert done.stderr.strip() == (
             f"tilestore: error: {second}: its store would be {out / 's.ome.zarr'}, as "
-            f"{first}'s: slides of one name from two folders need a folder each (convert "
-            "them apart, or rename one)"
+            f"{first}'s: each needs a store of its own (slides of one name: a folder each)"
         )
         again = tmp_path / "x" / ".." / "x" / "s.svs"
         done = run_cli("convert", first, again, "-o", out, "--at-once", at_once)

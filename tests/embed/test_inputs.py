@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from tilestore.embed.engine import embed
 from tilestore.embed.inputs import Preparation, Stager
 from tilestore.embed.settings import Options
 from tilestore.errors import OptionError, SlideError, StoreError
+from tilestore.format.store import one_store_each
 from tilestore.masks.tissue import compute_tissue, read_tissue
 from tilestore.plan import PlanOptions
 from tilestore.reading.opening import open_slide
@@ -294,6 +296,9 @@ def test_slides_made_ready_at_once_come_in_order_as_the_stores_made_one_at_a_tim
     assert len({pid for _, pid in asked}) == 3  # the first three, each to a worker
     many = list(stager)
     assert [s.given for s in many] == paths
+    made_from = [(s.given.stem, s.store.name) for s in many if s.store is not None]
+    assert made_from == [(p.stem, f"{p.stem}.ome.zarr") for p in paths if p != damaged]
+    assert sorted(Counter(pid for _, pid in asked).values()) == [2, 2, 2]  # two each
     assert isinstance(many[2].error, SlideError) and many[2].store is None
     assert str(many[2].error).startswith(f"{damaged}: truncated or corrupt")
     assert all(s.error is None for i, s in enumerate(many) if i != 2)
@@ -384,18 +389,18 @@ def test_the_worker_answers_errors_by_kind_and_bugs_with_their_traceback(monkeyp
             return self.replies.pop(0)
 
     stager = Stager([], "in")
-    stager._worker = Answers(error, bug)
-    staged = stager._reply(Path("bad.svs"))
+    stager._workers = [Answers(error, bug)]
+    staged = stager._reply(Path("bad.svs"), 0)
     assert type(staged.error) is StoreError and staged.store is None  # its kind kept
     with pytest.raises(RuntimeError, match="ValueError: a bug"):  # a bug is not a user error
-        stager._reply(Path("other.svs"))
-    stager._worker = None
+        stager._reply(Path("other.svs"), 0)
+    stager._workers = [None]
 
 
 def test_a_run_stopped_early_stops_the_worker(slide_path, tmp_path):
     paths = _copies(slide_path, tmp_path, "a.svs", "b.svs")
     stager = Stager(paths, tmp_path / "in")
-    proc = stager._worker._proc
+    proc = stager._workers[0]._proc
     stager.close()  # a and b sent, neither answered: the worker is stopped, not waited for
     assert proc.poll() is not None
     assert not (tmp_path / "in" / "b.ome.zarr").exists()
@@ -426,6 +431,7 @@ def test_two_inputs_that_would_be_one_store_are_refused_before_anything_is_done(
     or the first's store. Refused in one line, exit 2, nothing made."""
     store = tmp_path / "a.ome.zarr"
     assert convert(slide_path(CMU), tmp_path, name="a").store == store
+    (tmp_path / "x").mkdir()  # `x/..` is the folder itself
     (tmp_path / "link.ome.zarr").symlink_to(store)
     for other in (store, tmp_path / "x" / ".." / "a.ome.zarr", tmp_path / "link.ome.zarr"):
         done = run_cli("embed", store, other, "--model", "efficientnet-lite0")
@@ -443,11 +449,23 @@ def test_two_inputs_that_would_be_one_store_are_refused_before_anything_is_done(
     assert done.returncode == 2
     assert done.stderr.strip() == (
         f"tilestore: error: {second}: its store would be {into / 's.ome.zarr'}, as {first}'s: "
-        "slides of one name from two folders need a folder each (convert them apart, or "
-        "rename one)"
+        "each needs a store of its own (slides of one name: a folder each)"
     )
     assert not into.exists()
     with pytest.raises(OptionError, match="its store would be"):  # one sidecar folder too
         Stager([first, second], None, in_place=True, sidecars=tmp_path / "side")
     assert not (tmp_path / "side").exists()
     Preparation.of(None, None, in_place=True).refuse_twice([first, second])  # beside each: two
+
+
+def test_two_series_of_one_folder_bound_for_one_store_are_refused(tmp_path):
+    """A DICOM folder's series each get a store; `-o` naming one store would take them all."""
+    folder, store = tmp_path / "case", tmp_path / "one.ome.zarr"
+    one_store_each([(folder, "1.2.3", tmp_path / "case-1.2.3.ome.zarr"),
+                    (folder, "1.2.4", tmp_path / "case-1.2.4.ome.zarr")])  # fmt: skip
+    with pytest.raises(OptionError) as refused:
+        one_store_each([(folder, "1.2.3", store), (folder, "1.2.4", store)])
+    assert str(refused.value) == (
+        f"{folder}: its series 1.2.4 would be written into {store}, as series 1.2.3: give a "
+        "folder, where each series gets a store of its own"
+    )

@@ -63,22 +63,31 @@ def store_name(source: str | os.PathLike) -> str:
     return Path(name).stem + STORE_SUFFIX
 
 
-def one_store_each(pairs: Iterable[tuple[Path, Path]]) -> None:
-    """OptionError, before anything is done, where two inputs would be one store: `pairs`
-    is each input with the store it would write (itself, the store it converts into, its
-    sidecar). Said as an input given twice where both are one file (by one path, `..` or a
-    link), else as two slides of one name bound for one folder: the second would find the
-    first's store made (or its lock held by its own run)."""
-    seen: dict[str, Path] = {}
-    for given, store in pairs:
-        first = seen.setdefault(os.path.realpath(store), given)
-        if first is given:
+def one_store_each(inputs: Iterable[tuple[Path, str | None, Path]]) -> None:
+    """OptionError, before anything is done, where two inputs would be one store. `inputs`:
+    each input (a file, a folder; with its series, where a DICOM folder holds several) and
+    the store it would write: itself, the store it converts into, its sidecar. Said as an
+    input given twice where both are one file (by one path, `..` or a link), else as two
+    bound for one store: the second would find the first's store made (or its lock held by
+    its own run)."""
+    seen: dict[str, tuple[Path, str | None]] = {}
+    for given, series, store in inputs:
+        where = os.path.realpath(store)
+        if where not in seen:
+            seen[where] = (given, series)
             continue
-        if os.path.realpath(first) == os.path.realpath(given):
+        first, first_series = seen[where]
+        same = os.path.realpath(first) == os.path.realpath(given)
+        if same and first_series == series:
             raise OptionError(f"{given}: given twice (also as {first}): each store is written once")
+        if same:
+            raise OptionError(
+                f"{given}: its series {series} would be written into {store}, as series "
+                f"{first_series}: give a folder, where each series gets a store of its own"
+            )
         raise OptionError(
-            f"{given}: its store would be {store}, as {first}'s: slides of one name from two "
-            "folders need a folder each (convert them apart, or rename one)"
+            f"{given}: its store would be {store}, as {first}'s: each needs a store of its "
+            "own (slides of one name: a folder each)"
         )
 
 

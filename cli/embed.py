@@ -150,9 +150,12 @@ def embed(
         model = model_record(model)  # the run's one record of its model, passed along
         choice = plan or plan_options
         ran.model = model.name
-        # two inputs that would be one store: refused before anything is read or written,
-        # over all of them (a share alone would miss two of its shares bound for one store)
-        Preparation.of(into, choice, in_place=in_place, sidecars=sidecars).refuse_twice(stores)
+        if not (cluster or scheduler):  # (on Dask a slide bound for a store being made waits)
+            # an input given again taken once; two bound for one store refused before
+            # anything is read or written, over all of them (before a share is taken)
+            how = Preparation.of(into, choice, in_place=in_place, sidecars=sidecars)
+            stores = how.once_each(stores)
+            ran.given = len(stores)
         if shard:  # `shard` and what it reads are light: an empty share ends before torch
             from tilestore.embed import shard as share
 

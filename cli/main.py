@@ -69,9 +69,8 @@ def convert(
     many: dict = From(convert_many, only=("at_once",)),
 ) -> None:
     """Convert slides once into chunked OME-Zarr 0.5 stores (or make in-place sidecars)."""
-    from tilestore.conversion import slides_at_once, slides_of
-    from tilestore.conversion.converter import converted_store
-    from tilestore.format.store import one_store_each
+    from tilestore.conversion import converted_store, slides_at_once, slides_of
+    from tilestore.format import one_store_each
     from tilestore.reading import sidecar_for
 
     slides = [(path, series) for path in src for series in slides_of(path)]
@@ -83,12 +82,13 @@ def convert(
     def target(path: Path) -> Path:
         return sidecar_for(path, output) if options.get("in_place") else output
 
-    # two slides (or series) bound for one store: refused before any is converted
-    one_store_each(
+    # a slide given again converted once; two (or two series) bound for one store: refused
+    # before any is converted
+    slides = [slides[i] for i in one_store_each(
         (path, series, target(path) if options.get("in_place")
          else converted_store(path, output, series, name))
         for path, series in slides
-    )  # fmt: skip
+    )]  # fmt: skip
 
     failed = 0
     if at_once == 1:  # one slide after another, each with its chunks' progress

@@ -217,7 +217,6 @@ def embed_cohort(
     how = Preparation.of(
         folder, plan, scan_mpp=scan_mpp, cpus=cpus_per_worker, override_mpp=override_mpp
     )
-    how.refuse_twice(stores)
     inputs = _Inputs(client, how, stores)
     if inputs.slides:
         client.register_plugin(SlidesPlugin(), name=PREPARER)

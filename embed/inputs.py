@@ -145,9 +145,11 @@ class Preparation:
 
         return sidecar_for(path, self.sidecars)
 
-    def refuse_twice(self, inputs: Iterable[str | os.PathLike]) -> None:
-        """OptionError where two inputs would be one store (`one_store_each`)."""
-        one_store_each((path, None, self.destination(path)) for path in map(Path, inputs))
+    def once_each(self, inputs: Iterable[str | os.PathLike]) -> list[Path]:
+        """The inputs, one given again taken once; two bound for one store refused
+        (`one_store_each`)."""
+        paths = [Path(p) for p in inputs]
+        return [paths[i] for i in one_store_each((p, None, self.destination(p)) for p in paths)]
 
     def request(self, path: Path) -> dict[str, Any]:
         """The worker's request for one slide (`_answer` reads it)."""
@@ -198,7 +200,8 @@ class Stager:
             scan_mpp=scan_mpp,
             override_mpp=override_mpp,
         )
-        self._how.refuse_twice(paths)
+        paths = self._how.once_each(paths)
+        self._queue = iter(paths)
         if at_once != 1:
             from tilestore.conversion.many import slides_at_once
 

@@ -423,23 +423,19 @@ def test_a_conversion_asked_for_a_share_of_the_cpus_gets_it(monkeypatch, tmp_pat
     assert reply["error"][0] == "StoreError" and asked["workers"] == 3
 
 
-def test_two_inputs_that_would_be_one_store_are_refused_before_anything_is_done(
+def test_an_input_given_again_is_taken_once_and_two_bound_for_one_store_are_refused(
     slide_path, tmp_path
 ):
-    """A store given twice (by one path, or through `..` or a link), or two slides of one
-    name from two folders converted into one: the second would find its own run's lock,
-    or the first's store. Refused in one line, exit 2, nothing made."""
+    """A store given again (by one path, through `..` or a link) is taken once, as on Dask:
+    the second would find its own run's lock. Two slides of one name from two folders
+    converted into one: refused in one line, exit 2, before anything is made."""
     store = tmp_path / "a.ome.zarr"
     assert convert(slide_path(CMU), tmp_path, name="a").store == store
     (tmp_path / "x").mkdir()  # `x/..` is the folder itself
     (tmp_path / "link.ome.zarr").symlink_to(store)
+    how = Preparation.of(None, None)
     for other in (store, tmp_path / "x" / ".." / "a.ome.zarr", tmp_path / "link.ome.zarr"):
-        done = run_cli("embed", store, other, "--model", "efficientnet-lite0")
-        assert done.returncode == 2, done.stderr
-        assert done.stderr.strip() == (
-            f"tilestore: error: {other}: given twice (also as {store}): each store is written once"
-        )
-    assert not list(tmp_path.glob(".*.lock")) and not (store / "embeddings").exists()
+        assert how.once_each([store, other, store]) == [store]
     for folder in ("x", "y"):
         (tmp_path / folder).mkdir(exist_ok=True)
         (tmp_path / folder / "s.svs").write_bytes(slide_path(CMU).read_bytes())  # two files
@@ -455,7 +451,8 @@ def test_two_inputs_that_would_be_one_store_are_refused_before_anything_is_done(
     with pytest.raises(OptionError, match="its store would be"):  # one sidecar folder too
         Stager([first, second], None, in_place=True, sidecars=tmp_path / "side")
     assert not (tmp_path / "side").exists()
-    Preparation.of(None, None, in_place=True).refuse_twice([first, second])  # beside each: two
+    beside = Preparation.of(None, None, in_place=True)  # a sidecar beside each: two stores
+    assert beside.once_each([first, second]) == [first, second]
 
 
 def test_two_series_of_one_folder_bound_for_one_store_are_refused(tmp_path):

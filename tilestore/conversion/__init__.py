@@ -21,6 +21,7 @@ __getattr__, __dir__, __all__ = lazy_face(
             "ConversionReport",
             "check_mpp",
             "convert",
+            "converted_store",
             "slides_of",
         ),
         "tilestore.conversion.info": ("describe", "pixel_count"),

@@ -40,6 +40,7 @@ __getattr__, __dir__, __all__ = lazy_face(
             "STORE_SUFFIX",
             "open_for_writing",
             "is_store",
+            "one_store_each",
             "open_store",
             "software_versions",
             "store_name",

@@ -63,23 +63,25 @@ def store_name(source: str | os.PathLike) -> str:
     return Path(name).stem + STORE_SUFFIX
 
 
-def one_store_each(inputs: Iterable[tuple[Path, str | None, Path]]) -> None:
-    """OptionError, before anything is done, where two inputs would be one store. `inputs`:
-    each input (a file, a folder; with its series, where a DICOM folder holds several) and
-    the store it would write: itself, the store it converts into, its sidecar. Said as an
-    input given twice where both are one file (by one path, `..` or a link), else as two
-    bound for one store: the second would find the first's store made (or its lock held by
-    its own run)."""
+def one_store_each(inputs: Iterable[tuple[Path, str | None, Path]]) -> list[int]:
+    """Which inputs to take, where two would be one store. `inputs`: each input (a file, a
+    folder; with its series, where a DICOM folder holds several) and the store it would
+    write: itself, the store it converts into, its sidecar. An input given again (the same
+    file, by one path or another: `..`, a link) is taken once, as on Dask; two others bound
+    for one store are an OptionError, before anything is done (the second would find the
+    first's store made, or its lock held by its own run). The indices of those to take."""
     seen: dict[str, tuple[Path, str | None]] = {}
-    for given, series, store in inputs:
+    taken = []
+    for index, (given, series, store) in enumerate(inputs):
         where = os.path.realpath(store)
         if where not in seen:
             seen[where] = (given, series)
+            taken.append(index)
             continue
         first, first_series = seen[where]
         same = os.path.realpath(first) == os.path.realpath(given)
         if same and first_series == series:
-            raise OptionError(f"{given}: given twice (also as {first}): each store is written once")
+            continue  # given again: taken once
         if same:
             raise OptionError(
                 f"{given}: its series {series} would be written into {store}, as series "
@@ -89,6 +91,7 @@ def one_store_each(inputs: Iterable[tuple[Path, str | None, Path]]) -> None:
             f"{given}: its store would be {store}, as {first}'s: each needs a store of its "
             "own (slides of one name: a folder each)"
         )
+    return taken
 
 
 def open_store(path: str | os.PathLike, mode: str = "r") -> tuple[zarr.Group, StoreRecord]:

@@ -230,6 +230,25 @@ def embedded_ds(embedded_cohort):
     return tilestore.open_embeddings(embedded_cohort, "efficientnet-lite0")
 
 
+def store_tree(root: Path) -> dict[str, str]:
+    """Each file's sha256 under root, the stores' `created` times blanked: stores compared
+    bit for bit, whenever they were made."""
+    import hashlib
+    import json
+
+    out = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = Path(folder) / name
+            data = path.read_bytes()
+            if name == "zarr.json":
+                meta = json.loads(data)
+                meta.get("attributes", {}).get("tilestore", {}).pop("created", None)
+                data = json.dumps(meta, sort_keys=True).encode()
+            out[str(path.relative_to(root))] = hashlib.sha256(data).hexdigest()
+    return out
+
+
 def group_of(store, model: str, plan: str | None = None) -> str:
     """The path in `store` of `model`'s embeddings group (of `plan`; None: its only plan's),
     as the readers find it (`tilestore.embeddings.find_group`): embeddings/<model>/<plan>."""

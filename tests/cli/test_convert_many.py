@@ -3,31 +3,12 @@ each store the same as one converted alone, each refusal its own line, exit 2.""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import shutil
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, store_tree
 from tilestore.conversion.many import slides_at_once
-
-
-def _tree(root: Path) -> dict[str, str]:
-    """Each file's sha256 under root, the stores' `created` times blanked."""
-    out = {}
-    for folder, _, files in os.walk(root):
-        for name in files:
-            path = Path(folder) / name
-            data = path.read_bytes()
-            if name == "zarr.json":
-                meta = json.loads(data)
-                meta.get("attributes", {}).get("tilestore", {}).pop("created", None)
-                data = json.dumps(meta, sort_keys=True).encode()
-            out[str(path.relative_to(root))] = hashlib.sha256(data).hexdigest()
-    return out
 
 
 @pytest.mark.parametrize(
@@ -63,8 +44,8 @@ def test_slides_at_once_are_the_stores_one_at_a_time_and_refusals_stay_per_slide
     said = "".join(many.stdout.split())  # a long path is folded at the console's width
     told = [said.find(f"many/{name}.ome.zarr") for name in "abc"]
     assert -1 not in told and told == sorted(told)  # each told, in the order given
-    made = _tree(tmp_path / "many")
-    assert made == _tree(tmp_path / "alone")  # bit for bit, the creation time aside
+    made = store_tree(tmp_path / "many")
+    assert made == store_tree(tmp_path / "alone")  # bit for bit, the creation time aside
     assert not any(key.startswith("bad") for key in made)  # nothing left that looks valid
 
 

@@ -3,7 +3,6 @@ the same features as the four commands (convert, tissue, plan, embed) run one by
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -17,7 +16,7 @@ import pytest
 import tifffile
 import zarr
 
-from tests.conftest import CMU, NDPI, group_of, run_cli
+from tests.conftest import CMU, NDPI, group_of, run_cli, store_tree
 from tilestore.conversion.converter import convert
 from tilestore.embed import inputs
 from tilestore.embed.engine import embed
@@ -256,21 +255,6 @@ def test_a_worker_that_dies_fails_its_slide_and_a_new_one_takes_the_next(slide_p
     assert not (into / "a.ome.zarr").exists()  # nothing that looks valid is left of a
 
 
-def _tree(root: Path) -> dict[str, str]:
-    """Each file's sha256 under root, the stores' `created` times blanked."""
-    out = {}
-    for folder, _, files in os.walk(root):
-        for name in files:
-            path = Path(folder) / name
-            data = path.read_bytes()
-            if name == "zarr.json":
-                meta = json.loads(data)
-                meta.get("attributes", {}).get("tilestore", {}).pop("created", None)
-                data = json.dumps(meta, sort_keys=True).encode()
-            out[str(path.relative_to(root))] = hashlib.sha256(data).hexdigest()
-    return out
-
-
 @pytest.mark.slow
 def test_slides_made_ready_at_once_come_in_order_as_the_stores_made_one_at_a_time(
     slide_path, tmp_path, monkeypatch
@@ -305,8 +289,8 @@ def test_slides_made_ready_at_once_come_in_order_as_the_stores_made_one_at_a_tim
     assert len({pid for _, pid in asked}) == 3 and len(asked) == len(paths)
     alone = list(Stager(paths, tmp_path / "alone"))
     assert [s.error is None for s in alone] == [s.error is None for s in many]
-    made = _tree(tmp_path / "many")
-    assert made == _tree(tmp_path / "alone") and len(made) > 20
+    made = store_tree(tmp_path / "many")
+    assert made == store_tree(tmp_path / "alone") and len(made) > 20
     assert not any(key.startswith("cut") for key in made)  # nothing left that looks valid
 
 

@@ -10,6 +10,7 @@ Skipped, with the reason, where slurm-wlm is not installed or the tests do not r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import zarr
 
@@ -284,7 +286,10 @@ def test_a_task_warned_of_its_time_limit_keeps_its_shard_and_requeues_itself(
     inside one), says what it kept and exits 138; the script requeues the task, which
     resumes. The limit is set once the task is embedding (as `--time` would have it for a
     task longer than its limit: SLURM's timers are checked every 30 s, so a warning asked
-    for at a one-minute limit could come before the model is loaded)."""
+    for at a one-minute limit could come before the model is loaded). SLURM keeps a limit in
+    whole minutes, so the warning comes up to 90 s after it is set: until it comes, the
+    task runs a fifth of the time (stopped and continued), as on a slower machine, so it is
+    still embedding then (a quick run of 20 stores had ended first)."""
     folder = tmp_path / "timelimit"
     paths = _copy_stores(stores, folder / "stores", copies="abcdefghij")
     script = folder / "embed.sbatch"
@@ -298,12 +303,15 @@ def test_a_task_warned_of_its_time_limit_keeps_its_shard_and_requeues_itself(
         time.sleep(0.1)
     shown = slurm.run("scontrol", "-o", "show", "job", task).stdout
     ran = _seconds(re.search(r"RunTime=(\S+)", shown).group(1))
-    # the limit 55 s from now: the warning comes at SLURM's next check within 50 s of it
-    minutes, seconds = divmod(ran + 55, 60)
-    slurm.run("scontrol", "update", f"JobId={task}", f"TimeLimit={minutes}:{seconds:02d}")
+    # the first whole minute whose warning (50 s before it) is due: it comes at SLURM's
+    # next check, while the task runs slowed
+    slurm.run("scontrol", "update", f"JobId={task}", f"TimeLimit={-(-(ran + 51) // 60)}")
     said = "tilestore: the time limit is near (SIGUSR1)"
+    embedding = _embedding(folder)
     while said not in (log.read_text() if log.exists() else ""):
         assert time.monotonic() < deadline, _log(slurm, folder)
+        with _stopped(embedding):
+            time.sleep(0.4)
         time.sleep(0.1)
     kept = _done_tiles(paths)
     # the next attempt may take its time (the limit stays with the job otherwise)
@@ -326,6 +334,29 @@ def test_a_task_warned_of_its_time_limit_keeps_its_shard_and_requeues_itself(
     redone = sum(s["tiles"] for s in resumed["slides"])
     assert before + redone == sum(_features(p)[0].shape[0] for p in paths)  # ... none twice
     _assert_equal_to_reference(folder / "stores", cohort_root / "reference")
+
+
+def _embedding(folder: Path) -> psutil.Process:
+    """The batch script's `tilestore embed`, started in `folder`."""
+    (found,) = [
+        p
+        for p in psutil.process_iter(["cmdline", "cwd"])
+        if p.info["cwd"] == str(folder) and "embed" in (p.info["cmdline"] or [])
+    ]
+    return found
+
+
+@contextlib.contextmanager
+def _stopped(process: psutil.Process):
+    """`process` stopped (SIGSTOP) for the block, then continued; a signal sent meanwhile
+    is acted on once it continues."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        process.suspend()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.resume()
 
 
 def _seconds(runtime: str) -> int:

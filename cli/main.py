@@ -57,10 +57,11 @@ app = typer.Typer(
 @app.command()
 @with_flags
 def convert(
-    src: list[Path] = typer.Argument(
+    src: list[str] = typer.Argument(
         ...,
         help="Slide files (SVS, NDPI, OME-TIFF, QPTIFF, TIFF, DICOM, PNG, JPEG) or folders of "
-        "DICOM files (one store per series).",
+        "DICOM files (one store per series); a URL (s3://, gs://, https://) is staged to the "
+        "cache first.",
     ),
     output: Path = typer.Option(
         ..., "-o", "--output", help="Directory for <name>.ome.zarr stores."
@@ -72,8 +73,9 @@ def convert(
     from tilestore.conversion import converted_store, slides_at_once, slides_of
     from tilestore.format import one_store_each
     from tilestore.reading import sidecar_for
+    from tilestore.sources import check_urls, given
 
-    slides = [(path, series) for path in src for series in slides_of(path)]
+    slides = [(given(path), series) for path in src for series in slides_of(path)]
     name = options.get("name")
     if name and len(slides) > 1:
         raise OptionError(f"--name {name}: names one store, but {len(slides)} slides were given")
@@ -89,12 +91,14 @@ def convert(
          else converted_store(path, output, series, name))
         for path, series in slides
     )]  # fmt: skip
+    check_urls([path for path, _ in slides], options.get("in_place", False))
 
     failed = 0
     if at_once == 1:  # one slide after another, each with its chunks' progress
         for path, series in slides:
             try:
-                with _progress(f"{path.name}") as (progress, task):
+                _staged(path, options)
+                with _progress(f"{_named(path)}") as (progress, task):
                     report = run_convert(
                         path,
                         target(path),
@@ -124,6 +128,27 @@ def convert(
                     _converted(outcome.report)
     if failed:
         raise typer.Exit(2)
+
+
+def _named(path) -> str:
+    """A slide as a progress line names it: a file's name, a URL as `shown`."""
+    from tilestore.sources import is_url, shown
+
+    return shown(path) if is_url(path) else Path(path).name
+
+
+def _staged(path, options: dict) -> None:
+    """A URL's slide staged to the cache, with a progress line in bytes (conversion then
+    finds it staged); a local file is left as it is."""
+    from tilestore.sources import CACHE_LIMIT, is_url, stage_slide
+
+    if is_url(path):
+        with _progress(f"staging {_named(path)}") as (progress, task):
+            stage_slide(
+                path,
+                options.get("cache_limit", CACHE_LIMIT),
+                lambda n, total: progress.update(task, advance=n, total=total),
+            )
 
 
 def _converted(report) -> None:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal, Protocol, get_args
 
+from tilestore.caches import user_cache
 from tilestore.errors import DeviceError, OptionError
 from tilestore.options import Declared, Opt
 
@@ -384,15 +384,6 @@ def check_share(k: int, n: int) -> None:
         )
     if not 0 <= k < n:
         raise OptionError(f"shard='{k}/{n}': K must be in 0..N-1 (e.g. $SLURM_ARRAY_TASK_ID)")
-
-
-def user_cache() -> Path:
-    """Where tilestore keeps what later runs reuse (batch sizes, compiled graphs):
-    TILESTORE_CACHE, else tilestore/ in the user's cache folder (XDG_CACHE_HOME, ~/.cache)."""
-    root = os.environ.get("TILESTORE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tilestore"
-    )
-    return Path(root)
 
 
 def _compile_cache(option: str | None) -> str | None:

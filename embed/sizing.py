@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from tilestore.caches import user_cache
 from tilestore.embed.forward import Forward
 from tilestore.embed.models import LoadedModel
 from tilestore.embed.settings import (
@@ -32,7 +33,6 @@ from tilestore.embed.settings import (
     Precision,
     Repeats,
     resolve_device,
-    user_cache,
 )
 from tilestore.errors import OptionError
 from tilestore.options import checked

@@ -41,6 +41,7 @@ FLOORS = (
     ("tilestore.format",),
     (
         "tilestore.errors",
+        "tilestore.caches",
         "tilestore.cpus",
         "tilestore.faces",
         "tilestore.locks",

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Literal, get_args
+from urllib.parse import urlsplit
 
 import numpy as np
 import zarr
@@ -63,6 +64,14 @@ from tilestore.reading.resolution import OverrideMpp, ScanMpp, check_made, settl
 from tilestore.reading.slide import Slide
 from tilestore.reading.source_chunks import chunk_source
 from tilestore.sources import Fact, Source, SourceLevel, dicom_series, open_source
+from tilestore.sources.remote import (
+    CACHE_LIMIT,
+    CacheLimit,
+    check_urls,
+    is_url,
+    shown,
+    slide_file,
+)
 
 Codec = Literal["auto", "jpeg", "zstd"]
 CODECS = get_args(Codec)
@@ -228,6 +237,7 @@ def convert(
         ),
     ] = SHARD_CHUNKS,
     tissue: TissueBesideMethod = None,
+    cache_limit: CacheLimit = CACHE_LIMIT,
 ) -> ConversionReport:
     """Convert the slide `src` into ``<dst>/<name>.ome.zarr`` (or `dst` itself if it ends in .zarr).
 
@@ -259,9 +269,16 @@ def convert(
         first), so a slide's mask costs no time after its level 0 is copied. The same mask
         `compute_tissue` gives on the finished store, bit for bit. One it cannot make (no
         level near its resolution) is left out, for the plan to make and refuse as before.
+    src may be a URL (s3://, gs://, https://...): the slide is staged whole to the user's
+        cache first (`tilestore.sources.remote`), which keeps at most cache_limit GB; the
+        store is the one its local file would make.
     """
     started = time.perf_counter()
-    with open_source(src, series) as source:
+    check_urls([src], in_place)
+    with (
+        slide_file(src, cache_limit) as local,
+        open_source(local, series) as source,
+    ):
         target = converted_store(src, dst, series, name)
         mpp_fact, mpp_warnings = _resolve_mpp(source, mpp, override_mpp)
         _check_target(target, overwrite)
@@ -283,7 +300,7 @@ def convert(
             everything = frozenset(range(len(source.levels)))
             encoding = replace(encoding, in_place=everything, decoded=everything - jpeg_levels)
         report = ConversionReport(
-            Path(src),
+            local,
             target,
             codec_name,
             reason,
@@ -333,7 +350,8 @@ def convert(
             if overwrite:  # a run may have begun on the old store meanwhile: it stays
                 locks.refuse_while_written(target, "replacing it (overwrite=True)")
     for message in report.warnings:
-        warnings.warn(f"{src}: {message}", TilestoreWarning, stacklevel=2)
+        said = shown(str(src)) if is_url(src) else src
+        warnings.warn(f"{said}: {message}", TilestoreWarning, stacklevel=2)
     report.source_bytes = source.size()
     report.seconds = time.perf_counter() - started
     return report
@@ -802,6 +820,8 @@ def converted_store(
     a .zarr, else <name>.ome.zarr in dst (`_store_name`)."""
     if Path(dst).suffix == ".zarr":
         return Path(dst)
+    if is_url(src):  # named by its path's last step (a signed URL's query aside)
+        src = urlsplit(str(src)).path
     return Path(dst) / _store_name(src, series, name)
 
 

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from tilestore.cpus import usable_cpus
 from tilestore.errors import TilestoreError
 from tilestore.options import Opt, checked
+from tilestore.sources.remote import given
 from tilestore.workers import Calls
 
 AtOnce = Annotated[
@@ -74,7 +75,7 @@ def convert_many(
     count = slides_at_once(len(slides), at_once)
     if count == 1:
         for path, series in slides:
-            outcome = _convert_one(convert, Path(path), series, output(Path(path)), options)
+            outcome = _convert_one(convert, given(path), series, output(given(path)), options)
             if done is not None:
                 done(outcome)
             yield outcome
@@ -91,7 +92,7 @@ def convert_many(
         return outcome
 
     threads = ThreadPoolExecutor(count, "tilestore-convert")
-    futures = [threads.submit(one, Path(path), series) for path, series in slides]
+    futures = [threads.submit(one, given(path), series) for path, series in slides]
     try:
         for future in futures:
             outcome = future.result()

@@ -26,8 +26,18 @@ from tilestore.sources.base import (
 from tilestore.sources.dicom import DICM_OFFSET, open_dicom
 from tilestore.sources.openslide_reader import OpenSlideSource
 from tilestore.sources.registry import READERS, marked_by_another, reader_for, supported
+from tilestore.sources.remote import (
+    CACHE_LIMIT,
+    check_urls,
+    given,
+    is_url,
+    shown,
+    slide_file,
+    stage_slide,
+)
 
 __all__ = [
+    "CACHE_LIMIT",
     "READERS",
     "Channel",
     "Fact",
@@ -37,9 +47,15 @@ __all__ = [
     "Source",
     "SourceInfo",
     "SourceLevel",
+    "check_urls",
     "checked_levels",
     "dicom_series",
+    "given",
+    "is_url",
     "open_source",
+    "shown",
+    "slide_file",
+    "stage_slide",
 ]
 
 

@@ -1,0 +1,211 @@
+"""Slides named by URL, against a real S3 server (moto's, with authentication on): staged
+whole to the cache and converted into the store their local file makes; refused at the door
+in one line where they cannot be read; a transfer cut leaves nothing that reads as a slide;
+no secret in any output."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CMU, SLIDES, run_cli, store_tree
+from tests.s3 import start_s3
+from tilestore.errors import OptionError, SlideError
+from tilestore.sources import remote
+from tilestore.sources.remote import Remote, is_url, shown
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = start_s3()
+    server.put(f"cohort/{CMU}", (SLIDES / CMU).read_bytes())
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def local_store(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("local")
+    done = run_cli("convert", SLIDES / CMU, "-o", out)
+    assert done.returncode == 0, done.stderr
+    return out / "CMU-1-Small-Region.ome.zarr"
+
+
+def _tree(store: Path) -> dict[str, str]:
+    """store_tree with the source's modification time aside (a staged file's is the
+    object's, not the local file's)."""
+    meta = json.loads((store / "zarr.json").read_text())
+    assert meta["attributes"]["tilestore"]["source"]["mtime_ns"] > 0
+    tree = store_tree(store)
+    del tree["zarr.json"]
+    return tree
+
+
+def _said(done) -> str:
+    return done.stdout + done.stderr
+
+
+def _one_line(done, *parts: str) -> None:
+    assert done.returncode == 2, _said(done)
+    lines = [x for x in done.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    for part in parts:
+        assert part in lines[0], lines[0]
+
+
+def test_a_slide_from_s3_makes_the_store_its_local_file_makes(s3, local_store, tmp_path):
+    url = f"s3://slides/cohort/{CMU}"
+    cache = tmp_path / "cache"
+    done = run_cli("convert", url, "-o", tmp_path / "out", env=s3.env(cache))
+    assert done.returncode == 0, _said(done)
+    store = tmp_path / "out" / "CMU-1-Small-Region.ome.zarr"
+    assert _tree(store) == _tree(local_store)  # every chunk and array, bit for bit
+    staged = cache / "slides" / "s3" / "slides" / "cohort" / CMU
+    assert staged.read_bytes() == (SLIDES / CMU).read_bytes()
+    said = json.loads(staged.with_name(CMU + ".staged.json").read_text())
+    assert said["url"] == url and said["size"] == staged.stat().st_size
+    # the store records the object's time, not the download's
+    head = s3.client().head_object(Bucket="slides", Key=f"cohort/{CMU}")
+    meta = json.loads((store / "zarr.json").read_text())["attributes"]["tilestore"]
+    assert meta["source"]["mtime_ns"] // 10**9 == int(head["LastModified"].timestamp())
+    # again: the staged copy is used as it is (the same file, not fetched again)
+    inode = staged.stat().st_ino
+    again = run_cli("convert", url, "-o", tmp_path / "again", env=s3.env(cache))
+    assert again.returncode == 0, _said(again)
+    assert staged.stat().st_ino == inode
+    assert _tree(tmp_path / "again" / "CMU-1-Small-Region.ome.zarr") == _tree(local_store)
+    for output in (_said(done), _said(again), *(p.read_text() for p in cache.rglob("*.json"))):
+        assert s3.secret not in output and s3.key not in output
+
+
+def test_a_slide_changed_in_the_bucket_is_fetched_again(s3, tmp_path):
+    data = (SLIDES / CMU).read_bytes()
+    url = s3.put("changing/slide.svs", data[: len(data) // 2])
+    env = s3.env(tmp_path / "cache")
+    first = run_cli("convert", url, "-o", tmp_path / "a", env=env)
+    assert first.returncode == 2  # half a slide: refused, naming the URL, not the cache
+    _one_line(first, url)
+    assert str(tmp_path / "cache") not in first.stderr
+    s3.put("changing/slide.svs", data)
+    second = run_cli("convert", url, "-o", tmp_path / "b", env=env)
+    assert second.returncode == 0, _said(second)
+    staged = tmp_path / "cache" / "slides" / "s3" / "slides" / "changing" / "slide.svs"
+    assert staged.read_bytes() == data
+
+
+@pytest.mark.parametrize(
+    "url, why",
+    [
+        ("s3://slides/cohort/missing.svs", "not found (404)"),
+        ("s3://no-such-bucket/slide.svs", "not found (404)"),
+    ],
+)
+def test_a_url_that_cannot_be_read_is_refused_at_the_door(s3, tmp_path, url, why):
+    """One line naming the URL and the cause, exit 2, before the other slide is converted."""
+    out = tmp_path / "out"
+    done = run_cli("convert", SLIDES / CMU, url, "-o", out, env=s3.env(tmp_path / "c"))
+    _one_line(done, url, why)
+    assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("changed", ["AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID"])
+def test_a_wrong_credential_is_said_in_one_line_without_the_secret(s3, tmp_path, changed):
+    wrong = "wrong-" + s3.secret[::-1]
+    env = s3.env(tmp_path / "c", **{changed: wrong})
+    done = run_cli("convert", f"s3://slides/cohort/{CMU}", "-o", tmp_path / "o", env=env)
+    _one_line(done, f"s3://slides/cohort/{CMU}", "access refused (403)")
+    for secret in (wrong, s3.secret, s3.key):
+        assert secret not in _said(done)
+
+
+def test_no_credentials_at_all_is_said_in_one_line(s3, tmp_path):
+    env = s3.env(tmp_path / "c")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        del env[name]
+    none = str(tmp_path / "none")  # no profile either, nor an instance's role
+    env.update(AWS_SHARED_CREDENTIALS_FILE=none, AWS_CONFIG_FILE=none)
+    env["AWS_EC2_METADATA_DISABLED"] = "true"
+    done = run_cli("convert", f"s3://slides/cohort/{CMU}", "-o", tmp_path / "o", env=env)
+    _one_line(done, f"s3://slides/cohort/{CMU}", "no credentials found")
+
+
+def test_in_place_reading_of_a_url_is_refused(s3, tmp_path):
+    done = run_cli(
+        "convert", f"s3://slides/cohort/{CMU}", "-o", tmp_path / "o", "--in-place",
+        env=s3.env(tmp_path / "c"),
+    )  # fmt: skip
+    _one_line(done, "--in-place", "local disk")
+
+
+def test_a_slide_larger_than_the_cache_limit_is_refused(s3, tmp_path):
+    done = run_cli(
+        "convert", f"s3://slides/cohort/{CMU}", "-o", tmp_path / "o", "--cache-limit", "0.001",
+        env=s3.env(tmp_path / "c"),
+    )  # fmt: skip
+    _one_line(done, "more than the slide cache holds", "--cache-limit 0.001")
+    assert not list((tmp_path / "c").rglob("*.svs"))
+
+
+def test_the_cache_keeps_its_limit_least_recently_used_out_first(s3, tmp_path, monkeypatch):
+    data = (SLIDES / CMU).read_bytes()
+    urls = [s3.put(f"lru/{name}.svs", data) for name in "abc"]
+    for name, value in s3.env(tmp_path / "c").items():
+        monkeypatch.setenv(name, value)
+    limit = 2.5 * len(data) / 1e9  # two slides fit
+    staged = [Remote(u, tmp_path / "c").stage(limit) for u in urls[:2]]
+    os.utime(staged[0].with_name(staged[0].name + ".staged.json"))  # a used again: b is older
+    Remote(urls[2], tmp_path / "c").stage(limit)
+    assert staged[0].is_file() and not staged[1].exists()
+    assert sorted(p.name for p in (tmp_path / "c").rglob("*.svs")) == ["a.svs", "c.svs"]
+
+
+def test_a_transfer_cut_leaves_nothing_that_reads_as_a_slide_and_runs_again(
+    s3, tmp_path, monkeypatch
+):
+    """The server stopped after the first blocks: one line naming the URL, no staged file
+    and no part of one; the server back, the same call stages the slide whole."""
+    data = (SLIDES / CMU).read_bytes()
+    url = s3.put("cut/slide.svs", data)
+    for name, value in s3.env(tmp_path / "c").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(remote, "BLOCK", 64 * 1024)
+    monkeypatch.setattr(remote, "IN_FLIGHT", 2)
+    target = Remote(url, tmp_path / "c")
+
+    def cut(n, total):
+        s3.process.kill()  # the link gone mid-transfer
+        s3.process.wait(10)
+
+    with pytest.raises(SlideError) as raised:
+        target.stage(progress=cut)
+    line = str(raised.value)
+    assert line.startswith(f"{url}: ") and "\n" not in line and s3.secret not in line
+    folder = target.local.parent
+    assert not target.local.exists() and not list(folder.glob("*.part"))
+    again = start_s3(s3.port)  # the same endpoint back (its objects made again)
+    try:
+        again.put("cut/slide.svs", data)
+        for name, value in again.env(tmp_path / "c").items():
+            monkeypatch.setenv(name, value)
+        landed = []
+        assert target.stage(progress=lambda n, total: landed.append(n)).read_bytes() == data
+        assert sum(landed) == len(data)
+    finally:
+        s3.process, s3.key, s3.secret = again.process, again.key, again.secret
+
+
+def test_urls_are_known_and_shown_without_their_secrets():
+    assert is_url("s3://b/k.svs") and is_url("https://h/x.svs") and is_url("gs://b/x")
+    assert not is_url("file:///tmp/x.svs") and not is_url("/tmp/s3://x") and not is_url("x.svs")
+    assert not is_url(Path("s3://b/k.svs"))  # a Path has folded its // already
+    signed = "https://user:pw@host.example:8443/a/b.svs?X-Amz-Signature=abc123&X-Amz-Credential=k"
+    assert shown(signed) == "https://host.example:8443/a/b.svs"
+    said = remote._said(ValueError(f"cannot GET {signed}"), signed)
+    assert "abc123" not in said and "pw" not in said and "https://host.example:8443/a/b.svs" in said
+    with pytest.raises(SlideError, match="names no file"):
+        _ = Remote("s3://bucket", Path("/tmp")).local
+    with pytest.raises(OptionError, match="--in-place"):
+        remote.check_urls(["s3://b/k.svs"], in_place=True)

@@ -52,14 +52,15 @@ from tilestore.embed.slides import SlidePrecision
 from tilestore.options import Workers
 from tilestore.plan import PlanOptions
 from tilestore.reading import OverrideMpp, ScanMpp
+from tilestore.sources import check_urls, given, is_url, shown
 
 
 @with_flags
 def embed(
-    stores: list[Path] = typer.Argument(
+    stores: list[str] = typer.Argument(
         ...,
-        help="Stores, or slide files (converted into --into first, the next while the GPU "
-        "embeds the current one); one model load for all.",
+        help="Stores, or slide files or their URLs (s3://, https://...: converted into --into "
+        "first, the next while the GPU embeds the current one); one model load for all.",
     ),
     in_place: bool = typer.Option(
         False,
@@ -133,6 +134,12 @@ def embed(
         raise OptionError(f"--at-once {at_once}: on Dask each worker makes its own slides "
                           "ready, one at a time: add workers instead")  # fmt: skip
     output_file(report)  # the door: its folder made and writable, or one line before any work
+    stores = [given(s) for s in stores]  # paths; a URL kept as text
+    urls = [s for s in stores if is_url(s)]
+    if urls and (cluster or scheduler):
+        raise OptionError(f"{shown(urls[0])}: slides named by URL are not yet run on Dask: "
+                          "convert them first (tilestore convert URL -o DIR)")  # fmt: skip
+    check_urls(urls, in_place)  # each found and allowed (one request), before any work
     # a dry run writes nothing, not even its report
     ran = _Ran(None if dry_run else report, model or slide_encoder or "", len(stores))
     try:
@@ -160,7 +167,7 @@ def embed(
             from tilestore.embed import shard as share
 
             k, n = parse_shard(shard)
-            stores = [Path(s) for s in share(stores, k, n)]
+            stores = [given(s) for s in share(stores, k, n)]
             out.print(f"shard {k}/{n}: {len(stores)} store(s)", highlight=False)
             ran.share = {"k": k, "n": n, "stores": len(stores), "of": ran.given}
             ran.given = len(stores)

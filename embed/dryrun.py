@@ -25,6 +25,7 @@ from tilestore.embeddings import resume_state
 from tilestore.errors import EmbeddingError, TilestoreError
 from tilestore.format import is_store, store_name
 from tilestore.reading import sidecar_for
+from tilestore.sources import is_url, shown
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,9 @@ def dry_run(
 
 def _row(path, embedder, identity, plan, rate, into, in_place, sidecars) -> DryRow:
     store = path  # a slide with nowhere to go is refused by open_slide, as `embed` does
+    if is_url(path):  # not fetched by a dry run
+        where = "read in place (refused)" if in_place else f"converted into {into} first"
+        return DryRow(shown(path), note=f"a slide's URL: would be staged and {where}")
     if path.exists() and not is_store(path) and (in_place or into is not None):
         if not in_place:
             target = Path(into) / store_name(path)

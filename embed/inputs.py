@@ -31,15 +31,23 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import tilestore.errors
 from tilestore import workers
 from tilestore.cpus import usable_cpus
-from tilestore.errors import SlideError, StoreError, TilestoreError, TilestoreWarning
+from tilestore.errors import (
+    OptionError,
+    SlideError,
+    StoreError,
+    TilestoreError,
+    TilestoreWarning,
+)
 from tilestore.format.store import is_store, one_store_each, store_name
 from tilestore.options import Opt
 from tilestore.plan import PlanOptions
 from tilestore.reading.resolution import in_scan_terms
+from tilestore.sources.remote import check_urls, given, is_url, shown, slide_file
 
 SlidesAtOnce = Annotated[
     int | Literal["auto"],
@@ -58,7 +66,7 @@ SlidesAtOnce = Annotated[
 class Staged:
     """One input as the engine takes it: a store, or why it could not become one."""
 
-    given: Path
+    given: Path | str  # a URL as `shown`: no secret of it in a message or report
     store: Path | None
     converted: dict | None = None  # {slide, store, seconds, levels: "copy"/"re-encode"...}
     error: TilestoreError | None = None
@@ -72,7 +80,7 @@ def as_staged(stores: Iterable[str | os.PathLike] | Stager) -> Iterable[Staged]:
     """Staged items for a Stager, or for a list of store paths (taken as they are)."""
     if isinstance(stores, Stager):
         return stores
-    return [Staged(Path(s), Path(s)) for s in stores]
+    return [Staged(given(s), Path(s)) for s in stores]
 
 
 def tissue_wanted(plan: str | PlanOptions | None) -> str | None:
@@ -125,16 +133,18 @@ class Preparation:
             override_mpp,
         )
 
-    def wants(self, path: Path) -> bool:
-        """A slide file with somewhere to go; a store, a missing path, or a slide with
-        neither `into` nor in_place is taken as a store (and fails as one where it is not)."""
-        return not is_store(path) and path.exists() and (self.in_place or self.into is not None)
+    def wants(self, path: Path | str) -> bool:
+        """A slide file (or a slide's URL) with somewhere to go; a store, a missing path, or
+        a slide with neither `into` nor in_place is taken as a store (and fails as one where
+        it is not)."""
+        somewhere = self.in_place or self.into is not None
+        return somewhere and (is_url(path) or (not is_store(path) and Path(path).exists()))
 
-    def target(self, path: Path) -> Path | None:
+    def target(self, path: Path | str) -> Path | None:
         """The store a slide file is converted into (None: read in place)."""
         return None if self.into is None else self.into / store_name(path)
 
-    def destination(self, path: Path) -> Path:
+    def destination(self, path: Path | str) -> Path | str:
         """The store an input's embeddings go into: a store itself, the store a slide file
         is converted into, or its sidecar."""
         if not self.wants(path):
@@ -145,13 +155,13 @@ class Preparation:
 
         return sidecar_for(path, self.sidecars)
 
-    def once_each(self, inputs: Iterable[str | os.PathLike]) -> list[Path]:
+    def once_each(self, inputs: Iterable[str | os.PathLike]) -> list[Path | str]:
         """The inputs, one given again taken once; two bound for one store refused
-        (`one_store_each`)."""
-        paths = [Path(p) for p in inputs]
+        (`one_store_each`). A URL is kept as text (`given`)."""
+        paths = [given(p) for p in inputs]
         return [paths[i] for i in one_store_each((p, None, self.destination(p)) for p in paths)]
 
-    def request(self, path: Path) -> dict[str, Any]:
+    def request(self, path: Path | str) -> dict[str, Any]:
         """The worker's request for one slide (`_answer` reads it)."""
         return {
             "slide": str(path),
@@ -190,7 +200,7 @@ class Stager:
         ahead: int = 1,
         at_once: int | Literal["auto"] = 1,
     ) -> None:
-        paths = [Path(p) for p in inputs]  # as given: messages name them so
+        paths = [given(p) for p in inputs]  # as given: messages name them so
         self._queue = iter(paths)
         self._how = Preparation.of(
             into,
@@ -209,7 +219,7 @@ class Stager:
             self._how = replace(self._how, cpus=max(1, usable_cpus() // at_once))
         self._ahead = ahead
         # (input, the worker it was sent to; None: taken as a store)
-        self._pending: list[tuple[Path, int | None]] = []
+        self._pending: list[tuple[Path | str, int | None]] = []
         self._workers: list[SlideWorker | None] = [None] * int(at_once)
         self._sent, self._last = 0, [0] * int(at_once)  # requests sent; each worker's last
         self._refill()
@@ -224,7 +234,7 @@ class Stager:
             sent += worker is not None
             self._pending.append((path, worker))
 
-    def _send(self, path: Path, index: int | None = None) -> int:
+    def _send(self, path: Path | str, index: int | None = None) -> int:
         """Ask a worker to make `path` ready (the one with the fewest slides in hand, or
         `index`); which it was."""
         if index is None:  # ties: the one asked longest ago (else the first gets two in turn)
@@ -243,11 +253,18 @@ class Stager:
             while self._pending:
                 self._refill()  # slides are made ready while this one is embedded
                 path, index = self._pending.pop(0)
-                yield self._reply(path, index) if index is not None else Staged(path, path)
+                if index is not None:
+                    yield self._reply(path, index)
+                elif is_url(path):  # a slide's URL with nowhere to go
+                    yield Staged(shown(str(path)), None, error=OptionError(
+                        f"{shown(str(path))}: a slide named by URL is converted into --into DIR "
+                        "first; give it"))  # fmt: skip
+                else:
+                    yield Staged(path, Path(path))
         finally:
             self.close()
 
-    def _reply(self, path: Path, index: int) -> Staged:
+    def _reply(self, path: Path | str, index: int) -> Staged:
         worker = self._workers[index]
         assert worker is not None
         reply = worker.receive()
@@ -277,9 +294,11 @@ class Stager:
 STOPPED = {-signal.SIGTERM: "SIGTERM", -signal.SIGINT: "SIGINT", 130: "SIGINT"}
 
 
-def staged_from(path: Path, reply: dict[str, Any] | None, code: int = 0) -> Staged:
+def staged_from(path: Path | str, reply: dict[str, Any] | None, code: int = 0) -> Staged:
     """A worker's reply for the slide `path` as a Staged input; reply None: the worker died
-    on it (`code`: its exit code, negative for a signal). A bug's traceback is raised."""
+    on it (`code`: its exit code, negative for a signal). A bug's traceback is raised. A
+    URL is named as `shown` (a signed URL's query is its secret)."""
+    path = shown(path) if is_url(path) else path
     if reply is None:
         if code in STOPPED:  # SLURM's SIGTERM or a Ctrl-C reached it too: not the slide's
             return Staged(path, None, error=SlideError(
@@ -346,7 +365,7 @@ class SlideWorker:
 
 
 def prepare(
-    slide: Path,
+    slide: Path | str,
     into: Path | None,
     tissue: str | None,
     only_plan_will_do: bool,
@@ -366,6 +385,7 @@ def prepare(
 
     converted = None
     started = time.perf_counter()
+    check_urls([slide], in_place=into is None)  # a URL is converted, never read in place
     if into is None:  # made the first time, its mask made beside it
         opened = open_in_place(
             slide, sidecars, mpp=scan_mpp, override_mpp=override_mpp, tissue=tissue
@@ -385,7 +405,7 @@ def prepare(
 
 
 def _convert(
-    slide: Path,
+    slide: Path | str,
     into: Path,
     scan_mpp: float | None,
     tissue: str | None,
@@ -399,11 +419,11 @@ def _convert(
     target = into / store_name(slide)
     if is_store(target):
         _check_reusable(target, slide, scan_mpp, override_mpp)
-        return target, {"slide": str(slide), "store": str(target), "reused": True}
+        return target, {"slide": _named(slide), "store": str(target), "reused": True}
     if target.exists() or target.is_symlink():  # the user's: never replaced, nor offered to be
         kind = "a folder" if target.is_dir() else "a file"
         raise StoreError(
-            f"{target}: {kind} that is not a tilestore store is where {slide.name}'s store goes; "
+            f"{target}: {kind} that is not a tilestore store is where {_name(slide)}'s store goes; "
             "move it or choose another --into folder"
         )
     started = time.perf_counter()
@@ -412,7 +432,7 @@ def _convert(
     )
     paths = sorted({level.write for level in report.levels})
     return report.store, {
-        "slide": str(slide),
+        "slide": _named(slide),
         "store": str(report.store),
         "seconds": round(time.perf_counter() - started, 3),
         "codec": report.codec,
@@ -422,7 +442,7 @@ def _convert(
 
 
 def _check_reusable(
-    target: Path, slide: Path, scan_mpp: float | None, override_mpp: bool = False
+    target: Path, slide: Path | str, scan_mpp: float | None, override_mpp: bool = False
 ) -> None:
     """A store already at the target may stand for the slide only if it is complete, was
     made with the pixel size asked (scan_mpp, and an override only where override_mpp asks
@@ -437,9 +457,10 @@ def _check_reusable(
     opened = open_slide(target)  # StoreError if incomplete
     check_mpp(opened, scan_mpp, target, override_mpp)
     recorded = opened.record.source
-    with open_source(slide) as source:
+    url, name, slide = slide, _name(slide), _named(slide)  # a URL: its staged copy is read
+    with slide_file(url) as local, open_source(local) as source:
         size = source.size()
-        if recorded.name != slide.name:
+        if recorded.name != name:
             made = f"already holds another slide ({recorded.name}, {recorded.size} bytes)"
         elif recorded.size != size:
             made = f"made from another file of this name ({recorded.size} bytes; {slide}: {size})"
@@ -461,6 +482,16 @@ def _check_reusable(
     raise StoreError(f"{target}: {made}; move it or choose another --into folder")
 
 
+def _name(slide: Path | str) -> str:
+    """A slide's file name (a URL's path's last step)."""
+    return Path(urlsplit(str(slide)).path).name if is_url(slide) else Path(slide).name
+
+
+def _named(slide: Path | str) -> str:
+    """A slide as messages and reports name it: its path, a URL as `shown`."""
+    return shown(str(slide)) if is_url(slide) else str(slide)
+
+
 def _answer(request: dict[str, Any]) -> str:
     """One slide made ready: its store, or its error by kind, or a bug's traceback."""
     into, sidecars = request["into"], request.get("sidecars")
@@ -468,7 +499,7 @@ def _answer(request: dict[str, Any]) -> str:
         with warnings.catch_warnings(record=True) as said:  # for the run's report, not stderr
             warnings.simplefilter("always", TilestoreWarning)
             store, converted, seconds = prepare(
-                Path(request["slide"]),
+                given(request["slide"]),
                 None if into is None else Path(into),
                 request["tissue"],
                 request["only_plan_will_do"],

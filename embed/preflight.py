@@ -34,6 +34,7 @@ from tilestore.plan import (
     uses_stored_plan,
 )
 from tilestore.reading import MPP_TOLERANCE, Slide, open_slide
+from tilestore.sources import given as as_given
 
 PlanChoice = str | PlanOptions | None
 
@@ -65,7 +66,7 @@ def check_stores(
     spec = _facts(model)
     name = model.name if isinstance(model, ModelSpec) else model
     found = Preflight()
-    for given in map(Path, inputs):
+    for given in map(as_given, inputs):
         if not is_store(given):
             found.kept.append(given)
             found.tiles[str(given)] = None

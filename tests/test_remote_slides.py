@@ -9,9 +9,11 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
+import zarr
 
-from tests.conftest import CMU, SLIDES, run_cli, store_tree
+from tests.conftest import CMU, SLIDES, group_of, run_cli, store_tree
 from tests.s3 import start_s3
 from tilestore.errors import OptionError, SlideError
 from tilestore.sources import remote
@@ -209,3 +211,49 @@ def test_urls_are_known_and_shown_without_their_secrets():
         _ = Remote("s3://bucket", Path("/tmp")).local
     with pytest.raises(OptionError, match="--in-place"):
         remote.check_urls(["s3://b/k.svs"], in_place=True)
+
+
+# -- embed: slides from a bucket, converted into --into on the way ----------------------------
+
+
+def _features(store: Path) -> np.ndarray:
+    group = zarr.open_group(store / group_of(store, "efficientnet-lite0"), mode="r")
+    return group["features"][:]
+
+
+EMBED = ("--model", "efficientnet-lite0", "--device", "cpu", "--mpp", "1", "--max-tiles", "8")
+
+
+def test_embed_from_a_bucket_gives_the_features_of_the_local_slide(s3, tmp_path):
+    """`tilestore embed s3://... --into DIR`: the slide staged, converted and embedded; its
+    features bit for bit those of the same slide given as a local file; a second run finds
+    the store complete (the staged copy's SHA-256 is the recorded one)."""
+    url = f"s3://slides/cohort/{CMU}"
+    env = s3.env(tmp_path / "cache")
+    remote_run = run_cli("embed", url, "--into", tmp_path / "r", *EMBED, env=env)
+    assert remote_run.returncode == 0, _said(remote_run)
+    local_run = run_cli("embed", SLIDES / CMU, "--into", tmp_path / "l", *EMBED)
+    assert local_run.returncode == 0, _said(local_run)
+    name = "CMU-1-Small-Region.ome.zarr"
+    ours, theirs = _features(tmp_path / "r" / name), _features(tmp_path / "l" / name)
+    assert ours.shape[0] > 0 and np.array_equal(ours, theirs, equal_nan=True)
+    again = run_cli("embed", url, "--into", tmp_path / "r", *EMBED, env=env)
+    assert again.returncode == 0 and "(reused)" in again.stdout, _said(again)
+    for output in (_said(remote_run), _said(again)):
+        assert s3.secret not in output and s3.key not in output
+
+
+def test_embed_refuses_a_missing_object_before_the_model_loads(s3, tmp_path):
+    url = "s3://slides/cohort/missing.svs"
+    done = run_cli("embed", url, "--into", tmp_path / "r", *EMBED, env=s3.env(tmp_path / "c"))
+    _one_line(done, url, "not found (404)")
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
+
+
+def test_embed_refuses_a_url_read_in_place_or_on_dask(s3, tmp_path):
+    url = f"s3://slides/cohort/{CMU}"
+    env = s3.env(tmp_path / "c")
+    in_place = run_cli("embed", url, "--in-place", *EMBED, env=env)
+    _one_line(in_place, "--in-place", "local disk")
+    dask = run_cli("embed", url, "--cluster", "local", *EMBED, env=env)
+    _one_line(dask, url, "not yet run on Dask")

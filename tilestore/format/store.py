@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import zarr
 from zarr.abc.store import Store
@@ -55,8 +56,9 @@ def is_store(path: str | os.PathLike) -> bool:
 
 
 def store_name(source: str | os.PathLike) -> str:
-    """Return the store name for a source file: ``slide.svs`` -> ``slide.ome.zarr``."""
-    name = Path(source).name
+    """Return the store name for a source file: ``slide.svs`` -> ``slide.ome.zarr`` (a URL's:
+    its path's last step, its query aside)."""
+    name = Path(urlsplit(source).path if "://" in str(source) else source).name
     for suffix in (".ome.tiff", ".ome.tif"):
         if name.lower().endswith(suffix):
             return name[: -len(suffix)] + STORE_SUFFIX

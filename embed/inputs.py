@@ -385,7 +385,7 @@ def prepare(
 
     converted = None
     started = time.perf_counter()
-    check_urls([slide], in_place=into is None)  # a URL is converted, never read in place
+    check_urls([slide], in_place=into is None, look=False)  # a URL is converted, not read in place
     if into is None:  # made the first time, its mask made beside it
         opened = open_in_place(
             slide, sidecars, mpp=scan_mpp, override_mpp=override_mpp, tissue=tissue

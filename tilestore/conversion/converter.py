@@ -274,7 +274,7 @@ def convert(
         store is the one its local file would make.
     """
     started = time.perf_counter()
-    check_urls([src], in_place)
+    check_urls([src], in_place, look=False)  # staging looks
     with (
         slide_file(src, cache_limit) as local,
         open_source(local, series) as source,

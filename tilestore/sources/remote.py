@@ -232,10 +232,10 @@ def slide_file(
         raise type(exc)(said) from exc
 
 
-def check_urls(sources: list, in_place: bool = False) -> None:
-    """The door's checks of the slides named by URL, one request each, before any work:
-    SlideError (one line) for one that cannot be read; OptionError for --in-place, which
-    reads a slide where it is."""
+def check_urls(sources: list, in_place: bool = False, *, look: bool = True) -> None:
+    """The door's checks of the slides named by URL, before any work: OptionError for
+    --in-place, which reads a slide where it is; with `look`, one request each, SlideError
+    (one line) for one that cannot be read (without: staging finds that out)."""
     for src in sources:
         if not is_url(src):
             continue
@@ -244,7 +244,8 @@ def check_urls(sources: list, in_place: bool = False) -> None:
                 f"--in-place: {shown(str(src))} is a URL; a slide is read in place only from a "
                 "local disk (convert it instead)"
             )
-        Remote(str(src), user_cache()).check()
+        if look:
+            Remote(str(src), user_cache()).check()
 
 
 def _meta(local: Path) -> Path:

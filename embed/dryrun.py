@@ -25,7 +25,7 @@ from tilestore.embeddings import resume_state
 from tilestore.errors import EmbeddingError, TilestoreError
 from tilestore.format import is_store, store_name
 from tilestore.reading import sidecar_for
-from tilestore.sources import is_url, shown
+from tilestore.sources import given, is_url, shown
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def dry_run(
         rate = calibration.tiles_per_s or 0.0
         identity = embedder.writer_identity()
         rows = tuple(
-            _row(Path(p), embedder, identity, plan, rate, convert_into, in_place, sidecars)
+            _row(given(p), embedder, identity, plan, rate, convert_into, in_place, sidecars)
             for p in inputs
         )
         return DryRun(

@@ -270,6 +270,8 @@ def _open_job(
     stopped: once true, no step is begun (`_StoppedOpening`); whatever ends it early
     (that, a KeyboardInterrupt) releases the lock it took. A group maker's worker that dies
     (killed: out of memory) fails this store alone."""
+    if staged.store is None and staged.error is not None:  # never a store (a URL: no Path)
+        return _Opened(staged, staged.given, error=staged.error)
     store = Path(staged.store or staged.given)
     refused = report.filesystems.refusal(store)
     if refused is not None:  # on a file system a write found full or read-only

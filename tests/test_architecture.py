@@ -43,6 +43,7 @@ FLOORS = (
         "tilestore.errors",
         "tilestore.caches",
         "tilestore.cpus",
+        "tilestore.urls",
         "tilestore.faces",
         "tilestore.locks",
         "tilestore.options",

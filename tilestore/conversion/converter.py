@@ -349,10 +349,10 @@ def convert(
             report.store_bytes = tree_size(tmp)
             if overwrite:  # a run may have begun on the old store meanwhile: it stays
                 locks.refuse_while_written(target, "replacing it (overwrite=True)")
+        report.source_bytes = source.size()  # while the file is held (a staged copy's too)
     for message in report.warnings:
         said = shown(str(src)) if is_url(src) else src
         warnings.warn(f"{said}: {message}", TilestoreWarning, stacklevel=2)
-    report.source_bytes = source.size()
     report.seconds = time.perf_counter() - started
     return report
 

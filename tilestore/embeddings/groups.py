@@ -36,6 +36,7 @@ from tilestore.errors import (
 from tilestore.format.records import EmbeddingsRecord, PlanRecord, find_record, read_record
 from tilestore.format.store import DAMAGED, STORE_SUFFIX, damage_as_store_error, members
 from tilestore.format.store import open_group as open_store_group
+from tilestore.sources.remote import is_url, url_store
 
 StoreLike = str | os.PathLike | Store
 T = TypeVar("T")
@@ -120,6 +121,8 @@ def expand_stores(stores) -> list[tuple[StoreLike, bool]]:
             if not found:
                 raise StoreError(f"{s}: no store matches this pattern")
             out.extend((f, True) for f in found)
+        elif is_url(s):  # a store in a bucket: zarr's own FsspecStore reads it
+            out.append((url_store(s), False))
         else:
             out.append((s, False))
     if not out:

@@ -27,6 +27,7 @@ from tilestore.errors import OptionError, StoreError, WriteFailed
 from tilestore.format.record import ATTRS_KEY, StoreRecord
 from tilestore.format.records import write_record  # noqa: F401  (the one writer, for every record)
 from tilestore.format.shards import write_atomic
+from tilestore.urls import is_url, shown
 
 STORE_FORMAT = 1
 STORE_SUFFIX = ".ome.zarr"
@@ -81,9 +82,10 @@ def one_store_each(inputs: Iterable[tuple[Path, str | None, Path]]) -> list[int]
             taken.append(index)
             continue
         first, first_series = seen[where]
-        same = os.path.realpath(first) == os.path.realpath(given)
+        same = _same_input(first, given)
         if same and first_series == series:
             continue  # given again: taken once
+        given, first = _named(given), _named(first)  # a URL without its secrets
         if same:
             raise OptionError(
                 f"{given}: its series {series} would be written into {store}, as series "
@@ -94,6 +96,17 @@ def one_store_each(inputs: Iterable[tuple[Path, str | None, Path]]) -> list[int]
             "own (slides of one name: a folder each)"
         )
     return taken
+
+
+def _same_input(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """The same input: one file by any path (`..`, a link); a URL by its text."""
+    if is_url(a) or is_url(b):
+        return str(a) == str(b)
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _named(given: str | os.PathLike) -> str | os.PathLike:
+    return shown(given) if is_url(given) else given
 
 
 def open_store(path: str | os.PathLike, mode: str = "r") -> tuple[zarr.Group, StoreRecord]:

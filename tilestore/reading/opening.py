@@ -12,6 +12,7 @@ from tilestore.errors import StoreError
 from tilestore.format.store import open_store
 from tilestore.reading.inplace import open_sidecar
 from tilestore.reading.slide import Slide, slide_of
+from tilestore.sources.remote import is_url, shown, url_store
 
 
 def open_slide(path: str | os.PathLike | Store) -> Slide:
@@ -19,6 +20,8 @@ def open_slide(path: str | os.PathLike | Store) -> Slide:
     slide file is refused, saying how to convert it or read it in place."""
     if isinstance(path, Store):
         return slide_of(path)
+    if is_url(path):  # a store in a bucket: read through zarr's own FsspecStore
+        return slide_of(url_store(str(path)), shown(str(path)))
     if Path(path).is_file():
         raise StoreError(
             f"{path}: a slide file, not a store: convert it (tilestore.convert) or read it in "

@@ -5,36 +5,42 @@ Conversion reads every byte of a slide's pyramid, so the object is fetched once,
 `BLOCK` ranges with `IN_FLIGHT` requests at a time (fsspec's `cat_ranges`, concurrent on
 its async filesystems), at the link's bandwidth rather than its round trip. A staged
 file is written under a temporary name and renamed whole, with what it was staged from
-(size, ETag) beside it: a killed download leaves nothing that reads as a slide, and a
-slide staged before is used again while its object is unchanged. The cache keeps at most
-`cache_limit` GB of slides, the least recently used removed first.
+beside it (the URL's identity, the object's size and ETag): a killed download leaves
+nothing that reads as a slide, and a slide staged before is used again only while it is
+that object, unchanged. The cache keeps at most `cache_limit` GB of slides, the least
+recently used removed first, never one a process holds (`slide_file` holds it shared).
 
 Credentials come from the provider's own chain (for S3: the environment, profiles,
 instance roles; `AWS_ENDPOINT_URL` for another S3 server). A URL is shown without its
-user, password or query (a signed URL's signature is its query) in every message, and
-errors name the URL as given, never the staged file.
+user, password or query in every message (`tilestore.urls`), and errors name the URL as
+given, never the staged file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import hashlib
 import json
 import os
-import re
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import urlsplit
 
+from zarr.storage import FsspecStore
+
 from tilestore.caches import user_cache
-from tilestore.errors import OptionError, SlideError, TilestoreError
+from tilestore.errors import OptionError, SlideError, StoreError, TilestoreError
 from tilestore.options import Opt
+from tilestore.urls import is_url, local_path, redacted, shown
 
 BLOCK = 8 * 2**20  # bytes a request asks for
-IN_FLIGHT = 8  # requests at a time
+IN_FLIGHT = 8  # requests at a time (after the first, alone: a server must honour ranges)
 STAGED = ".staged.json"  # beside a staged slide: what it was staged from
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 CacheLimit = Annotated[
     float,
@@ -48,23 +54,10 @@ CacheLimit = Annotated[
 CACHE_LIMIT = 50.0
 
 
-def is_url(text: str | os.PathLike) -> bool:
-    """Whether a slide is named by URL (file:// aside: that is a local path)."""
-    return isinstance(text, str) and bool(_URL.match(text)) and not text.startswith("file://")
-
-
 def given(src: str | os.PathLike) -> str | Path:
-    """A slide as given: a URL kept as text (a Path would fold its //), else a Path."""
-    return str(src) if is_url(src) else Path(src)
-
-
-def shown(url: str) -> str:
-    """The URL as messages show it: no user, password or query (a signed URL's secret)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host += f":{parts.port}"
-    return f"{parts.scheme}://{host}{parts.path}"
+    """A slide as given: a URL kept as text (a Path would fold its //), else a Path
+    (file:// URLs too)."""
+    return str(src) if is_url(src) else Path(local_path(str(src)))
 
 
 @dataclass(frozen=True)
@@ -72,7 +65,7 @@ class Found:
     """What the object store says of a slide's object."""
 
     size: int
-    tag: str  # its ETag (or what the filesystem gives instead): changed when it changes
+    tag: str  # its ETag (or what the server gives instead): changed when it changes; "": none
     modified: float | None = None  # its last change, in seconds since the epoch: the staged
     # file's own (a store records its source's time, the object's then, not the download's)
 
@@ -86,12 +79,23 @@ class Remote:
 
     @property
     def local(self) -> Path:
-        """cache/slides/<scheme>/<host>/<path>: the URL's own name, readable in a listing."""
+        """cache/slides/<scheme>/<host>[_<port>]/<path>: the URL's own name, readable in a
+        listing (the file keeps its name: a store records it). URLs alike but for their
+        query or endpoint share it; their records tell them apart (`identity`)."""
         parts = urlsplit(self.url)
         steps = [s for s in parts.path.split("/") if s not in ("", ".", "..")]
         if not steps:
             raise SlideError(f"{shown(self.url)}: names no file (the URL has no path)")
-        return self.cache / "slides" / parts.scheme / (parts.hostname or "_") / Path(*steps)
+        host = parts.netloc.rpartition("@")[2].replace(":", "_") or "_"
+        return self.cache / "slides" / parts.scheme / host / Path(*steps)
+
+    @property
+    def identity(self) -> str:
+        """What the staged file stands for, hashed (no secret written): the URL whole (its
+        query too) and, for S3, the endpoint the environment names."""
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        seen = f"{self.url}\n{endpoint if self.url.startswith('s3://') else ''}"
+        return hashlib.sha256(seen.encode()).hexdigest()
 
     def _fs(self):
         import fsspec
@@ -102,9 +106,8 @@ class Remote:
             return fsspec.core.url_to_fs(self.url, skip_instance_cache=True)
         except (ImportError, ValueError) as exc:
             raise SlideError(
-                f"{shown(self.url)}: cannot read {urlsplit(self.url).scheme}:// URLs: "
-                f"{_said(exc, self.url)}"
-            ) from exc
+                f"{shown(self.url)}: cannot read {urlsplit(self.url).scheme}:// URLs: {_said(exc)}"
+            ) from None
 
     def check(self) -> Found:
         """The object's size and tag (one request); SlideError in one line where it cannot
@@ -115,23 +118,34 @@ class Remote:
         except Exception as exc:  # each store's own errors, said in one line
             raise _error(self.url, exc) from None
         if info.get("type") == "directory":
-            raise SlideError(f"{shown(self.url)}: is a folder, not a slide file")
+            raise SlideError(
+                f"{shown(self.url)}: is a folder, not a slide file (a store in a bucket is "
+                "read with open_slide, not converted)"
+            )
         size = int(info.get("size") or 0)
         if size == 0:
             raise SlideError(f"{shown(self.url)}: the object is empty (0 bytes)")
-        tag = info.get("ETag") or info.get("etag") or info.get("LastModified") or ""
-        when = info.get("LastModified") or info.get("mtime") or info.get("last_modified")
+        tags = ("ETag", "etag", "Content-MD5", "Digest", "LastModified", "Last-Modified")
+        tag = next((str(info[k]).strip('"') for k in tags if info.get(k)), "")
+        when = info.get("LastModified") or info.get("mtime")
         modified = when.timestamp() if hasattr(when, "timestamp") else None
-        return Found(size, str(tag).strip('"'), modified)
+        return Found(size, tag, modified)
 
     def staged(self, found: Found) -> bool:
-        """Whether the slide is in the cache as the object is now."""
+        """Whether the slide is in the cache as the object is now: the same URL (and
+        endpoint), size and tag; never where the server gives no tag."""
         try:
             said = json.loads(_meta(self.local).read_text())
         except (OSError, ValueError):
             return False
-        same = said.get("size") == found.size and said.get("tag") == found.tag
-        return same and self.local.is_file() and self.local.stat().st_size == found.size
+        same = (said.get("identity"), said.get("size"), said.get("tag")) == (
+            self.identity,
+            found.size,
+            found.tag,
+        )
+        with contextlib.suppress(OSError):
+            return bool(found.tag) and same and self.local.stat().st_size == found.size
+        return False
 
     def stage(
         self, limit_gb: float = CACHE_LIMIT, progress: Callable[[int, int], None] | None = None
@@ -141,7 +155,8 @@ class Remote:
         found = self.check()
         local = self.local
         if self.staged(found):
-            os.utime(_meta(local))  # used now: the last to be removed
+            with contextlib.suppress(OSError):  # used now: the last to be removed
+                os.utime(_meta(local))
             if progress is not None:
                 progress(found.size, found.size)
             return local
@@ -158,49 +173,79 @@ class Remote:
                 f"{local.parent}: cannot make the slide cache: {exc.strerror}"
             ) from None
         _make_room(self.cache / "slides", found.size, limit, keep=local)
-        part = local.with_name(f".{local.name}.{os.getpid()}.part")
+        fd, name = tempfile.mkstemp(prefix=f".{local.name}.", suffix=".part", dir=local.parent)
+        part = Path(name)
         try:
-            self._fetch(part, found, progress)
-            _meta(local).unlink(missing_ok=True)  # the old record goes before the old file
+            with open(fd, "wb") as fh:
+                self._fetch(fh, found, progress)
             if found.modified is not None:
                 os.utime(part, (found.modified, found.modified))
+            _meta(local).unlink(missing_ok=True)  # the old record goes before the old file
             os.replace(part, local)
-            _meta(local).write_text(
-                json.dumps({"url": shown(self.url), "size": found.size, "tag": found.tag})
-            )
+            record = {"url": shown(self.url), "identity": self.identity, "size": found.size,
+                      "tag": found.tag}  # fmt: skip
+            _meta(local).write_text(json.dumps(record))
         except OSError as exc:
-            raise SlideError(f"{shown(self.url)}: cannot stage to {local}: {exc}") from exc
+            raise SlideError(f"{shown(self.url)}: cannot stage to {local}: {exc}") from None
         finally:
             part.unlink(missing_ok=True)
         return local
 
-    def _fetch(self, part: Path, found: Found, progress) -> None:
+    def _fetch(self, fh, found: Found, progress) -> None:
         fs, path = self._fs()
         starts = list(range(0, found.size, BLOCK))
+        rounds = [starts[:1]] + [
+            starts[i : i + IN_FLIGHT] for i in range(1, len(starts), IN_FLIGHT)
+        ]
         done = 0
-        with open(part, "wb") as fh:
-            for first in range(0, len(starts), IN_FLIGHT):
-                landed = done
-                ask = starts[first : first + IN_FLIGHT]
-                ends = [min(s + BLOCK, found.size) for s in ask]
-                try:
-                    blocks = fs.cat_ranges([path] * len(ask), ask, ends, on_error="raise")
-                except Exception as exc:
-                    raise _error(self.url, exc, f" after {done / 1e6:.1f} MB") from None
-                for start, end, data in zip(ask, ends, blocks, strict=True):
-                    if len(data) != end - start:  # the object shrank, or the link cut it
-                        raise SlideError(
-                            f"{shown(self.url)}: bytes {start}-{end} came back {len(data)} "
-                            f"long: the object changed or the transfer was cut; run again"
-                        )
-                    os.pwrite(fh.fileno(), data, start)
-                    done += len(data)
-                if progress is not None:
-                    progress(done - landed, found.size)
-            fh.flush()
-            os.fsync(fh.fileno())
+        for ask in rounds:
+            if not ask:
+                continue
+            ends = [min(s + BLOCK, found.size) for s in ask]
+            try:
+                blocks = fs.cat_ranges([path] * len(ask), ask, ends, on_error="raise")
+            except Exception as exc:  # each store's own errors, said in one line
+                raise _error(self.url, exc, f" after {done / 1e6:.1f} MB") from None
+            for start, end, data in zip(ask, ends, blocks, strict=True):
+                if len(data) != end - start:  # the object shrank, a range ignored, a cut
+                    raise SlideError(
+                        f"{shown(self.url)}: bytes {start}-{end} came back {len(data)} long "
+                        "(the object changed, the server ignores byte ranges, or the transfer "
+                        "was cut); run again"
+                    )
+                os.pwrite(fh.fileno(), data, start)
+                done += len(data)
+            if progress is not None:
+                progress(sum(e - s for s, e in zip(ask, ends, strict=True)), found.size)
+        fh.flush()
+        os.fsync(fh.fileno())
         if self.check() != found:
             raise SlideError(f"{shown(self.url)}: the object changed while it was read; run again")
+
+
+class UrlStore(FsspecStore):
+    """zarr's FsspecStore, named by its URL as `shown` (a dataset's `store`, a message)."""
+
+    def __str__(self) -> str:
+        protocol = self.fs.protocol
+        scheme = protocol[0] if isinstance(protocol, tuple | list) else protocol
+        path = str(self.path)
+        return shown(path if is_url(path) else f"{scheme}://{path}")
+
+    __repr__ = __str__
+
+
+def url_store(url: str) -> UrlStore:
+    """A store at a URL opened to read, as zarr's own `FsspecStore` (a filesystem of its
+    own: fsspec's shared ones keep the credentials and listings they first saw), named in
+    messages and datasets by its URL as `shown`."""
+
+    try:
+        return UrlStore.from_url(url, read_only=True, storage_options={"skip_instance_cache": True})
+    except (ImportError, ValueError, TypeError) as exc:
+        raise StoreError(
+            f"{shown(url)}: cannot read {urlsplit(url).scheme}:// URLs: {_said(exc)}"
+        ) from None
 
 
 def stage_slide(
@@ -216,20 +261,35 @@ def slide_file(
     limit_gb: float = CACHE_LIMIT,
     progress: Callable[[int, int], None] | None = None,
 ) -> Iterator[Path]:
-    """The local file of a slide: `src` itself, or a URL's staged copy. Errors raised
-    within that name the staged file name the URL instead."""
+    """The local file of a slide: `src` itself, or a URL's staged copy, held (a shared
+    lock: the cache's eviction passes it by) while the block runs. Errors raised within
+    that name the staged file name the URL instead."""
     if not is_url(src):
-        yield Path(src)
+        yield Path(local_path(str(src)))
         return
     url = str(src)
-    local = stage_slide(url, limit_gb, progress)
+    for _ in range(3):  # staged, then removed by another process before it was held: again
+        local = stage_slide(url, limit_gb, progress)
+        try:
+            fd = os.open(local, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        if os.path.exists(local) and os.path.samestat(os.fstat(fd), os.stat(local)):
+            break
+        os.close(fd)
+    else:
+        raise SlideError(f"{shown(url)}: its staged copy was removed as it was staged (a full "
+                         "slide cache shared by many runs?): raise --cache-limit")  # fmt: skip
     try:
         yield local
     except TilestoreError as exc:
         said = str(exc).replace(str(local), shown(url))
-        if said == str(exc):
-            raise
-        raise type(exc)(said) from exc
+        if said != str(exc):
+            exc.args = (said, *exc.args[1:])
+        raise
+    finally:
+        os.close(fd)
 
 
 def check_urls(sources: list, in_place: bool = False, *, look: bool = True) -> None:
@@ -253,8 +313,8 @@ def _meta(local: Path) -> Path:
 
 
 def _make_room(folder: Path, need: int, limit: int, keep: Path) -> None:
-    """Remove staged slides, least recently used first, until `need` more bytes fit
-    within `limit` (`keep` aside: it is being replaced)."""
+    """Remove staged slides, least recently used first, until `need` more bytes fit within
+    `limit`: never one a process holds (`slide_file`), nor `keep` (being replaced)."""
     staged = []
     for meta in folder.rglob(f"*{STAGED}"):
         slide = meta.with_name(meta.name[: -len(STAGED)])
@@ -265,20 +325,34 @@ def _make_room(folder: Path, need: int, limit: int, keep: Path) -> None:
     for _, size, slide, meta in sorted(staged, key=lambda s: s[0]):
         if used + need <= limit:
             break
-        with contextlib.suppress(OSError):
-            meta.unlink()
-            slide.unlink()
+        if _removed_unless_held(slide, meta):
             used -= size
 
 
-def _said(exc: BaseException, url: str) -> str:
-    """An error's own words in one line, with the URL as `shown` (no secret)."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    parts = urlsplit(url)
-    for secret in (url, parts.query, parts.password, parts.username):
-        if secret:
-            text = text.replace(secret, shown(url) if secret == url else "***")
-    return text
+def _removed_unless_held(slide: Path, meta: Path) -> bool:
+    """Remove a staged slide and its record unless a process holds it (a shared lock)."""
+    try:
+        fd = os.open(slide, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return False  # in use
+        raise
+    try:
+        meta.unlink(missing_ok=True)
+        slide.unlink(missing_ok=True)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _said(exc: BaseException) -> str:
+    """An error's own words in one line, every URL in it as `shown` (no secret)."""
+    return redacted(" ".join(str(exc).split()) or type(exc).__name__)
 
 
 _WHY = (  # an exception's class -> what it means, for the one line
@@ -294,7 +368,7 @@ def _error(url: str, exc: BaseException, where: str = "") -> SlideError:
     if why is None and "Credentials" in name:
         why = "no credentials found (set them as the provider's tools do, e.g. AWS_PROFILE)"
     if why is None:
-        why = f"cannot read{where}: {name}: {_said(exc, url)}"
+        why = f"cannot read{where}: {name}: {_said(exc)}"
     return SlideError(f"{shown(url)}: {why}")
 
 
@@ -308,4 +382,5 @@ __all__ = [
     "shown",
     "slide_file",
     "stage_slide",
+    "url_store",
 ]

@@ -1,0 +1,40 @@
+"""URLs as tilestore takes and shows them: which inputs are URLs (s3://, gs://, https://;
+file:// is a local path), and a URL shown without its secrets (user, password, query: a
+signed URL's signature is its query), in a message or in any text an error brings along."""
+
+from __future__ import annotations
+
+import os
+import re
+from urllib.parse import urlsplit
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+# a URL inside a text (a library's error): scheme, then user info, then the rest up to a query
+_IN_TEXT = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?:[^/\s@'\"<>]*@)?(?P<rest>[^\s?#'\"<>]*)"
+    r"(?:[?#][^\s'\"<>]*)?"
+)
+
+
+def is_url(text: str | os.PathLike) -> bool:
+    """Whether an input is named by URL (text only: a Path has folded its // already)."""
+    return isinstance(text, str) and bool(_URL.match(text)) and not text.startswith("file://")
+
+
+def local_path(text: str) -> str:
+    """A file:// URL's path; any other text as it is."""
+    return urlsplit(text).path if text.startswith("file://") else text
+
+
+def shown(url: str) -> str:
+    """The URL as messages show it: scheme, host (and port), path; no user, password, query
+    or fragment."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return f"{parts.scheme}://{host}{parts.path}"
+
+
+def redacted(text: str) -> str:
+    """`text` with every URL in it as `shown`: a library's error quoting the URL it asked
+    for (with its signature, as it rewrote it) says no secret."""
+    return _IN_TEXT.sub(lambda m: m.group("scheme") + m.group("rest"), text)

@@ -16,8 +16,9 @@ from tilestore.sources.remote import is_url, shown, url_store
 
 
 def open_slide(path: str | os.PathLike | Store) -> Slide:
-    """Open a store (a path, or any zarr v3 store object): converted, or a slide's sidecar. A
-    slide file is refused, saying how to convert it or read it in place."""
+    """Open a store (a path, a URL such as s3://bucket/x.ome.zarr read through zarr's
+    FsspecStore, or any zarr v3 store object): converted, or a slide's sidecar. A slide
+    file is refused, saying how to convert it or read it in place."""
     if isinstance(path, Store):
         return slide_of(path)
     if is_url(path):  # a store in a bucket: read through zarr's own FsspecStore

@@ -49,6 +49,8 @@ CacheLimit = Annotated[
         "recently used removed first.",
         unit="GB",
         low=0,
+        above=True,
+        high=1e6,
     ),
 ]
 CACHE_LIMIT = 50.0

@@ -119,10 +119,33 @@ def main() -> None:
                 print(f"| {case} | {size / 1e6:.1f} MB | {row['local_s']:.2f} | "
                       f"{row['s3_s']:.2f} | {row['ratio']:.2f} | {requests} | "
                       f"{row['fetched_over_size']:.3f} | {same} / {len(a)} |")  # fmt: skip
+            # the link itself: the large object in one GET through the proxy, as boto3 reads it
+            via = _client_via(s3, proxy.port)
+            started = time.perf_counter()
+            body = via.get_object(Bucket="slides", Key=f"{args.size}_px/large.svs")["Body"].read()
+            link_s = time.perf_counter() - started
+            link = {"bytes": len(body), "seconds": round(link_s, 2),
+                    "mb_per_s": round(len(body) / link_s / 1e6, 1)}  # fmt: skip
+            print(f"the link: {len(body) / 1e6:.1f} MB in one GET in {link_s:.2f} s "
+                  f"({link['mb_per_s']} MB/s)")  # fmt: skip
     finally:
         s3.stop()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"delay_ms": args.delay_ms, "rows": rows}, indent=1))
+    args.out.write_text(
+        json.dumps({"delay_ms": args.delay_ms, "rows": rows, "link": link}, indent=1)
+    )
+
+
+def _client_via(s3, port: int):
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        region_name="us-east-1",
+        aws_access_key_id=s3.key,
+        aws_secret_access_key=s3.secret,
+    )
 
 
 if __name__ == "__main__":

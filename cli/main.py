@@ -73,7 +73,7 @@ def convert(
     from tilestore.conversion import converted_store, slides_at_once, slides_of
     from tilestore.format import one_store_each
     from tilestore.reading import sidecar_for
-    from tilestore.sources import check_urls, given
+    from tilestore.sources import CACHE_LIMIT, check_urls, given
 
     slides = [(given(path), series) for path in src for series in slides_of(path)]
     name = options.get("name")
@@ -91,7 +91,11 @@ def convert(
          else converted_store(path, output, series, name))
         for path, series in slides
     )]  # fmt: skip
-    check_urls([path for path, _ in slides], options.get("in_place", False))
+    check_urls(
+        [path for path, _ in slides],
+        options.get("in_place", False),
+        limit_gb=options.get("cache_limit", CACHE_LIMIT),
+    )
 
     failed = 0
     if at_once == 1:  # one slide after another, each with its chunks' progress

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import zarr
 
-from tests.conftest import CMU, SLIDES, group_of, run_cli, store_tree
+from tests.conftest import CMU, IHC, SLIDES, group_of, run_cli, store_tree
 from tests.s3 import start_s3
 from tilestore.errors import OptionError, SlideError
 from tilestore.sources import remote
@@ -143,13 +143,30 @@ def test_in_place_reading_of_a_url_is_refused(s3, tmp_path):
     _one_line(done, "--in-place", "local disk")
 
 
-def test_a_slide_larger_than_the_cache_limit_is_refused(s3, tmp_path):
+def test_a_slide_larger_than_the_cache_limit_is_refused_at_the_door(s3, tmp_path):
+    """Before the local slide given first is converted, and before anything is fetched."""
+    out = tmp_path / "o"
     done = run_cli(
-        "convert", f"s3://slides/cohort/{CMU}", "-o", tmp_path / "o", "--cache-limit", "0.001",
+        "convert", SLIDES / IHC, f"s3://slides/cohort/{CMU}", "-o", out, "--cache-limit", "0.001",
         env=s3.env(tmp_path / "c"),
     )  # fmt: skip
     _one_line(done, "more than the slide cache holds", "--cache-limit 0.001")
     assert not list((tmp_path / "c").rglob("*.svs"))
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_killed_fetchs_day_old_temporary_file_is_removed_to_make_room(s3, tmp_path, monkeypatch):
+    url = s3.put("stale/slide.svs", (SLIDES / CMU).read_bytes())
+    for name, value in s3.env(tmp_path / "c").items():
+        monkeypatch.setenv(name, value)
+    target = Remote(url, tmp_path / "c")
+    target.local.parent.mkdir(parents=True)
+    old, new = (target.local.parent / f".slide.svs.{n}.part" for n in ("old", "new"))
+    for part in (old, new):
+        part.write_bytes(b"partial")
+    os.utime(old, (1e9, 1e9))  # 2001: a killed run's
+    target.stage()
+    assert not old.exists() and new.exists()  # a fetch under way elsewhere is left alone
 
 
 def test_the_cache_keeps_its_limit_least_recently_used_out_first(s3, tmp_path, monkeypatch):

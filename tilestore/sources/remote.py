@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ BLOCK = 32 * 2**20  # bytes a request asks for (a server that copies the object 
 # as moto's does, makes small ones dear: 91 MB staged in 1.86 s at 8 MB, 0.69 s at 32 MB)
 IN_FLIGHT = 8  # requests at a time (after the first, alone: a server must honour ranges)
 STAGED = ".staged.json"  # beside a staged slide: what it was staged from
+PART_STALE_S = 86_400  # a temporary file left this long is a killed run's: removed
 
 CacheLimit = Annotated[
     float,
@@ -162,12 +164,8 @@ class Remote:
             if progress is not None:
                 progress(found.size, found.size)
             return local
+        _fits(self.url, found, limit_gb)
         limit = int(limit_gb * 1e9)
-        if found.size > limit:
-            raise OptionError(
-                f"{shown(self.url)}: {found.size / 1e9:.2f} GB, more than the slide cache holds "
-                f"(--cache-limit {limit_gb:g} GB)"
-            )
         try:
             local.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -313,10 +311,13 @@ def slide_file(
         os.close(fd)
 
 
-def check_urls(sources: list, in_place: bool = False, *, look: bool = True) -> None:
+def check_urls(
+    sources: list, in_place: bool = False, *, look: bool = True, limit_gb: float = CACHE_LIMIT
+) -> None:
     """The door's checks of the slides named by URL, before any work: OptionError for
     --in-place, which reads a slide where it is; with `look`, one request each, SlideError
-    (one line) for one that cannot be read (without: staging finds that out)."""
+    (one line) for one that cannot be read, OptionError for one larger than the cache holds
+    (without: staging finds that out)."""
     for src in sources:
         if not is_url(src):
             continue
@@ -326,7 +327,16 @@ def check_urls(sources: list, in_place: bool = False, *, look: bool = True) -> N
                 "local disk (convert it instead)"
             )
         if look:
-            Remote(str(src), user_cache()).check()
+            _fits(str(src), Remote(str(src), user_cache()).check(), limit_gb)
+
+
+def _fits(url: str, found: Found, limit_gb: float) -> None:
+    """OptionError where the object is larger than the slide cache may hold."""
+    if found.size > limit_gb * 1e9:
+        raise OptionError(
+            f"{shown(url)}: {found.size / 1e9:.2f} GB, more than the slide cache holds "
+            f"(--cache-limit {limit_gb:g} GB)"
+        )
 
 
 def _meta(local: Path) -> Path:
@@ -336,6 +346,10 @@ def _meta(local: Path) -> Path:
 def _make_room(folder: Path, need: int, limit: int, keep: Path) -> None:
     """Remove staged slides, least recently used first, until `need` more bytes fit within
     `limit`: never one a process holds (`slide_file`), nor `keep` (being replaced)."""
+    for part in folder.rglob(".*.part"):  # a killed run's, a day old: no fetch takes that long
+        with contextlib.suppress(OSError):
+            if time.time() - part.stat().st_mtime > PART_STALE_S:
+                part.unlink()
     staged = []
     for meta in folder.rglob(f"*{STAGED}"):
         slide = meta.with_name(meta.name[: -len(STAGED)])

@@ -1,7 +1,7 @@
 """Slides converted from S3 against the same slides on the local disk (issue 66).
 
 A real S3 server (moto's, authentication on: tests/s3.py) behind a proxy that adds
-`--delay-ms` to every request (bench/latency_proxy.py). For each slide (CMU-1-Small-Region,
+`--delay-ms` to every request (tests/s3.py's Proxy). For each slide (CMU-1-Small-Region,
 1.9 MB, and a slide of `--size` px of real CMU-1 tissue made by bench/make_slide.py), and for
 a cohort of `--cohort` copies of the small one converted at once: `tilestore convert` from
 the local file and from its s3:// URL (a fresh cache each time), best of `--repeats`; the
@@ -26,10 +26,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from latency_proxy import LatencyProxy  # noqa: E402
 from make_slide import CMU, make_large_svs  # noqa: E402
 
-from tests.s3 import start_s3  # noqa: E402
+from tests.s3 import Proxy, start_s3  # noqa: E402
 
 
 def tree(root: Path) -> dict[str, str]:
@@ -81,7 +80,7 @@ def main() -> None:
             f"{args.size} px": [("large.svs", large)],
             f"{args.cohort} small at once": [(f"s{i:03d}.svs", CMU) for i in range(args.cohort)],
         }
-        with LatencyProxy(s3.port, args.delay_ms / 1000) as proxy:
+        with Proxy(s3.port, delay_s=args.delay_ms / 1000) as proxy:
             print(
                 f"| slides | bytes | local s | S3 s (+{args.delay_ms:g} ms a request) | "
                 "local / S3 | requests | bytes fetched / object bytes | stores equal |"

@@ -4,11 +4,13 @@ key signs every request, so a wrong secret is refused as S3 refuses it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,3 +108,83 @@ def start_s3(port: int | None = None) -> S3:
     server = S3(process, port, made["AccessKeyId"], made["SecretAccessKey"])
     server.client().create_bucket(Bucket=BUCKET)
     return server
+
+
+SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>'
+    b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+)
+
+
+class Proxy:
+    """A TCP proxy in front of a server, as a link between: each chunk a client sends waits
+    `delay_s` (a request is one chunk, so each costs a round trip more), and the first request
+    of each of the first `throttle` connections is answered 503 SlowDown, as S3 throttles, and
+    the connection closed; replies come back at once. Counts requests and bytes sent back.
+
+        with Proxy(server.port, delay_s=0.020) as proxy:  # 127.0.0.1:proxy.port
+    """
+
+    def __init__(self, target_port: int, delay_s: float = 0.0, throttle: int = 0) -> None:
+        self.target = ("127.0.0.1", target_port)
+        self.delay_s, self.throttle = delay_s, throttle
+        self.requests = self.bytes_back = self.throttled = 0
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="proxy")
+
+    def __enter__(self) -> Proxy:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        server = self._loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _serve(self, reader, writer) -> None:
+        first = await reader.read(65536)
+        if not first:
+            writer.close()
+            return
+        if self.throttled < self.throttle:
+            self.throttled += 1
+            head = (
+                "HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+                f"Content-Length: {len(SLOW_DOWN)}\r\nConnection: close\r\n\r\n"
+            )
+            writer.write(head.encode() + SLOW_DOWN)
+            await writer.drain()
+            writer.close()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+
+        async def up(data: bytes) -> None:
+            while data:
+                self.requests += 1
+                await asyncio.sleep(self.delay_s)
+                up_writer.write(data)
+                await up_writer.drain()
+                data = await reader.read(65536)
+            up_writer.close()
+
+        async def down() -> None:
+            while data := await up_reader.read(1 << 20):
+                self.bytes_back += len(data)
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        await asyncio.gather(up(first), down(), return_exceptions=True)

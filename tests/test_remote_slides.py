@@ -15,7 +15,7 @@ import pytest
 import zarr
 
 from tests.conftest import CMU, IHC, SLIDES, group_of, run_cli, store_tree
-from tests.s3 import start_s3
+from tests.s3 import Proxy, start_s3
 from tilestore.errors import OptionError, SlideError
 from tilestore.sources import remote
 from tilestore.sources.remote import Remote, is_url, shown
@@ -356,3 +356,19 @@ def test_two_signed_urls_bound_for_one_store_are_refused_without_their_signature
     done = run_cli("convert", *signed, "-o", tmp_path / "o")
     _one_line(done, "https://h.example/b/x.svs", "its store would be")
     assert "SECRET" not in _said(done)
+
+
+@pytest.mark.parametrize("throttled, code", [(2, 0), (1000, 2)])
+def test_a_throttling_server_is_retried_then_said_in_one_line(s3, tmp_path, throttled, code):
+    """503 SlowDown on the first requests: retried (s3fs's, then botocore's attempts), the
+    slide converted; throttled for ever: one line saying so, exit 2, nothing converted."""
+    with Proxy(s3.port, throttle=throttled) as proxy:
+        env = s3.env(tmp_path / "c", AWS_ENDPOINT_URL=f"http://127.0.0.1:{proxy.port}")
+        done = run_cli("convert", f"s3://slides/cohort/{CMU}", "-o", tmp_path / "o", env=env)
+    assert proxy.throttled == throttled if code == 0 else proxy.throttled > 2
+    if code == 0:
+        assert done.returncode == 0, _said(done)
+        assert (tmp_path / "o" / "CMU-1-Small-Region.ome.zarr" / "zarr.json").is_file()
+    else:
+        _one_line(done, f"s3://slides/cohort/{CMU}", "throttles (503 SlowDown)")
+        assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())

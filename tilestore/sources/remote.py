@@ -37,6 +37,7 @@ from zarr.storage import FsspecStore
 from tilestore.caches import user_cache
 from tilestore.errors import OptionError, SlideError, StoreError, TilestoreError
 from tilestore.options import Opt
+from tilestore.sources.dicomweb import DicomWebSeries, is_dicomweb
 from tilestore.urls import is_url, local_path, redacted, shown
 
 BLOCK = 32 * 2**20  # bytes a request asks for (a server that copies the object for each range,
@@ -270,7 +271,10 @@ def url_store(url: str) -> UrlStore:
 def stage_slide(
     url: str, limit_gb: float = CACHE_LIMIT, progress: Callable[[int, int], None] | None = None
 ) -> Path:
-    """A URL's slide staged to the user's cache (`Remote.stage`), its local file."""
+    """A URL's slide staged to the user's cache (`Remote.stage`), its local file; a DICOMweb
+    series' folder (`tilestore.sources.dicomweb`)."""
+    if is_dicomweb(url):
+        return DicomWebSeries(url, user_cache()).stage(progress)
     return Remote(url, user_cache()).stage(limit_gb, progress)
 
 
@@ -287,6 +291,11 @@ def slide_file(
         yield Path(local_path(str(src)))
         return
     url = str(src)
+    if is_dicomweb(url):  # a folder of the series' files, never evicted
+        local = stage_slide(url, limit_gb, progress)
+        with _named_by(url, local):
+            yield local
+        return
     for _ in range(3):  # staged, then removed by another process before it was held: again
         local = stage_slide(url, limit_gb, progress)
         try:
@@ -301,14 +310,22 @@ def slide_file(
         raise SlideError(f"{shown(url)}: its staged copy was removed as it was staged (a full "
                          "slide cache shared by many runs?): raise --cache-limit")  # fmt: skip
     try:
-        yield local
+        with _named_by(url, local):
+            yield local
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _named_by(url: str, local: Path) -> Iterator[None]:
+    """Errors raised within that name the staged file or folder name the URL instead."""
+    try:
+        yield
     except TilestoreError as exc:
         said = str(exc).replace(str(local), shown(url))
         if said != str(exc):
             exc.args = (said, *exc.args[1:])
         raise
-    finally:
-        os.close(fd)
 
 
 def check_urls(
@@ -326,7 +343,9 @@ def check_urls(
                 f"--in-place: {shown(str(src))} is a URL; a slide is read in place only from a "
                 "local disk (convert it instead)"
             )
-        if look:
+        if look and is_dicomweb(src):
+            DicomWebSeries(str(src), user_cache()).instances()
+        elif look:
             _fits(str(src), Remote(str(src), user_cache()).check(), limit_gb)
 
 
@@ -402,6 +421,11 @@ def _error(url: str, exc: BaseException, where: str = "") -> SlideError:
     why = next((why for kind, why in _WHY if isinstance(exc, kind)), None)
     if why is None and "Credentials" in name:
         why = "no credentials found (set them as the provider's tools do, e.g. AWS_PROFILE)"
+    if why is None and ("SlowDown" in str(exc) or "reduce your request rate" in str(exc)):
+        why = (
+            "the server throttles (503 SlowDown) and still did after its retries "
+            "(AWS_MAX_ATTEMPTS): run again later, or fewer at once"
+        )
     if why is None:
         why = f"cannot read{where}: {name}: {_said(exc)}"
     return SlideError(f"{shown(url)}: {why}")

@@ -76,3 +76,53 @@ def test_a_wrong_password_or_a_missing_series_is_said_in_one_line(orthanc, tmp_p
                         "-o", tmp_path / "o", env=env)  # fmt: skip
     _one_line(malformed, "a DICOMweb series is named")
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+def test_embed_from_dicomweb_gives_the_features_of_the_local_series(orthanc, tmp_path):
+    """`tilestore embed dicomweb+... --into DIR`: staged, converted, embedded; the features
+    bit for bit those of the same files in a local folder."""
+    import os
+
+    import numpy as np
+    import zarr
+
+    from tests.conftest import group_of
+
+    server, study, series = orthanc
+    folder = tmp_path / "local" / series
+    folder.mkdir(parents=True)
+    shutil.copy(CAMELYON, folder / CAMELYON.name)
+    # the slide's own 28.97 um/px: a lymph node scanned coarse
+    flags = ("--model", "efficientnet-lite0", "--device", "cpu", "--mpp", "30", "--max-tiles", "8")
+    env = {**os.environ, "TILESTORE_CACHE": str(tmp_path / "cache")}
+    there = run_cli("embed", server.series_url(study, series), "--into", tmp_path / "r", *flags,
+                    env=env)  # fmt: skip
+    assert there.returncode == 0, there.stdout + there.stderr
+    here = run_cli("embed", folder, "--into", tmp_path / "l", *flags)
+    assert here.returncode == 0, here.stdout + here.stderr
+    found = []
+    for side in ("r", "l"):
+        store = tmp_path / side / f"{series}.ome.zarr"
+        group = zarr.open_group(store / group_of(store, "efficientnet-lite0"), mode="r")
+        found.append(group["features"][:])
+    assert found[0].shape[0] > 0 and np.array_equal(*found, equal_nan=True)
+    assert PASSWORD not in there.stdout + there.stderr
+
+
+def test_a_dicom_folder_is_named_alike_by_convert_and_embed(tmp_path):
+    """A folder named by its series UID: `embed --into` put its store under the name less
+    what followed the UID's last dot (a suffix to Path.stem), `convert` under the whole
+    name, so neither found the other's store. One name now, the folder's whole."""
+    from tilestore.conversion import converted_store
+    from tilestore.embed.inputs import Preparation
+    from tilestore.format import store_name
+
+    folder = tmp_path / "1.2.840.1.5.1688792467737634"
+    folder.mkdir()
+    want = tmp_path / "out" / "1.2.840.1.5.1688792467737634.ome.zarr"
+    assert converted_store(folder, tmp_path / "out") == want
+    assert Preparation.of(tmp_path / "out", None).target(folder) == want
+    assert store_name(folder) == want.name
+    assert (
+        store_name("dicomweb+https://h/dw/studies/1.2/series/1.2.840.1.5") == "1.2.840.1.5.ome.zarr"
+    )

@@ -64,7 +64,6 @@ from tilestore.reading.resolution import OverrideMpp, ScanMpp, check_made, settl
 from tilestore.reading.slide import Slide
 from tilestore.reading.source_chunks import chunk_source
 from tilestore.sources import Fact, Source, SourceLevel, dicom_series, open_source
-from tilestore.sources.dicomweb import DicomWebSeries, is_dicomweb
 from tilestore.sources.remote import (
     CACHE_LIMIT,
     CacheLimit,
@@ -821,9 +820,9 @@ def converted_store(
     a .zarr, else <name>.ome.zarr in dst (`_store_name`)."""
     if Path(dst).suffix == ".zarr":
         return Path(dst)
-    if is_dicomweb(src):  # named by its series, as a DICOM folder by the folder
-        return Path(dst) / (DicomWebSeries(str(src), Path()).series + STORE_SUFFIX)
-    if is_url(src):  # named by its path's last step (a signed URL's query aside)
+    # a URL: named by its path's last step (a signed URL's query aside); a DICOMweb series
+    # by its UID (`store_name`)
+    if is_url(src) and not str(src).startswith("dicomweb+"):
         src = urlsplit(str(src)).path
     return Path(dst) / _store_name(src, series, name)
 

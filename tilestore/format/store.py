@@ -57,8 +57,13 @@ def is_store(path: str | os.PathLike) -> bool:
 
 
 def store_name(source: str | os.PathLike) -> str:
-    """Return the store name for a source file: ``slide.svs`` -> ``slide.ome.zarr`` (a URL's:
-    its path's last step, its query aside)."""
+    """Return the store name for a source: ``slide.svs`` -> ``slide.ome.zarr``; a folder (of
+    DICOM files) -> ``<folder>.ome.zarr``, as `convert` names it; a URL's: its path's last
+    step, its query aside; a DICOMweb series': its UID."""
+    if str(source).startswith("dicomweb+"):  # a DICOMweb series: by its UID, as a folder's
+        return urlsplit(str(source)).path.rstrip("/").rpartition("/")[2] + STORE_SUFFIX
+    if not is_url(source) and Path(source).is_dir():  # a DICOM folder: its whole name (a
+        return Path(source).name + STORE_SUFFIX  # series UID's dots are not a suffix)
     name = Path(urlsplit(source).path if "://" in str(source) else source).name
     for suffix in (".ome.tiff", ".ome.tif"):
         if name.lower().endswith(suffix):

@@ -207,8 +207,9 @@ def test_a_transfer_cut_leaves_nothing_that_reads_as_a_slide_and_runs_again(
     assert line.startswith(f"{url}: ") and "\n" not in line and s3.secret not in line
     folder = target.local.parent
     assert not target.local.exists() and not list(folder.glob("*.part"))
-    again = start_s3(s3.port)  # the same endpoint back (its objects made again)
-    try:
+    again = start_s3(s3.port)  # the same endpoint back (its objects made again: the
+    try:  # module's too, for the tests after this one on this worker)
+        again.put(f"cohort/{CMU}", data)
         again.put("cut/slide.svs", data)
         for name, value in again.env(tmp_path / "c").items():
             monkeypatch.setenv(name, value)

@@ -14,7 +14,6 @@ the object's size, and the stores compared file by file (the source's time aside
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -28,22 +27,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from make_slide import CMU, make_large_svs  # noqa: E402
 
+from tests.conftest import store_tree  # noqa: E402
 from tests.s3 import Proxy, start_s3  # noqa: E402
-
-
-def tree(root: Path) -> dict[str, str]:
-    """Each file's sha256 under root; the root records' creation and source times blanked."""
-    out = {}
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        data = path.read_bytes()
-        if path.name == "zarr.json":
-            meta = json.loads(data)
-            said = meta.get("attributes", {}).get("tilestore", {})
-            said.pop("created", None)
-            said.get("source", {}).pop("mtime_ns", None)
-            data = json.dumps(meta, sort_keys=True).encode()
-        out[str(path.relative_to(root))] = hashlib.sha256(data).hexdigest()
-    return out
 
 
 def convert(inputs: list[str], out: Path, env: dict[str, str]) -> float:
@@ -105,7 +90,9 @@ def main() -> None:
                     before_r, before_b = proxy.requests, proxy.bytes_back
                     remote_s.append(convert(urls, work / "out-s3", env))
                     requests, fetched = proxy.requests - before_r, proxy.bytes_back - before_b
-                a, b = tree(work / "out-local"), tree(work / "out-s3")
+                a, b = (
+                    store_tree(work / f"out-{side}", source_time=False) for side in ("local", "s3")
+                )
                 same = sum(a[k] == b.get(k) for k in a)
                 row = {
                     "case": case, "slides": len(files), "bytes": size,

@@ -47,7 +47,8 @@ from tilestore.format.store import is_store, one_store_each, store_name
 from tilestore.options import Opt
 from tilestore.plan import PlanOptions
 from tilestore.reading.resolution import in_scan_terms
-from tilestore.sources.remote import check_urls, given, is_url, shown, slide_file
+from tilestore.sources.remote import check_urls, given, is_url, slide_file
+from tilestore.urls import named
 
 SlidesAtOnce = Annotated[
     int | Literal["auto"],
@@ -256,8 +257,8 @@ class Stager:
                 if index is not None:
                     yield self._reply(path, index)
                 elif is_url(path):  # a slide's URL with nowhere to go
-                    yield Staged(shown(str(path)), None, error=OptionError(
-                        f"{shown(str(path))}: a slide named by URL is converted into --into DIR "
+                    yield Staged(named(path), None, error=OptionError(
+                        f"{named(path)}: a slide named by URL is converted into --into DIR "
                         "first; give it"))  # fmt: skip
                 else:
                     yield Staged(path, Path(path))
@@ -298,7 +299,8 @@ def staged_from(path: Path | str, reply: dict[str, Any] | None, code: int = 0) -
     """A worker's reply for the slide `path` as a Staged input; reply None: the worker died
     on it (`code`: its exit code, negative for a signal). A bug's traceback is raised. A
     URL is named as `shown` (a signed URL's query is its secret)."""
-    path = shown(path) if is_url(path) else path
+    if is_url(path):  # as shown; a path stays the Path given
+        path = named(path)
     if reply is None:
         if code in STOPPED:  # SLURM's SIGTERM or a Ctrl-C reached it too: not the slide's
             return Staged(path, None, error=SlideError(
@@ -419,7 +421,7 @@ def _convert(
     target = into / store_name(slide)
     if is_store(target):
         _check_reusable(target, slide, scan_mpp, override_mpp)
-        return target, {"slide": _named(slide), "store": str(target), "reused": True}
+        return target, {"slide": named(slide), "store": str(target), "reused": True}
     if target.exists() or target.is_symlink():  # the user's: never replaced, nor offered to be
         kind = "a folder" if target.is_dir() else "a file"
         raise StoreError(
@@ -432,7 +434,7 @@ def _convert(
     )
     paths = sorted({level.write for level in report.levels})
     return report.store, {
-        "slide": _named(slide),
+        "slide": named(slide),
         "store": str(report.store),
         "seconds": round(time.perf_counter() - started, 3),
         "codec": report.codec,
@@ -457,7 +459,7 @@ def _check_reusable(
     opened = open_slide(target)  # StoreError if incomplete
     check_mpp(opened, scan_mpp, target, override_mpp)
     recorded = opened.record.source
-    url, name, slide = slide, _name(slide), _named(slide)  # a URL: its staged copy is read
+    url, name, slide = slide, _name(slide), named(slide)  # a URL: its staged copy is read
     with slide_file(url) as local, open_source(local) as source:
         size = source.size()
         if recorded.name != name:
@@ -485,11 +487,6 @@ def _check_reusable(
 def _name(slide: Path | str) -> str:
     """A slide's file name (a URL's path's last step)."""
     return Path(urlsplit(str(slide)).path).name if is_url(slide) else Path(slide).name
-
-
-def _named(slide: Path | str) -> str:
-    """A slide as messages and reports name it: its path, a URL as `shown`."""
-    return shown(str(slide)) if is_url(slide) else str(slide)
 
 
 def _answer(request: dict[str, Any]) -> str:

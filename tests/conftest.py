@@ -230,9 +230,11 @@ def embedded_ds(embedded_cohort):
     return tilestore.open_embeddings(embedded_cohort, "efficientnet-lite0")
 
 
-def store_tree(root: Path) -> dict[str, str]:
+def store_tree(root: Path, source_time: bool = True) -> dict[str, str]:
     """Each file's sha256 under root, the stores' `created` times blanked: stores compared
-    bit for bit, whenever they were made."""
+    bit for bit, whenever they were made. source_time=False blanks the source file's
+    modification time too (a slide staged from a URL carries its object's, not the local
+    copy's)."""
     import hashlib
     import json
 
@@ -243,10 +245,23 @@ def store_tree(root: Path) -> dict[str, str]:
             data = path.read_bytes()
             if name == "zarr.json":
                 meta = json.loads(data)
-                meta.get("attributes", {}).get("tilestore", {}).pop("created", None)
+                said = meta.get("attributes", {}).get("tilestore", {})
+                said.pop("created", None)
+                if not source_time:
+                    said.get("source", {}).pop("mtime_ns", None)
                 data = json.dumps(meta, sort_keys=True).encode()
             out[str(path.relative_to(root))] = hashlib.sha256(data).hexdigest()
     return out
+
+
+def one_line_refusal(done: subprocess.CompletedProcess, *parts: str) -> None:
+    """A command refused as the project refuses: exit 2, one line on stderr holding each of
+    `parts`, no traceback."""
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = [x for x in done.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    for part in parts:
+        assert part in lines[0], lines[0]
 
 
 def group_of(store, model: str, plan: str | None = None) -> str:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import zarr
 
-from tests.conftest import CMU, IHC, SLIDES, group_of, run_cli, store_tree
+from tests.conftest import CMU, IHC, SLIDES, group_of, one_line_refusal, run_cli, store_tree
 from tests.s3 import Proxy, start_s3
 from tilestore.errors import OptionError, SlideError
 from tilestore.sources import remote
@@ -38,25 +38,15 @@ def local_store(tmp_path_factory) -> Path:
 
 
 def _tree(store: Path) -> dict[str, str]:
-    """store_tree with the source's modification time aside (a staged file's is the
-    object's, not the local file's)."""
+    """Every file, the root record whole but for the source's time (a staged file's is
+    the object's, not the local file's)."""
     meta = json.loads((store / "zarr.json").read_text())
     assert meta["attributes"]["tilestore"]["source"]["mtime_ns"] > 0
-    tree = store_tree(store)
-    del tree["zarr.json"]
-    return tree
+    return store_tree(store, source_time=False)
 
 
 def _said(done) -> str:
     return done.stdout + done.stderr
-
-
-def _one_line(done, *parts: str) -> None:
-    assert done.returncode == 2, _said(done)
-    lines = [x for x in done.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
-    for part in parts:
-        assert part in lines[0], lines[0]
 
 
 def test_a_slide_from_s3_makes_the_store_its_local_file_makes(s3, local_store, tmp_path):
@@ -90,7 +80,7 @@ def test_a_slide_changed_in_the_bucket_is_fetched_again(s3, tmp_path):
     env = s3.env(tmp_path / "cache")
     first = run_cli("convert", url, "-o", tmp_path / "a", env=env)
     assert first.returncode == 2  # half a slide: refused, naming the URL, not the cache
-    _one_line(first, url)
+    one_line_refusal(first, url)
     assert str(tmp_path / "cache") not in first.stderr
     s3.put("changing/slide.svs", data)
     second = run_cli("convert", url, "-o", tmp_path / "b", env=env)
@@ -110,7 +100,7 @@ def test_a_url_that_cannot_be_read_is_refused_at_the_door(s3, tmp_path, url, why
     """One line naming the URL and the cause, exit 2, before the other slide is converted."""
     out = tmp_path / "out"
     done = run_cli("convert", SLIDES / CMU, url, "-o", out, env=s3.env(tmp_path / "c"))
-    _one_line(done, url, why)
+    one_line_refusal(done, url, why)
     assert not out.exists() or not any(out.iterdir())
 
 
@@ -119,12 +109,12 @@ def test_a_wrong_credential_is_said_in_one_line_without_the_secret(s3, tmp_path,
     wrong = "wrong-" + s3.secret[::-1]
     env = s3.env(tmp_path / "c", **{changed: wrong})
     done = run_cli("convert", f"s3://slides/cohort/{CMU}", "-o", tmp_path / "o", env=env)
-    _one_line(done, f"s3://slides/cohort/{CMU}", "access refused (403)")
+    one_line_refusal(done, f"s3://slides/cohort/{CMU}", "access refused (403)")
     for secret in (wrong, s3.secret, s3.key):
         assert secret not in _said(done)
 
 
-def test_no_credentials_at_all_is_said_in_one_line(s3, tmp_path):
+def test_no_credentials_at_all_is_said_inone_line_refusal(s3, tmp_path):
     env = s3.env(tmp_path / "c")
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         del env[name]
@@ -132,7 +122,7 @@ def test_no_credentials_at_all_is_said_in_one_line(s3, tmp_path):
     env.update(AWS_SHARED_CREDENTIALS_FILE=none, AWS_CONFIG_FILE=none)
     env["AWS_EC2_METADATA_DISABLED"] = "true"
     done = run_cli("convert", f"s3://slides/cohort/{CMU}", "-o", tmp_path / "o", env=env)
-    _one_line(done, f"s3://slides/cohort/{CMU}", "no credentials found")
+    one_line_refusal(done, f"s3://slides/cohort/{CMU}", "no credentials found")
 
 
 def test_in_place_reading_of_a_url_is_refused(s3, tmp_path):
@@ -140,7 +130,7 @@ def test_in_place_reading_of_a_url_is_refused(s3, tmp_path):
         "convert", f"s3://slides/cohort/{CMU}", "-o", tmp_path / "o", "--in-place",
         env=s3.env(tmp_path / "c"),
     )  # fmt: skip
-    _one_line(done, "--in-place", "local disk")
+    one_line_refusal(done, "--in-place", "local disk")
 
 
 def test_a_slide_larger_than_the_cache_limit_is_refused_at_the_door(s3, tmp_path):
@@ -150,7 +140,7 @@ def test_a_slide_larger_than_the_cache_limit_is_refused_at_the_door(s3, tmp_path
         "convert", SLIDES / IHC, f"s3://slides/cohort/{CMU}", "-o", out, "--cache-limit", "0.001",
         env=s3.env(tmp_path / "c"),
     )  # fmt: skip
-    _one_line(done, "more than the slide cache holds", "--cache-limit 0.001")
+    one_line_refusal(done, "more than the slide cache holds", "--cache-limit 0.001")
     assert not list((tmp_path / "c").rglob("*.svs"))
     assert not out.exists() or not any(out.iterdir())
 
@@ -301,7 +291,7 @@ def test_a_store_in_a_bucket_is_read_through_zarrs_own_store(s3, tmp_path, monke
 def test_embed_refuses_a_missing_object_before_the_model_loads(s3, tmp_path):
     url = "s3://slides/cohort/missing.svs"
     done = run_cli("embed", url, "--into", tmp_path / "r", *EMBED, env=s3.env(tmp_path / "c"))
-    _one_line(done, url, "not found (404)")
+    one_line_refusal(done, url, "not found (404)")
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
 
 
@@ -309,9 +299,9 @@ def test_embed_refuses_a_url_read_in_place_or_on_dask(s3, tmp_path):
     url = f"s3://slides/cohort/{CMU}"
     env = s3.env(tmp_path / "c")
     in_place = run_cli("embed", url, "--in-place", *EMBED, env=env)
-    _one_line(in_place, "--in-place", "local disk")
+    one_line_refusal(in_place, "--in-place", "local disk")
     dask = run_cli("embed", url, "--cluster", "local", *EMBED, env=env)
-    _one_line(dask, url, "not yet run on Dask")
+    one_line_refusal(dask, url, "not yet run on Dask")
 
 
 def test_a_slide_held_by_a_process_is_never_removed_to_make_room(s3, tmp_path, monkeypatch):
@@ -355,12 +345,12 @@ def test_a_copy_staged_from_another_endpoint_is_not_taken_for_this_ones(s3, tmp_
 def test_two_signed_urls_bound_for_one_store_are_refused_without_their_signatures(tmp_path):
     signed = [f"https://h.example/{d}/x.svs?X-Amz-Signature=SECRET{d}" for d in "ab"]
     done = run_cli("convert", *signed, "-o", tmp_path / "o")
-    _one_line(done, "https://h.example/b/x.svs", "its store would be")
+    one_line_refusal(done, "https://h.example/b/x.svs", "its store would be")
     assert "SECRET" not in _said(done)
 
 
 @pytest.mark.parametrize("throttled, code", [(2, 0), (1000, 2)])
-def test_a_throttling_server_is_retried_then_said_in_one_line(s3, tmp_path, throttled, code):
+def test_a_throttling_server_is_retried_then_said_inone_line_refusal(s3, tmp_path, throttled, code):
     """503 SlowDown on the first requests: retried (s3fs's, then botocore's attempts), the
     slide converted; throttled for ever: one line saying so, exit 2, nothing converted."""
     with Proxy(s3.port, throttle=throttled) as proxy:
@@ -371,5 +361,14 @@ def test_a_throttling_server_is_retried_then_said_in_one_line(s3, tmp_path, thro
         assert done.returncode == 0, _said(done)
         assert (tmp_path / "o" / "CMU-1-Small-Region.ome.zarr" / "zarr.json").is_file()
     else:
-        _one_line(done, f"s3://slides/cohort/{CMU}", "throttles (503 SlowDown)")
+        one_line_refusal(done, f"s3://slides/cohort/{CMU}", "throttles (503 SlowDown)")
         assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+@pytest.mark.parametrize("limit", [float("nan"), 0, -1, 1e30, "x"])
+def test_a_cache_limit_outside_its_range_is_refused_through_the_api_too(tmp_path, limit):
+    """Before any request (no server here): the CLI's --cache-limit is held to the same."""
+    with pytest.raises(OptionError, match="must be a number of GB above 0"):
+        Remote("s3://b/k.svs", tmp_path).stage(limit)
+    with pytest.raises(OptionError, match="must be a number of GB above 0"):
+        remote.stage_slide("s3://b/k.svs", limit)

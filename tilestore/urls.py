@@ -21,6 +21,14 @@ def is_url(text: str | os.PathLike) -> bool:
     return isinstance(text, str) and bool(_URL.match(text)) and not text.startswith("file://")
 
 
+DICOMWEB = "dicomweb+"  # in front of a DICOMweb service's URL: a series there, not a file
+
+
+def is_dicomweb(text: str | os.PathLike) -> bool:
+    """Whether an input names a series on a DICOMweb server (`tilestore.sources.dicomweb`)."""
+    return isinstance(text, str) and text.startswith(DICOMWEB)
+
+
 def local_path(text: str) -> str:
     """A file:// URL's path; any other text as it is."""
     return urlsplit(text).path if text.startswith("file://") else text
@@ -32,6 +40,11 @@ def shown(url: str) -> str:
     parts = urlsplit(url)
     host = parts.netloc.rpartition("@")[2]
     return f"{parts.scheme}://{host}{parts.path}"
+
+
+def named(src: str | os.PathLike) -> str:
+    """An input as messages and reports name it: a path as it is, a URL as `shown`."""
+    return shown(str(src)) if is_url(src) else str(src)
 
 
 def redacted(text: str) -> str:

@@ -69,9 +69,9 @@ from tilestore.sources.remote import (
     CacheLimit,
     check_urls,
     is_url,
-    shown,
     slide_file,
 )
+from tilestore.urls import is_dicomweb, named
 
 Codec = Literal["auto", "jpeg", "zstd"]
 CODECS = get_args(Codec)
@@ -351,8 +351,7 @@ def convert(
                 locks.refuse_while_written(target, "replacing it (overwrite=True)")
         report.source_bytes = source.size()  # while the file is held (a staged copy's too)
     for message in report.warnings:
-        said = shown(str(src)) if is_url(src) else src
-        warnings.warn(f"{said}: {message}", TilestoreWarning, stacklevel=2)
+        warnings.warn(f"{named(src)}: {message}", TilestoreWarning, stacklevel=2)
     report.seconds = time.perf_counter() - started
     return report
 
@@ -822,7 +821,7 @@ def converted_store(
         return Path(dst)
     # a URL: named by its path's last step (a signed URL's query aside); a DICOMweb series
     # by its UID (`store_name`)
-    if is_url(src) and not str(src).startswith("dicomweb+"):
+    if is_url(src) and not is_dicomweb(src):
         src = urlsplit(str(src)).path
     return Path(dst) / _store_name(src, series, name)
 

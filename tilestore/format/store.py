@@ -27,7 +27,7 @@ from tilestore.errors import OptionError, StoreError, WriteFailed
 from tilestore.format.record import ATTRS_KEY, StoreRecord
 from tilestore.format.records import write_record  # noqa: F401  (the one writer, for every record)
 from tilestore.format.shards import write_atomic
-from tilestore.urls import is_url, shown
+from tilestore.urls import is_dicomweb, is_url, named
 
 STORE_FORMAT = 1
 STORE_SUFFIX = ".ome.zarr"
@@ -60,7 +60,7 @@ def store_name(source: str | os.PathLike) -> str:
     """Return the store name for a source: ``slide.svs`` -> ``slide.ome.zarr``; a folder (of
     DICOM files) -> ``<folder>.ome.zarr``, as `convert` names it; a URL's: its path's last
     step, its query aside; a DICOMweb series': its UID."""
-    if str(source).startswith("dicomweb+"):  # a DICOMweb series: by its UID, as a folder's
+    if is_dicomweb(str(source)):  # a DICOMweb series: by its UID, as a folder by its name
         return urlsplit(str(source)).path.rstrip("/").rpartition("/")[2] + STORE_SUFFIX
     if not is_url(source) and Path(source).is_dir():  # a DICOM folder: its whole name (a
         return Path(source).name + STORE_SUFFIX  # series UID's dots are not a suffix)
@@ -90,7 +90,7 @@ def one_store_each(inputs: Iterable[tuple[Path, str | None, Path]]) -> list[int]
         same = _same_input(first, given)
         if same and first_series == series:
             continue  # given again: taken once
-        given, first = _named(given), _named(first)  # a URL without its secrets
+        given, first = named(given), named(first)  # a URL without its secrets
         if same:
             raise OptionError(
                 f"{given}: its series {series} would be written into {store}, as series "
@@ -108,10 +108,6 @@ def _same_input(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     if is_url(a) or is_url(b):
         return str(a) == str(b)
     return os.path.realpath(a) == os.path.realpath(b)
-
-
-def _named(given: str | os.PathLike) -> str | os.PathLike:
-    return shown(given) if is_url(given) else given
 
 
 def open_store(path: str | os.PathLike, mode: str = "r") -> tuple[zarr.Group, StoreRecord]:

@@ -24,16 +24,11 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from tilestore.errors import SlideError
-from tilestore.urls import redacted, shown
+from tilestore.urls import DICOMWEB, redacted, shown
 
-SCHEME = "dicomweb+"
 STAGED = ".staged.json"  # in a staged series' folder: its instances, as the server listed them
 _SERIES = re.compile(r"^(?P<base>.+)/studies/(?P<study>[^/]+)/series/(?P<series>[^/]+)/?$")
 TIMEOUT_S = 60  # a request's connect and read timeout
-
-
-def is_dicomweb(text: str | os.PathLike) -> bool:
-    return isinstance(text, str) and text.startswith(SCHEME)
 
 
 @dataclass(frozen=True)
@@ -46,7 +41,7 @@ class DicomWebSeries:
     @property
     def _parts(self) -> tuple[str, str, str]:
         """(the service's base URL, without user or password; study UID; series UID)."""
-        plain = self.url[len(SCHEME) :]
+        plain = self.url[len(DICOMWEB) :]
         parts = urlsplit(plain)
         host = parts.netloc.rpartition("@")[2]
         found = _SERIES.match(f"{parts.scheme}://{host}{parts.path}")
@@ -56,10 +51,6 @@ class DicomWebSeries:
                 "dicomweb+https://host/<root>/studies/<study UID>/series/<series UID>"
             )
         return found["base"], found["study"], found["series"]
-
-    @property
-    def series(self) -> str:
-        return self._parts[2]
 
     @property
     def local(self) -> Path:
@@ -73,7 +64,7 @@ class DicomWebSeries:
         import requests
 
         session = requests.Session()
-        parts = urlsplit(self.url[len(SCHEME) :])
+        parts = urlsplit(self.url[len(DICOMWEB) :])
         if parts.username is not None:
             session.auth = (unquote(parts.username), unquote(parts.password or ""))
         elif os.environ.get("DICOMWEB_TOKEN"):
@@ -129,14 +120,10 @@ class DicomWebSeries:
         session = self._session()
         uids = self.instances(session)
         local = self.local
-        record = local / STAGED
-        try:
-            if json.loads(record.read_text()).get("instances") == uids:
-                if progress is not None:
-                    progress(len(uids), len(uids))
-                return local
-        except (OSError, ValueError):
-            pass
+        if _staged_as(local, uids):
+            if progress is not None:
+                progress(len(uids), len(uids))
+            return local
         base, study, series = self._parts
         try:
             local.parent.mkdir(parents=True, exist_ok=True)
@@ -156,7 +143,9 @@ class DicomWebSeries:
                 if progress is not None:
                     progress(1, len(uids))
             (folder / STAGED).write_text(json.dumps({"url": shown(self.url), "instances": uids}))
-            if local.exists():
+            if _staged_as(local, uids):  # another process staged it meanwhile (and may be
+                return local  # reading it): its copy stands, ours goes
+            if local.exists():  # a copy of other instances: replaced
                 shutil.rmtree(local)
             os.replace(folder, local)
         except OSError as exc:
@@ -179,3 +168,11 @@ class DicomWebSeries:
         if len(bodies) != 1 or bodies[0][128:132] != b"DICM":
             raise SlideError(f"{shown(self.url)}: instance {uid} is not one DICOM file")
         return bodies[0]
+
+
+def _staged_as(local: Path, uids: list[str]) -> bool:
+    """Whether the folder holds a staged copy of exactly these instances."""
+    try:
+        return json.loads((local / STAGED).read_text()).get("instances") == uids
+    except (OSError, ValueError):
+        return False

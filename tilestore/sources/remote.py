@@ -36,9 +36,9 @@ from zarr.storage import FsspecStore
 
 from tilestore.caches import user_cache
 from tilestore.errors import OptionError, SlideError, StoreError, TilestoreError
-from tilestore.options import Opt
-from tilestore.sources.dicomweb import DicomWebSeries, is_dicomweb
-from tilestore.urls import is_url, local_path, redacted, shown
+from tilestore.options import Opt, checked
+from tilestore.sources.dicomweb import DicomWebSeries
+from tilestore.urls import is_dicomweb, is_url, local_path, redacted, shown
 
 BLOCK = 32 * 2**20  # bytes a request asks for (a server that copies the object for each range,
 # as moto's does, makes small ones dear: 91 MB staged in 1.86 s at 8 MB, 0.69 s at 32 MB)
@@ -152,8 +152,9 @@ class Remote:
             return bool(found.tag) and same and self.local.stat().st_size == found.size
         return False
 
+    @checked
     def stage(
-        self, limit_gb: float = CACHE_LIMIT, progress: Callable[[int, int], None] | None = None
+        self, limit_gb: CacheLimit = CACHE_LIMIT, progress: Callable[[int, int], None] | None = None
     ) -> Path:
         """The slide's local copy, fetched unless staged as the object is now. progress:
         called as progress(bytes_landed_now, bytes_total) as blocks land."""
@@ -268,8 +269,9 @@ def url_store(url: str) -> UrlStore:
         ) from None
 
 
+@checked
 def stage_slide(
-    url: str, limit_gb: float = CACHE_LIMIT, progress: Callable[[int, int], None] | None = None
+    url: str, limit_gb: CacheLimit = CACHE_LIMIT, progress: Callable[[int, int], None] | None = None
 ) -> Path:
     """A URL's slide staged to the user's cache (`Remote.stage`), its local file; a DICOMweb
     series' folder (`tilestore.sources.dicomweb`)."""

@@ -140,7 +140,12 @@ class Proxy:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        def stop() -> None:  # the connections still open ended too, then the loop
+            for task in asyncio.all_tasks(self._loop):
+                task.cancel()
+            self._loop.call_soon(self._loop.stop)
+
+        self._loop.call_soon_threadsafe(stop)
         self._thread.join(10)
 
     def _run(self) -> None:

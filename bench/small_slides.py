@@ -47,6 +47,7 @@ import torch
 from make_slide import make_large_svs
 
 import tilestore
+import tilestore.embed.engine as engine
 from tilestore.embed import Embedder, Options, Stager
 from tilestore.plan import PlanOptions, list_plans, plan_over_tissue, save_plan
 
@@ -78,7 +79,9 @@ def tree(root: Path) -> dict[str, str]:
     return out
 
 
-def convert_cohort(work: Path, count: int, serial: int) -> tuple[dict, list[Path]]:
+def convert_cohort(
+    work: Path, count: int, serial: int, at_once: str = "auto"
+) -> tuple[dict, list[Path]]:
     links = work / "slides"
     shutil.rmtree(links, ignore_errors=True)
     links.mkdir(parents=True)
@@ -108,7 +111,7 @@ def convert_cohort(work: Path, count: int, serial: int) -> tuple[dict, list[Path
             raise SystemExit(done.stderr[-2000:])
         return time.perf_counter() - started
 
-    parallel = run(files, work / "parallel", "auto")
+    parallel = run(files, work / "parallel", at_once)
     one = run(files[:serial], work / "serial", "1")
     a, b = tree(work / "serial"), tree(work / "parallel")
     same = sum(a[k] == b.get(k) for k in a)
@@ -118,12 +121,14 @@ def convert_cohort(work: Path, count: int, serial: int) -> tuple[dict, list[Path
         "serial_slides": serial,
         "serial_s": round(one, 1),
         "serial_per_slide_s": round(one / serial, 3),
+        "at_once": at_once,
         "files_compared": len(a),
         "files_equal": same,
         "cpus": os.cpu_count(),
     }
     print(
-        f"convert: {count} slides at once in {parallel:.1f} s; {serial} one at a time in "
+        f"convert: {count} slides at once ({at_once}) in {parallel:.1f} s; {serial} one at a "
+        f"time in "
         f"{one:.1f} s ({one / serial:.3f} s a slide); files equal {same}/{len(a)}"
     )
     return result, sorted((work / "parallel").glob("*.ome.zarr"))
@@ -260,7 +265,11 @@ def main() -> None:
     parser.add_argument("--serial", type=int, default=40)
     parser.add_argument("--small", type=int, default=400)
     parser.add_argument("--medium", type=int, default=100)
-    parser.add_argument("--medium-px", type=int, default=11_000)
+    parser.add_argument("--medium-px", type=int, default=17_000)  # about 2,000 tiles
+    parser.add_argument("--convert-at-once", default="auto")
+    parser.add_argument(
+        "--store-processes", type=int, help="the engine's STORE_PROCESSES (default: its own)"
+    )
     parser.add_argument("--large", type=int, default=40_000)
     parser.add_argument("--flat", type=int, default=2_000)
     parser.add_argument("--into", type=int, default=100)
@@ -274,6 +283,9 @@ def main() -> None:
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
     result: dict = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
+    if args.store_processes:
+        engine.STORE_PROCESSES = args.store_processes
+    result["store_processes"] = engine.STORE_PROCESSES
 
     if args.stage_only:
         result["stage"] = stage_only(work, args.stage_only, args.stage_at_once.split(","))
@@ -288,7 +300,9 @@ def main() -> None:
         if (work / "result.json").exists():
             result["convert"] = json.loads((work / "result.json").read_text())["convert"]
     else:
-        result["convert"], small = convert_cohort(work, args.convert, args.serial)
+        result["convert"], small = convert_cohort(
+            work, args.convert, args.serial, args.convert_at_once
+        )
         (work / "result.json").write_text(json.dumps(result))
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(planned, small))

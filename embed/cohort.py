@@ -53,9 +53,10 @@ from tilestore.embed.daskworker import (
 )
 from tilestore.embed.filesystems import FileSystems
 from tilestore.embed.inputs import Preparation, staged_from
-from tilestore.embed.jobs import PlanChoice, Slice, prepare, tiles_of
+from tilestore.embed.jobs import Slice
 from tilestore.embed.membership import Membership
 from tilestore.embed.models import ModelSpec, model_record
+from tilestore.embed.opening import PlanChoice, prepare, tiles_of
 from tilestore.embed.outcome import exit_code
 from tilestore.embed.preflight import check_stores
 from tilestore.embed.report import preparation_lines, quality_line

@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tilestore.embed.engine import Embedder
-from tilestore.embed.jobs import PlanChoice, prepare
 from tilestore.embed.models import LoadedModel
+from tilestore.embed.opening import PlanChoice, prepare
 from tilestore.embed.settings import Options
 from tilestore.errors import OptionError
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from tilestore.embed.decodeplan import slide_decoding
 from tilestore.embed.engine import Embedder
-from tilestore.embed.jobs import PlanChoice, prepare
 from tilestore.embed.models import LoadedModel, ModelSpec
+from tilestore.embed.opening import PlanChoice, prepare
 from tilestore.embed.settings import Options
 from tilestore.embed.sizing import profile_batches
 from tilestore.embeddings import resume_state

@@ -26,15 +26,17 @@ from tilestore.cpus import usable_cpus
 from tilestore.embed import nvjpeg
 from tilestore.embed.forward import Forward, QualityLayout, place, token_layout
 from tilestore.embed.inputs import SlidesAtOnce, Stager, as_staged
-from tilestore.embed.jobs import Job, PlanChoice, Slice, slice_jobs, store_jobs
+from tilestore.embed.jobs import Job, Slice, slice_jobs, store_jobs
 from tilestore.embed.models import LoadedModel, ModelSpec, load_model, model_record
 from tilestore.embed.nvjpeg import GpuJpeg
+from tilestore.embed.opening import PlanChoice
 from tilestore.embed.preflight import Preflight, check_stores
 from tilestore.embed.procdecode import ProcessDecoder
 from tilestore.embed.report import RunReport, Sampler, Stats
 from tilestore.embed.runner import Runner
 from tilestore.embed.settings import Options, Precision, Settings, resolve
 from tilestore.embed.sizing import choose_batch, remembered_rate
+from tilestore.embed.storeside import ROWS_BYTES, StoreProcesses
 from tilestore.embeddings import RunIdentity
 from tilestore.errors import Interrupted
 from tilestore.options import checked as checked_options
@@ -42,8 +44,9 @@ from tilestore.plan.options import DEFAULT_MPP
 from tilestore.reading.resolution import OverrideMpp, ScanMpp
 from tilestore.workers import Calls
 
-# processes making stores' embeddings groups at once (`Embedder._group_makers`)
-GROUP_MAKERS = 8
+# the most processes doing stores' work beside the run (`Embedder._store_side`): three in
+# four of the CPUs, the rest left to the run's process and its decoders
+STORE_PROCESSES = 12
 
 
 @checked_options
@@ -82,7 +85,7 @@ def embed(
     plan : str, PlanOptions or None
         A stored plan's name; `PlanOptions` to make one (its unset mpp and tile are the
         model's); None for the store's only plan, else one made at the model's native mpp
-        and tile size (`tilestore.embed.jobs.plan_for`).
+        and tile size (`tilestore.embed.opening.plan_for`).
     options : Options
         How to run (device, precision, batch size, decode, overwrite...): `resolve`d once.
     report_path : str or path, optional
@@ -205,7 +208,7 @@ class Embedder:
         self._setup |= {k: round(v, 3) for k, v in host.timings.items()}
         self._batch_note = host.batch_note
         self.model_mb = host.model_mb
-        self._makers: Calls | None = None  # `_group_makers`
+        self._side: StoreProcesses | Calls | None = None  # `_store_side`
 
     def writer_identity(self) -> RunIdentity:
         """What an embeddings group records of the run that writes it."""
@@ -235,19 +238,28 @@ class Embedder:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _group_makers(self) -> Calls:
-        """The worker processes that make each store's embeddings group (`store_jobs`: some
-        30 zarr arrays, 200 ms of a CPU a store, which on the run's threads held the GIL the
-        GPU loop needs): started as the first run needs them, kept between runs."""
-        if self._makers is None:
-            self._makers = Calls(max(2, min(GROUP_MAKERS, usable_cpus() // 2)), keep_on_stop=True)
-        return self._makers
+    def _store_side(self) -> StoreProcesses | Calls:
+        """Where each store's work is done beside the run (`store_jobs`), started as the first
+        run needs it and kept between runs: store processes (`tilestore.embed.storeside`),
+        which open each store, make its group, write its rows and finish it, so the run's
+        process never holds the GIL for zarr's calls (75 ms a small slide); where a batch's
+        rows are too large for a pipe (token grids: `storeside.ROWS_BYTES`), processes that
+        only make each group (some 30 zarr arrays, 200 ms of a CPU), the rest done here."""
+        if self._side is None:
+            count = max(2, min(STORE_PROCESSES, usable_cpus() * 3 // 4))
+            forward, settings = self.runner.forward, self.settings
+            itemsize = forward.row_dtype(getattr(torch, settings.dtype)).itemsize
+            if settings.batch_size * forward.width * itemsize <= ROWS_BYTES:
+                self._side = StoreProcesses(count)
+            else:
+                self._side = Calls(count, keep_on_stop=True)
+        return self._side
 
     def close(self) -> None:
         """Stop the decoder processes and release the GPU JPEG decoder."""
-        if self._makers is not None:
-            self._makers.close()
-            self._makers = None
+        if self._side is not None:
+            self._side.close()
+            self._side = None
         if self.processes is not None:
             self.processes.close()
             self.processes = None
@@ -281,7 +293,7 @@ class Embedder:
                 self.settings.any_scale,
                 self.settings.break_lock,
                 checked.plans if checked is not None else None,  # resolved once, by the checks
-                makers=self._group_makers(),
+                makers=self._store_side(),
                 stop=stop,
             ),
             report_path,

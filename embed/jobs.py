@@ -9,9 +9,7 @@ and skipped; the run goes on with the next.
 from __future__ import annotations
 
 import collections
-import os
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -22,35 +20,14 @@ import numpy as np
 
 from tilestore.embed.inputs import Staged
 from tilestore.embed.models import ModelSpec
-from tilestore.embed.preflight import (
-    refuse_other_scale,
-    resolve_for_model,
-    rgb_input,
-    scale_mismatch,
-)
+from tilestore.embed.opening import PlanChoice, open_for_run, tiles_of
+from tilestore.embed.preflight import rgb_input
 from tilestore.embed.report import RunReport
-from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity, plan_slide
-from tilestore.embeddings.recipe import scale_of
-from tilestore.errors import PlanError, StoreError, TilestoreError, WriteFailed
-from tilestore.format.record import Mpp
-from tilestore.plan import (
-    PlanOptions,
-    ResolvedPlan,
-    TilePlan,
-    list_plans,
-    load_plan,
-    plan_difference,
-    plan_uid,
-    refuse_made_otherwise,
-    save_plan,
-    stored_record,
-    uses_stored_plan,
-)
-from tilestore.plan.plans import REPLACE
-from tilestore.reading import Slide, described, open_slide
-from tilestore.workers import WorkerGone
-
-PlanChoice = str | PlanOptions | ResolvedPlan | None
+from tilestore.embed.storeside import Request, StoreProcesses
+from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity
+from tilestore.errors import TilestoreError, WriteFailed
+from tilestore.plan import ResolvedPlan, TilePlan, load_plan
+from tilestore.reading import Slide, open_slide
 
 
 @dataclass(frozen=True)
@@ -81,76 +58,8 @@ class Slice:
     tiles: int  # tiles in these batches
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """A store made ready to embed: opened, seen as the model reads it, its plan chosen."""
-
-    store: Path
-    slide: Slide  # the store itself: plans, tissue and the writer keep it
-    pixels: Slide  # as the model reads it (`rgb_input`)
-    plan: TilePlan
-    uid: str | None  # None only for a plan not stored (save=False)
-    reading: dict  # how the model reads its tiles (`reading`)
-
-
-def prepare(
-    store: str | os.PathLike,
-    spec: ModelSpec,
-    plan: PlanChoice,
-    identity: RunIdentity,
-    *,
-    save: bool = True,
-    any_scale: bool = False,
-) -> Prepared:
-    """Open a store and choose its plan as a run does (the one place the engine, the Dask
-    cohort and the dry run do it): refused before any GPU time where the model cannot read
-    its pixels, or where the plan's tiles are not the model's input (another um/px or
-    tile, or an unknown pixel size) unless any_scale. save=False (a dry run) writes
-    nothing."""
-    slide = open_slide(store)
-    pixels = rgb_input(slide, identity.channels)
-    tile_plan, uid = plan_for(slide, spec, plan, save=save)
-    scale = scale_of(tile_plan.spec)
-    if not any_scale:
-        refuse_other_scale(slide, tile_plan.name, scale.mpp, scale.tile, spec)
-    mismatch = scale_mismatch(scale.mpp, scale.tile, spec)
-    return Prepared(
-        Path(store),
-        slide,
-        pixels,
-        tile_plan,
-        uid,
-        reading(tile_plan, pixels.picked, mismatch, slide.record.mpp),
-    )
-
-
-def reading(
-    plan: TilePlan,
-    channels: tuple[str, ...] | None,
-    mismatch: str | None,
-    slide_mpp: Mpp | None = None,
-) -> dict:
-    """How a run reads a plan's tiles, for its per-slide line and report: the plan, the um/px
-    and tile size, the level read and its window (the resampling factor), the channels read
-    as R, G, B, whether the magnification is known, how the tiles differ from the model's
-    input (where any_scale let them), and the slide's level-0 pixel size where it is the
-    user's override of the file's (`slide_mpp`, the store's record)."""
-    grid, scale = plan.spec, scale_of(plan.spec)
-    return {
-        "plan": plan.name,
-        "mpp": scale.mpp,
-        "tile": scale.tile,
-        "level": grid.level,
-        "read_px": grid.read,
-        "resample": round(scale.tile / grid.read, 4),
-        "channels": list(channels) if channels else None,
-        "magnification_known": scale.mpp is not None,
-        **({"not_the_models_input": mismatch} if mismatch else {}),
-        **({"mpp_override": described(slide_mpp)} if slide_mpp and slide_mpp.overridden else {}),
-    }
-
-
-STORES_AHEAD = 8  # stores opened, planned and given their group at once, ahead of the GPU
+# stores opened, planned and given their group at once, ahead of the GPU (in store processes)
+STORES_AHEAD = 24
 
 
 @dataclass(frozen=True)
@@ -261,24 +170,22 @@ def _open_job(
     max_tiles: int | None,
     any_scale: bool,
     break_lock: bool,
-    makers: Callable[..., Any] | None = None,
+    makers: Callable[..., Any] | StoreProcesses | None = None,
     stopped: Callable[[], bool] | None = None,
 ) -> _Opened:
-    """One input opened for the run: its store prepared (`prepare`), its writer made (the
-    lock taken) and its group created, or why not. Of the report, reads and tells its file
+    """One input opened for the run (`open_for_run`: its store prepared, its writer made, the
+    lock taken, its group made), or why not: in a store process where `makers` are
+    `StoreProcesses` (the slide's writes then go there too), else here, its group made by
+    `makers` (worker processes) where given. Of the report, reads and tells its file
     systems only (`FileSystems`: one set or dict operation a change, safe on threads).
     stopped: once true, no step is begun (`_StoppedOpening`); whatever ends it early
-    (that, a KeyboardInterrupt) releases the lock it took. A group maker's worker that dies
-    (killed: out of memory) fails this store alone."""
+    (that, a KeyboardInterrupt) releases the lock it took."""
     if staged.store is None and staged.error is not None:  # never a store (a URL: no Path)
         return _Opened(staged, staged.given, error=staged.error)
     store = Path(staged.store or staged.given)
     refused = report.filesystems.refusal(store)
     if refused is not None:  # on a file system a write found full or read-only
         return _Opened(staged, store, error=refused, refused=True)
-    seconds: dict[str, float] = {}
-    clock = time.perf_counter()
-    writer = None
 
     def go_on() -> None:
         if stopped is not None and stopped():
@@ -287,44 +194,34 @@ def _open_job(
     try:
         if staged.error:
             raise staged.error
-        go_on()
-        ready = prepare(store, spec, plan, identity, any_scale=any_scale)
-        go_on()
-        seconds["open_plan"] = _lap(clock)
-        clock = time.perf_counter()
-        writer = EmbeddingWriter(
-            ready.slide,
-            ready.plan,
-            ready.uid,
-            identity,
-            overwrite=overwrite,
-            create=False,
-            break_lock=break_lock,
-        )
-        go_on()
-        # here, beside the GPU's work, not in the writer's line; in a process where given
-        try:
-            writer.create(maker=makers)
-        except WorkerGone as exc:  # its store fails; a new worker makes the next group
-            raise StoreError(f"{store}: making {writer.path}: {exc}") from exc
-        report.filesystems.wrote(store)
-        seconds["group"] = _lap(clock)
+        if isinstance(makers, StoreProcesses):
+            request = Request(
+                str(store), spec, plan, identity, overwrite, max_tiles, any_scale, break_lock
+            )
+            opening = makers.open(request, go_on)
+        else:
+            opening = open_for_run(
+                store,
+                spec,
+                plan,
+                identity,
+                overwrite=overwrite,
+                max_tiles=max_tiles,
+                any_scale=any_scale,
+                break_lock=break_lock,
+                go_on=go_on,
+                maker=makers,
+            )
     except AlreadyComplete as exc:
         return _Opened(staged, store, skipped=str(exc))
-    except BaseException as exc:  # WriteFailed too: its plan, lock or group, as a batch's
-        if writer is not None:
-            writer.abandon()
-        if isinstance(exc, TilestoreError):
-            return _Opened(staged, store, error=exc)
-        raise
-    batch = identity.batch_size
-    blocks = writer.todo()
-    owed = len(tiles_of(blocks, batch, len(ready.plan)))
-    if max_tiles is not None:  # a trial: the plan's first batches only
-        blocks = blocks[blocks < -(-max_tiles // batch)]
-    tiles = tiles_of(blocks, batch, len(ready.plan))
-    job = Job(store, ready.pixels, ready.plan, writer, tiles, owed - len(tiles), ready.reading)
-    return _Opened(staged, store, job=job, seconds=seconds)
+    except TilestoreError as exc:  # WriteFailed too: its plan, lock or group, as a batch's
+        return _Opened(staged, store, error=exc)
+    report.filesystems.wrote(store)
+    ready = opening.ready
+    job = Job(
+        store, ready.pixels, ready.plan, opening.writer, opening.todo, opening.left, ready.reading
+    )
+    return _Opened(staged, store, job=job, seconds=opening.seconds)
 
 
 STOP_POLL_S = 0.05  # how often a wait for a store being opened looks at the run's stop
@@ -377,10 +274,6 @@ def _reported(opened: _Opened, report: RunReport) -> bool:
     return True
 
 
-def _lap(since: float) -> float:
-    return round(time.perf_counter() - since, 4)
-
-
 def slice_jobs(slices: list[Slice], identity: RunIdentity) -> Iterator[Job]:
     """Jobs for slices: the group exists; only the slice's batches not yet done are run."""
     batch = identity.batch_size
@@ -394,43 +287,3 @@ def slice_jobs(slices: list[Slice], identity: RunIdentity) -> Iterator[Job]:
         yield Job(
             Path(piece.store), pixels, tile_plan, writer, tiles_of(blocks, batch, len(tile_plan))
         )
-
-
-def tiles_of(blocks: np.ndarray, batch: int, n: int) -> np.ndarray:
-    """Plan indices of the tiles in these batches."""
-    tiles = (np.asarray(blocks, np.int64)[:, None] * batch + np.arange(batch)).ravel()
-    return tiles[tiles < n]
-
-
-def plan_for(
-    slide: Slide, spec: ModelSpec, plan: PlanChoice, *, save: bool = True
-) -> tuple[TilePlan, str | None]:
-    """The plan a run uses and its uid.
-
-    plan: a stored plan's name; None for the store's only plan, or, where it has none or
-    several, one made at the model's native mpp and tile size; or `PlanOptions`, whose
-    unset mpp and tile are the model's (`resolve_for_model`: the same rules as `tilestore
-    plan`, a slide without a pixel size refused unless mpp=0 asks for level-0 pixels); or
-    those options resolved already (`ResolvedPlan`: the checks before the run did). A plan made
-    is saved (reused if made before with the same options). save=False (a dry run) writes
-    nothing, not even a tissue mask; the uid is then None for a plan not stored before.
-    """
-    if isinstance(plan, ResolvedPlan):
-        resolved = plan
-    elif uses_stored_plan(slide, plan):
-        return load_plan(slide, plan)
-    else:
-        resolved = resolve_for_model(slide, plan, spec)
-    refuse_made_otherwise(slide, resolved)  # before its tiles are made
-    made = plan_slide(slide, resolved, store_tissue=save)
-    if save:  # the same plan stored before is kept; one of its name made otherwise refused
-        return made, save_plan(slide, made)
-    if made.name in list_plans(slide):  # a dry run: what the run's save would say
-        stored, uid = load_plan(slide, made.name)
-        if uid != plan_uid(made):
-            raise PlanError(
-                f"{slide.name}: plan {made.name!r} is stored already, made otherwise "
-                f"({plan_difference(stored_record(slide, made.name), made)}); {REPLACE}"
-            )
-        return stored, uid
-    return made, None

@@ -6,7 +6,7 @@ um/px or tile size, unless any_scale), or whose embeddings of this model come fr
 plan is refused here, in one line, before torch is imported and the model loaded (20-95 s
 on a busy machine); a store already complete is skipped here too, so a run with nothing to
 do loads nothing. The run makes the same checks again as it opens each store
-(`tilestore.embed.jobs.prepare`), with the same functions: this is a first look, not a
+(`tilestore.embed.opening.prepare`), with the same functions: this is a first look, not a
 second rule. Light: no torch, no pixels read.
 """
 
@@ -50,7 +50,7 @@ class Preflight:
     # batches; None where only the run can tell (a plan it makes, a slide file)
     tiles: dict[str, int | None] = field(default_factory=dict)
     # each kept store's plan options resolved (`resolve_plan`), where the run makes its
-    # plan: the run takes this record (`tilestore.embed.jobs.plan_for`), never resolves again
+    # plan: the run takes this record (`tilestore.embed.opening.plan_for`), never resolves again
     plans: dict[str, ResolvedPlan] = field(default_factory=dict)
 
 

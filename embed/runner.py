@@ -40,11 +40,12 @@ from tilestore.embed.queues import DONE, drain
 from tilestore.embed.report import RunReport, Stats
 from tilestore.embed.settings import Settings
 from tilestore.embeddings.groups import non_finite_rows
-from tilestore.errors import DeviceError, TilestoreError, WriteFailed
+from tilestore.errors import DeviceError, StoreError, TilestoreError, WriteFailed
 from tilestore.format.store import WriteFault
 
-# threads writing slides' batches and finishing them, each slide's steps in order (`Lanes`)
-STORE_LANES = 4
+# threads writing slides' batches and finishing them, each slide's steps in order (`Lanes`):
+# mostly waiting for a store process (`tilestore.embed.storeside`)
+STORE_LANES = 8
 
 
 class Runner:
@@ -492,6 +493,9 @@ class Runner:
                 except WriteFailed as exc:  # its slide stops here, the run goes on
                     self._stop(run, job, exc)
                     return
+                except StoreError as exc:  # its store process died: the slide alone fails
+                    self._fail(run, job, str(exc))
+                    return
         finally:
             if slot.done():
                 outputs.release(slot.slot)
@@ -512,6 +516,9 @@ class Runner:
                 job.writer.finish(summary)
             except WriteFailed as exc:  # its last shards, or its record
                 self._stop(run, job, exc)
+                return
+            except StoreError as exc:  # its store process died
+                self._fail(run, job, str(exc))
                 return
             quality = job.writer.quality_summary()
         with run.lock:

@@ -256,6 +256,8 @@ def test_the_command_imports_only_public_faces():
         ("tilestore.cli.embed", ("torch", "timm")),
         ("tilestore.cli.main", ("torch", "timm")),
         ("tilestore.embed.inputs", ("torch", "timm", "dask", "xarray")),
+        # each store process (`tilestore.embed.storeside`) opens and writes stores, no model
+        ("tilestore.embed.storeside", ("torch", "timm", "dask", "xarray")),
         ("tilestore.plan.plans", ("torch",)),  # plans read stored QC, never compute it
         ("tilestore.qc.report", ("torch",)),
         # a cohort is built and the learn options checked without torch (the command's start)

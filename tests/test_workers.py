@@ -208,3 +208,48 @@ def test_closed_calls_fail_at_once_and_wake_the_calls_waiting_for_a_worker():
 def _slept_pid(seconds: float) -> int:
     time.sleep(seconds)
     return os.getpid()
+
+
+# -- Channel: one worker, calls side by side ------------------------------------------------------
+
+
+def test_a_channel_answers_its_calls_side_by_side_each_to_its_caller():
+    """A slow call does not hold up a quick one sent after it (the store processes: a
+    slide's rows are not queued behind another slide's opening); each caller gets its own
+    reply, and what the worker raised."""
+    channel = workers.Channel("tests.channelworker")
+    try:
+        pid = channel(("pid",))
+        assert pid != os.getpid()
+        with ThreadPoolExecutor(4) as pool:
+            slow = pool.submit(channel, ("sleep", 2.0, "slow"))
+            time.sleep(0.3)
+            started = time.perf_counter()
+            quick = [pool.submit(channel, ("sleep", 0.0, i)) for i in range(3)]
+            assert [q.result(timeout=30) for q in quick] == [0, 1, 2]
+            assert time.perf_counter() - started < 1.5 and not slow.done()
+            assert slow.result(timeout=30) == "slow"
+        with pytest.raises(ValueError, match="its own error"):
+            channel(("raise", "its own error"))
+        assert channel(("pid",)) == pid  # the same process throughout
+    finally:
+        channel.close()
+    assert channel.process.poll() is not None
+
+
+def test_a_channel_whose_worker_dies_fails_the_calls_in_hand_and_every_call_after():
+    channel = workers.Channel("tests.channelworker")
+    try:
+        pid = channel(("pid",))
+        with ThreadPoolExecutor(2) as pool:
+            running = [pool.submit(channel, ("sleep", 30.0, i)) for i in range(2)]
+            time.sleep(0.5)
+            os.kill(pid, signal.SIGKILL)
+            for call in running:
+                with pytest.raises(workers.WorkerGone, match=r"died \(exit code -9\)"):
+                    call.result(timeout=30)
+        assert not channel.alive
+        with pytest.raises(workers.WorkerGone, match="died"):
+            channel(("pid",))
+    finally:
+        channel.close()

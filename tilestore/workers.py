@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import importlib
+import itertools
 import json
 import os
 import pickle
@@ -55,11 +56,15 @@ def serve(
     replies: IO[str] | None = None,
     *,
     ready: bool = False,
+    threads: int = 0,
 ) -> None:
     """The worker's loop: one reply line (`answer`'s, flushed) per JSON request line, after
-    "ready" where asked. Without `replies`, they go to a private copy of stdout and stdout
-    itself is pointed at stderr. A Ctrl-C that reached the caller's terminal too ends the
-    worker quietly (the caller reports it), as does a caller gone before a reply."""
+    "ready" where asked. threads: requests answered side by side on that many threads, each
+    reply tagged with its request's "id" (a `Channel`'s), in the order they finish; at the
+    end of the requests, those in hand are answered first. Without `replies`, they go to a
+    private copy of stdout and stdout itself is pointed at stderr. A Ctrl-C that reached the
+    caller's terminal too ends the worker quietly (the caller reports it), as does a caller
+    gone before a reply."""
     caller = os.environ.pop(CALLER, None)  # not handed down to its own workers
     # "the time limit is near" (`tilestore.stopping`) is its caller's to act on: a job
     # step's signal reaches every process of it, and SIGUSR1 would end this one
@@ -74,7 +79,11 @@ def serve(
         if ready:
             replies.write("ready\n")
             replies.flush()
-        for line in requests if requests is not None else sys.stdin:
+        lines = requests if requests is not None else sys.stdin
+        if threads:
+            _serve_side_by_side(answer, lines, replies, threads)
+            return
+        for line in lines:
             replies.write(answer(json.loads(line)) + "\n")
             replies.flush()
     except KeyboardInterrupt:
@@ -82,6 +91,29 @@ def serve(
     except BrokenPipeError:  # the caller is gone (killed): no one to answer, nothing to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), replies.fileno())
         sys.exit(1)
+
+
+def _serve_side_by_side(
+    answer: Callable[[dict[str, Any]], str], lines, replies: IO[str], threads: int
+) -> None:
+    """Answer each request on one of `threads` threads, its reply tagged with its "id"."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    lock = threading.Lock()
+
+    def one(request: dict[str, Any]) -> None:
+        reply = json.loads(answer(request))
+        line = json.dumps({"id": request["id"], **reply}) + "\n"
+        with lock:
+            try:
+                replies.write(line)
+                replies.flush()
+            except BrokenPipeError:  # the caller is gone: no one to answer
+                os._exit(1)
+
+    with ThreadPoolExecutor(threads, "tilestore-serve") as pool:
+        for line in lines:
+            pool.submit(one, json.loads(line))
 
 
 def _end_with(caller: int, every: float = 0.5) -> None:
@@ -178,6 +210,79 @@ class Calls:
                 worker.stdout.close()
 
 
+class Channel:
+    """Calls into one worker process (`python -m module`, serving with threads: `serve`) from
+    many threads at once: each call tagged, answered as it finishes (not in turn), each
+    caller waiting for its own reply. The call and its result travel pickled. A worker
+    that dies fails every call in hand, and every call after (`WorkerGone`); `alive` says
+    so. keep_on_stop: as `Calls`'."""
+
+    def __init__(self, module: str, *, keep_on_stop: bool = False) -> None:
+        env = {**os.environ, KEEP_ON_STOP: "1"} if keep_on_stop else None
+        self.process = start(module, env)
+        self._waiting: dict[int, Any] = {}  # id -> the Future its caller waits on
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._gone: str | None = None  # why calls fail now
+        self.exit_code: int | None = None  # the worker's, once it has ended
+        threading.Thread(target=self._replies, name=f"{module}-replies", daemon=True).start()
+
+    @property
+    def alive(self) -> bool:
+        return self._gone is None
+
+    def __call__(self, payload: Any) -> Any:
+        """Send `payload` (the worker's `answer` takes it as request["call"]), wait for its
+        reply; return its result, or raise what the worker raised."""
+        from concurrent.futures import Future
+
+        waiting: Future = Future()
+        with self._lock:
+            if self._gone is not None:
+                raise WorkerGone(self._gone)
+            tag = next(self._ids)
+            self._waiting[tag] = waiting
+            try:
+                assert self.process.stdin is not None
+                self.process.stdin.write(json.dumps({"id": tag, "call": _packed(payload)}) + "\n")
+                self.process.stdin.flush()
+            except (OSError, ValueError):  # a broken pipe: its reader says why
+                pass
+        result, error = _unpacked(waiting.result())
+        if error is not None:
+            raise error
+        return result
+
+    def _replies(self) -> None:
+        """Hand each reply to its caller; at the worker's end, fail the calls in hand."""
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            message = json.loads(line)
+            with self._lock:
+                waiting = self._waiting.pop(message["id"], None)
+            if waiting is not None:
+                waiting.set_result(message["reply"])
+        code = self.exit_code = self.process.wait()
+        with self._lock:
+            self._gone = self._gone or f"the worker process died (exit code {code})"
+            waiting, self._waiting = list(self._waiting.values()), {}
+        for call in waiting:
+            call.set_exception(WorkerGone(self._gone))
+
+    def close(self, wait_s: float = 5.0) -> None:
+        """End the worker once the calls in hand are answered (killed after `wait_s`)."""
+        with self._lock:
+            self._gone = self._gone or "the worker process is closed"
+            with contextlib.suppress(OSError):
+                assert self.process.stdin is not None
+                self.process.stdin.close()
+        try:
+            self.process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
 KEEP_ON_STOP = "TILESTORE_WORKER_KEEP_ON_STOP"  # set: the worker ignores SIGINT and SIGTERM
 CLOSE_WAIT_S = 5.0  # how long closed workers are given to finish the call in hand, together
 
@@ -196,9 +301,8 @@ def _unpacked(text: str) -> Any:
 
 def answer_call(request: dict[str, Any]) -> str:
     """A worker's reply to one call (`Calls`): (result, None) or (None, the exception), as
-    JSON holding their pickle. An exception that does not pickle comes back as a
-    RuntimeError with its class and message."""
-    module, name, args, kwargs = _unpacked(request["call"])
+    JSON holding their pickle (`packed_reply`)."""
+    module, name, args, kwargs = call_of(request)
     function: Any = importlib.import_module(module)
     for part in name.split("."):
         function = getattr(function, part)
@@ -206,6 +310,17 @@ def answer_call(request: dict[str, Any]) -> str:
         reply = (function(*args, **kwargs), None)
     except Exception as exc:
         reply = (None, exc)
+    return packed_reply(reply)
+
+
+def call_of(request: dict[str, Any]) -> Any:
+    """What a request line carries (pickled by `Calls` or `Channel`)."""
+    return _unpacked(request["call"])
+
+
+def packed_reply(reply: tuple[Any, BaseException | None]) -> str:
+    """A reply line: (result, None) or (None, the exception) as JSON holding their pickle. An
+    exception that does not pickle comes back as a RuntimeError with its class and message."""
     try:
         packed = _packed(reply)
     except Exception:

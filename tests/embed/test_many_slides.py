@@ -241,3 +241,55 @@ def test_a_slide_not_finite_in_a_packed_batch_fails_alone(stores, tmp_path, lite
     assert len(features) % 32 and np.isfinite(features).all()  # its last batch was packed
     assert np.array_equal(features, _features(alone))
     assert np.isfinite(_features(last)).all()
+
+
+@pytest.mark.slow
+def test_a_store_process_killed_fails_its_slides_alone_and_a_rerun_finishes_them(
+    cohort, tmp_path, lite
+):
+    """A store process is killed (an OOM kill) once the first rows are written: the slides
+    it held fail, each in its line naming its store and the process's death; the others
+    are complete, each as embedded alone; the run goes on to the end. The rerun finishes the
+    failed ones (their locks, held by the dead process, taken over)."""
+    import psutil
+
+    from tilestore.embed.engine import Embedder
+    from tilestore.embed.settings import Options
+
+    options = Options(device="cpu", precision="fp32", dtype="float32", batch_size=16)
+    alone = tmp_path / "alone.ome.zarr"
+    shutil.copytree(cohort[0], alone)
+    killed = []
+
+    def kill_one(done, total):
+        if killed:
+            return
+        sides = [p for p in psutil.Process().children()
+                 if "tilestore.embed.storeside" in " ".join(p.cmdline())]  # fmt: skip
+        assert sides  # the stores' work is done in store processes
+        sides[0].kill()
+        sides[0].wait(10)
+        killed.append(sides[0].pid)
+
+    with Embedder(lite, options) as embedder:
+        embedder.embed([alone])
+        report = embedder.embed(cohort, progress=kill_one)
+        assert killed and report.failures  # the dead process held at least the first slide
+        for failure in report.failures:
+            assert failure["error"].startswith(
+                ("the store process writing embeddings/efficientnet-lite0/",
+                 "the store process opening it died")
+            ), failure  # fmt: skip
+            assert "died (exit code -9)" in failure["error"]
+        failed = {f["store"] for f in report.failures}
+        finished = {s["store"] for s in report.slides if "seconds" in s and not s.get("failed")}
+        assert failed | finished == {str(s) for s in cohort} and not failed & finished
+        for store in cohort:
+            if str(store) in finished:
+                assert np.array_equal(_features(store), _features(alone))
+        again = embedder.embed(cohort)
+    assert not again.failures
+    assert {s["store"] for s in again.slides if "seconds" in s} == failed
+    for store in cohort:
+        assert np.array_equal(_features(store), _features(alone))
+    assert not list(cohort[0].parent.glob(".*.lock"))

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import CMU, SLIDES
-from tilestore.embed.jobs import plan_for
+from tilestore.embed.opening import plan_for
 from tilestore.embed.models import get_model
 from tilestore.errors import PlanError
 from tilestore.masks.tissue import compute_tissue, write_tissue

@@ -1,0 +1,286 @@
+"""Each slide's store work in a store process: the store opened, its plan loaded or made, its
+embeddings group made (or resumed) under its lock, its batches written and the slide
+finished, while the run's own process reads its pixels and drives the GPU.
+
+A store's writes go through zarr, whose calls each cost a millisecond or more of Python on
+its one event-loop thread: in the run's process they held the GIL the GPU loop needs, some
+75 ms a slide of 45 tiles (bench/RESULTS.md, issue 68), which a cohort of small slides paid
+between batches. Here each slide is given to one of a few `python -m
+tilestore.embed.storeside` processes (`StoreProcesses`), which opens it and keeps its
+`EmbeddingWriter`; the run gets a `Job` whose writer (`RemoteWriter`) sends that process the
+slide's rows and its finish. A process answers its calls side by side on threads
+(`tilestore.workers.Channel`), so a slide's batch is never queued behind another slide's
+opening. The processes import no torch.
+
+A store process that dies (killed: out of memory) fails the slides it held, each with the
+batches it had written (done and kept: a rerun resumes them); the next slides go to a new
+one. A stop (Ctrl-C, SIGTERM) is the run's to make: the processes ignore it and the run
+abandons its slides through them, keeping what is written.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tilestore import workers
+from tilestore.embed.models import ModelSpec
+from tilestore.embed.opening import Opening, PlanChoice, Prepared, open_for_run
+from tilestore.embed.preflight import rgb_input
+from tilestore.embeddings import EmbeddingWriter, RunIdentity
+from tilestore.errors import StoreError
+from tilestore.reading import open_slide
+from tilestore.workers import Channel, WorkerGone
+
+# the calls a store process answers at once: a slide's rows are written while others open
+SIDE_THREADS = 4
+# the most rows' bytes of one batch a store process is sent (larger: tokens, written in the
+# run's process as before: a pipe carries a batch of ViT-S token grids, 38 MB, too slowly)
+ROWS_BYTES = 4 * 2**20
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a run opens a store with (the arguments of `open_for_run`)."""
+
+    store: str
+    spec: ModelSpec
+    plan: PlanChoice
+    identity: RunIdentity
+    overwrite: bool
+    max_tiles: int | None
+    any_scale: bool
+    break_lock: bool
+
+
+class StoreProcesses:
+    """`count` store processes, started as slides come and kept between runs; each slide
+    goes to the one holding the fewest."""
+
+    def __init__(self, count: int) -> None:
+        self.count = max(1, count)
+        self._channels: list[Channel] = []
+        self._held: dict[Channel, int] = {}  # slides each holds (opening or open)
+        self._keys = itertools.count()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def open(self, request: Request, go_on: Callable[[], None]) -> Opening:
+        """Open `request.store` in a store process (`open_for_run` there); the opening's
+        writer is a `RemoteWriter`, its slide opened here for reading. AlreadyComplete or
+        the store's TilestoreError as `open_for_run` raises them; a store process that dies
+        meanwhile fails this store alone (StoreError). `go_on` is called before and after,
+        and raises to stop (what was opened is released)."""
+        go_on()
+        channel, key = self._take()
+        opened = False
+        try:
+            try:
+                found = channel(("open", key, request))
+            except WorkerGone:
+                raise StoreError(
+                    f"{request.store}: the store process opening it died "
+                    f"(exit code {channel.exit_code})"
+                ) from None
+            opened = True
+            writer = RemoteWriter(self, channel, key, request.store, found)
+            slide = open_slide(request.store)  # read here: the run's pixels
+            ready = replace(
+                found["ready"], slide=slide, pixels=rgb_input(slide, request.identity.channels)
+            )
+            opening = Opening(
+                Path(request.store), ready, writer, found["todo"], found["left"], found["seconds"]
+            )
+            try:
+                go_on()
+            except BaseException:
+                opening.abandon()
+                raise
+            return opening
+        except BaseException:
+            if not opened:
+                self._release(channel)
+            raise
+
+    def _take(self) -> tuple[Channel, int]:
+        """The store process to give a slide: one holding none, a new one while fewer than
+        `count` run, else the one holding the fewest."""
+        with self._lock:
+            if self._closed:
+                raise StoreError("the store processes are closed")
+            self._channels = [c for c in self._channels if c.alive or self._held.get(c)]
+            live = [c for c in self._channels if c.alive]
+            idle = [c for c in live if not self._held.get(c)]
+            if idle:
+                channel = idle[0]
+            elif len(live) < self.count:
+                channel = Channel("tilestore.embed.storeside", keep_on_stop=True)
+                self._channels.append(channel)
+            else:
+                channel = min(live, key=lambda c: self._held.get(c, 0))
+            self._held[channel] = self._held.get(channel, 0) + 1
+            return channel, next(self._keys)
+
+    def _release(self, channel: Channel) -> None:
+        with self._lock:
+            self._held[channel] = max(0, self._held.get(channel, 0) - 1)
+
+    def close(self) -> None:
+        """Stop the processes (once their calls in hand are answered)."""
+        with self._lock:
+            channels, self._channels, self._closed = self._channels, [], True
+        for channel in channels:
+            channel.close()
+
+
+class RemoteWriter:
+    """A slide's `EmbeddingWriter` in a store process, as the run uses it: its rows written,
+    its finish and its abandoning, each a call there (in order: the run's lanes make them
+    one at a time)."""
+
+    def __init__(
+        self,
+        processes: StoreProcesses,
+        channel: Channel,
+        key: int,
+        store: str,
+        opened: dict[str, Any],
+    ) -> None:
+        self._processes, self._channel, self._key, self._store = processes, channel, key, store
+        self.path: str = opened["path"]
+        self.took_over: str | None = opened["took_over"]
+        self._quality: dict[str, Any] | None = None
+        self._tiles_done = 0
+        self._released = False
+
+    def create(self, maker: Callable[..., Any] | None = None) -> None:
+        """Made already, in the store process, when the slide was opened."""
+
+    def write(self, block: int, features: np.ndarray) -> None:
+        self._call("write", block, np.ascontiguousarray(features))
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        try:
+            self._quality = self._call("finish", summary)
+        finally:
+            self._release()
+
+    def quality_summary(self) -> dict[str, Any] | None:
+        return self._quality
+
+    def abandon(self) -> str:
+        if self._released:
+            return ""
+        try:
+            said, self._tiles_done = self._call("abandon")
+        except StoreError:  # its process died: what its shards wrote is done
+            said = "the batches whose shards were written are kept: rerun to resume"
+        finally:
+            self._release()
+        return said
+
+    def tiles_done(self) -> int:
+        return self._tiles_done
+
+    def _call(self, step: str, *args: Any) -> Any:
+        try:
+            return self._channel((step, self._key, *args))
+        except WorkerGone:
+            raise StoreError(
+                f"{self._store}: the store process writing {self.path} died (exit code "
+                f"{self._channel.exit_code})"
+            ) from None
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._processes._release(self._channel)
+
+
+# -- the store process -------------------------------------------------------------------------
+
+
+class Side:
+    """A store process's slides: each opened, written, finished or abandoned as its run asks
+    (`answer`), by the key the run gave it."""
+
+    def __init__(self) -> None:
+        self.writers: dict[int, EmbeddingWriter] = {}
+        self._lock = threading.Lock()
+
+    def answer(self, request: dict[str, Any]) -> str:
+        step, key, *args = workers.call_of(request)
+        try:
+            reply = (getattr(self, f"_{step}")(key, *args), None)
+        except Exception as exc:
+            reply = (None, exc)
+        return workers.packed_reply(reply)
+
+    def _open(self, key: int, request: Request) -> dict[str, Any]:
+        opening = open_for_run(
+            request.store,
+            request.spec,
+            request.plan,
+            request.identity,
+            overwrite=request.overwrite,
+            max_tiles=request.max_tiles,
+            any_scale=request.any_scale,
+            break_lock=request.break_lock,
+        )
+        with self._lock:
+            self.writers[key] = opening.writer
+        ready = opening.ready
+        return {
+            # the run opens the slide itself (its pixels); the plan and how it is read travel
+            "ready": Prepared(ready.store, None, None, ready.plan, ready.uid, ready.reading),
+            "todo": opening.todo,
+            "left": opening.left,
+            "seconds": opening.seconds,
+            "path": opening.writer.path,
+            "took_over": opening.writer.took_over,
+        }
+
+    def _write(self, key: int, block: int, rows: np.ndarray) -> None:
+        self.writers[key].write(block, rows)
+
+    def _finish(self, key: int, summary: dict[str, Any]) -> dict[str, Any] | None:
+        writer = self._pop(key)
+        writer.finish(summary)
+        return writer.quality_summary()
+
+    def _abandon(self, key: int) -> tuple[str, int]:
+        writer = self._pop(key)
+        said = writer.abandon()
+        return said, writer.tiles_done()
+
+    def _pop(self, key: int) -> EmbeddingWriter:
+        with self._lock:
+            return self.writers.pop(key)
+
+
+def main() -> None:
+    """`python -m tilestore.embed.storeside`: serve a run's calls, side by side."""
+    import signal
+
+    if os.environ.pop(workers.KEEP_ON_STOP, None):
+        for stop in (signal.SIGINT, signal.SIGTERM):  # the run's to make (see the module)
+            signal.signal(stop, signal.SIG_IGN)
+    side = Side()
+    try:
+        workers.serve(side.answer, threads=SIDE_THREADS)
+    finally:  # the run closed the process (or is gone): the locks still held are released
+        for writer in list(side.writers.values()):
+            writer.abandon()
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""A worker for the `tilestore.workers.Channel` tests: `python -m tests.channelworker`
+answers ("sleep", seconds, value), ("pid",) and ("raise", message) side by side."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from tilestore import workers
+
+
+def answer(request):
+    step, *args = workers.call_of(request)
+    try:
+        if step == "sleep":
+            time.sleep(args[0])
+            reply = (args[1], None)
+        elif step == "pid":
+            reply = (os.getpid(), None)
+        else:
+            raise ValueError(args[0])
+    except ValueError as exc:
+        reply = (None, exc)
+    return workers.packed_reply(reply)
+
+
+if __name__ == "__main__":
+    workers.serve(answer, threads=3)

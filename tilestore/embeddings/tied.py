@@ -25,11 +25,13 @@ declares none: it reads as before and is said to be not tied.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import google_crc32c
 import numpy as np
 import zarr
+from zarr.core.sync import sync
 
 from tilestore.errors import DamagedEmbeddings
 from tilestore.format import positions
@@ -69,19 +71,46 @@ def start(group: zarr.Group, columns: list[str], batched: list[str]) -> dict[str
     read back; for the `batched` arrays (features, tokens, quality, done), records of none
     yet, filled as their shards are written (`Recorder`). Returns the record's declaration."""
     arrays = {name: group[name] for name in (*columns, *batched)}
-    for name in columns:
-        where = f"{group.path}/{name}"
-        positions.record(arrays[name], positions.read_back(arrays[name], where))
-    for name in batched:
-        positions.prepare(arrays[name])
-    return declaration(arrays)
+    return started(group, arrays, columns, batched)[0]
+
+
+def started(
+    group: zarr.Group, arrays: dict[str, zarr.Array], columns: list[str], batched: list[str]
+) -> tuple[dict[str, Any], dict[str, zarr.Array]]:
+    """`start` for the group's `arrays` as just made: the columns read back here, every
+    record written in one call of zarr's event loop. Returns the declaration and the
+    batched arrays' records (for the group's `Recorder`)."""
+    tables = {name: positions.read_back(arrays[name], f"{group.path}/{name}") for name in columns}
+
+    async def written() -> list[zarr.AsyncArray]:
+        return await asyncio.gather(
+            *(positions.recorded(arrays[name], table) for name, table in tables.items()),
+            *(positions.prepared(arrays[name]) for name in batched),
+        )
+
+    made = sync(written())[len(tables) :]
+    records = {name: zarr.Array(record) for name, record in zip(batched, made, strict=True)}
+    return declaration(arrays), records
 
 
 class Recorder:
     """The positions records of a group's batched arrays, opened once for its writer."""
 
-    def __init__(self, group: zarr.Group, where: str, fix: str) -> None:
+    def __init__(
+        self,
+        group: zarr.Group,
+        where: str,
+        fix: str,
+        made: tuple[dict[str, zarr.Array], dict[str, zarr.Array]] | None = None,
+    ) -> None:
+        """made: the group's arrays and their records as just made (`started`), not opened
+        again."""
         self.where = where
+        if made is not None:
+            arrays, records = made
+            self.arrays = {name: arrays[name] for name in (*BATCHED, DONE) if name in arrays}
+            self.records = {name: records[name] for name in self.arrays}
+            return
         self.arrays = {name: group[name] for name in (*BATCHED, DONE) if name in group}
         self.records = {
             name: positions.opened(array, f"{where}/{name}", fix)

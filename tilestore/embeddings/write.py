@@ -12,6 +12,7 @@ time; a Dask cohort gives each worker whole shards (`tilestore.embed.cohort`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import os
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec
+from zarr.core.sync import sync
 
 from tilestore import locks
 from tilestore.embeddings import tied
@@ -279,7 +281,7 @@ class EmbeddingWriter:
                 if self._replace:
                     del self.root[self.path]
                 if maker is None:
-                    self._open(self._create())
+                    self._open(*self._create())
                 else:
                     store = str(_directory(self.slide))
                     maker(make_group, store, self.plan, self._uid, self.run)
@@ -295,17 +297,21 @@ class EmbeddingWriter:
                 "can be written into it"
             )
 
-    def _open(self, group) -> None:
-        self.group, self.features, self._done = group, group["features"], group["done"]
-        self.tokens = group["tokens"] if self.run.tokens else None
-        self.quality = group["quality"] if self.run.quality else None
+    def _open(self, group, made: tuple[dict, dict] | None = None) -> None:
+        """Open the group to write; made: its arrays and their positions' records as this
+        writer just made them (`_create`), taken as they are: none written yet."""
+        arrays = made[0] if made is not None else group
+        self.group, self.features, self._done = group, arrays["features"], arrays["done"]
+        self.tokens = arrays["tokens"] if self.run.tokens else None
+        self.quality = arrays["quality"] if self.run.quality else None
         shards = self.features.shards  # None: a group made before shards, a file per batch
         self.per_shard = shards[0] // self.batch_size if shards else 1
         # the chunks' positions, recorded as shards are written (None: a group made before)
-        tying = tied.tied_arrays(self._record(group).to_attrs()) is not None
+        tying = made is not None or tied.tied_arrays(self._record(group).to_attrs()) is not None
         where = f"{self.slide.name}: {self.path}"
-        self.positions = tied.Recorder(group, where, AGAIN) if tying else None
-        self._stored = self._done[:].astype(bool)  # done on disk, as this writer knows it
+        self.positions = tied.Recorder(group, where, AGAIN, made) if tying else None
+        # done on disk, as this writer knows it
+        self._stored = np.zeros(self.blocks, bool) if made else self._done[:].astype(bool)
         self._summary: dict[str, Any] | None = None  # the measures' summary, until a write
 
     @classmethod
@@ -524,7 +530,11 @@ class EmbeddingWriter:
         del self.root[self.path]  # we hold the lock: nobody else is making it
         return None
 
-    def _create(self):
+    def _create(self) -> tuple[zarr.Group, tuple[dict, dict]]:
+        """Make the group; return it, with its arrays and their positions' records as made
+        (`_open` takes them as they are, never opened again). Its arrays are made in one call
+        of zarr's event loop, their positions in another: a call each cost a CPU 1.6 ms more
+        an array (a group is some 25 arrays; bench/RESULTS.md, issue 68)."""
         plan, slide = self.plan, self.slide
         n, dim = len(plan), self.run.model["output_dim"]
         blocks = -(-n // self.batch_size)
@@ -542,29 +552,29 @@ class EmbeddingWriter:
             "roi_class": plan.roi_class,
             **{f"qc_{name}": share for name, share in plan.qc.items()},
         }
-        for key, values in coords.items():
-            group.create_array(
-                key,
-                data=np.ascontiguousarray(values),
-                dimension_names=("tile",),
+        arrays: dict[str, dict[str, Any]] = {  # each array's `create_array` arguments
+            key: {
+                "data": np.ascontiguousarray(values),
+                "dimension_names": ("tile",),
                 **column(zstd_codecs(level=3), n),
-                attributes={"units": UNITS[key]} if key in UNITS else None,
-            )
+                "attributes": {"units": UNITS[key]} if key in UNITS else None,
+            }
+            for key, values in coords.items()
+        }
         per = batches_per_shard(self.batch_size, self.run.shard_tiles or SHARD_TILES)
         if self.run.tokens:  # a shard's rows wait in memory whole: keep them to TOKENS_WAITING
             grid, width = self.run.tokens["grid"], self.run.tokens["dim"]
             row = (dim + grid[0] * grid[1] * width) * np.dtype(self.run.dtype).itemsize
             per = max(1, min(per, TOKENS_WAITING // (row * self.batch_size)))
         batch = (self.batch_size, dim)
-        group.create_array(
-            "features",
-            shape=(n, dim),
-            dtype=self.run.dtype,
-            dimension_names=("tile", "feature"),
+        arrays["features"] = {
+            "shape": (n, dim),
+            "dtype": self.run.dtype,
+            "dimension_names": ("tile", "feature"),
             **sharded(zstd_codecs(level=1), batch, (per * self.batch_size, dim), True),
-            fill_value=np.nan,
-            attributes={"coordinates": " ".join(coords)},  # xarray: these are coordinates
-        )
+            "fill_value": np.nan,
+            "attributes": {"coordinates": " ".join(coords)},  # xarray: these are coordinates
+        }
         if self.run.tokens:
             grid, width = self.run.tokens["grid"], self.run.tokens["dim"]
             tile_bytes = grid[0] * grid[1] * width * np.dtype(self.run.dtype).itemsize
@@ -572,11 +582,10 @@ class EmbeddingWriter:
             inner = max(
                 d for d in range(1, self.batch_size + 1) if self.batch_size % d == 0 and d <= most
             )
-            group.create_array(
-                "tokens",
-                shape=(n, *grid, width),
-                dtype=self.run.dtype,
-                dimension_names=("tile", "token_y", "token_x", "token_feature"),
+            arrays["tokens"] = {
+                "shape": (n, *grid, width),
+                "dtype": self.run.dtype,
+                "dimension_names": ("tile", "token_y", "token_x", "token_feature"),
                 # zstd 1 shrinks float16 token grids by only 8% (ViT-S, 150 -> 138 KB a tile),
                 # but a full grid is written at the disk's speed: on the lent H100 the run
                 # was 10-20% slower uncompressed (bench/RESULTS.md, tokens)
@@ -586,36 +595,35 @@ class EmbeddingWriter:
                     (per * self.batch_size, *grid, width),
                     True,
                 ),
-                fill_value=np.nan,
-            )
+                "fill_value": np.nan,
+            }
         if self.run.quality:
             measures = list(self.run.quality["measures"])
-            group.create_array(
-                "quality",
-                shape=(n, len(measures)),
-                dtype="float32",
-                dimension_names=("tile", "measure"),
+            arrays["quality"] = {
+                "shape": (n, len(measures)),
+                "dtype": "float32",
+                "dimension_names": ("tile", "measure"),
                 **sharded(
                     zstd_codecs(level=3),
                     (self.batch_size, len(measures)),
                     (per * self.batch_size, len(measures)),
                     True,
                 ),
-                fill_value=np.nan,
-                attributes={"measures": measures},
-            )
-        group.create_array(
-            "done",
-            shape=(blocks,),
-            dtype="uint8",
-            fill_value=0,
-            dimension_names=("batch",),
+                "fill_value": np.nan,
+                "attributes": {"measures": measures},
+            }
+        arrays["done"] = {
+            "shape": (blocks,),
+            "dtype": "uint8",
+            "fill_value": 0,
+            "dimension_names": ("batch",),
             **sharded({"compressors": [Crc32cCodec()]}, (1,), (per,), True),
-        )
-        batched = ["features", *(k for k in ("tokens", "quality") if k in group), "done"]
+        }
+        made = _created(group, arrays)
+        batched = ["features", *(k for k in ("tokens", "quality") if k in made), "done"]
         # the columns' positions now, the batched arrays' as their shards are written; the
         # record last: a group without it is a killed run's, made again
-        held = tied.start(group, list(coords), batched)
+        held, records = tied.started(group, made, list(coords), batched)
         scale = scale_of(plan.spec)  # what the readers compare (`combine`), from the plan
         record = EmbeddingsRecord.make(
             f"{slide.name}: {self.path}",
@@ -635,7 +643,7 @@ class EmbeddingWriter:
             complete=False,
         )
         write_record(group, record)
-        return group
+        return group, (made, records)
 
     def _record(self, group) -> EmbeddingsRecord:
         """The record of the group this writer makes or resumes (KeyError: none)."""
@@ -721,6 +729,17 @@ class EmbeddingWriter:
             with contextlib.suppress(OSError):
                 self._lock.release()
             self._lock = None
+
+
+def _created(group: zarr.Group, arrays: dict[str, dict[str, Any]]) -> dict[str, zarr.Array]:
+    """Make the group's `arrays` (name: `create_array`'s arguments) in one call of zarr's
+    event loop; return them."""
+
+    async def made() -> list:
+        made = (group._async_group.create_array(name, **kw) for name, kw in arrays.items())
+        return await asyncio.gather(*made)
+
+    return {name: zarr.Array(a) for name, a in zip(arrays, sync(made()), strict=True)}
 
 
 def make_group(store: str, plan: TilePlan, plan_uid: str, identity: RunIdentity) -> None:

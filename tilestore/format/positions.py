@@ -40,6 +40,7 @@ import numpy as np
 import zarr
 from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.api.asynchronous import open_array as open_async
+from zarr.core.array import create_array
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
@@ -129,7 +130,13 @@ def crcs_of(chunks: Sequence[bytes | tuple[bytes, ...] | None]) -> np.ndarray:
 def record(array: zarr.Array, table: np.ndarray) -> None:
     """Write `table` (the CRC-32C of each chunk of `array` by position, as `read_back` or
     `crcs_of` give it, shaped as its chunk grid) as the array's positions, replacing any."""
-    zarr.create_array(
+    sync(recorded(array, table))
+
+
+async def recorded(array: zarr.Array, table: np.ndarray) -> zarr.AsyncArray:
+    """`record`, as a coroutine: many arrays' positions written in one call of zarr's event
+    loop (`asyncio.gather`), not a call each (an embeddings group's columns)."""
+    return await create_array(
         array.store_path.store,
         name=path_of(array.path),
         data=np.asarray(table, np.uint64).reshape(grid_of(array)),
@@ -188,9 +195,14 @@ def prepare(array: zarr.Array, attributes: dict | None = None) -> zarr.Array:
     array's shards (one file where it is not sharded), so processes writing other shards of
     one array at once (a Dask cohort's slices) never write one file. `attributes`: more of
     the record's ``tilestore`` attributes."""
+    return zarr.Array(sync(prepared(array, attributes)))
+
+
+async def prepared(array: zarr.Array, attributes: dict | None = None) -> zarr.AsyncArray:
+    """`prepare`, as a coroutine (many arrays' in one call of zarr's event loop)."""
     grid = grid_of(array)
     per = chunks_per_shard(array) or grid
-    return zarr.create_array(
+    return await create_array(
         array.store_path.store,
         name=path_of(array.path),
         shape=grid,

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import CMU, SLIDES
-from tilestore.embed.opening import plan_for
 from tilestore.embed.models import get_model
+from tilestore.embed.opening import plan_for
 from tilestore.errors import PlanError
 from tilestore.masks.tissue import compute_tissue, write_tissue
 from tilestore.plan import (

@@ -267,6 +267,7 @@ def main() -> None:
     parser.add_argument("--medium", type=int, default=100)
     parser.add_argument("--medium-px", type=int, default=17_000)  # about 2,000 tiles
     parser.add_argument("--convert-at-once", default="auto")
+    parser.add_argument("--cohorts", default="small,medium", help="embedded beside the large")
     parser.add_argument(
         "--store-processes", type=int, help="the engine's STORE_PROCESSES (default: its own)"
     )
@@ -285,7 +286,7 @@ def main() -> None:
     result: dict = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
     if args.store_processes:
         engine.STORE_PROCESSES = args.store_processes
-    result["store_processes"] = engine.STORE_PROCESSES
+    result["store_processes"] = getattr(engine, "STORE_PROCESSES", None)  # (a build before)
 
     if args.stage_only:
         result["stage"] = stage_only(work, args.stage_only, args.stage_at_once.split(","))
@@ -330,7 +331,8 @@ def main() -> None:
             alone = features(small[0], arch)
             runs = {"large": ref, "small": embed_run(embedder, small)}
             same = np.array_equal(alone, features(small[0], arch), equal_nan=True)
-            runs["medium"] = embed_run(embedder, medium)
+            if "medium" in args.cohorts.split(","):
+                runs["medium"] = embed_run(embedder, medium)
             if index == 0 and args.flat:
                 flat = linked_copies(small[1], work / "flat", args.flat, "f")  # planned
                 sampled = Sampled()
@@ -346,7 +348,7 @@ def main() -> None:
                     runs[f"into, at once {at_once}"] = into_run(
                         embedder, slides, work / f"into-{at_once}", at_once
                     )
-        for name in ("small", "medium"):
+        for name in ("small", "medium")[: len(runs) - 1]:
             run = runs[name]
             run["vs_large"] = round(run["tiles_per_s"] / ref["tiles_per_s"], 3)
         for name, run in runs.items():

@@ -185,6 +185,7 @@ def open_for_run(
     break_lock: bool = False,
     go_on: Callable[[], None] = lambda: None,
     maker: Callable[..., Any] | None = None,
+    lock_for: int | None = None,
 ) -> Opening:
     """Open a store to write the run's embeddings into: prepared (`prepare`), its writer
     made (the group's lock taken: `EmbeddingWriter`), its group made or resumed, and the
@@ -192,8 +193,9 @@ def open_for_run(
     cannot be embedded (WriteFailed: its plan, lock or group could not be written).
     `go_on` is called between steps and raises to stop there. maker: where the group is
     made (`EmbeddingWriter.create`'s: worker processes, `tilestore.workers.Calls`); a maker's
-    worker that dies (killed: out of memory) fails this store alone. Whatever ends it early
-    releases the lock it took."""
+    worker that dies (killed: out of memory) fails this store alone. lock_for: the run's
+    pid, where a store process opens it for a run (`EmbeddingWriter`). Whatever ends it
+    early releases the lock it took."""
     opening = Opening(Path(store))
     clock = time.perf_counter()
     try:
@@ -210,6 +212,7 @@ def open_for_run(
             overwrite=overwrite,
             create=False,
             break_lock=break_lock,
+            lock_for=lock_for,
         )
         go_on()
         try:

@@ -24,6 +24,7 @@ import itertools
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,7 +37,7 @@ from tilestore.embed.models import ModelSpec
 from tilestore.embed.opening import Opening, PlanChoice, Prepared, open_for_run
 from tilestore.embed.preflight import rgb_input
 from tilestore.embeddings import EmbeddingWriter, RunIdentity
-from tilestore.errors import StoreError
+from tilestore.errors import StoreError, TilestoreWarning
 from tilestore.reading import open_slide
 from tilestore.workers import Channel, WorkerGone
 
@@ -62,16 +63,21 @@ class Request:
 
 
 class StoreProcesses:
-    """`count` store processes, started as slides come and kept between runs; each slide
-    goes to the one holding the fewest."""
+    """`count` store processes, all started at once (each takes a second or two to import
+    zarr: started as slides came, the first slides of a run waited for them in turn) and
+    kept between runs, one started again in place of one that died; each slide goes to the
+    one holding the fewest."""
 
     def __init__(self, count: int) -> None:
         self.count = max(1, count)
-        self._channels: list[Channel] = []
         self._held: dict[Channel, int] = {}  # slides each holds (opening or open)
         self._keys = itertools.count()
         self._lock = threading.Lock()
         self._closed = False
+        self._channels = [self._started() for _ in range(self.count)]
+
+    def _started(self) -> Channel:
+        return Channel("tilestore.embed.storeside", keep_on_stop=True)
 
     def open(self, request: Request, go_on: Callable[[], None]) -> Opening:
         """Open `request.store` in a store process (`open_for_run` there); the opening's
@@ -84,7 +90,7 @@ class StoreProcesses:
         opened = False
         try:
             try:
-                found = channel(("open", key, request))
+                found = _asked(channel, ("open", key, request))
             except WorkerGone:
                 raise StoreError(
                     f"{request.store}: the store process opening it died "
@@ -111,21 +117,14 @@ class StoreProcesses:
             raise
 
     def _take(self) -> tuple[Channel, int]:
-        """The store process to give a slide: one holding none, a new one while fewer than
-        `count` run, else the one holding the fewest."""
+        """The store process to give a slide: the one holding the fewest (a new one in place
+        of each that died)."""
         with self._lock:
             if self._closed:
                 raise StoreError("the store processes are closed")
-            self._channels = [c for c in self._channels if c.alive or self._held.get(c)]
             live = [c for c in self._channels if c.alive]
-            idle = [c for c in live if not self._held.get(c)]
-            if idle:
-                channel = idle[0]
-            elif len(live) < self.count:
-                channel = Channel("tilestore.embed.storeside", keep_on_stop=True)
-                self._channels.append(channel)
-            else:
-                channel = min(live, key=lambda c: self._held.get(c, 0))
+            self._channels = live + [self._started() for _ in range(self.count - len(live))]
+            channel = min(self._channels, key=lambda c: self._held.get(c, 0))
             self._held[channel] = self._held.get(channel, 0) + 1
             return channel, next(self._keys)
 
@@ -192,7 +191,7 @@ class RemoteWriter:
 
     def _call(self, step: str, *args: Any) -> Any:
         try:
-            return self._channel((step, self._key, *args))
+            return _asked(self._channel, (step, self._key, *args))
         except WorkerGone:
             raise StoreError(
                 f"{self._store}: the store process writing {self.path} died (exit code "
@@ -205,6 +204,18 @@ class RemoteWriter:
             self._processes._release(self._channel)
 
 
+def _asked(channel: Channel, payload: tuple) -> Any:
+    """A store process's answer to `payload`: the warnings its call made said here (as the
+    run's own: the command shows them as it shows every warning), then its result, or what
+    it raised."""
+    result, error, said = channel(payload)
+    for category, message in said:
+        warnings.warn(message, category, stacklevel=3)
+    if error is not None:
+        raise error
+    return result
+
+
 # -- the store process -------------------------------------------------------------------------
 
 
@@ -212,17 +223,34 @@ class Side:
     """A store process's slides: each opened, written, finished or abandoned as its run asks
     (`answer`), by the key the run gave it."""
 
-    def __init__(self) -> None:
+    def __init__(self, caller: int | None = None) -> None:
+        self.caller = caller  # the run's pid: the locks taken here are gone with it too
         self.writers: dict[int, EmbeddingWriter] = {}
         self._lock = threading.Lock()
+        self._calls = threading.local()  # the warnings of the call on each thread
 
     def answer(self, request: dict[str, Any]) -> str:
+        """The reply to one call: its result, what it raised and the warnings it made
+        (`_asked` says them in the run's process)."""
         step, key, *args = workers.call_of(request)
+        self._calls.said = said = []
+        result, error = None, None
         try:
-            reply = (getattr(self, f"_{step}")(key, *args), None)
+            result = getattr(self, f"_{step}")(key, *args)
         except Exception as exc:
-            reply = (None, exc)
-        return workers.packed_reply(reply)
+            error = exc
+        finally:
+            self._calls.said = None
+        return workers.packed_reply(((result, error, said), None))
+
+    def show_warning(self, message, category, filename, lineno, file=None, line=None) -> None:
+        """`warnings.showwarning` here: a call's warnings kept for its reply; any other
+        shown on stderr, as Python shows it."""
+        said = getattr(self._calls, "said", None)
+        if said is None:
+            sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+            return
+        said.append((category, str(message)))
 
     def _open(self, key: int, request: Request) -> dict[str, Any]:
         opening = open_for_run(
@@ -234,6 +262,7 @@ class Side:
             max_tiles=request.max_tiles,
             any_scale=request.any_scale,
             break_lock=request.break_lock,
+            lock_for=self.caller,
         )
         with self._lock:
             self.writers[key] = opening.writer
@@ -273,7 +302,11 @@ def main() -> None:
     if os.environ.pop(workers.KEEP_ON_STOP, None):
         for stop in (signal.SIGINT, signal.SIGTERM):  # the run's to make (see the module)
             signal.signal(stop, signal.SIG_IGN)
-    side = Side()
+    caller = os.environ.get(workers.CALLER)  # (`serve` takes it from the environment)
+    side = Side(int(caller) if caller else None)
+    # ours said each time in the run's process, which filters them as it filters its own
+    warnings.simplefilter("always", TilestoreWarning)
+    warnings.showwarning = side.show_warning
     try:
         workers.serve(side.answer, threads=SIDE_THREADS)
     finally:  # the run closed the process (or is gone): the locks still held are released

@@ -216,6 +216,37 @@ os._exit(0)  # its lock left behind, as a process that died holding it
 """
 
 
+def test_a_lock_held_for_a_run_that_is_gone_is_taken_over_once_its_holder_has_ended(tmp_path):
+    """A store process holds a slide's lock for its run (`caller`): while both run, the lock
+    is theirs; the run killed, it is gone though its holder may run on for a moment (a store
+    process ends a tenth of a second after its run), and it is taken over once the holder
+    has ended, never while it may still write."""
+    run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
+    threading.Thread(target=holder.wait, daemon=True).start()  # reaped as it ends
+    path = tmp_path / "store.lock"
+    taken = dt.datetime.now(dt.UTC).isoformat()
+    mine = locks.Holder(socket.gethostname(), holder.pid, taken, taken, caller=run.pid)
+    path.write_text(json.dumps(asdict(mine)))
+    try:
+        assert locks.read(path) == mine
+        assert locks.gone(mine, locks.time.time()) is None
+        with pytest.raises(locks.Locked):
+            locks.claim(path)
+    finally:
+        run.kill()
+        run.wait()
+    why = locks.gone(mine, locks.time.time())
+    assert why == f"the run it wrote for, pid {run.pid}, is gone" and holder.poll() is None
+    held = locks.claim(path)
+    try:
+        assert holder.poll() is not None  # waited for: it had ended first
+        assert held.took_over.startswith(f"took over the lock of {mine.name} ({why})")
+        assert locks.read(path).pid == os.getpid() and locks.read(path).caller is None
+    finally:
+        held.release()
+
+
 def test_a_lock_that_beat_since_it_was_read_is_not_cleared(tmp_path):
     path = tmp_path / "x.lock"
     silent = _beating("node12", 4711, age=3600, silent=400)

@@ -54,12 +54,15 @@ class Holder:
     pid: int | None
     since: str | None  # ISO 8601, UTC
     beat: str | None = None  # ISO 8601, UTC
+    # the process this one holds it for (a run's store process holds its slides' locks for
+    # the run): gone with it (None: it holds it for itself)
+    caller: int | None = None
 
     @classmethod
-    def me(cls, clock: Callable[[], float] = time.time) -> Holder:
-        """This process, from now."""
+    def me(cls, clock: Callable[[], float] = time.time, caller: int | None = None) -> Holder:
+        """This process, from now (for `caller`, where given)."""
         now = _iso(clock())
-        return cls(socket.gethostname(), os.getpid(), now, now)
+        return cls(socket.gethostname(), os.getpid(), now, now, caller)
 
     @property
     def name(self) -> str:
@@ -86,16 +89,16 @@ class Holder:
         )
 
 
-def take(path: Path, clock: Callable[[], float] = time.time) -> bool:
-    """Create the lock at `path` with this process as its holder; False where it exists.
-    Nothing beats it: `hold` does that."""
+def take(path: Path, clock: Callable[[], float] = time.time, caller: int | None = None) -> bool:
+    """Create the lock at `path` with this process as its holder (for `caller`); False where
+    it exists. Nothing beats it: `hold` does that."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return False
     with os.fdopen(fd, "w") as fh:
-        json.dump(asdict(Holder.me(clock)), fh)
+        json.dump(asdict(Holder.me(clock, caller)), fh)
     return True
 
 
@@ -154,10 +157,14 @@ class Held:
 
 
 def hold(
-    path: Path, clock: Callable[[], float] = time.time, every: float = HEARTBEAT
+    path: Path,
+    clock: Callable[[], float] = time.time,
+    every: float = HEARTBEAT,
+    caller: int | None = None,
 ) -> Held | None:
-    """Take the lock at `path` (`take`) and keep it beating; None where it exists."""
-    return Held(path, clock, every) if take(path, clock) else None
+    """Take the lock at `path` (`take`, for `caller`) and keep it beating; None where it
+    exists."""
+    return Held(path, clock, every) if take(path, clock, caller) else None
 
 
 class Locked(Exception):
@@ -174,13 +181,15 @@ def claim(
     force: bool = False,
     clock: Callable[[], float] = time.time,
     every: float = HEARTBEAT,
+    caller: int | None = None,
 ) -> Held:
-    """Take the lock at `path`, taking over one whose holder is gone (`gone`) or, with
-    force, any (break_lock=True: the user's word that its holder is dead); its `took_over`
-    says whose and why. Locked where a holder not known to be gone keeps it."""
+    """Take the lock at `path` (for `caller`: `Holder`), taking over one whose holder is
+    gone (`gone`) or, with force, any (break_lock=True: the user's word that its holder is
+    dead); its `took_over` says whose and why. Locked where a holder not known to be gone
+    keeps it."""
     took_over = None
     for _ in range(3):
-        held = hold(path, clock, every)
+        held = hold(path, clock, every, caller)
         if held is not None:
             held.took_over = took_over
             return held
@@ -195,6 +204,7 @@ def claim(
             )
         if why is None:
             raise Locked(path, holder)
+        _ended(holder)
         clear(path, holder)
         took_over = f"took over the lock of {holder.name} ({why}): {path}"
     raise Locked(path, read(path) or Holder(None, None, None))
@@ -212,9 +222,13 @@ def read(path: Path) -> Holder | None:
         return Holder(None, None, None)
     try:
         fields = json.loads(text)
-        pid = fields.get("pid")
+        pid, caller = fields.get("pid"), fields.get("caller")
         return Holder(
-            fields.get("host"), int(pid) if pid else None, fields.get("since"), fields.get("beat")
+            fields.get("host"),
+            int(pid) if pid else None,
+            fields.get("since"),
+            fields.get("beat"),
+            int(caller) if caller else None,
         )
     except (ValueError, TypeError, AttributeError):
         return Holder(None, None, _iso(mtime))
@@ -222,16 +236,16 @@ def read(path: Path) -> Holder | None:
 
 def gone(holder: Holder, now: float, stale: float = STALE) -> str | None:
     """Why the holder is taken for gone (the lock stale, to be taken over), or None where it
-    may still hold it: a process of this host no longer running; one of another host (or
-    unknown) whose lock is silent longer than `stale` seconds (no heartbeat; a lock without
-    one: taken that long ago). A process of this host still running is never gone."""
+    may still hold it: a process of this host no longer running, or whose caller (the run it
+    holds it for) is not; one of another host (or unknown) whose lock is silent longer than
+    `stale` seconds (no heartbeat; a lock without one: taken that long ago). A process of
+    this host still running for a caller still running is never gone (a store process ends
+    within a tenth of a second of its run: `tilestore.workers`)."""
     if holder.host == socket.gethostname() and holder.pid:
-        try:
-            os.kill(holder.pid, 0)
-        except ProcessLookupError:
+        if not _running(holder.pid):
             return "its process is gone"
-        except PermissionError:  # alive, another user's
-            return None
+        if holder.caller and not _running(holder.caller):
+            return f"the run it wrote for, pid {holder.caller}, is gone"
         return None
     silent = holder.silent(now)
     if silent is None or silent <= stale:
@@ -239,6 +253,31 @@ def gone(holder: Holder, now: float, stale: float = STALE) -> str | None:
     if holder.beat is None:  # written before heartbeats (or damaged): its age
         return f"taken {silent:.0f} s ago, more than {stale:.0f} s"
     return f"no heartbeat for {span(silent)}"
+
+
+ENDING_S = 2.0  # how long a process whose run is gone is given to end (it ends in 0.1 s)
+
+
+def _ended(holder: Holder) -> None:
+    """Wait (up to `ENDING_S`) for a holder of this host whose caller is gone, still
+    running, to end: a store process whose run was killed ends within a tenth of a second
+    of it, and may be writing until then (`tilestore.workers`)."""
+    if holder.host != socket.gethostname() or not holder.pid or not holder.caller:
+        return
+    deadline = time.monotonic() + ENDING_S
+    while _running(holder.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _running(pid: int) -> bool:
+    """Whether a process of this host is running (another user's too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def clear(path: Path, holder: Holder) -> None:

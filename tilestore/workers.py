@@ -116,11 +116,12 @@ def _serve_side_by_side(
             pool.submit(one, json.loads(line))
 
 
-def _end_with(caller: int, every: float = 0.5) -> None:
+def _end_with(caller: int, every: float = 0.1) -> None:
     """End this worker once its caller is gone (killed: the worker is given to another
     parent; gone before the worker started: at once). A worker in the middle of a long
     request (a conversion) would otherwise finish it unseen, racing the same work started
-    again by the caller's rerun."""
+    again by the caller's rerun; a store process would keep its slides' locks from the rerun
+    (a tenth of a second: the rerun's model takes longer to load)."""
     while os.getppid() == caller:
         time.sleep(every)
     os._exit(1)
@@ -225,7 +226,8 @@ class Channel:
         self._lock = threading.Lock()
         self._gone: str | None = None  # why calls fail now
         self.exit_code: int | None = None  # the worker's, once it has ended
-        threading.Thread(target=self._replies, name=f"{module}-replies", daemon=True).start()
+        self._reader = threading.Thread(target=self._replies, name=f"{module}-replies", daemon=True)
+        self._reader.start()
 
     @property
     def alive(self) -> bool:
@@ -266,6 +268,9 @@ class Channel:
         with self._lock:
             self._gone = self._gone or f"the worker process died (exit code {code})"
             waiting, self._waiting = list(self._waiting.values()), {}
+            for pipe in (self.process.stdin, self.process.stdout):
+                with contextlib.suppress(OSError):
+                    pipe.close()
         for call in waiting:
             call.set_exception(WorkerGone(self._gone))
 
@@ -281,6 +286,7 @@ class Channel:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        self._reader.join(wait_s)  # its pipes closed
 
 
 KEEP_ON_STOP = "TILESTORE_WORKER_KEEP_ON_STOP"  # set: the worker ignores SIGINT and SIGTERM

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +22,7 @@ import zarr
 from tests.conftest import CMU, fill, run_cli
 from tilestore import locks
 from tilestore.embeddings.write import EmbeddingWriter
-from tilestore.errors import EmbeddingError, WriteFailed
+from tilestore.errors import EmbeddingError, TilestoreWarning, WriteFailed
 from tilestore.format.store import write_fault
 
 LITE = "efficientnet-lite0"
@@ -218,8 +218,9 @@ def test_a_folder_made_read_only_mid_run_stops_its_slide_at_once(
     completes."""
     from collections import Counter
 
+    from tilestore.embed import runner
     from tilestore.embed.engine import embed
-    from tilestore.embed.runner import STORE_LANES, Runner
+    from tilestore.embed.runner import Runner
     from tilestore.embed.settings import Options
 
     first, second = _copy(stores, bound, "a"), _copy(stores, bound, "b")
@@ -232,20 +233,21 @@ def test_a_folder_made_read_only_mid_run_stops_its_slide_at_once(
             computed[piece.job.store.name] += 1
         return compute(self, run, item, waited)
 
-    flush = EmbeddingWriter._flush
+    shards = first / "embeddings" / LITE / PLAN / "features" / "c"
 
-    def then_read_only(self, shard):
-        flush(self, shard)
-        if not computed["ro"]:
-            computed["ro"] = 1
+    def then_read_only(done, total):  # told after each batch is written (by a store process)
+        if not computed["ro"] and shards.is_dir() and any(shards.iterdir()):
+            computed["ro"] = 1  # the first's first shard is in place: the mount goes read-only
             subprocess.run(["mount", "-o", "remount,ro,bind", str(bound)], check=True)
 
     monkeypatch.setattr(Runner, "_compute_batch", counted)
-    monkeypatch.setattr(EmbeddingWriter, "_flush", then_read_only)
+    monkeypatch.setattr(runner, "STORE_LANES", 4)  # the pipeline shorter than the slide
     # 12 batches of 4 tiles a store, 2 a shard; a pipeline of prefetch + 2 = 3 batches
     options = Options(device="cpu", precision="fp32", dtype="float32", batch_size=4,
                       shard_tiles=8, prefetch=1)  # fmt: skip
-    report = embed([first, second, other], lite, plan=PLAN, options=options)
+    report = embed(
+        [first, second, other], lite, plan=PLAN, options=options, progress=then_read_only
+    )
     errors = {f["store"]: f for f in report.failures}
     assert set(errors) - {str(second)} == {str(first)}
     assert errors[str(first)]["cause"] == "EROFS"
@@ -270,16 +272,15 @@ def test_a_folder_made_read_only_mid_run_stops_its_slide_at_once(
         assert _complete(second), (report.finished, report.slides, report.warnings, report.kept)
     # at once: the shard that failed held batches 2-3; after it at most what the pipeline
     # holds (a batch ready, the output slots the GPU loop and the lanes hold)
-    assert 4 <= computed[first.name] <= 4 + 1 + 2 + STORE_LANES < 12
+    assert 4 <= computed[first.name] <= 4 + 1 + 2 + runner.STORE_LANES < 12
     assert computed[other.name] == 12
     assert _complete(other) and not _complete(first)
     subprocess.run(["mount", "-o", "remount,rw,bind", str(bound)], check=True)
-    # the locks could not be removed from the read-only folder: they name this process,
-    # which a later run on this host takes over once it is gone (`locks.gone`); as then:
+    # the locks could not be removed from the read-only folder: they name the run's store
+    # processes, ended with the run, so a later run on this host takes them over
     left = sorted(bound.glob(".*.lock"))
-    assert [locks.read(lock).pid for lock in left] == [os.getpid()] * len(left)
-    for lock in left:
-        lock.unlink()
-    again = embed([first, second], lite, plan=PLAN, options=options)
+    assert left and all(locks.gone(locks.read(lock), time.time()) for lock in left)
+    with pytest.warns(TilestoreWarning, match=r"took over the lock of .*\(its process is gone\)"):
+        again = embed([first, second], lite, plan=PLAN, options=options)
     assert not again.failures and _complete(first) and _complete(second)
     assert again.slides[0]["skipped_done"] == 8  # the 2 batches kept of the first: resumed

@@ -228,9 +228,11 @@ class EmbeddingWriter:
         overwrite: bool = False,
         create: bool = True,
         break_lock: bool = False,
+        lock_for: int | None = None,
     ) -> None:
         """Check the store's group against this run and take the lock (break_lock: take
-        over whatever lock is there, `_take_lock`).
+        over whatever lock is there, `_take_lock`; lock_for: the pid of the run this process
+        writes for, a store process's caller: the lock is gone with it too, `locks.gone`).
 
         create=False leaves making (or, with overwrite, remaking) the group to `create()`,
         so a run can start reading tiles first; until then every batch is to do.
@@ -240,7 +242,7 @@ class EmbeddingWriter:
         self.lock_path = lock_file(store, self.path)
         # The lock first, then the group: another run may be making it right now.
         with writing(slide.name, f"its lock {self.lock_path}"):
-            self._take_lock(break_lock)
+            self._take_lock(break_lock, lock_for)
         try:
             if (store / self.path).is_dir():  # a killed run's files, never renamed
                 with writing(slide.name, self.path):
@@ -691,12 +693,12 @@ class EmbeddingWriter:
 
     # -- locking ------------------------------------------------------------------------------
 
-    def _take_lock(self, break_lock: bool) -> None:
+    def _take_lock(self, break_lock: bool, lock_for: int | None = None) -> None:
         """Take the group's lock, taking over one whose holder is gone (`locks.gone`: this
         host's dead pid, or no heartbeat for `locks.STALE`) or, with break_lock, any: said
         in one line (a TilestoreWarning) naming whose and why."""
         try:
-            self._lock = locks.claim(self.lock_path, force=break_lock)
+            self._lock = locks.claim(self.lock_path, force=break_lock, caller=lock_for)
         except locks.Locked as held:
             holder = held.holder
             beat = locks.describe(holder, time.time())

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -140,10 +140,13 @@ class Producer:
                     + ("; nvJPEG is not used again in this run" if exc.decoder_fault else "")
                 )
                 rest = job.todo[~np.isin(job.todo // batch, list(emitted))]
-                rest_plan, rest_job = plan.subset(rest), replace(job, todo=rest)
+                rest_plan = plan.subset(rest)
                 cpu = decode_plan(settings, reader, self.processes is not None, None).path
                 rest_steps = chunk_schedule(rest_plan)
-                self._on_device(rest_job, reader, rest_plan, rest_steps, emit, stop, decoders, cpu)
+                # the same job (its batches on its lane, before its end), the rest of its tiles
+                self._on_device(
+                    job, reader, rest_plan, rest_steps, emit, stop, decoders, cpu, todo=rest
+                )
         elif path != "cut":  # decoder processes or threads, tiles cut on the GPU
             self._on_device(job, reader, sub, steps, emit, stop, decoders, path)
         else:  # no GPU, or a zstd level: cut on CPU threads into (pinned) batches
@@ -175,10 +178,14 @@ class Producer:
             report.warnings.append(f"{job.store}: {decided.said}")
         return decided.plan
 
-    def _on_device(self, job, reader, sub, steps, emit, stop, decoders, path: DecodePath) -> None:
+    def _on_device(
+        self, job, reader, sub, steps, emit, stop, decoders, path: DecodePath, todo=None
+    ) -> None:
         """Grid rows' chunks are decoded ahead (`tilestore.embed.rows`, the row source of
         `path`) and each row's band is stitched and its tiles gathered on the GPU: a few
-        kernels per row, no Python per tile."""
+        kernels per row, no Python per tile. todo: the job's tiles `sub` holds (None: all
+        of its `todo`)."""
+        todo = job.todo if todo is None else todo
         read, chunk = sub.spec.read, (reader.chunk_h, reader.chunk_w)
         device, batch = self.settings.device, self.settings.batch_size
         builder = BatchBuilder(job, batch, len(job.plan), emit, None, device, stop)
@@ -199,7 +206,7 @@ class Producer:
                     cache.update(zip(*source.take(index), strict=True))
                     y, xs = int(sub.level_y[step.tiles[0]]), sub.level_x[step.tiles]
                     tiles = cut_row(cache, y, xs, read, sub.spec.read_stride, chunk, nvjpeg)
-                    builder.add(job.todo[step.tiles], tiles)
+                    builder.add(todo[step.tiles], tiles)
                 dropped = (cache.pop(tuple(rc), None) for rc in step.drop.tolist())
                 source.retire([chunk for chunk in dropped if chunk is not None])
             source.retire(list(cache.values()))

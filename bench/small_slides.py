@@ -158,7 +158,8 @@ def _link_chunks(source: str, target: str) -> None:
 
 
 class Sampled(threading.Thread):
-    """Host RSS and open files every `every` s, with the tiles written so far."""
+    """Host RSS and open files every `every` s, with the tiles written so far: the run's
+    process, and its worker processes together (store processes, decoders)."""
 
     def __init__(self, every: float = 2.0) -> None:
         super().__init__(daemon=True)
@@ -169,6 +170,12 @@ class Sampled(threading.Thread):
     def run(self) -> None:
         me = psutil.Process()
         while not self.stop.wait(self.every):
+            rss, files = 0, 0
+            for child in me.children(recursive=True):
+                try:
+                    rss, files = rss + child.memory_info().rss, files + child.num_fds()
+                except psutil.Error:  # ended meanwhile
+                    continue
             self.rows.append(
                 {
                     "s": round(time.perf_counter() - self.started, 1),
@@ -176,6 +183,8 @@ class Sampled(threading.Thread):
                     "rss_mb": round(me.memory_info().rss / 2**20, 1),
                     "open_files": me.num_fds(),
                     "threads": me.num_threads(),
+                    "workers_rss_mb": round(rss / 2**20, 1),
+                    "workers_open_files": files,
                 }
             )
 
@@ -379,13 +388,14 @@ def main() -> None:
         if "flat" in runs:
             flat = runs["flat"]
             print(f"\n{args.flat} small stores in one run: {flat['tiles_per_s']:,.0f} tiles/s")
-            print("| s | tiles | RSS MB | open files | threads |")
-            print("|---|---|---|---|---|")
+            print("| s | tiles | RSS MB | open files | threads | workers' RSS MB | their files |")
+            print("|---|---|---|---|---|---|---|")
             samples = flat["samples"]
             for row in samples[:: max(1, len(samples) // 12)] + samples[-1:]:
                 print(
                     f"| {row['s']} | {row['tiles']:,} | {row['rss_mb']} | "
-                    f"{row['open_files']} | {row['threads']} |"
+                    f"{row['open_files']} | {row['threads']} | {row['workers_rss_mb']} | "
+                    f"{row['workers_open_files']} |"
                 )
         result["embed"] = rows
         args.out.parent.mkdir(parents=True, exist_ok=True)

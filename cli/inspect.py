@@ -28,7 +28,9 @@ def _gpu_jpeg(levels: list[dict]) -> str:
 
 @with_flags
 def info(
-    path: Path = typer.Argument(..., help="A store (.ome.zarr) or a slide file."),
+    path: str = typer.Argument(
+        ..., help="A store (.ome.zarr), a slide file, or a slide's URL (s3://, https://)."
+    ),
     as_json: AsJson = False,
     options: dict = From(describe, only=("verify",)),
 ) -> None:

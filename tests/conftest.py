@@ -264,6 +264,21 @@ def one_line_refusal(done: subprocess.CompletedProcess, *parts: str) -> None:
         assert part in lines[0], lines[0]
 
 
+def no_secret(secrets: list[str], outputs: list[str], folders: list[Path]) -> int:
+    """No secret in any output, nor in any file under `folders` (reports, logs, every store
+    file, the cache's records, its staged copies), read as bytes; the files looked at."""
+    looked = 0
+    for secret in secrets:
+        assert secret and all(secret not in output for output in outputs), secret
+    for folder in folders:
+        for path in Path(folder).rglob("*"):
+            if path.is_file():
+                data, looked = path.read_bytes(), looked + 1
+                for secret in secrets:
+                    assert secret.encode() not in data, path
+    return looked
+
+
 def group_of(store, model: str, plan: str | None = None) -> str:
     """The path in `store` of `model`'s embeddings group (of `plan`; None: its only plan's),
     as the readers find it (`tilestore.embeddings.find_group`): embeddings/<model>/<plan>."""

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import SLIDES, one_line_refusal, run_cli, store_tree
+from tests.conftest import SLIDES, no_secret, one_line_refusal, run_cli, store_tree
 from tests.dicomweb import PASSWORD, start_orthanc
 
 CAMELYON = SLIDES / "camelyon_lymphnode_jpeg.dcm"
@@ -80,7 +80,7 @@ def test_embed_from_dicomweb_gives_the_features_of_the_local_series(orthanc, tmp
     flags = ("--model", "efficientnet-lite0", "--device", "cpu", "--mpp", "30", "--max-tiles", "8")
     env = {**os.environ, "TILESTORE_CACHE": str(tmp_path / "cache")}
     there = run_cli("embed", server.series_url(study, series), "--into", tmp_path / "r", *flags,
-                    env=env)  # fmt: skip
+                    "--report", tmp_path / "report" / "run.json", env=env)  # fmt: skip
     assert there.returncode == 0, there.stdout + there.stderr
     here = run_cli("embed", folder, "--into", tmp_path / "l", *flags)
     assert here.returncode == 0, here.stdout + here.stderr
@@ -90,7 +90,10 @@ def test_embed_from_dicomweb_gives_the_features_of_the_local_series(orthanc, tmp
         group = zarr.open_group(store / group_of(store, "efficientnet-lite0"), mode="r")
         found.append(group["features"][:])
     assert found[0].shape[0] > 0 and np.array_equal(*found, equal_nan=True)
-    assert PASSWORD not in there.stdout + there.stderr
+    # the password nowhere: not said, nor in the report, the store or the cache's records
+    outputs = [there.stdout + there.stderr]
+    folders = [tmp_path / "report", tmp_path / "r", tmp_path / "cache"]
+    assert no_secret([PASSWORD], outputs, folders) > 20
 
 
 def test_a_dicom_folder_is_named_alike_by_convert_and_embed(tmp_path):

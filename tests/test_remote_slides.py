@@ -14,7 +14,16 @@ import numpy as np
 import pytest
 import zarr
 
-from tests.conftest import CMU, IHC, SLIDES, group_of, one_line_refusal, run_cli, store_tree
+from tests.conftest import (
+    CMU,
+    IHC,
+    SLIDES,
+    group_of,
+    no_secret,
+    one_line_refusal,
+    run_cli,
+    store_tree,
+)
 from tests.s3 import Proxy, start_s3
 from tilestore.errors import OptionError, SlideError
 from tilestore.sources import remote
@@ -244,7 +253,8 @@ def test_embed_from_a_bucket_gives_the_features_of_the_local_slide(s3, tmp_path)
     the store complete (the staged copy's SHA-256 is the recorded one)."""
     url = f"s3://slides/cohort/{CMU}"
     env = s3.env(tmp_path / "cache")
-    remote_run = run_cli("embed", url, "--into", tmp_path / "r", *EMBED, env=env)
+    report = ("--report", tmp_path / "report" / "run.json")
+    remote_run = run_cli("embed", url, "--into", tmp_path / "r", *EMBED, *report, env=env)
     assert remote_run.returncode == 0, _said(remote_run)
     local_run = run_cli("embed", SLIDES / CMU, "--into", tmp_path / "l", *EMBED)
     assert local_run.returncode == 0, _said(local_run)
@@ -253,8 +263,10 @@ def test_embed_from_a_bucket_gives_the_features_of_the_local_slide(s3, tmp_path)
     assert ours.shape[0] > 0 and np.array_equal(ours, theirs, equal_nan=True)
     again = run_cli("embed", url, "--into", tmp_path / "r", *EMBED, env=env)
     assert again.returncode == 0 and "(reused)" in again.stdout, _said(again)
-    for output in (_said(remote_run), _said(again)):
-        assert s3.secret not in output and s3.key not in output
+    # the credential nowhere: not said, nor in the report, the store or the cache's records
+    outputs = [_said(remote_run), _said(again)]
+    folders = [tmp_path / "report", tmp_path / "r", tmp_path / "cache"]
+    assert no_secret([s3.secret, s3.key], outputs, folders) > 50
 
 
 def test_a_store_in_a_bucket_is_read_through_zarrs_own_store(s3, tmp_path, monkeypatch):
@@ -372,3 +384,26 @@ def test_a_cache_limit_outside_its_range_is_refused_through_the_api_too(tmp_path
         Remote("s3://b/k.svs", tmp_path).stage(limit)
     with pytest.raises(OptionError, match="must be a number of GB above 0"):
         remote.stage_slide("s3://b/k.svs", limit)
+
+
+def test_info_describes_a_slide_in_a_bucket_as_its_local_file(s3, tmp_path):
+    """`tilestore info s3://...`: the slide staged and described as the same file on disk is
+    (levels, pixel size, codec: every field but its path), named by its URL; a missing object
+    is one line, exit 2; a store in a bucket is refused in one line."""
+    env = s3.env(tmp_path / "cache")
+    there = run_cli("info", f"s3://slides/cohort/{CMU}", "--json", env=env)
+    assert there.returncode == 0, _said(there)
+    here = run_cli("info", SLIDES / CMU, "--json")
+    assert here.returncode == 0, _said(here)
+    ours, theirs = json.loads(there.stdout), json.loads(here.stdout)
+    assert ours.pop("path") == f"s3://slides/cohort/{CMU}"
+    assert Path(ours.pop("staged")).read_bytes() == (SLIDES / CMU).read_bytes()
+    theirs.pop("path")
+    assert ours == theirs and ours["levels"]
+    shown = run_cli("info", f"s3://slides/cohort/{CMU}", env=env)
+    assert shown.returncode == 0 and f"s3://slides/cohort/{CMU}" in shown.stdout, _said(shown)
+    missing = run_cli("info", "s3://slides/cohort/nothing.svs", env=env)
+    one_line_refusal(missing, "s3://slides/cohort/nothing.svs")
+    store = run_cli("info", "s3://slides/stores/a.ome.zarr", env=env)
+    one_line_refusal(store, "s3://slides/stores/a.ome.zarr", "not supported yet")
+    no_secret([s3.secret, s3.key], [_said(d) for d in (there, shown, missing, store)], [])

@@ -6,6 +6,7 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import zarr
 
@@ -18,6 +19,8 @@ from tilestore.options import Opt
 from tilestore.reading import open_slide
 from tilestore.reading.inplace import TILE_SUMS
 from tilestore.sources import Fact, dicom_series, open_source
+from tilestore.sources.remote import check_urls, slide_file
+from tilestore.urls import is_url, shown
 
 SAMPLE_TILES = 8  # per level, decoded by describe(verify=True)
 
@@ -32,16 +35,34 @@ def describe(
     """Return a JSON-able description of a store (complete or not) or of a slide file.
 
     A slide file's description reads its metadata only; with verify=True a sample of each
-    level's tiles (`SAMPLE_TILES`, spread over the level) is decoded too. A store's says what
-    its chunks are checked with (a sidecar's also whether the slide's tiles are checked by
-    content: `in_place_tiles`); `tilestore verify` writes nothing into it.
+    level's tiles (`SAMPLE_TILES`, spread over the level) is decoded too. A slide named by a
+    URL (`s3://`, `https://`, a DICOMweb series) is staged to the slide cache as `convert`
+    stages it, and described as its URL. A store's says what its chunks are checked with (a
+    sidecar's also whether the slide's tiles are checked by content: `in_place_tiles`);
+    `tilestore verify` writes nothing into it.
     """
+    if is_url(str(path)):
+        return _describe_url(str(path), verify)
     path = Path(path)
     if is_store(path):
         return _describe_store(path)
     if path.is_dir() and not dicom_series(path):
         raise StoreError(f"{path}: a directory that is neither a store nor a slide")
     return _describe_slide(path, verify)
+
+
+def _describe_url(url: str, verify: bool) -> dict[str, Any]:
+    """A slide at a URL, staged (`slide_file`) and described as its URL says it (without its
+    secrets); a store in a bucket is refused in one line (read it with `open_slide`)."""
+    if Path(urlsplit(url).path).suffix == ".zarr" or url.rstrip("/").endswith(".ome.zarr"):
+        raise StoreError(
+            f"{shown(url)}: describing a store in a bucket is not supported yet; read it with "
+            "tilestore.open_slide(url), or copy it to a local folder"
+        )
+    check_urls([url])  # one request: a missing object or a refused credential in one line
+    with slide_file(url) as local:
+        found = _describe_slide(local, verify)
+    return {**found, "path": shown(url), "staged": str(local)}
 
 
 def _describe_store(path: Path) -> dict[str, Any]:

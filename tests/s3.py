@@ -60,8 +60,9 @@ class S3:
             aws_secret_access_key=self.secret,
         )
 
-    def put(self, key: str, data: bytes) -> str:
-        self.client().put_object(Bucket=BUCKET, Key=key, Body=data)
+    def put(self, key: str, data: bytes, acl: str | None = None) -> str:
+        """Put an object (acl "public-read": anyone may read it, unsigned)."""
+        self.client().put_object(Bucket=BUCKET, Key=key, Body=data, **({"ACL": acl} if acl else {}))
         return f"s3://{BUCKET}/{key}"
 
     def stop(self) -> None:
@@ -69,14 +70,18 @@ class S3:
         self.process.wait(10)
 
 
-def start_s3(port: int | None = None) -> S3:
+def start_s3(port: int | None = None, auth: bool = True) -> S3:
     """A moto server on `port` (a free one if None) with an empty bucket and a user who
-    may do anything with S3 (its secret: to be grepped for in every output)."""
+    may do anything with S3 (its secret: to be grepped for in every output). auth=False:
+    requests need no signature, and an object put public-read is read unsigned too (a
+    public bucket's, as moto serves one; with auth on, moto fails those)."""
     if port is None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
-    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}  # the user's making, then auth
+    env = {k: v for k, v in os.environ.items() if k != "INITIAL_NO_AUTH_ACTION_COUNT"}
+    if auth:
+        env["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"  # the user's making, then auth
     process = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         env=env,

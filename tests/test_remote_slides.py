@@ -123,15 +123,44 @@ def test_a_wrong_credential_is_said_in_one_line_without_the_secret(s3, tmp_path,
         assert secret not in _said(done)
 
 
-def test_no_credentials_at_all_is_said_inone_line_refusal(s3, tmp_path):
-    env = s3.env(tmp_path / "c")
+def _without_credentials(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         del env[name]
     none = str(tmp_path / "none")  # no profile either, nor an instance's role
     env.update(AWS_SHARED_CREDENTIALS_FILE=none, AWS_CONFIG_FILE=none)
     env["AWS_EC2_METADATA_DISABLED"] = "true"
+    return env
+
+
+def test_no_credentials_at_all_is_said_inone_line_refusal(s3, tmp_path):
+    env = _without_credentials(s3.env(tmp_path / "c"), tmp_path)
     done = run_cli("convert", f"s3://slides/cohort/{CMU}", "-o", tmp_path / "o", env=env)
-    one_line_refusal(done, f"s3://slides/cohort/{CMU}", "no credentials found")
+    one_line_refusal(
+        done, f"s3://slides/cohort/{CMU}", "no credentials found", "AWS_NO_SIGN_REQUEST=YES"
+    )
+
+
+def test_a_public_bucket_is_read_unsigned_only_where_asked(s3, local_store, tmp_path):
+    """AWS_NO_SIGN_REQUEST=YES (as GDAL and the AWS CLI's --no-sign-request): a public
+    bucket's slide is converted with no credential at all, into the store its local file
+    makes; without it, no credentials is one line naming the variable; with it, the
+    credentials the environment holds are not sent (the private server refuses: 403)."""
+    public = start_s3(auth=False)  # a public object, read unsigned (moto: without auth only)
+    try:
+        url = public.put(f"open/{CMU}", (SLIDES / CMU).read_bytes(), acl="public-read")
+        env = _without_credentials(public.env(tmp_path / "cache"), tmp_path)
+        refused = run_cli("convert", url, "-o", tmp_path / "no", env=env)
+        one_line_refusal(refused, url, "no credentials found", "AWS_NO_SIGN_REQUEST=YES")
+        done = run_cli(
+            "convert", url, "-o", tmp_path / "o", env={**env, "AWS_NO_SIGN_REQUEST": "YES"}
+        )
+        assert done.returncode == 0, _said(done)
+        assert _tree(tmp_path / "o" / "CMU-1-Small-Region.ome.zarr") == _tree(local_store)
+    finally:
+        public.stop()
+    unsigned = {**s3.env(tmp_path / "c2"), "AWS_NO_SIGN_REQUEST": "yes"}
+    private = run_cli("convert", f"s3://slides/cohort/{CMU}", "-o", tmp_path / "p", env=unsigned)
+    one_line_refusal(private, f"s3://slides/cohort/{CMU}", "access refused (403)")
 
 
 def test_in_place_reading_of_a_url_is_refused(s3, tmp_path):

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from zarr.storage import FsspecStore
@@ -225,6 +225,9 @@ class Remote:
             raise SlideError(f"{shown(self.url)}: the object changed while it was read; run again")
 
 
+NO_SIGN = "AWS_NO_SIGN_REQUEST"  # YES: a public bucket, its requests unsigned
+
+
 class UrlStore(FsspecStore):
     """zarr's FsspecStore, named by its URL as `shown` (a dataset's `store`, a message)."""
 
@@ -237,18 +240,22 @@ class UrlStore(FsspecStore):
     __repr__ = __str__
 
 
-def storage_options(url: str) -> dict[str, str]:
+def storage_options(url: str) -> dict[str, Any]:
     """fsspec's options for a URL: for S3, the endpoint and credentials the environment
     names, given as options so that fsspec's shared filesystem (a botocore client costs
     0.2-0.4 s to make) is one per endpoint and key, and a key changed in the environment
-    gets a filesystem of its own; otherwise none (the provider's chain: profiles, roles)."""
+    gets a filesystem of its own; otherwise none (the provider's chain: profiles, roles).
+    A public bucket is read unsigned only where asked: AWS_NO_SIGN_REQUEST=YES (GDAL's
+    variable, the AWS CLI's --no-sign-request), whatever credentials the environment has."""
     if not url.startswith(("s3://", "s3a://")):
         return {}
     env, options = os.environ, {}
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     if endpoint:
         options["endpoint_url"] = endpoint
-    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+    if env.get(NO_SIGN, "").strip().lower() in ("yes", "true", "1"):
+        options["anon"] = True
+    elif env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
         options["key"], options["secret"] = env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]
         if env.get("AWS_SESSION_TOKEN"):
             options["token"] = env["AWS_SESSION_TOKEN"]
@@ -422,7 +429,10 @@ def _error(url: str, exc: BaseException, where: str = "") -> SlideError:
     name = type(exc).__name__
     why = next((why for kind, why in _WHY if isinstance(exc, kind)), None)
     if why is None and "Credentials" in name:
-        why = "no credentials found (set them as the provider's tools do, e.g. AWS_PROFILE)"
+        why = (
+            "no credentials found (set them as the provider's tools do, e.g. AWS_PROFILE; "
+            f"a public bucket: {NO_SIGN}=YES)"
+        )
     if why is None and ("SlowDown" in str(exc) or "reduce your request rate" in str(exc)):
         why = (
             "the server throttles (503 SlowDown) and still did after its retries "

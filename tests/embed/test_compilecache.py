@@ -209,10 +209,10 @@ def test_an_entry_written_just_before_the_lock_was_taken_is_loaded(tmp_path, art
     cache = _entry(tmp_path, clock)
     real_take = locks.take
 
-    def slow_take(path, now):
+    def slow_take(path, now, caller=None):
         if not cache.path.exists():
             _entry(tmp_path, Clock()).save()
-        return real_take(path, now)
+        return real_take(path, now, caller)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(locks, "take", slow_take)

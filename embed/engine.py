@@ -26,7 +26,14 @@ from tilestore.cpus import usable_cpus
 from tilestore.embed import nvjpeg
 from tilestore.embed.forward import Forward, QualityLayout, place, token_layout
 from tilestore.embed.inputs import SlidesAtOnce, Stager, as_staged
-from tilestore.embed.jobs import Job, Slice, slice_jobs, store_jobs
+from tilestore.embed.jobs import (
+    STORES_AHEAD,
+    THREADS_AHEAD,
+    Job,
+    Slice,
+    slice_jobs,
+    store_jobs,
+)
 from tilestore.embed.models import LoadedModel, ModelSpec, load_model, model_record
 from tilestore.embed.nvjpeg import GpuJpeg
 from tilestore.embed.opening import PlanChoice
@@ -281,6 +288,7 @@ class Embedder:
         was refused or skipped of them before (`tilestore.embed.preflight`), for the report."""
         identity = self.writer_identity()
         spec, overwrite, most = self.loaded.spec, self.settings.overwrite, self.settings.max_tiles
+        side = self._store_side()
         return self._run(
             lambda report, stop: store_jobs(
                 as_staged(stores),
@@ -293,7 +301,8 @@ class Embedder:
                 self.settings.any_scale,
                 self.settings.break_lock,
                 checked.plans if checked is not None else None,  # resolved once, by the checks
-                makers=self._store_side(),
+                ahead=STORES_AHEAD if isinstance(side, StoreProcesses) else THREADS_AHEAD,
+                makers=side,
                 stop=stop,
             ),
             report_path,

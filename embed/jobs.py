@@ -9,6 +9,7 @@ and skipped; the run goes on with the next.
 from __future__ import annotations
 
 import collections
+import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -58,8 +59,10 @@ class Slice:
     tiles: int  # tiles in these batches
 
 
-# stores opened, planned and given their group at once, ahead of the GPU (in store processes)
+# stores opened, planned and given their group at once, ahead of the GPU: in store processes,
+# and on the run's threads where the groups alone are made elsewhere (`Embedder._store_side`)
 STORES_AHEAD = 24
+THREADS_AHEAD = 8
 
 
 @dataclass(frozen=True)
@@ -195,9 +198,10 @@ def _open_job(
         if staged.error:
             raise staged.error
         if isinstance(makers, StoreProcesses):
-            request = Request(
-                str(store), spec, plan, identity, overwrite, max_tiles, any_scale, break_lock
-            )
+            request = Request(  # named absolutely: the process keeps the cwd it started in
+                os.path.abspath(store), spec, plan, identity, overwrite, max_tiles, any_scale,
+                break_lock,
+            )  # fmt: skip
             opening = makers.open(request, go_on)
         else:
             opening = open_for_run(

@@ -84,37 +84,36 @@ class StoreProcesses:
         writer is a `RemoteWriter`, its slide opened here for reading. AlreadyComplete or
         the store's TilestoreError as `open_for_run` raises them; a store process that dies
         meanwhile fails this store alone (StoreError). `go_on` is called before and after,
-        and raises to stop (what was opened is released)."""
+        and raises to stop. Whatever fails here once the store is open there (its slide
+        unreadable here, a warning the filters make an error, the stop) releases it there."""
         go_on()
         channel, key = self._take()
-        opened = False
         try:
-            try:
-                found = _asked(channel, ("open", key, request))
-            except WorkerGone:
-                raise StoreError(
-                    f"{request.store}: the store process opening it died "
-                    f"(exit code {channel.exit_code})"
-                ) from None
-            opened = True
-            writer = RemoteWriter(self, channel, key, request.store, found)
+            found, error, said = channel(("open", key, request))
+        except WorkerGone:
+            self._release(channel)
+            raise StoreError(
+                f"{request.store}: the store process opening it died "
+                f"(exit code {channel.exit_code})"
+            ) from None
+        if error is not None:
+            self._release(channel)
+            _said(said)
+            raise error
+        writer = RemoteWriter(self, channel, key, request.store, found)
+        try:
+            _said(said)
             slide = open_slide(request.store)  # read here: the run's pixels
             ready = replace(
                 found["ready"], slide=slide, pixels=rgb_input(slide, request.identity.channels)
             )
-            opening = Opening(
-                Path(request.store), ready, writer, found["todo"], found["left"], found["seconds"]
-            )
-            try:
-                go_on()
-            except BaseException:
-                opening.abandon()
-                raise
-            return opening
+            go_on()
         except BaseException:
-            if not opened:
-                self._release(channel)
+            writer.abandon()
             raise
+        return Opening(
+            Path(request.store), ready, writer, found["todo"], found["left"], found["seconds"]
+        )
 
     def _take(self) -> tuple[Channel, int]:
         """The store process to give a slide: the one holding the fewest (a new one in place
@@ -133,9 +132,11 @@ class StoreProcesses:
             self._held[channel] = max(0, self._held.get(channel, 0) - 1)
 
     def close(self) -> None:
-        """Stop the processes (once their calls in hand are answered)."""
+        """Stop the processes (once their calls in hand are answered), all at once."""
         with self._lock:
             channels, self._channels, self._closed = self._channels, [], True
+        for channel in channels:
+            channel.closing()
         for channel in channels:
             channel.close()
 
@@ -167,10 +168,10 @@ class RemoteWriter:
         self._call("write", block, np.ascontiguousarray(features))
 
     def finish(self, summary: dict[str, Any]) -> None:
-        try:
-            self._quality = self._call("finish", summary)
-        finally:
-            self._release()
+        """Finish it there; where that fails (a full disk, its lock taken over), it is still
+        the run's to abandon, which says what is kept."""
+        self._quality = self._call("finish", summary)
+        self._release()
 
     def quality_summary(self) -> dict[str, Any] | None:
         return self._quality
@@ -180,7 +181,7 @@ class RemoteWriter:
             return ""
         try:
             said, self._tiles_done = self._call("abandon")
-        except StoreError:  # its process died: what its shards wrote is done
+        except _Gone:  # its process died: what its shards wrote is done
             said = "the batches whose shards were written are kept: rerun to resume"
         finally:
             self._release()
@@ -191,12 +192,16 @@ class RemoteWriter:
 
     def _call(self, step: str, *args: Any) -> Any:
         try:
-            return _asked(self._channel, (step, self._key, *args))
+            result, error, said = self._channel((step, self._key, *args))
         except WorkerGone:
-            raise StoreError(
+            raise _Gone(
                 f"{self._store}: the store process writing {self.path} died (exit code "
                 f"{self._channel.exit_code})"
             ) from None
+        _said(said)
+        if error is not None:
+            raise error
+        return result
 
     def _release(self) -> None:
         if not self._released:
@@ -204,16 +209,15 @@ class RemoteWriter:
             self._processes._release(self._channel)
 
 
-def _asked(channel: Channel, payload: tuple) -> Any:
-    """A store process's answer to `payload`: the warnings its call made said here (as the
-    run's own: the command shows them as it shows every warning), then its result, or what
-    it raised."""
-    result, error, said = channel(payload)
+class _Gone(StoreError):
+    """The store process holding a slide died (its slide fails alone)."""
+
+
+def _said(said: list[tuple[type[Warning], str]]) -> None:
+    """The warnings a store process's call made, said here (as the run's own: the command
+    shows them as it shows every warning, the filters here decide)."""
     for category, message in said:
         warnings.warn(message, category, stacklevel=3)
-    if error is not None:
-        raise error
-    return result
 
 
 # -- the store process -------------------------------------------------------------------------
@@ -231,14 +235,14 @@ class Side:
 
     def answer(self, request: dict[str, Any]) -> str:
         """The reply to one call: its result, what it raised and the warnings it made
-        (`_asked` says them in the run's process)."""
+        (`_said` says them in the run's process)."""
         step, key, *args = workers.call_of(request)
         self._calls.said = said = []
         result, error = None, None
         try:
             result = getattr(self, f"_{step}")(key, *args)
         except Exception as exc:
-            error = exc
+            error = exc if _pickles(exc) else StoreError(f"{type(exc).__name__}: {exc}")
         finally:
             self._calls.said = None
         return workers.packed_reply(((result, error, said), None))
@@ -281,8 +285,9 @@ class Side:
         self.writers[key].write(block, rows)
 
     def _finish(self, key: int, summary: dict[str, Any]) -> dict[str, Any] | None:
-        writer = self._pop(key)
-        writer.finish(summary)
+        writer = self.writers[key]
+        writer.finish(summary)  # failing, it stays: the run abandons it, which says what is kept
+        self._pop(key)
         return writer.quality_summary()
 
     def _abandon(self, key: int) -> tuple[str, int]:
@@ -293,6 +298,16 @@ class Side:
     def _pop(self, key: int) -> EmbeddingWriter:
         with self._lock:
             return self.writers.pop(key)
+
+
+def _pickles(error: BaseException) -> bool:
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return False
+    return True
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 """A worker for the `tilestore.workers.Channel` tests: `python -m tests.channelworker`
-answers ("sleep", seconds, value), ("pid",) and ("raise", message) side by side."""
+answers ("sleep", seconds, value), ("pid",), ("raise", message) and ("crash", key) side by
+side."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ def answer(request):
             reply = (args[1], None)
         elif step == "pid":
             reply = (os.getpid(), None)
+        elif step == "crash":  # the answer itself fails, outside its own error handling
+            raise KeyError(args[0])
         else:
             raise ValueError(args[0])
     except ValueError as exc:

@@ -247,6 +247,25 @@ def test_a_lock_held_for_a_run_that_is_gone_is_taken_over_once_its_holder_has_en
         held.release()
 
 
+def test_a_holder_whose_run_is_gone_but_that_does_not_end_keeps_its_lock(tmp_path, monkeypatch):
+    """Its run gone, a holder still running past `locks.ENDING_S` (stopped, stuck in I/O)
+    may still write: the lock is refused, not taken over under it."""
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        taken = dt.datetime.now(dt.UTC).isoformat()
+        path = tmp_path / "store.lock"
+        stuck = locks.Holder(socket.gethostname(), holder.pid, taken, taken, _dead_pid())
+        path.write_text(json.dumps(asdict(stuck)))
+        monkeypatch.setattr(locks, "ENDING_S", 0.3)
+        assert locks.gone(stuck, locks.time.time()).startswith("the run it wrote for")
+        with pytest.raises(locks.Locked):
+            locks.claim(path)
+        assert locks.read(path) == stuck  # left as it was
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_lock_that_beat_since_it_was_read_is_not_cleared(tmp_path):
     path = tmp_path / "x.lock"
     silent = _beating("node12", 4711, age=3600, silent=400)

@@ -231,6 +231,8 @@ def test_a_channel_answers_its_calls_side_by_side_each_to_its_caller():
             assert slow.result(timeout=30) == "slow"
         with pytest.raises(ValueError, match="its own error"):
             channel(("raise", "its own error"))
+        with pytest.raises(RuntimeError, match="KeyError: 'lost'"):  # answered, never waited on
+            channel(("crash", "lost"))
         assert channel(("pid",)) == pid  # the same process throughout
     finally:
         channel.close()

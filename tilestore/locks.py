@@ -202,9 +202,8 @@ def claim(
             why = "break_lock=True" + (
                 f", its last heartbeat {span(silent)} ago" if silent is not None else ""
             )
-        if why is None:
+        if why is None or not _ended(holder):
             raise Locked(path, holder)
-        _ended(holder)
         clear(path, holder)
         took_over = f"took over the lock of {holder.name} ({why}): {path}"
     raise Locked(path, read(path) or Holder(None, None, None))
@@ -258,15 +257,19 @@ def gone(holder: Holder, now: float, stale: float = STALE) -> str | None:
 ENDING_S = 2.0  # how long a process whose run is gone is given to end (it ends in 0.1 s)
 
 
-def _ended(holder: Holder) -> None:
-    """Wait (up to `ENDING_S`) for a holder of this host whose caller is gone, still
-    running, to end: a store process whose run was killed ends within a tenth of a second
-    of it, and may be writing until then (`tilestore.workers`)."""
+def _ended(holder: Holder) -> bool:
+    """Whether the holder has ended (or is not of this host, or holds it for itself), after
+    waiting up to `ENDING_S` for one whose caller is gone: a store process whose run was
+    killed ends within a tenth of a second of it, and may be writing until then
+    (`tilestore.workers`); one that has not by then (stopped, stuck) keeps its lock."""
     if holder.host != socket.gethostname() or not holder.pid or not holder.caller:
-        return
+        return True
     deadline = time.monotonic() + ENDING_S
-    while _running(holder.pid) and time.monotonic() < deadline:
+    while _running(holder.pid):
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.01)
+    return True
 
 
 def _running(pid: int) -> bool:

@@ -102,7 +102,10 @@ def _serve_side_by_side(
     lock = threading.Lock()
 
     def one(request: dict[str, Any]) -> None:
-        reply = json.loads(answer(request))
+        try:
+            reply = json.loads(answer(request))
+        except BaseException as exc:  # never a caller left waiting: what failed, as its reply
+            reply = json.loads(packed_reply((None, RuntimeError(f"{type(exc).__name__}: {exc}"))))
         line = json.dumps({"id": request["id"], **reply}) + "\n"
         with lock:
             try:
@@ -223,7 +226,8 @@ class Channel:
         self.process = start(module, env)
         self._waiting: dict[int, Any] = {}  # id -> the Future its caller waits on
         self._ids = itertools.count()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the calls waiting and `_gone`
+        self._sending = threading.Lock()  # a call's line written whole
         self._gone: str | None = None  # why calls fail now
         self.exit_code: int | None = None  # the worker's, once it has ended
         self._reader = threading.Thread(target=self._replies, name=f"{module}-replies", daemon=True)
@@ -239,14 +243,16 @@ class Channel:
         from concurrent.futures import Future
 
         waiting: Future = Future()
+        line = json.dumps({"call": _packed(payload)})
         with self._lock:
             if self._gone is not None:
                 raise WorkerGone(self._gone)
             tag = next(self._ids)
             self._waiting[tag] = waiting
+        with self._sending:  # one line at a time; replies are handed out meanwhile
             try:
                 assert self.process.stdin is not None
-                self.process.stdin.write(json.dumps({"id": tag, "call": _packed(payload)}) + "\n")
+                self.process.stdin.write(f'{{"id": {tag}, {line[1:]}\n')
                 self.process.stdin.flush()
             except (OSError, ValueError):  # a broken pipe: its reader says why
                 pass
@@ -256,14 +262,23 @@ class Channel:
         return result
 
     def _replies(self) -> None:
-        """Hand each reply to its caller; at the worker's end, fail the calls in hand."""
+        """Hand each reply to its caller; at the worker's end (or a reply that does not read:
+        it died writing it, and is killed), fail the calls in hand, whatever happened."""
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            message = json.loads(line)
-            with self._lock:
-                waiting = self._waiting.pop(message["id"], None)
-            if waiting is not None:
-                waiting.set_result(message["reply"])
+        try:
+            for line in self.process.stdout:
+                message = json.loads(line)
+                with self._lock:
+                    waiting = self._waiting.pop(message["id"], None)
+                if waiting is not None:
+                    waiting.set_result(message["reply"])
+        except (ValueError, KeyError, OSError):
+            self.process.kill()
+        finally:
+            self._end()
+
+    def _end(self) -> None:
+        """The worker has ended: every call in hand and after fails (WorkerGone)."""
         code = self.exit_code = self.process.wait()
         with self._lock:
             self._gone = self._gone or f"the worker process died (exit code {code})"
@@ -276,17 +291,22 @@ class Channel:
 
     def close(self, wait_s: float = 5.0) -> None:
         """End the worker once the calls in hand are answered (killed after `wait_s`)."""
-        with self._lock:
-            self._gone = self._gone or "the worker process is closed"
-            with contextlib.suppress(OSError):
-                assert self.process.stdin is not None
-                self.process.stdin.close()
+        self.closing()
         try:
             self.process.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
         self._reader.join(wait_s)  # its pipes closed
+
+    def closing(self) -> None:
+        """Tell the worker to end once the calls in hand are answered; no new call is sent
+        (`close` waits for it: several closed at once wait once)."""
+        with self._lock:
+            self._gone = self._gone or "the worker process is closed"
+        with self._sending, contextlib.suppress(OSError):
+            assert self.process.stdin is not None
+            self.process.stdin.close()
 
 
 KEEP_ON_STOP = "TILESTORE_WORKER_KEEP_ON_STOP"  # set: the worker ignores SIGINT and SIGTERM

@@ -83,10 +83,15 @@ def started(
     tables = {name: positions.read_back(arrays[name], f"{group.path}/{name}") for name in columns}
 
     async def written() -> list[zarr.AsyncArray]:
-        return await asyncio.gather(
+        done = await asyncio.gather(
             *(positions.recorded(arrays[name], table) for name, table in tables.items()),
             *(positions.prepared(arrays[name]) for name in batched),
+            return_exceptions=True,
         )
+        for result in done:  # every task ended first: none left writing as the group goes
+            if isinstance(result, BaseException):
+                raise result
+        return done
 
     made = sync(written())[len(tables) :]
     records = {name: zarr.Array(record) for name, record in zip(batched, made, strict=True)}

@@ -739,9 +739,18 @@ def _created(group: zarr.Group, arrays: dict[str, dict[str, Any]]) -> dict[str, 
 
     async def made() -> list:
         made = (group._async_group.create_array(name, **kw) for name, kw in arrays.items())
-        return await asyncio.gather(*made)
+        return _all_or_first_error(await asyncio.gather(*made, return_exceptions=True))
 
     return {name: zarr.Array(a) for name, a in zip(arrays, sync(made()), strict=True)}
+
+
+def _all_or_first_error(results: list) -> list:
+    """Gathered results once every task has ended, or the first one's error: none left
+    making files while the group is removed (`written_whole`)."""
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
 
 
 def make_group(store: str, plan: TilePlan, plan_uid: str, identity: RunIdentity) -> None:

@@ -56,6 +56,15 @@ from tilestore.workers import Calls
 STORE_PROCESSES = 12
 
 
+def _ahead(side) -> int:
+    """How many stores a run opens ahead of the GPU: two a store process (each answers
+    four calls at once: the rest of its threads write and finish slides, never queued
+    behind openings), at most `STORES_AHEAD`; where the run opens them itself, fewer."""
+    if isinstance(side, StoreProcesses):
+        return min(STORES_AHEAD, 2 * side.count)
+    return THREADS_AHEAD
+
+
 @checked_options
 def embed(
     stores: list[str | os.PathLike] | Stager,
@@ -301,7 +310,7 @@ class Embedder:
                 self.settings.any_scale,
                 self.settings.break_lock,
                 checked.plans if checked is not None else None,  # resolved once, by the checks
-                ahead=STORES_AHEAD if isinstance(side, StoreProcesses) else THREADS_AHEAD,
+                ahead=_ahead(side),
                 makers=side,
                 stop=stop,
             ),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -107,6 +108,7 @@ def store_jobs(
     from this generator's thread alone."""
 
     closed = threading.Event()  # the jobs are closed: an input not yet opened never is
+    run = uuid.uuid4().hex  # these jobs' stores, as store processes know them (`halt`)
 
     def stopped() -> bool:
         return closed.is_set() or (stop is not None and stop.is_set())
@@ -125,6 +127,7 @@ def store_jobs(
             break_lock,
             makers,
             stopped,
+            run,
         )
 
     pending: collections.deque[Future] = collections.deque()
@@ -156,6 +159,8 @@ def store_jobs(
             closed.set()  # those being opened stop at their next step
             for future in pending:
                 future.cancel()
+            if isinstance(makers, StoreProcesses) and any(not f.done() for f in pending):
+                makers.halt(run)  # and those being opened in store processes
             for future in pending:
                 if not future.cancelled() and future.exception() is None:
                     job = future.result().job
@@ -175,6 +180,7 @@ def _open_job(
     break_lock: bool,
     makers: Callable[..., Any] | StoreProcesses | None = None,
     stopped: Callable[[], bool] | None = None,
+    run: str = "",
 ) -> _Opened:
     """One input opened for the run (`open_for_run`: its store prepared, its writer made, the
     lock taken, its group made), or why not: in a store process where `makers` are
@@ -200,7 +206,7 @@ def _open_job(
         if isinstance(makers, StoreProcesses):
             request = Request(  # named absolutely: the process keeps the cwd it started in
                 os.path.abspath(store), spec, plan, identity, overwrite, max_tiles, any_scale,
-                break_lock,
+                break_lock, run,
             )  # fmt: skip
             opening = makers.open(request, go_on)
         else:

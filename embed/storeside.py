@@ -20,6 +20,7 @@ abandons its slides through them, keeping what is written.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
@@ -60,6 +61,7 @@ class Request:
     max_tiles: int | None
     any_scale: bool
     break_lock: bool
+    run: str = ""  # the run's jobs (`store_jobs`): a halt of theirs stops this opening
 
 
 class StoreProcesses:
@@ -114,6 +116,15 @@ class StoreProcesses:
         return Opening(
             Path(request.store), ready, writer, found["todo"], found["left"], found["seconds"]
         )
+
+    def halt(self, run: str) -> None:
+        """The run's jobs have stopped: each store process stops the openings of theirs at
+        their next step (each releasing what it took), as the run's threads stop theirs."""
+        with self._lock:
+            channels = [c for c in self._channels if c.alive]
+        for channel in channels:
+            with contextlib.suppress(WorkerGone):
+                channel(("halt", None, run))
 
     def _take(self) -> tuple[Channel, int]:
         """The store process to give a slide: the one holding the fewest (a new one in place
@@ -232,6 +243,7 @@ class Side:
         self.writers: dict[int, EmbeddingWriter] = {}
         self._lock = threading.Lock()
         self._calls = threading.local()  # the warnings of the call on each thread
+        self.halted: set[str] = set()  # the runs whose openings stop (`StoreProcesses.halt`)
 
     def answer(self, request: dict[str, Any]) -> str:
         """The reply to one call: its result, what it raised and the warnings it made
@@ -256,7 +268,14 @@ class Side:
             return
         said.append((category, str(message)))
 
+    def _halt(self, key: None, run: str) -> None:
+        self.halted.add(run)
+
     def _open(self, key: int, request: Request) -> dict[str, Any]:
+        def go_on() -> None:
+            if request.run in self.halted:
+                raise StoreError(f"{request.store}: not opened: the run stopped")
+
         opening = open_for_run(
             request.store,
             request.spec,
@@ -267,6 +286,7 @@ class Side:
             any_scale=request.any_scale,
             break_lock=request.break_lock,
             lock_for=self.caller,
+            go_on=go_on,
         )
         with self._lock:
             self.writers[key] = opening.writer

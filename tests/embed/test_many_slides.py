@@ -295,3 +295,29 @@ def test_a_store_process_killed_fails_its_slides_alone_and_a_rerun_finishes_them
     for store in cohort:
         assert np.array_equal(_features(store), _features(alone))
     assert not list(cohort[0].parent.glob(".*.lock"))
+
+
+def test_a_halted_run_opens_nothing_more_in_a_store_process(cohort, lite):
+    """The run stopped (`StoreProcesses.halt`): a store process stops that run's openings at
+    their next step, each releasing what it took (no lock, no group left); another run's
+    opening goes on."""
+    from tilestore.embed.engine import Embedder
+    from tilestore.embed.settings import Options
+    from tilestore.embed.storeside import Request, Side
+    from tilestore.errors import StoreError
+
+    options = Options(device="cpu", precision="fp32", dtype="float32", batch_size=16)
+    with Embedder(lite, options) as embedder:
+        spec, identity = embedder.loaded.spec, embedder.writer_identity()
+    side = Side()
+    side._halt(None, "stopped")
+    request = Request(str(cohort[0]), spec, None, identity, False, None, False, False, "stopped")
+    with pytest.raises(StoreError, match="not opened: the run stopped"):
+        side._open(0, request)
+    assert not side.writers and not list(cohort[0].parent.glob(".*.lock"))
+    assert not (cohort[0] / "embeddings" / "efficientnet-lite0").exists()
+    going = Request(str(cohort[1]), spec, None, identity, False, None, False, False, "another")
+    found = side._open(1, going)
+    assert found["todo"].size and list(cohort[1].parent.glob(".*.lock"))
+    assert side._abandon(1)[0].startswith("nothing was written")
+    assert not list(cohort[1].parent.glob(".*.lock"))

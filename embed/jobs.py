@@ -9,7 +9,6 @@ and skipped; the run goes on with the next.
 from __future__ import annotations
 
 import collections
-import os
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -204,10 +203,9 @@ def _open_job(
         if staged.error:
             raise staged.error
         if isinstance(makers, StoreProcesses):
-            request = Request(  # named absolutely: the process keeps the cwd it started in
-                os.path.abspath(store), spec, plan, identity, overwrite, max_tiles, any_scale,
-                break_lock, run,
-            )  # fmt: skip
+            request = Request(  # as given: messages name it so (the processes share our cwd)
+                str(store), spec, plan, identity, overwrite, max_tiles, any_scale, break_lock, run
+            )
             opening = makers.open(request, go_on)
         else:
             opening = open_for_run(

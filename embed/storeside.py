@@ -76,6 +76,7 @@ class StoreProcesses:
         self._keys = itertools.count()
         self._lock = threading.Lock()
         self._closed = False
+        self._cwd = os.getcwd()  # where they run: a store named relatively is found there
         self._channels = [self._started() for _ in range(self.count)]
 
     def _started(self) -> Channel:
@@ -132,6 +133,10 @@ class StoreProcesses:
         with self._lock:
             if self._closed:
                 raise StoreError("the store processes are closed")
+            if os.getcwd() != self._cwd and not any(self._held.values()):
+                for channel in self._channels:  # paths as given are read where they started:
+                    channel.closing()  # new ones, in the folder the caller moved to
+                self._channels, self._cwd = [], os.getcwd()
             live = [c for c in self._channels if c.alive]
             self._channels = live + [self._started() for _ in range(self.count - len(live))]
             channel = min(self._channels, key=lambda c: self._held.get(c, 0))
@@ -192,8 +197,10 @@ class RemoteWriter:
             return ""
         try:
             said, self._tiles_done = self._call("abandon")
-        except _Gone:  # its process died: what its shards wrote is done
-            said = "the batches whose shards were written are kept: rerun to resume"
+        except StoreError:
+            if self._channel.alive:
+                raise
+            said = "the batches whose shards were written are kept: rerun to resume"  # it died
         finally:
             self._release()
         return said
@@ -205,7 +212,7 @@ class RemoteWriter:
         try:
             result, error, said = self._channel((step, self._key, *args))
         except WorkerGone:
-            raise _Gone(
+            raise StoreError(
                 f"{self._store}: the store process writing {self.path} died (exit code "
                 f"{self._channel.exit_code})"
             ) from None
@@ -218,10 +225,6 @@ class RemoteWriter:
         if not self._released:
             self._released = True
             self._processes._release(self._channel)
-
-
-class _Gone(StoreError):
-    """The store process holding a slide died (its slide fails alone)."""
 
 
 def _said(said: list[tuple[type[Warning], str]]) -> None:

@@ -321,3 +321,27 @@ def test_a_halted_run_opens_nothing_more_in_a_store_process(cohort, lite):
     assert found["todo"].size and list(cohort[1].parent.glob(".*.lock"))
     assert side._abandon(1)[0].startswith("nothing was written")
     assert not list(cohort[1].parent.glob(".*.lock"))
+
+
+def test_a_store_named_relatively_is_the_one_in_the_folder_the_caller_is_in(
+    cohort, tmp_path, lite, monkeypatch
+):
+    """The store processes are kept between runs: a notebook that moves to another folder
+    between two runs embeds `s0.ome.zarr` of the folder it is in each time (they start
+    again there), and the messages name the store as given."""
+    from tilestore.embed.engine import Embedder
+    from tilestore.embed.settings import Options
+
+    options = Options(device="cpu", precision="fp32", dtype="float32", batch_size=16)
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copytree(cohort[0], other / "s0.ome.zarr")
+    with Embedder(lite, options) as embedder:
+        monkeypatch.chdir(cohort[0].parent)
+        first = embedder.embed(["s0.ome.zarr"])
+        monkeypatch.chdir(other)
+        second = embedder.embed(["s0.ome.zarr"])
+    for report in (first, second):
+        assert not report.failures and [s["store"] for s in report.slides] == ["s0.ome.zarr"]
+    for folder in (cohort[0].parent, other):
+        assert (folder / "s0.ome.zarr" / "embeddings" / "efficientnet-lite0").is_dir()

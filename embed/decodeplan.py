@@ -141,7 +141,12 @@ def slide_decoding(
     the run (a warning) and the dry run (a note): a slide the run's decode setting (gpu,
     both) meant for a GPU decoder it has (`gpu`: None once it failed, said then) that is
     decoded on the CPU all the same, and why."""
-    sample = [tuple(rc) for rc in tile_plan.needed_chunks()[:SAMPLE_CHUNKS].tolist()]
+    asked = gpu is not None and settings.cuda and gpu_decodes(settings.decode, reader)
+    # the sample only where the GPU's decoder may be used: the plan's chunks cost a small
+    # slide's run some 2 ms of the GIL the GPU loop needs (bench/RESULTS.md, issue 68)
+    sample = (
+        [tuple(rc) for rc in tile_plan.needed_chunks()[:SAMPLE_CHUNKS].tolist()] if asked else []
+    )
     failure = None
     try:
         plan = decode_plan(settings, reader, processes, gpu, sample)

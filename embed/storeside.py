@@ -39,7 +39,8 @@ from tilestore.embed.opening import Opening, PlanChoice, Prepared, open_for_run
 from tilestore.embed.preflight import rgb_input
 from tilestore.embeddings import EmbeddingWriter, RunIdentity
 from tilestore.errors import StoreError, TilestoreWarning
-from tilestore.reading import open_slide
+from tilestore.plan import TilePlan
+from tilestore.reading import Slide, open_slide
 from tilestore.workers import Channel, WorkerGone
 
 # the calls a store process answers at once: a slide's rows are written while others open
@@ -106,7 +107,7 @@ class StoreProcesses:
         writer = RemoteWriter(self, channel, key, request.store, found)
         try:
             _said(said)
-            slide = open_slide(request.store)  # read here: the run's pixels
+            slide = found["slide"] or open_slide(request.store)  # in place: opened here
             ready = replace(
                 found["ready"], slide=slide, pixels=rgb_input(slide, request.identity.channels)
             )
@@ -295,8 +296,9 @@ class Side:
             self.writers[key] = opening.writer
         ready = opening.ready
         return {
-            # the run opens the slide itself (its pixels); the plan and how it is read travel
+            # the plan and how it is read travel, and the slide opened here (`_shipped`)
             "ready": Prepared(ready.store, None, None, ready.plan, ready.uid, ready.reading),
+            "slide": _shipped(ready.slide, ready.plan),
             "todo": opening.todo,
             "left": opening.left,
             "seconds": opening.seconds,
@@ -321,6 +323,18 @@ class Side:
     def _pop(self, key: int) -> EmbeddingWriter:
         with self._lock:
             return self.writers.pop(key)
+
+
+def _shipped(slide: Slide, plan: TilePlan) -> Slide | None:
+    """The slide as the run reads its pixels, opened here, the positions of the plan's level
+    loaded: a store's metadata read and parsed in the run's process cost a small slide
+    some 4 ms of the GIL its GPU loop needs, its positions 1 ms more (bench/RESULTS.md,
+    issue 68); a slide travels pickled in a tenth of that. None for a slide read in place
+    (its level readers hold the slide file open): the run opens it itself."""
+    if slide.record.source.sidecar:
+        return None
+    slide.chunks(plan.spec.level).locations([])
+    return slide
 
 
 def _pickles(error: BaseException) -> bool:

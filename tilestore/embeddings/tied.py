@@ -25,7 +25,6 @@ declares none: it reads as before and is said to be not tied.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import google_crc32c
@@ -36,6 +35,7 @@ from zarr.core.sync import sync
 from tilestore.errors import DamagedEmbeddings
 from tilestore.format import positions
 from tilestore.format.integrity import UNWRITTEN
+from tilestore.format.made import made_new
 
 RECORD = positions.GROUP_RECORD  # the group record's key: what it ties (`declaration`)
 BATCHED = ("features", "tokens", "quality")  # written shard by shard, rows of whole batches
@@ -66,35 +66,25 @@ def tied_arrays(meta: dict[str, Any]) -> dict[str, str] | None:
     return positions.group_tied(meta)
 
 
-def start(group: zarr.Group, columns: list[str], batched: list[str]) -> dict[str, Any]:
-    """Record the positions of a group being made: its coordinate `columns`, written now,
-    read back; for the `batched` arrays (features, tokens, quality, done), records of none
-    yet, filled as their shards are written (`Recorder`). Returns the record's declaration."""
-    arrays = {name: group[name] for name in (*columns, *batched)}
-    return started(group, arrays, columns, batched)[0]
-
-
 def started(
     group: zarr.Group, arrays: dict[str, zarr.Array], columns: list[str], batched: list[str]
 ) -> tuple[dict[str, Any], dict[str, zarr.Array]]:
-    """`start` for the group's `arrays` as just made: the columns read back here, every
-    record written in one call of zarr's event loop. Returns the declaration and the
-    batched arrays' records (for the group's `Recorder`)."""
-    tables = {name: positions.read_back(arrays[name], f"{group.path}/{name}") for name in columns}
-
-    async def written() -> list[zarr.AsyncArray]:
-        done = await asyncio.gather(
-            *(positions.recorded(arrays[name], table) for name, table in tables.items()),
-            *(positions.prepared(arrays[name]) for name in batched),
-            return_exceptions=True,
-        )
-        for result in done:  # every task ended first: none left writing as the group goes
-            if isinstance(result, BaseException):
-                raise result
-        return done
-
-    made = sync(written())[len(tables) :]
-    records = {name: zarr.Array(record) for name, record in zip(batched, made, strict=True)}
+    """Record the positions of a group being made, its `arrays` as just made: its coordinate
+    `columns`, written now, read back here; for the `batched` arrays (features, tokens,
+    quality, done), records of none yet, filled as their shards are written (`Recorder`).
+    Every record made in one call of zarr's event loop (`made_new`). Returns the record's
+    declaration and the batched arrays' records (for the group's `Recorder`)."""
+    made = {
+        **{
+            name: positions.recording(arrays[name], positions.read_back(arrays[name], where))
+            for name in columns
+            for where in (f"{group.path}/{name}",)
+        },
+        **{name: positions.preparing(arrays[name]) for name in batched},
+    }
+    folders = tuple({path.rpartition("/")[0] for path, _ in made.values()})  # crc32c/
+    opened = sync(made_new(group.store_path.store, dict(made.values()), folders))
+    records = {name: zarr.Array(opened[made[name][0]]) for name in batched}
     return declaration(arrays), records
 
 

@@ -12,7 +12,6 @@ time; a Dask cohort gives each worker whole shards (`tilestore.embed.cohort`).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
 import os
@@ -36,6 +35,7 @@ from tilestore.embeddings.recipe import scale_of, weights_unknown
 from tilestore.errors import AlreadyComplete, EmbeddingError, StoreError, TilestoreWarning
 from tilestore.format.codecs import zstd_codecs
 from tilestore.format.leftovers import clear_unfinished_files
+from tilestore.format.made import made_new
 from tilestore.format.records import (
     EmbeddingsRecord,
     find_record,
@@ -735,22 +735,10 @@ class EmbeddingWriter:
 
 def _created(group: zarr.Group, arrays: dict[str, dict[str, Any]]) -> dict[str, zarr.Array]:
     """Make the group's `arrays` (name: `create_array`'s arguments) in one call of zarr's
-    event loop; return them."""
-
-    async def made() -> list:
-        made = (group._async_group.create_array(name, **kw) for name, kw in arrays.items())
-        return _all_or_first_error(await asyncio.gather(*made, return_exceptions=True))
-
-    return {name: zarr.Array(a) for name, a in zip(arrays, sync(made()), strict=True)}
-
-
-def _all_or_first_error(results: list) -> list:
-    """Gathered results once every task has ended, or the first one's error: none left
-    making files while the group is removed (`written_whole`)."""
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results
+    event loop (`made_new`); return them."""
+    paths = {name: f"{group.path}/{name}".lstrip("/") for name in arrays}
+    made = sync(made_new(group.store_path.store, {paths[n]: kw for n, kw in arrays.items()}))
+    return {name: zarr.Array(made[paths[name]]) for name in arrays}
 
 
 def make_group(store: str, plan: TilePlan, plan_uid: str, identity: RunIdentity) -> None:

@@ -130,22 +130,21 @@ def crcs_of(chunks: Sequence[bytes | tuple[bytes, ...] | None]) -> np.ndarray:
 def record(array: zarr.Array, table: np.ndarray) -> None:
     """Write `table` (the CRC-32C of each chunk of `array` by position, as `read_back` or
     `crcs_of` give it, shaped as its chunk grid) as the array's positions, replacing any."""
-    sync(recorded(array, table))
+    path, arguments = recording(array, table)
+    sync(create_array(array.store_path.store, name=path, **arguments))
 
 
-async def recorded(array: zarr.Array, table: np.ndarray) -> zarr.AsyncArray:
-    """`record`, as a coroutine: many arrays' positions written in one call of zarr's event
-    loop (`asyncio.gather`), not a call each (an embeddings group's columns)."""
-    return await create_array(
-        array.store_path.store,
-        name=path_of(array.path),
-        data=np.asarray(table, np.uint64).reshape(grid_of(array)),
-        chunks=grid_of(array),  # one file: a level's chunk grid is small
-        fill_value=UNWRITTEN,
-        overwrite=True,
-        attributes={"tilestore": {"crc32c_of": array.path, "unwritten": UNWRITTEN}},
+def recording(array: zarr.Array, table: np.ndarray) -> tuple[str, dict]:
+    """`record`'s array: its path from the store's root and `create_array`'s arguments
+    (many arrays' made at once: `tilestore.format.made`)."""
+    return path_of(array.path), {
+        "data": np.asarray(table, np.uint64).reshape(grid_of(array)),
+        "chunks": grid_of(array),  # one file: a level's chunk grid is small
+        "fill_value": UNWRITTEN,
+        "overwrite": True,
+        "attributes": {"tilestore": {"crc32c_of": array.path, "unwritten": UNWRITTEN}},
         **zstd_codecs(),
-    )
+    }
 
 
 def read_back(array: zarr.Array, where: str) -> np.ndarray:
@@ -189,32 +188,26 @@ def _block(shard: tuple[int, ...], per: Sequence[int], grid: Sequence[int]) -> t
     )
 
 
-def prepare(array: zarr.Array, attributes: dict | None = None) -> zarr.Array:
-    """An empty positions record of `array` (`UNWRITTEN` throughout), replacing any, to be
-    filled shard by shard (`record_shard`) as the array is written: a file for each of the
-    array's shards (one file where it is not sharded), so processes writing other shards of
-    one array at once (a Dask cohort's slices) never write one file. `attributes`: more of
-    the record's ``tilestore`` attributes."""
-    return zarr.Array(sync(prepared(array, attributes)))
-
-
-async def prepared(array: zarr.Array, attributes: dict | None = None) -> zarr.AsyncArray:
-    """`prepare`, as a coroutine (many arrays' in one call of zarr's event loop)."""
+def preparing(array: zarr.Array, attributes: dict | None = None) -> tuple[str, dict]:
+    """An empty positions record of `array` (`UNWRITTEN` throughout), to be filled shard by
+    shard (`record_shard`) as the array is written: its path from the store's root and
+    `create_array`'s arguments (made with the group's other arrays: `tilestore.format.made`).
+    A file for each of the array's shards (one file where it is not sharded), so processes
+    writing other shards of one array at once (a Dask cohort's slices) never write one
+    file. `attributes`: more of the record's ``tilestore`` attributes."""
     grid = grid_of(array)
     per = chunks_per_shard(array) or grid
-    return await create_array(
-        array.store_path.store,
-        name=path_of(array.path),
-        shape=grid,
-        chunks=tuple(max(1, min(p, g)) for p, g in zip(per, grid, strict=True)),
-        dtype=np.uint64,
-        fill_value=UNWRITTEN,
-        overwrite=True,
-        attributes={
+    return path_of(array.path), {
+        "shape": grid,
+        "chunks": tuple(max(1, min(p, g)) for p, g in zip(per, grid, strict=True)),
+        "dtype": np.uint64,
+        "fill_value": UNWRITTEN,
+        "overwrite": True,
+        "attributes": {
             "tilestore": {"crc32c_of": array.path, "unwritten": UNWRITTEN, **(attributes or {})}
         },
         **zstd_codecs(),
-    )
+    }
 
 
 def opened(array: zarr.Array, where: str, fix: str = FIX) -> zarr.Array:

@@ -345,3 +345,40 @@ def test_a_store_named_relatively_is_the_one_in_the_folder_the_caller_is_in(
         assert not report.failures and [s["store"] for s in report.slides] == ["s0.ome.zarr"]
     for folder in (cohort[0].parent, other):
         assert (folder / "s0.ome.zarr" / "embeddings" / "efficientnet-lite0").is_dir()
+
+
+def test_a_store_process_sends_the_slide_it_opened_and_a_slide_in_place_is_opened_here(
+    cohort, tmp_path, lite
+):
+    """A store's slide travels from the store process that opened it, the positions of the
+    plan's level loaded, and reads the same pixels as the store opened here; a slide read in
+    place (its readers hold the slide file open) is not sent: the run opens it itself."""
+    import pickle
+
+    from tests.conftest import SLIDES
+    from tilestore import open_in_place
+    from tilestore.embed.engine import Embedder
+    from tilestore.embed.settings import Options
+    from tilestore.embed.storeside import Request, Side, _shipped
+    from tilestore.plan import PlanOptions, plan_over_tissue
+    from tilestore.reading import open_slide
+
+    options = Options(device="cpu", precision="fp32", dtype="float32", batch_size=16)
+    with Embedder(lite, options) as embedder:
+        spec, identity = embedder.loaded.spec, embedder.writer_identity()
+    side = Side()
+    request = Request(str(cohort[0]), spec, None, identity, False, None, False, False, "run")
+    found = pickle.loads(pickle.dumps(side._open(0, request)))
+    try:
+        sent, level = found["slide"], found["ready"].plan.spec.level
+        assert sent.chunks(level)._positions._table is not None  # loaded there
+        here = open_slide(cohort[0])
+        assert sent.levels == here.levels and sent.record == here.record
+        np.testing.assert_array_equal(
+            sent.read_region(0, 0, 300, 200, level=0), here.read_region(0, 0, 300, 200, level=0)
+        )
+    finally:
+        side._abandon(0)
+    in_place = open_in_place(SLIDES / "CMU-1-Small-Region.svs", sidecars=tmp_path / "sidecars")
+    plan = plan_over_tissue(in_place, PlanOptions(mpp=0.5, tile=224), store_tissue=False)
+    assert _shipped(in_place, plan) is None

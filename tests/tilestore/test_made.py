@@ -1,0 +1,76 @@
+"""Many arrays made at once (`tilestore.format.made`): the same files as zarr's own
+`create_array` makes one by one, and nothing written where one array's arguments fail."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from zarr.core.array import create_array
+from zarr.storage import LocalStore
+
+from tilestore.format.codecs import zstd_codecs
+from tilestore.format.made import made_new
+from tilestore.format.shards import column, sharded
+
+
+def _arrays(n: int) -> dict[str, dict]:
+    rng = np.random.default_rng(n)
+    return {
+        "g/x": {"data": rng.integers(0, 10**6, n), **column(zstd_codecs(level=3), n)},
+        "g/x_um": {
+            "data": rng.random(n),
+            "dimension_names": ("tile",),
+            "attributes": {"units": "micrometre"},
+            **column(zstd_codecs(level=3), n),
+        },
+        "g/features": {
+            "shape": (n, 6),
+            "dtype": "float32",
+            "fill_value": np.nan,
+            **sharded(zstd_codecs(level=1), (4, 6), (8, 6), True),
+        },
+        "g/crc32c/x": {
+            "data": rng.integers(0, 2**32, 3).astype(np.uint64),
+            "chunks": (3,),
+            "overwrite": True,
+            **zstd_codecs(),
+        },
+    }
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("n", [1, 45, 1000])
+def test_the_arrays_are_the_files_zarr_makes_one_by_one(tmp_path, n):
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    for root in (ours, theirs):
+        zarr.open_group(root, mode="w").require_group("g")
+    store = LocalStore(ours)
+    made = asyncio.run(made_new(store, _arrays(n), ("g/crc32c",)))
+
+    async def one_by_one() -> None:
+        for path, kwargs in _arrays(n).items():
+            await create_array(LocalStore(theirs), name=path, **kwargs)
+
+    asyncio.run(one_by_one())
+    assert _files(ours) == _files(theirs)
+    assert set(made) == set(_arrays(n))
+    group = zarr.open_group(ours, mode="r")
+    np.testing.assert_array_equal(group["g/x"][:], _arrays(n)["g/x"]["data"])
+    assert np.isnan(group["g/features"][:]).all() and group["g/crc32c"].attrs == {}
+
+
+def test_an_array_zarr_refuses_leaves_nothing_written(tmp_path):
+    zarr.open_group(tmp_path, mode="w").require_group("g")
+    before = _files(tmp_path)
+    arrays = _arrays(45)
+    arrays["g/bad"] = {"shape": (10,), "dtype": "float32", "chunks": (3,), "shards": (4,)}
+    with pytest.raises(ValueError):
+        asyncio.run(made_new(LocalStore(tmp_path), arrays, ("g/crc32c",)))
+    assert _files(tmp_path) == before

@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -28,7 +27,6 @@ from tilestore.embed.procdecode import ProcessDecoder
 from tilestore.embed.report import Span
 from tilestore.embed.settings import Settings
 from tilestore.format.chunks import ChunkReader
-from tilestore.plan.tiles import Step
 
 Coords = list[tuple[int, int]]
 
@@ -38,10 +36,6 @@ PIN_AFTER_BATCHES = 3
 PART_PIXELS = 2_000_000
 # ProcessRows decodes at most this many bytes of rows ahead (one row per worker if they fit).
 AHEAD_BYTES = 1 << 30
-# ProcessRows asks for consecutive grid rows' chunks together, up to this many chunks (or
-# one row's, where a row holds more): each request costs the run's GIL to send, copy to the
-# GPU and mark, and a small slide's rows hold a few chunks each (bench/RESULTS.md, issue 68)
-MERGED_CHUNKS = 64
 
 
 class RowSource:
@@ -143,8 +137,6 @@ class ProcessRows(RowSource):
     and 16,333)."""
 
     def __init__(self, steps, settings, span, reader: ChunkReader, procs: ProcessDecoder, stop):
-        tiles = np.cumsum([len(s.tiles) for s in steps])
-        steps = merged_loads(steps)
         super().__init__(steps, settings, span)
         batch = settings.batch_size
         self.reader, self.procs, self.stop = reader, procs, stop
@@ -154,6 +146,7 @@ class ProcessRows(RowSource):
         want = min(workers, max(2, AHEAD_BYTES // row_bytes))  # wide slides: fewer rows
         procs.reserve(want + 2, row_bytes, pin=True, least=4)  # 2 ahead, 2 being copied
         self.ahead = min(want, len(procs.blocks) - 2)
+        tiles = np.cumsum([len(s.tiles) for s in steps])
         self.first_rows = int(np.searchsorted(tiles, batch)) + 1
         self.first_parts = max(1, workers // self.first_rows)
         self.per_part = max(1, PART_PIXELS // (reader.chunk_h * reader.chunk_w))  # chunks
@@ -253,29 +246,6 @@ class NvjpegRows(RowSource):
         self._in_flight -= len(coords)
         torch.cuda.current_stream(self.device).wait_event(ready)
         return chunks
-
-
-def merged_loads(steps: Sequence[Step], chunks: int | None = None) -> list[Step]:
-    """The steps with each run of consecutive rows' loads asked for by its first row, as
-    long as they hold at most `chunks` (None: `MERGED_CHUNKS`) together, or one row's
-    where a row holds more. A row's chunks then come before it is cut, with those of the
-    rows after it; each chunk is still dropped after the last row that needs it
-    (`chunk_schedule`)."""
-    out: list[Step] = []
-    most = max(
-        MERGED_CHUNKS if chunks is None else chunks, max((len(s.load) for s in steps), default=0)
-    )
-    first, held = 0, 0
-    for index, step in enumerate(steps):
-        if held and held + len(step.load) > most:
-            first, held = index, 0
-        held += len(step.load)
-        if index == first:
-            out.append(step)
-        else:
-            out[first] = replace(out[first], load=np.concatenate([out[first].load, step.load]))
-            out.append(replace(step, load=step.load[:0]))
-    return out
 
 
 class BothRows(RowSource):

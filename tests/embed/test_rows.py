@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import settings as settings_h
-from hypothesis import strategies as st
 
 from tests.conftest import CMU
 from tests.embed.conftest import settings
 from tilestore.embed.nvjpeg import open_decoder
 from tilestore.embed.procdecode import ProcessDecoder
 from tilestore.embed.report import no_span
-from tilestore.embed.rows import NvjpegRows, ProcessRows, ThreadRows, merged_loads
+from tilestore.embed.rows import NvjpegRows, ProcessRows, ThreadRows
 from tilestore.plan import PlanOptions, plan_over_tissue
 from tilestore.plan.tiles import chunk_schedule
 from tilestore.reading.opening import open_slide
@@ -33,14 +29,12 @@ def _steps(stores, **kwargs):
 
 
 def _check(source, reader, steps, channels_first=False):
-    """Every chunk comes back once, in order, by the step that needs it first (with the
-    chunks the source asks for together: `merged_loads`), decoded as libjpeg does."""
+    """Every step's new chunks come back once, in order, decoded as libjpeg does."""
     taken = []
     with source:
         for index, step in enumerate(steps):
             coords, chunks = source.take(index)
-            assert coords == [tuple(rc) for rc in source.steps[index].load.tolist()]
-            assert {tuple(rc) for rc in step.load.tolist()} <= {*taken, *coords}
+            assert coords == [tuple(rc) for rc in step.load.tolist()]
             for coord, chunk in zip(coords, chunks, strict=True):
                 got = chunk.permute(1, 2, 0) if channels_first else chunk
                 want = reader.decode(reader.fetch_one(coord))
@@ -134,9 +128,7 @@ def test_process_rows_of_a_slide_read_in_place_are_its_readers_pixels(tmp_path):
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_process_rows_hold_at_most_their_byte_budget_in_small_parts(stores, monkeypatch):
     reader, steps = _steps(stores)
-    monkeypatch.setattr("tilestore.embed.rows.MERGED_CHUNKS", 1)  # rows as wide as the widest
-    asks = merged_loads(steps)
-    row = max(len(s.load) for s in asks) * reader.chunk_h * reader.chunk_w * reader.channels
+    row = max(len(s.load) for s in steps) * reader.chunk_h * reader.chunk_w * reader.channels
     monkeypatch.setattr(
         "tilestore.embed.rows.AHEAD_BYTES", 3 * row - 1
     )  # room for two rows, not three
@@ -159,7 +151,7 @@ def test_process_rows_hold_at_most_their_byte_budget_in_small_parts(stores, monk
         _check(source, reader, steps)
     finally:
         procs.close()
-    loads = [len(s.load) for s in asks if len(s.load)]
+    loads = [len(s.load) for s in steps if len(s.load)]
     assert asked[-1] == -(-loads[-1] // 3)  # parts of at most three chunks
 
 
@@ -170,33 +162,3 @@ def test_nvjpeg_rows(stores):
     device = torch.device("cuda", torch.cuda.current_device())
     decoder = open_decoder(device)
     _check(NvjpegRows(steps, settings(device), no_span, reader, decoder), reader, steps, True)
-
-
-@settings_h(max_examples=200, deadline=None)
-@given(
-    st.lists(st.integers(0, 90), min_size=0, max_size=30),
-    st.integers(1, 80),
-)
-def test_merged_loads_ask_each_chunk_once_by_the_row_that_needs_it(widths, most):
-    """Rows' loads asked together: every chunk once, in the order the rows need them, by a
-    row at or before its own, each request at most `MERGED_CHUNKS` chunks or one row's; the
-    tiles and the drops as they were."""
-    from tilestore.plan.tiles import Step
-
-    none = np.zeros((0, 2), int)
-    first = np.cumsum([0, *widths])
-    steps = [
-        Step(np.array([i]), np.stack([np.arange(a, b), 0 * np.arange(a, b)], axis=1), none)
-        for i, (a, b) in enumerate(itertools.pairwise(first))
-    ]
-    asks = merged_loads(steps, most)
-    assert len(asks) == len(steps)
-    assert all(a.tiles is s.tiles and a.drop is s.drop for a, s in zip(asks, steps, strict=True))
-    order = np.concatenate([a.load[:, 0] for a in asks]) if asks else np.zeros(0)
-    assert np.array_equal(order, np.arange(first[-1]))  # once each, in order
-    asked_at = {}
-    for index, ask in enumerate(asks):
-        assert len(ask.load) <= max(most, max(widths, default=0))
-        asked_at.update(dict.fromkeys(ask.load[:, 0].tolist(), index))
-    for index, step in enumerate(steps):
-        assert all(asked_at[c] <= index for c in step.load[:, 0].tolist())

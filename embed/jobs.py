@@ -28,7 +28,6 @@ from tilestore.embed.storeside import Request, StoreProcesses
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity
 from tilestore.errors import TilestoreError, WriteFailed
 from tilestore.plan import ResolvedPlan, TilePlan, load_plan
-from tilestore.plan.tiles import Step, chunk_schedule
 from tilestore.reading import Slide, open_slide
 
 
@@ -41,7 +40,6 @@ class Job:
     plan: TilePlan
     writer: EmbeddingWriter
     todo: np.ndarray  # global plan indices, ascending, whole batches
-    steps: list[Step]  # the chunk schedule of `todo` (`chunk_schedule`), made as it opened
     left: int = 0  # tiles still to do after this run (a trial, max_tiles, leaves some)
     reading: dict = field(default_factory=dict)  # how the model reads its tiles (`reading`)
 
@@ -229,14 +227,7 @@ def _open_job(
     report.filesystems.wrote(store)
     ready = opening.ready
     job = Job(
-        store,
-        ready.pixels,
-        ready.plan,
-        opening.writer,
-        opening.todo,
-        opening.steps,
-        opening.left,
-        ready.reading,
+        store, ready.pixels, ready.plan, opening.writer, opening.todo, opening.left, ready.reading
     )
     return _Opened(staged, store, job=job, seconds=opening.seconds)
 
@@ -301,12 +292,6 @@ def slice_jobs(slices: list[Slice], identity: RunIdentity) -> Iterator[Job]:
         writer = EmbeddingWriter.attach(slide, tile_plan, uid, identity)
         blocks = writer.todo()
         blocks = blocks[(blocks >= piece.start) & (blocks < piece.stop)]
-        todo = tiles_of(blocks, batch, len(tile_plan))
         yield Job(
-            Path(piece.store),
-            pixels,
-            tile_plan,
-            writer,
-            todo,
-            chunk_schedule(tile_plan.subset(todo)),
+            Path(piece.store), pixels, tile_plan, writer, tiles_of(blocks, batch, len(tile_plan))
         )

@@ -40,7 +40,6 @@ from tilestore.plan import (
     uses_stored_plan,
 )
 from tilestore.plan.plans import REPLACE
-from tilestore.plan.tiles import Step, chunk_schedule
 from tilestore.reading import Slide, described, open_slide
 from tilestore.workers import WorkerGone
 
@@ -168,9 +167,6 @@ class Opening:
     todo: np.ndarray | None = None  # global plan indices this run embeds, whole batches
     left: int = 0  # tiles still to do after this run (a trial, max_tiles, leaves some)
     seconds: dict[str, float] = field(default_factory=dict)  # its steps, for the report
-    # the chunk schedule of `todo` (`chunk_schedule`), made here: in a store process, off
-    # the GIL of the run's GPU loop (a small slide's 0.6 ms there, bench/RESULTS.md, issue 68)
-    steps: list[Step] = field(default_factory=list)
 
     def abandon(self) -> str:
         """Release what was taken (the lock; a group made and never written is removed)."""
@@ -234,7 +230,6 @@ def open_for_run(
         blocks = blocks[blocks < -(-max_tiles // batch)]
     opening.todo = tiles_of(blocks, batch, len(ready.plan))
     opening.left = owed - len(opening.todo)
-    opening.steps = chunk_schedule(ready.plan.subset(opening.todo))
     return opening
 
 

@@ -121,7 +121,7 @@ class Producer:
         report.begin(job, decoding.record())
         path = decoding.path
         sub = plan.subset(job.todo)
-        steps = job.steps  # made as the store was opened (in its store process)
+        steps = chunk_schedule(sub)
         emit = hand_on  # each batch to the GPU loop, through the packer
         t0 = time.perf_counter()
         if path in ("nvjpeg", "both"):  # the CPU takes over where nvJPEG fails

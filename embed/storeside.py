@@ -38,7 +38,7 @@ from tilestore.embed.models import ModelSpec
 from tilestore.embed.opening import Opening, PlanChoice, Prepared, open_for_run
 from tilestore.embed.preflight import rgb_input
 from tilestore.embeddings import EmbeddingWriter, RunIdentity
-from tilestore.errors import ChunkError, StoreError, TilestoreWarning
+from tilestore.errors import StoreError, TilestoreWarning
 from tilestore.plan import TilePlan
 from tilestore.reading import Slide, open_slide
 from tilestore.workers import Channel, WorkerGone
@@ -116,13 +116,7 @@ class StoreProcesses:
             writer.abandon()
             raise
         return Opening(
-            Path(request.store),
-            ready,
-            writer,
-            found["todo"],
-            found["left"],
-            found["seconds"],
-            found["steps"],
+            Path(request.store), ready, writer, found["todo"], found["left"], found["seconds"]
         )
 
     def halt(self, run: str) -> None:
@@ -306,7 +300,6 @@ class Side:
             "ready": Prepared(ready.store, None, None, ready.plan, ready.uid, ready.reading),
             "slide": _shipped(ready.slide, ready.plan),
             "todo": opening.todo,
-            "steps": opening.steps,
             "left": opening.left,
             "seconds": opening.seconds,
             "path": opening.writer.path,
@@ -333,17 +326,14 @@ class Side:
 
 
 def _shipped(slide: Slide, plan: TilePlan) -> Slide | None:
-    """The slide as the run reads its pixels, opened here, what locating the plan's chunks
-    needs read ahead (the level's positions, its shards' indexes): a store's metadata read
-    and parsed in the run's process cost a small slide some 4 ms of the GIL its GPU loop
-    needs, its positions and shard indexes 1-2 ms more (bench/RESULTS.md, issue 68); a slide
-    travels pickled in a tenth of that. Damage found reading ahead is left to be found
-    where the run reads, as in a slide opened there. None for a slide read in place (its
-    level readers hold the slide file open): the run opens it itself."""
+    """The slide as the run reads its pixels, opened here, the positions of the plan's level
+    loaded: a store's metadata read and parsed in the run's process cost a small slide
+    some 4 ms of the GIL its GPU loop needs, its positions 1 ms more (bench/RESULTS.md,
+    issue 68); a slide travels pickled in a tenth of that. None for a slide read in place
+    (its level readers hold the slide file open): the run opens it itself."""
     if slide.record.source.sidecar:
         return None
-    with contextlib.suppress(ChunkError):
-        slide.chunks(plan.spec.level).read_ahead(plan.needed_chunks())
+    slide.chunks(plan.spec.level).locations([])
     return slide
 
 

@@ -162,18 +162,6 @@ class ChunkReader:
         coords3 = [(0, r, c) for r, c in coords]
         return self._locate(coords3, self._expected(coords3))
 
-    def read_ahead(self, coords: np.ndarray) -> None:
-        """Read now what locating the chunks `coords` ((n, 2) row, col) needs: the level's
-        positions and the indexes of their shards, each kept, so a copy of this reader (a
-        slide sent pickled from the store process that opened it to the run) locates them
-        without reading a file."""
-        if self._positions is not None:
-            self._positions.table()
-        if self._shards is not None and len(coords):
-            per = np.asarray(self._shards.per[1:])
-            for row, col in np.unique(np.asarray(coords) // per, axis=0).tolist():
-                self._shards.index((0, row, col))
-
     def _locate(
         self, coords: Sequence[tuple[int, int, int]], expect: Sequence[int | None]
     ) -> list[Location | None]:

@@ -24,7 +24,7 @@ from tilestore.cli.console import (
 )
 from tilestore.cli.console import progress_bar as _progress
 from tilestore.cli.dask import CLUSTER, SCHEDULER, dask_client
-from tilestore.cli.flags import From, with_flags
+from tilestore.cli.flags import From, with_flags, written
 from tilestore.embed import (
     BAD_INPUT,
     BATCHES,
@@ -70,6 +70,7 @@ def embed(
     ),
     sidecars: Path | None = typer.Option(
         None,
+        parser=written("--sidecars"),
         help="--in-place: the folder for the sidecars (default: beside each slide; name one "
         "where the slides are read-only).",
     ),
@@ -78,6 +79,7 @@ def embed(
     at_once: SlidesAtOnce = 1,
     into: Path = typer.Option(
         Path("stores"),
+        parser=written("--into"),
         help="Folder for the stores of slide files given (an existing store "
         "of the same slide there is reused); on Dask, one every worker reaches, where the "
         "workers convert them.",
@@ -104,7 +106,9 @@ def embed(
     plan: str | None = typer.Option(
         None, help="A stored plan (default: the store's only plan, else a new one)."
     ),
-    report: Path | None = typer.Option(None, help="Write the run report as JSON here."),
+    report: Path | None = typer.Option(
+        None, help="Write the run report as JSON here.", parser=written("--report")
+    ),
     dry_run: bool = typer.Option(
         False,
         "--dry-run",
@@ -439,7 +443,11 @@ def patients(
         "without .ome.zarr, as `tilestore export slides` writes it).",
     ),
     output: Path = typer.Option(
-        ..., "-o", "--output", help="A .parquet, .csv or .h5ad (AnnData) file: a row per patient."
+        ...,
+        "-o",
+        "--output",
+        help="A .parquet, .csv or .h5ad (AnnData) file: a row per patient.",
+        parser=written("--output"),
     ),
     slide_encoder: str = typer.Option(
         "moozy", "--slide-encoder", "-s", help="A slide encoder that makes patient vectors."
@@ -639,8 +647,12 @@ def models_profile(
     batches: BatchSizes = BATCHES,
     options: Options = From(Options, only=("device", "precision", "hf_token")),
     repeats: Repeats = REPEATS,
-    plot: Path | None = typer.Option(None, help="Also plot tiles/s and memory to this PNG."),
-    json_out: Path | None = typer.Option(None, "--json", help="Also write the numbers here."),
+    plot: Path | None = typer.Option(
+        None, help="Also plot tiles/s and memory to this PNG.", parser=written("--plot")
+    ),
+    json_out: Path | None = typer.Option(
+        None, "--json", help="Also write the numbers here.", parser=written("--json")
+    ),
 ) -> None:
     """Tiles/s and peak GPU memory per batch size (random tiles), to size a GPU request."""
     from tilestore.embed import plot_profile, profile_model

@@ -27,11 +27,13 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, get_origin
 
 import typer
 
 from tilestore.options import REQUIRED, Declaration, Kind, Opt, declarations
+from tilestore.urls import written_here
 
 
 @dataclass(frozen=True)
@@ -208,3 +210,9 @@ def metavar(declaration: Declaration) -> str:
 
 def _capital(text: str) -> str:
     return text[:1].upper() + text[1:]
+
+
+def written(flag: str) -> Callable[[str], Path]:
+    """The parser of a flag naming a path the command writes (`written_here`): a URL is
+    refused in one line before any work, never taken for a local folder named "s3:"."""
+    return functools.partial(written_here, option=flag)

@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 
 from tilestore.cli.console import out
-from tilestore.cli.flags import From, with_flags
+from tilestore.cli.flags import From, with_flags, written
 from tilestore.learn import LearnOptions
 from tilestore.progress import to_stderr
 
@@ -35,7 +35,7 @@ SLIDE_ENCODER = typer.Option(
     help="Learn from this slide encoder's stored vector, one per slide, instead of the tiles "
     "(with --arch linear).",
 )
-OUT = typer.Option(..., "--out", help="The run folder (must not exist).")
+OUT = typer.Option(..., "--out", help="The run folder (must not exist).", parser=written("--out"))
 OVERWRITE = typer.Option(False, help="Replace a run folder that exists.")
 
 
@@ -168,7 +168,9 @@ def predict(
     stores: list[Path] = STORES,
     fold: int | None = typer.Option(None, help="One fold's model (default: the folds' mean)."),
     device: str | None = typer.Option(None, help="cuda, cuda:N or cpu (default: the GPU if any)."),
-    output: Path | None = typer.Option(None, help="The predictions' table (.csv or .parquet)."),
+    output: Path | None = typer.Option(
+        None, help="The predictions' table (.csv or .parquet).", parser=written("--output")
+    ),
     explain: bool = typer.Option(
         False, help="Also write each tile's attention and contribution into the stores."
     ),

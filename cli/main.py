@@ -28,7 +28,7 @@ from tilestore.cli.console import (
 from tilestore.cli.console import progress_bar as _progress
 from tilestore.cli.embed import embed, models_app, patients
 from tilestore.cli.export import export_app
-from tilestore.cli.flags import From, with_flags
+from tilestore.cli.flags import From, with_flags, written
 from tilestore.cli.inspect import info, verify
 from tilestore.cli.learn import crossval, predict, train
 from tilestore.cli.qc import qc
@@ -64,7 +64,11 @@ def convert(
         "cache first.",
     ),
     output: Path = typer.Option(
-        ..., "-o", "--output", help="Directory for <name>.ome.zarr stores."
+        ...,
+        "-o",
+        "--output",
+        help="Directory for <name>.ome.zarr stores.",
+        parser=written("--output"),
     ),
     options: dict = From(run_convert, exclude=("series", "progress", "tissue")),
     many: dict = From(convert_many, only=("at_once",)),
@@ -184,7 +188,9 @@ def _converted(report) -> None:
 def tissue(
     store: Path = typer.Argument(..., help="A store made by `tilestore convert`."),
     options: dict = From(compute_tissue),
-    preview: Path | None = typer.Option(None, help="Also write a PNG of the mask over the slide."),
+    preview: Path | None = typer.Option(
+        None, help="Also write a PNG of the mask over the slide.", parser=written("--preview")
+    ),
     channel: str | None = typer.Option(
         None, help="Fluorescence: the nuclear channel, by name or index (default: DAPI/Hoechst)."
     ),
@@ -223,7 +229,9 @@ def tissue(
 def plan(
     store: Path = typer.Argument(..., help="A store (converted, or a slide's sidecar)."),
     overwrite: bool = typer.Option(False, help="Replace a plan of the same name."),
-    preview: Path | None = typer.Option(None, help="Write a PNG: thumbnail, tissue, ROIs, tiles."),
+    preview: Path | None = typer.Option(
+        None, help="Write a PNG: thumbnail, tissue, ROIs, tiles.", parser=written("--preview")
+    ),
     plan_options: PlanOptions = From(PlanOptions),
 ) -> None:
     """Plan the tiles to embed and store the plan in the slide's store."""

@@ -10,7 +10,7 @@ import typer
 from tilestore.cli.console import as_flags, flags_of, out, output_file
 from tilestore.cli.console import progress_bar as _progress
 from tilestore.cli.dask import CLUSTER, SCHEDULER, dask_client
-from tilestore.cli.flags import From, with_flags
+from tilestore.cli.flags import From, with_flags, written
 from tilestore.options import Workers
 from tilestore.qc import FLAG_FRACTION, FlagFraction, QCOptions
 
@@ -21,10 +21,14 @@ def qc(
     options: QCOptions = From(QCOptions, only=("mpp", "detectors", "device", "fine_blur")),
     flag_fraction: FlagFraction = FLAG_FRACTION,
     preview: Path | None = typer.Option(
-        None, help="Folder for a PNG per slide: the artefacts over its thumbnail."
+        None,
+        help="Folder for a PNG per slide: the artefacts over its thumbnail.",
+        parser=written("--preview"),
     ),
     report: Path | None = typer.Option(
-        None, help="Folder for the cohort report: qc.csv, qc.parquet, qc.html."
+        None,
+        help="Folder for the cohort report: qc.csv, qc.parquet, qc.html.",
+        parser=written("--report"),
     ),
     cluster: str | None = CLUSTER,
     scheduler: str | None = SCHEDULER,

@@ -48,7 +48,7 @@ from tilestore.options import Opt
 from tilestore.plan import PlanOptions
 from tilestore.reading.resolution import in_scan_terms
 from tilestore.sources.remote import check_urls, given, is_url, slide_file
-from tilestore.urls import named
+from tilestore.urls import named, written_here
 
 SlidesAtOnce = Annotated[
     int | Literal["auto"],
@@ -124,9 +124,9 @@ class Preparation:
         override_mpp: bool = False,
     ) -> Preparation:
         return cls(
-            None if into is None or in_place else Path(into),
+            None if into is None or in_place else written_here(into, "into"),
             in_place,
-            None if sidecars is None else str(sidecars),
+            None if sidecars is None else str(written_here(sidecars, "sidecars")),
             scan_mpp,
             tissue_wanted(plan),
             plan is None,

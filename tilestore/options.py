@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 from tilestore.errors import OptionError
+from tilestore.urls import written_here
 
 __all__ = [
     "REQUIRED",
@@ -221,6 +222,8 @@ def checked(function: Callable[..., Any]) -> Callable[..., Any]:
 
 def check(name: str, value: Any, kind: Kind, opt: Opt) -> Any:
     """`value` as kept (see `Declaration.check`), or OptionError naming `name`."""
+    if opt.writes and isinstance(value, str):
+        written_here(value, f"{name}=")  # a URL: refused, never a local folder "s3:"
     if value is None or (isinstance(value, str) and value == opt.none_word):
         if kind.optional:
             return None
@@ -276,7 +279,7 @@ def parse(name: str, text: str, kind: Kind, opt: Opt) -> Any:
                 raise OptionError(f"{name}={text!r}: must be {allowed(kind, opt)}") from None
         return check(name, tuple(items), kind, opt)
     if kind.path and not kind.text:
-        return check(name, Path(text), kind, opt)
+        return check(name, written_here(text, f"{name}=") if opt.writes else Path(text), kind, opt)
     return check(name, text, kind, opt)
 
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from urllib.parse import urlsplit
+
+from tilestore.errors import OutputError
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # a URL inside a text (a library's error): scheme, then user info, then the rest up to a query
@@ -32,6 +35,21 @@ def is_dicomweb(text: str | os.PathLike) -> bool:
 def local_path(text: str) -> str:
     """A file:// URL's path; any other text as it is."""
     return urlsplit(text).path if text.startswith("file://") else text
+
+
+def written_here(path: str | os.PathLike, option: str) -> Path:
+    """A path tilestore writes (a store, a folder, a file), as a Path (a file:// URL: its
+    path); OutputError naming `option` where it is another URL. Taken as a local path,
+    s3://bucket/x would be written to a folder named "s3:" here, exit 0 (a `Path` folds its
+    //): it is refused instead, before any work. Stores and files are written to a local or
+    mounted file system; object storage is read (slides, stores), not written yet."""
+    if is_url(path):
+        raise OutputError(
+            f"{option} {shown(str(path))}: a URL; tilestore writes to a local or mounted file "
+            "system, not to object storage: write it here, then copy it there (aws s3 sync, "
+            "gcloud storage rsync)"
+        )
+    return Path(local_path(path) if isinstance(path, str) else path)
 
 
 def shown(url: str) -> str:

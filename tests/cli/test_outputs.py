@@ -6,6 +6,7 @@ refused, never made without it under the filter's name."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +83,67 @@ def test_a_plan_asked_for_max_blur_is_filtered_or_refused_never_named_so_unfilte
     ):
         tilestore.plan_slide(slide, PlanOptions(max_blur=0.5))
     assert tilestore.plan_slide is tilestore.embeddings.plan_slide
+
+
+WRITTEN_FLAGS = [  # every flag naming a path a command writes, each given a bucket's URL
+    ("convert", "{slide}", "-o", "s3://bucket/stores"),
+    ("tissue", "{store}", "--preview", "s3://bucket/mask.png"),
+    ("plan", "{store}", "--preview", "gs://bucket/plan.png"),
+    ("qc", "{store}", "--report", "s3://bucket/qc"),
+    ("embed", "{slide}", "--into", "s3://bucket/stores"),
+    ("embed", "{store}", "--report", "https://example.org/report.json"),
+    ("embed", "{slide}", "--in-place", "--sidecars", "s3://bucket/sidecars"),
+    ("export", "h5", "{store}", "-m", "efficientnet-lite0", "-o", "s3://bucket/h5"),
+    ("crossval", "{slide}", "{store}", "--out", "s3://bucket/run"),
+]
+
+
+@pytest.mark.parametrize("args", WRITTEN_FLAGS, ids=lambda a: f"{a[0]} {a[-2]}")
+def test_a_path_to_write_given_as_a_url_is_refused_never_a_local_folder(
+    args, store, tmp_path, monkeypatch
+):
+    """A store, folder or file to write named by URL is refused in one line, exit 2, before
+    any work: a Path folds s3://bucket/x into a local folder "s3:/bucket/x", which the
+    command would fill and end with exit 0 (what `convert -o s3://...` did)."""
+    from tests.conftest import SLIDES
+
+    given = {"slide": SLIDES / "CMU-1-Small-Region.svs", "store": store()}
+    work = tmp_path / "work"
+    work.mkdir()
+    line = [a.format(**given) for a in args]
+    if args[0] == "embed":
+        line += ["--model", "efficientnet-lite0"]
+    done = tilestore_cli(*line, cwd=work)
+    flag, url = {"-o": "output"}.get(args[-2], args[-2]).lstrip("-"), args[-1]
+    assert done.returncode == 2, done.stderr
+    (said,) = done.stderr.strip().splitlines()
+    assert said == (
+        f"tilestore: error: --{flag} {url}: a URL; tilestore writes to a local or mounted file "
+        "system, not to object storage: write it here, then copy it there (aws s3 sync, gcloud "
+        "storage rsync)"
+    )
+    assert not any(work.iterdir()), "something was written here"
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/x.ome.zarr", "gs://b/x", "https://h.org/x"])
+def test_the_library_refuses_a_url_to_write_before_any_work(url, tmp_path, monkeypatch):
+    """The library refuses alike (`convert`'s dst, embed's into and sidecars, an export's
+    declared output), naming the argument; a local path and file:// pass."""
+    from tests.conftest import SLIDES
+    from tilestore.embed.inputs import Preparation
+    from tilestore.errors import OutputError
+    from tilestore.options import Kind, Opt, check
+    from tilestore.urls import written_here
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OutputError, match=r"^dst .*: a URL; tilestore writes to a local"):
+        tilestore.convert(SLIDES / "CMU-1-Small-Region.svs", url)
+    with pytest.raises(OutputError, match=r"^into .*: a URL"):
+        Preparation.of(url, None)
+    with pytest.raises(OutputError, match=r"^sidecars .*: a URL"):
+        Preparation.of(None, None, in_place=True, sidecars=url)
+    with pytest.raises(OutputError, match=r"^output= .*: a URL"):
+        check("output", url, Kind(path=True), Opt("A file.", writes="file"))
+    assert not any(tmp_path.iterdir())
+    assert written_here("a/b.ome.zarr", "dst") == Path("a/b.ome.zarr")
+    assert written_here("file:///tmp/x", "dst") == Path("/tmp/x")

@@ -71,7 +71,7 @@ from tilestore.sources.remote import (
     is_url,
     slide_file,
 )
-from tilestore.urls import is_dicomweb, named
+from tilestore.urls import is_dicomweb, named, written_here
 
 Codec = Literal["auto", "jpeg", "zstd"]
 CODECS = get_args(Codec)
@@ -274,6 +274,7 @@ def convert(
         store is the one its local file would make.
     """
     started = time.perf_counter()
+    dst = written_here(dst, "dst")
     check_urls([src], in_place, look=False)  # staging looks
     with (
         slide_file(src, cache_limit) as local,

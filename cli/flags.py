@@ -32,8 +32,7 @@ from typing import Annotated, Any, get_origin
 
 import typer
 
-from tilestore.options import REQUIRED, Declaration, Kind, Opt, declarations
-from tilestore.urls import written_here
+from tilestore.options import REQUIRED, Declaration, Kind, Opt, declarations, written_here
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ __all__ = [
     "checked",
     "declarations",
     "parse",
+    "written_here",
 ]
 
 

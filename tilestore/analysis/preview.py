@@ -9,6 +9,7 @@ import shapely
 from PIL import Image, ImageDraw
 
 from tilestore.reading.slide import Slide, resize
+from tilestore.urls import written_here
 
 TISSUE_RGB = (0, 200, 80)
 # tissue is outlined and barely tinted, so the stain's own colours stay readable under it
@@ -80,7 +81,7 @@ def thumbnail(slide: Slide, max_size: int = 1600) -> tuple[np.ndarray, float]:
 
 def save_preview(path: str | os.PathLike, slide: Slide, **overlays) -> None:
     """Write the preview PNG."""
-    render_preview(slide, **overlays).save(path)
+    render_preview(slide, **overlays).save(written_here(path, "path"))
 
 
 def _rings(geom) -> list[np.ndarray]:

@@ -36,6 +36,7 @@ from tilestore.learn.bags import Bags, features_of, load_bags
 from tilestore.learn.options import LearnOptions, resolve_device
 from tilestore.learn.splits import Fold, Splits, read_splits, write_splits
 from tilestore.options import Opt, checked
+from tilestore.urls import written_here
 
 CONFIG, SPLITS, FINISHED, FOLD_DONE, WEIGHTS = (
     "config.json",
@@ -148,7 +149,7 @@ def _run(
     from tilestore.learn.models import check_model
     from tilestore.learn.page import POOLED, write_metrics, write_page
 
-    out = check_run_dir(out_dir, resume=resume, overwrite=overwrite)
+    out = check_run_dir(written_here(out_dir, "out_dir"), resume=resume, overwrite=overwrite)
     check_model(options.model, cohort.task, cohort.slide_encoder is not None)
     _check_splits(cohort, splits)
     device = resolve_device(options.device)

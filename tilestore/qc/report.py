@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tilestore.qc.classes import ARTEFACTS
+from tilestore.urls import written_here
 
 if TYPE_CHECKING:
     from tilestore.qc.cohort import SlideQC
@@ -70,7 +71,7 @@ def table(results: Sequence[SlideQC]):
 
 def write_report(results: Sequence[SlideQC], folder: str | os.PathLike) -> dict[str, Path]:
     """Write qc.csv, qc.parquet and qc.html into folder; return their paths."""
-    folder = Path(folder)
+    folder = written_here(folder, "folder")
     folder.mkdir(parents=True, exist_ok=True)
     frame = table(results)
     paths = {"csv": folder / "qc.csv", "parquet": folder / "qc.parquet", "html": folder / "qc.html"}

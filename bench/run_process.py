@@ -1,7 +1,8 @@
 """Where a cohort of small slides spends the CPUs (issue 68): `--stores` copies of
 CMU-1-Small-Region's store (45 tiles each, hard-linked chunks, the plan "bench") embedded by
 one warm `Embedder` (timm, random weights); the run's own CPU a slide (its process time over
-the run: every thread of the process that holds the GIL the GPU loop needs) and, sampled
+the run: every thread of the run's process, those holding the GIL the GPU loop needs and
+those that do not (torch's, a C library's) alike; a CPU share of 100%: one CPU) and, sampled
 every 0.5 s, each kind of process's CPU share (the run, its store processes, its decoder
 processes) and the machine's. Prints one line a run and writes JSON.
 

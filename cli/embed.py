@@ -71,6 +71,7 @@ def embed(
     sidecars: Path | None = typer.Option(
         None,
         parser=written("--sidecars"),
+        metavar="<path>",
         help="--in-place: the folder for the sidecars (default: beside each slide; name one "
         "where the slides are read-only).",
     ),
@@ -80,6 +81,7 @@ def embed(
     into: Path = typer.Option(
         Path("stores"),
         parser=written("--into"),
+        metavar="<path>",
         help="Folder for the stores of slide files given (an existing store "
         "of the same slide there is reused); on Dask, one every worker reaches, where the "
         "workers convert them.",
@@ -107,7 +109,10 @@ def embed(
         None, help="A stored plan (default: the store's only plan, else a new one)."
     ),
     report: Path | None = typer.Option(
-        None, help="Write the run report as JSON here.", parser=written("--report")
+        None,
+        help="Write the run report as JSON here.",
+        parser=written("--report"),
+        metavar="<path>",
     ),
     dry_run: bool = typer.Option(
         False,
@@ -448,6 +453,7 @@ def patients(
         "--output",
         help="A .parquet, .csv or .h5ad (AnnData) file: a row per patient.",
         parser=written("--output"),
+        metavar="<path>",
     ),
     slide_encoder: str = typer.Option(
         "moozy", "--slide-encoder", "-s", help="A slide encoder that makes patient vectors."
@@ -648,10 +654,17 @@ def models_profile(
     options: Options = From(Options, only=("device", "precision", "hf_token")),
     repeats: Repeats = REPEATS,
     plot: Path | None = typer.Option(
-        None, help="Also plot tiles/s and memory to this PNG.", parser=written("--plot")
+        None,
+        help="Also plot tiles/s and memory to this PNG.",
+        parser=written("--plot"),
+        metavar="<path>",
     ),
     json_out: Path | None = typer.Option(
-        None, "--json", help="Also write the numbers here.", parser=written("--json")
+        None,
+        "--json",
+        help="Also write the numbers here.",
+        parser=written("--json"),
+        metavar="<path>",
     ),
 ) -> None:
     """Tiles/s and peak GPU memory per batch size (random tiles), to size a GPU request."""

@@ -214,4 +214,8 @@ def _capital(text: str) -> str:
 def written(flag: str) -> Callable[[str], Path]:
     """The parser of a flag naming a path the command writes (`written_here`): a URL is
     refused in one line before any work, never taken for a local folder named "s3:"."""
-    return functools.partial(written_here, option=flag)
+
+    def path(text: str) -> Path:  # its name: the help's <path>, as for any path
+        return written_here(text, flag)
+
+    return path

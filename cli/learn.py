@@ -35,7 +35,9 @@ SLIDE_ENCODER = typer.Option(
     help="Learn from this slide encoder's stored vector, one per slide, instead of the tiles "
     "(with --arch linear).",
 )
-OUT = typer.Option(..., "--out", help="The run folder (must not exist).", parser=written("--out"))
+OUT = typer.Option(
+    ..., "--out", help="The run folder (must not exist).", parser=written("--out"), metavar="<path>"
+)
 OVERWRITE = typer.Option(False, help="Replace a run folder that exists.")
 
 
@@ -169,7 +171,10 @@ def predict(
     fold: int | None = typer.Option(None, help="One fold's model (default: the folds' mean)."),
     device: str | None = typer.Option(None, help="cuda, cuda:N or cpu (default: the GPU if any)."),
     output: Path | None = typer.Option(
-        None, help="The predictions' table (.csv or .parquet).", parser=written("--output")
+        None,
+        help="The predictions' table (.csv or .parquet).",
+        parser=written("--output"),
+        metavar="<path>",
     ),
     explain: bool = typer.Option(
         False, help="Also write each tile's attention and contribution into the stores."

@@ -69,6 +69,7 @@ def convert(
         "--output",
         help="Directory for <name>.ome.zarr stores.",
         parser=written("--output"),
+        metavar="<path>",
     ),
     options: dict = From(run_convert, exclude=("series", "progress", "tissue")),
     many: dict = From(convert_many, only=("at_once",)),
@@ -189,7 +190,10 @@ def tissue(
     store: Path = typer.Argument(..., help="A store made by `tilestore convert`."),
     options: dict = From(compute_tissue),
     preview: Path | None = typer.Option(
-        None, help="Also write a PNG of the mask over the slide.", parser=written("--preview")
+        None,
+        help="Also write a PNG of the mask over the slide.",
+        parser=written("--preview"),
+        metavar="<path>",
     ),
     channel: str | None = typer.Option(
         None, help="Fluorescence: the nuclear channel, by name or index (default: DAPI/Hoechst)."
@@ -230,7 +234,10 @@ def plan(
     store: Path = typer.Argument(..., help="A store (converted, or a slide's sidecar)."),
     overwrite: bool = typer.Option(False, help="Replace a plan of the same name."),
     preview: Path | None = typer.Option(
-        None, help="Write a PNG: thumbnail, tissue, ROIs, tiles.", parser=written("--preview")
+        None,
+        help="Write a PNG: thumbnail, tissue, ROIs, tiles.",
+        parser=written("--preview"),
+        metavar="<path>",
     ),
     plan_options: PlanOptions = From(PlanOptions),
 ) -> None:

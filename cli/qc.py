@@ -24,11 +24,13 @@ def qc(
         None,
         help="Folder for a PNG per slide: the artefacts over its thumbnail.",
         parser=written("--preview"),
+        metavar="<path>",
     ),
     report: Path | None = typer.Option(
         None,
         help="Folder for the cohort report: qc.csv, qc.parquet, qc.html.",
         parser=written("--report"),
+        metavar="<path>",
     ),
     cluster: str | None = CLUSTER,
     scheduler: str | None = SCHEDULER,

@@ -49,6 +49,7 @@ from tilestore.errors import Interrupted
 from tilestore.options import checked as checked_options
 from tilestore.plan.options import DEFAULT_MPP
 from tilestore.reading.resolution import OverrideMpp, ScanMpp
+from tilestore.urls import written_here
 from tilestore.workers import Calls
 
 # the most processes doing stores' work beside the run (`Embedder._store_side`): three in
@@ -137,6 +138,8 @@ def embed(
         Each store's outcome (embedded, skipped, failed and why), the run's settings and
         timings; ``exit_code`` is the command's exit status (`tilestore.embed.outcome`).
     """
+    if report_path is not None:  # before the model loads
+        written_here(report_path, "report_path")
     if not isinstance(model, LoadedModel):
         model = model_record(model)  # the one resolution of the name in this run
     if checked is None and not isinstance(stores, Stager):
@@ -341,6 +344,8 @@ class Embedder:
         say: Callable[[str], None] | None = None,
     ) -> RunReport:
         started, wall_started = time.perf_counter(), time.time()
+        if report_path is not None:  # a URL refused before any work, not written to "s3:"
+            report_path = written_here(report_path, "report_path")
         report = RunReport.start(self.loaded.describe(), self.settings)
         for store, why in checked.refused if checked else ():
             report.failed(store, why)

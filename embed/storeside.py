@@ -38,7 +38,7 @@ from tilestore.embed.models import ModelSpec
 from tilestore.embed.opening import Opening, PlanChoice, Prepared, open_for_run
 from tilestore.embed.preflight import rgb_input
 from tilestore.embeddings import EmbeddingWriter, RunIdentity
-from tilestore.errors import StoreError, TilestoreWarning
+from tilestore.errors import ChunkError, StoreError, TilestoreWarning
 from tilestore.plan import TilePlan
 from tilestore.reading import Slide, open_slide
 from tilestore.workers import Channel, WorkerGone
@@ -100,8 +100,11 @@ class StoreProcesses:
                 f"{request.store}: the store process opening it died "
                 f"(exit code {channel.exit_code})"
             ) from None
-        if error is not None:
-            self._release(channel)
+        except BaseException:  # a reply that does not read here: let go of it there
+            self._let_go(channel, key)
+            raise
+        if error is not None:  # a result that did not pickle there may have been kept
+            self._let_go(channel, key)
             _said(said)
             raise error
         writer = RemoteWriter(self, channel, key, request.store, found)
@@ -143,6 +146,13 @@ class StoreProcesses:
             channel = min(self._channels, key=lambda c: self._held.get(c, 0))
             self._held[channel] = self._held.get(channel, 0) + 1
             return channel, next(self._keys)
+
+    def _let_go(self, channel: Channel, key: int) -> None:
+        """Whatever the store process holds under `key` abandoned there (nothing, where its
+        opening failed: the call's own error is not ours to say), and its count here."""
+        with contextlib.suppress(WorkerGone):
+            channel(("abandon", key))
+        self._release(channel)
 
     def _release(self, channel: Channel) -> None:
         with self._lock:
@@ -292,13 +302,18 @@ class Side:
             lock_for=self.caller,
             go_on=go_on,
         )
+        ready = opening.ready
+        try:
+            slide = _shipped(ready.slide, ready.plan)
+        except BaseException:
+            opening.abandon()  # its lock released, a group never written removed
+            raise
         with self._lock:
             self.writers[key] = opening.writer
-        ready = opening.ready
         return {
             # the plan and how it is read travel, and the slide opened here (`_shipped`)
             "ready": Prepared(ready.store, None, None, ready.plan, ready.uid, ready.reading),
-            "slide": _shipped(ready.slide, ready.plan),
+            "slide": slide,
             "todo": opening.todo,
             "left": opening.left,
             "seconds": opening.seconds,
@@ -333,7 +348,8 @@ def _shipped(slide: Slide, plan: TilePlan) -> Slide | None:
     (its level readers hold the slide file open): the run opens it itself."""
     if slide.record.source.sidecar:
         return None
-    slide.chunks(plan.spec.level).locations([])
+    with contextlib.suppress(ChunkError):  # damaged: found where the run reads, as before
+        slide.chunks(plan.spec.level).locations([])
     return slide
 
 

@@ -223,8 +223,8 @@ def checked(function: Callable[..., Any]) -> Callable[..., Any]:
 
 def check(name: str, value: Any, kind: Kind, opt: Opt) -> Any:
     """`value` as kept (see `Declaration.check`), or OptionError naming `name`."""
-    if opt.writes and isinstance(value, str):
-        written_here(value, f"{name}=")  # a URL: refused, never a local folder "s3:"
+    if opt.writes and isinstance(value, str):  # a URL refused, never a local folder "s3:"
+        value = written_here(value, f"{name}=")  # (file://: its path)
     if value is None or (isinstance(value, str) and value == opt.none_word):
         if kind.optional:
             return None

@@ -37,6 +37,7 @@ from tilestore.embeddings.slides import open_slide_embeddings
 from tilestore.errors import OutputError, PatientTableError, SlideEncoderError
 from tilestore.exports.slidetable import table_format, write_slide_table
 from tilestore.options import checked
+from tilestore.urls import written_here
 
 COLUMNS = ("slide", "patient")
 DELIMITERS = {".csv": ",", ".tsv": "\t", ".txt": "\t"}
@@ -151,7 +152,7 @@ def embed_patients(
         raise SlideEncoderError(
             f"encoder={spec.name!r} makes no patient vectors; {', '.join(able)} does"
         )
-    output = Path(output)
+    output = written_here(output, "output")
     table_format(output)
     if output.exists() and not overwrite:
         raise OutputError(f"{output} exists: pass overwrite=True to replace it")

@@ -130,7 +130,9 @@ def test_the_library_refuses_a_url_to_write_before_any_work(url, tmp_path, monke
     """The library refuses alike (`convert`'s dst, embed's into and sidecars, an export's
     declared output), naming the argument; a local path and file:// pass."""
     from tests.conftest import SLIDES
+    from tilestore.embed import embed
     from tilestore.embed.inputs import Preparation
+    from tilestore.embed.slides import embed_patients
     from tilestore.errors import OutputError
     from tilestore.options import Kind, Opt, check
     from tilestore.urls import written_here
@@ -144,6 +146,12 @@ def test_the_library_refuses_a_url_to_write_before_any_work(url, tmp_path, monke
         Preparation.of(None, None, in_place=True, sidecars=url)
     with pytest.raises(OutputError, match=r"^output= .*: a URL"):
         check("output", url, Kind(path=True), Opt("A file.", writes="file"))
+    with pytest.raises(OutputError, match=r"^report_path .*: a URL"):  # before the model
+        embed([tmp_path / "x.ome.zarr"], "efficientnet-lite0", report_path=url)
+    with pytest.raises(OutputError, match=r"^output .*: a URL"):
+        embed_patients([], tmp_path / "t.csv", url)
     assert not any(tmp_path.iterdir())
+    declared = Opt("A file.", writes="file")
+    assert check("output", "file:///tmp/x.h5", Kind(path=True), declared) == Path("/tmp/x.h5")
     assert written_here("a/b.ome.zarr", "dst") == Path("a/b.ome.zarr")
     assert written_here("file:///tmp/x", "dst") == Path("/tmp/x")

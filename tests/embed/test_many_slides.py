@@ -382,3 +382,37 @@ def test_a_store_process_sends_the_slide_it_opened_and_a_slide_in_place_is_opene
     in_place = open_in_place(SLIDES / "CMU-1-Small-Region.svs", sidecars=tmp_path / "sidecars")
     plan = plan_over_tissue(in_place, PlanOptions(mpp=0.5, tile=224), store_tissue=False)
     assert _shipped(in_place, plan) is None
+
+
+def test_a_slide_that_cannot_be_sent_releases_its_opening_there(cohort, lite, monkeypatch):
+    """Whatever fails once the store is open in its store process (here, sending its slide)
+    releases it there: no lock, no group, no writer held; a level whose positions are
+    damaged is sent all the same, the damage left to be found where the run reads it."""
+    import shutil
+
+    from tilestore.embed import storeside
+    from tilestore.embed.engine import Embedder
+    from tilestore.embed.settings import Options
+    from tilestore.embed.storeside import Request, Side
+
+    options = Options(device="cpu", precision="fp32", dtype="float32", batch_size=16)
+    with Embedder(lite, options) as embedder:
+        spec, identity = embedder.loaded.spec, embedder.writer_identity()
+    side = Side()
+
+    def broken(slide, plan):
+        raise MemoryError("no room to send it")
+
+    monkeypatch.setattr(storeside, "_shipped", broken)
+    request = Request(str(cohort[0]), spec, None, identity, False, None, False, False, "run")
+    with pytest.raises(MemoryError):
+        side._open(0, request)
+    assert not side.writers and not list(cohort[0].parent.glob(".*.lock"))
+    assert not (cohort[0] / "embeddings" / "efficientnet-lite0").exists()
+    monkeypatch.undo()
+    shutil.rmtree(cohort[1] / "crc32c" / "0")  # level 0's positions gone
+    damaged = Request(str(cohort[1]), spec, None, identity, False, None, False, False, "run")
+    found = side._open(1, damaged)
+    assert found["slide"] is not None and 1 in side.writers
+    assert side._abandon(1)[0].startswith("nothing was written")
+    assert not list(cohort[1].parent.glob(".*.lock"))

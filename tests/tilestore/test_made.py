@@ -74,3 +74,32 @@ def test_an_array_zarr_refuses_leaves_nothing_written(tmp_path):
     with pytest.raises(ValueError):
         asyncio.run(made_new(LocalStore(tmp_path), arrays, ("g/crc32c",)))
     assert _files(tmp_path) == before
+
+
+class _Failing(LocalStore):
+    """A disk that fills at one file while the others are slow to write."""
+
+    fails = ""
+
+    async def set(self, key, value, byte_range=None):
+        if key == self.fails:
+            raise OSError(28, "No space left on device")
+        await asyncio.sleep(0.2)
+        return await super().set(key, value)
+
+
+@pytest.mark.parametrize("fails", ["g/x_um/zarr.json", "g/crc32c/zarr.json", "g/x/c/0"])
+def test_a_write_that_fails_leaves_none_running_once_it_is_raised(tmp_path, fails):
+    """The error comes once every write of its round has ended: the group removed then stays
+    removed (zarr's `create_nodes` raises at the first and leaves the rest writing)."""
+    import shutil
+    import time
+
+    zarr.open_group(tmp_path, mode="w").require_group("g")
+    store = _Failing(tmp_path)
+    store.fails = fails
+    with pytest.raises(OSError, match="No space left"):
+        asyncio.run(made_new(store, _arrays(45), ("g/crc32c",)))
+    shutil.rmtree(tmp_path / "g")
+    time.sleep(0.5)
+    assert not (tmp_path / "g").exists()

@@ -6,9 +6,10 @@ writes again the document of every group above it (an embeddings group's array: 
 five), each a file opened on the loop's thread: half of the CPU a small slide's group cost
 its store process (bench/RESULTS.md, issue 68). Here each array's metadata is still decided
 by zarr's own `create_array` (its checks, codecs and defaults), on a store in memory; then
-every document is written to the store, and every array's data, concurrently (zarr's
-`create_nodes`): the same files, without the lookups. The caller holds the group (its lock)
-and has just made it: nothing is at these paths.
+every document (the metadata's own `to_buffer_dict`), and every array's data, is written to
+the store concurrently: the same files, without the lookups. Each round ends whole before
+its first error is raised: no write is left running while the caller removes the group.
+The caller holds the group (its lock) and has just made it: nothing is at these paths.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any
 import zarr
 from zarr.abc.store import Store
 from zarr.core.array import create_array
-from zarr.core.group import GroupMetadata, create_nodes
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.group import GroupMetadata
 from zarr.storage import MemoryStore, StorePath
 
 
@@ -34,33 +36,38 @@ async def made_new(
     decided = _all_or_first_error(
         await asyncio.gather(*(_decided(kw) for kw in arrays.values()), return_exceptions=True)
     )
-    metadata = {path: meta for path, (meta, _) in zip(arrays, decided, strict=True)}
+    metadata = {path: meta for path, (meta, _, _) in zip(arrays, decided, strict=True)}
     nodes = {**dict.fromkeys(groups, GroupMetadata(zarr_format=3)), **metadata}
-    async for _ in create_nodes(store=store, nodes=nodes):
-        pass
+    prototype = default_buffer_prototype()
+    documents = (
+        store.set(f"{path}/{name}", document)
+        for path, node in nodes.items()
+        for name, document in node.to_buffer_dict(prototype).items()
+    )
+    _all_or_first_error(await asyncio.gather(*documents, return_exceptions=True))
     made = {
-        path: zarr.AsyncArray(metadata=meta, store_path=StorePath(store, path))
-        for path, meta in metadata.items()
+        path: zarr.AsyncArray(metadata=meta, store_path=StorePath(store, path), config=config)
+        for path, (meta, _, config) in zip(arrays, decided, strict=True)
     }
     writes = (
         made[path].setitem(slice(None), data)
-        for path, (_, data) in zip(arrays, decided, strict=True)
+        for path, (_, data, _) in zip(arrays, decided, strict=True)
         if data is not None
     )
     _all_or_first_error(await asyncio.gather(*writes, return_exceptions=True))
     return made
 
 
-async def _decided(kwargs: dict[str, Any]) -> tuple[Any, Any]:
-    """An array's metadata as zarr's `create_array` decides it (on a store in memory), and
-    its data (None: none)."""
+async def _decided(kwargs: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """An array's metadata as zarr's `create_array` decides it (on a store in memory), its
+    data (None: none) and its runtime config (None: zarr's)."""
     kw = dict(kwargs)
     kw.pop("overwrite", None)  # nothing is there
     data = kw.pop("data", None)
     if data is not None:
         kw["shape"], kw["dtype"] = data.shape, data.dtype
     array = await create_array(MemoryStore(), **kw)
-    return array.metadata, data
+    return array.metadata, data, kw.get("config")
 
 
 def _all_or_first_error(results: list) -> list:

@@ -242,3 +242,29 @@ def test_the_plan_replaced_refusal_counts_each_plan_s_own_tiles(slide_plan):
     # another plan's group of the model is made beside it: nothing to refuse
     other = resume_state(slide, MODEL["name"], "0.5mpp-224px", None, None)
     assert other.state == "new"
+
+
+def test_a_removal_cut_short_leaves_no_group_to_resume(slide_plan, monkeypatch):
+    """A group abandoned with nothing written is removed; a removal cut short (its process
+    killed part way: a store process ends the moment its run is gone) must not leave the
+    group's record with some of its arrays gone, which the rerun would resume and find
+    damaged: the record goes first, and the rerun makes the group again."""
+    from zarr.storage import LocalStore
+
+    first = _writer(slide_plan)
+    assert (slide_plan[3] / first.path / "tissue").is_dir()
+    remove = LocalStore.delete_dir
+
+    async def cut_short(self, prefix):  # the tissue column gone, then no more (killed)
+        await remove(self, f"{prefix}/tissue")
+        raise OSError(5, "cut short")
+
+    monkeypatch.setattr(LocalStore, "delete_dir", cut_short)
+    assert "stays empty" in first.abandon()  # what is left of it: no record
+    monkeypatch.undo()
+    assert not (slide_plan[3] / first.path / "tissue").exists()
+    again = _writer(slide_plan)  # made again, not resumed and refused as damaged
+    assert again.todo().tolist() == list(range(again.blocks))
+    _fill(again, again.todo(), 2.0)
+    again.finish({})
+    assert _group(slide_plan)["tissue"][:].size == len(again.plan)

@@ -281,7 +281,7 @@ class EmbeddingWriter:
         if self.group is None:
             with written_whole(self.root, self.path, self.slide.name, self.path):
                 if self._replace:
-                    del self.root[self.path]
+                    _removed(self.root, self.path)
                 if maker is None:
                     self._open(*self._create())
                 else:
@@ -499,7 +499,7 @@ class EmbeddingWriter:
             done = int(self._done[:].sum())
             if done == 0 and self._made:
                 try:
-                    del self.root[self.path]
+                    _removed(self.root, self.path)
                     folder = self.path.rsplit("/", 1)[0]  # embeddings/<model>, made for it
                     if folder != self.path and not _members(self.root, folder):
                         del self.root[folder]
@@ -529,7 +529,7 @@ class EmbeddingWriter:
                 f"{self.slide.name}: {self.path} is damaged ({type(exc).__name__}: {exc}); "
                 "pass overwrite=True to embed again"
             ) from exc
-        del self.root[self.path]  # we hold the lock: nobody else is making it
+        _removed(self.root, self.path)  # we hold the lock: nobody else is making it
         return None
 
     def _create(self) -> tuple[zarr.Group, tuple[dict, dict]]:
@@ -739,6 +739,15 @@ def _created(group: zarr.Group, arrays: dict[str, dict[str, Any]]) -> dict[str, 
     paths = {name: f"{group.path}/{name}".lstrip("/") for name in arrays}
     made = sync(made_new(group.store_path.store, {paths[n]: kw for n, kw in arrays.items()}))
     return {name: zarr.Array(made[paths[name]]) for name in arrays}
+
+
+def _removed(root: zarr.Group, path: str) -> None:
+    """Remove the group at `path`, its own document (its record) first: a removal cut short
+    (its process killed: a store process ends the moment its run is gone) leaves files that
+    a rerun removes (`_existing`: no record), never a group with its record and some of its
+    arrays gone, which a rerun would take for one to resume and find damaged."""
+    sync((root.store_path / path / "zarr.json").delete())
+    del root[path]
 
 
 def make_group(store: str, plan: TilePlan, plan_uid: str, identity: RunIdentity) -> None:

@@ -1,9 +1,10 @@
 """From store chunks to batches of tiles: decode on CPU threads and cut, row by row.
 
-A plan's grid row of tiles shares one vertical span, so its chunks are stitched into one
-band and every tile of the row is cut with a single strided gather (``unfold`` + index):
-no Python loop over tiles, on the CPU or on the GPU. Batches are exactly the plan's
-batches (block b holds tiles b*B .. b*B+B-1), which is what makes resuming bitwise exact.
+A plan's tiles lie on one lattice, so the chunks of a grid row (or of a small slide's
+several rows) are stitched into one band and every tile in it is cut with a single strided
+gather (``unfold`` + index): no Python loop over tiles, on the CPU or on the GPU. Batches
+are exactly the plan's batches (block b holds tiles b*B .. b*B+B-1), which is what makes
+resuming bitwise exact.
 """
 
 from __future__ import annotations
@@ -38,27 +39,32 @@ def decode_row_cpu(
     return out
 
 
-def cut_row(
+def cut_tiles(
     cache: dict[tuple[int, int], torch.Tensor],
-    y: int,
+    ys: np.ndarray,
     xs: np.ndarray,
     read: int,
     stride: int,
     chunk: tuple[int, int],
     channels_first: bool,
 ) -> torch.Tensor:
-    """Return the tiles of one grid row: windows [y, y+read) x [x, x+read) for each x in xs.
+    """Return the tiles at (ys[i], xs[i]): windows [y, y+read) x [x, x+read), in that order.
 
-    The row's chunks are stitched into a band with one concatenation per chunk row and the
-    tiles gathered with one strided index: a handful of kernels, whatever the row's length.
-    xs must be sorted and step by multiples of `stride`. Chunks are (h, w, c), or (c, h, w)
-    with channels_first (as nvJPEG decodes them); the tiles are (n, read, read, c) either
-    way, so every batch has one layout (and a compiled model one graph). Chunks absent from
-    the cache are covered by no tile of this row and stand in as zeros.
+    The chunks the tiles span are stitched into one band (one concatenation per chunk row,
+    one across them) and every tile gathered with one strided index: a handful of kernels
+    for a grid row, or for the several rows of a small slide (`tilestore.plan.tiles.joined`).
+    ys and xs must lie on one lattice of `stride`, as a plan's do. Chunks are (h, w, c), or
+    (c, h, w) with channels_first (as nvJPEG decodes them); the tiles are (n, read, read, c)
+    either way, so every batch has one layout (and a compiled model one graph). Chunks
+    absent from the cache are covered by no tile and stand in as zeros.
     """
     ch, cw = chunk
-    r0, r1 = y // ch, (y + read - 1) // ch
-    c0, c1 = int(xs[0]) // cw, (int(xs[-1]) + read - 1) // cw
+    y0, x0 = int(ys.min()), int(xs.min())
+    down, across = (ys - y0) // stride, (xs - x0) // stride
+    if ((down * stride + y0) != ys).any() or ((across * stride + x0) != xs).any():
+        raise ValueError(f"tiles off a lattice of stride {stride}: cannot be cut in one gather")
+    r0, r1 = y0 // ch, (int(ys.max()) + read - 1) // ch
+    c0, c1 = x0 // cw, (int(xs.max()) + read - 1) // cw
     sample = next(iter(cache.values()))
     blank = None
     along_x, along_y = (2, 1) if channels_first else (1, 0)
@@ -73,17 +79,16 @@ def cut_row(
             parts.append(part)
         bands.append(torch.cat(parts, dim=along_x) if len(parts) > 1 else parts[0])
     band = torch.cat(bands, dim=along_y) if len(bands) > 1 else bands[0]
-    top = y - r0 * ch
-    left = int(xs[0]) - c0 * cw
-    # a pageable copy, but not a blocking one: the producer stream does not stall per row
-    index = torch.from_numpy((xs - xs[0]) // stride).to(band.device, non_blocking=True)
-    if channels_first:
-        strip = band[:, top : top + read, left:]  # (c, read, W)
-        windows = strip.unfold(2, read, stride)  # (c, read, n_windows, read)
-        return windows.permute(2, 1, 3, 0).index_select(0, index)
-    strip = band[top : top + read, left:]  # (read, W, c)
-    windows = strip.unfold(1, read, stride)  # (read, n_windows, c, read)
-    return windows.permute(1, 0, 3, 2).index_select(0, index)
+    top, left = y0 - r0 * ch, x0 - c0 * cw
+    # a pageable copy, but not a blocking one: the producer stream does not stall per step
+    at = torch.from_numpy(np.stack([down, across])).to(band.device, non_blocking=True)
+    if channels_first:  # (c, H, W) -> (c, ny, nx, read, read) -> (ny, nx, read, read, c)
+        windows = band[:, top:, left:].unfold(1, read, stride).unfold(2, read, stride)
+        windows = windows.permute(1, 2, 3, 4, 0)
+    else:  # (H, W, c) -> (ny, nx, c, read, read) -> (ny, nx, read, read, c)
+        windows = band[top:, left:].unfold(0, read, stride).unfold(1, read, stride)
+        windows = windows.permute(0, 1, 3, 4, 2)
+    return windows[at[0], at[1]]
 
 
 @dataclass(frozen=True)

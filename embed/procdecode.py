@@ -205,6 +205,20 @@ class ProcessDecoder:
         for index in range(count):
             self._free.put(index)
 
+    def room(self, nbytes: int) -> int:
+        """How many blocks of at least `nbytes` are free now (copies done are reclaimed,
+        none waited for): what a slide read before its turn may take without waiting."""
+        if not self.blocks or self.blocks[0].size < nbytes:
+            return 0
+        waiting = collections.deque()
+        for block, copied in self._copying:
+            if copied.query():
+                self._free.put(block)
+            else:
+                waiting.append((block, copied))
+        self._copying = waiting
+        return self._free.qsize()
+
     def start_pinning(self) -> None:
         """Page-lock the blocks (if reserved with pin=True) on a background thread.
 

@@ -10,6 +10,7 @@ through. A job that fails does not stop the others.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import queue
 import threading
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tilestore.embed.assemble import Batch, BatchBuilder, CpuAssembler, cut_row
+from tilestore.embed.assemble import Batch, BatchBuilder, CpuAssembler, cut_tiles
 from tilestore.embed.buffers import SlotPool
 from tilestore.embed.decodeplan import DecodePath, DecodePlan, decode_plan, slide_decoding
 from tilestore.embed.jobs import Job
@@ -30,10 +31,16 @@ from tilestore.embed.packing import Packer
 from tilestore.embed.procdecode import ProcessDecoder
 from tilestore.embed.queues import DONE, Stopped, put
 from tilestore.embed.report import RunReport, Stats
-from tilestore.embed.rows import BothRows, NvjpegRows, ProcessRows, ThreadRows
+from tilestore.embed.rows import BothRows, NvjpegRows, ProcessRows, ThreadRows, early_rows
 from tilestore.embed.settings import Settings
 from tilestore.errors import TilestoreError
-from tilestore.plan.tiles import chunk_schedule
+from tilestore.plan.tiles import chunk_schedule, joined
+
+# a step's band of chunks, at most (pixels): a small slide's grid rows are read and cut at
+# once (`tilestore.plan.tiles.joined`); about one grid row of a 17,000 px slide
+JOIN_PIXELS = 8_000_000
+# slides whose rows are asked of the decoder processes before their turn, at most
+EARLY_SLIDES = 8
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,17 @@ class JobFailed:
     error: TilestoreError
 
 
+@dataclass
+class Early:
+    """A job whose rows the decoder processes read before its turn (`early_rows`)."""
+
+    job: Job
+    reader: object  # its level's ChunkReader
+    decoding: DecodePlan
+    sub: object  # the plan of its tiles to do
+    rows: ProcessRows | None  # None: decided early, read at its turn
+
+
 class Producer:
     """Fills the GPU loop's queue from a stream of jobs (run on a thread of its own)."""
 
@@ -74,6 +92,7 @@ class Producer:
         self.processes, self.gpu_jpeg = processes, gpu_jpeg
         self.prepared = prepared  # told of each job once it is open (so it can be released)
         self.nvjpeg_failed = False  # the decoder itself failed this run: the CPU decodes on
+        self.early: collections.deque[Early] = collections.deque()  # the next jobs, in order
 
     def run(
         self, jobs: Iterator[Job], report: RunReport, ready: queue.Queue, stop: threading.Event
@@ -83,7 +102,8 @@ class Producer:
         settings = self.settings
         # small slides' partial batches share model batches (`tilestore.embed.packing`)
         packer = Packer(settings.batch_size, lambda item: put(ready, item, stop))
-        ahead = _ahead(jobs, stop, self.prepared)
+        ahead = Ahead(jobs, stop, self.prepared)
+        self.ahead, self.report = ahead, report
         try:
             stream = torch.cuda.Stream(settings.device) if settings.cuda else None
             on_stream = lambda: torch.cuda.stream(stream) if stream else contextlib.nullcontext()  # noqa: E731
@@ -93,15 +113,20 @@ class Producer:
             ):
                 for job in ahead:
                     packer.put(JobStart(job))
+                    early = self.early.popleft() if self.early else None
+                    assert early is None or early.job is job  # read early in order
                     # on a file system a write found full or read-only: the writer fails it
                     refused = report.filesystems.refusal(job.store) is not None
                     try:
                         if len(job.todo) and not refused:
                             with on_stream():
-                                self._job(job, report, decoders, cutters, packer.put, stop)
+                                self._job(job, report, decoders, cutters, packer.put, stop, early)
                     except TilestoreError as exc:  # this slide's data: the others go on
                         packer.put(JobFailed(job, exc))
                         continue
+                    finally:
+                        if early is not None and early.rows is not None:
+                            early.rows.close()  # used or not (refused), its blocks go back
                     packer.put(JobEnd(job))
             with on_stream():
                 packer.flush()
@@ -112,16 +137,23 @@ class Producer:
             with contextlib.suppress(Stopped):
                 put(ready, exc, stop)
         finally:
+            while self.early:
+                if (rows := self.early.popleft().rows) is not None:
+                    rows.close()
             ahead.close()
 
-    def _job(self, job: Job, report: RunReport, decoders, cutters, hand_on: Callable, stop) -> None:
+    def _job(
+        self, job: Job, report: RunReport, decoders, cutters, hand_on: Callable, stop, early
+    ) -> None:
         settings, plan, batch = self.settings, job.plan, self.settings.batch_size
-        reader = job.slide.chunks(plan.spec.level)
-        decoding = self._decode_plan(job, reader, report)
+        if early is not None:  # decided, and perhaps read, before its turn (`_read_early`)
+            reader, decoding, sub = early.reader, early.decoding, early.sub
+        else:
+            reader = job.slide.chunks(plan.spec.level)
+            decoding = self._decode_plan(job, reader, report)
+            sub = plan.subset(job.todo)
         report.begin(job, decoding.record())
         path = decoding.path
-        sub = plan.subset(job.todo)
-        steps = chunk_schedule(sub)
         emit = hand_on  # each batch to the GPU loop, through the packer
         t0 = time.perf_counter()
         if path in ("nvjpeg", "both"):  # the CPU takes over where nvJPEG fails
@@ -132,7 +164,7 @@ class Producer:
                 hand_on(b)
 
             try:
-                self._on_device(job, reader, sub, steps, emit_gpu, stop, decoders, path)
+                self._on_device(job, reader, sub, emit_gpu, stop, decoders, path)
             except GpuDecodeFailed as exc:
                 self.nvjpeg_failed = self.nvjpeg_failed or exc.decoder_fault
                 report.warnings.append(
@@ -142,14 +174,13 @@ class Producer:
                 rest = job.todo[~np.isin(job.todo // batch, list(emitted))]
                 rest_plan = plan.subset(rest)
                 cpu = decode_plan(settings, reader, self.processes is not None, None).path
-                rest_steps = chunk_schedule(rest_plan)
                 # the same job (its batches on its lane, before its end), the rest of its tiles
-                self._on_device(
-                    job, reader, rest_plan, rest_steps, emit, stop, decoders, cpu, todo=rest
-                )
+                self._on_device(job, reader, rest_plan, emit, stop, decoders, cpu, todo=rest)
         elif path != "cut":  # decoder processes or threads, tiles cut on the GPU
-            self._on_device(job, reader, sub, steps, emit, stop, decoders, path)
+            rows = None if early is None else early.rows
+            self._on_device(job, reader, sub, emit, stop, decoders, path, rows=rows)
         else:  # no GPU, or a zstd level: cut on CPU threads into (pinned) batches
+            steps = chunk_schedule(sub)
             read = plan.spec.read
             pool = SlotPool(
                 settings.prefetch + settings.readers + 2,
@@ -179,16 +210,18 @@ class Producer:
         return decided.plan
 
     def _on_device(
-        self, job, reader, sub, steps, emit, stop, decoders, path: DecodePath, todo=None
+        self, job, reader, sub, emit, stop, decoders, path: DecodePath, todo=None, rows=None
     ) -> None:
         """Grid rows' chunks are decoded ahead (`tilestore.embed.rows`, the row source of
-        `path`) and each row's band is stitched and its tiles gathered on the GPU: a few
-        kernels per row, no Python per tile. todo: the job's tiles `sub` holds (None: all
-        of its `todo`)."""
+        `path`) and each step's band is stitched and its tiles gathered on the GPU: a few
+        kernels per grid row (or per small slide: its rows `joined`), no Python per tile.
+        todo: the job's tiles `sub` holds (None: all of its `todo`); rows: its rows read
+        early (`early_rows`)."""
         todo = job.todo if todo is None else todo
         read, chunk = sub.spec.read, (reader.chunk_h, reader.chunk_w)
         device, batch = self.settings.device, self.settings.batch_size
         builder = BatchBuilder(job, batch, len(job.plan), emit, None, device, stop)
+        steps = rows.steps if rows is not None else _steps(sub)
         common = (steps, self.settings, self.stats.span, reader)
         sources = {
             "nvjpeg": lambda: NvjpegRows(*common, self.gpu_jpeg),
@@ -198,55 +231,107 @@ class Producer:
         }
         nvjpeg = path in ("nvjpeg", "both")  # the chunks come (c, h, w)
         cache: dict[tuple[int, int], torch.Tensor] = {}
-        with sources[path]() as source:
+        with rows if rows is not None else sources[path]() as source:
             for index, step in enumerate(steps):
                 if stop.is_set():
                     raise Stopped
                 with self.stats.span("assemble", "assemble (cut tiles on the GPU)"):
                     cache.update(zip(*source.take(index), strict=True))
-                    y, xs = int(sub.level_y[step.tiles[0]]), sub.level_x[step.tiles]
-                    tiles = cut_row(cache, y, xs, read, sub.spec.read_stride, chunk, nvjpeg)
+                    ys, xs = sub.level_y[step.tiles], sub.level_x[step.tiles]
+                    tiles = cut_tiles(cache, ys, xs, read, sub.spec.read_stride, chunk, nvjpeg)
                     builder.add(todo[step.tiles], tiles)
+                if path == "processes" and source.asked_all:
+                    self._read_early(stop)  # every row of this slide asked: the next slides'
                 dropped = (cache.pop(tuple(rc), None) for rc in step.drop.tolist())
                 source.retire([chunk for chunk in dropped if chunk is not None])
             source.retire(list(cache.values()))
 
+    def _read_early(self, stop: threading.Event) -> None:
+        """Decide the next slides' decoding, in order, up to `EARLY_SLIDES` of those opened
+        and waiting, and have the decoder processes read their rows now (`early_rows`),
+        stopping at the first they do not: each decision is kept for the slide's turn."""
+        waiting = self.ahead.opened(EARLY_SLIDES)
+        if self.early and self.early[-1].rows is None:
+            return  # read at its turn: the slides after it wait for theirs
+        for job in waiting[len(self.early) :]:
+            if not len(job.todo):
+                return
+            reader = job.slide.chunks(job.plan.spec.level)
+            decoding = self._decode_plan(job, reader, self.report)
+            sub = job.plan.subset(job.todo)
+            rows = None
+            if decoding.path == "processes":
+                rows = early_rows(
+                    _steps(sub), self.settings, self.stats.span, reader, self.processes, stop
+                )
+            self.early.append(Early(job, reader, decoding, sub, rows))
+            if rows is None:
+                return
 
-def _ahead(
-    jobs: Iterator[Job], stop: threading.Event, prepared: Callable[[Job], None]
-) -> Iterator[Job]:
-    """Take the jobs on a thread while this one streams (`store_jobs` opens several ahead).
+
+def _steps(sub) -> list:
+    """The steps a plan's tiles are read and cut by on the GPU: its grid rows, a small
+    slide's joined (`JOIN_PIXELS`)."""
+    return joined(chunk_schedule(sub), sub, JOIN_PIXELS)
+
+
+class Ahead:
+    """The jobs, taken on a thread while the producer streams (`store_jobs` opens several
+    ahead); `opened` shows those already waiting, without waiting for more.
 
     `prepared` is told of each job at once, so a failure releases its lock even if it never
     streamed; a stop closes the jobs, which release those opened and not yet taken."""
-    box: queue.Queue = queue.Queue(maxsize=1)
 
-    def prepare() -> None:
+    def __init__(
+        self, jobs: Iterator[Job], stop: threading.Event, prepared: Callable[[Job], None]
+    ) -> None:
+        self.jobs, self.stop, self.prepared = jobs, stop, prepared
+        self._box: queue.Queue = queue.Queue(maxsize=1)
+        self._waiting: collections.deque = collections.deque()  # taken from the box
+        self._thread = threading.Thread(target=self._prepare, name="tilestore-prepare", daemon=True)
+        self._thread.start()
+
+    def __iter__(self) -> Iterator[Job]:
+        while True:
+            item = self._waiting.popleft() if self._waiting else self._box.get()
+            if item is DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def opened(self, most: int) -> list[Job]:
+        """Up to `most` of the next jobs, those opened already (no wait)."""
+        while len(self._waiting) < most:
+            if self._waiting and not isinstance(self._waiting[-1], Job):
+                break  # the end, or an error: nothing after it
+            try:
+                self._waiting.append(self._box.get_nowait())
+            except queue.Empty:
+                break
+        return [item for item in self._waiting if isinstance(item, Job)]
+
+    def close(self) -> None:
+        """Stopped: every job it opened is told (`prepared`) before the run releases them."""
+        if self.stop.is_set():
+            self._thread.join(PREPARE_JOIN_S)
+
+    def _prepare(self) -> None:
+        jobs, stop = self.jobs, self.stop
         try:
             for job in jobs:
-                prepared(job)
-                put(box, job, stop)
-            put(box, DONE, stop)
+                self.prepared(job)
+                put(self._box, job, stop)
+            put(self._box, DONE, stop)
         except Stopped:
             return
         except BaseException as exc:  # re-raised where the jobs are consumed
             with contextlib.suppress(Stopped):
-                put(box, exc, stop)
+                put(self._box, exc, stop)
         finally:
             close = getattr(jobs, "close", None)
             if close is not None:
                 close()
-
-    thread = threading.Thread(target=prepare, name="tilestore-prepare", daemon=True)
-    thread.start()
-    try:
-        while (item := box.get()) is not DONE:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:  # stopped: every job it opened is told (`prepared`) before the run releases them
-        if stop.is_set():
-            thread.join(PREPARE_JOIN_S)
 
 
 # how long a stopped run waits for the jobs being opened (a group being made in a worker; a

@@ -61,6 +61,11 @@ class RowSource:
             chunks = self._result(index, coords, pending)
         return coords, chunks
 
+    @property
+    def asked_all(self) -> bool:
+        """Whether every step has been submitted (its rows read, or being read)."""
+        return self._next == len(self.steps)
+
     def retire(self, chunks: list[torch.Tensor]) -> None:
         """Chunks the consumer stream has read for the last time (once its kernels run)."""
 
@@ -136,21 +141,38 @@ class ProcessRows(RowSource):
     0.10-0.13 s when pinning starts after 3 batches, at the same tiles/s (medians 16,225
     and 16,333)."""
 
-    def __init__(self, steps, settings, span, reader: ChunkReader, procs: ProcessDecoder, stop):
+    def __init__(
+        self, steps, settings, span, reader: ChunkReader, procs: ProcessDecoder, stop, early=False
+    ):
         super().__init__(steps, settings, span)
         batch = settings.batch_size
         self.reader, self.procs, self.stop = reader, procs, stop
         self.shape = (reader.chunk_h, reader.chunk_w, reader.channels)
         workers = len(procs.workers)
-        row_bytes = max((len(s.load) for s in steps), default=1) * int(np.prod(self.shape))
+        row_bytes = self.row_bytes(steps, reader)
         want = min(workers, max(2, AHEAD_BYTES // row_bytes))  # wide slides: fewer rows
-        procs.reserve(want + 2, row_bytes, pin=True, least=4)  # 2 ahead, 2 being copied
+        if not early:  # read before its turn: into the blocks there (`early_rows`)
+            procs.reserve(want + 2, row_bytes, pin=True, least=4)  # 2 ahead, 2 being copied
         self.ahead = min(want, len(procs.blocks) - 2)
         tiles = np.cumsum([len(s.tiles) for s in steps])
         self.first_rows = int(np.searchsorted(tiles, batch)) + 1
-        self.first_parts = max(1, workers // self.first_rows)
+        # a slide's first rows split among all the workers, unless its turn is not come
+        self.first_parts = 1 if early else max(1, workers // self.first_rows)
         self.per_part = max(1, PART_PIXELS // (reader.chunk_h * reader.chunk_w))  # chunks
         self.pin_from = int(np.searchsorted(tiles, PIN_AFTER_BATCHES * batch)) + 1
+
+    @staticmethod
+    def row_bytes(steps, reader: ChunkReader) -> int:
+        """The bytes of the largest step's new chunks: the size of a block it decodes into."""
+        chunk = reader.chunk_h * reader.chunk_w * reader.channels
+        return max((len(s.load) for s in steps), default=1) * chunk
+
+    def submit_all(self) -> None:
+        """Submit every step now (a slide read before its turn, `early_rows`)."""
+        for index in range(self._next, len(self.steps)):
+            coords = [tuple(rc) for rc in self.steps[index].load.tolist()]
+            self._pending[index] = (coords, self._submit(index, coords) if coords else None)
+        self._next = len(self.steps)
 
     def _wants_more(self, index: int) -> bool:
         return self._next < index + self.ahead
@@ -194,6 +216,23 @@ class ProcessRows(RowSource):
         for part in parts:
             part.exception()  # finished (either way) before the block is reused
         self.procs.release(block)
+
+
+def early_rows(steps, settings, span, reader: ChunkReader, procs: ProcessDecoder, stop):
+    """A slide's rows, every one asked of the decoder processes now, before its turn, if
+    they fit in blocks free now (keeping two for the slide being cut): a small slide's
+    decoding then runs beside the GPU's work on those before it. None where they do not
+    fit: the slide's rows are then read when its turn comes, as any slide's.
+
+    Only whole slides are read early, and only while the slide being cut has asked for all
+    its rows, so no slide waits for a block that a later one holds."""
+    if len(procs.blocks) < 4 or not steps:
+        return None
+    if procs.room(ProcessRows.row_bytes(steps, reader)) < len(steps) + 2:
+        return None
+    rows = ProcessRows(steps, settings, span, reader, procs, stop, early=True)
+    rows.submit_all()
+    return rows
 
 
 class NvjpegRows(RowSource):

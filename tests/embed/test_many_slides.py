@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 import zarr
 
 from tilestore.embed.lanes import Lanes
@@ -126,6 +127,48 @@ def test_a_cohort_of_small_stores_is_each_store_alone(cohort, tmp_path, lite):
     assert per["beside_ms"]["max"] == pytest.approx(max(sums), abs=0.2)
     (line,) = [ln for ln in format_report(report) if ln.startswith("per-slide fixed cost")]
     assert "ms median" in line and "open and plan" in line
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_small_slides_read_early_and_cut_at_once_are_each_store_alone(
+    cohort, tmp_path, lite, monkeypatch
+):
+    """On the GPU a small slide's rows are joined into one step and the next slides' rows
+    decoded before their turn (`early_rows`), while one is cut: each store's features are
+    still the ones it gets alone, bit for bit."""
+    from tilestore.embed import produce
+    from tilestore.embed.engine import embed
+    from tilestore.embed.settings import Options
+
+    opened, early = produce.Ahead.opened, []
+
+    def all_opened(self, most):  # the cohort's stores all opened before the first is cut
+        deadline = time.monotonic() + 20
+        while len(found := opened(self, most)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return found
+
+    def recorded(*args, **kwargs):
+        rows = early_rows(*args, **kwargs)
+        early.append(rows is not None)
+        return rows
+
+    early_rows = produce.early_rows
+    monkeypatch.setattr(produce.Ahead, "opened", all_opened)
+    monkeypatch.setattr(produce, "early_rows", recorded)
+    options = Options(device="cuda", precision="fp32", dtype="float32", batch_size=16)
+    alone = [tmp_path / f"alone{i}.ome.zarr" for i in range(len(cohort))]
+    for store, copy in zip(cohort, alone, strict=True):
+        shutil.copytree(store, copy)
+    for copy in alone:
+        embed([copy], lite, options=options)
+    early.clear()
+    report = embed(cohort, lite, options=options)
+    assert not report.failures and len(report.finished) == len(cohort)
+    assert early == [True] * (len(cohort) - 1)  # every slide after the first read early
+    for store, copy in zip(cohort, alone, strict=True):
+        assert np.array_equal(_features(store), _features(copy))
 
 
 @pytest.mark.slow

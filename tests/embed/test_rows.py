@@ -14,9 +14,9 @@ from tests.embed.conftest import settings
 from tilestore.embed.nvjpeg import open_decoder
 from tilestore.embed.procdecode import ProcessDecoder
 from tilestore.embed.report import no_span
-from tilestore.embed.rows import NvjpegRows, ProcessRows, ThreadRows
+from tilestore.embed.rows import NvjpegRows, ProcessRows, ThreadRows, early_rows
 from tilestore.plan import PlanOptions, plan_over_tissue
-from tilestore.plan.tiles import chunk_schedule
+from tilestore.plan.tiles import chunk_schedule, joined
 from tilestore.reading.opening import open_slide
 
 CUDA = torch.cuda.is_available()
@@ -78,6 +78,33 @@ def test_process_rows(stores):
             threading.Event(),
         )
         _check(source, reader, steps)
+    finally:
+        procs.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_a_small_slide_read_early_comes_back_whole_and_only_where_blocks_are_free(stores):
+    """A small slide's rows joined into one step and asked before its turn: nothing where
+    the decoder processes have no blocks yet, or none free; its chunks, where they do."""
+    reader, rows = _steps(stores)
+    plan = plan_over_tissue(open_slide(stores(CMU)), PlanOptions(mpp=0.5, tile=224))
+    steps = joined(chunk_schedule(plan), plan, 10**9)
+    assert len(steps) == 1 < len(rows)
+    device = torch.device("cuda", torch.cuda.current_device())
+    run = settings(device, batch_size=64)
+    procs = ProcessDecoder(2)
+    try:
+        assert early_rows(steps, run, no_span, reader, procs, threading.Event()) is None
+        first = ProcessRows(steps, run, no_span, reader, procs, threading.Event())
+        held = [procs.submit([], [], first.shape, 0, threading.Event())[0] for _ in procs.blocks]
+        assert early_rows(steps, run, no_span, reader, procs, threading.Event()) is None
+        for block in held:
+            procs.release(block)
+        source = early_rows(steps, run, no_span, reader, procs, threading.Event())
+        assert source is not None and source.asked_all
+        _check(source, reader, steps)
+        first.close()
     finally:
         procs.close()
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tests.tilestore.rois import rois
 from tilestore.errors import PlanError
 from tilestore.plan.grid import _prefix, grid_spec, make_plan, tissue_fractions
-from tilestore.plan.tiles import chunk_schedule
+from tilestore.plan.tiles import chunk_schedule, joined
 from tilestore.reading.resolution import MPP_TOLERANCE
 
 PROPS = settings(max_examples=80, deadline=None)
@@ -199,3 +199,41 @@ def test_schedule_loads_each_needed_chunk_once_before_use(spec, seed):
             top = plan.chunk_rows[steps[index + 1].tiles, 0].min()
             assert all(r >= top for r, _ in live)
     assert seen_tiles == list(range(len(plan)))  # plan order
+
+
+@PROPS
+@given(
+    specs(side=1500, min_tile=32, min_stride=16),
+    st.integers(0, 2**31),
+    st.sampled_from([0, 256 * 240 * 4, 256 * 240 * 30, 10**9]),
+)
+def test_joined_steps_read_each_chunk_once_and_stay_within_their_band(spec, seed, limit):
+    """Steps joined (a small slide's rows cut at once): the same tiles in plan order, each
+    chunk loaded once before the step that needs it and dropped once, and a joined step's
+    chunks span at most `limit` pixels."""
+    rng = np.random.default_rng(seed)
+    mask = rng.random((30, 30)) > 0.6
+    h0 = spec.level_shape[0] * spec.downsample[0]
+    w0 = spec.level_shape[1] * spec.downsample[1]
+    plan = _plan(spec, tissue=mask, tissue_downsample=(h0 / 30, w0 / 30), min_tissue=0.3)
+    rows = chunk_schedule(plan)
+    steps = joined(rows, plan, limit)
+    assert [t for s in steps for t in s.tiles.tolist()] == list(range(len(plan)))
+    loaded = [tuple(rc) for s in steps for rc in s.load.tolist()]
+    assert sorted(loaded) == sorted(map(tuple, plan.needed_chunks().tolist()))
+    assert sorted(tuple(rc) for s in steps for rc in s.drop.tolist()) == sorted(loaded)
+    live: set = set()
+    for step in steps:
+        live.update(map(tuple, step.load.tolist()))
+        r0, r1 = plan.chunk_rows[step.tiles, 0].min(), plan.chunk_rows[step.tiles, 1].max()
+        c0, c1 = plan.chunk_cols[step.tiles, 0].min(), plan.chunk_cols[step.tiles, 1].max()
+        for i in step.tiles:
+            (a, b), (c, d) = plan.chunk_rows[i], plan.chunk_cols[i]
+            assert {(r, k) for r in range(a, b + 1) for k in range(c, d + 1)} <= live
+        live.difference_update(map(tuple, step.drop.tolist()))
+        if not any(step is row for row in rows):  # rows joined
+            assert (r1 - r0 + 1) * (c1 - c0 + 1) * 256 * 240 <= limit
+    if limit == 10**9:  # every row in one band
+        assert len(steps) == min(1, len(rows))
+    if limit == 0:  # nothing joined: the rows as they were
+        assert len(steps) == len(rows)

@@ -3,7 +3,8 @@
 `chunk_schedule` is pure: for each grid row of the plan it says which chunks to load
 before its tiles can be cut and which chunks no later row needs. Because plan rows move
 down the slide, a chunk dropped is never wanted again, and memory holds at most the chunk
-rows one tile row spans. The CPU reader below and the GPU engine follow the same schedule.
+rows one tile row spans. The CPU reader below and the GPU engine follow the same schedule;
+the GPU engine joins a small slide's rows into one step (`joined`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,49 @@ def chunk_schedule(plan: TilePlan) -> list[Step]:
     return [
         Step(tiles, load, drop)  # a stable sort keeps each row's tiles in plan order
         for tiles, load, drop in zip(np.split(order, starts[1:]), loads, drops, strict=True)
+    ]
+
+
+def joined(steps: list[Step], plan: TilePlan, limit: int) -> list[Step]:
+    """Consecutive steps joined while the chunks they span, stitched as one band, hold at
+    most `limit` pixels: a small slide's grid rows are then read and cut at once, a wide
+    slide's one by one as `chunk_schedule` gives them. Each chunk is still loaded once,
+    before the step that needs it, and dropped once no later step needs it."""
+    if len(steps) < 2:
+        return steps
+    ch, cw = plan.chunk_shape
+    starts = np.cumsum([0] + [len(step.tiles) for step in steps[:-1]])
+    tiles = np.concatenate([step.tiles for step in steps])
+    rows, cols = plan.chunk_rows[tiles], plan.chunk_cols[tiles]
+    bounds = np.stack(
+        [
+            np.minimum.reduceat(rows[:, 0], starts),
+            np.maximum.reduceat(rows[:, 1], starts),
+            np.minimum.reduceat(cols[:, 0], starts),
+            np.maximum.reduceat(cols[:, 1], starts),
+        ],
+        axis=1,
+    ).tolist()
+    groups: list[list[int]] = []
+    span = None  # the chunk rows and columns of the group being joined
+    for index, (r0, r1, c0, c1) in enumerate(bounds):
+        if span is not None:
+            wider = (min(span[0], r0), max(span[1], r1), min(span[2], c0), max(span[3], c1))
+            if (wider[1] - wider[0] + 1) * (wider[3] - wider[2] + 1) * ch * cw <= limit:
+                groups[-1].append(index)
+                span = wider
+                continue
+        groups.append([index])
+        span = (r0, r1, c0, c1)
+    return [
+        Step(
+            np.concatenate([steps[i].tiles for i in group]),
+            np.concatenate([steps[i].load for i in group]),
+            np.concatenate([steps[i].drop for i in group]),
+        )
+        if len(group) > 1
+        else steps[group[0]]
+        for group in groups
     ]
 
 

@@ -286,7 +286,8 @@ class Ahead:
         self, jobs: Iterator[Job], stop: threading.Event, prepared: Callable[[Job], None]
     ) -> None:
         self.jobs, self.stop, self.prepared = jobs, stop, prepared
-        self._box: queue.Queue = queue.Queue(maxsize=1)
+        # as many as may be read early: `opened` finds them there, not one a slide
+        self._box: queue.Queue = queue.Queue(maxsize=EARLY_SLIDES)
         self._waiting: collections.deque = collections.deque()  # taken from the box
         self._thread = threading.Thread(target=self._prepare, name="tilestore-prepare", daemon=True)
         self._thread.start()

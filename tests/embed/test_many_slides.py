@@ -92,8 +92,8 @@ def cohort(tmp_path, stores):
     return made
 
 
-def _features(store):
-    (folder,) = [p for p in (store / "embeddings" / "efficientnet-lite0").iterdir() if p.is_dir()]
+def _features(store, model="efficientnet-lite0"):
+    (folder,) = [p for p in (store / "embeddings" / model).iterdir() if p.is_dir()]
     return np.asarray(zarr.open_group(folder, mode="r")["features"][:])
 
 
@@ -132,14 +132,18 @@ def test_a_cohort_of_small_stores_is_each_store_alone(cohort, tmp_path, lite):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_small_slides_read_early_and_cut_at_once_are_each_store_alone(
-    cohort, tmp_path, lite, monkeypatch
+    cohort, tmp_path, monkeypatch
 ):
     """On the GPU a small slide's rows are joined into one step and the next slides' rows
     decoded before their turn (`early_rows`), while one is cut: each store's features are
     still the ones it gets alone, bit for bit."""
     from tilestore.embed import produce
     from tilestore.embed.engine import embed
+    from tilestore.embed.models import load_model
     from tilestore.embed.settings import Options
+
+    tiny = load_model("random:vit_tiny_patch16_224")  # one model, both ways
+    name = "random-vit_tiny_patch16_224"
 
     opened, early = produce.Ahead.opened, []
 
@@ -162,13 +166,13 @@ def test_small_slides_read_early_and_cut_at_once_are_each_store_alone(
     for store, copy in zip(cohort, alone, strict=True):
         shutil.copytree(store, copy)
     for copy in alone:
-        embed([copy], lite, options=options)
+        embed([copy], tiny, options=options)
     early.clear()
-    report = embed(cohort, lite, options=options)
+    report = embed(cohort, tiny, options=options)
     assert not report.failures and len(report.finished) == len(cohort)
     assert early == [True] * (len(cohort) - 1)  # every slide after the first read early
     for store, copy in zip(cohort, alone, strict=True):
-        assert np.array_equal(_features(store), _features(copy))
+        assert np.array_equal(_features(store, name), _features(copy, name))
 
 
 @pytest.mark.slow

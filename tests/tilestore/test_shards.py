@@ -65,6 +65,41 @@ def test_our_index_finds_each_chunk_zarr_wrote(tmp_path_factory, rows, cols, chu
 
 @settings(max_examples=25, deadline=None)
 @given(
+    rows=st.integers(1, 30),
+    cols=st.integers(1, 30),
+    per=st.integers(1, 4),
+    seed=st.integers(0, 2**31),
+)
+def test_many_chunks_located_at_once_are_those_located_one_by_one(
+    tmp_path_factory, rows, cols, per, seed
+):
+    """A small slide's rows asked at once go through array operations: any shards, any
+    order, chunks absent from their shard, the CRC-32C each carries: the same locations."""
+    import tilestore.format.shards as shards
+
+    folder = tmp_path_factory.mktemp("z")
+    shape, chunks = (1, rows * 3, cols * 3), (1, 3, 3)
+    array = _array(folder, shape, chunks, shard_shape(chunks, shape, per))
+    rng = np.random.default_rng(seed)
+    data = rng.integers(1, 255, shape, dtype=np.uint8)
+    data *= np.kron(rng.random((rows, cols)) > 0.3, np.ones((3, 3), np.uint8))  # empty: absent
+    array[:] = data
+    coords = _grid(array)
+    coords = [coords[i] for i in rng.permutation(len(coords))[: rng.integers(1, len(coords) + 1)]]
+    expect = rng.integers(0, 2**32, len(coords)).tolist()
+    index = ShardIndex(array, folder / "a", "test")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(shards, "LOCATE_AS_ARRAYS", 1)
+        at_once = index.locate(coords, expect)
+        patch.setattr(shards, "LOCATE_AS_ARRAYS", 10**9)
+        assert at_once == index.locate(coords, expect)
+    assert (None in at_once) == any(
+        not data[0, r * 3 : r * 3 + 3, c * 3 : c * 3 + 3].any() for _, r, c in coords
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(
     present=st.lists(st.booleans(), min_size=1, max_size=16),
     checksums=st.booleans(),
 )

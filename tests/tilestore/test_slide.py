@@ -90,6 +90,27 @@ def test_a_whole_level_read_on_threads_is_zarrs_pixels(slide, levels, monkeypatc
     assert np.array_equal(got, levels[0])
 
 
+def test_a_slide_pickled_carries_its_levels_read_and_opens_the_others_where_asked(stores, levels):
+    """A store process sends the slide it opened (its plan's level read) to the run: that
+    level travels made, the others as their metadata; every level then reads the pixels it
+    did."""
+    import pickle
+
+    from zarr.codecs import ShardingCodec
+
+    slide = open_slide(stores(CMU))
+    slide.chunks(0).locations([])
+    made, setstate = [], ShardingCodec.__setstate__
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ShardingCodec, "__setstate__", lambda c, s: made.append(1) or setstate(c, s))
+        travelled = pickle.loads(pickle.dumps(slide))
+        assert len(made) == 1 < len(slide.levels)  # the level read, not the others
+    for i, lv in enumerate(travelled.levels):
+        region = travelled.read_region(0, 0, lv.width, lv.height, level=i)
+        np.testing.assert_array_equal(region, levels[i])
+    assert travelled.array(1).metadata == slide.array(1).metadata
+
+
 def test_read_at_a_level_mpp_is_that_level(slide):
     a = slide.read_region(480, 720, 200, 150, mpp=2 * 0.499)
     b = slide.read_region(480, 720, 200, 150, level=1)

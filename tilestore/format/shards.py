@@ -39,6 +39,8 @@ SHARD_TILES = 4096
 SHARD_BYTES = 2**28  # decoded, at most: one shard (all its channels) is held to be written
 ABSENT = np.uint64(2**64 - 1)
 ABSENT_INT = 2**64 - 1
+# `ShardIndex.locate` looks this many chunks or more up with array operations
+LOCATE_AS_ARRAYS = 24
 ENTRY = 16  # bytes per chunk in the index: offset and length, uint64 each
 
 
@@ -245,8 +247,10 @@ class ShardIndex:
     ) -> list[Location | None]:
         """Each chunk's byte range (None: absent from its shard, or no shard), carrying the
         CRC-32C recorded for its position where `expect` gives them: each shard's index read
-        once, then plain lookups (a region read asks for a few chunks, the engine for a grid
-        row: array operations cost more than they save at those sizes)."""
+        once, then plain lookups for a few chunks (a region read's, a grid row's), array
+        operations for many (a small slide's rows asked at once: 4x faster at 66)."""
+        if len(coords) >= LOCATE_AS_ARRAYS:
+            return self._locate_many(coords, expect)
         per, strides = self.per, self._strides
         out: list[Location | None] = []
         last, index, path = None, None, ""
@@ -265,6 +269,31 @@ class ShardIndex:
             else:
                 crc = None if expect is None else expect[i]
                 out.append(Location(path, offset, index.item(at, 1), crc))
+        return out
+
+    def _locate_many(
+        self, coords: Sequence[tuple[int, ...]], expect: Sequence[int | None] | None
+    ) -> list[Location | None]:
+        at = np.asarray(coords, dtype=np.int64).reshape(len(coords), len(self.per))
+        per = np.asarray(self.per, dtype=np.int64)
+        inner = (at % per) @ np.asarray(self._strides, dtype=np.int64)
+        shard_of = at // per
+        if (shard_of == shard_of[0]).all():  # most often: a small slide in one shard
+            shards, which = shard_of[:1], np.zeros(len(coords), dtype=np.int64)
+        else:
+            shards, which = np.unique(shard_of, axis=0, return_inverse=True)
+            which = which.ravel()
+        expect = [None] * len(coords) if expect is None else expect
+        out: list[Location | None] = [None] * len(coords)
+        for k, shard in enumerate(map(tuple, shards.tolist())):
+            index = self.index(shard)
+            if index is None:
+                continue
+            path, rows = self._path(shard), np.flatnonzero(which == k).tolist()
+            found = index[inner[rows]].tolist()
+            for i, (offset, length) in zip(rows, found, strict=True):
+                if offset != ABSENT_INT:
+                    out[i] = Location(path, offset, length, expect[i])
         return out
 
     def _path(self, shard: tuple[int, ...]) -> str:

@@ -59,6 +59,24 @@ Tolerance = Annotated[
 
 
 @dataclass(frozen=True)
+class _Unopened:
+    """A level's array as a pickled slide carries it: where it is and its metadata, made
+    into a zarr array (nothing read) where it is first asked for (`Slide.array`)."""
+
+    store_path: object  # zarr's StorePath
+    metadata: dict
+
+    @classmethod
+    def of(cls, array: zarr.Array) -> _Unopened:
+        return cls(array.store_path, array.metadata.to_dict())
+
+    def open(self) -> zarr.Array:
+        from zarr.core.array import AsyncArray
+
+        return zarr.Array(AsyncArray(self.metadata, self.store_path))
+
+
+@dataclass(frozen=True)
 class Level:
     """One pyramid level of a store."""
 
@@ -98,11 +116,20 @@ class Slide:
         mpp = record.mpp
         self.mpp: tuple[float, float] | None = (mpp.x, mpp.y) if mpp else None
         self.background: int = record.background
-        every_chunk = record.integrity.every_chunk
-        tied = positions.declared(record)
-        self._readers = [
-            ChunkReader(a, self.background, name, every_chunk, tied) for a in self._arrays
+        # each level's reader made where it is first asked for (`chunks`)
+        self._readers: list[ChunkReader | ChannelPick | None] = [None] * len(self._arrays)
+
+    def __getstate__(self) -> dict:
+        """Pickled (a store process sends the slide it opened to the run), a level no
+        reader was made for travels as its metadata, made into an array only where it is
+        asked for: zarr's codecs made again cost the run a small slide's GIL three times
+        over, for the one level it reads (bench/RESULTS.md, issue 68)."""
+        state = self.__dict__.copy()
+        state["_arrays"] = [
+            a if reader is not None or isinstance(a, _Unopened) else _Unopened.of(a)
+            for a, reader in zip(self._arrays, self._readers, strict=True)
         ]
+        return state
 
     def __repr__(self) -> str:
         mpp = f"{self.mpp[0]:.4g} µm/px" if self.mpp else "mpp unknown"
@@ -162,7 +189,8 @@ class Slide:
             window = shown[i].get("window", {}) if i < len(shown) else {}
             windows.append((float(window.get("start", 0)), float(window.get("end", top))))
         view = copy.copy(self)
-        view._readers = [ChannelPick(r, indices, windows) for r in self._readers]
+        view._readers = [None] * len(self._arrays)
+        view._pick = (indices, windows)
         view.picked = tuple(
             (self.record.channels or tuple(str(i) for i in range(self.shape[0])))[i]
             for i in indices
@@ -170,6 +198,7 @@ class Slide:
         return view
 
     picked: tuple[str, ...] | None = None  # the channels an `as_rgb` view shows, in order
+    _pick: tuple | None = None  # an `as_rgb` view: the (indices, windows) its readers pick
     source: object = None  # a slide read in place: its open file (`tilestore.conversion.sidecar`)
 
     def describe_channels(self) -> str:
@@ -179,7 +208,10 @@ class Slide:
 
     def array(self, level: int = 0) -> zarr.Array:
         """Return the zarr array of a level."""
-        return self._arrays[level]
+        array = self._arrays[level]
+        if isinstance(array, _Unopened):  # a level of a slide that travelled pickled
+            array = self._arrays[level] = array.open()
+        return array
 
     def writable_group(self) -> zarr.Group:
         """Return the store's root group opened for writing (for derived data: labels, plans,
@@ -191,7 +223,14 @@ class Slide:
 
     def chunks(self, level: int = 0) -> ChunkReader:
         """Return the whole-chunk reader of a level (encoded bytes, decode, windows)."""
-        return self._readers[level]
+        reader = self._readers[level]
+        if reader is None:  # made once (two threads at once: two alike, one kept)
+            every_chunk, tied = self.record.integrity.every_chunk, positions.declared(self.record)
+            reader = ChunkReader(self.array(level), self.background, self.name, every_chunk, tied)
+            if self._pick is not None:
+                reader = ChannelPick(reader, *self._pick)
+            self._readers[level] = reader
+        return reader
 
     def level_mpp(self, level: int) -> tuple[float, float]:
         """Return (x, y) µm per pixel of a level."""
@@ -275,7 +314,7 @@ class Slide:
         cx0, cy0 = max(x0, 0), max(y0, 0)
         cx1, cy1 = min(x0 + w, lv.width), min(y0 + h, lv.height)
         if cx1 > cx0 and cy1 > cy0:
-            block = self._readers[level].read(cy0, cy1, cx0, cx1)
+            block = self.chunks(level).read(cy0, cy1, cx0, cx1)
             out[cy0 - y0 : cy1 - y0, cx0 - x0 : cx1 - x0] = block
         return out
 
@@ -289,7 +328,7 @@ class Slide:
         import dask.array as da  # here, not at import: 1 s of every command's start
         from dask.base import tokenize
 
-        reader = self._readers[level]
+        reader = self.chunks(level)
         view = _Level(reader, self.levels[level], self.array(level))
         token = tokenize(str(self.group.store), self.array(level).path, self.picked)
         return da.from_array(

@@ -194,6 +194,7 @@ class RunReport:
     # the file systems the run's writes found full or read-only: stores on them not attempted
     filesystems: FileSystems = field(default_factory=FileSystems, repr=False)
     _started: dict[str, float] = field(default_factory=dict, repr=False)  # store -> clock
+    _entries: dict[str, dict] = field(default_factory=dict, repr=False)  # store -> its slides entry
     _written: dict[str, int] = field(default_factory=dict, repr=False)  # store -> tiles
     # inputs not planned yet -> their tiles to do as the preflight counted them (None: not
     # known before the run plans it), and the stores whose tiles `total` holds already
@@ -255,22 +256,21 @@ class RunReport:
         where, the row source and why)."""
         if str(job.store) not in self._planned:  # a slice's, counted as it starts
             self.total += len(job.todo)
-        self.slides.append(
-            {
-                "store": str(job.store),
-                "plan": job.plan.name,
-                "tiles": len(job.todo),
-                "skipped_done": int(len(job.plan) - len(job.todo) - job.left),  # before
-                "left": int(job.left),  # after this run (max_tiles)
-                **decoding,  # cpu, gpu or both, this slide's; its path; why
-                **({"reading": job.reading} if job.reading else {}),
-                "fixed_s": self._fixed.setdefault(str(job.store), {}),  # filled as they come
-            }
-        )
+        entry = self._entries[str(job.store)] = {
+            "store": str(job.store),
+            "plan": job.plan.name,
+            "tiles": len(job.todo),
+            "skipped_done": int(len(job.plan) - len(job.todo) - job.left),  # before
+            "left": int(job.left),  # after this run (max_tiles)
+            **decoding,  # cpu, gpu or both, this slide's; its path; why
+            **({"reading": job.reading} if job.reading else {}),
+            "fixed_s": self._fixed.setdefault(str(job.store), {}),  # filled as they come
+        }
+        self.slides.append(entry)
         # the writer may have failed it already (its group could not be made): the
         # producer's begin comes after, and the entry must say so as `failed` marks others
         if any(f["store"] == str(job.store) for f in self.failures):
-            self.slides[-1]["failed"] = True
+            entry["failed"] = True
         self._started[str(job.store)] = time.perf_counter()
 
     def count(self, job, tiles: int) -> None:
@@ -281,7 +281,7 @@ class RunReport:
     def end(self, job) -> dict[str, Any]:
         """A job's last batch was written: its time and rate go into its entry."""
         seconds = time.perf_counter() - self._started[str(job.store)]
-        entry = next(s for s in self.slides if s["store"] == str(job.store))
+        entry = self._entries[str(job.store)]  # a dict: a cohort of 10,000 is not 10,000²
         entry.update(
             seconds=round(seconds, 3),
             tiles_per_s=round(entry["tiles"] / seconds, 1) if seconds else None,
@@ -401,6 +401,7 @@ class RunReport:
                 "writer_error",
                 "filesystems",
                 "_started",
+                "_entries",
                 "_written",
                 "_expected",
                 "_planned",

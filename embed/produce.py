@@ -68,13 +68,16 @@ class JobFailed:
 
 @dataclass
 class Early:
-    """A job whose rows the decoder processes read before its turn (`early_rows`)."""
+    """A job decided before its turn, and perhaps read by the decoder processes then
+    (`early_rows`); or its data's failure there, raised at its turn."""
 
     job: Job
-    reader: object  # its level's ChunkReader
-    decoding: DecodePlan
-    sub: object  # the plan of its tiles to do
-    rows: ProcessRows | None  # None: decided early, read at its turn
+    reader: object = None  # its level's ChunkReader
+    decoding: DecodePlan | None = None
+    sub: object = None  # the plan of its tiles to do
+    steps: list | None = None  # the processes' path: the steps its rows are read by
+    rows: ProcessRows | None = None  # None: read at its turn (or when blocks free)
+    error: TilestoreError | None = None  # its data failed while it was decided
 
 
 class Producer:
@@ -102,7 +105,8 @@ class Producer:
         settings = self.settings
         # small slides' partial batches share model batches (`tilestore.embed.packing`)
         packer = Packer(settings.batch_size, lambda item: put(ready, item, stop))
-        ahead = Ahead(jobs, stop, self.prepared)
+        # the jobs opened wait here for the producer: as many as may be read early
+        ahead = Ahead(jobs, stop, self.prepared, EARLY_SLIDES if self.processes else 1)
         self.ahead, self.report = ahead, report
         try:
             stream = torch.cuda.Stream(settings.device) if settings.cuda else None
@@ -146,6 +150,8 @@ class Producer:
         self, job: Job, report: RunReport, decoders, cutters, hand_on: Callable, stop, early
     ) -> None:
         settings, plan, batch = self.settings, job.plan, self.settings.batch_size
+        if early is not None and early.error is not None:  # found while it was decided
+            raise early.error
         if early is not None:  # decided, and perhaps read, before its turn (`_read_early`)
             reader, decoding, sub = early.reader, early.decoding, early.sub
         else:
@@ -249,24 +255,35 @@ class Producer:
     def _read_early(self, stop: threading.Event) -> None:
         """Decide the next slides' decoding, in order, up to `EARLY_SLIDES` of those opened
         and waiting, and have the decoder processes read their rows now (`early_rows`),
-        stopping at the first they do not: each decision is kept for the slide's turn."""
+        stopping at the first they do not: each decision is kept for the slide's turn. A
+        slide that did not fit the blocks free before is tried again; a slide whose data
+        fails here fails at its turn, alone (`Early.error`)."""
         waiting = self.ahead.opened(EARLY_SLIDES)
         if self.early and self.early[-1].rows is None:
-            return  # read at its turn: the slides after it wait for theirs
+            last = self.early[-1]
+            if last.steps is None:  # its error, or not read by the processes: at its turn
+                return
+            last.rows = early_rows(last.steps, *self._early_with(last.reader, stop))
+            if last.rows is None:
+                return  # no room yet: the slides after it wait for theirs
         for job in waiting[len(self.early) :]:
             if not len(job.todo):
                 return
-            reader = job.slide.chunks(job.plan.spec.level)
-            decoding = self._decode_plan(job, reader, self.report)
-            sub = job.plan.subset(job.todo)
-            rows = None
-            if decoding.path == "processes":
-                rows = early_rows(
-                    _steps(sub), self.settings, self.stats.span, reader, self.processes, stop
-                )
-            self.early.append(Early(job, reader, decoding, sub, rows))
+            try:
+                reader = job.slide.chunks(job.plan.spec.level)
+                decoding = self._decode_plan(job, reader, self.report)
+                sub = job.plan.subset(job.todo)
+                steps = _steps(sub) if decoding.path == "processes" else None
+                rows = None if steps is None else early_rows(steps, *self._early_with(reader, stop))
+            except TilestoreError as exc:  # the next slide's own data: its failure, not ours
+                self.early.append(Early(job, error=exc))
+                return
+            self.early.append(Early(job, reader, decoding, sub, steps, rows))
             if rows is None:
                 return
+
+    def _early_with(self, reader, stop: threading.Event) -> tuple:
+        return self.settings, self.stats.span, reader, self.processes, stop
 
 
 def _steps(sub) -> list:
@@ -283,11 +300,15 @@ class Ahead:
     streamed; a stop closes the jobs, which release those opened and not yet taken."""
 
     def __init__(
-        self, jobs: Iterator[Job], stop: threading.Event, prepared: Callable[[Job], None]
+        self,
+        jobs: Iterator[Job],
+        stop: threading.Event,
+        prepared: Callable[[Job], None],
+        waiting: int = 1,
     ) -> None:
         self.jobs, self.stop, self.prepared = jobs, stop, prepared
-        # as many as may be read early: `opened` finds them there, not one a slide
-        self._box: queue.Queue = queue.Queue(maxsize=EARLY_SLIDES)
+        # `waiting`: how many opened jobs wait (`opened` finds them there, not one a slide)
+        self._box: queue.Queue = queue.Queue(maxsize=waiting)
         self._waiting: collections.deque = collections.deque()  # taken from the box
         self._thread = threading.Thread(target=self._prepare, name="tilestore-prepare", daemon=True)
         self._thread.start()

@@ -193,8 +193,9 @@ class RunReport:
     writer_error: BaseException | None = None
     # the file systems the run's writes found full or read-only: stores on them not attempted
     filesystems: FileSystems = field(default_factory=FileSystems, repr=False)
-    _started: dict[str, float] = field(default_factory=dict, repr=False)  # store -> clock
-    _entries: dict[str, dict] = field(default_factory=dict, repr=False)  # store -> its slides entry
+    # a job (its id: one store's slices may be two jobs of a run) -> its clock, its entry
+    _started: dict[int, float] = field(default_factory=dict, repr=False)
+    _entries: dict[int, dict] = field(default_factory=dict, repr=False)
     _written: dict[str, int] = field(default_factory=dict, repr=False)  # store -> tiles
     # inputs not planned yet -> their tiles to do as the preflight counted them (None: not
     # known before the run plans it), and the stores whose tiles `total` holds already
@@ -256,7 +257,7 @@ class RunReport:
         where, the row source and why)."""
         if str(job.store) not in self._planned:  # a slice's, counted as it starts
             self.total += len(job.todo)
-        entry = self._entries[str(job.store)] = {
+        entry = self._entries[id(job)] = {
             "store": str(job.store),
             "plan": job.plan.name,
             "tiles": len(job.todo),
@@ -271,7 +272,7 @@ class RunReport:
         # producer's begin comes after, and the entry must say so as `failed` marks others
         if any(f["store"] == str(job.store) for f in self.failures):
             entry["failed"] = True
-        self._started[str(job.store)] = time.perf_counter()
+        self._started[id(job)] = time.perf_counter()
 
     def count(self, job, tiles: int) -> None:
         """A batch of a job's tiles was written."""
@@ -280,8 +281,8 @@ class RunReport:
 
     def end(self, job) -> dict[str, Any]:
         """A job's last batch was written: its time and rate go into its entry."""
-        seconds = time.perf_counter() - self._started[str(job.store)]
-        entry = self._entries[str(job.store)]  # a dict: a cohort of 10,000 is not 10,000²
+        seconds = time.perf_counter() - self._started[id(job)]
+        entry = self._entries[id(job)]  # a dict: a cohort of 10,000 is not 10,000²
         entry.update(
             seconds=round(seconds, 3),
             tiles_per_s=round(entry["tiles"] / seconds, 1) if seconds else None,

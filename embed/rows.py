@@ -231,7 +231,11 @@ def early_rows(steps, settings, span, reader: ChunkReader, procs: ProcessDecoder
     if procs.room(ProcessRows.row_bytes(steps, reader)) < len(steps) + 2:
         return None
     rows = ProcessRows(steps, settings, span, reader, procs, stop, early=True)
-    rows.submit_all()
+    try:
+        rows.submit_all()
+    except BaseException:  # its shard index, say: the blocks asked so far are given back
+        rows.close()
+        raise
     return rows
 
 

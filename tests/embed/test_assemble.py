@@ -28,6 +28,8 @@ def test_cut_tiles_equals_slicing(chunk, read, stride, first, keep, channels_fir
     cells = [(first[0] + r, first[1] + c) for r, row in enumerate(keep) for c, k in enumerate(row)]
     cells = [cell for cell, k in zip(cells, [k for row in keep for k in row], strict=True) if k]
     cells = cells or [first]
+    order = np.random.default_rng(len(cells)).permutation(len(cells))  # any order asked
+    cells = [cells[i] for i in order]
     ys = np.array([r * stride for r, _ in cells])
     xs = np.array([c * stride for _, c in cells])
     height, width = int(ys.max()) + read + ch, int(xs.max()) + read + cw

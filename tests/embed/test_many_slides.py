@@ -175,6 +175,87 @@ def test_small_slides_read_early_and_cut_at_once_are_each_store_alone(
         assert np.array_equal(_features(store, name), _features(copy, name))
 
 
+def test_a_slide_whose_data_fails_while_read_early_fails_at_its_turn_alone(stores):
+    """The next slide decided (and its rows asked) while one is cut: where its own data
+    fails there (its shard index, its positions), that failure is kept for its turn, where
+    it fails alone; the slide being cut goes on. The rows asked before the failure are
+    given back."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from tests.embed.conftest import settings
+    from tilestore.embed.produce import Producer
+    from tilestore.embed.report import RunReport, Stats, no_span
+    from tilestore.embed.rows import early_rows
+    from tilestore.errors import ChunkError
+    from tilestore.plan import PlanOptions, plan_over_tissue
+    from tilestore.plan.tiles import chunk_schedule, joined
+    from tilestore.reading.opening import open_slide
+
+    damaged = ChunkError("s2.ome.zarr: level 0: shard c/0/0/0 is truncated")
+
+    class Damaged:
+        def chunks(self, level):
+            raise damaged
+
+    plan = SimpleNamespace(spec=SimpleNamespace(level=0))
+    job = SimpleNamespace(store="s2.ome.zarr", todo=np.arange(3), slide=Damaged(), plan=plan)
+    producer = Producer(settings(), Stats(), None, None, lambda job: None)
+    report = RunReport("m", "cpu", "cpu", 16, "fp32", False)
+    producer.ahead, producer.report = SimpleNamespace(opened=lambda most: [job]), report
+    producer._read_early(threading.Event())
+    (early,) = producer.early
+    assert early.job is job and early.rows is None and early.error is damaged
+    producer._read_early(threading.Event())  # nothing more decided past it
+    assert len(producer.early) == 1
+    with pytest.raises(ChunkError, match="truncated"):
+        producer._job(job, producer.report, None, None, print, threading.Event(), early)
+
+    class Procs:  # blocks free; the second step's shard index found damaged
+        workers, blocks = [0, 0], [SimpleNamespace(size=1 << 30)] * 32
+
+        def __init__(self):
+            self.asked, self.released = 0, []
+
+        def room(self, nbytes):
+            return len(self.blocks)
+
+        def submit(self, *args, **kwargs):
+            self.asked += 1
+            if self.asked == 2:
+                raise damaged
+            done = Future()
+            done.set_result([])
+            return self.asked, [done]
+
+        def release(self, block, copied=None):
+            self.released.append(block)
+
+    slide = open_slide(stores("CMU-1-Small-Region.svs"))
+    small = plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=224))
+    rows, procs = joined(chunk_schedule(small), small, 0), Procs()
+    with pytest.raises(ChunkError, match="truncated"):
+        early_rows(rows, settings(), no_span, slide.chunks(0), procs, threading.Event())
+    assert procs.released == [1]  # the first step's block, given back
+
+    # a slide that did not fit the blocks free then is asked again at the next step
+    from tilestore.embed.decodeplan import DecodePlan
+
+    fits, procs = [0], Procs()
+    procs.room = lambda nbytes: fits[0]
+    producer = Producer(settings(), Stats(), procs, None, lambda job: None)
+    job = SimpleNamespace(store="s3.ome.zarr", todo=np.arange(len(small)), slide=slide, plan=small)
+    producer.ahead, producer.report = SimpleNamespace(opened=lambda most: [job]), report
+    producer._decode_plan = lambda job, reader, report: DecodePlan("processes", "test")
+    producer._read_early(threading.Event())
+    (early,) = producer.early
+    assert early.rows is None and early.steps and procs.asked == 0
+    fits[0] = 32
+    producer._read_early(threading.Event())
+    assert early.rows is not None and early.rows.asked_all and procs.asked == 1  # one step
+    early.rows.close()
+
+
 @pytest.mark.slow
 def test_a_stop_releases_the_stores_opened_ahead(cohort, lite):
     """Stopped at the first batch, the stores opened ahead (their groups made, nothing

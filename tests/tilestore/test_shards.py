@@ -90,9 +90,10 @@ def test_many_chunks_located_at_once_are_those_located_one_by_one(
     index = ShardIndex(array, folder / "a", "test")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(shards, "LOCATE_AS_ARRAYS", 1)
-        at_once = index.locate(coords, expect)
+        at_once, bare = index.locate(coords, expect), index.locate(coords)
         patch.setattr(shards, "LOCATE_AS_ARRAYS", 10**9)
         assert at_once == index.locate(coords, expect)
+        assert bare == index.locate(coords)  # no CRC-32C to carry
     assert (None in at_once) == any(
         not data[0, r * 3 : r * 3 + 3, c * 3 : c * 3 + 3].any() for _, r, c in coords
     )

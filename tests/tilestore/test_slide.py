@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -109,6 +110,8 @@ def test_a_slide_pickled_carries_its_levels_read_and_opens_the_others_where_aske
         region = travelled.read_region(0, 0, lv.width, lv.height, level=i)
         np.testing.assert_array_equal(region, levels[i])
     assert travelled.array(1).metadata == slide.array(1).metadata
+    # a view (`as_rgb` copies the slide) shares the levels made, not made again
+    assert all(copy.copy(slide).array(i) is slide.array(i) for i in range(len(slide.levels)))
 
 
 def test_read_at_a_level_mpp_is_that_level(slide):

@@ -119,6 +119,13 @@ class Slide:
         # each level's reader made where it is first asked for (`chunks`)
         self._readers: list[ChunkReader | ChannelPick | None] = [None] * len(self._arrays)
 
+    def __copy__(self) -> Slide:
+        """A view (`as_rgb`) shares the levels made (a copy through `__getstate__` would
+        make each again from its metadata)."""
+        view = object.__new__(type(self))
+        view.__dict__.update(self.__dict__)
+        return view
+
     def __getstate__(self) -> dict:
         """Pickled (a store process sends the slide it opened to the run), a level no
         reader was made for travels as its metadata, made into an array only where it is

@@ -48,7 +48,7 @@ from tilestore.embed.daskworker import (
     EmbedderPlugin,
     SlidesPlugin,
     make_ready,
-    run_slice,
+    run_slices,
     worker_identity,
 )
 from tilestore.embed.filesystems import FileSystems
@@ -60,10 +60,11 @@ from tilestore.embed.opening import PlanChoice, prepare, tiles_of
 from tilestore.embed.outcome import exit_code
 from tilestore.embed.preflight import check_stores
 from tilestore.embed.report import preparation_lines, quality_line
-from tilestore.embed.settings import SLICE_TILES, Options, SliceTiles
+from tilestore.embed.settings import SLICE_TILES, TASK_SLICES, TASK_TILES, Options, SliceTiles
 from tilestore.embed.shares import shard  # noqa: F401 (here before it moved: the light module)
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter
 from tilestore.errors import DeviceError, OptionError, StoreError, TilestoreError, WriteFailed
+from tilestore.format.store import fault_named
 from tilestore.options import Workers, checked
 from tilestore.progress import AtLeast, LogLines, to_stderr
 from tilestore.reading.resolution import OverrideMpp, ScanMpp
@@ -98,8 +99,9 @@ class CohortReport:
     converted: list[dict[str, Any]] = field(default_factory=list)
     prepared: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    # each slice done: worker, store, tiles, began_s (since the cohort began), seconds, the
-    # slice's first batch and its wait for tiles: where each GPU was busy, and where not
+    # each task done (a slice, or several small ones: `slices`, `stores`): worker, store,
+    # tiles, began_s (since the cohort began), seconds, its first batch and its wait for
+    # tiles: where each GPU was busy, and where not
     timeline: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -257,8 +259,9 @@ def _run(inputs, spec, client, plan, options, slice_tiles, identity, progress, r
     first made ready on a worker, and planned once it lands. Then follow the slices as they
     finish; return which store each task key belongs to, and the tiles each task found
     kept (written by a worker lost while running it)."""
-    owner: dict[str, tuple[_Store, Slice]] = {}  # task key -> its store and slice
-    kept: dict[str, int] = {}  # task key -> its slice's tiles a lost worker had written
+    owner: dict[str, list[tuple[_Store, Slice]]] = {}  # task key -> its slices, their stores
+    # (task key, store) -> the tiles of its slice a lost worker had written
+    kept: dict[tuple[str, str], int] = {}
     feed = _Feed(client)
     sent: dict[str, float] = {}  # task key -> when it was submitted, since the cohort began
     # the cohort's tiles to do, counted up front from the stores' metadata (a slide file,
@@ -343,38 +346,56 @@ def _run(inputs, spec, client, plan, options, slice_tiles, identity, progress, r
             take(str(staged.store), given)
 
     def finished(future) -> None:
-        state, _ = owner[str(future.key)]
+        group = owner[str(future.key)]
         try:
             result = future.result()
-        except Exception as exc:  # a task's own error (corrupt data...) or a worker lost
-            if not state.failed:  # the slide's own problem: drop its other slices
-                give_up(state, exc, future)
-                if isinstance(exc, WriteFailed):  # a full file system: its other stores too
-                    filesystems.hit(state.path, exc)
-                    for other in states:
-                        refused = filesystems.refusal(other.path)
-                        if refused is not None and not other.failed and other.pending:
-                            give_up(other, refused)
+        except Exception as exc:  # the task itself failed (a worker lost too often, a bug)
+            for state, _ in group:
+                failed(state, exc, future)
+            return
+        _per_worker(report, result)
+        done_here: list[_Store] = []  # its stores whose slices were done
+        for (state, piece), outcome in zip(group, result["pieces"], strict=True):
+            if "error" in outcome:  # its slide's own data, or its file system refused it
+                error, cause = outcome["error"], outcome.get("cause")
+                exc = WriteFailed(error, fault_named(cause)) if cause else StoreError(error)
+                failed(state, exc, future)
+                continue
+            # tiles a lost worker wrote of this slice count once, as the cohort's (not the
+            # worker's): the summary and the progress agree with the stores
+            kept[(str(future.key), piece.store)] = outcome.get("kept", 0)
+            done = outcome["tiles"] + outcome.get("kept", 0)
+            state.tiles += done
+            state.seconds += outcome["seconds"] if len(group) > 1 else result["seconds"]
+            state.workers.add(result["worker"])
+            done_here.append(state)
+            report.tiles += done
+            if progress:
+                progress(done, shown())
             if _one_less(state, report):
                 inputs.release(state.path)
-            return
-        # tiles a lost worker wrote of this slice count once, as the cohort's (not the
-        # worker's): the summary and the progress agree with the stores
-        kept[str(future.key)] = result.get("kept", 0)
-        done = result["tiles"] + kept[str(future.key)]
-        state.tiles += done
-        state.seconds += result["seconds"]
-        state.workers.add(result["worker"])
-        _per_worker(report, result)
-        report.timeline.append({
-            "worker": result["worker"], "store": state.path, "tiles": result["tiles"],
-            "sent_s": round(sent[str(future.key)], 3),
-            "began_s": round(result["began"] - began, 3), "seconds": result["seconds"],
-            "first_batch_s": result["first_batch_s"], "waiting_s": result["waiting_s"],
-        })  # fmt: skip
-        report.tiles += done
-        if progress:
-            progress(done, shown())
+        if done_here:  # the task on its worker's timeline: one span, its slices' stores
+            report.timeline.append({
+                "worker": result["worker"], "store": done_here[0].path,
+                "tiles": sum(o.get("tiles", 0) for o in result["pieces"]),
+                "sent_s": round(sent[str(future.key)], 3),
+                "began_s": round(result["began"] - began, 3), "seconds": result["seconds"],
+                "first_batch_s": result["first_batch_s"], "waiting_s": result["waiting_s"],
+                **({"slices": len(done_here), "stores": [s.path for s in done_here]}
+                   if len(done_here) > 1 else {}),
+            })  # fmt: skip
+
+    def failed(state: _Store, exc: BaseException, future) -> None:
+        """A slice failed: its slide's own problem drops its other slices (a full file
+        system: the other stores on it too)."""
+        if not state.failed:
+            give_up(state, exc, future)
+            if isinstance(exc, WriteFailed):  # a full file system: its other stores too
+                filesystems.hit(state.path, exc)
+                for other in states:
+                    refused = filesystems.refusal(other.path)
+                    if refused is not None and not other.failed and other.pending:
+                        give_up(other, refused)
         if _one_less(state, report):
             inputs.release(state.path)
 
@@ -383,16 +404,21 @@ def _run(inputs, spec, client, plan, options, slice_tiles, identity, progress, r
         waiting never sent."""
         state.failed = True
         _failure(report, state.path, exc)
-        client.cancel([f for f in state.futures if f is not running and not f.done()])
+        # its tasks not done are cancelled, but one holding other stores' slices too
+        client.cancel([
+            f for f in state.futures
+            if f is not running and not f.done() and all(s.failed for s, _ in owner[str(f.key)])
+        ])  # fmt: skip
         for _ in range(feed.drop(state)):  # those not sent: never sent
             if _one_less(state, report):
                 inputs.release(state.path)
 
     def hand_out() -> None:
-        for state, piece, worker in feed.take():
-            future = _submit(client, run_slice, piece, worker)
-            state.futures.append(future)
-            owner[str(future.key)] = (state, piece)
+        for group, worker in feed.take():
+            future = _submit(client, run_slices, [piece for _, piece in group], worker)
+            for state, _ in group:
+                state.futures.append(future)
+            owner[str(future.key)] = group
             sent[str(future.key)] = time.time() - began
             feed.running[future] = worker
 
@@ -523,22 +549,46 @@ class _Feed:
             )
             self.waiting.insert(at, (state, piece))
 
-    def take(self) -> Iterator[tuple[_Store, Slice, str | None]]:
-        """The slices to submit now, each with the worker it goes to (None: no worker yet,
-        one slice, to whichever joins)."""
+    def take(self) -> Iterator[tuple[list[tuple[_Store, Slice]], str | None]]:
+        """The tasks to submit now (`_group`: a slice, or several small ones), each with the
+        worker it goes to (None: no worker yet, one task, to whichever joins)."""
         threads = self.client.nthreads()
         if not threads:
             if self.waiting and not self.running:
-                yield (*self.waiting.pop(0), None)
+                yield self._group(0), None  # alone: the workers that join take the rest
             return
-        per_thread = 2 if len(self.waiting) > 2 * sum(threads.values()) else 1
+        slots = sum(max(n, 1) for n in threads.values())
+        per_thread = 2 if len(self.waiting) > 2 * slots else 1
         out = self._out(threads)
+        # a task holds at most a worker thread's share of what waits now: smaller tasks as
+        # the cohort ends, so no worker is left without one while another holds them all
+        share = -(-sum(p.tiles for _, p in self.waiting) // slots)
         while self.waiting:
             worker = min(threads, key=lambda w: (out[w] / max(threads[w], 1), w))
             if out[worker] >= per_thread * max(threads[worker], 1):
                 return
             out[worker] += 1
-            yield (*self.waiting.pop(0), worker)
+            yield self._group(min(TASK_TILES, share)), worker
+
+    def _group(self, limit: int) -> list[tuple[_Store, Slice]]:
+        """The next task: the largest slice waiting; if it has fewer than `limit` tiles,
+        with the next slices of other stores that fit, up to `limit` tiles in all (0: no
+        worker yet, alone)."""
+        group = [self.waiting.pop(0)]
+        tiles = group[0][1].tiles
+        if tiles >= limit:
+            return group
+        stores, rest = {group[0][1].store}, []
+        for state, piece in self.waiting:
+            room = tiles + piece.tiles <= limit and len(group) < TASK_SLICES
+            if room and piece.store not in stores:
+                group.append((state, piece))
+                tiles += piece.tiles
+                stores.add(piece.store)
+            else:
+                rest.append((state, piece))
+        self.waiting = rest
+        return group
 
     def _out(self, threads: dict[str, int]) -> Counter:
         """The slices out on each worker: where the scheduler has them (a slice stolen by
@@ -587,19 +637,18 @@ def _one_less(state: _Store, report: CohortReport) -> bool:
     return state.pending == 0
 
 
-def _lost(event, owner, kept: dict[str, int]) -> dict[str, Any]:
+def _lost(event, owner, kept: dict[tuple[str, str], int]) -> dict[str, Any]:
     """A lost worker for the report: the slices it was running (run again elsewhere), each
     with the tiles it had written and that were kept, and those redone by another."""
     redone = []
     for key in event.running:
-        if key not in owner:
-            continue
-        piece = owner[key][1]
-        got = kept.get(key)  # None: the slice's rerun did not finish (its store failed)
-        redone.append({
-            "store": piece.store, "start": piece.start, "stop": piece.stop, "tiles": piece.tiles,
-            "kept": got, "redone": None if got is None else piece.tiles - got,
-        })  # fmt: skip
+        for _, piece in owner.get(key, []):
+            got = kept.get((key, piece.store))  # None: its rerun did not finish (store failed)
+            redone.append({
+                "store": piece.store, "start": piece.start, "stop": piece.stop,
+                "tiles": piece.tiles, "kept": got,
+                "redone": None if got is None else piece.tiles - got,
+            })  # fmt: skip
     return {
         "name": event.name,
         "address": event.address,

@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distributed import Reschedule, WorkerPlugin, get_worker, secede
 
 from tilestore.embed.settings import Options
-from tilestore.errors import StoreError, WriteFailed
-from tilestore.format.store import fault_named
 from tilestore.progress import to_stderr
 
 if TYPE_CHECKING:
@@ -125,28 +124,40 @@ def make_ready(request: dict[str, Any]) -> dict[str, Any]:
     return get_worker().plugins[PREPARER].prepare(request)
 
 
-def run_slice(piece: Slice) -> dict[str, Any]:
-    """A Dask task: embed one slice on this worker's model; return what happened."""
+def run_slices(pieces: list[Slice]) -> dict[str, Any]:
+    """A Dask task: embed slices on this worker's model, in one run (many small slides'
+    slices go to one task: a run's set-up paid once for them, `tilestore.embed.cohort`);
+    return what happened to each (its tiles, or its slide's failure: the coordinator drops
+    that slide's other slices, the others go on) and to the task."""
     from tilestore.embed.report import WAITING  # here: this module imports no torch
 
     plugin = get_worker().plugins[PLUGIN]
     with plugin.lock:
         began, started = time.time(), time.perf_counter()  # the wall clock: the timeline's
         # the worker's log (a SLURM job's output) says when it compiles or waits for a compile
-        report = plugin.embedder.embed_slices([piece], say=to_stderr)
-    if report.failures:  # the slide's data failed: the coordinator drops its other slices
-        failure = report.failures[0]
-        message = f"{piece.store}: {failure['error']}"
-        if "cause" in failure:  # a write the file system refused: as the writer said it
-            raise WriteFailed(message, fault_named(failure["cause"]))
-        raise StoreError(message)
+        report = plugin.embedder.embed_slices(pieces, say=to_stderr)
+    failed = {failure["store"]: failure for failure in report.failures}
+    outcomes = []
+    for piece in pieces:  # each a store of its own (a task holds one slice of a store)
+        failure = failed.get(str(Path(piece.store)))
+        if failure is not None:  # its slide's data, or a write its file system refused
+            outcome = {"error": f"{piece.store}: {failure['error']}"}
+            if "cause" in failure:
+                outcome["cause"] = failure["cause"]
+            outcomes.append(outcome)
+            continue
+        tiles = report.written(piece.store)
+        entry = report.entry(piece.store) or {}
+        outcomes.append({
+            "store": piece.store, "start": piece.start, "tiles": tiles,
+            # the slice's tiles found done: written by a worker lost while running it (the
+            # slice's batches were all to do when it was cut), kept, not computed again
+            "kept": piece.tiles - tiles,
+            "seconds": entry.get("seconds") or 0.0,
+        })  # fmt: skip
     return {
-        "store": piece.store,
-        "start": piece.start,
+        "pieces": outcomes,
         "tiles": report.tiles,
-        # the slice's tiles found done: written by a worker lost while running it (the
-        # slice's batches were all to do when it was cut), kept, not computed again
-        "kept": piece.tiles - report.tiles,
         "seconds": round(time.perf_counter() - started, 3),
         "began": began,
         "first_batch_s": report.first_batch_s,

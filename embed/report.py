@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -273,6 +274,14 @@ class RunReport:
         if any(f["store"] == str(job.store) for f in self.failures):
             entry["failed"] = True
         self._started[id(job)] = time.perf_counter()
+
+    def written(self, store) -> int:
+        """The tiles written into `store` in this run."""
+        return self._written.get(str(Path(store)), 0)
+
+    def entry(self, store) -> dict[str, Any] | None:
+        """The store's entry in `slides` (its first, where a run had two of its slices)."""
+        return next((s for s in self.slides if s["store"] == str(Path(store))), None)
 
     def count(self, job, tiles: int) -> None:
         """A batch of a job's tiles was written."""

@@ -53,6 +53,10 @@ CPU_DECODE_TILES_PER_S = 2_700
 CPU_BATCH = 32  # tiles per batch on the CPU: larger batches gain nothing there
 RESERVED_CPUS = 2  # left to the threads that read, cut and feed the GPU; the rest decode
 SLICE_TILES = 20_000  # on Dask, at most this many tiles per task: big slides spread over GPUs
+# on Dask, slices of fewer tiles (small slides) go several to a task, up to this many tiles
+# in all (fewer where that leaves workers without one): a run's set-up is paid once for them
+TASK_TILES = 4_096
+TASK_SLICES = 256  # and at most this many slices a task
 BATCHES = (32, 64, 128, 256, 512, 1024)  # the batch sizes `--batch-size auto` measures
 REPEATS = 5  # timed batches per size, after one untimed
 Device = Annotated[

@@ -35,7 +35,7 @@ from tilestore.embed.daskworker import PREPARER, SlidesPlugin, make_ready
 from tilestore.embed.engine import embed
 from tilestore.embed.inputs import Preparation
 from tilestore.embed.jobs import Slice
-from tilestore.embed.settings import Options, parse_shard
+from tilestore.embed.settings import TASK_TILES, Options, parse_shard
 from tilestore.errors import OptionError, TilestoreError
 from tilestore.plan import PlanOptions
 from tilestore.reading.opening import open_slide
@@ -203,29 +203,36 @@ def test_slices_go_out_largest_first_two_per_thread_then_one_at_the_tail(threads
     each to a worker with the fewest out; none is lost; nothing stalls."""
     client = _Threads(threads)
     feed = _Feed(client)
-    landing, steps, sent = iter(arrivals), iter(finish), []
+    landing, steps, sent, names = iter(arrivals), iter(finish), [], itertools.count()
     while True:
         pieces = next(landing, None)
         if pieces is not None:
-            feed.add(None, [_slice(t) for t in pieces])
+            feed.add(None, [_slice(t, f"s{next(names)}") for t in pieces])
         if pieces is None and not feed.waiting and not feed.running:
             break
         waiting = sorted((p.tiles for _, p in feed.waiting), reverse=True)
         per = 2 if len(feed.waiting) > 2 * threads else 1
         out = Counter(feed.running.values())
-        for _, piece, worker in feed.take():
-            assert piece.tiles == waiting.pop(0)  # the largest waiting
+        for group, worker in feed.take():
+            head = group[0][1]
+            assert head.tiles == waiting[0]  # the largest waiting
+            if len(group) > 1:  # small slices of several stores, together under the limit
+                assert sum(p.tiles for _, p in group) <= TASK_TILES
+                assert len({p.store for _, p in group}) == len(group)
+            for _, piece in group:
+                waiting.remove(piece.tiles)
             if threads:
                 assert out[worker] == min(out[w] for w in client.nthreads())  # fewest out
                 out[worker] += 1
                 assert out[worker] <= per
             else:
                 assert worker is None and not feed.running  # one, to whoever joins
-            sent.append(piece)
-            feed.running[_Done(piece)] = worker
+                assert len(group) == 1
+            sent.extend(piece for _, piece in group)
+            feed.running[_Done(group)] = worker
         if feed.waiting and pieces is None:
             assert feed.running, "nothing out while slices wait: the cohort would stall"
-        for future in sorted(feed.running, key=lambda f: f.piece.tiles)[: next(steps, 0) + 1]:
+        for future in sorted(feed.running, key=lambda f: f.piece[0][1].tiles)[: next(steps, 0) + 1]:
             future.over = True
         assert all(f.over for f in feed.finished(timeout=0))
         assert not any(f.over for f in feed.running)
@@ -238,7 +245,27 @@ def test_at_the_tail_a_free_worker_gets_a_slice_while_another_has_two_out():
     feed = _Feed(_Threads(4))
     feed.running.update({_Done(): w for w in ("w0", "w0", "w1", "w2")})
     feed.add(None, [_slice(5), _slice(9), _slice(7)])
-    assert [(p.tiles, w) for _, p, w in feed.take()] == [(9, "w3")]
+    assert [([p.tiles for _, p in g], w) for g, w in feed.take()] == [([9], "w3")]
+
+
+def test_small_slides_go_many_to_a_task_and_spread_over_the_workers():
+    """400 small slides (45 tiles): tasks of many slides each (a run's set-up paid once for
+    them), under `TASK_TILES` and a worker's share of what waits; 8 small slides on 4
+    workers: two a task, one task a worker, not all of them to one."""
+    feed = _Feed(_Threads(4))
+    feed.add(None, [_slice(45, f"s{i}") for i in range(400)])
+    tasks = list(feed.take())
+    assert all(sum(p.tiles for _, p in g) <= TASK_TILES for g, _ in tasks)
+    full = TASK_TILES // 45  # slides a task
+    assert [len(g) for g, _ in tasks] == [full] * (400 // full) + [400 % full]
+    taken = [p.store for g, _ in tasks for _, p in g] + [p.store for _, p in feed.waiting]
+    assert sorted(taken) == sorted(f"s{i}" for i in range(400))  # each once, the rest waiting
+    feed = _Feed(_Threads(4))
+    feed.add(None, [_slice(45, f"s{i}") for i in range(8)])
+    assert [(len(g), w) for g, w in feed.take()] == [(2, f"w{i}") for i in range(4)]
+    feed = _Feed(_Threads(1))  # one store's two slices never share a task
+    feed.add(None, [_slice(45, "a"), _slice(45, "a"), _slice(30000, "b")])
+    assert [[p.store for _, p in g] for g, _ in feed.take()] == [["b"], ["a"]]
 
 
 def test_two_slices_go_to_two_free_workers_whatever_else_runs_there():
@@ -247,7 +274,10 @@ def test_two_slices_go_to_two_free_workers_whatever_else_runs_there():
     one to each free worker, not both to one."""
     feed = _Feed(_Threads(2))
     feed.add(None, [_slice(16384), _slice(13007)])
-    assert [(p.tiles, w) for _, p, w in feed.take()] == [(16384, "w0"), (13007, "w1")]
+    assert [([p.tiles for _, p in g], w) for g, w in feed.take()] == [
+        ([16384], "w0"),
+        ([13007], "w1"),
+    ]
 
 
 def test_placement_follows_where_the_scheduler_has_a_slice():
@@ -258,7 +288,7 @@ def test_placement_follows_where_the_scheduler_has_a_slice():
     feed = _Feed(client)
     feed.running[_Done(_slice(9), "run_slice-a")] = "w0"
     feed.add(None, [_slice(5)])
-    assert [w for _, _, w in feed.take()] == ["w0"]
+    assert [w for _, w in feed.take()] == ["w0"]
 
 
 def test_a_failed_stores_waiting_slices_are_dropped_others_kept():
@@ -278,7 +308,7 @@ def test_a_slice_with_no_worker_yet_goes_to_the_first_that_joins():
     ):
         feed = _Feed(client)
         feed.add(None, [_slice(5), _slice(4)])
-        ((_, piece, worker),) = feed.take()
+        (([(_, piece)], worker),) = feed.take()
         assert worker is None
         future = _submit(client, operator.attrgetter("tiles"), piece, worker)
         cluster.scale(1)
@@ -326,7 +356,7 @@ def test_cluster_run_equals_one_process(cohort, client):
     # the cohort's wall; one thread per worker, so a worker's slices never overlap
     timeline = report.timeline
     assert sum(t["tiles"] for t in timeline) == report.tiles
-    assert len(timeline) == sum(s["slices"] for s in report.slides)
+    assert sum(t.get("slices", 1) for t in timeline) == sum(s["slices"] for s in report.slides)
     assert {t["worker"] for t in timeline} == set(report.per_worker)
     for t in timeline:
         assert 0 <= t["sent_s"] <= t["began_s"] + 0.05  # one host: one clock

@@ -349,39 +349,59 @@ def _run(inputs, spec, client, plan, options, slice_tiles, identity, progress, r
         group = owner[str(future.key)]
         try:
             result = future.result()
+        except CancelledError:  # cancelled: every store in it had failed already
+            for state, _ in group:
+                failed(state, StoreError(f"{state.path}: cancelled"), future)
+            return
         except Exception as exc:  # the task itself failed (a worker lost too often, a bug)
+            if len(group) > 1:  # whose slide? each slice again, alone: it fails on its own
+                for state, piece in group:
+                    if not state.failed:
+                        feed.add(state, [piece], alone=True)
+                    elif _one_less(state, report):
+                        inputs.release(state.path)
+                return
             for state, _ in group:
                 failed(state, exc, future)
             return
-        _per_worker(report, result)
-        done_here: list[_Store] = []  # its stores whose slices were done
-        for (state, piece), outcome in zip(group, result["pieces"], strict=True):
+        outcomes = list(zip(group, result["pieces"], strict=True))
+        done_here = [  # its stores whose slices were done (a store failed meanwhile: not)
+            (state, piece, outcome)
+            for (state, piece), outcome in outcomes
+            if "error" not in outcome and not state.failed
+        ]
+        if done_here:  # a task none of whose slices counts is not the worker's work
+            _per_worker(report, result)
+        # the task's seconds shared among its slices by their tiles
+        tiles_done = sum(outcome["tiles"] for _, _, outcome in done_here)
+        for (state, piece), outcome in outcomes:
             if "error" in outcome:  # its slide's own data, or its file system refused it
                 error, cause = outcome["error"], outcome.get("cause")
                 exc = WriteFailed(error, fault_named(cause)) if cause else StoreError(error)
                 failed(state, exc, future)
                 continue
-            # tiles a lost worker wrote of this slice count once, as the cohort's (not the
-            # worker's): the summary and the progress agree with the stores
-            kept[(str(future.key), piece.store)] = outcome.get("kept", 0)
-            done = outcome["tiles"] + outcome.get("kept", 0)
-            state.tiles += done
-            state.seconds += outcome["seconds"] if len(group) > 1 else result["seconds"]
-            state.workers.add(result["worker"])
-            done_here.append(state)
-            report.tiles += done
-            if progress:
-                progress(done, shown())
+            if not state.failed:
+                # tiles a lost worker wrote of this slice count once, as the cohort's (not
+                # the worker's): the summary and the progress agree with the stores
+                kept[(str(future.key), piece.store)] = outcome.get("kept", 0)
+                done = outcome["tiles"] + outcome.get("kept", 0)
+                state.tiles += done
+                share = outcome["tiles"] / tiles_done if tiles_done else 1 / len(done_here)
+                state.seconds += result["seconds"] * share
+                state.workers.add(result["worker"])
+                report.tiles += done
+                if progress:
+                    progress(done, shown())
             if _one_less(state, report):
                 inputs.release(state.path)
         if done_here:  # the task on its worker's timeline: one span, its slices' stores
             report.timeline.append({
-                "worker": result["worker"], "store": done_here[0].path,
-                "tiles": sum(o.get("tiles", 0) for o in result["pieces"]),
+                "worker": result["worker"], "store": done_here[0][0].path,
+                "tiles": tiles_done,
                 "sent_s": round(sent[str(future.key)], 3),
                 "began_s": round(result["began"] - began, 3), "seconds": result["seconds"],
                 "first_batch_s": result["first_batch_s"], "waiting_s": result["waiting_s"],
-                **({"slices": len(done_here), "stores": [s.path for s in done_here]}
+                **({"slices": len(done_here), "stores": [s.path for s, _, _ in done_here]}
                    if len(done_here) > 1 else {}),
             })  # fmt: skip
 
@@ -538,10 +558,15 @@ class _Feed:
     def __init__(self, client) -> None:
         self.client = client
         self.waiting: list[tuple[_Store, Slice]] = []  # largest slice first, then by arrival
+        self.alone: set[Slice] = set()  # slices that go in a task of their own
         self.running: dict = {}  # submitted future -> the worker it went to (None: any)
 
-    def add(self, state: _Store, pieces: Sequence[Slice]) -> None:
-        """A store's slices, each placed among those waiting by its size."""
+    def add(self, state: _Store, pieces: Sequence[Slice], alone: bool = False) -> None:
+        """A store's slices, each placed among those waiting by its size; `alone`: each to
+        run in a task of its own (a task of several failed as a whole: whose slide it was
+        is found so)."""
+        if alone:
+            self.alone.update(pieces)
         for piece in pieces:
             at = next(
                 (i for i, (_, p) in enumerate(self.waiting) if p.tiles < piece.tiles),
@@ -560,9 +585,9 @@ class _Feed:
         slots = sum(max(n, 1) for n in threads.values())
         per_thread = 2 if len(self.waiting) > 2 * slots else 1
         out = self._out(threads)
-        # a task holds at most a worker thread's share of what waits now: smaller tasks as
-        # the cohort ends, so no worker is left without one while another holds them all
-        share = -(-sum(p.tiles for _, p in self.waiting) // slots)
+        # a task holds at most a share of what waits now, one per task the workers may
+        # have out: smaller tasks as the cohort ends, and even among the workers
+        share = -(-sum(p.tiles for _, p in self.waiting) // (per_thread * slots))
         while self.waiting:
             worker = min(threads, key=lambda w: (out[w] / max(threads[w], 1), w))
             if out[worker] >= per_thread * max(threads[worker], 1):
@@ -576,12 +601,12 @@ class _Feed:
         worker yet, alone)."""
         group = [self.waiting.pop(0)]
         tiles = group[0][1].tiles
-        if tiles >= limit:
+        if tiles >= limit or group[0][1] in self.alone:
             return group
         stores, rest = {group[0][1].store}, []
         for state, piece in self.waiting:
             room = tiles + piece.tiles <= limit and len(group) < TASK_SLICES
-            if room and piece.store not in stores:
+            if room and piece.store not in stores and piece not in self.alone:
                 group.append((state, piece))
                 tiles += piece.tiles
                 stores.add(piece.store)

@@ -147,13 +147,11 @@ def run_slices(pieces: list[Slice]) -> dict[str, Any]:
             outcomes.append(outcome)
             continue
         tiles = report.written(piece.store)
-        entry = report.entry(piece.store) or {}
         outcomes.append({
             "store": piece.store, "start": piece.start, "tiles": tiles,
             # the slice's tiles found done: written by a worker lost while running it (the
             # slice's batches were all to do when it was cut), kept, not computed again
             "kept": piece.tiles - tiles,
-            "seconds": entry.get("seconds") or 0.0,
         })  # fmt: skip
     return {
         "pieces": outcomes,

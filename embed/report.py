@@ -279,10 +279,6 @@ class RunReport:
         """The tiles written into `store` in this run."""
         return self._written.get(str(Path(store)), 0)
 
-    def entry(self, store) -> dict[str, Any] | None:
-        """The store's entry in `slides` (its first, where a run had two of its slices)."""
-        return next((s for s in self.slides if s["store"] == str(Path(store))), None)
-
     def count(self, job, tiles: int) -> None:
         """A batch of a job's tiles was written."""
         self.tiles += tiles

@@ -256,8 +256,7 @@ def test_small_slides_go_many_to_a_task_and_spread_over_the_workers():
     feed.add(None, [_slice(45, f"s{i}") for i in range(400)])
     tasks = list(feed.take())
     assert all(sum(p.tiles for _, p in g) <= TASK_TILES for g, _ in tasks)
-    full = TASK_TILES // 45  # slides a task
-    assert [len(g) for g, _ in tasks] == [full] * (400 // full) + [400 % full]
+    assert [len(g) for g, _ in tasks] == [50] * 8  # two out a worker, even: 400 / 8
     taken = [p.store for g, _ in tasks for _, p in g] + [p.store for _, p in feed.waiting]
     assert sorted(taken) == sorted(f"s{i}" for i in range(400))  # each once, the rest waiting
     feed = _Feed(_Threads(4))
@@ -266,6 +265,15 @@ def test_small_slides_go_many_to_a_task_and_spread_over_the_workers():
     feed = _Feed(_Threads(1))  # one store's two slices never share a task
     feed.add(None, [_slice(45, "a"), _slice(45, "a"), _slice(30000, "b")])
     assert [[p.store for _, p in g] for g, _ in feed.take()] == [["b"], ["a"]]
+    feed = _Feed(_Threads(1))  # a task of several failed as a whole: each again, alone
+    feed.add(None, [_slice(45, "c"), _slice(45, "d")], alone=True)
+    feed.add(None, [_slice(45, "e"), _slice(45, "f")])
+    tasks = list(feed.take())
+    assert [[p.store for _, p in g] for g, _ in tasks] == [["c"], ["d"]]
+    feed.running.update({_Done(g): w for g, w in tasks})
+    assert list(feed.take()) == []  # two out on its one thread
+    feed.running.clear()
+    assert [[p.store for _, p in g] for g, _ in feed.take()] == [["e", "f"]]
 
 
 def test_two_slices_go_to_two_free_workers_whatever_else_runs_there():

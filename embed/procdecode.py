@@ -210,13 +210,7 @@ class ProcessDecoder:
         none waited for): what a slide read before its turn may take without waiting."""
         if not self.blocks or self.blocks[0].size < nbytes:
             return 0
-        waiting = collections.deque()
-        for block, copied in self._copying:
-            if copied.query():
-                self._free.put(block)
-            else:
-                waiting.append((block, copied))
-        self._copying = waiting
+        self._reclaim(wait=False)
         return self._free.qsize()
 
     def start_pinning(self) -> None:
@@ -339,15 +333,16 @@ class ProcessDecoder:
         else:
             self._copying.append((block, copied))
 
-    def _reclaim(self) -> None:
-        """Free the blocks whose copies are done; if none is free, wait for the oldest."""
+    def _reclaim(self, wait: bool = True) -> None:
+        """Free the blocks whose copies are done; if none is free (and `wait`), wait for
+        the oldest."""
         waiting = collections.deque()
         for block, copied in self._copying:
             if copied.query():
                 self._free.put(block)
             else:
                 waiting.append((block, copied))
-        if waiting and self._free.empty():
+        if wait and waiting and self._free.empty():
             block, copied = waiting.popleft()
             copied.synchronize()
             self._free.put(block)

@@ -171,14 +171,19 @@ def test_grid_spec_snaps_only_within_tolerance():
         grid_spec(0, (1.0, 1.0), (1000, 1000), 0.5, 0.5, 4, tolerance=MPP_TOLERANCE)
 
 
-@PROPS
-@given(specs(side=1500, min_tile=32, min_stride=16), st.integers(0, 2**31))
-def test_schedule_loads_each_needed_chunk_once_before_use(spec, seed):
+def _patchy_plan(spec, seed: int):
+    """A plan over random patches of tissue (its rows ragged, chunks shared and not)."""
     rng = np.random.default_rng(seed)
     mask = rng.random((30, 30)) > 0.6
     h0 = spec.level_shape[0] * spec.downsample[0]
     w0 = spec.level_shape[1] * spec.downsample[1]
-    plan = _plan(spec, tissue=mask, tissue_downsample=(h0 / 30, w0 / 30), min_tissue=0.3)
+    return _plan(spec, tissue=mask, tissue_downsample=(h0 / 30, w0 / 30), min_tissue=0.3)
+
+
+@PROPS
+@given(specs(side=1500, min_tile=32, min_stride=16), st.integers(0, 2**31))
+def test_schedule_loads_each_needed_chunk_once_before_use(spec, seed):
+    plan = _patchy_plan(spec, seed)
     steps = chunk_schedule(plan)
     loaded = [tuple(rc) for s in steps for rc in s.load.tolist()]
     assert len(loaded) == len(set(loaded))
@@ -211,11 +216,7 @@ def test_joined_steps_read_each_chunk_once_and_stay_within_their_band(spec, seed
     """Steps joined (a small slide's rows cut at once): the same tiles in plan order, each
     chunk loaded once before the step that needs it and dropped once, and a joined step's
     chunks span at most `limit` pixels."""
-    rng = np.random.default_rng(seed)
-    mask = rng.random((30, 30)) > 0.6
-    h0 = spec.level_shape[0] * spec.downsample[0]
-    w0 = spec.level_shape[1] * spec.downsample[1]
-    plan = _plan(spec, tissue=mask, tissue_downsample=(h0 / 30, w0 / 30), min_tissue=0.3)
+    plan = _patchy_plan(spec, seed)
     rows = chunk_schedule(plan)
     steps = joined(rows, plan, limit)
     assert [t for s in steps for t in s.tiles.tolist()] == list(range(len(plan)))

@@ -183,8 +183,8 @@ class Producer:
                 # the same job (its batches on its lane, before its end), the rest of its tiles
                 self._on_device(job, reader, rest_plan, emit, stop, decoders, cpu, todo=rest)
         elif path != "cut":  # decoder processes or threads, tiles cut on the GPU
-            rows = None if early is None else early.rows
-            self._on_device(job, reader, sub, emit, stop, decoders, path, rows=rows)
+            rows, steps = (None, None) if early is None else (early.rows, early.steps)
+            self._on_device(job, reader, sub, emit, stop, decoders, path, rows=rows, steps=steps)
         else:  # no GPU, or a zstd level: cut on CPU threads into (pinned) batches
             steps = chunk_schedule(sub)
             read = plan.spec.read
@@ -216,18 +216,29 @@ class Producer:
         return decided.plan
 
     def _on_device(
-        self, job, reader, sub, emit, stop, decoders, path: DecodePath, todo=None, rows=None
+        self,
+        job,
+        reader,
+        sub,
+        emit,
+        stop,
+        decoders,
+        path: DecodePath,
+        todo=None,
+        rows=None,
+        steps=None,
     ) -> None:
         """Grid rows' chunks are decoded ahead (`tilestore.embed.rows`, the row source of
         `path`) and each step's band is stitched and its tiles gathered on the GPU: a few
         kernels per grid row (or per small slide: its rows `joined`), no Python per tile.
-        todo: the job's tiles `sub` holds (None: all of its `todo`); rows: its rows read
-        early (`early_rows`)."""
+        todo: the job's tiles `sub` holds (None: all of its `todo`); rows, steps: its rows
+        read early (`early_rows`), its steps made then."""
         todo = job.todo if todo is None else todo
         read, chunk = sub.spec.read, (reader.chunk_h, reader.chunk_w)
         device, batch = self.settings.device, self.settings.batch_size
         builder = BatchBuilder(job, batch, len(job.plan), emit, None, device, stop)
-        steps = rows.steps if rows is not None else _steps(sub)
+        if steps is None:  # made already where the slide was decided early
+            steps = rows.steps if rows is not None else _steps(sub)
         common = (steps, self.settings, self.stats.span, reader)
         sources = {
             "nvjpeg": lambda: NvjpegRows(*common, self.gpu_jpeg),

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from tilestore.cpus import usable_cpus
-from tilestore.embed import nvjpeg
+from tilestore.embed import nvjpeg, readout
 from tilestore.embed.forward import Forward, QualityLayout, place, token_layout
 from tilestore.embed.inputs import SlidesAtOnce, Stager, as_staged
 from tilestore.embed.jobs import (
@@ -39,6 +39,7 @@ from tilestore.embed.nvjpeg import GpuJpeg
 from tilestore.embed.opening import PlanChoice
 from tilestore.embed.preflight import Preflight, check_stores
 from tilestore.embed.procdecode import ProcessDecoder
+from tilestore.embed.readout import Wanted
 from tilestore.embed.report import RunReport, Sampler, Stats
 from tilestore.embed.runner import Runner
 from tilestore.embed.settings import Options, Precision, Settings, resolve
@@ -269,7 +270,10 @@ class Embedder:
             forward, settings = self.runner.forward, self.settings
             itemsize = forward.row_dtype(getattr(torch, settings.dtype)).itemsize
             if settings.batch_size * forward.width * itemsize <= ROWS_BYTES:
-                self._side = StoreProcesses(count)
+                # on a GPU each slide's steps are made there, with its chunks located where
+                # the decoder processes read them (`tilestore.embed.readout`)
+                wanted = Wanted(self.processes is not None, readout.JOIN_PIXELS)
+                self._side = StoreProcesses(count, wanted if settings.cuda else None)
             else:
                 self._side = Calls(count, keep_on_stop=True)
         return self._side

@@ -66,12 +66,14 @@ class FileSystems:
 def _device(store: str | os.PathLike) -> int | None:
     """The device of the store's folder (of the folder it is made in, where it is not made
     yet); None where neither can be read."""
-    for path in (Path(store), Path(store).parent):
-        try:
-            return os.stat(path).st_dev
-        except OSError:
-            continue
-    return None
+    try:  # a run asks this of each slide twice: no Path made where the store is there
+        return os.stat(store).st_dev
+    except OSError:
+        pass
+    try:
+        return os.stat(Path(store).parent).st_dev
+    except OSError:
+        return None
 
 
 def _read_only(store: str | os.PathLike) -> bool:

@@ -23,6 +23,7 @@ from tilestore.embed.inputs import Staged
 from tilestore.embed.models import ModelSpec
 from tilestore.embed.opening import PlanChoice, open_for_run, tiles_of
 from tilestore.embed.preflight import rgb_input
+from tilestore.embed.readout import ReadOut
 from tilestore.embed.report import RunReport
 from tilestore.embed.storeside import Request, StoreProcesses
 from tilestore.embeddings import AlreadyComplete, EmbeddingWriter, RunIdentity
@@ -42,6 +43,7 @@ class Job:
     todo: np.ndarray  # global plan indices, ascending, whole batches
     left: int = 0  # tiles still to do after this run (a trial, max_tiles, leaves some)
     reading: dict = field(default_factory=dict)  # how the model reads its tiles (`reading`)
+    read_out: ReadOut | None = None  # its steps (and chunks) made where it was opened
 
 
 @dataclass(frozen=True)
@@ -227,7 +229,14 @@ def _open_job(
     report.filesystems.wrote(store)
     ready = opening.ready
     job = Job(
-        store, ready.pixels, ready.plan, opening.writer, opening.todo, opening.left, ready.reading
+        store,
+        ready.pixels,
+        ready.plan,
+        opening.writer,
+        opening.todo,
+        opening.left,
+        ready.reading,
+        opening.read_out,
     )
     return _Opened(staged, store, job=job, seconds=opening.seconds)
 

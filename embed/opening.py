@@ -22,6 +22,7 @@ from tilestore.embed.preflight import (
     rgb_input,
     scale_mismatch,
 )
+from tilestore.embed.readout import ReadOut
 from tilestore.embeddings import EmbeddingWriter, RunIdentity, plan_slide
 from tilestore.embeddings.recipe import scale_of
 from tilestore.errors import PlanError, StoreError
@@ -167,6 +168,7 @@ class Opening:
     todo: np.ndarray | None = None  # global plan indices this run embeds, whole batches
     left: int = 0  # tiles still to do after this run (a trial, max_tiles, leaves some)
     seconds: dict[str, float] = field(default_factory=dict)  # its steps, for the report
+    read_out: ReadOut | None = None  # its steps (and chunks) made where it was opened
 
     def abandon(self) -> str:
         """Release what was taken (the lock; a group made and never written is removed)."""

@@ -30,7 +30,7 @@ from tilestore import workers as workers_
 from tilestore.embed import nvtx
 from tilestore.embed.queues import Stopped
 from tilestore.errors import ChunkError
-from tilestore.format.integrity import Location, read_chunks, unseal
+from tilestore.format.integrity import Located, Location, read_chunks, unseal
 from tilestore.format.jpeg import TileFrame, as_declared
 
 
@@ -125,7 +125,7 @@ def _answer(request: dict, marks) -> str:
         marks.push("decode (process)")
     try:
         count, left = decode_chunks(
-            request["locations"],
+            Located(*request["located"]).unpacked(),
             request["coords"],
             request["shm"],
             tuple(request["shape"]),
@@ -247,7 +247,7 @@ class ProcessDecoder:
 
     def submit(
         self,
-        locations: list,
+        located: Located,
         coords: list,
         shape: tuple[int, ...],
         background: int,
@@ -263,7 +263,8 @@ class ProcessDecoder:
         """Start decoding into a free block; return (block index, futures of the chunks
         each request left undecoded: their rows in the block, for the caller to make).
 
-        locations, coords: where each chunk is (`ChunkReader.locations`) and its (row, col);
+        located, coords: where each chunk is (`ChunkReader.locations`, packed) and its
+        (row, col);
         checksum, required, where, colorspace, frame: how the chunks are checked and decoded
         (`decode_chunks`).
 
@@ -280,18 +281,18 @@ class ProcessDecoder:
             except queue.Empty:
                 if stop.is_set():
                     raise Stopped from None
-        bounds = np.linspace(0, len(locations), max(1, min(parts, len(locations))) + 1)
-        bounds = bounds.astype(int)
+        count = len(located.at)
+        bounds = np.linspace(0, count, max(1, min(parts, count)) + 1).astype(int).tolist()
         framed = None if frame is None else frame.as_json()
         requests = [
             json.dumps(
                 {
-                    "locations": locations[start:stop_],
+                    "located": located.part(start, stop_),
                     "coords": [list(c) for c in coords[start:stop_]],
                     "shm": self.blocks[block].name,
                     "shape": list(shape),
                     "background": int(background),
-                    "offset": int(start),
+                    "offset": start,
                     "checksum": checksum,
                     "required": required,
                     "where": where,
@@ -302,7 +303,7 @@ class ProcessDecoder:
             for start, stop_ in itertools.pairwise(bounds)
         ]
         return block, [
-            self._dispatch.submit(self._ask, request, int(start))
+            self._dispatch.submit(self._ask, request, start)
             for request, start in zip(requests, bounds, strict=False)
         ]
 

@@ -30,15 +30,13 @@ from tilestore.embed.nvjpeg import GpuDecodeFailed, GpuJpeg
 from tilestore.embed.packing import Packer
 from tilestore.embed.procdecode import ProcessDecoder
 from tilestore.embed.queues import DONE, Stopped, put
+from tilestore.embed.readout import gpu_steps
 from tilestore.embed.report import RunReport, Stats
 from tilestore.embed.rows import BothRows, NvjpegRows, ProcessRows, ThreadRows, early_rows
 from tilestore.embed.settings import Settings
 from tilestore.errors import TilestoreError
-from tilestore.plan.tiles import chunk_schedule, joined
+from tilestore.plan.tiles import chunk_schedule
 
-# a step's band of chunks, at most (pixels): a small slide's grid rows are read and cut at
-# once (`tilestore.plan.tiles.joined`); about one grid row of a 17,000 px slide
-JOIN_PIXELS = 8_000_000
 # slides whose rows are asked of the decoder processes before their turn, at most
 EARLY_SLIDES = 8
 
@@ -76,6 +74,7 @@ class Early:
     decoding: DecodePlan | None = None
     sub: object = None  # the plan of its tiles to do
     steps: list | None = None  # the processes' path: the steps its rows are read by
+    located: list | None = None  # and where their chunks lie, if found where it was opened
     rows: ProcessRows | None = None  # None: read at its turn (or when blocks free)
     error: TilestoreError | None = None  # its data failed while it was decided
 
@@ -154,10 +153,12 @@ class Producer:
             raise early.error
         if early is not None:  # decided, and perhaps read, before its turn (`_read_early`)
             reader, decoding, sub = early.reader, early.decoding, early.sub
+            steps, located = early.steps, early.located
         else:
             reader = job.slide.chunks(plan.spec.level)
             decoding = self._decode_plan(job, reader, report)
             sub = plan.subset(job.todo)
+            steps, located = _steps(job, sub) if decoding.path != "cut" else (None, None)
         report.begin(job, decoding.record())
         path = decoding.path
         emit = hand_on  # each batch to the GPU loop, through the packer
@@ -170,7 +171,7 @@ class Producer:
                 hand_on(b)
 
             try:
-                self._on_device(job, reader, sub, emit_gpu, stop, decoders, path)
+                self._on_device(job, reader, sub, emit_gpu, stop, decoders, path, steps=steps)
             except GpuDecodeFailed as exc:
                 self.nvjpeg_failed = self.nvjpeg_failed or exc.decoder_fault
                 report.warnings.append(
@@ -183,8 +184,9 @@ class Producer:
                 # the same job (its batches on its lane, before its end), the rest of its tiles
                 self._on_device(job, reader, rest_plan, emit, stop, decoders, cpu, todo=rest)
         elif path != "cut":  # decoder processes or threads, tiles cut on the GPU
-            rows, steps = (None, None) if early is None else (early.rows, early.steps)
-            self._on_device(job, reader, sub, emit, stop, decoders, path, rows=rows, steps=steps)
+            rows = None if early is None else early.rows
+            where = {"rows": rows, "steps": steps, "located": located}
+            self._on_device(job, reader, sub, emit, stop, decoders, path, **where)
         else:  # no GPU, or a zstd level: cut on CPU threads into (pinned) batches
             steps = chunk_schedule(sub)
             read = plan.spec.read
@@ -227,22 +229,24 @@ class Producer:
         todo=None,
         rows=None,
         steps=None,
+        located=None,
     ) -> None:
         """Grid rows' chunks are decoded ahead (`tilestore.embed.rows`, the row source of
         `path`) and each step's band is stitched and its tiles gathered on the GPU: a few
         kernels per grid row (or per small slide: its rows `joined`), no Python per tile.
-        todo: the job's tiles `sub` holds (None: all of its `todo`); rows, steps: its rows
-        read early (`early_rows`), its steps made then."""
+        todo: the job's tiles `sub` holds (None: all of its `todo`); rows: its rows read
+        early (`early_rows`); steps: `sub`'s (`_steps`; None: made here); located: where
+        each step's new chunks lie (None: found as they are asked)."""
         todo = job.todo if todo is None else todo
         read, chunk = sub.spec.read, (reader.chunk_h, reader.chunk_w)
         device, batch = self.settings.device, self.settings.batch_size
         builder = BatchBuilder(job, batch, len(job.plan), emit, None, device, stop)
-        if steps is None:  # made already where the slide was decided early
-            steps = rows.steps if rows is not None else _steps(sub)
+        if steps is None:
+            steps = rows.steps if rows is not None else gpu_steps(sub)
         common = (steps, self.settings, self.stats.span, reader)
         sources = {
             "nvjpeg": lambda: NvjpegRows(*common, self.gpu_jpeg),
-            "processes": lambda: ProcessRows(*common, self.processes, stop),
+            "processes": lambda: ProcessRows(*common, self.processes, stop, located=located),
             "both": lambda: BothRows(*common, self.processes, stop, self.gpu_jpeg),
             "threads": lambda: ThreadRows(*common, decoders),
         }
@@ -274,7 +278,7 @@ class Producer:
             last = self.early[-1]
             if last.steps is None:  # its error, or not read by the processes: at its turn
                 return
-            last.rows = early_rows(last.steps, *self._early_with(last.reader, stop))
+            last.rows = early_rows(last.steps, *self._early_with(last.reader, stop), last.located)
             if last.rows is None:
                 return  # no room yet: the slides after it wait for theirs
         for job in waiting[len(self.early) :]:
@@ -284,12 +288,16 @@ class Producer:
                 reader = job.slide.chunks(job.plan.spec.level)
                 decoding = self._decode_plan(job, reader, self.report)
                 sub = job.plan.subset(job.todo)
-                steps = _steps(sub) if decoding.path == "processes" else None
-                rows = None if steps is None else early_rows(steps, *self._early_with(reader, stop))
+                steps, located = _steps(job, sub) if decoding.path == "processes" else (None, None)
+                rows = (
+                    None
+                    if steps is None
+                    else early_rows(steps, *self._early_with(reader, stop), located)
+                )
             except TilestoreError as exc:  # the next slide's own data: its failure, not ours
                 self.early.append(Early(job, error=exc))
                 return
-            self.early.append(Early(job, reader, decoding, sub, steps, rows))
+            self.early.append(Early(job, reader, decoding, sub, steps, located, rows))
             if rows is None:
                 return
 
@@ -297,10 +305,14 @@ class Producer:
         return self.settings, self.stats.span, reader, self.processes, stop
 
 
-def _steps(sub) -> list:
-    """The steps a plan's tiles are read and cut by on the GPU: its grid rows, a small
-    slide's joined (`JOIN_PIXELS`)."""
-    return joined(chunk_schedule(sub), sub, JOIN_PIXELS)
+def _steps(job: Job, sub) -> tuple[list, list | None]:
+    """The steps the job's tiles to do (`sub`) are read and cut by on the GPU (`gpu_steps`)
+    and where each step's new chunks lie (None: found as they are asked): as made where it
+    was opened (`Job.read_out`), else here."""
+    made = job.read_out
+    if made is None:
+        return gpu_steps(sub), None
+    return made.steps, made.located
 
 
 class Ahead:

@@ -27,6 +27,7 @@ from tilestore.embed.procdecode import ProcessDecoder
 from tilestore.embed.report import Span
 from tilestore.embed.settings import Settings
 from tilestore.format.chunks import ChunkReader
+from tilestore.format.integrity import Located
 
 Coords = list[tuple[int, int]]
 
@@ -142,11 +143,20 @@ class ProcessRows(RowSource):
     and 16,333)."""
 
     def __init__(
-        self, steps, settings, span, reader: ChunkReader, procs: ProcessDecoder, stop, early=False
+        self,
+        steps,
+        settings,
+        span,
+        reader: ChunkReader,
+        procs: ProcessDecoder,
+        stop,
+        early=False,
+        located: list[Located] | None = None,
     ):
         super().__init__(steps, settings, span)
         batch = settings.batch_size
         self.reader, self.procs, self.stop = reader, procs, stop
+        self.located = located  # each step's new chunks located where it was opened, or None
         self.shape = (reader.chunk_h, reader.chunk_w, reader.channels)
         workers = len(procs.workers)
         row_bytes = self.row_bytes(steps, reader)
@@ -182,8 +192,9 @@ class ProcessRows(RowSource):
         if index < self.first_rows:
             parts = max(parts, self.first_parts)
         reader = self.reader
+        located = self.located[index] if self.located is not None else None
         return self.procs.submit(
-            reader.locations(coords),
+            located or Located.of(reader.locations(coords)),
             list(coords),
             self.shape,
             reader.background,
@@ -218,7 +229,9 @@ class ProcessRows(RowSource):
         self.procs.release(block)
 
 
-def early_rows(steps, settings, span, reader: ChunkReader, procs: ProcessDecoder, stop):
+def early_rows(
+    steps, settings, span, reader: ChunkReader, procs: ProcessDecoder, stop, located=None
+):
     """A slide's rows, every one asked of the decoder processes now, before its turn, if
     they fit in blocks free now (keeping two for the slide being cut): a small slide's
     decoding then runs beside the GPU's work on those before it. None where they do not
@@ -230,7 +243,7 @@ def early_rows(steps, settings, span, reader: ChunkReader, procs: ProcessDecoder
         return None
     if procs.room(ProcessRows.row_bytes(steps, reader)) < len(steps) + 2:
         return None
-    rows = ProcessRows(steps, settings, span, reader, procs, stop, early=True)
+    rows = ProcessRows(steps, settings, span, reader, procs, stop, early=True, located=located)
     try:
         rows.submit_all()
     except BaseException:  # its shard index, say: the blocks asked so far are given back

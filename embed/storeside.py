@@ -37,6 +37,7 @@ from tilestore import workers
 from tilestore.embed.models import ModelSpec
 from tilestore.embed.opening import Opening, PlanChoice, Prepared, open_for_run
 from tilestore.embed.preflight import rgb_input
+from tilestore.embed.readout import Wanted, read_out
 from tilestore.embeddings import EmbeddingWriter, RunIdentity
 from tilestore.errors import ChunkError, StoreError, TilestoreWarning
 from tilestore.plan import TilePlan
@@ -71,8 +72,9 @@ class StoreProcesses:
     kept between runs, one started again in place of one that died; each slide goes to the
     one holding the fewest."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, read_out: Wanted | None = None) -> None:
         self.count = max(1, count)
+        self.read_out = read_out  # what of each slide's reading is made there (`ReadOut`)
         self._held: dict[Channel, int] = {}  # slides each holds (opening or open)
         self._keys = itertools.count()
         self._lock = threading.Lock()
@@ -93,7 +95,7 @@ class StoreProcesses:
         go_on()
         channel, key = self._take()
         try:
-            found, error, said = channel(("open", key, request))
+            found, error, said = channel(("open", key, request, self.read_out))
         except WorkerGone:
             self._release(channel)
             raise StoreError(
@@ -119,7 +121,13 @@ class StoreProcesses:
             writer.abandon()
             raise
         return Opening(
-            Path(request.store), ready, writer, found["todo"], found["left"], found["seconds"]
+            Path(request.store),
+            ready,
+            writer,
+            found["todo"],
+            found["left"],
+            found["seconds"],
+            found["read_out"],
         )
 
     def halt(self, run: str) -> None:
@@ -285,7 +293,7 @@ class Side:
     def _halt(self, key: None, run: str) -> None:
         self.halted.add(run)
 
-    def _open(self, key: int, request: Request) -> dict[str, Any]:
+    def _open(self, key: int, request: Request, wanted: Wanted | None = None) -> dict[str, Any]:
         def go_on() -> None:
             if request.run in self.halted:
                 raise StoreError(f"{request.store}: not opened: the run stopped")
@@ -305,6 +313,9 @@ class Side:
         ready = opening.ready
         try:
             slide = _shipped(ready.slide, ready.plan)
+            # a slide read in place is opened again in the run: its chunks located there
+            wanted = replace(wanted, located=False) if slide is None and wanted else wanted
+            made = read_out(ready.pixels, ready.plan, opening.todo, wanted)
         except BaseException:
             opening.abandon()  # its lock released, a group never written removed
             raise
@@ -317,6 +328,7 @@ class Side:
             "todo": opening.todo,
             "left": opening.left,
             "seconds": opening.seconds,
+            "read_out": made,
             "path": opening.writer.path,
             "took_over": opening.writer.took_over,
         }

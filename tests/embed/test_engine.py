@@ -375,7 +375,7 @@ def test_decode_both_splits_rows_between_cpu_and_gpu_with_the_cpus_features(
 
     monkeypatch.setattr(BothRows, "close", closing)
     # the slide's grid rows one by one (not joined into one step, as a small slide's are)
-    monkeypatch.setattr("tilestore.embed.produce.JOIN_PIXELS", 0)
+    monkeypatch.setattr("tilestore.embed.readout.JOIN_PIXELS", 0)
     cpu, gpu = store(copy=copy, into=tmp_path / "cpu"), store(copy=copy, into=tmp_path / "gpu")
     # two processes have room for two rows: the slide's other rows go to nvJPEG
     report, similarity = _cpu_vs_gpu_decode(cpu, gpu, tiny, decode="both", decoders=2)

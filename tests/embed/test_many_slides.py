@@ -244,7 +244,9 @@ def test_a_slide_whose_data_fails_while_read_early_fails_at_its_turn_alone(store
     fits, procs = [0], Procs()
     procs.room = lambda nbytes: fits[0]
     producer = Producer(settings(), Stats(), procs, None, lambda job: None)
-    job = SimpleNamespace(store="s3.ome.zarr", todo=np.arange(len(small)), slide=slide, plan=small)
+    job = SimpleNamespace(
+        store="s3.ome.zarr", todo=np.arange(len(small)), slide=slide, plan=small, read_out=None
+    )
     producer.ahead, producer.report = SimpleNamespace(opened=lambda most: [job]), report
     producer._decode_plan = lambda job, reader, report: DecodePlan("processes", "test")
     producer._read_early(threading.Event())
@@ -510,6 +512,52 @@ def test_a_store_process_sends_the_slide_it_opened_and_a_slide_in_place_is_opene
     in_place = open_in_place(SLIDES / "CMU-1-Small-Region.svs", sidecars=tmp_path / "sidecars")
     plan = plan_over_tissue(in_place, PlanOptions(mpp=0.5, tile=224), store_tissue=False)
     assert _shipped(in_place, plan) is None
+
+
+def test_a_store_process_makes_the_slides_steps_and_locates_their_chunks(cohort, lite):
+    """Asked (`Wanted`), a store process makes the steps of the slide's tiles to do as the
+    run would (`gpu_steps`, joined up to the run's limit) and locates each step's new
+    chunks as the run's reader does; nothing where nothing is asked; a level whose
+    positions are damaged gets its steps, its chunks left to be located (and the damage
+    found) where the run reads them."""
+    import pickle
+    import shutil
+
+    from tilestore.embed.engine import Embedder
+    from tilestore.embed.readout import JOIN_PIXELS, Wanted, gpu_steps
+    from tilestore.embed.settings import Options
+    from tilestore.embed.storeside import Request, Side
+    from tilestore.reading import open_slide
+
+    options = Options(device="cpu", precision="fp32", dtype="float32", batch_size=16)
+    with Embedder(lite, options) as embedder:
+        spec, identity = embedder.loaded.spec, embedder.writer_identity()
+    side = Side()
+
+    def opened(key, store, wanted):
+        request = Request(str(store), spec, None, identity, False, None, False, False, "run")
+        found = pickle.loads(pickle.dumps(side._open(key, request, wanted)))
+        side._abandon(key)
+        return found
+
+    for key, join in enumerate((JOIN_PIXELS, 0)):
+        found = opened(key, cohort[0], Wanted(True, join))
+        plan, todo, made = found["ready"].plan, found["todo"], found["read_out"]
+        want = gpu_steps(plan.subset(todo), join)
+        assert len(made.steps) == len(want) and (len(want) == 1) == bool(join)  # rows joined
+        for got, step in zip(made.steps, want, strict=True):
+            for field in ("tiles", "load", "drop"):
+                np.testing.assert_array_equal(getattr(got, field), getattr(step, field))
+        reader = open_slide(cohort[0]).chunks(plan.spec.level)
+        for step, located in zip(want, made.located, strict=True):
+            coords = [tuple(rc) for rc in step.load.tolist()]
+            assert located.unpacked() == reader.locations(coords)
+    assert opened(2, cohort[0], None)["read_out"] is None
+    only_steps = opened(3, cohort[0], Wanted(False, JOIN_PIXELS))["read_out"]
+    assert only_steps.steps and only_steps.located is None
+    shutil.rmtree(cohort[1] / "crc32c" / "0")  # level 0's positions gone
+    damaged = opened(4, cohort[1], Wanted(True, JOIN_PIXELS))["read_out"]
+    assert damaged.steps and damaged.located is None
 
 
 def test_a_slide_that_cannot_be_sent_releases_its_opening_there(cohort, lite, monkeypatch):

@@ -24,6 +24,7 @@ from tests.corpus import rewrite_chunk
 from tilestore.embed.procdecode import ProcessDecoder, decode_chunks
 from tilestore.errors import ChunkError
 from tilestore.format import jpeg
+from tilestore.format.integrity import Located
 from tilestore.reading.opening import open_slide
 
 
@@ -46,7 +47,12 @@ def test_workers_decode_rows_like_libjpeg(stores, decoder, parts):
     shape = (reader.chunk_h, reader.chunk_w, reader.channels)
     decoder.reserve(3, len(coords) * int(np.prod(shape)))
     block, done = decoder.submit(
-        reader.locations(coords), coords, shape, reader.background, threading.Event(), parts
+        Located.of(reader.locations(coords)),
+        coords,
+        shape,
+        reader.background,
+        threading.Event(),
+        parts,
     )
     assert len(done) == parts  # each part a request of its own, into its rows of the block
     assert _wait(done) == []  # every chunk decoded, the absent one as the background
@@ -109,7 +115,9 @@ def test_worker_errors_come_back_as_messages(decoder, tmp_path):
     bad = tmp_path / "not-a-jpeg"
     bad.write_bytes(b"hello")
     decoder.reserve(1, 64 * 64 * 3)
-    _, done = decoder.submit([[str(bad), 0, None]], [(4, 2)], (64, 64, 3), 0, threading.Event())
+    _, done = decoder.submit(
+        Located.of([[str(bad), 0, None]]), [(4, 2)], (64, 64, 3), 0, threading.Event()
+    )
     with pytest.raises(ChunkError, match=r"chunk \(4, 2\): cannot decode: Not a JPEG"):
         _wait(done)
 
@@ -170,17 +178,25 @@ def test_a_block_in_copy_is_reused_only_after_its_copy(stores, decoder):
     shape = (reader.chunk_h, reader.chunk_w, reader.channels)
     decoder.reserve(2, len(coords) * int(np.prod(shape)))
     stop = threading.Event()
-    first, done = decoder.submit(reader.locations(coords), coords, shape, reader.background, stop)
+    first, done = decoder.submit(
+        Located.of(reader.locations(coords)), coords, shape, reader.background, stop
+    )
     _wait(done)
-    second, done = decoder.submit(reader.locations(coords), coords, shape, reader.background, stop)
+    second, done = decoder.submit(
+        Located.of(reader.locations(coords)), coords, shape, reader.background, stop
+    )
     _wait(done)
     pending, finished = _Copy(), _Copy(done=True)
     decoder.release(first, pending)
     decoder.release(second, finished)
-    third, done = decoder.submit(reader.locations(coords), coords, shape, reader.background, stop)
+    third, done = decoder.submit(
+        Located.of(reader.locations(coords)), coords, shape, reader.background, stop
+    )
     assert third == second and not pending.waited  # the finished copy's block, no waiting
     _wait(done)
-    fourth, done = decoder.submit(reader.locations(coords), coords, shape, reader.background, stop)
+    fourth, done = decoder.submit(
+        Located.of(reader.locations(coords)), coords, shape, reader.background, stop
+    )
     assert fourth == first and pending.waited  # no block free: waited for the oldest copy
     _wait(done)
     want = np.stack([reader.decode(reader.fetch_one(c)) for c in coords])
@@ -199,7 +215,7 @@ def test_pinned_blocks_copy_to_the_gpu_asynchronously(stores):
         stop, got = threading.Event(), []  # rows start before pinning ends: copies stay right
         for coords in rows * 3:  # more rows than blocks: every block is reused
             block, done = decoder.submit(
-                reader.locations(coords), coords, shape, reader.background, stop
+                Located.of(reader.locations(coords)), coords, shape, reader.background, stop
             )
             decoder.start_pinning()  # after the first row, as the engine does after a batch
             _wait(done)
@@ -313,7 +329,13 @@ def test_a_slides_own_tiles_decode_in_the_processes_as_its_reader_makes_them(
     hole = coords.index((2, 2))
     assert locations[hole] is None and hole >= len(coords) // 2  # in the second request
     block, done = decoder.submit(
-        locations, coords, shape, reader.background, threading.Event(), 2, frame=reader.frame
+        Located.of(locations),
+        coords,
+        shape,
+        reader.background,
+        threading.Event(),
+        2,
+        frame=reader.frame,
     )
     assert _wait(done) == [hole]  # its row in the block, not in its request
     got = decoder.view(block, len(coords), shape)
@@ -371,7 +393,7 @@ def test_a_slide_opened_through_a_link_decodes_in_the_processes(tmp_path, decode
     shape = (reader.chunk_h, reader.chunk_w, reader.channels)
     decoder.reserve(3, len(coords) * int(np.prod(shape)))
     block, done = decoder.submit(
-        reader.locations(coords), coords, shape, reader.background, threading.Event(),
+        Located.of(reader.locations(coords)), coords, shape, reader.background, threading.Event(),
         frame=reader.frame,
     )  # fmt: skip
     assert _wait(done) == []

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tests.conftest import CMU
 from tests.corpus import chunk_file, rewrite_chunk
 from tilestore.errors import AnnotationError, ChunkError
-from tilestore.format.integrity import read_file, seal, unseal
+from tilestore.format.integrity import Located, Location, read_file, seal, unseal
 from tilestore.plan.annotations.base import number
 from tilestore.plan.annotations.geojson import _check_geometry
 from tilestore.reading.opening import open_slide
@@ -42,6 +42,29 @@ def test_every_flipped_bit_and_every_cut_is_caught(data, draw):
     cut = draw.draw(st.integers(0, len(sealed) - 1))
     with pytest.raises(ChunkError, match=r"^c: chunk is"):
         unseal(seal(data)[:cut], "c")
+
+
+_LOCATION = st.builds(
+    Location,
+    st.sampled_from(["/s/c/0/0/0", "/s/c/0/0/1", "/slide.svs", "/é x/c"]),
+    st.integers(0, 2**40),
+    st.none() | st.integers(0, 2**31),
+    st.none() | st.integers(0, 2**32 - 1),
+    st.booleans(),
+)
+
+
+@given(st.lists(st.none() | _LOCATION, max_size=40), st.data())
+def test_located_chunks_cross_a_pipe_as_they_were(locations, data):
+    """Packed (`Located`: each file named once), sent as JSON and unpacked, any chunks'
+    locations, absent ones too, are the ones packed; and so is any part of them."""
+    packed = Located.of(locations)
+    assert len(packed.paths) == len({at.path for at in locations if at is not None})
+    sent = Located(*json.loads(json.dumps(packed)))
+    assert sent.unpacked() == locations
+    start = data.draw(st.integers(0, len(locations)))
+    stop = data.draw(st.integers(start, len(locations)))
+    assert packed.part(start, stop).unpacked() == locations[start:stop]
 
 
 def test_reading_a_chunk_file_refuses_what_is_not_one(tmp_path):

@@ -28,7 +28,7 @@ from tilestore.conversion.converter import convert
 from tilestore.embed.procdecode import ProcessDecoder
 from tilestore.errors import ChunkError
 from tilestore.format import positions
-from tilestore.format.integrity import UNWRITTEN, seal
+from tilestore.format.integrity import UNWRITTEN, Located, seal
 from tilestore.format.shards import index_bytes
 from tilestore.reading.labels import read_label, write_label
 from tilestore.reading.opening import open_slide
@@ -100,7 +100,7 @@ def test_the_decoder_processes_name_a_chunk_out_of_place(store):
     try:
         decoder.reserve(1, len(coords) * math.prod(shape))
         _, done = decoder.submit(
-            reader.locations(coords),
+            Located.of(reader.locations(coords)),
             coords,
             shape,
             reader.background,

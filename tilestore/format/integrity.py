@@ -35,6 +35,47 @@ UNWRITTEN = 2**64 - 1  # recorded for a position where no chunk was written (as 
 _FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
+class Located(NamedTuple):
+    """Many chunks' locations packed to cross a pipe (a decode request, a store process's
+    reply) cheaply: each file named once, each chunk a row of ints [file, offset, length,
+    expect, whole], -1 for None (a file of -1: the chunk has no location)."""
+
+    paths: list[str]
+    at: list[list[int]]
+
+    @classmethod
+    def of(cls, locations: Sequence[Location | Sequence | None]) -> Located:
+        """Packed from `Location`s (or their fields as a list), None where absent."""
+        files: dict[str, int] = {}
+        at = []
+        for location in locations:
+            if location is None:
+                at.append([-1, 0, -1, -1, 0])
+                continue
+            here = Location(*location)
+            length, expect = here.length, here.expect
+            at.append([
+                files.setdefault(here.path, len(files)), here.offset,
+                -1 if length is None else length, -1 if expect is None else expect,
+                int(here.whole),
+            ])  # fmt: skip
+        return cls(list(files), at)
+
+    def part(self, start: int, stop: int) -> Located:
+        """Chunks [start, stop)."""
+        return Located(self.paths, self.at[start:stop])
+
+    def unpacked(self) -> list[Location | None]:
+        paths = self.paths
+        return [
+            None if file < 0 else Location(
+                paths[file], offset, None if length < 0 else length,
+                None if expect < 0 else expect, bool(whole),
+            )
+            for file, offset, length, expect, whole in self.at
+        ]  # fmt: skip
+
+
 def seal(data: bytes) -> bytes:
     """The chunk bytes as a store keeps them: `data` and its CRC-32C."""
     return data + struct.pack("<I", google_crc32c.value(data))

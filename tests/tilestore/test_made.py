@@ -103,3 +103,34 @@ def test_a_write_that_fails_leaves_none_running_once_it_is_raised(tmp_path, fail
     shutil.rmtree(tmp_path / "g")
     time.sleep(0.5)
     assert not (tmp_path / "g").exists()
+
+
+def test_decisions_kept_serve_only_the_same_arguments(tmp_path, monkeypatch):
+    """zarr's decisions are kept by their arguments (`DECISIONS`): groups made again and
+    again are each the files zarr makes, and an array asked with any argument changed (its
+    length, an attribute, its codec) is decided anew, never served another's metadata."""
+    from tilestore.format import made
+
+    monkeypatch.setattr(made, "DECISIONS", made.Kept(512))
+    monkeypatch.setattr(made, "DOCUMENTS", made.Kept(512))
+    variants = {
+        "same": lambda a: a,
+        "length": lambda a: _arrays(46),
+        "attribute": lambda a: {**a, "g/x_um": {**a["g/x_um"], "attributes": {"units": "nm"}}},
+        "codec": lambda a: {**a, "g/x": {**a["g/x"], **column(zstd_codecs(level=5), 45)}},
+    }
+    for name, change in [("first", lambda a: a), *variants.items()]:
+        ours, theirs = tmp_path / name / "ours", tmp_path / name / "theirs"
+        for root in (ours, theirs):
+            zarr.open_group(root, mode="w").require_group("g")
+        arrays = change(_arrays(45))
+        asyncio.run(made.made_new(LocalStore(ours), arrays, ("g/crc32c",)))
+
+        async def one_by_one(arrays=arrays, theirs=theirs) -> None:
+            for path, kwargs in arrays.items():
+                await create_array(LocalStore(theirs), name=path, **kwargs)
+
+        asyncio.run(one_by_one())
+        assert _files(ours) == _files(theirs), name
+    # the first's four; a new length: three (the crc32c record keeps its 3); one each after
+    assert len(made.DECISIONS._kept) == 4 + 3 + 1 + 1

@@ -15,6 +15,7 @@ The caller holds the group (its lock) and has just made it: nothing is at these 
 from __future__ import annotations
 
 import asyncio
+import collections
 from typing import Any
 
 import zarr
@@ -36,13 +37,19 @@ async def made_new(
     decided = _all_or_first_error(
         await asyncio.gather(*(_decided(kw) for kw in arrays.values()), return_exceptions=True)
     )
-    metadata = {path: meta for path, (meta, _, _) in zip(arrays, decided, strict=True)}
-    nodes = {**dict.fromkeys(groups, GroupMetadata(zarr_format=3)), **metadata}
     prototype = default_buffer_prototype()
+    group = GroupMetadata(zarr_format=3).to_buffer_dict(prototype)
+    nodes = {
+        **dict.fromkeys(groups, group),
+        **{
+            path: _documents(meta, prototype)
+            for path, (meta, _, _) in zip(arrays, decided, strict=True)
+        },
+    }
     documents = (
         store.set(f"{path}/{name}", document)
         for path, node in nodes.items()
-        for name, document in node.to_buffer_dict(prototype).items()
+        for name, document in node.items()
     )
     _all_or_first_error(await asyncio.gather(*documents, return_exceptions=True))
     made = {
@@ -60,14 +67,55 @@ async def made_new(
 
 async def _decided(kwargs: dict[str, Any]) -> tuple[Any, Any, Any]:
     """An array's metadata as zarr's `create_array` decides it (on a store in memory), its
-    data (None: none) and its runtime config (None: zarr's)."""
+    data (None: none) and its runtime config (None: zarr's). A cohort's groups ask for the
+    same arrays slide after slide: each decision is kept (`DECISIONS`), by its arguments."""
     kw = dict(kwargs)
     kw.pop("overwrite", None)  # nothing is there
     data = kw.pop("data", None)
     if data is not None:
         kw["shape"], kw["dtype"] = data.shape, data.dtype
-    array = await create_array(MemoryStore(), **kw)
-    return array.metadata, data, kw.get("config")
+    asked = repr(sorted(kw.items()))  # every argument, as its repr says it (shapes, codecs)
+    metadata = DECISIONS.get(asked)
+    if metadata is None:
+        metadata = (await create_array(MemoryStore(), **kw)).metadata
+        DECISIONS.put(asked, metadata)
+    return metadata, data, kw.get("config")
+
+
+def _documents(metadata: Any, prototype: Any) -> dict[str, Any]:
+    """An array's documents (zarr.json), made once for metadata kept (`DECISIONS`)."""
+    key = id(metadata)
+    found = DOCUMENTS.get(key)
+    if found is None or found[0] is not metadata:
+        found = (metadata, metadata.to_buffer_dict(prototype))
+        DOCUMENTS.put(key, found)
+    return found[1]
+
+
+class Kept:
+    """The last `most` of something made from a key, and each one's documents."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self._kept: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+
+    def get(self, key: Any) -> Any:
+        found = self._kept.get(key)
+        if found is not None:
+            self._kept.move_to_end(key)
+        return found
+
+    def put(self, key: Any, value: Any) -> None:
+        self._kept[key] = value
+        if len(self._kept) > self.most:
+            self._kept.popitem(last=False)
+
+
+# zarr's decisions by their arguments (frozen metadata, shared by the arrays made alike):
+# `create_array` and the documents it writes cost a store process some 10 ms of its GIL a
+# small slide's group (bench/RESULTS.md, issue 68); kept in the process, bounded
+DECISIONS = Kept(512)
+DOCUMENTS = Kept(512)  # by the metadata's id, the metadata kept with them (ids are reused)
 
 
 def _all_or_first_error(results: list) -> list:

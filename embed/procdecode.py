@@ -273,6 +273,7 @@ class ProcessDecoder:
         finishes a whole row (`tilestore.embed.rows.ProcessRows`).
         """
         self.wait_ready()
+        count = len(located.at)  # a Located, before a block is taken
         while True:
             self._reclaim()
             try:
@@ -281,7 +282,6 @@ class ProcessDecoder:
             except queue.Empty:
                 if stop.is_set():
                     raise Stopped from None
-        count = len(located.at)
         bounds = np.linspace(0, count, max(1, min(parts, count)) + 1).astype(int).tolist()
         framed = None if frame is None else frame.as_json()
         requests = [

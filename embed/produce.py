@@ -154,6 +154,8 @@ class Producer:
         if early is not None:  # decided, and perhaps read, before its turn (`_read_early`)
             reader, decoding, sub = early.reader, early.decoding, early.sub
             steps, located = early.steps, early.located
+            if steps is None and decoding.path != "cut":  # decided early for another path
+                steps, located = _steps(job, sub)
         else:
             reader = job.slide.chunks(plan.spec.level)
             decoding = self._decode_plan(job, reader, report)

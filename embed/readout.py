@@ -22,6 +22,9 @@ from tilestore.plan.grid import TilePlan
 from tilestore.plan.tiles import Step, chunk_schedule, joined
 from tilestore.reading import Slide
 
+# a slide's chunks located where it is opened, at most (more: a large slide, located a row
+# at a time as the run reads it, its locations never held all at once)
+LOCATED_CHUNKS = 8192
 # a step's band of chunks, at most (pixels): a small slide's grid rows are read and cut at
 # once (`tilestore.plan.tiles.joined`); about one grid row of a 17,000 px slide
 JOIN_PIXELS = 8_000_000
@@ -46,8 +49,9 @@ class Wanted:
 @dataclass(frozen=True)
 class ReadOut:
     """The steps of a job's tiles to do (`gpu_steps` of its plan's subset) and, where
-    asked and its level's chunks are files or shard ranges, each step's new chunks'
-    locations (`Located`, in the order of `Step.load`)."""
+    asked, its level's chunks are files or shard ranges and it has at most
+    `LOCATED_CHUNKS`, each step's new chunks' locations (`Located`, in the order of
+    `Step.load`)."""
 
     steps: list[Step]
     located: list[Located] | None = None
@@ -62,7 +66,7 @@ def read_out(
     if wanted is None or not len(todo):
         return None
     steps = gpu_steps(plan.subset(todo), wanted.join)
-    if not wanted.located:
+    if not wanted.located or sum(len(step.load) for step in steps) > LOCATED_CHUNKS:
         return ReadOut(steps)
     located = None
     with contextlib.suppress(ChunkError):

@@ -232,7 +232,7 @@ def test_a_slide_whose_data_fails_while_read_early_fails_at_its_turn_alone(store
             self.released.append(block)
 
     slide = open_slide(stores("CMU-1-Small-Region.svs"))
-    small = plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=224))
+    small = plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=224), store_tissue=False)
     rows, procs = joined(chunk_schedule(small), small, 0), Procs()
     with pytest.raises(ChunkError, match="truncated"):
         early_rows(rows, settings(), no_span, slide.chunks(0), procs, threading.Event())
@@ -534,15 +534,16 @@ def test_a_store_process_makes_the_slides_steps_and_locates_their_chunks(cohort,
         spec, identity = embedder.loaded.spec, embedder.writer_identity()
     side = Side()
 
-    def opened(key, store, wanted):
-        request = Request(str(store), spec, None, identity, False, None, False, False, "run")
+    def opened(key, store, wanted, most=None):
+        request = Request(str(store), spec, None, identity, False, most, False, False, "run")
         found = pickle.loads(pickle.dumps(side._open(key, request, wanted)))
         side._abandon(key)
         return found
 
-    for key, join in enumerate((JOIN_PIXELS, 0)):
-        found = opened(key, cohort[0], Wanted(True, join))
+    for key, (join, most) in enumerate(((JOIN_PIXELS, None), (0, None), (0, 16))):
+        found = opened(key, cohort[0], Wanted(True, join), most)
         plan, todo, made = found["ready"].plan, found["todo"], found["read_out"]
+        assert len(todo) == (most or len(plan))  # a trial's first batch: its tiles alone
         want = gpu_steps(plan.subset(todo), join)
         assert len(made.steps) == len(want) and (len(want) == 1) == bool(join)  # rows joined
         for got, step in zip(made.steps, want, strict=True):
@@ -552,12 +553,51 @@ def test_a_store_process_makes_the_slides_steps_and_locates_their_chunks(cohort,
         for step, located in zip(want, made.located, strict=True):
             coords = [tuple(rc) for rc in step.load.tolist()]
             assert located.unpacked() == reader.locations(coords)
-    assert opened(2, cohort[0], None)["read_out"] is None
-    only_steps = opened(3, cohort[0], Wanted(False, JOIN_PIXELS))["read_out"]
+    assert opened(3, cohort[0], None)["read_out"] is None
+    only_steps = opened(4, cohort[0], Wanted(False, JOIN_PIXELS))["read_out"]
     assert only_steps.steps and only_steps.located is None
     shutil.rmtree(cohort[1] / "crc32c" / "0")  # level 0's positions gone
-    damaged = opened(4, cohort[1], Wanted(True, JOIN_PIXELS))["read_out"]
+    damaged = opened(5, cohort[1], Wanted(True, JOIN_PIXELS))["read_out"]
     assert damaged.steps and damaged.located is None
+
+
+def test_a_run_on_a_gpu_gets_each_slides_steps_from_its_store_process(cohort, lite):
+    """The wiring: store processes asked for the read-out (`Wanted`, as a run on a GPU asks)
+    put it on each job `store_jobs` makes; the producer takes the job's steps and located
+    chunks as they are (`_steps`), and makes them itself for a job without."""
+    from types import SimpleNamespace
+
+    from tilestore.embed.engine import Embedder
+    from tilestore.embed.inputs import as_staged
+    from tilestore.embed.jobs import _open_job
+    from tilestore.embed.produce import _steps
+    from tilestore.embed.readout import JOIN_PIXELS, Wanted, gpu_steps
+    from tilestore.embed.report import RunReport
+    from tilestore.embed.settings import Options
+    from tilestore.embed.storeside import StoreProcesses
+
+    options = Options(device="cpu", precision="fp32", dtype="float32", batch_size=16)
+    with Embedder(lite, options) as embedder:
+        spec, identity = embedder.loaded.spec, embedder.writer_identity()
+    processes = StoreProcesses(1, Wanted(True, JOIN_PIXELS))
+    report = RunReport("m", "cpu", "cpu", 16, "fp32", False)
+    try:
+        (staged,) = as_staged([cohort[0]])
+        job = _open_job(
+            staged, spec, None, identity, False, report, None, False, False, processes
+        ).job
+        try:
+            sub = job.plan.subset(job.todo)
+            steps, located = _steps(job, sub)
+            assert steps is job.read_out.steps and located is job.read_out.located
+            assert len(located) == len(steps) == 1 and len(located[0].at) == len(steps[0].load)
+            bare = SimpleNamespace(read_out=None)
+            made, none = _steps(bare, sub)
+            assert none is None and len(made) == len(gpu_steps(sub))
+        finally:
+            job.writer.abandon()
+    finally:
+        processes.close()
 
 
 def test_a_slide_that_cannot_be_sent_releases_its_opening_there(cohort, lite, monkeypatch):

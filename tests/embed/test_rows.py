@@ -15,6 +15,7 @@ from tilestore.embed.nvjpeg import open_decoder
 from tilestore.embed.procdecode import ProcessDecoder
 from tilestore.embed.report import no_span
 from tilestore.embed.rows import NvjpegRows, ProcessRows, ThreadRows, early_rows
+from tilestore.format.integrity import Located
 from tilestore.plan import PlanOptions, plan_over_tissue
 from tilestore.plan.tiles import chunk_schedule, joined
 from tilestore.reading.opening import open_slide
@@ -24,7 +25,9 @@ CUDA = torch.cuda.is_available()
 
 def _steps(stores, **kwargs):
     slide = open_slide(stores(CMU, **kwargs))
-    plan = plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.0))
+    plan = plan_over_tissue(
+        slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.0), store_tissue=False
+    )
     return slide.chunks(plan.spec.level), chunk_schedule(plan)
 
 
@@ -88,7 +91,9 @@ def test_a_small_slide_read_early_comes_back_whole_and_only_where_blocks_are_fre
     """A small slide's rows joined into one step and asked before its turn: nothing where
     the decoder processes have no blocks yet, or none free; its chunks, where they do."""
     reader, rows = _steps(stores)
-    plan = plan_over_tissue(open_slide(stores(CMU)), PlanOptions(mpp=0.5, tile=224))
+    plan = plan_over_tissue(
+        open_slide(stores(CMU)), PlanOptions(mpp=0.5, tile=224), store_tissue=False
+    )
     steps = joined(chunk_schedule(plan), plan, 10**9)
     assert len(steps) == 1 < len(rows)
     device = torch.device("cuda", torch.cuda.current_device())
@@ -97,7 +102,10 @@ def test_a_small_slide_read_early_comes_back_whole_and_only_where_blocks_are_fre
     try:
         assert early_rows(steps, run, no_span, reader, procs, threading.Event()) is None
         first = ProcessRows(steps, run, no_span, reader, procs, threading.Event())
-        held = [procs.submit([], [], first.shape, 0, threading.Event())[0] for _ in procs.blocks]
+        held = [
+            procs.submit(Located.of([]), [], first.shape, 0, threading.Event())[0]
+            for _ in procs.blocks
+        ]
         assert early_rows(steps, run, no_span, reader, procs, threading.Event()) is None
         for block in held:
             procs.release(block)
@@ -129,7 +137,9 @@ def test_process_rows_of_a_slide_read_in_place_are_its_readers_pixels(tmp_path):
         counts[1 * tif.pages[0].chunked[1] + 2] = 0  # tile (1, 2) never scanned
         tif.pages[0].tags["TileByteCounts"].overwrite(counts)
     slide = open_in_place(path, sidecars=tmp_path / "sidecars")
-    plan = plan_over_tissue(slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.0))
+    plan = plan_over_tissue(
+        slide, PlanOptions(mpp=0.5, tile=224, min_tissue=0.0), store_tissue=False
+    )
     reader, steps = slide.chunks(plan.spec.level), chunk_schedule(plan)
     assert reader.locations([(1, 2)]) == [None]
     device = torch.device("cuda", torch.cuda.current_device())

@@ -57,14 +57,17 @@ _LOCATION = st.builds(
 @given(st.lists(st.none() | _LOCATION, max_size=40), st.data())
 def test_located_chunks_cross_a_pipe_as_they_were(locations, data):
     """Packed (`Located`: each file named once), sent as JSON and unpacked, any chunks'
-    locations, absent ones too, are the ones packed; and so is any part of them."""
+    locations, absent ones too, are the ones packed; and so is any part of them, which
+    names only its own files."""
     packed = Located.of(locations)
     assert len(packed.paths) == len({at.path for at in locations if at is not None})
     sent = Located(*json.loads(json.dumps(packed)))
     assert sent.unpacked() == locations
     start = data.draw(st.integers(0, len(locations)))
     stop = data.draw(st.integers(start, len(locations)))
-    assert packed.part(start, stop).unpacked() == locations[start:stop]
+    part = Located(*json.loads(json.dumps(packed.part(start, stop))))  # as a request sends it
+    assert part.unpacked() == locations[start:stop]
+    assert set(part.paths) == {at.path for at in locations[start:stop] if at is not None}
 
 
 def test_reading_a_chunk_file_refuses_what_is_not_one(tmp_path):

@@ -52,7 +52,7 @@ class Located(NamedTuple):
             if location is None:
                 at.append([-1, 0, -1, -1, 0])
                 continue
-            here = Location(*location)
+            here = location if type(location) is Location else Location(*location)
             length, expect = here.length, here.expect
             at.append([
                 files.setdefault(here.path, len(files)), here.offset,
@@ -62,8 +62,16 @@ class Located(NamedTuple):
         return cls(list(files), at)
 
     def part(self, start: int, stop: int) -> Located:
-        """Chunks [start, stop)."""
-        return Located(self.paths, self.at[start:stop])
+        """Chunks [start, stop), naming only their files (a level of one file a chunk has
+        as many files as chunks)."""
+        at = self.at[start:stop]
+        used = sorted({row[0] for row in at if row[0] >= 0})
+        if len(used) == len(self.paths):
+            return Located(self.paths, at)
+        renamed = {old: new for new, old in enumerate(used)}
+        return Located(
+            [self.paths[old] for old in used], [[renamed.get(r[0], -1), *r[1:]] for r in at]
+        )
 
     def unpacked(self) -> list[Location | None]:
         paths = self.paths

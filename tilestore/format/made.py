@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
+import threading
 from typing import Any
 
 import zarr
 from zarr.abc.store import Store
 from zarr.core.array import create_array
 from zarr.core.buffer import default_buffer_prototype
+from zarr.core.common import ZARR_JSON
 from zarr.core.group import GroupMetadata
+from zarr.core.metadata.v3 import ArrayV3Metadata
 from zarr.storage import MemoryStore, StorePath
 
 
@@ -37,85 +41,81 @@ async def made_new(
     decided = _all_or_first_error(
         await asyncio.gather(*(_decided(kw) for kw in arrays.values()), return_exceptions=True)
     )
-    prototype = default_buffer_prototype()
-    group = GroupMetadata(zarr_format=3).to_buffer_dict(prototype)
+    group = GroupMetadata(zarr_format=3).to_buffer_dict(default_buffer_prototype())
     nodes = {
         **dict.fromkeys(groups, group),
-        **{
-            path: _documents(meta, prototype)
-            for path, (meta, _, _) in zip(arrays, decided, strict=True)
-        },
+        **{path: documents for path, (*_, documents) in zip(arrays, decided, strict=True)},
     }
-    documents = (
+    written = (
         store.set(f"{path}/{name}", document)
         for path, node in nodes.items()
         for name, document in node.items()
     )
-    _all_or_first_error(await asyncio.gather(*documents, return_exceptions=True))
+    _all_or_first_error(await asyncio.gather(*written, return_exceptions=True))
     made = {
         path: zarr.AsyncArray(metadata=meta, store_path=StorePath(store, path), config=config)
-        for path, (meta, _, config) in zip(arrays, decided, strict=True)
+        for path, (meta, _, config, _) in zip(arrays, decided, strict=True)
     }
     writes = (
         made[path].setitem(slice(None), data)
-        for path, (_, data, _) in zip(arrays, decided, strict=True)
+        for path, (_, data, _, _) in zip(arrays, decided, strict=True)
         if data is not None
     )
     _all_or_first_error(await asyncio.gather(*writes, return_exceptions=True))
     return made
 
 
-async def _decided(kwargs: dict[str, Any]) -> tuple[Any, Any, Any]:
+async def _decided(kwargs: dict[str, Any]) -> tuple[Any, Any, Any, dict[str, Any]]:
     """An array's metadata as zarr's `create_array` decides it (on a store in memory), its
-    data (None: none) and its runtime config (None: zarr's). A cohort's groups ask for the
-    same arrays slide after slide: each decision is kept (`DECISIONS`), by its arguments."""
+    data (None: none), its runtime config (None: zarr's) and its documents (zarr.json).
+
+    A cohort's groups ask for the same arrays slide after slide: each decision's documents
+    are kept (`DECISIONS`, by every argument as its repr says it: shapes, codecs,
+    attributes) and the metadata read back from them, as zarr reads an array it opens: each
+    array its own (zarr changes an array's attributes in place)."""
     kw = dict(kwargs)
     kw.pop("overwrite", None)  # nothing is there
     data = kw.pop("data", None)
     if data is not None:
         kw["shape"], kw["dtype"] = data.shape, data.dtype
-    asked = repr(sorted(kw.items()))  # every argument, as its repr says it (shapes, codecs)
-    metadata = DECISIONS.get(asked)
-    if metadata is None:
+    asked = repr(sorted(kw.items()))
+    documents = DECISIONS.get(asked)
+    if documents is None:
         metadata = (await create_array(MemoryStore(), **kw)).metadata
-        DECISIONS.put(asked, metadata)
-    return metadata, data, kw.get("config")
-
-
-def _documents(metadata: Any, prototype: Any) -> dict[str, Any]:
-    """An array's documents (zarr.json), made once for metadata kept (`DECISIONS`)."""
-    key = id(metadata)
-    found = DOCUMENTS.get(key)
-    if found is None or found[0] is not metadata:
-        found = (metadata, metadata.to_buffer_dict(prototype))
-        DOCUMENTS.put(key, found)
-    return found[1]
+        documents = metadata.to_buffer_dict(default_buffer_prototype())
+        DECISIONS.put(asked, documents)
+    else:
+        metadata = ArrayV3Metadata.from_dict(json.loads(documents[ZARR_JSON].to_bytes()))
+    return metadata, data, kw.get("config"), documents
 
 
 class Kept:
-    """The last `most` of something made from a key, and each one's documents."""
+    """The last `most` things made, by their keys (safe on threads)."""
 
     def __init__(self, most: int) -> None:
         self.most = most
-        self._kept: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._kept: collections.OrderedDict[str, Any] = collections.OrderedDict()
+        self._lock = threading.Lock()
 
-    def get(self, key: Any) -> Any:
-        found = self._kept.get(key)
-        if found is not None:
+    def get(self, key: str) -> Any:
+        with self._lock:
+            found = self._kept.get(key)
+            if found is not None:
+                self._kept.move_to_end(key)
+            return found
+
+    def put(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._kept[key] = value
             self._kept.move_to_end(key)
-        return found
-
-    def put(self, key: Any, value: Any) -> None:
-        self._kept[key] = value
-        if len(self._kept) > self.most:
-            self._kept.popitem(last=False)
+            if len(self._kept) > self.most:
+                self._kept.popitem(last=False)
 
 
-# zarr's decisions by their arguments (frozen metadata, shared by the arrays made alike):
-# `create_array` and the documents it writes cost a store process some 10 ms of its GIL a
-# small slide's group (bench/RESULTS.md, issue 68); kept in the process, bounded
+# zarr's decisions' documents by their arguments: `create_array` cost a store process some
+# 10 ms of its GIL a small slide's group (bench/RESULTS.md, issue 68); kept in the
+# process, bounded
 DECISIONS = Kept(512)
-DOCUMENTS = Kept(512)  # by the metadata's id, the metadata kept with them (ids are reused)
 
 
 def _all_or_first_error(results: list) -> list:

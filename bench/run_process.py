@@ -4,7 +4,9 @@ one warm `Embedder` (timm, random weights); the run's own CPU a slide (its proce
 the run: every thread of the run's process, those holding the GIL the GPU loop needs and
 those that do not (torch's, a C library's) alike; a CPU share of 100%: one CPU) and, sampled
 every 0.5 s, each kind of process's CPU share (the run, its store processes, its decoder
-processes) and the machine's. Prints one line a run and writes JSON.
+processes) and the machine's, and from them each kind's CPU a slide (what a small slide
+costs the machine's CPUs: bench/RESULTS.md, issue 68). Prints one line a run and writes
+JSON.
 
     python bench/run_process.py prep                   # the stores, in --work
     python bench/run_process.py run --tag this         # one run over them
@@ -90,12 +92,19 @@ def run(work: Path, arch: str, batch: int, tag: str, switch: float | None) -> di
         shares.stop.set()
         shares.join()
     slides = len(stores) - 3
+    means = shares.means()
     return {
         "tag": tag,
         "arch": arch,
         "switch_s": switch,
         "run_cpu_ms_a_slide": round(1000 * cpu / slides, 1),
-        "cpu_percent": shares.means(),
+        "cpu_percent": means,
+        # each kind of process's CPU a slide: its mean share over the run's wall
+        "cpu_ms_a_slide": {
+            kind: round(share / 100 * result["wall_s"] * 1000 / slides, 1)
+            for kind, share in means.items()
+            if kind != "machine"
+        },
         **result,
     }
 
@@ -158,7 +167,7 @@ def main() -> None:
         f"| {row['tag']} | {row['tiles_per_s']:,.0f} | {row['gpu_busy']} | "
         f"{fixed.get('critical_path_ms', {}).get('median')} | "
         f"{fixed.get('parts_median_ms', {}).get('group')} | {row['run_cpu_ms_a_slide']} | "
-        f"{row['cpu_percent']} |"
+        f"{row['cpu_percent']} | {row['cpu_ms_a_slide']} |"
     )
     out = args.out or args.work / f"{args.tag}.json"
     out.write_text(json.dumps(row, indent=1))

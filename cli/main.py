@@ -76,6 +76,7 @@ def convert(
 ) -> None:
     """Convert slides once into chunked OME-Zarr 0.5 stores (or make in-place sidecars)."""
     from tilestore.conversion import converted_store, slides_at_once, slides_of
+    from tilestore.conversion.many import file_sizes
     from tilestore.format import one_store_each
     from tilestore.reading import sidecar_for
     from tilestore.sources import CACHE_LIMIT, check_urls, given
@@ -84,7 +85,7 @@ def convert(
     name = options.get("name")
     if name and len(slides) > 1:
         raise OptionError(f"--name {name}: names one store, but {len(slides)} slides were given")
-    at_once = slides_at_once(len(slides), **many)
+    at_once = slides_at_once(len(slides), **many, sizes=file_sizes([p for p, _ in slides]))
 
     def target(path: Path) -> Path:
         return sidecar_for(path, output) if options.get("in_place") else output

@@ -20,6 +20,29 @@ def test_how_many_at_once(slides, asked, cpus, expected):
     assert slides_at_once(slides, asked, cpus) == expected
 
 
+SMALL, LARGE = 2 * 2**20, 400 * 2**20  # a crop's file; a slide's
+
+
+@pytest.mark.parametrize(
+    ("sizes", "asked", "expected"),
+    [([SMALL] * 400, "auto", 16), ([LARGE] * 400, "auto", 8), ([SMALL, LARGE] * 200, "auto", 8),
+     ([SMALL, None] * 200, "auto", 8), ([SMALL] * 400, 4, 4), ([SMALL] * 3, "auto", 3)],
+)  # fmt: skip
+def test_auto_converts_small_slide_files_one_a_cpu(sizes, asked, expected):
+    """'auto': a slide a CPU where every file's size is known and they are small on average
+    (a small slide's conversion is one thread's work), else one per 2 CPUs (a URL's size is
+    not known: as a large one)."""
+    assert slides_at_once(len(sizes), asked, 16, sizes) == expected
+
+
+def test_file_sizes_are_the_files_and_none_for_urls(tmp_path):
+    from tilestore.conversion.many import file_sizes
+
+    (tmp_path / "a.svs").write_bytes(b"x" * 10)
+    paths = [tmp_path / "a.svs", "s3://bucket/b.svs", tmp_path / "absent.svs"]
+    assert file_sizes(paths) == [10, None, None]
+
+
 @pytest.mark.slow
 def test_slides_at_once_are_the_stores_one_at_a_time_and_refusals_stay_per_slide(
     tmp_path, slide_path

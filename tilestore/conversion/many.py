@@ -10,7 +10,7 @@ in the order the slides were given.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +25,8 @@ from tilestore.workers import Calls
 AtOnce = Annotated[
     int | Literal["auto"],
     Opt(
-        "Slides converted at once, each in a process of its own ('auto': one per 2 CPUs, "
-        "no more than the slides).",
+        "Slides converted at once, each in a process of its own ('auto': one per CPU for "
+        "small slide files, else one per 2 CPUs; no more than the slides).",
         low=1,
         high=1024,
         metavar="N|auto",
@@ -44,15 +44,43 @@ class Converted:
     error: TilestoreError | None = None
 
 
+# 'auto' converts a slide a CPU where the slide files are this small on average (a biopsy,
+# a core, a crop): a small slide's conversion is one thread's work (CMU-1-Small-Region's:
+# 0.28 s of CPU in 0.24 s here). 400 of them on 16 CPUs took 14.9-20.7 s a slide a CPU,
+# 25.9 s a slide per 2 CPUs (bench/RESULTS.md, issue 68)
+SMALL_SLIDE_BYTES = 32 * 2**20
+
+
 def slides_at_once(
-    slides: int, at_once: int | Literal["auto"] = "auto", cpus: int | None = None
+    slides: int,
+    at_once: int | Literal["auto"] = "auto",
+    cpus: int | None = None,
+    sizes: Sequence[int | None] = (),
 ) -> int:
-    """How many slides convert at once: as asked, or 'auto': a process for every 2 CPUs (a
-    conversion keeps a second thread busy: its decoder or its mask beside), at most the
-    number of slides and at least 1."""
+    """How many slides convert at once: as asked, or 'auto': a process for every CPU where
+    the slide files' `sizes` (bytes; None: not known, a URL) are known and small on average
+    (`SMALL_SLIDE_BYTES`), else one for every 2 CPUs (a larger slide's conversion keeps a
+    second thread busy: its decoder or its mask beside); at most the number of slides and
+    at least 1."""
     if at_once == "auto":
-        at_once = max(1, (cpus or usable_cpus()) // 2)
+        cpus = cpus or usable_cpus()
+        known = [size for size in sizes if size is not None]
+        small = bool(sizes) and len(known) == len(sizes)
+        small = small and sum(known) <= SMALL_SLIDE_BYTES * len(known)
+        at_once = max(1, cpus if small else cpus // 2)
     return max(1, min(int(at_once), slides))
+
+
+def file_sizes(paths: Sequence[str | os.PathLike]) -> list[int | None]:
+    """Each slide file's size in bytes (`slides_at_once`); None for a URL or a path that
+    cannot be read (its conversion says why)."""
+    out: list[int | None] = []
+    for path in paths:
+        try:
+            out.append(None if isinstance(path, str) and "://" in path else os.stat(path).st_size)
+        except OSError:
+            out.append(None)
+    return out
 
 
 @checked
@@ -72,7 +100,7 @@ def convert_many(
     `done` hears each slide as it finishes (in any order): a cohort's progress line."""
     from tilestore.conversion.converter import convert
 
-    count = slides_at_once(len(slides), at_once)
+    count = slides_at_once(len(slides), at_once, sizes=file_sizes([p for p, _ in slides]))
     if count == 1:
         for path, series in slides:
             outcome = _convert_one(convert, given(path), series, output(given(path)), options)

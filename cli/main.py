@@ -75,8 +75,7 @@ def convert(
     many: dict = From(convert_many, only=("at_once",)),
 ) -> None:
     """Convert slides once into chunked OME-Zarr 0.5 stores (or make in-place sidecars)."""
-    from tilestore.conversion import converted_store, slides_at_once, slides_of
-    from tilestore.conversion.many import file_sizes
+    from tilestore.conversion import converted_store, file_sizes, slides_at_once, slides_of
     from tilestore.format import one_store_each
     from tilestore.reading import sidecar_for
     from tilestore.sources import CACHE_LIMIT, check_urls, given

@@ -12,8 +12,12 @@ from tests.conftest import CMU, KIDNEY
 from tests.conftest import run_cli as tilestore
 
 
-def test_convert_then_info(tmp_path, slide_path):
-    run = tilestore("convert", slide_path(CMU), slide_path(KIDNEY), "-o", tmp_path)
+@pytest.mark.parametrize("at_once", ["1", "2"])
+def test_convert_then_info(tmp_path, slide_path, at_once):
+    """A slide's warning is the command's own line, from a slide converted here or in a
+    worker process (`--at-once 2`: said again here, not as the worker's Python warning)."""
+    args = ("convert", slide_path(CMU), slide_path(KIDNEY), "-o", tmp_path, "--at-once", at_once)
+    run = tilestore(*args)
     assert run.returncode == 0, run.stderr
     assert "copy" in run.stdout and "re-encode" in run.stdout
     assert run.stderr.strip().splitlines() == [

@@ -25,7 +25,7 @@ __getattr__, __dir__, __all__ = lazy_face(
             "slides_of",
         ),
         "tilestore.conversion.info": ("describe", "pixel_count"),
-        "tilestore.conversion.many": ("Converted", "convert_many", "slides_at_once"),
+        "tilestore.conversion.many": ("Converted", "convert_many", "file_sizes", "slides_at_once"),
         "tilestore.conversion.resharding": ("ReshardReport", "reshard"),
         "tilestore.conversion.sidecar": ("open_in_place",),
     },

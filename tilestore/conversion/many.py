@@ -9,10 +9,12 @@ in the order the slides were given.
 
 from __future__ import annotations
 
+import builtins
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -42,6 +44,8 @@ class Converted:
     series: str | None
     report: Any = None  # ConversionReport
     error: TilestoreError | None = None
+    # the warnings its conversion gave in a worker, (class name, message), said again here
+    warned: tuple[tuple[str, str], ...] = ()
 
 
 # 'auto' converts a slide a CPU where the slide files are this small on average (a biopsy,
@@ -124,6 +128,7 @@ def convert_many(
     try:
         for future in futures:
             outcome = future.result()
+            _said_again(outcome.warned)
             if isinstance(outcome.error, _Said):
                 outcome = Converted(outcome.source, outcome.series, error=outcome.error.raised())
             yield outcome
@@ -139,12 +144,29 @@ def _in_worker(
 ) -> Converted:
     from tilestore.conversion.converter import convert
 
-    outcome = _convert_one(convert, path, series, target, options)
+    with warnings.catch_warnings(record=True) as caught:  # said by the caller, as its own
+        warnings.simplefilter("always")
+        outcome = _convert_one(convert, path, series, target, options)
+    warned = tuple((w.category.__name__, str(w.message)) for w in caught)
     if outcome.error is not None:  # its class by name: not every error pickles with its args
         return Converted(
-            path, series, error=_Said(type(outcome.error).__name__, str(outcome.error))
+            path,
+            series,
+            error=_Said(type(outcome.error).__name__, str(outcome.error)),
+            warned=warned,
         )
-    return outcome
+    return replace(outcome, warned=warned)
+
+
+def _said_again(warned: tuple[tuple[str, str], ...]) -> None:
+    """A worker's warnings, said in this process (where the command shows them its way)."""
+    import tilestore.errors
+
+    for kind, message in warned:
+        category = getattr(tilestore.errors, kind, None) or getattr(builtins, kind, UserWarning)
+        if not (isinstance(category, type) and issubclass(category, Warning)):
+            category = UserWarning
+        warnings.warn(message, category, stacklevel=3)
 
 
 @dataclass(frozen=True)

@@ -192,9 +192,12 @@ class ProcessRows(RowSource):
         if index < self.first_rows:
             parts = max(parts, self.first_parts)
         reader = self.reader
-        located = self.located[index] if self.located is not None else None
+        if self.located is not None:  # made where the slide was opened
+            located = self.located[index]
+        else:
+            located = Located.of(reader.locations(coords))
         return self.procs.submit(
-            located or Located.of(reader.locations(coords)),
+            located,
             list(coords),
             self.shape,
             reader.background,

@@ -465,6 +465,7 @@ def test_a_lost_workers_kept_tiles_are_counted_once_and_said(cohort, client):
     # the victim's loss (its nanny's restart was once seen lost again under a loaded CI
     # machine: another event, its slices rerun and counted once all the same)
     lost = next(event for event in report.lost if event["address"] == victim)
+    assert all(event["name"] == lost["name"] for event in report.lost)  # no other worker
     # the big slide's slice, killed mid-way; the worker's other slices (in its task, or in
     # another it held: small slices go several to a task) are each kept or redone whole
     slice_ = next(s for s in lost["redone"] if s["kept"] and s["redone"])

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 from tilestore.cpus import usable_cpus
 from tilestore.errors import TilestoreError
 from tilestore.options import Opt, checked
-from tilestore.sources.remote import given
+from tilestore.sources.remote import given, is_url
 from tilestore.workers import Calls
 
 AtOnce = Annotated[
@@ -81,7 +81,7 @@ def file_sizes(paths: Sequence[str | os.PathLike]) -> list[int | None]:
     out: list[int | None] = []
     for path in paths:
         try:
-            out.append(None if isinstance(path, str) and "://" in path else os.stat(path).st_size)
+            out.append(None if is_url(path) else os.stat(path).st_size)
         except OSError:
             out.append(None)
     return out

@@ -1,12 +1,13 @@
 """Where a cohort of small slides spends the CPUs (issue 68): `--stores` copies of
 CMU-1-Small-Region's store (45 tiles each, hard-linked chunks, the plan "bench") embedded by
-one warm `Embedder` (timm, random weights); the run's own CPU a slide (its process time over
-the run: every thread of the run's process, those holding the GIL the GPU loop needs and
-those that do not (torch's, a C library's) alike; a CPU share of 100%: one CPU) and, sampled
-every 0.5 s, each kind of process's CPU share (the run, its store processes, its decoder
-processes) and the machine's, and from them each kind's CPU a slide (what a small slide
-costs the machine's CPUs: bench/RESULTS.md, issue 68). Prints one line a run and writes
-JSON.
+one warm `Embedder` (timm, random weights), each run on stores never embedded (what a run before
+wrote is removed first, untimed: a group replaced costs its removal too); the run's own CPU
+a slide (its process time over the run: every thread of the run's process, those holding the
+GIL the GPU loop needs and those that do not (torch's, a C library's) alike; a CPU share of
+100%: one CPU) and, sampled every 0.5 s, each kind of process's CPU share (the run, its
+store processes, its decoder processes) and the machine's, and from them each kind's CPU a
+slide (what a small slide costs the machine's CPUs: bench/RESULTS.md, issue 68). Prints one
+line a run and writes JSON.
 
     python bench/run_process.py prep                   # the stores, in --work
     python bench/run_process.py run --tag this         # one run over them
@@ -80,6 +81,8 @@ def run(work: Path, arch: str, batch: int, tag: str, switch: float | None) -> di
     from tilestore.embed import Embedder, Options
 
     stores = sorted((work / "s").glob("*.ome.zarr"))
+    for store in stores:  # every run on stores never embedded, as a new cohort's are
+        shutil.rmtree(store / "embeddings", ignore_errors=True)
     with Embedder(f"random:{arch}", Options(batch_size=batch, overwrite=True)) as embedder:
         embed_run(embedder, stores[:3])  # the model's first batch, the processes started
         if switch:

@@ -32,7 +32,15 @@ from typing import Annotated, Any, get_origin
 
 import typer
 
-from tilestore.options import REQUIRED, Declaration, Kind, Opt, declarations, written_here
+from tilestore.options import (
+    REQUIRED,
+    Declaration,
+    Kind,
+    Opt,
+    declarations,
+    store_written,
+    written_here,
+)
 
 
 @dataclass(frozen=True)
@@ -209,6 +217,17 @@ def metavar(declaration: Declaration) -> str:
 
 def _capital(text: str) -> str:
     return text[:1].upper() + text[1:]
+
+
+def store_place(flag: str) -> Callable[[str], Path | str]:
+    """The parser of a flag naming where stores are written (`store_written`): a local
+    folder, or a bucket's URL (s3://, gs://: built here, then uploaded); an http(s) URL is
+    refused in one line."""
+
+    def path(text: str) -> Path | str:  # its name: the help's <path>, as for any path
+        return store_written(text, flag)
+
+    return path
 
 
 def written(flag: str) -> Callable[[str], Path]:

@@ -28,7 +28,7 @@ from tilestore.cli.console import (
 from tilestore.cli.console import progress_bar as _progress
 from tilestore.cli.embed import embed, models_app, patients
 from tilestore.cli.export import export_app
-from tilestore.cli.flags import From, with_flags, written
+from tilestore.cli.flags import From, store_place, with_flags, written
 from tilestore.cli.inspect import info, verify
 from tilestore.cli.learn import crossval, predict, train
 from tilestore.cli.qc import qc
@@ -67,19 +67,28 @@ def convert(
         ...,
         "-o",
         "--output",
-        help="Directory for <name>.ome.zarr stores.",
-        parser=written("--output"),
+        help="Directory for <name>.ome.zarr stores, or a bucket's (s3://bucket/prefix, "
+        "gs://...): each store built here, then uploaded, its root document last.",
+        parser=store_place("--output"),
         metavar="<path>",
     ),
     options: dict = From(run_convert, exclude=("series", "progress", "tissue")),
     many: dict = From(convert_many, only=("at_once",)),
 ) -> None:
     """Convert slides once into chunked OME-Zarr 0.5 stores (or make in-place sidecars)."""
-    from tilestore.conversion import converted_store, file_sizes, slides_at_once, slides_of
+    from tilestore.conversion import (
+        converted_store,
+        file_sizes,
+        no_sidecars_there,
+        slides_at_once,
+        slides_of,
+    )
     from tilestore.format import one_store_each
     from tilestore.reading import sidecar_for
     from tilestore.sources import CACHE_LIMIT, check_urls, given
 
+    if options.get("in_place"):
+        no_sidecars_there(output, "--output")
     slides = [(given(path), series) for path in src for series in slides_of(path)]
     name = options.get("name")
     if name and len(slides) > 1:

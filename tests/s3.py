@@ -130,10 +130,18 @@ class Proxy:
         with Proxy(server.port, delay_s=0.020) as proxy:  # 127.0.0.1:proxy.port
     """
 
-    def __init__(self, target_port: int, delay_s: float = 0.0, throttle: int = 0) -> None:
+    def __init__(
+        self,
+        target_port: int,
+        delay_s: float = 0.0,
+        throttle: int = 0,
+        gone_after: int | None = None,
+    ) -> None:
+        """gone_after: once this many bytes have gone up, the server is gone (every
+        connection ended, new ones refused) until `mend`."""
         self.target = ("127.0.0.1", target_port)
-        self.delay_s, self.throttle = delay_s, throttle
-        self.requests = self.bytes_back = self.throttled = 0
+        self.delay_s, self.throttle, self.gone_after = delay_s, throttle, gone_after
+        self.requests = self.bytes_back = self.bytes_up = self.throttled = 0
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -160,9 +168,17 @@ class Proxy:
         self._ready.set()
         self._loop.run_forever()
 
+    @property
+    def gone(self) -> bool:
+        return self.gone_after is not None and self.bytes_up >= self.gone_after
+
+    def mend(self) -> None:
+        """The server back: requests go through again."""
+        self.gone_after = None
+
     async def _serve(self, reader, writer) -> None:
         first = await reader.read(65536)
-        if not first:
+        if not first or self.gone:
             writer.close()
             return
         if self.throttled < self.throttle:
@@ -183,7 +199,11 @@ class Proxy:
 
         async def up(data: bytes) -> None:
             while data:
+                if self.gone:  # the server stopped: this connection ends with it
+                    writer.close()
+                    break
                 self.requests += 1
+                self.bytes_up += len(data)
                 await asyncio.sleep(self.delay_s)
                 up_writer.write(data)
                 await up_writer.drain()

@@ -433,6 +433,6 @@ def test_info_describes_a_slide_in_a_bucket_as_its_local_file(s3, tmp_path):
     assert shown.returncode == 0 and f"s3://slides/cohort/{CMU}" in shown.stdout, _said(shown)
     missing = run_cli("info", "s3://slides/cohort/nothing.svs", env=env)
     one_line_refusal(missing, "s3://slides/cohort/nothing.svs")
-    store = run_cli("info", "s3://slides/stores/a.ome.zarr", env=env)
-    one_line_refusal(store, "s3://slides/stores/a.ome.zarr", "not supported yet")
+    store = run_cli("info", "s3://slides/stores/a.ome.zarr", env=env)  # a store: read there
+    one_line_refusal(store, "s3://slides/stores/a.ome.zarr", "cannot open store")
     no_secret([s3.secret, s3.key], [_said(d) for d in (there, shown, missing, store)], [])

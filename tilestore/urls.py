@@ -52,6 +52,22 @@ def written_here(path: str | os.PathLike, option: str) -> Path:
     return Path(local_path(path) if isinstance(path, str) else path)
 
 
+def store_written(path: str | os.PathLike, option: str) -> Path | str:
+    """Where a store is written (`option`): a local path (`written_here`), or the URL of a
+    place in object storage (s3://, gs://, ...: built here, then uploaded,
+    `tilestore.conversion.bucket`). An http(s) or DICOMweb URL is refused in one line: read
+    by tilestore, never written."""
+    if not is_url(path):
+        return written_here(path, option)
+    scheme = urlsplit(str(path)).scheme
+    if scheme in ("http", "https") or is_dicomweb(path):
+        raise OutputError(
+            f"{option} {shown(str(path))}: {scheme}:// URLs are read, never written: give a "
+            "bucket's (s3://, gs://) or a local folder"
+        )
+    return str(path)
+
+
 def shown(url: str) -> str:
     """The URL as messages show it: scheme, host (and port), path; no user, password, query
     or fragment."""

@@ -86,7 +86,7 @@ def test_a_plan_asked_for_max_blur_is_filtered_or_refused_never_named_so_unfilte
 
 
 WRITTEN_FLAGS = [  # every flag naming a path a command writes, each given a bucket's URL
-    ("convert", "{slide}", "-o", "s3://bucket/stores"),
+    # (but convert's -o: a store is uploaded there, tests/test_bucket_stores.py)
     ("tissue", "{store}", "--preview", "s3://bucket/mask.png"),
     ("plan", "{store}", "--preview", "gs://bucket/plan.png"),
     ("qc", "{store}", "--report", "s3://bucket/qc"),
@@ -125,6 +125,27 @@ def test_a_path_to_write_given_as_a_url_is_refused_never_a_local_folder(
     assert not any(work.iterdir()), "something was written here"
 
 
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("https://example.org/stores", "https:// URLs are read, never written"),
+        ("dicomweb+https://pacs.org/dicom-web", "dicomweb+https:// URLs are read, never written"),
+    ],
+)
+def test_convert_refuses_an_output_it_cannot_upload_to_before_any_work(url, why, tmp_path):
+    """convert's -o takes a bucket's URL (built here, then uploaded); a URL of a server
+    that is only read is refused in one line, and nothing is written here."""
+    from tests.conftest import SLIDES
+
+    work = tmp_path / "work"
+    work.mkdir()
+    done = tilestore_cli("convert", SLIDES / "CMU-1-Small-Region.svs", "-o", url, cwd=work)
+    assert done.returncode == 2, done.stderr
+    (said,) = done.stderr.strip().splitlines()
+    assert said.startswith(f"tilestore: error: --output {url}: {why}"), said
+    assert not any(work.iterdir()), "something was written here"
+
+
 @pytest.mark.parametrize("url", ["s3://bucket/x.ome.zarr", "gs://b/x", "https://h.org/x"])
 def test_the_library_refuses_a_url_to_write_before_any_work(url, tmp_path, monkeypatch):
     """The library refuses alike (`convert`'s dst, embed's into and sidecars, an export's
@@ -138,8 +159,9 @@ def test_the_library_refuses_a_url_to_write_before_any_work(url, tmp_path, monke
     from tilestore.urls import written_here
 
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(OutputError, match=r"^dst .*: a URL; tilestore writes to a local"):
-        tilestore.convert(SLIDES / "CMU-1-Small-Region.svs", url)
+    if url.startswith("https"):  # a bucket's: uploaded there (tests/test_bucket_stores.py)
+        with pytest.raises(OutputError, match=r"^dst .*: https:// URLs are read, never"):
+            tilestore.convert(SLIDES / "CMU-1-Small-Region.svs", url)
     with pytest.raises(OutputError, match=r"^into .*: a URL"):
         Preparation.of(url, None)
     with pytest.raises(OutputError, match=r"^sidecars .*: a URL"):

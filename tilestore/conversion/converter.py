@@ -25,6 +25,7 @@ from zarr.codecs import BytesCodec
 from zarr.storage import LocalStore
 
 from tilestore import locks
+from tilestore.conversion.bucket import built_for, no_sidecars_there, store_url
 from tilestore.conversion.levels import copy_tiles, downsample2, write_blocks
 from tilestore.conversion.loss import Loss
 from tilestore.cpus import usable_cpus
@@ -71,7 +72,7 @@ from tilestore.sources.remote import (
     is_url,
     slide_file,
 )
-from tilestore.urls import is_dicomweb, named, written_here
+from tilestore.urls import is_dicomweb, named, store_written
 
 Codec = Literal["auto", "jpeg", "zstd"]
 CODECS = get_args(Codec)
@@ -117,7 +118,7 @@ class ConversionReport:
     """What `convert` did, for printing and for tests."""
 
     source: Path
-    store: Path
+    store: Path | str  # a bucket's: its URL
     codec: str
     codec_reason: str
     chunk: int
@@ -274,82 +275,87 @@ def convert(
         store is the one its local file would make.
     """
     started = time.perf_counter()
-    dst = written_here(dst, "dst")
+    dst = store_written(dst, "dst")
+    if in_place:
+        no_sidecars_there(dst, "dst")
     check_urls([src], in_place, look=False)  # staging looks
     with (
         slide_file(src, cache_limit) as local,
         open_source(local, series) as source,
     ):
-        target = converted_store(src, dst, series, name)
         mpp_fact, mpp_warnings = _resolve_mpp(source, mpp, override_mpp)
-        _check_target(target, overwrite)
-        codec_name, reason = choose_codec(source, codec, lossy_ok)
-        encoding = _Encoding(
-            codec_name,
-            reason,
-            _choose_chunk(source, chunk, copy and codec_name == "jpeg"),
-            quality,
-            subsampling,
-            copy,
-            255 if source.brightfield_rgb else 0,
-            workers or usable_cpus(),
-            checksums,
-            0 if shard == "off" else shard,
-        )
-        if in_place:
-            jpeg_levels = _jpeg_levels(source, encoding)
-            everything = frozenset(range(len(source.levels)))
-            encoding = replace(encoding, in_place=everything, decoded=everything - jpeg_levels)
-        report = ConversionReport(
-            local,
-            target,
-            codec_name,
-            reason,
-            encoding.chunk,
-            quality if codec_name == "jpeg" else None,
-            warnings=mpp_warnings,
-        )
-        with (
-            ThreadPoolExecutor(1) as hasher,
-            leftovers.built_beside(target, "cannot write store", replace=overwrite) as tmp,
-        ):
-            digest = hasher.submit(source.sha256)
-            # in place: each tile's CRC-32C, read after the hash (the file is in the cache)
-            sums = hasher.submit(tile_sums, source, encoding.in_place) if in_place else None
-            sources: dict = {}  # in place: level path -> its tiles, once the arrays exist
-            store = TiffTiles(LocalStore(tmp), sources) if in_place else tmp
-            root = zarr.open_group(store, mode="w-", zarr_format=3)
-            plan = _level_plan(source)
-            arrays = _create_arrays(root, source, plan, encoding)
-            for index in encoding.in_place:
-                sources[str(index)] = chunk_source(
-                    source, index, arrays[index], encoding.background, encoding.decoded
-                )
-            beside = None
-            if tissue is not None:  # its levels as the store will record them, as written
-                from tilestore.conversion.beside import TissueBeside
+        place = converted_store(src, dst, series, name)
+        # in a bucket: built in the cache, then uploaded (`tilestore.conversion.bucket`)
+        with built_for(place, overwrite) as target:
+            _check_target(target, overwrite)
+            codec_name, reason = choose_codec(source, codec, lossy_ok)
+            encoding = _Encoding(
+                codec_name,
+                reason,
+                _choose_chunk(source, chunk, copy and codec_name == "jpeg"),
+                quality,
+                subsampling,
+                copy,
+                255 if source.brightfield_rgb else 0,
+                workers or usable_cpus(),
+                checksums,
+                0 if shard == "off" else shard,
+            )
+            if in_place:
+                jpeg_levels = _jpeg_levels(source, encoding)
+                everything = frozenset(range(len(source.levels)))
+                encoding = replace(encoding, in_place=everything, decoded=everything - jpeg_levels)
+            report = ConversionReport(
+                local,
+                target,
+                codec_name,
+                reason,
+                encoding.chunk,
+                quality if codec_name == "jpeg" else None,
+                warnings=mpp_warnings,
+            )
+            with (
+                ThreadPoolExecutor(1) as hasher,
+                leftovers.built_beside(target, "cannot write store", replace=overwrite) as tmp,
+            ):
+                digest = hasher.submit(source.sha256)
+                # in place: each tile's CRC-32C, read after the hash (the file is in the cache)
+                sums = hasher.submit(tile_sums, source, encoding.in_place) if in_place else None
+                sources: dict = {}  # in place: level path -> its tiles, once the arrays exist
+                store = TiffTiles(LocalStore(tmp), sources) if in_place else tmp
+                root = zarr.open_group(store, mode="w-", zarr_format=3)
+                plan = _level_plan(source)
+                arrays = _create_arrays(root, source, plan, encoding)
+                for index in encoding.in_place:
+                    sources[str(index)] = chunk_source(
+                        source, index, arrays[index], encoding.background, encoding.decoded
+                    )
+                beside = None
+                if tissue is not None:  # its levels as the store will record them, as written
+                    from tilestore.conversion.beside import TissueBeside
 
-                early = _record(source, encoding, mpp_fact, _plan_levels(plan), {}, None)
-                folder = None if in_place else tmp  # a copy's levels: files another process reads
-                order = write_order(len(source.levels), len(plan))
-                beside = TissueBeside(tissue, Slide(root, early, str(target)), folder, order)
-            try:
-                written = beside.written if beside else None
-                _write_levels(source, arrays, plan, tmp, encoding, report, progress, written)
-                associated = _write_associated(source, root) if keep_associated else []
-                if sums is not None:
-                    record_tile_sums(root, sums.result())
-                _write_attrs(
-                    root, source, plan, encoding, report, mpp_fact, associated, digest.result()
-                )
-                if beside is not None:
-                    report.tissue = beside.store(Slide(*open_group(store), str(target)))
-            finally:
-                if beside is not None:
-                    beside.close()
-            report.store_bytes = tree_size(tmp)
-            if overwrite:  # a run may have begun on the old store meanwhile: it stays
-                locks.refuse_while_written(target, "replacing it (overwrite=True)")
+                    early = _record(source, encoding, mpp_fact, _plan_levels(plan), {}, None)
+                    folder = None if in_place else tmp  # a copy's levels: another process reads
+                    order = write_order(len(source.levels), len(plan))
+                    beside = TissueBeside(tissue, Slide(root, early, named(place)), folder, order)
+                try:
+                    written = beside.written if beside else None
+                    _write_levels(source, arrays, plan, tmp, encoding, report, progress, written)
+                    associated = _write_associated(source, root) if keep_associated else []
+                    if sums is not None:
+                        record_tile_sums(root, sums.result())
+                    _write_attrs(
+                        root, source, plan, encoding, report, mpp_fact, associated, digest.result()
+                    )
+                    if beside is not None:
+                        report.tissue = beside.store(Slide(*open_group(store), named(place)))
+                finally:
+                    if beside is not None:
+                        beside.close()
+                report.store_bytes = tree_size(tmp)
+                if overwrite:  # a run may have begun on the old store meanwhile: it stays
+                    locks.refuse_while_written(target, "replacing it (overwrite=True)")
+        report.store = place  # a bucket's: its URL
         report.source_bytes = source.size()  # while the file is held (a staged copy's too)
     for message in report.warnings:
         warnings.warn(f"{named(src)}: {message}", TilestoreWarning, stacklevel=2)
@@ -815,16 +821,20 @@ def converted_store(
     dst: str | os.PathLike,
     series: str | None = None,
     name: str | None = None,
-) -> Path:
+) -> Path | str:
     """The store `convert(src, dst, series=..., name=...)` makes: dst itself where it names
-    a .zarr, else <name>.ome.zarr in dst (`_store_name`)."""
+    a .zarr, else <name>.ome.zarr in dst (`_store_name`); in a bucket (dst a URL), its URL."""
+    if isinstance(dst, str) and is_url(dst):  # a bucket's (`tilestore.conversion.bucket`)
+        return store_url(dst, _store_name(_named_by(src), series, name))
     if Path(dst).suffix == ".zarr":
         return Path(dst)
-    # a URL: named by its path's last step (a signed URL's query aside); a DICOMweb series
-    # by its UID (`store_name`)
-    if is_url(src) and not is_dicomweb(src):
-        src = urlsplit(str(src)).path
-    return Path(dst) / _store_name(src, series, name)
+    return Path(dst) / _store_name(_named_by(src), series, name)
+
+
+def _named_by(src: str | os.PathLike) -> str | os.PathLike:
+    """What a store is named after: a URL's path (its last step; a signed URL's query
+    aside), a DICOMweb series' URL (by its UID: `store_name`), else `src`."""
+    return urlsplit(str(src)).path if is_url(src) and not is_dicomweb(src) else src
 
 
 def _store_name(src: str | os.PathLike, series: str | None, name: str | None) -> str:

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 import zarr
 
+from tilestore.conversion.bucket import BucketStore
 from tilestore.conversion.converter import choose_codec
 from tilestore.errors import SlideError, StoreError, TilestoreError
 from tilestore.format.record import StoreRecord
@@ -19,7 +20,7 @@ from tilestore.options import Opt
 from tilestore.reading import open_slide
 from tilestore.reading.inplace import TILE_SUMS
 from tilestore.sources import Fact, dicom_series, open_source
-from tilestore.sources.remote import check_urls, slide_file
+from tilestore.sources.remote import check_urls, slide_file, url_store
 from tilestore.urls import is_url, shown
 
 SAMPLE_TILES = 8  # per level, decoded by describe(verify=True)
@@ -55,19 +56,21 @@ def _describe_url(url: str, verify: bool) -> dict[str, Any]:
     """A slide at a URL, staged (`slide_file`) and described as its URL says it (without its
     secrets); a store in a bucket is refused in one line (read it with `open_slide`)."""
     if Path(urlsplit(url).path).suffix == ".zarr" or url.rstrip("/").endswith(".ome.zarr"):
-        raise StoreError(
-            f"{shown(url)}: describing a store in a bucket is not supported yet; read it with "
-            "tilestore.open_slide(url), or copy it to a local folder"
-        )
+        return _describe_store(url)  # read where it is, through zarr's FsspecStore
     check_urls([url])  # one request: a missing object or a refused credential in one line
     with slide_file(url) as local:
         found = _describe_slide(local, verify)
     return {**found, "path": shown(url), "staged": str(local)}
 
 
-def _describe_store(path: Path) -> dict[str, Any]:
-    group, record = open_group(path, complete=False)  # info says whether it is complete
-    size = tree_size(path)
+def _describe_store(path: Path | str) -> dict[str, Any]:
+    """A store's description; `path` a local store's, or a store's URL in a bucket."""
+    if isinstance(path, str):
+        group, record = open_group(url_store(path), complete=False)  # complete or not
+        size, path = BucketStore(path).stored_bytes(), shown(path)
+    else:
+        group, record = open_group(path, complete=False)
+        size = tree_size(path)
     # {x, y, origin}, and where the user's size overrides the file's, the file's ("file")
     mpp = None if record.mpp is None else {"origin": None, **record.mpp.to_attrs()}
     with damage_as_store_error(path, "store metadata", "convert the slide again"):

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import zarr
+from zarr.abc.store import Store
 
 from tilestore import locks
 from tilestore.embeddings.groups import (
@@ -68,6 +69,8 @@ from tilestore.format.records import (
 from tilestore.format.store import damage_as_store_error, is_store
 from tilestore.format.store import open_group as open_store_group
 from tilestore.options import Opt
+from tilestore.sources.remote import url_store
+from tilestore.urls import is_url, named
 
 # What a cohort's status is asked of (`tilestore status`'s flags): the model, the plan, a
 # slide encoder whose vectors must be there too
@@ -211,15 +214,17 @@ def embeddings_status(
     plan of its name, stored again since, is "other plan" whether a plan is named or not:
     its plan's recorded uid is compared with the stored plan's, as the writer judges.
     StoreError where `store` is not a tilestore store."""
-    if not is_store(store):
+    # a store in a bucket: read through zarr's FsspecStore (no lock nor file system to say)
+    where = url_store(str(store)) if is_url(store) else Path(store)
+    if isinstance(where, Path) and not is_store(where):
         raise StoreError(
             f"{store}: not a store (no zarr.json); give stores made by `tilestore convert`"
         )
-    open_store_group(store, complete=False)  # ours, its record readable
-    models = list_embeddings(store) if model is None else [model]
-    found = [(name, path) for name in models for path in _paths(store, name, plan, model)]
-    groups = tuple(_group_status(Path(store), path, name, plan) for name, path in found)
-    return StoreStatus(str(store), slide_name(store), groups)
+    open_store_group(where, complete=False)  # ours, its record readable
+    models = list_embeddings(where) if model is None else [model]
+    found = [(name, path) for name in models for path in _paths(where, name, plan, model)]
+    groups = tuple(_group_status(where, path, name, plan) for name, path in found)
+    return StoreStatus(named(store), slide_name(where), groups)
 
 
 def _paths(store, model: str, plan: str | None, asked: str | None) -> list[str]:
@@ -239,23 +244,23 @@ def _paths(store, model: str, plan: str | None, asked: str | None) -> list[str]:
     return list(groups.values())
 
 
-def _group_status(store: Path, path: str, model: str, plan: str | None) -> GroupStatus:
+def _group_status(store: Path | Store, path: str, model: str, plan: str | None) -> GroupStatus:
     found = _group_found(store, path, model, plan)
-    if found.state not in WAITING:
+    if found.state not in WAITING or not isinstance(store, Path):
         return found
     why = _unwritable(store)
     return replace(found, note=f"{found.note}; but {why}") if why else found
 
 
-def _group_found(store: Path, path: str, model: str, plan: str | None) -> GroupStatus:
+def _group_found(store: Path | Store, path: str, model: str, plan: str | None) -> GroupStatus:
     name = model
-    lock = _live_lock(store, path)
+    lock = _live_lock(store, path) if isinstance(store, Path) else None
     try:
         group = open_group(store, path)
     except KeyError:
         if lock is not None:
             return GroupStatus(name, path, "running", lock=lock, note=_running(lock))
-        blocker = _in_the_way(store, path)
+        blocker = _in_the_way(store, path) if isinstance(store, Path) else None
         if blocker is not None:
             note = (
                 f"{blocker} is a file where a folder must be: a run cannot make {path}; move "

@@ -71,7 +71,7 @@ def store_name(source: str | os.PathLike) -> str:
     return Path(name).stem + STORE_SUFFIX
 
 
-def one_store_each(inputs: Iterable[tuple[Path, str | None, Path]]) -> list[int]:
+def one_store_each(inputs: Iterable[tuple[Path, str | None, Path | str]]) -> list[int]:
     """Which inputs to take, where two would be one store. `inputs`: each input (a file, a
     folder; with its series, where a DICOM folder holds several) and the store it would
     write: itself, the store it converts into, its sidecar. An input given again (the same
@@ -81,7 +81,7 @@ def one_store_each(inputs: Iterable[tuple[Path, str | None, Path]]) -> list[int]
     seen: dict[str, tuple[Path, str | None]] = {}
     taken = []
     for index, (given, series, store) in enumerate(inputs):
-        where = os.path.realpath(store)
+        where = store if is_url(store) else os.path.realpath(store)  # a bucket's: its URL
         if where not in seen:
             seen[where] = (given, series)
             taken.append(index)

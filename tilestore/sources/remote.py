@@ -424,10 +424,28 @@ _WHY = (  # an exception's class -> what it means, for the one line
 )
 
 
-def _error(url: str, exc: BaseException, where: str = "") -> SlideError:
-    """One line for a failed request: what the store said, and what it means."""
+# the errors of a server that does not answer (botocore's, aiohttp's), whatever the request
+_GONE = frozenset(
+    {
+        "ClientConnectorError",
+        "ClientOSError",
+        "ConnectTimeoutError",
+        "ConnectionClosedError",
+        "EndpointConnectionError",
+        "ReadTimeoutError",
+        "ServerDisconnectedError",
+    }
+)
+
+
+def failed_request(
+    url: str, exc: BaseException, kind: type[TilestoreError] = SlideError, doing: str = "read"
+) -> TilestoreError:
+    """One line for a failed request (a `kind` of error: a slide's, a store's): what the
+    server said, and what it means; where it means nothing known, what could not be done
+    (`doing`) and the server's own words."""
     name = type(exc).__name__
-    why = next((why for kind, why in _WHY if isinstance(exc, kind)), None)
+    why = next((why for kind_, why in _WHY if isinstance(exc, kind_)), None)
     if why is None and "Credentials" in name:
         why = (
             "no credentials found (set them as the provider's tools do, e.g. AWS_PROFILE; "
@@ -438,9 +456,19 @@ def _error(url: str, exc: BaseException, where: str = "") -> SlideError:
             "the server throttles (503 SlowDown) and still did after its retries "
             "(AWS_MAX_ATTEMPTS): run again later, or fewer at once"
         )
+    if why is None and (isinstance(exc, ConnectionError | TimeoutError) or name in _GONE):
+        why = (
+            f"cannot {doing}: the server did not answer ({name}: stopped, or not reachable); "
+            "run again once it answers"
+        )
     if why is None:
-        why = f"cannot read{where}: {name}: {_said(exc)}"
-    return SlideError(f"{shown(url)}: {why}")
+        why = f"cannot {doing}: {name}: {_said(exc)}"
+    return kind(f"{shown(url)}: {why}")
+
+
+def _error(url: str, exc: BaseException, where: str = "") -> TilestoreError:
+    """One line for a failed request to read a slide."""
+    return failed_request(url, exc, SlideError, f"read{where}")
 
 
 __all__ = [
@@ -448,6 +476,7 @@ __all__ = [
     "CacheLimit",
     "Remote",
     "check_urls",
+    "failed_request",
     "given",
     "is_url",
     "shown",

@@ -77,13 +77,16 @@ class Shares(threading.Thread):
         return {k: round(sum(r.get(k, 0.0) for r in rows) / max(1, len(rows))) for k in kinds}
 
 
-def run(work: Path, arch: str, batch: int, tag: str, switch: float | None) -> dict:
+def run(
+    work: Path, arch: str, batch: int, tag: str, switch: float | None, compile: bool = False
+) -> dict:
     from tilestore.embed import Embedder, Options
 
     stores = sorted((work / "s").glob("*.ome.zarr"))
     for store in stores:  # every run on stores never embedded, as a new cohort's are
         shutil.rmtree(store / "embeddings", ignore_errors=True)
-    with Embedder(f"random:{arch}", Options(batch_size=batch, overwrite=True)) as embedder:
+    options = Options(batch_size=batch, overwrite=True, compile=compile)
+    with Embedder(f"random:{arch}", options) as embedder:
         embed_run(embedder, stores[:3])  # the model's first batch, the processes started
         if switch:
             sys.setswitchinterval(switch)
@@ -100,6 +103,7 @@ def run(work: Path, arch: str, batch: int, tag: str, switch: float | None) -> di
         "tag": tag,
         "arch": arch,
         "switch_s": switch,
+        "compile": compile,
         "run_cpu_ms_a_slide": round(1000 * cpu / slides, 1),
         "cpu_percent": means,
         # each kind of process's CPU a slide: its mean share over the run's wall
@@ -154,6 +158,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--tag", default="this")
     parser.add_argument("--switch", type=float, default=None)
+    parser.add_argument(
+        "--compile", action="store_true", help="torch.compile the model (replayed as CUDA graphs)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="JSON (default: --work/<tag>.json)")
     args = parser.parse_args()
     if args.step == "prep":
@@ -164,7 +171,7 @@ def main() -> None:
         print(json.dumps(found))
         (args.out or args.work / "side.json").write_text(json.dumps(found, indent=1))
         return
-    row = run(args.work, args.arch, args.batch_size, args.tag, args.switch)
+    row = run(args.work, args.arch, args.batch_size, args.tag, args.switch, args.compile)
     fixed = row["per_slide"] or {}
     print(
         f"| {row['tag']} | {row['tiles_per_s']:,.0f} | {row['gpu_busy']} | "

@@ -52,7 +52,7 @@ from tilestore.embed.slides import SlidePrecision
 from tilestore.options import Workers
 from tilestore.plan import PlanOptions
 from tilestore.reading import OverrideMpp, ScanMpp
-from tilestore.sources import check_urls, given, is_url, shown
+from tilestore.sources import check_urls, given, is_url
 
 
 @with_flags
@@ -145,9 +145,6 @@ def embed(
     output_file(report)  # the door: its folder made and writable, or one line before any work
     stores = [given(s) for s in stores]  # paths; a URL kept as text
     urls = [s for s in stores if is_url(s)]
-    if urls and (cluster or scheduler):
-        raise OptionError(f"{shown(urls[0])}: slides named by URL are not yet run on Dask: "
-                          "convert them first (tilestore convert URL -o DIR)")  # fmt: skip
     check_urls(urls, in_place)  # each found and allowed (one request), before any work
     # a dry run writes nothing, not even its report
     ran = _Ran(None if dry_run else report, model or slide_encoder or "", len(stores))
@@ -205,7 +202,7 @@ def embed(
         elif cluster or scheduler:
             from tilestore.format import is_store
 
-            slides = [str(s) for s in stores if s.exists() and not is_store(s)]
+            slides = [str(s) for s in stores if Path(s).exists() and not is_store(s)]
             if slides and in_place:
                 raise OptionError(
                     f"{slides[0]}: --in-place is not run on Dask: give --into DIR (a folder "

@@ -68,12 +68,19 @@ from tilestore.format.store import fault_named
 from tilestore.options import Workers, checked
 from tilestore.progress import AtLeast, LogLines, to_stderr
 from tilestore.reading.resolution import OverrideMpp, ScanMpp
+from tilestore.urls import is_url
 
 
 def _size(store: str) -> int:
     """Level-0 pixels of a store or slide file (a cheap proxy for its work), read without
-    writing anything; 0 if it cannot be opened."""
-    return pixel_count(store)
+    writing anything; 0 if it cannot be opened, or is named by URL (not fetched here: its
+    worker stages it)."""
+    return 0 if is_url(store) else pixel_count(store)
+
+
+def _given(path: str) -> Path | str:
+    """An input as `Preparation` takes it: a path, or a slide's URL as its text."""
+    return path if is_url(path) else Path(path)
 
 
 # -- the coordinator ----------------------------------------------------------------------------
@@ -481,9 +488,9 @@ class _Inputs:
 
     def __init__(self, client, how: Preparation, paths: Sequence[str | os.PathLike]) -> None:
         self.client, self.how = client, how
-        once = {os.path.abspath(p): str(p) for p in paths}.values()  # the same file given twice
+        once = {_absolute(p): str(p) for p in paths}.values()  # the same file given twice
         order = sorted(once, key=lambda s: (-_size(s), s))
-        self.waiting = [(p, how.wants(Path(p))) for p in order]  # (path as given, a slide?)
+        self.waiting = [(p, how.wants(_given(p))) for p in order]  # (path as given, a slide?)
         self.paths = [p for p, _ in self.waiting]  # every input, once
         self.slides = sum(slide for _, slide in self.waiting)
         self.out: dict = {}  # make_ready future -> the slide file given
@@ -501,7 +508,7 @@ class _Inputs:
         made = {store for store, _ in self._making.values()}
         for i, (path, slide) in enumerate(self.waiting):
             if slide and room:
-                target = _absolute(self.how.target(Path(path)))
+                target = _absolute(self.how.target(_given(path)))
                 if target not in made and target not in self._held:
                     return self.waiting.pop(i)
             elif not slide and stores and _absolute(path) not in self._held:
@@ -514,10 +521,10 @@ class _Inputs:
         free = [w for w in sorted(self.client.nthreads()) if w not in busy]
         where = free[0] if free else None  # preferred; another if it is gone
         # named absolutely: a worker's working folder is not this one's
-        request = self.how.request(Path(os.path.abspath(path)))
+        request = self.how.request(_absolute(path))
         future = _submit(self.client, make_ready, request, where, priority=1)
         self.out[future] = path
-        self._making[path] = (_absolute(self.how.target(Path(path))), where)
+        self._making[path] = (_absolute(self.how.target(_given(path))), where)
 
     def landed(self, future) -> str:
         """The slide a finished make_ready was for; its store is held until `release`."""
@@ -538,7 +545,11 @@ class _Inputs:
 
 
 def _absolute(path: str | os.PathLike | None) -> str | None:
-    return None if path is None else os.path.abspath(path)
+    """An input named once: a path absolutely (a worker's working folder is not this one's),
+    a slide's URL as its text."""
+    if path is None or is_url(path):
+        return path
+    return os.path.abspath(path)
 
 
 class _Feed:

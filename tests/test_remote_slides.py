@@ -336,13 +336,36 @@ def test_embed_refuses_a_missing_object_before_the_model_loads(s3, tmp_path):
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
 
 
-def test_embed_refuses_a_url_read_in_place_or_on_dask(s3, tmp_path):
+def test_embed_refuses_a_url_read_in_place(s3, tmp_path):
     url = f"s3://slides/cohort/{CMU}"
     env = s3.env(tmp_path / "c")
     in_place = run_cli("embed", url, "--in-place", *EMBED, env=env)
     one_line_refusal(in_place, "--in-place", "local disk")
-    dask = run_cli("embed", url, "--cluster", "local", *EMBED, env=env)
-    one_line_refusal(dask, url, "not yet run on Dask")
+
+
+def test_on_dask_a_slide_from_a_bucket_is_staged_by_its_worker(s3, tmp_path):
+    """`embed s3://... --into DIR --cluster local`: the worker stages the slide and converts
+    it (nothing fetched by the coordinator) into the store the local file makes, bit for
+    bit; its features those of the local file in one process (to float sums: a Dask worker
+    runs torch on one thread); no secret said or written."""
+    url = f"s3://slides/cohort/{CMU}"
+    env = s3.env(tmp_path / "cache")
+    dask = run_cli("embed", url, "--into", tmp_path / "d", "--cluster", "local", *EMBED, env=env)
+    assert dask.returncode == 0, _said(dask)
+    assert f"converted {url} -> " in dask.stdout
+    local = run_cli("embed", SLIDES / CMU, "--into", tmp_path / "l", *EMBED)
+    assert local.returncode == 0, _said(local)
+    name = "CMU-1-Small-Region.ome.zarr"
+    levels = [
+        {k: v for k, v in store_tree(tmp_path / where / name, source_time=False).items()
+         if not k.startswith("embeddings")}
+        for where in ("d", "l")
+    ]  # fmt: skip
+    assert levels[0] == levels[1] and len(levels[0]) > 10
+    ours, theirs = _features(tmp_path / "d" / name), _features(tmp_path / "l" / name)
+    assert ours.shape == theirs.shape and ours.shape[0] > 0
+    np.testing.assert_allclose(ours.astype(np.float32), theirs, rtol=2e-3, atol=2e-3)
+    assert no_secret([s3.secret, s3.key], [_said(dask)], [tmp_path / "d", tmp_path / "cache"])
 
 
 def test_a_slide_held_by_a_process_is_never_removed_to_make_room(s3, tmp_path, monkeypatch):
@@ -436,3 +459,19 @@ def test_info_describes_a_slide_in_a_bucket_as_its_local_file(s3, tmp_path):
     store = run_cli("info", "s3://slides/stores/a.ome.zarr", env=env)  # a store: read there
     one_line_refusal(store, "s3://slides/stores/a.ome.zarr", "cannot open store")
     no_secret([s3.secret, s3.key], [_said(d) for d in (there, shown, missing, store)], [])
+
+
+def test_a_server_that_does_not_answer_is_said_so_at_the_door(tmp_path):
+    """No server at the endpoint: one line naming the URL, exit 2, before any work."""
+    import socket
+
+    from tests.s3 import S3
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = S3(None, port, "key", "secret").env(tmp_path / "c")
+    url = f"s3://slides/cohort/{CMU}"
+    done = run_cli("convert", url, "-o", tmp_path / "o", env=env)
+    one_line_refusal(done, url, "the server did not answer", "run again once it answers")
+    assert not (tmp_path / "o").exists()

@@ -77,6 +77,7 @@ def convert(
 ) -> None:
     """Convert slides once into chunked OME-Zarr 0.5 stores (or make in-place sidecars)."""
     from tilestore.conversion import (
+        check_places,
         converted_store,
         file_sizes,
         no_sidecars_there,
@@ -110,6 +111,11 @@ def convert(
         options.get("in_place", False),
         limit_gb=options.get("cache_limit", CACHE_LIMIT),
     )
+    if not options.get("in_place"):  # each store's place in a bucket, before any staging
+        check_places(
+            [converted_store(path, output, series, name) for path, series in slides],
+            options.get("overwrite", False),
+        )
 
     failed = 0
     if at_once == 1:  # one slide after another, each with its chunks' progress

@@ -32,6 +32,7 @@ class S3:
     port: int
     key: str
     secret: str
+    read_only: dict[str, str] | None = None  # another user's key: reads and lists only
 
     @property
     def endpoint(self) -> str:
@@ -81,7 +82,7 @@ def start_s3(port: int | None = None, auth: bool = True) -> S3:
             port = probe.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k != "INITIAL_NO_AUTH_ACTION_COUNT"}
     if auth:
-        env["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"  # the user's making, then auth
+        env["INITIAL_NO_AUTH_ACTION_COUNT"] = "6"  # the two users' making, then auth
     process = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         env=env,
@@ -105,12 +106,22 @@ def start_s3(port: int | None = None, auth: bool = True) -> S3:
         aws_access_key_id="bootstrap",
         aws_secret_access_key="bootstrap",
     )
-    iam.create_user(UserName="reader")
-    allow = {"Effect": "Allow", "Action": "s3:*", "Resource": "*"}
-    policy = {"Version": "2012-10-17", "Statement": [allow]}
-    iam.put_user_policy(UserName="reader", PolicyName="s3", PolicyDocument=json.dumps(policy))
-    made = iam.create_access_key(UserName="reader")["AccessKey"]
+
+    def user(name: str, actions: list[str]) -> dict[str, str]:
+        iam.create_user(UserName=name)
+        allow = {"Effect": "Allow", "Action": actions, "Resource": "*"}
+        policy = {"Version": "2012-10-17", "Statement": [allow]}
+        iam.put_user_policy(UserName=name, PolicyName="s3", PolicyDocument=json.dumps(policy))
+        return iam.create_access_key(UserName=name)["AccessKey"]
+
+    made = user("reader", ["s3:*"])
+    # may read and list, never write: a bucket that refuses this user's writes
+    looks = user("looker", ["s3:GetObject", "s3:ListBucket", "s3:HeadObject"])
     server = S3(process, port, made["AccessKeyId"], made["SecretAccessKey"])
+    server.read_only = {
+        "AWS_ACCESS_KEY_ID": looks["AccessKeyId"],
+        "AWS_SECRET_ACCESS_KEY": looks["SecretAccessKey"],
+    }
     server.client().create_bucket(Bucket=BUCKET)
     return server
 

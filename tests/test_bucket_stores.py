@@ -16,7 +16,7 @@ import zarr
 
 from tests.conftest import CMU, KIDNEY, SLIDES, no_secret, one_line_refusal, run_cli, store_tree
 from tests.s3 import BUCKET, Proxy, start_s3
-from tilestore.conversion.bucket import ROOT, UPLOADING
+from tilestore.conversion.bucket import MARK, ROOT
 from tilestore.errors import OutputError, StoreError
 
 STORE = "CMU-1-Small-Region.ome.zarr"
@@ -76,7 +76,7 @@ def test_stores_converted_into_a_bucket_are_the_local_stores_object_for_object(
     for store in (STORE, "kidney-48-5.ome.zarr"):
         there = _downloaded(s3, f"{prefix}{store}/", tmp_path / "there" / store)
         assert store_tree(there) == store_tree(local / store)  # every object, bit for bit
-        assert f"{prefix}{store}/{UPLOADING}" not in _keys(s3, prefix)  # its mark gone
+        assert f"{prefix}{store}/{MARK}" not in _keys(s3, prefix)  # its mark gone
     # nothing left in the cache of the copies built there
     assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []
     assert no_secret([s3.secret, s3.key], [_said(done)], [tmp_path]) > 10
@@ -186,7 +186,7 @@ def test_a_cut_upload_leaves_nothing_that_opens_and_the_next_run_completes_it(
         tilestore.convert(SLIDES / CMU, url)
     cutting[0] = False
     keys = _keys(s3, prefix)
-    assert f"{prefix}{UPLOADING}" in keys and f"{prefix}{ROOT}" not in keys
+    assert f"{prefix}{MARK}" in keys and f"{prefix}{ROOT}" not in keys
     assert set(done) < {f"{BUCKET}/{key}" for key in keys}  # what was put stays, but
     assert f"{prefix}{ROOT}" not in keys  # never the root document
     with pytest.raises(StoreError):
@@ -209,7 +209,7 @@ def test_the_server_stopped_mid_upload_is_one_line_and_the_next_run_completes(s3
         done = run_cli("convert", SLIDES / CMU, "-o", url, env=env)
         one_line_refusal(done, f"{url}{STORE}", "cannot upload the store", "did not answer")
         keys = _keys(s3, prefix)
-        assert f"{prefix}{UPLOADING}" in keys and f"{prefix}{ROOT}" not in keys
+        assert f"{prefix}{MARK}" in keys and f"{prefix}{ROOT}" not in keys
         proxy.mend()
         again = run_cli("convert", SLIDES / CMU, "-o", url, env=env)
         assert again.returncode == 0, _said(again)
@@ -239,21 +239,105 @@ def test_objects_that_are_not_a_store_are_never_replaced(s3, tmp_path):
     assert _keys(s3, "theirs/") == [mine]  # no mark left beside them, nothing removed
 
 
+@pytest.mark.parametrize("case", ["wrong secret", "no bucket", "writes refused"])
+def test_a_place_that_cannot_take_the_store_is_said_before_the_slide_is_fetched(s3, tmp_path, case):
+    """One line naming the store's URL and the cause, exit 2, before the slide (in a bucket
+    too) is staged: nothing fetched, nothing put, no secret said."""
+    s3.put(f"door/{CMU}", (SLIDES / CMU).read_bytes())
+    changed, bucket, why = {
+        "wrong secret": ({"AWS_SECRET_ACCESS_KEY": "wrong-secret-value"}, BUCKET, "(403)"),
+        "no bucket": ({}, "no-such-bucket", "not found (404)"),
+        "writes refused": (s3.read_only, BUCKET, "access refused (403)"),
+    }[case]
+    url = f"s3://{bucket}/refused/"
+    cache = tmp_path / "c"
+    done = run_cli("convert", f"s3://{BUCKET}/door/{CMU}", "-o", url, env=s3.env(cache, **changed))
+    if case == "wrong secret":  # the slide's own door says it first: the same credential
+        one_line_refusal(done, why)
+    else:
+        one_line_refusal(done, f"s3://{bucket}/refused/{STORE}", why)
+    assert not [p for p in cache.rglob("*") if p.is_file()]  # nothing staged
+    assert _keys(s3, "refused/") == []  # nothing put (nor a mark)
+    secrets = [s3.secret, "wrong-secret-value", s3.read_only["AWS_SECRET_ACCESS_KEY"]]
+    assert not any(secret in _said(done) for secret in secrets)
+
+
+def test_a_live_mark_is_refused_and_a_gone_ones_place_taken_over(s3, local, tmp_path):
+    """Another run converting into the place (this host's process alive, its mark beating):
+    one line naming it, nothing put; its process gone: the place taken over, the store
+    complete."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    prefix = f"marked/{STORE}/"
+    now = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+    mark = {"host": socket.gethostname(), "since": now, "beat": now, "token": "t"}
+    s3.put(f"{prefix}{MARK}", json.dumps({**mark, "pid": os.getpid()}).encode())
+    s3.put(f"{prefix}0/zarr.json", b"{}")  # that run's first objects
+    env = _env(s3, tmp_path)
+    done = run_cli("convert", SLIDES / CMU, "-o", f"s3://{BUCKET}/marked/", env=env)
+    one_line_refusal(done, f"s3://{BUCKET}/{prefix}", f"being converted into by pid {os.getpid()}")
+    assert set(_keys(s3, prefix)) == {f"{prefix}0/zarr.json", f"{prefix}{MARK}"}
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    s3.put(f"{prefix}{MARK}", json.dumps({**mark, "pid": int(ended.stdout)}).encode())
+    done = run_cli("convert", SLIDES / CMU, "-o", f"s3://{BUCKET}/marked/", env=env)
+    assert done.returncode == 0, _said(done)
+    there = _downloaded(s3, prefix, tmp_path / "there")
+    assert store_tree(there) == store_tree(local / STORE)
+
+
+def test_a_conversion_failing_before_its_upload_leaves_the_store_there_as_it_was(
+    s3, local, tmp_path
+):
+    """--overwrite over a store, the slide damaged: one line, exit 2; the store there still
+    the one it was, object for object, and no mark left in it."""
+    env, url, prefix = _env(s3, tmp_path), f"s3://{BUCKET}/kept/", f"kept/{STORE}/"
+    assert run_cli("convert", SLIDES / CMU, "-o", url, env=env).returncode == 0
+    before = {k: s3.client().get_object(Bucket=BUCKET, Key=k)["Body"].read()
+              for k in _keys(s3, prefix)}  # fmt: skip
+    damaged = tmp_path / CMU
+    damaged.write_bytes((SLIDES / CMU).read_bytes()[:4096])
+    done = run_cli("convert", damaged, "-o", url, "--overwrite", env=env)
+    one_line_refusal(done, CMU)
+    after = {k: s3.client().get_object(Bucket=BUCKET, Key=k)["Body"].read()
+             for k in _keys(s3, prefix)}  # fmt: skip
+    assert after == before and f"{prefix}{MARK}" not in after
+
+
+def test_overwrite_touches_only_the_store_never_its_neighbours(s3, tmp_path):
+    env, url = _env(s3, tmp_path), f"s3://{BUCKET}/near/"
+    assert run_cli("convert", SLIDES / CMU, "-o", url, env=env).returncode == 0
+    neighbours = [f"near/{STORE}.bak/zarr.json", f"near/{STORE}x", f"near/{STORE[:-5]}/c"]
+    for key in neighbours:
+        s3.put(key, b"the user's")
+    done = run_cli("convert", SLIDES / CMU, "-o", url, "--overwrite", env=env)
+    assert done.returncode == 0, _said(done)
+    assert set(neighbours) <= set(_keys(s3, "near/"))
+
+
 @pytest.mark.parametrize(
-    ("changed", "why"),
+    ("output", "why"),
     [
-        ({"AWS_SECRET_ACCESS_KEY": "wrong-secret-value"}, "access refused (403)"),
-        ({}, "not found (404)"),
+        ("s3://user:pw@slides/x/", "names no user, password, query or fragment"),
+        ("s3://slides/x?versionId=3", "names no user, password, query or fragment"),
+        ("s3://slides//x/", "no empty, . or .. step"),
+        ("memory://x/", "memory:// is not an object store tilestore writes"),
     ],
 )
-def test_a_place_that_cannot_take_the_store_is_said_before_any_work(s3, tmp_path, changed, why):
-    bucket = BUCKET if changed else "no-such-bucket"
-    url = f"s3://{bucket}/refused/"
-    done = run_cli("convert", SLIDES / CMU, "-o", url, env=s3.env(tmp_path / "c", **changed))
-    one_line_refusal(done, f"s3://{bucket}/refused/{STORE}", why)
-    assert "levels" not in done.stdout  # nothing converted
-    assert s3.secret not in _said(done) and "wrong-secret-value" not in _said(done)
-    assert not [p for p in (tmp_path / "c").rglob("*") if p.is_file()]
+def test_a_url_that_is_no_place_for_a_store_is_refused_in_one_line(output, why, tmp_path):
+    import os
+
+    done = run_cli(
+        "convert", SLIDES / CMU, "-o", output, env={**os.environ, "TILESTORE_CACHE": str(tmp_path)}
+    )
+    one_line_refusal(done, why)
+    assert "pw" not in done.stderr
+    assert not any(tmp_path.iterdir())
 
 
 def test_outputs_a_bucket_cannot_be_are_refused_in_one_line(s3, tmp_path):

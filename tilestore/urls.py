@@ -52,11 +52,16 @@ def written_here(path: str | os.PathLike, option: str) -> Path:
     return Path(local_path(path) if isinstance(path, str) else path)
 
 
+# object stores a store is written to (built here, then uploaded: `tilestore.conversion.bucket`)
+STORE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
+
+
 def store_written(path: str | os.PathLike, option: str) -> Path | str:
     """Where a store is written (`option`): a local path (`written_here`), or the URL of a
-    place in object storage (s3://, gs://, ...: built here, then uploaded,
-    `tilestore.conversion.bucket`). An http(s) or DICOMweb URL is refused in one line: read
-    by tilestore, never written."""
+    place in object storage (`STORE_SCHEMES`: built here, then uploaded,
+    `tilestore.conversion.bucket`). Any other URL is refused in one line: an http(s) or
+    DICOMweb server's is read by tilestore, never written; another scheme's is not an
+    object store tilestore writes."""
     if not is_url(path):
         return written_here(path, option)
     scheme = urlsplit(str(path)).scheme
@@ -64,6 +69,11 @@ def store_written(path: str | os.PathLike, option: str) -> Path | str:
         raise OutputError(
             f"{option} {shown(str(path))}: {scheme}:// URLs are read, never written: give a "
             "bucket's (s3://, gs://) or a local folder"
+        )
+    if scheme not in STORE_SCHEMES:
+        raise OutputError(
+            f"{option} {shown(str(path))}: {scheme}:// is not an object store tilestore "
+            f"writes stores to ({', '.join(f'{s}://' for s in STORE_SCHEMES)}), nor a local path"
         )
     return str(path)
 

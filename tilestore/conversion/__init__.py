@@ -15,7 +15,7 @@ from tilestore.faces import lazy_face
 __getattr__, __dir__, __all__ = lazy_face(
     __name__,
     {
-        "tilestore.conversion.bucket": ("BucketStore", "no_sidecars_there"),
+        "tilestore.conversion.bucket": ("BucketStore", "check_places", "no_sidecars_there"),
         "tilestore.conversion.converter": (
             "QUALITY",
             "SHARD_CHUNKS",

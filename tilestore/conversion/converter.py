@@ -201,7 +201,11 @@ def convert(
         bool, Opt("Also store label/macro images (labels carry patient data).")
     ] = False,
     overwrite: Annotated[
-        bool, Opt("Replace an existing store (only once the new one is complete).")
+        bool,
+        Opt(
+            "Replace an existing store (a local one once the new one is complete; one in a "
+            "bucket object by object, once the new one is built)."
+        ),
     ] = False,
     copy: Annotated[
         bool, Opt("Copy matching JPEG tiles verbatim (no: decode and encode them).")
@@ -279,82 +283,83 @@ def convert(
     if in_place:
         no_sidecars_there(dst, "dst")
     check_urls([src], in_place, look=False)  # staging looks
+    place = converted_store(src, dst, series, name)
+    # in a bucket (`tilestore.conversion.bucket`): the place checked and marked now, before
+    # the slide is staged; the store built in the cache, then uploaded
     with (
+        built_for(place, overwrite) as target,
         slide_file(src, cache_limit) as local,
         open_source(local, series) as source,
     ):
         mpp_fact, mpp_warnings = _resolve_mpp(source, mpp, override_mpp)
-        place = converted_store(src, dst, series, name)
-        # in a bucket: built in the cache, then uploaded (`tilestore.conversion.bucket`)
-        with built_for(place, overwrite) as target:
-            _check_target(target, overwrite)
-            codec_name, reason = choose_codec(source, codec, lossy_ok)
-            encoding = _Encoding(
-                codec_name,
-                reason,
-                _choose_chunk(source, chunk, copy and codec_name == "jpeg"),
-                quality,
-                subsampling,
-                copy,
-                255 if source.brightfield_rgb else 0,
-                workers or usable_cpus(),
-                checksums,
-                0 if shard == "off" else shard,
-            )
-            if in_place:
-                jpeg_levels = _jpeg_levels(source, encoding)
-                everything = frozenset(range(len(source.levels)))
-                encoding = replace(encoding, in_place=everything, decoded=everything - jpeg_levels)
-            report = ConversionReport(
-                local,
-                target,
-                codec_name,
-                reason,
-                encoding.chunk,
-                quality if codec_name == "jpeg" else None,
-                warnings=mpp_warnings,
-            )
-            with (
-                ThreadPoolExecutor(1) as hasher,
-                leftovers.built_beside(target, "cannot write store", replace=overwrite) as tmp,
-            ):
-                digest = hasher.submit(source.sha256)
-                # in place: each tile's CRC-32C, read after the hash (the file is in the cache)
-                sums = hasher.submit(tile_sums, source, encoding.in_place) if in_place else None
-                sources: dict = {}  # in place: level path -> its tiles, once the arrays exist
-                store = TiffTiles(LocalStore(tmp), sources) if in_place else tmp
-                root = zarr.open_group(store, mode="w-", zarr_format=3)
-                plan = _level_plan(source)
-                arrays = _create_arrays(root, source, plan, encoding)
-                for index in encoding.in_place:
-                    sources[str(index)] = chunk_source(
-                        source, index, arrays[index], encoding.background, encoding.decoded
-                    )
-                beside = None
-                if tissue is not None:  # its levels as the store will record them, as written
-                    from tilestore.conversion.beside import TissueBeside
+        _check_target(target, overwrite)
+        codec_name, reason = choose_codec(source, codec, lossy_ok)
+        encoding = _Encoding(
+            codec_name,
+            reason,
+            _choose_chunk(source, chunk, copy and codec_name == "jpeg"),
+            quality,
+            subsampling,
+            copy,
+            255 if source.brightfield_rgb else 0,
+            workers or usable_cpus(),
+            checksums,
+            0 if shard == "off" else shard,
+        )
+        if in_place:
+            jpeg_levels = _jpeg_levels(source, encoding)
+            everything = frozenset(range(len(source.levels)))
+            encoding = replace(encoding, in_place=everything, decoded=everything - jpeg_levels)
+        report = ConversionReport(
+            local,
+            target,
+            codec_name,
+            reason,
+            encoding.chunk,
+            quality if codec_name == "jpeg" else None,
+            warnings=mpp_warnings,
+        )
+        with (
+            ThreadPoolExecutor(1) as hasher,
+            leftovers.built_beside(target, "cannot write store", replace=overwrite) as tmp,
+        ):
+            digest = hasher.submit(source.sha256)
+            # in place: each tile's CRC-32C, read after the hash (the file is in the cache)
+            sums = hasher.submit(tile_sums, source, encoding.in_place) if in_place else None
+            sources: dict = {}  # in place: level path -> its tiles, once the arrays exist
+            store = TiffTiles(LocalStore(tmp), sources) if in_place else tmp
+            root = zarr.open_group(store, mode="w-", zarr_format=3)
+            plan = _level_plan(source)
+            arrays = _create_arrays(root, source, plan, encoding)
+            for index in encoding.in_place:
+                sources[str(index)] = chunk_source(
+                    source, index, arrays[index], encoding.background, encoding.decoded
+                )
+            beside = None
+            if tissue is not None:  # its levels as the store will record them, as written
+                from tilestore.conversion.beside import TissueBeside
 
-                    early = _record(source, encoding, mpp_fact, _plan_levels(plan), {}, None)
-                    folder = None if in_place else tmp  # a copy's levels: another process reads
-                    order = write_order(len(source.levels), len(plan))
-                    beside = TissueBeside(tissue, Slide(root, early, named(place)), folder, order)
-                try:
-                    written = beside.written if beside else None
-                    _write_levels(source, arrays, plan, tmp, encoding, report, progress, written)
-                    associated = _write_associated(source, root) if keep_associated else []
-                    if sums is not None:
-                        record_tile_sums(root, sums.result())
-                    _write_attrs(
-                        root, source, plan, encoding, report, mpp_fact, associated, digest.result()
-                    )
-                    if beside is not None:
-                        report.tissue = beside.store(Slide(*open_group(store), named(place)))
-                finally:
-                    if beside is not None:
-                        beside.close()
-                report.store_bytes = tree_size(tmp)
-                if overwrite:  # a run may have begun on the old store meanwhile: it stays
-                    locks.refuse_while_written(target, "replacing it (overwrite=True)")
+                early = _record(source, encoding, mpp_fact, _plan_levels(plan), {}, None)
+                folder = None if in_place else tmp  # a copy's levels: another process reads
+                order = write_order(len(source.levels), len(plan))
+                beside = TissueBeside(tissue, Slide(root, early, named(place)), folder, order)
+            try:
+                written = beside.written if beside else None
+                _write_levels(source, arrays, plan, tmp, encoding, report, progress, written)
+                associated = _write_associated(source, root) if keep_associated else []
+                if sums is not None:
+                    record_tile_sums(root, sums.result())
+                _write_attrs(
+                    root, source, plan, encoding, report, mpp_fact, associated, digest.result()
+                )
+                if beside is not None:
+                    report.tissue = beside.store(Slide(*open_group(store), named(place)))
+            finally:
+                if beside is not None:
+                    beside.close()
+            report.store_bytes = tree_size(tmp)
+            if overwrite:  # a run may have begun on the old store meanwhile: it stays
+                locks.refuse_while_written(target, "replacing it (overwrite=True)")
         report.store = place  # a bucket's: its URL
         report.source_bytes = source.size()  # while the file is held (a staged copy's too)
     for message in report.warnings:

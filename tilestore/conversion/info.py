@@ -75,7 +75,7 @@ def _describe_store(path: Path | str) -> dict[str, Any]:
     mpp = None if record.mpp is None else {"origin": None, **record.mpp.to_attrs()}
     with damage_as_store_error(path, "store metadata", "convert the slide again"):
         levels = _levels(group, record, mpp)
-        ratio = round(size / record.source.size, 3) if record.source.size else None
+        ratio = round(size / record.source.size, 3) if record.source.size and size else None
     _gpu_jpeg(path, levels)
     integrity = record.integrity
     return {

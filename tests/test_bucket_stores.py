@@ -291,6 +291,37 @@ def test_a_live_mark_is_refused_and_a_gone_ones_place_taken_over(s3, local, tmp_
     assert store_tree(there) == store_tree(local / STORE)
 
 
+def test_two_conversions_at_once_into_one_place_leave_one_store_whole(s3, local, tmp_path):
+    """Two commands converting into one URL at the same time (each its own cache, as two
+    hosts): whichever runs, the other is refused in one line (the place is being converted
+    into, or the other's mark replaced its own) or finds the store made; never both writing,
+    and the store there is the local one, object for object, with no mark left."""
+    import subprocess
+    import sys
+
+    url = f"s3://{BUCKET}/twice/"
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tilestore.cli", "convert", str(SLIDES / CMU), "-o", url],
+            env=s3.env(tmp_path / f"cache{i}"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    said = [(run.wait(300), *run.communicate()) for run in runs]
+    assert sorted(code for code, _, _ in said)[0] == 0, said  # one made it
+    for code, _, err in said:
+        if code:
+            assert code == 2 and len(err.strip().splitlines()) == 1, err
+            why = ("being converted into", "converts into it too", "already exists", "another run")
+            assert any(w in err for w in why), err
+    there = _downloaded(s3, f"twice/{STORE}/", tmp_path / "there")
+    assert store_tree(there) == store_tree(local / STORE)
+    assert f"twice/{STORE}/{MARK}" not in _keys(s3, "twice/")
+
+
 def test_a_conversion_failing_before_its_upload_leaves_the_store_there_as_it_was(
     s3, local, tmp_path
 ):

@@ -44,6 +44,7 @@ from tilestore.urls import shown
 
 ROOT = "zarr.json"  # the store's root document: put last, removed first
 MARK = ".tilestore-uploading"  # put first, removed last: who converts into the place
+PROBE = ".tilestore-probe-"  # + a run's token: the door's write tried (not a store's object)
 
 
 def store_url(dst: str, name: str) -> str:
@@ -101,8 +102,21 @@ class BucketStore:
         return fs, root.rstrip("/")
 
     def _listed(self, fs, root: str) -> set[str]:
+        """The place's objects (below it: never the prefix itself, which a listing may give
+        as a folder), but the doors' probes (another run's, under way)."""
         fs.invalidate_cache()
-        return set(fs.find(root))
+        return {
+            key
+            for key in fs.find(root)
+            if key.startswith(f"{root}/") and not key.rpartition("/")[2].startswith(PROBE)
+        }
+
+    def _read_mark(self, fs, root: str) -> tuple[locks.Holder, str, bool] | None:
+        """The mark there (None: none, or gone meanwhile)."""
+        try:
+            return _holder(fs.cat_file(f"{root}/{MARK}"))
+        except FileNotFoundError:
+            return None
 
     def check(self, overwrite: bool) -> None:
         """Refuse, in one line, a place that cannot take the store (`look`); then put this
@@ -115,14 +129,12 @@ class BucketStore:
 
     def probe(self, overwrite: bool) -> None:
         """`look`, then a write and a removal tried (a bucket that refuses either is found
-        before any slide is staged): a mark said ended put, and removed again unless one
-        was there (a cut upload's, whose objects it claims)."""
+        before any slide is staged): an empty object of this run's put and removed."""
         fs, root = self.look(overwrite)
-        had = fs.exists(f"{root}/{MARK}")
+        probe = f"{root}/{PROBE}{self.token}"  # an object of its own: no other run's mark
         try:
-            fs.pipe_file(f"{root}/{MARK}", self._mark(ended=True))
-            if not had:
-                fs.rm_file(f"{root}/{MARK}")
+            fs.pipe_file(probe, b"")
+            fs.rm_file(probe)
         except Exception as exc:
             raise failed_request(self.url, exc, StoreError, "write there") from None
 
@@ -131,12 +143,20 @@ class BucketStore:
         allowed, a store there (unless overwrite), objects there that are not a store nor a
         cut upload's, a run converting into it. Nothing written; its filesystem and root."""
         fs, root = self._fs()
-        try:
-            found = self._listed(fs, root)
-            store = f"{root}/{ROOT}" in found and _a_store(fs.cat_file(f"{root}/{ROOT}"))
-            mark = _holder(fs.cat_file(f"{root}/{MARK}")) if f"{root}/{MARK}" in found else None
-        except Exception as exc:  # each store's own errors, said in one line
-            raise failed_request(self.url, exc, StoreError, "list the store's place") from None
+        for _ in range(3):  # a mark listed but gone when read: its run ended meanwhile
+            try:
+                found = self._listed(fs, root)
+                mark = self._read_mark(fs, root) if f"{root}/{MARK}" in found else None
+                try:
+                    store = f"{root}/{ROOT}" in found and _a_store(fs.cat_file(f"{root}/{ROOT}"))
+                except FileNotFoundError:  # the root removed meanwhile: an overwrite began
+                    continue
+            except Exception as exc:  # each store's own errors, said in one line
+                raise failed_request(self.url, exc, StoreError, "list the store's place") from None
+            if mark is not None or f"{root}/{MARK}" not in found:
+                break  # else it ended between the listing and the reading: look again
+        else:
+            raise StoreError(f"{shown(self.url)}: changing as it is looked at; run again")
         if not store and (f"{root}/{ROOT}" in found or (found and mark is None)):
             raise StoreError(  # never replaced: they may be anything of the user's
                 f"{shown(self.url)}: objects that are not a tilestore store are in the store's "
@@ -172,7 +192,7 @@ class BucketStore:
     def _ours(self, fs, root: str) -> None:
         """StoreError where the mark is no longer this run's (another run took the place)."""
         try:
-            found = _holder(fs.cat_file(f"{root}/{MARK}"))
+            found = self._read_mark(fs, root)
         except Exception as exc:
             raise failed_request(self.url, exc, StoreError, "read its mark") from None
         if found is None or found[1] != self.token:

@@ -385,3 +385,29 @@ def test_outputs_a_bucket_cannot_be_are_refused_in_one_line(s3, tmp_path):
     ):
         tilestore.convert(SLIDES / CMU, "https://example.org/x")
     assert _keys(s3, "x/") == []
+
+
+def test_only_killed_runs_copies_are_cleared_from_the_cache(tmp_path):
+    """A copy being built by a live process (this host's, or another host's of a shared
+    cache) is never removed; a killed process's copy on this host is."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from tilestore.conversion.bucket import _clear_stale_copies
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    host = socket.gethostname()
+    copies = {
+        "killed": f"{host}.{int(ended.stdout)}.aaaa",
+        "live": f"{host}.{os.getpid()}.bbbb",
+        "elsewhere": "node-17.cluster.org.4242.cccc",
+    }
+    for name in copies.values():
+        (tmp_path / name / STORE).mkdir(parents=True)
+    _clear_stale_copies(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [copies["live"], copies["elsewhere"]]
+    )

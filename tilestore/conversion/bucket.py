@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import secrets
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -87,8 +89,10 @@ class BucketStore:
 
     @property
     def building(self) -> Path:
-        """Where this run builds the store before its upload: a folder of its own."""
-        return user_cache() / "building" / self.token / Path(urlsplit(self.url).path).name
+        """Where this run builds the store before its upload: a folder of its own, named
+        by who builds it (host, pid: `_clear_stale_copies` knows a killed run's by it)."""
+        run = f"{socket.gethostname()}.{os.getpid()}.{self.token}"
+        return user_cache() / "building" / run / Path(urlsplit(self.url).path).name
 
     def _fs(self):
         import fsspec
@@ -333,8 +337,12 @@ def _holder(document: bytes) -> tuple[locks.Holder, str, bool] | None:
 
 
 def _clear_stale_copies(folder: Path) -> None:
-    """Remove the copies killed runs left (older than a day)."""
+    """Remove the copies killed runs left: this host's whose process is gone; another
+    host's (a cache its cluster shares) a week old. A run's copy is named host.pid.token."""
     with contextlib.suppress(OSError):
         for copy in folder.iterdir():
-            if time.time() - copy.stat().st_mtime > PART_STALE_S:
+            host, pid, _ = copy.name.rsplit(".", 2) if copy.name.count(".") >= 2 else ("", "", "")
+            holder = locks.Holder(host, int(pid) if pid.isdigit() else None, None)
+            killed = host == socket.gethostname() and holder.pid and locks.gone(holder, time.time())
+            if killed or time.time() - copy.stat().st_mtime > 7 * PART_STALE_S:
                 shutil.rmtree(copy, ignore_errors=True)

@@ -30,7 +30,6 @@ from typing import Any
 import google_crc32c
 import numpy as np
 import zarr
-from zarr.core.sync import sync
 
 from tilestore.errors import DamagedEmbeddings
 from tilestore.format import positions
@@ -72,7 +71,7 @@ def started(
     """Record the positions of a group being made, its `arrays` as just made: its coordinate
     `columns`, written now, read back here; for the `batched` arrays (features, tokens,
     quality, done), records of none yet, filled as their shards are written (`Recorder`).
-    Every record made in one call of zarr's event loop (`made_new`). Returns the record's
+    Every record made at once (`made_new`). Returns the record's
     declaration and the batched arrays' records (for the group's `Recorder`)."""
     made = {
         **{
@@ -83,8 +82,8 @@ def started(
         **{name: positions.preparing(arrays[name]) for name in batched},
     }
     folders = tuple({path.rpartition("/")[0] for path, _ in made.values()})  # crc32c/
-    opened = sync(made_new(group.store_path.store, dict(made.values()), folders))
-    records = {name: zarr.Array(opened[made[name][0]]) for name in batched}
+    opened = made_new(group.store_path.store, dict(made.values()), folders)
+    records = {name: opened[made[name][0]] for name in batched}
     return declaration(arrays), records
 
 

@@ -534,9 +534,9 @@ class EmbeddingWriter:
 
     def _create(self) -> tuple[zarr.Group, tuple[dict, dict]]:
         """Make the group; return it, with its arrays and their positions' records as made
-        (`_open` takes them as they are, never opened again). Its arrays are made in one call
-        of zarr's event loop, their positions in another: a call each cost a CPU 1.6 ms more
-        an array (a group is some 25 arrays; bench/RESULTS.md, issue 68)."""
+        (`_open` takes them as they are, never opened again). Its arrays are made at once,
+        their positions at once after them (`made_new`: the files zarr makes, without its
+        machinery a file; a group is some 25 arrays; bench/RESULTS.md, issue 68)."""
         plan, slide = self.plan, self.slide
         n, dim = len(plan), self.run.model["output_dim"]
         blocks = -(-n // self.batch_size)
@@ -734,11 +734,11 @@ class EmbeddingWriter:
 
 
 def _created(group: zarr.Group, arrays: dict[str, dict[str, Any]]) -> dict[str, zarr.Array]:
-    """Make the group's `arrays` (name: `create_array`'s arguments) in one call of zarr's
-    event loop (`made_new`); return them."""
+    """Make the group's `arrays` (name: `create_array`'s arguments) at once (`made_new`);
+    return them."""
     paths = {name: f"{group.path}/{name}".lstrip("/") for name in arrays}
-    made = sync(made_new(group.store_path.store, {paths[n]: kw for n, kw in arrays.items()}))
-    return {name: zarr.Array(made[paths[name]]) for name in arrays}
+    made = made_new(group.store_path.store, {paths[n]: kw for n, kw in arrays.items()})
+    return {name: made[paths[name]] for name in arrays}
 
 
 def _removed(root: zarr.Group, path: str) -> None:

@@ -156,6 +156,9 @@ def test_decisions_kept_serve_only_the_same_arguments(tmp_path, monkeypatch):
         got = made.made_new(LocalStore(ours), arrays, ("g/crc32c",))
         if name == "same":  # an array's attributes changed in place (zarr does) change no other
             got["g/x_um"].attrs["units"] = "changed"
+        elif name == "after":
+            assert got["g/x_um"].attrs["units"] == "micrometre"
+            assert got["g/x_um"].metadata.attributes == {"units": "micrometre"}
 
         async def one_by_one(arrays=arrays, theirs=theirs) -> None:
             for path, kwargs in arrays.items():

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
+import copy
 import threading
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,6 @@ from zarr.core.array import create_array
 from zarr.core.array_spec import ArrayConfig, parse_array_config
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.codec_pipeline import fill_value_or_default
-from zarr.core.common import ZARR_JSON
 from zarr.core.group import GroupMetadata
 from zarr.core.metadata.v3 import ArrayV3Metadata
 from zarr.core.sync import sync
@@ -115,10 +114,10 @@ def encoded(metadata: ArrayV3Metadata, data: np.ndarray, config: ArrayConfig) ->
         if sharding is None:
             files[metadata.encode_chunk_key(coord)] = _chunk(inner, block, inner_spec)
             continue
-        size = sharding.chunk_shape[0]
-        parts = [
-            _chunk(inner, part, inner_spec) if _stored(part, fill, config) else None
-            for part in (block[i : i + size] for i in range(0, len(block), size))
+        size, edge = sharding.chunk_shape[0], data.shape[0] - coord[0] * grid[0]
+        parts = [  # a chunk wholly beyond the array's edge is never written (zarr's too)
+            _chunk(inner, part, inner_spec) if i < edge and _stored(part, fill, config) else None
+            for i, part in ((i, block[i : i + size]) for i in range(0, len(block), size))
         ]
         if any(part is not None for part in parts):
             files[metadata.encode_chunk_key(coord)] = pack(parts, len(sharding.index_codecs) > 1)
@@ -169,23 +168,25 @@ def _decided(kwargs: dict[str, Any]) -> tuple[Any, Any, Any, dict[str, Any]]:
     """An array's metadata as zarr's `create_array` decides it (on a store in memory), its
     data (None: none), its runtime config (None: zarr's) and its documents (zarr.json).
 
-    A cohort's groups ask for the same arrays slide after slide: each decision's documents
-    are kept (`DECISIONS`, by every argument as its repr says it: shapes, codecs,
-    attributes) and the metadata read back from them, as zarr reads an array it opens: each
-    array its own (zarr changes an array's attributes in place)."""
+    A cohort's groups ask for the same arrays slide after slide: each decision (its metadata
+    and documents) is kept (`DECISIONS`, by every argument as its repr says it: shapes,
+    codecs, attributes), and each array made is given its own copy of the metadata, with its
+    own attributes (zarr changes an array's attributes in place): a copy costs a CPU some
+    4 us where reading the document again cost 90."""
     kw = dict(kwargs)
     kw.pop("overwrite", None)  # nothing is there
     data = kw.pop("data", None)
     if data is not None:
         kw["shape"], kw["dtype"] = data.shape, data.dtype
     asked = repr(sorted(kw.items()))
-    documents = DECISIONS.get(asked)
-    if documents is None:
+    kept = DECISIONS.get(asked)
+    if kept is None:
         metadata = sync(create_array(MemoryStore(), **kw)).metadata
-        documents = metadata.to_buffer_dict(default_buffer_prototype())
-        DECISIONS.put(asked, documents)
-    else:
-        metadata = ArrayV3Metadata.from_dict(json.loads(documents[ZARR_JSON].to_bytes()))
+        kept = metadata, metadata.to_buffer_dict(default_buffer_prototype())
+        DECISIONS.put(asked, kept)
+    decision, documents = kept
+    metadata = copy.copy(decision)  # frozen: its fields are shared but its attributes
+    object.__setattr__(metadata, "attributes", copy.deepcopy(decision.attributes))
     return metadata, data, kw.get("config"), documents
 
 
@@ -212,7 +213,7 @@ class Kept:
                 self._kept.popitem(last=False)
 
 
-# zarr's decisions' documents by their arguments: `create_array` cost a store process some
+# zarr's decisions (metadata, documents) by their arguments: `create_array` cost a store process some
 # 10 ms of its GIL a small slide's group (bench/RESULTS.md, issue 68); kept in the
 # process, bounded
 DECISIONS = Kept(512)

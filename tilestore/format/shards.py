@@ -128,11 +128,14 @@ def write_atomic(path: Path, data: bytes | Sequence[bytes]) -> None:
     """Write `data` (or its buffers, one after another) to `path` whole: into a temporary
     name beside it, then renamed into place (the name zarr's own local store uses, so
     either's leftovers look alike)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{uuid.uuid4().hex}.partial")
     buffers = [data] if isinstance(data, bytes | bytearray) else [b for b in data if b]
     try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileNotFoundError:  # its folder first (asked only where it is missing)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             for start in range(0, len(buffers), IOV):
                 batch = buffers[start : start + IOV]

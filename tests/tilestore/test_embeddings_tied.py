@@ -66,12 +66,19 @@ def test_every_array_records_what_its_chunks_end_with_by_position(made):
     columns = ["col", "roi", "roi_class", "row", "tissue", "x", "x_um", "y", "y_um"]
     assert sorted(declared) == sorted([*columns, "done", "features"])
     assert declared["features"] == "float32" and declared["x"] == "int64"
+    attrs = group.attrs["tilestore"]
+    assert sorted(attrs["positions"]["columns"]) == columns  # a column's in the record
     for name in declared:
         array = group[name]
-        recorded = positions.Positions(array, name).table()
+        recorded = positions.group_positions(attrs, name, array, name).table()
         np.testing.assert_array_equal(recorded, positions.read_back(array, name))
         if name in ("features", "done"):  # every chunk written: a complete group's
             assert (recorded != positions.UNWRITTEN).all()
+    assert sorted(p.name for p in (path / GROUP / "crc32c").iterdir()) == [
+        "done",
+        "features",
+        "zarr.json",
+    ]
     shards = -(-len(plan) // 16)
     assert shards >= 6
     # a file for each shard of the batched arrays: no two writers ever write one
@@ -162,6 +169,60 @@ def test_a_damaged_record_of_positions_is_damage(made):
     shutil.rmtree(path / GROUP / "crc32c" / "features")
     with pytest.raises(StoreError, match=r"features: its chunk positions \(.*\) are missing"):
         open_embeddings(path, "m")
+    assert embeddings_status(path, "m").groups[0].state == "damaged"
+
+
+def _column_records(path: Path, damage) -> None:
+    """The group's record with its columns' positions changed by `damage` (name, table)."""
+    group = zarr.open_group(path / GROUP, mode="r+")
+    attrs = json.loads(json.dumps(group.attrs["tilestore"]))
+    damage(attrs["positions"]["columns"])
+    group.attrs["tilestore"] = attrs
+
+
+def _one_crc_changed(columns: dict) -> None:
+    columns["y"][0] ^= 1
+
+
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        (_one_crc_changed, "/y: rows 0-"),
+        (lambda c: c.update(x=[]), "x: its chunk positions (in its group's record) are damaged"),
+        (lambda c: c.update(x=["a"]), "x: its chunk positions (in its group's record) are damaged"),
+        (lambda c: c.update(x=[2**40]), "x: its chunk positions (in its group's record) are damaged"),
+    ],
+)
+def test_a_column_position_in_the_record_not_as_written_is_damage(made, damage, said):
+    """A column's positions are in its group's record: one changed is a column not as
+    written; one not a CRC-32C a chunk is a damaged record; each one line at every door."""
+    path = made[0]
+    _column_records(path, damage)
+    with pytest.raises(StoreError) as caught:
+        open_embeddings(path, "m")
+    assert said in str(caught.value) and "\n" not in str(caught.value)
+    assert embeddings_status(path, "m").groups[0].state == "damaged"
+    verified = verify_store(path)
+    named = said if "damaged" in said else f"{GROUP}/y chunk (0,): chunk is not the one written"
+    assert not verified.ok and any(named in line for line in verified.bad)
+
+
+def test_a_group_whose_columns_positions_are_files_reads_as_before(made):
+    """A group made before its record held its columns' positions has them as files
+    (``crc32c/<column>``, as its batched arrays'): read there, columns swapped found."""
+    path, _, _, features = made
+    group = zarr.open_group(path / GROUP, mode="r+")
+    attrs = json.loads(json.dumps(group.attrs["tilestore"]))
+    for name in attrs["positions"].pop("columns"):
+        positions.record(group[name], positions.read_back(group[name], name))
+    group.attrs["tilestore"] = attrs
+    assert (path / GROUP / "crc32c" / "x" / "zarr.json").exists()
+    np.testing.assert_array_equal(open_embeddings(path, "m").features.values, features)
+    assert verify_store(path).ok
+    said = _swap_columns(path)
+    with pytest.raises(DamagedEmbeddings, match=said):
+        open_embeddings(path, "m")
+    shutil.rmtree(path / GROUP / "crc32c" / "y")
     assert embeddings_status(path, "m").groups[0].state == "damaged"
 
 

@@ -4,13 +4,15 @@ A chunk's CRC-32C proves its bytes whole, not that they are this position's: two
 a features shard's index swapped (its own CRC-32C recomputed), or two shard files renamed
 into each other's place, read whole rows of other tiles, and every checksum passes. So a
 group records, for each array it writes (features, tokens and quality, ``done``, every
-coordinate column), the CRC-32C each chunk ends with, by position: ``crc32c/<array>`` inside
-the group (found from each array's own path, wherever the group lives), a file for each of
-the array's shards, so that a Dask cohort's workers, each writing its own shards, never
-write one file. The group's record says which arrays it ties, and the dtype each was written
-with (``positions``: `declaration`).
+coordinate column), the CRC-32C each chunk ends with, by position: a batched array's in
+``crc32c/<array>`` inside the group (found from each array's own path, wherever the group
+lives), a file for each of the array's shards, so that a Dask cohort's workers, each writing
+its own shards, never write one file; a coordinate column's (written once, with the group)
+in the group's record. The record says which arrays it ties, and the dtype each was written
+with (``positions``: `declaration`). A group made before the record held its columns' has
+them in files as the batched arrays': read there (`positions.group_positions`).
 
-Written as the arrays are: the coordinate columns when the group is made, before its record;
+Written as the arrays are: the coordinate columns when the group is made, in its record;
 a shard of features (tokens, quality) right after the shard, read back (its index, then 4
 bytes a chunk: `positions.record_shard`); the ``done`` flags' positions from the bytes in hand
 (a done chunk is the byte 1 and its CRC-32C, `DONE_CRC`; a flag of 0 is no chunk), before the
@@ -49,13 +51,18 @@ SAID = {  # what `positions.misplaced` found, as a message says it
 }
 
 
-def declaration(arrays: dict[str, zarr.Array]) -> dict[str, Any]:
-    """The group record's ``positions``: where they are, and each array tied with its dtype
-    as written (a zarr.json changed since is found by it, as moved chunks are by position)."""
+def declaration(arrays: dict[str, zarr.Array], columns: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The group record's ``positions``: where they are, each array tied with its dtype as
+    written (a zarr.json changed since is found by it, as moved chunks are by position), and
+    the coordinate `columns`' positions themselves (`read_back`'s tables): a column is
+    written once, with the group, and its table is a number or two (a chunk is 65,536 rows),
+    so the record holds it, not a file of its own (two files and two folders a column: a
+    third of a small slide's group; bench/RESULTS.md, issue 68)."""
     return {
         "record": f"{positions.GROUP}/<array> in the group: the CRC-32C each chunk ends with, "
-        "by position",
+        "by position; a coordinate column's in `columns` here",
         "arrays": {name: str(array.dtype) for name, array in sorted(arrays.items())},
+        "columns": {name: positions.held_in_record(table) for name, table in columns.items()},
     }
 
 
@@ -69,22 +76,16 @@ def started(
     group: zarr.Group, arrays: dict[str, zarr.Array], columns: list[str], batched: list[str]
 ) -> tuple[dict[str, Any], dict[str, zarr.Array]]:
     """Record the positions of a group being made, its `arrays` as just made: its coordinate
-    `columns`, written now, read back here; for the `batched` arrays (features, tokens,
-    quality, done), records of none yet, filled as their shards are written (`Recorder`).
-    Every record made at once (`made_new`). Returns the record's
+    `columns`, written now, read back here, held in the record (`declaration`); for the
+    `batched` arrays (features, tokens, quality, done), records of none yet, filled as their
+    shards are written (`Recorder`), made at once (`made_new`). Returns the record's
     declaration and the batched arrays' records (for the group's `Recorder`)."""
-    made = {
-        **{
-            name: positions.recording(arrays[name], positions.read_back(arrays[name], where))
-            for name in columns
-            for where in (f"{group.path}/{name}",)
-        },
-        **{name: positions.preparing(arrays[name]) for name in batched},
-    }
+    tables = {name: positions.read_back(arrays[name], f"{group.path}/{name}") for name in columns}
+    made = {name: positions.preparing(arrays[name]) for name in batched}
     folders = tuple({path.rpartition("/")[0] for path, _ in made.values()})  # crc32c/
     opened = made_new(group.store_path.store, dict(made.values()), folders)
     records = {name: opened[made[name][0]] for name in batched}
-    return declaration(arrays), records
+    return declaration(arrays, tables), records
 
 
 class Recorder:
@@ -172,7 +173,10 @@ def check(
                 f"{where}/{name} is {array.dtype} where it was written as {dtype}: its zarr.json "
                 f"was changed; it is damaged; {fix}"
             )
-    records = [positions.Positions(arrays[name], f"{where}/{name}", fix) for name in declared]
+    records = [
+        positions.group_positions(meta, name, arrays[name], f"{where}/{name}", fix)
+        for name in declared
+    ]
     for name, recorded in zip(declared, positions.tables(records), strict=True):
         array = arrays[name]
         compared = None

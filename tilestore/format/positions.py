@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Any
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -97,6 +98,37 @@ def group_tied(attrs: object) -> dict[str, str] | None:
     if not isinstance(declared, dict) or not isinstance(declared.get("arrays"), dict):
         return None
     return {str(k): str(v) for k, v in declared["arrays"].items()}
+
+
+def group_positions(
+    attrs: dict[str, Any], name: str, array: zarr.Array, where: str, fix: str = FIX
+) -> Positions:
+    """The positions of `array`, the tied array `name` of a group whose record's ``tilestore``
+    attributes are `attrs`: in the record itself where it holds them (``positions.columns``:
+    a coordinate column's, written once with the group), else in its file (``crc32c/<name>``
+    beside it). A table in the record not the array's chunk grid, or not CRC-32Cs (null where
+    none was written), is a ChunkError naming `where`."""
+    held = (attrs.get(GROUP_RECORD) or {}).get("columns")
+    if not isinstance(held, dict) or name not in held:
+        return Positions(array, where, fix)
+    found, grid = held[name], grid_of(array)
+    values = np.asarray(found if isinstance(found, list) else [None], dtype=object)
+    ok = values.shape == grid and all(
+        v is None or (type(v) is int and 0 <= v < 2**32) for v in values.flat
+    )
+    if not ok:
+        raise ChunkError(
+            f"{where}: its chunk positions (in its group's record) are damaged (not a CRC-32C "
+            f"or none for each of its {math.prod(grid)} chunks); {fix}"
+        )
+    table = [UNWRITTEN if v is None else v for v in values.flat]
+    return Positions(array, where, fix, np.array(table, np.uint64).reshape(grid))
+
+
+def held_in_record(table: np.ndarray) -> list[int | None]:
+    """A column's positions (`read_back`'s table, one axis) as its group's record holds them
+    (``positions.columns``: `group_positions`): each chunk's CRC-32C, null where none."""
+    return [None if v == UNWRITTEN else int(v) for v in np.asarray(table, np.uint64).tolist()]
 
 
 def is_record(path: str) -> bool:
@@ -360,12 +392,16 @@ class Positions:
     small file); a store that declares positions but lacks them, or whose record is damaged,
     is a ChunkError naming the array (`where`) and the record."""
 
-    def __init__(self, array: zarr.Array, where: str, fix: str = FIX) -> None:
+    def __init__(
+        self, array: zarr.Array, where: str, fix: str = FIX, table: np.ndarray | None = None
+    ) -> None:
+        """table: the positions where they are known already (a group's record holds a
+        coordinate column's: `group_positions`)."""
         self.array = array
         self.where = where
         self.fix = fix  # what to do where they are missing or damaged
         self.grid = grid_of(array)
-        self._table: np.ndarray | None = None
+        self._table: np.ndarray | None = table
 
     def table(self) -> np.ndarray:
         """The recorded CRC-32C of every chunk, shaped as the array's chunk grid."""

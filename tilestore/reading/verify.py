@@ -179,7 +179,7 @@ def _group_positions(
             "was changed)"
         )
     try:
-        return positions.Positions(array, where, _again(parent)).table()
+        return positions.group_positions(attrs, leaf, array, where, _again(parent)).table()
     except ChunkError as exc:
         result.bad.append(str(exc))
         return None

@@ -13,9 +13,9 @@ line a run and writes JSON.
     python bench/run_process.py run --tag this         # one run over them
     python bench/run_process.py side                   # one store process's work a store
 
-`side`: what a store process does for each store, here in one process and one thread
-(`tilestore.embed.storeside.Side`: opened, planned and its group made; its rows written;
-finished), the first 5 stores aside: the median ms of each step (no GPU needed).
+`side`: what a store process does for each store never embedded, here in one process and
+one thread (`tilestore.embed.storeside.Side`: opened, planned and its group made; its rows
+written; finished), the first 5 stores aside: the median ms of each step (no GPU needed).
 
 With `--switch S` the run's process sets `sys.setswitchinterval(S)` first (a shorter GIL
 turn for the GPU loop; measured, not used: bench/RESULTS.md). `bench/ab.sh` runs it for a
@@ -125,6 +125,8 @@ def side(work: Path, arch: str, batch: int) -> dict:
     from tilestore.embed.storeside import Request, Side
 
     stores = sorted((work / "s").glob("*.ome.zarr"))
+    for store in stores:  # on stores never embedded, as `run`'s (untimed)
+        shutil.rmtree(store / "embeddings", ignore_errors=True)
     options = Options(batch_size=batch, overwrite=True, device="cpu")
     with Embedder(f"random:{arch}", options) as embedder:
         spec, identity = embedder.loaded.spec, embedder.writer_identity()

@@ -31,11 +31,9 @@ import numpy as np
 import zarr
 from zarr.abc.store import Store
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
-from zarr.codecs.sharding import ShardingCodecIndexLocation
 from zarr.core.array import create_array
-from zarr.core.array_spec import ArrayConfig, parse_array_config
+from zarr.core.array_spec import ArrayConfig, ArraySpec, parse_array_config
 from zarr.core.buffer import default_buffer_prototype
-from zarr.core.codec_pipeline import fill_value_or_default
 from zarr.core.group import GroupMetadata
 from zarr.core.metadata.v3 import ArrayV3Metadata
 from zarr.core.sync import sync
@@ -96,8 +94,16 @@ def encoded(metadata: ArrayV3Metadata, data: np.ndarray, config: ArrayConfig) ->
     None for another (zarr writes it)."""
     data = np.asarray(data)
     codecs = metadata.codecs
-    grid = metadata.chunk_grid.chunk_shape
-    spec = metadata.get_chunk_spec((0,) * data.ndim, config, default_buffer_prototype())
+    grid = getattr(metadata.chunk_grid, "chunk_shape", None)
+    if grid is None:  # a grid not regular: zarr writes it
+        return None
+    spec = ArraySpec(  # as zarr makes a chunk's (its metadata's; moved between releases)
+        shape=tuple(grid),
+        dtype=metadata.dtype,
+        fill_value=metadata.fill_value,
+        config=config,
+        prototype=default_buffer_prototype(),
+    )
     sharding = codecs[0] if isinstance(codecs[0], ShardingCodec) else None
     if sharding is not None and (len(codecs) > 1 or data.ndim != 1 or _other_layout(sharding)):
         return None
@@ -105,7 +111,7 @@ def encoded(metadata: ArrayV3Metadata, data: np.ndarray, config: ArrayConfig) ->
     if not all(hasattr(codec, "_encode_sync") for codec in inner):
         return None
     inner_spec = sharding._get_chunk_spec(spec) if sharding is not None else spec
-    fill = fill_value_or_default(spec)
+    fill = metadata.fill_value  # a v3 array's is always set
     files = {}
     for coord in np.ndindex(*(-(-s // g) for s, g in zip(data.shape, grid, strict=True))):
         block = _padded(data, coord, grid, fill)
@@ -129,7 +135,7 @@ def _other_layout(sharding: ShardingCodec) -> bool:
     index codecs other than bytes and a CRC-32C, or shards in shards."""
     index = sharding.index_codecs
     return (
-        sharding.index_location != ShardingCodecIndexLocation.end
+        getattr(sharding.index_location, "value", sharding.index_location) != "end"
         or not isinstance(index[0], BytesCodec)
         or any(not isinstance(codec, Crc32cCodec) for codec in index[1:])
         or any(isinstance(codec, ShardingCodec) for codec in sharding.codecs)

@@ -180,6 +180,9 @@ def _column_records(path: Path, damage) -> None:
     group.attrs["tilestore"] = attrs
 
 
+_DAMAGED = "x: its chunk positions (in its group's record) are damaged"
+
+
 def _one_crc_changed(columns: dict) -> None:
     columns["y"][0] ^= 1
 
@@ -188,9 +191,9 @@ def _one_crc_changed(columns: dict) -> None:
     "damage, said",
     [
         (_one_crc_changed, "/y: rows 0-"),
-        (lambda c: c.update(x=[]), "x: its chunk positions (in its group's record) are damaged"),
-        (lambda c: c.update(x=["a"]), "x: its chunk positions (in its group's record) are damaged"),
-        (lambda c: c.update(x=[2**40]), "x: its chunk positions (in its group's record) are damaged"),
+        (lambda c: c.update(x=[]), _DAMAGED),
+        (lambda c: c.update(x=["a"]), _DAMAGED),
+        (lambda c: c.update(x=[2**40]), _DAMAGED),
     ],
 )
 def test_a_column_position_in_the_record_not_as_written_is_damage(made, damage, said):

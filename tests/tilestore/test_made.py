@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from zarr.core.array import create_array
 from zarr.storage import LocalStore, MemoryStore
 
-from tilestore.format.codecs import zstd_codecs
 from tilestore.format import made
+from tilestore.format.codecs import zstd_codecs
 from tilestore.format.made import made_new
 from tilestore.format.shards import column, sharded
 
@@ -192,7 +192,9 @@ _KINDS = {  # dtype: values drawn, some the fill value, some NaN where it floats
 }
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     kind=st.sampled_from(sorted(_KINDS)),
     n=st.integers(1, 300),

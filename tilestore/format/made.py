@@ -56,7 +56,8 @@ def made_new(
     made, left = {}, {}
     for path, (meta, data, config, documents) in decided.items():
         files.update({f"{path}/{name}": doc.to_bytes() for name, doc in documents.items()})
-        made[path] = zarr.AsyncArray(metadata=meta, store_path=StorePath(store, path), config=config)
+        at = StorePath(store, path)
+        made[path] = zarr.AsyncArray(metadata=meta, store_path=at, config=config)
         chunks = None if data is None else encoded(meta, data, parse_array_config(config))
         if chunks is None and data is not None:
             left[path] = data  # a layout not encoded here: zarr writes it
@@ -219,9 +220,9 @@ class Kept:
                 self._kept.popitem(last=False)
 
 
-# zarr's decisions (metadata, documents) by their arguments: `create_array` cost a store process some
-# 10 ms of its GIL a small slide's group (bench/RESULTS.md, issue 68); kept in the
-# process, bounded
+# zarr's decisions (metadata, documents) by their arguments: `create_array` cost a store
+# process some 10 ms of its GIL a small slide's group (bench/RESULTS.md, issue 68); kept in
+# the process, bounded
 DECISIONS = Kept(512)
 
 

@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zarr

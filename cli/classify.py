@@ -10,11 +10,12 @@ import typer
 from tilestore.cli.console import out
 from tilestore.cli.flags import From, with_flags
 from tilestore.embed import ZeroShotOptions
+from tilestore.options import store_changed
 
 
 @with_flags
 def classify(
-    stores: list[Path] = typer.Argument(..., help="Stores embedded with --model."),
+    stores: list[str] = typer.Argument(..., help="Stores embedded with --model."),
     model: str = typer.Option(
         ...,
         help="An image-text model whose features the stores hold (`tilestore models list`: "
@@ -35,6 +36,8 @@ def classify(
     from tilestore.embed import classify as score
     from tilestore.embed import read_prompts
 
+    # the scores are written beside the features: stores here (a URL refused in one line)
+    stores = [store_changed(store, "tilestore classify") for store in stores]
     read = read_prompts(prompts)  # checked before a store is read or the model loads
     for done in score([str(s) for s in stores], model, read, options):
         shares = ", ".join(f"{c} {p:.3f}" for c, p in done.slide.items())

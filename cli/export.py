@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from pathlib import Path
 from typing import Annotated, Any, get_args, get_origin
 
 import typer
@@ -17,7 +16,7 @@ from rich.console import Console
 from tilestore.cli.console import output_file
 from tilestore.cli.flags import with_flags
 from tilestore.exports import EXPORTS, Export
-from tilestore.options import Opt
+from tilestore.options import Opt, store_read
 
 out = Console()
 
@@ -50,7 +49,7 @@ def _argument(param: inspect.Parameter) -> inspect.Parameter:
     return param.replace(
         kind=inspect.Parameter.POSITIONAL_OR_KEYWORD,
         default=typer.Argument(..., help=opt.help),
-        annotation=list[str] if many else Path,
+        annotation=list[str] if many else str,
     )
 
 
@@ -72,7 +71,8 @@ def build(export: Export) -> Callable[..., Any]:
     def command(**given: Any) -> None:
         for name, writes in outputs.items():
             output_file(given[name], folder=writes == "folder")
-        inputs = given.pop(first.name)
+        inputs = given.pop(first.name)  # stores' URLs kept whole, as read where they are
+        inputs = [store_read(s) for s in inputs] if isinstance(inputs, list) else store_read(inputs)
         for line in function(inputs, **given).lines:
             out.print(line, highlight=False, soft_wrap=True)
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import typer
 
 from tilestore.cli.console import AsJson, as_flags, human_size, out, text_table
 from tilestore.cli.flags import From, with_flags
 from tilestore.conversion import describe
-from tilestore.options import Workers
+from tilestore.options import Workers, store_read
 
 
 def _gpu_jpeg(levels: list[dict]) -> str:
@@ -208,7 +207,9 @@ def _integrity(desc: dict) -> str:
 
 @with_flags
 def verify(
-    stores: list[Path] = typer.Argument(..., help="Stores (.ome.zarr) to check."),
+    stores: list[str] = typer.Argument(
+        ..., help="Stores (.ome.zarr) to check: paths, or URLs (s3://, gs://, https://)."
+    ),
     decode: bool = typer.Option(False, "--decode", help="Also decode every chunk (slower)."),
     workers: Workers = None,
 ) -> None:
@@ -217,7 +218,7 @@ def verify(
     from tilestore.reading import verify_store
 
     bad = 0
-    for store in stores:
+    for store in map(store_read, stores):  # a URL kept whole
         try:
             result = verify_store(store, decode=decode, workers=workers)
         except StoreError as exc:  # not opened (damaged, a changed slide): the next go on

@@ -13,6 +13,7 @@ import typer
 from tilestore.cli.console import out
 from tilestore.cli.flags import From, with_flags, written
 from tilestore.learn import LearnOptions
+from tilestore.options import store_changed, store_read
 from tilestore.progress import to_stderr
 
 CLINICAL = typer.Argument(..., help="The clinical table (CSV, TSV, Parquet, Excel).")
@@ -61,7 +62,7 @@ def _cohort(
 
     cohort = build_cohort(
         clinical,
-        [str(s) for s in stores],
+        [str(store_read(s)) for s in stores],  # a URL kept whole
         model,
         targets=tuple(target or ()),
         kind=kind,
@@ -88,7 +89,7 @@ def _said(result) -> None:
 @with_flags
 def crossval(
     clinical: Path = CLINICAL,
-    stores: list[Path] = STORES,
+    stores: list[str] = STORES,
     model: str = MODEL,
     out_dir: Path = OUT,
     target: list[str] | None = TARGET,
@@ -133,7 +134,7 @@ def crossval(
 @with_flags
 def train(
     clinical: Path = CLINICAL,
-    stores: list[Path] = STORES,
+    stores: list[str] = STORES,
     model: str = MODEL,
     out_dir: Path = OUT,
     target: list[str] | None = TARGET,
@@ -167,7 +168,7 @@ def train(
 
 def predict(
     run: Path = typer.Argument(..., help="A finished run folder (crossval or train)."),
-    stores: list[Path] = STORES,
+    stores: list[str] = STORES,
     fold: int | None = typer.Option(None, help="One fold's model (default: the folds' mean)."),
     device: str | None = typer.Option(None, help="cuda, cuda:N or cpu (default: the GPU if any)."),
     output: Path | None = typer.Option(
@@ -191,7 +192,9 @@ def predict(
     `tilestore export heatmap --column ...`)."""
     import tilestore.learn as learn
 
-    paths = [str(s) for s in stores]
+    # --explain writes each tile's scores into the stores: here (a URL refused in one line)
+    paths = [str(store_changed(s, "tilestore predict --explain") if explain else store_read(s))
+             for s in stores]  # fmt: skip
     written = None
     if explain:  # first: its refusals (a set of that name from another run) before any output
         written = learn.explain(

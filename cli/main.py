@@ -38,7 +38,7 @@ from tilestore.conversion import convert as run_convert
 from tilestore.conversion import convert_many
 from tilestore.embed import TIME_LIMIT, ask_stop, kept_at_stop
 from tilestore.masks import compute_tissue
-from tilestore.options import Workers
+from tilestore.options import Workers, store_changed
 from tilestore.plan import PlanOptions
 
 try:  # typer >= 0.20 carries its own click
@@ -202,7 +202,7 @@ def _converted(report) -> None:
 @app.command()
 @with_flags
 def tissue(
-    store: Path = typer.Argument(..., help="A store made by `tilestore convert`."),
+    store: str = typer.Argument(..., help="A store made by `tilestore convert`."),
     options: dict = From(compute_tissue),
     preview: Path | None = typer.Option(
         None,
@@ -219,6 +219,7 @@ def tissue(
     from tilestore.masks import write_tissue
     from tilestore.reading import open_slide
 
+    store = store_changed(store, "tilestore tissue")  # a URL: one line, before any work
     output_file(preview)
     slide = open_slide(store)
     mask = compute_tissue(slide, **options, **({"channel": channel} if channel else {}))
@@ -246,7 +247,7 @@ def tissue(
 @app.command()
 @with_flags
 def plan(
-    store: Path = typer.Argument(..., help="A store (converted, or a slide's sidecar)."),
+    store: str = typer.Argument(..., help="A store (converted, or a slide's sidecar)."),
     overwrite: bool = typer.Option(False, help="Replace a plan of the same name."),
     preview: Path | None = typer.Option(
         None,
@@ -263,6 +264,7 @@ def plan(
     from tilestore.plan import plan_rois, resolve_plan, save_plan
     from tilestore.reading import open_slide
 
+    store = store_changed(store, "tilestore plan")  # a URL: one line, before any work
     output_file(preview)
     slide = open_slide(store)
     options = resolve_plan(plan_options, slide)
@@ -290,7 +292,7 @@ def plan(
 @app.command()
 @with_flags
 def reshard(
-    stores: list[Path] = typer.Argument(..., help="Stores (.ome.zarr) made before shards."),
+    stores: list[str] = typer.Argument(..., help="Stores (.ome.zarr) made before shards."),
     workers: Workers = None,
 ) -> None:
     """Rewrite stores of one file per chunk into shards (a few files per slide), safely:
@@ -299,7 +301,7 @@ def reshard(
     from tilestore.conversion import reshard as run_reshard
 
     failed = 0
-    for store in stores:
+    for store in [store_changed(store, "tilestore reshard") for store in stores]:
         try:
             with _progress(store.name) as (progress, task):
                 report = run_reshard(

@@ -11,13 +11,13 @@ from tilestore.cli.console import as_flags, flags_of, out, output_file
 from tilestore.cli.console import progress_bar as _progress
 from tilestore.cli.dask import CLUSTER, SCHEDULER, dask_client
 from tilestore.cli.flags import From, with_flags, written
-from tilestore.options import Workers
+from tilestore.options import Workers, store_changed
 from tilestore.qc import FLAG_FRACTION, FlagFraction, QCOptions
 
 
 @with_flags
 def qc(
-    stores: list[Path] = typer.Argument(..., help="Stores made by `tilestore convert`."),
+    stores: list[str] = typer.Argument(..., help="Stores made by `tilestore convert`."),
     options: QCOptions = From(QCOptions, only=("mpp", "detectors", "device", "fine_blur")),
     flag_fraction: FlagFraction = FLAG_FRACTION,
     preview: Path | None = typer.Option(
@@ -40,6 +40,7 @@ def qc(
     store them as labels/qc and a summary in each store; optionally a cohort report."""
     from tilestore.qc import qc_cohort, write_report
 
+    stores = [store_changed(s, "tilestore qc") for s in stores]  # a URL: one line, first
     output_file(preview, folder=True)
     output_file(report, folder=True)
     client, threads = None, None

@@ -38,7 +38,7 @@ from tilestore.embeddings import (
     finishing_runs,
     only_model,
 )
-from tilestore.options import Opt
+from tilestore.options import Opt, store_read
 
 # the command's own: where it writes the stores left
 Todo = Annotated[
@@ -49,7 +49,9 @@ Todo = Annotated[
 
 @with_flags
 def status(
-    stores: list[Path] = typer.Argument(..., help="Stores (.ome.zarr) of a cohort."),
+    stores: list[str] = typer.Argument(
+        ..., help="Stores (.ome.zarr) of a cohort: paths, or URLs (s3://, gs://, https://)."
+    ),
     model: AskedModel = None,
     plan: AskedPlan = None,
     slide_encoder: AskedEncoder = None,
@@ -61,6 +63,7 @@ def status(
     when every store is complete, 1 with work left, 2 for a store damaged, of another plan
     or blocked."""
     output_file(todo)
+    stores = [store_read(store) for store in stores]  # a URL kept whole
     if model is None:
         model = only_model([embeddings_status(store) for store in stores])
         if model is None:  # nothing started anywhere: every store is work left

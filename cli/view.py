@@ -11,13 +11,14 @@ import typer
 
 from tilestore.cli.console import out
 from tilestore.cli.flags import with_flags
+from tilestore.options import store_read
 from tilestore.reading import OverrideMpp, ScanMpp
 from tilestore.view import HOST, PORT, Host, Port
 
 
 @with_flags
 def view(
-    paths: list[Path] = typer.Argument(
+    paths: list[str] = typer.Argument(
         ...,
         help="Stores, or tiled TIFF slides (read in place, their sidecars made in a "
         "temporary folder removed at the end).",
@@ -41,8 +42,8 @@ def view(
 
     with tempfile.TemporaryDirectory(prefix="tilestore-view-") as sidecars:
         slides, stores = [], []
-        for path in paths:
-            if path.is_file():
+        for path in map(store_read, paths):  # a store's URL kept whole, read where it is
+            if isinstance(path, Path) and path.is_file():
                 # the sidecar's conversion speaks of its mpp: this command's --scan-mpp
                 with warnings.catch_warnings(record=True) as said:
                     warnings.simplefilter("always")

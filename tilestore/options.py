@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 from tilestore.errors import OptionError
-from tilestore.urls import store_written, written_here
+from tilestore.urls import store_changed, store_read, store_written, written_here
 
 __all__ = [
     "REQUIRED",
@@ -50,6 +50,8 @@ __all__ = [
     "checked",
     "declarations",
     "parse",
+    "store_changed",
+    "store_read",
     "store_written",
     "written_here",
 ]

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from tilestore.errors import OutputError
+from tilestore.errors import OutputError, StoreError
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # a URL inside a text (a library's error): scheme, then user info, then the rest up to a query
@@ -76,6 +76,30 @@ def store_written(path: str | os.PathLike, option: str) -> Path | str:
             f"writes stores to ({', '.join(f'{s}://' for s in STORE_SCHEMES)}), nor a local path"
         )
     return str(path)
+
+
+def store_read(path: str | os.PathLike) -> Path | str:
+    """A store a command reads, as tilestore opens it: a local path (a Path; a file:// URL's
+    path), or a URL kept as its text (a store in a bucket or on a web server, read where it
+    is: `tilestore.sources.remote.url_store`). Taken as a Path, s3://bucket/x.ome.zarr
+    would be "s3:/bucket/x.ome.zarr", and said to be no store."""
+    if is_url(path):
+        return str(path)
+    return Path(local_path(path) if isinstance(path, str) else path)
+
+
+def store_changed(path: str | os.PathLike, command: str) -> Path:
+    """A store `command` writes into (its masks, plans, QC, shards), as a Path; a URL
+    refused in one line (StoreError), before any work: a store in object storage is read
+    where it is (`status`, `info`, `open_embeddings`, `export`, `view`), and written only
+    whole, by `tilestore convert -o s3://...`."""
+    if is_url(path):
+        raise StoreError(
+            f"{shown(str(path))}: {command} writes into the store, and a store in object "
+            "storage is only read where it is: copy it here (aws s3 sync, gcloud storage "
+            f"rsync), run {command} on the copy, then copy it back"
+        )
+    return Path(local_path(path) if isinstance(path, str) else path)
 
 
 def shown(url: str) -> str:

@@ -19,6 +19,11 @@ recorded for it (`tilestore.reading.source_chunks.TileSums`), each changed tile 
 tile checksums has none to compare: its levels are listed as not checked by content, and
 every tile is read and decoded, as before.
 
+A store named by URL (s3://, gs://, https://) is verified where it is, through zarr's
+FsspecStore: each object (a shard, or an unsharded chunk) fetched whole in one request, its
+index and chunks checked in hand as a local store's are (`_Fetched`); the same verdict, line
+for line, as its local copy's, its URL for its path.
+
 Verifying writes nothing, in the store or anywhere: the verdict is the `Verification`
 returned (`tilestore verify` prints it), so a read-only store (an archive) is checked as any
 other.
@@ -26,6 +31,7 @@ other.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,29 +41,42 @@ from pathlib import Path
 import imagecodecs
 import numpy as np
 import zarr
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
 
 from tilestore.cpus import usable_cpus
 from tilestore.errors import ChunkError, SlideError, StoreError
 from tilestore.format import positions
 from tilestore.format.chunks import ChunkReader
 from tilestore.format.codecs import has_checksums
-from tilestore.format.integrity import UNWRITTEN, Location, read_chunks, unseal
+from tilestore.format.integrity import UNWRITTEN, Location, read_chunks, tied, unseal
 from tilestore.format.records import GroupRecord, find_record
-from tilestore.format.shards import ShardIndex
+from tilestore.format.shards import (
+    ABSENT_INT,
+    ShardIndex,
+    check_ranges,
+    chunks_per_shard,
+    index_bytes,
+    index_checked,
+    parse_index,
+)
 from tilestore.format.store import (
     DAMAGED,
     members,
+    open_group,
     open_store,
 )
 from tilestore.options import Workers, checked
 from tilestore.reading.inplace import open_sidecar
+from tilestore.sources.remote import url_store
+from tilestore.urls import is_url, redacted, shown
 
 
 @dataclass
 class Verification:
     """What `verify_store` found."""
 
-    store: Path
+    store: Path | str  # a store's path, or its URL as shown
     chunks: int = 0  # chunks read
     arrays: int = 0
     unchecked: list[str] = field(default_factory=list)  # arrays without checksums
@@ -88,8 +107,18 @@ def verify_store(
     decode: also decode every chunk (slower; finds data damaged before it was written).
     """
     started = time.perf_counter()
-    path = Path(path)
-    group, stored = open_store(path)
+    remote = is_url(path)
+    if remote:  # read where it is: every object fetched whole, through zarr's FsspecStore
+        path = shown(str(path))
+        group, stored = open_group(url_store(str(path)))
+        if stored.source.sidecar:
+            raise StoreError(
+                f"{path}: a slide's sidecar, read through its slide: verify it where the "
+                "slide is (a local or mounted file system)"
+            )
+    else:
+        path = Path(path)
+        group, stored = open_store(path)
     every_chunk = stored.integrity.every_chunk
     tied = positions.declared(stored)
     images = {lv.path for lv in stored.levels}
@@ -131,6 +160,12 @@ def verify_store(
                             result.bad.append(str(exc))
                 if table is None:  # an array its group ties (embeddings), else None
                     table = _group_positions(group, name, array, where, result)
+                if remote:  # an object at a time (a shard whole), its chunks checked in hand
+                    fetched = _Fetched(array, f"{path}: {label}", required, decode, table)
+                    for chunks, bad in pool.map(fetched.check, fetched.objects()):
+                        result.chunks += chunks
+                        result.bad += bad
+                    continue
                 shards = ShardIndex(array, path / name, where) if array.shards else None
                 if shards is not None:  # a damaged shard is one line, not one per chunk
                     faults = _shard_faults(shards, array)
@@ -267,23 +302,114 @@ def _checker(
             else:  # its shard's index read (and its CRC-32C checked), then its range
                 at = shards.locate([coord], [expect])[0]
             (data,) = read_chunks([at], [where], required=required)  # tied to its position
-            if data is None:
-                if required:
-                    raise ChunkError(f"{where}: chunk is missing (absent from its shard)")
-                if expect is not None and expect != UNWRITTEN:
-                    raise ChunkError(f"{where}: chunk is missing (one was written here)")
-                return None
-            body = unseal(data, where) if checksum else data
-            if decode:
-                if jpeg:
-                    imagecodecs.jpeg8_decode(body)
-                else:
-                    window = zip(coord, array.chunks, strict=True)
-                    array[tuple(slice(i * c, (i + 1) * c) for i, c in window)]
         except ChunkError as exc:
             return str(exc)
-        except (imagecodecs.Jpeg8Error, ValueError, RuntimeError) as exc:
-            return f"{where}: cannot decode: {exc}"
-        return None
+        return _verdict(array, coord, data, where, required, expect, checksum, decode, jpeg)
 
     return check
+
+
+def _verdict(
+    array: zarr.Array,
+    coord: tuple[int, ...],
+    data: bytes | None,
+    where: str,
+    required: bool,
+    expect: int | None,
+    checksum: bool,
+    decode: bool,
+    jpeg: bool,
+) -> str | None:
+    """What is wrong with one chunk as read (`data`, tied to its position already; None:
+    absent), or None: missing where required or where one was written, its CRC-32C, and
+    with `decode` whether it decodes."""
+    try:
+        if data is None:
+            if required:
+                raise ChunkError(f"{where}: chunk is missing (absent from its shard)")
+            if expect is not None and expect != UNWRITTEN:
+                raise ChunkError(f"{where}: chunk is missing (one was written here)")
+            return None
+        body = unseal(data, where) if checksum else data
+        if decode:
+            if jpeg:
+                imagecodecs.jpeg8_decode(body)
+            else:
+                window = zip(coord, array.chunks, strict=True)
+                array[tuple(slice(i * c, (i + 1) * c) for i, c in window)]
+    except ChunkError as exc:
+        return str(exc)
+    except (imagecodecs.Jpeg8Error, ValueError, RuntimeError) as exc:
+        return f"{where}: cannot decode: {exc}"
+    return None
+
+
+class _Fetched:
+    """The checks of an array of a store read where it is (a bucket, a web server): each of
+    its objects (a shard, or an unsharded chunk) fetched whole in one request through the
+    array's own store, its index checked (`parse_index`, `check_ranges`), then each chunk in
+    hand as a local chunk is (`_verdict`, tied to its position first). The objects are
+    checked on the pool, a shard's chunks together: its bytes held once, never the array's."""
+
+    def __init__(self, array: zarr.Array, label: str, required: bool, decode: bool, table) -> None:
+        self.array, self.label, self.required, self.decode = array, label, required, decode
+        self.table = table
+        self.per = chunks_per_shard(array)
+        self.checksum = has_checksums(array)
+        self.jpeg = array.ndim == 3 and ChunkReader(array, 0).is_jpeg
+
+    def objects(self) -> list[tuple[int, ...]]:
+        """The array's objects by their grid coordinates (shards, or chunks unsharded)."""
+        grid = positions.grid_of(self.array)
+        per = self.per or (1,) * len(grid)
+        counts = (-(-g // p) for g, p in zip(grid, per, strict=True))
+        return [tuple(map(int, c)) for c in np.ndindex(*counts)]
+
+    def check(self, at: tuple[int, ...]) -> tuple[int, list[str]]:
+        """(chunks checked, a line for each bad one) of the object at `at`."""
+        key = f"{self.array.path}/{self.array.metadata.encode_chunk_key(at)}"
+        name = f"{self.label} {'shard' if self.per else 'chunk'} {at}"
+        try:
+            found = sync(self.array.store_path.store.get(key, default_buffer_prototype()))
+        except OSError as exc:
+            return 1, [f"{name}: cannot read: {redacted(str(exc))}"]
+        data = None if found is None else found.to_bytes()
+        if self.per is None:
+            return 1, [bad for bad in [self._chunk(at, data)] if bad]
+        chunks = [tuple(a * p + i for a, p, i in zip(at, self.per, inner, strict=True))
+                  for inner in np.ndindex(*self.per)]  # fmt: skip
+        grid = positions.grid_of(self.array)
+        chunks = [c for c in chunks if all(i < g for i, g in zip(c, grid, strict=True))]
+        index = None
+        if data is not None:
+            try:
+                size = index_bytes(math.prod(self.per), index_checked(self.array))
+                index = check_ranges(
+                    parse_index(data, math.prod(self.per), name, index_checked(self.array)),
+                    name,
+                    len(data) - size,
+                )
+            except ChunkError as exc:  # one line for the shard, its chunks not counted
+                return 0, [str(exc)]
+        strides = [math.prod(self.per[i + 1 :]) for i in range(len(self.per))]
+        bad = []
+        for coord in chunks:
+            part = None
+            if index is not None:
+                row = sum((c % p) * s for c, p, s in zip(coord, self.per, strides, strict=True))
+                offset, length = (int(v) for v in index[row])
+                part = None if offset == ABSENT_INT else data[offset : offset + length]
+            if (line := self._chunk(coord, part)) is not None:
+                bad.append(line)
+        return len(chunks), bad
+
+    def _chunk(self, coord: tuple[int, ...], data: bytes | None) -> str | None:
+        where = f"{self.label} chunk {coord}"
+        expect = None if self.table is None else self.table.item(coord)
+        if data is not None and expect is not None:
+            try:
+                tied(data, expect, where)
+            except ChunkError as exc:
+                return str(exc)
+        args = (where, self.required, expect, self.checksum, self.decode, self.jpeg)
+        return _verdict(self.array, coord, data, *args)

@@ -1,0 +1,199 @@
+"""Stores in a bucket read where they are, against a real S3 server (moto's, authentication
+on): `status`, `verify` and `export` on a store's URL say what they say of its local copy,
+its URL for its path (verify's verdict line for line, damaged copies too: a chunk's bytes,
+a shard's index, a chunk moved, an object gone); a command that writes into a store refuses
+its URL in one line, before any work, the bucket untouched; a URL is never folded into a
+local path ("s3:/bucket/...")."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import CMU, SLIDES, no_secret, one_line_refusal, run_cli
+from tests.s3 import BUCKET, start_s3
+
+STORE = "CMU-1-Small-Region.ome.zarr"
+FEATURES = "embeddings/efficientnet-lite0/1mpp-224px/features"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = start_s3()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory) -> Path:
+    """CMU embedded locally (a few tiles, efficientnet-lite0 on the CPU): its store."""
+    here = tmp_path_factory.mktemp("here")
+    embed = ("--model", "efficientnet-lite0", "--device", "cpu", "--mpp", "1", "--max-tiles", "8")
+    done = run_cli("embed", SLIDES / CMU, "--into", here, *embed)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return here / STORE
+
+
+def _uploaded(s3, store: Path, prefix: str) -> str:
+    """Every file of `store` as an object under `prefix`; the store's URL."""
+    client = s3.client()
+    for path in (p for p in store.rglob("*") if p.is_file()):
+        client.upload_file(str(path), BUCKET, f"{prefix}/{STORE}/{path.relative_to(store)}")
+    return f"s3://{BUCKET}/{prefix}/{STORE}"
+
+
+def _keys(s3) -> list[tuple[str, str]]:
+    listed = s3.client().list_objects_v2(Bucket=BUCKET).get("Contents", [])
+    return sorted((o["Key"], o["ETag"]) for o in listed)
+
+
+def test_status_and_verify_on_a_stores_url_say_what_they_say_of_its_local_copy(
+    s3, embedded, tmp_path
+):
+    url, env = _uploaded(s3, embedded, "same"), s3.env(tmp_path / "cache")
+    there = run_cli("status", url, "--json", env=env)
+    here = run_cli("status", embedded, "--json")
+    assert there.returncode == here.returncode == 0, there.stderr
+    remote, local = json.loads(there.stdout), json.loads(here.stdout)
+    assert [r.pop("store") for r in remote["stores"]] == [url]
+    for row in local["stores"]:
+        row.pop("store")
+    assert remote["stores"] == local["stores"] and remote["counts"]["complete"] == 1
+    verified = run_cli("verify", url, env=env)
+    assert verified.returncode == 0, verified.stderr
+    line = verified.stdout.replace("\n", "")
+    assert line.startswith(f"{url}: ") and "all good" in line
+    counts = run_cli("verify", embedded).stdout.replace("\n", "").split(":")[1].split(" in ")[0]
+    assert counts in line  # the same chunks of the same arrays read
+    assert no_secret([s3.secret, s3.key], [there.stdout + there.stderr, line], [tmp_path]) >= 0
+
+
+def _chunk_flipped(store: Path) -> str:
+    """One byte of a chunk of level 0 changed (its CRC-32C then fails)."""
+    shard = next(
+        p for p in sorted((store / "0").rglob("*")) if p.is_file() and p.name != "zarr.json"
+    )
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    return "chunk is corrupt"
+
+
+def _index_cut(store: Path) -> str:
+    """A features shard cut short: its index is gone."""
+    shard = store / FEATURES / "c" / "0" / "0"
+    shard.write_bytes(shard.read_bytes()[:-7])
+    return "shard index"
+
+
+def _columns_swapped(store: Path) -> str:
+    """The x and y columns' objects swapped: each chunk sound, in another's place."""
+    group = store / FEATURES.rpartition("/")[0]
+    x, y = (group / "x" / "c" / "0").read_bytes(), (group / "y" / "c" / "0").read_bytes()
+    (group / "x" / "c" / "0").write_bytes(y), (group / "y" / "c" / "0").write_bytes(x)
+    return "not the one"
+
+
+def _object_gone(store: Path) -> str:
+    """A level's shard removed: every chunk of it missing where the store promises all."""
+    shard = next(
+        p for p in sorted((store / "1").rglob("*")) if p.is_file() and p.name != "zarr.json"
+    )
+    shard.unlink()
+    return "missing"
+
+
+@pytest.mark.parametrize("damage", [_chunk_flipped, _index_cut, _columns_swapped, _object_gone])
+def test_verify_finds_in_a_bucket_every_fault_it_finds_in_the_local_copy(
+    s3, embedded, tmp_path, monkeypatch, damage
+):
+    """The same damage, here and there: the same verdict, line for line, the URL for the
+    path, each object fetched whole (one request a shard)."""
+    from tilestore.reading import verify_store
+
+    copy = tmp_path / "copy" / STORE
+    shutil.copytree(embedded, copy)
+    said = damage(copy)
+    url = _uploaded(s3, copy, f"damaged-{damage.__name__}")
+    for name, value in s3.env(tmp_path / "cache").items():
+        monkeypatch.setenv(name, value)
+    here, there = verify_store(copy), verify_store(url)
+    assert not here.ok and any(said in line for line in here.bad), here.bad
+    assert there.store == url and (there.chunks, there.arrays) == (here.chunks, here.arrays)
+    assert there.bad == [line.replace(str(copy), url) for line in here.bad]
+    assert (there.untied, there.untied_groups) == (here.untied, here.untied_groups)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("tissue",),
+        ("plan", "--mpp", "1"),
+        ("qc",),
+        ("reshard",),
+        ("classify", "--model", "conch_v1", "--prompts", "prompts.json"),
+    ],
+    ids=lambda c: c[0],
+)
+def test_a_command_that_writes_into_a_store_refuses_its_url_in_one_line(
+    s3, embedded, tmp_path, command
+):
+    """Object storage's stores are read where they are, written only whole (`convert -o`):
+    each command that changes a store says so, names the URL and what to do, before any
+    work; nothing in the bucket changes, nothing is made here."""
+    url = _uploaded(s3, embedded, "refused")
+    before = _keys(s3)
+    name, *flags = command
+    done = run_cli(name, url, *flags, env=s3.env(tmp_path / "cache"), cwd=tmp_path)
+    one_line_refusal(done, url, f"tilestore {name} writes into the store", "aws s3 sync")
+    assert _keys(s3) == before
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+def test_a_url_is_never_read_as_a_local_path(s3, tmp_path):
+    """A store's URL that is not there is said to be not there by its URL, never as
+    "s3:/bucket/..." (a Path folds its //): the command's line names what was given."""
+    url = f"s3://{BUCKET}/nowhere/{STORE}"
+    for command in ("status", "verify"):
+        done = run_cli(command, url, env=s3.env(tmp_path / "cache"))
+        assert done.returncode == 2 and url in done.stderr, done.stderr
+        assert "s3:/" + BUCKET not in done.stderr.replace(url, ""), done.stderr
+
+
+def test_export_reads_a_store_in_a_bucket_as_its_local_copy(s3, embedded, tmp_path):
+    """An export of a store's URL (TRIDENT's HDF5): the local copy's features, bit for bit."""
+    import h5py
+
+    url, env = _uploaded(s3, embedded, "export"), s3.env(tmp_path / "cache")
+    model = ("--model", "efficientnet-lite0")
+    there = run_cli("export", "h5", url, *model, "-o", tmp_path / "there", env=env)
+    here = run_cli("export", "h5", embedded, *model, "-o", tmp_path / "here")
+    assert there.returncode == here.returncode == 0, there.stdout + there.stderr
+    (a,), (b,) = sorted((tmp_path / "there").glob("*.h5")), sorted((tmp_path / "here").glob("*.h5"))
+    with h5py.File(a) as fa, h5py.File(b) as fb:
+        assert sorted(fa) == sorted(fb)
+        for key in fa:
+            np.testing.assert_array_equal(fa[key][()], fb[key][()])
+
+
+def test_view_serves_a_store_in_a_bucket_as_its_local_copy(s3, embedded, tmp_path):
+    """`tilestore view URL`: the slide listed by its name, with its embeddings; a tile the
+    local copy's, byte for byte (JPEG as stored)."""
+    from tests.cli.test_view_cli import get, running
+
+    url = _uploaded(s3, embedded, "view")
+    with running(url, env=s3.env(tmp_path / "cache")) as (there, _):
+        listed = json.loads(get(there + "api/slides")[1])
+        tile = get(there + "tiles/0/0/0/0")[1]
+    with running(embedded) as (here, _):
+        local = json.loads(get(here + "api/slides")[1])
+        assert tile == get(here + "tiles/0/0/0/0")[1] and tile[:2] == b"\xff\xd8"
+    assert (
+        json.dumps(listed).count("efficientnet-lite0")
+        == json.dumps(local).count("efficientnet-lite0")
+        > 0
+    )

@@ -16,7 +16,7 @@ from rich.console import Console
 from tilestore.cli.console import output_file
 from tilestore.cli.flags import with_flags
 from tilestore.exports import EXPORTS, Export
-from tilestore.options import Opt, store_read
+from tilestore.options import Opt
 
 out = Console()
 
@@ -71,8 +71,7 @@ def build(export: Export) -> Callable[..., Any]:
     def command(**given: Any) -> None:
         for name, writes in outputs.items():
             output_file(given[name], folder=writes == "folder")
-        inputs = given.pop(first.name)  # stores' URLs kept whole, as read where they are
-        inputs = [store_read(s) for s in inputs] if isinstance(inputs, list) else store_read(inputs)
+        inputs = given.pop(first.name)  # as given (text: a store's URL kept whole, a glob)
         for line in function(inputs, **given).lines:
             out.print(line, highlight=False, soft_wrap=True)
 

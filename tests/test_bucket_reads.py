@@ -197,3 +197,27 @@ def test_view_serves_a_store_in_a_bucket_as_its_local_copy(s3, embedded, tmp_pat
         == json.dumps(local).count("efficientnet-lite0")
         > 0
     )
+
+
+def test_the_library_never_writes_a_piece_of_a_store_in_a_bucket(
+    s3, embedded, tmp_path, monkeypatch
+):
+    """Behind the commands' door, the library's own: a slide opened by URL gives no group to
+    write (a tissue mask, a plan, a label: `Slide.writable_group`), one line naming it; the
+    bucket untouched."""
+    import tilestore
+    from tilestore.errors import StoreError
+    from tilestore.masks import compute_tissue, write_tissue
+    from tilestore.plan import PlanOptions, plan_over_tissue, save_plan
+
+    url = _uploaded(s3, embedded, "library")
+    for name, value in s3.env(tmp_path / "cache").items():
+        monkeypatch.setenv(name, value)
+    slide = tilestore.open_slide(url)
+    before = _keys(s3)
+    with pytest.raises(StoreError, match="only read so: copy it here") as caught:
+        write_tissue(slide, compute_tissue(slide))
+    assert "\n" not in str(caught.value) and url in str(caught.value)
+    with pytest.raises(StoreError, match="only read so"):
+        save_plan(slide, plan_over_tissue(slide, PlanOptions(mpp=1.0, tile=112, min_tissue=0)))
+    assert _keys(s3) == before

@@ -110,6 +110,20 @@ def _same_input(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
+def remote_store(store: Store) -> bool:
+    """Whether a zarr store reads its objects over a network (zarr's FsspecStore on any file
+    system but the local one, its ObjectStore): a store there is read where it is, and
+    written only whole (`tilestore.conversion.bucket`), never a group at a time."""
+    if type(store).__name__ == "ObjectStore":
+        return True
+    if not isinstance(store, zarr.storage.FsspecStore):
+        return False
+    protocol = store.fs.protocol
+    return not {"file", "local"} & set(
+        protocol if isinstance(protocol, tuple | list) else [protocol]
+    )
+
+
 def open_store(path: str | os.PathLike, mode: str = "r") -> tuple[zarr.Group, StoreRecord]:
     """Open a complete store at a path; return its root group and its record of itself."""
     path = Path(path)

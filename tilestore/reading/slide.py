@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import dask.array as da
     import xarray as xr
 from tilestore.errors import OptionError, StoreError
-from tilestore.format.store import DAMAGED, open_for_writing, open_group
+from tilestore.format.store import DAMAGED, open_for_writing, open_group, remote_store
 from tilestore.options import Opt, checked
 from tilestore.reading.resolution import MAX_MPP, MPP_TOLERANCE
 
@@ -222,7 +222,15 @@ class Slide:
 
     def writable_group(self) -> zarr.Group:
         """Return the store's root group opened for writing (for derived data: labels, plans,
-        embeddings); the pixels are never rewritten."""
+        embeddings); the pixels are never rewritten. A store read through a URL (a bucket's,
+        a web server's) is refused: it is only read where it is, written only whole
+        (`convert -o s3://...`), never a label, plan or group at a time."""
+        if remote_store(self.group.store):
+            raise StoreError(
+                f"{self.name}: read where it is ({self.group.store}), and a store in object "
+                "storage is only read so: copy it here (aws s3 sync, gcloud storage rsync), "
+                "write into the copy, then copy it back"
+            )
         try:
             return open_for_writing(self.group.store.with_read_only(False))
         except (OSError, ValueError, zarr.errors.BaseZarrError) as exc:

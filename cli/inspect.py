@@ -214,14 +214,14 @@ def verify(
     workers: Workers = None,
 ) -> None:
     """Read every chunk of each store, check its checksum, list every bad one (exit 2 if any)."""
-    from tilestore import StoreError
+    from tilestore import ServerError, StoreError
     from tilestore.reading import verify_store
 
     bad = 0
     for store in map(store_read, stores):  # a URL kept whole
         try:
             result = verify_store(store, decode=decode, workers=workers)
-        except StoreError as exc:  # not opened (damaged, a changed slide): the next go on
+        except (StoreError, ServerError) as exc:  # not opened or read: the next go on
             print(f"tilestore: error: {exc}", file=sys.stderr)
             bad += 1
             continue
@@ -230,7 +230,7 @@ def verify(
         if result.ok and result.unchecked and not decode:
             state = "nothing wrong where checksums exist (--decode checks the arrays without)"
         out.print(
-            f"{store}: {result.chunks} chunks of {result.arrays} arrays {how} in "
+            f"{result.store}: {result.chunks} chunks of {result.arrays} arrays {how} in "
             f"{result.seconds:.1f} s: {state}",
             highlight=False,
         )

@@ -38,7 +38,7 @@ from tilestore.conversion import convert as run_convert
 from tilestore.conversion import convert_many
 from tilestore.embed import TIME_LIMIT, ask_stop, kept_at_stop
 from tilestore.masks import compute_tissue
-from tilestore.options import Workers, store_changed
+from tilestore.options import Workers, redacted, store_changed
 from tilestore.plan import PlanOptions
 
 try:  # typer >= 0.20 carries its own click
@@ -353,12 +353,14 @@ def _flags() -> dict:
 
 
 def _error(exc: BaseException) -> None:
-    message = as_flags(" ".join(str(exc).split()), _flags())
+    """Every error line the command prints: one line, the API's words as its flags, any URL
+    in it without its user, password or query (a library's words quote what it asked)."""
+    message = as_flags(redacted(" ".join(str(exc).split())), _flags())
     print(f"tilestore: error: {message}", file=sys.stderr)
 
 
 def _warning(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"tilestore: warning: {as_flags(str(message), _flags())}", file=sys.stderr)
+    print(f"tilestore: warning: {as_flags(redacted(str(message)), _flags())}", file=sys.stderr)
 
 
 @app.callback()

@@ -38,7 +38,7 @@ from tilestore.embeddings import (
     finishing_runs,
     only_model,
 )
-from tilestore.options import Opt, store_read
+from tilestore.options import Opt, is_url, named, store_read
 
 # the command's own: where it writes the stores left
 Todo = Annotated[
@@ -72,13 +72,16 @@ def status(
         if len(stores) > 1:  # one store: its row names it
             print(f"model: {model} (the stores' only one; --model to ask for another)",
                   file=sys.stderr)  # fmt: skip
-    found = [
-        (str(s), _resumed(g, model))
+    found = [  # each store as it is shown (a URL without its user, password or query)
+        (named(s), _resumed(g, model))
         for s in stores
         for g in embeddings_status(s, model, plan).groups
     ]
     runs = finishing_runs(found, model, plan, slide_encoder)
     left = [store for run in runs for store in run.stores]
+    # embedding writes into a store: one in object storage is copied here first (no command)
+    remote = [store for store in left if is_url(store)]
+    runs = [run for run in runs if not any(is_url(store) for store in run.stores)]
     if todo:
         todo.write_text("".join(f"{store}\n" for store in left))
     commands = [_command(run, todo if len(runs) == 1 else None) for run in runs]
@@ -88,9 +91,16 @@ def status(
         rows = [_row(store, group, slide_encoder) for store, group in found]
         print(json.dumps({"model": model, "plan": plan, "slide_encoder": slide_encoder,
                           "stores": rows, "counts": counts, "left": left,
-                          "commands": commands, "if_dead": breaking}, indent=2))  # fmt: skip
+                          "commands": commands, "if_dead": breaking,
+                          "in_object_storage": remote}, indent=2))  # fmt: skip
     else:
-        _print(found, counts, slide_encoder, commands, todo, len(left), breaking)
+        _print(found, counts, slide_encoder, commands, todo, len(left) - len(remote), breaking)
+        if remote:
+            print(
+                f"{len(remote)} store{'s' * (len(remote) != 1)} left in object storage: "
+                "embedding writes into a store, and one there is only read where it is: copy "
+                "it here (aws s3 sync, gcloud storage rsync), embed the copy, copy it back"
+            )
     if any(g.blocked for _, g in found):
         raise typer.Exit(2)
     if left or counts["running"]:

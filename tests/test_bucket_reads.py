@@ -176,6 +176,8 @@ def test_export_reads_a_store_in_a_bucket_as_its_local_copy(s3, embedded, tmp_pa
     (a,), (b,) = sorted((tmp_path / "there").glob("*.h5")), sorted((tmp_path / "here").glob("*.h5"))
     with h5py.File(a) as fa, h5py.File(b) as fb:
         assert sorted(fa) == sorted(fb)
+        assert fa["coords"].attrs["tilestore_store"] == url  # the URL, never "<cwd>/s3:/..."
+        assert fb["coords"].attrs["tilestore_store"] == str(embedded.resolve())
         for key in fa:
             np.testing.assert_array_equal(fa[key][()], fb[key][()])
 
@@ -221,3 +223,96 @@ def test_the_library_never_writes_a_piece_of_a_store_in_a_bucket(
     with pytest.raises(StoreError, match="only read so"):
         save_plan(slide, plan_over_tissue(slide, PlanOptions(mpp=1.0, tile=112, min_tissue=0)))
     assert _keys(s3) == before
+
+
+@pytest.fixture
+def served(embedded):
+    """The embedded store's folder served by Python's own web server, which answers every
+    byte range with the whole file (it ignores Range); its URL."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    folder = str(embedded.parent)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "http.server",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            folder,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}/{STORE}"
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(f"{url}/zarr.json", timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    yield url
+    server.terminate()
+    server.wait(10)
+
+
+def test_a_server_that_ignores_byte_ranges_is_said_so_never_taken_for_damage(served, tmp_path):
+    """A byte range answered with the whole file would give a chunk's position the file's
+    last 4 bytes: `status` would call a sound store damaged. It says the server ignores
+    ranges, in one line, exit 2; `verify`, which fetches each object whole, finds it sound."""
+    done = run_cli("status", served)
+    one_line_refusal(done, served, "ignores Range requests")
+    assert "damaged" not in done.stdout + done.stderr
+    verified = run_cli("verify", served)
+    assert verified.returncode == 0 and "all good" in verified.stdout, verified.stderr
+
+
+def test_a_server_that_does_not_answer_is_one_line_for_every_reader(embedded, tmp_path):
+    """No S3 server at the endpoint: `status`, `verify` and `info` say the server did not
+    answer, one line, exit 2 (never "internal error", never "damaged")."""
+    env = {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+        "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
+        "AWS_SECRET_ACCESS_KEY": "not-a-real-secret",
+        "AWS_MAX_ATTEMPTS": "1",
+        "TILESTORE_CACHE": str(tmp_path / "cache"),
+    }
+    url = f"s3://{BUCKET}/gone/{STORE}"
+    for command in ("status", "verify", "info"):
+        done = run_cli(command, url, env={**__import__("os").environ, **env})
+        one_line_refusal(done, url, "the server did not answer")
+        assert "not-a-real-secret" not in done.stdout + done.stderr
+
+
+def test_no_user_password_or_query_of_a_stores_url_is_ever_said(served, tmp_path):
+    """A store's URL with a user, a password and a signature: every line of `status`,
+    `verify` and `info` names it without them, whatever the server says."""
+    host = served.split("//")[1]
+    url = f"http://alice:hunter2@{host}?sig=SECRETSIG"
+    for command in ("status", "verify", "info"):
+        done = run_cli(command, url)
+        said = done.stdout + done.stderr
+        assert "hunter2" not in said and "SECRETSIG" not in said and "alice" not in said, said
+
+
+def test_status_of_a_store_in_a_bucket_with_work_left_says_to_copy_it_not_a_command(
+    s3, embedded, tmp_path
+):
+    """Embedding writes into a store: for a store in a bucket with work left, `status`
+    prints no `tilestore embed` command that could not run, but how to do it."""
+    url, env = _uploaded(s3, embedded, "left"), s3.env(tmp_path / "cache")
+    done = run_cli("status", url, "--model", "uni", env=env)
+    assert done.returncode == 1, done.stderr
+    assert "tilestore embed" not in done.stdout
+    assert "1 store left in object storage" in done.stdout and "aws s3 sync" in done.stdout
+    listed = json.loads(run_cli("status", url, "--model", "uni", "--json", env=env).stdout)
+    assert listed["in_object_storage"] == [url] and listed["commands"] == []

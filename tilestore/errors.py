@@ -26,6 +26,9 @@ the code's own business, beside it.)
             LabelTableError   a clinical or slide table that cannot be read or lacks a column
         ModelError        a model that cannot be found, fetched or run (SlideEncoderError)
         DeviceError       a device the run needs and does not have (CUDA, NVTX, dask-cuda)
+        ServerError       a store read where it is that its server did not give: refused, not
+                          answering, throttling past its retries, ignoring byte ranges (never
+                          the store's damage)
         OutputError       an output that cannot be written where asked
             RunError          a run folder that exists, is unfinished or is of other features
         NotJudged         a slide QC's detectors are not made for
@@ -49,6 +52,13 @@ class SlideError(TilestoreError):
 
 class StoreError(TilestoreError):
     """A tilestore store that is missing, incomplete, already present or unwritable."""
+
+
+class ServerError(TilestoreError):
+    """A store read where it is (a bucket's, a web server's) that its server did not give: a
+    refusal, no answer, a throttle past its retries, a byte range answered whole. A fact
+    about the connection, never about the store: never said to be damage (`status` would
+    call a sound store damaged, and a user remake it)."""
 
 
 class WriteFailed(StoreError):

@@ -34,7 +34,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 from tilestore.errors import OptionError
-from tilestore.urls import store_changed, store_read, store_written, written_here
+from tilestore.urls import (
+    is_url,
+    named,
+    redacted,
+    store_changed,
+    store_read,
+    store_written,
+    written_here,
+)
 
 __all__ = [
     "REQUIRED",
@@ -49,7 +57,10 @@ __all__ = [
     "check",
     "checked",
     "declarations",
+    "is_url",
+    "named",
     "parse",
+    "redacted",
     "store_changed",
     "store_read",
     "store_written",

@@ -194,6 +194,9 @@ def _one_crc_changed(columns: dict) -> None:
         (lambda c: c.update(x=[]), _DAMAGED),
         (lambda c: c.update(x=["a"]), _DAMAGED),
         (lambda c: c.update(x=[2**40]), _DAMAGED),
+        (lambda c: c.update(x=None), _DAMAGED),
+        (lambda c: c.update(x=5), _DAMAGED),
+        (lambda c: c.update(x={}), _DAMAGED),
     ],
 )
 def test_a_column_position_in_the_record_not_as_written_is_damage(made, damage, said):

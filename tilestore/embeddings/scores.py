@@ -43,6 +43,7 @@ from tilestore.format.records import (
     write_record,
 )
 from tilestore.format.store import open_for_writing
+from tilestore.sources.remote import is_url, url_store
 
 ZEROSHOT = "zeroshot"  # the subgroup of a model's group holding its score sets
 PROBABILITIES = "probabilities"  # a set's array: (tile, class)
@@ -231,7 +232,8 @@ def read_tile_scores(
     """One set as written: {"probabilities": (tile, class), "record": its record}; of the
     model's group of `plan` (None: its only plan's)."""
     path = scores_group_name(find_group(store, model, plan), name)
-    group = zarr.open_group(Path(store), path=path, mode="r", zarr_format=3)
+    where = url_store(store) if is_url(store) else Path(store)  # a URL read where it is
+    group = zarr.open_group(where, path=path, mode="r", zarr_format=3)
     record = read_record(group, ScoresRecord, f"{store}: {path}")
     if record is None:
         raise KeyError(f"{path}'s record")

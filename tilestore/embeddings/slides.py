@@ -47,7 +47,7 @@ from tilestore.format.records import (
     write_record,
 )
 from tilestore.format.store import damage_as_store_error, open_for_writing
-from tilestore.options import checked
+from tilestore.options import checked, is_url
 
 SLIDES = "slides"  # the subgroup of a tile model's group holding its slide embeddings
 VECTOR = "embedding"  # the array of one slide embedding: (feature,)
@@ -168,7 +168,13 @@ def write_slide_vector(
     It is made in a hidden group and renamed into place whole, so a reader sees the old
     vector or the new one, never half of one; SlideEmbeddingExists where one is there and
     not overwrite; StaleSlideEmbedding where the tile group changed while it computed;
-    EmbeddingError, nothing written, where the vector holds a NaN or an infinity."""
+    EmbeddingError, nothing written, where the vector holds a NaN or an infinity. A store
+    read through a URL is refused (StoreError): one in object storage is only read."""
+    if is_url(tiles.store):
+        raise StoreError(
+            f"{tiles.store}: a store in object storage is only read where it is: copy it here "
+            "(aws s3 sync, gcloud storage rsync), write its slide embedding there, copy it back"
+        )
     store = Path(tiles.store)
     path = slide_group_name(tiles.path, encoder)
     values = np.asarray(vector, dtype=np.float32).reshape(-1)

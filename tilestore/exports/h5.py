@@ -34,7 +34,7 @@ from tilestore.embeddings.recipe import ScaleLabel
 from tilestore.errors import OutputError, StoreError
 from tilestore.exports.files import Exported
 from tilestore.exports.options import H5Layout, Model, Overwrite, PlanName, SkipMissing, Stores
-from tilestore.options import Opt, checked
+from tilestore.options import Opt, checked, is_url, named
 
 if TYPE_CHECKING:  # h5py and the embeddings' readers load when a file is written
     import h5py
@@ -278,10 +278,15 @@ def coords_attributes(tiles: TileFeatures) -> tuple[dict, int]:
         "level0_height": int(tiles.slide_shape[0]),
         "name": tiles.name,
         "patch_level": 0,
-        "tilestore_store": str(Path(tiles.store).resolve()),
+        "tilestore_store": _where(tiles.store),
         "tilestore_model": tiles.model,
         "tilestore_plan": tiles.plan,
         "tilestore_mpp": float(tiles.mpp),
         "tilestore_footprint_level0": float(tiles.footprint0[1]),
     }
     return attrs, misplaced
+
+
+def _where(store: str) -> str:
+    """A store as a file's attribute names it: its absolute path, or its URL as shown."""
+    return named(store) if is_url(store) else str(Path(store).resolve())

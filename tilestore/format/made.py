@@ -138,6 +138,7 @@ def _other_layout(sharding: ShardingCodec) -> bool:
     return (
         getattr(sharding.index_location, "value", sharding.index_location) != "end"
         or not isinstance(index[0], BytesCodec)
+        or getattr(index[0].endian, "value", index[0].endian) != "little"
         or any(not isinstance(codec, Crc32cCodec) for codec in index[1:])
         or any(isinstance(codec, ShardingCodec) for codec in sharding.codecs)
     )
@@ -184,6 +185,8 @@ def _decided(kwargs: dict[str, Any]) -> tuple[Any, Any, Any, dict[str, Any]]:
     kw.pop("overwrite", None)  # nothing is there
     data = kw.pop("data", None)
     if data is not None:
+        if "shape" in kw or "dtype" in kw:  # as zarr's create_array refuses them
+            raise ValueError("data given with a shape or dtype: give one or the other")
         kw["shape"], kw["dtype"] = data.shape, data.dtype
     asked = repr(sorted(kw.items()))
     kept = DECISIONS.get(asked)

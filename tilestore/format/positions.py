@@ -112,9 +112,11 @@ def group_positions(
     if not isinstance(held, dict) or name not in held:
         return Positions(array, where, fix)
     found, grid = held[name], grid_of(array)
-    values = np.asarray(found if isinstance(found, list) else [None], dtype=object)
-    ok = values.shape == grid and all(
-        v is None or (type(v) is int and 0 <= v < 2**32) for v in values.flat
+    values = np.asarray(found if isinstance(found, list) else [], dtype=object)
+    ok = (
+        isinstance(found, list)
+        and values.shape == grid
+        and all(v is None or (type(v) is int and 0 <= v < 2**32) for v in values.flat)
     )
     if not ok:
         raise ChunkError(

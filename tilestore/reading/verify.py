@@ -69,7 +69,7 @@ from tilestore.format.store import (
 from tilestore.options import Workers, checked
 from tilestore.reading.inplace import open_sidecar
 from tilestore.sources.remote import url_store
-from tilestore.urls import is_url, redacted, shown
+from tilestore.urls import is_url, shown
 
 
 @dataclass
@@ -109,8 +109,8 @@ def verify_store(
     started = time.perf_counter()
     remote = is_url(path)
     if remote:  # read where it is: every object fetched whole, through zarr's FsspecStore
+        group, stored = open_group(url_store(str(path)))  # the URL as given; shown as `shown`
         path = shown(str(path))
-        group, stored = open_group(url_store(str(path)))
         if stored.source.sidecar:
             raise StoreError(
                 f"{path}: a slide's sidecar, read through its slide: verify it where the "
@@ -369,12 +369,12 @@ class _Fetched:
         """(chunks checked, a line for each bad one) of the object at `at`."""
         key = f"{self.array.path}/{self.array.metadata.encode_chunk_key(at)}"
         name = f"{self.label} {'shard' if self.per else 'chunk'} {at}"
-        try:
-            found = sync(self.array.store_path.store.get(key, default_buffer_prototype()))
-        except OSError as exc:
-            return 1, [f"{name}: cannot read: {redacted(str(exc))}"]
+        # a request that fails is the store's one line (`UrlStore`), not a chunk's verdict
+        found = sync(self.array.store_path.store.get(key, default_buffer_prototype()))
         data = None if found is None else found.to_bytes()
-        if self.per is None:
+        if self.per is None:  # a chunk of its own, missing as a local chunk file is said
+            if data is None and self.required:
+                return 1, [f"{name}: chunk is missing (deleted or never written)"]
             return 1, [bad for bad in [self._chunk(at, data)] if bad]
         chunks = [tuple(a * p + i for a, p, i in zip(at, self.per, inner, strict=True))
                   for inner in np.ndindex(*self.per)]  # fmt: skip

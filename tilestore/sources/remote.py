@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 from zarr.storage import FsspecStore
 
 from tilestore.caches import user_cache
-from tilestore.errors import OptionError, SlideError, StoreError, TilestoreError
+from tilestore.errors import OptionError, ServerError, SlideError, StoreError, TilestoreError
 from tilestore.options import Opt, checked
 from tilestore.sources.dicomweb import DicomWebSeries
 from tilestore.urls import is_dicomweb, is_url, local_path, redacted, shown
@@ -229,7 +229,13 @@ NO_SIGN = "AWS_NO_SIGN_REQUEST"  # YES: a public bucket, its requests unsigned
 
 
 class UrlStore(FsspecStore):
-    """zarr's FsspecStore, named by its URL as `shown` (a dataset's `store`, a message)."""
+    """zarr's FsspecStore, named by its URL as `shown` (a dataset's `store`, a message); the
+    one place a store read where it is meets the network. A request that fails (the
+    server's refusal, a server that does not answer, a throttle past its retries) is one
+    line naming the store and what it means (`failed_request`: a ServerError, whatever
+    library raised it), never a library's exception for the caller to mistake for a bug;
+    a server that answers a byte range with more than was asked (one that ignores Range)
+    is said so, never taken for the range (a chunk's last 4 bytes would be the file's)."""
 
     def __str__(self) -> str:
         protocol = self.fs.protocol
@@ -238,6 +244,76 @@ class UrlStore(FsspecStore):
         return shown(path if is_url(path) else f"{scheme}://{path}")
 
     __repr__ = __str__
+
+    async def get(self, key, prototype, byte_range=None):
+        try:
+            found = await super().get(key, prototype, byte_range)
+        except TilestoreError:
+            raise
+        except Exception as exc:
+            raise failed_request(str(self), exc, ServerError, f"read {key}") from None
+        asked = _asked_length(byte_range)
+        if found is not None and asked is not None and len(found) > asked:
+            raise ServerError(
+                f"{self}: the server answered a byte range of {key} with {len(found)} bytes "
+                f"where {asked} were asked (it ignores Range requests): a store is read "
+                "there a chunk at a time; serve it from a server that takes ranges"
+            )
+        return found
+
+    async def get_partial_values(self, prototype, key_ranges):
+        try:
+            return await super().get_partial_values(prototype, key_ranges)
+        except TilestoreError:
+            raise
+        except Exception as exc:
+            raise failed_request(str(self), exc, ServerError, "read the store") from None
+
+    async def exists(self, key: str) -> bool:
+        try:
+            return await super().exists(key)
+        except TilestoreError:
+            raise
+        except Exception as exc:
+            raise failed_request(str(self), exc, ServerError, f"read {key}") from None
+
+    async def list(self):
+        try:
+            async for key in super().list():
+                yield key
+        except TilestoreError:
+            raise
+        except Exception as exc:
+            raise failed_request(str(self), exc, ServerError, "list the store") from None
+
+    async def list_dir(self, prefix: str):
+        try:
+            async for key in super().list_dir(prefix):
+                yield key
+        except TilestoreError:
+            raise
+        except Exception as exc:
+            raise failed_request(str(self), exc, ServerError, "list the store") from None
+
+    async def list_prefix(self, prefix: str):
+        try:
+            async for key in super().list_prefix(prefix):
+                yield key
+        except TilestoreError:
+            raise
+        except Exception as exc:
+            raise failed_request(str(self), exc, ServerError, "list the store") from None
+
+
+def _asked_length(byte_range) -> int | None:
+    """How many bytes a byte range asks for at most (None: to the end, or none asked)."""
+    from zarr.abc.store import RangeByteRequest, SuffixByteRequest
+
+    if isinstance(byte_range, RangeByteRequest):
+        return byte_range.end - byte_range.start
+    if isinstance(byte_range, SuffixByteRequest):
+        return byte_range.suffix
+    return None
 
 
 def storage_options(url: str) -> dict[str, Any]:

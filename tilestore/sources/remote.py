@@ -277,27 +277,19 @@ class UrlStore(FsspecStore):
         except Exception as exc:
             raise failed_request(str(self), exc, ServerError, f"read {key}") from None
 
-    async def list(self):
-        try:
-            async for key in super().list():
-                yield key
-        except TilestoreError:
-            raise
-        except Exception as exc:
-            raise failed_request(str(self), exc, ServerError, "list the store") from None
+    def list(self):
+        return self._listed(super().list())
 
-    async def list_dir(self, prefix: str):
-        try:
-            async for key in super().list_dir(prefix):
-                yield key
-        except TilestoreError:
-            raise
-        except Exception as exc:
-            raise failed_request(str(self), exc, ServerError, "list the store") from None
+    def list_dir(self, prefix: str):
+        return self._listed(super().list_dir(prefix))
 
-    async def list_prefix(self, prefix: str):
+    def list_prefix(self, prefix: str):
+        return self._listed(super().list_prefix(prefix))
+
+    async def _listed(self, keys):
+        """A listing's keys as they come; its failed request said as `get`'s are."""
         try:
-            async for key in super().list_prefix(prefix):
+            async for key in keys:
                 yield key
         except TilestoreError:
             raise

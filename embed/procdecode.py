@@ -182,6 +182,7 @@ class ProcessDecoder:
         self._pinning: threading.Thread | None = None
         self._free: queue.Queue = queue.Queue()
         self._copying: collections.deque = collections.deque()  # (block, CUDA event)
+        self.tiles_cut = 0  # tiles cut from the blocks since they were made (`ProcessRows`)
 
     def wait_ready(self) -> None:
         """Return once every worker has started (Python and imagecodecs imported: about a
@@ -201,7 +202,7 @@ class ProcessDecoder:
             return
         self._release_blocks()
         self.blocks = [SharedMemory(create=True, size=max(nbytes, 1)) for _ in range(count)]
-        self._pin = pin
+        self._pin, self.tiles_cut = pin, 0
         for index in range(count):
             self._free.put(index)
 

@@ -31,7 +31,8 @@ from tilestore.format.integrity import Located
 
 Coords = list[tuple[int, int]]
 
-# ProcessRows page-locks its blocks once this many batches have been cut.
+# ProcessRows page-locks its blocks once this many batches' tiles have been cut from them, of
+# one slide or of many small ones.
 PIN_AFTER_BATCHES = 3
 # ProcessRows asks a worker for at most this many pixels at a time (about 8 ms of decoding).
 PART_PIXELS = 2_000_000
@@ -134,10 +135,11 @@ class ProcessRows(RowSource):
     At most `AHEAD_BYTES` of rows are decoded ahead, so a wide slide holds fewer rows,
     not more memory; a narrower slide after it reads into the same blocks, fewer rows
     ahead, rather than making and page-locking new ones. The rows the first batch needs are
-    split among all the workers, and the blocks are page-locked only once three batches are
-    out: each cudaHostRegister call holds CUDA's driver lock for ~30 ms, stalling the
-    producer's copies and the GPU loop's launches. Started as the first batch's last row was
-    taken, it held that batch's cut back 64 ms. On an H100 (ViT-S, a new engine each run,
+    split among all the workers, and the blocks are page-locked only once three batches'
+    tiles are cut from them (of one slide, or of many small ones): each cudaHostRegister
+    call holds CUDA's driver lock for ~30 ms, stalling the producer's copies and the GPU
+    loop's launches. Started as the first batch's last row was taken, it held that batch's
+    cut back 64 ms. On an H100 (ViT-S, a new engine each run,
     3 runs each, interleaved), the first batch came after 0.19-0.49 s that way and
     0.10-0.13 s when pinning starts after 3 batches, at the same tiles/s (medians 16,225
     and 16,333)."""
@@ -169,7 +171,7 @@ class ProcessRows(RowSource):
         # a slide's first rows split among all the workers, unless its turn is not come
         self.first_parts = 1 if early else max(1, workers // self.first_rows)
         self.per_part = max(1, PART_PIXELS // (reader.chunk_h * reader.chunk_w))  # chunks
-        self.pin_from = int(np.searchsorted(tiles, PIN_AFTER_BATCHES * batch)) + 1
+        self.pin_after = PIN_AFTER_BATCHES * batch  # tiles cut from the blocks, of any slides
 
     @staticmethod
     def row_bytes(steps, reader: ChunkReader) -> int:
@@ -221,8 +223,12 @@ class ProcessRows(RowSource):
         copied = torch.cuda.Event()
         copied.record()
         self.procs.release(block, copied)  # reused once the copy is done
-        if index >= self.pin_from:
-            self.procs.start_pinning()  # batches are queued: the GPU works through its stalls
+        self.procs.tiles_cut += len(self.steps[index].tiles)
+        if self.procs.tiles_cut >= self.pin_after:
+            # batches are queued: the GPU works through its stalls. Counted across slides: a
+            # cohort of small slides (one step each) never reached a slide's third batch, so
+            # every row went by a pageable copy, synchronous in the producer (issue 68)
+            self.procs.start_pinning()
         return list(on_device.unbind(0))
 
     def _abandon(self, pending) -> None:

@@ -145,34 +145,63 @@ def test_small_slides_read_early_and_cut_at_once_are_each_store_alone(
     tiny = load_model("random:vit_tiny_patch16_224")  # one model, both ways
     name = "random-vit_tiny_patch16_224"
 
-    opened, early = produce.Ahead.opened, []
+    opened, early, waited = produce.Ahead.opened, [], []
 
     def all_opened(self, most):  # the cohort's stores all opened before the first is cut
         deadline = time.monotonic() + 20
-        while len(found := opened(self, most)) < 4 and time.monotonic() < deadline:
+        while not waited and len(opened(self, most)) < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
-        return found
+        waited.append(True)  # once: later calls find them there (no wait for more to come)
+        return opened(self, most)
 
     def recorded(*args, **kwargs):
         rows = early_rows(*args, **kwargs)
         early.append(rows is not None)
         return rows
 
-    early_rows = produce.early_rows
-    monkeypatch.setattr(produce.Ahead, "opened", all_opened)
-    monkeypatch.setattr(produce, "early_rows", recorded)
     options = Options(device="cuda", precision="fp32", dtype="float32", batch_size=16)
     alone = [tmp_path / f"alone{i}.ome.zarr" for i in range(len(cohort))]
     for store, copy in zip(cohort, alone, strict=True):
         shutil.copytree(store, copy)
-    for copy in alone:
+    for copy in alone:  # before the waits below: a run of one store would wait them out
         embed([copy], tiny, options=options)
-    early.clear()
+    early_rows = produce.early_rows
+    monkeypatch.setattr(produce.Ahead, "opened", all_opened)
+    monkeypatch.setattr(produce, "early_rows", recorded)
     report = embed(cohort, tiny, options=options)
     assert not report.failures and len(report.finished) == len(cohort)
     assert early == [True] * (len(cohort) - 1)  # every slide after the first read early
     for store, copy in zip(cohort, alone, strict=True):
         assert np.array_equal(_features(store, name), _features(copy, name))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cohort_of_small_slides_page_locks_its_decode_blocks(cohort, monkeypatch):
+    """A small slide is one step, never at a third batch of its own; the decode blocks are
+    page-locked once three batches' tiles are cut from them across slides. Before, a cohort
+    of small slides never pinned them: every row went by a pageable copy, synchronous in the
+    producer (issue 68)."""
+    from tilestore.embed import procdecode
+    from tilestore.embed.engine import embed
+    from tilestore.embed.models import load_model
+    from tilestore.embed.settings import Options
+
+    start, pinned = procdecode.ProcessDecoder.start_pinning, []
+
+    def recorded(self):
+        start(self)
+        self.wait_pinned()
+        pinned.append((self.tiles_cut, len(self.pinned), len(self.blocks), self.pin_error))
+
+    monkeypatch.setattr(procdecode.ProcessDecoder, "start_pinning", recorded)
+    options = Options(device="cuda", precision="fp32", dtype="float32", batch_size=32)
+    report = embed(cohort, load_model("random:vit_tiny_patch16_224"), options=options)
+    assert not report.failures and len(report.finished) == len(cohort)
+    assert pinned, "the decode blocks were never page-locked"
+    cut, count, blocks, error = pinned[0]
+    assert 3 * 32 <= cut < 3 * 32 + 45  # at the slide whose rows reached three batches
+    assert error is None and count == blocks > 0
 
 
 def test_a_slide_whose_data_fails_while_read_early_fails_at_its_turn_alone(stores):

@@ -113,6 +113,12 @@ AUTHORS = {
     "hibou-l": ("hibou", "vit_large"),
     "musk": ("musk", "musk_large_patch16_384"),
 }
+# ours -> the authors' hub constructor (facebookresearch/dinov3, `--dinov3`), in this process
+DINOV3 = {
+    name: f"dinov3_{name.split('-', 1)[1]}"
+    for name in ("dinov3-vits16", "dinov3-vits16plus", "dinov3-vitb16", "dinov3-vitl16",
+                 "dinov3-vith16plus", "dinov3-vit7b16")
+}  # fmt: skip
 # the registered encoders with no reference that runs offline, and why
 NO_REFERENCE: dict[str, str] = {}
 # published layouts made by the reference's own constructor (ours converts them)
@@ -136,7 +142,8 @@ def randomize(module: torch.nn.Module, seed: int) -> None:
             ):
                 full = f"{mname}.{pname}"
                 if not tensor.is_floating_point() or any(
-                    buffer in full for buffer in ("attn_mask", "position_ids", "rope_embed.periods")
+                    buffer in full
+                    for buffer in ("attn_mask", "position_ids", "rope_embed.periods", "bias_mask")
                 ):
                     continue  # computed at build, or a model's constants (rotary periods)
                 noise = torch.randn(tensor.shape, generator=generator)
@@ -955,6 +962,11 @@ def run_one(name: str, args, reference: Reference | None, work: Path) -> dict:
             x = torch.stack([transform(Image.fromarray(t)) for t in np.load(path)]).to(DEVICE)
             with torch.inference_mode(), _autocast(precision):
                 theirs[key] = model(x).float().cpu().numpy()
+    elif name in DINOV3:
+        if args.dinov3 is None:
+            return {**row, "error": "needs --dinov3 (a copy of facebookresearch/dinov3)"}
+        row["reference"] = f"authors: {DINOV3[name]}().forward_features()['x_norm_clstoken']"
+        mine, theirs = _dinov3(spec, DINOV3[name], tiles, folder, seed, precision, args.dinov3)
     elif name == "isight":
         row["reference"] = OTHER[name]
         mine, theirs = _isight(spec, tiles, folder, seed, precision)
@@ -984,6 +996,53 @@ def run_one(name: str, args, reference: Reference | None, work: Path) -> dict:
         row[key] = compare(a, b)
     shutil.rmtree(folder, ignore_errors=True)
     return row
+
+
+def _dinov3(spec, maker: str, tiles: dict, folder: Path, seed: int, precision: str, code: Path):
+    """DINOv3's release made here: the authors' model (facebookresearch/dinov3's hub
+    constructor, ``pretrained=False``), random, its rotary periods stored in bfloat16 as
+    their release stores them and read back into it; converted to timm's layout by timm's
+    own ``checkpoint_filter_fn`` (how the ``timm/`` copies ours loads were made) and saved as
+    such a repo is (config.json, model.safetensors), read by ours. The authors' model embeds
+    the same tiles, normalised as their README's transform does (at the input size its
+    resize is the identity): ``forward_features(x)["x_norm_clstoken"]``."""
+    import importlib
+
+    import safetensors.torch
+    import timm
+
+    from tilestore.embed.models.families import build
+
+    sys.path.insert(0, str(code))
+    try:
+        theirs = getattr(importlib.import_module("dinov3.hub.backbones"), maker)(pretrained=False)
+    finally:
+        sys.path.remove(str(code))
+    randomize(theirs, seed)
+    state = {k: v.detach().cpu().contiguous() for k, v in theirs.state_dict().items()}
+    state["rope_embed.periods"] = state["rope_embed.periods"].to(torch.bfloat16)  # as released
+    theirs.load_state_dict(state, strict=True)
+    with torch.device("meta"):
+        converted = timm.models.eva.checkpoint_filter_fn(state, build(spec))
+    del state
+    (folder / "config.json").write_text(json.dumps(_timm_hub_config(spec)))
+    safetensors.torch.save_file(
+        {k: v.contiguous() for k, v in converted.items()}, folder / "model.safetensors"
+    )
+    del converted
+    mine = ours(spec, tiles, folder, precision)
+    theirs = theirs.to(DEVICE).eval()
+    mean = torch.tensor(spec.data["mean"], device=DEVICE).view(1, 3, 1, 1)
+    std = torch.tensor(spec.data["std"], device=DEVICE).view(1, 3, 1, 1)
+    out = {}
+    for key, path in tiles.items():
+        if key != "at_input":
+            continue
+        x = torch.from_numpy(np.load(path)).to(DEVICE).permute(0, 3, 1, 2).float() / 255
+        with torch.inference_mode(), _autocast(precision):
+            tokens = theirs.forward_features((x - mean) / std)["x_norm_clstoken"]
+            out[key] = tokens.float().cpu().numpy()
+    return mine, out
 
 
 def _isight(spec, tiles: dict[str, str], folder: Path, seed: int, precision: str):
@@ -1087,6 +1146,7 @@ def main() -> None:
     parser.add_argument("--conch", type=Path)
     parser.add_argument("--dinov2", type=Path)
     parser.add_argument("--hibou", type=Path, help="a copy of HistAI/hibou")
+    parser.add_argument("--dinov3", type=Path, help="a copy of facebookresearch/dinov3")
     parser.add_argument("--musk", type=Path, help="a copy of lilab-stanford/MUSK")
     parser.add_argument("--reference-path", default="", help="PYTHONPATH of the reference process")
     parser.add_argument("--models", default="", help="comma-separated; default: all")

@@ -498,19 +498,22 @@ models_app = typer.Typer(no_args_is_help=True, help="Tile encoders: list them, f
 
 @models_app.command("list")
 def models_list() -> None:
-    """The registered encoders: output size, the resolution and tile they expect, how their
-    features are pooled, licence, gating, whether their weights are in the cache, and the
-    text tower `tilestore classify` scores their tiles with (zero-shot)."""
+    """The registered encoders: their weights, the library whose code builds them (ours:
+    the authors' construction written here), output size, the resolution and tile they
+    expect, how their features are pooled, licence, gating, whether their weights are in
+    the cache, and the text tower `tilestore classify` scores their tiles with
+    (zero-shot)."""
     from tilestore.embed import is_cached, list_models
 
     table = text_table(
-        "name", "weights", "dim", "um/px", "tile", "pooling", "licence", "gated", "cached",
-        "zero-shot",
+        "name", "weights", "code", "dim", "um/px", "tile", "pooling", "licence", "gated",
+        "cached", "zero-shot",
     )  # fmt: skip
     for spec in list_models():
         table.add_row(
             spec.name,
             spec.repo,
+            spec.code,
             str(spec.output_dim),
             str(spec.native_mpp or "-"),
             str(spec.tile),

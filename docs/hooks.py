@@ -206,15 +206,16 @@ def models_table() -> str:
     from tilestore.embed import list_models
 
     rows = [
-        "| name | weights (hub id) | dim | input px | um/px | tile px | pooling | precision "
-        "| licence | gated | checked against | zero-shot |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| name | weights (hub id) | code | dim | input px | um/px | tile px | pooling "
+        "| precision | licence | gated | checked against | zero-shot |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for spec in list_models():
         size = spec.data.get("input_size", (None, spec.tile, spec.tile))[1:]
         hub = f"[`{spec.repo}`]({spec.card})" if spec.card else f"`{spec.repo}` ({spec.source})"
         rows.append(
-            f"| `{spec.name}` | {hub} | {_num(spec.output_dim)} | {'x'.join(map(str, size))} "
+            f"| `{spec.name}` | {hub} | {spec.code} | {_num(spec.output_dim)} "
+            f"| {'x'.join(map(str, size))} "
             f"| {_num(spec.native_mpp)} | {spec.tile} | {spec.pooling} | {spec.precision} "
             f"| {_cell(spec.licence or '-')} | {'yes' if spec.gated else 'no'} "
             f"| {_cell(spec.reference or '-')} | {spec.text or '-'} |"

@@ -87,6 +87,28 @@ def _vitl16(name: str, repo: str, **facts) -> ModelSpec:
     )  # fmt: skip
 
 
+DINOV3_CODE = "facebookresearch/dinov3"
+
+
+def _dinov3(name: str, arch: str, dim: int) -> ModelSpec:
+    """Meta's DINOv3 ViTs trained on LVD-1689M (web images): general baselines, as the peers
+    ship them. timm's ports (``timm/<arch>.lvd1689m``: config.json and model.safetensors,
+    the authors' weights converted by timm; the ``_qkvb`` ports keep the authors' q and v
+    biases, their k bias masked), the class token after the final norm (the authors'
+    ``x_norm_clstoken``, transformers' ``pooler_output``). The authors' README transform:
+    resize to 256 (bilinear, antialiased), ImageNet's normalisation, no crop; fp32. Their
+    release stores the rotary periods in bfloat16, which timm recomputes in float32: ours
+    are rounded as theirs (``periods="bf16"``), so the features are the authors' bit for
+    bit. No um/px is assumed: the model never saw slides."""
+    repo = f"timm/{arch}.lvd1689m"
+    return ModelSpec(
+        name, "hf-hub", repo, dim, None, tile=256,
+        arch=Arch("timm", arch, {"img_size": 256, "dynamic_img_size": True}, periods="bf16"),
+        data=_data(IMAGENET, size=256), pooling="cls", licence="DINOv3 License",
+        card=HF + repo, reference=f"authors: {DINOV3_CODE} {name.replace('-', '_')}",
+    )  # fmt: skip
+
+
 def _quiltnet(name: str, arch: str) -> ModelSpec:
     """Quilt-1M's CLIP (wisdomik/QuiltNet-*): open_clip's CLIP, its architecture as the
     repo's open_clip_config.json gives it (open_clip's own for `arch` without one), the
@@ -759,6 +781,13 @@ ENTRIES: tuple[ModelSpec, ...] = (
         "(lilab-stanford/MUSK)",
         text="musk",
     ),
+    # DINOv3 (facebookresearch/dinov3), each size whose weights are public
+    _dinov3("dinov3-vits16", "vit_small_patch16_dinov3_qkvb", 384),
+    _dinov3("dinov3-vits16plus", "vit_small_plus_patch16_dinov3_qkvb", 384),
+    _dinov3("dinov3-vitb16", "vit_base_patch16_dinov3_qkvb", 768),
+    _dinov3("dinov3-vitl16", "vit_large_patch16_dinov3_qkvb", 1024),
+    _dinov3("dinov3-vith16plus", "vit_huge_plus_patch16_dinov3_qkvb", 1280),
+    _dinov3("dinov3-vit7b16", "vit_7b_patch16_dinov3", 4096),  # no q, k, v biases at all
     ModelSpec(
         "efficientnet-lite0",
         "package",

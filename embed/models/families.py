@@ -86,11 +86,34 @@ def _build_timm(spec: ModelSpec, config: dict | None) -> nn.Module:
     if spec.pooling != "model":
         kwargs["global_pool"] = ""
     try:
-        return timm.create_model(
+        model = timm.create_model(
             name, pretrained=False, pretrained_cfg=config.get("pretrained_cfg"), **kwargs
         )
     except (RuntimeError, TypeError, ValueError, KeyError) as exc:
         raise ModelError(f"{spec.name}: cannot build {name}: {exc}") from exc
+    if spec.arch and spec.arch.periods is not None:
+        _PERIODS[spec.arch.periods](spec, model)
+    return model
+
+
+def _bf16_periods(spec: ModelSpec, model: nn.Module) -> None:
+    """The rotary periods as DINOv3's release holds them: a persistent bfloat16 buffer,
+    read into float32 by the authors' model. timm computes them in float32 and keeps them
+    out of its state dict: features then differ from the authors' by up to 4.1e-03 (ViT-H+,
+    random weights; bench/dinov3_periods.py, bench/RESULTS.md), and are the same bit for
+    bit once rounded."""
+    ropes = [m for m in model.modules() if isinstance(m, timm.layers.RotaryEmbeddingDinoV3)]
+    if not ropes:
+        raise ModelError(f"{spec.name}: {spec.arch.name} has no DINOv3 rotary embedding")
+    with torch.no_grad():
+        for rope in ropes:
+            rope.periods.copy_(rope.periods.to(torch.bfloat16).to(rope.periods.dtype))
+            if rope.feat_shape is not None and not rope.periods.is_meta:
+                rope._cache_embed(list(rope.feat_shape))  # a fixed size's table, made again
+
+
+# an Arch's ``periods``: how the rotary periods are made as the authors' release holds them
+_PERIODS = {"bf16": _bf16_periods}
 
 
 # transformers' DINOv2 (with registers) key names -> DINOv2's own (per block: the rest of the

@@ -38,6 +38,10 @@ TOKENIZER_IN_REPO = frozenset({"clip", "siglip", "keep"})
 TOKENIZER_FILE = frozenset({"conch", "musk"})
 
 
+# a family -> the library whose code builds its models (the others: ours, `ModelSpec.code`)
+LIBRARIES = {"timm": "timm", "transformers": "transformers", "open_clip": "open_clip"}
+
+
 @dataclass(frozen=True)
 class Arch:
     """How a model is built: `family` names a builder (`tilestore.embed.models.families`),
@@ -51,6 +55,9 @@ class Arch:
     # whether the checkpoint's config.json is read (False where the repo's config is for
     # another library's code: Hibou's is for its remote transformers classes)
     config: bool = True
+    # "bf16": the rotary periods rounded to bfloat16, as the authors' release stores them
+    # (DINOv3's), where timm computes them in float32 at build
+    periods: str | None = None
 
 
 @dataclass(frozen=True)
@@ -93,3 +100,10 @@ class ModelSpec:
     @property
     def family(self) -> str:
         return self.arch.family if self.arch else "timm"
+
+    @property
+    def code(self) -> str:
+        """Where the model's code comes from: the library that builds it (timm,
+        transformers, open_clip), or ours (the authors' construction written here, checked
+        against their code: `reference`). No model runs code from its weights' repo."""
+        return LIBRARIES.get(self.family, "tilestore")

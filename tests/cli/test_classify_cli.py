@@ -95,3 +95,18 @@ def test_models_list_says_which_text_tower_scores_zero_shot():
     rows = {line.split()[0]: line.split()[-1] for line in done.stdout.splitlines() if line.split()}
     assert {name: rows.get(name) for name in want} == want
     assert "9 with a zero-shot text tower (" in done.stdout
+
+
+def test_models_list_says_whose_code_builds_each_model():
+    """The library that builds each model, or ours (the authors' construction written here):
+    no model runs code from its weights' repository."""
+    done = run("models", "list")
+    assert done.returncode == 0
+    want = {"uni": "timm", "dinov3-vits16": "timm", "efficientnet-lite0": "timm",
+            "plip": "transformers", "hibou-b": "timm", "quiltnet-b32": "open_clip",
+            "conch-v1": "tilestore", "musk": "tilestore", "keep": "tilestore",
+            "genbio-pathfm": "tilestore"}  # fmt: skip
+    header = next(line for line in done.stdout.splitlines() if line.startswith("name"))
+    assert header.split()[:3] == ["name", "weights", "code"]
+    rows = {line.split()[0]: line.split()[2] for line in done.stdout.splitlines() if line.split()}
+    assert {name: rows.get(name) for name in want} == want

@@ -72,6 +72,7 @@ TRIDENT = {
     "prov-gigapath": ("gigapath", {}),
     "virchow": ("virchow", {}),
     "virchow2": ("virchow2", {}),
+    "virchow2-cls": ("virchow2", {}),
     "h-optimus-0": ("hoptimus0", {}),
     "h-optimus-1": ("hoptimus1", {}),
     "h0-mini": ("h0-mini", {"return_type": "cls+mean"}),
@@ -993,6 +994,9 @@ def run_one(name: str, args, reference: Reference | None, work: Path) -> dict:
         if spec.pooling == "cls+mean" and a.shape[1] == 2 * b.shape[1]:
             a = a[:, : b.shape[1]]
             row["note"] = "the reference gives the CLS token only: compared with ours' CLS half"
+        elif spec.pooling == "cls" and 2 * a.shape[1] == b.shape[1]:
+            b = b[:, : a.shape[1]]
+            row["note"] = "the reference gives CLS + mean: ours compared with its CLS half"
         row[key] = compare(a, b)
     shutil.rmtree(folder, ignore_errors=True)
     return row

@@ -179,6 +179,13 @@ def _omiclip() -> ModelSpec:
 
 
 SWIGLU = {"mlp_layer": "SwiGLUPacked", "act_layer": "silu"}
+# Virchow2's ViT-H/14: 4 registers, SwiGLU, layer scale (its card's timm arguments)
+VIRCHOW2 = Arch(
+    "timm",
+    "vit_huge_patch14_224",
+    {"img_size": 224, "init_values": 1e-5, "reg_tokens": 4, "mlp_ratio": 5.3375, **SWIGLU,
+     "dynamic_img_size": True},
+)  # fmt: skip
 
 ENTRIES: tuple[ModelSpec, ...] = (
     ModelSpec(
@@ -291,25 +298,15 @@ ENTRIES: tuple[ModelSpec, ...] = (
         reference="trident:virchow",
     ),
     # STAMP embeds Virchow2 as its CLS token alone (1280-d); the card, TRIDENT and LazySlide
-    # as CLS + mean of the patch tokens (2560-d): registered as the card says.
+    # as CLS + mean of the patch tokens (2560-d): registered as the card says, and the CLS
+    # token alone as `virchow2-cls` (below).
     ModelSpec(
         "virchow2",
         "hf-hub",
         "paige-ai/Virchow2",
         2560,
         0.5,
-        arch=Arch(
-            "timm",
-            "vit_huge_patch14_224",
-            {
-                "img_size": 224,
-                "init_values": 1e-5,
-                "reg_tokens": 4,
-                "mlp_ratio": 5.3375,
-                **SWIGLU,
-                "dynamic_img_size": True,
-            },
-        ),
+        arch=VIRCHOW2,
         data=_data(IMAGENET, interpolation="bicubic"),
         pooling="cls+mean",
         gated=True,
@@ -317,6 +314,24 @@ ENTRIES: tuple[ModelSpec, ...] = (
         licence=NC_ND,
         card=HF + "paige-ai/Virchow2",
         reference="trident:virchow2",
+    ),
+    # Virchow2's class token alone (1280-d): STAMP's virchow2 and TRIDENT's virchow2-cls
+    # (its PR #226). The same weights and tokens as `virchow2`: its features are the first
+    # 1,280 of those (tested), a store of each kept apart by its name.
+    ModelSpec(
+        "virchow2-cls",
+        "hf-hub",
+        "paige-ai/Virchow2",
+        1280,
+        0.5,
+        arch=VIRCHOW2,
+        data=_data(IMAGENET, interpolation="bicubic"),
+        pooling="cls",
+        gated=True,
+        precision="fp16",
+        licence=NC_ND,
+        card=HF + "paige-ai/Virchow2",
+        reference="trident:virchow2 (its class token, the first 1,280 of 2,560)",
     ),
     ModelSpec(
         "h-optimus-0",

@@ -303,3 +303,27 @@ def test_transformers_dinov2_without_a_key_projection_is_refused_naming_it(tmp_p
     with pytest.raises(ModelError, match=r"the checkpoint has \['query', 'value'\] of query, key, "
                        r"value for blocks\.1\.attn\.qkv\.bias$"):  # fmt: skip
         load_model(_local(spec, tmp_path / "hibou"))
+
+
+def test_virchow2_cls_is_the_class_token_half_of_virchow2():
+    """`virchow2-cls` (STAMP's, TRIDENT's virchow2-cls) reads the same weights and tokens as
+    `virchow2`: its features are the first 1,280 of virchow2's CLS + mean, bit for bit."""
+    from dataclasses import replace
+
+    from tilestore.embed.models import get_model, load_model
+
+    small = {"depth": 2, "embed_dim": 96, "num_heads": 4}  # SwiGLU: 512 hidden units, even
+
+    def random_small(name):
+        spec = get_model(name)
+        arch = replace(spec.arch, kwargs={**spec.arch.kwargs, **small})
+        return load_model(replace(spec, source="random", arch=arch, output_dim=None))
+
+    both, cls = random_small("virchow2"), random_small("virchow2-cls")
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        whole, alone = both.features(x), cls.features(x)
+    assert whole.shape == (2, 192) and alone.shape == (2, 96)
+    assert torch.equal(alone, whole[:, :96])
+    assert get_model("virchow2-cls").output_dim == 1280
+    assert get_model("virchow2").output_dim == 2560

@@ -128,6 +128,45 @@ def test_verify_finds_in_a_bucket_every_fault_it_finds_in_the_local_copy(
     assert (there.untied, there.untied_groups) == (here.untied, here.untied_groups)
 
 
+@pytest.mark.parametrize("damage", [_chunk_flipped, _index_cut, _object_gone])
+def test_verify_reads_a_large_shard_by_ranges_with_the_local_copys_verdict(
+    s3, embedded, tmp_path, monkeypatch, damage
+):
+    """A shard past `WHOLE_BYTES` is never fetched whole: its index by its last bytes, then
+    its chunks a few KB at a time (`RANGE_BYTES`), no byte of it twice; the verdict is the
+    local copy's, line for line."""
+    from tilestore.reading import verify as verifying
+    from tilestore.reading import verify_store
+    from tilestore.sources.remote import UrlStore
+
+    monkeypatch.setattr(verifying, "WHOLE_BYTES", 0)
+    monkeypatch.setattr(verifying, "RANGE_BYTES", 4096)
+    asked, get = [], UrlStore.get
+
+    async def recorded(self, key, prototype, byte_range=None):
+        found = await get(self, key, prototype, byte_range)
+        asked.append((key, byte_range, None if found is None else len(found)))
+        return found
+
+    monkeypatch.setattr(UrlStore, "get", recorded)
+    copy = tmp_path / "copy" / STORE
+    shutil.copytree(embedded, copy)
+    said = damage(copy)
+    url = _uploaded(s3, copy, f"ranged-{damage.__name__}")
+    for name, value in s3.env(tmp_path / "cache").items():
+        monkeypatch.setenv(name, value)
+    here, there = verify_store(copy), verify_store(url)
+    assert not here.ok and any(said in line for line in here.bad), here.bad
+    assert (there.chunks, there.arrays) == (here.chunks, here.arrays)
+    assert there.bad == [line.replace(str(copy), url) for line in here.bad]
+    level0 = sorted(p for p in (copy / "0").rglob("*") if p.is_file() and p.name != "zarr.json")
+    for shard in level0:
+        key = shard.relative_to(copy).as_posix()
+        reads = [(r, n) for k, r, n in asked if k == key]
+        assert reads and all(r is not None for r, _ in reads)  # never the whole object
+        assert len(reads) > 2 and sum(n for _, n in reads) <= shard.stat().st_size
+
+
 @pytest.mark.parametrize(
     "command",
     [

@@ -20,9 +20,10 @@ tile checksums has none to compare: its levels are listed as not checked by cont
 every tile is read and decoded, as before.
 
 A store named by URL (s3://, gs://, https://) is verified where it is, through zarr's
-FsspecStore: each object (a shard, or an unsharded chunk) fetched whole in one request, its
-index and chunks checked in hand as a local store's are (`_Fetched`); the same verdict, line
-for line, as its local copy's, its URL for its path.
+FsspecStore: each object (a shard, or an unsharded chunk) fetched whole in one request, or a
+large shard's index and then its chunks by byte ranges (a few MB a request, never the whole
+shard in memory), its index and chunks checked in hand as a local store's are (`_Fetched`);
+the same verdict, line for line, as its local copy's, its URL for its path.
 
 Verifying writes nothing, in the store or anywhere: the verdict is the `Verification`
 returned (`tilestore verify` prints it), so a read-only store (an archive) is checked as any
@@ -41,6 +42,7 @@ from pathlib import Path
 import imagecodecs
 import numpy as np
 import zarr
+from zarr.abc.store import RangeByteRequest
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
@@ -108,7 +110,7 @@ def verify_store(
     """
     started = time.perf_counter()
     remote = is_url(path)
-    if remote:  # read where it is: every object fetched whole, through zarr's FsspecStore
+    if remote:  # read where it is, an object at a time, through zarr's FsspecStore
         group, stored = open_group(url_store(str(path)))  # the URL as given; shown as `shown`
         path = shown(str(path))
         if stored.source.sidecar:
@@ -344,12 +346,37 @@ def _verdict(
     return None
 
 
+def _ranges(
+    where: dict[tuple[int, ...], tuple[int, int]], most: int
+) -> list[list[tuple[int, ...]]]:
+    """The chunks of `where` (each its [start, stop) in the object) in groups read in one
+    request each: by offset, a group spanning at most `most` bytes (a chunk larger than that
+    alone), gaps between its chunks included."""
+    groups: list[list[tuple[int, ...]]] = []
+    for coord in sorted(where, key=lambda c: where[c]):
+        if groups and where[coord][1] - where[groups[-1][0]][0] <= most:
+            groups[-1].append(coord)
+        else:
+            groups.append([coord])
+    return groups
+
+
+# a store read where it is: an object up to this many bytes is fetched whole (one request);
+# a larger shard's index by its byte range, then its chunks in requests of about
+# `RANGE_BYTES`, so a pool thread holds no more than that of a shard of any size
+WHOLE_BYTES = 64 << 20
+RANGE_BYTES = 16 << 20
+
+
 class _Fetched:
     """The checks of an array of a store read where it is (a bucket, a web server): each of
-    its objects (a shard, or an unsharded chunk) fetched whole in one request through the
-    array's own store, its index checked (`parse_index`, `check_ranges`), then each chunk in
-    hand as a local chunk is (`_verdict`, tied to its position first). The objects are
-    checked on the pool, a shard's chunks together: its bytes held once, never the array's."""
+    its objects (a shard, or an unsharded chunk) read through the array's own store, its
+    index checked (`parse_index`, `check_ranges`), then each chunk in hand as a local chunk
+    is (`_verdict`, tied to its position first). An object up to `WHOLE_BYTES` is fetched
+    whole in one request; a larger shard's index is its last bytes, then its chunks come in
+    requests of about `RANGE_BYTES` (`_ranges`): a pool thread holds that much, whatever a
+    shard's size (a level-0 shard of a large slide is gigabytes). The objects are checked on
+    the pool; the verdict is the local copy's, line for line."""
 
     def __init__(self, array: zarr.Array, label: str, required: bool, decode: bool, table) -> None:
         self.array, self.label, self.required, self.decode = array, label, required, decode
@@ -357,6 +384,7 @@ class _Fetched:
         self.per = chunks_per_shard(array)
         self.checksum = has_checksums(array)
         self.jpeg = array.ndim == 3 and ChunkReader(array, 0).is_jpeg
+        self.store = array.store_path.store
 
     def objects(self) -> list[tuple[int, ...]]:
         """The array's objects by their grid coordinates (shards, or chunks unsharded)."""
@@ -369,10 +397,8 @@ class _Fetched:
         """(chunks checked, a line for each bad one) of the object at `at`."""
         key = f"{self.array.path}/{self.array.metadata.encode_chunk_key(at)}"
         name = f"{self.label} {'shard' if self.per else 'chunk'} {at}"
-        # a request that fails is the store's one line (`UrlStore`), not a chunk's verdict
-        found = sync(self.array.store_path.store.get(key, default_buffer_prototype()))
-        data = None if found is None else found.to_bytes()
         if self.per is None:  # a chunk of its own, missing as a local chunk file is said
+            data = self._get(key)
             if data is None and self.required:
                 return 1, [f"{name}: chunk is missing (deleted or never written)"]
             return 1, [bad for bad in [self._chunk(at, data)] if bad]
@@ -380,28 +406,57 @@ class _Fetched:
                   for inner in np.ndindex(*self.per)]  # fmt: skip
         grid = positions.grid_of(self.array)
         chunks = [c for c in chunks if all(i < g for i, g in zip(c, grid, strict=True))]
-        index = None
-        if data is not None:
-            try:
-                size = index_bytes(math.prod(self.per), index_checked(self.array))
-                index = check_ranges(
-                    parse_index(data, math.prod(self.per), name, index_checked(self.array)),
-                    name,
-                    len(data) - size,
-                )
-            except ChunkError as exc:  # one line for the shard, its chunks not counted
-                return 0, [str(exc)]
+        crc, count = index_checked(self.array), math.prod(self.per)
+        size = self._size(key)
+        index, whole = None, None
+        try:
+            if size is not None and size <= max(WHOLE_BYTES, index_bytes(count, crc)):
+                whole = self._get(key)  # None: removed since it was sized (said missing)
+                if whole is not None:
+                    end = len(whole) - index_bytes(count, crc)
+                    index = check_ranges(parse_index(whole, count, name, crc), name, end)
+            elif size is not None:  # its index, its last bytes
+                tail = self._get(key, (size - index_bytes(count, crc), size))
+                end = size - index_bytes(count, crc)
+                index = check_ranges(parse_index(tail, count, name, crc), name, end)
+        except ChunkError as exc:  # one line for the shard, its chunks not counted
+            return 0, [str(exc)]
         strides = [math.prod(self.per[i + 1 :]) for i in range(len(self.per))]
+        where: dict[tuple[int, ...], tuple[int, int]] = {}  # each chunk present: its range
+        for coord in chunks if index is not None else ():
+            row = sum((c % p) * s for c, p, s in zip(coord, self.per, strides, strict=True))
+            offset, length = (int(v) for v in index[row])
+            if offset != ABSENT_INT:
+                where[coord] = (offset, offset + length)
+        verdicts: dict[tuple[int, ...], str | None] = {}
+        for group in _ranges(where, RANGE_BYTES):  # chunks whose bytes come in one request
+            lo, hi = where[group[0]][0], where[group[-1]][1]
+            data = whole[lo:hi] if whole is not None else self._get(key, (lo, hi))
+            for coord in group:
+                start, stop = where[coord]
+                verdicts[coord] = self._chunk(
+                    coord, None if data is None else data[start - lo : stop - lo]
+                )
         bad = []
-        for coord in chunks:
-            part = None
-            if index is not None:
-                row = sum((c % p) * s for c, p, s in zip(coord, self.per, strides, strict=True))
-                offset, length = (int(v) for v in index[row])
-                part = None if offset == ABSENT_INT else data[offset : offset + length]
-            if (line := self._chunk(coord, part)) is not None:
+        for coord in chunks:  # in the shard's order, as the local copy's lines are
+            line = verdicts[coord] if coord in verdicts else self._chunk(coord, None)
+            if line is not None:
                 bad.append(line)
         return len(chunks), bad
+
+    def _size(self, key: str) -> int | None:
+        """The object's bytes (None: no such object); a request that fails is the store's
+        one line (`UrlStore`), not a chunk's verdict."""
+        try:
+            return int(sync(self.store.getsize(key)))
+        except FileNotFoundError:
+            return None
+
+    def _get(self, key: str, span: tuple[int, int] | None = None) -> bytes | None:
+        """The object, or bytes [start, stop) of it (None: no such object)."""
+        ranged = None if span is None else RangeByteRequest(*span)
+        found = sync(self.store.get(key, default_buffer_prototype(), byte_range=ranged))
+        return None if found is None else found.to_bytes()
 
     def _chunk(self, coord: tuple[int, ...], data: bytes | None) -> str | None:
         where = f"{self.label} chunk {coord}"

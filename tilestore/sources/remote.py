@@ -269,6 +269,15 @@ class UrlStore(FsspecStore):
         except Exception as exc:
             raise failed_request(str(self), exc, ServerError, "read the store") from None
 
+    async def getsize(self, key: str) -> int:
+        """The object's bytes; FileNotFoundError where there is none, as zarr's."""
+        try:
+            return await super().getsize(key)
+        except (TilestoreError, FileNotFoundError):
+            raise
+        except Exception as exc:
+            raise failed_request(str(self), exc, ServerError, f"read {key}") from None
+
     async def exists(self, key: str) -> bool:
         try:
             return await super().exists(key)

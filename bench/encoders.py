@@ -93,7 +93,7 @@ TRIDENT = {
     "genbio-pathfm": ("genbio-pathfm", {}),
 }
 TIMM_HUB = ("lunit-vits16", "lunit-bt", "lunit-mocov2", "lunit-swav", "pathorchestra", "mstar",
-            "digepath", "prost40m")  # fmt: skip
+            "digepath", "prost40m", "reddino-small", "reddino-base", "reddino-large")  # fmt: skip
 # TRIDENT loads these from the Hub (H0-mini: only from there; Lunit: its local-checkpoint
 # path takes timm's ImageNet defaults instead of the port's config): a local cache stands in
 HUB_CACHE = ("h0-mini", "lunit-vits8")

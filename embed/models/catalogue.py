@@ -87,6 +87,23 @@ def _vitl16(name: str, repo: str, **facts) -> ModelSpec:
     )  # fmt: skip
 
 
+def _reddino(name: str, arch: str, dim: int) -> ModelSpec:
+    """RedDino (Snarci/RedDino, red blood cells): DINOv2 ViTs/14 at 224 px, published for timm
+    by the authors (their huggingface/to_hub.ipynb: their DINOv2 teacher's weights in
+    timm's ``vit_*_patch14_dinov2`` with a 257-token position table, ``global_pool="token"``,
+    ImageNet's mean and std, licence cc-by-nc-4.0 in its config.json). The class token after
+    the final norm, what ``create_model("hf-hub:Snarcy/RedDino-<size>", num_classes=0)``
+    gives, as STAMP's loader reads it (Resize(224), ImageNet's normalisation). Cell images,
+    not slides: no um/px is assumed."""
+    repo = f"Snarcy/RedDino-{name.rsplit('-', 1)[1]}"
+    return ModelSpec(
+        name, "hf-hub", repo, dim, None,
+        arch=Arch("timm", arch, {"img_size": 224, "dynamic_img_size": True}),
+        data=_data(IMAGENET), pooling="cls", licence="CC-BY-NC-4.0", card=HF + repo,
+        reference=f"timm create_model(hf-hub:{repo}) (STAMP's loader)",
+    )  # fmt: skip
+
+
 DINOV3_CODE = "facebookresearch/dinov3"
 
 
@@ -796,6 +813,10 @@ ENTRIES: tuple[ModelSpec, ...] = (
         "(lilab-stanford/MUSK)",
         text="musk",
     ),
+    # RedDino (Snarci/RedDino), each size its authors publish for timm
+    _reddino("reddino-small", "vit_small_patch14_dinov2", 384),
+    _reddino("reddino-base", "vit_base_patch14_dinov2", 768),
+    _reddino("reddino-large", "vit_large_patch14_dinov2", 1024),
     # DINOv3 (facebookresearch/dinov3), each size whose weights are public
     _dinov3("dinov3-vits16", "vit_small_patch16_dinov3_qkvb", 384),
     _dinov3("dinov3-vits16plus", "vit_small_plus_patch16_dinov3_qkvb", 384),

@@ -16,7 +16,7 @@ from tilestore.embed.models import ModelError, get_model, load_model
 from tilestore.embed.models.catalogue import IMAGENET, OPENAI_CLIP, _data
 
 SMALL_VIT = {"depth": 2, "embed_dim": 64, "num_heads": 4}
-TIMM_HUB = ["pathorchestra", "mstar", "digepath", "prost40m"]
+TIMM_HUB = ["pathorchestra", "mstar", "digepath", "prost40m", "reddino-small", "reddino-large"]
 
 
 def _small(spec, data=None, **kwargs):

@@ -142,7 +142,7 @@ class ProcessRows(RowSource):
     cut back 64 ms. On an H100 (ViT-S, a new engine each run,
     3 runs each, interleaved), the first batch came after 0.19-0.49 s that way and
     0.10-0.13 s when pinning starts after 3 batches, at the same tiles/s (medians 16,225
-    and 16,333)."""
+    and 16,333; measured when the count was a slide's own rows, not the tiles cut)."""
 
     def __init__(
         self,

@@ -112,7 +112,8 @@ def test_verify_finds_in_a_bucket_every_fault_it_finds_in_the_local_copy(
     s3, embedded, tmp_path, monkeypatch, damage
 ):
     """The same damage, here and there: the same verdict, line for line, the URL for the
-    path, each object fetched whole (one request a shard)."""
+    path, each object fetched whole (one request a shard, its size from one listing of its
+    array)."""
     from tilestore.reading import verify_store
 
     copy = tmp_path / "copy" / STORE
@@ -132,9 +133,10 @@ def test_verify_finds_in_a_bucket_every_fault_it_finds_in_the_local_copy(
 def test_verify_reads_a_large_shard_by_ranges_with_the_local_copys_verdict(
     s3, embedded, tmp_path, monkeypatch, damage
 ):
-    """A shard past `WHOLE_BYTES` is never fetched whole: its index by its last bytes, then
-    its chunks a few KB at a time (`RANGE_BYTES`), no byte of it twice; the verdict is the
-    local copy's, line for line."""
+    """A shard past `WHOLE_BYTES` is never fetched whole: its size from one listing of its
+    array (never a request a shard), its index by its last bytes, then its chunks a few KB
+    at a time (`RANGE_BYTES`), no byte of it twice; the verdict is the local copy's, line
+    for line."""
     from tilestore.reading import verify as verifying
     from tilestore.reading import verify_store
     from tilestore.sources.remote import UrlStore
@@ -148,7 +150,14 @@ def test_verify_reads_a_large_shard_by_ranges_with_the_local_copys_verdict(
         asked.append((key, byte_range, None if found is None else len(found)))
         return found
 
+    sized = []
+
+    async def no_size(self, key):
+        sized.append(key)
+        return await UrlStore.__mro__[1].getsize(self, key)
+
     monkeypatch.setattr(UrlStore, "get", recorded)
+    monkeypatch.setattr(UrlStore, "getsize", no_size)
     copy = tmp_path / "copy" / STORE
     shutil.copytree(embedded, copy)
     said = damage(copy)
@@ -165,6 +174,7 @@ def test_verify_reads_a_large_shard_by_ranges_with_the_local_copys_verdict(
         reads = [(r, n) for k, r, n in asked if k == key]
         assert reads and all(r is not None for r, _ in reads)  # never the whole object
         assert len(reads) > 2 and sum(n for _, n in reads) <= shard.stat().st_size
+    assert all(not (copy / key).exists() for key in sized), sized  # only absent ones asked
 
 
 @pytest.mark.parametrize(

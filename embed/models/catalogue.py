@@ -107,7 +107,7 @@ def _reddino(name: str, arch: str, dim: int) -> ModelSpec:
 DINOV3_CODE = "facebookresearch/dinov3"
 
 
-def _dinov3(name: str, arch: str, dim: int) -> ModelSpec:
+def _dinov3(name: str, arch: str, dim: int, checked: str = "") -> ModelSpec:
     """Meta's DINOv3 ViTs trained on LVD-1689M (web images): general baselines, as the peers
     ship them. timm's ports (``timm/<arch>.lvd1689m``: config.json and model.safetensors,
     the authors' weights converted by timm; the ``_qkvb`` ports keep the authors' q and v
@@ -122,7 +122,8 @@ def _dinov3(name: str, arch: str, dim: int) -> ModelSpec:
         name, "hf-hub", repo, dim, None, tile=256,
         arch=Arch("timm", arch, {"img_size": 256, "dynamic_img_size": True}, periods="bf16"),
         data=_data(IMAGENET, size=256), pooling="cls", licence="DINOv3 License",
-        card=HF + repo, reference=f"authors: {DINOV3_CODE} {name.replace('-', '_')}",
+        card=HF + repo,
+        reference=f"authors: {DINOV3_CODE} {name.replace('-', '_')}{checked}",
     )  # fmt: skip
 
 
@@ -348,7 +349,7 @@ ENTRIES: tuple[ModelSpec, ...] = (
         precision="fp16",
         licence=NC_ND,
         card=HF + "paige-ai/Virchow2",
-        reference="trident:virchow2 (its class token, the first 1,280 of 2,560)",
+        reference="virchow2's first 1,280 (tested); trident:virchow2's CLS not run yet",
     ),
     ModelSpec(
         "h-optimus-0",
@@ -823,7 +824,8 @@ ENTRIES: tuple[ModelSpec, ...] = (
     _dinov3("dinov3-vitb16", "vit_base_patch16_dinov3_qkvb", 768),
     _dinov3("dinov3-vitl16", "vit_large_patch16_dinov3_qkvb", 1024),
     _dinov3("dinov3-vith16plus", "vit_huge_plus_patch16_dinov3_qkvb", 1280),
-    _dinov3("dinov3-vit7b16", "vit_7b_patch16_dinov3", 4096),  # no q, k, v biases at all
+    # no q, k, v biases at all; 27 GB of float32 weights a copy: checked at two of its blocks
+    _dinov3("dinov3-vit7b16", "vit_7b_patch16_dinov3", 4096, " (at 2 blocks)"),
     ModelSpec(
         "efficientnet-lite0",
         "package",

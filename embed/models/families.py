@@ -91,17 +91,24 @@ def _build_timm(spec: ModelSpec, config: dict | None) -> nn.Module:
         )
     except (RuntimeError, TypeError, ValueError, KeyError) as exc:
         raise ModelError(f"{spec.name}: cannot build {name}: {exc}") from exc
+    made_as_released(spec, model)
+    return model
+
+
+def made_as_released(spec: ModelSpec, model: nn.Module) -> None:
+    """The state an architecture computes at build (its non-persistent buffers), made as
+    the authors' release holds it where that differs (`Arch.periods`): after a build, and
+    after those buffers are made again on a model whose weights were assigned."""
     if spec.arch and spec.arch.periods is not None:
         _PERIODS[spec.arch.periods](spec, model)
-    return model
 
 
 def _bf16_periods(spec: ModelSpec, model: nn.Module) -> None:
     """The rotary periods as DINOv3's release holds them: a persistent bfloat16 buffer,
     read into float32 by the authors' model. timm computes them in float32 and keeps them
-    out of its state dict: features then differ from the authors' by up to 4.1e-03 (ViT-H+,
-    random weights; bench/dinov3_periods.py, bench/RESULTS.md), and are the same bit for
-    bit once rounded."""
+    out of its state dict: features then differ from the authors' (random weights: 4.1e-03
+    for the ViT-H+, 1.7e-02 for two blocks of the ViT-7B; bench/dinov3_periods.py,
+    bench/RESULTS.md), and are the same bit for bit once rounded."""
     ropes = [m for m in model.modules() if isinstance(m, timm.layers.RotaryEmbeddingDinoV3)]
     if not ropes:
         raise ModelError(f"{spec.name}: {spec.arch.name} has no DINOv3 rotary embedding")

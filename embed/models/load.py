@@ -20,7 +20,7 @@ from timm.data import resolve_data_config
 
 from tilestore.embed.models import hub
 from tilestore.embed.models.encoder import Encoder
-from tilestore.embed.models.families import family
+from tilestore.embed.models.families import family, made_as_released
 from tilestore.embed.models.preprocess import Transform
 from tilestore.embed.models.registry import get_model, timm_weights_repo
 from tilestore.embed.models.spec import ModelSpec
@@ -159,8 +159,10 @@ def _checkpoint(spec: ModelSpec, checkpoint: hub.Checkpoint, device: torch.devic
 
     The backbone is built on the meta device, without drawing random weights that the
     checkpoint replaces at once (seconds on the CPU for a ViT-L, more for a ViT-g), and the
-    checkpoint's tensors are assigned in. An architecture with state the checkpoint does not
-    hold (buffers computed at build, such as rotary tables) is built for real instead."""
+    checkpoint's tensors are assigned in. State the checkpoint does not hold (buffers
+    computed at build, such as rotary tables) is made where its modules can make it again
+    (timm's ``init_non_persistent_buffers``: DINOv3's 27 GB ViT-7B is then never drawn at
+    random beside its weights), else the architecture is built for real."""
     builder = family(spec)
     if builder.load is not None:  # the family's library loads its own files
         folder = checkpoint.weights.parent
@@ -171,11 +173,30 @@ def _checkpoint(spec: ModelSpec, checkpoint: hub.Checkpoint, device: torch.devic
         backbone = builder.build(spec, checkpoint.config)
     state = builder.convert(spec, state, backbone)
     _load_state(spec, backbone, state, assign=True)
-    if any(t.is_meta for t in (*backbone.parameters(), *backbone.buffers())):
+    meta = any(t.is_meta for t in (*backbone.parameters(), *backbone.buffers()))
+    if meta and not _buffers_made(spec, backbone, device):
         with device:
             backbone = builder.build(spec, checkpoint.config)
         _load_state(spec, backbone, state)
     return Encoder.of(backbone, spec), checkpoint
+
+
+def _buffers_made(spec: ModelSpec, backbone: torch.nn.Module, device: torch.device) -> bool:
+    """Make on `device` the buffers a checkpoint does not hold, where every parameter was
+    assigned and each module holding such a buffer can compute its own again; then as the
+    release holds them (`made_as_released`). False (nothing changed) where not."""
+    if any(p.is_meta for p in backbone.parameters()):
+        return False
+    owners = [m for m in backbone.modules() if any(b.is_meta for b in m.buffers(recurse=False))]
+    if not all(hasattr(m, "init_non_persistent_buffers") for m in owners):
+        return False
+    for module in owners:  # its meta buffers alone made (its parameters are the weights)
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if buffer.is_meta:
+                module._buffers[name] = torch.empty_like(buffer, device=device)
+        module.init_non_persistent_buffers()
+    made_as_released(spec, backbone)
+    return True
 
 
 def _hf_hub(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:

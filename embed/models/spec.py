@@ -59,6 +59,13 @@ class Arch:
     # (DINOv3's), where timm computes them in float32 at build
     periods: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.periods is not None and (self.family, self.periods) != ("timm", "bf16"):
+            raise ValueError(
+                f"{self.name}: periods={self.periods!r} is made for timm's DINOv3 only "
+                "(family 'timm', periods 'bf16')"
+            )
+
 
 @dataclass(frozen=True)
 class ModelSpec:

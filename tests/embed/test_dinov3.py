@@ -12,6 +12,7 @@ import torch
 
 from tilestore.embed.models import ModelError, get_model, list_models, load_model
 from tilestore.embed.models.catalogue import IMAGENET
+from tilestore.embed.models.spec import Arch
 
 SMALL = {"depth": 2, "embed_dim": 64, "num_heads": 4, "init_values": 0.5}
 SIZES = {
@@ -74,3 +75,45 @@ def test_rounded_periods_on_an_architecture_without_dinov3s_rotary_table_are_ref
     )
     with pytest.raises(ModelError, match="vit_tiny_patch16_224 has no DINOv3 rotary embedding"):
         load_model(spec)
+
+
+def test_a_dinov3_checkpoint_is_built_once_on_the_meta_device(hf_cache, monkeypatch):
+    """Its weights are assigned into a build on the meta device and its rotary table (the
+    one state its checkpoint does not hold) made after, rounded: never a second build that
+    draws random weights beside the checkpoint's (27 GB for the ViT-7B)."""
+    spec = get_model("dinov3-vits16")
+    hf_cache(repo=spec.repo, arch=spec.arch.name, model_args={**spec.arch.kwargs, **SMALL})
+    create, made = timm.create_model, []
+
+    def counted(*args, **kwargs):
+        made.append(torch.empty(0).device.type)
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(timm, "create_model", counted)
+    backbone = load_model(_small(spec)).module.backbone
+    assert made == ["meta"]
+    assert not any(t.is_meta for t in (*backbone.parameters(), *backbone.buffers()))
+    periods = backbone.rope.periods
+    assert torch.equal(periods, periods.to(torch.bfloat16).float())
+    assert torch.equal(backbone.blocks[0].attn.k_bias, torch.zeros(64))
+
+
+def test_a_fixed_size_dinov3_caches_its_rotary_table_from_the_rounded_periods(hf_cache):
+    """Built for one input size (no dynamic size), timm caches the rotary table: it is made
+    again from the rounded periods, so the features are the dynamic build's."""
+    spec = get_model("dinov3-vits16")
+    args = {**spec.arch.kwargs, **SMALL}
+    hf_cache(repo=spec.repo, arch=spec.arch.name, model_args=args)
+    fixed = replace(spec.arch, kwargs={**args, "dynamic_img_size": False})
+    x = torch.randn(2, 3, 256, 256, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        dynamic = load_model(_small(spec)).features(x)
+        cached = load_model(replace(spec, arch=fixed, output_dim=None)).features(x)
+    torch.testing.assert_close(cached, dynamic, rtol=0, atol=0)
+
+
+def test_periods_are_made_for_timms_dinov3_only():
+    with pytest.raises(ValueError, match="periods='fp8' is made for timm's DINOv3 only"):
+        Arch("timm", "vit_small_patch16_dinov3_qkvb", periods="fp8")
+    with pytest.raises(ValueError, match="made for timm's DINOv3 only"):
+        Arch("conch", "v1", periods="bf16")

@@ -385,6 +385,7 @@ class _Fetched:
         self.checksum = has_checksums(array)
         self.jpeg = array.ndim == 3 and ChunkReader(array, 0).is_jpeg
         self.store = array.store_path.store
+        self.sizes = self._listed() if self.per is not None else {}
 
     def objects(self) -> list[tuple[int, ...]]:
         """The array's objects by their grid coordinates (shards, or chunks unsharded)."""
@@ -416,9 +417,10 @@ class _Fetched:
                     end = len(whole) - index_bytes(count, crc)
                     index = check_ranges(parse_index(whole, count, name, crc), name, end)
             elif size is not None:  # its index, its last bytes
-                tail = self._get(key, (size - index_bytes(count, crc), size))
                 end = size - index_bytes(count, crc)
-                index = check_ranges(parse_index(tail, count, name, crc), name, end)
+                tail = self._get(key, (end, size), name)
+                if tail is not None:  # None: removed since it was sized (said missing)
+                    index = check_ranges(parse_index(tail, count, name, crc), name, end)
         except ChunkError as exc:  # one line for the shard, its chunks not counted
             return 0, [str(exc)]
         strides = [math.prod(self.per[i + 1 :]) for i in range(len(self.per))]
@@ -431,7 +433,10 @@ class _Fetched:
         verdicts: dict[tuple[int, ...], str | None] = {}
         for group in _ranges(where, RANGE_BYTES):  # chunks whose bytes come in one request
             lo, hi = where[group[0]][0], where[group[-1]][1]
-            data = whole[lo:hi] if whole is not None else self._get(key, (lo, hi))
+            try:
+                data = whole[lo:hi] if whole is not None else self._get(key, (lo, hi), name)
+            except ChunkError as exc:  # changed as it was read: one line for the shard
+                return 0, [str(exc)]
             for coord in group:
                 start, stop = where[coord]
                 verdicts[coord] = self._chunk(
@@ -444,19 +449,47 @@ class _Fetched:
                 bad.append(line)
         return len(chunks), bad
 
+    def _listed(self) -> dict[str, int]:
+        """The sizes of the array's objects, from one listing of its prefix (a bucket's
+        listing gives them: no request a shard for its size); {} where the server lists
+        nothing with sizes (a web server, a bucket that refuses listing but serves its
+        objects): each object is then sized alone (`_size`)."""
+        fs, root = getattr(self.store, "fs", None), str(getattr(self.store, "path", ""))
+        if fs is None or not hasattr(fs, "_find"):
+            return {}
+        prefix = f"{root.rstrip('/')}/"
+        try:
+            found = sync(fs._find(f"{prefix}{self.array.path}", detail=True))
+        except Exception:  # listing refused or not offered: sized an object at a time
+            return {}
+        return {
+            path[len(prefix) :]: int(info["size"])
+            for path, info in found.items()
+            if path.startswith(prefix) and isinstance(info.get("size"), int)
+        }
+
     def _size(self, key: str) -> int | None:
-        """The object's bytes (None: no such object); a request that fails is the store's
-        one line (`UrlStore`), not a chunk's verdict."""
+        """The object's bytes (None: no such object), as listed or asked; a request that
+        fails is the store's one line (`UrlStore`), not a chunk's verdict."""
+        if key in self.sizes:
+            return self.sizes[key]
         try:
             return int(sync(self.store.getsize(key)))
         except FileNotFoundError:
             return None
 
-    def _get(self, key: str, span: tuple[int, int] | None = None) -> bytes | None:
-        """The object, or bytes [start, stop) of it (None: no such object)."""
+    def _get(self, key: str, span: tuple[int, int] | None = None, name: str = "") -> bytes | None:
+        """The object, or bytes [start, stop) of it (None: no such object). A range
+        answered short is ChunkError naming `name`: the object changed since it was sized."""
         ranged = None if span is None else RangeByteRequest(*span)
         found = sync(self.store.get(key, default_buffer_prototype(), byte_range=ranged))
-        return None if found is None else found.to_bytes()
+        data = None if found is None else found.to_bytes()
+        if data is not None and span is not None and len(data) != span[1] - span[0]:
+            raise ChunkError(
+                f"{name}: {len(data)} bytes read where {span[1] - span[0]} were asked at "
+                f"{span[0]}: the object changed while it was verified; verify again"
+            )
+        return data
 
     def _chunk(self, coord: tuple[int, ...], data: bytes | None) -> str | None:
         where = f"{self.label} chunk {coord}"

@@ -114,19 +114,29 @@ def test_verify_finds_in_a_bucket_every_fault_it_finds_in_the_local_copy(
     """The same damage, here and there: the same verdict, line for line, the URL for the
     path, each object fetched whole (one request a shard, its size from one listing of its
     array)."""
+    _, url, here, there = _verified_here_and_there(
+        s3, embedded, tmp_path, monkeypatch, damage, "damaged"
+    )
+    assert there.store == url
+    assert (there.untied, there.untied_groups) == (here.untied, here.untied_groups)
+
+
+def _verified_here_and_there(s3, embedded, tmp_path, monkeypatch, damage, prefix: str):
+    """A damaged copy of `embedded` verified here and, uploaded, at its URL: (copy, url,
+    here's verdict, there's), both checked to be the same line for line."""
     from tilestore.reading import verify_store
 
     copy = tmp_path / "copy" / STORE
     shutil.copytree(embedded, copy)
     said = damage(copy)
-    url = _uploaded(s3, copy, f"damaged-{damage.__name__}")
+    url = _uploaded(s3, copy, f"{prefix}-{damage.__name__}")
     for name, value in s3.env(tmp_path / "cache").items():
         monkeypatch.setenv(name, value)
     here, there = verify_store(copy), verify_store(url)
     assert not here.ok and any(said in line for line in here.bad), here.bad
-    assert there.store == url and (there.chunks, there.arrays) == (here.chunks, here.arrays)
+    assert (there.chunks, there.arrays) == (here.chunks, here.arrays)
     assert there.bad == [line.replace(str(copy), url) for line in here.bad]
-    assert (there.untied, there.untied_groups) == (here.untied, here.untied_groups)
+    return copy, url, here, there
 
 
 @pytest.mark.parametrize("damage", [_chunk_flipped, _index_cut, _object_gone])
@@ -138,7 +148,6 @@ def test_verify_reads_a_large_shard_by_ranges_with_the_local_copys_verdict(
     at a time (`RANGE_BYTES`), no byte of it twice; the verdict is the local copy's, line
     for line."""
     from tilestore.reading import verify as verifying
-    from tilestore.reading import verify_store
     from tilestore.sources.remote import UrlStore
 
     monkeypatch.setattr(verifying, "WHOLE_BYTES", 0)
@@ -158,16 +167,7 @@ def test_verify_reads_a_large_shard_by_ranges_with_the_local_copys_verdict(
 
     monkeypatch.setattr(UrlStore, "get", recorded)
     monkeypatch.setattr(UrlStore, "getsize", no_size)
-    copy = tmp_path / "copy" / STORE
-    shutil.copytree(embedded, copy)
-    said = damage(copy)
-    url = _uploaded(s3, copy, f"ranged-{damage.__name__}")
-    for name, value in s3.env(tmp_path / "cache").items():
-        monkeypatch.setenv(name, value)
-    here, there = verify_store(copy), verify_store(url)
-    assert not here.ok and any(said in line for line in here.bad), here.bad
-    assert (there.chunks, there.arrays) == (here.chunks, here.arrays)
-    assert there.bad == [line.replace(str(copy), url) for line in here.bad]
+    copy, *_ = _verified_here_and_there(s3, embedded, tmp_path, monkeypatch, damage, "ranged")
     level0 = sorted(p for p in (copy / "0").rglob("*") if p.is_file() and p.name != "zarr.json")
     for shard in level0:
         key = shard.relative_to(copy).as_posix()

@@ -104,6 +104,19 @@ def _reddino(name: str, arch: str, dim: int) -> ModelSpec:
     )  # fmt: skip
 
 
+VIRCHOW2_CLS_CHECKED = "virchow2's first 1,280 (tested); trident:virchow2's CLS not run yet"
+
+
+def _virchow2(name: str, dim: int, pooling: str, reference: str) -> ModelSpec:
+    """Paige's Virchow2 (its card): the ViT-H/14 of `VIRCHOW2`, bicubic resize to 224,
+    ImageNet's normalisation, fp16; `pooling` of its tokens."""
+    return ModelSpec(
+        name, "hf-hub", "paige-ai/Virchow2", dim, 0.5, arch=VIRCHOW2,
+        data=_data(IMAGENET, interpolation="bicubic"), pooling=pooling, gated=True,
+        precision="fp16", licence=NC_ND, card=HF + "paige-ai/Virchow2", reference=reference,
+    )  # fmt: skip
+
+
 DINOV3_CODE = "facebookresearch/dinov3"
 
 
@@ -317,40 +330,11 @@ ENTRIES: tuple[ModelSpec, ...] = (
     ),
     # STAMP embeds Virchow2 as its CLS token alone (1280-d); the card, TRIDENT and LazySlide
     # as CLS + mean of the patch tokens (2560-d): registered as the card says, and the CLS
-    # token alone as `virchow2-cls` (below).
-    ModelSpec(
-        "virchow2",
-        "hf-hub",
-        "paige-ai/Virchow2",
-        2560,
-        0.5,
-        arch=VIRCHOW2,
-        data=_data(IMAGENET, interpolation="bicubic"),
-        pooling="cls+mean",
-        gated=True,
-        precision="fp16",
-        licence=NC_ND,
-        card=HF + "paige-ai/Virchow2",
-        reference="trident:virchow2",
-    ),
-    # Virchow2's class token alone (1280-d): STAMP's virchow2 and TRIDENT's virchow2-cls
-    # (its PR #226). The same weights and tokens as `virchow2`: its features are the first
-    # 1,280 of those (tested), a store of each kept apart by its name.
-    ModelSpec(
-        "virchow2-cls",
-        "hf-hub",
-        "paige-ai/Virchow2",
-        1280,
-        0.5,
-        arch=VIRCHOW2,
-        data=_data(IMAGENET, interpolation="bicubic"),
-        pooling="cls",
-        gated=True,
-        precision="fp16",
-        licence=NC_ND,
-        card=HF + "paige-ai/Virchow2",
-        reference="virchow2's first 1,280 (tested); trident:virchow2's CLS not run yet",
-    ),
+    # token alone as `virchow2-cls` (STAMP's virchow2, TRIDENT's virchow2-cls of its PR
+    # #226): the same weights and tokens, its features the first 1,280 of virchow2's
+    # (tested), a store of each kept apart by its name.
+    _virchow2("virchow2", 2560, "cls+mean", "trident:virchow2"),
+    _virchow2("virchow2-cls", 1280, "cls", VIRCHOW2_CLS_CHECKED),
     ModelSpec(
         "h-optimus-0",
         "hf-hub",

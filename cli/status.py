@@ -79,11 +79,13 @@ def status(
     ]
     runs = finishing_runs(found, model, plan, slide_encoder)
     left = [store for run in runs for store in run.stores]
-    # embedding writes into a store: one in object storage is copied here first (no command)
+    # embedding writes into a store: one in object storage is copied here first, so no
+    # command nor --todo line names it (the local stores beside it in a run keep theirs)
     remote = [store for store in left if is_url(store)]
-    runs = [run for run in runs if not any(is_url(store) for store in run.stores)]
+    runs = [replace(run, stores=tuple(s for s in run.stores if not is_url(s))) for run in runs]
+    runs = [run for run in runs if run.stores]
     if todo:
-        todo.write_text("".join(f"{store}\n" for store in left))
+        todo.write_text("".join(f"{store}\n" for run in runs for store in run.stores))
     commands = [_command(run, todo if len(runs) == 1 else None) for run in runs]
     breaking = [_command(run, None) for run in breaking_runs(found, model, plan, slide_encoder)]
     counts = {state: sum(g.state == state for _, g in found) for state in STATES}

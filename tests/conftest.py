@@ -285,3 +285,14 @@ def group_of(store, model: str, plan: str | None = None) -> str:
     from tilestore.embeddings import find_group
 
     return find_group(store, model, plan)
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A real S3 server (moto's, authentication on) for a module's tests, with an empty
+    bucket (`tests.s3`)."""
+    from tests.s3 import start_s3
+
+    server = start_s3()
+    yield server
+    server.stop()

@@ -15,17 +15,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import CMU, SLIDES, no_secret, one_line_refusal, run_cli
-from tests.s3 import BUCKET, start_s3
+from tests.s3 import BUCKET
 
 STORE = "CMU-1-Small-Region.ome.zarr"
 FEATURES = "embeddings/efficientnet-lite0/1mpp-224px/features"
-
-
-@pytest.fixture(scope="module")
-def s3():
-    server = start_s3()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +191,7 @@ def test_a_command_that_writes_into_a_store_refuses_its_url_in_one_line(
     before = _keys(s3)
     name, *flags = command
     done = run_cli(name, url, *flags, env=s3.env(tmp_path / "cache"), cwd=tmp_path)
-    one_line_refusal(done, url, f"tilestore {name} writes into the store", "aws s3 sync")
+    one_line_refusal(done, url, f"what tilestore {name} writes goes into", "aws s3 sync")
     assert _keys(s3) == before
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
 
@@ -266,10 +259,10 @@ def test_the_library_never_writes_a_piece_of_a_store_in_a_bucket(
         monkeypatch.setenv(name, value)
     slide = tilestore.open_slide(url)
     before = _keys(s3)
-    with pytest.raises(StoreError, match="only read so: copy it here") as caught:
+    with pytest.raises(StoreError, match="only read where it is: copy it here") as caught:
         write_tissue(slide, compute_tissue(slide))
     assert "\n" not in str(caught.value) and url in str(caught.value)
-    with pytest.raises(StoreError, match="only read so"):
+    with pytest.raises(StoreError, match="plan or embeddings group goes into the store"):
         save_plan(slide, plan_over_tissue(slide, PlanOptions(mpp=1.0, tile=112, min_tissue=0)))
     assert _keys(s3) == before
 
@@ -365,3 +358,10 @@ def test_status_of_a_store_in_a_bucket_with_work_left_says_to_copy_it_not_a_comm
     assert "1 store left in object storage" in done.stdout and "aws s3 sync" in done.stdout
     listed = json.loads(run_cli("status", url, "--model", "uni", "--json", env=env).stdout)
     assert listed["in_object_storage"] == [url] and listed["commands"] == []
+    # beside a local store with work left: its command and --todo line, not the URL's
+    todo = tmp_path / "left.txt"
+    both = run_cli("status", embedded, url, "--model", "uni", "--todo", todo, env=env)
+    assert both.returncode == 1, both.stderr
+    assert todo.read_text() == f"{embedded}\n"
+    (command,) = [line for line in both.stdout.splitlines() if "tilestore embed" in line]
+    assert url not in command and "1 store left in object storage" in both.stdout

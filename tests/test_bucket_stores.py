@@ -15,18 +15,11 @@ import pytest
 import zarr
 
 from tests.conftest import CMU, KIDNEY, SLIDES, no_secret, one_line_refusal, run_cli, store_tree
-from tests.s3 import BUCKET, Proxy, start_s3
+from tests.s3 import BUCKET, Proxy
 from tilestore.conversion.bucket import MARK, ROOT
 from tilestore.errors import OutputError, StoreError
 
 STORE = "CMU-1-Small-Region.ome.zarr"
-
-
-@pytest.fixture(scope="module")
-def s3():
-    server = start_s3()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -94,12 +94,18 @@ def store_changed(path: str | os.PathLike, command: str) -> Path:
     where it is (`status`, `info`, `open_embeddings`, `export`, `view`), and written only
     whole, by `tilestore convert -o s3://...`."""
     if is_url(path):
-        raise StoreError(
-            f"{shown(str(path))}: {command} writes into the store, and a store in object "
-            "storage is only read where it is: copy it here (aws s3 sync, gcloud storage "
-            f"rsync), run {command} on the copy, then copy it back"
-        )
+        raise only_read(shown(str(path)), f"what {command} writes")
     return Path(local_path(path) if isinstance(path, str) else path)
+
+
+def only_read(where: str, what: str) -> StoreError:
+    """The one line for `what` asked to go into a store in object storage (`where`, as
+    shown): such a store is read where it is, written only whole (`convert -o s3://...`)."""
+    return StoreError(
+        f"{where}: {what} goes into the store, and a store in object storage is only read "
+        "where it is: copy it here (aws s3 sync, gcloud storage rsync), write into the copy, "
+        "then copy it back"
+    )
 
 
 def shown(url: str) -> str:

@@ -61,6 +61,12 @@ class LoadedModel:
             # only where drawn: a group made before keeps resuming with a checkpoint
             **({"weights_seed": self.weights_seed} if self.weights_seed is not None else {}),
             "architecture": self.spec.arch.name if self.spec.arch else type(backbone).__name__,
+            # where built otherwise than its library builds it (DINOv3's rounded periods)
+            **(
+                {"periods": self.spec.arch.periods}
+                if self.spec.arch and self.spec.arch.periods
+                else {}
+            ),
             "family": self.spec.family,
             "pooling": self.spec.pooling,
             "projection": self.spec.projection,

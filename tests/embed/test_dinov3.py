@@ -65,6 +65,7 @@ def test_dinov3_reads_timms_layout_offline_with_the_authors_rounded_periods(name
     assert not torch.equal(theirs.rope.periods, periods)  # rounding changes them
     torch.testing.assert_close(ours, rounded, rtol=0, atol=0)
     assert not torch.equal(ours, plain)
+    assert loaded.describe()["periods"] == "bf16"  # the recipe the stored record holds
 
 
 def test_rounded_periods_on_an_architecture_without_dinov3s_rotary_table_are_refused():
@@ -117,3 +118,15 @@ def test_periods_are_made_for_timms_dinov3_only():
         Arch("timm", "vit_small_patch16_dinov3_qkvb", periods="fp8")
     with pytest.raises(ValueError, match="made for timm's DINOv3 only"):
         Arch("conch", "v1", periods="bf16")
+
+
+def test_groups_whose_rotary_periods_differ_are_never_combined():
+    """The rounding is part of the recipe a group records: two groups of one model whose
+    periods were made otherwise are refused together, naming the fact."""
+    from tilestore.embeddings.recipe import MixedResults, combine, recipe
+
+    model = {"name": "dinov3-vits16", "architecture": "vit_small_patch16_dinov3_qkvb"}
+    rounded = recipe({"model": {**model, "periods": "bf16"}})
+    other = recipe({"model": {**model, "periods": "fp32"}})
+    with pytest.raises(MixedResults, match="periods: bf16"):
+        combine([("a.ome.zarr", rounded), ("b.ome.zarr", other)], "features")

@@ -53,6 +53,7 @@ MODEL_FACTS = (
     "weights_sha256",  # the weights file itself: two local files of one name are not one model
     "weights_seed",  # random weights asked for: the seed they were drawn with
     "architecture",
+    "periods",  # built otherwise than its library builds it (DINOv3's rounded periods)
     "pooling",
     "projection",
     "output_dim",

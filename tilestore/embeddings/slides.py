@@ -47,7 +47,8 @@ from tilestore.format.records import (
     write_record,
 )
 from tilestore.format.store import damage_as_store_error, open_for_writing
-from tilestore.options import checked, is_url
+from tilestore.options import checked, is_url, named
+from tilestore.urls import only_read
 
 SLIDES = "slides"  # the subgroup of a tile model's group holding its slide embeddings
 VECTOR = "embedding"  # the array of one slide embedding: (feature,)
@@ -171,10 +172,7 @@ def write_slide_vector(
     EmbeddingError, nothing written, where the vector holds a NaN or an infinity. A store
     read through a URL is refused (StoreError): one in object storage is only read."""
     if is_url(tiles.store):
-        raise StoreError(
-            f"{tiles.store}: a store in object storage is only read where it is: copy it here "
-            "(aws s3 sync, gcloud storage rsync), write its slide embedding there, copy it back"
-        )
+        raise only_read(named(tiles.store), "a slide embedding")
     store = Path(tiles.store)
     path = slide_group_name(tiles.path, encoder)
     values = np.asarray(vector, dtype=np.float32).reshape(-1)

@@ -31,6 +31,7 @@ from tilestore.errors import OptionError, StoreError
 from tilestore.format.store import DAMAGED, open_for_writing, open_group, remote_store
 from tilestore.options import Opt, checked
 from tilestore.reading.resolution import MAX_MPP, MPP_TOLERANCE
+from tilestore.urls import only_read
 
 # What `Slide.read_region` is asked (a library call: no command takes these as flags).
 MAX_REGION = 2**19  # px a side: past any slide's (500,000 px), and past what RAM holds
@@ -226,11 +227,7 @@ class Slide:
         a web server's) is refused: it is only read where it is, written only whole
         (`convert -o s3://...`), never a label, plan or group at a time."""
         if remote_store(self.group.store):
-            raise StoreError(
-                f"{self.name}: read where it is ({self.group.store}), and a store in object "
-                "storage is only read so: copy it here (aws s3 sync, gcloud storage rsync), "
-                "write into the copy, then copy it back"
-            )
+            raise only_read(str(self.group.store), "a label, plan or embeddings group")
         try:
             return open_for_writing(self.group.store.with_read_only(False))
         except (OSError, ValueError, zarr.errors.BaseZarrError) as exc:

@@ -61,6 +61,7 @@ from tilestore.format.shards import (
     index_bytes,
     index_checked,
     parse_index,
+    split,
 )
 from tilestore.format.store import (
     DAMAGED,
@@ -423,13 +424,12 @@ class _Fetched:
                     index = check_ranges(parse_index(tail, count, name, crc), name, end)
         except ChunkError as exc:  # one line for the shard, its chunks not counted
             return 0, [str(exc)]
-        strides = [math.prod(self.per[i + 1 :]) for i in range(len(self.per))]
         where: dict[tuple[int, ...], tuple[int, int]] = {}  # each chunk present: its range
-        for coord in chunks if index is not None else ():
-            row = sum((c % p) * s for c, p, s in zip(coord, self.per, strides, strict=True))
-            offset, length = (int(v) for v in index[row])
-            if offset != ABSENT_INT:
-                where[coord] = (offset, offset + length)
+        if index is not None:
+            _, rows = split(np.asarray(chunks), self.per)
+            for coord, (offset, length) in zip(chunks, index[rows].tolist(), strict=True):
+                if offset != ABSENT_INT:
+                    where[coord] = (offset, offset + length)
         verdicts: dict[tuple[int, ...], str | None] = {}
         for group in _ranges(where, RANGE_BYTES):  # chunks whose bytes come in one request
             lo, hi = where[group[0]][0], where[group[-1]][1]

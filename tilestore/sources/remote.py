@@ -245,13 +245,18 @@ class UrlStore(FsspecStore):
 
     __repr__ = __str__
 
-    async def get(self, key, prototype, byte_range=None):
+    async def _asked(self, request, doing: str, passed: tuple[type[BaseException], ...] = ()):
+        """`request` awaited; any library's failure of it a ServerError in one line naming
+        the store and `doing` (`failed_request`), but ours and those in `passed`."""
         try:
-            found = await super().get(key, prototype, byte_range)
-        except TilestoreError:
+            return await request
+        except (TilestoreError, *passed):
             raise
         except Exception as exc:
-            raise failed_request(str(self), exc, ServerError, f"read {key}") from None
+            raise failed_request(str(self), exc, ServerError, doing) from None
+
+    async def get(self, key, prototype, byte_range=None):
+        found = await self._asked(super().get(key, prototype, byte_range), f"read {key}")
         asked = _asked_length(byte_range)
         if found is not None and asked is not None and len(found) > asked:
             raise ServerError(
@@ -262,29 +267,15 @@ class UrlStore(FsspecStore):
         return found
 
     async def get_partial_values(self, prototype, key_ranges):
-        try:
-            return await super().get_partial_values(prototype, key_ranges)
-        except TilestoreError:
-            raise
-        except Exception as exc:
-            raise failed_request(str(self), exc, ServerError, "read the store") from None
+        request = super().get_partial_values(prototype, key_ranges)
+        return await self._asked(request, "read the store")
 
     async def getsize(self, key: str) -> int:
         """The object's bytes; FileNotFoundError where there is none, as zarr's."""
-        try:
-            return await super().getsize(key)
-        except (TilestoreError, FileNotFoundError):
-            raise
-        except Exception as exc:
-            raise failed_request(str(self), exc, ServerError, f"read {key}") from None
+        return await self._asked(super().getsize(key), f"read {key}", (FileNotFoundError,))
 
     async def exists(self, key: str) -> bool:
-        try:
-            return await super().exists(key)
-        except TilestoreError:
-            raise
-        except Exception as exc:
-            raise failed_request(str(self), exc, ServerError, f"read {key}") from None
+        return await self._asked(super().exists(key), f"read {key}")
 
     def list(self):
         return self._listed(super().list())

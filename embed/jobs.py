@@ -47,6 +47,29 @@ class Job:
 
 
 @dataclass(frozen=True)
+class JobStart:
+    """Sent before a job's first batch: the writer makes its group while tiles are read."""
+
+    job: Job
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """Sent after a job's last batch: the writer finishes the job when it gets here."""
+
+    job: Job
+
+
+@dataclass(frozen=True)
+class JobFailed:
+    """Sent instead of JobEnd where a job's data failed: the writer releases the job, keeping
+    the batches written before, and the report names the store and the cause."""
+
+    job: Job
+    error: TilestoreError
+
+
+@dataclass(frozen=True)
 class Slice:
     """A unit of distributed work: batches [start, stop) of a store's plan.
 

@@ -18,43 +18,80 @@ from collections.abc import Callable
 import torch
 
 from tilestore.embed.assemble import Batch, Piece
+from tilestore.embed.jobs import JobEnd, JobFailed
+
+# the most starts and ends a bundle waits with for a batch (slides with nothing to compute)
+BUNDLE_MOST = 64
+
+
+class Bundle(tuple):
+    """Items the GPU loop takes in order as one: at most one model batch, the starts before
+    it and the ends after it."""
 
 
 class Packer:
-    """Takes the producer's items in order and hands them on (`put`), packing partial
-    batches of the same tile shape and place (GPU tiles, or host tiles of a pool) into
-    shared model batches of `size` rows."""
+    """Takes the producer's items in order and hands them on (`put`) in bundles, packing
+    partial batches of the same tile shape and place (GPU tiles, or host tiles of a pool)
+    into shared model batches of `size` rows.
 
-    def __init__(self, size: int, put: Callable[[object], None]) -> None:
+    A bundle goes once it holds a batch; before the run's first batch each item goes at
+    once (the loop warms the model up at the first start); an end whose slide has no rows
+    waiting takes the items before it along at once (a large slide's finish waits for no
+    other slide's batch)."""
+
+    def __init__(self, size: int, put: Callable[[Bundle], None]) -> None:
         self.size, self._put = size, put
         self._open: Batch | None = None  # the model batch being packed
         self._held: list[object] = []  # JobEnds waiting behind it
         self._jobs: set[int] = set()  # the jobs with rows in it
+        self._out: list[object] = []  # the next bundle, in order
+        self._batches = 0  # batches handed on
 
     def put(self, item: object) -> None:
-        """Hand `item` on: a whole batch at once, a partial batch into the open model batch
+        """Take `item`: a whole batch at once, a partial batch into the open model batch
         (handed on once the next does not fit), a job's end once its rows are handed on."""
         job = getattr(item, "job", None)
         if isinstance(item, Batch) and item.parts is None and item.count < self.size:
             self._pack(item)
-        elif not isinstance(item, Batch) and job is not None and id(job) in self._jobs:
+        elif isinstance(item, Batch):
+            self._hand(item)
+        elif job is not None and id(job) in self._jobs:
             self._held.append(item)  # its rows wait in the open batch: so does its end
         else:
-            self._put(item)
+            self._hand(item, now=isinstance(item, JobEnd | JobFailed))
 
     def flush(self) -> None:
-        """Hand on the open model batch and the ends behind it (the producer's end)."""
+        """Hand on the open model batch, the ends behind it and what waits with them (the
+        producer's end)."""
+        self._close()
+        self._send()
+
+    def _close(self) -> None:
+        """The open model batch and the ends behind it into the bundle, which goes."""
         batch, held = self._open, self._held
         self._open, self._held, self._jobs = None, [], set()
+        self._out.extend(([batch] if batch is not None else []) + held)
         if batch is not None:
-            self._put(batch)
-        for item in held:
-            self._put(item)
+            self._batches += 1
+            self._send()
+
+    def _hand(self, item: object, now: bool = False) -> None:
+        self._out.append(item)
+        if isinstance(item, Batch):
+            self._batches += 1
+            now = True
+        if now or not self._batches or len(self._out) >= BUNDLE_MOST:
+            self._send()
+
+    def _send(self) -> None:
+        if self._out:
+            bundle, self._out = Bundle(self._out), []
+            self._put(bundle)
 
     def _pack(self, batch: Batch) -> None:
         opened = self._open
         if opened is not None and not _fits(opened, batch, self.size):
-            self.flush()
+            self._close()
             opened = None
         if opened is None:  # the first partial batch's tiles hold the model batch's rows
             piece = Piece(batch.job, batch.block, 0, batch.count)

@@ -4,7 +4,8 @@ Chunks are read ahead on threads and decoded by worker processes (local stores),
 threads or nvJPEG; the decoded grid rows go to the GPU, where their tiles are cut (or, with
 no GPU or a zstd level, tiles are cut on CPU threads into pinned batches). The GPU loop
 (`tilestore.embed.runner`) gets, in order: a job's `JobStart`, its batches, its `JobEnd` (or
-`JobFailed` where the slide's data fails: a damaged chunk), and `DONE` once every job is
+`JobFailed` where the slide's data fails: a damaged chunk), in bundles of a model batch each
+(`tilestore.embed.packing`), and `DONE` once every job is
 through. A job that fails does not stop the others.
 """
 
@@ -25,7 +26,7 @@ import torch
 from tilestore.embed.assemble import Batch, BatchBuilder, CpuAssembler, cut_tiles
 from tilestore.embed.buffers import SlotPool
 from tilestore.embed.decodeplan import DecodePath, DecodePlan, decode_plan, slide_decoding
-from tilestore.embed.jobs import Job
+from tilestore.embed.jobs import Job, JobEnd, JobFailed, JobStart
 from tilestore.embed.nvjpeg import GpuDecodeFailed, GpuJpeg
 from tilestore.embed.packing import Packer
 from tilestore.embed.procdecode import ProcessDecoder
@@ -39,29 +40,6 @@ from tilestore.plan.tiles import chunk_schedule
 
 # slides whose rows are asked of the decoder processes before their turn, at most
 EARLY_SLIDES = 8
-
-
-@dataclass(frozen=True)
-class JobStart:
-    """Sent before a job's first batch: the writer makes its group while tiles are read."""
-
-    job: Job
-
-
-@dataclass(frozen=True)
-class JobEnd:
-    """Sent after a job's last batch: the writer finishes the job when it gets here."""
-
-    job: Job
-
-
-@dataclass(frozen=True)
-class JobFailed:
-    """Sent instead of JobEnd where a job's data failed: the writer releases the job, keeping
-    the batches written before, and the report names the store and the cause."""
-
-    job: Job
-    error: TilestoreError
 
 
 @dataclass

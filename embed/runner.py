@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,12 +30,12 @@ from tilestore.embed.assemble import Batch, Piece
 from tilestore.embed.buffers import SlotPool
 from tilestore.embed.compilecache import CompileCache, Waiting, cache_key
 from tilestore.embed.forward import Forward
-from tilestore.embed.jobs import Job
+from tilestore.embed.jobs import Job, JobEnd, JobFailed, JobStart
 from tilestore.embed.lanes import Lanes
 from tilestore.embed.models import ModelError
 from tilestore.embed.nvjpeg import GpuJpeg
 from tilestore.embed.procdecode import ProcessDecoder
-from tilestore.embed.produce import JobEnd, JobFailed, JobStart, Producer
+from tilestore.embed.produce import Producer
 from tilestore.embed.queues import DONE, drain
 from tilestore.embed.report import RunReport, Stats
 from tilestore.embed.settings import Settings
@@ -259,43 +259,58 @@ class Runner:
 
     def _consume(self, run: _Run, started: float, step: Callable[[], None]) -> None:
         """Compute the producer's batches in order until it is DONE (re-raising its error),
-        handing each job's start and end to the writer."""
+        handing each job's start and end to the writer: each bundle (`Bundle`: a model
+        batch, the starts before it, the ends after it) as one item there too."""
         run.stats.name_thread("tilestore-gpu-loop")
         waited = 0.0  # the loop's wait for items since its last batch (slide switches)
         while True:
             asked = time.perf_counter()
             with run.stats.span("waiting_for_tiles", "wait for tiles"):
-                item = _next(run.ready)
+                bundle = _next(run.ready)
             waited += time.perf_counter() - asked
-            if item is DONE:
+            if bundle is DONE:
                 return
-            if isinstance(item, BaseException):
-                raise item
-            if stopping.asked() and not isinstance(item, JobEnd | JobFailed):
-                raise stopping.Stopped  # the batches computed go to the writer; no new one
-            if isinstance(item, JobStart | JobEnd | JobFailed):
-                if isinstance(item, JobStart) and run.report.filesystems.refusal(item.job.store):
-                    run.failed[id(item.job)] = item.job  # not computed: the writer says why
-                run.written.put(item)
-                computed = id(item.job) not in run.failed
-                if isinstance(item, JobStart) and len(item.job.todo) and computed and not self.warm:
-                    # while the pipeline fills
-                    self._warm_for(run.stats, item.job.plan.spec.read, run.say)
-                    run.report.notes.extend(self.notes)
-                    self.notes.clear()
-                continue
-            if all(id(piece.job) in run.failed for piece in item.pieces()):
-                # its slide (each slide packed in it) failed at a batch before: not computed
-                if item.pool is not None:
-                    item.pool.release(item.slot)
-                continue
-            if run.report.first_batch_s is None:
-                run.report.first_batch_s = round(time.perf_counter() - started, 3)
-            self._compute_batch(run, item, waited)
-            waited = 0.0
-            step()  # the torch profiler's schedule counts batches
+            if isinstance(bundle, BaseException):
+                raise bundle
+            out: list[object] = []  # what goes on to the writer, in order, as one
+            try:
+                for item in bundle:
+                    if self._take(run, item, started, waited, out):
+                        waited = 0.0
+                        step()  # the torch profiler's schedule counts batches
+            finally:
+                if out:
+                    run.written.put(out)
 
-    def _compute_batch(self, run: _Run, item: Batch, waited: float) -> None:
+    def _take(self, run: _Run, item: object, started: float, waited: float, out: list) -> bool:
+        """One item of a bundle: a job's start or end on to the writer (`out`), or a batch
+        computed; whether it was."""
+        if stopping.asked() and not isinstance(item, JobEnd | JobFailed):
+            raise stopping.Stopped  # the batches computed go to the writer; no new one
+        if isinstance(item, JobStart | JobEnd | JobFailed):
+            if isinstance(item, JobStart) and run.report.filesystems.refusal(item.job.store):
+                run.failed[id(item.job)] = item.job  # not computed: the writer says why
+            out.append(item)
+            computed = id(item.job) not in run.failed
+            if isinstance(item, JobStart) and len(item.job.todo) and computed and not self.warm:
+                run.written.put(out[:])  # its group made while the model warms up
+                out.clear()
+                self._warm_for(run.stats, item.job.plan.spec.read, run.say)
+                run.report.notes.extend(self.notes)
+                self.notes.clear()
+            return False
+        if all(id(piece.job) in run.failed for piece in item.pieces()):
+            # its slide (each slide packed in it) failed at a batch before: not computed
+            if item.pool is not None:
+                item.pool.release(item.slot)
+            return False
+        if run.report.first_batch_s is None:
+            run.report.first_batch_s = round(time.perf_counter() - started, 3)
+        out.append(self._compute_batch(run, item, waited))
+        return True
+
+    def _compute_batch(self, run: _Run, item: Batch, waited: float) -> tuple:
+        """Launch a batch's transfer, model and copy back; what the writer waits on."""
         start = end = done = None
         cuda, device = self.settings.cuda, self.settings.device
         if cuda:
@@ -335,7 +350,7 @@ class Runner:
             run.stats.add("compute", time.perf_counter() - t0)
             if item.pool is not None:
                 item.pool.release(item.slot)
-        run.written.put((item, slot, done, start, end, waited))
+        return (item, slot, done, start, end, waited)
 
     def _finite(self, rows: torch.Tensor) -> torch.Tensor:
         """Whether every value of a batch's rows is finite as stored, on their device: the
@@ -393,65 +408,71 @@ class Runner:
         self._fail(run, job, str(error), error.fault)
 
     def _write(self, run: _Run) -> None:
-        """The writer thread: takes the GPU loop's items in order, waits for each batch's
-        features to reach the host (timing the GPU's work and its idling between
-        batches), and hands each slide's steps (its group made, its batches written, its
-        finish, or its failure) to the slide's lane (`Lanes`): a slide's steps in order,
-        the slides' side by side, so one slide's finish never holds up the next's
+        """The writer thread: takes the GPU loop's items in order (a bundle's at a time),
+        waits for each batch's features to reach the host (timing the GPU's work and its
+        idling between batches), and hands each slide's steps (its group made, its batches
+        written, its finish, or its failure) to the slide's lane (`Lanes`): a slide's steps
+        in order, the slides' side by side, so one slide's finish never holds up the next's
         batches."""
-        last_end = None  # the previous batch's end on the GPU: the gap to the next start is idle
-        report, outputs, stats, lanes = run.report, run.outputs, run.stats, run.lanes
-        firsts: set[int] = set()  # the jobs whose first batch came
-        stats.name_thread("tilestore-writer")
+        report, lanes = run.report, run.lanes
+        seen = _Seen()
+        run.stats.name_thread("tilestore-writer")
         try:
-            while (item := run.written.get()) is not DONE:
-                held = None  # the output slot this item holds, until its lane releases it
-                try:
-                    if isinstance(item, JobStart):
-                        lanes.submit(id(item.job), functools.partial(self._start, run, item.job))
-                        continue
-                    if isinstance(item, JobEnd):
-                        if len(item.job.todo) and id(item.job) not in run.failed:
-                            with run.lock:
-                                report.end(item.job)  # its wall ends with its last batch here
-                        lanes.submit(id(item.job), functools.partial(self._finish, run, item.job))
-                        continue
-                    if isinstance(item, JobFailed):
-                        fail = functools.partial(self._data_failed, run, item.job, item.error)
-                        lanes.submit(id(item.job), fail)
-                        continue
-                    batch, held, done, start, end, waited = item
-                    idle = waited  # without a GPU: the loop's wait for this batch
-                    if done is not None:
-                        with stats.span("writer_waits_gpu", "wait for the GPU"):
-                            done.synchronize()  # the feature copy (and so the batch) has finished
-                        stats.add("compute", start.elapsed_time(end) / 1000)
-                        idle = last_end.elapsed_time(start) / 1000 if last_end else None
-                        if idle is not None:
-                            stats.add("gpu_idle", idle)
-                        last_end = end
-                    pieces = batch.pieces()
-                    # the slides whose first rows this batch holds: the GPU's wait for it is
-                    # their switch, shared among them (the run's fill aside)
-                    new = [p.job for p in pieces if id(p.job) not in firsts]
-                    fill = not firsts
-                    firsts.update(id(job) for job in new)
-                    if new and not fill and idle is not None:
-                        with run.lock:
-                            for job in new:
-                                report.switched(job, idle / len(new))
-                    slot, held = _Held(held, len(pieces)), None
-                    for piece in pieces:  # each slide's rows on its own lane
-                        write = functools.partial(self._batch, run, piece, slot)
-                        lanes.submit(id(piece.job), write)
-                except BaseException as exc:
-                    report.writer_error = exc
-                    if held is not None:
-                        outputs.release(held)
+            while (items := run.written.get()) is not DONE:
+                for item in items:
+                    try:
+                        self._hand_on(run, item, seen)
+                    except BaseException as exc:
+                        report.writer_error = exc
         finally:
             lanes.join()
             if lanes.error is not None and report.writer_error is None:
                 report.writer_error = lanes.error
+
+    def _hand_on(self, run: _Run, item: object, seen: _Seen) -> None:
+        """One item to its slide's lane: a start, an end, a failure, or a computed batch's
+        rows (each slide's on its lane; the output slot given back by the last)."""
+        report, lanes, stats = run.report, run.lanes, run.stats
+        if isinstance(item, JobStart):
+            lanes.submit(id(item.job), functools.partial(self._start, run, item.job))
+            return
+        if isinstance(item, JobEnd):
+            if len(item.job.todo) and id(item.job) not in run.failed:
+                with run.lock:
+                    report.end(item.job)  # its wall ends with its last batch here
+            lanes.submit(id(item.job), functools.partial(self._finish, run, item.job))
+            return
+        if isinstance(item, JobFailed):
+            fail = functools.partial(self._data_failed, run, item.job, item.error)
+            lanes.submit(id(item.job), fail)
+            return
+        batch, held, done, start, end, waited = item
+        try:
+            idle = waited  # without a GPU: the loop's wait for this batch
+            if done is not None:
+                with stats.span("writer_waits_gpu", "wait for the GPU"):
+                    done.synchronize()  # the feature copy (and so the batch) has finished
+                stats.add("compute", start.elapsed_time(end) / 1000)
+                idle = seen.last_end.elapsed_time(start) / 1000 if seen.last_end else None
+                if idle is not None:
+                    stats.add("gpu_idle", idle)
+                seen.last_end = end
+            pieces = batch.pieces()
+            # the slides whose first rows this batch holds: the GPU's wait for it is their
+            # switch, shared among them (the run's fill aside)
+            new = [p.job for p in pieces if id(p.job) not in seen.firsts]
+            fill = not seen.firsts
+            seen.firsts.update(id(job) for job in new)
+            if new and not fill and idle is not None:
+                with run.lock:
+                    for job in new:
+                        report.switched(job, idle / len(new))
+            slot, held = _Held(held, len(pieces)), None
+            for piece in pieces:  # each slide's rows on its own lane
+                lanes.submit(id(piece.job), functools.partial(self._batch, run, piece, slot))
+        finally:
+            if held is not None:  # not handed to a lane: given back here
+                run.outputs.release(held)
 
     def _data_failed(self, run: _Run, job: Job, error: TilestoreError) -> None:
         """A job's data failed (the producer's `JobFailed`): failed, unless a batch of it
@@ -528,6 +549,15 @@ class Runner:
             run.report.completed(job, time.perf_counter() - started)
 
 
+@dataclass
+class _Seen:
+    """What the writer keeps between batches: the previous batch's end on the GPU (the gap
+    to the next start is idle) and the jobs whose first batch came."""
+
+    last_end: torch.cuda.Event | None = None
+    firsts: set[int] = field(default_factory=set)
+
+
 class _Held:
     """An output slot held by the slides whose rows it carries, given back by the last."""
 
@@ -549,8 +579,8 @@ class _Run:
     report: RunReport
     progress: Callable[[int, int], None] | None
     say: Callable[[str], None] | None
-    ready: queue.Queue  # producer -> GPU loop: JobStart, batches, JobEnd/JobFailed, DONE
-    written: queue.Queue  # GPU loop -> writer
+    ready: queue.Queue  # producer -> GPU loop: bundles (`Bundle`), then DONE
+    written: queue.Queue  # GPU loop -> writer: each bundle's items, in a list
     outputs: SlotPool  # feature buffers the GPU copies into and the writer reads
     finite: list[torch.Tensor]  # per output slot: its batch is finite as stored (pinned)
     failed: dict[int, Job]  # id -> job the writer failed: its later batches are dropped

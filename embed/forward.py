@@ -2,13 +2,16 @@
 
 `Forward` applies the model's transform and the model under inference mode and, in bf16,
 autocast. Compiled, the transform is fused with the model's first layers (uint8 in, no
-float32 copy of the batch in between) and on a GPU each batch is one CUDA graph replay
-(`tilestore.embed.graphs`). Batch sizes are chosen in `tilestore.embed.sizing`.
+float32 copy of the batch in between). On a GPU, compiled or not, each batch is one CUDA graph
+replay (`tilestore.embed.graphs`) of the whole batch buffer, the last batch padded: every
+batch one shape, so a tile's features do not depend on how many tiles share its batch.
+Batch sizes are chosen in `tilestore.embed.sizing`.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -119,6 +122,7 @@ class Forward:
         compile: bool,
         tokens: TokenLayout | None = None,
         quality: QualityLayout | None = None,
+        graphs: bool = True,
     ) -> None:
         self.loaded, self.device, self.precision = loaded, device, precision
         self.tokens, self.quality = tokens, quality
@@ -126,11 +130,15 @@ class Forward:
         self.width = (
             loaded.output_dim + (tokens.width if tokens else 0) + (quality.width if quality else 0)
         )
-        self.compiled = None
+        # the whole buffer goes through this (None: the model as it is, on the tiles given)
+        self.whole: GraphedForward | Callable | None = None
         if compile:
             loaded.transform.prepare(device)  # not inside the first compiled call
-            compiled = torch.compile(self._eager)
-            self.compiled = GraphedForward(compiled) if device.type == "cuda" else compiled
+        run = torch.compile(self._eager) if compile else self._eager
+        if device.type == "cuda" and graphs:
+            self.whole = GraphedForward(run)
+        elif compile:
+            self.whole = run
 
     def _eager(self, tiles: torch.Tensor) -> torch.Tensor:
         x = self.loaded.transform(tiles)
@@ -155,16 +163,22 @@ class Forward:
         where the measures ride along (not rounded to the features' 3 digits of float16)."""
         return torch.float32 if self.quality else stored
 
-    def __call__(self, tiles: torch.Tensor, count: int, eager: bool = False) -> torch.Tensor:
+    @property
+    def graph_note(self) -> str | None:
+        """Why batches are not replayed as CUDA graphs on a GPU (None: they are, or the
+        run is on the CPU)."""
+        failed = getattr(self.whole, "failed", None)
+        return None if failed is None else f"{self.loaded.spec.name}: {failed}; run as it is"
+
+    def __call__(self, tiles: torch.Tensor, count: int) -> torch.Tensor:
         """Features of the first `count` tiles of a batch buffer (on the device).
 
-        Compiled, the whole buffer goes through (one graph for every batch, the last one
-        padded); `eager` runs the model as it is, uncompiled.
+        On a GPU, or compiled, the whole buffer goes through (one graph for every batch,
+        the last one padded); else the model runs on the `count` tiles.
         """
-        compiled = self.compiled is not None and not eager
-        if not compiled:
+        if self.whole is None:
             tiles = tiles[:count]
-        forward = self.compiled if compiled else self._eager
+        forward = self._eager if self.whole is None else self.whole
         autocast = (
             torch.autocast(self.device.type, dtype=torch.bfloat16)
             if self.precision == "bf16"

@@ -1,4 +1,4 @@
-"""A compiled forward replayed as a CUDA graph: one launch per batch instead of hundreds.
+"""The forward replayed as a CUDA graph: one launch per batch instead of hundreds.
 
 The GPU loop launches each batch from a thread that shares the GIL with the producer, the
 writer and the decoders' dispatch threads; launched kernel by kernel, compiled ViT-S's
@@ -8,6 +8,13 @@ replays graphs too, but its graph trees keep per-thread state that older torch v
 set up on one thread only (pytorch#123177: an AssertionError where a Dask worker runs a
 task on another thread) and reuse their outputs' memory in ways it polices at every call.
 Captured here with torch.cuda.graph, a graph is a plain object any thread can replay.
+
+Uncompiled models are replayed too (issue 68): every op an eager model launches releases the
+GIL and takes it back, so a GPU loop launching ViT-S's ~200 ops a batch waited for the
+GIL at each while the producer, the writer and the store lanes took their turns; with
+small slides it spent 3.5 s of a 4.1 s run launching. A model that cannot be captured (a
+host sync, a copy from pageable memory) or whose replay does not give what it computed
+when captured runs as it is, and the run's report says why.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import torch
 
 
 class GraphedForward:
-    """Call `forward` (compiled) through one CUDA graph per input shape and dtype.
+    """Call `forward` (compiled or not) through one CUDA graph per input shape and dtype.
 
     The output is the graph's own tensor (after the first call of a shape): valid until the
     next call, which overwrites it in stream order, so a caller copies it out (or uses it)
@@ -34,8 +41,11 @@ class GraphedForward:
         # twice the activations): safe as graphs replay one at a time, and each output is
         # used up before the next call, as the contract above already asks
         self.pool = None
+        self.failed: str | None = None  # why `forward` runs as it is: not captured, or wrong
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.failed is not None:
+            return self.forward(x)
         key = (tuple(x.shape), x.dtype)
         if key not in self.graphs:
             return self._capture(key, x)
@@ -61,10 +71,29 @@ class GraphedForward:
         current.wait_stream(side)
         out.record_stream(current)  # made on the side stream, used on this one
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(
-            graph, pool=self.pool, stream=side, capture_error_mode="thread_local"
-        ):
-            static_out = self.forward(static_in)
+        try:
+            with torch.cuda.graph(
+                graph, pool=self.pool, stream=side, capture_error_mode="thread_local"
+            ):
+                static_out = self.forward(static_in)
+        except RuntimeError as exc:  # the model syncs with the host, or copies from it
+            self.failed = f"not captured as a CUDA graph ({_first_line(exc)})"
+            return out
+        graph.replay()  # once, on the same input: what it computed when captured?
+        if not _agree(static_out, out):
+            self.failed = "its CUDA graph's replay differs from the model run as it is"
+            return out
         self.pool = graph.pool()
         self.graphs[key] = (graph, static_in, static_out)
         return out
+
+
+def _agree(replayed: torch.Tensor, computed: torch.Tensor) -> bool:
+    """Whether a replay gives what the model computed on the same input (to rounding: a
+    graph captured wrong, with a value of the capture baked in, is off by far more)."""
+    a, b = replayed.float(), computed.float()
+    return a.shape == b.shape and bool(torch.allclose(a, b, rtol=1e-2, atol=1e-3, equal_nan=True))
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]

@@ -245,6 +245,8 @@ class Runner:
             run.lanes.close()
             producer.join(timeout=60)
             run.stats.add("loop", time.perf_counter() - started)
+            if (note := self.forward.graph_note) is not None:  # the model's batches ran as is
+                report.notes.append(note)
             left = []
             for job in run.open_jobs:  # an interrupted run: keep what is done, free the lock
                 said = job.writer.abandon()  # writes the shard still partly filled, marks it

@@ -110,7 +110,7 @@ def profile_batches(
     timed over `repeats` batches, or with enough_s over as many as take about that long (at
     least 2, at most `repeats`), judged by the first of them (the untimed batch before, which
     chooses kernels and grows memory pools, takes several times as long)."""
-    forward = Forward(loaded, device, precision, compile=False)
+    forward = Forward(loaded, device, precision, compile=False, graphs=False)  # eager's memory
     cuda = device.type == "cuda"
     size = loaded.transform.resize
     runs: list[BatchRun] = []

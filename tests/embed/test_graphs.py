@@ -75,3 +75,72 @@ def test_a_graph_captured_on_one_thread_replays_on_another():
     thread.start()
     thread.join()
     torch.testing.assert_close(out["y"], out["want"], rtol=1e-4, atol=1e-5)
+
+
+def test_an_uncompiled_model_is_replayed_as_it_computes():
+    """Issue 68: eager models are replayed too (one launch a batch, not one a op)."""
+    model = _model()
+    graphed = GraphedForward(model)
+    with torch.inference_mode():
+        for seed in range(3):
+            x = torch.randn(
+                4, 3, 32, 32, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)
+            )
+            assert torch.equal(graphed(x).clone(), model(x))  # the same kernels, replayed
+    assert graphed.failed is None and len(graphed.graphs) == 1
+
+
+class _Syncs(torch.nn.Module):
+    """Asks the host for a value mid-forward: cannot be captured."""
+
+    def forward(self, x):
+        return x * float(x.abs().max().item() > 0)
+
+
+class _Counts(torch.nn.Module):
+    """A value of the capture baked into the graph: its replay is not what it computes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x * self.calls
+
+
+@pytest.mark.parametrize(
+    ("model", "said"),
+    [(_Syncs(), "not captured as a CUDA graph"), (_Counts(), "replay differs")],
+)
+def test_a_model_that_cannot_be_replayed_runs_as_it_is(model, said):
+    graphed = GraphedForward(model)
+    x = torch.randn(2, 3, 8, 8, device="cuda")
+    with torch.inference_mode():
+        first = graphed(x).clone()
+        second = graphed(x + 1).clone()
+    assert said in graphed.failed
+    assert not graphed.graphs
+    if isinstance(model, _Syncs):
+        assert torch.equal(first, x) and torch.equal(second, x + 1)
+    else:  # every later call runs the model itself
+        assert torch.equal(second, (x + 1) * model.calls)
+
+
+def test_a_tiles_features_do_not_depend_on_the_tiles_beside_it():
+    """On a GPU the whole batch buffer goes through, padded: a small slide's rows are the
+    same bits alone or packed beside another slide's."""
+    from tilestore.embed.forward import Forward
+    from tilestore.embed.models import load_model
+
+    loaded = load_model("random:vit_tiny_patch16_224")
+    forward = Forward(loaded, torch.device("cuda"), "bf16", compile=False)
+    loaded.module.cuda().eval()
+    g = torch.Generator().manual_seed(0)
+    tiles = torch.randint(0, 255, (8, 224, 224, 3), dtype=torch.uint8, generator=g).cuda()
+    alone = forward(tiles.clone(), 3).clone()
+    beside = tiles.clone()
+    beside[3:] = torch.randint(0, 255, (5, 224, 224, 3), dtype=torch.uint8, generator=g).cuda()
+    packed = forward(beside, 8).clone()
+    assert forward.graph_note is None
+    assert torch.equal(packed[:3], alone)

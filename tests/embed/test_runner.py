@@ -43,9 +43,9 @@ def test_the_warm_up_batch_is_shaped_as_the_slides_tiles(store, lite, monkeypatc
         warmed.append((batch, read))
         original_warm_up(self, stats, batch, read, say)
 
-    def compute(self, tiles, count, eager=False):
+    def compute(self, tiles, count):
         computed.append(tuple(tiles.shape[1:]))
-        return original_compute(self, tiles, count, eager)
+        return original_compute(self, tiles, count)
 
     monkeypatch.setattr(Runner, "_warm_up", warm_up)
     monkeypatch.setattr(Forward, "__call__", compute)

@@ -71,6 +71,12 @@ class GraphedForward:
         current.wait_stream(side)
         out.record_stream(current)  # made on the side stream, used on this one
         graph = torch.cuda.CUDAGraph()
+        # the capture registers the device's random state, and one that fails leaves it
+        # capturing (every later random draw on the device then fails): it captures a copy
+        index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        generator = torch.cuda.default_generators[index]
+        state = generator.graphsafe_get_state()
+        generator.graphsafe_set_state(generator.clone_state())
         try:
             with torch.cuda.graph(
                 graph, pool=self.pool, stream=side, capture_error_mode="thread_local"
@@ -79,6 +85,8 @@ class GraphedForward:
         except RuntimeError as exc:  # the model syncs with the host, or copies from it
             self.failed = f"not captured as a CUDA graph ({_first_line(exc)})"
             return out
+        finally:
+            generator.graphsafe_set_state(state)
         graph.replay()  # once, on the same input: what it computed when captured?
         if not _agree(static_out, out):
             self.failed = "its CUDA graph's replay differs from the model run as it is"

@@ -472,7 +472,7 @@ def test_a_compiled_cuda_run_replays_one_graph_from_any_thread(store, tmp_path):
             )
             thread.start()
             thread.join()
-        graphs = embedder.runner.forward.compiled.graphs
+        graphs = embedder.runner.forward.whole.graphs
     slide = open_slide(paths[0])
     plan, _ = load_plan(slide)
     assert [r.tiles for r in reports] == [len(plan)] * 2 and len(plan) > 2 * 16

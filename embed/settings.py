@@ -143,8 +143,8 @@ class Options(Declared):
     compile: Annotated[
         bool,
         Opt(
-            "torch.compile the model and its transform (slow start, faster run; a CUDA "
-            "graph per batch)."
+            "torch.compile the model and its transform (slow start, faster run; on a GPU "
+            "each batch is a CUDA graph replay either way)."
         ),
     ] = False
     readers: Annotated[

@@ -250,7 +250,8 @@ class Embedder:
         cache); the notes it made. A later run on such tiles starts warm."""
         self.runner._warm_up(Stats(), self.settings.batch_size, read, say)
         notes, self.runner.notes = self.runner.notes, []
-        return notes
+        graphs = self.runner.forward.graph_note  # a model its batches are not replayed for
+        return notes + ([graphs] if graphs is not None else [])
 
     def __enter__(self) -> Embedder:
         return self

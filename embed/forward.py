@@ -2,9 +2,10 @@
 
 `Forward` applies the model's transform and the model under inference mode and, in bf16,
 autocast. Compiled, the transform is fused with the model's first layers (uint8 in, no
-float32 copy of the batch in between). On a GPU, compiled or not, each batch is one CUDA graph
-replay (`tilestore.embed.graphs`) of the whole batch buffer, the last batch padded: every
-batch one shape, so a tile's features do not depend on how many tiles share its batch.
+float32 copy of the batch in between). On a GPU, compiled or not, the whole batch buffer goes
+through, the last batch padded (every batch one shape: a tile's features do not depend on how
+many tiles share its batch), as one CUDA graph replay (`tilestore.embed.graphs`) where the
+model can be captured, else run as it is (the report says why).
 Batch sizes are chosen in `tilestore.embed.sizing`.
 """
 
@@ -173,8 +174,9 @@ class Forward:
     def __call__(self, tiles: torch.Tensor, count: int) -> torch.Tensor:
         """Features of the first `count` tiles of a batch buffer (on the device).
 
-        On a GPU, or compiled, the whole buffer goes through (one graph for every batch,
-        the last one padded); else the model runs on the `count` tiles.
+        On a GPU (unless made with graphs=False), or compiled, the whole buffer goes through
+        (one graph for every batch, the last one padded); else the model runs on the
+        `count` tiles.
         """
         if self.whole is None:
             tiles = tiles[:count]

@@ -19,6 +19,7 @@ when captured runs as it is, and the run's report says why.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -56,8 +57,10 @@ class GraphedForward:
 
     def _capture(self, key: tuple, x: torch.Tensor) -> torch.Tensor:
         """Run `forward` on `x` on a side stream (compiling, autotuning and loading its
-        kernels: nothing a graph may capture), then capture one call; return the run's
-        output (the engine's warm-up runs the model once, not twice)."""
+        kernels: nothing a graph may capture), then capture one call and check its replay
+        on other input against the model run as it is; return the first run's output (the
+        engine's warm-up runs the model once, not twice). Where the capture fails or the
+        replay differs, `failed` says why and every call runs the model as it is."""
         static_in = x.clone()
         current = torch.cuda.current_stream(x.device)
         # torch.cuda.Stream() hands out one of a pool of 32 streams in turn, and another
@@ -71,36 +74,65 @@ class GraphedForward:
         current.wait_stream(side)
         out.record_stream(current)  # made on the side stream, used on this one
         graph = torch.cuda.CUDAGraph()
+        pool = self.pool if self.pool is not None else torch.cuda.graph_pool_handle()
         # the capture registers the device's random state, and one that fails leaves it
         # capturing (every later random draw on the device then fails): it captures a copy
-        index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-        generator = torch.cuda.default_generators[index]
+        generator = torch.cuda.default_generators[x.device.index]
         state = generator.graphsafe_get_state()
         generator.graphsafe_set_state(generator.clone_state())
         try:
-            with torch.cuda.graph(
-                graph, pool=self.pool, stream=side, capture_error_mode="thread_local"
-            ):
+            with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
                 static_out = self.forward(static_in)
         except RuntimeError as exc:  # the model syncs with the host, or copies from it
-            self.failed = f"not captured as a CUDA graph ({_first_line(exc)})"
-            return out
+            # the capture's end failed before it put this thread's stream back and closed
+            # the memory pool it captured into
+            torch.cuda.set_stream(current)
+            _close_pool(x.device, pool, release=self.pool is None)
+            cause = exc.__context__ if exc.__context__ is not None else exc
+            return self._give_up(f"not captured as a CUDA graph ({_first_line(cause)})", out)
         finally:
             generator.graphsafe_set_state(state)
-        graph.replay()  # once, on the same input: what it computed when captured?
-        if not _agree(static_out, out):
-            self.failed = "its CUDA graph's replay differs from the model run as it is"
-            return out
-        self.pool = graph.pool()
+        if not self._replays(graph, static_in, static_out, x):
+            return self._give_up("its CUDA graph's replay differs from the model run as it is", out)
+        self.pool = pool
         self.graphs[key] = (graph, static_in, static_out)
         return out
+
+    def _replays(self, graph, static_in, static_out, x: torch.Tensor) -> bool:
+        """Whether a replay on other input (random, of `x`'s kind) gives what the model
+        computes on it run as it is: a value of the capture baked into the graph (a
+        counter, a size read from the first input) gives another answer."""
+        if x.is_floating_point():
+            probe = torch.randn_like(x)
+        else:
+            probe = torch.randint_like(x, 0, 256 if x.dtype == torch.uint8 else 128)
+        static_in.copy_(probe)
+        graph.replay()
+        return _agree(static_out, self.forward(probe))
+
+    def _give_up(self, why: str, out: torch.Tensor) -> torch.Tensor:
+        """Run the model as it is from now on (its graphs of other shapes dropped too)."""
+        self.failed = why
+        self.graphs.clear()
+        return out
+
+
+def _close_pool(device: torch.device, pool, release: bool) -> None:
+    """End the allocator's capture into `pool` where the failed capture left it going, and
+    (a pool of this capture alone) release it: its blocks go back once freed."""
+    with contextlib.suppress(RuntimeError):  # ended already, by the capture's end
+        torch._C._cuda_endAllocateToPool(device.index, pool)
+    if release:
+        with contextlib.suppress(RuntimeError):
+            torch._C._cuda_releasePool(device.index, pool)
 
 
 def _agree(replayed: torch.Tensor, computed: torch.Tensor) -> bool:
     """Whether a replay gives what the model computed on the same input (to rounding: a
-    graph captured wrong, with a value of the capture baked in, is off by far more)."""
+    graph captured wrong, with a value of the capture baked in, is off by far more; a NaN
+    in either is a disagreement)."""
     a, b = replayed.float(), computed.float()
-    return a.shape == b.shape and bool(torch.allclose(a, b, rtol=1e-2, atol=1e-3, equal_nan=True))
+    return a.shape == b.shape and bool(torch.allclose(a, b, rtol=1e-2, atol=1e-3))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -37,7 +37,8 @@ class Packer:
     A bundle goes once it holds a batch; before the run's first batch each item goes at
     once (the loop warms the model up at the first start); an end whose slide has no rows
     waiting takes the items before it along at once (a large slide's finish waits for no
-    other slide's batch)."""
+    other slide's batch), and so does the start of a slide of a model batch or more (its group
+    is made while its tiles are read)."""
 
     def __init__(self, size: int, put: Callable[[Bundle], None]) -> None:
         self.size, self._put = size, put
@@ -58,7 +59,14 @@ class Packer:
         elif job is not None and id(job) in self._jobs:
             self._held.append(item)  # its rows wait in the open batch: so does its end
         else:
-            self._hand(item, now=isinstance(item, JobEnd | JobFailed))
+            self._hand(item, now=isinstance(item, JobEnd | JobFailed) or not self._joins(job))
+
+    def _joins(self, job: object) -> bool:
+        """Whether a slide whose start comes now will be packed (fewer tiles than a model
+        batch) while a packed batch is open: its start then waits for the next bundle. Any
+        other slide's start goes at once, so its group is made while its tiles are read."""
+        todo = getattr(job, "todo", None)
+        return self._open is not None and todo is not None and len(todo) < self.size
 
     def flush(self) -> None:
         """Hand on the open model batch, the ends behind it and what waits with them (the

@@ -77,8 +77,8 @@ class Producer:
     def run(
         self, jobs: Iterator[Job], report: RunReport, ready: queue.Queue, stop: threading.Event
     ) -> None:
-        """Put each job's JobStart, batches and JobEnd on `ready`, then DONE (or the error
-        that stopped it)."""
+        """Put each job's JobStart, batches and JobEnd on `ready` in bundles (`Packer`),
+        then DONE (or the error that stopped it)."""
         settings = self.settings
         # small slides' partial batches share model batches (`tilestore.embed.packing`)
         packer = Packer(settings.batch_size, lambda item: put(ready, item, stop))

@@ -144,7 +144,7 @@ class Options(Declared):
         bool,
         Opt(
             "torch.compile the model and its transform (slow start, faster run; on a GPU "
-            "each batch is a CUDA graph replay either way)."
+            "batches are replayed as CUDA graphs either way, where the model allows)."
         ),
     ] = False
     readers: Annotated[

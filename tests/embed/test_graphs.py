@@ -116,12 +116,16 @@ class _Counts(torch.nn.Module):
 def test_a_model_that_cannot_be_replayed_runs_as_it_is(model, said):
     graphed = GraphedForward(model)
     x = torch.randn(2, 3, 8, 8, device="cuda")
-    with torch.inference_mode():
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.inference_mode():
         first = graphed(x).clone()
+        assert torch.cuda.current_stream() == stream  # not left on the capture's stream
         second = graphed(x + 1).clone()
     assert said in graphed.failed
     assert not graphed.graphs
     torch.randn(4, device="cuda")  # the device's random state is not left capturing
+    if isinstance(model, _Syncs):  # the cause, not the capture's end's complaint about it
+        assert "previous error during capture" not in graphed.failed
     if isinstance(model, _Syncs):
         assert torch.equal(first, x) and torch.equal(second, x + 1)
     else:  # every later call runs the model itself

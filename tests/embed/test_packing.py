@@ -17,8 +17,8 @@ SIZE = 8  # rows a model batch
 
 
 class _Job:
-    def __init__(self, name: int) -> None:
-        self.name = name
+    def __init__(self, name: int, tiles: int) -> None:
+        self.name, self.todo = name, np.arange(tiles)
 
 
 def _stream(sizes: list[int], fails: list[bool], pool: SlotPool) -> list[object]:
@@ -26,7 +26,7 @@ def _stream(sizes: list[int], fails: list[bool], pool: SlotPool) -> list[object]
     (each tile's value its slide and index), an end or a failure."""
     items: list[object] = []
     for name, (tiles, failed) in enumerate(zip(sizes, fails, strict=True)):
-        job = _Job(name)
+        job = _Job(name, tiles)
         items.append(JobStart(job))
         for block, first in enumerate(range(0, tiles, SIZE)):
             count = min(SIZE, tiles - first)
@@ -114,3 +114,21 @@ def test_a_large_slides_end_goes_without_waiting_for_the_next_batch():
     for item in _stream([2 * SIZE], [False], pool):
         packer.put(item)
     assert isinstance(bundles[-1][-1], JobEnd)  # before any flush
+
+
+def test_a_slide_of_a_model_batch_or_more_sends_its_start_at_once():
+    """Its group is made while its tiles are read, not once its first batch is cut; a small
+    slide's start waits for the model batch its rows will join."""
+    pool = SlotPool(8, (SIZE, 1, 1, 3), pin=False)
+    bundles: list[Bundle] = []
+    packer = Packer(SIZE, bundles.append)
+    for item in _stream([2] * 5, [False] * 5, pool):  # a batch out, the fifth slide's open
+        packer.put(item)
+    assert any(isinstance(i, Batch) for b in bundles for i in b)
+    sent = len(bundles)
+    (small,) = [i for i in _stream([2], [False], pool) if isinstance(i, JobStart)]
+    packer.put(small)
+    assert len(bundles) == sent
+    (large,) = [i for i in _stream([3 * SIZE], [False], pool) if isinstance(i, JobStart)]
+    packer.put(large)
+    assert len(bundles) == sent + 1 and list(bundles[-1]) == [small, large]

@@ -102,10 +102,12 @@ class GraphedForward:
         """Whether a replay on other input (random, of `x`'s kind) gives what the model
         computes on it run as it is: a value of the capture baked into the graph (a
         counter, a size read from the first input) gives another answer."""
+        drawn = torch.Generator(x.device).manual_seed(0)  # the caller's random state kept
         if x.is_floating_point():
-            probe = torch.randn_like(x)
+            probe = torch.randn(x.shape, generator=drawn, device=x.device, dtype=x.dtype)
         else:
-            probe = torch.randint_like(x, 0, 256 if x.dtype == torch.uint8 else 128)
+            high = 256 if x.dtype == torch.uint8 else 128
+            probe = torch.randint(0, high, x.shape, generator=drawn, device=x.device, dtype=x.dtype)
         static_in.copy_(probe)
         graph.replay()
         return _agree(static_out, self.forward(probe))
@@ -120,10 +122,12 @@ class GraphedForward:
 def _close_pool(device: torch.device, pool, release: bool) -> None:
     """End the allocator's capture into `pool` where the failed capture left it going, and
     (a pool of this capture alone) release it: its blocks go back once freed."""
-    with contextlib.suppress(RuntimeError):  # ended already, by the capture's end
+    # torch's private calls (as torch.cuda.graphs makes them): where one is not there, or
+    # the pool was ended already by the capture's end, nothing more is done
+    with contextlib.suppress(RuntimeError, TypeError, AttributeError):
         torch._C._cuda_endAllocateToPool(device.index, pool)
     if release:
-        with contextlib.suppress(RuntimeError):
+        with contextlib.suppress(RuntimeError, TypeError, AttributeError):
             torch._C._cuda_releasePool(device.index, pool)
 
 

@@ -156,6 +156,7 @@ def embed(
             slide_spec, model, plan_options, options = _slide_plan(
                 slide_encoder, model, plan_options, options, plan
             )
+            _guides(stores, slide_spec, plan_options)
         elif slide_weights:
             raise OptionError("--slide-weights goes with --slide-encoder")
         if model is None:
@@ -333,6 +334,15 @@ def _slide_plan(
     model_spec = model_record(tile_model_for(spec, model))
     plan_options, options = encoder_tiles(spec, model_spec, plan_options, plan, options)
     return spec, model_spec, plan_options, options
+
+
+def _guides(stores, spec, plan_options) -> None:
+    """An encoder guided by a second tile model's features (EAGLE): refused in one line
+    where a store lacks them, before its tiles are embedded (`guides_missing`)."""
+    from tilestore.embed.slides import guides_missing
+
+    if spec.guide is not None:
+        guides_missing(stores, spec, plan_options)
 
 
 def _slides(stores, encoder, model, options, weights) -> set[str]:

@@ -28,6 +28,7 @@ __getattr__, __dir__, __all__ = lazy_face(
             "SLIDE_REGISTRY",
             "encoder_tiles",
             "get_slide_encoder",
+            "guides_missing",
             "list_slide_encoders",
             "tile_model_for",
         ),
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
         SLIDE_REGISTRY,
         encoder_tiles,
         get_slide_encoder,
+        guides_missing,
         list_slide_encoders,
         tile_model_for,
     )

@@ -168,6 +168,27 @@ ENTRIES: tuple[SlideSpec, ...] = (
         note="weights from the authors' Google Drive (not on the Hub): pass --slide-weights",
     ),
     SlideSpec(
+        "eagle",
+        "virchow2-cls",
+        2.0,
+        224,
+        "none",
+        1280,
+        "eagle",
+        {"in_dim": 1280, "guide_dim": 768, "top": 25},
+        source="file",
+        weights_file="CHIEF_pretraining.pth",
+        licence="GPL-3.0 (EAGLE); CHIEF's weights AGPL-3.0; Virchow2's features " + NC_ND,
+        card="https://github.com/KatherLab/EAGLE",
+        reference="authors: KatherLab/EAGLE eagle_features.py (CHIEF's attention_raw over "
+        "CTransPath, top 25, the mean of Virchow2's class token), as STAMP's eagle",
+        note="tiles at 2 um/px, 224 px, as EAGLE's README asks; CHIEF's weights from its "
+        "authors' Google Drive: pass --slide-weights; the tiles chosen by chief-ctranspath "
+        "features of the same plan (--model chief-ctranspath first; STAMP takes CHIEF's "
+        "CTransPath or the original)",
+        guide="chief-ctranspath",
+    ),
+    SlideSpec(
         "madeleine",
         "conch-v1",
         1.0,

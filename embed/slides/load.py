@@ -62,13 +62,23 @@ class LoadedSlideEncoder:
         }
 
     @torch.inference_mode()
-    def encode(self, tiles: TileFeatures, device: torch.device, precision: str) -> np.ndarray:
-        """One slide's embedding from its tile features (float32 numpy)."""
+    def encode(
+        self,
+        tiles: TileFeatures,
+        device: torch.device,
+        precision: str,
+        guide: TileFeatures | None = None,
+    ) -> np.ndarray:
+        """One slide's embedding from its tile features (float32 numpy); guide: the spec's
+        guide model's features of the same tiles, where it names one."""
         features = torch.from_numpy(np.asarray(tiles.features, dtype=np.float32)).to(device)
         cells = torch.from_numpy(np.stack([tiles.col, tiles.row], axis=1)).to(device)
+        extra = {}
+        if guide is not None:
+            extra["guide"] = torch.from_numpy(np.asarray(guide.features, np.float32)).to(device)
         dtype = AUTOCAST.get(precision)
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            out = self.module(features, cells)
+            out = self.module(features, cells, **extra)
         return out.float().cpu().numpy()
 
 
@@ -236,6 +246,9 @@ def _cobra(state: dict) -> dict:
     }
 
 
+# CHIEF's attention layers, named as in its checkpoint (the rest: its classifiers, text)
+_chief_attention = _renamed([(r"attention_net\.(.*)", r"attention_net.\1")])
+
 CONVERT: dict[str, Callable[[dict], dict]] = {
     "feather": _renamed([(r"model\.(patch_embed|global_attn)\.(.*)", r"\1.\2")]),
     "madeleine": _renamed(
@@ -244,7 +257,8 @@ CONVERT: dict[str, Callable[[dict], dict]] = {
             (r"(?:module\.)?projector\.(.*)", r"projector.\1"),
         ]
     ),
-    "chief": _renamed([(r"attention_net\.(.*)", r"attention_net.\1")]),
+    "chief": _chief_attention,
+    "eagle": _chief_attention,  # CHIEF's checkpoint, as EAGLE uses it
     "titan": _renamed(
         [
             (r"vision_encoder\.blocks\.modules_list\.(.*)", r"blocks.\1"),

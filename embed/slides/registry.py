@@ -86,3 +86,41 @@ def encoder_tiles(
 def _shown(value) -> str:
     """An option's value as a user types it: 1 for 1.0, level0 as is."""
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def guides_missing(stores: list, spec: SlideSpec, plan_options: PlanOptions) -> None:
+    """Before a slide encoder's tiles are embedded: OptionError in one line where a store
+    lacks finished features of the encoder's guide model (EAGLE: chief-ctranspath) on the
+    plan its tiles come from (`encoder_tiles`' options): found after the tile run, that
+    run's GPU time would be spent for nothing. A slide file (a store this run makes) has
+    none yet."""
+    if spec.guide is None:
+        return
+    from tilestore.plan.options import default_name
+
+    options = plan_options
+    name = options.name or default_name(
+        options.mpp, options.tile, options.stride or options.tile, options
+    )
+    lacking = [store for store in stores if not _finished(store, spec.guide, name)]
+    if lacking:
+        raise OptionError(
+            f"{spec.name} is guided by {spec.guide} features of the same tiles (plan {name}): "
+            f"{len(lacking)} of {len(stores)} store(s) have none (first: {lacking[0]}); embed "
+            f"them with --model {spec.guide} --mpp {spec.mpp:g} --tile {spec.tile} first"
+        )
+
+
+def _finished(store, model: str, plan: str) -> bool:
+    """Whether `store` is a store holding a finished group of `model` on `plan`."""
+    from tilestore.embeddings.groups import open_group, plan_groups
+    from tilestore.format.records import EmbeddingsRecord, read_record
+    from tilestore.format.store import is_store
+
+    if not is_store(store):
+        return False
+    path = plan_groups(store, model).get(plan)
+    if path is None:
+        return False
+    record = read_record(open_group(store, path), EmbeddingsRecord, f"{store}: {path}")
+    return bool(record is not None and record.complete)

@@ -18,11 +18,12 @@ from tilestore.embed.slides.spec import SlidePrecision, SlideSpec
 from tilestore.embeddings.groups import plan_groups
 from tilestore.embeddings.slides import (
     SlideEmbeddingExists,
+    TileFeatures,
     has_current_vector,
     read_tile_features,
     write_slide_vector,
 )
-from tilestore.errors import SlideEncoderError, TilestoreError
+from tilestore.errors import NotEmbedded, SlideEncoderError, TilestoreError
 from tilestore.options import checked
 
 
@@ -110,6 +111,7 @@ def embed_slides(
             why = spec.refusal(tiles)
             if why:
                 raise SlideEncoderError(why)
+            guide = _guide(store, spec, tiles)
             if loaded is None:
                 loaded = load_slide_encoder(
                     spec, in_dim=tiles.features.shape[1], token=token, weights=weights, device=dev
@@ -120,7 +122,7 @@ def embed_slides(
                     f"{tiles.name}: {tiles.features.shape[1]}-d tile features; this run's "
                     f"{spec.name} took {loaded.in_dim}-d ones"
                 )
-            row = _encode(loaded, tiles, dev, run_precision, overwrite=True)
+            row = _encode(loaded, tiles, dev, run_precision, overwrite=True, guide=guide)
             report.rows.append(row)
         except SlideEmbeddingExists as exc:
             report.rows.append(SlideRow(str(store), "skipped", why=str(exc)))
@@ -160,20 +162,47 @@ def _plan_read(store, tile_model: str, spec: SlideSpec) -> str | None:
     )
 
 
-def _encode(loaded: LoadedSlideEncoder, tiles, device, precision: str, overwrite: bool) -> SlideRow:
+def _guide(store, spec: SlideSpec, tiles: TileFeatures) -> TileFeatures | None:
+    """The spec's guide model's features of `tiles`' own plan (None where it names none);
+    SlideEncoderError in one line where they are not there or not of the same tiles."""
+    if spec.guide is None:
+        return None
+    try:
+        guide = read_tile_features(store, spec.guide, tiles.plan)
+    except NotEmbedded:
+        raise SlideEncoderError(
+            f"{tiles.name}: {spec.name} is guided by {spec.guide} features of the same tiles: "
+            f"none of plan {tiles.plan} here; embed with --model {spec.guide} --plan "
+            f"{tiles.plan}"
+        ) from None
+    why = spec.guide_refusal(tiles, guide)
+    if why:
+        raise SlideEncoderError(why)
+    return guide
+
+
+def _encode(
+    loaded: LoadedSlideEncoder,
+    tiles,
+    device,
+    precision: str,
+    overwrite: bool,
+    guide: TileFeatures | None = None,
+) -> SlideRow:
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
-    vector = loaded.encode(tiles, device, precision)
+    vector = loaded.encode(tiles, device, precision, guide)
     if cuda:
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None
-    path = write_slide_vector(
-        tiles, loaded.spec.name, vector, loaded.describe(precision), overwrite=overwrite
-    )
+    record = loaded.describe(precision)
+    if guide is not None:  # the features that chose: a vector of replaced ones is stale
+        record["guide"] = guide.source()
+    path = write_slide_vector(tiles, loaded.spec.name, vector, record, overwrite=overwrite)
     return SlideRow(tiles.store, "done", tiles.tiles, round(seconds, 4), peak, path=path)
 
 

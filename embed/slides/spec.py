@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
+import numpy as np
+
 from tilestore.embeddings.slides import TileFeatures
 from tilestore.options import Opt
 
@@ -36,7 +38,9 @@ class SlideSpec:
     source: "hf-hub" (repo, weights_file), "file" (the user downloads weights_file from
     `card` and names it) or "none" (no weights); precision: what the authors run it in;
     patients: its module also makes a patient's vector of that patient's slide vectors
-    (`tilestore.embed.slides.patients`)."""
+    (`tilestore.embed.slides.patients`); guide: a second registered tile encoder whose
+    features of the same plan's tiles the module reads too (EAGLE: CHIEF's CTransPath
+    choosing which tiles' Virchow2 features are averaged), `guide_refusal` checks them."""
 
     name: str
     tile_model: str | None
@@ -56,6 +60,7 @@ class SlideSpec:
     reference: str = ""  # what `bench/slide_encoders.py` checks ours against
     note: str = ""
     patients: bool = False
+    guide: str | None = None
 
     def __post_init__(self) -> None:
         if self.coords not in COORDS:
@@ -110,4 +115,27 @@ class SlideSpec:
             )
         if tiles.tiles == 0:
             return f"{where}: the plan {tiles.plan} has no tiles"
+        return None
+
+    def guide_refusal(self, tiles: TileFeatures, guide: TileFeatures) -> str | None:
+        """Why `guide` is not the guide model's features of `tiles`' own tiles (one line), or
+        None: its model, its width, and the same tiles in the same order."""
+        where = f"{tiles.name}: {self.name}"
+        if guide.model != self.guide and guide.model != f"random:{self.guide}":
+            return f"{where} is guided by {self.guide} tile features, not {guide.model}"
+        width, got = self.kwargs.get("guide_dim"), guide.features.shape[1]
+        if width and got != width:
+            return f"{where} reads {width}-d {self.guide} features, these are {got}-d"
+        same = (
+            guide.tiles == tiles.tiles
+            and np.array_equal(guide.x, tiles.x)
+            and np.array_equal(guide.y, tiles.y)
+            and guide.footprint0 == tiles.footprint0
+        )
+        if not same:
+            return (
+                f"{where}: the {guide.model} features of plan {guide.plan} are not of the "
+                f"{tiles.tiles:,} tiles of {tiles.model}'s (plan {tiles.plan}); embed both "
+                "models on one plan"
+            )
         return None

@@ -63,6 +63,18 @@ def test_refusals_are_one_line_and_exit_2(embedded, args, message):
     assert len(lines) == 1 and lines[0].startswith("tilestore: error: ") and message in lines[0]
 
 
+def test_eagle_without_its_guide_features_is_refused_before_any_tile_is_embedded(embedded):
+    """EAGLE reads chief-ctranspath features of the Virchow2 tiles' plan: a store without
+    them is refused at the door, not after the Virchow2 run."""
+    done = run("embed", embedded, "--slide-encoder", "eagle", "--device", "cpu")
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    said = "eagle is guided by chief-ctranspath features of the same tiles (plan 2mpp-224px)"
+    assert line.startswith(f"tilestore: error: {said}: 1 of 1 store(s) have none")
+    assert "--model chief-ctranspath --mpp 2 --tile 224 first" in line
+    assert not (embedded / "embeddings" / "virchow2-cls").exists()
+
+
 def test_a_slide_encoder_refuses_tile_features_it_was_not_made_for(embedded):
     done = run("embed", embedded, "--model", "efficientnet-lite0", "--slide-encoder",
                "random:chief", "--device", "cpu")  # fmt: skip

@@ -153,7 +153,8 @@ def test_builds_on_the_meta_device_with_its_registered_dim(spec):
     with torch.device("meta"):
         module = build(spec, in_dim=384)
         width = module.in_dim
-        out = module(torch.zeros(9, width), torch.zeros(9, 2, dtype=torch.long))
+        guide = {"guide": torch.zeros(9, spec.kwargs["guide_dim"])} if spec.guide else {}
+        out = module(torch.zeros(9, width), torch.zeros(9, 2, dtype=torch.long), **guide)
     assert tuple(out.shape) == (spec.output_dim or 384,)
     assert width == spec.kwargs.get("in_dim", 384)
 
@@ -420,8 +421,8 @@ def test_a_slide_vector_that_is_not_finite_is_never_written(featured, monkeypatc
     path, features = featured
     encode = LoadedSlideEncoder.encode
 
-    def overflowing(self, tiles, device, precision):
-        vector = encode(self, tiles, device, precision)
+    def overflowing(self, tiles, device, precision, guide=None):
+        vector = encode(self, tiles, device, precision, guide)
         vector[7] = np.inf
         return vector
 
@@ -546,10 +547,12 @@ def test_on_the_gpu_in_the_authors_precision_it_agrees_with_fp32_on_the_cpu(spec
     g = torch.Generator().manual_seed(3)
     features = torch.randn(3000, width, generator=g)
     cells = torch.stack([torch.arange(3000) % 60, torch.arange(3000) // 60], 1)
+    guide = torch.randn(3000, spec.kwargs.get("guide_dim", 1), generator=g)
+    given = (lambda device: {"guide": guide.to(device)}) if spec.guide else (lambda device: {})
     with torch.inference_mode():
-        want = cpu.module(features, cells)
+        want = cpu.module(features, cells, **given("cpu"))
         dtype = AUTOCAST.get(spec.precision)
         with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
-            got = gpu.module(features.cuda(), cells.cuda()).float().cpu()
+            got = gpu.module(features.cuda(), cells.cuda(), **given("cuda")).float().cpu()
     cosine = F.cosine_similarity(got, want, dim=0).item()
     assert cosine > 0.999, f"{spec.name} on CUDA in {spec.precision}: cosine {cosine}"

@@ -14,7 +14,7 @@ than hand back features of tiles that are no longer there.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -257,6 +257,8 @@ def read_slide_vector(
             f"{record.tiles['finished']}, now {tiles_meta.get('finished')}); run "
             f"`tilestore embed --slide-encoder {encoder} --overwrite` on it"
         )
+    if record.guide:
+        _guide_current(store, record.guide, path, encoder)
     with damage_as_store_error(store, tiles_path, embed_again(tiles_path)):
         check_shapes(store, tiles_path, tiles_meta.to_attrs(), dict(tile_group.arrays()))
     return {
@@ -266,6 +268,23 @@ def read_slide_vector(
         "record": record.to_attrs(),
         "recipe": recipe(tiles_meta.to_attrs()),
     }
+
+
+def _guide_current(store: StoreLike, guide: Mapping[str, Any], path: str, encoder: str) -> None:
+    """StaleSlideEmbedding where the tile group that guided a slide vector (EAGLE's
+    CTransPath features choosing its tiles) was embedded again or removed since."""
+    try:
+        where = find_group(store, guide.get("model", ""), guide.get("plan"))
+        meta = read_record(open_group(store, where), EmbeddingsRecord, f"{store}: {where}")
+    except KeyError:
+        meta = None
+    now = (meta or EmbeddingsRecord()).finished
+    if now != guide.get("finished"):
+        raise StaleSlideEmbedding(
+            f"{store}: {path} was computed with {guide.get('model')} tile features "
+            f"(embedded {guide.get('finished')}) {'replaced' if meta else 'removed'} since; run "
+            f"`tilestore embed --slide-encoder {encoder} --overwrite` on it"
+        )
 
 
 @checked

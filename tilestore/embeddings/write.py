@@ -802,7 +802,10 @@ def _quality_scale(plan: TilePlan, quality: dict[str, Any] | None) -> str | None
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    """When a group was started or finished, to the microsecond: what slide vectors and
+    scores are tied to (a group embedded again within the second it was first finished in
+    is then another group, not the same one)."""
+    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
 
 
 def write_features(

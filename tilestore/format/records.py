@@ -217,12 +217,14 @@ class EmbeddingsRecord(GroupRecord):
 
 @dataclass(frozen=True)
 class SlideVectorRecord(GroupRecord):
-    """A slide embedding's record (``.../slides/<encoder>``): its width, its encoder, and
-    the tile group it was computed from (when that was finished)."""
+    """A slide embedding's record (``.../slides/<encoder>``): its width, its encoder, the
+    tile group it was computed from (when that was finished), and the group of the tiles
+    that guided it where its encoder reads a second model's (EAGLE)."""
 
     dim: int | None = None
     encoder: str | None = None
     tiles: Mapping[str, Any] = field(default_factory=dict)
+    guide: Mapping[str, Any] = field(default_factory=dict)  # the guide model's tiles (EAGLE)
 
     KIND: ClassVar[str] = "slide embedding"
     FIX: ClassVar[str] = "compute it again"
@@ -234,6 +236,7 @@ class SlideVectorRecord(GroupRecord):
             "dim": _int(facts, "dim"),
             "encoder": _str(facts, "encoder"),
             "tiles": _obj(facts, "tiles") or {},
+            "guide": _obj(facts, "guide") or {},
         }
 
     @property

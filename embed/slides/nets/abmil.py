@@ -1,6 +1,6 @@
 """Attention-based multiple-instance pooling (Ilse et al. 2018, gated): a score per tile,
 softmax over the slide's tiles, the weighted sum of the tiles. FEATHER, MADELEINE and CHIEF
-are this, each with its own layers around it.
+are this, each with its own layers around it; EAGLE takes CHIEF's scores to choose tiles.
 
 The modules' parameters are named as their authors' checkpoints name them (the layer
 indices are those of the authors' `nn.Sequential`s), so the published weights load as
@@ -96,3 +96,45 @@ class Chief(nn.Module):
 
     def forward(self, features: torch.Tensor, cells: torch.Tensor | None = None) -> torch.Tensor:
         return attend(self.attention_net(features)[:, 0], features)
+
+
+class Eagle(nn.Module):
+    """EAGLE (KatherLab/EAGLE; STAMP's ``eagle``): CHIEF's attention scores over each tile's
+    CTransPath features (the `guide`, 768-d, of the same tiles) choose the `top` tiles with
+    the highest scores (all of a slide with fewer), and the slide embedding is the mean of
+    those tiles' own features (Virchow2's class token, 1,280-d). CHIEF's attention layers
+    are named as in its checkpoint, which EAGLE uses as published."""
+
+    grid = False
+
+    def __init__(
+        self,
+        in_dim: int = 1280,
+        guide_dim: int = 768,
+        hidden: int = 512,
+        attn_dim: int = 256,
+        top: int = 25,
+    ) -> None:
+        super().__init__()
+        self.in_dim, self.top = in_dim, top
+        self.attention_net = nn.Sequential(
+            nn.Linear(guide_dim, hidden),
+            nn.ReLU(),
+            nn.Dropout(0.25),
+            GatedAttention(hidden, attn_dim),
+        )
+
+    def chosen(self, guide: torch.Tensor) -> torch.Tensor:
+        """The indices of the tiles CHIEF scores highest, highest first."""
+        scores = self.attention_net(guide)[:, 0]
+        return torch.topk(scores, min(self.top, len(scores))).indices
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        cells: torch.Tensor | None = None,
+        guide: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if guide is None or len(guide) != len(features):
+            raise ValueError("EAGLE reads CTransPath features of the same tiles (guide)")
+        return features[self.chosen(guide)].mean(dim=0)

@@ -187,6 +187,7 @@ ENTRIES: tuple[SlideSpec, ...] = (
         "features of the same plan (--model chief-ctranspath first; STAMP takes CHIEF's "
         "CTransPath or the original)",
         guide="chief-ctranspath",
+        patients=True,
     ),
     SlideSpec(
         "madeleine",

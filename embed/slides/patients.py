@@ -1,5 +1,6 @@
 """Patient embeddings: a patient's slides' stored vectors through the encoder's own patient
-model (MOOZY's case transformer), one vector per patient, written as a table.
+model (MOOZY's case transformer), or the tiles of all its slides through the encoder at once
+(EAGLE, as STAMP's), one vector per patient, written as a table.
 
 The slides are grouped by a table the user gives (CSV or TSV, columns ``slide`` and
 ``patient``; a slide is named as `tilestore export slides` names it: its store's name
@@ -21,7 +22,7 @@ from __future__ import annotations
 import csv
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,11 @@ from tilestore.embed.slides.load import AUTOCAST, load_slide_encoder
 from tilestore.embed.slides.registry import get_slide_encoder, list_slide_encoders, tile_model_for
 from tilestore.embed.slides.run import precision_for
 from tilestore.embed.slides.spec import SlidePrecision
-from tilestore.embeddings.slides import open_slide_embeddings
+from tilestore.embeddings.slides import (
+    open_slide_embeddings,
+    read_slide_vector,
+    read_tile_features,
+)
 from tilestore.errors import OutputError, PatientTableError, SlideEncoderError
 from tilestore.exports.slidetable import table_format, write_slide_table
 from tilestore.options import checked
@@ -142,7 +147,7 @@ def embed_patients(
     """Compute a vector per patient of `table` from its slides' `encoder` vectors in
     `stores` and write them to `output` (.parquet, .csv or .h5ad: a row per patient:
     patient, slides, n_slides, f0, f1, ...). The encoder must define patient vectors
-    (MOOZY); its slide vectors must be in the stores (`embed_slides`). precision "auto":
+    (MOOZY, EAGLE); its slide vectors must be in the stores (`embed_slides`). precision "auto":
     the authors' on CUDA, fp32 on the CPU. Refused before anything is computed: an output
     of another type or that exists (unless overwrite), a table that does not check, slides
     and stores that do not match it, slide vectors made differently."""
@@ -150,7 +155,8 @@ def embed_patients(
     if not spec.patients:
         able = [s.name for s in list_slide_encoders() if s.patients]
         raise SlideEncoderError(
-            f"encoder={spec.name!r} makes no patient vectors; {', '.join(able)} does"
+            f"encoder={spec.name!r} makes no patient vectors; {', '.join(able)} "
+            + ("does" if len(able) == 1 else "do")
         )
     output = written_here(output, "output")
     table_format(output)
@@ -170,7 +176,8 @@ def embed_patients(
             f"(revision {made.get('revision')}), these are {loaded.weights} (revision "
             f"{loaded.revision}): a patient's vector needs the weights its slides' were made with"
         )
-    vectors = _patient_vectors(loaded.module, ds, checked_table, dev, run_precision)
+    made_from = PATIENTS_FROM[getattr(loaded.module, "patients_from", "slides")]
+    vectors = made_from(loaded, ds, checked_table, dev, run_precision)
     write_slide_table(_dataset(ds, checked_table, vectors, loaded.describe(run_precision)), output)
     return PatientReport(
         spec.name, tile_model, str(dev), run_precision, loaded.weights,
@@ -179,7 +186,8 @@ def embed_patients(
 
 
 @torch.inference_mode()
-def _patient_vectors(module, ds, table: PatientTable, device, precision: str) -> np.ndarray:
+def _from_slide_vectors(loaded, ds, table: PatientTable, device, precision: str) -> np.ndarray:
+    """Each patient's vector from its slides' vectors (MOOZY's case transformer)."""
     index = {str(name): i for i, name in enumerate(ds.slide.values)}
     features = torch.from_numpy(np.asarray(ds.features.values, dtype=np.float32)).to(device)
     dtype = AUTOCAST.get(precision)
@@ -187,8 +195,41 @@ def _patient_vectors(module, ds, table: PatientTable, device, precision: str) ->
     for slides in table.patients.values():
         rows = torch.tensor([index[s] for s in slides], device=device)
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            out.append(module.patient(features[rows]).float().cpu().numpy())
+            out.append(loaded.module.patient(features[rows]).float().cpu().numpy())
     return np.stack(out)
+
+
+def _from_tiles(loaded, ds, table: PatientTable, device, precision: str) -> np.ndarray:
+    """Each patient's vector from the tiles of all its slides at once (EAGLE, as STAMP's
+    encode_patients: its slides' tile features and guide features, each in the table's
+    order of its slides, through the slide encoder). Each slide's tiles are those its slide
+    vector was made from (its record's plan)."""
+    store_of = {str(n): str(s) for n, s in zip(ds.slide.values, ds.store.values, strict=True)}
+    spec, out = loaded.spec, []
+    for slides in table.patients.values():
+        parts = [_slide_tiles(store_of[s], spec) for s in slides]
+        tiles, guide = (_joined([p[k] for p in parts]) for k in (0, 1))
+        out.append(loaded.encode(tiles, device, precision, guide))
+    return np.stack(out)
+
+
+def _joined(parts: list) -> object:
+    """Several slides' tile features as one bag: their rows one slide after another."""
+    rows = ("features", "x", "y", "row", "col")
+    return replace(parts[0], **{k: np.concatenate([getattr(p, k) for p in parts]) for k in rows})
+
+
+def _slide_tiles(store: str, spec) -> tuple:
+    """A slide's tile features and guide features, of the plans its vector records."""
+    tile_model = spec.tile_model
+    record = read_slide_vector(store, tile_model, spec.name)["record"]
+    tiles = read_tile_features(store, tile_model, record["tiles"]["plan"])
+    guide = read_tile_features(store, spec.guide, record["guide"]["plan"])
+    return tiles, guide
+
+
+# how a patient's vector is made, by its module's `patients_from`
+PATIENTS_FROM = {"slides": _from_slide_vectors, "tiles": _from_tiles}
 
 
 def _dataset(ds, table: PatientTable, vectors: np.ndarray, encoder: dict[str, Any]):

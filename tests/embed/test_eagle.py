@@ -135,3 +135,40 @@ def test_eagle_is_registered_with_its_facts():
         "virchow2-cls", "chief-ctranspath", 2.0, 224, 1280,
     )  # fmt: skip
     assert spec.kwargs["top"] == 25 and spec.weights_file == "CHIEF_pretraining.pth"
+
+
+def test_a_patients_vector_is_eagle_over_the_tiles_of_all_its_slides(both, store, tmp_path):
+    """As STAMP's encode_patients: the patient's slides' tile and guide features joined, one
+    slide after another in the table's order, the top 25 of all of them averaged."""
+    import pandas as pd
+
+    from tilestore.embed.slides import embed_patients
+
+    first, virchow, ctranspath = both
+    second = store(into=tmp_path / "second").rename(tmp_path / "second" / "b.ome.zarr")
+    slide = open_slide(second)
+    options = PlanOptions(mpp=2.0, tile=224, stride=16, min_tissue=0.0, name=PLAN)
+    plan = plan_over_tissue(slide, options)
+    save_plan(slide, plan)
+    rng = np.random.default_rng(11)
+    more_v = rng.standard_normal((len(plan), 1280)).astype(np.float32) + 0.5
+    more_c = rng.standard_normal((len(plan), 768)).astype(np.float32)
+    write_features(second, {"name": "virchow2-cls"}, more_v, plan=PLAN)
+    write_features(second, {"name": "chief-ctranspath"}, more_c, plan=PLAN)
+    report = embed_slides([first, second], "random:eagle", device="cpu")
+    assert [r.status for r in report.rows] == ["done", "done"]
+    name = Path(first).name.removesuffix(".ome.zarr")
+    table = tmp_path / "patients.csv"
+    table.write_text(f"slide,patient\nb,P1\n{name},P1\n")
+    out = tmp_path / "patients.parquet"
+    done = embed_patients([first, second], table, out, encoder="random:eagle", device="cpu")
+    assert (done.patients, done.slides) == (1, 2)
+    found = pd.read_parquet(out)[[f"f{i}" for i in range(1280)]].to_numpy()[0]
+    module = load_slide_encoder("random:eagle", device="cpu").module
+    features = np.concatenate([more_v, virchow])  # b first: the table's order
+    with torch.inference_mode():
+        scores = _chief_scores(module, torch.from_numpy(np.concatenate([more_c, ctranspath])))
+    top = np.argsort(-scores.numpy(), kind="stable")[:25]
+    np.testing.assert_allclose(found, features[top].mean(0), rtol=1e-5, atol=1e-6)
+    alone = read_slide_vector(first, "virchow2-cls", "random:eagle")["vector"]
+    assert not np.allclose(found, alone)  # not one slide's vector

@@ -247,7 +247,7 @@ def test_slides_and_stores_must_match_the_table_before_the_model_loads(
     with pytest.raises(PatientTableError, match=r"a patient table is a .csv or .tsv file"):
         embed_patients(cohort, tmp_path / "t.xlsx", tmp_path / "o.csv", encoder="random:moozy")
     with pytest.raises(
-        SlideEncoderError, match="encoder='titan' makes no patient vectors; moozy does"
+        SlideEncoderError, match="encoder='titan' makes no patient vectors; eagle, moozy do"
     ):
         embed_patients(cohort, unlisted, tmp_path / "o.csv", encoder="titan")
     assert not (tmp_path / "o.csv").exists()

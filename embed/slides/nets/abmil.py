@@ -103,9 +103,11 @@ class Eagle(nn.Module):
     CTransPath features (the `guide`, 768-d, of the same tiles) choose the `top` tiles with
     the highest scores (all of a slide with fewer), and the slide embedding is the mean of
     those tiles' own features (Virchow2's class token, 1,280-d). CHIEF's attention layers
-    are named as in its checkpoint, which EAGLE uses as published."""
+    are named as in its checkpoint, which EAGLE uses as published. A patient's vector is
+    the same over the tiles of all its slides at once (`patients_from`)."""
 
     grid = False
+    patients_from = "tiles"  # a patient: its slides' tiles together, not their vectors
 
     def __init__(
         self,

@@ -802,6 +802,33 @@ ENTRIES: tuple[ModelSpec, ...] = (
     _reddino("reddino-small", "vit_small_patch14_dinov2", 384),
     _reddino("reddino-base", "vit_base_patch14_dinov2", 768),
     _reddino("reddino-large", "vit_large_patch14_dinov2", 1024),
+    # DinoBloom-S (marrlab/DinoBloom: blood and bone-marrow cells), on Zenodo only: the one
+    # file, pinned by the sha256 STAMP's loader checks; DINOv2's ViT-S/14 at 224 px (257
+    # positions), its teacher's backbone, the class token after the final norm (what
+    # torch.hub's dinov2_vits14 returns), ImageNet's normalisation, as STAMP reads it. -B,
+    # -L and -G: no pinned hash published to check them by (docs/guide/embed.md).
+    ModelSpec(
+        "dinobloom-s",
+        "url",
+        "https://zenodo.org/records/10908163/files/DinoBloom-S.pth",
+        384,
+        None,
+        weights_file="DinoBloom-S.pth",
+        sha256="c2f7990b003e89bcece80e379fb8fe0ba2ec392ce19b286e8a294abd99568e44",
+        arch=Arch(
+            "timm",
+            "vit_small_patch14_dinov2",
+            {"img_size": 224},
+            convert="dinov2_teacher",
+            config=False,
+        ),
+        data=_data(IMAGENET),
+        pooling="cls",
+        licence="Apache-2.0",
+        card="https://github.com/marrlab/DinoBloom",
+        reference="authors: marrlab/DinoBloom's dinov2 hub dinov2_vits14, the teacher's "
+        "backbone at 257 positions (STAMP's loader)",
+    ),
     # DINOv3 (facebookresearch/dinov3), each size whose weights are public
     _dinov3("dinov3-vits16", "vit_small_patch16_dinov3_qkvb", 384),
     _dinov3("dinov3-vits16plus", "vit_small_plus_patch16_dinov3_qkvb", 384),

@@ -192,8 +192,19 @@ def _from_dinov2(spec: ModelSpec, state: State, backbone: nn.Module) -> State:
     }
 
 
+def _from_dinov2_teacher(spec: ModelSpec, state: State, backbone: nn.Module) -> State:
+    """A DINOv2 training checkpoint (DinoBloom's): its teacher's backbone, in DINOv2's own
+    layout ({"teacher": {"backbone.<name>": ...}}, read flat as "teacher.backbone.<name>"),
+    its heads (DINO's, iBOT's) and anything else left out; then as `_from_dinov2`."""
+    prefix = "teacher.backbone."
+    if not any(k.startswith(prefix) for k in state):
+        raise ModelError(f"{spec.name}: the checkpoint holds no teacher backbone ({prefix}*)")
+    kept = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
+    return _from_dinov2(spec, kept, backbone)
+
+
 # an Arch's ``convert``: the layout its published weights are in
-_TIMM_CONVERT = {"dinov2": _from_dinov2}
+_TIMM_CONVERT = {"dinov2": _from_dinov2, "dinov2_teacher": _from_dinov2_teacher}
 
 
 def _timm_convert(spec: ModelSpec, state: State, backbone: nn.Module) -> State:

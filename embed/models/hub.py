@@ -387,6 +387,10 @@ def _plain(value) -> bool:
 def is_cached(spec: ModelSpec) -> bool:
     """Whether a model loads without a download: its weights file is in the cache (as
     huggingface_hub lays it out), or its weights come from a package, timm or a folder."""
+    if spec.source == "url":
+        from tilestore.embed.models.files import pinned_path
+
+        return pinned_path(spec).exists()
     if spec.source != "hf-hub":
         return True
     names = (spec.weights_file,) if spec.weights_file else WEIGHT_FILES
@@ -415,6 +419,12 @@ def pull(name: str, *, token: str | None = None) -> Checkpoint | None:
         if offline():
             raise ModelError(f"{name}: HF_HUB_OFFLINE is set; pull on a machine with internet")
         return fetch(name, repo, token=token)
+    if spec.source == "url":  # one file at a URL, pinned by its sha256
+        from tilestore.embed.models.files import fetch_pinned
+
+        if offline():
+            raise ModelError(f"{name}: HF_HUB_OFFLINE is set; pull on a machine with internet")
+        return fetch_pinned(spec)
     if spec.source != "hf-hub":
         return None
     repo = spec.repo

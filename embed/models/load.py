@@ -18,7 +18,7 @@ import timm
 import torch
 from timm.data import resolve_data_config
 
-from tilestore.embed.models import hub
+from tilestore.embed.models import files, hub
 from tilestore.embed.models.encoder import Encoder
 from tilestore.embed.models.families import family, made_as_released
 from tilestore.embed.models.preprocess import Transform
@@ -262,6 +262,11 @@ def _timm(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
 RANDOM_SEED = 0
 
 
+def _url(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
+    """Weights published as one file at a URL, pinned by its sha256 (DinoBloom's)."""
+    return _checkpoint(spec, files.fetch_pinned(spec), device)
+
+
 def _random(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
     """A registered architecture with its family's own random initialisation, or a timm
     architecture's, drawn on `device` from `RANDOM_SEED` (``random:<name>``: sizing and
@@ -279,6 +284,7 @@ def _random(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
 # how each `ModelSpec.source` is loaded
 SOURCES = {
     "hf-hub": _hf_hub,
+    "url": _url,
     "local": _local,
     "package": _package,
     "timm": _timm,

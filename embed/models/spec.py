@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +73,7 @@ class ModelSpec:
     """Facts about one tile encoder."""
 
     name: str
-    source: str  # "hf-hub", "package", "timm" or "local"
+    source: str  # "hf-hub", "url" (one file, pinned: `sha256`), "package", "timm" or "local"
     repo: str  # hub repo, package name, timm architecture or folder
     output_dim: int | None
     native_mpp: float | None  # um/px the model was trained at (tiles should match)
@@ -95,8 +96,13 @@ class ModelSpec:
     # the text tower zero-shot classification builds from the same checkpoint (a key of
     # TEXT_TOWERS); None: an image encoder alone, or one whose text half is not published
     text: str | None = None
+    # a "url" source's file: the sha256 of its bytes, pinned (`tilestore.embed.models.files`)
+    sha256: str | None = None
 
     def __post_init__(self) -> None:
+        pinned = self.sha256 is not None and re.fullmatch(r"[0-9a-f]{64}", self.sha256)
+        if (self.source == "url" and not pinned) or (self.sha256 is not None and not pinned):
+            raise ValueError(f"{self.name}: a url source pins its file's sha256 (64 hex)")
         if self.pooling not in POOLINGS:
             raise ValueError(
                 f"{self.name}: pooling {self.pooling!r} is not one of {list(POOLINGS)}"

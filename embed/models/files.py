@@ -1,0 +1,91 @@
+"""Weights published as one file at a URL, not on a hub (DinoBloom's, on Zenodo): pinned in
+the catalogue by the sha256 of their bytes (`ModelSpec.sha256`), fetched once into
+tilestore's cache and checked.
+
+A download is written beside its place, hashed as it streams, and renamed into place only
+when its sha256 is the pinned one: a cut download, or a file the server changed, is never
+used (one line says which). A file in the cache is hashed again at each load, as a folder's
+weights are (`tilestore.embed.models.hub.weights_sha256`): a copy changed since (one byte) is
+refused in one line naming it. Offline (HF_HUB_OFFLINE, which every model source honours), a
+file not in the cache is one line saying where to put it and how to fetch it elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from tilestore.caches import user_cache
+from tilestore.embed.models.spec import ModelSpec
+from tilestore.errors import ModelError
+
+TIMEOUT_S = 60  # a request's connect and read timeout
+CHUNK = 1 << 20  # bytes read and hashed at a time
+
+
+def pinned_path(spec: ModelSpec) -> Path:
+    """Where a pinned file lives in the cache: named by the model and the file's name."""
+    return user_cache() / "weights" / spec.name / (spec.weights_file or _file_name(spec.repo))
+
+
+def fetch_pinned(spec: ModelSpec, *, cached_only: bool = False):
+    """The model's pinned file as a checkpoint: from the cache, checked, or (online, not
+    `cached_only`) downloaded into it first; ModelError in one line where it is not there,
+    not the pinned bytes, or cannot be fetched."""
+    from tilestore.embed.models.hub import Checkpoint, offline, weights_sha256
+
+    path = pinned_path(spec)
+    if not path.exists():
+        if cached_only or offline():
+            raise ModelError(
+                f"{spec.name}: its weights are not in the cache ({path}); run `tilestore "
+                f"models pull {spec.name}` where {urlsplit(spec.repo).netloc} can be reached, "
+                f"or put {_file_name(spec.repo)} there (sha256 {spec.sha256})"
+            )
+        _download(spec, path)
+    found = weights_sha256(path)
+    if found != spec.sha256:
+        raise ModelError(
+            f"{spec.name}: {path} is not the file pinned (sha256 {found}, pinned "
+            f"{spec.sha256}): changed since it was fetched; remove it and pull again"
+        )
+    return Checkpoint({}, path, spec.repo, None)
+
+
+def _download(spec: ModelSpec, path: Path) -> None:
+    """Fetch the file beside its place, hashing it as it streams; renamed into place only
+    where it is the pinned bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    digest = hashlib.sha256()
+    try:
+        with (
+            urllib.request.urlopen(spec.repo, timeout=TIMEOUT_S) as answer,
+            open(part, "wb") as out,
+        ):
+            while block := answer.read(CHUNK):
+                digest.update(block)
+                out.write(block)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        part.unlink(missing_ok=True)
+        why = getattr(exc, "reason", None) or exc
+        raise ModelError(f"{spec.name}: cannot fetch {spec.repo} ({why})") from None
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    if digest.hexdigest() != spec.sha256:
+        part.unlink(missing_ok=True)
+        raise ModelError(
+            f"{spec.name}: {spec.repo} gave a file whose sha256 is {digest.hexdigest()}, not "
+            f"the pinned {spec.sha256}: not used"
+        )
+    shutil.move(part, path)
+
+
+def _file_name(url: str) -> str:
+    return Path(urlsplit(url).path).name

@@ -476,7 +476,8 @@ def patients(
     options: Options = From(Options, only=("device", "hf_token")),
 ) -> None:
     """A vector per patient from its slides' vectors, by the encoder's own patient model
-    (MOOZY's case transformer), written as a table: patient, slides, n_slides, f0, f1, ...
+    (MOOZY's case transformer; EAGLE's: from the tiles of all its slides at once), written
+    as a table: patient, slides, n_slides, f0, f1, ...
 
     The slide vectors come first: `tilestore embed STORES --slide-encoder moozy`. The table
     is checked before anything is computed: a missing column, a slide in two patients, a
@@ -597,7 +598,11 @@ def models_pull(
             else ("nothing to pull (no weights, or a file from its authors: --slide-weights)")
         )
         out.print(f"{name}: {where}", highlight=False)
-        name = SLIDE_REGISTRY[name].tile_model
+        spec = SLIDE_REGISTRY[name]
+        if spec.guide is not None:  # EAGLE's chief-ctranspath, beside its tile model
+            guide = pull(spec.guide, token=hf_token)
+            out.print(f"{spec.guide}: {guide.weights if guide else 'nothing to pull'}")
+        name = spec.tile_model
         if name is None:
             return
     checkpoint = pull(name, token=hf_token)

@@ -13,8 +13,10 @@ file not in the cache is one line saying where to put it and how to fetch it els
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import shutil
+import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -44,8 +46,8 @@ def fetch_pinned(spec: ModelSpec, *, cached_only: bool = False):
         if cached_only or offline():
             raise ModelError(
                 f"{spec.name}: its weights are not in the cache ({path}); run `tilestore "
-                f"models pull {spec.name}` where {urlsplit(spec.repo).netloc} can be reached, "
-                f"or put {_file_name(spec.repo)} there (sha256 {spec.sha256})"
+                f"models pull {spec.name}` where {spec.repo} can be reached, or put "
+                f"{_file_name(spec.repo)} there (sha256 {spec.sha256})"
             )
         _download(spec, path)
     found = weights_sha256(path)
@@ -61,23 +63,32 @@ def _download(spec: ModelSpec, path: Path) -> None:
     """Fetch the file beside its place, hashing it as it streams; renamed into place only
     where it is the pinned bytes."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(f".{path.name}.{os.getpid()}.part")
-    digest = hashlib.sha256()
+    # of this process on this host (a cache shared by several nodes, over NFS)
+    part = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.part")
+    digest, size, told = hashlib.sha256(), 0, None
     try:
         with (
             urllib.request.urlopen(spec.repo, timeout=TIMEOUT_S) as answer,
             open(part, "wb") as out,
         ):
+            told = answer.headers.get("Content-Length")
             while block := answer.read(CHUNK):
                 digest.update(block)
                 out.write(block)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+                size += len(block)
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
         part.unlink(missing_ok=True)
-        why = getattr(exc, "reason", None) or exc
+        why = getattr(exc, "reason", None) or exc or type(exc).__name__
         raise ModelError(f"{spec.name}: cannot fetch {spec.repo} ({why})") from None
     except BaseException:
         part.unlink(missing_ok=True)
         raise
+    if told is not None and told.isdigit() and int(told) != size:
+        part.unlink(missing_ok=True)
+        raise ModelError(
+            f"{spec.name}: {spec.repo} ended after {size:,} of its {int(told):,} bytes; "
+            "nothing kept: try again"
+        )
     if digest.hexdigest() != spec.sha256:
         part.unlink(missing_ok=True)
         raise ModelError(

@@ -145,8 +145,9 @@ def embed_patients(
     overwrite: bool = False,
 ) -> PatientReport:
     """Compute a vector per patient of `table` from its slides' `encoder` vectors in
-    `stores` and write them to `output` (.parquet, .csv or .h5ad: a row per patient:
-    patient, slides, n_slides, f0, f1, ...). The encoder must define patient vectors
+    `stores` (EAGLE: from their tiles, all at once) and write them to `output` (.parquet,
+    .csv or .h5ad: a row per patient: patient, slides, n_slides, f0, f1, ...). The encoder
+    must define patient vectors
     (MOOZY, EAGLE); its slide vectors must be in the stores (`embed_slides`). precision "auto":
     the authors' on CUDA, fp32 on the CPU. Refused before anything is computed: an output
     of another type or that exists (unless overwrite), a table that does not check, slides
@@ -177,7 +178,7 @@ def embed_patients(
             f"{loaded.revision}): a patient's vector needs the weights its slides' were made with"
         )
     made_from = PATIENTS_FROM[getattr(loaded.module, "patients_from", "slides")]
-    vectors = made_from(loaded, ds, checked_table, dev, run_precision)
+    vectors = made_from(loaded, ds, checked_table, dev, run_precision, tile_model)
     write_slide_table(_dataset(ds, checked_table, vectors, loaded.describe(run_precision)), output)
     return PatientReport(
         spec.name, tile_model, str(dev), run_precision, loaded.weights,
@@ -186,7 +187,9 @@ def embed_patients(
 
 
 @torch.inference_mode()
-def _from_slide_vectors(loaded, ds, table: PatientTable, device, precision: str) -> np.ndarray:
+def _from_slide_vectors(
+    loaded, ds, table: PatientTable, device, precision: str, tile_model: str
+) -> np.ndarray:
     """Each patient's vector from its slides' vectors (MOOZY's case transformer)."""
     index = {str(name): i for i, name in enumerate(ds.slide.values)}
     features = torch.from_numpy(np.asarray(ds.features.values, dtype=np.float32)).to(device)
@@ -199,7 +202,9 @@ def _from_slide_vectors(loaded, ds, table: PatientTable, device, precision: str)
     return np.stack(out)
 
 
-def _from_tiles(loaded, ds, table: PatientTable, device, precision: str) -> np.ndarray:
+def _from_tiles(
+    loaded, ds, table: PatientTable, device, precision: str, tile_model: str
+) -> np.ndarray:
     """Each patient's vector from the tiles of all its slides at once (EAGLE, as STAMP's
     encode_patients: its slides' tile features and guide features, each in the table's
     order of its slides, through the slide encoder). Each slide's tiles are those its slide
@@ -207,7 +212,7 @@ def _from_tiles(loaded, ds, table: PatientTable, device, precision: str) -> np.n
     store_of = {str(n): str(s) for n, s in zip(ds.slide.values, ds.store.values, strict=True)}
     spec, out = loaded.spec, []
     for slides in table.patients.values():
-        parts = [_slide_tiles(store_of[s], spec) for s in slides]
+        parts = [_slide_tiles(store_of[s], spec, tile_model) for s in slides]
         tiles, guide = (_joined([p[k] for p in parts]) for k in (0, 1))
         out.append(loaded.encode(tiles, device, precision, guide))
     return np.stack(out)
@@ -219,9 +224,8 @@ def _joined(parts: list) -> object:
     return replace(parts[0], **{k: np.concatenate([getattr(p, k) for p in parts]) for k in rows})
 
 
-def _slide_tiles(store: str, spec) -> tuple:
+def _slide_tiles(store: str, spec, tile_model: str) -> tuple:
     """A slide's tile features and guide features, of the plans its vector records."""
-    tile_model = spec.tile_model
     record = read_slide_vector(store, tile_model, spec.name)["record"]
     tiles = read_tile_features(store, tile_model, record["tiles"]["plan"])
     guide = read_tile_features(store, spec.guide, record["guide"]["plan"])

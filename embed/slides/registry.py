@@ -90,37 +90,44 @@ def _shown(value) -> str:
 
 def guides_missing(stores: list, spec: SlideSpec, plan_options: PlanOptions) -> None:
     """Before a slide encoder's tiles are embedded: OptionError in one line where a store
-    lacks finished features of the encoder's guide model (EAGLE: chief-ctranspath) on the
-    plan its tiles come from (`encoder_tiles`' options): found after the tile run, that
-    run's GPU time would be spent for nothing. A slide file (a store this run makes) has
-    none yet."""
+    given lacks finished features of the encoder's guide model (EAGLE: chief-ctranspath)
+    on the plan its tiles come from (`encoder_tiles`' options), as the run reads them
+    (`open_finished`): found after the tile run, that run's GPU time would be spent for
+    nothing. A slide file or a URL (a store this run makes or finds) is judged at its own
+    turn (`tilestore.embed.slides.run`)."""
     if spec.guide is None:
         return
+    from tilestore.format.store import is_store
     from tilestore.plan.options import default_name
 
     options = plan_options
     name = options.name or default_name(
         options.mpp, options.tile, options.stride or options.tile, options
     )
-    lacking = [store for store in stores if not _finished(store, spec.guide, name)]
+    lacking = [(s, why) for s in stores if is_store(s) and (why := _missing(s, spec.guide, name))]
     if lacking:
+        _, why = lacking[0]
         raise OptionError(
             f"{spec.name} is guided by {spec.guide} features of the same tiles (plan {name}): "
-            f"{len(lacking)} of {len(stores)} store(s) have none (first: {lacking[0]}); embed "
-            f"them with --model {spec.guide} --mpp {spec.mpp:g} --tile {spec.tile} first"
+            f"{len(lacking)} of {len(stores)} store(s) lack them (first: {why}); embed them "
+            f"with {guide_command(spec)} first"
         )
 
 
-def _finished(store, model: str, plan: str) -> bool:
-    """Whether `store` is a store holding a finished group of `model` on `plan`."""
-    from tilestore.embeddings.groups import open_group, plan_groups
-    from tilestore.format.records import EmbeddingsRecord, read_record
-    from tilestore.format.store import is_store
+def guide_command(spec: SlideSpec) -> str:
+    """The flags that embed an encoder's guide model on the tiles the encoder reads (at a
+    scale other than the guide model's own: --any-scale)."""
+    return f"--model {spec.guide} --mpp {spec.mpp:g} --tile {spec.tile} --any-scale"
 
-    if not is_store(store):
-        return False
-    path = plan_groups(store, model).get(plan)
-    if path is None:
-        return False
-    record = read_record(open_group(store, path), EmbeddingsRecord, f"{store}: {path}")
-    return bool(record is not None and record.complete)
+
+def _missing(store, model: str, plan: str) -> str | None:
+    """Why `store` holds no finished group of `model` on `plan`, as the reader says it
+    (None: it holds one)."""
+    from tilestore.embeddings.groups import open_finished
+    from tilestore.errors import NotEmbedded, StoreError
+
+    try:
+        open_finished(store, model, plan)
+    except (NotEmbedded, StoreError) as exc:
+        return str(exc)
+    return None

@@ -169,11 +169,11 @@ def _guide(store, spec: SlideSpec, tiles: TileFeatures) -> TileFeatures | None:
         return None
     try:
         guide = read_tile_features(store, spec.guide, tiles.plan)
-    except NotEmbedded:
+    except NotEmbedded as exc:
         raise SlideEncoderError(
-            f"{tiles.name}: {spec.name} is guided by {spec.guide} features of the same tiles: "
-            f"none of plan {tiles.plan} here; embed with --model {spec.guide} --plan "
-            f"{tiles.plan}"
+            f"{tiles.name}: {spec.name} is guided by {spec.guide} features of the same tiles "
+            f"(plan {tiles.plan}): {exc}; embed with --model {spec.guide} --plan {tiles.plan} "
+            "--any-scale"
         ) from None
     why = spec.guide_refusal(tiles, guide)
     if why:

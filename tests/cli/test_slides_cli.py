@@ -70,8 +70,8 @@ def test_eagle_without_its_guide_features_is_refused_before_any_tile_is_embedded
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
     said = "eagle is guided by chief-ctranspath features of the same tiles (plan 2mpp-224px)"
-    assert line.startswith(f"tilestore: error: {said}: 1 of 1 store(s) have none")
-    assert "--model chief-ctranspath --mpp 2 --tile 224 first" in line
+    assert line.startswith(f"tilestore: error: {said}: 1 of 1 store(s) lack them (first: ")
+    assert line.endswith("--model chief-ctranspath --mpp 2 --tile 224 --any-scale first")
     assert not (embedded / "embeddings" / "virchow2-cls").exists()
 
 

@@ -93,9 +93,18 @@ def test_a_vector_whose_guide_was_embedded_again_is_stale_and_computed_again(bot
     assert not has_current_vector(path, "virchow2-cls", "random:eagle", PLAN)
     with pytest.raises(StaleSlideEmbedding, match=r"chief-ctranspath tile features .* replaced"):
         read_slide_vector(path, "virchow2-cls", "random:eagle", PLAN)
+    from tilestore.embeddings.status import embeddings_status
+
+    def state() -> str:
+        (group,) = embeddings_status(path, "virchow2-cls").groups
+        (vector,) = group.slide_vectors
+        return vector.state
+
+    assert state() == "stale"  # status judges it as the reader does
     (row,) = embed_slides([path], "random:eagle", device="cpu").rows
     assert row.status == "done"  # not skipped as done already
     assert has_current_vector(path, "virchow2-cls", "random:eagle", PLAN)
+    assert state() == "current"
 
 
 def _virchow_only(store, into: Path, guide_width: int | None) -> Path:
@@ -119,8 +128,9 @@ def test_a_store_without_the_guide_or_with_another_guide_fails_in_one_line(both,
     report = embed_slides([missing, narrow, path], "random:eagle", device="cpu")
     assert [r.status for r in report.rows] == ["failed", "failed", "done"]
     none, wide = report.rows[0].why, report.rows[1].why
-    assert "is guided by chief-ctranspath features of the same tiles: none of plan eagle" in none
-    assert "embed with --model chief-ctranspath --plan eagle" in none
+    assert "is guided by chief-ctranspath features of the same tiles (plan eagle): " in none
+    assert "no embeddings/chief-ctranspath" in none  # the reader's own reason
+    assert none.endswith("embed with --model chief-ctranspath --plan eagle --any-scale")
     assert "reads 768-d chief-ctranspath features, these are 512-d" in wide
     assert "\n" not in none + wide
     for failed in (missing, narrow):  # nothing written

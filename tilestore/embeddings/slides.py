@@ -258,7 +258,7 @@ def read_slide_vector(
             f"`tilestore embed --slide-encoder {encoder} --overwrite` on it"
         )
     if record.guide:
-        _guide_current(store, record.guide, path, encoder)
+        guide_current(store, record.guide, path, encoder)
     with damage_as_store_error(store, tiles_path, embed_again(tiles_path)):
         check_shapes(store, tiles_path, tiles_meta.to_attrs(), dict(tile_group.arrays()))
     return {
@@ -270,7 +270,7 @@ def read_slide_vector(
     }
 
 
-def _guide_current(store: StoreLike, guide: Mapping[str, Any], path: str, encoder: str) -> None:
+def guide_current(store: StoreLike, guide: Mapping[str, Any], path: str, encoder: str) -> None:
     """StaleSlideEmbedding where the tile group that guided a slide vector (EAGLE's
     CTransPath features choosing its tiles) was embedded again or removed since."""
     try:

@@ -56,7 +56,7 @@ from tilestore.embeddings.groups import (
 )
 from tilestore.embeddings.layout import group_name, model_folder
 from tilestore.embeddings.recipe import scale_of
-from tilestore.embeddings.slides import SLIDES, VECTOR
+from tilestore.embeddings.slides import SLIDES, VECTOR, guide_current
 from tilestore.embeddings.tied import tied_arrays
 from tilestore.embeddings.write import lock_file
 from tilestore.errors import OptionError, StoreError
@@ -380,6 +380,18 @@ def _other_plan(store: Path, record: EmbeddingsRecord) -> str:
     return f"{said}; pass overwrite=True to embed the plan stored now"
 
 
+def _guide_same(store: Path, record: SlideVectorRecord, folder: str) -> bool:
+    """Whether the tile group that guided a vector (EAGLE's) is the one there now, as the
+    reader judges it (`guide_current`); a vector no guide made is."""
+    if not record.guide:
+        return True
+    try:
+        guide_current(store, record.guide, folder, record.encoder or folder)
+    except StoreError:
+        return False
+    return True
+
+
 def _slide_vectors(
     store: Path, path: str, group: zarr.Group, meta: EmbeddingsRecord
 ) -> tuple[SlideVector, ...]:
@@ -404,7 +416,7 @@ def _slide_vectors(
         except StoreError:
             found.append(SlideVector(folder, None, "damaged"))
             continue
-        current = made_from == meta.finished
+        current = made_from == meta.finished and _guide_same(store, record, folder)
         state = "damaged" if shape != (dim,) else "current" if current else "stale"
         found.append(SlideVector(record.encoder or folder, dim, state))
     return tuple(found)

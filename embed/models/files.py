@@ -35,28 +35,34 @@ def pinned_path(spec: ModelSpec) -> Path:
     return user_cache() / "weights" / spec.name / (spec.weights_file or _file_name(spec.repo))
 
 
-def fetch_pinned(spec: ModelSpec, *, cached_only: bool = False):
-    """The model's pinned file as a checkpoint: from the cache, checked, or (online, not
-    `cached_only`) downloaded into it first; ModelError in one line where it is not there,
-    not the pinned bytes, or cannot be fetched."""
-    from tilestore.embed.models.hub import Checkpoint, offline, weights_sha256
-
+def fetch_pinned(spec: ModelSpec, *, offline: bool = False) -> Path:
+    """The model's pinned file: from the cache, checked, or (not `offline`) downloaded into
+    it first; ModelError in one line where it is not there, not the pinned bytes, or cannot
+    be fetched."""
     path = pinned_path(spec)
     if not path.exists():
-        if cached_only or offline():
+        if offline:
             raise ModelError(
                 f"{spec.name}: its weights are not in the cache ({path}); run `tilestore "
                 f"models pull {spec.name}` where {spec.repo} can be reached, or put "
                 f"{_file_name(spec.repo)} there (sha256 {spec.sha256})"
             )
         _download(spec, path)
-    found = weights_sha256(path)
+    found = _sha256(path)
     if found != spec.sha256:
         raise ModelError(
             f"{spec.name}: {path} is not the file pinned (sha256 {found}, pinned "
             f"{spec.sha256}): changed since it was fetched; remove it and pull again"
         )
-    return Checkpoint({}, path, spec.repo, None)
+    return path
+
+
+def _sha256(path: Path) -> str:
+    try:
+        with open(path, "rb") as file:
+            return hashlib.file_digest(file, "sha256").hexdigest()
+    except OSError as exc:
+        raise ModelError(f"cannot read weights {path} ({exc.strerror or exc})") from exc
 
 
 def _download(spec: ModelSpec, path: Path) -> None:

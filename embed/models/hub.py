@@ -45,6 +45,7 @@ from huggingface_hub.errors import (
 )
 from safetensors import SafetensorError
 
+from tilestore.embed.models.files import fetch_pinned, pinned_path
 from tilestore.embed.models.registry import get_model, timm_weights_repo
 from tilestore.embed.models.spec import TOKENIZER_IN_REPO, ModelSpec
 from tilestore.errors import ModelError
@@ -388,8 +389,6 @@ def is_cached(spec: ModelSpec) -> bool:
     """Whether a model loads without a download: its weights file is in the cache (as
     huggingface_hub lays it out), or its weights come from a package, timm or a folder."""
     if spec.source == "url":
-        from tilestore.embed.models.files import pinned_path
-
         return pinned_path(spec).exists()
     if spec.source != "hf-hub":
         return True
@@ -420,11 +419,9 @@ def pull(name: str, *, token: str | None = None) -> Checkpoint | None:
             raise ModelError(f"{name}: HF_HUB_OFFLINE is set; pull on a machine with internet")
         return fetch(name, repo, token=token)
     if spec.source == "url":  # one file at a URL, pinned by its sha256
-        from tilestore.embed.models.files import fetch_pinned
-
         if offline():
             raise ModelError(f"{name}: HF_HUB_OFFLINE is set; pull on a machine with internet")
-        return fetch_pinned(spec)
+        return Checkpoint({}, fetch_pinned(spec), spec.repo, None)
     if spec.source != "hf-hub":
         return None
     repo = spec.repo

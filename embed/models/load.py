@@ -264,7 +264,8 @@ RANDOM_SEED = 0
 
 def _url(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:
     """Weights published as one file at a URL, pinned by its sha256 (DinoBloom's)."""
-    return _checkpoint(spec, files.fetch_pinned(spec), device)
+    path = files.fetch_pinned(spec, offline=hub.offline())
+    return _checkpoint(spec, hub.Checkpoint({}, path, spec.repo, None), device)
 
 
 def _random(spec: ModelSpec, token: str | None, device: torch.device) -> Loaded:

@@ -121,7 +121,7 @@ class SlideSpec:
         """Why `guide` is not the guide model's features of `tiles`' own tiles (one line), or
         None: its model, its width, and the same tiles in the same order."""
         where = f"{tiles.name}: {self.name}"
-        if guide.model != self.guide and guide.model != f"random:{self.guide}":
+        if guide.model != self.guide:  # read under this name, random weights or not
             return f"{where} is guided by {self.guide} tile features, not {guide.model}"
         width, got = self.kwargs.get("guide_dim"), guide.features.shape[1]
         if width and got != width:
